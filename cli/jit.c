@@ -1,0 +1,268 @@
+/* cli/jit.c: generated C -> shared object -> dlopen, with a disk cache. */
+#define _GNU_SOURCE
+#include "jit.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *jit_cc(void) {
+  const char *cc = getenv("DUET_CC");
+  return cc && *cc ? cc : "cc";
+}
+
+int jit_run(char *const argv[], char *log, size_t loglen) {
+  int pfd[2];
+  if (pipe(pfd)) return -1;
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(pfd[0]);
+    close(pfd[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    dup2(pfd[1], 1);
+    dup2(pfd[1], 2);
+    close(pfd[0]);
+    close(pfd[1]);
+    execvp(argv[0], argv);
+    fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  close(pfd[1]);
+  size_t n = 0;
+  char tmp[4096];
+  ssize_t got;
+  while ((got = read(pfd[0], tmp, sizeof tmp)) != 0) {
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (ssize_t i = 0; i < got && n + 1 < loglen; i++) log[n++] = tmp[i];
+  }
+  if (loglen) log[n] = 0;
+  close(pfd[0]);
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int jit_self_dir(char *out, size_t n) {
+  ssize_t k = readlink("/proc/self/exe", out, n - 1);
+  if (k <= 0) return -1;
+  out[k] = 0;
+  char *slash = strrchr(out, '/');
+  if (!slash) return -1;
+  *slash = 0;
+  return 0;
+}
+
+/* FNV-1a, 64 bits (Fowler, Noll, Vo; constants from the FNV reference). */
+static uint64_t fnv1a(const char *s, size_t n, uint64_t h) {
+  for (size_t i = 0; i < n; i++) {
+    h ^= (unsigned char)s[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+static int compiler_version(char *out, size_t n) {
+  char *argv[] = {(char *)jit_cc(), "--version", NULL};
+  char log[1024];
+  if (jit_run(argv, log, sizeof log) != 0) return -1;
+  char *nl = strchr(log, '\n');
+  if (nl) *nl = 0;
+  size_t len = strlen(log);
+  if (len >= n) len = n - 1;
+  memcpy(out, log, len);
+  out[len] = 0;
+  return 0;
+}
+
+static int mkdir_private(const char *path) {
+  if (mkdir(path, 0700) && errno != EEXIST) return -1;
+  return 0;
+}
+
+/* The cache directory, created 0700 and checked to be ours and private. */
+static int cache_dir(char *out, size_t n, char *err, size_t errlen) {
+  const char *d = getenv("DUET_CACHE_DIR");
+  if (d && *d) {
+    snprintf(out, n, "%s", d);
+  } else {
+    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char parent[900];
+    if (x && *x) snprintf(parent, sizeof parent, "%s", x);
+    else if (home && *home) snprintf(parent, sizeof parent, "%s/.cache", home);
+    else snprintf(parent, sizeof parent, "/tmp/duet-cache-%ld", (long)getuid());
+    mkdir_private(parent);
+    snprintf(out, n, "%s/duet", parent);
+  }
+  if (mkdir_private(out)) {
+    snprintf(err, errlen, "cannot create kernel cache directory %s: %s", out, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  if (stat(out, &st) || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077)) {
+    snprintf(err, errlen, "kernel cache directory %s must be a directory owned by you with mode 0700", out);
+    return -1;
+  }
+  return 0;
+}
+
+static char *read_all(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, n = 0;
+  char *b = malloc(cap);
+  size_t got;
+  while (b && (got = fread(b + n, 1, cap - n, f)) > 0) {
+    n += got;
+    if (n == cap) {
+      char *nb = realloc(b, cap * 2);
+      if (!nb) {
+        free(b);
+        b = NULL;
+        break;
+      }
+      b = nb;
+      cap *= 2;
+    }
+  }
+  fclose(f);
+  if (b) *len = n;
+  return b;
+}
+
+static int write_file_sync(const char *path, const char *data, size_t n) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return -1;
+  size_t off = 0;
+  while (off < n) {
+    ssize_t w = write(fd, data + off, n - off);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      close(fd);
+      return -1;
+    }
+    off += (size_t)w;
+  }
+  if (fsync(fd)) {
+    close(fd);
+    return -1;
+  }
+  return close(fd);
+}
+
+static int open_module(const char *so, JitModule *m, char *err, size_t errlen) {
+  m->handle = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  if (!m->handle) {
+    snprintf(err, errlen, "cannot load compiled kernels %s: %s", so, dlerror());
+    return -1;
+  }
+  const int *count = dlsym(m->handle, "duet_kernel_count");
+  const DuetKernelFn *table = dlsym(m->handle, "duet_kernel_table");
+  if (!count || !table) {
+    snprintf(err, errlen, "compiled kernels %s lack duet_kernel_table", so);
+    dlclose(m->handle);
+    m->handle = NULL;
+    return -1;
+  }
+  m->n = *count;
+  m->fns = table;
+  return 0;
+}
+
+int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
+  memset(m, 0, sizeof *m);
+  char ver[512], dir[1024];
+  if (compiler_version(ver, sizeof ver)) {
+    snprintf(err, errlen, "cannot run the C compiler '%s' (set DUET_CC, or install gcc: apt-get install gcc)",
+             jit_cc());
+    return -1;
+  }
+  if (cache_dir(dir, sizeof dir, err, errlen)) return -1;
+  /* the full key: everything that changes the object code */
+  const char *flags[] = {DUET_KERNEL_CFLAGS, "-fPIC", "-shared"};
+  size_t n_flags = sizeof flags / sizeof *flags;
+  size_t klen = strlen(src) + 2048;
+  char *key = malloc(klen);
+  if (!key) {
+    snprintf(err, errlen, "out of host memory");
+    return -1;
+  }
+  size_t k = (size_t)snprintf(key, klen, "duet kernel cache v1\ncc: %s\nversion: %s\nflags:", jit_cc(), ver);
+  for (size_t i = 0; i < n_flags; i++) k += (size_t)snprintf(key + k, klen - k, " %s", flags[i]);
+  k += (size_t)snprintf(key + k, klen - k, "\nsource:\n%s", src);
+  uint64_t h = fnv1a(key, k, 0xcbf29ce484222325ull);
+  char so[1200], keyf[1200];
+  snprintf(so, sizeof so, "%s/%016llx.so", dir, (unsigned long long)h);
+  snprintf(keyf, sizeof keyf, "%s/%016llx.key", dir, (unsigned long long)h);
+
+  size_t old_len = 0;
+  char *old = read_all(keyf, &old_len);
+  struct stat st;
+  if (old && old_len == k && !memcmp(old, key, k) && !stat(so, &st) && st.st_uid == getuid()) {
+    free(old);
+    free(key);
+    m->cache_hit = true;
+    return open_module(so, m, err, errlen);
+  }
+  free(old);
+
+  /* compile into temporary names, then rename: .so first, key last */
+  char base[1200], c_path[1300], so_tmp[1300], key_tmp[1300];
+  snprintf(base, sizeof base, "%s/%016llx.%ld", dir, (unsigned long long)h, (long)getpid());
+  snprintf(c_path, sizeof c_path, "%s.c", base);
+  snprintf(so_tmp, sizeof so_tmp, "%s.so.tmp", base);
+  snprintf(key_tmp, sizeof key_tmp, "%s.key.tmp", base);
+  int rc = -1;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  if (write_file_sync(c_path, src, strlen(src))) {
+    snprintf(err, errlen, "cannot write %s: %s", c_path, strerror(errno));
+    goto out;
+  }
+  char *argv[16];
+  int a = 0;
+  argv[a++] = (char *)jit_cc();
+  for (size_t i = 0; i < n_flags; i++) argv[a++] = (char *)flags[i];
+  argv[a++] = "-o";
+  argv[a++] = so_tmp;
+  argv[a++] = c_path;
+  argv[a++] = "-lm";
+  argv[a] = NULL;
+  char log[8192];
+  int st_cc = jit_run(argv, log, sizeof log);
+  if (st_cc != 0) {
+    snprintf(err, errlen, "compiling generated kernels failed (%s exited with %d):\n%s", jit_cc(), st_cc, log);
+    goto out;
+  }
+  if (write_file_sync(key_tmp, key, k) || rename(so_tmp, so) || rename(key_tmp, keyf)) {
+    snprintf(err, errlen, "cannot write the kernel cache in %s: %s", dir, strerror(errno));
+    goto out;
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  m->compile_seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  rc = open_module(so, m, err, errlen);
+out:
+  unlink(c_path);
+  unlink(so_tmp);
+  unlink(key_tmp);
+  free(key);
+  return rc;
+}
+
+void jit_unload(JitModule *m) {
+  if (m->handle) dlclose(m->handle);
+  memset(m, 0, sizeof *m);
+}

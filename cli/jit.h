@@ -1,0 +1,43 @@
+/* cli/jit.h: compiling generated C with the system compiler, the per-user
+ * kernel cache, and loading the result. */
+#ifndef DUET_JIT_H
+#define DUET_JIT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../runtime/duet_rt.h"
+
+typedef struct JitModule {
+  void *handle;             /* dlopen handle */
+  const DuetKernelFn *fns;  /* duet_kernel_table */
+  int n;                    /* duet_kernel_count */
+  bool cache_hit;
+  double compile_seconds;   /* 0 on a cache hit */
+} JitModule;
+
+/* Flags every kernel is compiled with, by `duet run` and `duet compile`
+ * alike, so both paths run the same machine code. */
+#define DUET_KERNEL_CFLAGS "-std=c11", "-O2", "-march=native", "-fopenmp"
+
+/* Compiler to use: $DUET_CC, else "cc". */
+const char *jit_cc(void);
+
+/* Runs argv (no shell), capturing stdout+stderr into log (NUL-terminated,
+ * truncated to loglen).  Returns the exit status, or -1 when it could not
+ * run. */
+int jit_run(char *const argv[], char *log, size_t loglen);
+
+/* Compiles `src` into a shared object (or takes it from the cache:
+ * $DUET_CACHE_DIR, else $XDG_CACHE_HOME/duet, else ~/.cache/duet; mode
+ * 0700; entries keyed by an FNV-1a hash of compiler, version, flags and
+ * source, and checked against the full key text before loading), then
+ * dlopens it.  Returns 0, or -1 with a message in err. */
+int jit_load(const char *src, JitModule *m, char *err, size_t errlen);
+void jit_unload(JitModule *m);
+
+/* Directory holding this executable (from /proc/self/exe), for locating the
+ * runtime library and header next to it. */
+int jit_self_dir(char *out, size_t n);
+
+#endif

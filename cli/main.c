@@ -1,0 +1,311 @@
+/* cli/main.c: the `duet` driver.  Commands: run, compile, ir, emit, check. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../codegen/codegen.h"
+#include "../frontend/frontend.h"
+#include "../passes/passes.h"
+#include "jit.h"
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: duet <command> [args]\n\n"
+          "commands:\n"
+          "  run M.model [flags]          compile and train now (JIT); `duet run --help` lists flags\n"
+          "  compile M.model -o EXE       write a standalone training executable\n"
+          "  ir M.model [--after PASS]    print the IR (after the shape pass, or after PASS)\n"
+          "  emit M.model --target c      print the generated kernel source\n"
+          "  check M.model                parse and verify; print a parameter summary\n"
+          "  help                         this text\n\n"
+          "Every command takes --help.  Environment: DUET_CC (C compiler, default cc),\n"
+          "DUET_CACHE_DIR (kernel cache, default ~/.cache/duet).\n");
+}
+
+/* A compilation: arena, diagnostics, graph after the passes. */
+typedef struct Compiled {
+  Arena *arena;
+  Diag diag;
+  Graph *g;
+} Compiled;
+
+static int compile_model(Compiled *c, const char *path, int64_t batch, const char *dump_after,
+                         const char *stop_after) {
+  memset(c, 0, sizeof *c);
+  c->arena = arena_new(1 << 20);
+  c->diag.out = stderr;
+  Source *src = frontend_read_file(c->arena, &c->diag, path);
+  if (!src) return 1;
+  FrontendOptions fo = {.batch = batch};
+  c->g = frontend_compile(c->arena, &c->diag, src, &fo);
+  if (!c->g) return 1;
+  PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after};
+  return passes_run(c->g, &pc);
+}
+
+static void compiled_free(Compiled *c) { arena_free(c->arena); }
+
+/* Scans argv for `--batch N` (compile-time) without consuming it. */
+static int64_t scan_batch(int argc, char **argv) {
+  for (int i = 0; i < argc; i++) {
+    const char *v = NULL;
+    if (!strcmp(argv[i], "--batch") && i + 1 < argc) v = argv[i + 1];
+    else if (!strncmp(argv[i], "--batch=", 8)) v = argv[i] + 8;
+    if (v) {
+      char *end;
+      long long b = strtoll(v, &end, 10);
+      if (*end || b < 1) {
+        fprintf(stderr, "duet: error: --batch expects an integer >= 1, got '%s'\n", v);
+        exit(1);
+      }
+      return b;
+    }
+  }
+  return 0;
+}
+
+static bool wants_help(int argc, char **argv) {
+  for (int i = 0; i < argc; i++)
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
+  return false;
+}
+
+static int cmd_run(int argc, char **argv) {
+  if (argc < 1 || wants_help(argc, argv)) {
+    printf("usage: duet run M.model [flags]\nCompiles the model's kernels (cached) and trains it.\n\n");
+    duet_usage("duet run M.model", stdout);
+    return argc < 1 ? 1 : 0;
+  }
+  Compiled c;
+  int rc = compile_model(&c, argv[0], scan_batch(argc - 1, argv + 1), NULL, NULL);
+  if (rc) {
+    compiled_free(&c);
+    return 1;
+  }
+  CgProgram *cp = codegen_lower(c.g, c.arena);
+  char *src = codegen_emit_c(cp, c.arena);
+  JitModule m;
+  char err[8192];
+  if (jit_load(src, &m, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    compiled_free(&c);
+    return 1;
+  }
+  if (m.n != cp->n_kernels) {
+    fprintf(stderr, "duet: error: compiled module has %d kernels, expected %d\n", m.n, cp->n_kernels);
+    jit_unload(&m);
+    compiled_free(&c);
+    return 1;
+  }
+  if (m.cache_hit) printf("duet: kernels: %d, loaded from cache\n", m.n);
+  else printf("duet: kernels: %d, compiled in %.2f s\n", m.n, m.compile_seconds);
+  fflush(stdout);
+  rc = duet_main(&cp->prog, m.fns, "duet run M.model", argc - 1, argv + 1);
+  jit_unload(&m);
+  compiled_free(&c);
+  return rc;
+}
+
+static int cmd_compile(int argc, char **argv) {
+  const char *model = NULL, *out = NULL;
+  int64_t batch = 0;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf("usage: duet compile M.model -o EXE [--batch N]\n"
+             "Writes a standalone training executable (generated C compiled and linked\n"
+             "against the duet runtime).  EXE takes the same flags as `duet run`.\n");
+      return 0;
+    } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
+      out = argv[++i];
+    } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
+      batch = scan_batch(2, argv + i);
+      i++;
+    } else if (argv[i][0] != '-' && !model) {
+      model = argv[i];
+    } else {
+      fprintf(stderr, "duet: error: unexpected argument '%s' (see duet compile --help)\n", argv[i]);
+      return 1;
+    }
+  }
+  if (!model || !out) {
+    fprintf(stderr, "duet: error: usage: duet compile M.model -o EXE\n");
+    return 1;
+  }
+  char dir[1024], lib[1200], inc[1200];
+  if (jit_self_dir(dir, sizeof dir)) {
+    fprintf(stderr, "duet: error: cannot locate the duet executable's directory\n");
+    return 1;
+  }
+  snprintf(lib, sizeof lib, "%s/libduet_runtime.a", dir);
+  snprintf(inc, sizeof inc, "%s/include", dir);
+  if (access(lib, R_OK)) {
+    snprintf(lib, sizeof lib, "%s/../lib/duet/libduet_runtime.a", dir);
+    snprintf(inc, sizeof inc, "%s/../include/duet", dir);
+  }
+  if (access(lib, R_OK)) {
+    fprintf(stderr, "duet: error: cannot find libduet_runtime.a next to %s or in ../lib/duet\n", dir);
+    return 1;
+  }
+  Compiled c;
+  if (compile_model(&c, model, batch, NULL, NULL)) {
+    compiled_free(&c);
+    return 1;
+  }
+  CgProgram *cp = codegen_lower(c.g, c.arena);
+  char *src = codegen_emit_c(cp, c.arena);
+  char cpath[1300];
+  snprintf(cpath, sizeof cpath, "%s.duet-XXXXXX.c", out);
+  int fd = mkstemps(cpath, 2);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  if (!f) {
+    fprintf(stderr, "duet: error: cannot write %s: %s\n", cpath, strerror(errno));
+    compiled_free(&c);
+    return 1;
+  }
+  codegen_write_executable_c(cp, src, f);
+  if (fclose(f)) {
+    fprintf(stderr, "duet: error: writing %s failed\n", cpath);
+    unlink(cpath);
+    compiled_free(&c);
+    return 1;
+  }
+  char *av[24];
+  int a = 0;
+  const char *flags[] = {DUET_KERNEL_CFLAGS};
+  av[a++] = (char *)jit_cc();
+  for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) av[a++] = (char *)flags[i];
+  char incflag[1300];
+  snprintf(incflag, sizeof incflag, "-I%s", inc);
+  av[a++] = incflag;
+  av[a++] = "-o";
+  av[a++] = (char *)out;
+  av[a++] = cpath;
+  av[a++] = lib;
+  av[a++] = DUET_OPENBLAS_LIB;
+  av[a++] = DUET_CJSON_LIB;
+  av[a++] = "-lz";
+  av[a++] = "-lm";
+  av[a] = NULL;
+  char log[8192];
+  int st = jit_run(av, log, sizeof log);
+  unlink(cpath);
+  compiled_free(&c);
+  if (st != 0) {
+    fprintf(stderr, "duet: error: linking the training executable failed (%s exited with %d):\n%s", jit_cc(), st, log);
+    return 1;
+  }
+  printf("duet: wrote %s\n", out);
+  return 0;
+}
+
+static int cmd_ir(int argc, char **argv) {
+  const char *model = NULL, *after = "shape";
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf("usage: duet ir M.model [--after PASS]\nPrints the IR after PASS (default: shape). Passes, in order:\n");
+      for (int p = 0; p < duet_n_passes; p++) printf("  %-10s %s\n", duet_passes[p].name, duet_passes[p].what);
+      return 0;
+    } else if (!strcmp(argv[i], "--after") && i + 1 < argc) {
+      after = argv[++i];
+    } else if (!strncmp(argv[i], "--after=", 8)) {
+      after = argv[i] + 8;
+    } else if (argv[i][0] != '-' && !model) {
+      model = argv[i];
+    } else {
+      fprintf(stderr, "duet: error: unexpected argument '%s' (see duet ir --help)\n", argv[i]);
+      return 1;
+    }
+  }
+  if (!model) {
+    fprintf(stderr, "duet: error: usage: duet ir M.model [--after PASS]\n");
+    return 1;
+  }
+  if (passes_find(after) < 0) {
+    fprintf(stderr, "duet: error: unknown pass '%s'; passes:", after);
+    for (int p = 0; p < duet_n_passes; p++) fprintf(stderr, " %s", duet_passes[p].name);
+    fprintf(stderr, "\n");
+    return 1;
+  }
+  Compiled c;
+  int rc = compile_model(&c, model, 0, after, after);
+  compiled_free(&c);
+  return rc;
+}
+
+static int cmd_emit(int argc, char **argv) {
+  const char *model = NULL, *target = "c";
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf("usage: duet emit M.model [--target c]\nPrints the generated kernel source.\n");
+      return 0;
+    } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
+      target = argv[++i];
+    } else if (argv[i][0] != '-' && !model) {
+      model = argv[i];
+    } else {
+      fprintf(stderr, "duet: error: unexpected argument '%s' (see duet emit --help)\n", argv[i]);
+      return 1;
+    }
+  }
+  if (!model) {
+    fprintf(stderr, "duet: error: usage: duet emit M.model --target c\n");
+    return 1;
+  }
+  if (strcmp(target, "c")) {
+    fprintf(stderr, "duet: error: unknown target '%s' (available: c)\n", target);
+    return 1;
+  }
+  Compiled c;
+  int rc = compile_model(&c, model, 0, NULL, NULL);
+  if (!rc) fputs(codegen_emit_c(codegen_lower(c.g, c.arena), c.arena), stdout);
+  compiled_free(&c);
+  return rc;
+}
+
+static int cmd_check(int argc, char **argv) {
+  if (argc != 1 || wants_help(argc, argv)) {
+    printf("usage: duet check M.model\nParses and verifies the model; prints its parameters.\n");
+    return argc == 1 ? 0 : 1;
+  }
+  Compiled c;
+  int rc = compile_model(&c, argv[0], 0, NULL, "shape");
+  if (!rc) {
+    int64_t total = 0;
+    char b[160];
+    printf("%-32s %-16s %12s\n", "parameter", "shape", "elements");
+    for (int i = 0; i < c.g->n_values; i++) {
+      Value *v = c.g->values[i];
+      if (v->op != OP_PARAM) continue;
+      int64_t n = shape_numel(&v->shape);
+      total += n;
+      printf("%-32s %-16s %12" PRId64 "\n", v->attr.name, shape_str(&v->shape, b, sizeof b), n);
+    }
+    printf("%s: ok, %" PRId64 " parameters\n", argv[0], total);
+  }
+  compiled_free(&c);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 1;
+  }
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
+  if (!strcmp(cmd, "compile")) return cmd_compile(argc - 2, argv + 2);
+  if (!strcmp(cmd, "ir")) return cmd_ir(argc - 2, argv + 2);
+  if (!strcmp(cmd, "emit")) return cmd_emit(argc - 2, argv + 2);
+  if (!strcmp(cmd, "check")) return cmd_check(argc - 2, argv + 2);
+  if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+    usage(stdout);
+    return 0;
+  }
+  fprintf(stderr, "duet: error: unknown command '%s'\n\n", cmd);
+  usage(stderr);
+  return 1;
+}

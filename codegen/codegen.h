@@ -1,0 +1,88 @@
+/* codegen/codegen.h: planned Graph -> kernel IR + runtime program, and the
+ * emitters that print the kernel IR as C (and, later, CUDA C). */
+#ifndef DUET_CODEGEN_H
+#define DUET_CODEGEN_H
+
+#include "../ir/ir.h"
+#include "../runtime/duet_rt.h"
+
+/* ----------------------------------------------------------- kernel IR */
+
+/* Elementwise kernels are straight-line programs run once per element i of
+ * the output, over `n` elements; other kernels are fixed templates with
+ * their sizes baked in. */
+typedef enum KOp {
+  KI_LOAD,   /* a: buffer */
+  KI_CONST,  /* value */
+  KI_SCALAR, /* a: index into the runtime scalars (DUET_S_*) */
+  KI_ADD, KI_SUB, KI_MUL, KI_DIV, /* a, b: instructions */
+  KI_NEG, KI_RELU, KI_SQRT,       /* a */
+  KI_RELU_GRAD,                   /* a: dy, b: x -> x > 0 ? dy : 0 */
+  KI_STORE,  /* a: buffer, b: instruction */
+} KOp;
+
+typedef struct KInstr {
+  KOp op;
+  int a, b;
+  double value;
+} KInstr;
+
+/* Element index of a buffer for output element i:
+ *   sum over terms of ((i / div) % mod) * mul
+ * (mod = 0 means no modulo).  Broadcast axes contribute no term. */
+typedef struct KIndexTerm {
+  int64_t div, mod, mul;
+} KIndexTerm;
+
+#define KMAX_BUFS 32
+typedef struct KBuf {
+  int tensor; /* runtime tensor id */
+  DType dtype;
+  int n_terms;
+  KIndexTerm terms[IR_MAX_RANK];
+} KBuf;
+
+typedef enum KernelKind {
+  KK_ELEMENTWISE, /* bufs: any; ins: the program */
+  KK_REDUCE,      /* bufs: in, out; out[o,j] = scale * sum_r in[o,r,j] */
+  KK_XENT_FWD,    /* bufs: logits [rows,cols], labels [rows], out []: mean NLL */
+  KK_XENT_BWD,    /* bufs: logits, labels, dloss [], out [rows,cols] */
+  KK_EVAL_METRICS,/* bufs: logits, labels, out [2] = {correct, summed NLL} */
+} KernelKind;
+
+typedef struct Kernel {
+  KernelKind kind;
+  int index;
+  DType dtype; /* float dtype of the kernel */
+  int64_t n;   /* KK_ELEMENTWISE: elements */
+  int n_bufs;
+  KBuf bufs[KMAX_BUFS];
+  int n_ins;
+  KInstr *ins;
+  int64_t outer, red, inner; /* KK_REDUCE */
+  double scale;
+  int64_t rows, cols;        /* KK_XENT_*, KK_EVAL_METRICS */
+} Kernel;
+
+/* A lowered model: the runtime program (tables allocated in the arena) and
+ * its kernels. */
+typedef struct CgProgram {
+  DuetProgram prog;
+  int n_kernels;
+  Kernel *kernels;
+  int *tensor_of; /* value id -> tensor id, -1 if none */
+} CgProgram;
+
+/* Lowers a graph that went through every pass (memplan last).  `cfg` holds
+ * the training defaults copied into the program. */
+CgProgram *codegen_lower(Graph *g, Arena *a);
+
+/* C source of every kernel, as `void duet_k<i>(void *const *t, const double
+ * *s)` plus a table `duet_kernel_table`.  Contains no user text. */
+char *codegen_emit_c(const CgProgram *cp, Arena *a);
+
+/* A whole training executable's C source: the kernels, the program tables
+ * (strings written as byte arrays) and main() calling duet_main(). */
+void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FILE *out);
+
+#endif

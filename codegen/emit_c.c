@@ -1,0 +1,293 @@
+/* codegen/emit_c.c: kernel IR -> C11 with OpenMP, and the C source of a
+ * standalone training executable. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+
+/* A growing string in the arena. */
+typedef struct Buf {
+  Arena *a;
+  char *s;
+  size_t n, cap;
+} Buf;
+
+static void bprintf(Buf *b, const char *fmt, ...) {
+  va_list ap, ap2;
+  va_start(ap, fmt);
+  va_copy(ap2, ap);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  DUET_ASSERT(n >= 0);
+  if (b->n + (size_t)n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 4096;
+    while (b->n + (size_t)n + 1 > cap) cap *= 2;
+    char *ns = arena_alloc(b->a, cap);
+    if (b->n) memcpy(ns, b->s, b->n);
+    b->s = ns;
+    b->cap = cap;
+  }
+  vsnprintf(b->s + b->n, (size_t)n + 1, fmt, ap2);
+  va_end(ap2);
+  b->n += (size_t)n;
+}
+
+static const char *ctype(DType t) {
+  switch (t) {
+  case DT_F32: return "float";
+  case DT_F64: return "double";
+  case DT_I32: return "int32_t";
+  default: unreachable();
+  }
+}
+
+/* Elementwise loops below this many elements run on one thread. */
+#define PAR_MIN 32768
+
+static void index_expr(Buf *b, const KBuf *kb) {
+  if (kb->n_terms == 0) {
+    bprintf(b, "0");
+    return;
+  }
+  for (int t = 0; t < kb->n_terms; t++) {
+    const KIndexTerm *x = &kb->terms[t];
+    bprintf(b, "%s", t ? " + " : "");
+    bool paren = x->mul != 1 && (x->div != 1 || x->mod);
+    bprintf(b, "%s", paren ? "(" : "");
+    if (x->div != 1) bprintf(b, "i / %" PRId64, x->div);
+    else bprintf(b, "i");
+    if (x->mod) bprintf(b, " %% %" PRId64, x->mod);
+    bprintf(b, "%s", paren ? ")" : "");
+    if (x->mul != 1) bprintf(b, " * %" PRId64, x->mul);
+  }
+}
+
+static void emit_const(Buf *b, DType t, double v) {
+  /* hexadecimal: exact, whatever the locale */
+  bprintf(b, "(%s)%a", ctype(t), v);
+}
+
+static void emit_elementwise(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  bool *stored = calloc(KMAX_BUFS, 1);
+  if (!stored) duet_fatal(__FILE__, __LINE__, "out of host memory");
+  for (int i = 0; i < k->n_ins; i++)
+    if (k->ins[i].op == KI_STORE) stored[k->ins[i].a] = true;
+  for (int i = 0; i < k->n_bufs; i++)
+    bprintf(b, "  %s%s *b%d = (%s%s *)t[%d];\n", stored[i] ? "" : "const ", ctype(k->bufs[i].dtype), i,
+            stored[i] ? "" : "const ", ctype(k->bufs[i].dtype), k->bufs[i].tensor);
+  for (int i = 0; i < k->n_ins; i++)
+    if (k->ins[i].op == KI_SCALAR) bprintf(b, "  const %s s%d = (%s)s[%d];\n", T, i, T, k->ins[i].a);
+  if (k->n >= PAR_MIN) bprintf(b, "  #pragma omp parallel for simd schedule(static)\n");
+  else bprintf(b, "  #pragma omp simd\n");
+  bprintf(b, "  for (int64_t i = 0; i < %" PRId64 "; i++) {\n", k->n);
+  const char *sq = k->dtype == DT_F32 ? "sqrtf" : "sqrt";
+  for (int i = 0; i < k->n_ins; i++) {
+    const KInstr *x = &k->ins[i];
+    if (x->op == KI_STORE) {
+      bprintf(b, "    b%d[", x->a);
+      index_expr(b, &k->bufs[x->a]);
+      bprintf(b, "] = r%d;\n", x->b);
+      continue;
+    }
+    bprintf(b, "    const %s r%d = ", T, i);
+    switch (x->op) {
+    case KI_LOAD:
+      bprintf(b, "b%d[", x->a);
+      index_expr(b, &k->bufs[x->a]);
+      bprintf(b, "]");
+      break;
+    case KI_CONST: emit_const(b, k->dtype, x->value); break;
+    case KI_SCALAR: bprintf(b, "s%d", i); break;
+    case KI_ADD: bprintf(b, "r%d + r%d", x->a, x->b); break;
+    case KI_SUB: bprintf(b, "r%d - r%d", x->a, x->b); break;
+    case KI_MUL: bprintf(b, "r%d * r%d", x->a, x->b); break;
+    case KI_DIV: bprintf(b, "r%d / r%d", x->a, x->b); break;
+    case KI_NEG: bprintf(b, "-r%d", x->a); break;
+    case KI_RELU: bprintf(b, "r%d < 0 ? 0 : r%d", x->a, x->a); break; /* NaN passes through */
+    case KI_RELU_GRAD: bprintf(b, "r%d > 0 ? r%d : 0", x->b, x->a); break;
+    case KI_SQRT: bprintf(b, "%s(r%d)", sq, x->a); break;
+    default: unreachable();
+    }
+    bprintf(b, ";\n");
+  }
+  bprintf(b, "  }\n");
+  free(stored);
+}
+
+/* Reductions accumulate in double, in a fixed order (no OpenMP reduction
+ * clause, whose combining order varies between runs). */
+static void emit_reduce(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  bprintf(b, "  const %s *x = (const %s *)t[%d];\n  %s *y = (%s *)t[%d];\n", T, T, k->bufs[0].tensor, T, T,
+          k->bufs[1].tensor);
+  int64_t O = k->outer, R = k->red, I = k->inner;
+  if (I == 1 && O == 1) {
+    int64_t nch = R / 16384 + 1;
+    if (nch > 64) nch = 64;
+    bprintf(b, "  double part[%" PRId64 "];\n", nch);
+    if (nch > 1) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+    bprintf(b, "  for (int64_t c = 0; c < %" PRId64 "; c++) {\n", nch);
+    bprintf(b, "    double acc = 0;\n");
+    bprintf(b, "    for (int64_t r = %" PRId64 " * c / %" PRId64 "; r < %" PRId64 " * (c + 1) / %" PRId64 "; r++) acc += x[r];\n",
+            R, nch, R, nch);
+    bprintf(b, "    part[c] = acc;\n  }\n");
+    bprintf(b, "  double tot = 0;\n  for (int64_t c = 0; c < %" PRId64 "; c++) tot += part[c];\n", nch);
+    bprintf(b, "  y[0] = (%s)(tot * %.17g);\n", T, k->scale);
+    return;
+  }
+  /* blocks of up to 256 outputs along the inner axis, rows streamed */
+  int64_t JB = I < 256 ? I : 256;
+  int64_t nblk = O * ((I + JB - 1) / JB);
+  if (O * R * I >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t blk = 0; blk < %" PRId64 "; blk++) {\n", nblk);
+  bprintf(b, "    const int64_t o = blk / %" PRId64 ", j0 = blk %% %" PRId64 " * %" PRId64 ";\n", (I + JB - 1) / JB,
+          (I + JB - 1) / JB, JB);
+  bprintf(b, "    const int64_t jn = %" PRId64 " - j0 < %" PRId64 " ? %" PRId64 " - j0 : %" PRId64 ";\n", I, JB, I, JB);
+  bprintf(b, "    double acc[%" PRId64 "] = {0};\n", JB);
+  bprintf(b, "    for (int64_t r = 0; r < %" PRId64 "; r++) {\n", R);
+  bprintf(b, "      const %s *row = x + (o * %" PRId64 " + r) * %" PRId64 " + j0;\n", T, R, I);
+  bprintf(b, "      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];\n    }\n");
+  bprintf(b, "    for (int64_t j = 0; j < jn; j++) y[o * %" PRId64 " + j0 + j] = (%s)(acc[j] * %.17g);\n  }\n", I, T,
+          k->scale);
+}
+
+/* Softmax cross-entropy with integer labels, stabilised by subtracting the
+ * row maximum (log-sum-exp):  loss = mean_r (log sum_c exp(x_rc - m_r) + m_r - x_r,y_r). */
+static void emit_rows(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
+  int64_t R = k->rows, C = k->cols;
+  bprintf(b, "  const %s *x = (const %s *)t[%d];\n  const int32_t *y = (const int32_t *)t[%d];\n", T, T,
+          k->bufs[0].tensor, k->bufs[1].tensor);
+  if (k->kind == KK_XENT_FWD) {
+    int64_t nch = R < 16 ? R : 16;
+    bprintf(b, "  %s *out = (%s *)t[%d];\n  double part[%" PRId64 "];\n", T, T, k->bufs[2].tensor, nch);
+    if (R * C >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+    bprintf(b, "  for (int64_t c = 0; c < %" PRId64 "; c++) {\n    double acc = 0;\n", nch);
+    bprintf(b, "    for (int64_t r = %" PRId64 " * c / %" PRId64 "; r < %" PRId64 " * (c + 1) / %" PRId64 "; r++) {\n",
+            R, nch, R, nch);
+    bprintf(b, "      const %s *row = x + r * %" PRId64 ";\n      double m = row[0], se = 0;\n", T, C);
+    bprintf(b, "      for (int64_t j = 1; j < %" PRId64 "; j++) m = row[j] > m ? row[j] : m;\n", C);
+    bprintf(b, "      for (int64_t j = 0; j < %" PRId64 "; j++) se += exp((double)row[j] - m);\n", C);
+    bprintf(b, "      acc += log(se) + m - row[y[r]];\n    }\n    part[c] = acc;\n  }\n");
+    bprintf(b, "  double tot = 0;\n  for (int64_t c = 0; c < %" PRId64 "; c++) tot += part[c];\n", nch);
+    bprintf(b, "  out[0] = (%s)(tot / %" PRId64 ");\n", T, R);
+  } else if (k->kind == KK_XENT_BWD) {
+    /* d/dx_rc = (softmax_rc - [c == y_r]) * dloss / R */
+    bprintf(b, "  const %s *dl = (const %s *)t[%d];\n  %s *dx = (%s *)t[%d];\n", T, T, k->bufs[2].tensor, T, T,
+            k->bufs[3].tensor);
+    bprintf(b, "  const %s g = dl[0] / (%s)%" PRId64 ";\n", T, T, R);
+    if (R * C >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+    bprintf(b, "  for (int64_t r = 0; r < %" PRId64 "; r++) {\n", R);
+    bprintf(b, "    const %s *row = x + r * %" PRId64 ";\n    %s *drow = dx + r * %" PRId64 ";\n", T, C, T, C);
+    bprintf(b, "    %s m = row[0];\n    double se = 0;\n", T);
+    bprintf(b, "    for (int64_t j = 1; j < %" PRId64 "; j++) m = row[j] > m ? row[j] : m;\n", C);
+    bprintf(b, "    for (int64_t j = 0; j < %" PRId64 "; j++) { drow[j] = %s(row[j] - m); se += drow[j]; }\n", C, ex);
+    bprintf(b, "    const %s inv = (%s)(1 / se);\n", T, T);
+    bprintf(b, "    for (int64_t j = 0; j < %" PRId64 "; j++) drow[j] = (drow[j] * inv - (j == y[r])) * g;\n  }\n", C);
+  } else {
+    /* correct predictions (first maximum wins) and summed NLL over the
+     * first s[N_VALID] rows */
+    bprintf(b, "  %s *out = (%s *)t[%d];\n", T, T, k->bufs[2].tensor);
+    bprintf(b, "  int64_t nv = (int64_t)s[%d];\n  if (nv > %" PRId64 ") nv = %" PRId64 ";\n", DUET_S_N_VALID, R, R);
+    bprintf(b, "  double correct = 0, nll = 0;\n  for (int64_t r = 0; r < nv; r++) {\n");
+    bprintf(b, "    const %s *row = x + r * %" PRId64 ";\n    int64_t am = 0;\n    double m = row[0], se = 0;\n", T, C);
+    bprintf(b, "    for (int64_t j = 1; j < %" PRId64 "; j++) if (row[j] > m) { m = row[j]; am = j; }\n", C);
+    bprintf(b, "    for (int64_t j = 0; j < %" PRId64 "; j++) se += exp((double)row[j] - m);\n", C);
+    bprintf(b, "    nll += log(se) + m - row[y[r]];\n    correct += am == y[r];\n  }\n");
+    bprintf(b, "  out[0] = (%s)correct;\n  out[1] = (%s)nll;\n", T, T);
+  }
+}
+
+char *codegen_emit_c(const CgProgram *cp, Arena *a) {
+  Buf b = {.a = a};
+  bprintf(&b, "/* generated by duet: %d kernels; see docs (kernel IR -> C) */\n", cp->n_kernels);
+  bprintf(&b, "#include <math.h>\n#include <stdint.h>\n\n");
+  bprintf(&b, "typedef void (*duet_kernel_fn)(void *const *t, const double *s);\n\n");
+  for (int i = 0; i < cp->n_kernels; i++) {
+    const Kernel *k = &cp->kernels[i];
+    bprintf(&b, "void duet_k%d(void *const *t, const double *s) {\n", i);
+    if (k->kind != KK_EVAL_METRICS) bprintf(&b, "  (void)s;\n");
+    switch (k->kind) {
+    case KK_ELEMENTWISE: emit_elementwise(&b, k); break;
+    case KK_REDUCE: emit_reduce(&b, k); break;
+    default: emit_rows(&b, k); break;
+    }
+    bprintf(&b, "}\n\n");
+  }
+  bprintf(&b, "const int duet_kernel_count = %d;\n", cp->n_kernels);
+  bprintf(&b, "const duet_kernel_fn duet_kernel_table[] = {\n");
+  for (int i = 0; i < cp->n_kernels; i++) bprintf(&b, "  duet_k%d,\n", i);
+  if (!cp->n_kernels) bprintf(&b, "  0,\n");
+  bprintf(&b, "};\n");
+  return b.s;
+}
+
+/* ------------------------------------------------------ the executable */
+
+/* Strings are written as byte arrays, never as C literals of user text. */
+static void write_bytes(FILE *out, const char *name, const char *s) {
+  fprintf(out, "static const char %s[] = {", name);
+  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) fprintf(out, "%u,", *p);
+  fprintf(out, "0};\n");
+}
+
+static void write_steps(FILE *out, const char *name, const DuetStep *s, int n) {
+  fprintf(out, "static const DuetStep %s[] = {\n", name);
+  for (int i = 0; i < n; i++)
+    fprintf(out, "  {%d, %d, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", %d, %d, %d, %d},\n", s[i].kind,
+            s[i].kernel, s[i].ta, s[i].tb, s[i].m, s[i].n, s[i].k, s[i].a, s[i].b, s[i].c, s[i].dtype);
+  if (!n) fprintf(out, "  {0},\n");
+  fprintf(out, "};\n");
+}
+
+void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FILE *out) {
+  const DuetProgram *p = &cp->prog;
+  fprintf(out, "/* generated by duet compile: a standalone training executable */\n");
+  fprintf(out, "#include \"duet_rt.h\"\n\n");
+  fputs(kernel_src, out);
+  fprintf(out, "\n");
+  for (int i = 0; i < p->n_tensors; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "tname%d", i);
+    write_bytes(out, nm, p->tensors[i].name);
+  }
+  write_bytes(out, "model_name", p->model_name);
+  write_bytes(out, "data_path", p->defaults.data_path);
+  fprintf(out, "static const DuetTensor tensors[] = {\n");
+  for (int i = 0; i < p->n_tensors; i++) {
+    const DuetTensor *t = &p->tensors[i];
+    fprintf(out, "  {tname%d, %d, %d, %d, {", i, t->region, t->dtype, t->rank);
+    for (int d = 0; d < DUET_MAX_RANK; d++) fprintf(out, "%" PRId64 ",", d < t->rank ? t->shape[d] : 0);
+    fprintf(out, "}, %" PRId64 ", %" PRId64 ", %d, %.17g, %.17g},\n", t->offset, t->nbytes, t->init, t->init_a,
+            t->init_b);
+  }
+  fprintf(out, "};\n");
+  write_steps(out, "train_steps", p->train, p->n_train);
+  write_steps(out, "eval_steps", p->eval, p->n_eval);
+  write_steps(out, "grad_steps", p->grad, p->n_grad);
+  const DuetConfig *c = &p->defaults;
+  fprintf(out, "static const DuetProgram program = {\n");
+  fprintf(out, "  .api_version = %d, .model_name = model_name, .n_tensors = %d, .tensors = tensors,\n",
+          DUET_RT_API_VERSION, p->n_tensors);
+  fprintf(out, "  .n_kernels = %d, .n_train = %d, .n_eval = %d, .n_grad = %d,\n", p->n_kernels, p->n_train,
+          p->n_eval, p->n_grad);
+  fprintf(out, "  .train = train_steps, .eval = eval_steps, .grad = grad_steps,\n");
+  fprintf(out, "  .input_x = %d, .input_y = %d, .loss = %d, .metrics = %d, .n_classes = %d,\n", p->input_x,
+          p->input_y, p->loss, p->metrics, p->n_classes);
+  fprintf(out, "  .region_bytes = {%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "}, .gemm_flops = %" PRId64 ",\n",
+          p->region_bytes[0], p->region_bytes[1], p->region_bytes[2], p->region_bytes[3], p->gemm_flops);
+  fprintf(out, "  .defaults = {.data = %d, .data_path = data_path, .optimizer = %d,\n", c->data, c->optimizer);
+  fprintf(out, "    .lr = %.17g, .weight_decay = %.17g, .beta1 = %.17g, .beta2 = %.17g, .eps = %.17g,\n", c->lr,
+          c->weight_decay, c->beta1, c->beta2, c->eps);
+  fprintf(out, "    .momentum = %.17g, .batch = %" PRId64 ", .epochs = %" PRId64 ", .steps = %" PRId64
+               ", .log_every = %" PRId64 ",\n",
+          c->momentum, c->batch, c->epochs, c->steps, c->log_every);
+  fprintf(out, "    .seed = %" PRIu64 "u, .eval = %d},\n};\n\n", c->seed, c->eval);
+  fprintf(out, "int main(int argc, char **argv) {\n");
+  fprintf(out, "  return duet_main(&program, (const DuetKernelFn *)duet_kernel_table, argv[0], argc - 1, argv + 1);\n}\n");
+}

@@ -1,0 +1,363 @@
+/* codegen/lower.c: planned Graph -> runtime program tables + kernel IR. */
+#include <string.h>
+
+#include "codegen.h"
+
+typedef struct Lower {
+  Graph *g;
+  Arena *a;
+  CgProgram *cp;
+  int cap_kernels;
+} Lower;
+
+/* Index terms that broadcast a tensor of shape `in` over the flat index of
+ * shape `out` (numpy rules: `in` right-aligned, size-1 axes repeat). */
+static int index_terms(const Shape *in, const Shape *out, KIndexTerm *terms) {
+  int r = out->rank, n = 0;
+  int64_t ostride = 1, istride = 1;
+  for (int d = r - 1; d >= 0; d--) {
+    int di = in->rank - r + d;
+    int64_t od = out->dim[d], id = di >= 0 ? in->dim[di] : 1;
+    if (od != 1 && id == od) {
+      /* merge with the previous (inner) term when contiguous in both */
+      if (n > 0 && terms[n - 1].div * terms[n - 1].mod == ostride &&
+          terms[n - 1].mul * terms[n - 1].mod == istride) {
+        terms[n - 1].mod *= od;
+      } else {
+        terms[n++] = (KIndexTerm){ostride, od, istride};
+      }
+    }
+    ostride *= od;
+    istride *= id;
+  }
+  /* the outermost term needs no modulo */
+  if (n > 0 && terms[n - 1].div * terms[n - 1].mod == ostride) terms[n - 1].mod = 0;
+  return n;
+}
+
+static Kernel *new_kernel(Lower *L, KernelKind kind, DType dt) {
+  CgProgram *cp = L->cp;
+  if (cp->n_kernels == L->cap_kernels) {
+    int cap = L->cap_kernels ? 2 * L->cap_kernels : 64;
+    Kernel *nk = arena_alloc(L->a, (size_t)cap * sizeof *nk);
+    if (cp->n_kernels) memcpy(nk, cp->kernels, (size_t)cp->n_kernels * sizeof *nk);
+    cp->kernels = nk;
+    L->cap_kernels = cap;
+  }
+  Kernel *k = &cp->kernels[cp->n_kernels];
+  memset(k, 0, sizeof *k);
+  k->kind = kind;
+  k->index = cp->n_kernels++;
+  k->dtype = dt;
+  return k;
+}
+
+static int add_buf(Kernel *k, int tensor, DType dt, const Shape *shape, const Shape *out) {
+  for (int i = 0; i < k->n_bufs; i++)
+    if (k->bufs[i].tensor == tensor) return i;
+  DUET_ASSERT(k->n_bufs < KMAX_BUFS);
+  KBuf *b = &k->bufs[k->n_bufs];
+  b->tensor = tensor;
+  b->dtype = dt;
+  b->n_terms = out ? index_terms(shape, out, b->terms) : 0;
+  return k->n_bufs++;
+}
+
+typedef struct InsBuf {
+  KInstr ins[256];
+  int n;
+} InsBuf;
+
+static int ins(InsBuf *b, KOp op, int x, int y, double value) {
+  DUET_ASSERT(b->n < 256);
+  b->ins[b->n] = (KInstr){op, x, y, value};
+  return b->n++;
+}
+
+static void finish_ew(Lower *L, Kernel *k, InsBuf *b, int64_t n) {
+  k->n = n;
+  k->n_ins = b->n;
+  k->ins = arena_alloc(L->a, (size_t)b->n * sizeof *k->ins);
+  memcpy(k->ins, b->ins, (size_t)b->n * sizeof *k->ins);
+}
+
+static KOp kop_of(OpKind op) {
+  switch (op) {
+  case OP_ADD: return KI_ADD;
+  case OP_SUB: return KI_SUB;
+  case OP_MUL: return KI_MUL;
+  case OP_DIV: return KI_DIV;
+  case OP_NEG: return KI_NEG;
+  case OP_RELU: return KI_RELU;
+  case OP_RELU_GRAD: return KI_RELU_GRAD;
+  default: unreachable();
+  }
+}
+
+static int tid(Lower *L, const Value *v) {
+  int t = L->cp->tensor_of[v->id];
+  DUET_ASSERT(t >= 0);
+  return t;
+}
+
+/* Elementwise kernel for a single EW op, a FUSED op or a materialised CONST. */
+static int lower_elementwise(Lower *L, Value *v) {
+  Kernel *k = new_kernel(L, KK_ELEMENTWISE, v->dtype);
+  InsBuf b = {.n = 0};
+  int res;
+  if (v->op == OP_CONST) {
+    res = ins(&b, KI_CONST, 0, 0, v->attr.value);
+  } else if (v->op == OP_FUSED) {
+    const FusedProg *p = v->attr.prog;
+    int *map = arena_alloc(L->a, (size_t)p->n * sizeof *map);
+    for (int i = 0; i < p->n; i++) {
+      const FusedInstr *f = &p->ins[i];
+      if (f->op == OP_COUNT) {
+        Value *x = v->in[f->a];
+        map[i] = ins(&b, KI_LOAD, add_buf(k, tid(L, x), x->dtype, &x->shape, &v->shape), 0, 0);
+      } else if (f->op == OP_CONST) {
+        map[i] = ins(&b, KI_CONST, 0, 0, f->value);
+      } else if (f->op == OP_BROADCAST) {
+        map[i] = map[f->a];
+      } else {
+        map[i] = ins(&b, kop_of(f->op), map[f->a], op_info[f->op].arity > 1 ? map[f->b] : 0, 0);
+      }
+    }
+    res = map[p->n - 1];
+  } else {
+    int opnd[2] = {0, 0};
+    for (int j = 0; j < v->n_in; j++) {
+      Value *x = v->in[j];
+      opnd[j] = x->op == OP_CONST && x->region == MEM_NONE
+                    ? ins(&b, KI_CONST, 0, 0, x->attr.value)
+                    : ins(&b, KI_LOAD, add_buf(k, tid(L, x), x->dtype, &x->shape, &v->shape), 0, 0);
+    }
+    res = v->op == OP_BROADCAST ? opnd[0] : ins(&b, kop_of(v->op), opnd[0], opnd[1], 0);
+  }
+  int out = add_buf(k, tid(L, v), v->dtype, &v->shape, &v->shape);
+  ins(&b, KI_STORE, out, res, 0);
+  finish_ew(L, k, &b, shape_numel(&v->shape));
+  return k->index;
+}
+
+/* AdamW exactly as torch.optim.AdamW (single-tensor path, torch 2.x):
+ *   p *= 1 - lr*wd;  m = m + (1-b1)(g - m);  v = b2 v + (1-b2) g^2
+ *   p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps)
+ * SGD as torch.optim.SGD (dampening 0, no Nesterov):
+ *   d = g + wd p;  buf = momentum buf + d;  p -= lr buf */
+static int lower_optimizer(Lower *L, Value *v) {
+  Kernel *k = new_kernel(L, KK_ELEMENTWISE, v->in[0]->dtype);
+  InsBuf b = {.n = 0};
+  const Shape *s = &v->in[0]->shape;
+  int bp = add_buf(k, tid(L, v->in[0]), v->in[0]->dtype, s, s);
+  int bg = add_buf(k, tid(L, v->in[1]), v->in[1]->dtype, s, s);
+  int p = ins(&b, KI_LOAD, bp, 0, 0), g = ins(&b, KI_LOAD, bg, 0, 0);
+  int one = ins(&b, KI_CONST, 0, 0, 1.0);
+  int lr = ins(&b, KI_SCALAR, DUET_S_LR, 0, 0), wd = ins(&b, KI_SCALAR, DUET_S_WEIGHT_DECAY, 0, 0);
+  if (v->op == OP_ADAMW) {
+    int bm = add_buf(k, tid(L, v->in[2]), v->in[2]->dtype, s, s);
+    int bv = add_buf(k, tid(L, v->in[3]), v->in[3]->dtype, s, s);
+    int m = ins(&b, KI_LOAD, bm, 0, 0), vv = ins(&b, KI_LOAD, bv, 0, 0);
+    int b1 = ins(&b, KI_SCALAR, DUET_S_BETA1, 0, 0), b2 = ins(&b, KI_SCALAR, DUET_S_BETA2, 0, 0);
+    int eps = ins(&b, KI_SCALAR, DUET_S_EPS, 0, 0);
+    int ss = ins(&b, KI_SCALAR, DUET_S_STEP_SIZE, 0, 0), bc2 = ins(&b, KI_SCALAR, DUET_S_BC2_SQRT, 0, 0);
+    int p1 = ins(&b, KI_MUL, p, ins(&b, KI_SUB, one, ins(&b, KI_MUL, lr, wd, 0), 0), 0);
+    int m1 = ins(&b, KI_ADD, m, ins(&b, KI_MUL, ins(&b, KI_SUB, g, m, 0), ins(&b, KI_SUB, one, b1, 0), 0), 0);
+    int v1 = ins(&b, KI_ADD, ins(&b, KI_MUL, b2, vv, 0),
+                 ins(&b, KI_MUL, ins(&b, KI_SUB, one, b2, 0), ins(&b, KI_MUL, g, g, 0), 0), 0);
+    int den = ins(&b, KI_ADD, ins(&b, KI_DIV, ins(&b, KI_SQRT, v1, 0, 0), bc2, 0), eps, 0);
+    int p2 = ins(&b, KI_SUB, p1, ins(&b, KI_MUL, ss, ins(&b, KI_DIV, m1, den, 0), 0), 0);
+    ins(&b, KI_STORE, bm, m1, 0);
+    ins(&b, KI_STORE, bv, v1, 0);
+    ins(&b, KI_STORE, bp, p2, 0);
+  } else {
+    int bm = add_buf(k, tid(L, v->in[2]), v->in[2]->dtype, s, s);
+    int buf = ins(&b, KI_LOAD, bm, 0, 0);
+    int mom = ins(&b, KI_SCALAR, DUET_S_MOMENTUM, 0, 0);
+    int d = ins(&b, KI_ADD, g, ins(&b, KI_MUL, wd, p, 0), 0);
+    int buf1 = ins(&b, KI_ADD, ins(&b, KI_MUL, mom, buf, 0), d, 0);
+    int p1 = ins(&b, KI_SUB, p, ins(&b, KI_MUL, lr, buf1, 0), 0);
+    ins(&b, KI_STORE, bm, buf1, 0);
+    ins(&b, KI_STORE, bp, p1, 0);
+  }
+  finish_ew(L, k, &b, shape_numel(s));
+  return k->index;
+}
+
+/* Reduction of `in` to `out` (SUM_TO, or MEAN with scale 1/n): the reduced
+ * axes must form one contiguous run once size-1 axes are dropped. */
+static int lower_reduce(Lower *L, Value *v, double scale) {
+  Value *x = v->in[0];
+  Shape to = v->op == OP_MEAN ? (Shape){0} : v->attr.shape;
+  int r = x->shape.rank;
+  int64_t outer = 1, red = 1, inner = 1;
+  int phase = 0; /* 0: outer, 1: reduced, 2: inner */
+  for (int d = 0; d < r; d++) {
+    int dt = to.rank - r + d;
+    int64_t xd = x->shape.dim[d], td = dt >= 0 ? to.dim[dt] : 1;
+    if (xd == 1) continue;
+    bool reduced = td == 1;
+    if (reduced && phase == 2) duet_fatal(__FILE__, __LINE__, "unsupported reduction pattern");
+    if (reduced) phase = 1;
+    else if (phase == 1) phase = 2;
+    if (phase == 0) outer *= xd;
+    else if (phase == 1) red *= xd;
+    else inner *= xd;
+  }
+  Kernel *k = new_kernel(L, KK_REDUCE, v->dtype);
+  add_buf(k, tid(L, x), x->dtype, NULL, NULL);
+  add_buf(k, tid(L, v), v->dtype, NULL, NULL);
+  k->outer = outer;
+  k->red = red;
+  k->inner = inner;
+  k->scale = scale;
+  return k->index;
+}
+
+static int lower_rows(Lower *L, Value *v, KernelKind kind) {
+  Value *lg = v->in[0];
+  Kernel *k = new_kernel(L, kind, lg->dtype);
+  for (int j = 0; j < v->n_in; j++) add_buf(k, tid(L, v->in[j]), v->in[j]->dtype, NULL, NULL);
+  add_buf(k, tid(L, v), v->dtype, NULL, NULL);
+  k->rows = lg->shape.dim[0];
+  k->cols = lg->shape.dim[1];
+  return k->index;
+}
+
+typedef struct StepList {
+  DuetStep *s;
+  int n;
+} StepList;
+
+static void push_step(Lower *L, StepList *l, DuetStep st) {
+  (void)L;
+  l->s[l->n++] = st;
+}
+
+CgProgram *codegen_lower(Graph *g, Arena *a) {
+  CgProgram *cp = arena_alloc(a, sizeof *cp);
+  Lower L = {.g = g, .a = a, .cp = cp};
+  DuetProgram *p = &cp->prog;
+  p->api_version = DUET_RT_API_VERSION;
+  p->model_name = g->model_name;
+  cp->tensor_of = arena_alloc(a, (size_t)(g->n_values + 1) * sizeof *cp->tensor_of);
+  DuetTensor *tensors = arena_alloc(a, (size_t)(g->n_values + 1) * sizeof *tensors);
+  int nt = 0;
+  for (int i = 0; i < g->n_values; i++) {
+    Value *v = g->values[i];
+    cp->tensor_of[i] = -1;
+    if (v->region == MEM_NONE) continue;
+    DuetTensor *t = &tensors[nt];
+    t->name = v->attr.name && (v->op == OP_PARAM || v->op == OP_STATE || v->op == OP_INPUT)
+                  ? v->attr.name : arena_printf(a, "%%%d", v->id);
+    t->region = (int)v->region;
+    t->dtype = (int)v->dtype;
+    t->rank = v->shape.rank;
+    for (int d = 0; d < v->shape.rank; d++) t->shape[d] = v->shape.dim[d];
+    t->offset = v->offset;
+    t->nbytes = (int64_t)dtype_size(v->dtype) * shape_numel(&v->shape);
+    t->init = (int)v->attr.init;
+    t->init_a = v->attr.init_a;
+    t->init_b = v->attr.init_b;
+    cp->tensor_of[i] = nt++;
+  }
+  p->n_tensors = nt;
+  p->tensors = tensors;
+  for (int r = 0; r < DUET_MEM_COUNT; r++) p->region_bytes[r] = g->region_bytes[r];
+
+  StepList tr = {arena_alloc(a, (size_t)(g->n_values + 1) * sizeof(DuetStep)), 0};
+  StepList ev = {arena_alloc(a, (size_t)(g->n_values + 1) * sizeof(DuetStep)), 0};
+  StepList gr = {arena_alloc(a, (size_t)(g->n_values + 1) * sizeof(DuetStep)), 0};
+  p->input_x = p->input_y = p->loss = p->metrics = -1;
+  int n_inputs = 0;
+  for (int i = 0; i < g->n_values; i++) {
+    Value *v = g->values[i];
+    DuetStep st = {.kind = DUET_STEP_KERNEL, .dtype = (int)v->dtype};
+    bool has_step = true;
+    switch (v->op) {
+    case OP_INPUT:
+      if (n_inputs == 0) p->input_x = tid(&L, v);
+      if (n_inputs == 1) p->input_y = tid(&L, v);
+      n_inputs++;
+      has_step = false;
+      break;
+    case OP_PARAM:
+    case OP_STATE:
+      has_step = false;
+      break;
+    case OP_CONST:
+      has_step = v->region != MEM_NONE;
+      if (has_step) st.kernel = lower_elementwise(&L, v);
+      break;
+    case OP_MATMUL: {
+      Value *A = v->in[0], *B = v->in[1];
+      st.kind = DUET_STEP_GEMM;
+      st.ta = v->attr.trans_a;
+      st.tb = v->attr.trans_b;
+      st.m = v->shape.dim[0];
+      st.n = v->shape.dim[1];
+      st.k = A->shape.dim[st.ta ? 0 : 1];
+      st.a = tid(&L, A);
+      st.b = tid(&L, B);
+      st.c = tid(&L, v);
+      if (v->role != ROLE_EVAL) p->gemm_flops += 2 * st.m * st.n * st.k;
+      break;
+    }
+    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG:
+    case OP_RELU: case OP_RELU_GRAD: case OP_BROADCAST: case OP_FUSED:
+      st.kernel = lower_elementwise(&L, v);
+      break;
+    case OP_SUM_TO:
+      st.kernel = lower_reduce(&L, v, 1.0);
+      break;
+    case OP_MEAN:
+      st.kernel = lower_reduce(&L, v, 1.0 / (double)shape_numel(&v->in[0]->shape));
+      break;
+    case OP_CROSS_ENTROPY:
+      st.kernel = lower_rows(&L, v, KK_XENT_FWD);
+      break;
+    case OP_CROSS_ENTROPY_GRAD:
+      st.kernel = lower_rows(&L, v, KK_XENT_BWD);
+      break;
+    case OP_EVAL_METRICS:
+      st.kernel = lower_rows(&L, v, KK_EVAL_METRICS);
+      p->metrics = tid(&L, v);
+      p->n_classes = (int)v->in[0]->shape.dim[1];
+      break;
+    case OP_ADAMW:
+    case OP_SGD:
+      st.kernel = lower_optimizer(&L, v);
+      break;
+    default:
+      duet_fatal(__FILE__, __LINE__, "codegen: no lowering for op %d", (int)v->op);
+    }
+    if (!has_step) continue;
+    if (v->role != ROLE_EVAL) push_step(&L, &tr, st);
+    if (v->role == ROLE_FORWARD || v->role == ROLE_EVAL) push_step(&L, &ev, st);
+    if (v->role == ROLE_FORWARD || v->role == ROLE_BACKWARD) push_step(&L, &gr, st);
+  }
+  if (g->loss) p->loss = tid(&L, g->loss);
+  p->train = tr.s, p->n_train = tr.n;
+  p->eval = ev.s, p->n_eval = ev.n;
+  p->grad = gr.s, p->n_grad = gr.n;
+  p->n_kernels = cp->n_kernels;
+
+  const TrainSpec *t = &g->train;
+  DuetConfig *c = &p->defaults;
+  c->data = t->data == DATA_FASHION_MNIST ? DUET_DATA_FASHION_MNIST : DUET_DATA_NONE;
+  c->data_path = t->data_path;
+  c->optimizer = t->optimizer == OPTIM_SGD ? DUET_OPTIM_SGD : DUET_OPTIM_ADAMW;
+  c->lr = t->lr;
+  c->weight_decay = t->weight_decay;
+  c->beta1 = t->beta1;
+  c->beta2 = t->beta2;
+  c->eps = t->eps;
+  c->momentum = t->momentum;
+  c->batch = t->batch;
+  c->epochs = t->epochs;
+  c->steps = t->steps;
+  c->log_every = t->log_every;
+  c->seed = t->seed;
+  c->eval = t->eval && p->metrics >= 0;
+  return cp;
+}

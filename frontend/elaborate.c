@@ -1,0 +1,769 @@
+/* frontend/elaborate.c: syntax tree -> forward Graph.
+ *
+ * Elaboration evaluates the program the way an interpreter would: consts are
+ * folded to numbers, block calls are inlined (each call gets fresh
+ * parameters named after the block and its call count), and every tensor
+ * expression becomes a Value appended to the graph, whose shape rule reports
+ * shape errors at the expression's location. */
+#include "frontend.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ast.h"
+
+int frontend_parse_source(ParseCtx *cx); /* lexer.l */
+
+typedef enum { EV_TENSOR, EV_NUM, EV_STR } EvKind;
+typedef struct EVal {
+  EvKind kind;
+  Value *v;        /* EV_TENSOR */
+  double num;      /* EV_NUM */
+  bool is_int;     /* EV_NUM: integral literal or integral result */
+  const char *str; /* EV_STR, or EV_NUM from true/false */
+  Loc loc;
+} EVal;
+
+typedef struct Binding {
+  const char *name;
+  EVal val;
+  Loc loc;
+  bool is_const;
+  struct Binding *next;
+} Binding;
+
+typedef struct Scope {
+  Binding *vars;
+  struct Scope *parent;
+  const char *prefix; /* "" at top level, "mlp1." inside a call of mlp */
+  Binding *params;    /* parameter names declared in this scope */
+} Scope;
+
+typedef struct Counter {
+  const char *key;
+  int n;
+  struct Counter *next;
+} Counter;
+
+typedef struct Active {
+  const Node *block;
+  struct Active *up;
+} Active;
+
+typedef struct Elab {
+  Arena *a;
+  Diag *d;
+  Graph *g;
+  List stmts;
+  Counter *counters;
+  Active *active; /* blocks being expanded, innermost first */
+  int depth;      /* expression nesting */
+  int n_inputs;
+  Value *inputs[8];
+} Elab;
+
+#define MAX_EXPR_DEPTH 2000
+
+/* ---------------------------------------------------------------- hints */
+
+static int edit_distance(const char *a, const char *b) {
+  size_t n = strlen(a), m = strlen(b);
+  if (n > 64 || m > 64) return 99;
+  int row[65];
+  for (size_t j = 0; j <= m; j++) row[j] = (int)j;
+  for (size_t i = 1; i <= n; i++) {
+    int prev = row[0];
+    row[0] = (int)i;
+    for (size_t j = 1; j <= m; j++) {
+      int cur = row[j];
+      int sub = prev + (a[i - 1] != b[j - 1]);
+      int del = row[j] + 1, ins = row[j - 1] + 1;
+      row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+      prev = cur;
+    }
+  }
+  return row[m];
+}
+
+typedef struct Hint {
+  const char *best;
+  int dist;
+} Hint;
+
+static void hint_try(Hint *h, const char *want, const char *cand) {
+  int d = edit_distance(want, cand);
+  int limit = strlen(want) <= 3 ? 1 : 2;
+  if (d <= limit && (!h->best || d < h->dist)) {
+    h->best = cand;
+    h->dist = d;
+  }
+}
+
+static const char *hint_text(Elab *e, const Hint *h) {
+  return h->best ? arena_printf(e->a, " (did you mean `%s`?)", h->best) : "";
+}
+
+/* ------------------------------------------------------------- builtins */
+
+typedef struct Builtin {
+  const char *name;
+  int arity;
+  OpKind op;
+} Builtin;
+
+static const Builtin builtins[] = {
+    {"relu", 1, OP_RELU},   {"mean", 1, OP_MEAN}, {"cross_entropy", 2, OP_CROSS_ENTROPY},
+    {"matmul", 2, OP_MATMUL}, {"add", 2, OP_ADD}, {"sub", 2, OP_SUB},
+    {"mul", 2, OP_MUL},     {"div", 2, OP_DIV},   {"neg", 1, OP_NEG},
+};
+#define N_BUILTINS (int)(sizeof builtins / sizeof builtins[0])
+
+static const char *const functions[] = {"dim"};
+static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
+                                         "batch", "epochs", "steps", "seed", "log_every", "eval"};
+#define N_TRAIN_KEYS (int)(sizeof train_keys / sizeof train_keys[0])
+
+/* -------------------------------------------------------------- helpers */
+
+static const Node *find_block(Elab *e, const char *name) {
+  for (Node *s = e->stmts.head; s; s = s->next)
+    if (s->kind == N_BLOCK && !strcmp(s->name, name)) return s;
+  return NULL;
+}
+
+static Binding *lookup(Scope *s, const char *name) {
+  for (; s; s = s->parent)
+    for (Binding *b = s->vars; b; b = b->next)
+      if (!strcmp(b->name, name)) return b;
+  return NULL;
+}
+
+static void bind(Elab *e, Scope *s, const char *name, EVal v, Loc loc, bool is_const) {
+  for (Binding *b = s->vars; b; b = b->next)
+    if (!strcmp(b->name, name)) {
+      if (b->is_const || is_const)
+        diag_error(e->d, loc, "`%s` is already defined%s", name, b->is_const ? " as a const" : "");
+      b->val = v;
+      b->loc = loc;
+      return;
+    }
+  Binding *b = arena_alloc(e->a, sizeof *b);
+  b->name = name;
+  b->val = v;
+  b->loc = loc;
+  b->is_const = is_const;
+  b->next = s->vars;
+  s->vars = b;
+}
+
+static const char *unknown_name_hint(Elab *e, Scope *s, const char *name) {
+  Hint h = {0};
+  for (Scope *t = s; t; t = t->parent)
+    for (Binding *b = t->vars; b; b = b->next) hint_try(&h, name, b->name);
+  return hint_text(e, &h);
+}
+
+static const char *unknown_call_hint(Elab *e, const char *name) {
+  Hint h = {0};
+  for (int i = 0; i < N_BUILTINS; i++) hint_try(&h, name, builtins[i].name);
+  for (size_t i = 0; i < sizeof functions / sizeof *functions; i++) hint_try(&h, name, functions[i]);
+  for (Node *s = e->stmts.head; s; s = s->next)
+    if (s->kind == N_BLOCK) hint_try(&h, name, s->name);
+  return hint_text(e, &h);
+}
+
+static const char *evkind_name(EvKind k) {
+  return k == EV_TENSOR ? "a tensor" : k == EV_NUM ? "a number" : "a string";
+}
+
+static double want_num(Elab *e, EVal v, const char *what) {
+  if (v.kind != EV_NUM) diag_error(e->d, v.loc, "%s must be a number, got %s", what, evkind_name(v.kind));
+  return v.num;
+}
+
+static int64_t want_int(Elab *e, EVal v, const char *what, int64_t lo) {
+  double x = want_num(e, v, what);
+  if (x != floor(x) || fabs(x) > 9.0e18)
+    diag_error(e->d, v.loc, "%s must be an integer, got %.17g", what, x);
+  if ((int64_t)x < lo)
+    diag_error(e->d, v.loc, "%s must be at least %lld, got %lld", what, (long long)lo, (long long)x);
+  return (int64_t)x;
+}
+
+static Value *want_tensor(Elab *e, EVal v, const char *what) {
+  if (v.kind != EV_TENSOR)
+    diag_error(e->d, v.loc, "%s must be a tensor, got %s", what, evkind_name(v.kind));
+  return v.v;
+}
+
+static Value *const_value(Elab *e, double x, Loc loc) {
+  Attr at = {.value = x, .dtype = e->g->float_dtype};
+  return graph_add(e->g, OP_CONST, NULL, 0, &at, loc);
+}
+
+/* Tensor for a binary op operand: numbers become scalar constants. */
+static Value *as_tensor(Elab *e, EVal v) {
+  if (v.kind == EV_NUM) return const_value(e, v.num, v.loc);
+  if (v.kind == EV_STR) diag_error(e->d, v.loc, "a string cannot be used in arithmetic");
+  return v.v;
+}
+
+/* ---------------------------------------------------------- expressions */
+
+static EVal eval(Elab *e, Scope *s, const Node *n);
+static EVal call_block(Elab *e, Scope *s, const Node *blk, const Node *call);
+
+static EVal eval_binop(Elab *e, Scope *s, const Node *n) {
+  EVal a = eval(e, s, n->a), b = eval(e, s, n->b);
+  EVal r = {.loc = n->loc};
+  if (a.kind == EV_NUM && b.kind == EV_NUM) {
+    r.kind = EV_NUM;
+    switch (n->op) {
+    case '+': r.num = a.num + b.num; break;
+    case '-': r.num = a.num - b.num; break;
+    case '*': r.num = a.num * b.num; break;
+    case '/':
+      if (b.num == 0) diag_error(e->d, n->loc, "division by zero in a constant expression");
+      r.num = a.num / b.num;
+      break;
+    case '@': diag_error(e->d, n->loc, "`@` needs tensors, got two numbers"); break;
+    }
+    r.is_int = a.is_int && b.is_int && r.num == floor(r.num);
+    return r;
+  }
+  OpKind op = n->op == '+' ? OP_ADD : n->op == '-' ? OP_SUB : n->op == '*' ? OP_MUL
+            : n->op == '/' ? OP_DIV : OP_MATMUL;
+  if (op == OP_MATMUL && (a.kind != EV_TENSOR || b.kind != EV_TENSOR))
+    diag_error(e->d, n->loc, "`@` needs two tensors, got %s and %s", evkind_name(a.kind), evkind_name(b.kind));
+  Value *in[2] = {as_tensor(e, a), as_tensor(e, b)};
+  r.kind = EV_TENSOR;
+  r.v = graph_add(e->g, op, in, 2, NULL, n->loc);
+  return r;
+}
+
+static EVal eval_call(Elab *e, Scope *s, const Node *n) {
+  EVal r = {.loc = n->loc};
+  if (!strcmp(n->name, "dim")) {
+    if (n->args.n != 2 || n->args.head->kind == N_NAMED || n->args.tail->kind == N_NAMED)
+      diag_error(e->d, n->loc, "dim takes 2 positional arguments (tensor, axis), got %d", n->args.n);
+    Value *x = want_tensor(e, eval(e, s, n->args.head), "the first argument of dim");
+    EVal ax = eval(e, s, n->args.tail);
+    int64_t i = want_int(e, ax, "the axis of dim", -x->shape.rank);
+    if (i < 0) i += x->shape.rank;
+    if (i >= x->shape.rank)
+      diag_error(e->d, ax.loc, "axis %lld is out of range for a tensor of rank %d", (long long)i, x->shape.rank);
+    r.kind = EV_NUM;
+    r.num = (double)x->shape.dim[i];
+    r.is_int = true;
+    return r;
+  }
+  for (int i = 0; i < N_BUILTINS; i++) {
+    if (strcmp(builtins[i].name, n->name)) continue;
+    if (n->args.n != builtins[i].arity)
+      diag_error(e->d, n->loc, "%s takes %d argument%s, got %d", n->name, builtins[i].arity,
+                 builtins[i].arity == 1 ? "" : "s", n->args.n);
+    Value *in[4];
+    int k = 0;
+    for (Node *a = n->args.head; a; a = a->next) {
+      if (a->kind == N_NAMED) diag_error(e->d, a->loc, "%s has no argument named `%s`", n->name, a->name);
+      EVal v = eval(e, s, a);
+      if (v.kind != EV_TENSOR && builtins[i].op != OP_ADD && builtins[i].op != OP_SUB &&
+          builtins[i].op != OP_MUL && builtins[i].op != OP_DIV)
+        diag_error(e->d, v.loc, "argument %d of %s must be a tensor, got %s", k + 1, n->name, evkind_name(v.kind));
+      in[k++] = as_tensor(e, v);
+    }
+    r.kind = EV_TENSOR;
+    r.v = graph_add(e->g, builtins[i].op, in, k, NULL, n->loc);
+    return r;
+  }
+  const Node *blk = find_block(e, n->name);
+  if (blk) return call_block(e, s, blk, n);
+  diag_error(e->d, n->loc, "unknown op or block `%s`%s", n->name, unknown_call_hint(e, n->name));
+  return r;
+}
+
+static EVal eval(Elab *e, Scope *s, const Node *n) {
+  if (++e->depth > MAX_EXPR_DEPTH)
+    diag_error(e->d, n->loc, "expression nested more than %d levels deep", MAX_EXPR_DEPTH);
+  EVal r = {.loc = n->loc};
+  switch (n->kind) {
+  case N_NUM:
+    r.kind = EV_NUM;
+    r.num = n->num;
+    r.is_int = n->num_is_int;
+    if (!isfinite(r.num)) diag_error(e->d, n->loc, "number out of range");
+    break;
+  case N_STR:
+    r.kind = EV_STR;
+    r.str = n->str;
+    break;
+  case N_IDENT: {
+    Binding *b = lookup(s, n->name);
+    if (!b) {
+      if (find_block(e, n->name))
+        diag_error(e->d, n->loc, "block `%s` used as a value: call it, as in `%s(x)`", n->name, n->name);
+      diag_error(e->d, n->loc, "unknown name `%s`%s", n->name, unknown_name_hint(e, s, n->name));
+    }
+    r = b->val;
+    r.loc = n->loc;
+    break;
+  }
+  case N_CALL:
+    r = eval_call(e, s, n);
+    r.loc = n->loc;
+    break;
+  case N_BINOP:
+    r = eval_binop(e, s, n);
+    break;
+  case N_NEG: {
+    EVal a = eval(e, s, n->a);
+    if (a.kind == EV_NUM) {
+      r = a;
+      r.num = -a.num;
+    } else {
+      Value *in[1] = {as_tensor(e, a)};
+      r.kind = EV_TENSOR;
+      r.v = graph_add(e->g, OP_NEG, in, 1, NULL, n->loc);
+    }
+    r.loc = n->loc;
+    break;
+  }
+  case N_NAMED:
+    diag_error(e->d, n->loc, "named argument `%s` is not allowed here", n->name);
+    break;
+  default:
+    unreachable();
+  }
+  e->depth--;
+  return r;
+}
+
+/* ---------------------------------------------------------- statements */
+
+static void read_dims(Elab *e, Scope *s, const Node *n, Shape *sh) {
+  if (n->args.n > IR_MAX_RANK)
+    diag_error(e->d, n->loc, "tensors have at most %d dimensions, `%s` has %d", IR_MAX_RANK, n->name, n->args.n);
+  sh->rank = 0;
+  for (Node *d = n->args.head; d; d = d->next) {
+    EVal v = eval(e, s, d);
+    int64_t x = want_int(e, v, "a dimension", INT64_MIN + 1);
+    if (x < 1) diag_error(e->d, v.loc, "dimension %d of `%s` is %lld: dimensions must be at least 1",
+                          sh->rank, n->name, (long long)x);
+    sh->dim[sh->rank++] = x;
+  }
+  if (shape_numel(sh) < 0) {
+    char b[160];
+    diag_error(e->d, n->loc, "`%s` has shape %s, whose element count overflows 64 bits", n->name,
+               shape_str(sh, b, sizeof b));
+  }
+}
+
+static DType read_dtype(Elab *e, const Node *n, bool allow_int) {
+  if (!n->dtype) return e->g->float_dtype;
+  int t = dtype_from_name(n->dtype);
+  if (t < 0 || t == DT_VOID) {
+    Hint h = {0};
+    hint_try(&h, n->dtype, "f32");
+    hint_try(&h, n->dtype, "i32");
+    diag_error(e->d, n->dtype_loc, "unknown dtype `%s`%s", n->dtype, hint_text(e, &h));
+  }
+  if (t == DT_I32 && !allow_int)
+    diag_error(e->d, n->dtype_loc, "parameters must have a float dtype, got i32");
+  /* float tensors follow the compilation's float dtype (f64 in gradient tests) */
+  return t == DT_I32 ? DT_I32 : e->g->float_dtype;
+}
+
+static void read_init(Elab *e, Scope *s, const Node *init, Attr *at) {
+  at->init = INIT_KAIMING_UNIFORM;
+  if (!init) return;
+  const char *name = init->kind == N_IDENT || init->kind == N_CALL ? init->name : NULL;
+  int k = -1;
+  for (int i = 0; name && i < INIT_COUNT; i++)
+    if (!strcmp(name, init_name((InitKind)i))) k = i;
+  if (k < 0) {
+    Hint h = {0};
+    for (int i = 0; name && i < INIT_COUNT; i++) hint_try(&h, name, init_name((InitKind)i));
+    diag_error(e->d, init->loc, "unknown initialiser%s%s%s; expected zeros, ones, normal(std), "
+               "uniform(a, b), kaiming_uniform or xavier_uniform%s",
+               name ? " `" : "", name ? name : "", name ? "`" : "", hint_text(e, &h));
+  }
+  at->init = (InitKind)k;
+  at->init_a = k == INIT_NORMAL ? 1.0 : 0.0; /* torch.nn.init.normal_ std=1, uniform_ (0, 1) */
+  at->init_b = 1.0;
+  int n_args = init->kind == N_CALL ? init->args.n : 0;
+  int max_args = k == INIT_NORMAL ? 1 : k == INIT_UNIFORM ? 2 : 0;
+  if (n_args > max_args)
+    diag_error(e->d, init->loc, "%s takes %d argument%s, got %d", name, max_args, max_args == 1 ? "" : "s", n_args);
+  int pos = 0;
+  for (Node *a = init->kind == N_CALL ? init->args.head : NULL; a; a = a->next, pos++) {
+    const char *key = a->kind == N_NAMED ? a->name : NULL;
+    EVal v = eval(e, s, a->kind == N_NAMED ? a->a : a);
+    double x = want_num(e, v, "an initialiser argument");
+    if (k == INIT_NORMAL && (!key || !strcmp(key, "std"))) {
+      if (x < 0) diag_error(e->d, v.loc, "normal: std must be non-negative, got %g", x);
+      at->init_a = x;
+    } else if (k == INIT_UNIFORM && ((!key && pos == 0) || (key && !strcmp(key, "a")))) {
+      at->init_a = x;
+    } else if (k == INIT_UNIFORM && ((!key && pos == 1) || (key && !strcmp(key, "b")))) {
+      at->init_b = x;
+    } else {
+      diag_error(e->d, a->loc, "%s has no argument named `%s`", name, key ? key : "?");
+    }
+  }
+  if (k == INIT_UNIFORM && !(at->init_a < at->init_b))
+    diag_error(e->d, init->loc, "uniform(a, b) needs a < b, got (%g, %g)", at->init_a, at->init_b);
+}
+
+static void declare_param(Elab *e, Scope *s, const Node *n) {
+  for (Binding *b = s->params; b; b = b->next)
+    if (!strcmp(b->name, n->name)) diag_error(e->d, n->loc, "parameter `%s` is already defined", n->name);
+  Attr at = {0};
+  read_dims(e, s, n, &at.shape);
+  at.dtype = read_dtype(e, n, false);
+  at.name = arena_printf(e->a, "%s%s", s->prefix, n->name);
+  read_init(e, s, n->a, &at);
+  for (int i = 0; i < e->g->n_values; i++) {
+    Value *v = e->g->values[i];
+    if (v->op == OP_PARAM && !strcmp(v->attr.name, at.name))
+      diag_error(e->d, n->loc, "parameter name `%s` collides with another parameter", at.name);
+  }
+  Value *v = graph_add(e->g, OP_PARAM, NULL, 0, &at, n->loc);
+  Binding *p = arena_alloc(e->a, sizeof *p);
+  p->name = n->name;
+  p->next = s->params;
+  s->params = p;
+  EVal ev = {.kind = EV_TENSOR, .v = v, .loc = n->loc};
+  bind(e, s, n->name, ev, n->loc, false);
+}
+
+static void exec_stmt(Elab *e, Scope *s, const Node *n, bool top) {
+  switch (n->kind) {
+  case N_CONST: {
+    EVal v = eval(e, s, n->a);
+    if (v.kind == EV_TENSOR) diag_error(e->d, n->a->loc, "const `%s` must be a number or string, not a tensor", n->name);
+    bind(e, s, n->name, v, n->loc, true);
+    break;
+  }
+  case N_ASSIGN: {
+    EVal v = eval(e, s, n->a);
+    bind(e, s, n->name, v, n->loc, false);
+    break;
+  }
+  case N_PARAM:
+    declare_param(e, s, n);
+    break;
+  case N_INPUT: {
+    if (!top) diag_error(e->d, n->loc, "inputs must be declared at the top level, not inside a block");
+    Attr at = {0};
+    read_dims(e, s, n, &at.shape);
+    at.dtype = read_dtype(e, n, true);
+    at.name = n->name;
+    if (lookup(s, n->name)) diag_error(e->d, n->loc, "`%s` is already defined", n->name);
+    Value *v = graph_add(e->g, OP_INPUT, NULL, 0, &at, n->loc);
+    if (e->n_inputs == 8) diag_error(e->d, n->loc, "at most 8 inputs are supported");
+    e->inputs[e->n_inputs++] = v;
+    EVal ev = {.kind = EV_TENSOR, .v = v, .loc = n->loc};
+    bind(e, s, n->name, ev, n->loc, false);
+    break;
+  }
+  case N_BLOCK:
+    if (!top) diag_error(e->d, n->loc, "blocks must be defined at the top level");
+    for (Node *o = e->stmts.head; o && o != n; o = o->next)
+      if (o->kind == N_BLOCK && !strcmp(o->name, n->name))
+        diag_error(e->d, n->loc, "block `%s` is already defined (first at line %d)", n->name, o->loc.line);
+    for (int i = 0; i < N_BUILTINS; i++)
+      if (!strcmp(builtins[i].name, n->name))
+        diag_error(e->d, n->loc, "block `%s` has the name of a built-in op", n->name);
+    break;
+  case N_TRAIN:
+    if (!top) diag_error(e->d, n->loc, "the train section must be at the top level");
+    break; /* read before the body, see read_train */
+  default:
+    unreachable();
+  }
+}
+
+static EVal call_block(Elab *e, Scope *s, const Node *blk, const Node *call) {
+  for (Active *a = e->active; a; a = a->up)
+    if (a->block == blk)
+      diag_error(e->d, call->loc, "block `%s` calls itself (recursion is not allowed)", blk->name);
+  /* parameter name: <prefix><block><count>. */
+  const char *key = arena_printf(e->a, "%s%s", s->prefix, blk->name);
+  Counter *c = e->counters;
+  while (c && strcmp(c->key, key)) c = c->next;
+  if (!c) {
+    c = arena_alloc(e->a, sizeof *c);
+    c->key = key;
+    c->next = e->counters;
+    e->counters = c;
+  }
+  c->n++;
+  Scope inner = {.parent = NULL, .prefix = arena_printf(e->a, "%s%d.", key, c->n)};
+  /* the block sees the globals (top-level scope) and its own names */
+  Scope *global = s;
+  while (global->parent) global = global->parent;
+  inner.parent = global;
+
+  int n_par = blk->args.n, pos = 0;
+  EVal *vals = arena_alloc(e->a, (size_t)(n_par + 1) * sizeof *vals);
+  bool *set = arena_alloc(e->a, (size_t)(n_par + 1) * sizeof *set);
+  for (Node *a = call->args.head; a; a = a->next) {
+    int idx = -1;
+    if (a->kind == N_NAMED) {
+      int i = 0;
+      for (Node *p = blk->args.head; p; p = p->next, i++)
+        if (!strcmp(p->name, a->name)) idx = i;
+      if (idx < 0) {
+        Hint h = {0};
+        for (Node *p = blk->args.head; p; p = p->next) hint_try(&h, a->name, p->name);
+        diag_error(e->d, a->loc, "block `%s` has no argument named `%s`%s", blk->name, a->name, hint_text(e, &h));
+      }
+      if (set[idx]) diag_error(e->d, a->loc, "argument `%s` given twice", a->name);
+      vals[idx] = eval(e, s, a->a);
+    } else {
+      if (pos >= n_par)
+        diag_error(e->d, a->loc, "block `%s` takes %d argument%s, got %d", blk->name, n_par,
+                   n_par == 1 ? "" : "s", call->args.n);
+      idx = pos++;
+      vals[idx] = eval(e, s, a);
+    }
+    set[idx] = true;
+  }
+  Active act = {blk, e->active};
+  e->active = &act;
+  int i = 0;
+  for (Node *p = blk->args.head; p; p = p->next, i++) {
+    if (!set[i]) {
+      if (p->kind != N_NAMED)
+        diag_error(e->d, call->loc, "block `%s` is missing argument `%s`", blk->name, p->name);
+      vals[i] = eval(e, &inner, p->a);
+    }
+    for (Node *q = blk->args.head; q != p; q = q->next)
+      if (!strcmp(q->name, p->name)) diag_error(e->d, p->loc, "duplicate argument name `%s`", p->name);
+    bind(e, &inner, p->name, vals[i], p->loc, false);
+  }
+  for (Node *st = blk->body.head; st; st = st->next) exec_stmt(e, &inner, st, false);
+  EVal r = eval(e, &inner, blk->a);
+  e->active = act.up;
+  return r;
+}
+
+/* --------------------------------------------------------------- train */
+
+static bool is_ident(const Node *n, const char *name) {
+  return n->kind == N_IDENT && !strcmp(n->name, name);
+}
+
+static void read_optimizer(Elab *e, Scope *s, const Node *v, TrainSpec *t) {
+  if (v->kind != N_CALL && v->kind != N_IDENT)
+    diag_error(e->d, v->loc, "optimizer must be adamw(...) or sgd(...)");
+  if (!strcmp(v->name, "adamw")) {
+    t->optimizer = OPTIM_ADAMW;
+  } else if (!strcmp(v->name, "sgd")) {
+    t->optimizer = OPTIM_SGD;
+    if (!t->has_weight_decay) t->weight_decay = 0.0; /* torch.optim.SGD default */
+  } else {
+    Hint h = {0};
+    hint_try(&h, v->name, "adamw");
+    hint_try(&h, v->name, "sgd");
+    diag_error(e->d, v->loc, "unknown optimizer `%s`; expected adamw or sgd%s", v->name, hint_text(e, &h));
+  }
+  if (v->kind != N_CALL) return;
+  for (Node *a = v->args.head; a; a = a->next) {
+    if (a->kind != N_NAMED)
+      diag_error(e->d, a->loc, "optimizer arguments are named, as in adamw(lr = 1e-3)");
+    EVal x = eval(e, s, a->a);
+    double num = want_num(e, x, a->name);
+    if (!strcmp(a->name, "lr")) t->lr = num, t->has_lr = true;
+    else if (!strcmp(a->name, "weight_decay")) t->weight_decay = num, t->has_weight_decay = true;
+    else if (!strcmp(a->name, "momentum") && t->optimizer == OPTIM_SGD) t->momentum = num;
+    else if (!strcmp(a->name, "beta1") && t->optimizer == OPTIM_ADAMW) t->beta1 = num;
+    else if (!strcmp(a->name, "beta2") && t->optimizer == OPTIM_ADAMW) t->beta2 = num;
+    else if (!strcmp(a->name, "eps") && t->optimizer == OPTIM_ADAMW) t->eps = num;
+    else {
+      Hint h = {0};
+      const char *keys[] = {"lr", "weight_decay", "momentum", "beta1", "beta2", "eps"};
+      for (int i = 0; i < 6; i++) hint_try(&h, a->name, keys[i]);
+      diag_error(e->d, a->loc, "%s has no argument named `%s`%s", v->name, a->name, hint_text(e, &h));
+    }
+    if (num < 0 || !isfinite(num)) diag_error(e->d, x.loc, "%s must be a non-negative number, got %g", a->name, num);
+  }
+  if (t->beta1 >= 1 || t->beta2 >= 1) diag_error(e->d, v->loc, "adamw betas must be below 1");
+}
+
+static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
+  for (Node *kv = n->body.head; kv; kv = kv->next) {
+    const char *k = kv->name;
+    for (Node *o = n->body.head; o != kv; o = o->next)
+      if (!strcmp(o->name, k)) diag_error(e->d, kv->loc, "train key `%s` is set twice", k);
+    const Node *v = kv->a;
+    if (!strcmp(k, "data")) {
+      if ((v->kind != N_CALL && v->kind != N_IDENT) || strcmp(v->name, "fashion_mnist"))
+        diag_error(e->d, v->loc, "unknown data source; expected fashion_mnist(\"DIR\")");
+      t->data = DATA_FASHION_MNIST;
+      t->data_path = "/usr/share/datasets/fashion-mnist";
+      if (v->kind == N_CALL && v->args.n > 1)
+        diag_error(e->d, v->loc, "fashion_mnist takes one argument (the directory), got %d", v->args.n);
+      if (v->kind == N_CALL && v->args.n == 1) {
+        EVal p = eval(e, s, v->args.head);
+        if (p.kind != EV_STR) diag_error(e->d, p.loc, "fashion_mnist: the directory must be a string");
+        t->data_path = p.str;
+      }
+    } else if (!strcmp(k, "optimizer")) {
+      read_optimizer(e, s, v, t);
+    } else if (!strcmp(k, "eval")) {
+      if (is_ident(v, "true")) t->eval = true;
+      else if (is_ident(v, "false")) t->eval = false;
+      else diag_error(e->d, v->loc, "eval must be true or false");
+    } else {
+      int known = 0;
+      for (int i = 0; i < N_TRAIN_KEYS; i++) known |= !strcmp(train_keys[i], k);
+      if (!known) {
+        Hint h = {0};
+        for (int i = 0; i < N_TRAIN_KEYS; i++) hint_try(&h, k, train_keys[i]);
+        diag_error(e->d, kv->loc, "unknown train key `%s`%s", k, hint_text(e, &h));
+      }
+      EVal x = eval(e, s, v);
+      if (!strcmp(k, "lr")) {
+        t->lr = want_num(e, x, "lr"), t->has_lr = true;
+        if (!(t->lr > 0) || !isfinite(t->lr)) diag_error(e->d, x.loc, "lr must be positive, got %g", t->lr);
+      } else if (!strcmp(k, "weight_decay")) {
+        t->weight_decay = want_num(e, x, "weight_decay"), t->has_weight_decay = true;
+        if (t->weight_decay < 0) diag_error(e->d, x.loc, "weight_decay must be non-negative, got %g", t->weight_decay);
+      } else if (!strcmp(k, "momentum")) {
+        t->momentum = want_num(e, x, "momentum");
+        if (t->momentum < 0 || t->momentum >= 1) diag_error(e->d, x.loc, "momentum must be in [0, 1), got %g", t->momentum);
+      } else if (!strcmp(k, "batch")) t->batch = want_int(e, x, "batch", 1);
+      else if (!strcmp(k, "epochs")) t->epochs = want_int(e, x, "epochs", 1);
+      else if (!strcmp(k, "steps")) t->steps = want_int(e, x, "steps", 1);
+      else if (!strcmp(k, "seed")) t->seed = (uint64_t)want_int(e, x, "seed", 0);
+      else if (!strcmp(k, "log_every")) t->log_every = want_int(e, x, "log_every", 1);
+    }
+  }
+}
+
+static void check_data_inputs(Elab *e, Loc model_loc) {
+  TrainSpec *t = &e->g->train;
+  if (t->data != DATA_FASHION_MNIST) return;
+  char b[160];
+  if (e->n_inputs != 2)
+    diag_error(e->d, e->n_inputs ? e->inputs[0]->loc : model_loc,
+               "fashion_mnist feeds two inputs (images f32[batch,784] and labels i32[batch]); "
+               "the model declares %d", e->n_inputs);
+  Value *x = e->inputs[0], *y = e->inputs[1];
+  int64_t nx = shape_numel(&x->shape);
+  if (!dtype_is_float(x->dtype) || x->shape.rank < 2 || x->shape.dim[0] != t->batch ||
+      nx / x->shape.dim[0] != 784)
+    diag_error(e->d, x->loc, "fashion_mnist images are f32[%lld,784] (batch, 28*28 pixels); `%s` is %s%s",
+               (long long)t->batch, x->attr.name, dtype_name(x->dtype), shape_str(&x->shape, b, sizeof b));
+  if (y->dtype != DT_I32 || y->shape.rank != 1 || y->shape.dim[0] != t->batch)
+    diag_error(e->d, y->loc, "fashion_mnist labels are i32[%lld]; `%s` is %s%s", (long long)t->batch,
+               y->attr.name, dtype_name(y->dtype), shape_str(&y->shape, b, sizeof b));
+}
+
+/* ---------------------------------------------------------------- entry */
+
+Source *frontend_read_file(Arena *a, Diag *d, const char *path) {
+  Source *src = arena_alloc(a, sizeof *src);
+  src->name = arena_strdup(a, path);
+  Loc file_loc = {src, 0, 0};
+  jmp_buf *saved = d->jmp;
+  d->jmp = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    diag_error(d, file_loc, "cannot open file: %s", strerror(errno));
+    d->jmp = saved;
+    return NULL;
+  }
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap + 1);
+  size_t got;
+  while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
+    len += got;
+    if (len == cap) {
+      char *nb = cap > ((size_t)1 << 30) ? NULL : realloc(buf, 2 * cap + 1);
+      if (!nb) { free(buf); buf = NULL; break; }
+      buf = nb;
+      cap *= 2;
+    }
+  }
+  int read_err = ferror(f);
+  fclose(f);
+  Source *ret = NULL;
+  if (!buf) {
+    diag_error(d, file_loc, "file is too large (over 1 GiB)");
+  } else if (read_err) {
+    diag_error(d, file_loc, "cannot read file");
+  } else {
+    size_t off = len >= 3 && (unsigned char)buf[0] == 0xEF && (unsigned char)buf[1] == 0xBB &&
+                 (unsigned char)buf[2] == 0xBF ? 3 : 0;
+    if (memchr(buf, 0, len)) {
+      diag_error(d, file_loc, "this is a binary file (it contains NUL bytes), not a .model source");
+    } else if (strspn(buf + off, " \t\r\n") == len - off) {
+      diag_error(d, file_loc, "file is empty: a model starts with `model NAME`");
+    } else {
+      char *text = arena_alloc(a, len - off + 1);
+      memcpy(text, buf + off, len - off);
+      src->text = text;
+      src->len = len - off;
+      ret = src;
+    }
+  }
+  free(buf);
+  d->jmp = saved;
+  return ret;
+}
+
+Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOptions *opt) {
+  jmp_buf jb, *saved = d->jmp;
+  ParseCtx cx = {.arena = a, .diag = d, .src = src};
+  Graph *volatile g = NULL;
+  d->jmp = &jb;
+  if (setjmp(jb)) {
+    d->jmp = saved;
+    return NULL;
+  }
+  if (frontend_parse_source(&cx)) {
+    d->jmp = saved;
+    return NULL;
+  }
+  Elab e = {.a = a, .d = d, .stmts = cx.stmts};
+  g = graph_new(a, d);
+  e.g = g;
+  g->model_name = cx.model_name;
+  if (opt && opt->float_dtype != DT_VOID) g->float_dtype = opt->float_dtype;
+  Scope global = {.prefix = ""};
+  /* train section first: it binds `batch` */
+  int n_train = 0;
+  for (Node *st = cx.stmts.head; st; st = st->next)
+    if (st->kind == N_TRAIN) {
+      if (n_train++) diag_error(d, st->loc, "only one train section is allowed");
+      read_train(&e, &global, st, &g->train);
+    }
+  if (opt && opt->batch > 0) g->train.batch = opt->batch;
+  EVal bv = {.kind = EV_NUM, .num = (double)g->train.batch, .is_int = true, .loc = cx.model_loc};
+  bind(&e, &global, "batch", bv, cx.model_loc, true);
+  for (Node *st = cx.stmts.head; st; st = st->next) exec_stmt(&e, &global, st, true);
+
+  Binding *lb = NULL;
+  for (Binding *b = global.vars; b; b = b->next)
+    if (!strcmp(b->name, "loss")) lb = b;
+  if (!lb)
+    diag_error(d, cx.model_loc, "model `%s` defines no `loss`: assign the training objective to `loss`",
+               cx.model_name);
+  if (lb->val.kind != EV_TENSOR || lb->val.v->shape.rank != 0) {
+    char b[160];
+    diag_error(d, lb->loc, "`loss` must be a scalar tensor, got %s",
+               lb->val.kind == EV_TENSOR ? shape_str(&lb->val.v->shape, b, sizeof b) : evkind_name(lb->val.kind));
+  }
+  g->loss = lb->val.v;
+  if (g->loss->op == OP_CROSS_ENTROPY) {
+    g->logits = g->loss->in[0];
+    g->labels = g->loss->in[1];
+  }
+  check_data_inputs(&e, cx.model_loc);
+  d->jmp = saved;
+  return g;
+}

@@ -1,0 +1,571 @@
+/* ir/ir.c: arena, diagnostics, dtypes, shapes, the op table, the graph, the
+ * shape rules, the verifier and the text printer. */
+#include "ir.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- arena */
+
+typedef struct Chunk {
+  struct Chunk *next;
+  size_t used, cap;
+  _Alignas(16) unsigned char data[];
+} Chunk;
+
+struct Arena {
+  Chunk *head;
+  size_t chunk;
+};
+
+_Noreturn void duet_fatal(const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "duet: internal error at %s:%d: ", file, line);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  abort();
+}
+
+Arena *arena_new(size_t chunk_bytes) {
+  Arena *a = calloc(1, sizeof *a);
+  if (!a) duet_fatal(__FILE__, __LINE__, "out of host memory");
+  a->chunk = chunk_bytes ? chunk_bytes : (1u << 20);
+  return a;
+}
+
+void *arena_alloc(Arena *a, size_t bytes) {
+  bytes = (bytes + 15) & ~(size_t)15;
+  if (!a->head || a->head->cap - a->head->used < bytes) {
+    size_t cap = bytes > a->chunk ? bytes : a->chunk;
+    Chunk *c = malloc(sizeof *c + cap);
+    if (!c) duet_fatal(__FILE__, __LINE__, "out of host memory (%zu bytes)", cap);
+    c->next = a->head;
+    c->used = 0;
+    c->cap = cap;
+    a->head = c;
+  }
+  void *p = a->head->data + a->head->used;
+  a->head->used += bytes;
+  memset(p, 0, bytes);
+  return p;
+}
+
+char *arena_strdup(Arena *a, const char *s) {
+  size_t n = strlen(s) + 1;
+  char *p = arena_alloc(a, n);
+  memcpy(p, s, n);
+  return p;
+}
+
+char *arena_printf(Arena *a, const char *fmt, ...) {
+  va_list ap, ap2;
+  va_start(ap, fmt);
+  va_copy(ap2, ap);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  DUET_ASSERT(n >= 0);
+  char *p = arena_alloc(a, (size_t)n + 1);
+  vsnprintf(p, (size_t)n + 1, fmt, ap2);
+  va_end(ap2);
+  return p;
+}
+
+void arena_free(Arena *a) {
+  if (!a) return;
+  for (Chunk *c = a->head, *n; c; c = n) {
+    n = c->next;
+    free(c);
+  }
+  free(a);
+}
+
+/* ---------------------------------------------------------- diagnostics */
+
+static const char *line_start(const Source *s, int line, size_t *len) {
+  const char *p = s->text, *end = s->text + s->len;
+  for (int l = 1; l < line && p < end; p++)
+    if (*p == '\n') l++;
+  const char *q = p;
+  while (q < end && *q != '\n' && *q != '\r') q++;
+  *len = (size_t)(q - p);
+  return p;
+}
+
+int source_char_col(const Source *s, int line, int col) {
+  if (!s || !s->text) return col;
+  size_t len;
+  const char *p = line_start(s, line, &len);
+  int chars = 1;
+  for (int i = 0; i < col - 1 && (size_t)i < len; i++)
+    if (((unsigned char)p[i] & 0xC0) != 0x80) chars++;
+  /* a column past the end of the line counts one character per byte */
+  if ((size_t)(col - 1) > len) chars += col - 1 - (int)len;
+  return chars;
+}
+
+void diag_vreport(Diag *d, Loc loc, const char *kind, const char *fmt, va_list ap) {
+  FILE *out = d->out ? d->out : stderr;
+  if (loc.src && loc.line < 1)
+    fprintf(out, "%s: %s: ", loc.src->name, kind);
+  else if (loc.src)
+    fprintf(out, "%s:%d:%d: %s: ", loc.src->name, loc.line,
+            source_char_col(loc.src, loc.line, loc.col), kind);
+  else
+    fprintf(out, "duet: %s: ", kind);
+  vfprintf(out, fmt, ap);
+  fputc('\n', out);
+  if (!loc.src || !loc.src->text || loc.line < 1) return;
+  size_t len;
+  const char *p = line_start(loc.src, loc.line, &len);
+  const size_t max_show = 200;
+  size_t from = 0;
+  /* very long lines: show a window around the column */
+  if (len > max_show && (size_t)loc.col > max_show / 2) from = (size_t)loc.col - max_show / 2;
+  while (from > 0 && from < len && ((unsigned char)p[from] & 0xC0) == 0x80) from--;
+  size_t to = len - from > max_show ? from + max_show : len;
+  fprintf(out, "  %s%.*s\n  %s", from ? "..." : "", (int)(to - from), p + from, from ? "   " : "");
+  for (size_t i = from; i < (size_t)(loc.col - 1) && i < to; i++) {
+    unsigned char c = (unsigned char)p[i];
+    if ((c & 0xC0) == 0x80) continue; /* UTF-8 continuation: no column */
+    fputc(c == '\t' ? '\t' : ' ', out);
+  }
+  fputs("^\n", out);
+}
+
+void diag_error(Diag *d, Loc loc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  diag_vreport(d, loc, "error", fmt, ap);
+  va_end(ap);
+  d->n_errors++;
+  if (d->jmp) longjmp(*d->jmp, 1);
+}
+
+void diag_warning(Diag *d, Loc loc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  diag_vreport(d, loc, "warning", fmt, ap);
+  va_end(ap);
+  d->n_warnings++;
+}
+
+void diag_note(Diag *d, Loc loc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  diag_vreport(d, loc, "note", fmt, ap);
+  va_end(ap);
+}
+
+void diag_error_noloc(Diag *d, const char *fmt, ...) {
+  va_list ap;
+  Loc none = {0};
+  va_start(ap, fmt);
+  diag_vreport(d, none, "error", fmt, ap);
+  va_end(ap);
+  d->n_errors++;
+  if (d->jmp) longjmp(*d->jmp, 1);
+}
+
+/* -------------------------------------------------------- types, shapes */
+
+static const char *const dtype_names[DT_COUNT] = {"void", "f32", "f64", "i32"};
+static const size_t dtype_sizes[DT_COUNT] = {0, 4, 8, 4};
+
+const char *dtype_name(DType t) { return (unsigned)t < DT_COUNT ? dtype_names[t] : "?"; }
+size_t dtype_size(DType t) { return (unsigned)t < DT_COUNT ? dtype_sizes[t] : 0; }
+bool dtype_is_float(DType t) { return t == DT_F32 || t == DT_F64; }
+int dtype_from_name(const char *name) {
+  for (int i = 1; i < DT_COUNT; i++)
+    if (!strcmp(name, dtype_names[i])) return i;
+  return -1;
+}
+
+int64_t shape_numel(const Shape *s) {
+  int64_t n = 1;
+  for (int i = 0; i < s->rank; i++) {
+    if (s->dim[i] < 0) return -1;
+    if (s->dim[i] && n > INT64_MAX / s->dim[i]) return -1;
+    n *= s->dim[i];
+  }
+  return n;
+}
+
+bool shape_eq(const Shape *a, const Shape *b) {
+  if (a->rank != b->rank) return false;
+  for (int i = 0; i < a->rank; i++)
+    if (a->dim[i] != b->dim[i]) return false;
+  return true;
+}
+
+char *shape_str(const Shape *s, char *buf, size_t n) {
+  size_t k = 0;
+  k += (size_t)snprintf(buf + k, n - k, "[");
+  for (int i = 0; i < s->rank && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, i ? "," : "", s->dim[i]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+  return buf;
+}
+
+bool shape_broadcast(const Shape *a, const Shape *b, Shape *out) {
+  int r = a->rank > b->rank ? a->rank : b->rank;
+  Shape o = {.rank = r};
+  for (int i = 0; i < r; i++) {
+    int ia = a->rank - r + i, ib = b->rank - r + i;
+    int64_t da = ia >= 0 ? a->dim[ia] : 1, db = ib >= 0 ? b->dim[ib] : 1;
+    if (da != db && da != 1 && db != 1) return false;
+    o.dim[i] = da == 1 ? db : da;
+  }
+  *out = o;
+  return true;
+}
+
+/* ------------------------------------------------------------------ ops */
+
+const OpInfo op_info[OP_COUNT] = {
+#define EW OPF_EW
+#define SIDE OPF_SIDE
+#define OP(id, name, n, rule, flags) {name, n, rule, flags},
+#include "ops.def"
+#undef OP
+#undef EW
+#undef SIDE
+};
+
+int op_from_name(const char *name) {
+  for (int i = 0; i < OP_COUNT; i++)
+    if (!strcmp(op_info[i].name, name)) return i;
+  return -1;
+}
+
+static const char *const init_names[INIT_COUNT] = {
+    "zeros", "ones", "normal", "uniform", "kaiming_uniform", "xavier_uniform"};
+const char *init_name(InitKind k) { return (unsigned)k < INIT_COUNT ? init_names[k] : "?"; }
+
+void train_spec_defaults(TrainSpec *t) {
+  memset(t, 0, sizeof *t);
+  t->data = DATA_NONE;
+  t->optimizer = OPTIM_ADAMW;
+  t->lr = 1e-3;
+  t->weight_decay = 0.01;
+  t->beta1 = 0.9;
+  t->beta2 = 0.999;
+  t->eps = 1e-8;
+  t->momentum = 0.0;
+  t->batch = 32;
+  t->epochs = 1;
+  t->steps = 0;
+  t->seed = 1;
+  t->log_every = 50;
+  t->eval = true;
+}
+
+/* ---------------------------------------------------------------- graph */
+
+Graph *graph_new(Arena *a, Diag *d) {
+  Graph *g = arena_alloc(a, sizeof *g);
+  g->arena = a;
+  g->diag = d;
+  g->float_dtype = DT_F32;
+  train_spec_defaults(&g->train);
+  return g;
+}
+
+static void graph_push(Graph *g, Value *v) {
+  if (g->n_values == g->cap_values) {
+    int cap = g->cap_values ? 2 * g->cap_values : 64;
+    Value **nv = arena_alloc(g->arena, (size_t)cap * sizeof *nv);
+    if (g->n_values) memcpy(nv, g->values, (size_t)g->n_values * sizeof *nv);
+    g->values = nv;
+    g->cap_values = cap;
+  }
+  v->id = g->n_values;
+  g->values[g->n_values++] = v;
+}
+
+Value *graph_add(Graph *g, OpKind op, Value **in, int n_in, const Attr *attr, Loc loc) {
+  DUET_ASSERT(op >= 0 && op < OP_COUNT);
+  DUET_ASSERT(op_info[op].arity < 0 || op_info[op].arity == n_in);
+  Value *v = arena_alloc(g->arena, sizeof *v);
+  v->op = op;
+  v->n_in = n_in;
+  v->in = arena_alloc(g->arena, (size_t)(n_in ? n_in : 1) * sizeof *v->in);
+  for (int i = 0; i < n_in; i++) v->in[i] = in[i];
+  if (attr) v->attr = *attr;
+  v->loc = loc;
+  v->device = -1;
+  ir_infer_shape(g, v);
+  graph_push(g, v);
+  return v;
+}
+
+void graph_renumber(Graph *g) {
+  for (int i = 0; i < g->n_values; i++) g->values[i]->id = i;
+}
+
+void graph_count_uses(Graph *g) {
+  for (int i = 0; i < g->n_values; i++) g->values[i]->n_uses = 0;
+  for (int i = 0; i < g->n_values; i++)
+    for (int j = 0; j < g->values[i]->n_in; j++) g->values[i]->in[j]->n_uses++;
+}
+
+/* ---------------------------------------------------------- shape rules */
+
+#define SHP(s, b) shape_str((s), (b), sizeof(b))
+
+static void need_float(Graph *g, Value *v, int i) {
+  Value *x = v->in[i];
+  if (!dtype_is_float(x->dtype))
+    diag_error(g->diag, v->loc,
+               "%s expects a float tensor as operand %d, got %s (integer inputs "
+               "cannot flow into differentiable ops)",
+               op_info[v->op].name, i + 1, dtype_name(x->dtype));
+}
+
+static void need_same_dtype(Graph *g, Value *v) {
+  for (int i = 1; i < v->n_in; i++)
+    if (v->in[i]->dtype != v->in[0]->dtype)
+      diag_error(g->diag, v->loc, "%s of %s and %s: operand dtypes differ", op_info[v->op].name,
+                 dtype_name(v->in[0]->dtype), dtype_name(v->in[i]->dtype));
+}
+
+static void check_numel(Graph *g, Value *v) {
+  for (int i = 0; i < v->shape.rank; i++)
+    if (v->shape.dim[i] < 1) {
+      char b[160];
+      diag_error(g->diag, v->loc, "dimension %d of %s is %" PRId64 ": dimensions must be at least 1",
+                 i, SHP(&v->shape, b), v->shape.dim[i]);
+    }
+  if (shape_numel(&v->shape) < 0) {
+    char b[160];
+    diag_error(g->diag, v->loc, "shape %s has more elements than fit in 64 bits",
+               SHP(&v->shape, b));
+  }
+}
+
+void ir_infer_shape(Graph *g, Value *v) {
+  char b1[160], b2[160];
+  Shape s = {0};
+  switch (op_info[v->op].rule) {
+  case SHAPE_ATTR:
+    s = v->attr.shape;
+    if (v->op == OP_BROADCAST || v->op == OP_SUM_TO) {
+      Shape o;
+      const Shape *big = v->op == OP_BROADCAST ? &s : &v->in[0]->shape;
+      const Shape *small = v->op == OP_BROADCAST ? &v->in[0]->shape : &s;
+      if (!shape_broadcast(big, small, &o) || !shape_eq(&o, big))
+        diag_error(g->diag, v->loc, "%s of %s to %s: shapes do not broadcast",
+                   op_info[v->op].name, SHP(&v->in[0]->shape, b1), SHP(&s, b2));
+      v->dtype = v->in[0]->dtype;
+    } else {
+      v->dtype = v->attr.dtype;
+    }
+    break;
+  case SHAPE_SCALAR:
+    if (v->op == OP_CONST) {
+      v->dtype = v->attr.dtype ? v->attr.dtype : g->float_dtype;
+    } else if (v->op == OP_MEAN) {
+      need_float(g, v, 0);
+      v->dtype = v->in[0]->dtype;
+    } else { /* CROSS_ENTROPY */
+      Value *lg = v->in[0], *lb = v->in[1];
+      need_float(g, v, 0);
+      if (lg->shape.rank != 2)
+        diag_error(g->diag, v->loc, "cross_entropy expects logits of rank 2 [N,C], got %s",
+                   SHP(&lg->shape, b1));
+      if (lb->dtype != DT_I32)
+        diag_error(g->diag, v->loc, "cross_entropy expects integer labels (i32), got %s",
+                   dtype_name(lb->dtype));
+      if (lb->shape.rank != 1 || lb->shape.dim[0] != lg->shape.dim[0])
+        diag_error(g->diag, v->loc, "cross_entropy of logits %s and labels %s: expected labels [%" PRId64 "]",
+                   SHP(&lg->shape, b1), SHP(&lb->shape, b2), lg->shape.dim[0]);
+      v->dtype = lg->dtype;
+    }
+    break;
+  case SHAPE_PAIR:
+    s.rank = 1;
+    s.dim[0] = 2;
+    v->dtype = v->in[0]->dtype;
+    break;
+  case SHAPE_SAME:
+    s = v->in[0]->shape;
+    if (v->op == OP_CROSS_ENTROPY_GRAD) {
+      v->dtype = v->in[0]->dtype;
+      break;
+    }
+    for (int i = 0; i < v->n_in; i++) need_float(g, v, i);
+    need_same_dtype(g, v);
+    for (int i = 1; i < v->n_in; i++)
+      if (!shape_eq(&v->in[i]->shape, &s))
+        diag_error(g->diag, v->loc, "%s of %s and %s: shapes differ", op_info[v->op].name,
+                   SHP(&s, b1), SHP(&v->in[i]->shape, b2));
+    v->dtype = v->in[0]->dtype;
+    break;
+  case SHAPE_BROADCAST:
+    need_float(g, v, 0);
+    need_float(g, v, 1);
+    need_same_dtype(g, v);
+    if (!shape_broadcast(&v->in[0]->shape, &v->in[1]->shape, &s))
+      diag_error(g->diag, v->loc, "cannot broadcast %s with %s in %s", SHP(&v->in[0]->shape, b1),
+                 SHP(&v->in[1]->shape, b2), op_info[v->op].name);
+    v->dtype = v->in[0]->dtype;
+    break;
+  case SHAPE_MATMUL: {
+    Value *a = v->in[0], *b = v->in[1];
+    need_float(g, v, 0);
+    need_float(g, v, 1);
+    need_same_dtype(g, v);
+    if (a->shape.rank != 2 || b->shape.rank != 2)
+      diag_error(g->diag, v->loc, "matmul of %s by %s: both operands must have rank 2",
+                 SHP(&a->shape, b1), SHP(&b->shape, b2));
+    int64_t m = a->shape.dim[v->attr.trans_a ? 1 : 0], ka = a->shape.dim[v->attr.trans_a ? 0 : 1];
+    int64_t kb = b->shape.dim[v->attr.trans_b ? 1 : 0], n = b->shape.dim[v->attr.trans_b ? 0 : 1];
+    if (ka != kb)
+      diag_error(g->diag, v->loc, "matmul of %s by %s: inner dimensions differ (%" PRId64 " vs %" PRId64 ")",
+                 SHP(&a->shape, b1), SHP(&b->shape, b2), ka, kb);
+    s.rank = 2;
+    s.dim[0] = m;
+    s.dim[1] = n;
+    v->dtype = a->dtype;
+    break;
+  }
+  case SHAPE_VOID:
+    for (int i = 1; i < v->n_in; i++)
+      if (!shape_eq(&v->in[i]->shape, &v->in[0]->shape))
+        diag_error(g->diag, v->loc, "%s: operand %d has shape %s, expected %s", op_info[v->op].name,
+                   i + 1, SHP(&v->in[i]->shape, b1), SHP(&v->in[0]->shape, b2));
+    v->dtype = DT_VOID;
+    s = v->in[0]->shape;
+    break;
+  }
+  v->shape = s;
+  check_numel(g, v);
+}
+
+/* ------------------------------------------------------------- verifier */
+
+int ir_verify(const Graph *g, const char *after_pass, FILE *err) {
+  int bad = 0;
+#define VFAIL(...)                                                                   \
+  do {                                                                               \
+    fprintf(err, "duet: IR verifier (after %s): %%%d %s: ", after_pass, v->id,      \
+            op_info[v->op].name);                                                    \
+    fprintf(err, __VA_ARGS__);                                                       \
+    fputc('\n', err);                                                                \
+    bad++;                                                                           \
+  } while (0)
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if (v->id != i) VFAIL("id %d at position %d", v->id, i);
+    if (v->op < 0 || v->op >= OP_COUNT) {
+      fprintf(err, "duet: IR verifier (after %s): bad op at %d\n", after_pass, i);
+      bad++;
+      continue;
+    }
+    if (op_info[v->op].arity >= 0 && op_info[v->op].arity != v->n_in)
+      VFAIL("has %d operands, expected %d", v->n_in, op_info[v->op].arity);
+    for (int j = 0; j < v->n_in; j++) {
+      const Value *x = v->in[j];
+      if (!x || x->id >= i || g->values[x->id] != x) VFAIL("operand %d is not defined before use", j);
+      else if (x->dtype == DT_VOID) VFAIL("operand %d has no result", j);
+    }
+    if (v->op == OP_FUSED) {
+      const FusedProg *p = v->attr.prog;
+      if (!p || p->n < 1) VFAIL("empty fused program");
+      else
+        for (int k = 0; k < p->n; k++) {
+          const FusedInstr *fi = &p->ins[k];
+          if (fi->op == OP_COUNT) {
+            if (fi->a < 0 || fi->a >= v->n_in) VFAIL("fused load of input %d", fi->a);
+          } else {
+            if (!(op_info[fi->op].flags & OPF_EW) || fi->op == OP_FUSED) VFAIL("non-elementwise op in fused program");
+            int ar = op_info[fi->op].arity;
+            if ((ar >= 1 && (fi->a < 0 || fi->a >= k)) || (ar >= 2 && (fi->b < 0 || fi->b >= k)))
+              VFAIL("fused instruction %d uses a later instruction", k);
+          }
+        }
+    }
+    if ((op_info[v->op].flags & OPF_SIDE) && v->dtype != DT_VOID) VFAIL("side-effect op with a result");
+    if (!(op_info[v->op].flags & OPF_SIDE) && v->dtype == DT_VOID) VFAIL("value without dtype");
+    if (shape_numel(&v->shape) < 0) VFAIL("element count overflows");
+  }
+#undef VFAIL
+  return bad;
+}
+
+/* -------------------------------------------------------------- printer */
+
+static void print_type(const Value *v, FILE *out) {
+  char b[160];
+  if (v->dtype == DT_VOID)
+    fputs("void", out);
+  else
+    fprintf(out, "%s%s", dtype_name(v->dtype), shape_str(&v->shape, b, sizeof b));
+}
+
+static const char *const role_names[] = {"forward", "backward", "optimizer", "eval"};
+
+void ir_print_value(const Graph *g, const Value *v, FILE *out) {
+  (void)g;
+  char b[160];
+  if (v->dtype != DT_VOID) fprintf(out, "%%%d = ", v->id);
+  fputs(op_info[v->op].name, out);
+  switch (v->op) {
+  case OP_INPUT:
+  case OP_STATE:
+    fprintf(out, " \"%s\"", v->attr.name);
+    break;
+  case OP_PARAM:
+    fprintf(out, " \"%s\" %s", v->attr.name, init_name(v->attr.init));
+    if (v->attr.init == INIT_NORMAL) fprintf(out, "(%.17g)", v->attr.init_a);
+    if (v->attr.init == INIT_UNIFORM) fprintf(out, "(%.17g, %.17g)", v->attr.init_a, v->attr.init_b);
+    break;
+  case OP_CONST:
+    fprintf(out, " %.17g", v->attr.value);
+    break;
+  case OP_MATMUL:
+    if (v->attr.trans_a || v->attr.trans_b)
+      fprintf(out, "[%s%s]", v->attr.trans_a ? "ta" : "", v->attr.trans_b ? (v->attr.trans_a ? ",tb" : "tb") : "");
+    break;
+  case OP_BROADCAST:
+  case OP_SUM_TO:
+    fprintf(out, "%s", shape_str(&v->attr.shape, b, sizeof b));
+    break;
+  case OP_FUSED: {
+    const FusedProg *p = v->attr.prog;
+    fputs("{", out);
+    for (int k = 0; k < p->n; k++) {
+      const FusedInstr *fi = &p->ins[k];
+      fputs(k ? "; " : "", out);
+      if (fi->op == OP_COUNT)
+        fprintf(out, "$%d = in%d", k, fi->a);
+      else if (fi->op == OP_CONST)
+        fprintf(out, "$%d = %.17g", k, fi->value);
+      else if (op_info[fi->op].arity == 1)
+        fprintf(out, "$%d = %s $%d", k, op_info[fi->op].name, fi->a);
+      else
+        fprintf(out, "$%d = %s $%d, $%d", k, op_info[fi->op].name, fi->a, fi->b);
+    }
+    fputs("}", out);
+    break;
+  }
+  default:
+    break;
+  }
+  for (int i = 0; i < v->n_in; i++) fprintf(out, "%s%%%d", i ? ", " : " ", v->in[i]->id);
+  fputs(" : ", out);
+  print_type(v, out);
+  if (v->role != ROLE_FORWARD) fprintf(out, "  @%s", role_names[v->role]);
+  if (v->device >= 0) fprintf(out, "  @device(%d)", v->device);
+  static const char *const regions[] = {"none", "param", "state", "arena"};
+  if (v->region != MEM_NONE) fprintf(out, "  @%s+%" PRId64, regions[v->region], v->offset);
+  fputc('\n', out);
+}
+
+void ir_print(const Graph *g, FILE *out) {
+  fprintf(out, "model %s\n", g->model_name ? g->model_name : "?");
+  for (int i = 0; i < g->n_values; i++) ir_print_value(g, g->values[i], out);
+  if (g->loss) fprintf(out, "loss %%%d\n", g->loss->id);
+}

@@ -1,0 +1,242 @@
+/* ir/ir.h: the whole interface of the IR layer (arena, diagnostics, the typed
+ * SSA graph, shape rules, verifier, printer).  ir/ uses nothing else of duet;
+ * frontend/, passes/ and codegen/ use only this header from here. */
+#ifndef DUET_IR_H
+#define DUET_IR_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---------------------------------------------------------------- arena */
+
+/* All IR objects of one compilation live in one arena, freed once
+ * (QBE freeall(), ggml_free()).  arena_alloc returns zeroed memory aligned to
+ * 16 bytes; it aborts with a message when malloc fails (out of host memory
+ * while compiling is not recoverable). */
+typedef struct Arena Arena;
+Arena *arena_new(size_t chunk_bytes);
+void *arena_alloc(Arena *a, size_t bytes);
+char *arena_strdup(Arena *a, const char *s);
+char *arena_printf(Arena *a, const char *fmt, ...);
+void arena_free(Arena *a);
+
+/* Internal invariant violated: a bug in duet, not in the user's model. */
+#define DUET_ASSERT(c) \
+  ((c) ? (void)0 : duet_fatal(__FILE__, __LINE__, "assertion failed: %s", #c))
+#define unreachable() duet_fatal(__FILE__, __LINE__, "unreachable")
+_Noreturn void duet_fatal(const char *file, int line, const char *fmt, ...);
+
+/* ---------------------------------------------------------- diagnostics */
+
+typedef struct Source {
+  const char *name; /* path as given by the user */
+  const char *text; /* whole file, NUL-terminated, BOM removed */
+  size_t len;       /* bytes */
+} Source;
+
+/* A source location: 1-based line, 1-based byte column within the line.
+ * The printer converts the byte column to characters (UTF-8 code points). */
+typedef struct Loc {
+  const Source *src;
+  int line, col;
+} Loc;
+
+/* User diagnostics channel.  diag_error prints
+ *   file:line:col: error: message
+ *     source line
+ *     ^
+ * to `out`, counts it, then longjmps to `*jmp` when set (the compile entry
+ * point owns recovery, like Lua's luaD_throw) and returns otherwise. */
+typedef struct Diag {
+  FILE *out;
+  jmp_buf *jmp;
+  int n_errors, n_warnings;
+} Diag;
+void diag_error(Diag *d, Loc loc, const char *fmt, ...);
+void diag_warning(Diag *d, Loc loc, const char *fmt, ...);
+void diag_note(Diag *d, Loc loc, const char *fmt, ...);
+void diag_vreport(Diag *d, Loc loc, const char *kind, const char *fmt, va_list ap);
+/* An error with no location (a bad file, a bad flag): "duet: error: ...". */
+void diag_error_noloc(Diag *d, const char *fmt, ...);
+/* Character (code point) column of byte column `col` on line `line`. */
+int source_char_col(const Source *s, int line, int col);
+
+/* -------------------------------------------------------- types, shapes */
+
+typedef enum DType { DT_VOID, DT_F32, DT_F64, DT_I32, DT_COUNT } DType;
+const char *dtype_name(DType t);         /* "f32" ... */
+size_t dtype_size(DType t);              /* bytes per element */
+bool dtype_is_float(DType t);
+int dtype_from_name(const char *name);   /* -1 when unknown */
+
+#define IR_MAX_RANK 8
+typedef struct Shape {
+  int rank;
+  int64_t dim[IR_MAX_RANK];
+} Shape;
+/* Element count; -1 when it overflows int64 (the caller reports it). */
+int64_t shape_numel(const Shape *s);
+bool shape_eq(const Shape *a, const Shape *b);
+/* "[256,784]" into buf (at least 160 bytes); returns buf. */
+char *shape_str(const Shape *s, char *buf, size_t n);
+/* numpy broadcasting of a and b into out; false when incompatible. */
+bool shape_broadcast(const Shape *a, const Shape *b, Shape *out);
+
+/* ------------------------------------------------------------------ ops */
+
+typedef enum ShapeRule {
+  SHAPE_ATTR,      /* shape given by attr.shape */
+  SHAPE_SCALAR,    /* rank 0 */
+  SHAPE_PAIR,      /* [2] */
+  SHAPE_SAME,      /* same as in[0] */
+  SHAPE_BROADCAST, /* numpy broadcast of in[0], in[1] */
+  SHAPE_MATMUL,    /* [M,K]@[K,N] with attr.trans_a/trans_b */
+  SHAPE_VOID,      /* no result (side effect) */
+} ShapeRule;
+
+enum { OPF_EW = 1, OPF_SIDE = 2 };
+#define EW OPF_EW
+#define SIDE OPF_SIDE
+typedef enum OpKind {
+#define OP(id, name, n, rule, flags) OP_##id,
+#include "ops.def"
+#undef OP
+  OP_COUNT
+} OpKind;
+#undef EW
+#undef SIDE
+
+typedef struct OpInfo {
+  const char *name;
+  int arity; /* -1: variadic */
+  ShapeRule rule;
+  int flags;
+} OpInfo;
+extern const OpInfo op_info[OP_COUNT];
+int op_from_name(const char *name); /* -1 when unknown */
+
+/* Parameter initialisers; fan_in/fan_out of a rank-2 [in, out] weight are
+ * dim[0] and dim[1] (duet multiplies x @ w, PyTorch stores w as [out, in]). */
+typedef enum InitKind {
+  INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_UNIFORM,
+  INIT_KAIMING_UNIFORM, INIT_XAVIER_UNIFORM, INIT_COUNT
+} InitKind;
+const char *init_name(InitKind k);
+
+/* A fused elementwise chain (OP_FUSED): a tiny SSA program whose operands
+ * are either the fused op's inputs (FI_INPUT) or earlier instructions. */
+typedef struct FusedInstr {
+  OpKind op;    /* an OPF_EW op, or OP_COUNT for "load input" */
+  int a, b;     /* operand instruction indices; for a load: input index */
+  double value; /* OP_CONST */
+} FusedInstr;
+typedef struct FusedProg {
+  int n;
+  FusedInstr *ins; /* the last one is the result */
+} FusedProg;
+
+/* Attributes; each field says which ops use it. */
+typedef struct Attr {
+  DType dtype;      /* INPUT, PARAM, STATE, CONST, FUSED: result dtype */
+  const char *name; /* INPUT, PARAM, STATE: tensor name (hierarchical) */
+  Shape shape;      /* INPUT, PARAM, STATE, BROADCAST, SUM_TO, FUSED */
+  double value;     /* CONST: the literal */
+  InitKind init;    /* PARAM, STATE: initialiser */
+  double init_a, init_b; /* PARAM: normal(std=a) or uniform(a, b) */
+  bool trans_a, trans_b; /* MATMUL: use A^T / B^T */
+  FusedProg *prog;  /* FUSED */
+} Attr;
+
+typedef enum Role { ROLE_FORWARD, ROLE_BACKWARD, ROLE_OPTIMIZER, ROLE_EVAL } Role;
+
+/* Memory regions assigned by the memplan pass.  Params and optimizer state
+ * persist across steps; everything else lives in the activation arena, whose
+ * offsets are reused between values with disjoint lifetimes. */
+typedef enum MemRegion { MEM_NONE, MEM_PARAM, MEM_STATE, MEM_ARENA, MEM_COUNT } MemRegion;
+
+typedef struct Value Value;
+struct Value {
+  int id;       /* %id; dense, in topological order */
+  OpKind op;
+  DType dtype;
+  Shape shape;
+  Value **in;   /* inputs, n_in of them */
+  int n_in;
+  Attr attr;
+  Loc loc;      /* for diagnostics */
+  Role role;
+  int device;   /* -1 until a partition pass assigns one */
+  bool requires_grad; /* set by autodiff */
+  /* Filled by passes/: */
+  int n_uses;   /* in the whole graph */
+  Value *grad;  /* PARAM: its gradient, after autodiff */
+  MemRegion region; /* memplan: where the value lives */
+  int64_t offset;   /* memplan: byte offset in its region */
+};
+
+/* ---------------------------------------------------- training settings */
+
+typedef enum OptimKind { OPTIM_ADAMW, OPTIM_SGD } OptimKind;
+typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST } DataKind;
+
+/* The `train { }` section, after defaults.  Sources of defaults: PyTorch's
+ * torch.optim.AdamW (betas 0.9, 0.999, eps 1e-8, weight_decay 0.01) and
+ * torch.optim.SGD (momentum 0, weight_decay 0). */
+typedef struct TrainSpec {
+  DataKind data;
+  const char *data_path;
+  OptimKind optimizer;
+  double lr, weight_decay, beta1, beta2, eps, momentum;
+  int64_t batch;
+  int64_t epochs, steps; /* steps > 0 overrides epochs */
+  uint64_t seed;
+  int64_t log_every;
+  bool eval;             /* evaluate on the test split after each epoch */
+  bool has_lr, has_weight_decay; /* set explicitly in the section */
+} TrainSpec;
+void train_spec_defaults(TrainSpec *t);
+
+/* ---------------------------------------------------------------- graph */
+
+typedef struct Graph {
+  Arena *arena;
+  Diag *diag;
+  const char *model_name;
+  Value **values; /* in topological order */
+  int n_values, cap_values;
+  Value *loss;    /* the scalar named `loss`; NULL when absent */
+  Value *logits;  /* the first input of the loss's cross_entropy */
+  Value *labels;
+  TrainSpec train;
+  int64_t region_bytes[MEM_COUNT]; /* memplan: bytes per region */
+  DType float_dtype; /* dtype of params and float inputs (f32; f64 in tests) */
+} Graph;
+
+Graph *graph_new(Arena *a, Diag *d);
+/* Appends a value, infers its shape and dtype from the op table's rule
+ * (reporting shape errors at `loc` through g->diag), and returns it.  `in` is
+ * copied. */
+Value *graph_add(Graph *g, OpKind op, Value **in, int n_in, const Attr *attr, Loc loc);
+/* Reassigns dense ids in array order after a pass reorders or removes values. */
+void graph_renumber(Graph *g);
+/* Recomputes n_uses over the whole graph. */
+void graph_count_uses(Graph *g);
+/* Applies the op's shape rule to v (dtype and shape); reports errors. */
+void ir_infer_shape(Graph *g, Value *v);
+
+/* Checks SSA form, operand order, arities, dtypes and shapes against the op
+ * rules.  Violations are internal errors: prints them naming `after_pass`
+ * and returns the count (0 = ok). */
+int ir_verify(const Graph *g, const char *after_pass, FILE *err);
+
+/* Text form, one value a line:
+ *   %3 = matmul %0, %1 : f32[256,1024]
+ * see docs/ir.md. */
+void ir_print(const Graph *g, FILE *out);
+void ir_print_value(const Graph *g, const Value *v, FILE *out);
+
+#endif

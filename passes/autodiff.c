@@ -1,0 +1,135 @@
+/* passes/autodiff.c: reverse-mode differentiation.  Appends, after the
+ * forward graph, the values d(loss)/d(v) for every v on a path from a
+ * parameter to the loss, visiting values in reverse topological order and
+ * summing the contributions of multiple uses (standard reverse accumulation,
+ * e.g. Griewank & Walther, "Evaluating Derivatives", ch. 3). */
+#include "passes.h"
+
+static Value *mk(Graph *g, OpKind op, Value *a, Value *b, const Attr *at, Loc loc) {
+  Value *in[3] = {a, b, NULL};
+  int n = op_info[op].arity;
+  Value *v = graph_add(g, op, in, n, at, loc);
+  v->role = ROLE_BACKWARD;
+  return v;
+}
+
+static Value *mk_const(Graph *g, double x, Loc loc) {
+  Attr at = {.value = x, .dtype = g->float_dtype};
+  Value *v = graph_add(g, OP_CONST, NULL, 0, &at, loc);
+  v->role = ROLE_BACKWARD;
+  return v;
+}
+
+/* d(broadcast result) -> d(operand of `shape`): sum over broadcast axes. */
+static Value *reduce_to(Graph *g, Value *dy, const Shape *shape, Loc loc) {
+  if (shape_eq(&dy->shape, shape)) return dy;
+  Attr at = {.shape = *shape};
+  return mk(g, OP_SUM_TO, dy, NULL, &at, loc);
+}
+
+static void accumulate(Graph *g, Value **grad, Value *x, Value *dx) {
+  if (!x->requires_grad) return;
+  DUET_ASSERT(shape_eq(&x->shape, &dx->shape));
+  grad[x->id] = grad[x->id] ? mk(g, OP_ADD, grad[x->id], dx, NULL, x->loc) : dx;
+}
+
+static Value *matmul(Graph *g, Value *a, Value *b, bool ta, bool tb, Loc loc) {
+  Attr at = {.trans_a = ta, .trans_b = tb};
+  return mk(g, OP_MATMUL, a, b, &at, loc);
+}
+
+void pass_autodiff(Graph *g, PassCtx *cx) {
+  (void)cx;
+  if (!g->loss) return;
+  int n = g->n_values;
+  for (int i = 0; i < n; i++) {
+    Value *v = g->values[i];
+    v->requires_grad = v->op == OP_PARAM;
+    for (int j = 0; j < v->n_in; j++) v->requires_grad |= v->in[j]->requires_grad;
+    if (v->op == OP_CROSS_ENTROPY) v->requires_grad = v->in[0]->requires_grad;
+  }
+  Value **grad = arena_alloc(g->arena, (size_t)n * sizeof *grad);
+  if (!g->loss->requires_grad) {
+    diag_warning(g->diag, g->loss->loc, "the loss does not depend on any parameter; nothing to train");
+    return;
+  }
+  grad[g->loss->id] = mk_const(g, 1.0, g->loss->loc);
+  for (int i = n - 1; i >= 0; i--) {
+    Value *v = g->values[i], *dv = grad[i];
+    if (!dv) continue;
+    Loc l = v->loc;
+    Value *a = v->n_in > 0 ? v->in[0] : NULL, *b = v->n_in > 1 ? v->in[1] : NULL;
+    switch (v->op) {
+    case OP_PARAM:
+      v->grad = dv;
+      break;
+    case OP_INPUT:
+    case OP_CONST:
+    case OP_STATE:
+      break;
+    case OP_MATMUL: {
+      bool ta = v->attr.trans_a, tb = v->attr.trans_b;
+      if (a->requires_grad)
+        accumulate(g, grad, a, ta ? matmul(g, b, dv, tb, true, l) : matmul(g, dv, b, false, !tb, l));
+      if (b->requires_grad)
+        accumulate(g, grad, b, tb ? matmul(g, dv, a, true, ta, l) : matmul(g, a, dv, !ta, false, l));
+      break;
+    }
+    case OP_ADD:
+      if (a->requires_grad) accumulate(g, grad, a, reduce_to(g, dv, &a->shape, l));
+      if (b->requires_grad) accumulate(g, grad, b, reduce_to(g, dv, &b->shape, l));
+      break;
+    case OP_SUB:
+      if (a->requires_grad) accumulate(g, grad, a, reduce_to(g, dv, &a->shape, l));
+      if (b->requires_grad) accumulate(g, grad, b, reduce_to(g, mk(g, OP_NEG, dv, NULL, NULL, l), &b->shape, l));
+      break;
+    case OP_MUL:
+      if (a->requires_grad) accumulate(g, grad, a, reduce_to(g, mk(g, OP_MUL, dv, b, NULL, l), &a->shape, l));
+      if (b->requires_grad) accumulate(g, grad, b, reduce_to(g, mk(g, OP_MUL, dv, a, NULL, l), &b->shape, l));
+      break;
+    case OP_DIV:
+      /* d(a/b)/da = 1/b;  d(a/b)/db = -(a/b)/b */
+      if (a->requires_grad) accumulate(g, grad, a, reduce_to(g, mk(g, OP_DIV, dv, b, NULL, l), &a->shape, l));
+      if (b->requires_grad) {
+        Value *t = mk(g, OP_MUL, dv, mk(g, OP_DIV, v, b, NULL, l), NULL, l);
+        accumulate(g, grad, b, reduce_to(g, mk(g, OP_NEG, t, NULL, NULL, l), &b->shape, l));
+      }
+      break;
+    case OP_NEG:
+      accumulate(g, grad, a, mk(g, OP_NEG, dv, NULL, NULL, l));
+      break;
+    case OP_RELU: /* relu'(x) = [y > 0]: uses the output, so x can be fused away */
+      accumulate(g, grad, a, mk(g, OP_RELU_GRAD, dv, v, NULL, l));
+      break;
+    case OP_MEAN: {
+      Value *s = mk(g, OP_MUL, dv, mk_const(g, 1.0 / (double)shape_numel(&a->shape), l), NULL, l);
+      Attr at = {.shape = a->shape};
+      accumulate(g, grad, a, mk(g, OP_BROADCAST, s, NULL, &at, l));
+      break;
+    }
+    case OP_BROADCAST:
+      accumulate(g, grad, a, reduce_to(g, dv, &a->shape, l));
+      break;
+    case OP_SUM_TO: {
+      Attr at = {.shape = a->shape};
+      accumulate(g, grad, a, mk(g, OP_BROADCAST, dv, NULL, &at, l));
+      break;
+    }
+    case OP_CROSS_ENTROPY: {
+      Value *in[3] = {a, b, dv};
+      Value *d = graph_add(g, OP_CROSS_ENTROPY_GRAD, in, 3, NULL, l);
+      d->role = ROLE_BACKWARD;
+      accumulate(g, grad, a, d);
+      break;
+    }
+    default:
+      diag_error(g->diag, l, "autodiff: no gradient rule for %s", op_info[v->op].name);
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    Value *v = g->values[i];
+    if (v->op == OP_PARAM && !v->grad)
+      diag_warning(g->diag, v->loc, "parameter `%s` receives no gradient (it does not affect the loss)",
+                   v->attr.name);
+  }
+}

@@ -1,0 +1,184 @@
+/* passes/fuse.c: elementwise fusion and memory planning.
+ *
+ * fuse: every elementwise value whose single user is an elementwise value of
+ * the same shape and role is folded into that user; scalar constants are
+ * inlined.  The result is one OP_FUSED value per chain, holding a small
+ * program, which codegen lowers to a single loop (no intermediate tensors).
+ *
+ * memplan: params and optimizer state get consecutive offsets in their own
+ * regions; every other value with a result gets an offset in the activation
+ * arena, reused between values whose live ranges (definition to last use, in
+ * graph order) do not overlap (greedy first-fit, as in ggml's graph
+ * allocator).  Inputs, the loss and the eval metrics are never reused, since
+ * the host writes or reads them around a step. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct FuseBuild {
+  Graph *g;
+  Value *root;
+  bool *dead;
+  FusedInstr *ins;
+  int n, cap;
+  Value **loads;
+  int n_loads, cap_loads;
+  int absorbed;
+} FuseBuild;
+
+static int emit(FuseBuild *b, FusedInstr fi) {
+  if (b->n == b->cap) {
+    int cap = b->cap ? 2 * b->cap : 16;
+    FusedInstr *ni = arena_alloc(b->g->arena, (size_t)cap * sizeof *ni);
+    if (b->n) memcpy(ni, b->ins, (size_t)b->n * sizeof *ni);
+    b->ins = ni;
+    b->cap = cap;
+  }
+  b->ins[b->n] = fi;
+  return b->n++;
+}
+
+static int load(FuseBuild *b, Value *x) {
+  int k = 0;
+  while (k < b->n_loads && b->loads[k] != x) k++;
+  if (k == b->n_loads) {
+    if (b->n_loads == b->cap_loads) {
+      int cap = b->cap_loads ? 2 * b->cap_loads : 8;
+      Value **nl = arena_alloc(b->g->arena, (size_t)cap * sizeof *nl);
+      if (b->n_loads) memcpy(nl, b->loads, (size_t)b->n_loads * sizeof *nl);
+      b->loads = nl;
+      b->cap_loads = cap;
+    }
+    b->loads[b->n_loads++] = x;
+  }
+  FusedInstr fi = {.op = OP_COUNT, .a = k};
+  return emit(b, fi);
+}
+
+static bool absorbable(const FuseBuild *b, const Value *x) {
+  return (op_info[x->op].flags & OPF_EW) && x->op != OP_FUSED && x->op != OP_CONST &&
+         x->n_uses == 1 && x->role == b->root->role && shape_eq(&x->shape, &b->root->shape);
+}
+
+/* Emits the program computing v (the root or an absorbed value). */
+static int build(FuseBuild *b, Value *v) {
+  int opnd[2] = {0, 0};
+  for (int j = 0; j < v->n_in; j++) {
+    Value *x = v->in[j];
+    if (x->op == OP_CONST) {
+      FusedInstr fi = {.op = OP_CONST, .value = x->attr.value};
+      opnd[j] = emit(b, fi);
+      x->n_uses--;
+      if (x->n_uses == 0) b->dead[x->id] = true;
+      b->absorbed++;
+    } else if (absorbable(b, x)) {
+      opnd[j] = build(b, x);
+      b->dead[x->id] = true;
+      b->absorbed++;
+    } else {
+      opnd[j] = load(b, x);
+    }
+  }
+  FusedInstr fi = {.op = v->op, .a = opnd[0], .b = opnd[1]};
+  return emit(b, fi);
+}
+
+static void compact(Graph *g, const bool *dead) {
+  int k = 0;
+  for (int i = 0; i < g->n_values; i++)
+    if (!dead[i]) g->values[k++] = g->values[i];
+  g->n_values = k;
+  graph_renumber(g);
+  graph_count_uses(g);
+}
+
+void pass_fuse(Graph *g, PassCtx *cx) {
+  (void)cx;
+  graph_count_uses(g);
+  bool *dead = arena_alloc(g->arena, (size_t)g->n_values + 1);
+  for (int i = g->n_values - 1; i >= 0; i--) {
+    Value *v = g->values[i];
+    if (dead[i] || !(op_info[v->op].flags & OPF_EW) || v->op == OP_CONST || v->op == OP_FUSED) continue;
+    FuseBuild b = {.g = g, .root = v, .dead = dead};
+    build(&b, v);
+    if (!b.absorbed) continue;
+    FusedProg *p = arena_alloc(g->arena, sizeof *p);
+    p->n = b.n;
+    p->ins = b.ins;
+    Shape shape = v->shape;
+    DType dt = v->dtype;
+    v->op = OP_FUSED;
+    v->n_in = b.n_loads;
+    v->in = b.loads ? b.loads : arena_alloc(g->arena, sizeof *v->in);
+    memset(&v->attr, 0, sizeof v->attr);
+    v->attr.prog = p;
+    v->attr.shape = shape;
+    v->attr.dtype = dt;
+  }
+  compact(g, dead);
+}
+
+/* ------------------------------------------------------------- memplan */
+
+typedef struct Block {
+  int64_t off, size;
+  int last; /* position of the last use; INT32_MAX: never freed */
+} Block;
+
+static int64_t align64(int64_t x) { return (x + 63) & ~(int64_t)63; }
+
+static int cmp_block(const void *a, const void *b) {
+  const Block *x = a, *y = b;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+void pass_memplan(Graph *g, PassCtx *cx) {
+  (void)cx;
+  int n = g->n_values;
+  int *last = calloc((size_t)n + 1, sizeof *last);
+  Block *live = calloc((size_t)n + 1, sizeof *live);
+  if (!last || !live) duet_fatal(__FILE__, __LINE__, "out of host memory");
+  for (int i = 0; i < n; i++) {
+    Value *v = g->values[i];
+    last[i] = i;
+    for (int j = 0; j < v->n_in; j++)
+      if (last[v->in[j]->id] < i) last[v->in[j]->id] = i;
+  }
+  for (int r = 0; r < MEM_COUNT; r++) g->region_bytes[r] = 0;
+  int n_live = 0;
+  /* inputs first: the host writes them before the step's first kernel */
+  for (int pass = 0; pass < 2; pass++)
+  for (int i = 0; i < n; i++) {
+    Value *v = g->values[i];
+    if ((v->op == OP_INPUT) != (pass == 0)) continue;
+    int64_t bytes = align64((int64_t)dtype_size(v->dtype) * shape_numel(&v->shape));
+    v->offset = -1;
+    v->region = MEM_NONE;
+    if (v->dtype == DT_VOID) continue;
+    if (v->op == OP_PARAM || v->op == OP_STATE) {
+      v->region = v->op == OP_PARAM ? MEM_PARAM : MEM_STATE;
+      v->offset = g->region_bytes[v->region];
+      g->region_bytes[v->region] += bytes;
+      continue;
+    }
+    /* free blocks whose last use came strictly before this value */
+    int k = 0;
+    for (int j = 0; j < n_live; j++)
+      if (live[j].last >= i) live[k++] = live[j];
+    n_live = k;
+    qsort(live, (size_t)n_live, sizeof *live, cmp_block);
+    int64_t off = 0;
+    for (int j = 0; j < n_live; j++) {
+      if (live[j].off - off >= bytes) break;
+      if (live[j].off + live[j].size > off) off = live[j].off + live[j].size;
+    }
+    bool pinned = v->op == OP_INPUT || v == g->loss || v->op == OP_EVAL_METRICS;
+    live[n_live++] = (Block){off, bytes, pinned ? INT32_MAX : last[i]};
+    v->region = MEM_ARENA;
+    v->offset = off;
+    if (off + bytes > g->region_bytes[MEM_ARENA]) g->region_bytes[MEM_ARENA] = off + bytes;
+  }
+  free(last);
+  free(live);
+}

@@ -1,0 +1,85 @@
+/* passes/pipeline.c: the pass list, the shape pass, the optimizer and eval
+ * passes, and the driver that verifies and dumps between passes (QBE main.c
+ * style). */
+#include <string.h>
+
+#include "passes.h"
+
+const Pass duet_passes[] = {
+    {"shape", pass_shape, "infer and check the shape and dtype of every value"},
+    {"autodiff", pass_autodiff, "append the backward graph: d(loss)/d(param) for every param"},
+    {"optimizer", pass_optimizer, "append the optimizer update (AdamW or SGD) of every param"},
+    {"eval", pass_eval, "append the evaluation metrics (correct predictions, summed loss)"},
+    {"fuse", pass_fuse, "fuse chains of elementwise ops into single loops"},
+    {"memplan", pass_memplan, "assign byte offsets: params, optimizer state, activation arena"},
+};
+const int duet_n_passes = (int)(sizeof duet_passes / sizeof duet_passes[0]);
+
+int passes_find(const char *name) {
+  for (int i = 0; i < duet_n_passes; i++)
+    if (!strcmp(duet_passes[i].name, name)) return i;
+  return -1;
+}
+
+int passes_run(Graph *g, PassCtx *cx) {
+  jmp_buf jb, *saved = cx->diag->jmp;
+  cx->diag->jmp = &jb;
+  if (setjmp(jb)) {
+    cx->diag->jmp = saved;
+    return 1;
+  }
+  for (int i = 0; i < duet_n_passes; i++) {
+    duet_passes[i].run(g, cx);
+    if (cx->verify && ir_verify(g, duet_passes[i].name, stderr)) {
+      cx->diag->jmp = saved;
+      return 1;
+    }
+    if (cx->dump_after && !strcmp(cx->dump_after, duet_passes[i].name))
+      ir_print(g, cx->dump_out ? cx->dump_out : stdout);
+    if (cx->stop_after && !strcmp(cx->stop_after, duet_passes[i].name)) break;
+  }
+  cx->diag->jmp = saved;
+  return 0;
+}
+
+void pass_shape(Graph *g, PassCtx *cx) {
+  (void)cx;
+  for (int i = 0; i < g->n_values; i++) ir_infer_shape(g, g->values[i]);
+  graph_count_uses(g);
+}
+
+/* State tensors are named like PyTorch's optimizer state keys. */
+static Value *state(Graph *g, Value *p, const char *suffix) {
+  Attr at = {.shape = p->shape, .dtype = p->dtype, .init = INIT_ZEROS};
+  at.name = arena_printf(g->arena, "%s.%s", p->attr.name, suffix);
+  Value *v = graph_add(g, OP_STATE, NULL, 0, &at, p->loc);
+  v->role = ROLE_OPTIMIZER;
+  return v;
+}
+
+void pass_optimizer(Graph *g, PassCtx *cx) {
+  (void)cx;
+  int n = g->n_values;
+  for (int i = 0; i < n; i++) {
+    Value *p = g->values[i];
+    if (p->op != OP_PARAM || !p->grad) continue;
+    Value *u;
+    if (g->train.optimizer == OPTIM_ADAMW) {
+      Value *in[4] = {p, p->grad, state(g, p, "exp_avg"), state(g, p, "exp_avg_sq")};
+      u = graph_add(g, OP_ADAMW, in, 4, NULL, p->loc);
+    } else {
+      Value *in[3] = {p, p->grad, state(g, p, "momentum_buffer")};
+      u = graph_add(g, OP_SGD, in, 3, NULL, p->loc);
+    }
+    u->role = ROLE_OPTIMIZER;
+  }
+}
+
+void pass_eval(Graph *g, PassCtx *cx) {
+  (void)cx;
+  if (!g->logits) return;
+  Value *in[2] = {g->logits, g->labels};
+  Value *v = graph_add(g, OP_EVAL_METRICS, in, 2, NULL, g->loss->loc);
+  v->role = ROLE_EVAL;
+  graph_count_uses(g);
+}

@@ -1,0 +1,301 @@
+/* runtime/cpu.c: the CPU device (kernels as C function pointers, GEMM
+ * through CBLAS), the RNG, and sessions (a program loaded on a device). */
+#include <cblas.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "duet_rt.h"
+
+/* OpenBLAS's own thread-count setter (OpenMP build: the same pool). */
+void openblas_set_num_threads(int n);
+
+/* ------------------------------------------------------------------ rng */
+
+static uint64_t splitmix64(uint64_t *x) {
+  uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+void duet_rng_seed(DuetRng *r, uint64_t seed, uint64_t stream) {
+  uint64_t x = seed ^ (stream * 0xD1B54A32D192ED03ull);
+  for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t duet_rng_next(DuetRng *r) {
+  uint64_t *s = r->s;
+  uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = rotl(s[3], 45);
+  return result;
+}
+
+double duet_rng_uniform(DuetRng *r) { return (double)(duet_rng_next(r) >> 11) * 0x1.0p-53; }
+
+double duet_rng_normal(DuetRng *r) {
+  double u1 = duet_rng_uniform(r), u2 = duet_rng_uniform(r);
+  if (u1 < 1e-300) u1 = 1e-300;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* ----------------------------------------------------------- cpu device */
+
+typedef struct CpuCtx {
+  const DuetKernelFn *kernels;
+  int n;
+} CpuCtx;
+
+static void *cpu_alloc(DuetDevice *d, size_t bytes) {
+  size_t n = (bytes + 63) & ~(size_t)63;
+  void *p = aligned_alloc(64, n ? n : 64);
+  if (!p) {
+    snprintf(d->err, sizeof d->err, "out of host memory allocating %zu bytes", bytes);
+    return NULL;
+  }
+  memset(p, 0, n ? n : 64);
+  return p;
+}
+
+static void cpu_free(DuetDevice *d, void *p) {
+  (void)d;
+  free(p);
+}
+
+static int cpu_copy(DuetDevice *d, void *dst, const void *src, size_t bytes) {
+  (void)d;
+  memcpy(dst, src, bytes);
+  return 0;
+}
+
+static int cpu_launch(DuetDevice *d, int kernel, void *const *t, const double *s) {
+  CpuCtx *c = d->ctx;
+  if (kernel < 0 || kernel >= c->n) {
+    snprintf(d->err, sizeof d->err, "kernel %d out of range (program has %d)", kernel, c->n);
+    return -1;
+  }
+  c->kernels[kernel](t, s);
+  return 0;
+}
+
+static int cpu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
+  int m = (int)st->m, n = (int)st->n, k = (int)st->k;
+  if (st->m > INT32_MAX || st->n > INT32_MAX || st->k > INT32_MAX) {
+    snprintf(d->err, sizeof d->err, "GEMM %lldx%lldx%lld exceeds CBLAS's int dimensions", (long long)st->m,
+             (long long)st->n, (long long)st->k);
+    return -1;
+  }
+  enum CBLAS_TRANSPOSE ta = st->ta ? CblasTrans : CblasNoTrans, tb = st->tb ? CblasTrans : CblasNoTrans;
+  int lda = st->ta ? m : k, ldb = st->tb ? k : n;
+  if (st->dtype == DUET_F32)
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, t[st->a], lda, t[st->b], ldb, 0.0f, t[st->c], n);
+  else if (st->dtype == DUET_F64)
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, t[st->a], lda, t[st->b], ldb, 0.0, t[st->c], n);
+  else {
+    snprintf(d->err, sizeof d->err, "GEMM of dtype %d is not supported on the CPU", st->dtype);
+    return -1;
+  }
+  return 0;
+}
+
+static int cpu_sync(DuetDevice *d) {
+  (void)d;
+  return 0;
+}
+
+static void cpu_destroy(DuetDevice *d) {
+  if (!d) return;
+  free(d->ctx);
+  free(d);
+}
+
+static const DuetDeviceOps cpu_ops = {
+    .api_version = DUET_RT_API_VERSION,
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy_to_device = cpu_copy,
+    .copy_to_host = cpu_copy,
+    .launch = cpu_launch,
+    .gemm = cpu_gemm,
+    .sync = cpu_sync,
+    .destroy = cpu_destroy,
+    .allreduce = NULL,
+};
+
+DuetDevice *duet_cpu_device(const DuetKernelFn *kernels, int n, int threads) {
+  DuetDevice *d = calloc(1, sizeof *d);
+  CpuCtx *c = calloc(1, sizeof *c);
+  if (!d || !c) {
+    free(d);
+    free(c);
+    return NULL;
+  }
+  c->kernels = kernels;
+  c->n = n;
+  d->ops = &cpu_ops;
+  d->ctx = c;
+  if (threads > 0) {
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#endif
+    openblas_set_num_threads(threads);
+  }
+  return d;
+}
+
+/* ------------------------------------------------------------- sessions */
+
+struct DuetSession {
+  const DuetProgram *p;
+  DuetDevice *dev;
+  DuetConfig cfg;
+  void *region[DUET_MEM_COUNT];
+  void **ptr; /* tensor id -> address */
+  double s[DUET_S_COUNT];
+  int64_t step; /* optimizer steps taken */
+  char err[600];
+};
+
+static void fan(const DuetTensor *t, double *fan_in, double *fan_out) {
+  *fan_in = t->rank >= 1 ? (double)t->shape[0] : 1;
+  *fan_out = t->rank >= 2 ? (double)t->shape[1] : 1;
+  for (int d = 2; d < t->rank; d++) { /* receptive field, as torch's _calculate_fan_in_and_fan_out */
+    *fan_in *= (double)t->shape[d];
+    *fan_out *= (double)t->shape[d];
+  }
+}
+
+static void init_tensor(const DuetTensor *t, void *mem, uint64_t seed, uint64_t stream) {
+  int64_t n = t->nbytes / (t->dtype == DUET_F64 ? 8 : 4);
+  DuetRng r;
+  duet_rng_seed(&r, seed, stream);
+  double fi, fo, lo = 0, hi = 0;
+  fan(t, &fi, &fo);
+  switch (t->init) {
+  case DUET_INIT_KAIMING_UNIFORM: hi = sqrt(6.0 / fi), lo = -hi; break;
+  case DUET_INIT_XAVIER_UNIFORM: hi = sqrt(6.0 / (fi + fo)), lo = -hi; break;
+  case DUET_INIT_UNIFORM: lo = t->init_a, hi = t->init_b; break;
+  default: break;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    double x;
+    switch (t->init) {
+    case DUET_INIT_ONES: x = 1; break;
+    case DUET_INIT_NORMAL: x = t->init_a * duet_rng_normal(&r); break;
+    case DUET_INIT_UNIFORM:
+    case DUET_INIT_KAIMING_UNIFORM:
+    case DUET_INIT_XAVIER_UNIFORM: x = lo + (hi - lo) * duet_rng_uniform(&r); break;
+    default: x = 0; break;
+    }
+    if (t->dtype == DUET_F64) ((double *)mem)[i] = x;
+    else ((float *)mem)[i] = (float)x;
+  }
+}
+
+void duet_session_init_params(DuetSession *s, uint64_t seed) {
+  const DuetProgram *p = s->p;
+  for (int i = 0; i < p->n_tensors; i++) {
+    const DuetTensor *t = &p->tensors[i];
+    if (t->region == DUET_MEM_PARAM) init_tensor(t, s->ptr[i], seed, (uint64_t)i + 1);
+    if (t->region == DUET_MEM_STATE) memset(s->ptr[i], 0, (size_t)t->nbytes);
+  }
+  s->step = 0;
+}
+
+DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetConfig *cfg, char *err,
+                              size_t errlen) {
+  if (p->api_version != DUET_RT_API_VERSION) {
+    snprintf(err, errlen, "program built for runtime API %d, this runtime is %d", p->api_version,
+             DUET_RT_API_VERSION);
+    return NULL;
+  }
+  DuetSession *s = calloc(1, sizeof *s);
+  if (!s || !(s->ptr = calloc((size_t)p->n_tensors + 1, sizeof *s->ptr))) {
+    free(s);
+    snprintf(err, errlen, "out of host memory");
+    return NULL;
+  }
+  s->p = p;
+  s->dev = dev;
+  s->cfg = *cfg;
+  for (int r = 1; r < DUET_MEM_COUNT; r++) {
+    s->region[r] = dev->ops->alloc(dev, (size_t)p->region_bytes[r]);
+    if (!s->region[r]) {
+      snprintf(err, errlen, "%s", dev->err);
+      duet_session_free(s);
+      return NULL;
+    }
+  }
+  for (int i = 0; i < p->n_tensors; i++) {
+    const DuetTensor *t = &p->tensors[i];
+    if (t->region <= 0 || t->region >= DUET_MEM_COUNT || t->offset < 0 ||
+        t->offset + t->nbytes > p->region_bytes[t->region]) {
+      snprintf(err, errlen, "tensor %s lies outside its planned region", t->name);
+      duet_session_free(s);
+      return NULL;
+    }
+    s->ptr[i] = (char *)s->region[t->region] + t->offset;
+  }
+  duet_session_init_params(s, cfg->seed);
+  return s;
+}
+
+void duet_session_free(DuetSession *s) {
+  if (!s) return;
+  for (int r = 1; r < DUET_MEM_COUNT; r++)
+    if (s->region[r]) s->dev->ops->free(s->dev, s->region[r]);
+  free(s->ptr);
+  free(s);
+}
+
+void *duet_session_tensor(DuetSession *s, int id) {
+  return id >= 0 && id < s->p->n_tensors ? s->ptr[id] : NULL;
+}
+
+void duet_session_set_valid(DuetSession *s, int64_t n_valid) { s->s[DUET_S_N_VALID] = (double)n_valid; }
+
+const char *duet_session_error(const DuetSession *s) { return s->err; }
+
+int duet_session_run(DuetSession *s, int which) {
+  const DuetProgram *p = s->p;
+  const DuetStep *steps = which == DUET_RUN_TRAIN ? p->train : which == DUET_RUN_EVAL ? p->eval : p->grad;
+  int n = which == DUET_RUN_TRAIN ? p->n_train : which == DUET_RUN_EVAL ? p->n_eval : p->n_grad;
+  if (which == DUET_RUN_TRAIN) {
+    const DuetConfig *c = &s->cfg;
+    int64_t t = ++s->step;
+    s->s[DUET_S_LR] = c->lr;
+    s->s[DUET_S_WEIGHT_DECAY] = c->weight_decay;
+    s->s[DUET_S_BETA1] = c->beta1;
+    s->s[DUET_S_BETA2] = c->beta2;
+    s->s[DUET_S_EPS] = c->eps;
+    s->s[DUET_S_MOMENTUM] = c->momentum;
+    s->s[DUET_S_STEP_SIZE] = c->lr / (1.0 - pow(c->beta1, (double)t));
+    s->s[DUET_S_BC2_SQRT] = sqrt(1.0 - pow(c->beta2, (double)t));
+  }
+  DuetDevice *d = s->dev;
+  for (int i = 0; i < n; i++) {
+    const DuetStep *st = &steps[i];
+    int rc = st->kind == DUET_STEP_GEMM ? d->ops->gemm(d, st, s->ptr) : d->ops->launch(d, st->kernel, s->ptr, s->s);
+    if (rc) {
+      snprintf(s->err, sizeof s->err, "step %d: %s", i, d->err);
+      return -1;
+    }
+  }
+  return d->ops->sync(d);
+}
+
+/* Lets the training driver change lr etc. without reloading. */
+void duet_session_set_config(DuetSession *s, const DuetConfig *cfg);
+void duet_session_set_config(DuetSession *s, const DuetConfig *cfg) { s->cfg = *cfg; }

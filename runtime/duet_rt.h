@@ -1,0 +1,195 @@
+/* runtime/duet_rt.h: the whole interface of the duet runtime.
+ *
+ * The runtime knows nothing of the compiler: a compiled model reaches it as a
+ * DuetProgram (plain tables: tensors, steps, defaults) plus an array of
+ * kernel entry points.  `duet run` builds both in memory; a training
+ * executable written by `duet compile` holds them as static data.  Both call
+ * duet_main(), so the two paths print the same losses for the same seed. */
+#ifndef DUET_RT_H
+#define DUET_RT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define DUET_RT_API_VERSION 1
+#define DUET_MAX_RANK 8
+
+/* Element types (numbering shared with the compiler's DType). */
+enum { DUET_VOID = 0, DUET_F32 = 1, DUET_F64 = 2, DUET_I32 = 3 };
+
+/* Where a tensor lives. */
+enum { DUET_MEM_NONE = 0, DUET_MEM_PARAM = 1, DUET_MEM_STATE = 2, DUET_MEM_ARENA = 3, DUET_MEM_COUNT = 4 };
+
+/* Initialisers (numbering shared with the compiler's InitKind).  Formulas,
+ * with fan_in = shape[0] and fan_out = shape[1] of an [in, out] matrix
+ * (fan_in = shape[0], fan_out = 1 for vectors):
+ *   kaiming_uniform: U(-b, b), b = sqrt(6 / fan_in)  (He et al. 2015; torch's
+ *                    kaiming_uniform_ with a = 0, i.e. gain sqrt(2))
+ *   xavier_uniform:  U(-b, b), b = sqrt(6 / (fan_in + fan_out)) (Glorot & Bengio 2010)
+ *   normal(std), uniform(a, b), zeros, ones. */
+enum { DUET_INIT_ZEROS, DUET_INIT_ONES, DUET_INIT_NORMAL, DUET_INIT_UNIFORM,
+       DUET_INIT_KAIMING_UNIFORM, DUET_INIT_XAVIER_UNIFORM };
+
+typedef struct DuetTensor {
+  const char *name; /* hierarchical parameter name, or "%id" for activations */
+  int region;       /* DUET_MEM_* */
+  int dtype;        /* DUET_F32 ... */
+  int rank;
+  int64_t shape[DUET_MAX_RANK];
+  int64_t offset;   /* bytes from the region's base */
+  int64_t nbytes;
+  int init;         /* params: DUET_INIT_* */
+  double init_a, init_b;
+} DuetTensor;
+
+/* One step of a schedule: a generated kernel, or a GEMM through the
+ * device's BLAS: C[m,n] = op(A) @ op(B) with row-major operands, op(X) = X^T
+ * when the trans flag is set (cblas_sgemm semantics, alpha 1, beta 0). */
+enum { DUET_STEP_KERNEL = 0, DUET_STEP_GEMM = 1 };
+typedef struct DuetStep {
+  int kind;
+  int kernel;           /* DUET_STEP_KERNEL: index into the kernel table */
+  int ta, tb;           /* DUET_STEP_GEMM */
+  int64_t m, n, k;
+  int a, b, c;          /* tensor ids */
+  int dtype;
+} DuetStep;
+
+/* Runtime scalars passed to every kernel (double s[DUET_S_COUNT]). */
+enum {
+  DUET_S_LR, DUET_S_WEIGHT_DECAY, DUET_S_BETA1, DUET_S_BETA2, DUET_S_EPS, DUET_S_MOMENTUM,
+  DUET_S_STEP_SIZE,   /* AdamW: lr / (1 - beta1^t) */
+  DUET_S_BC2_SQRT,    /* AdamW: sqrt(1 - beta2^t) */
+  DUET_S_N_VALID,     /* eval: rows of the batch that hold real samples */
+  DUET_S_COUNT
+};
+
+typedef void (*DuetKernelFn)(void *const *t, const double *s);
+
+enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1 };
+enum { DUET_OPTIM_ADAMW = 0, DUET_OPTIM_SGD = 1 };
+
+/* Training settings: the program's defaults (from the train section),
+ * overridden by command-line flags. */
+typedef struct DuetConfig {
+  int data;
+  const char *data_path;
+  int optimizer;
+  double lr, weight_decay, beta1, beta2, eps, momentum;
+  int64_t batch, epochs, steps, log_every;
+  uint64_t seed;
+  int eval;
+  int threads;             /* 0: all cores */
+  const char *metrics_path;
+  int64_t train_subset, test_subset; /* 0: whole split */
+  int quiet;
+} DuetConfig;
+
+typedef struct DuetProgram {
+  int api_version;
+  const char *model_name;
+  int n_tensors;
+  const DuetTensor *tensors;
+  int n_kernels;
+  int n_train, n_eval, n_grad;
+  const DuetStep *train; /* forward, backward, optimizer */
+  const DuetStep *eval;  /* forward, metrics */
+  const DuetStep *grad;  /* forward, backward (gradient tests) */
+  int input_x, input_y;  /* tensor ids of the data inputs, -1 if none */
+  int loss, metrics;     /* tensor ids, -1 if none */
+  int n_classes;         /* logits' second dimension, 0 if no classifier */
+  int64_t region_bytes[DUET_MEM_COUNT];
+  int64_t gemm_flops;    /* per training step, 2*m*n*k summed */
+  DuetConfig defaults;
+} DuetProgram;
+
+/* -------------------------------------------------------------- devices */
+
+/* A device is reached only through this table (ggml's backend interface).
+ * Every function returns 0 on success or -1 after writing a message into
+ * dev->err. */
+typedef struct DuetDevice DuetDevice;
+typedef struct DuetDeviceOps {
+  int api_version;
+  const char *name;
+  void *(*alloc)(DuetDevice *d, size_t bytes);   /* zeroed, 64-byte aligned */
+  void (*free)(DuetDevice *d, void *p);
+  int (*copy_to_device)(DuetDevice *d, void *dst, const void *src, size_t bytes);
+  int (*copy_to_host)(DuetDevice *d, void *dst, const void *src, size_t bytes);
+  int (*launch)(DuetDevice *d, int kernel, void *const *t, const double *s);
+  int (*gemm)(DuetDevice *d, const DuetStep *st, void *const *t);
+  int (*sync)(DuetDevice *d);
+  void (*destroy)(DuetDevice *d);
+  int (*allreduce)(DuetDevice *d, void *buf, size_t n, int dtype); /* optional: NULL */
+} DuetDeviceOps;
+
+struct DuetDevice {
+  const DuetDeviceOps *ops;
+  void *ctx;
+  char err[512];
+};
+
+/* The CPU device: kernels are the given function pointers (n of them), GEMMs
+ * go through CBLAS (OpenBLAS).  `threads` sets the one OpenMP pool shared by
+ * kernels and OpenBLAS (0 = keep the default).  NULL when out of memory. */
+DuetDevice *duet_cpu_device(const DuetKernelFn *kernels, int n, int threads);
+
+/* ------------------------------------------------------------- sessions */
+
+/* A program loaded on a device: regions allocated (sizes from the planner)
+ * and the tensor pointer table built.  Params are initialised with
+ * config->seed. */
+typedef struct DuetSession DuetSession;
+DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetConfig *cfg,
+                              char *err, size_t errlen);
+void duet_session_free(DuetSession *s);
+/* Host-visible pointer to tensor `id` (the CPU device's memory). */
+void *duet_session_tensor(DuetSession *s, int id);
+/* Re-initialises every param (zeros optimizer state, step count). */
+void duet_session_init_params(DuetSession *s, uint64_t seed);
+/* Runs a schedule: DUET_RUN_TRAIN (one optimizer step; increments the step
+ * count), DUET_RUN_EVAL, DUET_RUN_GRAD.  0 on success, -1 with a message. */
+enum { DUET_RUN_TRAIN, DUET_RUN_EVAL, DUET_RUN_GRAD };
+int duet_session_run(DuetSession *s, int which);
+/* Number of rows of the current batch that hold real samples (eval). */
+void duet_session_set_valid(DuetSession *s, int64_t n_valid);
+const char *duet_session_error(const DuetSession *s);
+
+/* Training driver: parses flags (see duet_usage), loads data, trains, logs,
+ * evaluates.  Returns a process exit code. */
+int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *argv0, int argc, char **argv);
+/* Applies command-line flags to cfg; returns 0, 1 on a bad flag (printed),
+ * 2 when --help was printed. */
+int duet_parse_flags(DuetConfig *cfg, int64_t compiled_batch, int argc, char **argv);
+void duet_usage(const char *argv0, FILE *out);
+
+/* ----------------------------------------------------------------- data */
+
+/* A labelled image set: `images` f32 [n, rows*cols] scaled to [0, 1],
+ * `labels` i32 [n]. */
+typedef struct DuetDataset {
+  int64_t n;
+  int rows, cols;
+  float *images;
+  int32_t *labels;
+} DuetDataset;
+/* Loads an IDX image/label file pair (gzip-compressed, as Debian's
+ * dataset-fashion-mnist ships them; format: LeCun et al., "THE MNIST
+ * DATABASE", file formats section).  Returns 0, or -1 with a message naming
+ * the file in err. */
+int duet_load_idx(DuetDataset *ds, const char *images_path, const char *labels_path, char *err, size_t errlen);
+void duet_dataset_free(DuetDataset *ds);
+
+/* ------------------------------------------------------------------ rng */
+
+/* xoshiro256** (Blackman & Vigna 2018), seeded through splitmix64. */
+typedef struct DuetRng {
+  uint64_t s[4];
+} DuetRng;
+void duet_rng_seed(DuetRng *r, uint64_t seed, uint64_t stream);
+uint64_t duet_rng_next(DuetRng *r);
+double duet_rng_uniform(DuetRng *r);  /* [0, 1) with 53 random bits */
+double duet_rng_normal(DuetRng *r);   /* Box-Muller */
+
+#endif

@@ -1,0 +1,378 @@
+/* runtime/train.c: the training driver shared by `duet run` and compiled
+ * training executables: flags, data, the step loop, logging, evaluation. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "duet_rt.h"
+
+void duet_usage(const char *argv0, FILE *out) {
+  fprintf(out,
+          "usage: %s [flags]\n"
+          "Trains the model; flags override its train section.\n\n"
+          "  --epochs N         passes over the training set\n"
+          "  --steps N          optimizer steps (overrides --epochs)\n"
+          "  --lr X             learning rate\n"
+          "  --weight-decay X   decoupled (AdamW) or L2 (SGD) weight decay\n"
+          "  --batch N          batch size (fixed when the model was compiled)\n"
+          "  --seed N           seed of initialisation and shuffling\n"
+          "  --threads N        CPU threads for kernels and BLAS (default: all cores)\n"
+          "  --data DIR         data directory (default: the train section's)\n"
+          "  --metrics FILE     write JSON lines: {\"step\",\"loss\"} and {\"epoch\",\"test_accuracy\"}\n"
+          "  --log-every N      progress line every N steps\n"
+          "  --train-subset N   train on the first N training samples\n"
+          "  --test-subset N    evaluate on the first N test samples\n"
+          "  --no-eval          skip evaluation on the test split\n"
+          "  --quiet            print only the final result\n"
+          "  --help             this text\n",
+          argv0);
+}
+
+static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || end == s || *end || v < lo) {
+    fprintf(stderr, "duet: error: %s expects an integer >= %lld, got '%s'\n", flag, (long long)lo, s);
+    return 1;
+  }
+  *out = v;
+  return 0;
+}
+
+static int parse_f64(const char *flag, const char *s, double lo, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !isfinite(v) || v < lo) {
+    fprintf(stderr, "duet: error: %s expects a number >= %g, got '%s'\n", flag, lo, s);
+    return 1;
+  }
+  *out = v;
+  return 0;
+}
+
+int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **argv) {
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 2;
+    if (!strcmp(a, "--no-eval")) {
+      c->eval = 0;
+      continue;
+    }
+    if (!strcmp(a, "--quiet")) {
+      c->quiet = 1;
+      continue;
+    }
+    if (strncmp(a, "--", 2)) {
+      fprintf(stderr, "duet: error: unexpected argument '%s' (see --help)\n", a);
+      return 1;
+    }
+    char flag[64];
+    const char *val;
+    const char *eq = strchr(a, '=');
+    if (eq) {
+      snprintf(flag, sizeof flag, "%.*s", (int)(eq - a), a);
+      val = eq + 1;
+    } else {
+      snprintf(flag, sizeof flag, "%s", a);
+      if (i + 1 >= argc) {
+        fprintf(stderr, "duet: error: %s needs a value (see --help)\n", flag);
+        return 1;
+      }
+      val = argv[++i];
+    }
+    int64_t iv;
+    int rc = 0;
+    if (!strcmp(flag, "--epochs")) rc = parse_i64(flag, val, 1, &c->epochs), c->steps = rc ? c->steps : 0;
+    else if (!strcmp(flag, "--steps")) rc = parse_i64(flag, val, 1, &c->steps);
+    else if (!strcmp(flag, "--lr")) rc = parse_f64(flag, val, 0, &c->lr);
+    else if (!strcmp(flag, "--weight-decay")) rc = parse_f64(flag, val, 0, &c->weight_decay);
+    else if (!strcmp(flag, "--seed")) rc = parse_i64(flag, val, 0, &iv), c->seed = (uint64_t)iv;
+    else if (!strcmp(flag, "--threads")) rc = parse_i64(flag, val, 1, &iv), c->threads = (int)(iv > 1024 ? 1024 : iv);
+    else if (!strcmp(flag, "--log-every")) rc = parse_i64(flag, val, 1, &c->log_every);
+    else if (!strcmp(flag, "--train-subset")) rc = parse_i64(flag, val, 1, &c->train_subset);
+    else if (!strcmp(flag, "--test-subset")) rc = parse_i64(flag, val, 1, &c->test_subset);
+    else if (!strcmp(flag, "--data")) c->data_path = val;
+    else if (!strcmp(flag, "--metrics")) c->metrics_path = val;
+    else if (!strcmp(flag, "--batch")) {
+      rc = parse_i64(flag, val, 1, &iv);
+      if (!rc && iv != compiled_batch) {
+        fprintf(stderr,
+                "duet: error: this program was compiled for batch %" PRId64 "; recompile with "
+                "`duet compile M.model --batch %" PRId64 "` (duet run accepts --batch directly)\n",
+                compiled_batch, iv);
+        rc = 1;
+      }
+    } else {
+      fprintf(stderr, "duet: error: unknown flag '%s' (see --help)\n", flag);
+      rc = 1;
+    }
+    if (rc) return 1;
+  }
+  return 0;
+}
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void metrics_write(FILE *f, cJSON *obj) {
+  char *s = cJSON_PrintUnformatted(obj);
+  if (s) {
+    fprintf(f, "%s\n", s);
+    fflush(f);
+    cJSON_free(s);
+  }
+  cJSON_Delete(obj);
+}
+
+/* Copies samples idx[0..n) of ds into the x/y input tensors (zero rows and
+ * label 0 pad a short final batch). */
+static void fill_batch(DuetSession *s, const DuetProgram *p, const DuetDataset *ds, const int64_t *idx, int64_t n,
+                       int64_t batch) {
+  const DuetTensor *tx = &p->tensors[p->input_x];
+  int64_t px = (int64_t)ds->rows * ds->cols;
+  void *x = duet_session_tensor(s, p->input_x);
+  int32_t *y = duet_session_tensor(s, p->input_y);
+  for (int64_t r = 0; r < batch; r++) {
+    const float *src = r < n ? ds->images + idx[r] * px : NULL;
+    if (tx->dtype == DUET_F64) {
+      double *d = (double *)x + r * px;
+      for (int64_t j = 0; j < px; j++) d[j] = src ? src[j] : 0.0;
+    } else {
+      float *d = (float *)x + r * px;
+      if (src) memcpy(d, src, (size_t)px * sizeof *d);
+      else memset(d, 0, (size_t)px * sizeof *d);
+    }
+    y[r] = r < n ? ds->labels[idx[r]] : 0;
+  }
+}
+
+static double read_scalar(DuetSession *s, const DuetProgram *p, int id, int k) {
+  const void *m = duet_session_tensor(s, id);
+  return p->tensors[id].dtype == DUET_F64 ? ((const double *)m)[k] : ((const float *)m)[k];
+}
+
+typedef struct EvalResult {
+  int64_t correct, n;
+  double loss;
+} EvalResult;
+
+static int evaluate(DuetSession *s, const DuetProgram *p, const DuetDataset *ds, int64_t n, int64_t batch,
+                    EvalResult *res) {
+  int64_t *idx = malloc((size_t)batch * sizeof *idx);
+  if (!idx) return -1;
+  double correct = 0, nll = 0;
+  for (int64_t start = 0; start < n; start += batch) {
+    int64_t m = n - start < batch ? n - start : batch;
+    for (int64_t r = 0; r < m; r++) idx[r] = start + r;
+    fill_batch(s, p, ds, idx, m, batch);
+    duet_session_set_valid(s, m);
+    if (duet_session_run(s, DUET_RUN_EVAL)) {
+      free(idx);
+      return -1;
+    }
+    correct += read_scalar(s, p, p->metrics, 0);
+    nll += read_scalar(s, p, p->metrics, 1);
+  }
+  free(idx);
+  res->correct = (int64_t)(correct + 0.5);
+  res->n = n;
+  res->loss = nll / (double)n;
+  return 0;
+}
+
+static int check_labels(const DuetDataset *ds, int n_classes, const char *what) {
+  for (int64_t i = 0; i < ds->n; i++)
+    if (ds->labels[i] < 0 || ds->labels[i] >= n_classes) {
+      fprintf(stderr, "duet: error: %s label %d at index %" PRId64 " is outside the model's %d classes\n", what,
+              ds->labels[i], i, n_classes);
+      return 1;
+    }
+  return 0;
+}
+
+int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *argv0, int argc, char **argv) {
+  DuetConfig cfg = p->defaults;
+  int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
+  if (rc == 2) {
+    duet_usage(argv0, stdout);
+    return 0;
+  }
+  if (rc) return 1;
+  if (cfg.data != DUET_DATA_FASHION_MNIST || p->input_x < 0 || p->input_y < 0) {
+    fprintf(stderr, "duet: error: model `%s` has no data source: add `data = fashion_mnist(\"DIR\")` to its train "
+                    "section\n", p->model_name);
+    return 1;
+  }
+  char err[1024];
+  DuetDataset train = {0}, test = {0};
+  char ip[1024], lp[1024];
+  snprintf(ip, sizeof ip, "%s/train-images-idx3-ubyte.gz", cfg.data_path);
+  snprintf(lp, sizeof lp, "%s/train-labels-idx1-ubyte.gz", cfg.data_path);
+  if (duet_load_idx(&train, ip, lp, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return 1;
+  }
+  if (cfg.eval) {
+    snprintf(ip, sizeof ip, "%s/t10k-images-idx3-ubyte.gz", cfg.data_path);
+    snprintf(lp, sizeof lp, "%s/t10k-labels-idx1-ubyte.gz", cfg.data_path);
+    if (duet_load_idx(&test, ip, lp, err, sizeof err)) {
+      fprintf(stderr, "duet: error: %s\n", err);
+      duet_dataset_free(&train);
+      return 1;
+    }
+  }
+  int64_t px = (int64_t)train.rows * train.cols;
+  int64_t want_px = 1;
+  for (int d = 1; d < p->tensors[p->input_x].rank; d++) want_px *= p->tensors[p->input_x].shape[d];
+  rc = 1;
+  DuetDevice *dev = NULL;
+  DuetSession *s = NULL;
+  FILE *mf = NULL;
+  int64_t *perm = NULL;
+  if (px != want_px) {
+    fprintf(stderr, "duet: error: data has %" PRId64 " pixels per image, the model's input takes %" PRId64 "\n", px,
+            want_px);
+    goto out;
+  }
+  if (p->n_classes && (check_labels(&train, p->n_classes, "training") || check_labels(&test, p->n_classes, "test")))
+    goto out;
+  int64_t n_train = cfg.train_subset && cfg.train_subset < train.n ? cfg.train_subset : train.n;
+  int64_t n_test = cfg.test_subset && cfg.test_subset < test.n ? cfg.test_subset : test.n;
+  int64_t B = p->defaults.batch;
+  int64_t per_epoch = n_train / B;
+  if (per_epoch < 1) {
+    fprintf(stderr, "duet: error: batch %" PRId64 " is larger than the %" PRId64 " training samples\n", B, n_train);
+    goto out;
+  }
+  int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
+  if (!(dev = duet_cpu_device(kernels, p->n_kernels, cfg.threads))) {
+    fprintf(stderr, "duet: error: out of host memory\n");
+    goto out;
+  }
+  if (!(s = duet_session_new(p, dev, &cfg, err, sizeof err))) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    goto out;
+  }
+  if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
+    fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));
+    goto out;
+  }
+  int64_t n_params = 0;
+  for (int i = 0; i < p->n_tensors; i++)
+    if (p->tensors[i].region == DUET_MEM_PARAM) {
+      int64_t e = 1;
+      for (int d = 0; d < p->tensors[i].rank; d++) e *= p->tensors[i].shape[d];
+      n_params += e;
+    }
+  if (!cfg.quiet) {
+    printf("duet: %s: %" PRId64 " parameters, %s lr %g, batch %" PRId64 ", %" PRId64 " steps (%" PRId64
+           " per epoch), seed %" PRIu64 "\n",
+           p->model_name, n_params, cfg.optimizer == DUET_OPTIM_SGD ? "sgd" : "adamw", cfg.lr, B, total, per_epoch,
+           cfg.seed);
+    printf("duet: memory: params %.1f MiB, optimizer state %.1f MiB, activations %.1f MiB (planned)\n",
+           (double)p->region_bytes[DUET_MEM_PARAM] / 1048576.0, (double)p->region_bytes[DUET_MEM_STATE] / 1048576.0,
+           (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
+    fflush(stdout);
+  }
+  perm = malloc((size_t)n_train * sizeof *perm);
+  if (!perm) {
+    fprintf(stderr, "duet: error: out of host memory\n");
+    goto out;
+  }
+  double t_log = now_seconds(), t_start = t_log, t_eval = 0;
+  int64_t since_log = 0;
+  EvalResult last = {0};
+  int evaluated = 0;
+  for (int64_t step = 0, epoch = 1; step < total; epoch++) {
+    DuetRng r;
+    duet_rng_seed(&r, cfg.seed, 0x5348554646ull + (uint64_t)epoch); /* Fisher-Yates shuffle per epoch */
+    for (int64_t i = 0; i < n_train; i++) perm[i] = i;
+    for (int64_t i = n_train - 1; i > 0; i--) {
+      int64_t j = (int64_t)(duet_rng_next(&r) % (uint64_t)(i + 1));
+      int64_t t = perm[i];
+      perm[i] = perm[j];
+      perm[j] = t;
+    }
+    for (int64_t b = 0; b < per_epoch && step < total; b++) {
+      fill_batch(s, p, &train, perm + b * B, B, B);
+      if (duet_session_run(s, DUET_RUN_TRAIN)) {
+        fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
+        goto out;
+      }
+      step++;
+      since_log++;
+      double loss = read_scalar(s, p, p->loss, 0);
+      if (!isfinite(loss)) {
+        fprintf(stderr, "duet: error: loss is %s at step %" PRId64 ": training diverged (try a lower --lr)\n",
+                isnan(loss) ? "NaN" : "infinite", step);
+        goto out;
+      }
+      if (step % cfg.log_every == 0 || step == total) {
+        double t = now_seconds();
+        if (!cfg.quiet)
+          printf("epoch %" PRId64 " step %" PRId64 "/%" PRId64 " | loss %.6f | %.0f samples/s\n", epoch, step, total,
+                 loss, (double)(since_log * B) / (t - t_log));
+        fflush(stdout);
+        if (mf) {
+          cJSON *o = cJSON_CreateObject();
+          cJSON_AddNumberToObject(o, "step", (double)step);
+          cJSON_AddNumberToObject(o, "loss", loss);
+          metrics_write(mf, o);
+        }
+        t_log = now_seconds();
+        since_log = 0;
+      }
+    }
+    bool epoch_done = step % per_epoch == 0 || step == total;
+    if (cfg.eval && epoch_done && p->metrics >= 0) {
+      double te = now_seconds();
+      if (evaluate(s, p, &test, n_test, B, &last)) {
+        fprintf(stderr, "duet: error: evaluation: %s\n", duet_session_error(s));
+        goto out;
+      }
+      evaluated = 1;
+      if (!cfg.quiet)
+        printf("epoch %" PRId64 " | test accuracy %.2f%% (%" PRId64 "/%" PRId64 ") | test loss %.4f\n", epoch,
+               100.0 * (double)last.correct / (double)last.n, last.correct, last.n, last.loss);
+      fflush(stdout);
+      if (mf) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "epoch", (double)epoch);
+        cJSON_AddNumberToObject(o, "test_accuracy", (double)last.correct / (double)last.n);
+        cJSON_AddNumberToObject(o, "test_loss", last.loss);
+        metrics_write(mf, o);
+      }
+      double dt = now_seconds() - te;
+      t_eval += dt;
+      t_log += dt;
+    }
+  }
+  double elapsed = now_seconds() - t_start - t_eval;
+  printf("duet: trained %" PRId64 " steps in %.1f s (%.0f samples/s)", total, elapsed,
+         (double)(total * B) / elapsed);
+  if (evaluated)
+    printf("; test accuracy %.2f%%", 100.0 * (double)last.correct / (double)last.n);
+  printf("\n");
+  rc = 0;
+out:
+  if (mf && fclose(mf)) {
+    fprintf(stderr, "duet: error: writing metrics file %s failed\n", cfg.metrics_path);
+    rc = 1;
+  }
+  free(perm);
+  duet_session_free(s);
+  if (dev) dev->ops->destroy(dev);
+  duet_dataset_free(&train);
+  duet_dataset_free(&test);
+  return rc;
+}
