@@ -80,8 +80,12 @@ static int cmd_run(int argc, char **argv) {
     duet_usage("duet run M.model", stdout);
     return argc < 1 ? 1 : 0;
   }
+  /* reject bad flags before compiling anything */
+  int64_t batch = scan_batch(argc - 1, argv + 1);
+  DuetConfig probe = {0};
+  if (duet_parse_flags(&probe, batch, argc - 1, argv + 1)) return 1;
   Compiled c;
-  int rc = compile_model(&c, argv[0], scan_batch(argc - 1, argv + 1), NULL, NULL);
+  int rc = compile_model(&c, argv[0], batch, NULL, NULL);
   if (rc) {
     compiled_free(&c);
     return 1;

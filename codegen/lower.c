@@ -152,19 +152,16 @@ static int lower_optimizer(Lower *L, Value *v) {
   int bp = add_buf(k, tid(L, v->in[0]), v->in[0]->dtype, s, s);
   int bg = add_buf(k, tid(L, v->in[1]), v->in[1]->dtype, s, s);
   int p = ins(&b, KI_LOAD, bp, 0, 0), g = ins(&b, KI_LOAD, bg, 0, 0);
-  int one = ins(&b, KI_CONST, 0, 0, 1.0);
-  int lr = ins(&b, KI_SCALAR, DUET_S_LR, 0, 0), wd = ins(&b, KI_SCALAR, DUET_S_WEIGHT_DECAY, 0, 0);
   if (v->op == OP_ADAMW) {
     int bm = add_buf(k, tid(L, v->in[2]), v->in[2]->dtype, s, s);
     int bv = add_buf(k, tid(L, v->in[3]), v->in[3]->dtype, s, s);
     int m = ins(&b, KI_LOAD, bm, 0, 0), vv = ins(&b, KI_LOAD, bv, 0, 0);
-    int b1 = ins(&b, KI_SCALAR, DUET_S_BETA1, 0, 0), b2 = ins(&b, KI_SCALAR, DUET_S_BETA2, 0, 0);
-    int eps = ins(&b, KI_SCALAR, DUET_S_EPS, 0, 0);
+    int b2 = ins(&b, KI_SCALAR, DUET_S_BETA2, 0, 0), eps = ins(&b, KI_SCALAR, DUET_S_EPS, 0, 0);
+    int omb1 = ins(&b, KI_SCALAR, DUET_S_ONE_MINUS_BETA1, 0, 0), omb2 = ins(&b, KI_SCALAR, DUET_S_ONE_MINUS_BETA2, 0, 0);
     int ss = ins(&b, KI_SCALAR, DUET_S_STEP_SIZE, 0, 0), bc2 = ins(&b, KI_SCALAR, DUET_S_BC2_SQRT, 0, 0);
-    int p1 = ins(&b, KI_MUL, p, ins(&b, KI_SUB, one, ins(&b, KI_MUL, lr, wd, 0), 0), 0);
-    int m1 = ins(&b, KI_ADD, m, ins(&b, KI_MUL, ins(&b, KI_SUB, g, m, 0), ins(&b, KI_SUB, one, b1, 0), 0), 0);
-    int v1 = ins(&b, KI_ADD, ins(&b, KI_MUL, b2, vv, 0),
-                 ins(&b, KI_MUL, ins(&b, KI_SUB, one, b2, 0), ins(&b, KI_MUL, g, g, 0), 0), 0);
+    int p1 = ins(&b, KI_MUL, p, ins(&b, KI_SCALAR, DUET_S_DECAY, 0, 0), 0);
+    int m1 = ins(&b, KI_ADD, m, ins(&b, KI_MUL, ins(&b, KI_SUB, g, m, 0), omb1, 0), 0);
+    int v1 = ins(&b, KI_ADD, ins(&b, KI_MUL, b2, vv, 0), ins(&b, KI_MUL, omb2, ins(&b, KI_MUL, g, g, 0), 0), 0);
     int den = ins(&b, KI_ADD, ins(&b, KI_DIV, ins(&b, KI_SQRT, v1, 0, 0), bc2, 0), eps, 0);
     int p2 = ins(&b, KI_SUB, p1, ins(&b, KI_MUL, ss, ins(&b, KI_DIV, m1, den, 0), 0), 0);
     ins(&b, KI_STORE, bm, m1, 0);
@@ -174,6 +171,7 @@ static int lower_optimizer(Lower *L, Value *v) {
     int bm = add_buf(k, tid(L, v->in[2]), v->in[2]->dtype, s, s);
     int buf = ins(&b, KI_LOAD, bm, 0, 0);
     int mom = ins(&b, KI_SCALAR, DUET_S_MOMENTUM, 0, 0);
+    int lr = ins(&b, KI_SCALAR, DUET_S_LR, 0, 0), wd = ins(&b, KI_SCALAR, DUET_S_WEIGHT_DECAY, 0, 0);
     int d = ins(&b, KI_ADD, g, ins(&b, KI_MUL, wd, p, 0), 0);
     int buf1 = ins(&b, KI_ADD, ins(&b, KI_MUL, mom, buf, 0), d, 0);
     int p1 = ins(&b, KI_SUB, p, ins(&b, KI_MUL, lr, buf1, 0), 0);

@@ -185,8 +185,10 @@ static double want_num(Elab *e, EVal v, const char *what) {
 
 static int64_t want_int(Elab *e, EVal v, const char *what, int64_t lo) {
   double x = want_num(e, v, what);
-  if (x != floor(x) || fabs(x) > 9.0e18)
+  if (x != floor(x))
     diag_error(e->d, v.loc, "%s must be an integer, got %.17g", what, x);
+  if (fabs(x) > 9.0e18)
+    diag_error(e->d, v.loc, "%s is out of range: %.17g (the limit is 9e18)", what, x);
   if ((int64_t)x < lo)
     diag_error(e->d, v.loc, "%s must be at least %lld, got %lld", what, (long long)lo, (long long)x);
   return (int64_t)x;
@@ -489,23 +491,6 @@ static EVal call_block(Elab *e, Scope *s, const Node *blk, const Node *call) {
   for (Active *a = e->active; a; a = a->up)
     if (a->block == blk)
       diag_error(e->d, call->loc, "block `%s` calls itself (recursion is not allowed)", blk->name);
-  /* parameter name: <prefix><block><count>. */
-  const char *key = arena_printf(e->a, "%s%s", s->prefix, blk->name);
-  Counter *c = e->counters;
-  while (c && strcmp(c->key, key)) c = c->next;
-  if (!c) {
-    c = arena_alloc(e->a, sizeof *c);
-    c->key = key;
-    c->next = e->counters;
-    e->counters = c;
-  }
-  c->n++;
-  Scope inner = {.parent = NULL, .prefix = arena_printf(e->a, "%s%d.", key, c->n)};
-  /* the block sees the globals (top-level scope) and its own names */
-  Scope *global = s;
-  while (global->parent) global = global->parent;
-  inner.parent = global;
-
   int n_par = blk->args.n, pos = 0;
   EVal *vals = arena_alloc(e->a, (size_t)(n_par + 1) * sizeof *vals);
   bool *set = arena_alloc(e->a, (size_t)(n_par + 1) * sizeof *set);
@@ -531,6 +516,24 @@ static EVal call_block(Elab *e, Scope *s, const Node *blk, const Node *call) {
     }
     set[idx] = true;
   }
+  /* parameter name: <prefix><block><count>.  Counted after the arguments are
+   * evaluated, so that in f(f(x)) the inner call, which runs first, is f1. */
+  const char *key = arena_printf(e->a, "%s%s", s->prefix, blk->name);
+  Counter *c = e->counters;
+  while (c && strcmp(c->key, key)) c = c->next;
+  if (!c) {
+    c = arena_alloc(e->a, sizeof *c);
+    c->key = key;
+    c->next = e->counters;
+    e->counters = c;
+  }
+  c->n++;
+  Scope inner = {.parent = NULL, .prefix = arena_printf(e->a, "%s%d.", key, c->n)};
+  /* the block sees the globals (top-level scope) and its own names */
+  Scope *global = s;
+  while (global->parent) global = global->parent;
+  inner.parent = global;
+
   Active act = {blk, e->active};
   e->active = &act;
   int i = 0;

@@ -84,10 +84,11 @@ void arena_free(Arena *a) {
 
 /* ---------------------------------------------------------- diagnostics */
 
+/* Lines end at "\n", "\r\n" or a lone "\r", as in the lexer. */
 static const char *line_start(const Source *s, int line, size_t *len) {
   const char *p = s->text, *end = s->text + s->len;
   for (int l = 1; l < line && p < end; p++)
-    if (*p == '\n') l++;
+    if (*p == '\n' || (*p == '\r' && (p + 1 == end || p[1] != '\n'))) l++;
   const char *q = p;
   while (q < end && *q != '\n' && *q != '\r') q++;
   *len = (size_t)(q - p);
@@ -104,6 +105,31 @@ int source_char_col(const Source *s, int line, int col) {
   /* a column past the end of the line counts one character per byte */
   if ((size_t)(col - 1) > len) chars += col - 1 - (int)len;
   return chars;
+}
+
+/* Terminal columns taken by the UTF-8 character at p (n bytes left): 2 for
+ * East Asian wide characters and emoji, 0 for combining marks, else 1 (after
+ * Markus Kuhn's wcwidth; the C library's needs a UTF-8 locale). */
+static int utf8_width(const char *p, size_t n) {
+  const unsigned char *u = (const unsigned char *)p;
+  int len = u[0] >= 0xF0 ? 4 : u[0] >= 0xE0 ? 3 : u[0] >= 0xC0 ? 2 : 1;
+  if ((size_t)len > n) return 1;
+  uint32_t c = len == 1 ? u[0] : (uint32_t)u[0] & (0x7Fu >> len);
+  for (int k = 1; k < len; k++) {
+    if ((u[k] & 0xC0) != 0x80) return 1;
+    c = c << 6 | (u[k] & 0x3Fu);
+  }
+  if ((c >= 0x300 && c <= 0x36F) || (c >= 0x200B && c <= 0x200F) || (c >= 0xFE00 && c <= 0xFE0F) ||
+      (c >= 0x20D0 && c <= 0x20FF))
+    return 0;
+  if ((c >= 0x1100 && c <= 0x115F) || c == 0x2329 || c == 0x232A ||
+      (c >= 0x2E80 && c <= 0xA4CF && c != 0x303F) || (c >= 0xAC00 && c <= 0xD7A3) ||
+      (c >= 0xF900 && c <= 0xFAFF) || (c >= 0xFE10 && c <= 0xFE19) || (c >= 0xFE30 && c <= 0xFE6F) ||
+      (c >= 0xFF00 && c <= 0xFF60) || (c >= 0xFFE0 && c <= 0xFFE6) || (c >= 0x1F300 && c <= 0x1F64F) ||
+      (c >= 0x1F680 && c <= 0x1F6FF) || (c >= 0x1F900 && c <= 0x1F9FF) ||
+      (c >= 0x20000 && c <= 0x3FFFD))
+    return 2;
+  return 1;
 }
 
 void diag_vreport(Diag *d, Loc loc, const char *kind, const char *fmt, va_list ap) {
@@ -126,11 +152,17 @@ void diag_vreport(Diag *d, Loc loc, const char *kind, const char *fmt, va_list a
   if (len > max_show && (size_t)loc.col > max_show / 2) from = (size_t)loc.col - max_show / 2;
   while (from > 0 && from < len && ((unsigned char)p[from] & 0xC0) == 0x80) from--;
   size_t to = len - from > max_show ? from + max_show : len;
-  fprintf(out, "  %s%.*s\n  %s", from ? "..." : "", (int)(to - from), p + from, from ? "   " : "");
+  fprintf(out, "  %s", from ? "..." : "");
+  for (size_t i = from; i < to; i++) { /* control characters would drive the terminal */
+    unsigned char c = (unsigned char)p[i];
+    fputc(c == '\t' || (c >= 0x20 && c != 0x7F) ? c : '?', out);
+  }
+  fprintf(out, "%s\n  %s", to < len ? "..." : "", from ? "   " : "");
   for (size_t i = from; i < (size_t)(loc.col - 1) && i < to; i++) {
     unsigned char c = (unsigned char)p[i];
     if ((c & 0xC0) == 0x80) continue; /* UTF-8 continuation: no column */
-    fputc(c == '\t' ? '\t' : ' ', out);
+    if (c == '\t') fputc('\t', out);
+    else for (int w = c < 0x80 ? 1 : utf8_width(p + i, to - i); w > 0; w--) fputc(' ', out);
   }
   fputs("^\n", out);
 }

@@ -283,6 +283,9 @@ int duet_session_run(DuetSession *s, int which) {
     s->s[DUET_S_MOMENTUM] = c->momentum;
     s->s[DUET_S_STEP_SIZE] = c->lr / (1.0 - pow(c->beta1, (double)t));
     s->s[DUET_S_BC2_SQRT] = sqrt(1.0 - pow(c->beta2, (double)t));
+    s->s[DUET_S_ONE_MINUS_BETA1] = 1.0 - c->beta1;
+    s->s[DUET_S_ONE_MINUS_BETA2] = 1.0 - c->beta2;
+    s->s[DUET_S_DECAY] = 1.0 - c->lr * c->weight_decay;
   }
   DuetDevice *d = s->dev;
   for (int i = 0; i < n; i++) {

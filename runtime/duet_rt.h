@@ -62,6 +62,8 @@ enum {
   DUET_S_STEP_SIZE,   /* AdamW: lr / (1 - beta1^t) */
   DUET_S_BC2_SQRT,    /* AdamW: sqrt(1 - beta2^t) */
   DUET_S_N_VALID,     /* eval: rows of the batch that hold real samples */
+  DUET_S_ONE_MINUS_BETA1, DUET_S_ONE_MINUS_BETA2, /* computed in double, as PyTorch */
+  DUET_S_DECAY,       /* 1 - lr * weight_decay */
   DUET_S_COUNT
 };
 

@@ -1,0 +1,38 @@
+# duet: the two set-up commands are `make train` and `make test`.
+BUILD    ?= build
+JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
+PACKAGES  = cmake make gcc libc6-dev flex bison libopenblas-openmp-dev libcjson-dev zlib1g-dev \
+            dataset-fashion-mnist gzip
+BENCH_PACKAGES = python3-torch python3-numpy
+
+.PHONY: all deps build train test test-asan bench clean
+
+all: build
+
+deps:
+	@sh tools/deps.sh $(PACKAGES)
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+	@cmake --build $(BUILD) -j$(JOBS)
+
+# Trains the default model on real data (Fashion-MNIST) on the CPU.
+train: build
+	$(BUILD)/duet run models/fmnist_mlp.model
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+
+# The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer.
+test-asan: deps
+	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=ON > /dev/null
+	@cmake --build $(BUILD)-asan -j$(JOBS)
+	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
+
+# Throughput against PyTorch on the same cores (not a test).
+bench: build
+	@sh tools/deps.sh $(BENCH_PACKAGES)
+	sh bench/run.sh
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan

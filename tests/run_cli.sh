@@ -1,0 +1,53 @@
+#!/bin/sh
+# The CLI's behaviour on help, bad flags, missing and corrupt data: exit
+# codes and exact messages.
+# usage: run_cli.sh path/to/duet   (from the repository root)
+DUET=${1:?usage: run_cli.sh path/to/duet}
+d=${TMPDIR:-/tmp}/duet-cli.$$
+mkdir -p "$d" || exit 1
+trap 'rm -rf "$d"' EXIT
+pass=0 fail=0
+# expect NAME RC "a whole line of the output" command...
+expect() {
+  name=$1 want_rc=$2 want=$3; shift 3
+  out=$("$@" 2>&1); rc=$?
+  first=$(printf '%s\n' "$out" | grep -v '^duet: kernels' | head -1)
+  if [ "$rc" -eq "$want_rc" ] && printf '%s\n' "$out" | grep -Fxq -- "$want"; then
+    echo "ok $name"; pass=$((pass + 1))
+  else
+    echo "FAIL $name: exit $rc (want $want_rc)"; echo "  got:  $first"; echo "  want: $want"; fail=$((fail + 1))
+  fi
+}
+M=models/fmnist_mlp.model
+expect no_args 1 "usage: duet <command> [args]" "$DUET"
+expect help 0 "usage: duet <command> [args]" "$DUET" help
+expect unknown_command 1 "duet: error: unknown command 'frob'" "$DUET" frob
+expect run_help 0 "usage: duet run M.model [flags]" "$DUET" run --help
+expect compile_help 0 "usage: duet compile M.model -o EXE [--batch N]" "$DUET" compile --help
+expect ir_help 0 "usage: duet ir M.model [--after PASS]" "$DUET" ir --help
+expect emit_help 0 "usage: duet emit M.model [--target c]" "$DUET" emit --help
+expect check_help 0 "usage: duet check M.model" "$DUET" check --help
+expect missing_model 1 "nofile.model: error: cannot open file: No such file or directory" "$DUET" check nofile.model
+expect unknown_pass 1 "duet: error: unknown pass 'nosuch'; passes: shape autodiff optimizer eval fuse memplan" \
+  "$DUET" ir $M --after nosuch
+expect unknown_target 1 "duet: error: unknown target 'cuda' (available: c)" "$DUET" emit $M --target cuda
+expect bad_lr 1 "duet: error: --lr expects a number >= 0, got 'abc'" "$DUET" run $M --lr abc
+expect bad_steps 1 "duet: error: --steps expects an integer >= 1, got '0'" "$DUET" run $M --steps 0
+expect unknown_flag 1 "duet: error: unknown flag '--frob' (see --help)" "$DUET" run $M --frob 1
+expect missing_value 1 "duet: error: --epochs needs a value (see --help)" "$DUET" run $M --epochs
+expect missing_data 1 "duet: error: cannot open /nonexistent/train-images-idx3-ubyte.gz: No such file or directory (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
+  "$DUET" run $M --data /nonexistent --steps 1
+# corrupt data: wrong magic, then a truncated file
+mkdir -p "$d/bad" "$d/short"
+printf 'not an idx file at all' | gzip > "$d/bad/train-images-idx3-ubyte.gz"
+cp /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz "$d/bad/"
+expect corrupt_magic 1 "duet: error: corrupt IDX file $d/bad/train-images-idx3-ubyte.gz: magic 0x6e6f7420, expected 0x00000803 (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
+  "$DUET" run $M --data "$d/bad" --steps 1
+gzip -dc /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz | head -c 100000 | gzip > "$d/short/train-images-idx3-ubyte.gz"
+cp /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz "$d/short/"
+expect truncated 1 "duet: error: corrupt IDX file $d/short/train-images-idx3-ubyte.gz: file ends early (truncated) (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
+  "$DUET" run $M --data "$d/short" --steps 1
+expect metrics_unwritable 1 "duet: error: cannot write metrics file /nonexistent/m.jsonl: No such file or directory" \
+  "$DUET" run $M --steps 1 --metrics /nonexistent/m.jsonl
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,34 @@
+#!/bin/sh
+# Golden files: the IR printer after chosen passes and the C emitter, for
+# every model in models/.  UPDATE_GOLDEN=1 rewrites them (for deliberate
+# changes; review the diff before committing).
+# usage: run_golden.sh path/to/duet   (from the repository root)
+DUET=${1:?usage: run_golden.sh path/to/duet}
+pass=0 fail=0
+check() { # name command...
+  name=$1; shift
+  out=$("$@" 2>&1); rc=$?
+  file=tests/golden/$name
+  if [ "$UPDATE_GOLDEN" = 1 ]; then
+    printf '%s\n' "$out" > "$file"; echo "updated $file"; pass=$((pass + 1)); return
+  fi
+  if [ $rc -ne 0 ]; then
+    echo "FAIL $name: exit $rc"; printf '%s\n' "$out" | head -20; fail=$((fail + 1)); return
+  fi
+  if printf '%s\n' "$out" | diff -u "$file" - > /tmp/duet-golden.$$; then
+    echo "ok $name"; pass=$((pass + 1))
+  else
+    echo "FAIL $name (UPDATE_GOLDEN=1 to accept)"; head -40 /tmp/duet-golden.$$; fail=$((fail + 1))
+  fi
+  rm -f /tmp/duet-golden.$$
+}
+mkdir -p tests/golden
+for m in models/*.model; do
+  base=$(basename "$m" .model)
+  for p in shape autodiff fuse memplan; do
+    check "$base.$p.ir" "$DUET" ir "$m" --after $p
+  done
+  check "$base.c" "$DUET" emit "$m" --target c
+done
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

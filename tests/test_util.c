@@ -1,0 +1,58 @@
+/* tests/test_util.c */
+#include "test_util.h"
+
+#include <string.h>
+
+int tmodel_open(TModel *t, const char *name, const char *text, DType float_dtype) {
+  memset(t, 0, sizeof *t);
+  t->arena = arena_new(1 << 16); /* small chunks: exercises the arena's growth */
+  t->diag.out = stderr;
+  Source *src = arena_alloc(t->arena, sizeof *src);
+  src->name = name;
+  src->text = text;
+  src->len = strlen(text);
+  FrontendOptions fo = {.float_dtype = float_dtype};
+  t->g = frontend_compile(t->arena, &t->diag, src, &fo);
+  if (!t->g) return 1;
+  PassCtx pc = {.diag = &t->diag, .verify = true};
+  if (passes_run(t->g, &pc)) return 1;
+  t->cp = codegen_lower(t->g, t->arena);
+  char *csrc = codegen_emit_c(t->cp, t->arena);
+  char err[8192];
+  if (jit_load(csrc, &t->jit, err, sizeof err)) {
+    fprintf(stderr, "%s: %s\n", name, err);
+    return 1;
+  }
+  t->dev = duet_cpu_device(t->jit.fns, t->jit.n, 0);
+  DuetConfig cfg = t->cp->prog.defaults;
+  t->s = duet_session_new(&t->cp->prog, t->dev, &cfg, err, sizeof err);
+  if (!t->s) {
+    fprintf(stderr, "%s: %s\n", name, err);
+    return 1;
+  }
+  return 0;
+}
+
+void tmodel_close(TModel *t) {
+  duet_session_free(t->s);
+  if (t->dev) t->dev->ops->destroy(t->dev);
+  jit_unload(&t->jit);
+  arena_free(t->arena);
+  memset(t, 0, sizeof *t);
+}
+
+int tmodel_tensor(const TModel *t, const Value *v) { return t->cp->tensor_of[v->id]; }
+
+Value *tmodel_param(const TModel *t, const char *name) {
+  for (int i = 0; i < t->g->n_values; i++) {
+    Value *v = t->g->values[i];
+    if (v->op == OP_PARAM && !strcmp(v->attr.name, name)) return v;
+  }
+  return NULL;
+}
+
+int check_close(const char *what, double got, double want, double atol, double rtol) {
+  if (fabs(got - want) <= atol + rtol * fabs(want)) return 0;
+  fprintf(stderr, "FAIL %s: got %.17g, want %.17g (atol %g, rtol %g)\n", what, got, want, atol, rtol);
+  return 1;
+}
