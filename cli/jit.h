@@ -18,7 +18,7 @@ typedef struct JitModule {
 
 /* Flags every kernel is compiled with, by `duet run` and `duet compile`
  * alike, so both paths run the same machine code. */
-#define DUET_KERNEL_CFLAGS "-std=c11", "-O2", "-march=native", "-fopenmp"
+#define DUET_KERNEL_CFLAGS "-std=c11", "-O2", "-march=native", "-fopenmp", "-fno-math-errno"
 
 /* Compiler to use: $DUET_CC, else "cc". */
 const char *jit_cc(void);
