@@ -18,6 +18,8 @@ typedef enum KOp {
   KI_ADD, KI_SUB, KI_MUL, KI_DIV, /* a, b: instructions */
   KI_NEG, KI_RELU, KI_SQRT,       /* a */
   KI_RELU_GRAD,                   /* a: dy, b: x -> x > 0 ? dy : 0 */
+  KI_GELU,                        /* a: tanh approximation (as GPT-2) */
+  KI_GELU_GRAD,                   /* a: dy, b: x */
   KI_STORE,  /* a: buffer, b: instruction */
 } KOp;
 
@@ -37,6 +39,7 @@ typedef struct KIndexTerm {
 #define KMAX_BUFS 32
 typedef struct KBuf {
   int tensor; /* runtime tensor id */
+  int64_t base; /* element offset added to every index (slices) */
   DType dtype;
   int n_terms;
   KIndexTerm terms[IR_MAX_RANK];
@@ -48,6 +51,13 @@ typedef enum KernelKind {
   KK_XENT_FWD,    /* bufs: logits [rows,cols], labels [rows], out []: mean NLL */
   KK_XENT_BWD,    /* bufs: logits, labels, dloss [], out [rows,cols] */
   KK_EVAL_METRICS,/* bufs: logits, labels, out [2] = {correct, summed NLL} */
+  KK_EMBED_FWD,   /* bufs: table [outer=V, cols], idx [rows], out [rows, cols] */
+  KK_EMBED_BWD,   /* bufs: dy [rows, cols], idx [rows], out [V, cols] (scatter-add) */
+  KK_NORM_FWD,    /* bufs: x [rows, cols], out: (x - mean) / sqrt(var + eps) per row */
+  KK_NORM_BWD,    /* bufs: dy, x, out = dx */
+  KK_ATTN_FWD,    /* bufs: q, k, v [batch, time, cols], out */
+  KK_ATTN_BWD,    /* bufs: dy, q, k, v, out [3, batch, time, cols] = dq, dk, dv */
+  KK_TRANSPOSE,   /* bufs: in [rows, cols], out [cols, rows] */
 } KernelKind;
 
 typedef struct Kernel {
@@ -61,7 +71,10 @@ typedef struct Kernel {
   KInstr *ins;
   int64_t outer, red, inner; /* KK_REDUCE */
   double scale;
-  int64_t rows, cols;        /* KK_XENT_*, KK_EVAL_METRICS */
+  int64_t rows, cols;        /* row kernels: rows of `cols` elements */
+  double eps;                /* KK_NORM_* */
+  int64_t batch, time, heads;/* KK_ATTN_* */
+  bool causal;               /* KK_ATTN_* */
 } Kernel;
 
 /* A lowered model: the runtime program (tables allocated in the arena) and

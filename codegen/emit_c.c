@@ -48,6 +48,7 @@ static const char *ctype(DType t) {
 #define PAR_MIN 32768
 
 static void index_expr(Buf *b, const KBuf *kb) {
+  if (kb->base) bprintf(b, "%" PRId64 " + ", kb->base);
   if (kb->n_terms == 0) {
     bprintf(b, "0");
     return;
@@ -85,6 +86,7 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
   else bprintf(b, "  #pragma omp simd\n");
   bprintf(b, "  for (int64_t i = 0; i < %" PRId64 "; i++) {\n", k->n);
   const char *sq = k->dtype == DT_F32 ? "sqrtf" : "sqrt";
+  const char *th = k->dtype == DT_F32 ? "tanhf" : "tanh";
   for (int i = 0; i < k->n_ins; i++) {
     const KInstr *x = &k->ins[i];
     if (x->op == KI_STORE) {
@@ -110,6 +112,16 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
     case KI_RELU: bprintf(b, "r%d < 0 ? 0 : r%d", x->a, x->a); break; /* NaN passes through */
     case KI_RELU_GRAD: bprintf(b, "r%d > 0 ? r%d : 0", x->b, x->a); break;
     case KI_SQRT: bprintf(b, "%s(r%d)", sq, x->a); break;
+    /* GELU, tanh approximation (Hendrycks & Gimpel 2016, as GPT-2):
+     *   0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+     * d/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2) */
+    case KI_GELU:
+      bprintf(b, "(%s)0.5 * r%d * (1 + %s((%s)0.7978845608028654 * (r%d + (%s)0.044715 * r%d * r%d * r%d)))", T,
+              x->a, th, T, x->a, T, x->a, x->a, x->a);
+      break;
+    case KI_GELU_GRAD:
+      bprintf(b, "gelu_grad_%s(r%d, r%d)", T, x->a, x->b);
+      break;
     default: unreachable();
     }
     bprintf(b, ";\n");
@@ -203,10 +215,157 @@ static void emit_rows(Buf *b, const Kernel *k) {
   }
 }
 
+#define BUF(i, cst) cst, T, cst, T, k->bufs[i].tensor
+
+static void emit_embed(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  int64_t R = k->rows, C = k->cols, V = k->outer;
+  if (k->kind == KK_EMBED_FWD) {
+    bprintf(b, "  %s%s *tab = (%s%s *)t[%d];\n", BUF(0, "const "));
+    bprintf(b, "  const int32_t *ix = (const int32_t *)t[%d];\n  %s *out = (%s *)t[%d];\n", k->bufs[1].tensor, T, T,
+            k->bufs[2].tensor);
+    if (R * C >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+    bprintf(b, "  for (int64_t r = 0; r < %" PRId64 "; r++) {\n", R);
+    bprintf(b, "    const uint32_t id = (uint32_t)ix[r];\n");
+    bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) out[r * %" PRId64 " + c] = id < %" PRId64
+               "u ? tab[id * %" PRId64 " + c] : 0;\n  }\n", C, C, V, C);
+    return;
+  }
+  /* scatter-add, deterministic: each thread owns a block of columns and
+   * visits the rows in order */
+  int64_t CB = C < 64 ? C : 64, nb = (C + CB - 1) / CB;
+  bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
+  bprintf(b, "  const int32_t *ix = (const int32_t *)t[%d];\n  %s *out = (%s *)t[%d];\n", k->bufs[1].tensor, T, T,
+          k->bufs[2].tensor);
+  if (R * C >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t cb = 0; cb < %" PRId64 "; cb++) {\n", nb);
+  bprintf(b, "    const int64_t c0 = cb * %" PRId64 ", c1 = c0 + %" PRId64 " < %" PRId64 " ? c0 + %" PRId64 " : %" PRId64 ";\n",
+          CB, CB, C, CB, C);
+  bprintf(b, "    for (int64_t v = 0; v < %" PRId64 "; v++) for (int64_t c = c0; c < c1; c++) out[v * %" PRId64 " + c] = 0;\n",
+          V, C);
+  bprintf(b, "    for (int64_t r = 0; r < %" PRId64 "; r++) {\n      const uint32_t id = (uint32_t)ix[r];\n", R);
+  bprintf(b, "      if (id >= %" PRId64 "u) continue;\n", V);
+  bprintf(b, "      for (int64_t c = c0; c < c1; c++) out[id * %" PRId64 " + c] += dy[r * %" PRId64 " + c];\n    }\n  }\n",
+          C, C);
+}
+
+/* Normalisation over the last axis with two-pass statistics (mean, then
+ * the mean of squared deviations; never E[x^2] - E[x]^2), as torch's
+ * layer_norm without the affine part.  Backward, with xh = (x - mean) * rstd:
+ *   dx = rstd * (dy - mean(dy) - xh * mean(dy * xh)). */
+static void emit_norm(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  const char *sq = k->dtype == DT_F32 ? "sqrtf" : "sqrt";
+  int64_t R = k->rows, C = k->cols;
+  bool fwd = k->kind == KK_NORM_FWD;
+  bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(fwd ? 0 : 1, "const "));
+  if (!fwd) bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(fwd ? 1 : 2, ""));
+  if (R * C >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t r = 0; r < %" PRId64 "; r++) {\n", R);
+  bprintf(b, "    const %s *xr = x + r * %" PRId64 ";\n    %s *yr = y + r * %" PRId64 ";\n", T, C, T, C);
+  bprintf(b, "    double mean = 0, var = 0;\n");
+  bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) mean += xr[c];\n    mean /= %" PRId64 ";\n", C, C);
+  bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) var += (xr[c] - mean) * (xr[c] - mean);\n", C);
+  bprintf(b, "    const %s m = (%s)mean, rstd = (%s)(1 / %s((%s)(var / %" PRId64 ") + (%s)%a));\n", T, T, T, sq, T, C, T,
+          k->eps);
+  if (fwd) {
+    bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) yr[c] = (xr[c] - m) * rstd;\n  }\n", C);
+    return;
+  }
+  bprintf(b, "    const %s *dr = dy + r * %" PRId64 ";\n    double mdy = 0, mdyx = 0;\n", T, C);
+  bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }\n", C);
+  bprintf(b, "    const %s a = (%s)(mdy / %" PRId64 "), bb = (%s)(mdyx / %" PRId64 ");\n", T, T, C, T, C);
+  bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);\n  }\n", C);
+}
+
+/* Causal multi-head attention, one (batch, head) pair per iteration:
+ *   out_i = sum_j softmax_j(q_i . k_j / sqrt(D)) v_j,  j <= i when causal,
+ * with the row maximum subtracted before exp.  The backward pass recomputes
+ * the probabilities P (nothing of size T x T is stored):
+ *   dv_j += P_ij dy_i;  dP_ij = dy_i . v_j;  dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij)
+ *   dq_i = sum_j dS_ij k_j / sqrt(D);  dk_j += dS_ij q_i / sqrt(D) */
+static void emit_attention(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
+  int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H;
+  bool fwd = k->kind == KK_ATTN_FWD;
+  int o = fwd ? 0 : 1;
+  if (!fwd) bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *q = (%s%s *)t[%d];\n", BUF(o, "const "));
+  bprintf(b, "  %s%s *k = (%s%s *)t[%d];\n", BUF(o + 1, "const "));
+  bprintf(b, "  %s%s *v = (%s%s *)t[%d];\n", BUF(o + 2, "const "));
+  bprintf(b, "  %s%s *out = (%s%s *)t[%d];\n", BUF(o + 3, ""));
+  bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
+  if (B * H > 1) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t bh = 0; bh < %" PRId64 "; bh++) {\n", B * H);
+  bprintf(b, "    const int64_t b = bh / %" PRId64 ", h = bh %% %" PRId64 ";\n", H, H);
+  bprintf(b, "    %s p[%" PRId64 "];\n", T, N);
+  if (!fwd) {
+    bprintf(b, "    %s dp[%" PRId64 "];\n", T, N);
+    bprintf(b, "    %s *dq = out, *dk = out + %" PRId64 ", *dv = out + %" PRId64 ";\n", T, B * N * C, 2 * B * N * C);
+    bprintf(b, "    for (int64_t j = 0; j < %" PRId64 "; j++) for (int64_t d = 0; d < %" PRId64 "; d++) {\n", N, D);
+    bprintf(b, "      dk[(b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 " + d] = 0;\n", N, C, D);
+    bprintf(b, "      dv[(b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 " + d] = 0;\n    }\n", N, C, D);
+  }
+  bprintf(b, "    for (int64_t i = 0; i < %" PRId64 "; i++) {\n", N);
+  bprintf(b, "      const %s *qi = q + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
+  if (k->causal) bprintf(b, "      const int64_t n = i + 1;\n");
+  else bprintf(b, "      const int64_t n = %" PRId64 ";\n", N);
+  bprintf(b, "      %s m = -INFINITY, sum = 0;\n", T);
+  bprintf(b, "      for (int64_t j = 0; j < n; j++) {\n");
+  bprintf(b, "        const %s *kj = k + (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
+  bprintf(b, "        %s s = 0;\n        for (int64_t d = 0; d < %" PRId64 "; d++) s += qi[d] * kj[d];\n", T, D);
+  bprintf(b, "        p[j] = s * scale;\n        m = p[j] > m ? p[j] : m;\n      }\n");
+  bprintf(b, "      for (int64_t j = 0; j < n; j++) { p[j] = %s(p[j] - m); sum += p[j]; }\n", ex);
+  bprintf(b, "      const %s inv = 1 / sum;\n", T);
+  bprintf(b, "      for (int64_t j = 0; j < n; j++) p[j] *= inv;\n");
+  if (fwd) {
+    bprintf(b, "      %s *oi = out + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
+    bprintf(b, "      for (int64_t d = 0; d < %" PRId64 "; d++) oi[d] = 0;\n", D);
+    bprintf(b, "      for (int64_t j = 0; j < n; j++) {\n");
+    bprintf(b, "        const %s *vj = v + (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
+    bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) oi[d] += p[j] * vj[d];\n      }\n    }\n  }\n", D);
+    return;
+  }
+  bprintf(b, "      const %s *dyi = dy + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
+  bprintf(b, "      %s dot = 0;\n      for (int64_t j = 0; j < n; j++) {\n", T);
+  bprintf(b, "        const int64_t o = (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", N, C, D);
+  bprintf(b, "        %s s = 0;\n", T);
+  bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) { dv[o + d] += p[j] * dyi[d]; s += dyi[d] * v[o + d]; }\n", D);
+  bprintf(b, "        dp[j] = s;\n        dot += p[j] * s;\n      }\n");
+  bprintf(b, "      %s *dqi = dq + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
+  bprintf(b, "      for (int64_t d = 0; d < %" PRId64 "; d++) dqi[d] = 0;\n", D);
+  bprintf(b, "      for (int64_t j = 0; j < n; j++) {\n");
+  bprintf(b, "        const %s ds = p[j] * (dp[j] - dot) * scale;\n", T);
+  bprintf(b, "        const int64_t o = (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", N, C, D);
+  bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }\n", D);
+  bprintf(b, "      }\n    }\n  }\n");
+}
+
+static void emit_transpose(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  int64_t R = k->rows, C = k->cols;
+  bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(1, ""));
+  if (R * C >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t r0 = 0; r0 < %" PRId64 "; r0 += 32)\n", R);
+  bprintf(b, "    for (int64_t c0 = 0; c0 < %" PRId64 "; c0 += 32)\n", C);
+  bprintf(b, "      for (int64_t r = r0; r < r0 + 32 && r < %" PRId64 "; r++)\n", R);
+  bprintf(b, "        for (int64_t c = c0; c < c0 + 32 && c < %" PRId64 "; c++) y[c * %" PRId64 " + r] = x[r * %" PRId64 " + c];\n",
+          C, R, C);
+}
+
 char *codegen_emit_c(const CgProgram *cp, Arena *a) {
   Buf b = {.a = a};
   bprintf(&b, "/* generated by duet: %d kernels; see docs (kernel IR -> C) */\n", cp->n_kernels);
   bprintf(&b, "#include <math.h>\n#include <stdint.h>\n\n");
+  bprintf(&b, "static inline float gelu_grad_float(float dy, float x) {\n"
+              "  const float c = 0.7978845608028654f, a = 0.044715f, th = tanhf(c * (x + a * x * x * x));\n"
+              "  return dy * (0.5f * (1 + th) + 0.5f * x * (1 - th * th) * c * (1 + 3 * a * x * x));\n}\n");
+  bprintf(&b, "static inline double gelu_grad_double(double dy, double x) {\n"
+              "  const double c = 0.7978845608028654, a = 0.044715, th = tanh(c * (x + a * x * x * x));\n"
+              "  return dy * (0.5 * (1 + th) + 0.5 * x * (1 - th * th) * c * (1 + 3 * a * x * x));\n}\n\n");
   bprintf(&b, "typedef void (*duet_kernel_fn)(void *const *t, const double *s);\n\n");
   for (int i = 0; i < cp->n_kernels; i++) {
     const Kernel *k = &cp->kernels[i];
@@ -215,6 +374,10 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
     switch (k->kind) {
     case KK_ELEMENTWISE: emit_elementwise(&b, k); break;
     case KK_REDUCE: emit_reduce(&b, k); break;
+    case KK_EMBED_FWD: case KK_EMBED_BWD: emit_embed(&b, k); break;
+    case KK_NORM_FWD: case KK_NORM_BWD: emit_norm(&b, k); break;
+    case KK_ATTN_FWD: case KK_ATTN_BWD: emit_attention(&b, k); break;
+    case KK_TRANSPOSE: emit_transpose(&b, k); break;
     default: emit_rows(&b, k); break;
     }
     bprintf(&b, "}\n\n");

@@ -90,6 +90,8 @@ static KOp kop_of(OpKind op) {
   case OP_NEG: return KI_NEG;
   case OP_RELU: return KI_RELU;
   case OP_RELU_GRAD: return KI_RELU_GRAD;
+  case OP_GELU: return KI_GELU;
+  case OP_GELU_GRAD: return KI_GELU_GRAD;
   default: unreachable();
   }
 }
@@ -159,7 +161,7 @@ static int lower_optimizer(Lower *L, Value *v) {
     int b2 = ins(&b, KI_SCALAR, DUET_S_BETA2, 0, 0), eps = ins(&b, KI_SCALAR, DUET_S_EPS, 0, 0);
     int omb1 = ins(&b, KI_SCALAR, DUET_S_ONE_MINUS_BETA1, 0, 0), omb2 = ins(&b, KI_SCALAR, DUET_S_ONE_MINUS_BETA2, 0, 0);
     int ss = ins(&b, KI_SCALAR, DUET_S_STEP_SIZE, 0, 0), bc2 = ins(&b, KI_SCALAR, DUET_S_BC2_SQRT, 0, 0);
-    int p1 = ins(&b, KI_MUL, p, ins(&b, KI_SCALAR, DUET_S_DECAY, 0, 0), 0);
+    int p1 = v->attr.no_decay ? p : ins(&b, KI_MUL, p, ins(&b, KI_SCALAR, DUET_S_DECAY, 0, 0), 0);
     int m1 = ins(&b, KI_ADD, m, ins(&b, KI_MUL, ins(&b, KI_SUB, g, m, 0), omb1, 0), 0);
     int v1 = ins(&b, KI_ADD, ins(&b, KI_MUL, b2, vv, 0), ins(&b, KI_MUL, omb2, ins(&b, KI_MUL, g, g, 0), 0), 0);
     int den = ins(&b, KI_ADD, ins(&b, KI_DIV, ins(&b, KI_SQRT, v1, 0, 0), bc2, 0), eps, 0);
@@ -172,7 +174,7 @@ static int lower_optimizer(Lower *L, Value *v) {
     int buf = ins(&b, KI_LOAD, bm, 0, 0);
     int mom = ins(&b, KI_SCALAR, DUET_S_MOMENTUM, 0, 0);
     int lr = ins(&b, KI_SCALAR, DUET_S_LR, 0, 0), wd = ins(&b, KI_SCALAR, DUET_S_WEIGHT_DECAY, 0, 0);
-    int d = ins(&b, KI_ADD, g, ins(&b, KI_MUL, wd, p, 0), 0);
+    int d = v->attr.no_decay ? g : ins(&b, KI_ADD, g, ins(&b, KI_MUL, wd, p, 0), 0);
     int buf1 = ins(&b, KI_ADD, ins(&b, KI_MUL, mom, buf, 0), d, 0);
     int p1 = ins(&b, KI_SUB, p, ins(&b, KI_MUL, lr, buf1, 0), 0);
     ins(&b, KI_STORE, bm, buf1, 0);
@@ -212,13 +214,55 @@ static int lower_reduce(Lower *L, Value *v, double scale) {
   return k->index;
 }
 
-static int lower_rows(Lower *L, Value *v, KernelKind kind) {
-  Value *lg = v->in[0];
-  Kernel *k = new_kernel(L, kind, lg->dtype);
-  for (int j = 0; j < v->n_in; j++) add_buf(k, tid(L, v->in[j]), v->in[j]->dtype, NULL, NULL);
-  add_buf(k, tid(L, v), v->dtype, NULL, NULL);
-  k->rows = lg->shape.dim[0];
-  k->cols = lg->shape.dim[1];
+/* Kernels over rows of the last axis of in[0] (for embeddings: of the
+ * output).  Every input and the output become buffers, in order. */
+static Kernel *lower_rows_k(Lower *L, Value *v, KernelKind kind) {
+  const Value *shaped = kind == KK_EMBED_FWD ? v : v->in[0];
+  Kernel *k = new_kernel(L, kind, v->in[0]->dtype);
+  for (int j = 0; j < v->n_in; j++) {
+    KBuf *b = &k->bufs[k->n_bufs++];
+    b->tensor = tid(L, v->in[j]);
+    b->dtype = v->in[j]->dtype;
+  }
+  KBuf *b = &k->bufs[k->n_bufs++];
+  b->tensor = tid(L, v);
+  b->dtype = v->dtype;
+  k->cols = shaped->shape.dim[shaped->shape.rank - 1];
+  k->rows = shape_numel(&shaped->shape) / k->cols;
+  return k;
+}
+
+static int lower_rows(Lower *L, Value *v, KernelKind kind) { return lower_rows_k(L, v, kind)->index; }
+
+static int lower_embedding(Lower *L, Value *v) {
+  Kernel *k = lower_rows_k(L, v, v->op == OP_EMBEDDING ? KK_EMBED_FWD : KK_EMBED_BWD);
+  const Shape *table = v->op == OP_EMBEDDING ? &v->in[0]->shape : &v->shape;
+  k->dtype = v->op == OP_EMBEDDING ? v->dtype : v->in[0]->dtype;
+  k->outer = table->dim[0];
+  return k->index;
+}
+
+static int lower_attention(Lower *L, Value *v) {
+  Kernel *k = lower_rows_k(L, v, v->op == OP_ATTENTION ? KK_ATTN_FWD : KK_ATTN_BWD);
+  const Shape *q = &v->in[v->op == OP_ATTENTION ? 0 : 1]->shape;
+  k->batch = q->dim[0];
+  k->time = q->dim[1];
+  k->cols = q->dim[2];
+  k->heads = v->attr.heads;
+  k->causal = v->attr.causal;
+  return k->index;
+}
+
+/* slice i of axis 0: a copy kernel whose load starts at element i * n */
+static int lower_slice(Lower *L, Value *v) {
+  Kernel *k = new_kernel(L, KK_ELEMENTWISE, v->dtype);
+  InsBuf b = {.n = 0};
+  int64_t n = shape_numel(&v->shape);
+  int in = add_buf(k, tid(L, v->in[0]), v->dtype, &v->shape, &v->shape);
+  k->bufs[in].base = v->attr.index * n;
+  int out = add_buf(k, tid(L, v), v->dtype, &v->shape, &v->shape);
+  ins(&b, KI_STORE, out, ins(&b, KI_LOAD, in, 0, 0), 0);
+  finish_ew(L, k, &b, n);
   return k->index;
 }
 
@@ -292,9 +336,11 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       st.kind = DUET_STEP_GEMM;
       st.ta = v->attr.trans_a;
       st.tb = v->attr.trans_b;
-      st.m = v->shape.dim[0];
-      st.n = v->shape.dim[1];
-      st.k = A->shape.dim[st.ta ? 0 : 1];
+      /* operands as 2-D row-major matrices, leading axes merged */
+      st.n = v->shape.dim[v->shape.rank - 1];
+      st.m = shape_numel(&v->shape) / st.n;
+      int64_t a_cols = A->shape.dim[A->shape.rank - 1];
+      st.k = st.ta ? shape_numel(&A->shape) / a_cols : a_cols;
       st.a = tid(&L, A);
       st.b = tid(&L, B);
       st.c = tid(&L, v);
@@ -303,7 +349,29 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     }
     case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG:
     case OP_RELU: case OP_RELU_GRAD: case OP_BROADCAST: case OP_FUSED:
+    case OP_GELU: case OP_GELU_GRAD:
       st.kernel = lower_elementwise(&L, v);
+      break;
+    case OP_EMBEDDING:
+    case OP_EMBEDDING_GRAD:
+      st.kernel = lower_embedding(&L, v);
+      break;
+    case OP_NORM:
+    case OP_NORM_GRAD: {
+      Kernel *k = lower_rows_k(&L, v, v->op == OP_NORM ? KK_NORM_FWD : KK_NORM_BWD);
+      k->eps = v->attr.eps;
+      st.kernel = k->index;
+      break;
+    }
+    case OP_ATTENTION:
+    case OP_ATTENTION_GRAD:
+      st.kernel = lower_attention(&L, v);
+      break;
+    case OP_SLICE:
+      st.kernel = lower_slice(&L, v);
+      break;
+    case OP_TRANSPOSE:
+      st.kernel = lower_rows(&L, v, KK_TRANSPOSE);
       break;
     case OP_SUM_TO:
       st.kernel = lower_reduce(&L, v, 1.0);
@@ -320,7 +388,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_EVAL_METRICS:
       st.kernel = lower_rows(&L, v, KK_EVAL_METRICS);
       p->metrics = tid(&L, v);
-      p->n_classes = (int)v->in[0]->shape.dim[1];
+      p->n_classes = (int)v->in[0]->shape.dim[v->in[0]->shape.rank - 1];
       break;
     case OP_ADAMW:
     case OP_SGD:

@@ -118,12 +118,18 @@ static const Builtin builtins[] = {
     {"relu", 1, OP_RELU},   {"mean", 1, OP_MEAN}, {"cross_entropy", 2, OP_CROSS_ENTROPY},
     {"matmul", 2, OP_MATMUL}, {"add", 2, OP_ADD}, {"sub", 2, OP_SUB},
     {"mul", 2, OP_MUL},     {"div", 2, OP_DIV},   {"neg", 1, OP_NEG},
+    {"gelu", 1, OP_GELU},   {"embedding", 2, OP_EMBEDDING}, {"transpose", 1, OP_TRANSPOSE},
 };
+
+/* Built-ins with named arguments (handled in eval_call). */
+static const char *const attention_args[] = {"q", "k", "v", "heads", "causal"};
+static const char *const layernorm_args[] = {"x", "w", "b", "eps"};
 #define N_BUILTINS (int)(sizeof builtins / sizeof builtins[0])
 
-static const char *const functions[] = {"dim"};
+static const char *const functions[] = {"dim", "sqrt", "attention", "layernorm"};
 static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
-                                         "batch", "epochs", "steps", "seed", "log_every", "eval"};
+                                         "batch", "epochs", "steps", "seed", "log_every", "eval",
+                                         "eval_every", "eval_batches"};
 #define N_TRAIN_KEYS (int)(sizeof train_keys / sizeof train_keys[0])
 
 /* -------------------------------------------------------------- helpers */
@@ -241,9 +247,50 @@ static EVal eval_binop(Elab *e, Scope *s, const Node *n) {
   if (op == OP_MATMUL && (a.kind != EV_TENSOR || b.kind != EV_TENSOR))
     diag_error(e->d, n->loc, "`@` needs two tensors, got %s and %s", evkind_name(a.kind), evkind_name(b.kind));
   Value *in[2] = {as_tensor(e, a), as_tensor(e, b)};
+  Attr at = {0};
+  if (op == OP_MATMUL && in[1]->op == OP_TRANSPOSE) { /* x @ transpose(w): one GEMM with w^T */
+    in[1] = in[1]->in[0];
+    at.trans_b = true;
+  }
   r.kind = EV_TENSOR;
-  r.v = graph_add(e->g, op, in, 2, NULL, n->loc);
+  r.v = graph_add(e->g, op, in, 2, &at, n->loc);
   return r;
+}
+
+/* Binds a call's positional and named arguments to `names`; the first
+ * `n_required` must be given.  Unknown, repeated or surplus arguments are
+ * errors. */
+static void bind_args(Elab *e, Scope *s, const Node *n, const char *const *names, int n_names, int n_required,
+                      EVal *out, bool *given) {
+  int pos = 0;
+  for (int i = 0; i < n_names; i++) given[i] = false;
+  for (Node *a = n->args.head; a; a = a->next) {
+    int idx = -1;
+    if (a->kind == N_NAMED) {
+      for (int i = 0; i < n_names; i++)
+        if (!strcmp(names[i], a->name)) idx = i;
+      if (idx < 0) {
+        Hint h = {0};
+        for (int i = 0; i < n_names; i++) hint_try(&h, a->name, names[i]);
+        diag_error(e->d, a->loc, "%s has no argument named `%s`%s", n->name, a->name, hint_text(e, &h));
+      }
+    } else {
+      if (pos >= n_names)
+        diag_error(e->d, a->loc, "%s takes at most %d arguments, got %d", n->name, n_names, n->args.n);
+      idx = pos++;
+    }
+    if (given[idx]) diag_error(e->d, a->loc, "argument `%s` of %s given twice", names[idx], n->name);
+    out[idx] = eval(e, s, a->kind == N_NAMED ? a->a : a);
+    given[idx] = true;
+  }
+  for (int i = 0; i < n_required; i++)
+    if (!given[i]) diag_error(e->d, n->loc, "%s is missing argument `%s`", n->name, names[i]);
+}
+
+static bool want_bool(Elab *e, EVal v, const char *what) {
+  if (v.kind != EV_NUM || (v.num != 0 && v.num != 1))
+    diag_error(e->d, v.loc, "%s must be true or false", what);
+  return v.num != 0;
 }
 
 static EVal eval_call(Elab *e, Scope *s, const Node *n) {
@@ -260,6 +307,46 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     r.kind = EV_NUM;
     r.num = (double)x->shape.dim[i];
     r.is_int = true;
+    return r;
+  }
+  if (!strcmp(n->name, "sqrt")) {
+    if (n->args.n != 1 || n->args.head->kind == N_NAMED)
+      diag_error(e->d, n->loc, "sqrt takes 1 argument (a number), got %d", n->args.n);
+    EVal x = eval(e, s, n->args.head);
+    double v = want_num(e, x, "the argument of sqrt");
+    if (v < 0) diag_error(e->d, x.loc, "sqrt of a negative number (%g)", v);
+    r.kind = EV_NUM;
+    r.num = sqrt(v);
+    r.is_int = r.num == floor(r.num) && x.is_int;
+    return r;
+  }
+  if (!strcmp(n->name, "attention")) {
+    EVal a[5];
+    bool given[5];
+    bind_args(e, s, n, attention_args, 5, 4, a, given);
+    Value *in[3];
+    for (int i = 0; i < 3; i++) in[i] = want_tensor(e, a[i], attention_args[i]);
+    Attr at = {.heads = want_int(e, a[3], "heads", 1), .causal = given[4] && want_bool(e, a[4], "causal")};
+    r.kind = EV_TENSOR;
+    r.v = graph_add(e->g, OP_ATTENTION, in, 3, &at, n->loc);
+    return r;
+  }
+  if (!strcmp(n->name, "layernorm")) { /* norm(x) * w + b, normalising the last axis */
+    EVal a[4];
+    bool given[4];
+    bind_args(e, s, n, layernorm_args, 4, 3, a, given);
+    Value *x = want_tensor(e, a[0], "x"), *w = want_tensor(e, a[1], "w"), *b = want_tensor(e, a[2], "b");
+    Attr at = {.eps = 1e-5}; /* torch.nn.LayerNorm's default */
+    if (given[3]) {
+      at.eps = want_num(e, a[3], "eps");
+      if (!(at.eps > 0)) diag_error(e->d, a[3].loc, "eps must be positive, got %g", at.eps);
+    }
+    Value *nx = graph_add(e->g, OP_NORM, &x, 1, &at, n->loc);
+    Value *in1[2] = {nx, w};
+    Value *y = graph_add(e->g, OP_MUL, in1, 2, NULL, n->loc);
+    Value *in2[2] = {y, b};
+    r.kind = EV_TENSOR;
+    r.v = graph_add(e->g, OP_ADD, in2, 2, NULL, n->loc);
     return r;
   }
   for (int i = 0; i < N_BUILTINS; i++) {
@@ -579,6 +666,12 @@ static void read_optimizer(Elab *e, Scope *s, const Node *v, TrainSpec *t) {
     if (a->kind != N_NAMED)
       diag_error(e->d, a->loc, "optimizer arguments are named, as in adamw(lr = 1e-3)");
     EVal x = eval(e, s, a->a);
+    if (!strcmp(a->name, "decay")) { /* which params weight decay applies to */
+      if (x.kind != EV_STR || (strcmp(x.str, "all") && strcmp(x.str, "matrices")))
+        diag_error(e->d, x.loc, "decay must be \"all\" or \"matrices\" (params of rank 2 or more)");
+      t->decay_matrices_only = !strcmp(x.str, "matrices");
+      continue;
+    }
     double num = want_num(e, x, a->name);
     if (!strcmp(a->name, "lr")) t->lr = num, t->has_lr = true;
     else if (!strcmp(a->name, "weight_decay")) t->weight_decay = num, t->has_weight_decay = true;
@@ -588,8 +681,8 @@ static void read_optimizer(Elab *e, Scope *s, const Node *v, TrainSpec *t) {
     else if (!strcmp(a->name, "eps") && t->optimizer == OPTIM_ADAMW) t->eps = num;
     else {
       Hint h = {0};
-      const char *keys[] = {"lr", "weight_decay", "momentum", "beta1", "beta2", "eps"};
-      for (int i = 0; i < 6; i++) hint_try(&h, a->name, keys[i]);
+      const char *keys[] = {"lr", "weight_decay", "momentum", "beta1", "beta2", "eps", "decay"};
+      for (int i = 0; i < 7; i++) hint_try(&h, a->name, keys[i]);
       diag_error(e->d, a->loc, "%s has no argument named `%s`%s", v->name, a->name, hint_text(e, &h));
     }
     if (num < 0 || !isfinite(num)) diag_error(e->d, x.loc, "%s must be a non-negative number, got %g", a->name, num);
@@ -603,9 +696,19 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
     for (Node *o = n->body.head; o != kv; o = o->next)
       if (!strcmp(o->name, k)) diag_error(e->d, kv->loc, "train key `%s` is set twice", k);
     const Node *v = kv->a;
-    if (!strcmp(k, "data")) {
+    if (!strcmp(k, "data") && v->kind == N_CALL && !strcmp(v->name, "text")) {
+      /* text("FILE", block = T): byte-level windows of T tokens */
+      static const char *const text_args[] = {"path", "block"};
+      EVal a[2];
+      bool given[2];
+      bind_args(e, s, v, text_args, 2, 2, a, given);
+      if (a[0].kind != EV_STR) diag_error(e->d, a[0].loc, "text: the path must be a string");
+      t->data = DATA_TEXT;
+      t->data_path = a[0].str;
+      t->block = want_int(e, a[1], "block", 1);
+    } else if (!strcmp(k, "data")) {
       if ((v->kind != N_CALL && v->kind != N_IDENT) || strcmp(v->name, "fashion_mnist"))
-        diag_error(e->d, v->loc, "unknown data source; expected fashion_mnist(\"DIR\")");
+        diag_error(e->d, v->loc, "unknown data source; expected fashion_mnist(\"DIR\") or text(\"FILE\", block = T)");
       t->data = DATA_FASHION_MNIST;
       t->data_path = "/usr/share/datasets/fashion-mnist";
       if (v->kind == N_CALL && v->args.n > 1)
@@ -644,14 +747,29 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
       else if (!strcmp(k, "steps")) t->steps = want_int(e, x, "steps", 1);
       else if (!strcmp(k, "seed")) t->seed = (uint64_t)want_int(e, x, "seed", 0);
       else if (!strcmp(k, "log_every")) t->log_every = want_int(e, x, "log_every", 1);
+      else if (!strcmp(k, "eval_every")) t->eval_every = want_int(e, x, "eval_every", 1);
+      else if (!strcmp(k, "eval_batches")) t->eval_batches = want_int(e, x, "eval_batches", 1);
     }
   }
 }
 
 static void check_data_inputs(Elab *e, Loc model_loc) {
   TrainSpec *t = &e->g->train;
-  if (t->data != DATA_FASHION_MNIST) return;
   char b[160];
+  if (t->data == DATA_TEXT) {
+    if (e->n_inputs != 2)
+      diag_error(e->d, e->n_inputs ? e->inputs[0]->loc : model_loc,
+                 "text feeds two inputs (tokens and next tokens, i32[batch,%lld]); the model declares %d",
+                 (long long)t->block, e->n_inputs);
+    for (int i = 0; i < 2; i++) {
+      Value *x = e->inputs[i];
+      if (x->dtype != DT_I32 || x->shape.rank != 2 || x->shape.dim[0] != t->batch || x->shape.dim[1] != t->block)
+        diag_error(e->d, x->loc, "text windows are i32[%lld,%lld] (batch, block); `%s` is %s%s", (long long)t->batch,
+                   (long long)t->block, x->attr.name, dtype_name(x->dtype), shape_str(&x->shape, b, sizeof b));
+    }
+    return;
+  }
+  if (t->data != DATA_FASHION_MNIST) return;
   if (e->n_inputs != 2)
     diag_error(e->d, e->n_inputs ? e->inputs[0]->loc : model_loc,
                "fashion_mnist feeds two inputs (images f32[batch,784] and labels i32[batch]); "
@@ -739,7 +857,14 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
   g->model_name = cx.model_name;
   if (opt && opt->float_dtype != DT_VOID) g->float_dtype = opt->float_dtype;
   Scope global = {.prefix = ""};
-  /* train section first: it binds `batch` */
+  EVal tv = {.kind = EV_NUM, .num = 1, .is_int = true, .loc = cx.model_loc}, fv = tv;
+  fv.num = 0;
+  bind(&e, &global, "true", tv, cx.model_loc, true);
+  bind(&e, &global, "false", fv, cx.model_loc, true);
+  /* consts first (they are numbers and strings, and the train section may
+   * use them), then the train section (it binds `batch`), then the rest */
+  for (Node *st = cx.stmts.head; st; st = st->next)
+    if (st->kind == N_CONST) exec_stmt(&e, &global, st, true);
   int n_train = 0;
   for (Node *st = cx.stmts.head; st; st = st->next)
     if (st->kind == N_TRAIN) {
@@ -749,7 +874,8 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
   if (opt && opt->batch > 0) g->train.batch = opt->batch;
   EVal bv = {.kind = EV_NUM, .num = (double)g->train.batch, .is_int = true, .loc = cx.model_loc};
   bind(&e, &global, "batch", bv, cx.model_loc, true);
-  for (Node *st = cx.stmts.head; st; st = st->next) exec_stmt(&e, &global, st, true);
+  for (Node *st = cx.stmts.head; st; st = st->next)
+    if (st->kind != N_CONST) exec_stmt(&e, &global, st, true);
 
   Binding *lb = NULL;
   for (Binding *b = global.vars; b; b = b->next)

@@ -132,6 +132,7 @@ args
 arg
   : expr                { $$ = $1; }
   | IDENT '=' expr      { $$ = ast_new(cx, N_NAMED, mkloc(cx, @1)); $$->name = $1; $$->a = $3; }
+  | BLOCK '=' expr      { $$ = ast_new(cx, N_NAMED, mkloc(cx, @1)); $$->name = "block"; $$->a = $3; }
   ;
 
 expr

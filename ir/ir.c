@@ -292,6 +292,8 @@ void train_spec_defaults(TrainSpec *t) {
   t->seed = 1;
   t->log_every = 50;
   t->eval = true;
+  t->eval_every = 0;
+  t->eval_batches = 20;
 }
 
 /* ---------------------------------------------------------------- graph */
@@ -401,18 +403,20 @@ void ir_infer_shape(Graph *g, Value *v) {
     } else if (v->op == OP_MEAN) {
       need_float(g, v, 0);
       v->dtype = v->in[0]->dtype;
-    } else { /* CROSS_ENTROPY */
+    } else { /* CROSS_ENTROPY: logits [..., C], labels i32 [...] */
       Value *lg = v->in[0], *lb = v->in[1];
       need_float(g, v, 0);
-      if (lg->shape.rank != 2)
-        diag_error(g->diag, v->loc, "cross_entropy expects logits of rank 2 [N,C], got %s",
+      if (lg->shape.rank < 2)
+        diag_error(g->diag, v->loc, "cross_entropy expects logits of rank 2 or more [..., C], got %s",
                    SHP(&lg->shape, b1));
       if (lb->dtype != DT_I32)
         diag_error(g->diag, v->loc, "cross_entropy expects integer labels (i32), got %s",
                    dtype_name(lb->dtype));
-      if (lb->shape.rank != 1 || lb->shape.dim[0] != lg->shape.dim[0])
-        diag_error(g->diag, v->loc, "cross_entropy of logits %s and labels %s: expected labels [%" PRId64 "]",
-                   SHP(&lg->shape, b1), SHP(&lb->shape, b2), lg->shape.dim[0]);
+      Shape want = lg->shape;
+      want.rank--;
+      if (!shape_eq(&lb->shape, &want))
+        diag_error(g->diag, v->loc, "cross_entropy of logits %s and labels %s: expected labels %s",
+                   SHP(&lg->shape, b1), SHP(&lb->shape, b2), shape_str(&want, (char[160]){0}, 160));
       v->dtype = lg->dtype;
     }
     break;
@@ -445,24 +449,55 @@ void ir_infer_shape(Graph *g, Value *v) {
     v->dtype = v->in[0]->dtype;
     break;
   case SHAPE_MATMUL: {
+    /* operands are viewed as 2-D, leading axes merged into rows */
     Value *a = v->in[0], *b = v->in[1];
     need_float(g, v, 0);
     need_float(g, v, 1);
     need_same_dtype(g, v);
-    if (a->shape.rank != 2 || b->shape.rank != 2)
-      diag_error(g->diag, v->loc, "matmul of %s by %s: both operands must have rank 2",
+    if (a->shape.rank < 2 || b->shape.rank < 2)
+      diag_error(g->diag, v->loc, "matmul of %s by %s: both operands must have rank 2 or more",
                  SHP(&a->shape, b1), SHP(&b->shape, b2));
-    int64_t m = a->shape.dim[v->attr.trans_a ? 1 : 0], ka = a->shape.dim[v->attr.trans_a ? 0 : 1];
-    int64_t kb = b->shape.dim[v->attr.trans_b ? 1 : 0], n = b->shape.dim[v->attr.trans_b ? 0 : 1];
+    int64_t ar = shape_numel(&a->shape) / a->shape.dim[a->shape.rank - 1], ac = a->shape.dim[a->shape.rank - 1];
+    int64_t br = shape_numel(&b->shape) / b->shape.dim[b->shape.rank - 1], bc = b->shape.dim[b->shape.rank - 1];
+    int64_t m = v->attr.trans_a ? ac : ar, ka = v->attr.trans_a ? ar : ac;
+    int64_t kb = v->attr.trans_b ? bc : br, n = v->attr.trans_b ? br : bc;
     if (ka != kb)
       diag_error(g->diag, v->loc, "matmul of %s by %s: inner dimensions differ (%" PRId64 " vs %" PRId64 ")",
                  SHP(&a->shape, b1), SHP(&b->shape, b2), ka, kb);
-    s.rank = 2;
-    s.dim[0] = m;
-    s.dim[1] = n;
+    if (!v->attr.trans_a && a->shape.rank > 2) {
+      s = a->shape;
+      s.dim[s.rank - 1] = n;
+    } else {
+      s.rank = 2;
+      s.dim[0] = m;
+      s.dim[1] = n;
+    }
     v->dtype = a->dtype;
     break;
   }
+  case SHAPE_EMBED: {
+    Value *t = v->in[0], *ix = v->in[1];
+    need_float(g, v, 0);
+    if (t->shape.rank != 2)
+      diag_error(g->diag, v->loc, "embedding expects a table of rank 2 [V,C], got %s", SHP(&t->shape, b1));
+    if (ix->dtype != DT_I32)
+      diag_error(g->diag, v->loc, "embedding expects integer indices (i32), got %s", dtype_name(ix->dtype));
+    if (ix->shape.rank >= IR_MAX_RANK)
+      diag_error(g->diag, v->loc, "embedding of indices %s: result would exceed rank %d", SHP(&ix->shape, b1),
+                 IR_MAX_RANK);
+    s = ix->shape;
+    s.dim[s.rank++] = t->shape.dim[1];
+    v->dtype = t->dtype;
+    break;
+  }
+  case SHAPE_TRANSPOSE:
+    if (v->in[0]->shape.rank != 2)
+      diag_error(g->diag, v->loc, "transpose expects a tensor of rank 2, got %s", SHP(&v->in[0]->shape, b1));
+    s.rank = 2;
+    s.dim[0] = v->in[0]->shape.dim[1];
+    s.dim[1] = v->in[0]->shape.dim[0];
+    v->dtype = v->in[0]->dtype;
+    break;
   case SHAPE_VOID:
     for (int i = 1; i < v->n_in; i++)
       if (!shape_eq(&v->in[i]->shape, &v->in[0]->shape))
@@ -471,6 +506,13 @@ void ir_infer_shape(Graph *g, Value *v) {
     v->dtype = DT_VOID;
     s = v->in[0]->shape;
     break;
+  }
+  if (v->op == OP_ATTENTION) {
+    if (s.rank != 3)
+      diag_error(g->diag, v->loc, "attention expects q, k, v of rank 3 [batch, time, channels], got %s", SHP(&s, b1));
+    if (v->attr.heads < 1 || s.dim[2] % v->attr.heads)
+      diag_error(g->diag, v->loc, "attention: %" PRId64 " channels do not split into %" PRId64 " heads",
+                 s.dim[2], v->attr.heads);
   }
   v->shape = s;
   check_numel(g, v);
@@ -563,7 +605,23 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
     break;
   case OP_BROADCAST:
   case OP_SUM_TO:
+  case OP_EMBEDDING_GRAD:
     fprintf(out, "%s", shape_str(&v->attr.shape, b, sizeof b));
+    break;
+  case OP_ATTENTION:
+  case OP_ATTENTION_GRAD:
+    fprintf(out, "[heads=%" PRId64 "%s]", v->attr.heads, v->attr.causal ? ",causal" : "");
+    break;
+  case OP_SLICE:
+    fprintf(out, "[%" PRId64 "]", v->attr.index);
+    break;
+  case OP_NORM:
+  case OP_NORM_GRAD:
+    fprintf(out, "[eps=%.17g]", v->attr.eps);
+    break;
+  case OP_ADAMW:
+  case OP_SGD:
+    if (v->attr.no_decay) fputs("[no_decay]", out);
     break;
   case OP_FUSED: {
     const FusedProg *p = v->attr.prog;

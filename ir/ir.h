@@ -96,6 +96,8 @@ typedef enum ShapeRule {
   SHAPE_BROADCAST, /* numpy broadcast of in[0], in[1] */
   SHAPE_MATMUL,    /* [M,K]@[K,N] with attr.trans_a/trans_b */
   SHAPE_VOID,      /* no result (side effect) */
+  SHAPE_EMBED,     /* table [V,C] gathered by idx [...] -> [..., C] */
+  SHAPE_TRANSPOSE, /* [m,n] -> [n,m] */
 } ShapeRule;
 
 enum { OPF_EW = 1, OPF_SIDE = 2 };
@@ -147,7 +149,13 @@ typedef struct Attr {
   double value;     /* CONST: the literal */
   InitKind init;    /* PARAM, STATE: initialiser */
   double init_a, init_b; /* PARAM: normal(std=a) or uniform(a, b) */
-  bool trans_a, trans_b; /* MATMUL: use A^T / B^T */
+  bool trans_a, trans_b; /* MATMUL: use A^T / B^T (operands viewed as 2-D:
+                          * leading axes merged into rows) */
+  int64_t heads;    /* ATTENTION, ATTENTION_GRAD: number of heads */
+  bool causal;      /* ATTENTION, ATTENTION_GRAD: mask future positions */
+  int64_t index;    /* SLICE: index along axis 0 */
+  double eps;       /* NORM, NORM_GRAD: added to the variance */
+  bool no_decay;    /* ADAMW, SGD: this param gets no weight decay */
   FusedProg *prog;  /* FUSED */
 } Attr;
 
@@ -181,7 +189,7 @@ struct Value {
 /* ---------------------------------------------------- training settings */
 
 typedef enum OptimKind { OPTIM_ADAMW, OPTIM_SGD } OptimKind;
-typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST } DataKind;
+typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST, DATA_TEXT } DataKind;
 
 /* The `train { }` section, after defaults.  Sources of defaults: PyTorch's
  * torch.optim.AdamW (betas 0.9, 0.999, eps 1e-8, weight_decay 0.01) and
@@ -196,6 +204,10 @@ typedef struct TrainSpec {
   uint64_t seed;
   int64_t log_every;
   bool eval;             /* evaluate on the test split after each epoch */
+  int64_t block;         /* text: tokens per window */
+  int64_t eval_every;    /* text: validation every N steps (0: at the end) */
+  int64_t eval_batches;  /* text: fixed validation batches */
+  bool decay_matrices_only; /* weight decay only on params of rank >= 2 */
   bool has_lr, has_weight_decay; /* set explicitly in the section */
 } TrainSpec;
 void train_spec_defaults(TrainSpec *t);

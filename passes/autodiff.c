@@ -46,7 +46,7 @@ void pass_autodiff(Graph *g, PassCtx *cx) {
     Value *v = g->values[i];
     v->requires_grad = v->op == OP_PARAM;
     for (int j = 0; j < v->n_in; j++) v->requires_grad |= v->in[j]->requires_grad;
-    if (v->op == OP_CROSS_ENTROPY) v->requires_grad = v->in[0]->requires_grad;
+    if (v->op == OP_CROSS_ENTROPY || v->op == OP_EMBEDDING) v->requires_grad = v->in[0]->requires_grad;
   }
   Value **grad = arena_alloc(g->arena, (size_t)n * sizeof *grad);
   if (!g->loss->requires_grad) {
@@ -113,6 +113,38 @@ void pass_autodiff(Graph *g, PassCtx *cx) {
     case OP_SUM_TO: {
       Attr at = {.shape = a->shape};
       accumulate(g, grad, a, mk(g, OP_BROADCAST, dv, NULL, &at, l));
+      break;
+    }
+    case OP_GELU:
+      accumulate(g, grad, a, mk(g, OP_GELU_GRAD, dv, a, NULL, l));
+      break;
+    case OP_TRANSPOSE:
+      accumulate(g, grad, a, mk(g, OP_TRANSPOSE, dv, NULL, NULL, l));
+      break;
+    case OP_EMBEDDING: {
+      Attr at = {.shape = a->shape, .dtype = a->dtype};
+      accumulate(g, grad, a, mk(g, OP_EMBEDDING_GRAD, dv, b, &at, l));
+      break;
+    }
+    case OP_NORM: {
+      Attr at = {.eps = v->attr.eps};
+      accumulate(g, grad, a, mk(g, OP_NORM_GRAD, dv, a, &at, l));
+      break;
+    }
+    case OP_ATTENTION: {
+      /* one kernel computes dq, dk, dv (packed [3, ...]); slices unpack */
+      Attr at = {.heads = v->attr.heads, .causal = v->attr.causal, .dtype = v->dtype};
+      at.shape.rank = v->shape.rank + 1;
+      at.shape.dim[0] = 3;
+      for (int d = 0; d < v->shape.rank; d++) at.shape.dim[d + 1] = v->shape.dim[d];
+      Value *in[4] = {dv, v->in[0], v->in[1], v->in[2]};
+      Value *pk = graph_add(g, OP_ATTENTION_GRAD, in, 4, &at, l);
+      pk->role = ROLE_BACKWARD;
+      for (int j = 0; j < 3; j++) {
+        if (!v->in[j]->requires_grad) continue;
+        Attr sl = {.index = j, .shape = v->shape, .dtype = v->dtype};
+        accumulate(g, grad, v->in[j], mk(g, OP_SLICE, pk, NULL, &sl, l));
+      }
       break;
     }
     case OP_CROSS_ENTROPY: {

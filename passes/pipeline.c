@@ -42,9 +42,30 @@ int passes_run(Graph *g, PassCtx *cx) {
   return 0;
 }
 
+/* Also removes dead values (an unused expression, a `transpose` folded into
+ * a matmul): everything but inputs, params, the loss and side effects. */
 void pass_shape(Graph *g, PassCtx *cx) {
   (void)cx;
   for (int i = 0; i < g->n_values; i++) ir_infer_shape(g, g->values[i]);
+  graph_count_uses(g);
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    int k = 0;
+    for (int i = 0; i < g->n_values; i++) {
+      Value *v = g->values[i];
+      bool keep = v->n_uses > 0 || v->op == OP_INPUT || v->op == OP_PARAM || v == g->loss ||
+                  (op_info[v->op].flags & OPF_SIDE);
+      if (keep) {
+        g->values[k++] = v;
+      } else {
+        for (int j = 0; j < v->n_in; j++) v->in[j]->n_uses--;
+        changed = true;
+      }
+    }
+    g->n_values = k;
+  }
+  graph_renumber(g);
   graph_count_uses(g);
 }
 
@@ -64,12 +85,15 @@ void pass_optimizer(Graph *g, PassCtx *cx) {
     Value *p = g->values[i];
     if (p->op != OP_PARAM || !p->grad) continue;
     Value *u;
+    /* decay = "matrices": biases, norms' gains and other vectors get none
+     * (nanoGPT's parameter groups) */
+    Attr at = {.no_decay = g->train.decay_matrices_only && p->shape.rank < 2};
     if (g->train.optimizer == OPTIM_ADAMW) {
       Value *in[4] = {p, p->grad, state(g, p, "exp_avg"), state(g, p, "exp_avg_sq")};
-      u = graph_add(g, OP_ADAMW, in, 4, NULL, p->loc);
+      u = graph_add(g, OP_ADAMW, in, 4, &at, p->loc);
     } else {
       Value *in[3] = {p, p->grad, state(g, p, "momentum_buffer")};
-      u = graph_add(g, OP_SGD, in, 3, NULL, p->loc);
+      u = graph_add(g, OP_SGD, in, 3, &at, p->loc);
     }
     u->role = ROLE_OPTIMIZER;
   }

@@ -194,4 +194,54 @@ uint64_t duet_rng_next(DuetRng *r);
 double duet_rng_uniform(DuetRng *r);  /* [0, 1) with 53 random bits */
 double duet_rng_normal(DuetRng *r);   /* Box-Muller */
 
+/* ----------------------------------------------------------- safetensors */
+
+/* safetensors files (huggingface/safetensors, "Format"): an 8-byte
+ * little-endian header length N, N bytes of JSON naming each tensor's dtype,
+ * shape and byte range, then the data.  duet reads and writes F32, F64 and
+ * I32 tensors and the string-to-string "__metadata__" map. */
+typedef struct DuetStTensor {
+  const char *name;
+  int dtype;                     /* DUET_F32, DUET_F64, DUET_I32 */
+  int rank;                      /* 0 (a scalar) .. DUET_MAX_RANK */
+  int64_t shape[DUET_MAX_RANK];  /* elements per dim, row-major */
+  const void *data;              /* little-endian elements */
+  int64_t nbytes;                /* bytes: elements * dtype size */
+} DuetStTensor;
+
+/* Writes the n tensors t[0..n-1] (in that order, contiguous, the header
+ * padded with spaces so the data start at a multiple of 8 bytes) and n_meta
+ * metadata pairs meta_kv[2i] = key, meta_kv[2i+1] = value to `path`.
+ * Atomic: writes `path`.tmp.<pid>, fflush + fsync, renames it over `path`,
+ * fsyncs the directory.  Returns 0, or -1 with a message in err naming the
+ * path and the failing call (bad arguments: duplicate or reserved names,
+ * nbytes not matching the shape, unsupported dtype).  On failure the temp
+ * file is removed and an existing `path` is left as it was, except when only
+ * the final directory fsync fails: then `path` holds the new file and err
+ * says its durability is not assured. */
+int duet_st_save(const char *path, const DuetStTensor *t, int n, const char *const *meta_kv, int n_meta,
+                 char *err, size_t errlen);
+
+/* A loaded file: every tensor's bytes copied, 8-byte aligned, into memory
+ * that lives until duet_st_close. */
+typedef struct DuetStFile DuetStFile;
+/* Reads and validates the whole file.  NULL with a message in err naming the
+ * file (and the tensor) when it cannot be read or is corrupt: shorter than
+ * 8 bytes, header length beyond the file or over 100 MB, header not a JSON
+ * object, a dtype unknown to the format or other than F32/F64/I32, rank over
+ * DUET_MAX_RANK, a shape entry not an integer >= 0, data_offsets out of the
+ * data section, a byte size (elements * dtype size) different from
+ * end - begin, overlapping ranges, duplicate names, non-string metadata. */
+DuetStFile *duet_st_open(const char *path, char *err, size_t errlen);
+/* Number of tensors (not counting __metadata__). */
+int duet_st_count(const DuetStFile *f);
+/* Tensor i in header order (0 <= i < count), NULL outside. */
+const DuetStTensor *duet_st_get(const DuetStFile *f, int i);
+/* The tensor called `name`, NULL if absent. */
+const DuetStTensor *duet_st_find(const DuetStFile *f, const char *name);
+/* The metadata value of `key`, NULL if absent. */
+const char *duet_st_meta(const DuetStFile *f, const char *key);
+/* Frees everything of f (NULL is fine); pointers from f die with it. */
+void duet_st_close(DuetStFile *f);
+
 #endif

@@ -33,6 +33,17 @@ static const Case cases[] = {
     {"mean", HEAD "param a: [7]\nloss = mean(a * a)\n", 0},
     {"reuse", HEAD "param a: [3,3]\ninput r: f32[3,3]\nloss = mean((a * a + a @ a + a) * r)\n", 0},
     {"cross_entropy", HEAD "param z: [4,5]\ninput y: i32[4]\nloss = cross_entropy(z, y)\n", 5},
+    {"gelu", HEAD "param a: [3,5]\ninput r: f32[3,5]\nloss = mean(gelu(a * 3) * r)\n", 0},
+    {"embedding", HEAD "param e: [7,3]\ninput i: i32[2,4]\ninput r: f32[2,4,3]\nloss = mean(embedding(e, i) * r)\n", 7},
+    {"layernorm", HEAD "param x: [3,6]\nparam w: [6]\nparam b: [6]\ninput r: f32[3,6]\n"
+                  "loss = mean(layernorm(x, w, b) * r)\n", 0},
+    {"attention_causal", HEAD "param q: [2,5,4]\nparam k: [2,5,4]\nparam v: [2,5,4]\ninput r: f32[2,5,4]\n"
+                         "loss = mean(attention(q, k, v, heads = 2, causal = true) * r)\n", 0},
+    {"attention_full", HEAD "param q: [1,3,6]\nparam k: [1,3,6]\nparam v: [1,3,6]\ninput r: f32[1,3,6]\n"
+                       "loss = mean(attention(q * 2, k, v, heads = 3) * r)\n", 0},
+    {"matmul_rank3_tied", HEAD "param x: [2,3,4]\nparam w: [5,4]\ninput y: i32[2,3]\n"
+                          "loss = cross_entropy(x @ transpose(w), y)\n", 5},
+    {"transpose", HEAD "param a: [3,4]\ninput r: f32[4,3]\nloss = mean(transpose(a) * r)\n", 0},
     {"mlp", HEAD "input x: f32[6,4]\ninput y: i32[6]\n"
                  "block linear(h, out) {\n  param w: [dim(h, -1), out] = xavier_uniform\n"
                  "  param b: [out] = normal(0.1)\n  return h @ w + b\n}\n"
