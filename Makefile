@@ -2,10 +2,10 @@
 BUILD    ?= build
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 PACKAGES  = cmake make gcc libc6-dev flex bison libopenblas-openmp-dev libcjson-dev zlib1g-dev \
-            dataset-fashion-mnist gzip
+            dataset-fashion-mnist gzip bible-kjv
 BENCH_PACKAGES = python3-torch python3-numpy
 
-.PHONY: all deps build train test test-asan bench clean
+.PHONY: all deps build train test test-asan bench clean data gpt
 
 all: build
 
@@ -19,6 +19,16 @@ build: deps
 # Trains the default model on real data (Fashion-MNIST) on the CPU.
 train: build
 	$(BUILD)/duet run models/fmnist_mlp.model
+
+# The King James text for models/gpt_kjv.model (Debian package bible-kjv).
+data: data/kjv.txt
+data/kjv.txt:
+	@sh tools/deps.sh bible-kjv
+	sh tools/kjv.sh data/kjv.txt
+
+# Trains the byte-level GPT of models/gpt_kjv.model (1,000 steps).
+gpt: build data
+	$(BUILD)/duet run models/gpt_kjv.model
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)

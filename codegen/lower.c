@@ -410,7 +410,12 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
 
   const TrainSpec *t = &g->train;
   DuetConfig *c = &p->defaults;
-  c->data = t->data == DATA_FASHION_MNIST ? DUET_DATA_FASHION_MNIST : DUET_DATA_NONE;
+  c->data = t->data == DATA_FASHION_MNIST ? DUET_DATA_FASHION_MNIST
+          : t->data == DATA_TEXT        ? DUET_DATA_TEXT
+                                        : DUET_DATA_NONE;
+  c->block = t->block;
+  c->eval_every = t->eval_every;
+  c->eval_batches = t->eval_batches;
   c->data_path = t->data_path;
   c->optimizer = t->optimizer == OPTIM_SGD ? DUET_OPTIM_SGD : DUET_OPTIM_ADAMW;
   c->lr = t->lr;

@@ -69,7 +69,7 @@ enum {
 
 typedef void (*DuetKernelFn)(void *const *t, const double *s);
 
-enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1 };
+enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1, DUET_DATA_TEXT = 2 };
 enum { DUET_OPTIM_ADAMW = 0, DUET_OPTIM_SGD = 1 };
 
 /* Training settings: the program's defaults (from the train section),
@@ -86,6 +86,9 @@ typedef struct DuetConfig {
   const char *metrics_path;
   int64_t train_subset, test_subset; /* 0: whole split */
   int quiet;
+  int64_t block;           /* text: tokens per window */
+  int64_t eval_every;      /* text: validation loss every N steps (0: at the end) */
+  int64_t eval_batches;    /* text: fixed validation batches */
 } DuetConfig;
 
 typedef struct DuetProgram {

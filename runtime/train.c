@@ -22,9 +22,11 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --batch N          batch size (fixed when the model was compiled)\n"
           "  --seed N           seed of initialisation and shuffling\n"
           "  --threads N        CPU threads for kernels and BLAS (default: all cores)\n"
-          "  --data DIR         data directory (default: the train section's)\n"
+          "  --data PATH        data directory or text file (default: the train section's)\n"
           "  --metrics FILE     write JSON lines: {\"step\",\"loss\"} and {\"epoch\",\"test_accuracy\"}\n"
           "  --log-every N      progress line every N steps\n"
+          "  --eval-every N     text: validation loss every N steps\n"
+          "  --eval-batches N   text: number of fixed validation batches\n"
           "  --train-subset N   train on the first N training samples\n"
           "  --test-subset N    evaluate on the first N test samples\n"
           "  --no-eval          skip evaluation on the test split\n"
@@ -96,6 +98,8 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     else if (!strcmp(flag, "--seed")) rc = parse_i64(flag, val, 0, &iv), c->seed = (uint64_t)iv;
     else if (!strcmp(flag, "--threads")) rc = parse_i64(flag, val, 1, &iv), c->threads = (int)(iv > 1024 ? 1024 : iv);
     else if (!strcmp(flag, "--log-every")) rc = parse_i64(flag, val, 1, &c->log_every);
+    else if (!strcmp(flag, "--eval-every")) rc = parse_i64(flag, val, 1, &c->eval_every);
+    else if (!strcmp(flag, "--eval-batches")) rc = parse_i64(flag, val, 1, &c->eval_batches);
     else if (!strcmp(flag, "--train-subset")) rc = parse_i64(flag, val, 1, &c->train_subset);
     else if (!strcmp(flag, "--test-subset")) rc = parse_i64(flag, val, 1, &c->test_subset);
     else if (!strcmp(flag, "--data")) c->data_path = val;
@@ -200,19 +204,8 @@ static int check_labels(const DuetDataset *ds, int n_classes, const char *what) 
   return 0;
 }
 
-int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *argv0, int argc, char **argv) {
-  DuetConfig cfg = p->defaults;
-  int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
-  if (rc == 2) {
-    duet_usage(argv0, stdout);
-    return 0;
-  }
-  if (rc) return 1;
-  if (cfg.data != DUET_DATA_FASHION_MNIST || p->input_x < 0 || p->input_y < 0) {
-    fprintf(stderr, "duet: error: model `%s` has no data source: add `data = fashion_mnist(\"DIR\")` to its train "
-                    "section\n", p->model_name);
-    return 1;
-  }
+static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg) {
+  int rc;
   char err[1024];
   DuetDataset train = {0}, test = {0};
   char ip[1024], lp[1024];
@@ -375,4 +368,224 @@ out:
   duet_dataset_free(&train);
   duet_dataset_free(&test);
   return rc;
+}
+
+/* ----------------------------------------------------------------- text */
+
+/* Byte-level language modelling on one text file: tokens are bytes (vocab
+ * 256), the first 90% of the file trains and the last 10% validates.  A
+ * training batch is `batch` windows of block+1 bytes at uniformly random
+ * offsets (the generator is seeded from --seed, so a run is reproducible);
+ * x = window[0:block], y = window[1:block+1].  The validation loss is the
+ * mean next-byte NLL (nats per byte) over eval_batches fixed batches whose
+ * offsets come from a generator with a constant seed, the same for every
+ * run and every --seed. */
+typedef struct TextData {
+  unsigned char *bytes;
+  int64_t n, n_train; /* train: [0, n_train), validation: [n_train, n) */
+} TextData;
+
+static int load_text(TextData *td, const char *path, int64_t block, char *err, size_t errlen) {
+  memset(td, 0, sizeof *td);
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(err, errlen, "cannot open %s: %s (make data builds data/kjv.txt from Debian's bible-kjv)", path,
+             strerror(errno));
+    return -1;
+  }
+  size_t cap = 1 << 20, n = 0, got;
+  unsigned char *b = malloc(cap);
+  while (b && (got = fread(b + n, 1, cap - n, f)) > 0) {
+    n += got;
+    if (n == cap) {
+      unsigned char *nb = realloc(b, cap * 2);
+      if (!nb) {
+        free(b);
+        b = NULL;
+        break;
+      }
+      b = nb;
+      cap *= 2;
+    }
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (!b || bad) {
+    free(b);
+    snprintf(err, errlen, "cannot read %s", path);
+    return -1;
+  }
+  td->bytes = b;
+  td->n = (int64_t)n;
+  td->n_train = td->n * 9 / 10;
+  if (td->n_train < block + 2 || td->n - td->n_train < block + 2) {
+    snprintf(err, errlen, "%s has %" PRId64 " bytes: too short for windows of %" PRId64 " bytes in both the 90%% "
+             "training and the 10%% validation split", path, td->n, block + 1);
+    free(b);
+    td->bytes = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+/* Fills x and y (i32 [batch, block]) with windows at offsets drawn from r
+ * in [lo, hi - block - 1]. */
+static void text_batch(DuetSession *s, const DuetProgram *p, const TextData *td, DuetRng *r, int64_t lo, int64_t hi,
+                       int64_t batch, int64_t block) {
+  int32_t *x = duet_session_tensor(s, p->input_x), *y = duet_session_tensor(s, p->input_y);
+  uint64_t span = (uint64_t)(hi - lo - block - 1) + 1;
+  for (int64_t b = 0; b < batch; b++) {
+    int64_t off = lo + (int64_t)(duet_rng_next(r) % span);
+    for (int64_t t = 0; t < block; t++) {
+      x[b * block + t] = td->bytes[off + t];
+      y[b * block + t] = td->bytes[off + t + 1];
+    }
+  }
+}
+
+static int text_validate(DuetSession *s, const DuetProgram *p, const TextData *td, const DuetConfig *cfg,
+                         double *val) {
+  DuetRng r;
+  duet_rng_seed(&r, 0x76616c6964ull, 0); /* fixed validation windows */
+  int64_t B = p->defaults.batch, T = cfg->block;
+  double nll = 0;
+  duet_session_set_valid(s, B * T);
+  for (int64_t i = 0; i < cfg->eval_batches; i++) {
+    text_batch(s, p, td, &r, td->n_train, td->n, B, T);
+    if (duet_session_run(s, DUET_RUN_EVAL)) return -1;
+    nll += read_scalar(s, p, p->metrics, 1) / (double)(B * T);
+  }
+  *val = nll / (double)cfg->eval_batches;
+  return 0;
+}
+
+static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg) {
+  char err[1024];
+  TextData td;
+  if (p->input_x < 0 || p->input_y < 0 || p->metrics < 0) {
+    fprintf(stderr, "duet: error: text data needs two i32[batch, block] inputs and a cross_entropy loss\n");
+    return 1;
+  }
+  if (load_text(&td, cfg.data_path, cfg.block, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return 1;
+  }
+  int rc = 1;
+  DuetDevice *dev = NULL;
+  DuetSession *s = NULL;
+  FILE *mf = NULL;
+  int64_t B = p->defaults.batch, T = cfg.block;
+  if (p->n_classes < 256) {
+    fprintf(stderr, "duet: error: byte-level text needs 256 classes, the model's logits have %d\n", p->n_classes);
+    goto out;
+  }
+  int64_t per_epoch = td.n_train / (B * T);
+  if (per_epoch < 1) per_epoch = 1;
+  int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
+  if (!(dev = duet_cpu_device(kernels, p->n_kernels, cfg.threads)) ||
+      !(s = duet_session_new(p, dev, &cfg, err, sizeof err))) {
+    fprintf(stderr, "duet: error: %s\n", dev ? err : "out of host memory");
+    goto out;
+  }
+  if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
+    fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));
+    goto out;
+  }
+  if (!cfg.quiet) {
+    int64_t n_params = 0;
+    for (int i = 0; i < p->n_tensors; i++)
+      if (p->tensors[i].region == DUET_MEM_PARAM) n_params += p->tensors[i].nbytes / (p->tensors[i].dtype == DUET_F64 ? 8 : 4);
+    printf("duet: %s: %" PRId64 " parameters, %s lr %g, batch %" PRId64 " x %" PRId64 " tokens, %" PRId64
+           " steps, text %s (%" PRId64 " bytes: %" PRId64 " train, %" PRId64 " validation)\n",
+           p->model_name, n_params, cfg.optimizer == DUET_OPTIM_SGD ? "sgd" : "adamw", cfg.lr, B, T, total,
+           cfg.data_path, td.n, td.n_train, td.n - td.n_train);
+    printf("duet: memory: params %.1f MiB, optimizer state %.1f MiB, activations %.1f MiB (planned)\n",
+           (double)p->region_bytes[DUET_MEM_PARAM] / 1048576.0, (double)p->region_bytes[DUET_MEM_STATE] / 1048576.0,
+           (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
+    fflush(stdout);
+  }
+  DuetRng r;
+  duet_rng_seed(&r, cfg.seed, 0x74657874ull); /* "text" */
+  double t_log = now_seconds(), t_start = t_log, t_eval = 0, val = NAN;
+  int64_t since_log = 0;
+  for (int64_t step = 1; step <= total; step++) {
+    text_batch(s, p, &td, &r, 0, td.n_train, B, T);
+    if (duet_session_run(s, DUET_RUN_TRAIN)) {
+      fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
+      goto out;
+    }
+    since_log++;
+    double loss = read_scalar(s, p, p->loss, 0);
+    if (!isfinite(loss)) {
+      fprintf(stderr, "duet: error: loss is %s at step %" PRId64 ": training diverged (try a lower --lr)\n",
+              isnan(loss) ? "NaN" : "infinite", step);
+      goto out;
+    }
+    if (step % cfg.log_every == 0 || step == total) {
+      double t = now_seconds();
+      if (!cfg.quiet)
+        printf("step %" PRId64 "/%" PRId64 " | loss %.6f | %.0f tokens/s\n", step, total, loss,
+               (double)(since_log * B * T) / (t - t_log));
+      fflush(stdout);
+      if (mf) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "step", (double)step);
+        cJSON_AddNumberToObject(o, "loss", loss);
+        metrics_write(mf, o);
+      }
+      t_log = now_seconds();
+      since_log = 0;
+    }
+    if (cfg.eval && ((cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == total)) {
+      double te = now_seconds();
+      if (text_validate(s, p, &td, &cfg, &val)) {
+        fprintf(stderr, "duet: error: validation: %s\n", duet_session_error(s));
+        goto out;
+      }
+      if (!cfg.quiet) printf("step %" PRId64 " | val loss %.4f nats/byte (%" PRId64 " batches)\n", step, val,
+                             cfg.eval_batches);
+      fflush(stdout);
+      if (mf) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "step", (double)step);
+        cJSON_AddNumberToObject(o, "val_loss", val);
+        metrics_write(mf, o);
+      }
+      double dt = now_seconds() - te;
+      t_eval += dt;
+      t_log += dt;
+    }
+  }
+  double elapsed = now_seconds() - t_start - t_eval;
+  printf("duet: trained %" PRId64 " steps in %.1f s (%.0f tokens/s)", total, elapsed,
+         (double)(total * B * T) / elapsed);
+  if (!isnan(val)) printf("; val loss %.4f nats/byte", val);
+  printf("\n");
+  rc = 0;
+out:
+  if (mf && fclose(mf)) {
+    fprintf(stderr, "duet: error: writing metrics file %s failed\n", cfg.metrics_path);
+    rc = 1;
+  }
+  duet_session_free(s);
+  if (dev) dev->ops->destroy(dev);
+  free(td.bytes);
+  return rc;
+}
+
+int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *argv0, int argc, char **argv) {
+  DuetConfig cfg = p->defaults;
+  int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
+  if (rc == 2) {
+    duet_usage(argv0, stdout);
+    return 0;
+  }
+  if (rc) return 1;
+  if (cfg.data == DUET_DATA_TEXT) return train_text(p, kernels, cfg);
+  if (cfg.data != DUET_DATA_FASHION_MNIST || p->input_x < 0 || p->input_y < 0) {
+    fprintf(stderr, "duet: error: model `%s` has no data source: add `data = fashion_mnist(\"DIR\")` or "
+                    "`data = text(\"FILE\", block = T)` to its train section\n", p->model_name);
+    return 1;
+  }
+  return train_images(p, kernels, cfg);
 }

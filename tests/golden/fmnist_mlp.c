@@ -2,6 +2,19 @@
 #include <math.h>
 #include <stdint.h>
 
+#if defined(__x86_64__) && defined(__GLIBC__)
+float expf(float) __attribute__((__simd__("notinbranch")));
+float tanhf(float) __attribute__((__simd__("notinbranch")));
+#endif
+static inline float gelu_grad_float(float dy, float x) {
+  const float c = 0.7978845608028654f, a = 0.044715f, th = tanhf(c * (x + a * x * x * x));
+  return dy * (0.5f * (1 + th) + 0.5f * x * (1 - th * th) * c * (1 + 3 * a * x * x));
+}
+static inline double gelu_grad_double(double dy, double x) {
+  const double c = 0.7978845608028654, a = 0.044715, th = tanh(c * (x + a * x * x * x));
+  return dy * (0.5 * (1 + th) + 0.5 * x * (1 - th * th) * c * (1 + 3 * a * x * x));
+}
+
 typedef void (*duet_kernel_fn)(void *const *t, const double *s);
 
 void duet_k0(void *const *t, const double *s) {
