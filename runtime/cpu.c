@@ -267,6 +267,10 @@ void *duet_session_tensor(DuetSession *s, int id) {
 void duet_session_set_valid(DuetSession *s, int64_t n_valid) { s->s[DUET_S_N_VALID] = (double)n_valid; }
 
 const char *duet_session_error(const DuetSession *s) { return s->err; }
+int64_t duet_session_step(const DuetSession *s) { return s->step; }
+void duet_session_set_step(DuetSession *s, int64_t step) { s->step = step; }
+DuetDevice *duet_session_device(DuetSession *s) { return s->dev; }
+const DuetProgram *duet_session_program(const DuetSession *s) { return s->p; }
 
 int duet_session_run(DuetSession *s, int which) {
   const DuetProgram *p = s->p;
@@ -299,6 +303,3 @@ int duet_session_run(DuetSession *s, int which) {
   return d->ops->sync(d);
 }
 
-/* Lets the training driver change lr etc. without reloading. */
-void duet_session_set_config(DuetSession *s, const DuetConfig *cfg);
-void duet_session_set_config(DuetSession *s, const DuetConfig *cfg) { s->cfg = *cfg; }

@@ -89,6 +89,9 @@ typedef struct DuetConfig {
   int64_t block;           /* text: tokens per window */
   int64_t eval_every;      /* text: validation loss every N steps (0: at the end) */
   int64_t eval_batches;    /* text: fixed validation batches */
+  const char *save_path;   /* checkpoint written every save_every steps and at the end */
+  int64_t save_every;      /* 0: only at the end */
+  const char *resume_path; /* checkpoint to continue from */
 } DuetConfig;
 
 typedef struct DuetProgram {
@@ -157,6 +160,11 @@ void duet_session_init_params(DuetSession *s, uint64_t seed);
  * count), DUET_RUN_EVAL, DUET_RUN_GRAD.  0 on success, -1 with a message. */
 enum { DUET_RUN_TRAIN, DUET_RUN_EVAL, DUET_RUN_GRAD };
 int duet_session_run(DuetSession *s, int which);
+/* Optimizer steps taken (AdamW's bias correction uses it); set on resume. */
+int64_t duet_session_step(const DuetSession *s);
+void duet_session_set_step(DuetSession *s, int64_t step);
+DuetDevice *duet_session_device(DuetSession *s);
+const DuetProgram *duet_session_program(const DuetSession *s);
 /* Number of rows of the current batch that hold real samples (eval). */
 void duet_session_set_valid(DuetSession *s, int64_t n_valid);
 const char *duet_session_error(const DuetSession *s);
@@ -168,6 +176,38 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
  * 2 when --help was printed. */
 int duet_parse_flags(DuetConfig *cfg, int64_t compiled_batch, int argc, char **argv);
 void duet_usage(const char *argv0, FILE *out);
+
+/* ------------------------------------------------------------------ rng */
+
+/* xoshiro256** (Blackman & Vigna 2018), seeded through splitmix64. */
+typedef struct DuetRng {
+  uint64_t s[4];
+} DuetRng;
+void duet_rng_seed(DuetRng *r, uint64_t seed, uint64_t stream);
+uint64_t duet_rng_next(DuetRng *r);
+double duet_rng_uniform(DuetRng *r);  /* [0, 1) with 53 random bits */
+double duet_rng_normal(DuetRng *r);   /* Box-Muller */
+
+/* ---------------------------------------------------------- checkpoints */
+
+/* Where training stands, besides the tensors: enough to continue with
+ * exactly the losses an uninterrupted run prints. */
+typedef struct DuetTrainState {
+  int64_t step;           /* optimizer steps done */
+  int64_t epoch, batch;   /* images: epoch (1-based) and next batch index in it */
+  DuetRng rng;            /* text: the batch generator after `step` batches */
+} DuetTrainState;
+
+/* Writes every param and optimizer-state tensor of s under its
+ * hierarchical name, plus the train state and the model name as metadata,
+ * to a safetensors file, atomically (see duet_st_save).  0, or -1 with a
+ * message in err. */
+int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState *st, char *err, size_t errlen);
+/* Loads a checkpoint written by duet_checkpoint_save for the same model:
+ * every param and state tensor must be present with the exact dtype and
+ * shape, and no other tensor may be; sets the session's step.  0, or -1 with
+ * a message naming the file and the tensor (nothing is changed then). */
+int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, char *err, size_t errlen);
 
 /* ----------------------------------------------------------------- data */
 
@@ -185,17 +225,6 @@ typedef struct DuetDataset {
  * the file in err. */
 int duet_load_idx(DuetDataset *ds, const char *images_path, const char *labels_path, char *err, size_t errlen);
 void duet_dataset_free(DuetDataset *ds);
-
-/* ------------------------------------------------------------------ rng */
-
-/* xoshiro256** (Blackman & Vigna 2018), seeded through splitmix64. */
-typedef struct DuetRng {
-  uint64_t s[4];
-} DuetRng;
-void duet_rng_seed(DuetRng *r, uint64_t seed, uint64_t stream);
-uint64_t duet_rng_next(DuetRng *r);
-double duet_rng_uniform(DuetRng *r);  /* [0, 1) with 53 random bits */
-double duet_rng_normal(DuetRng *r);   /* Box-Muller */
 
 /* ----------------------------------------------------------- safetensors */
 

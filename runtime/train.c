@@ -27,6 +27,10 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --log-every N      progress line every N steps\n"
           "  --eval-every N     text: validation loss every N steps\n"
           "  --eval-batches N   text: number of fixed validation batches\n"
+          "  --save PATH        write a checkpoint (safetensors: params, optimizer state, step, data\n"
+          "                     position, RNG) at the end and every --save-every steps; atomic\n"
+          "  --save-every N     checkpoint every N steps (needs --save)\n"
+          "  --resume PATH      continue from a checkpoint with the losses of an uninterrupted run\n"
           "  --train-subset N   train on the first N training samples\n"
           "  --test-subset N    evaluate on the first N test samples\n"
           "  --no-eval          skip evaluation on the test split\n"
@@ -103,6 +107,9 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     else if (!strcmp(flag, "--train-subset")) rc = parse_i64(flag, val, 1, &c->train_subset);
     else if (!strcmp(flag, "--test-subset")) rc = parse_i64(flag, val, 1, &c->test_subset);
     else if (!strcmp(flag, "--data")) c->data_path = val;
+    else if (!strcmp(flag, "--save")) c->save_path = val;
+    else if (!strcmp(flag, "--save-every")) rc = parse_i64(flag, val, 1, &c->save_every);
+    else if (!strcmp(flag, "--resume")) c->resume_path = val;
     else if (!strcmp(flag, "--metrics")) c->metrics_path = val;
     else if (!strcmp(flag, "--batch")) {
       rc = parse_i64(flag, val, 1, &iv);
@@ -163,6 +170,30 @@ static void fill_batch(DuetSession *s, const DuetProgram *p, const DuetDataset *
 static double read_scalar(DuetSession *s, const DuetProgram *p, int id, int k) {
   const void *m = duet_session_tensor(s, id);
   return p->tensors[id].dtype == DUET_F64 ? ((const double *)m)[k] : ((const float *)m)[k];
+}
+
+/* Writes a checkpoint when one is due after `step`. */
+static int maybe_save(DuetSession *s, const DuetConfig *cfg, const DuetTrainState *st, int64_t total) {
+  if (!cfg->save_path) return 0;
+  if (st->step != total && !(cfg->save_every > 0 && st->step % cfg->save_every == 0)) return 0;
+  char err[1024];
+  if (duet_checkpoint_save(s, cfg->save_path, st, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return -1;
+  }
+  if (!cfg->quiet) printf("duet: saved checkpoint %s at step %" PRId64 "\n", cfg->save_path, st->step);
+  return 0;
+}
+
+static int maybe_resume(DuetSession *s, const DuetConfig *cfg, DuetTrainState *st) {
+  if (!cfg->resume_path) return 0;
+  char err[1024];
+  if (duet_checkpoint_load(s, cfg->resume_path, st, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return -1;
+  }
+  if (!cfg->quiet) printf("duet: resumed from %s at step %" PRId64 "\n", cfg->resume_path, st->step);
+  return 0;
 }
 
 typedef struct EvalResult {
@@ -282,11 +313,18 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     fprintf(stderr, "duet: error: out of host memory\n");
     goto out;
   }
+  DuetTrainState ts = {.step = 0, .epoch = 1, .batch = 0};
+  if (maybe_resume(s, &cfg, &ts)) goto out;
+  if (ts.step >= total) {
+    fprintf(stderr, "duet: error: the checkpoint is at step %" PRId64 ", not before the last step %" PRId64 "\n",
+            ts.step, total);
+    goto out;
+  }
   double t_log = now_seconds(), t_start = t_log, t_eval = 0;
-  int64_t since_log = 0;
+  int64_t since_log = 0, first_step = ts.step;
   EvalResult last = {0};
   int evaluated = 0;
-  for (int64_t step = 0, epoch = 1; step < total; epoch++) {
+  for (int64_t step = ts.step, epoch = ts.epoch; step < total; epoch++) {
     DuetRng r;
     duet_rng_seed(&r, cfg.seed, 0x5348554646ull + (uint64_t)epoch); /* Fisher-Yates shuffle per epoch */
     for (int64_t i = 0; i < n_train; i++) perm[i] = i;
@@ -296,7 +334,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
       perm[i] = perm[j];
       perm[j] = t;
     }
-    for (int64_t b = 0; b < per_epoch && step < total; b++) {
+    for (int64_t b = epoch == ts.epoch ? ts.batch : 0; b < per_epoch && step < total; b++) {
       fill_batch(s, p, &train, perm + b * B, B, B);
       if (duet_session_run(s, DUET_RUN_TRAIN)) {
         fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
@@ -325,6 +363,9 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
         t_log = now_seconds();
         since_log = 0;
       }
+      DuetTrainState now = {.step = step, .epoch = b + 1 < per_epoch ? epoch : epoch + 1,
+                            .batch = b + 1 < per_epoch ? b + 1 : 0};
+      if (maybe_save(s, &cfg, &now, total)) goto out;
     }
     bool epoch_done = step % per_epoch == 0 || step == total;
     if (cfg.eval && epoch_done && p->metrics >= 0) {
@@ -351,8 +392,8 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     }
   }
   double elapsed = now_seconds() - t_start - t_eval;
-  printf("duet: trained %" PRId64 " steps in %.1f s (%.0f samples/s)", total, elapsed,
-         (double)(total * B) / elapsed);
+  printf("duet: trained %" PRId64 " steps in %.1f s (%.0f samples/s)", total - first_step, elapsed,
+         (double)((total - first_step) * B) / elapsed);
   if (evaluated)
     printf("; test accuracy %.2f%%", 100.0 * (double)last.correct / (double)last.n);
   printf("\n");
@@ -504,12 +545,18 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
            (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
-  DuetRng r;
-  duet_rng_seed(&r, cfg.seed, 0x74657874ull); /* "text" */
+  DuetTrainState ts = {0};
+  duet_rng_seed(&ts.rng, cfg.seed, 0x74657874ull); /* "text" */
+  if (maybe_resume(s, &cfg, &ts)) goto out;
+  if (ts.step >= total) {
+    fprintf(stderr, "duet: error: the checkpoint is at step %" PRId64 ", not before the last step %" PRId64 "\n",
+            ts.step, total);
+    goto out;
+  }
   double t_log = now_seconds(), t_start = t_log, t_eval = 0, val = NAN;
-  int64_t since_log = 0;
-  for (int64_t step = 1; step <= total; step++) {
-    text_batch(s, p, &td, &r, 0, td.n_train, B, T);
+  int64_t since_log = 0, first_step = ts.step;
+  for (int64_t step = ts.step + 1; step <= total; step++) {
+    text_batch(s, p, &td, &ts.rng, 0, td.n_train, B, T);
     if (duet_session_run(s, DUET_RUN_TRAIN)) {
       fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
       goto out;
@@ -555,10 +602,12 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
       t_eval += dt;
       t_log += dt;
     }
+    ts.step = step;
+    if (maybe_save(s, &cfg, &ts, total)) goto out;
   }
   double elapsed = now_seconds() - t_start - t_eval;
-  printf("duet: trained %" PRId64 " steps in %.1f s (%.0f tokens/s)", total, elapsed,
-         (double)(total * B * T) / elapsed);
+  printf("duet: trained %" PRId64 " steps in %.1f s (%.0f tokens/s)", total - first_step, elapsed,
+         (double)((total - first_step) * B * T) / elapsed);
   if (!isnan(val)) printf("; val loss %.4f nats/byte", val);
   printf("\n");
   rc = 0;

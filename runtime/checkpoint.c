@@ -1,0 +1,127 @@
+/* runtime/checkpoint.c: training checkpoints as safetensors files. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "duet_rt.h"
+
+#define CKPT_FORMAT "duet-checkpoint-1"
+
+static int is_saved(const DuetTensor *t) { return t->region == DUET_MEM_PARAM || t->region == DUET_MEM_STATE; }
+
+int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState *st, char *err, size_t errlen) {
+  const DuetProgram *p = duet_session_program(s);
+  DuetDevice *d = duet_session_device(s);
+  DuetStTensor *t = calloc((size_t)p->n_tensors + 1, sizeof *t);
+  void **host = calloc((size_t)p->n_tensors + 1, sizeof *host);
+  int n = 0, rc = -1;
+  if (!t || !host) {
+    snprintf(err, errlen, "cannot save %s: out of host memory", path);
+    goto out;
+  }
+  for (int i = 0; i < p->n_tensors; i++) {
+    const DuetTensor *x = &p->tensors[i];
+    if (!is_saved(x)) continue;
+    if (!(host[n] = malloc((size_t)x->nbytes + 1)) ||
+        d->ops->copy_to_host(d, host[n], duet_session_tensor(s, i), (size_t)x->nbytes)) {
+      snprintf(err, errlen, "cannot save %s: copying %s from the device failed", path, x->name);
+      n++;
+      goto out;
+    }
+    t[n] = (DuetStTensor){.name = x->name, .dtype = x->dtype, .rank = x->rank, .data = host[n], .nbytes = x->nbytes};
+    memcpy(t[n].shape, x->shape, sizeof x->shape);
+    n++;
+  }
+  char step[32], epoch[32], batch[32], rng[80];
+  snprintf(step, sizeof step, "%" PRId64, st->step);
+  snprintf(epoch, sizeof epoch, "%" PRId64, st->epoch);
+  snprintf(batch, sizeof batch, "%" PRId64, st->batch);
+  snprintf(rng, sizeof rng, "%016" PRIx64 " %016" PRIx64 " %016" PRIx64 " %016" PRIx64, st->rng.s[0], st->rng.s[1],
+           st->rng.s[2], st->rng.s[3]);
+  const char *meta[] = {"format", CKPT_FORMAT, "model", p->model_name, "step", step,
+                        "epoch",  epoch,       "batch", batch,          "rng",  rng};
+  rc = duet_st_save(path, t, n, meta, 6, err, errlen);
+out:
+  for (int i = 0; i < n; i++) free(host[i]);
+  free(host);
+  free(t);
+  return rc;
+}
+
+static int meta_i64(const DuetStFile *f, const char *key, int64_t *out) {
+  const char *v = duet_st_meta(f, key);
+  char *end;
+  if (!v) return -1;
+  long long x = strtoll(v, &end, 10);
+  if (end == v || *end || x < 0) return -1;
+  *out = x;
+  return 0;
+}
+
+int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, char *err, size_t errlen) {
+  const DuetProgram *p = duet_session_program(s);
+  DuetDevice *d = duet_session_device(s);
+  char e2[512];
+  DuetStFile *f = duet_st_open(path, e2, sizeof e2);
+  if (!f) {
+    snprintf(err, errlen, "cannot resume: %s", e2);
+    return -1;
+  }
+  int rc = -1, n_saved = 0;
+  const char *fmt = duet_st_meta(f, "format"), *model = duet_st_meta(f, "model"), *rng = duet_st_meta(f, "rng");
+  DuetTrainState ns = {0};
+  if (!fmt || strcmp(fmt, CKPT_FORMAT)) {
+    snprintf(err, errlen, "cannot resume from %s: not a duet checkpoint (metadata format is %s%s%s, expected %s)", path,
+             fmt ? "\"" : "", fmt ? fmt : "missing", fmt ? "\"" : "", CKPT_FORMAT);
+    goto out;
+  }
+  if (!model || strcmp(model, p->model_name)) {
+    snprintf(err, errlen, "cannot resume from %s: it is a checkpoint of model `%s`, not `%s`", path,
+             model ? model : "?", p->model_name);
+    goto out;
+  }
+  if (meta_i64(f, "step", &ns.step) || meta_i64(f, "epoch", &ns.epoch) || meta_i64(f, "batch", &ns.batch) || !rng ||
+      sscanf(rng, "%" SCNx64 " %" SCNx64 " %" SCNx64 " %" SCNx64, &ns.rng.s[0], &ns.rng.s[1], &ns.rng.s[2],
+             &ns.rng.s[3]) != 4) {
+    snprintf(err, errlen, "cannot resume from %s: corrupt training state in its metadata", path);
+    goto out;
+  }
+  /* check everything before changing anything */
+  for (int i = 0; i < p->n_tensors; i++) {
+    const DuetTensor *x = &p->tensors[i];
+    if (!is_saved(x)) continue;
+    n_saved++;
+    const DuetStTensor *y = duet_st_find(f, x->name);
+    if (!y) {
+      snprintf(err, errlen, "cannot resume from %s: it has no tensor `%s`", path, x->name);
+      goto out;
+    }
+    int same = y->dtype == x->dtype && y->rank == x->rank && y->nbytes == x->nbytes;
+    for (int k = 0; same && k < x->rank; k++) same = y->shape[k] == x->shape[k];
+    if (!same) {
+      snprintf(err, errlen, "cannot resume from %s: tensor `%s` has another dtype or shape than the model's", path,
+               x->name);
+      goto out;
+    }
+  }
+  if (duet_st_count(f) != n_saved) {
+    snprintf(err, errlen, "cannot resume from %s: it holds %d tensors, the model has %d params and state tensors", path,
+             duet_st_count(f), n_saved);
+    goto out;
+  }
+  for (int i = 0; i < p->n_tensors; i++) {
+    const DuetTensor *x = &p->tensors[i];
+    if (!is_saved(x)) continue;
+    const DuetStTensor *y = duet_st_find(f, x->name);
+    if (d->ops->copy_to_device(d, duet_session_tensor(s, i), y->data, (size_t)y->nbytes)) {
+      snprintf(err, errlen, "cannot resume from %s: copying %s to the device failed: %s", path, x->name, d->err);
+      goto out;
+    }
+  }
+  duet_session_set_step(s, ns.step);
+  *st = ns;
+  rc = 0;
+out:
+  duet_st_close(f);
+  return rc;
+}
