@@ -71,6 +71,62 @@ static void emit_const(Buf *b, DType t, double v) {
   bprintf(b, "(%s)%a", ctype(t), v);
 }
 
+/* Row split of an elementwise loop: i = o * R + j with j innermost over a
+ * row of R elements in which every buffer is either contiguous (index
+ * base_o + j) or constant (index base_o), so the inner loop vectorises with
+ * no division or modulo.  *contig tells which of the two a buffer is. */
+static bool buf_row_ok(const KBuf *kb, int64_t R, bool *contig) {
+  *contig = false;
+  for (int t = 0; t < kb->n_terms; t++) {
+    const KIndexTerm *x = &kb->terms[t];
+    if (x->div == 1 && x->mul == 1 && (x->mod == 0 || x->mod % R == 0)) {
+      if (*contig) return false;
+      *contig = true;
+    } else if (x->div % R != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+static int64_t row_split(const Kernel *k) {
+  int64_t cand[4 * KMAX_BUFS * IR_MAX_RANK + 1], best = 0;
+  int nc = 0;
+  cand[nc++] = k->n;
+  for (int i = 0; i < k->n_bufs; i++)
+    for (int t = 0; t < k->bufs[i].n_terms; t++) {
+      const KIndexTerm *x = &k->bufs[i].terms[t];
+      cand[nc++] = x->div;
+      if (x->mod) cand[nc++] = x->mod, cand[nc++] = x->div * x->mod;
+    }
+  for (int c = 0; c < nc; c++) {
+    int64_t R = cand[c];
+    if (R <= best || R < 1 || k->n % R) continue;
+    bool ok = true, contig;
+    for (int i = 0; i < k->n_bufs && ok; i++) ok = buf_row_ok(&k->bufs[i], R, &contig);
+    if (ok) best = R;
+  }
+  return best;
+}
+
+/* Index of buffer kb for row o (the part that does not depend on j). */
+static void row_base_expr(Buf *b, const KBuf *kb, int64_t R) {
+  bprintf(b, "%" PRId64, kb->base); /* then "+ term" for each term */
+  for (int t = 0; t < kb->n_terms; t++) {
+    const KIndexTerm *x = &kb->terms[t];
+    if (x->div == 1 && x->mul == 1 && (x->mod == 0 || x->mod % R == 0)) {
+      if (x->mod && x->mod / R > 1) bprintf(b, " + o %% %" PRId64 " * %" PRId64, x->mod / R, R);
+      else if (!x->mod) bprintf(b, " + o * %" PRId64, R);
+      continue;
+    }
+    bprintf(b, " + (o");
+    if (x->div / R != 1) bprintf(b, " / %" PRId64, x->div / R);
+    if (x->mod) bprintf(b, " %% %" PRId64, x->mod);
+    bprintf(b, ")");
+    if (x->mul != 1) bprintf(b, " * %" PRId64, x->mul);
+  }
+}
+
 static void emit_elementwise(Buf *b, const Kernel *k) {
   const char *T = ctype(k->dtype);
   bool *stored = calloc(KMAX_BUFS, 1);
@@ -82,26 +138,49 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
             stored[i] ? "" : "const ", ctype(k->bufs[i].dtype), k->bufs[i].tensor);
   for (int i = 0; i < k->n_ins; i++)
     if (k->ins[i].op == KI_SCALAR) bprintf(b, "  const %s s%d = (%s)s[%d];\n", T, i, T, k->ins[i].a);
-  if (k->n >= PAR_MIN) bprintf(b, "  #pragma omp parallel for simd schedule(static)\n");
-  else bprintf(b, "  #pragma omp simd\n");
-  bprintf(b, "  for (int64_t i = 0; i < %" PRId64 "; i++) {\n", k->n);
+  int64_t R = row_split(k);
+  bool flat = R == 0 || R == k->n; /* one loop over i */
+  const char *ind = flat ? "    " : "      ";
+  if (R > 0 && !flat) {
+    if (k->n >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+    bprintf(b, "  for (int64_t o = 0; o < %" PRId64 "; o++) {\n", k->n / R);
+    for (int i = 0; i < k->n_bufs; i++) {
+      bprintf(b, "    const int64_t o%d = ", i);
+      row_base_expr(b, &k->bufs[i], R);
+      bprintf(b, ";\n");
+    }
+    bprintf(b, "    #pragma omp simd\n    for (int64_t j = 0; j < %" PRId64 "; j++) {\n", R);
+  } else {
+    if (k->n >= PAR_MIN) bprintf(b, "  #pragma omp parallel for simd schedule(static)\n");
+    else bprintf(b, "  #pragma omp simd\n");
+    bprintf(b, "  for (int64_t i = 0; i < %" PRId64 "; i++) {\n", k->n);
+  }
   const char *sq = k->dtype == DT_F32 ? "sqrtf" : "sqrt";
   const char *th = k->dtype == DT_F32 ? "tanhf" : "tanh";
   for (int i = 0; i < k->n_ins; i++) {
     const KInstr *x = &k->ins[i];
-    if (x->op == KI_STORE) {
-      bprintf(b, "    b%d[", x->a);
-      index_expr(b, &k->bufs[x->a]);
-      bprintf(b, "] = r%d;\n", x->b);
+    if (x->op == KI_STORE || x->op == KI_LOAD) {
+      const KBuf *kb = &k->bufs[x->a];
+      if (x->op == KI_STORE) bprintf(b, "%sb%d[", ind, x->a);
+      else bprintf(b, "%sconst %s r%d = b%d[", ind, T, i, x->a);
+      bool contig;
+      if (R == 0) {
+        index_expr(b, kb);
+      } else if (flat) {
+        buf_row_ok(kb, R, &contig);
+        if (kb->base) bprintf(b, "%" PRId64 "%s", kb->base, contig ? " + " : "");
+        if (contig) bprintf(b, "i");
+        else if (!kb->base) bprintf(b, "0");
+      } else {
+        buf_row_ok(kb, R, &contig);
+        bprintf(b, "o%d%s", x->a, contig ? " + j" : "");
+      }
+      if (x->op == KI_STORE) bprintf(b, "] = r%d;\n", x->b);
+      else bprintf(b, "];\n");
       continue;
     }
-    bprintf(b, "    const %s r%d = ", T, i);
+    bprintf(b, "%sconst %s r%d = ", ind, T, i);
     switch (x->op) {
-    case KI_LOAD:
-      bprintf(b, "b%d[", x->a);
-      index_expr(b, &k->bufs[x->a]);
-      bprintf(b, "]");
-      break;
     case KI_CONST: emit_const(b, k->dtype, x->value); break;
     case KI_SCALAR: bprintf(b, "s%d", i); break;
     case KI_ADD: bprintf(b, "r%d + r%d", x->a, x->b); break;
@@ -126,7 +205,7 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
     }
     bprintf(b, ";\n");
   }
-  bprintf(b, "  }\n");
+  bprintf(b, flat ? "  }\n" : "    }\n  }\n");
   free(stored);
 }
 
@@ -265,7 +344,9 @@ static void emit_norm(Buf *b, const Kernel *k) {
   bprintf(b, "  for (int64_t r = 0; r < %" PRId64 "; r++) {\n", R);
   bprintf(b, "    const %s *xr = x + r * %" PRId64 ";\n    %s *yr = y + r * %" PRId64 ";\n", T, C, T, C);
   bprintf(b, "    double mean = 0, var = 0;\n");
+  bprintf(b, "    #pragma omp simd reduction(+:mean)\n");
   bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) mean += xr[c];\n    mean /= %" PRId64 ";\n", C, C);
+  bprintf(b, "    #pragma omp simd reduction(+:var)\n");
   bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) var += (xr[c] - mean) * (xr[c] - mean);\n", C);
   bprintf(b, "    const %s m = (%s)mean, rstd = (%s)(1 / %s((%s)(var / %" PRId64 ") + (%s)%a));\n", T, T, T, sq, T, C, T,
           k->eps);
@@ -274,6 +355,7 @@ static void emit_norm(Buf *b, const Kernel *k) {
     return;
   }
   bprintf(b, "    const %s *dr = dy + r * %" PRId64 ";\n    double mdy = 0, mdyx = 0;\n", T, C);
+  bprintf(b, "    #pragma omp simd reduction(+:mdy, mdyx)\n");
   bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }\n", C);
   bprintf(b, "    const %s a = (%s)(mdy / %" PRId64 "), bb = (%s)(mdyx / %" PRId64 ");\n", T, T, C, T, C);
   bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);\n  }\n", C);
@@ -300,9 +382,15 @@ static void emit_attention(Buf *b, const Kernel *k) {
   if (B * H > 1) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
   bprintf(b, "  for (int64_t bh = 0; bh < %" PRId64 "; bh++) {\n", B * H);
   bprintf(b, "    const int64_t b = bh / %" PRId64 ", h = bh %% %" PRId64 ";\n", H, H);
-  bprintf(b, "    %s p[%" PRId64 "];\n", T, N);
+  /* K (and V for the backward) of this head, transposed to [D][N], so the
+   * scores of row i are axpys over j that vectorise without reductions */
+  bprintf(b, "    %s p[%" PRId64 "], kt[%" PRId64 "];\n", T, N, D * N);
+  if (!fwd) bprintf(b, "    %s vt[%" PRId64 "], dp[%" PRId64 "];\n", T, D * N, N);
+  bprintf(b, "    for (int64_t j = 0; j < %" PRId64 "; j++) for (int64_t d = 0; d < %" PRId64 "; d++) {\n", N, D);
+  bprintf(b, "      kt[d * %" PRId64 " + j] = k[(b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 " + d];\n", N, N, C, D);
+  if (!fwd) bprintf(b, "      vt[d * %" PRId64 " + j] = v[(b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 " + d];\n", N, N, C, D);
+  bprintf(b, "    }\n");
   if (!fwd) {
-    bprintf(b, "    %s dp[%" PRId64 "];\n", T, N);
     bprintf(b, "    %s *dq = out, *dk = out + %" PRId64 ", *dv = out + %" PRId64 ";\n", T, B * N * C, 2 * B * N * C);
     bprintf(b, "    for (int64_t j = 0; j < %" PRId64 "; j++) for (int64_t d = 0; d < %" PRId64 "; d++) {\n", N, D);
     bprintf(b, "      dk[(b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 " + d] = 0;\n", N, C, D);
@@ -312,12 +400,12 @@ static void emit_attention(Buf *b, const Kernel *k) {
   bprintf(b, "      const %s *qi = q + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
   if (k->causal) bprintf(b, "      const int64_t n = i + 1;\n");
   else bprintf(b, "      const int64_t n = %" PRId64 ";\n", N);
+  /* scores: p_j = scale * sum_d q_d k_jd, summed over d in order */
+  bprintf(b, "      for (int64_t j = 0; j < n; j++) p[j] = 0;\n");
+  bprintf(b, "      for (int64_t d = 0; d < %" PRId64 "; d++) {\n        const %s qd = qi[d];\n", D, T);
+  bprintf(b, "        #pragma omp simd\n        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * %" PRId64 " + j];\n      }\n", N);
   bprintf(b, "      %s m = -INFINITY, sum = 0;\n", T);
-  bprintf(b, "      for (int64_t j = 0; j < n; j++) {\n");
-  bprintf(b, "        const %s *kj = k + (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
-  bprintf(b, "        %s s = 0;\n        #pragma omp simd reduction(+:s)\n", T);
-  bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) s += qi[d] * kj[d];\n", D);
-  bprintf(b, "        p[j] = s * scale;\n        m = p[j] > m ? p[j] : m;\n      }\n");
+  bprintf(b, "      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }\n");
   bprintf(b, "      #pragma omp simd reduction(+:sum)\n");
   bprintf(b, "      for (int64_t j = 0; j < n; j++) { p[j] = %s(p[j] - m); sum += p[j]; }\n", ex);
   bprintf(b, "      const %s inv = 1 / sum;\n", T);
@@ -326,21 +414,28 @@ static void emit_attention(Buf *b, const Kernel *k) {
     bprintf(b, "      %s *oi = out + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
     bprintf(b, "      for (int64_t d = 0; d < %" PRId64 "; d++) oi[d] = 0;\n", D);
     bprintf(b, "      for (int64_t j = 0; j < n; j++) {\n");
-    bprintf(b, "        const %s *vj = v + (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
-    bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) oi[d] += p[j] * vj[d];\n      }\n    }\n  }\n", D);
+    bprintf(b, "        const %s pj = p[j], *vj = v + (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
+    bprintf(b, "        #pragma omp simd\n");
+    bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) oi[d] += pj * vj[d];\n      }\n    }\n  }\n", D);
     return;
   }
   bprintf(b, "      const %s *dyi = dy + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
-  bprintf(b, "      %s dot = 0;\n      for (int64_t j = 0; j < n; j++) {\n", T);
-  bprintf(b, "        const int64_t o = (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", N, C, D);
-  bprintf(b, "        %s s = 0;\n        #pragma omp simd reduction(+:s)\n", T);
-  bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) { dv[o + d] += p[j] * dyi[d]; s += dyi[d] * v[o + d]; }\n", D);
-  bprintf(b, "        dp[j] = s;\n        dot += p[j] * s;\n      }\n");
+  /* dv_j += p_j dy_i;  dp_j = dy_i . v_j */
+  bprintf(b, "      for (int64_t j = 0; j < n; j++) {\n");
+  bprintf(b, "        const %s pj = p[j];\n        %s *dvj = dv + (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n",
+          T, T, N, C, D);
+  bprintf(b, "        #pragma omp simd\n        for (int64_t d = 0; d < %" PRId64 "; d++) dvj[d] += pj * dyi[d];\n", D);
+  bprintf(b, "        dp[j] = 0;\n      }\n");
+  bprintf(b, "      for (int64_t d = 0; d < %" PRId64 "; d++) {\n        const %s g = dyi[d];\n", D, T);
+  bprintf(b, "        #pragma omp simd\n        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * %" PRId64 " + j];\n      }\n", N);
+  bprintf(b, "      %s dot = 0;\n      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];\n", T);
+  /* ds_j = p_j (dp_j - dot) / sqrt(D);  dq_i = sum_j ds_j k_j;  dk_j += ds_j q_i */
   bprintf(b, "      %s *dqi = dq + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
   bprintf(b, "      for (int64_t d = 0; d < %" PRId64 "; d++) dqi[d] = 0;\n", D);
   bprintf(b, "      for (int64_t j = 0; j < n; j++) {\n");
   bprintf(b, "        const %s ds = p[j] * (dp[j] - dot) * scale;\n", T);
   bprintf(b, "        const int64_t o = (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", N, C, D);
+  bprintf(b, "        #pragma omp simd\n");
   bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }\n", D);
   bprintf(b, "      }\n    }\n  }\n");
 }
@@ -368,10 +463,12 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
               "float expf(float) __attribute__((__simd__(\"notinbranch\")));\n"
               "float tanhf(float) __attribute__((__simd__(\"notinbranch\")));\n"
               "#endif\n");
-  bprintf(&b, "static inline float gelu_grad_float(float dy, float x) {\n"
+  bprintf(&b, "#pragma omp declare simd notinbranch\n"
+              "static inline float gelu_grad_float(float dy, float x) {\n"
               "  const float c = 0.7978845608028654f, a = 0.044715f, th = tanhf(c * (x + a * x * x * x));\n"
               "  return dy * (0.5f * (1 + th) + 0.5f * x * (1 - th * th) * c * (1 + 3 * a * x * x));\n}\n");
-  bprintf(&b, "static inline double gelu_grad_double(double dy, double x) {\n"
+  bprintf(&b, "#pragma omp declare simd notinbranch\n"
+              "static inline double gelu_grad_double(double dy, double x) {\n"
               "  const double c = 0.7978845608028654, a = 0.044715, th = tanh(c * (x + a * x * x * x));\n"
               "  return dy * (0.5 * (1 + th) + 0.5 * x * (1 - th * th) * c * (1 + 3 * a * x * x));\n}\n\n");
   bprintf(&b, "typedef void (*duet_kernel_fn)(void *const *t, const double *s);\n\n");

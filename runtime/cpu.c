@@ -2,9 +2,11 @@
  * through CBLAS), the RNG, and sessions (a program loaded on a device). */
 #include <cblas.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -165,8 +167,16 @@ struct DuetSession {
   void **ptr; /* tensor id -> address */
   double s[DUET_S_COUNT];
   int64_t step; /* optimizer steps taken */
+  double *prof; /* DUET_PROFILE=1: seconds per train step entry, summed */
+  int64_t prof_runs;
   char err[600];
 };
+
+static double mono_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static void fan(const DuetTensor *t, double *fan_in, double *fan_out) {
   *fan_in = t->rank >= 1 ? (double)t->shape[0] : 1;
@@ -249,11 +259,52 @@ DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetC
     s->ptr[i] = (char *)s->region[t->region] + t->offset;
   }
   duet_session_init_params(s, cfg->seed);
+  const char *prof = getenv("DUET_PROFILE");
+  if (prof && *prof && strcmp(prof, "0")) s->prof = calloc((size_t)p->n_train + 1, sizeof *s->prof);
   return s;
+}
+
+/* DUET_PROFILE=1: the training schedule's entries by total time. */
+static void print_profile(const DuetSession *s) {
+  const DuetProgram *p = s->p;
+  double total = 0;
+  for (int i = 0; i < p->n_train; i++) total += s->prof[i];
+  if (total <= 0 || s->prof_runs == 0) return;
+  fprintf(stderr, "duet: profile of %lld training steps, %.2f ms per step:\n", (long long)s->prof_runs,
+          1e3 * total / (double)s->prof_runs);
+  int *order = malloc((size_t)p->n_train * sizeof *order);
+  if (!order) return;
+  for (int i = 0; i < p->n_train; i++) order[i] = i;
+  for (int i = 0; i < p->n_train; i++) /* selection of the top 25 */
+    for (int j = i + 1; j < p->n_train; j++)
+      if (s->prof[order[j]] > s->prof[order[i]]) {
+        int t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+      }
+  double gemm = 0;
+  for (int i = 0; i < p->n_train; i++)
+    if (p->train[i].kind == DUET_STEP_GEMM) gemm += s->prof[i];
+  fprintf(stderr, "  GEMMs %.1f%%, generated kernels %.1f%%\n", 100 * gemm / total, 100 * (total - gemm) / total);
+  for (int r = 0; r < p->n_train && r < 60; r++) {
+    const DuetStep *st = &p->train[order[r]];
+    double ms = 1e3 * s->prof[order[r]] / (double)s->prof_runs;
+    if (st->kind == DUET_STEP_GEMM)
+      fprintf(stderr, "  %6.2f%% %8.3f ms  gemm %s%s m=%lld n=%lld k=%lld -> %s (%.1f GFLOP/s)\n",
+              100 * s->prof[order[r]] / total, ms, st->ta ? "T" : "N", st->tb ? "T" : "N", (long long)st->m,
+              (long long)st->n, (long long)st->k, p->tensors[st->c].name, 2e-6 * (double)(st->m * st->n * st->k) / ms);
+    else
+      fprintf(stderr, "  %6.2f%% %8.3f ms  kernel duet_k%d\n", 100 * s->prof[order[r]] / total, ms, st->kernel);
+  }
+  free(order);
 }
 
 void duet_session_free(DuetSession *s) {
   if (!s) return;
+  if (s->prof) {
+    print_profile(s);
+    free(s->prof);
+  }
   for (int r = 1; r < DUET_MEM_COUNT; r++)
     if (s->region[r]) s->dev->ops->free(s->dev, s->region[r]);
   free(s->ptr);
@@ -292,9 +343,13 @@ int duet_session_run(DuetSession *s, int which) {
     s->s[DUET_S_DECAY] = 1.0 - c->lr * c->weight_decay;
   }
   DuetDevice *d = s->dev;
+  bool prof = s->prof && which == DUET_RUN_TRAIN;
+  if (prof) s->prof_runs++;
   for (int i = 0; i < n; i++) {
     const DuetStep *st = &steps[i];
+    double t0 = prof ? mono_seconds() : 0;
     int rc = st->kind == DUET_STEP_GEMM ? d->ops->gemm(d, st, s->ptr) : d->ops->launch(d, st->kernel, s->ptr, s->s);
+    if (prof) s->prof[i] += mono_seconds() - t0;
     if (rc) {
       snprintf(s->err, sizeof s->err, "step %d: %s", i, d->err);
       return -1;

@@ -6,10 +6,12 @@
 float expf(float) __attribute__((__simd__("notinbranch")));
 float tanhf(float) __attribute__((__simd__("notinbranch")));
 #endif
+#pragma omp declare simd notinbranch
 static inline float gelu_grad_float(float dy, float x) {
   const float c = 0.7978845608028654f, a = 0.044715f, th = tanhf(c * (x + a * x * x * x));
   return dy * (0.5f * (1 + th) + 0.5f * x * (1 - th * th) * c * (1 + 3 * a * x * x));
 }
+#pragma omp declare simd notinbranch
 static inline double gelu_grad_double(double dy, double x) {
   const double c = 0.7978845608028654, a = 0.044715, th = tanh(c * (x + a * x * x * x));
   return dy * (0.5 * (1 + th) + 0.5 * x * (1 - th * th) * c * (1 + 3 * a * x * x));
@@ -22,13 +24,19 @@ void duet_k0(void *const *t, const double *s) {
   const float *b0 = (const float *)t[4];
   const float *b1 = (const float *)t[3];
   float *b2 = (float *)t[5];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 262144; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 1024];
-    const float r2 = r0 + r1;
-    const float r3 = r2 < 0 ? 0 : r2;
-    b2[i] = r3;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 256; o++) {
+    const int64_t o0 = 0 + o * 1024;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 1024;
+    #pragma omp simd
+    for (int64_t j = 0; j < 1024; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      const float r3 = r2 < 0 ? 0 : r2;
+      b2[o2 + j] = r3;
+    }
   }
 }
 
@@ -37,13 +45,19 @@ void duet_k1(void *const *t, const double *s) {
   const float *b0 = (const float *)t[8];
   const float *b1 = (const float *)t[7];
   float *b2 = (float *)t[9];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 262144; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 1024];
-    const float r2 = r0 + r1;
-    const float r3 = r2 < 0 ? 0 : r2;
-    b2[i] = r3;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 256; o++) {
+    const int64_t o0 = 0 + o * 1024;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 1024;
+    #pragma omp simd
+    for (int64_t j = 0; j < 1024; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      const float r3 = r2 < 0 ? 0 : r2;
+      b2[o2 + j] = r3;
+    }
   }
 }
 
@@ -52,12 +66,17 @@ void duet_k2(void *const *t, const double *s) {
   const float *b0 = (const float *)t[12];
   const float *b1 = (const float *)t[11];
   float *b2 = (float *)t[13];
-  #pragma omp simd
-  for (int64_t i = 0; i < 2560; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 10];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  for (int64_t o = 0; o < 256; o++) {
+    const int64_t o0 = 0 + o * 10;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 10;
+    #pragma omp simd
+    for (int64_t j = 0; j < 10; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 

@@ -6,10 +6,12 @@
 float expf(float) __attribute__((__simd__("notinbranch")));
 float tanhf(float) __attribute__((__simd__("notinbranch")));
 #endif
+#pragma omp declare simd notinbranch
 static inline float gelu_grad_float(float dy, float x) {
   const float c = 0.7978845608028654f, a = 0.044715f, th = tanhf(c * (x + a * x * x * x));
   return dy * (0.5f * (1 + th) + 0.5f * x * (1 - th * th) * c * (1 + 3 * a * x * x));
 }
+#pragma omp declare simd notinbranch
 static inline double gelu_grad_double(double dy, double x) {
   const double c = 0.7978845608028654, a = 0.044715, th = tanh(c * (x + a * x * x * x));
   return dy * (0.5 * (1 + th) + 0.5 * x * (1 - th * th) * c * (1 + 3 * a * x * x));
@@ -34,12 +36,18 @@ void duet_k1(void *const *t, const double *s) {
   const float *b0 = (const float *)t[4];
   const float *b1 = (const float *)t[3];
   float *b2 = (float *)t[5];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 32768];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 16; o++) {
+    const int64_t o0 = 0 + o * 32768;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 32768;
+    #pragma omp simd
+    for (int64_t j = 0; j < 32768; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -52,8 +60,10 @@ void duet_k2(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
@@ -66,14 +76,21 @@ void duet_k3(void *const *t, const double *s) {
   const float *b1 = (const float *)t[6];
   const float *b2 = (const float *)t[7];
   float *b3 = (float *)t[9];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    const float r3 = b2[i % 256];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      const float r3 = b2[o2 + j];
+      const float r4 = r2 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -82,12 +99,18 @@ void duet_k4(void *const *t, const double *s) {
   const float *b0 = (const float *)t[12];
   const float *b1 = (const float *)t[11];
   float *b2 = (float *)t[13];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -96,12 +119,18 @@ void duet_k5(void *const *t, const double *s) {
   const float *b0 = (const float *)t[16];
   const float *b1 = (const float *)t[15];
   float *b2 = (float *)t[17];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -110,12 +139,18 @@ void duet_k6(void *const *t, const double *s) {
   const float *b0 = (const float *)t[20];
   const float *b1 = (const float *)t[19];
   float *b2 = (float *)t[21];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -129,19 +164,21 @@ void duet_k7(void *const *t, const double *s) {
   #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < 64; bh++) {
     const int64_t b = bh / 4, h = bh % 4;
-    float p[128];
+    float p[128], kt[8192];
+    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
+      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
+    }
     for (int64_t i = 0; i < 128; i++) {
       const float *qi = q + (b * 128 + i) * 256 + h * 64;
       const int64_t n = i + 1;
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float *kj = k + (b * 128 + j) * 256 + h * 64;
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (int64_t d = 0; d < 64; d++) s += qi[d] * kj[d];
-        p[j] = s * scale;
-        m = p[j] > m ? p[j] : m;
+      for (int64_t j = 0; j < n; j++) p[j] = 0;
+      for (int64_t d = 0; d < 64; d++) {
+        const float qd = qi[d];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
       }
+      float m = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
       #pragma omp simd reduction(+:sum)
       for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
       const float inv = 1 / sum;
@@ -149,8 +186,9 @@ void duet_k7(void *const *t, const double *s) {
       float *oi = out + (b * 128 + i) * 256 + h * 64;
       for (int64_t d = 0; d < 64; d++) oi[d] = 0;
       for (int64_t j = 0; j < n; j++) {
-        const float *vj = v + (b * 128 + j) * 256 + h * 64;
-        for (int64_t d = 0; d < 64; d++) oi[d] += p[j] * vj[d];
+        const float pj = p[j], *vj = v + (b * 128 + j) * 256 + h * 64;
+        #pragma omp simd
+        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
       }
     }
   }
@@ -162,14 +200,21 @@ void duet_k8(void *const *t, const double *s) {
   const float *b1 = (const float *)t[25];
   const float *b2 = (const float *)t[24];
   float *b3 = (float *)t[26];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i % 256];
-    const float r3 = r1 + r2;
-    const float r4 = r0 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0 + o * 256;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = b2[o2 + j];
+      const float r3 = r1 + r2;
+      const float r4 = r0 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -182,8 +227,10 @@ void duet_k9(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
@@ -196,14 +243,21 @@ void duet_k10(void *const *t, const double *s) {
   const float *b1 = (const float *)t[27];
   const float *b2 = (const float *)t[28];
   float *b3 = (float *)t[30];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    const float r3 = b2[i % 256];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      const float r3 = b2[o2 + j];
+      const float r4 = r2 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -212,12 +266,18 @@ void duet_k11(void *const *t, const double *s) {
   const float *b0 = (const float *)t[33];
   const float *b1 = (const float *)t[32];
   float *b2 = (float *)t[34];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2097152; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 1024];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 1024;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 1024;
+    #pragma omp simd
+    for (int64_t j = 0; j < 1024; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -239,14 +299,21 @@ void duet_k13(void *const *t, const double *s) {
   const float *b1 = (const float *)t[38];
   const float *b2 = (const float *)t[37];
   float *b3 = (float *)t[39];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i % 256];
-    const float r3 = r1 + r2;
-    const float r4 = r0 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0 + o * 256;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = b2[o2 + j];
+      const float r3 = r1 + r2;
+      const float r4 = r0 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -259,8 +326,10 @@ void duet_k14(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
@@ -273,14 +342,21 @@ void duet_k15(void *const *t, const double *s) {
   const float *b1 = (const float *)t[40];
   const float *b2 = (const float *)t[41];
   float *b3 = (float *)t[43];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    const float r3 = b2[i % 256];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      const float r3 = b2[o2 + j];
+      const float r4 = r2 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -289,12 +365,18 @@ void duet_k16(void *const *t, const double *s) {
   const float *b0 = (const float *)t[46];
   const float *b1 = (const float *)t[45];
   float *b2 = (float *)t[47];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -303,12 +385,18 @@ void duet_k17(void *const *t, const double *s) {
   const float *b0 = (const float *)t[50];
   const float *b1 = (const float *)t[49];
   float *b2 = (float *)t[51];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -317,12 +405,18 @@ void duet_k18(void *const *t, const double *s) {
   const float *b0 = (const float *)t[54];
   const float *b1 = (const float *)t[53];
   float *b2 = (float *)t[55];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -336,19 +430,21 @@ void duet_k19(void *const *t, const double *s) {
   #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < 64; bh++) {
     const int64_t b = bh / 4, h = bh % 4;
-    float p[128];
+    float p[128], kt[8192];
+    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
+      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
+    }
     for (int64_t i = 0; i < 128; i++) {
       const float *qi = q + (b * 128 + i) * 256 + h * 64;
       const int64_t n = i + 1;
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float *kj = k + (b * 128 + j) * 256 + h * 64;
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (int64_t d = 0; d < 64; d++) s += qi[d] * kj[d];
-        p[j] = s * scale;
-        m = p[j] > m ? p[j] : m;
+      for (int64_t j = 0; j < n; j++) p[j] = 0;
+      for (int64_t d = 0; d < 64; d++) {
+        const float qd = qi[d];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
       }
+      float m = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
       #pragma omp simd reduction(+:sum)
       for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
       const float inv = 1 / sum;
@@ -356,8 +452,9 @@ void duet_k19(void *const *t, const double *s) {
       float *oi = out + (b * 128 + i) * 256 + h * 64;
       for (int64_t d = 0; d < 64; d++) oi[d] = 0;
       for (int64_t j = 0; j < n; j++) {
-        const float *vj = v + (b * 128 + j) * 256 + h * 64;
-        for (int64_t d = 0; d < 64; d++) oi[d] += p[j] * vj[d];
+        const float pj = p[j], *vj = v + (b * 128 + j) * 256 + h * 64;
+        #pragma omp simd
+        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
       }
     }
   }
@@ -369,14 +466,21 @@ void duet_k20(void *const *t, const double *s) {
   const float *b1 = (const float *)t[59];
   const float *b2 = (const float *)t[58];
   float *b3 = (float *)t[60];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i % 256];
-    const float r3 = r1 + r2;
-    const float r4 = r0 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0 + o * 256;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = b2[o2 + j];
+      const float r3 = r1 + r2;
+      const float r4 = r0 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -389,8 +493,10 @@ void duet_k21(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
@@ -403,14 +509,21 @@ void duet_k22(void *const *t, const double *s) {
   const float *b1 = (const float *)t[61];
   const float *b2 = (const float *)t[62];
   float *b3 = (float *)t[64];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    const float r3 = b2[i % 256];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      const float r3 = b2[o2 + j];
+      const float r4 = r2 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -419,12 +532,18 @@ void duet_k23(void *const *t, const double *s) {
   const float *b0 = (const float *)t[67];
   const float *b1 = (const float *)t[66];
   float *b2 = (float *)t[68];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2097152; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 1024];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 1024;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 1024;
+    #pragma omp simd
+    for (int64_t j = 0; j < 1024; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -446,14 +565,21 @@ void duet_k25(void *const *t, const double *s) {
   const float *b1 = (const float *)t[72];
   const float *b2 = (const float *)t[71];
   float *b3 = (float *)t[73];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i % 256];
-    const float r3 = r1 + r2;
-    const float r4 = r0 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0 + o * 256;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = b2[o2 + j];
+      const float r3 = r1 + r2;
+      const float r4 = r0 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -466,8 +592,10 @@ void duet_k26(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
@@ -480,14 +608,21 @@ void duet_k27(void *const *t, const double *s) {
   const float *b1 = (const float *)t[74];
   const float *b2 = (const float *)t[75];
   float *b3 = (float *)t[77];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    const float r3 = b2[i % 256];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      const float r3 = b2[o2 + j];
+      const float r4 = r2 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -496,12 +631,18 @@ void duet_k28(void *const *t, const double *s) {
   const float *b0 = (const float *)t[80];
   const float *b1 = (const float *)t[79];
   float *b2 = (float *)t[81];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -510,12 +651,18 @@ void duet_k29(void *const *t, const double *s) {
   const float *b0 = (const float *)t[84];
   const float *b1 = (const float *)t[83];
   float *b2 = (float *)t[85];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -524,12 +671,18 @@ void duet_k30(void *const *t, const double *s) {
   const float *b0 = (const float *)t[88];
   const float *b1 = (const float *)t[87];
   float *b2 = (float *)t[89];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -543,19 +696,21 @@ void duet_k31(void *const *t, const double *s) {
   #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < 64; bh++) {
     const int64_t b = bh / 4, h = bh % 4;
-    float p[128];
+    float p[128], kt[8192];
+    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
+      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
+    }
     for (int64_t i = 0; i < 128; i++) {
       const float *qi = q + (b * 128 + i) * 256 + h * 64;
       const int64_t n = i + 1;
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float *kj = k + (b * 128 + j) * 256 + h * 64;
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (int64_t d = 0; d < 64; d++) s += qi[d] * kj[d];
-        p[j] = s * scale;
-        m = p[j] > m ? p[j] : m;
+      for (int64_t j = 0; j < n; j++) p[j] = 0;
+      for (int64_t d = 0; d < 64; d++) {
+        const float qd = qi[d];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
       }
+      float m = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
       #pragma omp simd reduction(+:sum)
       for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
       const float inv = 1 / sum;
@@ -563,8 +718,9 @@ void duet_k31(void *const *t, const double *s) {
       float *oi = out + (b * 128 + i) * 256 + h * 64;
       for (int64_t d = 0; d < 64; d++) oi[d] = 0;
       for (int64_t j = 0; j < n; j++) {
-        const float *vj = v + (b * 128 + j) * 256 + h * 64;
-        for (int64_t d = 0; d < 64; d++) oi[d] += p[j] * vj[d];
+        const float pj = p[j], *vj = v + (b * 128 + j) * 256 + h * 64;
+        #pragma omp simd
+        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
       }
     }
   }
@@ -576,14 +732,21 @@ void duet_k32(void *const *t, const double *s) {
   const float *b1 = (const float *)t[93];
   const float *b2 = (const float *)t[92];
   float *b3 = (float *)t[94];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i % 256];
-    const float r3 = r1 + r2;
-    const float r4 = r0 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0 + o * 256;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = b2[o2 + j];
+      const float r3 = r1 + r2;
+      const float r4 = r0 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -596,8 +759,10 @@ void duet_k33(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
@@ -610,14 +775,21 @@ void duet_k34(void *const *t, const double *s) {
   const float *b1 = (const float *)t[95];
   const float *b2 = (const float *)t[96];
   float *b3 = (float *)t[98];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    const float r3 = b2[i % 256];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      const float r3 = b2[o2 + j];
+      const float r4 = r2 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -626,12 +798,18 @@ void duet_k35(void *const *t, const double *s) {
   const float *b0 = (const float *)t[101];
   const float *b1 = (const float *)t[100];
   float *b2 = (float *)t[102];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2097152; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 1024];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 1024;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 1024;
+    #pragma omp simd
+    for (int64_t j = 0; j < 1024; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -653,14 +831,21 @@ void duet_k37(void *const *t, const double *s) {
   const float *b1 = (const float *)t[106];
   const float *b2 = (const float *)t[105];
   float *b3 = (float *)t[107];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i % 256];
-    const float r3 = r1 + r2;
-    const float r4 = r0 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0 + o * 256;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = b2[o2 + j];
+      const float r3 = r1 + r2;
+      const float r4 = r0 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -673,8 +858,10 @@ void duet_k38(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
@@ -687,14 +874,21 @@ void duet_k39(void *const *t, const double *s) {
   const float *b1 = (const float *)t[108];
   const float *b2 = (const float *)t[109];
   float *b3 = (float *)t[111];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    const float r3 = b2[i % 256];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      const float r3 = b2[o2 + j];
+      const float r4 = r2 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -703,12 +897,18 @@ void duet_k40(void *const *t, const double *s) {
   const float *b0 = (const float *)t[114];
   const float *b1 = (const float *)t[113];
   float *b2 = (float *)t[115];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -717,12 +917,18 @@ void duet_k41(void *const *t, const double *s) {
   const float *b0 = (const float *)t[118];
   const float *b1 = (const float *)t[117];
   float *b2 = (float *)t[119];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -731,12 +937,18 @@ void duet_k42(void *const *t, const double *s) {
   const float *b0 = (const float *)t[122];
   const float *b1 = (const float *)t[121];
   float *b2 = (float *)t[123];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -750,19 +962,21 @@ void duet_k43(void *const *t, const double *s) {
   #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < 64; bh++) {
     const int64_t b = bh / 4, h = bh % 4;
-    float p[128];
+    float p[128], kt[8192];
+    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
+      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
+    }
     for (int64_t i = 0; i < 128; i++) {
       const float *qi = q + (b * 128 + i) * 256 + h * 64;
       const int64_t n = i + 1;
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float *kj = k + (b * 128 + j) * 256 + h * 64;
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (int64_t d = 0; d < 64; d++) s += qi[d] * kj[d];
-        p[j] = s * scale;
-        m = p[j] > m ? p[j] : m;
+      for (int64_t j = 0; j < n; j++) p[j] = 0;
+      for (int64_t d = 0; d < 64; d++) {
+        const float qd = qi[d];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
       }
+      float m = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
       #pragma omp simd reduction(+:sum)
       for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
       const float inv = 1 / sum;
@@ -770,8 +984,9 @@ void duet_k43(void *const *t, const double *s) {
       float *oi = out + (b * 128 + i) * 256 + h * 64;
       for (int64_t d = 0; d < 64; d++) oi[d] = 0;
       for (int64_t j = 0; j < n; j++) {
-        const float *vj = v + (b * 128 + j) * 256 + h * 64;
-        for (int64_t d = 0; d < 64; d++) oi[d] += p[j] * vj[d];
+        const float pj = p[j], *vj = v + (b * 128 + j) * 256 + h * 64;
+        #pragma omp simd
+        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
       }
     }
   }
@@ -783,14 +998,21 @@ void duet_k44(void *const *t, const double *s) {
   const float *b1 = (const float *)t[127];
   const float *b2 = (const float *)t[126];
   float *b3 = (float *)t[128];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i % 256];
-    const float r3 = r1 + r2;
-    const float r4 = r0 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0 + o * 256;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = b2[o2 + j];
+      const float r3 = r1 + r2;
+      const float r4 = r0 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -803,8 +1025,10 @@ void duet_k45(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
@@ -817,14 +1041,21 @@ void duet_k46(void *const *t, const double *s) {
   const float *b1 = (const float *)t[129];
   const float *b2 = (const float *)t[130];
   float *b3 = (float *)t[132];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    const float r3 = b2[i % 256];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      const float r3 = b2[o2 + j];
+      const float r4 = r2 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -833,12 +1064,18 @@ void duet_k47(void *const *t, const double *s) {
   const float *b0 = (const float *)t[135];
   const float *b1 = (const float *)t[134];
   float *b2 = (float *)t[136];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2097152; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 1024];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 1024;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 1024;
+    #pragma omp simd
+    for (int64_t j = 0; j < 1024; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 + r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -860,14 +1097,21 @@ void duet_k49(void *const *t, const double *s) {
   const float *b1 = (const float *)t[140];
   const float *b2 = (const float *)t[139];
   float *b3 = (float *)t[141];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i % 256];
-    const float r3 = r1 + r2;
-    const float r4 = r0 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0 + o * 256;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = b2[o2 + j];
+      const float r3 = r1 + r2;
+      const float r4 = r0 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -880,8 +1124,10 @@ void duet_k50(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
@@ -894,14 +1140,21 @@ void duet_k51(void *const *t, const double *s) {
   const float *b1 = (const float *)t[142];
   const float *b2 = (const float *)t[143];
   float *b3 = (float *)t[145];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    const float r3 = b2[i % 256];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0;
+    const int64_t o3 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      const float r3 = b2[o2 + j];
+      const float r4 = r2 + r3;
+      b3[o3 + j] = r4;
+    }
   }
 }
 
@@ -980,12 +1233,18 @@ void duet_k56(void *const *t, const double *s) {
   const float *b0 = (const float *)t[150];
   const float *b1 = (const float *)t[142];
   float *b2 = (float *)t[153];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -1030,12 +1289,15 @@ void duet_k59(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     const float *dr = dy + r * 256;
     double mdy = 0, mdyx = 0;
+    #pragma omp simd reduction(+:mdy, mdyx)
     for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
     const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
     for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
@@ -1112,12 +1374,18 @@ void duet_k64(void *const *t, const double *s) {
   const float *b0 = (const float *)t[162];
   const float *b1 = (const float *)t[129];
   float *b2 = (float *)t[165];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -1162,12 +1430,15 @@ void duet_k67(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     const float *dr = dy + r * 256;
     double mdy = 0, mdyx = 0;
+    #pragma omp simd reduction(+:mdy, mdyx)
     for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
     const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
     for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
@@ -1216,8 +1487,12 @@ void duet_k70(void *const *t, const double *s) {
   #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < 64; bh++) {
     const int64_t b = bh / 4, h = bh % 4;
-    float p[128];
-    float dp[128];
+    float p[128], kt[8192];
+    float vt[8192], dp[128];
+    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
+      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
+      vt[d * 128 + j] = v[(b * 128 + j) * 256 + h * 64 + d];
+    }
     float *dq = out, *dk = out + 524288, *dv = out + 1048576;
     for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
       dk[(b * 128 + j) * 256 + h * 64 + d] = 0;
@@ -1226,34 +1501,39 @@ void duet_k70(void *const *t, const double *s) {
     for (int64_t i = 0; i < 128; i++) {
       const float *qi = q + (b * 128 + i) * 256 + h * 64;
       const int64_t n = i + 1;
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float *kj = k + (b * 128 + j) * 256 + h * 64;
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (int64_t d = 0; d < 64; d++) s += qi[d] * kj[d];
-        p[j] = s * scale;
-        m = p[j] > m ? p[j] : m;
+      for (int64_t j = 0; j < n; j++) p[j] = 0;
+      for (int64_t d = 0; d < 64; d++) {
+        const float qd = qi[d];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
       }
+      float m = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
       #pragma omp simd reduction(+:sum)
       for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
       const float inv = 1 / sum;
       for (int64_t j = 0; j < n; j++) p[j] *= inv;
       const float *dyi = dy + (b * 128 + i) * 256 + h * 64;
-      float dot = 0;
       for (int64_t j = 0; j < n; j++) {
-        const int64_t o = (b * 128 + j) * 256 + h * 64;
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (int64_t d = 0; d < 64; d++) { dv[o + d] += p[j] * dyi[d]; s += dyi[d] * v[o + d]; }
-        dp[j] = s;
-        dot += p[j] * s;
+        const float pj = p[j];
+        float *dvj = dv + (b * 128 + j) * 256 + h * 64;
+        #pragma omp simd
+        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
+        dp[j] = 0;
       }
+      for (int64_t d = 0; d < 64; d++) {
+        const float g = dyi[d];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 128 + j];
+      }
+      float dot = 0;
+      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
       float *dqi = dq + (b * 128 + i) * 256 + h * 64;
       for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
       for (int64_t j = 0; j < n; j++) {
         const float ds = p[j] * (dp[j] - dot) * scale;
         const int64_t o = (b * 128 + j) * 256 + h * 64;
+        #pragma omp simd
         for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
       }
     }
@@ -1383,12 +1663,18 @@ void duet_k79(void *const *t, const double *s) {
   const float *b0 = (const float *)t[185];
   const float *b1 = (const float *)t[108];
   float *b2 = (float *)t[188];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -1433,12 +1719,15 @@ void duet_k82(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     const float *dr = dy + r * 256;
     double mdy = 0, mdyx = 0;
+    #pragma omp simd reduction(+:mdy, mdyx)
     for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
     const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
     for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
@@ -1529,12 +1818,18 @@ void duet_k88(void *const *t, const double *s) {
   const float *b0 = (const float *)t[198];
   const float *b1 = (const float *)t[95];
   float *b2 = (float *)t[201];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -1579,12 +1874,15 @@ void duet_k91(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     const float *dr = dy + r * 256;
     double mdy = 0, mdyx = 0;
+    #pragma omp simd reduction(+:mdy, mdyx)
     for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
     const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
     for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
@@ -1633,8 +1931,12 @@ void duet_k94(void *const *t, const double *s) {
   #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < 64; bh++) {
     const int64_t b = bh / 4, h = bh % 4;
-    float p[128];
-    float dp[128];
+    float p[128], kt[8192];
+    float vt[8192], dp[128];
+    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
+      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
+      vt[d * 128 + j] = v[(b * 128 + j) * 256 + h * 64 + d];
+    }
     float *dq = out, *dk = out + 524288, *dv = out + 1048576;
     for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
       dk[(b * 128 + j) * 256 + h * 64 + d] = 0;
@@ -1643,34 +1945,39 @@ void duet_k94(void *const *t, const double *s) {
     for (int64_t i = 0; i < 128; i++) {
       const float *qi = q + (b * 128 + i) * 256 + h * 64;
       const int64_t n = i + 1;
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float *kj = k + (b * 128 + j) * 256 + h * 64;
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (int64_t d = 0; d < 64; d++) s += qi[d] * kj[d];
-        p[j] = s * scale;
-        m = p[j] > m ? p[j] : m;
+      for (int64_t j = 0; j < n; j++) p[j] = 0;
+      for (int64_t d = 0; d < 64; d++) {
+        const float qd = qi[d];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
       }
+      float m = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
       #pragma omp simd reduction(+:sum)
       for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
       const float inv = 1 / sum;
       for (int64_t j = 0; j < n; j++) p[j] *= inv;
       const float *dyi = dy + (b * 128 + i) * 256 + h * 64;
-      float dot = 0;
       for (int64_t j = 0; j < n; j++) {
-        const int64_t o = (b * 128 + j) * 256 + h * 64;
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (int64_t d = 0; d < 64; d++) { dv[o + d] += p[j] * dyi[d]; s += dyi[d] * v[o + d]; }
-        dp[j] = s;
-        dot += p[j] * s;
+        const float pj = p[j];
+        float *dvj = dv + (b * 128 + j) * 256 + h * 64;
+        #pragma omp simd
+        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
+        dp[j] = 0;
       }
+      for (int64_t d = 0; d < 64; d++) {
+        const float g = dyi[d];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 128 + j];
+      }
+      float dot = 0;
+      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
       float *dqi = dq + (b * 128 + i) * 256 + h * 64;
       for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
       for (int64_t j = 0; j < n; j++) {
         const float ds = p[j] * (dp[j] - dot) * scale;
         const int64_t o = (b * 128 + j) * 256 + h * 64;
+        #pragma omp simd
         for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
       }
     }
@@ -1800,12 +2107,18 @@ void duet_k103(void *const *t, const double *s) {
   const float *b0 = (const float *)t[221];
   const float *b1 = (const float *)t[74];
   float *b2 = (float *)t[224];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -1850,12 +2163,15 @@ void duet_k106(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     const float *dr = dy + r * 256;
     double mdy = 0, mdyx = 0;
+    #pragma omp simd reduction(+:mdy, mdyx)
     for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
     const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
     for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
@@ -1946,12 +2262,18 @@ void duet_k112(void *const *t, const double *s) {
   const float *b0 = (const float *)t[234];
   const float *b1 = (const float *)t[61];
   float *b2 = (float *)t[237];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -1996,12 +2318,15 @@ void duet_k115(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     const float *dr = dy + r * 256;
     double mdy = 0, mdyx = 0;
+    #pragma omp simd reduction(+:mdy, mdyx)
     for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
     const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
     for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
@@ -2050,8 +2375,12 @@ void duet_k118(void *const *t, const double *s) {
   #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < 64; bh++) {
     const int64_t b = bh / 4, h = bh % 4;
-    float p[128];
-    float dp[128];
+    float p[128], kt[8192];
+    float vt[8192], dp[128];
+    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
+      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
+      vt[d * 128 + j] = v[(b * 128 + j) * 256 + h * 64 + d];
+    }
     float *dq = out, *dk = out + 524288, *dv = out + 1048576;
     for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
       dk[(b * 128 + j) * 256 + h * 64 + d] = 0;
@@ -2060,34 +2389,39 @@ void duet_k118(void *const *t, const double *s) {
     for (int64_t i = 0; i < 128; i++) {
       const float *qi = q + (b * 128 + i) * 256 + h * 64;
       const int64_t n = i + 1;
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float *kj = k + (b * 128 + j) * 256 + h * 64;
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (int64_t d = 0; d < 64; d++) s += qi[d] * kj[d];
-        p[j] = s * scale;
-        m = p[j] > m ? p[j] : m;
+      for (int64_t j = 0; j < n; j++) p[j] = 0;
+      for (int64_t d = 0; d < 64; d++) {
+        const float qd = qi[d];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
       }
+      float m = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
       #pragma omp simd reduction(+:sum)
       for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
       const float inv = 1 / sum;
       for (int64_t j = 0; j < n; j++) p[j] *= inv;
       const float *dyi = dy + (b * 128 + i) * 256 + h * 64;
-      float dot = 0;
       for (int64_t j = 0; j < n; j++) {
-        const int64_t o = (b * 128 + j) * 256 + h * 64;
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (int64_t d = 0; d < 64; d++) { dv[o + d] += p[j] * dyi[d]; s += dyi[d] * v[o + d]; }
-        dp[j] = s;
-        dot += p[j] * s;
+        const float pj = p[j];
+        float *dvj = dv + (b * 128 + j) * 256 + h * 64;
+        #pragma omp simd
+        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
+        dp[j] = 0;
       }
+      for (int64_t d = 0; d < 64; d++) {
+        const float g = dyi[d];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 128 + j];
+      }
+      float dot = 0;
+      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
       float *dqi = dq + (b * 128 + i) * 256 + h * 64;
       for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
       for (int64_t j = 0; j < n; j++) {
         const float ds = p[j] * (dp[j] - dot) * scale;
         const int64_t o = (b * 128 + j) * 256 + h * 64;
+        #pragma omp simd
         for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
       }
     }
@@ -2217,12 +2551,18 @@ void duet_k127(void *const *t, const double *s) {
   const float *b0 = (const float *)t[257];
   const float *b1 = (const float *)t[40];
   float *b2 = (float *)t[260];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -2267,12 +2607,15 @@ void duet_k130(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     const float *dr = dy + r * 256;
     double mdy = 0, mdyx = 0;
+    #pragma omp simd reduction(+:mdy, mdyx)
     for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
     const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
     for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
@@ -2363,12 +2706,18 @@ void duet_k136(void *const *t, const double *s) {
   const float *b0 = (const float *)t[270];
   const float *b1 = (const float *)t[27];
   float *b2 = (float *)t[273];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -2413,12 +2762,15 @@ void duet_k139(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     const float *dr = dy + r * 256;
     double mdy = 0, mdyx = 0;
+    #pragma omp simd reduction(+:mdy, mdyx)
     for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
     const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
     for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
@@ -2467,8 +2819,12 @@ void duet_k142(void *const *t, const double *s) {
   #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < 64; bh++) {
     const int64_t b = bh / 4, h = bh % 4;
-    float p[128];
-    float dp[128];
+    float p[128], kt[8192];
+    float vt[8192], dp[128];
+    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
+      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
+      vt[d * 128 + j] = v[(b * 128 + j) * 256 + h * 64 + d];
+    }
     float *dq = out, *dk = out + 524288, *dv = out + 1048576;
     for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
       dk[(b * 128 + j) * 256 + h * 64 + d] = 0;
@@ -2477,34 +2833,39 @@ void duet_k142(void *const *t, const double *s) {
     for (int64_t i = 0; i < 128; i++) {
       const float *qi = q + (b * 128 + i) * 256 + h * 64;
       const int64_t n = i + 1;
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float *kj = k + (b * 128 + j) * 256 + h * 64;
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (int64_t d = 0; d < 64; d++) s += qi[d] * kj[d];
-        p[j] = s * scale;
-        m = p[j] > m ? p[j] : m;
+      for (int64_t j = 0; j < n; j++) p[j] = 0;
+      for (int64_t d = 0; d < 64; d++) {
+        const float qd = qi[d];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
       }
+      float m = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
       #pragma omp simd reduction(+:sum)
       for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
       const float inv = 1 / sum;
       for (int64_t j = 0; j < n; j++) p[j] *= inv;
       const float *dyi = dy + (b * 128 + i) * 256 + h * 64;
-      float dot = 0;
       for (int64_t j = 0; j < n; j++) {
-        const int64_t o = (b * 128 + j) * 256 + h * 64;
-        float s = 0;
-        #pragma omp simd reduction(+:s)
-        for (int64_t d = 0; d < 64; d++) { dv[o + d] += p[j] * dyi[d]; s += dyi[d] * v[o + d]; }
-        dp[j] = s;
-        dot += p[j] * s;
+        const float pj = p[j];
+        float *dvj = dv + (b * 128 + j) * 256 + h * 64;
+        #pragma omp simd
+        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
+        dp[j] = 0;
       }
+      for (int64_t d = 0; d < 64; d++) {
+        const float g = dyi[d];
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 128 + j];
+      }
+      float dot = 0;
+      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
       float *dqi = dq + (b * 128 + i) * 256 + h * 64;
       for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
       for (int64_t j = 0; j < n; j++) {
         const float ds = p[j] * (dp[j] - dot) * scale;
         const int64_t o = (b * 128 + j) * 256 + h * 64;
+        #pragma omp simd
         for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
       }
     }
@@ -2634,12 +2995,18 @@ void duet_k151(void *const *t, const double *s) {
   const float *b0 = (const float *)t[293];
   const float *b1 = (const float *)t[6];
   float *b2 = (float *)t[296];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i % 256];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
+  #pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < 2048; o++) {
+    const int64_t o0 = 0 + o * 256;
+    const int64_t o1 = 0;
+    const int64_t o2 = 0 + o * 256;
+    #pragma omp simd
+    for (int64_t j = 0; j < 256; j++) {
+      const float r0 = b0[o0 + j];
+      const float r1 = b1[o1 + j];
+      const float r2 = r0 * r1;
+      b2[o2 + j] = r2;
+    }
   }
 }
 
@@ -2684,12 +3051,15 @@ void duet_k154(void *const *t, const double *s) {
     const float *xr = x + r * 256;
     float *yr = y + r * 256;
     double mean = 0, var = 0;
+    #pragma omp simd reduction(+:mean)
     for (int64_t c = 0; c < 256; c++) mean += xr[c];
     mean /= 256;
+    #pragma omp simd reduction(+:var)
     for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
     const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
     const float *dr = dy + r * 256;
     double mdy = 0, mdyx = 0;
+    #pragma omp simd reduction(+:mdy, mdyx)
     for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
     const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
     for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
