@@ -88,8 +88,20 @@ static int compiler_version(char *out, size_t n) {
   return 0;
 }
 
+/* mkdir -p with mode 0700 for every directory it creates. */
 static int mkdir_private(const char *path) {
-  if (mkdir(path, 0700) && errno != EEXIST) return -1;
+  char tmp[1024];
+  if ((size_t)snprintf(tmp, sizeof tmp, "%s", path) >= sizeof tmp) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  for (char *p = tmp + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      if (mkdir(tmp, 0700) && errno != EEXIST) return -1;
+      *p = '/';
+    }
+  if (mkdir(tmp, 0700) && errno != EEXIST) return -1;
   return 0;
 }
 
@@ -97,7 +109,10 @@ static int mkdir_private(const char *path) {
 static int cache_dir(char *out, size_t n, char *err, size_t errlen) {
   const char *d = getenv("DUET_CACHE_DIR");
   if (d && *d) {
-    snprintf(out, n, "%s", d);
+    if ((size_t)snprintf(out, n, "%s", d) >= n) {
+      snprintf(err, errlen, "DUET_CACHE_DIR is longer than %zu bytes", n - 1);
+      return -1;
+    }
   } else {
     const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     char parent[900];
@@ -182,50 +197,105 @@ static int open_module(const char *so, JitModule *m, char *err, size_t errlen) {
   return 0;
 }
 
+/* The CPU model and feature flags, part of the cache key (kernels are
+ * compiled with -march=native). */
+static void cpu_signature(char *out, size_t n) {
+  out[0] = 0;
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return;
+  char line[4096];
+  size_t k = 0;
+  int got = 0;
+  while (got < 2 && fgets(line, sizeof line, f)) {
+    if ((!strncmp(line, "model name", 10) || !strncmp(line, "flags", 5)) && k < n) {
+      k += (size_t)snprintf(out + k, n - k, "%s", line);
+      got++;
+    }
+  }
+  fclose(f);
+}
+
+/* Size and FNV-1a of a file's bytes; -1 when unreadable. */
+static int file_digest(const char *path, size_t *size, uint64_t *h) {
+  size_t n = 0;
+  char *b = read_all(path, &n);
+  if (!b) return -1;
+  *size = n;
+  *h = fnv1a(b, n, 0xcbf29ce484222325ull);
+  free(b);
+  return 0;
+}
+
+static int fsync_path(const char *path) {
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  int rc = fsync(fd);
+  close(fd);
+  return rc;
+}
+
+#define PATH_CHECK(buf, ...)                                                                \
+  do {                                                                                      \
+    if ((size_t)snprintf(buf, sizeof buf, __VA_ARGS__) >= sizeof buf) {                    \
+      snprintf(err, errlen, "kernel cache path too long (set DUET_CACHE_DIR to a shorter directory)"); \
+      goto out;                                                                             \
+    }                                                                                       \
+  } while (0)
+
 int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
-  char ver[512], dir[1024];
+  char ver[512], dir[1024], cpu[4096];
   if (compiler_version(ver, sizeof ver)) {
     snprintf(err, errlen, "cannot run the C compiler '%s' (set DUET_CC, or install gcc: apt-get install gcc)",
              jit_cc());
     return -1;
   }
   if (cache_dir(dir, sizeof dir, err, errlen)) return -1;
+  cpu_signature(cpu, sizeof cpu);
   /* the full key: everything that changes the object code */
   const char *flags[] = {DUET_KERNEL_CFLAGS, "-fPIC", "-shared"};
   size_t n_flags = sizeof flags / sizeof *flags;
-  size_t klen = strlen(src) + 2048;
-  char *key = malloc(klen);
+  size_t klen = strlen(src) + strlen(cpu) + 2048;
+  char *key = malloc(klen), *old = NULL;
+  char so[1200], keyf[1200], base[1200], c_path[1300], so_tmp[1300], key_tmp[1300];
+  int rc = -1;
+  c_path[0] = so_tmp[0] = key_tmp[0] = 0;
   if (!key) {
     snprintf(err, errlen, "out of host memory");
     return -1;
   }
-  size_t k = (size_t)snprintf(key, klen, "duet kernel cache v1\ncc: %s\nversion: %s\nflags:", jit_cc(), ver);
+  size_t k = (size_t)snprintf(key, klen, "duet kernel cache v2\ncc: %s\nversion: %s\n%sflags:", jit_cc(), ver, cpu);
   for (size_t i = 0; i < n_flags; i++) k += (size_t)snprintf(key + k, klen - k, " %s", flags[i]);
   k += (size_t)snprintf(key + k, klen - k, "\nsource:\n%s", src);
   uint64_t h = fnv1a(key, k, 0xcbf29ce484222325ull);
-  char so[1200], keyf[1200];
-  snprintf(so, sizeof so, "%s/%016llx.so", dir, (unsigned long long)h);
-  snprintf(keyf, sizeof keyf, "%s/%016llx.key", dir, (unsigned long long)h);
+  PATH_CHECK(so, "%s/%016llx.so", dir, (unsigned long long)h);
+  PATH_CHECK(keyf, "%s/%016llx.key", dir, (unsigned long long)h);
 
-  size_t old_len = 0;
-  char *old = read_all(keyf, &old_len);
+  /* a hit: the key file holds the full key, then the object's size and
+   * hash, which must match the .so (a damaged object is recompiled) */
+  size_t old_len = 0, so_size;
+  uint64_t so_hash;
+  old = read_all(keyf, &old_len);
   struct stat st;
-  if (old && old_len == k && !memcmp(old, key, k) && !stat(so, &st) && st.st_uid == getuid()) {
-    free(old);
-    free(key);
-    m->cache_hit = true;
-    return open_module(so, m, err, errlen);
+  if (old && old_len > k && !memcmp(old, key, k) && !stat(so, &st) && st.st_uid == getuid() &&
+      !file_digest(so, &so_size, &so_hash)) {
+    char want[96];
+    snprintf(want, sizeof want, "\nobject: %zu %016llx\n", so_size, (unsigned long long)so_hash);
+    if (old_len - k == strlen(want) && !memcmp(old + k, want, old_len - k)) {
+      char e2[600];
+      if (!open_module(so, m, e2, sizeof e2)) {
+        m->cache_hit = true;
+        rc = 0;
+        goto out;
+      }
+    }
   }
-  free(old);
 
   /* compile into temporary names, then rename: .so first, key last */
-  char base[1200], c_path[1300], so_tmp[1300], key_tmp[1300];
-  snprintf(base, sizeof base, "%s/%016llx.%ld", dir, (unsigned long long)h, (long)getpid());
-  snprintf(c_path, sizeof c_path, "%s.c", base);
-  snprintf(so_tmp, sizeof so_tmp, "%s.so.tmp", base);
-  snprintf(key_tmp, sizeof key_tmp, "%s.key.tmp", base);
-  int rc = -1;
+  PATH_CHECK(base, "%s/%016llx.%ld", dir, (unsigned long long)h, (long)getpid());
+  PATH_CHECK(c_path, "%s.c", base);
+  PATH_CHECK(so_tmp, "%s.so.tmp", base);
+  PATH_CHECK(key_tmp, "%s.key.tmp", base);
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   if (write_file_sync(c_path, src, strlen(src))) {
@@ -247,6 +317,11 @@ int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
     snprintf(err, errlen, "compiling generated kernels failed (%s exited with %d):\n%s", jit_cc(), st_cc, log);
     goto out;
   }
+  if (file_digest(so_tmp, &so_size, &so_hash) || fsync_path(so_tmp)) {
+    snprintf(err, errlen, "cannot read back the compiled kernels %s: %s", so_tmp, strerror(errno));
+    goto out;
+  }
+  k += (size_t)snprintf(key + k, klen - k, "\nobject: %zu %016llx\n", so_size, (unsigned long long)so_hash);
   if (write_file_sync(key_tmp, key, k) || rename(so_tmp, so) || rename(key_tmp, keyf)) {
     snprintf(err, errlen, "cannot write the kernel cache in %s: %s", dir, strerror(errno));
     goto out;
@@ -255,9 +330,10 @@ int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
   m->compile_seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
   rc = open_module(so, m, err, errlen);
 out:
-  unlink(c_path);
-  unlink(so_tmp);
-  unlink(key_tmp);
+  if (c_path[0]) unlink(c_path);
+  if (so_tmp[0]) unlink(so_tmp);
+  if (key_tmp[0]) unlink(key_tmp);
+  free(old);
   free(key);
   return rc;
 }

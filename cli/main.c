@@ -76,9 +76,13 @@ static bool wants_help(int argc, char **argv) {
 
 static int cmd_run(int argc, char **argv) {
   if (argc < 1 || wants_help(argc, argv)) {
-    printf("usage: duet run M.model [flags]\nCompiles the model's kernels (cached) and trains it.\n\n");
     duet_usage("duet run M.model", stdout);
+    printf("\nCompiles the model's kernels (cached in DUET_CACHE_DIR) and trains it.\n");
     return argc < 1 ? 1 : 0;
+  }
+  if (argv[0][0] == '-') {
+    fprintf(stderr, "duet: error: the model comes first: duet run M.model [flags] (got '%s')\n", argv[0]);
+    return 1;
   }
   /* reject bad flags before compiling anything */
   int64_t batch = scan_batch(argc - 1, argv + 1);
@@ -105,9 +109,11 @@ static int cmd_run(int argc, char **argv) {
     compiled_free(&c);
     return 1;
   }
-  if (m.cache_hit) printf("duet: kernels: %d, loaded from cache\n", m.n);
-  else printf("duet: kernels: %d, compiled in %.2f s\n", m.n, m.compile_seconds);
-  fflush(stdout);
+  if (!probe.quiet) {
+    if (m.cache_hit) printf("duet: kernels: %d, loaded from cache\n", m.n);
+    else printf("duet: kernels: %d, compiled in %.2f s\n", m.n, m.compile_seconds);
+    fflush(stdout);
+  }
   rc = duet_main(&cp->prog, m.fns, "duet run M.model", argc - 1, argv + 1);
   jit_unload(&m);
   compiled_free(&c);
@@ -193,6 +199,9 @@ static int cmd_compile(int argc, char **argv) {
   av[a++] = DUET_CJSON_LIB;
   av[a++] = "-lz";
   av[a++] = "-lm";
+#ifdef DUET_LINK_SANITIZE
+  av[a++] = DUET_LINK_SANITIZE;
+#endif
   av[a] = NULL;
   char log[8192];
   int st = jit_run(av, log, sizeof log);

@@ -239,6 +239,7 @@ static EVal eval_binop(Elab *e, Scope *s, const Node *n) {
       break;
     case '@': diag_error(e->d, n->loc, "`@` needs tensors, got two numbers"); break;
     }
+    if (!isfinite(r.num)) diag_error(e->d, n->loc, "constant expression overflows (result %g)", r.num);
     r.is_int = a.is_int && b.is_int && r.num == floor(r.num);
     return r;
   }
@@ -461,6 +462,8 @@ static DType read_dtype(Elab *e, const Node *n, bool allow_int) {
   }
   if (t == DT_I32 && !allow_int)
     diag_error(e->d, n->dtype_loc, "parameters must have a float dtype, got i32");
+  if (t == DT_F64 && e->g->float_dtype != DT_F64)
+    diag_error(e->d, n->dtype_loc, "f64 tensors are not supported in models yet: float tensors are f32");
   /* float tensors follow the compilation's float dtype (f64 in gradient tests) */
   return t == DT_I32 ? DT_I32 : e->g->float_dtype;
 }
@@ -666,6 +669,9 @@ static void read_optimizer(Elab *e, Scope *s, const Node *v, TrainSpec *t) {
     if (a->kind != N_NAMED)
       diag_error(e->d, a->loc, "optimizer arguments are named, as in adamw(lr = 1e-3)");
     EVal x = eval(e, s, a->a);
+    for (Node *o = v->args.head; o != a; o = o->next)
+      if (o->kind == N_NAMED && !strcmp(o->name, a->name))
+        diag_error(e->d, a->loc, "%s argument `%s` is given twice", v->name, a->name);
     if (!strcmp(a->name, "decay")) { /* which params weight decay applies to */
       if (x.kind != EV_STR || (strcmp(x.str, "all") && strcmp(x.str, "matrices")))
         diag_error(e->d, x.loc, "decay must be \"all\" or \"matrices\" (params of rank 2 or more)");
@@ -680,12 +686,17 @@ static void read_optimizer(Elab *e, Scope *s, const Node *v, TrainSpec *t) {
     else if (!strcmp(a->name, "beta2") && t->optimizer == OPTIM_ADAMW) t->beta2 = num;
     else if (!strcmp(a->name, "eps") && t->optimizer == OPTIM_ADAMW) t->eps = num;
     else {
+      if (!strcmp(a->name, "momentum") || !strcmp(a->name, "beta1") || !strcmp(a->name, "beta2") ||
+          !strcmp(a->name, "eps"))
+        diag_error(e->d, a->loc, "%s has no argument `%s` (it belongs to %s)", v->name, a->name,
+                   t->optimizer == OPTIM_SGD ? "adamw" : "sgd");
       Hint h = {0};
       const char *keys[] = {"lr", "weight_decay", "momentum", "beta1", "beta2", "eps", "decay"};
       for (int i = 0; i < 7; i++) hint_try(&h, a->name, keys[i]);
       diag_error(e->d, a->loc, "%s has no argument named `%s`%s", v->name, a->name, hint_text(e, &h));
     }
     if (num < 0 || !isfinite(num)) diag_error(e->d, x.loc, "%s must be a non-negative number, got %g", a->name, num);
+    if (!strcmp(a->name, "momentum") && num >= 1) diag_error(e->d, x.loc, "momentum must be in [0, 1), got %g", num);
   }
   if (t->beta1 >= 1 || t->beta2 >= 1) diag_error(e->d, v->loc, "adamw betas must be below 1");
 }
@@ -739,7 +750,7 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
       } else if (!strcmp(k, "weight_decay")) {
         t->weight_decay = want_num(e, x, "weight_decay"), t->has_weight_decay = true;
         if (t->weight_decay < 0) diag_error(e->d, x.loc, "weight_decay must be non-negative, got %g", t->weight_decay);
-      } else if (!strcmp(k, "momentum")) {
+      } else if (!strcmp(k, "momentum")) {  /* train-section key; sgd(momentum =) is checked below */
         t->momentum = want_num(e, x, "momentum");
         if (t->momentum < 0 || t->momentum >= 1) diag_error(e->d, x.loc, "momentum must be in [0, 1), got %g", t->momentum);
       } else if (!strcmp(k, "batch")) t->batch = want_int(e, x, "batch", 1);
@@ -889,9 +900,20 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
                lb->val.kind == EV_TENSOR ? shape_str(&lb->val.v->shape, b, sizeof b) : evkind_name(lb->val.kind));
   }
   g->loss = lb->val.v;
-  if (g->loss->op == OP_CROSS_ENTROPY) {
-    g->logits = g->loss->in[0];
-    g->labels = g->loss->in[1];
+  /* evaluation reports the loss's cross_entropy term: the loss itself, or
+   * its only cross_entropy (as with an added regulariser) */
+  Value *ce = g->loss->op == OP_CROSS_ENTROPY ? g->loss : NULL;
+  int n_ce = 0;
+  for (int i = 0; i < g->n_values && !ce; i++)
+    if (g->values[i]->op == OP_CROSS_ENTROPY) n_ce++;
+  for (int i = 0; i < g->n_values && !ce && n_ce == 1; i++)
+    if (g->values[i]->op == OP_CROSS_ENTROPY) ce = g->values[i];
+  if (ce) {
+    g->logits = ce->in[0];
+    g->labels = ce->in[1];
+  } else if (g->train.data != DATA_NONE && g->train.eval) {
+    diag_warning(d, lb->loc, "the loss has %s cross_entropy term, so there is no accuracy to evaluate; "
+                 "set `eval = false` in the train section", n_ce ? "more than one" : "no");
   }
   check_data_inputs(&e, cx.model_loc);
   d->jmp = saved;

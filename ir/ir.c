@@ -372,10 +372,16 @@ static void check_numel(Graph *g, Value *v) {
       diag_error(g->diag, v->loc, "dimension %d of %s is %" PRId64 ": dimensions must be at least 1",
                  i, SHP(&v->shape, b), v->shape.dim[i]);
     }
-  if (shape_numel(&v->shape) < 0) {
+  int64_t n = shape_numel(&v->shape);
+  if (n < 0) {
     char b[160];
     diag_error(g->diag, v->loc, "shape %s has more elements than fit in 64 bits",
                SHP(&v->shape, b));
+  }
+  if (dtype_size(v->dtype) && n > INT64_MAX / (int64_t)dtype_size(v->dtype)) {
+    char b[160];
+    diag_error(g->diag, v->loc, "shape %s of %s is too large: its size in bytes overflows 64 bits",
+               SHP(&v->shape, b), dtype_name(v->dtype));
   }
 }
 

@@ -136,6 +136,10 @@ typedef struct FusedInstr {
   int a, b;     /* operand instruction indices; for a load: input index */
   double value; /* OP_CONST */
 } FusedInstr;
+/* Bounds on one fused op, so every fused loop fits the kernel IR (at most
+ * KMAX_BUFS buffers, 256 instructions per kernel): longer chains are split. */
+#define FUSE_MAX_INPUTS 24
+#define FUSE_MAX_INSTRS 160
 typedef struct FusedProg {
   int n;
   FusedInstr *ins; /* the last one is the result */

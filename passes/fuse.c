@@ -57,6 +57,10 @@ static int load(FuseBuild *b, Value *x) {
 }
 
 static bool absorbable(const FuseBuild *b, const Value *x) {
+  /* In a tree of ops of arity <= 2, loads <= ops + 1 = absorbed + 2, so
+   * capping the absorbed values bounds the loads (counted only on the way
+   * back up the recursion) as well as the instructions. */
+  if (b->absorbed + 1 > FUSE_MAX_INPUTS - 2 || b->n + 3 > FUSE_MAX_INSTRS) return false;
   return (op_info[x->op].flags & OPF_EW) && x->op != OP_FUSED && x->op != OP_CONST &&
          x->n_uses == 1 && x->role == b->root->role && shape_eq(&x->shape, &b->root->shape);
 }
@@ -73,9 +77,9 @@ static int build(FuseBuild *b, Value *v) {
       if (x->n_uses == 0) b->dead[x->id] = true;
       b->absorbed++;
     } else if (absorbable(b, x)) {
-      opnd[j] = build(b, x);
+      b->absorbed++; /* before descending: the bound in absorbable() counts it */
       b->dead[x->id] = true;
-      b->absorbed++;
+      opnd[j] = build(b, x);
     } else {
       opnd[j] = load(b, x);
     }

@@ -11,14 +11,23 @@
 
 #define PKG_HINT "(Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)"
 
+/* zlib's message without the "path: " prefix gzerror puts before it. */
+static const char *zmsg(gzFile f, const char *path) {
+  int zerr = 0;
+  const char *m = gzerror(f, &zerr);
+  if (!m || !zerr) return NULL;
+  size_t n = strlen(path);
+  if (!strncmp(m, path, n) && !strncmp(m + n, ": ", 2)) m += n + 2;
+  return m;
+}
+
 static int read_exact(gzFile f, void *buf, size_t n, const char *path, char *err, size_t errlen) {
   unsigned char *p = buf;
   while (n > 0) {
     unsigned chunk = n > (1u << 30) ? (1u << 30) : (unsigned)n;
     int got = gzread(f, p, chunk);
     if (got <= 0) {
-      int zerr = 0;
-      const char *msg = gzerror(f, &zerr);
+      const char *msg = zmsg(f, path);
       snprintf(err, errlen, "corrupt IDX file %s: %s %s", path,
                got == 0 ? "file ends early (truncated)" : (msg ? msg : "read error"), PKG_HINT);
       return -1;
@@ -27,6 +36,19 @@ static int read_exact(gzFile f, void *buf, size_t n, const char *path, char *err
     n -= (size_t)got;
   }
   return 0;
+}
+
+/* After the data: the gzip stream must end here.  Reading on makes zlib
+ * check the CRC-32 and length trailer (RFC 1952), so a damaged file is an
+ * error, as is anything after the data. */
+static int read_end(gzFile f, const char *path, char *err, size_t errlen) {
+  unsigned char extra;
+  int got = gzread(f, &extra, 1);
+  if (got == 0 && gzeof(f)) return 0;
+  const char *msg = zmsg(f, path);
+  snprintf(err, errlen, "corrupt IDX file %s: %s %s", path,
+           got > 0 ? "data continues after the declared size" : (msg ? msg : "read error"), PKG_HINT);
+  return -1;
 }
 
 static uint32_t be32(const unsigned char *b) {
@@ -84,7 +106,8 @@ int duet_load_idx(DuetDataset *ds, const char *images_path, const char *labels_p
     snprintf(err, errlen, "out of host memory loading %s", images_path);
     goto done;
   }
-  if (read_exact(fi, pix, n * px, images_path, err, errlen) || read_exact(fl, lab, n, labels_path, err, errlen))
+  if (read_exact(fi, pix, n * px, images_path, err, errlen) || read_exact(fl, lab, n, labels_path, err, errlen) ||
+      read_end(fi, images_path, err, errlen) || read_end(fl, labels_path, err, errlen))
     goto done;
   for (size_t i = 0; i < n * px; i++) ds->images[i] = (float)pix[i] / 255.0f;
   for (size_t i = 0; i < n; i++) ds->labels[i] = lab[i];

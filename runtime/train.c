@@ -82,8 +82,18 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     char flag[64];
     const char *val;
     const char *eq = strchr(a, '=');
+    static const char *const known[] = {"--epochs", "--steps", "--lr", "--weight-decay", "--seed", "--threads",
+                                        "--log-every", "--eval-every", "--eval-batches", "--train-subset",
+                                        "--test-subset", "--data", "--save", "--save-every", "--resume",
+                                        "--metrics", "--batch"};
+    snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
+    int is_known = 0;
+    for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
+    if (!is_known) {
+      fprintf(stderr, "duet: error: unknown flag '%s' (see --help)\n", flag);
+      return 1;
+    }
     if (eq) {
-      snprintf(flag, sizeof flag, "%.*s", (int)(eq - a), a);
       val = eq + 1;
     } else {
       snprintf(flag, sizeof flag, "%s", a);
@@ -135,14 +145,14 @@ static double now_seconds(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void metrics_write(FILE *f, cJSON *obj) {
+/* One JSON line; -1 (after a message) when it cannot be written. */
+static int metrics_write(FILE *f, cJSON *obj) {
   char *s = cJSON_PrintUnformatted(obj);
-  if (s) {
-    fprintf(f, "%s\n", s);
-    fflush(f);
-    cJSON_free(s);
-  }
+  int bad = !s || fprintf(f, "%s\n", s) < 0 || fflush(f) != 0;
+  if (s) cJSON_free(s);
   cJSON_Delete(obj);
+  if (bad) fprintf(stderr, "duet: error: writing the metrics file failed\n");
+  return bad ? -1 : 0;
 }
 
 /* Copies samples idx[0..n) of ds into the x/y input tensors (zero rows and
@@ -278,6 +288,11 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     fprintf(stderr, "duet: error: batch %" PRId64 " is larger than the %" PRId64 " training samples\n", B, n_train);
     goto out;
   }
+  if (cfg.steps <= 0 && cfg.epochs > INT64_MAX / per_epoch) {
+    fprintf(stderr, "duet: error: %" PRId64 " epochs of %" PRId64 " steps overflow the step counter\n", cfg.epochs,
+            per_epoch);
+    goto out;
+  }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
   if (!(dev = duet_cpu_device(kernels, p->n_kernels, cfg.threads))) {
     fprintf(stderr, "duet: error: out of host memory\n");
@@ -358,7 +373,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
           cJSON *o = cJSON_CreateObject();
           cJSON_AddNumberToObject(o, "step", (double)step);
           cJSON_AddNumberToObject(o, "loss", loss);
-          metrics_write(mf, o);
+          if (metrics_write(mf, o)) goto out;
         }
         t_log = now_seconds();
         since_log = 0;
@@ -375,6 +390,11 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
         goto out;
       }
       evaluated = 1;
+      if (!isfinite(last.loss)) {
+        fprintf(stderr, "duet: error: test loss is %s after epoch %" PRId64 ": training diverged (check --lr and "
+                        "--weight-decay)\n", isnan(last.loss) ? "NaN" : "infinite", epoch);
+        goto out;
+      }
       if (!cfg.quiet)
         printf("epoch %" PRId64 " | test accuracy %.2f%% (%" PRId64 "/%" PRId64 ") | test loss %.4f\n", epoch,
                100.0 * (double)last.correct / (double)last.n, last.correct, last.n, last.loss);
@@ -384,7 +404,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
         cJSON_AddNumberToObject(o, "epoch", (double)epoch);
         cJSON_AddNumberToObject(o, "test_accuracy", (double)last.correct / (double)last.n);
         cJSON_AddNumberToObject(o, "test_loss", last.loss);
-        metrics_write(mf, o);
+        if (metrics_write(mf, o)) goto out;
       }
       double dt = now_seconds() - te;
       t_eval += dt;
@@ -522,6 +542,11 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   }
   int64_t per_epoch = td.n_train / (B * T);
   if (per_epoch < 1) per_epoch = 1;
+  if (cfg.steps <= 0 && cfg.epochs > INT64_MAX / per_epoch) {
+    fprintf(stderr, "duet: error: %" PRId64 " epochs of %" PRId64 " steps overflow the step counter\n", cfg.epochs,
+            per_epoch);
+    goto out;
+  }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
   if (!(dev = duet_cpu_device(kernels, p->n_kernels, cfg.threads)) ||
       !(s = duet_session_new(p, dev, &cfg, err, sizeof err))) {
@@ -578,7 +603,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "step", (double)step);
         cJSON_AddNumberToObject(o, "loss", loss);
-        metrics_write(mf, o);
+        if (metrics_write(mf, o)) goto out;
       }
       t_log = now_seconds();
       since_log = 0;
@@ -589,6 +614,11 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
         fprintf(stderr, "duet: error: validation: %s\n", duet_session_error(s));
         goto out;
       }
+      if (!isfinite(val)) {
+        fprintf(stderr, "duet: error: validation loss is %s at step %" PRId64 ": training diverged\n",
+                isnan(val) ? "NaN" : "infinite", step);
+        goto out;
+      }
       if (!cfg.quiet) printf("step %" PRId64 " | val loss %.4f nats/byte (%" PRId64 " batches)\n", step, val,
                              cfg.eval_batches);
       fflush(stdout);
@@ -596,7 +626,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "step", (double)step);
         cJSON_AddNumberToObject(o, "val_loss", val);
-        metrics_write(mf, o);
+        if (metrics_write(mf, o)) goto out;
       }
       double dt = now_seconds() - te;
       t_eval += dt;

@@ -47,6 +47,19 @@ gzip -dc /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz | head -c 
 cp /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz "$d/short/"
 expect truncated 1 "duet: error: corrupt IDX file $d/short/train-images-idx3-ubyte.gz: file ends early (truncated) (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
   "$DUET" run $M --data "$d/short" --steps 1
+# a damaged gzip (CRC-32 of the trailer) is an error, not silently wrong labels
+mkdir -p "$d/crc"
+cp /usr/share/datasets/fashion-mnist/*.gz "$d/crc/"
+gzip -dc /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz | gzip > "$d/crc/l.gz"
+n=$(wc -c < "$d/crc/l.gz")
+{ head -c $((n - 8)) "$d/crc/l.gz"; printf '\336\255\276\357'; tail -c 4 "$d/crc/l.gz"; } > "$d/crc/train-labels-idx1-ubyte.gz"
+expect corrupt_crc 1 "duet: error: corrupt IDX file $d/crc/train-labels-idx1-ubyte.gz: incorrect data check (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
+  "$DUET" run $M --data "$d/crc" --steps 1
+# a chain of 60 elementwise ops is split across fused kernels, never overflows one
+{ printf 'model chain\ninput x: f32[batch, 784]\ninput y: i32[batch]\nparam w: [784, 10] = normal(0.01)\nh = x @ w\n'
+  i=0; while [ $i -lt 60 ]; do echo 'h = relu(h * 1.001 + 0.001)'; i=$((i + 1)); done
+  printf 'loss = cross_entropy(h, y)\ntrain {\n  data = fashion_mnist("/usr/share/datasets/fashion-mnist")\n  batch = 8\n}\n'; } > "$d/chain.model"
+expect long_chain 0 "duet: trained 2 steps" sh -c "'$DUET' run '$d/chain.model' --steps 2 --no-eval --quiet | sed 's/ in .*//'"
 expect metrics_unwritable 1 "duet: error: cannot write metrics file /nonexistent/m.jsonl: No such file or directory" \
   "$DUET" run $M --steps 1 --metrics /nonexistent/m.jsonl
 echo "$pass passed, $fail failed"
