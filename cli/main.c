@@ -21,6 +21,7 @@ static void usage(FILE *out) {
           "  ir M.model [--after PASS]    print the IR (after the shape pass, or after PASS)\n"
           "  emit M.model --target c      print the generated kernel source\n"
           "  check M.model                parse and verify; print a parameter summary\n"
+          "  sample M.model --checkpoint CK [--prompt TEXT]   generate text with a trained model\n"
           "  help                         this text\n\n"
           "Every command takes --help.  Environment: DUET_CC (C compiler, default cc),\n"
           "DUET_CACHE_DIR (kernel cache, default ~/.cache/duet).\n");
@@ -279,6 +280,87 @@ static int cmd_emit(int argc, char **argv) {
   return rc;
 }
 
+static int cmd_sample(int argc, char **argv) {
+  const char *model = NULL, *ckpt = NULL, *prompt = "";
+  int64_t tokens = 200, top_k = 40, seed = 1;
+  double temperature = 0.8;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    char *end = NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      printf("usage: duet sample M.model --checkpoint CK [--prompt TEXT] [--tokens N] [--temperature X]\n"
+             "                  [--top-k K] [--seed N]\n"
+             "Generates text with a byte-level model trained by duet run --save CK.  Defaults: 200 tokens,\n"
+             "temperature 0.8 (0: always the most likely byte), top-k 40 (0: all 256), seed 1.\n");
+      return 0;
+    }
+    if (a[0] != '-') {
+      if (model) {
+        fprintf(stderr, "duet: error: unexpected argument '%s' (see duet sample --help)\n", a);
+        return 1;
+      }
+      model = a;
+      continue;
+    }
+    if (!v) {
+      fprintf(stderr, "duet: error: %s needs a value (see duet sample --help)\n", a);
+      return 1;
+    }
+    i++;
+    if (!strcmp(a, "--checkpoint")) ckpt = v;
+    else if (!strcmp(a, "--prompt")) prompt = v;
+    else if (!strcmp(a, "--tokens")) tokens = strtoll(v, &end, 10);
+    else if (!strcmp(a, "--top-k")) top_k = strtoll(v, &end, 10);
+    else if (!strcmp(a, "--seed")) seed = strtoll(v, &end, 10);
+    else if (!strcmp(a, "--temperature")) temperature = strtod(v, &end);
+    else {
+      fprintf(stderr, "duet: error: unknown flag '%s' (see duet sample --help)\n", a);
+      return 1;
+    }
+    if (end && (*end || end == v || tokens < 0 || top_k < 0 || seed < 0 || !(temperature >= 0))) {
+      fprintf(stderr, "duet: error: %s expects a non-negative number, got '%s'\n", a, v);
+      return 1;
+    }
+  }
+  if (!model || !ckpt) {
+    fprintf(stderr, "duet: error: usage: duet sample M.model --checkpoint CK [--prompt TEXT]\n");
+    return 1;
+  }
+  Compiled c;
+  if (compile_model(&c, model, 1, NULL, NULL)) {
+    compiled_free(&c);
+    return 1;
+  }
+  CgProgram *cp = codegen_lower(c.g, c.arena);
+  char *src = codegen_emit_c(cp, c.arena);
+  JitModule m;
+  char err[8192];
+  DuetDevice *dev = NULL;
+  DuetSession *s = NULL;
+  int rc = 1;
+  if (jit_load(src, &m, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    compiled_free(&c);
+    return 1;
+  }
+  DuetConfig cfg = cp->prog.defaults;
+  DuetTrainState ts;
+  if (!(dev = duet_cpu_device(m.fns, m.n, 0)) || !(s = duet_session_new(&cp->prog, dev, &cfg, err, sizeof err))) {
+    fprintf(stderr, "duet: error: %s\n", dev ? err : "out of host memory");
+  } else if (duet_checkpoint_load(s, ckpt, &ts, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+  } else if (duet_sample(s, prompt, tokens, temperature, top_k, (uint64_t)seed, stdout, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+  } else {
+    rc = 0;
+  }
+  duet_session_free(s);
+  if (dev) dev->ops->destroy(dev);
+  jit_unload(&m);
+  compiled_free(&c);
+  return rc;
+}
+
 static int cmd_check(int argc, char **argv) {
   if (argc != 1 || wants_help(argc, argv)) {
     printf("usage: duet check M.model\nParses and verifies the model; prints its parameters.\n");
@@ -314,6 +396,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "ir")) return cmd_ir(argc - 2, argv + 2);
   if (!strcmp(cmd, "emit")) return cmd_emit(argc - 2, argv + 2);
   if (!strcmp(cmd, "check")) return cmd_check(argc - 2, argv + 2);
+  if (!strcmp(cmd, "sample")) return cmd_sample(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;

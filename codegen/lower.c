@@ -310,7 +310,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   StepList tr = {arena_alloc(a, (size_t)(g->n_values + 1) * sizeof(DuetStep)), 0};
   StepList ev = {arena_alloc(a, (size_t)(g->n_values + 1) * sizeof(DuetStep)), 0};
   StepList gr = {arena_alloc(a, (size_t)(g->n_values + 1) * sizeof(DuetStep)), 0};
-  p->input_x = p->input_y = p->loss = p->metrics = -1;
+  p->input_x = p->input_y = p->loss = p->metrics = p->logits = -1;
   int n_inputs = 0;
   for (int i = 0; i < g->n_values; i++) {
     Value *v = g->values[i];
@@ -403,6 +403,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     if (v->role == ROLE_FORWARD || v->role == ROLE_BACKWARD) push_step(&L, &gr, st);
   }
   if (g->loss) p->loss = tid(&L, g->loss);
+  p->logits = g->logits && cp->tensor_of[g->logits->id] >= 0 ? cp->tensor_of[g->logits->id] : -1;
   p->train = tr.s, p->n_train = tr.n;
   p->eval = ev.s, p->n_eval = ev.n;
   p->grad = gr.s, p->n_grad = gr.n;

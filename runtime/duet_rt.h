@@ -106,6 +106,7 @@ typedef struct DuetProgram {
   const DuetStep *grad;  /* forward, backward (gradient tests) */
   int input_x, input_y;  /* tensor ids of the data inputs, -1 if none */
   int loss, metrics;     /* tensor ids, -1 if none */
+  int logits;            /* tensor id of the evaluated cross_entropy's logits, -1 if none */
   int n_classes;         /* logits' second dimension, 0 if no classifier */
   int64_t region_bytes[DUET_MEM_COUNT];
   int64_t gemm_flops;    /* per training step, 2*m*n*k summed */
@@ -172,6 +173,17 @@ const char *duet_session_error(const DuetSession *s);
 /* Training driver: parses flags (see duet_usage), loads data, trains, logs,
  * evaluates.  Returns a process exit code. */
 int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *argv0, int argc, char **argv);
+/* Byte-level text generation with a trained model: `prompt` is extended
+ * by `n_tokens` bytes, each drawn from softmax(logits / temperature)
+ * restricted to the top_k most likely bytes (top_k 0: all), with a generator
+ * seeded from `seed`, and written to `out` as it is produced.  The program
+ * must have been compiled with batch 1 and a byte-level (256-way)
+ * cross_entropy over i32[1, T] inputs; the context is the last T bytes.
+ * Each new byte runs the whole forward pass over the context (no key/value
+ * cache yet).  Returns 0, or -1 with a message in err. */
+int duet_sample(DuetSession *s, const char *prompt, int64_t n_tokens, double temperature, int64_t top_k,
+                uint64_t seed, FILE *out, char *err, size_t errlen);
+
 /* Applies command-line flags to cfg; returns 0, 1 on a bad flag (printed),
  * 2 when --help was printed. */
 int duet_parse_flags(DuetConfig *cfg, int64_t compiled_batch, int argc, char **argv);
