@@ -34,15 +34,23 @@ typedef struct Compiled {
   Graph *g;
 } Compiled;
 
+static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const char *dump_after,
+                             const char *stop_after);
+
 static int compile_model(Compiled *c, const char *path, int64_t batch, const char *dump_after,
                          const char *stop_after) {
+  FrontendOptions fo = {.batch = batch};
+  return compile_model_opt(c, path, &fo, dump_after, stop_after);
+}
+
+static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const char *dump_after,
+                             const char *stop_after) {
   memset(c, 0, sizeof *c);
   c->arena = arena_new(1 << 20);
   c->diag.out = stderr;
   Source *src = frontend_read_file(c->arena, &c->diag, path);
   if (!src) return 1;
-  FrontendOptions fo = {.batch = batch};
-  c->g = frontend_compile(c->arena, &c->diag, src, &fo);
+  c->g = frontend_compile(c->arena, &c->diag, src, fo);
   if (!c->g) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after};
   return passes_run(c->g, &pc);
@@ -327,7 +335,8 @@ static int cmd_sample(int argc, char **argv) {
     return 1;
   }
   Compiled c;
-  if (compile_model(&c, model, 1, NULL, NULL)) {
+  FrontendOptions fo = {.batch = 1, .decode = true};
+  if (compile_model_opt(&c, model, &fo, NULL, NULL)) {
     compiled_free(&c);
     return 1;
   }
@@ -344,10 +353,11 @@ static int cmd_sample(int argc, char **argv) {
     return 1;
   }
   DuetConfig cfg = cp->prog.defaults;
-  DuetTrainState ts;
-  if (!(dev = duet_cpu_device(m.fns, m.n, 0)) || !(s = duet_session_new(&cp->prog, dev, &cfg, err, sizeof err))) {
+  if (duet_sample_check(&cp->prog, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+  } else if (!(dev = duet_cpu_device(m.fns, m.n, 0)) || !(s = duet_session_new(&cp->prog, dev, &cfg, err, sizeof err))) {
     fprintf(stderr, "duet: error: %s\n", dev ? err : "out of host memory");
-  } else if (duet_checkpoint_load(s, ckpt, &ts, err, sizeof err)) {
+  } else if (duet_checkpoint_load_weights(s, ckpt, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
   } else if (duet_sample(s, prompt, tokens, temperature, top_k, (uint64_t)seed, stdout, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);

@@ -58,6 +58,8 @@ typedef enum KernelKind {
   KK_ATTN_FWD,    /* bufs: q, k, v [batch, time, cols], out */
   KK_ATTN_BWD,    /* bufs: dy, q, k, v, out [3, batch, time, cols] = dq, dk, dv */
   KK_TRANSPOSE,   /* bufs: in [rows, cols], out [cols, rows] */
+  KK_POSITIONS,   /* bufs: out i32 [rows]: s[POS] + 0, 1, ... */
+  KK_ATTN_DECODE, /* bufs: q, k, v [batch, 1, cols], kcache, vcache [batch, time, cols], out */
 } KernelKind;
 
 typedef struct Kernel {

@@ -440,6 +440,47 @@ static void emit_attention(Buf *b, const Kernel *k) {
   bprintf(b, "      }\n    }\n  }\n");
 }
 
+/* Generation: the new token's key and value go into row s[POS] of the
+ * caches, then its query attends to rows 0..s[POS] (causal by
+ * construction), with the same numerics as the training kernel. */
+static void emit_attn_decode(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
+  int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H;
+  bprintf(b, "  %s%s *q = (%s%s *)t[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *k = (%s%s *)t[%d];\n", BUF(1, "const "));
+  bprintf(b, "  %s%s *v = (%s%s *)t[%d];\n", BUF(2, "const "));
+  bprintf(b, "  %s%s *kc = (%s%s *)t[%d];\n", BUF(3, ""));
+  bprintf(b, "  %s%s *vc = (%s%s *)t[%d];\n", BUF(4, ""));
+  bprintf(b, "  %s%s *out = (%s%s *)t[%d];\n", BUF(5, ""));
+  bprintf(b, "  const int64_t pos = (int64_t)s[%d];\n  if (pos < 0 || pos >= %" PRId64 ") return;\n", DUET_S_POS, N);
+  bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
+  bprintf(b, "  for (int64_t bb = 0; bb < %" PRId64 "; bb++) {\n", B);
+  bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) {\n", C);
+  bprintf(b, "      kc[(bb * %" PRId64 " + pos) * %" PRId64 " + c] = k[bb * %" PRId64 " + c];\n", N, C, C);
+  bprintf(b, "      vc[(bb * %" PRId64 " + pos) * %" PRId64 " + c] = v[bb * %" PRId64 " + c];\n    }\n", N, C, C);
+  bprintf(b, "    for (int64_t h = 0; h < %" PRId64 "; h++) {\n", H);
+  bprintf(b, "      %s p[%" PRId64 "], m = -INFINITY, sum = 0;\n", T, N);
+  bprintf(b, "      const %s *qi = q + bb * %" PRId64 " + h * %" PRId64 ";\n", T, C, D);
+  bprintf(b, "      for (int64_t j = 0; j <= pos; j++) {\n");
+  bprintf(b, "        const %s *kj = kc + (bb * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
+  bprintf(b, "        %s acc = 0;\n        for (int64_t d = 0; d < %" PRId64 "; d++) acc += qi[d] * kj[d];\n", T, D);
+  bprintf(b, "        p[j] = acc * scale;\n        m = p[j] > m ? p[j] : m;\n      }\n");
+  bprintf(b, "      for (int64_t j = 0; j <= pos; j++) { p[j] = %s(p[j] - m); sum += p[j]; }\n", ex);
+  bprintf(b, "      %s *oi = out + bb * %" PRId64 " + h * %" PRId64 ";\n", T, C, D);
+  bprintf(b, "      for (int64_t d = 0; d < %" PRId64 "; d++) oi[d] = 0;\n", D);
+  bprintf(b, "      for (int64_t j = 0; j <= pos; j++) {\n");
+  bprintf(b, "        const %s pj = p[j] / sum, *vj = vc + (bb * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", T, N,
+          C, D);
+  bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) oi[d] += pj * vj[d];\n      }\n    }\n  }\n", D);
+}
+
+static void emit_positions(Buf *b, const Kernel *k) {
+  bprintf(b, "  int32_t *out = (int32_t *)t[%d];\n", k->bufs[1].tensor);
+  bprintf(b, "  const int32_t base = (int32_t)s[%d];\n", DUET_S_POS);
+  bprintf(b, "  for (int64_t i = 0; i < %" PRId64 "; i++) out[i] = base + (int32_t)i;\n", k->rows);
+}
+
 static void emit_transpose(Buf *b, const Kernel *k) {
   const char *T = ctype(k->dtype);
   int64_t R = k->rows, C = k->cols;
@@ -475,7 +516,8 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
   for (int i = 0; i < cp->n_kernels; i++) {
     const Kernel *k = &cp->kernels[i];
     bprintf(&b, "void duet_k%d(void *const *t, const double *s) {\n", i);
-    if (k->kind != KK_EVAL_METRICS) bprintf(&b, "  (void)s;\n");
+    if (k->kind != KK_EVAL_METRICS && k->kind != KK_POSITIONS && k->kind != KK_ATTN_DECODE)
+      bprintf(&b, "  (void)s;\n");
     switch (k->kind) {
     case KK_ELEMENTWISE: emit_elementwise(&b, k); break;
     case KK_REDUCE: emit_reduce(&b, k); break;
@@ -483,6 +525,8 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
     case KK_NORM_FWD: case KK_NORM_BWD: emit_norm(&b, k); break;
     case KK_ATTN_FWD: case KK_ATTN_BWD: emit_attention(&b, k); break;
     case KK_TRANSPOSE: emit_transpose(&b, k); break;
+    case KK_POSITIONS: emit_positions(&b, k); break;
+    case KK_ATTN_DECODE: emit_attn_decode(&b, k); break;
     default: emit_rows(&b, k); break;
     }
     bprintf(&b, "}\n\n");
@@ -547,8 +591,10 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   fprintf(out, "  .train = train_steps, .eval = eval_steps, .grad = grad_steps,\n");
   fprintf(out, "  .input_x = %d, .input_y = %d, .loss = %d, .metrics = %d, .logits = %d, .n_classes = %d,\n",
           p->input_x, p->input_y, p->loss, p->metrics, p->logits, p->n_classes);
-  fprintf(out, "  .region_bytes = {%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "}, .gemm_flops = %" PRId64 ",\n",
-          p->region_bytes[0], p->region_bytes[1], p->region_bytes[2], p->region_bytes[3], p->gemm_flops);
+  fprintf(out, "  .region_bytes = {");
+  for (int r = 0; r < DUET_MEM_COUNT; r++) fprintf(out, "%" PRId64 ", ", p->region_bytes[r]);
+  fprintf(out, "}, .gemm_flops = %" PRId64 ", .decode = %d, .context = %" PRId64 ",\n", p->gemm_flops, p->decode,
+          p->context);
   fprintf(out, "  .defaults = {.data = %d, .data_path = data_path, .optimizer = %d,\n", c->data, c->optimizer);
   fprintf(out, "    .lr = %.17g, .weight_decay = %.17g, .beta1 = %.17g, .beta2 = %.17g, .eps = %.17g,\n", c->lr,
           c->weight_decay, c->beta1, c->beta2, c->eps);

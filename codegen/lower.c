@@ -373,6 +373,22 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_TRANSPOSE:
       st.kernel = lower_rows(&L, v, KK_TRANSPOSE);
       break;
+    case OP_POSITIONS: {
+      Kernel *k = lower_rows_k(&L, v, KK_POSITIONS);
+      k->rows = v->shape.dim[0];
+      st.kernel = k->index;
+      break;
+    }
+    case OP_ATTENTION_DECODE: {
+      Kernel *k = lower_rows_k(&L, v, KK_ATTN_DECODE);
+      k->batch = v->shape.dim[0];
+      k->time = v->in[3]->shape.dim[1];
+      k->cols = v->shape.dim[2];
+      k->heads = v->attr.heads;
+      k->causal = true;
+      st.kernel = k->index;
+      break;
+    }
     case OP_SUM_TO:
       st.kernel = lower_reduce(&L, v, 1.0);
       break;
@@ -404,6 +420,8 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   }
   if (g->loss) p->loss = tid(&L, g->loss);
   p->logits = g->logits && cp->tensor_of[g->logits->id] >= 0 ? cp->tensor_of[g->logits->id] : -1;
+  p->decode = g->decode;
+  p->context = g->context;
   p->train = tr.s, p->n_train = tr.n;
   p->eval = ev.s, p->n_eval = ev.n;
   p->grad = gr.s, p->n_grad = gr.n;

@@ -119,6 +119,7 @@ static const Builtin builtins[] = {
     {"matmul", 2, OP_MATMUL}, {"add", 2, OP_ADD}, {"sub", 2, OP_SUB},
     {"mul", 2, OP_MUL},     {"div", 2, OP_DIV},   {"neg", 1, OP_NEG},
     {"gelu", 1, OP_GELU},   {"embedding", 2, OP_EMBEDDING}, {"transpose", 1, OP_TRANSPOSE},
+    {"positions", 1, OP_POSITIONS},
 };
 
 /* Built-ins with named arguments (handled in eval_call). */
@@ -329,7 +330,24 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     for (int i = 0; i < 3; i++) in[i] = want_tensor(e, a[i], attention_args[i]);
     Attr at = {.heads = want_int(e, a[3], "heads", 1), .causal = given[4] && want_bool(e, a[4], "causal")};
     r.kind = EV_TENSOR;
-    r.v = graph_add(e->g, OP_ATTENTION, in, 3, &at, n->loc);
+    if (e->g->decode) {
+      /* one new token attends to itself and the cached keys and values of
+       * the tokens before it */
+      if (!at.causal) diag_error(e->d, n->loc, "generation needs causal attention");
+      Value *in5[5] = {in[0], in[1], in[2], NULL, NULL};
+      for (int c = 0; c < 2; c++) {
+        Attr ca = {.dtype = in[0]->dtype, .kv_cache = true, .init = INIT_ZEROS};
+        ca.shape.rank = 3;
+        ca.shape.dim[0] = in[0]->shape.dim[0];
+        ca.shape.dim[1] = e->g->context;
+        ca.shape.dim[2] = in[0]->shape.rank == 3 ? in[0]->shape.dim[2] : 1;
+        ca.name = arena_printf(e->a, "kv_cache.%d.%s", e->g->n_values, c ? "v" : "k");
+        in5[3 + c] = graph_add(e->g, OP_STATE, NULL, 0, &ca, n->loc);
+      }
+      r.v = graph_add(e->g, OP_ATTENTION_DECODE, in5, 5, &at, n->loc);
+    } else {
+      r.v = graph_add(e->g, OP_ATTENTION, in, 3, &at, n->loc);
+    }
     return r;
   }
   if (!strcmp(n->name, "layernorm")) { /* norm(x) * w + b, normalising the last axis */
@@ -554,6 +572,12 @@ static void exec_stmt(Elab *e, Scope *s, const Node *n, bool top) {
     at.dtype = read_dtype(e, n, true);
     at.name = n->name;
     if (lookup(s, n->name)) diag_error(e->d, n->loc, "`%s` is already defined", n->name);
+    if (e->g->decode && at.shape.rank >= 2) { /* one token at a time */
+      if (e->g->context && e->g->context != at.shape.dim[1])
+        diag_error(e->d, n->loc, "generation needs every input's axis 1 to be the same context length");
+      e->g->context = at.shape.dim[1];
+      at.shape.dim[1] = 1;
+    }
     Value *v = graph_add(e->g, OP_INPUT, NULL, 0, &at, n->loc);
     if (e->n_inputs == 8) diag_error(e->d, n->loc, "at most 8 inputs are supported");
     e->inputs[e->n_inputs++] = v;
@@ -867,6 +891,7 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
   e.g = g;
   g->model_name = cx.model_name;
   if (opt && opt->float_dtype != DT_VOID) g->float_dtype = opt->float_dtype;
+  if (opt) g->decode = opt->decode;
   Scope global = {.prefix = ""};
   EVal tv = {.kind = EV_NUM, .num = 1, .is_int = true, .loc = cx.model_loc}, fv = tv;
   fv.num = 0;
@@ -915,7 +940,7 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
     diag_warning(d, lb->loc, "the loss has %s cross_entropy term, so there is no accuracy to evaluate; "
                  "set `eval = false` in the train section", n_ce ? "more than one" : "no");
   }
-  check_data_inputs(&e, cx.model_loc);
+  if (!g->decode) check_data_inputs(&e, cx.model_loc);
   d->jmp = saved;
   return g;
 }

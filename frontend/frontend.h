@@ -9,6 +9,8 @@
 typedef struct FrontendOptions {
   int64_t batch;      /* binds the name `batch` */
   DType float_dtype;  /* dtype of params and float inputs; DT_VOID = f32 */
+  bool decode;        /* generation: axis 1 of every input (time) becomes 1,
+                       * attention keeps key/value caches, no backward */
 } FrontendOptions;
 
 /* Reads `path` into a Source allocated in `a`: strips a UTF-8 byte-order

@@ -439,7 +439,8 @@ void ir_infer_shape(Graph *g, Value *v) {
     }
     for (int i = 0; i < v->n_in; i++) need_float(g, v, i);
     need_same_dtype(g, v);
-    for (int i = 1; i < v->n_in; i++)
+    /* attention_decode: q, k, v alike; the caches are [batch, context, C] */
+    for (int i = 1; i < (v->op == OP_ATTENTION_DECODE ? 3 : v->n_in); i++)
       if (!shape_eq(&v->in[i]->shape, &s))
         diag_error(g->diag, v->loc, "%s of %s and %s: shapes differ", op_info[v->op].name,
                    SHP(&s, b1), SHP(&v->in[i]->shape, b2));
@@ -496,6 +497,13 @@ void ir_infer_shape(Graph *g, Value *v) {
     v->dtype = t->dtype;
     break;
   }
+  case SHAPE_POSITIONS:
+    if (v->in[0]->shape.rank < 1)
+      diag_error(g->diag, v->loc, "positions expects a tensor of rank 1 or more, got a scalar");
+    s.rank = 1;
+    s.dim[0] = v->in[0]->shape.dim[v->in[0]->shape.rank - 1];
+    v->dtype = DT_I32;
+    break;
   case SHAPE_TRANSPOSE:
     if (v->in[0]->shape.rank != 2)
       diag_error(g->diag, v->loc, "transpose expects a tensor of rank 2, got %s", SHP(&v->in[0]->shape, b1));
@@ -513,7 +521,7 @@ void ir_infer_shape(Graph *g, Value *v) {
     s = v->in[0]->shape;
     break;
   }
-  if (v->op == OP_ATTENTION) {
+  if (v->op == OP_ATTENTION || v->op == OP_ATTENTION_DECODE) {
     if (s.rank != 3)
       diag_error(g->diag, v->loc, "attention expects q, k, v of rank 3 [batch, time, channels], got %s", SHP(&s, b1));
     if (v->attr.heads < 1 || s.dim[2] % v->attr.heads)
@@ -595,7 +603,7 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   switch (v->op) {
   case OP_INPUT:
   case OP_STATE:
-    fprintf(out, " \"%s\"", v->attr.name);
+    fprintf(out, " \"%s\"%s", v->attr.name, v->attr.kv_cache ? " kv_cache" : "");
     break;
   case OP_PARAM:
     fprintf(out, " \"%s\" %s", v->attr.name, init_name(v->attr.init));
@@ -655,7 +663,7 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   print_type(v, out);
   if (v->role != ROLE_FORWARD) fprintf(out, "  @%s", role_names[v->role]);
   if (v->device >= 0) fprintf(out, "  @device(%d)", v->device);
-  static const char *const regions[] = {"none", "param", "state", "arena"};
+  static const char *const regions[] = {"none", "param", "state", "arena", "cache"};
   if (v->region != MEM_NONE) fprintf(out, "  @%s+%" PRId64, regions[v->region], v->offset);
   fputc('\n', out);
 }

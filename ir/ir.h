@@ -98,6 +98,7 @@ typedef enum ShapeRule {
   SHAPE_VOID,      /* no result (side effect) */
   SHAPE_EMBED,     /* table [V,C] gathered by idx [...] -> [..., C] */
   SHAPE_TRANSPOSE, /* [m,n] -> [n,m] */
+  SHAPE_POSITIONS, /* idx [..., T] -> i32 [T] */
 } ShapeRule;
 
 enum { OPF_EW = 1, OPF_SIDE = 2 };
@@ -160,6 +161,7 @@ typedef struct Attr {
   int64_t index;    /* SLICE: index along axis 0 */
   double eps;       /* NORM, NORM_GRAD: added to the variance */
   bool no_decay;    /* ADAMW, SGD: this param gets no weight decay */
+  bool kv_cache;    /* STATE: a key/value cache of decoding (not checkpointed) */
   FusedProg *prog;  /* FUSED */
 } Attr;
 
@@ -168,7 +170,7 @@ typedef enum Role { ROLE_FORWARD, ROLE_BACKWARD, ROLE_OPTIMIZER, ROLE_EVAL } Rol
 /* Memory regions assigned by the memplan pass.  Params and optimizer state
  * persist across steps; everything else lives in the activation arena, whose
  * offsets are reused between values with disjoint lifetimes. */
-typedef enum MemRegion { MEM_NONE, MEM_PARAM, MEM_STATE, MEM_ARENA, MEM_COUNT } MemRegion;
+typedef enum MemRegion { MEM_NONE, MEM_PARAM, MEM_STATE, MEM_ARENA, MEM_CACHE, MEM_COUNT } MemRegion;
 
 typedef struct Value Value;
 struct Value {
@@ -230,6 +232,8 @@ typedef struct Graph {
   TrainSpec train;
   int64_t region_bytes[MEM_COUNT]; /* memplan: bytes per region */
   DType float_dtype; /* dtype of params and float inputs (f32; f64 in tests) */
+  bool decode;       /* compiled for one-token-at-a-time generation */
+  int64_t context;   /* decode: positions the key/value caches hold */
 } Graph;
 
 Graph *graph_new(Arena *a, Diag *d);

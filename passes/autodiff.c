@@ -40,7 +40,7 @@ static Value *matmul(Graph *g, Value *a, Value *b, bool ta, bool tb, Loc loc) {
 
 void pass_autodiff(Graph *g, PassCtx *cx) {
   (void)cx;
-  if (!g->loss) return;
+  if (!g->loss || g->decode) return; /* a generation program has no backward */
   int n = g->n_values;
   for (int i = 0; i < n; i++) {
     Value *v = g->values[i];

@@ -161,7 +161,7 @@ void pass_memplan(Graph *g, PassCtx *cx) {
     v->region = MEM_NONE;
     if (v->dtype == DT_VOID) continue;
     if (v->op == OP_PARAM || v->op == OP_STATE) {
-      v->region = v->op == OP_PARAM ? MEM_PARAM : MEM_STATE;
+      v->region = v->op == OP_PARAM ? MEM_PARAM : v->attr.kv_cache ? MEM_CACHE : MEM_STATE;
       v->offset = g->region_bytes[v->region];
       g->region_bytes[v->region] += bytes;
       continue;

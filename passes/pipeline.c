@@ -81,7 +81,7 @@ static Value *state(Graph *g, Value *p, const char *suffix) {
 void pass_optimizer(Graph *g, PassCtx *cx) {
   (void)cx;
   int n = g->n_values;
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; i < n && !g->decode; i++) {
     Value *p = g->values[i];
     if (p->op != OP_PARAM || !p->grad) continue;
     Value *u;

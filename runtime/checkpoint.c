@@ -58,7 +58,18 @@ static int meta_i64(const DuetStFile *f, const char *key, int64_t *out) {
   return 0;
 }
 
+static int load(DuetSession *s, const char *path, DuetTrainState *st, int weights_only, char *err, size_t errlen);
+
 int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, char *err, size_t errlen) {
+  return load(s, path, st, 0, err, errlen);
+}
+
+int duet_checkpoint_load_weights(DuetSession *s, const char *path, char *err, size_t errlen) {
+  DuetTrainState st;
+  return load(s, path, &st, 1, err, errlen);
+}
+
+static int load(DuetSession *s, const char *path, DuetTrainState *st, int weights_only, char *err, size_t errlen) {
   const DuetProgram *p = duet_session_program(s);
   DuetDevice *d = duet_session_device(s);
   char e2[512];
@@ -89,7 +100,7 @@ int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, c
   /* check everything before changing anything */
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *x = &p->tensors[i];
-    if (!is_saved(x)) continue;
+    if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM)) continue;
     n_saved++;
     const DuetStTensor *y = duet_st_find(f, x->name);
     if (!y) {
@@ -104,21 +115,21 @@ int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, c
       goto out;
     }
   }
-  if (duet_st_count(f) != n_saved) {
+  if (!weights_only && duet_st_count(f) != n_saved) {
     snprintf(err, errlen, "cannot resume from %s: it holds %d tensors, the model has %d params and state tensors", path,
              duet_st_count(f), n_saved);
     goto out;
   }
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *x = &p->tensors[i];
-    if (!is_saved(x)) continue;
+    if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM)) continue;
     const DuetStTensor *y = duet_st_find(f, x->name);
     if (d->ops->copy_to_device(d, duet_session_tensor(s, i), y->data, (size_t)y->nbytes)) {
       snprintf(err, errlen, "cannot resume from %s: copying %s to the device failed: %s", path, x->name, d->err);
       goto out;
     }
   }
-  duet_session_set_step(s, ns.step);
+  if (!weights_only) duet_session_set_step(s, ns.step);
   *st = ns;
   rc = 0;
 out:

@@ -316,6 +316,7 @@ void *duet_session_tensor(DuetSession *s, int id) {
 }
 
 void duet_session_set_valid(DuetSession *s, int64_t n_valid) { s->s[DUET_S_N_VALID] = (double)n_valid; }
+void duet_session_set_pos(DuetSession *s, int64_t pos) { s->s[DUET_S_POS] = (double)pos; }
 
 const char *duet_session_error(const DuetSession *s) { return s->err; }
 int64_t duet_session_step(const DuetSession *s) { return s->step; }

@@ -19,7 +19,10 @@
 enum { DUET_VOID = 0, DUET_F32 = 1, DUET_F64 = 2, DUET_I32 = 3 };
 
 /* Where a tensor lives. */
-enum { DUET_MEM_NONE = 0, DUET_MEM_PARAM = 1, DUET_MEM_STATE = 2, DUET_MEM_ARENA = 3, DUET_MEM_COUNT = 4 };
+/* DUET_MEM_CACHE: key/value caches of a decoding program (persistent, not
+ * checkpointed, zeroed at session start). */
+enum { DUET_MEM_NONE = 0, DUET_MEM_PARAM = 1, DUET_MEM_STATE = 2, DUET_MEM_ARENA = 3, DUET_MEM_CACHE = 4,
+       DUET_MEM_COUNT = 5 };
 
 /* Initialisers (numbering shared with the compiler's InitKind).  Formulas,
  * with fan_in = shape[0] and fan_out = shape[1] of an [in, out] matrix
@@ -64,6 +67,7 @@ enum {
   DUET_S_N_VALID,     /* eval: rows of the batch that hold real samples */
   DUET_S_ONE_MINUS_BETA1, DUET_S_ONE_MINUS_BETA2, /* computed in double, as PyTorch */
   DUET_S_DECAY,       /* 1 - lr * weight_decay */
+  DUET_S_POS,         /* decoding: position of the current token (0 when training) */
   DUET_S_COUNT
 };
 
@@ -107,6 +111,8 @@ typedef struct DuetProgram {
   int input_x, input_y;  /* tensor ids of the data inputs, -1 if none */
   int loss, metrics;     /* tensor ids, -1 if none */
   int logits;            /* tensor id of the evaluated cross_entropy's logits, -1 if none */
+  int decode;            /* compiled for generation: inputs hold one token, attention uses caches */
+  int64_t context;       /* decode: positions the caches hold */
   int n_classes;         /* logits' second dimension, 0 if no classifier */
   int64_t region_bytes[DUET_MEM_COUNT];
   int64_t gemm_flops;    /* per training step, 2*m*n*k summed */
@@ -166,6 +172,8 @@ int64_t duet_session_step(const DuetSession *s);
 void duet_session_set_step(DuetSession *s, int64_t step);
 DuetDevice *duet_session_device(DuetSession *s);
 const DuetProgram *duet_session_program(const DuetSession *s);
+/* Decoding: the position of the token the next run processes. */
+void duet_session_set_pos(DuetSession *s, int64_t pos);
 /* Number of rows of the current batch that hold real samples (eval). */
 void duet_session_set_valid(DuetSession *s, int64_t n_valid);
 const char *duet_session_error(const DuetSession *s);
@@ -175,14 +183,18 @@ const char *duet_session_error(const DuetSession *s);
 int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *argv0, int argc, char **argv);
 /* Byte-level text generation with a trained model: `prompt` is extended
  * by `n_tokens` bytes, each drawn from softmax(logits / temperature)
- * restricted to the top_k most likely bytes (top_k 0: all), with a generator
- * seeded from `seed`, and written to `out` as it is produced.  The program
- * must have been compiled with batch 1 and a byte-level (256-way)
- * cross_entropy over i32[1, T] inputs; the context is the last T bytes.
- * Each new byte runs the whole forward pass over the context (no key/value
- * cache yet).  Returns 0, or -1 with a message in err. */
+ * restricted to the top_k most likely bytes (top_k 0: all; temperature 0:
+ * the most likely byte), with a generator seeded from `seed`, and written
+ * to `out` as it is produced.  The program must be a byte-level (256-way)
+ * language model compiled for generation (DuetProgram.decode: batch 1, one
+ * token per run, attention keys and values cached): the prompt is fed one
+ * byte per run, then every new byte costs one run.  When the caches
+ * (context T) are full, decoding restarts from the last T/2 bytes.  Returns
+ * 0, or -1 with a message in err. */
 int duet_sample(DuetSession *s, const char *prompt, int64_t n_tokens, double temperature, int64_t top_k,
                 uint64_t seed, FILE *out, char *err, size_t errlen);
+/* 0 when p can generate text (see duet_sample), else -1 with the reason. */
+int duet_sample_check(const DuetProgram *p, char *err, size_t errlen);
 
 /* Applies command-line flags to cfg; returns 0, 1 on a bad flag (printed),
  * 2 when --help was printed. */
@@ -220,6 +232,10 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
  * shape, and no other tensor may be; sets the session's step.  0, or -1 with
  * a message naming the file and the tensor (nothing is changed then). */
 int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, char *err, size_t errlen);
+/* Loads only the params of a checkpoint of the same model (exact dtype and
+ * shape each); optimizer state and training position are ignored.  For
+ * inference (duet sample). */
+int duet_checkpoint_load_weights(DuetSession *s, const char *path, char *err, size_t errlen);
 
 /* ----------------------------------------------------------------- data */
 

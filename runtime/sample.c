@@ -5,23 +5,54 @@
 
 #include "duet_rt.h"
 
+/* Runs the decoding program on byte `tok` at position `pos` (its key and
+ * value enter the caches at row pos). */
+static int decode_step(DuetSession *s, const DuetProgram *p, int tok, int64_t pos, char *err, size_t errlen) {
+  DuetDevice *d = duet_session_device(s);
+  int32_t x = tok, zero = 0;
+  if (d->ops->copy_to_device(d, duet_session_tensor(s, p->input_x), &x, sizeof x) ||
+      (p->input_y >= 0 && d->ops->copy_to_device(d, duet_session_tensor(s, p->input_y), &zero, sizeof zero))) {
+    snprintf(err, errlen, "device copy failed: %s", d->err);
+    return -1;
+  }
+  duet_session_set_pos(s, pos);
+  duet_session_set_valid(s, 1);
+  if (duet_session_run(s, DUET_RUN_EVAL)) {
+    snprintf(err, errlen, "%s", duet_session_error(s));
+    return -1;
+  }
+  return 0;
+}
+
+int duet_sample_check(const DuetProgram *p, char *err, size_t errlen) {
+  if (!p->decode || p->input_x < 0 || p->logits < 0 || p->n_classes < 256 || p->context < 2 ||
+      p->defaults.data != DUET_DATA_TEXT || p->tensors[p->input_x].dtype != DUET_I32 ||
+      p->tensors[p->input_x].nbytes != 4) {
+    snprintf(err, errlen, "model `%s` is not a byte-level language model compiled for generation", p->model_name);
+    return -1;
+  }
+  int64_t V = p->n_classes;
+  if (p->tensors[p->logits].nbytes != V * 4) {
+    snprintf(err, errlen, "model `%s` computes %lld logits per generated token, expected %lld: its positional "
+             "embedding must follow the token's position, as in embedding(wpe, positions(idx))",
+             p->model_name, (long long)(p->tensors[p->logits].nbytes / 4), (long long)V);
+    return -1;
+  }
+  return 0;
+}
+
 int duet_sample(DuetSession *s, const char *prompt, int64_t n_tokens, double temperature, int64_t top_k,
                 uint64_t seed, FILE *out, char *err, size_t errlen) {
   const DuetProgram *p = duet_session_program(s);
   DuetDevice *d = duet_session_device(s);
-  if (p->input_x < 0 || p->logits < 0 || p->n_classes < 256 || p->tensors[p->input_x].rank != 2 ||
-      p->tensors[p->input_x].dtype != DUET_I32 || p->tensors[p->input_x].shape[0] != 1) {
-    snprintf(err, errlen, "model `%s` is not a byte-level language model over i32[1, T] windows", p->model_name);
-    return -1;
-  }
-  int64_t T = p->tensors[p->input_x].shape[1], V = p->n_classes;
+  if (duet_sample_check(p, err, errlen)) return -1;
+  int64_t V = p->n_classes, T = p->context;
   size_t plen = strlen(prompt);
   unsigned char *ctx = malloc(plen + (size_t)n_tokens + 2);
-  int32_t *x = malloc((size_t)T * sizeof *x);
-  float *logits = malloc((size_t)(T * V) * sizeof *logits);
+  float *logits = malloc((size_t)V * sizeof *logits);
   double *prob = malloc((size_t)V * sizeof *prob);
   int rc = -1;
-  if (!ctx || !x || !logits || !prob) {
+  if (!ctx || !logits || !prob) {
     snprintf(err, errlen, "out of host memory");
     goto out;
   }
@@ -31,34 +62,26 @@ int duet_sample(DuetSession *s, const char *prompt, int64_t n_tokens, double tem
   fputs(prompt, out);
   DuetRng r;
   duet_rng_seed(&r, seed, 0x73616d706c65ull); /* "sample" */
-  int32_t *dev_x = duet_session_tensor(s, p->input_x);
-  int32_t *dev_y = p->input_y >= 0 ? duet_session_tensor(s, p->input_y) : NULL;
+  /* prefill: the last T - 1 prompt bytes, one decoding step each */
+  size_t first = n > (size_t)T - 1 ? n - ((size_t)T - 1) : 0;
+  int64_t pos = 0;
+  for (size_t i = first; i < n; i++, pos++)
+    if (decode_step(s, p, ctx[i], pos, err, errlen)) goto out;
   for (int64_t k = 0; k < n_tokens; k++) {
-    int64_t w = (int64_t)n < T ? (int64_t)n : T; /* the last T bytes */
-    for (int64_t t = 0; t < T; t++) x[t] = t < w ? ctx[n - (size_t)w + (size_t)t] : 0;
-    if (d->ops->copy_to_device(d, dev_x, x, (size_t)T * sizeof *x)) goto dev_fail;
-    if (dev_y) {
-      memset(x, 0, (size_t)T * sizeof *x);
-      if (d->ops->copy_to_device(d, dev_y, x, (size_t)T * sizeof *x)) goto dev_fail;
-    }
-    duet_session_set_valid(s, 1);
-    if (duet_session_run(s, DUET_RUN_EVAL)) {
-      snprintf(err, errlen, "%s", duet_session_error(s));
+    if (d->ops->copy_to_host(d, logits, duet_session_tensor(s, p->logits), (size_t)V * sizeof *logits)) {
+      snprintf(err, errlen, "device copy failed: %s", d->err);
       goto out;
     }
-    if (d->ops->copy_to_host(d, logits, duet_session_tensor(s, p->logits), (size_t)(T * V) * sizeof *logits))
-      goto dev_fail;
-    const float *row = logits + (w - 1) * V; /* the prediction after the last byte */
-    int64_t best = 0;
+    int64_t best = 0, pick;
     for (int64_t v = 1; v < V; v++)
-      if (row[v] > row[best]) best = v;
-    int64_t pick = best;
+      if (logits[v] > logits[best]) best = v;
+    pick = best;
     if (temperature > 0) {
       /* keep the top_k largest logits: the k-th largest is the threshold */
       double thr = -INFINITY;
       if (top_k > 0 && top_k < V) {
-        for (int64_t v = 0; v < V; v++) prob[v] = row[v];
-        for (int64_t i = 0; i < top_k; i++) { /* partial selection, V is small */
+        for (int64_t v = 0; v < V; v++) prob[v] = logits[v];
+        for (int64_t i = 0; i < top_k; i++) { /* partial selection sort, V is small */
           int64_t m = i;
           for (int64_t j = i + 1; j < V; j++)
             if (prob[j] > prob[m]) m = j;
@@ -70,7 +93,7 @@ int duet_sample(DuetSession *s, const char *prompt, int64_t n_tokens, double tem
       }
       double sum = 0;
       for (int64_t v = 0; v < V; v++) {
-        prob[v] = row[v] >= thr ? exp(((double)row[v] - row[best]) / temperature) : 0;
+        prob[v] = logits[v] >= thr ? exp(((double)logits[v] - logits[best]) / temperature) : 0;
         sum += prob[v];
       }
       double u = duet_rng_uniform(&r) * sum, acc = 0;
@@ -86,15 +109,18 @@ int duet_sample(DuetSession *s, const char *prompt, int64_t n_tokens, double tem
     ctx[n++] = (unsigned char)pick;
     fputc((int)pick, out);
     fflush(out);
+    if (k + 1 == n_tokens) break;
+    if (pos == T) { /* the caches are full: restart from the last T/2 bytes */
+      pos = 0;
+      for (size_t i = n - (size_t)(T / 2); i < n - 1; i++, pos++)
+        if (decode_step(s, p, ctx[i], pos, err, errlen)) goto out;
+    }
+    if (decode_step(s, p, (int)pick, pos++, err, errlen)) goto out;
   }
   fputc('\n', out);
   rc = 0;
-  goto out;
-dev_fail:
-  snprintf(err, errlen, "device copy failed: %s", d->err);
 out:
   free(ctx);
-  free(x);
   free(logits);
   free(prob);
   return rc;

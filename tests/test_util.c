@@ -4,6 +4,12 @@
 #include <string.h>
 
 int tmodel_open(TModel *t, const char *name, const char *text, DType float_dtype) {
+  FrontendOptions fo = {.float_dtype = float_dtype};
+  return tmodel_open_opt(t, name, text, &fo);
+}
+
+int tmodel_open_opt(TModel *t, const char *name, const char *text, const FrontendOptions *fo_in) {
+  FrontendOptions fo = *fo_in;
   memset(t, 0, sizeof *t);
   t->arena = arena_new(1 << 16); /* small chunks: exercises the arena's growth */
   t->diag.out = stderr;
@@ -11,7 +17,6 @@ int tmodel_open(TModel *t, const char *name, const char *text, DType float_dtype
   src->name = name;
   src->text = text;
   src->len = strlen(text);
-  FrontendOptions fo = {.float_dtype = float_dtype};
   t->g = frontend_compile(t->arena, &t->diag, src, &fo);
   if (!t->g) return 1;
   PassCtx pc = {.diag = &t->diag, .verify = true};

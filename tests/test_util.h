@@ -25,6 +25,8 @@ typedef struct TModel {
  * the kernels, and opens a session (params initialised with seed 1).
  * Returns 0, or 1 after printing why. */
 int tmodel_open(TModel *t, const char *name, const char *text, DType float_dtype);
+/* Same, with frontend options (batch, decode). */
+int tmodel_open_opt(TModel *t, const char *name, const char *text, const FrontendOptions *fo);
 void tmodel_close(TModel *t);
 /* Tensor id of a value (-1 when it has no storage). */
 int tmodel_tensor(const TModel *t, const Value *v);
