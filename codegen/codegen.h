@@ -20,6 +20,7 @@ typedef enum KOp {
   KI_RELU_GRAD,                   /* a: dy, b: x -> x > 0 ? dy : 0 */
   KI_GELU,                        /* a: tanh approximation (as GPT-2) */
   KI_GELU_GRAD,                   /* a: dy, b: x */
+  KI_DROPOUT,                     /* a: x; value: p; b: site */
   KI_STORE,  /* a: buffer, b: instruction */
 } KOp;
 

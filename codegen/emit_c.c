@@ -138,6 +138,12 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
             stored[i] ? "" : "const ", ctype(k->bufs[i].dtype), k->bufs[i].tensor);
   for (int i = 0; i < k->n_ins; i++)
     if (k->ins[i].op == KI_SCALAR) bprintf(b, "  const %s s%d = (%s)s[%d];\n", T, i, T, k->ins[i].a);
+  for (int i = 0; i < k->n_ins; i++)
+    if (k->ins[i].op == KI_DROPOUT) {
+      bprintf(b, "  const int training = s[%d] != 0;\n  const uint64_t drop_seed = (uint64_t)s[%d];\n",
+              DUET_S_TRAINING, DUET_S_DROP_SEED);
+      break;
+    }
   int64_t R = row_split(k);
   bool flat = R == 0 || R == k->n; /* one loop over i */
   const char *ind = flat ? "    " : "      ";
@@ -201,6 +207,19 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
     case KI_GELU_GRAD:
       bprintf(b, "gelu_grad_%s(r%d, r%d)", T, x->a, x->b);
       break;
+    /* dropout: element `flat` of site b is kept when a hash of (step seed,
+     * site, flat) clears p, and scaled by 1/(1-p); the backward pass
+     * recomputes the same mask, so nothing is stored */
+    case KI_DROPOUT: {
+      double scaled = x->value * 18446744073709551616.0; /* p * 2^64 */
+      uint64_t thr = scaled >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)scaled;
+      char flat_ix[64];
+      if (R && !flat) snprintf(flat_ix, sizeof flat_ix, "o * %" PRId64 " + j", R);
+      else snprintf(flat_ix, sizeof flat_ix, "i");
+      bprintf(b, "!training ? r%d : dropout_keep(drop_seed, %" PRId64 "u, (uint64_t)(%s), %" PRIu64 "u) ? r%d * (%s)%a : 0",
+              x->a, (int64_t)x->b, flat_ix, thr, x->a, T, 1.0 / (1.0 - x->value));
+      break;
+    }
     default: unreachable();
     }
     bprintf(b, ";\n");
@@ -508,6 +527,12 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
               "static inline float gelu_grad_float(float dy, float x) {\n"
               "  const float c = 0.7978845608028654f, a = 0.044715f, th = tanhf(c * (x + a * x * x * x));\n"
               "  return dy * (0.5f * (1 + th) + 0.5f * x * (1 - th * th) * c * (1 + 3 * a * x * x));\n}\n");
+  bprintf(&b, "/* dropout masks: a splitmix64-style hash of (step seed, site, element) (Steele et al. 2014) */\n"
+              "#pragma omp declare simd notinbranch\n"
+              "static inline int dropout_keep(uint64_t seed, uint64_t site, uint64_t i, uint64_t thr) {\n"
+              "  uint64_t z = seed ^ (site * 0xD1B54A32D192ED03ull) ^ (i * 0x9E3779B97F4A7C15ull);\n"
+              "  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;\n  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;\n"
+              "  return (z ^ (z >> 31)) >= thr;\n}\n");
   bprintf(&b, "#pragma omp declare simd notinbranch\n"
               "static inline double gelu_grad_double(double dy, double x) {\n"
               "  const double c = 0.7978845608028654, a = 0.044715, th = tanh(c * (x + a * x * x * x));\n"

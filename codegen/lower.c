@@ -92,6 +92,7 @@ static KOp kop_of(OpKind op) {
   case OP_RELU_GRAD: return KI_RELU_GRAD;
   case OP_GELU: return KI_GELU;
   case OP_GELU_GRAD: return KI_GELU_GRAD;
+  case OP_DROPOUT: return KI_DROPOUT;
   default: unreachable();
   }
 }
@@ -122,7 +123,8 @@ static int lower_elementwise(Lower *L, Value *v) {
       } else if (f->op == OP_BROADCAST) {
         map[i] = map[f->a];
       } else {
-        map[i] = ins(&b, kop_of(f->op), map[f->a], op_info[f->op].arity > 1 ? map[f->b] : 0, 0);
+        map[i] = f->op == OP_DROPOUT ? ins(&b, KI_DROPOUT, map[f->a], (int)f->site, f->value)
+                                     : ins(&b, kop_of(f->op), map[f->a], op_info[f->op].arity > 1 ? map[f->b] : 0, 0);
       }
     }
     res = map[p->n - 1];
@@ -134,7 +136,9 @@ static int lower_elementwise(Lower *L, Value *v) {
                     ? ins(&b, KI_CONST, 0, 0, x->attr.value)
                     : ins(&b, KI_LOAD, add_buf(k, tid(L, x), x->dtype, &x->shape, &v->shape), 0, 0);
     }
-    res = v->op == OP_BROADCAST ? opnd[0] : ins(&b, kop_of(v->op), opnd[0], opnd[1], 0);
+    res = v->op == OP_BROADCAST ? opnd[0]
+          : v->op == OP_DROPOUT ? ins(&b, KI_DROPOUT, opnd[0], (int)v->attr.site, v->attr.p)
+                                : ins(&b, kop_of(v->op), opnd[0], opnd[1], 0);
   }
   int out = add_buf(k, tid(L, v), v->dtype, &v->shape, &v->shape);
   ins(&b, KI_STORE, out, res, 0);
@@ -349,7 +353,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     }
     case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG:
     case OP_RELU: case OP_RELU_GRAD: case OP_BROADCAST: case OP_FUSED:
-    case OP_GELU: case OP_GELU_GRAD:
+    case OP_GELU: case OP_GELU_GRAD: case OP_DROPOUT:
       st.kernel = lower_elementwise(&L, v);
       break;
     case OP_EMBEDDING:

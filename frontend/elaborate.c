@@ -62,6 +62,7 @@ typedef struct Elab {
   int depth;      /* expression nesting */
   int n_inputs;
   Value *inputs[8];
+  int64_t n_dropout; /* dropout sites so far */
 } Elab;
 
 #define MAX_EXPR_DEPTH 2000
@@ -125,9 +126,10 @@ static const Builtin builtins[] = {
 /* Built-ins with named arguments (handled in eval_call). */
 static const char *const attention_args[] = {"q", "k", "v", "heads", "causal"};
 static const char *const layernorm_args[] = {"x", "w", "b", "eps"};
+static const char *const dropout_args[] = {"x", "p"};
 #define N_BUILTINS (int)(sizeof builtins / sizeof builtins[0])
 
-static const char *const functions[] = {"dim", "sqrt", "attention", "layernorm"};
+static const char *const functions[] = {"dim", "sqrt", "attention", "layernorm", "dropout"};
 static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
                                          "batch", "epochs", "steps", "seed", "log_every", "eval",
                                          "eval_every", "eval_batches"};
@@ -348,6 +350,22 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     } else {
       r.v = graph_add(e->g, OP_ATTENTION, in, 3, &at, n->loc);
     }
+    return r;
+  }
+  if (!strcmp(n->name, "dropout")) { /* dropout(x, p): zero with probability p, scale by 1/(1-p) */
+    EVal a[2];
+    bool given[2];
+    bind_args(e, s, n, dropout_args, 2, 2, a, given);
+    Value *x = want_tensor(e, a[0], "x");
+    double pr = want_num(e, a[1], "p");
+    if (!(pr >= 0 && pr < 1)) diag_error(e->d, a[1].loc, "dropout probability must be in [0, 1), got %g", pr);
+    r.kind = EV_TENSOR;
+    if (pr == 0 || e->g->decode) { /* no-op, and never when generating */
+      r.v = x;
+      return r;
+    }
+    Attr at = {.p = pr, .site = ++e->n_dropout};
+    r.v = graph_add(e->g, OP_DROPOUT, &x, 1, &at, n->loc);
     return r;
   }
   if (!strcmp(n->name, "layernorm")) { /* norm(x) * w + b, normalising the last axis */

@@ -629,6 +629,9 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   case OP_SLICE:
     fprintf(out, "[%" PRId64 "]", v->attr.index);
     break;
+  case OP_DROPOUT:
+    fprintf(out, "[p=%.17g,site=%" PRId64 "]", v->attr.p, v->attr.site);
+    break;
   case OP_NORM:
   case OP_NORM_GRAD:
     fprintf(out, "[eps=%.17g]", v->attr.eps);

@@ -135,7 +135,8 @@ const char *init_name(InitKind k);
 typedef struct FusedInstr {
   OpKind op;    /* an OPF_EW op, or OP_COUNT for "load input" */
   int a, b;     /* operand instruction indices; for a load: input index */
-  double value; /* OP_CONST */
+  double value; /* OP_CONST: the literal; OP_DROPOUT: p */
+  int64_t site; /* OP_DROPOUT */
 } FusedInstr;
 /* Bounds on one fused op, so every fused loop fits the kernel IR (at most
  * KMAX_BUFS buffers, 256 instructions per kernel): longer chains are split. */
@@ -162,6 +163,8 @@ typedef struct Attr {
   double eps;       /* NORM, NORM_GRAD: added to the variance */
   bool no_decay;    /* ADAMW, SGD: this param gets no weight decay */
   bool kv_cache;    /* STATE: a key/value cache of decoding (not checkpointed) */
+  double p;         /* DROPOUT: probability of zeroing an element */
+  int64_t site;     /* DROPOUT: which dropout of the model (decorrelates masks) */
   FusedProg *prog;  /* FUSED */
 } Attr;
 

@@ -115,6 +115,11 @@ void pass_autodiff(Graph *g, PassCtx *cx) {
       accumulate(g, grad, a, mk(g, OP_BROADCAST, dv, NULL, &at, l));
       break;
     }
+    case OP_DROPOUT: { /* the same mask and scale: dropout of the gradient */
+      Attr at = v->attr;
+      accumulate(g, grad, a, mk(g, OP_DROPOUT, dv, NULL, &at, l));
+      break;
+    }
     case OP_GELU:
       accumulate(g, grad, a, mk(g, OP_GELU_GRAD, dv, a, NULL, l));
       break;

@@ -84,7 +84,7 @@ static int build(FuseBuild *b, Value *v) {
       opnd[j] = load(b, x);
     }
   }
-  FusedInstr fi = {.op = v->op, .a = opnd[0], .b = opnd[1]};
+  FusedInstr fi = {.op = v->op, .a = opnd[0], .b = opnd[1], .value = v->attr.p, .site = v->attr.site};
   return emit(b, fi);
 }
 

@@ -328,6 +328,11 @@ int duet_session_run(DuetSession *s, int which) {
   const DuetProgram *p = s->p;
   const DuetStep *steps = which == DUET_RUN_TRAIN ? p->train : which == DUET_RUN_EVAL ? p->eval : p->grad;
   int n = which == DUET_RUN_TRAIN ? p->n_train : which == DUET_RUN_EVAL ? p->n_eval : p->n_grad;
+  s->s[DUET_S_TRAINING] = which != DUET_RUN_EVAL;
+  {
+    uint64_t x = s->cfg.seed ^ 0x64726f706f7574ull, y = (uint64_t)s->step + (which == DUET_RUN_TRAIN);
+    s->s[DUET_S_DROP_SEED] = (double)((splitmix64(&x) ^ (y * 0x9E3779B97F4A7C15ull)) >> 12); /* exact in a double */
+  }
   if (which == DUET_RUN_TRAIN) {
     const DuetConfig *c = &s->cfg;
     int64_t t = ++s->step;

@@ -68,6 +68,8 @@ enum {
   DUET_S_ONE_MINUS_BETA1, DUET_S_ONE_MINUS_BETA2, /* computed in double, as PyTorch */
   DUET_S_DECAY,       /* 1 - lr * weight_decay */
   DUET_S_POS,         /* decoding: position of the current token (0 when training) */
+  DUET_S_TRAINING,    /* 1 in a training or gradient step (dropout active), 0 in evaluation */
+  DUET_S_DROP_SEED,   /* dropout masks of this step: a hash of the seed and the step */
   DUET_S_COUNT
 };
 

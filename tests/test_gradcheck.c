@@ -44,6 +44,8 @@ static const Case cases[] = {
     {"matmul_rank3_tied", HEAD "param x: [2,3,4]\nparam w: [5,4]\ninput y: i32[2,3]\n"
                           "loss = cross_entropy(x @ transpose(w), y)\n", 5},
     {"transpose", HEAD "param a: [3,4]\ninput r: f32[4,3]\nloss = mean(transpose(a) * r)\n", 0},
+    {"dropout", HEAD "param a: [4,6]\ninput r: f32[4,6]\nloss = mean(dropout(a * a, p = 0.3) * r + dropout(a, 0.5))\n", 0},
+    {"dropout_broadcast", HEAD "param a: [4,6]\nparam c: [6]\ninput r: f32[4,6]\nloss = mean(dropout(a + c, 0.4) * r)\n", 0},
     {"mlp", HEAD "input x: f32[6,4]\ninput y: i32[6]\n"
                  "block linear(h, out) {\n  param w: [dim(h, -1), out] = xavier_uniform\n"
                  "  param b: [out] = normal(0.1)\n  return h @ w + b\n}\n"
@@ -142,9 +144,38 @@ static int run_case(const Case *c) {
   return fails != 0;
 }
 
+/* Dropout's statistics: with loss = mean(dropout(x, 0.25)), d loss / d x_j
+ * is 0 for dropped elements and 1/(0.75 n) for kept ones; over n = 20000
+ * elements the dropped fraction is 0.25 +- 0.003 (one standard deviation),
+ * so we allow 0.02.  Evaluation is the identity; the mask changes with the
+ * step and is the same in forward and backward (checked above by finite
+ * differences). */
+static int dropout_stats(void) {
+  TModel t;
+  if (tmodel_open(&t, "dropout", "model d\nparam x: [20000] = ones\nloss = mean(dropout(x, 0.25))\n", DT_F64)) return 1;
+  Value *x = tmodel_param(&t, "x");
+  int fails = 0;
+  if (duet_session_run(t.s, DUET_RUN_GRAD)) return 1;
+  double *g = duet_session_tensor(t.s, tmodel_tensor(&t, x->grad));
+  int64_t zeros = 0, bad = 0;
+  for (int j = 0; j < 20000; j++) {
+    if (g[j] == 0) zeros++;
+    else if (fabs(g[j] - 1.0 / (0.75 * 20000)) > 1e-15) bad++;
+  }
+  fails += check_close("dropped fraction", (double)zeros / 20000, 0.25, 0.02, 0);
+  fails += check_close("kept gradients equal to 1/((1-p) n)", (double)bad, 0, 0, 0);
+  if (duet_session_run(t.s, DUET_RUN_EVAL)) return 1;
+  fails += check_close("evaluation is the identity", *(double *)duet_session_tensor(t.s, tmodel_tensor(&t, t.g->loss)),
+                       1.0, 1e-15, 0);
+  printf("%s dropout statistics: %lld of 20000 dropped\n", fails ? "FAIL" : "ok", (long long)zeros);
+  tmodel_close(&t);
+  return fails != 0;
+}
+
 int main(void) {
   int failed = 0, n = (int)(sizeof cases / sizeof cases[0]);
   for (int i = 0; i < n; i++) failed += run_case(&cases[i]);
+  failed += dropout_stats(), n++;
   printf("%d passed, %d failed\n", n - failed, failed);
   return failed != 0;
 }

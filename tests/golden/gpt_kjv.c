@@ -11,6 +11,14 @@ static inline float gelu_grad_float(float dy, float x) {
   const float c = 0.7978845608028654f, a = 0.044715f, th = tanhf(c * (x + a * x * x * x));
   return dy * (0.5f * (1 + th) + 0.5f * x * (1 - th * th) * c * (1 + 3 * a * x * x));
 }
+/* dropout masks: a splitmix64-style hash of (step seed, site, element) (Steele et al. 2014) */
+#pragma omp declare simd notinbranch
+static inline int dropout_keep(uint64_t seed, uint64_t site, uint64_t i, uint64_t thr) {
+  uint64_t z = seed ^ (site * 0xD1B54A32D192ED03ull) ^ (i * 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return (z ^ (z >> 31)) >= thr;
+}
 #pragma omp declare simd notinbranch
 static inline double gelu_grad_double(double dy, double x) {
   const double c = 0.7978845608028654, a = 0.044715, th = tanh(c * (x + a * x * x * x));
