@@ -46,3 +46,9 @@ bench: build
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan
+
+# gpt_kjv training throughput against PyTorch on the same cores (not a test).
+.PHONY: bench-gpt
+bench-gpt: build data
+	@sh tools/deps.sh $(BENCH_PACKAGES)
+	sh bench/run_gpt.sh

@@ -60,6 +60,12 @@ typedef enum KernelKind {
   KK_ATTN_BWD,    /* bufs: dy, q, k, v, out [3, batch, time, cols] = dq, dk, dv */
   KK_TRANSPOSE,   /* bufs: in [rows, cols], out [cols, rows] */
   KK_POSITIONS,   /* bufs: out i32 [rows]: s[POS] + 0, 1, ... */
+  KK_IM2COL,      /* bufs: x [N,C,H,W], cols [N*OH*OW, C*KH*KW] (xs, ys, win) */
+  KK_COL2IM,      /* bufs: dcols, dx (scatter-add, per plane) */
+  KK_MAXPOOL,     /* bufs: x, y */
+  KK_MAXPOOL_GRAD,/* bufs: dy, x, dx (to the first maximum of each window) */
+  KK_AVGPOOL,     /* bufs: x, y (divides by KH*KW, as torch's count_include_pad) */
+  KK_AVGPOOL_GRAD,/* bufs: dy, dx */
   KK_ATTN_DECODE, /* bufs: q, k, v [batch, 1, cols], kcache, vcache [batch, time, cols], out */
 } KernelKind;
 
@@ -78,6 +84,8 @@ typedef struct Kernel {
   double eps;                /* KK_NORM_* */
   int64_t batch, time, heads;/* KK_ATTN_* */
   bool causal;               /* KK_ATTN_* */
+  Shape xs, ys;              /* KK_IM2COL .. KK_AVGPOOL_GRAD: [N,C,H,W] and [N,C,OH,OW] */
+  int64_t win[8];            /* kh, kw, sh, sw, ph, pw, dh, dw */
 } Kernel;
 
 /* A lowered model: the runtime program (tables allocated in the arena) and

@@ -494,6 +494,86 @@ static void emit_attn_decode(Buf *b, const Kernel *k) {
   bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) oi[d] += pj * vj[d];\n      }\n    }\n  }\n", D);
 }
 
+/* Sliding-window kernels over [N,C,H,W] (convolution as im2col + GEMM,
+ * pooling).  Output position (oh, ow), window tap (ki, kj) reads input
+ * (oh*sh - ph + ki*dh, ow*sw - pw + kj*dw); taps outside the input read
+ * zeros (im2col, avg) or are skipped (max).  The backward kernels own one
+ * (n, c) plane per iteration, so their scatter-adds are race-free and
+ * deterministic. */
+static void emit_window(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  int64_t N = k->xs.dim[0], C = k->xs.dim[1], H = k->xs.dim[2], W = k->xs.dim[3];
+  int64_t OH = k->ys.dim[2], OW = k->ys.dim[3];
+  int64_t KH = k->win[0], KW = k->win[1], SH = k->win[2], SW = k->win[3], PH = k->win[4], PW = k->win[5];
+  int64_t DH = k->win[6], DW = k->win[7];
+  bprintf(b, "  enum { N_ = %" PRId64 ", C_ = %" PRId64 ", H_ = %" PRId64 ", W_ = %" PRId64 ", OH = %" PRId64
+             ", OW = %" PRId64 " };\n", N, C, H, W, OH, OW);
+  bprintf(b, "  enum { KH = %" PRId64 ", KW = %" PRId64 ", SH = %" PRId64 ", SW = %" PRId64 ", PH = %" PRId64
+             ", PW = %" PRId64 ", DH = %" PRId64 ", DW = %" PRId64 " };\n", KH, KW, SH, SW, PH, PW, DH, DW);
+  switch (k->kind) {
+  case KK_IM2COL:
+    bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(0, "const "));
+    bprintf(b, "  %s%s *cols = (%s%s *)t[%d];\n", BUF(1, ""));
+    bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+    bprintf(b, "  for (int64_t r = 0; r < (int64_t)N_ * OH * OW; r++) {\n");
+    bprintf(b, "    const int64_t n = r / (OH * OW), oh = r / OW %% OH, ow = r %% OW;\n");
+    bprintf(b, "    %s *row = cols + r * (int64_t)(C_ * KH * KW);\n", T);
+    bprintf(b, "    for (int64_t c = 0; c < C_; c++)\n      for (int64_t ki = 0; ki < KH; ki++) {\n");
+    bprintf(b, "        const int64_t ih = oh * SH - PH + ki * DH;\n");
+    bprintf(b, "        for (int64_t kj = 0; kj < KW; kj++) {\n");
+    bprintf(b, "          const int64_t iw = ow * SW - PW + kj * DW;\n");
+    bprintf(b, "          row[(c * KH + ki) * KW + kj] = ih >= 0 && ih < H_ && iw >= 0 && iw < W_ ? "
+               "x[((n * C_ + c) * H_ + ih) * W_ + iw] : 0;\n        }\n      }\n  }\n");
+    return;
+  case KK_COL2IM:
+    bprintf(b, "  %s%s *cols = (%s%s *)t[%d];\n", BUF(0, "const "));
+    bprintf(b, "  %s%s *dx = (%s%s *)t[%d];\n", BUF(1, ""));
+    bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+    bprintf(b, "  for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {\n");
+    bprintf(b, "    const int64_t n = nc / C_, c = nc %% C_;\n    %s *plane = dx + nc * (int64_t)(H_ * W_);\n", T);
+    bprintf(b, "    for (int64_t i = 0; i < H_ * W_; i++) plane[i] = 0;\n");
+    bprintf(b, "    for (int64_t oh = 0; oh < OH; oh++)\n      for (int64_t ow = 0; ow < OW; ow++) {\n");
+    bprintf(b, "        const %s *row = cols + ((n * OH + oh) * OW + ow) * (int64_t)(C_ * KH * KW) + c * KH * KW;\n", T);
+    bprintf(b, "        for (int64_t ki = 0; ki < KH; ki++) {\n          const int64_t ih = oh * SH - PH + ki * DH;\n");
+    bprintf(b, "          if (ih < 0 || ih >= H_) continue;\n");
+    bprintf(b, "          for (int64_t kj = 0; kj < KW; kj++) {\n            const int64_t iw = ow * SW - PW + kj * DW;\n");
+    bprintf(b, "            if (iw >= 0 && iw < W_) plane[ih * W_ + iw] += row[ki * KW + kj];\n          }\n        }\n      }\n  }\n");
+    return;
+  default:
+    break;
+  }
+  /* pooling: one (n, c) plane per iteration */
+  bool fwd = k->kind == KK_MAXPOOL || k->kind == KK_AVGPOOL, mx = k->kind == KK_MAXPOOL || k->kind == KK_MAXPOOL_GRAD;
+  if (fwd) {
+    bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(0, "const "));
+    bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(1, ""));
+  } else {
+    bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
+    if (mx) bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(1, "const "));
+    bprintf(b, "  %s%s *dx = (%s%s *)t[%d];\n", BUF(mx ? 2 : 1, ""));
+  }
+  bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {\n");
+  if (!fwd) bprintf(b, "    %s *dp = dx + nc * (int64_t)(H_ * W_);\n    for (int64_t i = 0; i < H_ * W_; i++) dp[i] = 0;\n", T);
+  if (fwd || mx) bprintf(b, "    const %s *xp = x + nc * (int64_t)(H_ * W_);\n", T);
+  bprintf(b, "    for (int64_t oh = 0; oh < OH; oh++)\n      for (int64_t ow = 0; ow < OW; ow++) {\n");
+  bprintf(b, "        const int64_t o = (nc * OH + oh) * OW + ow;\n");
+  if (mx) bprintf(b, "        %s m = -INFINITY;\n        int64_t am = -1;\n", T);
+  else bprintf(b, "        %s acc = 0;\n", T);
+  bprintf(b, "        for (int64_t ki = 0; ki < KH; ki++) {\n          const int64_t ih = oh * SH - PH + ki * DH;\n");
+  bprintf(b, "          if (ih < 0 || ih >= H_) continue;\n");
+  bprintf(b, "          for (int64_t kj = 0; kj < KW; kj++) {\n            const int64_t iw = ow * SW - PW + kj * DW;\n");
+  bprintf(b, "            if (iw < 0 || iw >= W_) continue;\n");
+  if (mx) bprintf(b, "            if (xp[ih * W_ + iw] > m || am < 0) { m = xp[ih * W_ + iw]; am = ih * W_ + iw; }\n");
+  else if (fwd) bprintf(b, "            acc += xp[ih * W_ + iw];\n");
+  else bprintf(b, "            dp[ih * W_ + iw] += dy[o] / (%s)(KH * KW);\n", T);
+  bprintf(b, "          }\n        }\n");
+  if (k->kind == KK_MAXPOOL) bprintf(b, "        y[o] = m;\n");
+  else if (k->kind == KK_MAXPOOL_GRAD) bprintf(b, "        if (am >= 0) dp[am] += dy[o];\n");
+  else if (k->kind == KK_AVGPOOL) bprintf(b, "        y[o] = acc / (%s)(KH * KW);\n", T);
+  bprintf(b, "      }\n  }\n");
+}
+
 static void emit_positions(Buf *b, const Kernel *k) {
   bprintf(b, "  int32_t *out = (int32_t *)t[%d];\n", k->bufs[1].tensor);
   bprintf(b, "  const int32_t base = (int32_t)s[%d];\n", DUET_S_POS);
@@ -551,6 +631,9 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
     case KK_ATTN_FWD: case KK_ATTN_BWD: emit_attention(&b, k); break;
     case KK_TRANSPOSE: emit_transpose(&b, k); break;
     case KK_POSITIONS: emit_positions(&b, k); break;
+    case KK_IM2COL: case KK_COL2IM: case KK_MAXPOOL: case KK_MAXPOOL_GRAD: case KK_AVGPOOL: case KK_AVGPOOL_GRAD:
+      emit_window(&b, k);
+      break;
     case KK_ATTN_DECODE: emit_attn_decode(&b, k); break;
     default: emit_rows(&b, k); break;
     }

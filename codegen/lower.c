@@ -257,16 +257,91 @@ static int lower_attention(Lower *L, Value *v) {
   return k->index;
 }
 
-/* slice i of axis 0: a copy kernel whose load starts at element i * n */
-static int lower_slice(Lower *L, Value *v) {
+/* Element strides of a row-major shape. */
+static void strides_of(const Shape *s, int64_t *st) {
+  int64_t x = 1;
+  for (int d = s->rank - 1; d >= 0; d--) {
+    st[d] = x;
+    x *= s->dim[d];
+  }
+}
+
+/* Terms of the map from the flat index of `out` to sum_d coord_d * istride[d]
+ * (a strided view: permutations, slices), adjacent axes merged when
+ * contiguous in both. */
+static int strided_terms(const Shape *out, const int64_t *istride, KIndexTerm *terms) {
+  int n = 0;
+  int64_t ostride = 1;
+  for (int d = out->rank - 1; d >= 0; d--) {
+    int64_t od = out->dim[d];
+    if (od != 1) {
+      if (n > 0 && terms[n - 1].div * terms[n - 1].mod == ostride && terms[n - 1].mul * terms[n - 1].mod == istride[d])
+        terms[n - 1].mod *= od;
+      else
+        terms[n++] = (KIndexTerm){ostride, od, istride[d]};
+    }
+    ostride *= od;
+  }
+  if (n > 0 && terms[n - 1].div * terms[n - 1].mod == ostride) terms[n - 1].mod = 0;
+  return n;
+}
+
+/* A copy over the elements of `dom`: out[map_out(i)] = in[map_in(i)], each map
+ * a strided view (NULL: contiguous). */
+static int lower_copy(Lower *L, DType dt, int tin, int tout, const Shape *dom, const int64_t *in_stride,
+                      int64_t in_base, const int64_t *out_stride, int64_t out_base) {
+  Kernel *k = new_kernel(L, KK_ELEMENTWISE, dt);
+  InsBuf b = {.n = 0};
+  int64_t cont[IR_MAX_RANK];
+  strides_of(dom, cont);
+  KBuf *bi = &k->bufs[k->n_bufs++];
+  bi->tensor = tin;
+  bi->dtype = dt;
+  bi->base = in_base;
+  bi->n_terms = strided_terms(dom, in_stride ? in_stride : cont, bi->terms);
+  KBuf *bo = &k->bufs[k->n_bufs++];
+  bo->tensor = tout;
+  bo->dtype = dt;
+  bo->base = out_base;
+  bo->n_terms = strided_terms(dom, out_stride ? out_stride : cont, bo->terms);
+  ins(&b, KI_STORE, 1, ins(&b, KI_LOAD, 0, 0, 0), 0);
+  finish_ew(L, k, &b, shape_numel(dom));
+  return k->index;
+}
+
+static int lower_fill0(Lower *L, const Value *v) {
   Kernel *k = new_kernel(L, KK_ELEMENTWISE, v->dtype);
   InsBuf b = {.n = 0};
-  int64_t n = shape_numel(&v->shape);
-  int in = add_buf(k, tid(L, v->in[0]), v->dtype, &v->shape, &v->shape);
-  k->bufs[in].base = v->attr.index * n;
   int out = add_buf(k, tid(L, v), v->dtype, &v->shape, &v->shape);
-  ins(&b, KI_STORE, out, ins(&b, KI_LOAD, in, 0, 0), 0);
-  finish_ew(L, k, &b, n);
+  ins(&b, KI_STORE, out, ins(&b, KI_CONST, 0, 0, 0.0), 0);
+  finish_ew(L, k, &b, shape_numel(&v->shape));
+  return k->index;
+}
+
+/* The strides into x (shape xs) of the view x.narrow(axis, start, len),
+ * optionally without the axis; returns the base offset. */
+static int64_t slice_view(const Shape *xs, int axis, int64_t start, bool squeeze, int64_t *vstride) {
+  int64_t st[IR_MAX_RANK];
+  strides_of(xs, st);
+  int k = 0;
+  for (int d = 0; d < xs->rank; d++)
+    if (!(squeeze && d == axis)) vstride[k++] = st[d];
+  return start * st[axis];
+}
+
+static int lower_window(Lower *L, Value *v, KernelKind kind) {
+  Kernel *k = lower_rows_k(L, v, kind);
+  const Attr *a = &v->attr;
+  /* xs: the forward input [N,C,H,W]; ys: the window grid [N,C,OH,OW] */
+  bool grad = kind == KK_COL2IM || kind == KK_MAXPOOL_GRAD || kind == KK_AVGPOOL_GRAD;
+  k->xs = grad ? v->shape : v->in[0]->shape;
+  int64_t oh = (k->xs.dim[2] + 2 * a->ph - a->dh * (a->kh - 1) - 1) / a->sh + 1;
+  int64_t ow = (k->xs.dim[3] + 2 * a->pw - a->dw * (a->kw - 1) - 1) / a->sw + 1;
+  k->ys = k->xs;
+  k->ys.dim[2] = oh;
+  k->ys.dim[3] = ow;
+  int64_t w[8] = {a->kh, a->kw, a->sh, a->sw, a->ph, a->pw, a->dh, a->dw};
+  memcpy(k->win, w, sizeof w);
   return k->index;
 }
 
@@ -311,13 +386,17 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   p->tensors = tensors;
   for (int r = 0; r < DUET_MEM_COUNT; r++) p->region_bytes[r] = g->region_bytes[r];
 
-  StepList tr = {arena_alloc(a, (size_t)(g->n_values + 1) * sizeof(DuetStep)), 0};
-  StepList ev = {arena_alloc(a, (size_t)(g->n_values + 1) * sizeof(DuetStep)), 0};
-  StepList gr = {arena_alloc(a, (size_t)(g->n_values + 1) * sizeof(DuetStep)), 0};
+  size_t cap = 1; /* a value lowers to at most 1 + n_in steps (concat, slice_grad) */
+  for (int i = 0; i < g->n_values; i++) cap += 1 + (size_t)g->values[i]->n_in;
+  StepList tr = {arena_alloc(a, cap * sizeof(DuetStep)), 0};
+  StepList ev = {arena_alloc(a, cap * sizeof(DuetStep)), 0};
+  StepList gr = {arena_alloc(a, cap * sizeof(DuetStep)), 0};
   p->input_x = p->input_y = p->loss = p->metrics = p->logits = -1;
   int n_inputs = 0;
   for (int i = 0; i < g->n_values; i++) {
     Value *v = g->values[i];
+    DuetStep pre[KMAX_BUFS + 1];
+    int n_pre = 0;
     DuetStep st = {.kind = DUET_STEP_KERNEL, .dtype = (int)v->dtype};
     bool has_step = true;
     switch (v->op) {
@@ -371,9 +450,49 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_ATTENTION_GRAD:
       st.kernel = lower_attention(&L, v);
       break;
-    case OP_SLICE:
-      st.kernel = lower_slice(&L, v);
+    case OP_SLICE: {
+      int64_t vs[IR_MAX_RANK];
+      int64_t base = slice_view(&v->in[0]->shape, v->attr.axis, v->attr.index, v->attr.squeeze, vs);
+      st.kernel = lower_copy(&L, v->dtype, tid(&L, v->in[0]), tid(&L, v), &v->shape, vs, base, NULL, 0);
       break;
+    }
+    case OP_SLICE_GRAD: { /* zeros, then dy copied into its window */
+      int64_t vs[IR_MAX_RANK];
+      int64_t base = slice_view(&v->shape, v->attr.axis, v->attr.index, v->attr.squeeze, vs);
+      pre[n_pre] = st;
+      pre[n_pre++].kernel = lower_fill0(&L, v);
+      st.kernel = lower_copy(&L, v->dtype, tid(&L, v->in[0]), tid(&L, v), &v->in[0]->shape, NULL, 0, vs, base);
+      break;
+    }
+    case OP_CONCAT: { /* each input copied into its window of the output */
+      int64_t start = 0;
+      for (int j = 0; j < v->n_in; j++) {
+        int64_t vs[IR_MAX_RANK];
+        int64_t base = slice_view(&v->shape, v->attr.axis, start, false, vs);
+        DuetStep cp_st = st;
+        cp_st.kernel = lower_copy(&L, v->dtype, tid(&L, v->in[j]), tid(&L, v), &v->in[j]->shape, NULL, 0, vs, base);
+        if (j + 1 < v->n_in) pre[n_pre++] = cp_st;
+        else st = cp_st;
+        start += v->in[j]->shape.dim[v->attr.axis];
+      }
+      break;
+    }
+    case OP_RESHAPE:
+      st.kernel = lower_copy(&L, v->dtype, tid(&L, v->in[0]), tid(&L, v), &v->shape, NULL, 0, NULL, 0);
+      break;
+    case OP_PERMUTE: {
+      int64_t xs[IR_MAX_RANK], vs[IR_MAX_RANK];
+      strides_of(&v->in[0]->shape, xs);
+      for (int d = 0; d < v->shape.rank; d++) vs[d] = xs[v->attr.perm[d]];
+      st.kernel = lower_copy(&L, v->dtype, tid(&L, v->in[0]), tid(&L, v), &v->shape, vs, 0, NULL, 0);
+      break;
+    }
+    case OP_IM2COL: st.kernel = lower_window(&L, v, KK_IM2COL); break;
+    case OP_COL2IM: st.kernel = lower_window(&L, v, KK_COL2IM); break;
+    case OP_MAXPOOL: st.kernel = lower_window(&L, v, KK_MAXPOOL); break;
+    case OP_MAXPOOL_GRAD: st.kernel = lower_window(&L, v, KK_MAXPOOL_GRAD); break;
+    case OP_AVGPOOL: st.kernel = lower_window(&L, v, KK_AVGPOOL); break;
+    case OP_AVGPOOL_GRAD: st.kernel = lower_window(&L, v, KK_AVGPOOL_GRAD); break;
     case OP_TRANSPOSE:
       st.kernel = lower_rows(&L, v, KK_TRANSPOSE);
       break;
@@ -418,6 +537,11 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       duet_fatal(__FILE__, __LINE__, "codegen: no lowering for op %d", (int)v->op);
     }
     if (!has_step) continue;
+    for (int j = 0; j < n_pre; j++) {
+      if (v->role != ROLE_EVAL) push_step(&L, &tr, pre[j]);
+      if (v->role == ROLE_FORWARD || v->role == ROLE_EVAL) push_step(&L, &ev, pre[j]);
+      if (v->role == ROLE_FORWARD || v->role == ROLE_BACKWARD) push_step(&L, &gr, pre[j]);
+    }
     if (v->role != ROLE_EVAL) push_step(&L, &tr, st);
     if (v->role == ROLE_FORWARD || v->role == ROLE_EVAL) push_step(&L, &ev, st);
     if (v->role == ROLE_FORWARD || v->role == ROLE_BACKWARD) push_step(&L, &gr, st);

@@ -399,6 +399,15 @@ void ir_infer_shape(Graph *g, Value *v) {
         diag_error(g->diag, v->loc, "%s of %s to %s: shapes do not broadcast",
                    op_info[v->op].name, SHP(&v->in[0]->shape, b1), SHP(&s, b2));
       v->dtype = v->in[0]->dtype;
+    } else if (v->op == OP_RESHAPE || v->op == OP_PERMUTE || v->op == OP_SLICE || v->op == OP_SLICE_GRAD ||
+               v->op == OP_CONCAT || v->op == OP_IM2COL || v->op == OP_COL2IM || v->op == OP_MAXPOOL ||
+               v->op == OP_MAXPOOL_GRAD || v->op == OP_AVGPOOL || v->op == OP_AVGPOOL_GRAD) {
+      for (int i = 0; i < v->n_in; i++) need_float(g, v, i);
+      need_same_dtype(g, v);
+      v->dtype = v->in[0]->dtype;
+      if (v->op == OP_RESHAPE && shape_numel(&v->in[0]->shape) != shape_numel(&s))
+        diag_error(g->diag, v->loc, "reshape of %s to %s: element counts differ", SHP(&v->in[0]->shape, b1),
+                   SHP(&s, b2));
     } else {
       v->dtype = v->attr.dtype;
     }
@@ -627,7 +636,23 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
     fprintf(out, "[heads=%" PRId64 "%s]", v->attr.heads, v->attr.causal ? ",causal" : "");
     break;
   case OP_SLICE:
-    fprintf(out, "[%" PRId64 "]", v->attr.index);
+  case OP_SLICE_GRAD:
+    fprintf(out, "[axis=%d,start=%" PRId64 "%s]%s", v->attr.axis, v->attr.index, v->attr.squeeze ? ",squeeze" : "",
+            shape_str(&v->attr.shape, b, sizeof b));
+    break;
+  case OP_RESHAPE:
+  case OP_CONCAT:
+    if (v->op == OP_CONCAT) fprintf(out, "[axis=%d]", v->attr.axis);
+    fprintf(out, "%s", shape_str(&v->attr.shape, b, sizeof b));
+    break;
+  case OP_PERMUTE:
+    fputs("[", out);
+    for (int d = 0; d < v->attr.shape.rank; d++) fprintf(out, "%s%d", d ? "," : "", v->attr.perm[d]);
+    fputs("]", out);
+    break;
+  case OP_IM2COL: case OP_COL2IM: case OP_MAXPOOL: case OP_MAXPOOL_GRAD: case OP_AVGPOOL: case OP_AVGPOOL_GRAD:
+    fprintf(out, "[k=%" PRId64 "x%" PRId64 ",s=%" PRId64 "x%" PRId64 ",p=%" PRId64 "x%" PRId64 ",d=%" PRId64 "x%" PRId64 "]",
+            v->attr.kh, v->attr.kw, v->attr.sh, v->attr.sw, v->attr.ph, v->attr.pw, v->attr.dh, v->attr.dw);
     break;
   case OP_DROPOUT:
     fprintf(out, "[p=%.17g,site=%" PRId64 "]", v->attr.p, v->attr.site);

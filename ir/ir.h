@@ -164,6 +164,11 @@ typedef struct Attr {
   bool no_decay;    /* ADAMW, SGD: this param gets no weight decay */
   bool kv_cache;    /* STATE: a key/value cache of decoding (not checkpointed) */
   double p;         /* DROPOUT: probability of zeroing an element */
+  int axis;         /* SLICE, SLICE_GRAD, CONCAT: the axis (SLICE: index = start) */
+  bool squeeze;     /* SLICE: the sliced axis (length 1) is dropped */
+  int perm[IR_MAX_RANK]; /* PERMUTE: output axis d is input axis perm[d] */
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw; /* IM2COL, COL2IM, pools: window, stride, padding, dilation */
+  Shape in_shape;   /* SLICE_GRAD, COL2IM, pool grads: shape of the forward input */
   int64_t site;     /* DROPOUT: which dropout of the model (decorrelates masks) */
   FusedProg *prog;  /* FUSED */
 } Attr;

@@ -120,6 +120,49 @@ void pass_autodiff(Graph *g, PassCtx *cx) {
       accumulate(g, grad, a, mk(g, OP_DROPOUT, dv, NULL, &at, l));
       break;
     }
+    case OP_RESHAPE: {
+      Attr at = {.shape = a->shape};
+      accumulate(g, grad, a, mk(g, OP_RESHAPE, dv, NULL, &at, l));
+      break;
+    }
+    case OP_PERMUTE: {
+      Attr at = {.shape = a->shape};
+      for (int d = 0; d < v->shape.rank; d++) at.perm[v->attr.perm[d]] = d;
+      accumulate(g, grad, a, mk(g, OP_PERMUTE, dv, NULL, &at, l));
+      break;
+    }
+    case OP_SLICE: {
+      Attr at = v->attr;
+      at.shape = a->shape;
+      accumulate(g, grad, a, mk(g, OP_SLICE_GRAD, dv, NULL, &at, l));
+      break;
+    }
+    case OP_CONCAT: {
+      int64_t start = 0;
+      for (int j = 0; j < v->n_in; j++) {
+        Value *x = v->in[j];
+        int64_t len = x->shape.dim[v->attr.axis];
+        if (x->requires_grad) {
+          Attr at = {.axis = v->attr.axis, .index = start, .shape = x->shape};
+          accumulate(g, grad, x, mk(g, OP_SLICE, dv, NULL, &at, l));
+        }
+        start += len;
+      }
+      break;
+    }
+    case OP_IM2COL:
+    case OP_AVGPOOL: {
+      Attr at = v->attr;
+      at.shape = a->shape;
+      accumulate(g, grad, a, mk(g, v->op == OP_IM2COL ? OP_COL2IM : OP_AVGPOOL_GRAD, dv, NULL, &at, l));
+      break;
+    }
+    case OP_MAXPOOL: {
+      Attr at = v->attr;
+      at.shape = a->shape;
+      accumulate(g, grad, a, mk(g, OP_MAXPOOL_GRAD, dv, a, &at, l));
+      break;
+    }
     case OP_GELU:
       accumulate(g, grad, a, mk(g, OP_GELU_GRAD, dv, a, NULL, l));
       break;
@@ -147,7 +190,7 @@ void pass_autodiff(Graph *g, PassCtx *cx) {
       pk->role = ROLE_BACKWARD;
       for (int j = 0; j < 3; j++) {
         if (!v->in[j]->requires_grad) continue;
-        Attr sl = {.index = j, .shape = v->shape, .dtype = v->dtype};
+        Attr sl = {.index = j, .axis = 0, .squeeze = true, .shape = v->shape, .dtype = v->dtype};
         accumulate(g, grad, v->in[j], mk(g, OP_SLICE, pk, NULL, &sl, l));
       }
       break;
