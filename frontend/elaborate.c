@@ -127,9 +127,13 @@ static const Builtin builtins[] = {
 static const char *const attention_args[] = {"q", "k", "v", "heads", "causal"};
 static const char *const layernorm_args[] = {"x", "w", "b", "eps"};
 static const char *const dropout_args[] = {"x", "p"};
+static const char *const conv_args[] = {"x", "w", "b", "stride", "padding", "dilation", "groups"};
+static const char *const pool_args[] = {"x", "kernel", "stride", "padding"};
 #define N_BUILTINS (int)(sizeof builtins / sizeof builtins[0])
 
-static const char *const functions[] = {"dim", "sqrt", "attention", "layernorm", "dropout"};
+static const char *const functions[] = {"dim",     "sqrt",    "attention",  "layernorm",  "dropout", "reshape",
+                                        "flatten", "permute", "concat",     "conv2d",     "max_pool2d",
+                                        "avg_pool2d"};
 static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
                                          "batch", "epochs", "steps", "seed", "log_every", "eval",
                                          "eval_every", "eval_batches"};
@@ -297,6 +301,198 @@ static bool want_bool(Elab *e, EVal v, const char *what) {
   return v.num != 0;
 }
 
+static Value *op1(Elab *e, OpKind op, Value *x, const Attr *at, Loc loc) {
+  return graph_add(e->g, op, &x, 1, at, loc);
+}
+
+/* Axis argument: -rank..rank-1, negative counting from the end. */
+static int want_axis(Elab *e, EVal v, int rank, const char *what) {
+  int64_t a = want_int(e, v, what, -(int64_t)rank);
+  if (a < 0) a += rank;
+  if (a >= rank) diag_error(e->d, v.loc, "%s %lld is out of range for rank %d", what, (long long)a, rank);
+  return (int)a;
+}
+
+/* Output size of a sliding window; an error (naming both shapes) below 1. */
+static int64_t window_out(Elab *e, const Node *n, const Value *x, int64_t in, int64_t k, int64_t st, int64_t pad,
+                          int64_t dil) {
+  int64_t o = (in + 2 * pad - dil * (k - 1) - 1);
+  o = o < 0 ? 0 : o / st + 1;
+  if (o < 1) {
+    char b[160];
+    diag_error(e->d, n->loc, "%s of %s with kernel %lld, stride %lld, padding %lld, dilation %lld: output size %lld "
+               "is below 1", n->name, shape_str(&x->shape, b, sizeof b), (long long)k, (long long)st, (long long)pad,
+               (long long)dil, (long long)o);
+  }
+  return o;
+}
+
+/* reshape, flatten, permute, transpose(x, a, b), concat, conv2d, pools. */
+static Value *eval_shape_op(Elab *e, Scope *s, const Node *n) {
+  char b1[160], b2[160];
+  int na = n->args.n;
+  EVal a[16];
+  bool given[16];
+  if (!strcmp(n->name, "conv2d") || !strcmp(n->name, "max_pool2d") || !strcmp(n->name, "avg_pool2d")) {
+    bool conv = n->name[0] == 'c';
+    bind_args(e, s, n, conv ? conv_args : pool_args, conv ? 7 : 4, 2, a, given);
+    Value *x = want_tensor(e, a[0], "x");
+    if (x->shape.rank != 4)
+      diag_error(e->d, a[0].loc, "%s expects x of rank 4 [N,C,H,W], got %s", n->name, shape_str(&x->shape, b1, 160));
+    int64_t N = x->shape.dim[0], C = x->shape.dim[1], H = x->shape.dim[2], W = x->shape.dim[3];
+    Attr at = {.dh = 1, .dw = 1};
+    if (!conv) {
+      at.kh = at.kw = want_int(e, a[1], "kernel", 1);
+      at.sh = at.sw = given[2] ? want_int(e, a[2], "stride", 1) : at.kh;
+      at.ph = at.pw = given[3] ? want_int(e, a[3], "padding", 0) : 0;
+      if (2 * at.ph > at.kh)
+        diag_error(e->d, a[3].loc, "%s: padding %lld is more than half the kernel %lld", n->name, (long long)at.ph,
+                   (long long)at.kh);
+      int64_t oh = window_out(e, n, x, H, at.kh, at.sh, at.ph, 1), ow = window_out(e, n, x, W, at.kw, at.sw, at.pw, 1);
+      at.shape = x->shape;
+      at.shape.dim[2] = oh;
+      at.shape.dim[3] = ow;
+      return op1(e, n->name[0] == 'm' ? OP_MAXPOOL : OP_AVGPOOL, x, &at, n->loc);
+    }
+    Value *w = want_tensor(e, a[1], "w");
+    int64_t groups = given[6] ? want_int(e, a[6], "groups", 1) : 1;
+    at.sh = at.sw = given[3] ? want_int(e, a[3], "stride", 1) : 1;
+    at.ph = at.pw = given[4] ? want_int(e, a[4], "padding", 0) : 0;
+    at.dh = at.dw = given[5] ? want_int(e, a[5], "dilation", 1) : 1;
+    if (w->shape.rank != 4 || C % groups || w->shape.dim[0] % groups || w->shape.dim[1] != C / groups)
+      diag_error(e->d, a[1].loc, "conv2d of %s with weight %s and %lld group%s: the weight must be [out, %lld, kh, kw] "
+                 "with out divisible by the groups", shape_str(&x->shape, b1, 160), shape_str(&w->shape, b2, 160),
+                 (long long)groups, groups == 1 ? "" : "s", (long long)(C % groups ? 0 : C / groups));
+    if (groups > 32) diag_error(e->d, a[6].loc, "conv2d supports at most 32 groups, got %lld", (long long)groups);
+    int64_t O = w->shape.dim[0], G = groups, Cg = C / G, Og = O / G;
+    at.kh = w->shape.dim[2];
+    at.kw = w->shape.dim[3];
+    int64_t oh = window_out(e, n, x, H, at.kh, at.sh, at.ph, at.dh), ow = window_out(e, n, x, W, at.kw, at.sw, at.pw, at.dw);
+    Value *parts[32];
+    for (int64_t g = 0; g < G; g++) {
+      Value *xg = x, *wg = w;
+      if (G > 1) {
+        Attr sx = {.axis = 1, .index = g * Cg, .shape = x->shape}, sw = {.axis = 0, .index = g * Og, .shape = w->shape};
+        sx.shape.dim[1] = Cg;
+        sw.shape.dim[0] = Og;
+        xg = op1(e, OP_SLICE, x, &sx, n->loc);
+        wg = op1(e, OP_SLICE, w, &sw, n->loc);
+      }
+      Attr ic = at; /* im2col: [N*OH*OW, Cg*KH*KW] */
+      ic.shape = (Shape){.rank = 2, .dim = {N * oh * ow, Cg * at.kh * at.kw}};
+      Value *cols = op1(e, OP_IM2COL, xg, &ic, n->loc);
+      Attr rw = {.shape = {.rank = 2, .dim = {Og, Cg * at.kh * at.kw}}};
+      Value *in[2] = {cols, op1(e, OP_RESHAPE, wg, &rw, n->loc)};
+      Attr mm = {.trans_b = true};
+      Value *y = graph_add(e->g, OP_MATMUL, in, 2, &mm, n->loc); /* [N*OH*OW, Og] */
+      Attr ry = {.shape = {.rank = 4, .dim = {N, oh, ow, Og}}};
+      y = op1(e, OP_RESHAPE, y, &ry, n->loc);
+      Attr pm = {.shape = {.rank = 4, .dim = {N, Og, oh, ow}}, .perm = {0, 3, 1, 2}};
+      parts[g] = op1(e, OP_PERMUTE, y, &pm, n->loc);
+    }
+    Value *y = parts[0];
+    if (G > 1) {
+      Attr cat = {.axis = 1, .shape = {.rank = 4, .dim = {N, O, oh, ow}}};
+      y = graph_add(e->g, OP_CONCAT, parts, (int)G, &cat, n->loc);
+    }
+    if (given[2]) {
+      Value *bias = want_tensor(e, a[2], "b");
+      if (bias->shape.rank != 1 || bias->shape.dim[0] != O)
+        diag_error(e->d, a[2].loc, "conv2d bias must be [%lld], got %s", (long long)O, shape_str(&bias->shape, b1, 160));
+      Attr rb = {.shape = {.rank = 3, .dim = {O, 1, 1}}};
+      Value *in[2] = {y, op1(e, OP_RESHAPE, bias, &rb, n->loc)};
+      y = graph_add(e->g, OP_ADD, in, 2, NULL, n->loc);
+    }
+    return y;
+  }
+  if (na < 1 || na > 16) diag_error(e->d, n->loc, "%s takes 1 to 16 arguments, got %d", n->name, na);
+  int k = 0, axis_arg = -1;
+  for (Node *p = n->args.head; p; p = p->next, k++) {
+    if (p->kind == N_NAMED) {
+      bool ok = (!strcmp(n->name, "concat") && !strcmp(p->name, "axis")) ||
+                (!strcmp(n->name, "flatten") && !strcmp(p->name, "start"));
+      if (!ok) diag_error(e->d, p->loc, "%s has no argument named `%s`", n->name, p->name);
+      axis_arg = k;
+      a[k] = eval(e, s, p->a);
+    } else {
+      a[k] = eval(e, s, p);
+    }
+  }
+  if (!strcmp(n->name, "concat")) {
+    Value *xs[16];
+    int m = 0;
+    for (int i = 0; i < na; i++)
+      if (i != axis_arg) xs[m++] = want_tensor(e, a[i], "a concat operand");
+    int axis = axis_arg >= 0 ? want_axis(e, a[axis_arg], xs[0]->shape.rank, "axis") : 0;
+    Attr at = {.axis = axis, .shape = xs[0]->shape};
+    at.shape.dim[axis] = 0;
+    for (int i = 0; i < m; i++) {
+      Shape t = xs[i]->shape, u = xs[0]->shape;
+      t.dim[axis] = u.dim[axis] = 0;
+      if (t.rank != u.rank || !shape_eq(&t, &u))
+        diag_error(e->d, a[i].loc, "concat of %s and %s along axis %d: the other dimensions differ",
+                   shape_str(&xs[0]->shape, b1, 160), shape_str(&xs[i]->shape, b2, 160), axis);
+      at.shape.dim[axis] += xs[i]->shape.dim[axis];
+    }
+    if (m == 1) return xs[0];
+    return graph_add(e->g, OP_CONCAT, xs, m, &at, n->loc);
+  }
+  Value *x = want_tensor(e, a[0], "the first argument");
+  int r = x->shape.rank;
+  if (!strcmp(n->name, "flatten")) {
+    int start = axis_arg >= 0 ? want_axis(e, a[axis_arg], r, "start") : (na > 1 ? want_axis(e, a[1], r, "start") : 1);
+    if (r < 2 && axis_arg < 0 && na == 1) start = 0;
+    Attr at = {.shape = {.rank = start + 1}};
+    for (int d = 0; d < start; d++) at.shape.dim[d] = x->shape.dim[d];
+    at.shape.dim[start] = 1;
+    for (int d = start; d < r; d++) at.shape.dim[start] *= x->shape.dim[d];
+    return op1(e, OP_RESHAPE, x, &at, n->loc);
+  }
+  if (!strcmp(n->name, "reshape")) {
+    Attr at = {.shape = {.rank = na - 1}};
+    int infer = -1;
+    int64_t known = 1;
+    if (na - 1 > IR_MAX_RANK || na < 2) diag_error(e->d, n->loc, "reshape takes 1 to %d dimensions", IR_MAX_RANK);
+    for (int i = 1; i < na; i++) {
+      int64_t d = want_int(e, a[i], "a dimension", -1);
+      if (d == -1) {
+        if (infer >= 0) diag_error(e->d, a[i].loc, "reshape: only one dimension may be -1");
+        infer = i - 1;
+      } else if (d == 0) {
+        diag_error(e->d, a[i].loc, "reshape: dimension %d is 0", i - 1);
+      } else {
+        known *= d;
+      }
+      at.shape.dim[i - 1] = d;
+    }
+    int64_t total = shape_numel(&x->shape);
+    if (infer >= 0) {
+      if (total % known) diag_error(e->d, n->loc, "reshape of %s: %lld elements do not divide into the given dims",
+                                    shape_str(&x->shape, b1, 160), (long long)total);
+      at.shape.dim[infer] = total / known;
+    }
+    return op1(e, OP_RESHAPE, x, &at, n->loc);
+  }
+  /* permute(x, p0, p1, ...) and transpose(x, a, b) */
+  Attr at = {.shape = {.rank = r}};
+  for (int d = 0; d < r; d++) at.perm[d] = d;
+  if (!strcmp(n->name, "transpose")) {
+    int p = want_axis(e, a[1], r, "axis"), q = want_axis(e, a[2], r, "axis");
+    at.perm[p] = q;
+    at.perm[q] = p;
+  } else {
+    if (na - 1 != r) diag_error(e->d, n->loc, "permute of a rank-%d tensor takes %d axes, got %d", r, r, na - 1);
+    int seen = 0;
+    for (int d = 0; d < r; d++) {
+      at.perm[d] = want_axis(e, a[d + 1], r, "axis");
+      if (seen & (1 << at.perm[d])) diag_error(e->d, a[d + 1].loc, "permute: axis %d appears twice", at.perm[d]);
+      seen |= 1 << at.perm[d];
+    }
+  }
+  for (int d = 0; d < r; d++) at.shape.dim[d] = x->shape.dim[at.perm[d]];
+  return op1(e, OP_PERMUTE, x, &at, n->loc);
+}
+
 static EVal eval_call(Elab *e, Scope *s, const Node *n) {
   EVal r = {.loc = n->loc};
   if (!strcmp(n->name, "dim")) {
@@ -366,6 +562,13 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     }
     Attr at = {.p = pr, .site = ++e->n_dropout};
     r.v = graph_add(e->g, OP_DROPOUT, &x, 1, &at, n->loc);
+    return r;
+  }
+  if (!strcmp(n->name, "reshape") || !strcmp(n->name, "permute") || !strcmp(n->name, "flatten") ||
+      !strcmp(n->name, "concat") || !strcmp(n->name, "conv2d") || !strcmp(n->name, "max_pool2d") ||
+      !strcmp(n->name, "avg_pool2d") || (!strcmp(n->name, "transpose") && n->args.n == 3)) {
+    r.kind = EV_TENSOR;
+    r.v = eval_shape_op(e, s, n);
     return r;
   }
   if (!strcmp(n->name, "layernorm")) { /* norm(x) * w + b, normalising the last axis */

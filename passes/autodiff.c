@@ -20,11 +20,38 @@ static Value *mk_const(Graph *g, double x, Loc loc) {
   return v;
 }
 
-/* d(broadcast result) -> d(operand of `shape`): sum over broadcast axes. */
+/* d(broadcast result) -> d(operand of `shape`): sum over broadcast axes.
+ * Each SUM_TO reduces one contiguous run of axes (the kernels' [outer,
+ * reduced, inner] form), so separated runs (a [C,1,1] bias of [N,C,H,W])
+ * become a chain, innermost run first. */
 static Value *reduce_to(Graph *g, Value *dy, const Shape *shape, Loc loc) {
   if (shape_eq(&dy->shape, shape)) return dy;
+  const Shape *s = &dy->shape;
+  int r = s->rank;
+  bool red[IR_MAX_RANK];
+  for (int d = 0; d < r; d++) {
+    int dt = shape->rank - r + d;
+    red[d] = s->dim[d] != 1 && (dt < 0 || shape->dim[dt] == 1);
+  }
+  Value *cur = dy;
+  Shape inter = *s;
+  for (int d = r - 1; d >= 0;) {
+    if (!red[d]) {
+      d--;
+      continue;
+    }
+    int lo = d;
+    while (lo > 0 && (red[lo - 1] || s->dim[lo - 1] == 1)) lo--;
+    bool more = false; /* another run further out? */
+    for (int e = 0; e < lo; e++) more |= red[e];
+    if (!more) break;
+    for (int e = lo; e <= d; e++) inter.dim[e] = 1;
+    Attr at = {.shape = inter};
+    cur = mk(g, OP_SUM_TO, cur, NULL, &at, loc);
+    d = lo - 1;
+  }
   Attr at = {.shape = *shape};
-  return mk(g, OP_SUM_TO, dy, NULL, &at, loc);
+  return mk(g, OP_SUM_TO, cur, NULL, &at, loc);
 }
 
 static void accumulate(Graph *g, Value **grad, Value *x, Value *dx) {

@@ -178,12 +178,17 @@ static double mono_seconds(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Fans: a matrix is [in, out] (duet multiplies x @ w); a convolution
+ * weight is [out, in, kh, kw] as in torch, whose
+ * _calculate_fan_in_and_fan_out multiplies by the receptive field. */
 static void fan(const DuetTensor *t, double *fan_in, double *fan_out) {
   *fan_in = t->rank >= 1 ? (double)t->shape[0] : 1;
   *fan_out = t->rank >= 2 ? (double)t->shape[1] : 1;
-  for (int d = 2; d < t->rank; d++) { /* receptive field, as torch's _calculate_fan_in_and_fan_out */
-    *fan_in *= (double)t->shape[d];
-    *fan_out *= (double)t->shape[d];
+  if (t->rank >= 3) {
+    double rf = 1;
+    for (int d = 2; d < t->rank; d++) rf *= (double)t->shape[d];
+    *fan_in = (double)t->shape[1] * rf;
+    *fan_out = (double)t->shape[0] * rf;
   }
 }
 

@@ -26,7 +26,8 @@ enum { DUET_MEM_NONE = 0, DUET_MEM_PARAM = 1, DUET_MEM_STATE = 2, DUET_MEM_ARENA
 
 /* Initialisers (numbering shared with the compiler's InitKind).  Formulas,
  * with fan_in = shape[0] and fan_out = shape[1] of an [in, out] matrix
- * (fan_in = shape[0], fan_out = 1 for vectors):
+ * (fan_in = shape[0], fan_out = 1 for vectors; for an [out, in, kh, kw]
+ * convolution weight fan_in = in*kh*kw and fan_out = out*kh*kw, as torch):
  *   kaiming_uniform: U(-b, b), b = sqrt(6 / fan_in)  (He et al. 2015; torch's
  *                    kaiming_uniform_ with a = 0, i.e. gain sqrt(2))
  *   xavier_uniform:  U(-b, b), b = sqrt(6 / (fan_in + fan_out)) (Glorot & Bengio 2010)

@@ -46,6 +46,15 @@ static const Case cases[] = {
     {"transpose", HEAD "param a: [3,4]\ninput r: f32[4,3]\nloss = mean(transpose(a) * r)\n", 0},
     {"dropout", HEAD "param a: [4,6]\ninput r: f32[4,6]\nloss = mean(dropout(a * a, p = 0.3) * r + dropout(a, 0.5))\n", 0},
     {"dropout_broadcast", HEAD "param a: [4,6]\nparam c: [6]\ninput r: f32[4,6]\nloss = mean(dropout(a + c, 0.4) * r)\n", 0},
+    {"conv2d", HEAD "param x: [2,3,5,5]\nparam w: [4,3,3,3]\nparam b: [4]\ninput r: f32[2,4,3,3]\n"
+               "loss = mean(conv2d(x, w, b, stride = 2, padding = 1, dilation = 1) * r)\n", 0},
+    {"conv2d_dilated_groups", HEAD "param x: [1,4,6,6]\nparam w: [6,2,2,2]\ninput r: f32[1,6,4,4]\n"
+                              "loss = mean(conv2d(x, w, dilation = 2, groups = 2) * r)\n", 0},
+    {"max_pool2d", HEAD "param x: [2,2,5,5]\ninput r: f32[2,2,3,3]\nloss = mean(max_pool2d(x, 3, stride = 2, padding = 1) * r)\n", 0},
+    {"avg_pool2d", HEAD "param x: [1,2,4,6]\ninput r: f32[1,2,2,3]\nloss = mean(avg_pool2d(x, 2) * r)\n", 0},
+    {"reshape_permute", HEAD "param x: [2,3,4]\ninput r: f32[4,2,3]\n"
+                        "loss = mean(permute(reshape(x, 3, -1, 2), 1, 0, 2) * reshape(r, 4, 3, 2) + reshape(flatten(transpose(x, 0, 2)), 4, 3, 2) * 0.5)\n", 0},
+    {"concat", HEAD "param a: [2,3]\nparam b: [2,5]\ninput r: f32[2,8]\nloss = mean(concat(a, b * b, axis = 1) * r)\n", 0},
     {"mlp", HEAD "input x: f32[6,4]\ninput y: i32[6]\n"
                  "block linear(h, out) {\n  param w: [dim(h, -1), out] = xavier_uniform\n"
                  "  param b: [out] = normal(0.1)\n  return h @ w + b\n}\n"
