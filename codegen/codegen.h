@@ -48,7 +48,8 @@ typedef struct KBuf {
 
 typedef enum KernelKind {
   KK_ELEMENTWISE, /* bufs: any; ins: the program */
-  KK_REDUCE,      /* bufs: in, out; out[o,j] = scale * sum_r in[o,r,j] */
+  KK_REDUCE,      /* bufs: in, out; out[o,j] = scale * sum_r in[o,r,j] (max_r when reduce_max) */
+  KK_MAX_GRAD,    /* bufs: dy [o,j], x [o,r,j], dx: dy to the first maximum over r, 0 elsewhere */
   KK_XENT_FWD,    /* bufs: logits [rows,cols], labels [rows], out []: mean NLL */
   KK_XENT_BWD,    /* bufs: logits, labels, dloss [], out [rows,cols] */
   KK_EVAL_METRICS,/* bufs: logits, labels, out [2] = {correct, summed NLL} */
@@ -80,6 +81,7 @@ typedef struct Kernel {
   KInstr *ins;
   int64_t outer, red, inner; /* KK_REDUCE */
   double scale;
+  bool reduce_max;           /* KK_REDUCE */
   int64_t rows, cols;        /* row kernels: rows of `cols` elements */
   double eps;                /* KK_NORM_* */
   int64_t batch, time, heads;/* KK_ATTN_* */

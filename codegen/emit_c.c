@@ -230,7 +230,37 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
 
 /* Reductions accumulate in double, in a fixed order (no OpenMP reduction
  * clause, whose combining order varies between runs). */
+#define BUF(i, cst) cst, T, cst, T, k->bufs[i].tensor
+
+/* max over the reduced axis (NaN propagates: a comparison with NaN keeps
+ * the NaN), and its gradient to the first maximum */
+static void emit_reduce_max(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  int64_t O = k->outer, R = k->red, I = k->inner;
+  bool grad = k->kind == KK_MAX_GRAD;
+  if (grad) bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(grad ? 1 : 0, "const "));
+  bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(grad ? 2 : 1, ""));
+  if (O * R * I >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t oj = 0; oj < %" PRId64 "; oj++) {\n", O * I);
+  bprintf(b, "    const int64_t o = oj / %" PRId64 ", j = oj %% %" PRId64 ";\n", I, I);
+  bprintf(b, "    const %s *xr = x + o * %" PRId64 " + j;\n", T, R * I);
+  bprintf(b, "    %s m = xr[0];\n    int64_t am = 0;\n", T);
+  bprintf(b, "    for (int64_t r = 1; r < %" PRId64 "; r++) if (xr[r * %" PRId64 "] > m || m != m) { m = xr[r * %" PRId64
+             "]; am = r; }\n", R, I, I);
+  if (!grad) {
+    bprintf(b, "    y[oj] = m;\n  }\n");
+    return;
+  }
+  bprintf(b, "    for (int64_t r = 0; r < %" PRId64 "; r++) y[o * %" PRId64 " + r * %" PRId64 " + j] = r == am ? dy[oj] : 0;\n  }\n",
+          R, R * I, I);
+}
+
 static void emit_reduce(Buf *b, const Kernel *k) {
+  if (k->reduce_max || k->kind == KK_MAX_GRAD) {
+    emit_reduce_max(b, k);
+    return;
+  }
   const char *T = ctype(k->dtype);
   bprintf(b, "  const %s *x = (const %s *)t[%d];\n  %s *y = (%s *)t[%d];\n", T, T, k->bufs[0].tensor, T, T,
           k->bufs[1].tensor);
@@ -313,7 +343,6 @@ static void emit_rows(Buf *b, const Kernel *k) {
   }
 }
 
-#define BUF(i, cst) cst, T, cst, T, k->bufs[i].tensor
 
 static void emit_embed(Buf *b, const Kernel *k) {
   const char *T = ctype(k->dtype);
@@ -625,7 +654,7 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
       bprintf(&b, "  (void)s;\n");
     switch (k->kind) {
     case KK_ELEMENTWISE: emit_elementwise(&b, k); break;
-    case KK_REDUCE: emit_reduce(&b, k); break;
+    case KK_REDUCE: case KK_MAX_GRAD: emit_reduce(&b, k); break;
     case KK_EMBED_FWD: case KK_EMBED_BWD: emit_embed(&b, k); break;
     case KK_NORM_FWD: case KK_NORM_BWD: emit_norm(&b, k); break;
     case KK_ATTN_FWD: case KK_ATTN_BWD: emit_attention(&b, k); break;

@@ -191,8 +191,8 @@ static int lower_optimizer(Lower *L, Value *v) {
 /* Reduction of `in` to `out` (SUM_TO, or MEAN with scale 1/n): the reduced
  * axes must form one contiguous run once size-1 axes are dropped. */
 static int lower_reduce(Lower *L, Value *v, double scale) {
-  Value *x = v->in[0];
-  Shape to = v->op == OP_MEAN ? (Shape){0} : v->attr.shape;
+  Value *x = v->op == OP_MAX_TO_GRAD ? v->in[1] : v->in[0];
+  Shape to = v->op == OP_MEAN ? (Shape){0} : v->op == OP_MAX_TO_GRAD ? v->in[0]->shape : v->attr.shape;
   int r = x->shape.rank;
   int64_t outer = 1, red = 1, inner = 1;
   int phase = 0; /* 0: outer, 1: reduced, 2: inner */
@@ -208,8 +208,9 @@ static int lower_reduce(Lower *L, Value *v, double scale) {
     else if (phase == 1) red *= xd;
     else inner *= xd;
   }
-  Kernel *k = new_kernel(L, KK_REDUCE, v->dtype);
-  add_buf(k, tid(L, x), x->dtype, NULL, NULL);
+  Kernel *k = new_kernel(L, v->op == OP_MAX_TO_GRAD ? KK_MAX_GRAD : KK_REDUCE, v->dtype);
+  k->reduce_max = v->op == OP_MAX_TO;
+  for (int j = 0; j < v->n_in; j++) add_buf(k, tid(L, v->in[j]), v->in[j]->dtype, NULL, NULL);
   add_buf(k, tid(L, v), v->dtype, NULL, NULL);
   k->outer = outer;
   k->red = red;
@@ -513,6 +514,8 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       break;
     }
     case OP_SUM_TO:
+    case OP_MAX_TO:
+    case OP_MAX_TO_GRAD:
       st.kernel = lower_reduce(&L, v, 1.0);
       break;
     case OP_MEAN:

@@ -19,6 +19,11 @@ typedef enum NodeKind {
   N_BLOCK,  /* block name(params) { body; return a } */
   N_ASSIGN, /* name = a */
   N_TRAIN,  /* train { body (N_NAMED) } */
+  N_TUPLE,  /* a, b, ...: args (a block's multiple results) */
+  N_DESTRUCT, /* names (args, N_IDENT) = a */
+  N_SECTION,  /* name { body (N_NAMED) }: the eval section */
+  N_IMPORT,   /* import "str" */
+  N_HINT,     /* @name(b) a: a device hint on an expression */
 } NodeKind;
 
 typedef struct Node Node;

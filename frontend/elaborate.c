@@ -1,3 +1,4 @@
+#define _DEFAULT_SOURCE /* realpath */
 /* frontend/elaborate.c: syntax tree -> forward Graph.
  *
  * Elaboration evaluates the program the way an interpreter would: consts are
@@ -8,6 +9,7 @@
 #include "frontend.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,15 +18,18 @@
 
 int frontend_parse_source(ParseCtx *cx); /* lexer.l */
 
-typedef enum { EV_TENSOR, EV_NUM, EV_STR } EvKind;
-typedef struct EVal {
+typedef enum { EV_TENSOR, EV_NUM, EV_STR, EV_TUPLE } EvKind;
+typedef struct EVal EVal;
+struct EVal {
   EvKind kind;
+  EVal *items;     /* EV_TUPLE: n_items values */
+  int n_items;
   Value *v;        /* EV_TENSOR */
   double num;      /* EV_NUM */
   bool is_int;     /* EV_NUM: integral literal or integral result */
   const char *str; /* EV_STR, or EV_NUM from true/false */
   Loc loc;
-} EVal;
+};
 
 typedef struct Binding {
   const char *name;
@@ -189,7 +194,7 @@ static const char *unknown_call_hint(Elab *e, const char *name) {
 }
 
 static const char *evkind_name(EvKind k) {
-  return k == EV_TENSOR ? "a tensor" : k == EV_NUM ? "a number" : "a string";
+  return k == EV_TENSOR ? "a tensor" : k == EV_NUM ? "a number" : k == EV_STR ? "a string" : "a tuple";
 }
 
 static double want_num(Elab *e, EVal v, const char *what) {
@@ -223,6 +228,8 @@ static Value *const_value(Elab *e, double x, Loc loc) {
 static Value *as_tensor(Elab *e, EVal v) {
   if (v.kind == EV_NUM) return const_value(e, v.num, v.loc);
   if (v.kind == EV_STR) diag_error(e->d, v.loc, "a string cannot be used in arithmetic");
+  if (v.kind == EV_TUPLE)
+    diag_error(e->d, v.loc, "a tuple of %d values cannot be used here; unpack it, as in `a, b = ...`", v.n_items);
   return v.v;
 }
 
@@ -230,6 +237,9 @@ static Value *as_tensor(Elab *e, EVal v) {
 
 static EVal eval(Elab *e, Scope *s, const Node *n);
 static EVal call_block(Elab *e, Scope *s, const Node *blk, const Node *call);
+static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *set, Loc call_loc,
+                         const char *prefix);
+static void set_devices(Elab *e, int from, int device);
 
 static EVal eval_binop(Elab *e, Scope *s, const Node *n) {
   EVal a = eval(e, s, n->a), b = eval(e, s, n->b);
@@ -548,6 +558,89 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     }
     return r;
   }
+  if (!strcmp(n->name, "repeat")) { /* repeat(N, block, x): x = block(x), N times, params block.i. */
+    if (n->args.n != 3 || n->args.head->kind == N_NAMED || n->args.head->next->kind != N_IDENT ||
+        n->args.tail->kind == N_NAMED)
+      diag_error(e->d, n->loc, "repeat takes 3 positional arguments: a count, a block and its input");
+    EVal cnt = eval(e, s, n->args.head);
+    int64_t times = want_int(e, cnt, "the repeat count", INT64_MIN + 1);
+    if (times < 1) diag_error(e->d, cnt.loc, "repeat count must be at least 1, got %lld", (long long)times);
+    if (times > 100000) diag_error(e->d, cnt.loc, "repeat count %lld is too large (at most 100000)", (long long)times);
+    const Node *bn = n->args.head->next;
+    const Node *blk = find_block(e, bn->name);
+    if (!blk) diag_error(e->d, bn->loc, "unknown block `%s`%s", bn->name, unknown_call_hint(e, bn->name));
+    if (blk->args.n < 1) diag_error(e->d, bn->loc, "block `%s` takes no argument to repeat over", blk->name);
+    r = eval(e, s, n->args.tail);
+    for (int64_t i = 0; i < times; i++) {
+      EVal *vals = arena_alloc(e->a, (size_t)blk->args.n * sizeof *vals);
+      bool *set = arena_alloc(e->a, (size_t)blk->args.n * sizeof *set);
+      vals[0] = r;
+      set[0] = true;
+      r = invoke_block(e, s, blk, vals, set, n->loc,
+                       arena_printf(e->a, "%s%s.%lld.", s->prefix, blk->name, (long long)i));
+      if (r.kind == EV_TUPLE) diag_error(e->d, n->loc, "repeat needs a block with one result, `%s` returns a tuple",
+                                         blk->name);
+    }
+    r.loc = n->loc;
+    return r;
+  }
+  if (!strcmp(n->name, "split")) { /* split(t, n, axis = -1): n equal slices, a tuple */
+    static const char *const split_args[] = {"x", "n", "axis"};
+    EVal a[3];
+    bool given[3];
+    bind_args(e, s, n, split_args, 3, 2, a, given);
+    Value *x = want_tensor(e, a[0], "x");
+    int64_t parts = want_int(e, a[1], "the number of parts", 1);
+    int axis = given[2] ? want_axis(e, a[2], x->shape.rank, "axis") : x->shape.rank - 1;
+    if (x->shape.rank < 1 || x->shape.dim[axis] % parts) {
+      char b[160];
+      diag_error(e->d, a[1].loc, "split of %s into %lld parts along axis %d: %lld is not divisible by %lld",
+                 shape_str(&x->shape, b, sizeof b), (long long)parts, axis, (long long)(x->shape.rank ? x->shape.dim[axis] : 0),
+                 (long long)parts);
+    }
+    if (parts > 1024) diag_error(e->d, a[1].loc, "split into at most 1024 parts, got %lld", (long long)parts);
+    int64_t len = x->shape.dim[axis] / parts;
+    r.kind = EV_TUPLE;
+    r.n_items = (int)parts;
+    r.items = arena_alloc(e->a, (size_t)parts * sizeof *r.items);
+    for (int64_t i = 0; i < parts; i++) {
+      Attr at = {.axis = axis, .index = i * len, .shape = x->shape};
+      at.shape.dim[axis] = len;
+      r.items[i] = (EVal){.kind = EV_TENSOR, .v = op1(e, OP_SLICE, x, &at, n->loc), .loc = n->loc};
+    }
+    return r;
+  }
+  if ((!strcmp(n->name, "sum") || !strcmp(n->name, "mean") || !strcmp(n->name, "max")) &&
+      (n->args.n == 2 || !strcmp(n->name, "sum") || !strcmp(n->name, "max"))) {
+    /* sum/mean/max over one axis (dropped), or sum/max of all elements */
+    static const char *const red_args[] = {"x", "axis"};
+    EVal a[2];
+    bool given[2];
+    bind_args(e, s, n, red_args, 2, 1, a, given);
+    Value *x = want_tensor(e, a[0], "x");
+    if (!dtype_is_float(x->dtype))
+      diag_error(e->d, a[0].loc, "%s expects a float tensor, got %s", n->name, dtype_name(x->dtype));
+    Shape keep = x->shape, out = {0};
+    int axis = -1;
+    if (given[1]) {
+      axis = want_axis(e, a[1], x->shape.rank, "axis");
+      keep.dim[axis] = 1;
+      for (int d = 0; d < x->shape.rank; d++)
+        if (d != axis) out.dim[out.rank++] = x->shape.dim[d];
+    } else {
+      for (int d = 0; d < keep.rank; d++) keep.dim[d] = 1;
+    }
+    Attr kt = {.shape = keep};
+    Value *y = op1(e, !strcmp(n->name, "max") ? OP_MAX_TO : OP_SUM_TO, x, &kt, n->loc);
+    if (!strcmp(n->name, "mean")) {
+      Value *in[2] = {y, const_value(e, 1.0 / (double)x->shape.dim[axis], n->loc)};
+      y = graph_add(e->g, OP_MUL, in, 2, NULL, n->loc);
+    }
+    Attr rt = {.shape = out};
+    r.kind = EV_TENSOR;
+    r.v = op1(e, OP_RESHAPE, y, &rt, n->loc);
+    return r;
+  }
   if (!strcmp(n->name, "dropout")) { /* dropout(x, p): zero with probability p, scale by 1/(1-p) */
     EVal a[2];
     bool given[2];
@@ -663,11 +756,40 @@ static EVal eval(Elab *e, Scope *s, const Node *n) {
   case N_NAMED:
     diag_error(e->d, n->loc, "named argument `%s` is not allowed here", n->name);
     break;
+  case N_TUPLE: {
+    r.kind = EV_TUPLE;
+    r.n_items = n->args.n;
+    r.items = arena_alloc(e->a, (size_t)r.n_items * sizeof *r.items);
+    int i = 0;
+    for (Node *x = n->args.head; x; x = x->next) {
+      r.items[i] = eval(e, s, x);
+      if (r.items[i].kind == EV_TUPLE) diag_error(e->d, x->loc, "tuples cannot be nested");
+      i++;
+    }
+    break;
+  }
+  case N_HINT: { /* @device(N) expr: the values of expr belong to device N */
+    if (strcmp(n->name, "device"))
+      diag_error(e->d, n->loc, "unknown hint `@%s`; the only hint is @device(N)", n->name);
+    EVal dv = eval(e, s, n->b);
+    int64_t dev = want_int(e, dv, "the device of @device", 0);
+    if (dev > 1023) diag_error(e->d, dv.loc, "device %lld is out of range (0..1023)", (long long)dev);
+    int from = e->g->n_values;
+    r = eval(e, s, n->a);
+    set_devices(e, from, (int)dev);
+    break;
+  }
   default:
     unreachable();
   }
   e->depth--;
   return r;
+}
+
+/* Values created since `from` without a device hint get `device`. */
+static void set_devices(Elab *e, int from, int device) {
+  for (int i = from; i < e->g->n_values; i++)
+    if (e->g->values[i]->device < 0) e->g->values[i]->device = device;
 }
 
 /* ---------------------------------------------------------- statements */
@@ -783,6 +905,20 @@ static void exec_stmt(Elab *e, Scope *s, const Node *n, bool top) {
     bind(e, s, n->name, v, n->loc, false);
     break;
   }
+  case N_DESTRUCT: {
+    EVal v = eval(e, s, n->a);
+    if (v.kind != EV_TUPLE || v.n_items != n->args.n)
+      diag_error(e->d, n->a->loc, "%d names on the left, but the right side is %s%s", n->args.n,
+                 v.kind == EV_TUPLE ? "a tuple of " : evkind_name(v.kind),
+                 v.kind == EV_TUPLE ? arena_printf(e->a, "%d", v.n_items) : "");
+    int i = 0;
+    for (Node *x = n->args.head; x; x = x->next, i++) bind(e, s, x->name, v.items[i], x->loc, false);
+    break;
+  }
+  case N_SECTION:
+  case N_IMPORT:
+    if (!top) diag_error(e->d, n->loc, "`%s` must be at the top level", n->kind == N_IMPORT ? "import" : n->name);
+    break; /* read before the body */
   case N_PARAM:
     declare_param(e, s, n);
     break;
@@ -824,9 +960,6 @@ static void exec_stmt(Elab *e, Scope *s, const Node *n, bool top) {
 }
 
 static EVal call_block(Elab *e, Scope *s, const Node *blk, const Node *call) {
-  for (Active *a = e->active; a; a = a->up)
-    if (a->block == blk)
-      diag_error(e->d, call->loc, "block `%s` calls itself (recursion is not allowed)", blk->name);
   int n_par = blk->args.n, pos = 0;
   EVal *vals = arena_alloc(e->a, (size_t)(n_par + 1) * sizeof *vals);
   bool *set = arena_alloc(e->a, (size_t)(n_par + 1) * sizeof *set);
@@ -852,8 +985,19 @@ static EVal call_block(Elab *e, Scope *s, const Node *blk, const Node *call) {
     }
     set[idx] = true;
   }
-  /* parameter name: <prefix><block><count>.  Counted after the arguments are
-   * evaluated, so that in f(f(x)) the inner call, which runs first, is f1. */
+  return invoke_block(e, s, blk, vals, set, call->loc, NULL);
+}
+
+/* Runs block blk with arguments vals (set[i]: given; others take their
+ * defaults).  Parameters are named <prefix><block><count>. (the count of
+ * calls of this block in this scope, after the arguments are evaluated, so
+ * that in f(f(x)) the inner call, which runs first, is f1), or `prefix` when
+ * given (repeat). */
+static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *set, Loc call_loc,
+                         const char *prefix) {
+  for (Active *a = e->active; a; a = a->up)
+    if (a->block == blk)
+      diag_error(e->d, call_loc, "block `%s` calls itself (recursion is not allowed)", blk->name);
   const char *key = arena_printf(e->a, "%s%s", s->prefix, blk->name);
   Counter *c = e->counters;
   while (c && strcmp(c->key, key)) c = c->next;
@@ -863,8 +1007,8 @@ static EVal call_block(Elab *e, Scope *s, const Node *blk, const Node *call) {
     c->next = e->counters;
     e->counters = c;
   }
-  c->n++;
-  Scope inner = {.parent = NULL, .prefix = arena_printf(e->a, "%s%d.", key, c->n)};
+  if (!prefix) c->n++;
+  Scope inner = {.parent = NULL, .prefix = prefix ? prefix : arena_printf(e->a, "%s%d.", key, c->n)};
   /* the block sees the globals (top-level scope) and its own names */
   Scope *global = s;
   while (global->parent) global = global->parent;
@@ -876,7 +1020,7 @@ static EVal call_block(Elab *e, Scope *s, const Node *blk, const Node *call) {
   for (Node *p = blk->args.head; p; p = p->next, i++) {
     if (!set[i]) {
       if (p->kind != N_NAMED)
-        diag_error(e->d, call->loc, "block `%s` is missing argument `%s`", blk->name, p->name);
+        diag_error(e->d, call_loc, "block `%s` is missing argument `%s`", blk->name, p->name);
       vals[i] = eval(e, &inner, p->a);
     }
     for (Node *q = blk->args.head; q != p; q = q->next)
@@ -1009,6 +1153,26 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
   }
 }
 
+/* eval { every = N  batches = N  enabled = true }: when and how much to
+ * evaluate (text: validation loss every N steps over N fixed batches). */
+static void read_eval(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
+  static const char *const keys[] = {"every", "batches", "enabled"};
+  for (Node *kv = n->body.head; kv; kv = kv->next) {
+    for (Node *o = n->body.head; o != kv; o = o->next)
+      if (!strcmp(o->name, kv->name)) diag_error(e->d, kv->loc, "eval key `%s` is set twice", kv->name);
+    EVal x = eval(e, s, kv->a);
+    if (!strcmp(kv->name, "every")) t->eval_every = want_int(e, x, "every", 1);
+    else if (!strcmp(kv->name, "batches")) t->eval_batches = want_int(e, x, "batches", 1);
+    else if (!strcmp(kv->name, "enabled")) t->eval = want_bool(e, x, "enabled");
+    else {
+      Hint h = {0};
+      for (int i = 0; i < 3; i++) hint_try(&h, kv->name, keys[i]);
+      diag_error(e->d, kv->loc, "unknown eval key `%s`; keys are every, batches and enabled%s", kv->name,
+                 hint_text(e, &h));
+    }
+  }
+}
+
 static void check_data_inputs(Elab *e, Loc model_loc) {
   TrainSpec *t = &e->g->train;
   char b[160];
@@ -1039,6 +1203,56 @@ static void check_data_inputs(Elab *e, Loc model_loc) {
   if (y->dtype != DT_I32 || y->shape.rank != 1 || y->shape.dim[0] != t->batch)
     diag_error(e->d, y->loc, "fashion_mnist labels are i32[%lld]; `%s` is %s%s", (long long)t->batch,
                y->attr.name, dtype_name(y->dtype), shape_str(&y->shape, b, sizeof b));
+}
+
+/* -------------------------------------------------------------- imports */
+
+typedef struct ImportFrame {
+  const char *real; /* realpath of the file being imported */
+  struct ImportFrame *up;
+} ImportFrame;
+
+/* Appends to *out the blocks and consts of the files that `stmts` import
+ * (recursively, imported files' own imports first), with paths relative to
+ * the importing file.  Import cycles and other statements are errors. */
+static void gather_imports(Elab *e, const Source *from, List stmts, ImportFrame *up, List *out) {
+  for (Node *st = stmts.head; st; st = st->next) {
+    if (st->kind != N_IMPORT) continue;
+    char path[4096];
+    const char *slash = strrchr(from->name, '/');
+    if (st->str[0] == '/' || !slash) snprintf(path, sizeof path, "%s", st->str);
+    else snprintf(path, sizeof path, "%.*s/%s", (int)(slash - from->name), from->name, st->str);
+    char real[4096];
+    if (!realpath(path, real))
+      diag_error(e->d, st->loc, "cannot import \"%s\": %s (paths are relative to the importing file)", st->str,
+                 strerror(errno));
+    for (ImportFrame *f = up; f; f = f->up)
+      if (!strcmp(f->real, real)) diag_error(e->d, st->loc, "import cycle: \"%s\" is already being imported by a file that imports this one", st->str);
+    for (Node *o = out->head; o; o = o->next) /* imported twice (a diamond): once is enough */
+      if (o->kind == N_IMPORT && !strcmp(o->str, real)) goto next;
+    Source *src = frontend_read_file(e->a, e->d, path);
+    if (!src) diag_error(e->d, st->loc, "cannot import \"%s\"", st->str);
+    ParseCtx cx = {.arena = e->a, .diag = e->d, .src = src};
+    jmp_buf *saved = e->d->jmp;
+    if (frontend_parse_source(&cx)) {
+      e->d->jmp = saved;
+      diag_error(e->d, st->loc, "in the file imported here");
+    }
+    ImportFrame frame = {arena_strdup(e->a, real), up};
+    gather_imports(e, src, cx.stmts, &frame, out);
+    Node *mark = ast_new(&cx, N_IMPORT, st->loc); /* remembers the file (real path) */
+    mark->str = frame.real;
+    *out = list_push(*out, mark);
+    for (Node *x = cx.stmts.head, *nx; x; x = nx) {
+      nx = x->next;
+      if (x->kind == N_IMPORT) continue;
+      if (x->kind != N_BLOCK && x->kind != N_CONST)
+        diag_error(e->d, x->loc, "an imported file may define only blocks and consts");
+      x->next = NULL;
+      *out = list_push(*out, x);
+    }
+  next:;
+  }
 }
 
 /* ---------------------------------------------------------------- entry */
@@ -1108,6 +1322,27 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
     return NULL;
   }
   Elab e = {.a = a, .d = d, .stmts = cx.stmts};
+  {
+    /* imported blocks and consts come first, then the file's own */
+    List imported = {0};
+    char real[4096];
+    ImportFrame top = {realpath(src->name, real) ? arena_strdup(a, real) : src->name, NULL};
+    gather_imports(&e, src, cx.stmts, &top, &imported);
+    if (imported.head) {
+      List all = {0};
+      for (Node *x = imported.head, *nx; x; x = nx) {
+        nx = x->next;
+        x->next = NULL;
+        if (x->kind != N_IMPORT) all = list_push(all, x);
+      }
+      for (Node *x = cx.stmts.head, *nx; x; x = nx) {
+        nx = x->next;
+        x->next = NULL;
+        all = list_push(all, x);
+      }
+      e.stmts = cx.stmts = all;
+    }
+  }
   g = graph_new(a, d);
   e.g = g;
   g->model_name = cx.model_name;
@@ -1122,11 +1357,22 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
    * use them), then the train section (it binds `batch`), then the rest */
   for (Node *st = cx.stmts.head; st; st = st->next)
     if (st->kind == N_CONST) exec_stmt(&e, &global, st, true);
-  int n_train = 0;
+  int n_train = 0, n_eval = 0;
   for (Node *st = cx.stmts.head; st; st = st->next)
     if (st->kind == N_TRAIN) {
       if (n_train++) diag_error(d, st->loc, "only one train section is allowed");
       read_train(&e, &global, st, &g->train);
+    }
+  for (Node *st = cx.stmts.head; st; st = st->next)
+    if (st->kind == N_SECTION) {
+      if (strcmp(st->name, "eval")) {
+        Hint h = {0};
+        hint_try(&h, st->name, "eval");
+        diag_error(d, st->loc, "unknown section `%s`; sections are `train { }` and `eval { }`%s", st->name,
+                   hint_text(&e, &h));
+      }
+      if (n_eval++) diag_error(d, st->loc, "only one eval section is allowed");
+      read_eval(&e, &global, st, &g->train);
     }
   if (opt && opt->batch > 0) g->train.batch = opt->batch;
   EVal bv = {.kind = EV_NUM, .num = (double)g->train.batch, .is_int = true, .loc = cx.model_loc};

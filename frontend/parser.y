@@ -2,13 +2,17 @@
  *
  *   file    -> 'model' IDENT stmt*
  *   stmt    -> 'const' IDENT '=' expr
+ *            | 'import' STRING
+ *            | IDENT (',' IDENT)+ '=' expr              (destructuring a tuple)
+ *            | IDENT '{' (IDENT '=' expr)* '}'          (the eval section)
  *            | 'input' IDENT ':' IDENT '[' exprs ']'
  *            | 'param' IDENT ':' IDENT? '[' exprs ']' ('=' expr)?
- *            | 'block' IDENT '(' params? ')' '{' stmt* 'return' expr '}'
+ *            | 'block' IDENT '(' params? ')' '{' stmt* 'return' expr (',' expr)* '}'
  *            | IDENT '=' expr
  *            | 'train' '{' (IDENT '=' expr)* '}'
  *   expr    -> expr ('+'|'-') expr | expr ('*'|'/'|'@') expr | '-' expr
  *            | NUMBER | STRING | IDENT | IDENT '(' args? ')' | '(' expr ')'
+ *            | '@' IDENT '(' expr ')' expr              (a device hint: @device(1) f(x))
  *   args    -> arg (',' arg)*        arg -> expr | IDENT '=' expr
  *
  * '@' binds like '*' (as in Python); unary minus binds tighter. */
@@ -43,12 +47,12 @@ static void yyerror(YYLTYPE *l, yyscan_t sc, ParseCtx *cx, const char *msg);
 }
 
 %token MODEL "'model'" CONST "'const'" INPUT "'input'" PARAM "'param'"
-%token BLOCK "'block'" RETURN "'return'" TRAIN "'train'"
+%token BLOCK "'block'" RETURN "'return'" TRAIN "'train'" IMPORT "'import'"
 %token <num> NUMBER "number"
 %token <str> IDENT "identifier" STRING "string"
 
 %type <node> stmt expr arg param block_param kv
-%type <list> stmts exprs args_opt args params_opt params kvs
+%type <list> stmts exprs args_opt args params_opt params kvs names
 
 %left '+' '-'
 %left '*' '/' '@'
@@ -76,13 +80,29 @@ stmt
   | PARAM IDENT ':' IDENT '[' exprs ']' param {
       $$ = ast_new(cx, N_PARAM, mkloc(cx, @2)); $$->name = $2; $$->dtype = $4;
       $$->dtype_loc = mkloc(cx, @4); $$->args = $6; $$->a = $8; }
-  | BLOCK IDENT '(' params_opt ')' '{' stmts RETURN expr '}' {
+  | BLOCK IDENT '(' params_opt ')' '{' stmts RETURN exprs '}' {
       $$ = ast_new(cx, N_BLOCK, mkloc(cx, @2)); $$->name = $2; $$->args = $4;
-      $$->body = $7; $$->a = $9; }
+      $$->body = $7;
+      if ($9.n == 1) $$->a = $9.head;
+      else { $$->a = ast_new(cx, N_TUPLE, $9.head->loc); $$->a->args = $9; } }
+  | IMPORT STRING {
+      $$ = ast_new(cx, N_IMPORT, mkloc(cx, @2)); $$->str = $2; }
+  | names '=' expr {
+      $$ = ast_new(cx, N_DESTRUCT, $1.head->loc); $$->args = $1; $$->a = $3; }
+  | IDENT '{' kvs '}' {
+      $$ = ast_new(cx, N_SECTION, mkloc(cx, @1)); $$->name = $1; $$->body = $3; }
   | IDENT '=' expr {
       $$ = ast_new(cx, N_ASSIGN, mkloc(cx, @1)); $$->name = $1; $$->a = $3; }
   | TRAIN '{' kvs '}' {
       $$ = ast_new(cx, N_TRAIN, mkloc(cx, @1)); $$->body = $3; }
+  ;
+
+names
+  : IDENT ',' IDENT     {
+      Node *a = ast_new(cx, N_IDENT, mkloc(cx, @1)), *b = ast_new(cx, N_IDENT, mkloc(cx, @3));
+      a->name = $1; b->name = $3; $$ = list_push(list_one(a), b); }
+  | names ',' IDENT     {
+      Node *c = ast_new(cx, N_IDENT, mkloc(cx, @3)); c->name = $3; $$ = list_push($1, c); }
   ;
 
 param
@@ -142,6 +162,8 @@ expr
   | expr '/' expr       { $$ = ast_new(cx, N_BINOP, mkloc(cx, @2)); $$->op = '/'; $$->a = $1; $$->b = $3; }
   | expr '@' expr       { $$ = ast_new(cx, N_BINOP, mkloc(cx, @2)); $$->op = '@'; $$->a = $1; $$->b = $3; }
   | '-' expr %prec NEG  { $$ = ast_new(cx, N_NEG, mkloc(cx, @1)); $$->a = $2; }
+  | '@' IDENT '(' expr ')' expr %prec NEG {
+      $$ = ast_new(cx, N_HINT, mkloc(cx, @2)); $$->name = $2; $$->b = $4; $$->a = $6; }
   | '(' expr ')'        { $$ = $2; }
   | NUMBER              { $$ = ast_new(cx, N_NUM, mkloc(cx, @1)); $$->num = $1.v; $$->num_is_int = $1.is_int; }
   | STRING              { $$ = ast_new(cx, N_STR, mkloc(cx, @1)); $$->str = $1; }

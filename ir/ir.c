@@ -391,7 +391,7 @@ void ir_infer_shape(Graph *g, Value *v) {
   switch (op_info[v->op].rule) {
   case SHAPE_ATTR:
     s = v->attr.shape;
-    if (v->op == OP_BROADCAST || v->op == OP_SUM_TO) {
+    if (v->op == OP_BROADCAST || v->op == OP_SUM_TO || v->op == OP_MAX_TO) {
       Shape o;
       const Shape *big = v->op == OP_BROADCAST ? &s : &v->in[0]->shape;
       const Shape *small = v->op == OP_BROADCAST ? &v->in[0]->shape : &s;
@@ -399,7 +399,7 @@ void ir_infer_shape(Graph *g, Value *v) {
         diag_error(g->diag, v->loc, "%s of %s to %s: shapes do not broadcast",
                    op_info[v->op].name, SHP(&v->in[0]->shape, b1), SHP(&s, b2));
       v->dtype = v->in[0]->dtype;
-    } else if (v->op == OP_RESHAPE || v->op == OP_PERMUTE || v->op == OP_SLICE || v->op == OP_SLICE_GRAD ||
+    } else if (v->op == OP_MAX_TO_GRAD || v->op == OP_RESHAPE || v->op == OP_PERMUTE || v->op == OP_SLICE || v->op == OP_SLICE_GRAD ||
                v->op == OP_CONCAT || v->op == OP_IM2COL || v->op == OP_COL2IM || v->op == OP_MAXPOOL ||
                v->op == OP_MAXPOOL_GRAD || v->op == OP_AVGPOOL || v->op == OP_AVGPOOL_GRAD) {
       for (int i = 0; i < v->n_in; i++) need_float(g, v, i);
@@ -628,6 +628,8 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
     break;
   case OP_BROADCAST:
   case OP_SUM_TO:
+  case OP_MAX_TO:
+  case OP_MAX_TO_GRAD:
   case OP_EMBEDDING_GRAD:
     fprintf(out, "%s", shape_str(&v->attr.shape, b, sizeof b));
     break;

@@ -137,6 +137,11 @@ void pass_autodiff(Graph *g, PassCtx *cx) {
     case OP_BROADCAST:
       accumulate(g, grad, a, reduce_to(g, dv, &a->shape, l));
       break;
+    case OP_MAX_TO: { /* to the first maximum of each reduced run */
+      Attr at = {.shape = a->shape};
+      accumulate(g, grad, a, mk(g, OP_MAX_TO_GRAD, dv, a, &at, l));
+      break;
+    }
     case OP_SUM_TO: {
       Attr at = {.shape = a->shape};
       accumulate(g, grad, a, mk(g, OP_BROADCAST, dv, NULL, &at, l));

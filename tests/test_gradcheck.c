@@ -55,6 +55,13 @@ static const Case cases[] = {
     {"reshape_permute", HEAD "param x: [2,3,4]\ninput r: f32[4,2,3]\n"
                         "loss = mean(permute(reshape(x, 3, -1, 2), 1, 0, 2) * reshape(r, 4, 3, 2) + reshape(flatten(transpose(x, 0, 2)), 4, 3, 2) * 0.5)\n", 0},
     {"concat", HEAD "param a: [2,3]\nparam b: [2,5]\ninput r: f32[2,8]\nloss = mean(concat(a, b * b, axis = 1) * r)\n", 0},
+    {"axis_reductions", HEAD "param x: [3,4,5]\ninput r: f32[3,5]\ninput u: f32[4,5]\n"
+                        "loss = mean(sum(x, axis = 1) * r) + mean(max(x, axis = 0) * u) + mean(mean(x, -1)) + sum(x) * 0.01\n", 0},
+    {"split_tuple_repeat", HEAD "param t: [2,6]\ninput r: f32[2,2]\n"
+                           "block pair(x) {\n  a, b = split(x, 2)\n  return a * b, a + b\n}\n"
+                           "block sq(x) {\n  param w: [2, 2] = normal(0.5)\n  return x @ w\n}\n"
+                           "p, q, s = split(t, 3, axis = 1)\nm, n = pair(concat(p, q, axis = 1))\n"
+                           "loss = mean(repeat(3, sq, m * n + s) * r)\n", 0},
     {"mlp", HEAD "input x: f32[6,4]\ninput y: i32[6]\n"
                  "block linear(h, out) {\n  param w: [dim(h, -1), out] = xavier_uniform\n"
                  "  param b: [out] = normal(0.1)\n  return h @ w + b\n}\n"
