@@ -12,7 +12,7 @@
  *            | 'train' '{' (IDENT '=' expr)* '}'
  *   expr    -> expr ('+'|'-') expr | expr ('*'|'/'|'@') expr | '-' expr
  *            | NUMBER | STRING | IDENT | IDENT '(' args? ')' | '(' expr ')'
- *            | '@' IDENT '(' expr ')' expr              (a device hint: @device(1) f(x))
+ *            | '@device' '(' expr ')' expr              (a device hint: @device(1) f(x))
  *   args    -> arg (',' arg)*        arg -> expr | IDENT '=' expr
  *
  * '@' binds like '*' (as in Python); unary minus binds tighter. */
@@ -47,7 +47,7 @@ static void yyerror(YYLTYPE *l, yyscan_t sc, ParseCtx *cx, const char *msg);
 }
 
 %token MODEL "'model'" CONST "'const'" INPUT "'input'" PARAM "'param'"
-%token BLOCK "'block'" RETURN "'return'" TRAIN "'train'" IMPORT "'import'"
+%token BLOCK "'block'" RETURN "'return'" TRAIN "'train'" IMPORT "'import'" DEVICE_HINT "'@device'"
 %token <num> NUMBER "number"
 %token <str> IDENT "identifier" STRING "string"
 
@@ -162,8 +162,8 @@ expr
   | expr '/' expr       { $$ = ast_new(cx, N_BINOP, mkloc(cx, @2)); $$->op = '/'; $$->a = $1; $$->b = $3; }
   | expr '@' expr       { $$ = ast_new(cx, N_BINOP, mkloc(cx, @2)); $$->op = '@'; $$->a = $1; $$->b = $3; }
   | '-' expr %prec NEG  { $$ = ast_new(cx, N_NEG, mkloc(cx, @1)); $$->a = $2; }
-  | '@' IDENT '(' expr ')' expr %prec NEG {
-      $$ = ast_new(cx, N_HINT, mkloc(cx, @2)); $$->name = $2; $$->b = $4; $$->a = $6; }
+  | DEVICE_HINT '(' expr ')' expr %prec NEG {
+      $$ = ast_new(cx, N_HINT, mkloc(cx, @1)); $$->name = "device"; $$->b = $3; $$->a = $5; }
   | '(' expr ')'        { $$ = $2; }
   | NUMBER              { $$ = ast_new(cx, N_NUM, mkloc(cx, @1)); $$->num = $1.v; $$->num_is_int = $1.is_int; }
   | STRING              { $$ = ast_new(cx, N_STR, mkloc(cx, @1)); $$->str = $1; }
@@ -214,11 +214,11 @@ static void yyerror(YYLTYPE *l, yyscan_t sc, ParseCtx *cx, const char *msg) {
 /* "expected X, found Y" with the token names given in %token above. */
 static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t sc, ParseCtx *cx) {
   (void)sc;
-  yysymbol_kind_t exp[6];
-  int n = yypcontext_expected_tokens(ctx, exp, 6);
+  yysymbol_kind_t exp[7];
+  int n = yypcontext_expected_tokens(ctx, exp, 7);
   yysymbol_kind_t got = yypcontext_token(ctx);
   char want[256] = "";
-  if (n > 0 && n <= 5) {
+  if (n > 0 && n <= 6) {
     size_t k = 0;
     for (int i = 0; i < n && k < sizeof want; i++)
       k += (size_t)snprintf(want + k, sizeof want - k, "%s%s", i ? (i == n - 1 ? " or " : ", ") : "",
