@@ -2,10 +2,10 @@
 BUILD    ?= build
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 PACKAGES  = cmake make gcc libc6-dev flex bison libopenblas-openmp-dev libcjson-dev zlib1g-dev \
-            dataset-fashion-mnist gzip bible-kjv
+            dataset-fashion-mnist gzip bible-kjv clang libclang-rt-14-dev
 BENCH_PACKAGES = python3-torch python3-numpy
 
-.PHONY: all deps build train test test-asan bench clean data gpt
+.PHONY: all deps build train test test-asan fuzz bench clean data gpt
 
 all: build
 
@@ -32,6 +32,16 @@ gpt: build data
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	@$(MAKE) --no-print-directory fuzz
+
+# A bounded fuzz run (FUZZ_SECONDS, default 60) of the frontend, the verifier
+# and the passes under ASan and UBSan (libFuzzer, clang): tests/fuzz/run.sh.
+# A crashing input is left in $(BUILD)-fuzz/.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDUET_FUZZ=ON > /dev/null
+	@cmake --build $(BUILD)-fuzz -j$(JOBS) --target fuzz_frontend
+	sh tests/fuzz/run.sh $(BUILD)-fuzz $(FUZZ_SECONDS)
 
 # The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer.
 test-asan: deps
@@ -45,7 +55,7 @@ bench: build
 	sh bench/run.sh
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz
 
 # gpt_kjv training throughput against PyTorch on the same cores (not a test).
 .PHONY: bench-gpt

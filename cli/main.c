@@ -371,6 +371,27 @@ static int cmd_sample(int argc, char **argv) {
   return rc;
 }
 
+/* Layers whose name extends `parent` by one level, in the order the calls
+ * started (a call is recorded when it ends, after the calls inside it). */
+static void print_layers(const Graph *g, const char *parent, int depth) {
+  size_t pl = parent ? strlen(parent) : 0;
+  for (int i = 0; i < g->n_layers; i++) {
+    const LayerInfo *l = &g->layers[i];
+    if (l->depth != depth || (parent && (strncmp(l->name, parent, pl) || l->name[pl] != '.'))) continue;
+    int64_t params = 0;
+    size_t nl = strlen(l->name);
+    for (int j = 0; j < g->n_values; j++) {
+      const Value *v = g->values[j];
+      if (v->op == OP_PARAM && !strncmp(v->attr.name, l->name, nl) && v->attr.name[nl] == '.')
+        params += shape_numel(&v->shape);
+    }
+    char b[160], indented[160];
+    snprintf(indented, sizeof indented, "%*s%s", 2 * depth, "", parent ? l->name + pl + 1 : l->name);
+    printf("%-36s %-20s %12" PRId64 "\n", indented, shape_str(&l->out, b, sizeof b), params);
+    print_layers(g, l->name, depth + 1);
+  }
+}
+
 static int cmd_check(int argc, char **argv) {
   if (argc != 1 || wants_help(argc, argv)) {
     printf("usage: duet check M.model\nParses and verifies the model; prints its parameters.\n");
@@ -381,6 +402,13 @@ static int cmd_check(int argc, char **argv) {
   if (!rc) {
     int64_t total = 0;
     char b[160];
+    /* the model summary: every block call (outermost first, nested ones
+     * indented) with its output shape and the parameters under its prefix */
+    if (c.g->n_layers) {
+      printf("%-36s %-20s %12s\n", "layer", "output shape", "params");
+      print_layers(c.g, NULL, 0);
+      printf("\n");
+    }
     printf("%-32s %-16s %12s\n", "parameter", "shape", "elements");
     for (int i = 0; i < c.g->n_values; i++) {
       Value *v = c.g->values[i];

@@ -1030,6 +1030,22 @@ static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *s
   for (Node *st = blk->body.head; st; st = st->next) exec_stmt(e, &inner, st, false);
   EVal r = eval(e, &inner, blk->a);
   e->active = act.up;
+  Graph *g = e->g;
+  const EVal *first = r.kind == EV_TUPLE && r.n_items ? &r.items[0] : &r;
+  if (first->kind == EV_TENSOR) {
+    if (g->n_layers == g->cap_layers) {
+      int cap = g->cap_layers ? 2 * g->cap_layers : 32;
+      LayerInfo *nl = arena_alloc(e->a, (size_t)cap * sizeof *nl);
+      if (g->n_layers) memcpy(nl, g->layers, (size_t)g->n_layers * sizeof *nl);
+      g->layers = nl;
+      g->cap_layers = cap;
+    }
+    int depth = 0;
+    for (Active *a = e->active; a; a = a->up) depth++;
+    const char *pfx = inner.prefix;
+    g->layers[g->n_layers++] =
+        (LayerInfo){arena_printf(e->a, "%.*s", (int)strlen(pfx) - 1, pfx), depth, first->v->shape, first->v->dtype};
+  }
   return r;
 }
 

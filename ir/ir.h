@@ -228,8 +228,18 @@ void train_spec_defaults(TrainSpec *t);
 
 /* ---------------------------------------------------------------- graph */
 
+/* One block call, recorded by the frontend for `duet check`'s summary. */
+typedef struct LayerInfo {
+  const char *name; /* the call's parameter prefix without the final dot: "layer1.linear2" */
+  int depth;        /* nesting: 0 for calls at the top level */
+  Shape out;        /* shape of the (first) result */
+  DType dtype;
+} LayerInfo;
+
 typedef struct Graph {
   Arena *arena;
+  LayerInfo *layers; /* block calls in order of completion (inner first) */
+  int n_layers, cap_layers;
   Diag *diag;
   const char *model_name;
   Value **values; /* in topological order */
