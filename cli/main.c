@@ -398,7 +398,7 @@ static int cmd_check(int argc, char **argv) {
     return argc == 1 ? 0 : 1;
   }
   Compiled c;
-  int rc = compile_model(&c, argv[0], 0, NULL, "shape");
+  int rc = compile_model(&c, argv[0], 0, NULL, "optimizer"); /* through autodiff: its warnings too */
   if (!rc) {
     int64_t total = 0;
     char b[160];
