@@ -279,20 +279,35 @@ static void emit_reduce(Buf *b, const Kernel *k) {
     bprintf(b, "  y[0] = (%s)(tot * %.17g);\n", T, k->scale);
     return;
   }
-  /* blocks of up to 256 outputs along the inner axis, rows streamed */
+  /* blocks of up to 256 outputs along the inner axis, rows streamed; when
+   * there are few blocks (a bias gradient: one block of 256 columns over
+   * 2048 rows), the rows are also split into RC chunks whose partial sums
+   * are added in a fixed order afterwards, so every thread has work and the
+   * result does not depend on the thread count */
   int64_t JB = I < 256 ? I : 256;
-  int64_t nblk = O * ((I + JB - 1) / JB);
+  int64_t nb = (I + JB - 1) / JB, nblk = O * nb;
+  int64_t RC = nblk >= 8 || R < 256 ? 1 : (R / 128 < 16 ? R / 128 : 16);
+  if (RC > 1) bprintf(b, "  double part[%" PRId64 "][%" PRId64 "]; /* at most 16 x 2048 */\n", RC, O * I);
   if (O * R * I >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
-  bprintf(b, "  for (int64_t blk = 0; blk < %" PRId64 "; blk++) {\n", nblk);
-  bprintf(b, "    const int64_t o = blk / %" PRId64 ", j0 = blk %% %" PRId64 " * %" PRId64 ";\n", (I + JB - 1) / JB,
-          (I + JB - 1) / JB, JB);
+  bprintf(b, "  for (int64_t w = 0; w < %" PRId64 "; w++) {\n", nblk * RC);
+  bprintf(b, "    const int64_t blk = w %% %" PRId64 ", rc = w / %" PRId64 ";\n", nblk, nblk);
+  bprintf(b, "    const int64_t o = blk / %" PRId64 ", j0 = blk %% %" PRId64 " * %" PRId64 ";\n", nb, nb, JB);
   bprintf(b, "    const int64_t jn = %" PRId64 " - j0 < %" PRId64 " ? %" PRId64 " - j0 : %" PRId64 ";\n", I, JB, I, JB);
   bprintf(b, "    double acc[%" PRId64 "] = {0};\n", JB);
-  bprintf(b, "    for (int64_t r = 0; r < %" PRId64 "; r++) {\n", R);
+  bprintf(b, "    for (int64_t r = %" PRId64 " * rc / %" PRId64 "; r < %" PRId64 " * (rc + 1) / %" PRId64 "; r++) {\n", R,
+          RC, R, RC);
   bprintf(b, "      const %s *row = x + (o * %" PRId64 " + r) * %" PRId64 " + j0;\n", T, R, I);
-  bprintf(b, "      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];\n    }\n");
-  bprintf(b, "    for (int64_t j = 0; j < jn; j++) y[o * %" PRId64 " + j0 + j] = (%s)(acc[j] * %.17g);\n  }\n", I, T,
-          k->scale);
+  bprintf(b, "      #pragma omp simd\n      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];\n    }\n");
+  if (RC == 1) {
+    bprintf(b, "    (void)rc;\n");
+    bprintf(b, "    for (int64_t j = 0; j < jn; j++) y[o * %" PRId64 " + j0 + j] = (%s)(acc[j] * %.17g);\n  }\n", I, T,
+            k->scale);
+    return;
+  }
+  bprintf(b, "    for (int64_t j = 0; j < jn; j++) part[rc][o * %" PRId64 " + j0 + j] = acc[j];\n  }\n", I);
+  bprintf(b, "  for (int64_t i = 0; i < %" PRId64 "; i++) {\n    double t = 0;\n", O * I);
+  bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) t += part[c][i];\n", RC);
+  bprintf(b, "    y[i] = (%s)(t * %.17g);\n  }\n", T, k->scale);
 }
 
 /* Softmax cross-entropy with integer labels, stabilised by subtracting the

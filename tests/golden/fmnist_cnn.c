@@ -381,14 +381,17 @@ void duet_k21(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[34];
   float *y = (float *)t[35];
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 1; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 10;
     const int64_t jn = 10 - j0 < 10 ? 10 - j0 : 10;
     double acc[10] = {0};
-    for (int64_t r = 0; r < 128; r++) {
+    for (int64_t r = 128 * rc / 1; r < 128 * (rc + 1) / 1; r++) {
       const float *row = x + (o * 128 + r) * 10 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
+    (void)rc;
     for (int64_t j = 0; j < jn; j++) y[o * 10 + j0 + j] = (float)(acc[j] * 1);
   }
 }
@@ -411,14 +414,17 @@ void duet_k23(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[38];
   float *y = (float *)t[39];
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 1; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 128;
     const int64_t jn = 128 - j0 < 128 ? 128 - j0 : 128;
     double acc[128] = {0};
-    for (int64_t r = 0; r < 128; r++) {
+    for (int64_t r = 128 * rc / 1; r < 128 * (rc + 1) / 1; r++) {
       const float *row = x + (o * 128 + r) * 128 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
+    (void)rc;
     for (int64_t j = 0; j < jn; j++) y[o * 128 + j0 + j] = (float)(acc[j] * 1);
   }
 }
@@ -484,14 +490,17 @@ void duet_k27(void *const *t, const double *s) {
   const float *x = (const float *)t[44];
   float *y = (float *)t[45];
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 8192; blk++) {
+  for (int64_t w = 0; w < 8192; w++) {
+    const int64_t blk = w % 8192, rc = w / 8192;
     const int64_t o = blk / 1, j0 = blk % 1 * 1;
     const int64_t jn = 1 - j0 < 1 ? 1 - j0 : 1;
     double acc[1] = {0};
-    for (int64_t r = 0; r < 196; r++) {
+    for (int64_t r = 196 * rc / 1; r < 196 * (rc + 1) / 1; r++) {
       const float *row = x + (o * 196 + r) * 1 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
+    (void)rc;
     for (int64_t j = 0; j < jn; j++) y[o * 1 + j0 + j] = (float)(acc[j] * 1);
   }
 }
@@ -500,14 +509,17 @@ void duet_k28(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[45];
   float *y = (float *)t[46];
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 1; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 64;
     const int64_t jn = 64 - j0 < 64 ? 64 - j0 : 64;
     double acc[64] = {0};
-    for (int64_t r = 0; r < 128; r++) {
+    for (int64_t r = 128 * rc / 1; r < 128 * (rc + 1) / 1; r++) {
       const float *row = x + (o * 128 + r) * 64 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
+    (void)rc;
     for (int64_t j = 0; j < jn; j++) y[o * 64 + j0 + j] = (float)(acc[j] * 1);
   }
 }
@@ -637,14 +649,17 @@ void duet_k36(void *const *t, const double *s) {
   const float *x = (const float *)t[55];
   float *y = (float *)t[56];
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 4096; blk++) {
+  for (int64_t w = 0; w < 4096; w++) {
+    const int64_t blk = w % 4096, rc = w / 4096;
     const int64_t o = blk / 1, j0 = blk % 1 * 1;
     const int64_t jn = 1 - j0 < 1 ? 1 - j0 : 1;
     double acc[1] = {0};
-    for (int64_t r = 0; r < 784; r++) {
+    for (int64_t r = 784 * rc / 1; r < 784 * (rc + 1) / 1; r++) {
       const float *row = x + (o * 784 + r) * 1 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
+    (void)rc;
     for (int64_t j = 0; j < jn; j++) y[o * 1 + j0 + j] = (float)(acc[j] * 1);
   }
 }
@@ -653,14 +668,17 @@ void duet_k37(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[56];
   float *y = (float *)t[57];
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 1; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 32;
     const int64_t jn = 32 - j0 < 32 ? 32 - j0 : 32;
     double acc[32] = {0};
-    for (int64_t r = 0; r < 128; r++) {
+    for (int64_t r = 128 * rc / 1; r < 128 * (rc + 1) / 1; r++) {
       const float *row = x + (o * 128 + r) * 32 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
+    (void)rc;
     for (int64_t j = 0; j < jn; j++) y[o * 32 + j0 + j] = (float)(acc[j] * 1);
   }
 }

@@ -143,15 +143,23 @@ void duet_k6(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[16];
   float *y = (float *)t[17];
-  for (int64_t blk = 0; blk < 1; blk++) {
+  double part[2][10]; /* at most 16 x 2048 */
+  for (int64_t w = 0; w < 2; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 10;
     const int64_t jn = 10 - j0 < 10 ? 10 - j0 : 10;
     double acc[10] = {0};
-    for (int64_t r = 0; r < 256; r++) {
+    for (int64_t r = 256 * rc / 2; r < 256 * (rc + 1) / 2; r++) {
       const float *row = x + (o * 256 + r) * 10 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 10 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 10 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 10; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 2; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -173,16 +181,24 @@ void duet_k8(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[20];
   float *y = (float *)t[21];
+  double part[2][1024]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 4; blk++) {
+  for (int64_t w = 0; w < 8; w++) {
+    const int64_t blk = w % 4, rc = w / 4;
     const int64_t o = blk / 4, j0 = blk % 4 * 256;
     const int64_t jn = 1024 - j0 < 256 ? 1024 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 256; r++) {
+    for (int64_t r = 256 * rc / 2; r < 256 * (rc + 1) / 2; r++) {
       const float *row = x + (o * 256 + r) * 1024 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 1024 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 1024 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 1024; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 2; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -204,16 +220,24 @@ void duet_k10(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[24];
   float *y = (float *)t[25];
+  double part[2][1024]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 4; blk++) {
+  for (int64_t w = 0; w < 8; w++) {
+    const int64_t blk = w % 4, rc = w / 4;
     const int64_t o = blk / 4, j0 = blk % 4 * 256;
     const int64_t jn = 1024 - j0 < 256 ? 1024 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 256; r++) {
+    for (int64_t r = 256 * rc / 2; r < 256 * (rc + 1) / 2; r++) {
       const float *row = x + (o * 256 + r) * 1024 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 1024 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 1024 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 1024; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 2; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 

@@ -1241,16 +1241,24 @@ void duet_k57(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[152];
   float *y = (float *)t[154];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1292,16 +1300,24 @@ void duet_k60(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[156];
   float *y = (float *)t[157];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1334,16 +1350,24 @@ void duet_k62(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[158];
   float *y = (float *)t[159];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1365,16 +1389,24 @@ void duet_k64(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[162];
   float *y = (float *)t[163];
+  double part[16][1024]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 4; blk++) {
+  for (int64_t w = 0; w < 64; w++) {
+    const int64_t blk = w % 4, rc = w / 4;
     const int64_t o = blk / 4, j0 = blk % 4 * 256;
     const int64_t jn = 1024 - j0 < 256 ? 1024 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 1024 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 1024 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 1024 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 1024; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1382,16 +1414,24 @@ void duet_k65(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[164];
   float *y = (float *)t[166];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1433,16 +1473,24 @@ void duet_k68(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[168];
   float *y = (float *)t[169];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1489,16 +1537,24 @@ void duet_k71(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[171];
   float *y = (float *)t[172];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1603,16 +1659,24 @@ void duet_k76(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[178];
   float *y = (float *)t[179];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1620,16 +1684,24 @@ void duet_k77(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[177];
   float *y = (float *)t[182];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1637,16 +1709,24 @@ void duet_k78(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[176];
   float *y = (float *)t[185];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1671,16 +1751,24 @@ void duet_k80(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[187];
   float *y = (float *)t[189];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1722,16 +1810,24 @@ void duet_k83(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[191];
   float *y = (float *)t[192];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1778,16 +1874,24 @@ void duet_k86(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[194];
   float *y = (float *)t[195];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1809,16 +1913,24 @@ void duet_k88(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[198];
   float *y = (float *)t[199];
+  double part[16][1024]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 4; blk++) {
+  for (int64_t w = 0; w < 64; w++) {
+    const int64_t blk = w % 4, rc = w / 4;
     const int64_t o = blk / 4, j0 = blk % 4 * 256;
     const int64_t jn = 1024 - j0 < 256 ? 1024 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 1024 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 1024 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 1024 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 1024; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1826,16 +1938,24 @@ void duet_k89(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[200];
   float *y = (float *)t[202];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1877,16 +1997,24 @@ void duet_k92(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[204];
   float *y = (float *)t[205];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -1933,16 +2061,24 @@ void duet_k95(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[207];
   float *y = (float *)t[208];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2047,16 +2183,24 @@ void duet_k100(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[214];
   float *y = (float *)t[215];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2064,16 +2208,24 @@ void duet_k101(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[213];
   float *y = (float *)t[218];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2081,16 +2233,24 @@ void duet_k102(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[212];
   float *y = (float *)t[221];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2115,16 +2275,24 @@ void duet_k104(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[223];
   float *y = (float *)t[225];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2166,16 +2334,24 @@ void duet_k107(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[227];
   float *y = (float *)t[228];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2222,16 +2398,24 @@ void duet_k110(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[230];
   float *y = (float *)t[231];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2253,16 +2437,24 @@ void duet_k112(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[234];
   float *y = (float *)t[235];
+  double part[16][1024]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 4; blk++) {
+  for (int64_t w = 0; w < 64; w++) {
+    const int64_t blk = w % 4, rc = w / 4;
     const int64_t o = blk / 4, j0 = blk % 4 * 256;
     const int64_t jn = 1024 - j0 < 256 ? 1024 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 1024 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 1024 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 1024 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 1024; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2270,16 +2462,24 @@ void duet_k113(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[236];
   float *y = (float *)t[238];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2321,16 +2521,24 @@ void duet_k116(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[240];
   float *y = (float *)t[241];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2377,16 +2585,24 @@ void duet_k119(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[243];
   float *y = (float *)t[244];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2491,16 +2707,24 @@ void duet_k124(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[250];
   float *y = (float *)t[251];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2508,16 +2732,24 @@ void duet_k125(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[249];
   float *y = (float *)t[254];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2525,16 +2757,24 @@ void duet_k126(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[248];
   float *y = (float *)t[257];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2559,16 +2799,24 @@ void duet_k128(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[259];
   float *y = (float *)t[261];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2610,16 +2858,24 @@ void duet_k131(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[263];
   float *y = (float *)t[264];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2666,16 +2922,24 @@ void duet_k134(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[266];
   float *y = (float *)t[267];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2697,16 +2961,24 @@ void duet_k136(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[270];
   float *y = (float *)t[271];
+  double part[16][1024]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 4; blk++) {
+  for (int64_t w = 0; w < 64; w++) {
+    const int64_t blk = w % 4, rc = w / 4;
     const int64_t o = blk / 4, j0 = blk % 4 * 256;
     const int64_t jn = 1024 - j0 < 256 ? 1024 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 1024 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 1024 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 1024 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 1024; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2714,16 +2986,24 @@ void duet_k137(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[272];
   float *y = (float *)t[274];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2765,16 +3045,24 @@ void duet_k140(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[276];
   float *y = (float *)t[277];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2821,16 +3109,24 @@ void duet_k143(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[279];
   float *y = (float *)t[280];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2935,16 +3231,24 @@ void duet_k148(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[286];
   float *y = (float *)t[287];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2952,16 +3256,24 @@ void duet_k149(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[285];
   float *y = (float *)t[290];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -2969,16 +3281,24 @@ void duet_k150(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[284];
   float *y = (float *)t[293];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -3003,16 +3323,24 @@ void duet_k152(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[295];
   float *y = (float *)t[297];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -3054,16 +3382,24 @@ void duet_k155(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[299];
   float *y = (float *)t[300];
+  double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 1; blk++) {
+  for (int64_t w = 0; w < 16; w++) {
+    const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 256;
     const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 2048; r++) {
+    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
       const float *row = x + (o * 2048 + r) * 256 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
-    for (int64_t j = 0; j < jn; j++) y[o * 256 + j0 + j] = (float)(acc[j] * 1);
+    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
+  }
+  for (int64_t i = 0; i < 256; i++) {
+    double t = 0;
+    for (int64_t c = 0; c < 16; c++) t += part[c][i];
+    y[i] = (float)(t * 1);
   }
 }
 
@@ -3111,14 +3447,17 @@ void duet_k158(void *const *t, const double *s) {
   const float *x = (const float *)t[302];
   float *y = (float *)t[303];
   #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < 128; blk++) {
+  for (int64_t w = 0; w < 128; w++) {
+    const int64_t blk = w % 128, rc = w / 128;
     const int64_t o = blk / 128, j0 = blk % 128 * 256;
     const int64_t jn = 32768 - j0 < 256 ? 32768 - j0 : 256;
     double acc[256] = {0};
-    for (int64_t r = 0; r < 16; r++) {
+    for (int64_t r = 16 * rc / 1; r < 16 * (rc + 1) / 1; r++) {
       const float *row = x + (o * 16 + r) * 32768 + j0;
+      #pragma omp simd
       for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
     }
+    (void)rc;
     for (int64_t j = 0; j < jn; j++) y[o * 32768 + j0 + j] = (float)(acc[j] * 1);
   }
 }
