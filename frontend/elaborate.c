@@ -46,11 +46,13 @@ typedef struct Scope {
   Binding *params;    /* parameter names declared in this scope */
 } Scope;
 
-typedef struct Counter {
-  const char *key;
-  int n;
-  struct Counter *next;
-} Counter;
+/* Names with a count each (open addressing): block calls per scope prefix,
+ * parameter names.  A list scanned per call made elaboration quadratic. */
+typedef struct NameTab {
+  const char **key;
+  int *n;
+  size_t cap, used;
+} NameTab;
 
 typedef struct Active {
   const Node *block;
@@ -62,7 +64,9 @@ typedef struct Elab {
   Diag *d;
   Graph *g;
   List stmts;
-  Counter *counters;
+  NameTab counters;    /* calls of each block, keyed by scope prefix + block */
+  NameTab param_names; /* full names of the parameters so far */
+  int64_t n_calls;     /* block calls so far */
   Active *active; /* blocks being expanded, innermost first */
   int depth;      /* expression nesting */
   int n_inputs;
@@ -71,6 +75,41 @@ typedef struct Elab {
 } Elab;
 
 #define MAX_EXPR_DEPTH 2000
+/* Blocks and repeat are expanded inline: a few lines can ask for 2^100 calls
+ * (the graph is capped at 2^20 values by graph_add). */
+#define MAX_BLOCK_CALLS (1 << 20)
+
+static uint64_t name_hash(const char *s) {
+  uint64_t h = 14695981039346656037u; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211u;
+  return h;
+}
+
+/* The count of `key` in t (inserted with count 0 when absent). */
+static int *name_count(Arena *a, NameTab *t, const char *key) {
+  if (2 * (t->used + 1) > t->cap) {
+    size_t cap = t->cap ? 2 * t->cap : 64;
+    const char **k = arena_alloc(a, cap * sizeof *k);
+    int *n = arena_alloc(a, cap * sizeof *n);
+    for (size_t i = 0; i < t->cap; i++) {
+      if (!t->key[i]) continue;
+      size_t j = name_hash(t->key[i]) & (cap - 1);
+      while (k[j]) j = (j + 1) & (cap - 1);
+      k[j] = t->key[i];
+      n[j] = t->n[i];
+    }
+    t->key = k;
+    t->n = n;
+    t->cap = cap;
+  }
+  size_t j = name_hash(key) & (t->cap - 1);
+  while (t->key[j] && strcmp(t->key[j], key)) j = (j + 1) & (t->cap - 1);
+  if (!t->key[j]) {
+    t->key[j] = key;
+    t->used++;
+  }
+  return &t->n[j];
+}
 
 /* ---------------------------------------------------------------- hints */
 
@@ -136,9 +175,9 @@ static const char *const conv_args[] = {"x", "w", "b", "stride", "padding", "dil
 static const char *const pool_args[] = {"x", "kernel", "stride", "padding"};
 #define N_BUILTINS (int)(sizeof builtins / sizeof builtins[0])
 
-static const char *const functions[] = {"dim",     "sqrt",    "attention",  "layernorm",  "dropout", "reshape",
-                                        "flatten", "permute", "concat",     "conv2d",     "max_pool2d",
-                                        "avg_pool2d"};
+static const char *const functions[] = {"dim",     "sqrt",    "attention", "layernorm",  "dropout",    "reshape",
+                                        "flatten", "permute", "concat",    "conv2d",     "max_pool2d", "avg_pool2d",
+                                        "sum",     "max",     "split",     "repeat"};
 static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
                                          "batch", "epochs", "steps", "seed", "log_every", "eval",
                                          "eval_every", "eval_batches"};
@@ -266,6 +305,11 @@ static EVal eval_binop(Elab *e, Scope *s, const Node *n) {
     diag_error(e->d, n->loc, "`@` needs two tensors, got %s and %s", evkind_name(a.kind), evkind_name(b.kind));
   Value *in[2] = {as_tensor(e, a), as_tensor(e, b)};
   Attr at = {0};
+  if (op == OP_MATMUL && in[1]->shape.rank != 2) {
+    char b1[160];
+    diag_error(e->d, n->loc, "the right operand of `@` must have rank 2 [K, N], got %s (batched matmul is not "
+               "supported)", shape_str(&in[1]->shape, b1, sizeof b1));
+  }
   if (op == OP_MATMUL && in[1]->op == OP_TRANSPOSE) { /* x @ transpose(w): one GEMM with w^T */
     in[1] = in[1]->in[0];
     at.trans_b = true;
@@ -433,6 +477,7 @@ static Value *eval_shape_op(Elab *e, Scope *s, const Node *n) {
     int m = 0;
     for (int i = 0; i < na; i++)
       if (i != axis_arg) xs[m++] = want_tensor(e, a[i], "a concat operand");
+    if (m == 0) diag_error(e->d, n->loc, "concat needs at least one tensor");
     int axis = axis_arg >= 0 ? want_axis(e, a[axis_arg], xs[0]->shape.rank, "axis") : 0;
     Attr at = {.axis = axis, .shape = xs[0]->shape};
     at.shape.dim[axis] = 0;
@@ -571,7 +616,11 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     if (!blk) diag_error(e->d, bn->loc, "unknown block `%s`%s", bn->name, unknown_call_hint(e, bn->name));
     if (blk->args.n < 1) diag_error(e->d, bn->loc, "block `%s` takes no argument to repeat over", blk->name);
     r = eval(e, s, n->args.tail);
-    for (int64_t i = 0; i < times; i++) {
+    /* a second repeat of the same block in this scope continues the count */
+    int *rc = name_count(e->a, &e->counters, arena_printf(e->a, "%s%s#repeat", s->prefix, blk->name));
+    int64_t first = *rc;
+    *rc += (int)times;
+    for (int64_t i = first; i < first + times; i++) {
       EVal *vals = arena_alloc(e->a, (size_t)blk->args.n * sizeof *vals);
       bool *set = arena_alloc(e->a, (size_t)blk->args.n * sizeof *set);
       vals[0] = r;
@@ -696,6 +745,11 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
           builtins[i].op != OP_MUL && builtins[i].op != OP_DIV)
         diag_error(e->d, v.loc, "argument %d of %s must be a tensor, got %s", k + 1, n->name, evkind_name(v.kind));
       in[k++] = as_tensor(e, v);
+    }
+    if (builtins[i].op == OP_MATMUL && in[1]->shape.rank != 2) {
+      char b1[160];
+      diag_error(e->d, n->loc, "the second operand of matmul must have rank 2 [K, N], got %s (batched matmul is "
+                 "not supported)", shape_str(&in[1]->shape, b1, sizeof b1));
     }
     r.kind = EV_TENSOR;
     r.v = graph_add(e->g, builtins[i].op, in, k, NULL, n->loc);
@@ -878,11 +932,8 @@ static void declare_param(Elab *e, Scope *s, const Node *n) {
   at.dtype = read_dtype(e, n, false);
   at.name = arena_printf(e->a, "%s%s", s->prefix, n->name);
   read_init(e, s, n->a, &at);
-  for (int i = 0; i < e->g->n_values; i++) {
-    Value *v = e->g->values[i];
-    if (v->op == OP_PARAM && !strcmp(v->attr.name, at.name))
-      diag_error(e->d, n->loc, "parameter name `%s` collides with another parameter", at.name);
-  }
+  if ((*name_count(e->a, &e->param_names, at.name))++)
+    diag_error(e->d, n->loc, "parameter name `%s` collides with another parameter", at.name);
   Value *v = graph_add(e->g, OP_PARAM, NULL, 0, &at, n->loc);
   Binding *p = arena_alloc(e->a, sizeof *p);
   p->name = n->name;
@@ -950,6 +1001,9 @@ static void exec_stmt(Elab *e, Scope *s, const Node *n, bool top) {
     for (int i = 0; i < N_BUILTINS; i++)
       if (!strcmp(builtins[i].name, n->name))
         diag_error(e->d, n->loc, "block `%s` has the name of a built-in op", n->name);
+    for (size_t i = 0; i < sizeof functions / sizeof *functions; i++)
+      if (!strcmp(functions[i], n->name))
+        diag_error(e->d, n->loc, "block `%s` has the name of a built-in function", n->name);
     break;
   case N_TRAIN:
     if (!top) diag_error(e->d, n->loc, "the train section must be at the top level");
@@ -998,17 +1052,12 @@ static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *s
   for (Active *a = e->active; a; a = a->up)
     if (a->block == blk)
       diag_error(e->d, call_loc, "block `%s` calls itself (recursion is not allowed)", blk->name);
+  if (++e->n_calls > MAX_BLOCK_CALLS)
+    diag_error(e->d, call_loc, "more than %d block calls (blocks and repeat are expanded inline)", MAX_BLOCK_CALLS);
   const char *key = arena_printf(e->a, "%s%s", s->prefix, blk->name);
-  Counter *c = e->counters;
-  while (c && strcmp(c->key, key)) c = c->next;
-  if (!c) {
-    c = arena_alloc(e->a, sizeof *c);
-    c->key = key;
-    c->next = e->counters;
-    e->counters = c;
-  }
-  if (!prefix) c->n++;
-  Scope inner = {.parent = NULL, .prefix = prefix ? prefix : arena_printf(e->a, "%s%d.", key, c->n)};
+  int *calls = name_count(e->a, &e->counters, key);
+  if (!prefix) ++*calls;
+  Scope inner = {.parent = NULL, .prefix = prefix ? prefix : arena_printf(e->a, "%s%d.", key, *calls)};
   /* the block sees the globals (top-level scope) and its own names */
   Scope *global = s;
   while (global->parent) global = global->parent;
