@@ -18,11 +18,13 @@ static void usage(FILE *out) {
           "commands:\n"
           "  run M.model [flags]          compile and train now (JIT); `duet run --help` lists flags\n"
           "  compile M.model -o EXE       write a standalone training executable\n"
-          "  ir M.model [--after PASS]    print the IR (after the shape pass, or after PASS)\n"
+          "  ir M.model [--after PASS] [--format text|dot|json]   print the IR after PASS (default: shape)\n"
           "  emit M.model --target c      print the generated kernel source\n"
           "  check M.model                parse and verify; print a parameter summary\n"
           "  sample M.model --checkpoint CK [--prompt TEXT]   generate text with a trained model\n"
           "  help                         this text\n\n"
+          "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
+          "M.model: it resumes after the pass it was printed after.\n\n"
           "Every command takes --help.  Environment: DUET_CC (C compiler, default cc),\n"
           "DUET_CACHE_DIR (kernel cache, default ~/.cache/duet).\n");
 }
@@ -43,6 +45,56 @@ static int compile_model(Compiled *c, const char *path, int64_t batch, const cha
   return compile_model_opt(c, path, &fo, dump_after, stop_after);
 }
 
+/* An IR dump rather than a .model: named *.ir, or `model NAME` first and a
+ * line that starts with `%` (a value). */
+static bool is_ir_source(const char *path, const Source *src) {
+  size_t n = strlen(path);
+  if (n > 3 && !strcmp(path + n - 3, ".ir")) return true;
+  if (strncmp(src->text, "model ", 6)) return false;
+  for (const char *p = src->text; *p; p++)
+    if ((*p == '\n' || *p == '\r') && p[1] == '%') return true;
+  return false;
+}
+
+/* The name on the `after NAME` line of an IR dump, for messages. */
+static Loc ir_after_loc(const Source *src) {
+  int line = 1;
+  for (const char *p = src->text; *p; line++) {
+    const char *q = p + strspn(p, " \t");
+    if (!strncmp(q, "after", 5) && (q[5] == ' ' || q[5] == '\t'))
+      return (Loc){src, line, (int)(q + 5 + strspn(q + 5, " \t") - p) + 1};
+    p += strcspn(p, "\r\n");
+    p += (*p == '\r' && p[1] == '\n') ? 2 : *p ? 1 : 0;
+  }
+  return (Loc){src, 0, 0};
+}
+
+/* Parses an IR dump; the passes then resume after the one it was printed
+ * after (its `after` line). */
+static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *fo, PassCtx *pc) {
+  if (fo->decode) {
+    diag_error(&c->diag, (Loc){src, 0, 0}, "an IR dump holds a training graph; generation needs the .model");
+    return NULL;
+  }
+  Graph *g = ir_parse(c->arena, &c->diag, src);
+  if (!g) return NULL;
+  if (g->after_pass && passes_find(g->after_pass) < 0) {
+    char list[256] = "";
+    for (int p = 0; p < duet_n_passes; p++)
+      snprintf(list + strlen(list), sizeof list - strlen(list), " %s", duet_passes[p].name);
+    diag_error(&c->diag, ir_after_loc(src), "unknown pass `%s`; passes:%s", g->after_pass, list);
+    return NULL;
+  }
+  if (fo->batch && fo->batch != g->train.batch) {
+    diag_error(&c->diag, (Loc){src, 0, 0},
+               "the graph was built for batch %" PRId64 "; --batch %" PRId64 " needs the .model (an IR dump's batch is fixed)",
+               g->train.batch, fo->batch);
+    return NULL;
+  }
+  pc->start_after = g->after_pass;
+  return g;
+}
+
 static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const char *dump_after,
                              const char *stop_after) {
   memset(c, 0, sizeof *c);
@@ -50,9 +102,9 @@ static int compile_model_opt(Compiled *c, const char *path, const FrontendOption
   c->diag.out = stderr;
   Source *src = frontend_read_file(c->arena, &c->diag, path);
   if (!src) return 1;
-  c->g = frontend_compile(c->arena, &c->diag, src, fo);
-  if (!c->g) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after};
+  c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
+  if (!c->g) return 1;
   return passes_run(c->g, &pc);
 }
 
@@ -225,16 +277,23 @@ static int cmd_compile(int argc, char **argv) {
 }
 
 static int cmd_ir(int argc, char **argv) {
-  const char *model = NULL, *after = "shape";
+  const char *model = NULL, *after = NULL, *format = "text";
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("usage: duet ir M.model [--after PASS]\nPrints the IR after PASS (default: shape). Passes, in order:\n");
+      printf("usage: duet ir M.model [--after PASS] [--format text|dot|json]\n"
+             "Prints the IR after PASS (default: shape; for a G.ir dump, the pass it was printed after).\n"
+             "Formats: text (the default; `duet run G.ir` and `duet ir G.ir` read it back), dot (Graphviz:\n"
+             "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Passes, in order:\n");
       for (int p = 0; p < duet_n_passes; p++) printf("  %-10s %s\n", duet_passes[p].name, duet_passes[p].what);
       return 0;
     } else if (!strcmp(argv[i], "--after") && i + 1 < argc) {
       after = argv[++i];
     } else if (!strncmp(argv[i], "--after=", 8)) {
       after = argv[i] + 8;
+    } else if (!strcmp(argv[i], "--format") && i + 1 < argc) {
+      format = argv[++i];
+    } else if (!strncmp(argv[i], "--format=", 9)) {
+      format = argv[i] + 9;
     } else if (argv[i][0] != '-' && !model) {
       model = argv[i];
     } else {
@@ -243,17 +302,37 @@ static int cmd_ir(int argc, char **argv) {
     }
   }
   if (!model) {
-    fprintf(stderr, "duet: error: usage: duet ir M.model [--after PASS]\n");
+    fprintf(stderr, "duet: error: usage: duet ir M.model [--after PASS] [--format text|dot|json]\n");
     return 1;
   }
-  if (passes_find(after) < 0) {
+  if (after && passes_find(after) < 0) {
     fprintf(stderr, "duet: error: unknown pass '%s'; passes:", after);
     for (int p = 0; p < duet_n_passes; p++) fprintf(stderr, " %s", duet_passes[p].name);
     fprintf(stderr, "\n");
     return 1;
   }
+  if (strcmp(format, "text") && strcmp(format, "dot") && strcmp(format, "json")) {
+    fprintf(stderr, "duet: error: unknown format '%s' (text, dot or json)\n", format);
+    return 1;
+  }
+  /* a dump printed after a later pass than `shape` stays as it is by default */
   Compiled c;
-  int rc = compile_model(&c, model, 0, after, after);
+  int rc = compile_model(&c, model, 0, NULL, after ? after : "shape");
+  if (!rc && after && (!c.g->after_pass || strcmp(c.g->after_pass, after))) {
+    fprintf(stderr, "duet: error: %s was printed after %s; it cannot be shown after the earlier pass %s\n", model,
+            c.g->after_pass ? c.g->after_pass : "no pass", after);
+    rc = 1;
+  }
+  if (!rc && !strcmp(format, "text")) ir_print(c.g, stdout);
+  if (!rc && !strcmp(format, "dot")) ir_print_dot(c.g, stdout);
+  if (!rc && !strcmp(format, "json") && ir_print_json(c.g, stdout)) {
+    fprintf(stderr, "duet: error: out of memory while writing JSON\n");
+    rc = 1;
+  }
+  if (!rc && (fflush(stdout) || ferror(stdout))) {
+    fprintf(stderr, "duet: error: writing the IR failed: %s\n", strerror(errno));
+    rc = 1;
+  }
   compiled_free(&c);
   return rc;
 }

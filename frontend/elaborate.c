@@ -76,8 +76,9 @@ typedef struct Elab {
 
 #define MAX_EXPR_DEPTH 2000
 /* Blocks and repeat are expanded inline: a few lines can ask for 2^100 calls
- * (the graph is capped at 2^20 values by graph_add). */
-#define MAX_BLOCK_CALLS (1 << 20)
+ * (the graph is capped at 2^18 values by graph_add). */
+#define MAX_BLOCK_CALLS (1 << 18)
+#define MAX_PREFIX 256 /* of the names inside a block call, "layer3.attn1." */
 
 static uint64_t name_hash(const char *s) {
   uint64_t h = 14695981039346656037u; /* FNV-1a */
@@ -370,8 +371,12 @@ static int want_axis(Elab *e, EVal v, int rank, const char *what) {
 /* Output size of a sliding window; an error (naming both shapes) below 1. */
 static int64_t window_out(Elab *e, const Node *n, const Value *x, int64_t in, int64_t k, int64_t st, int64_t pad,
                           int64_t dil) {
-  int64_t o = (in + 2 * pad - dil * (k - 1) - 1);
-  o = o < 0 ? 0 : o / st + 1;
+  /* (in + 2 pad - dil (k - 1) - 1) / st + 1, without overflow */
+  int64_t span, o;
+  if (__builtin_mul_overflow(dil, k - 1, &span)) span = INT64_MAX; /* no window fits */
+  if (__builtin_mul_overflow(pad, 2, &o) || __builtin_add_overflow(o, in - 1, &o))
+    diag_error(e->d, n->loc, "%s: padding %lld is out of range", n->name, (long long)pad);
+  o = o < span ? 0 : (o - span) / st + 1;
   if (o < 1) {
     char b[160];
     diag_error(e->d, n->loc, "%s of %s with kernel %lld, stride %lld, padding %lld, dilation %lld: output size %lld "
@@ -399,7 +404,7 @@ static Value *eval_shape_op(Elab *e, Scope *s, const Node *n) {
       at.kh = at.kw = want_int(e, a[1], "kernel", 1);
       at.sh = at.sw = given[2] ? want_int(e, a[2], "stride", 1) : at.kh;
       at.ph = at.pw = given[3] ? want_int(e, a[3], "padding", 0) : 0;
-      if (2 * at.ph > at.kh)
+      if (at.ph > at.kh / 2)
         diag_error(e->d, a[3].loc, "%s: padding %lld is more than half the kernel %lld", n->name, (long long)at.ph,
                    (long long)at.kh);
       int64_t oh = window_out(e, n, x, H, at.kh, at.sh, at.ph, 1), ow = window_out(e, n, x, W, at.kw, at.sw, at.pw, 1);
@@ -422,6 +427,10 @@ static Value *eval_shape_op(Elab *e, Scope *s, const Node *n) {
     at.kh = w->shape.dim[2];
     at.kw = w->shape.dim[3];
     int64_t oh = window_out(e, n, x, H, at.kh, at.sh, at.ph, at.dh), ow = window_out(e, n, x, W, at.kw, at.sw, at.pw, at.dw);
+    int64_t rows; /* of im2col: N*OH*OW */
+    if (__builtin_mul_overflow(N, oh, &rows) || __builtin_mul_overflow(rows, ow, &rows))
+      diag_error(e->d, n->loc, "conv2d of %s: the output has more elements than fit in 64 bits",
+                 shape_str(&x->shape, b1, 160));
     Value *parts[32];
     for (int64_t g = 0; g < G; g++) {
       Value *xg = x, *wg = w;
@@ -433,7 +442,7 @@ static Value *eval_shape_op(Elab *e, Scope *s, const Node *n) {
         wg = op1(e, OP_SLICE, w, &sw, n->loc);
       }
       Attr ic = at; /* im2col: [N*OH*OW, Cg*KH*KW] */
-      ic.shape = (Shape){.rank = 2, .dim = {N * oh * ow, Cg * at.kh * at.kw}};
+      ic.shape = (Shape){.rank = 2, .dim = {rows, Cg * at.kh * at.kw}};
       Value *cols = op1(e, OP_IM2COL, xg, &ic, n->loc);
       Attr rw = {.shape = {.rank = 2, .dim = {Og, Cg * at.kh * at.kw}}};
       Value *in[2] = {cols, op1(e, OP_RESHAPE, wg, &rw, n->loc)};
@@ -487,7 +496,8 @@ static Value *eval_shape_op(Elab *e, Scope *s, const Node *n) {
       if (t.rank != u.rank || !shape_eq(&t, &u))
         diag_error(e->d, a[i].loc, "concat of %s and %s along axis %d: the other dimensions differ",
                    shape_str(&xs[0]->shape, b1, 160), shape_str(&xs[i]->shape, b2, 160), axis);
-      at.shape.dim[axis] += xs[i]->shape.dim[axis];
+      if (__builtin_add_overflow(at.shape.dim[axis], xs[i]->shape.dim[axis], &at.shape.dim[axis]))
+        diag_error(e->d, a[i].loc, "concat along axis %d: the result has more elements than fit in 64 bits", axis);
     }
     if (m == 1) return xs[0];
     return graph_add(e->g, OP_CONCAT, xs, m, &at, n->loc);
@@ -516,7 +526,7 @@ static Value *eval_shape_op(Elab *e, Scope *s, const Node *n) {
       } else if (d == 0) {
         diag_error(e->d, a[i].loc, "reshape: dimension %d is 0", i - 1);
       } else {
-        known *= d;
+        known = known > INT64_MAX / d ? INT64_MAX : known * d; /* saturates: then no match */
       }
       at.shape.dim[i - 1] = d;
     }
@@ -1058,6 +1068,9 @@ static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *s
   int *calls = name_count(e->a, &e->counters, key);
   if (!prefix) ++*calls;
   Scope inner = {.parent = NULL, .prefix = prefix ? prefix : arena_printf(e->a, "%s%d.", key, *calls)};
+  if (strlen(inner.prefix) > MAX_PREFIX)
+    diag_error(e->d, call_loc, "block calls nested too deeply: parameter names would start with `%.40s...`, "
+               "over %d characters", inner.prefix, MAX_PREFIX);
   /* the block sees the globals (top-level scope) and its own names */
   Scope *global = s;
   while (global->parent) global = global->parent;

@@ -1,5 +1,6 @@
 /* ir/ir.c: arena, diagnostics, dtypes, shapes, the op table, the graph, the
- * shape rules, the verifier and the text printer. */
+ * shape rules, the verifier and the text printer (the parser is ir_parse.c,
+ * Graphviz and JSON are ir_export.c). */
 #include "ir.h"
 
 #include <inttypes.h>
@@ -319,9 +320,16 @@ static void graph_push(Graph *g, Value *v) {
   g->values[g->n_values++] = v;
 }
 
+/* Blocks, repeat and split expand inline: a few lines can ask for 2^100
+ * values.  The largest real models have tens of thousands. */
+#define GRAPH_MAX_VALUES (1 << 18)
+
 Value *graph_add(Graph *g, OpKind op, Value **in, int n_in, const Attr *attr, Loc loc) {
   DUET_ASSERT(op >= 0 && op < OP_COUNT);
   DUET_ASSERT(op_info[op].arity < 0 || op_info[op].arity == n_in);
+  if (g->n_values >= GRAPH_MAX_VALUES)
+    diag_error(g->diag, loc, "the model has more than %d values (blocks, repeat and split are expanded inline)",
+               GRAPH_MAX_VALUES);
   Value *v = arena_alloc(g->arena, sizeof *v);
   v->op = op;
   v->n_in = n_in;
@@ -594,6 +602,35 @@ int ir_verify(const Graph *g, const char *after_pass, FILE *err) {
 
 /* -------------------------------------------------------------- printer */
 
+char *ir_num_str(double x, char *buf, size_t n) {
+  /* the fewest significant digits that read back exactly (at most 17) */
+  for (int prec = 1; prec <= 17; prec++) {
+    snprintf(buf, n, "%.*g", prec, x);
+    if (strtod(buf, NULL) == x) break;
+  }
+  return buf;
+}
+
+#define NUM(x) ir_num_str((x), (char[32]){0}, 32)
+
+static const char *const role_names[] = {"forward", "backward", "optimizer", "eval"};
+static const char *const region_names[MEM_COUNT] = {"none", "param", "state", "arena", "cache"};
+const char *role_name(Role r) { return (unsigned)r < 4 ? role_names[r] : "?"; }
+const char *mem_region_name(MemRegion r) { return (unsigned)r < MEM_COUNT ? region_names[r] : "?"; }
+
+/* A string literal: quotes, backslashes and control bytes escaped. */
+static void print_string(const char *s, FILE *out) {
+  fputc('"', out);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\') fprintf(out, "\\%c", *p);
+    else if (*p == '\n') fputs("\\n", out);
+    else if (*p == '\t') fputs("\\t", out);
+    else if (*p < 0x20 || *p == 0x7F) fprintf(out, "\\x%02x", *p);
+    else fputc(*p, out);
+  }
+  fputc('"', out);
+}
+
 static void print_type(const Value *v, FILE *out) {
   char b[160];
   if (v->dtype == DT_VOID)
@@ -601,8 +638,6 @@ static void print_type(const Value *v, FILE *out) {
   else
     fprintf(out, "%s%s", dtype_name(v->dtype), shape_str(&v->shape, b, sizeof b));
 }
-
-static const char *const role_names[] = {"forward", "backward", "optimizer", "eval"};
 
 void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   (void)g;
@@ -612,15 +647,19 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   switch (v->op) {
   case OP_INPUT:
   case OP_STATE:
-    fprintf(out, " \"%s\"%s", v->attr.name, v->attr.kv_cache ? " kv_cache" : "");
+    fputc(' ', out);
+    print_string(v->attr.name, out);
+    if (v->attr.kv_cache) fputs(" kv_cache", out);
     break;
   case OP_PARAM:
-    fprintf(out, " \"%s\" %s", v->attr.name, init_name(v->attr.init));
-    if (v->attr.init == INIT_NORMAL) fprintf(out, "(%.17g)", v->attr.init_a);
-    if (v->attr.init == INIT_UNIFORM) fprintf(out, "(%.17g, %.17g)", v->attr.init_a, v->attr.init_b);
+    fputc(' ', out);
+    print_string(v->attr.name, out);
+    fprintf(out, " %s", init_name(v->attr.init));
+    if (v->attr.init == INIT_NORMAL) fprintf(out, "(%s)", NUM(v->attr.init_a));
+    if (v->attr.init == INIT_UNIFORM) fprintf(out, "(%s, %s)", NUM(v->attr.init_a), NUM(v->attr.init_b));
     break;
   case OP_CONST:
-    fprintf(out, " %.17g", v->attr.value);
+    fprintf(out, " %s", NUM(v->attr.value));
     break;
   case OP_MATMUL:
     if (v->attr.trans_a || v->attr.trans_b)
@@ -635,6 +674,7 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
     break;
   case OP_ATTENTION:
   case OP_ATTENTION_GRAD:
+  case OP_ATTENTION_DECODE:
     fprintf(out, "[heads=%" PRId64 "%s]", v->attr.heads, v->attr.causal ? ",causal" : "");
     break;
   case OP_SLICE:
@@ -657,11 +697,11 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
             v->attr.kh, v->attr.kw, v->attr.sh, v->attr.sw, v->attr.ph, v->attr.pw, v->attr.dh, v->attr.dw);
     break;
   case OP_DROPOUT:
-    fprintf(out, "[p=%.17g,site=%" PRId64 "]", v->attr.p, v->attr.site);
+    fprintf(out, "[p=%s,site=%" PRId64 "]", NUM(v->attr.p), v->attr.site);
     break;
   case OP_NORM:
   case OP_NORM_GRAD:
-    fprintf(out, "[eps=%.17g]", v->attr.eps);
+    fprintf(out, "[eps=%s]", NUM(v->attr.eps));
     break;
   case OP_ADAMW:
   case OP_SGD:
@@ -676,7 +716,9 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
       if (fi->op == OP_COUNT)
         fprintf(out, "$%d = in%d", k, fi->a);
       else if (fi->op == OP_CONST)
-        fprintf(out, "$%d = %.17g", k, fi->value);
+        fprintf(out, "$%d = %s", k, NUM(fi->value));
+      else if (fi->op == OP_DROPOUT)
+        fprintf(out, "$%d = dropout[p=%s,site=%" PRId64 "] $%d", k, NUM(fi->value), fi->site, fi->a);
       else if (op_info[fi->op].arity == 1)
         fprintf(out, "$%d = %s $%d", k, op_info[fi->op].name, fi->a);
       else
@@ -693,13 +735,57 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   print_type(v, out);
   if (v->role != ROLE_FORWARD) fprintf(out, "  @%s", role_names[v->role]);
   if (v->device >= 0) fprintf(out, "  @device(%d)", v->device);
-  static const char *const regions[] = {"none", "param", "state", "arena", "cache"};
-  if (v->region != MEM_NONE) fprintf(out, "  @%s+%" PRId64, regions[v->region], v->offset);
+  if (v->region != MEM_NONE) fprintf(out, "  @%s+%" PRId64, region_names[v->region], v->offset);
   fputc('\n', out);
+}
+
+/* The train section, with the key names of the .model language. */
+static void print_train(const TrainSpec *t, FILE *out) {
+  fputs("train {\n", out);
+  if (t->data == DATA_FASHION_MNIST || t->data == DATA_TEXT) {
+    fprintf(out, "  data = %s(", t->data == DATA_TEXT ? "text" : "fashion_mnist");
+    print_string(t->data_path ? t->data_path : "", out);
+    if (t->data == DATA_TEXT) fprintf(out, ", block = %" PRId64, t->block);
+    fputs(")\n", out);
+  }
+  if (t->optimizer == OPTIM_SGD)
+    fprintf(out, "  optimizer = sgd(lr = %s, momentum = %s, weight_decay = %s", NUM(t->lr), NUM(t->momentum),
+            NUM(t->weight_decay));
+  else
+    fprintf(out, "  optimizer = adamw(lr = %s, weight_decay = %s, beta1 = %s, beta2 = %s, eps = %s", NUM(t->lr),
+            NUM(t->weight_decay), NUM(t->beta1), NUM(t->beta2), NUM(t->eps));
+  fputs(t->decay_matrices_only ? ", decay = \"matrices\")\n" : ")\n", out);
+  fprintf(out, "  batch = %" PRId64 "\n  epochs = %" PRId64 "\n", t->batch, t->epochs);
+  if (t->steps > 0) fprintf(out, "  steps = %" PRId64 "\n", t->steps);
+  fprintf(out, "  seed = %" PRIu64 "\n  log_every = %" PRId64 "\n  eval = %s\n", t->seed, t->log_every,
+          t->eval ? "true" : "false");
+  if (t->eval_every > 0) fprintf(out, "  eval_every = %" PRId64 "\n", t->eval_every);
+  fprintf(out, "  eval_batches = %" PRId64 "\n}\n", t->eval_batches);
+}
+
+static bool in_graph(const Graph *g, const Value *v) {
+  return v && v->id >= 0 && v->id < g->n_values && g->values[v->id] == v;
 }
 
 void ir_print(const Graph *g, FILE *out) {
   fprintf(out, "model %s\n", g->model_name ? g->model_name : "?");
+  if (g->after_pass) fprintf(out, "after %s\n", g->after_pass);
+  if (g->float_dtype != DT_F32) fprintf(out, "float_dtype %s\n", dtype_name(g->float_dtype));
+  if (g->decode) fprintf(out, "decode context=%" PRId64 "\n", g->context);
+  print_train(&g->train, out);
+  bool planned = false;
+  for (int r = 1; r < MEM_COUNT; r++) planned |= g->region_bytes[r] != 0;
+  if (planned) {
+    fputs("regions", out);
+    for (int r = 1; r < MEM_COUNT; r++) fprintf(out, " %s=%" PRId64, region_names[r], g->region_bytes[r]);
+    fputc('\n', out);
+  }
   for (int i = 0; i < g->n_values; i++) ir_print_value(g, g->values[i], out);
-  if (g->loss) fprintf(out, "loss %%%d\n", g->loss->id);
+  if (in_graph(g, g->loss)) fprintf(out, "loss %%%d\n", g->loss->id);
+  if (in_graph(g, g->logits)) fprintf(out, "logits %%%d\n", g->logits->id);
+  if (in_graph(g, g->labels)) fprintf(out, "labels %%%d\n", g->labels->id);
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if (v->op == OP_PARAM && in_graph(g, v->grad)) fprintf(out, "grad %%%d %%%d\n", v->id, v->grad->id);
+  }
 }

@@ -252,6 +252,8 @@ typedef struct Graph {
   DType float_dtype; /* dtype of params and float inputs (f32; f64 in tests) */
   bool decode;       /* compiled for one-token-at-a-time generation */
   int64_t context;   /* decode: positions the key/value caches hold */
+  const char *after_pass; /* the last pass run on it (NULL: none); printed as
+                           * `after NAME`, so a dump knows where to resume */
 } Graph;
 
 Graph *graph_new(Arena *a, Diag *d);
@@ -271,10 +273,40 @@ void ir_infer_shape(Graph *g, Value *v);
  * and returns the count (0 = ok). */
 int ir_verify(const Graph *g, const char *after_pass, FILE *err);
 
-/* Text form, one value a line:
- *   %3 = matmul %0, %1 : f32[256,1024]
- * see docs/ir.md. */
+/* Text form (docs/ir.md): a header (`model`, `after`, the `train { }`
+ * section, `regions`), one value a line
+ *   %3 = matmul %0, %1 : f32[256,1024]  @backward  @arena+1024
+ * and trailing `loss`, `logits`, `labels` and `grad` lines.  ir_parse reads
+ * it back: print(parse(print(g))) == print(g). */
 void ir_print(const Graph *g, FILE *out);
+/* One value line (without the header), as ir_print writes it. */
 void ir_print_value(const Graph *g, const Value *v, FILE *out);
+
+/* Parses the text form written by ir_print into a new graph in `a`.  Every
+ * value is shape-checked as it is added (graph_add) and its declared type
+ * compared with the inferred one; errors are reported through `d` as
+ * `file:line:col: error: ...` with the source line and a caret, and NULL is
+ * returned (d->jmp is used internally and restored).  g->after_pass is the
+ * `after` line's pass name (not checked against the pass list; NULL when the
+ * file has none). */
+Graph *ir_parse(Arena *a, Diag *d, const Source *src);
+
+/* Graphviz: a node per value (op and key attributes), an edge per use labelled
+ * with the operand's dtype and shape; params, optimizer state and inputs as
+ * distinct shapes and colours, one cluster per device when devices are set. */
+void ir_print_dot(const Graph *g, FILE *out);
+/* The graph as one JSON object: model, pass, train settings, regions, the
+ * loss/logits/labels ids and an array of values (id, op, inputs, dtype,
+ * shape, attrs, role, device, region, offset).  Returns 0, or -1 when out of
+ * memory. */
+int ir_print_json(const Graph *g, FILE *out);
+
+/* Shortest decimal text that strtod reads back as exactly x ("0.1", "1e-05",
+ * "inf", "-0"); buf of at least 32 bytes.  Returns buf. */
+char *ir_num_str(double x, char *buf, size_t n);
+/* "forward", "backward", "optimizer", "eval"; "none", "param", "state",
+ * "arena", "cache". */
+const char *role_name(Role r);
+const char *mem_region_name(MemRegion r);
 
 #endif

@@ -132,6 +132,13 @@ typedef struct Block {
 
 static int64_t align64(int64_t x) { return (x + 63) & ~(int64_t)63; }
 
+/* Every offset and region size stays below 2^62 bytes (no overflow). */
+#define MEMPLAN_MAX_BYTES ((int64_t)1 << 62)
+static void too_big(Graph *g, const Value *v, MemRegion r) {
+  static const char *const names[MEM_COUNT] = {"", "parameter", "optimizer state", "activation", "key/value cache"};
+  diag_error(g->diag, v->loc, "the %s memory of the model would exceed 2^62 bytes", names[r]);
+}
+
 static int cmp_block(const void *a, const void *b) {
   const Block *x = a, *y = b;
   return x->off < y->off ? -1 : x->off > y->off;
@@ -140,9 +147,9 @@ static int cmp_block(const void *a, const void *b) {
 void pass_memplan(Graph *g, PassCtx *cx) {
   (void)cx;
   int n = g->n_values;
-  int *last = calloc((size_t)n + 1, sizeof *last);
-  Block *live = calloc((size_t)n + 1, sizeof *live);
-  if (!last || !live) duet_fatal(__FILE__, __LINE__, "out of host memory");
+  /* in the arena: too_big() unwinds */
+  int *last = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *last);
+  Block *live = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *live);
   for (int i = 0; i < n; i++) {
     Value *v = g->values[i];
     last[i] = i;
@@ -156,12 +163,16 @@ void pass_memplan(Graph *g, PassCtx *cx) {
   for (int i = 0; i < n; i++) {
     Value *v = g->values[i];
     if ((v->op == OP_INPUT) != (pass == 0)) continue;
-    int64_t bytes = align64((int64_t)dtype_size(v->dtype) * shape_numel(&v->shape));
+    int64_t bytes = (int64_t)dtype_size(v->dtype) * shape_numel(&v->shape); /* checked by ir_infer_shape */
     v->offset = -1;
     v->region = MEM_NONE;
     if (v->dtype == DT_VOID) continue;
+    MemRegion r = v->op == OP_PARAM ? MEM_PARAM : v->op != OP_STATE ? MEM_ARENA : v->attr.kv_cache ? MEM_CACHE : MEM_STATE;
+    if (bytes > MEMPLAN_MAX_BYTES - 64) too_big(g, v, r);
+    bytes = align64(bytes);
     if (v->op == OP_PARAM || v->op == OP_STATE) {
-      v->region = v->op == OP_PARAM ? MEM_PARAM : v->attr.kv_cache ? MEM_CACHE : MEM_STATE;
+      v->region = r;
+      if (bytes > MEMPLAN_MAX_BYTES - g->region_bytes[r]) too_big(g, v, r);
       v->offset = g->region_bytes[v->region];
       g->region_bytes[v->region] += bytes;
       continue;
@@ -177,12 +188,11 @@ void pass_memplan(Graph *g, PassCtx *cx) {
       if (live[j].off - off >= bytes) break;
       if (live[j].off + live[j].size > off) off = live[j].off + live[j].size;
     }
+    if (off > MEMPLAN_MAX_BYTES - bytes) too_big(g, v, MEM_ARENA);
     bool pinned = v->op == OP_INPUT || v == g->loss || v->op == OP_EVAL_METRICS;
     live[n_live++] = (Block){off, bytes, pinned ? INT32_MAX : last[i]};
     v->region = MEM_ARENA;
     v->offset = off;
     if (off + bytes > g->region_bytes[MEM_ARENA]) g->region_bytes[MEM_ARENA] = off + bytes;
   }
-  free(last);
-  free(live);
 }

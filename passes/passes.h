@@ -10,6 +10,11 @@ typedef struct PassCtx {
   const char *dump_after; /* print the graph after this pass */
   FILE *dump_out;
   const char *stop_after; /* stop after this pass (NULL: run all) */
+  const char *start_after; /* skip the passes up to and including this one
+                            * (a graph parsed from a dump; NULL: run from the
+                            * first).  When it equals dump_after the graph is
+                            * printed as given; when stop_after does, or comes
+                            * earlier, nothing runs. */
 } PassCtx;
 
 typedef void (*PassFn)(Graph *g, PassCtx *cx);
@@ -23,8 +28,10 @@ typedef struct Pass {
 extern const Pass duet_passes[];
 extern const int duet_n_passes;
 
-/* Runs the pipeline on g.  Returns 0, or 1 after a user error (reported
- * through cx->diag) or an internal verifier failure (printed to stderr). */
+/* Runs the pipeline on g (from the pass after cx->start_after), setting
+ * g->after_pass to each pass's name as it completes.  Returns 0, or 1 after a
+ * user error (reported through cx->diag) or an internal verifier failure
+ * (printed to stderr). */
 int passes_run(Graph *g, PassCtx *cx);
 /* Index of the pass called `name`, or -1. */
 int passes_find(const char *name);

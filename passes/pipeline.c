@@ -28,15 +28,19 @@ int passes_run(Graph *g, PassCtx *cx) {
     cx->diag->jmp = saved;
     return 1;
   }
-  for (int i = 0; i < duet_n_passes; i++) {
+  int first = cx->start_after ? passes_find(cx->start_after) + 1 : 0;
+  int stop = cx->stop_after ? passes_find(cx->stop_after) : duet_n_passes - 1;
+  if (first > 0 && cx->dump_after && !strcmp(cx->dump_after, cx->start_after))
+    ir_print(g, cx->dump_out ? cx->dump_out : stdout);
+  for (int i = first; i < duet_n_passes && (stop < 0 || i <= stop); i++) {
     duet_passes[i].run(g, cx);
+    g->after_pass = duet_passes[i].name;
     if (cx->verify && ir_verify(g, duet_passes[i].name, stderr)) {
       cx->diag->jmp = saved;
       return 1;
     }
     if (cx->dump_after && !strcmp(cx->dump_after, duet_passes[i].name))
       ir_print(g, cx->dump_out ? cx->dump_out : stdout);
-    if (cx->stop_after && !strcmp(cx->stop_after, duet_passes[i].name)) break;
   }
   cx->diag->jmp = saved;
   return 0;

@@ -75,6 +75,33 @@ static int check_model(const char *name, const char *text) {
   return fails != 0;
 }
 
+/* Memory that does not fit 64-bit offsets is a user error of the planner
+ * (it was a signed overflow; found by tests/fuzz). */
+static int check_too_big(void) {
+  const char *text = "model big\nparam a: [1152921504606846976] = zeros\n"
+                     "param b: [1152921504606846976] = zeros\nloss = mean(a) + mean(b)\n";
+  Arena *a = arena_new(1 << 16);
+  FILE *out = tmpfile();
+  Diag d = {.out = out};
+  Source src = {"big.model", text, strlen(text)};
+  Graph *g = frontend_compile(a, &d, &src, NULL);
+  PassCtx pc = {.diag = &d, .verify = true};
+  int rc = g ? passes_run(g, &pc) : -1;
+  char msg[512] = "";
+  if (out) {
+    rewind(out);
+    size_t k = fread(msg, 1, sizeof msg - 1, out);
+    msg[k] = 0;
+    fclose(out);
+  }
+  arena_free(a);
+  if (rc != 1 || d.n_errors != 1 || !strstr(msg, "big.model:2:7: error: the parameter memory of the model would exceed 2^62 bytes")) {
+    fprintf(stderr, "FAIL big.model: passes_run %d, %d errors:\n%s", rc, d.n_errors, msg);
+    return 1;
+  }
+  return 0;
+}
+
 int main(void) {
   int failed = 0, n = 0;
   char *mlp = slurp(DUET_SOURCE_DIR "/models/fmnist_mlp.model");
@@ -90,6 +117,7 @@ int main(void) {
                         "h = layer(layer(layer(layer(x))))\nloss = cross_entropy(h, y)\n"),
       n++;
   free(mlp);
+  failed += check_too_big(), n++;
   printf("%d passed, %d failed\n", n - failed, failed);
   return failed != 0;
 }

@@ -5,12 +5,16 @@
  * The input bytes are one .model source, treated like frontend_read_file
  * treats a file: a UTF-8 byte-order mark is stripped, inputs with NUL bytes
  * or only blanks are rejected (those are user errors of the file reader, and
- * the lexer's buffer must be NUL-terminated).  Each accepted input is
+ * the lexer's buffer must be NUL-terminated).  Inputs containing `import`
+ * are skipped: an import reads a file named by the input (/dev/stdin,
+ * /dev/zero, ...), and the file system is not what is fuzzed here.  Each
+ * accepted input is
  *   1. elaborated with default options, then run through every pass with
  *      ir_verify after each one (as `duet check` / `duet ir` do), then printed
- *      with ir_print; then
- *   2. if step 1 succeeded, elaborated again for generation (decode = true)
- *      and run through the passes again, as `duet sample` does.
+ *      with ir_print; then, if step 1 succeeded,
+ *   2. elaborated again with --batch 3 in float64 (as the tests do), and
+ *   3. elaborated for generation (decode = true), as `duet sample` does,
+ *      each run through the passes again.
  * User errors (diagnostics) are expected and go to /dev/null.  Findings are:
  * a sanitizer report, duet_fatal (an internal assertion -> abort), an
  * ir_verify failure after a pass (we abort), a leak, a timeout, running out
@@ -21,6 +25,7 @@
  *
  * Build: CC=clang cmake -S . -B build-fuzz -DDUET_FUZZ=ON && cmake --build
  * build-fuzz --target fuzz_frontend; run: make fuzz (tests/fuzz/run.sh). */
+#define _GNU_SOURCE /* memmem */
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -79,12 +84,11 @@ static int run_passes(Graph *g, Diag *d) {
 
 /* One compilation: frontend, passes, printer.  Returns 0 when it all went
  * through without a user error. */
-static int compile_once(const Source *src, bool decode) {
+static int compile_once(const Source *src, const FrontendOptions *fo) {
   Arena *a = arena_new(1 << 16);
   Diag d = {.out = sink};
-  FrontendOptions fo = {.decode = decode};
   int rc = 1;
-  Graph *g = frontend_compile(a, &d, src, &fo);
+  Graph *g = frontend_compile(a, &d, src, fo);
   if (g && g->n_values <= FUZZ_MAX_VALUES && !run_passes(g, &d)) {
     ir_print(g, sink);
     rc = 0;
@@ -94,7 +98,7 @@ static int compile_once(const Source *src, bool decode) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  if (size > FUZZ_MAX_LEN || memchr(data, 0, size)) return 0;
+  if (size > FUZZ_MAX_LEN || memchr(data, 0, size) || memmem(data, size, "import", 6)) return 0;
   size_t off = size >= 3 && data[0] == 0xEF && data[1] == 0xBB && data[2] == 0xBF ? 3 : 0;
   size_t len = size - off;
   size_t blank = 0;
@@ -105,7 +109,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memcpy(text, data + off, len);
   text[len] = 0;
   Source src = {.name = "fuzz.model", .text = text, .len = len};
-  if (!compile_once(&src, false)) compile_once(&src, true);
+  FrontendOptions plain = {0}, f64 = {.batch = 3, .float_dtype = DT_F64}, decode = {.decode = true};
+  if (!compile_once(&src, &plain)) {
+    compile_once(&src, &f64);
+    compile_once(&src, &decode);
+  }
   free(text);
   return 0;
 }

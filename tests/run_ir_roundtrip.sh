@@ -1,0 +1,82 @@
+#!/bin/sh
+# tests/run_ir_roundtrip.sh: the IR text form reads back exactly.
+#   1. print(parse(print(g))) == print(g), byte for byte, for every model in
+#      models/ and tests/models/ after every pass (`duet ir G.ir` re-prints a
+#      dump as it was given);
+#   2. a dump resumes where it stopped: `duet ir G.ir --after Q` equals
+#      `duet ir M.model --after Q` for every pass Q after the dump's;
+#   3. --format dot passes `dot -Tsvg` (skipped, with a message, without
+#      graphviz) and --format json parses (python3's json module).
+# usage: run_ir_roundtrip.sh path/to/duet   (from the repository root)
+DUET=${1:?usage: run_ir_roundtrip.sh path/to/duet}
+d=$(mktemp -d "${TMPDIR:-/tmp}/duet-irrt.XXXXXX") || exit 2
+trap 'rm -rf "$d"' EXIT HUP INT TERM
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL $*"; fail=$((fail + 1)); }
+# the pass list, in order, as `duet ir --help` prints it
+passes=$("$DUET" ir --help | sed -n '/Passes, in order:$/,$p' | sed 1d | awk '{print $1}')
+[ -n "$passes" ] || { echo "FAIL: no passes in duet ir --help"; exit 1; }
+for m in models/*.model tests/models/*.model; do
+  b=$(basename "$m" .model)
+  for p in $passes; do
+    "$DUET" ir "$m" --after "$p" > "$d/$b.$p.ir" 2> "$d/err" || { bad "$b after $p: duet ir"; cat "$d/err"; continue; }
+  done
+  for p in $passes; do
+    [ -s "$d/$b.$p.ir" ] || continue
+    if "$DUET" ir "$d/$b.$p.ir" > "$d/again.ir" 2> "$d/err" && cmp -s "$d/$b.$p.ir" "$d/again.ir"; then ok
+    else bad "$b after $p: print(parse(print(g))) differs"; cat "$d/err"; diff "$d/$b.$p.ir" "$d/again.ir" | head -10; fi
+    later=0
+    for q in $passes; do
+      [ "$q" = "$p" ] && { later=1; continue; }
+      [ $later = 1 ] || continue
+      if "$DUET" ir "$d/$b.$p.ir" --after "$q" > "$d/resumed.ir" 2> "$d/err" && cmp -s "$d/$b.$q.ir" "$d/resumed.ir"; then ok
+      else bad "$b: the dump after $p, resumed to $q, differs from the model after $q"; cat "$d/err"
+        diff "$d/$b.$q.ir" "$d/resumed.ir" | head -10; fi
+    done
+  done
+done
+# an earlier pass than the dump's is refused
+if "$DUET" ir "$d/fmnist_mlp.memplan.ir" --after shape > /dev/null 2> "$d/err"; then bad "--after shape on a memplan dump accepted"
+elif grep -q "was printed after memplan; it cannot be shown after the earlier pass shape" "$d/err"; then ok
+else bad "bad message for an earlier pass:"; cat "$d/err"; fi
+# a dump is recognised by its content too (`model NAME`, then `%` lines), and
+# with CRLF line ends
+cp "$d/fmnist_mlp.fuse.ir" "$d/dump.txt"
+if "$DUET" ir "$d/dump.txt" | cmp -s - "$d/fmnist_mlp.fuse.ir"; then ok; else bad "a dump named .txt is not read as IR"; fi
+sed 's/$/\r/' "$d/fmnist_mlp.fuse.ir" > "$d/crlf.ir"
+if "$DUET" ir "$d/crlf.ir" | cmp -s - "$d/fmnist_mlp.fuse.ir"; then ok; else bad "a dump with CRLF line ends"; fi
+# dot and json, from the model and from a dump
+have_dot=0; command -v dot > /dev/null 2>&1 && have_dot=1
+[ $have_dot = 1 ] || echo "skip: dot -Tsvg checks (graphviz is not installed: apt-get install graphviz)"
+have_py=0; command -v python3 > /dev/null 2>&1 && have_py=1
+[ $have_py = 1 ] || echo "skip: json checks (python3 is not installed)"
+for m in models/*.model "$d/gpt_kjv.fuse.ir"; do
+  for p in shape memplan; do
+    case $m in *.ir) [ $p = memplan ] || continue ;; esac
+    "$DUET" ir "$m" --after $p --format dot > "$d/g.dot" 2> "$d/err" || { bad "$m --format dot"; cat "$d/err"; continue; }
+    if [ $have_dot = 1 ]; then
+      if dot -Tsvg "$d/g.dot" > "$d/g.svg" 2> "$d/err" && [ -s "$d/g.svg" ]; then ok; else bad "dot -Tsvg of $m after $p"; head "$d/err"; fi
+    fi
+    "$DUET" ir "$m" --after $p --format json > "$d/g.json" 2> "$d/err" || { bad "$m --format json"; cat "$d/err"; continue; }
+    [ $have_py = 1 ] || continue
+    # every value of the text form is in the JSON, with its id, op and type
+    "$DUET" ir "$m" --after $p > "$d/g.ir"
+    if python3 - "$d/g.json" "$d/g.ir" <<'PY'
+import json, re, sys
+g = json.load(open(sys.argv[1]))
+lines = [l for l in open(sys.argv[2]) if re.match(r"%\d+ = ", l)]
+vals = {v["id"]: v for v in g["values"]}
+assert g["model"] and g["train"]["batch"] > 0 and "regions" in g, "header"
+for l in lines:
+    m = re.match(r"%(\d+) = ([a-z_0-9]+).* : ([a-z0-9]+)\[([0-9,]*)\]", l)
+    v = vals[int(m.group(1))]
+    assert v["op"] == m.group(2) and v["dtype"] == m.group(3), l
+    assert v["shape"] == [int(x) for x in m.group(4).split(",") if x], l
+    for k in ("inputs", "attrs", "role", "device", "region", "offset"): assert k in v, (k, l)
+PY
+    then ok; else bad "json of $m after $p"; fi
+  done
+done
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
