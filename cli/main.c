@@ -462,7 +462,7 @@ static void print_layers(const Graph *g, const char *parent, int depth) {
     for (int j = 0; j < g->n_values; j++) {
       const Value *v = g->values[j];
       if (v->op == OP_PARAM && !strncmp(v->attr.name, l->name, nl) && v->attr.name[nl] == '.')
-        params += shape_numel(&v->shape);
+        params = shape_numel(&v->shape) > INT64_MAX - params ? INT64_MAX : params + shape_numel(&v->shape);
     }
     char b[160], indented[160];
     snprintf(indented, sizeof indented, "%*s%s", 2 * depth, "", parent ? l->name + pl + 1 : l->name);
@@ -493,7 +493,7 @@ static int cmd_check(int argc, char **argv) {
       Value *v = c.g->values[i];
       if (v->op != OP_PARAM) continue;
       int64_t n = shape_numel(&v->shape);
-      total += n;
+      total = n > INT64_MAX - total ? INT64_MAX : total + n; /* saturating */
       printf("%-32s %-16s %12" PRId64 "\n", v->attr.name, shape_str(&v->shape, b, sizeof b), n);
     }
     printf("%s: ok, %" PRId64 " parameters\n", argv[0], total);

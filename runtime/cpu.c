@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 /* runtime/cpu.c: the CPU device (kernels as C function pointers, GEMM
  * through CBLAS), the RNG, and sessions (a program loaded on a device). */
 #include <cblas.h>

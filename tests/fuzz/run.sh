@@ -46,8 +46,10 @@ cov=$(grep -E '^#[0-9]+' "$work/fuzz.log" | tail -n 1)
 [ -n "$cov" ] && echo "fuzz: last status: $cov"
 echo "fuzz: ${runs:-?} executions, ${rate:-?} per second, corpus $(ls "$work/corpus" | wc -l) inputs"
 if [ "$rc" -ne 0 ]; then
-  echo "FAIL fuzz: fuzz_frontend exited with status $rc; the end of its log:"
-  tail -n 60 "$work/fuzz.log"
+  echo "FAIL fuzz: fuzz_frontend exited with status $rc; its report:"
+  # from the first line of the report (sanitizer, libFuzzer, duet_fatal, verifier)
+  first=$(grep -n -m 1 -E 'ERROR: |runtime error: |internal error|verifier failed|IR verifier' "$work/fuzz.log" | cut -d: -f1)
+  if [ -n "$first" ]; then sed -n "$first,\$p" "$work/fuzz.log" | head -n 60; else tail -n 60 "$work/fuzz.log"; fi
   art=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$work/fuzz.log" | tail -n 1)
   if [ -n "$art" ]; then
     echo "fuzz: the input is $art; reproduce with:"
