@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, fsync, fdopen */
 /* runtime/checkpoint.c: training checkpoints as safetensors files. */
 #include <inttypes.h>
 #include <stdlib.h>

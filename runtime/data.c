@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, fsync, fdopen */
 /* runtime/data.c: IDX files (gzip) as shipped by Debian's dataset-fashion-mnist.
  * Format (LeCun et al., "THE MNIST DATABASE", "FILE FORMATS"): big-endian
  * magic 0x00000803 (images: u8, 3 dims) or 0x00000801 (labels: u8, 1 dim),

@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, fsync, fdopen */
 /* runtime/safetensors.c: reading and writing safetensors files.
  *
  * Format (huggingface/safetensors, "Format" in its README): an 8-byte

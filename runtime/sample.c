@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, fsync, fdopen */
 /* runtime/sample.c: text generation from a trained byte-level model. */
 #include <math.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, fsync, fdopen */
 /* runtime/train.c: the training driver shared by `duet run` and compiled
  * training executables: flags, data, the step loop, logging, evaluation. */
 #include <cjson/cJSON.h>
