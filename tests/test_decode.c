@@ -11,19 +11,6 @@
 
 #include "test_util.h"
 
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  if (fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-  s[n] = 0;
-  fclose(f);
-  return s;
-}
-
 int main(void) {
   char *src = slurp(DUET_SOURCE_DIR "/tests/models/gpt_tiny.model");
   TModel full, dec;

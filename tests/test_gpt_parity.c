@@ -15,19 +15,6 @@
 
 #include "test_util.h"
 
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  if (fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-  s[n] = 0;
-  fclose(f);
-  return s;
-}
-
 static int compare(const char *what, const float *got, const DuetStTensor *want, int64_t n, double atol, double rtol) {
   if (!want || want->dtype != DUET_F32 || want->nbytes != n * 4) {
     fprintf(stderr, "FAIL %s: missing or mis-shaped in the fixture\n", what);

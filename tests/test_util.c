@@ -1,6 +1,7 @@
 /* tests/test_util.c */
 #include "test_util.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 int tmodel_open(TModel *t, const char *name, const char *text, DType float_dtype) {
@@ -60,4 +61,17 @@ int check_close(const char *what, double got, double want, double atol, double r
   if (fabs(got - want) <= atol + rtol * fabs(want)) return 0;
   fprintf(stderr, "FAIL %s: got %.17g, want %.17g (atol %g, rtol %g)\n", what, got, want, atol, rtol);
   return 1;
+}
+
+char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *s = NULL;
+  long n = -1;
+  if (!fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) && (s = malloc((size_t)n + 1))) {
+    if (fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
+    s[n] = 0;
+  }
+  fclose(f);
+  return s;
 }

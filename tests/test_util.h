@@ -33,6 +33,9 @@ int tmodel_tensor(const TModel *t, const Value *v);
 /* The PARAM value called `name`, or NULL. */
 Value *tmodel_param(const TModel *t, const char *name);
 
+/* A whole file as a NUL-terminated string (malloc'ed), or NULL. */
+char *slurp(const char *path);
+
 /* |got - want| <= atol + rtol * |want|, else prints and counts a failure. */
 int check_close(const char *what, double got, double want, double atol, double rtol);
 
