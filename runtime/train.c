@@ -207,6 +207,32 @@ static int maybe_resume(DuetSession *s, const DuetConfig *cfg, DuetTrainState *s
   return 0;
 }
 
+/* One optimizer step on the batch already in the inputs; the loss goes to
+ * *loss.  -1 (after a message) when the step fails or the loss is not
+ * finite. */
+static int train_step(DuetSession *s, const DuetProgram *p, int64_t step, double *loss) {
+  if (duet_session_run(s, DUET_RUN_TRAIN)) {
+    fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
+    return -1;
+  }
+  *loss = read_scalar(s, p, p->loss, 0);
+  if (!isfinite(*loss)) {
+    fprintf(stderr, "duet: error: loss is %s at step %" PRId64 ": training diverged (try a lower --lr)\n",
+            isnan(*loss) ? "NaN" : "infinite", step);
+    return -1;
+  }
+  return 0;
+}
+
+/* The metrics line {"step":S,"loss":L} (nothing without a metrics file). */
+static int log_loss(FILE *mf, int64_t step, double loss) {
+  if (!mf) return 0;
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "step", (double)step);
+  cJSON_AddNumberToObject(o, "loss", loss);
+  return metrics_write(mf, o);
+}
+
 typedef struct EvalResult {
   int64_t correct, n;
   double loss;
@@ -352,30 +378,16 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     }
     for (int64_t b = epoch == ts.epoch ? ts.batch : 0; b < per_epoch && step < total; b++) {
       fill_batch(s, p, &train, perm + b * B, B, B);
-      if (duet_session_run(s, DUET_RUN_TRAIN)) {
-        fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
-        goto out;
-      }
-      step++;
+      double loss;
+      if (train_step(s, p, ++step, &loss)) goto out;
       since_log++;
-      double loss = read_scalar(s, p, p->loss, 0);
-      if (!isfinite(loss)) {
-        fprintf(stderr, "duet: error: loss is %s at step %" PRId64 ": training diverged (try a lower --lr)\n",
-                isnan(loss) ? "NaN" : "infinite", step);
-        goto out;
-      }
       if (step % cfg.log_every == 0 || step == total) {
         double t = now_seconds();
         if (!cfg.quiet)
           printf("epoch %" PRId64 " step %" PRId64 "/%" PRId64 " | loss %.6f | %.0f samples/s\n", epoch, step, total,
                  loss, (double)(since_log * B) / (t - t_log));
         fflush(stdout);
-        if (mf) {
-          cJSON *o = cJSON_CreateObject();
-          cJSON_AddNumberToObject(o, "step", (double)step);
-          cJSON_AddNumberToObject(o, "loss", loss);
-          if (metrics_write(mf, o)) goto out;
-        }
+        if (log_loss(mf, step, loss)) goto out;
         t_log = now_seconds();
         since_log = 0;
       }
@@ -583,29 +595,16 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   int64_t since_log = 0, first_step = ts.step;
   for (int64_t step = ts.step + 1; step <= total; step++) {
     text_batch(s, p, &td, &ts.rng, 0, td.n_train, B, T);
-    if (duet_session_run(s, DUET_RUN_TRAIN)) {
-      fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
-      goto out;
-    }
+    double loss;
+    if (train_step(s, p, step, &loss)) goto out;
     since_log++;
-    double loss = read_scalar(s, p, p->loss, 0);
-    if (!isfinite(loss)) {
-      fprintf(stderr, "duet: error: loss is %s at step %" PRId64 ": training diverged (try a lower --lr)\n",
-              isnan(loss) ? "NaN" : "infinite", step);
-      goto out;
-    }
     if (step % cfg.log_every == 0 || step == total) {
       double t = now_seconds();
       if (!cfg.quiet)
         printf("step %" PRId64 "/%" PRId64 " | loss %.6f | %.0f tokens/s\n", step, total, loss,
                (double)(since_log * B * T) / (t - t_log));
       fflush(stdout);
-      if (mf) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "step", (double)step);
-        cJSON_AddNumberToObject(o, "loss", loss);
-        if (metrics_write(mf, o)) goto out;
-      }
+      if (log_loss(mf, step, loss)) goto out;
       t_log = now_seconds();
       since_log = 0;
     }
