@@ -134,29 +134,6 @@ static int cache_dir(char *out, size_t n, char *err, size_t errlen) {
   return 0;
 }
 
-static char *read_all(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  size_t cap = 1 << 16, n = 0;
-  char *b = malloc(cap);
-  size_t got;
-  while (b && (got = fread(b + n, 1, cap - n, f)) > 0) {
-    n += got;
-    if (n == cap) {
-      char *nb = realloc(b, cap * 2);
-      if (!nb) {
-        free(b);
-        b = NULL;
-        break;
-      }
-      b = nb;
-      cap *= 2;
-    }
-  }
-  fclose(f);
-  if (b) *len = n;
-  return b;
-}
 
 static int write_file_sync(const char *path, const char *data, size_t n) {
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -218,7 +195,7 @@ static void cpu_signature(char *out, size_t n) {
 /* Size and FNV-1a of a file's bytes; -1 when unreadable. */
 static int file_digest(const char *path, size_t *size, uint64_t *h) {
   size_t n = 0;
-  char *b = read_all(path, &n);
+  char *b = duet_read_file(path, &n);
   if (!b) return -1;
   *size = n;
   *h = fnv1a(b, n, 0xcbf29ce484222325ull);
@@ -275,7 +252,7 @@ int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
    * hash, which must match the .so (a damaged object is recompiled) */
   size_t old_len = 0, so_size;
   uint64_t so_hash;
-  old = read_all(keyf, &old_len);
+  old = duet_read_file(keyf, &old_len);
   struct stat st;
   if (old && old_len > k && !memcmp(old, key, k) && !stat(so, &st) && st.st_uid == getuid() &&
       !file_digest(so, &so_size, &so_hash)) {

@@ -135,6 +135,23 @@ static bool wants_help(int argc, char **argv) {
   return false;
 }
 
+/* Lowers a compiled graph and loads its kernels (compiled now or taken from
+ * the cache) into m.  NULL after printing the error. */
+static CgProgram *jit_program(Compiled *c, JitModule *m) {
+  CgProgram *cp = codegen_lower(c->g, c->arena);
+  char err[8192];
+  if (jit_load(codegen_emit_c(cp, c->arena), m, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return NULL;
+  }
+  if (m->n != cp->n_kernels) {
+    fprintf(stderr, "duet: error: compiled module has %d kernels, expected %d\n", m->n, cp->n_kernels);
+    jit_unload(m);
+    return NULL;
+  }
+  return cp;
+}
+
 static int cmd_run(int argc, char **argv) {
   if (argc < 1 || wants_help(argc, argv)) {
     duet_usage("duet run M.model", stdout);
@@ -155,18 +172,9 @@ static int cmd_run(int argc, char **argv) {
     compiled_free(&c);
     return 1;
   }
-  CgProgram *cp = codegen_lower(c.g, c.arena);
-  char *src = codegen_emit_c(cp, c.arena);
   JitModule m;
-  char err[8192];
-  if (jit_load(src, &m, err, sizeof err)) {
-    fprintf(stderr, "duet: error: %s\n", err);
-    compiled_free(&c);
-    return 1;
-  }
-  if (m.n != cp->n_kernels) {
-    fprintf(stderr, "duet: error: compiled module has %d kernels, expected %d\n", m.n, cp->n_kernels);
-    jit_unload(&m);
+  CgProgram *cp = jit_program(&c, &m);
+  if (!cp) {
     compiled_free(&c);
     return 1;
   }
@@ -419,18 +427,16 @@ static int cmd_sample(int argc, char **argv) {
     compiled_free(&c);
     return 1;
   }
-  CgProgram *cp = codegen_lower(c.g, c.arena);
-  char *src = codegen_emit_c(cp, c.arena);
   JitModule m;
+  CgProgram *cp = jit_program(&c, &m);
+  if (!cp) {
+    compiled_free(&c);
+    return 1;
+  }
   char err[8192];
   DuetDevice *dev = NULL;
   DuetSession *s = NULL;
   int rc = 1;
-  if (jit_load(src, &m, err, sizeof err)) {
-    fprintf(stderr, "duet: error: %s\n", err);
-    compiled_free(&c);
-    return 1;
-  }
   DuetConfig cfg = cp->prog.defaults;
   if (duet_sample_check(&cp->prog, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);

@@ -4,6 +4,7 @@
  * magic 0x00000803 (images: u8, 3 dims) or 0x00000801 (labels: u8, 1 dim),
  * then one u32 per dimension, then the bytes. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -123,6 +124,36 @@ done:
   gzclose(fl);
   if (rc) duet_dataset_free(ds);
   return rc;
+}
+
+void *duet_read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, n = 0, got;
+  char *b = malloc(cap + 1);
+  while (b && (got = fread(b + n, 1, cap - n, f)) > 0) {
+    n += got;
+    if (n == cap) {
+      char *nb = cap > SIZE_MAX / 4 ? NULL : realloc(b, cap * 2 + 1);
+      if (!nb) {
+        free(b);
+        b = NULL;
+        break;
+      }
+      b = nb;
+      cap *= 2;
+    }
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (!b || bad) {
+    free(b);
+    errno = b ? EIO : ENOMEM;
+    return NULL;
+  }
+  b[n] = 0;
+  *len = n;
+  return b;
 }
 
 void duet_dataset_free(DuetDataset *ds) {

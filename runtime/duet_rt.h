@@ -257,6 +257,11 @@ typedef struct DuetDataset {
 int duet_load_idx(DuetDataset *ds, const char *images_path, const char *labels_path, char *err, size_t errlen);
 void duet_dataset_free(DuetDataset *ds);
 
+/* The whole file at `path` in one malloc'ed buffer, NUL-terminated after its
+ * *len bytes.  NULL on failure with errno set: fopen's errno when the file
+ * cannot be opened, EIO when reading fails, ENOMEM when out of memory. */
+void *duet_read_file(const char *path, size_t *len);
+
 /* ----------------------------------------------------------- safetensors */
 
 /* safetensors files (huggingface/safetensors, "Format"): an 8-byte

@@ -461,32 +461,12 @@ typedef struct TextData {
 
 static int load_text(TextData *td, const char *path, int64_t block, char *err, size_t errlen) {
   memset(td, 0, sizeof *td);
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    snprintf(err, errlen, "cannot open %s: %s (make data builds data/kjv.txt from Debian's bible-kjv)", path,
-             strerror(errno));
-    return -1;
-  }
-  size_t cap = 1 << 20, n = 0, got;
-  unsigned char *b = malloc(cap);
-  while (b && (got = fread(b + n, 1, cap - n, f)) > 0) {
-    n += got;
-    if (n == cap) {
-      unsigned char *nb = realloc(b, cap * 2);
-      if (!nb) {
-        free(b);
-        b = NULL;
-        break;
-      }
-      b = nb;
-      cap *= 2;
-    }
-  }
-  int bad = ferror(f);
-  fclose(f);
-  if (!b || bad) {
-    free(b);
-    snprintf(err, errlen, "cannot read %s", path);
+  size_t n;
+  unsigned char *b = duet_read_file(path, &n);
+  if (!b) {
+    if (errno == EIO || errno == ENOMEM) snprintf(err, errlen, "cannot read %s", path);
+    else snprintf(err, errlen, "cannot open %s: %s (make data builds data/kjv.txt from Debian's bible-kjv)", path,
+                  strerror(errno));
     return -1;
   }
   td->bytes = b;

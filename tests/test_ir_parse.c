@@ -10,18 +10,11 @@
 
 #include "../frontend/frontend.h"
 #include "../passes/passes.h"
+#include "../runtime/duet_rt.h"
 
 static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  if (fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-  s[n] = 0;
-  fclose(f);
-  return s;
+  size_t n;
+  return duet_read_file(path, &n);
 }
 
 /* ir_print into a malloc'd string. */

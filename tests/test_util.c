@@ -64,14 +64,6 @@ int check_close(const char *what, double got, double want, double atol, double r
 }
 
 char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  char *s = NULL;
-  long n = -1;
-  if (!fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) && (s = malloc((size_t)n + 1))) {
-    if (fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-    s[n] = 0;
-  }
-  fclose(f);
-  return s;
+  size_t n;
+  return duet_read_file(path, &n);
 }
