@@ -30,44 +30,10 @@ if [ ! -f "$MODEL" ] || [ ! -d bench ]; then
   exit 2
 fi
 
-if [ ! -x "$BUILD_DIR/duet" ]; then
-  echo "bench: $BUILD_DIR/duet missing; building it"
-  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build "$BUILD_DIR" -j2 >/dev/null
-fi
-
-# median of the numbers on stdin (one a line)
-median() {
-  sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
-
-# "... (12345 samples/s)" -> 12345
-samples_per_s() {
-  sed -n 's/.*trained .* (\([0-9.]*\) samples\/s).*/\1/p' | tail -n 1
-}
-
-# The figures are only meaningful on an otherwise idle machine.  Account for
-# the CPU time other processes take: all busy CPU time (/proc/stat) less the
-# CPU time of this script and its children (/proc/$$/stat), in clock ticks.
-cpu_busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $9 }' /proc/stat 2>/dev/null || echo "0 0"; }
-own_cpu() { sed 's/.*) //' /proc/$$/stat 2>/dev/null | awk '{ print $12 + $13 + $14 + $15 }' || echo 0; }
-HZ=$(getconf CLK_TCK 2>/dev/null || echo 100)
-b0=$(cpu_busy)
-sleep 1
-b1=$(cpu_busy)
-idle_busy=$(echo "$b0 $b1" | awk -v hz="$HZ" '{ printf "%.0f", 100 * ($3 - $1) / hz }')
-if [ "$idle_busy" -gt 10 ]; then
-  echo "bench: warning: the CPUs were ${idle_busy}% busy (of one core) before starting; other processes will skew these figures"
-fi
-busy_start=$b1
-own_start=$(own_cpu)
-
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT INT TERM
+. bench/common.sh
+interference_start
 
 # ---------------------------------------------------------------- sgemm
-OPENBLAS_INC=/usr/include/x86_64-linux-gnu/openblas-openmp
-OPENBLAS_LIB=/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so
 SGEMM="$BUILD_DIR/sgemm_peak"
 echo "bench: compiling bench/sgemm_peak.c -> $SGEMM"
 cc -O2 -fopenmp bench/sgemm_peak.c -o "$SGEMM" -I"$OPENBLAS_INC" "$OPENBLAS_LIB"
@@ -81,7 +47,7 @@ while [ "$i" -lt "$RUNS" ]; do
   i=$((i + 1))
   line=$("$BUILD_DIR/duet" run "$MODEL" --steps "$STEPS" --no-eval --threads "$THREADS" --quiet | grep 'duet: trained')
   echo "  run $i: $line"
-  echo "$line" | samples_per_s >>"$tmp/duet"
+  echo "$line" | rate_of samples >>"$tmp/duet"
 done
 duet_sps=$(median <"$tmp/duet")
 
@@ -112,7 +78,7 @@ if [ -n "$py" ]; then
         line=$(OMP_WAIT_POLICY=PASSIVE "$py" bench/fmnist_mlp_torch.py --steps "$STEPS" --threads "$THREADS" | grep 'torch: trained')
       fi
       echo "  OMP_WAIT_POLICY=$policy run $i: $line"
-      echo "$line" | samples_per_s >>"$tmp/torch"
+      echo "$line" | rate_of samples >>"$tmp/torch"
     done
     m=$(median <"$tmp/torch")
     echo "  OMP_WAIT_POLICY=$policy: median $m samples/s"
@@ -133,11 +99,7 @@ step_ms=$(field step_gemm_ms)
 sq_gflops=$(awk '$1 == "square" { print $5 }' "$tmp/sgemm")
 
 # ---------------------------------------------------------------- table
-busy_end=$(cpu_busy)
-own_end=$(own_cpu)
-# CPU seconds other processes used while this ran, and the VM's steal time
-others=$(echo "$busy_start $busy_end $own_start $own_end" | awk -v hz="$HZ" '{ o = (($3 - $1) - ($6 - $5)) / hz; printf "%.1f", o < 0 ? 0 : o }')
-steal=$(echo "$busy_start $busy_end" | awk -v hz="$HZ" '{ printf "%.1f", ($4 - $2) / hz }')
+interference_end
 awk -v busy0="$idle_busy" -v others="$others" -v steal="$steal" -v duet="$duet_sps" -v torch="${torch_sps:-}" -v ceil="$ceiling" -v gf="$step_gflop" \
   -v sq="$sq_gflops" -v sgf="$step_gflops" -v sms="$step_ms" -v steps="$STEPS" -v runs="$RUNS" \
   -v thr="$THREADS" -v batch="$BATCH" -v tver="$torch_ver" -v json="$OUT_JSON" '

@@ -38,44 +38,10 @@ if [ ! -f "$DATA" ]; then
   exit 2
 fi
 
-if [ ! -x "$BUILD_DIR/duet" ]; then
-  echo "bench: $BUILD_DIR/duet missing; building it"
-  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build "$BUILD_DIR" -j2 >/dev/null
-fi
-
-# median of the numbers on stdin (one a line)
-median() {
-  sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
-
-# "... (12345 tokens/s)" -> 12345
-tokens_per_s() {
-  sed -n 's/.*trained .* (\([0-9.]*\) tokens\/s).*/\1/p' | tail -n 1
-}
-
-# The figures are only meaningful on an otherwise idle machine.  Account for
-# the CPU time other processes take: all busy CPU time (/proc/stat) less the
-# CPU time of this script and its children (/proc/$$/stat), in clock ticks.
-cpu_busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $9 }' /proc/stat 2>/dev/null || echo "0 0"; }
-own_cpu() { sed 's/.*) //' /proc/$$/stat 2>/dev/null | awk '{ print $12 + $13 + $14 + $15 }' || echo 0; }
-HZ=$(getconf CLK_TCK 2>/dev/null || echo 100)
-b0=$(cpu_busy)
-sleep 1
-b1=$(cpu_busy)
-idle_busy=$(echo "$b0 $b1" | awk -v hz="$HZ" '{ printf "%.0f", 100 * ($3 - $1) / hz }')
-if [ "$idle_busy" -gt 10 ]; then
-  echo "bench: warning: the CPUs were ${idle_busy}% busy (of one core) before starting; other processes will skew these figures"
-fi
-busy_start=$b1
-own_start=$(own_cpu)
-
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT INT TERM
+. bench/common.sh
+interference_start
 
 # ---------------------------------------------------------------- sgemm
-OPENBLAS_INC=/usr/include/x86_64-linux-gnu/openblas-openmp
-OPENBLAS_LIB=/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so
 SGEMM="$BUILD_DIR/sgemm_gpt"
 echo "bench: compiling bench/sgemm_gpt.c -> $SGEMM"
 cc -O2 -fopenmp bench/sgemm_gpt.c -o "$SGEMM" -I"$OPENBLAS_INC" "$OPENBLAS_LIB"
@@ -91,7 +57,7 @@ while [ "$i" -lt "$RUNS" ]; do
   # shellcheck disable=SC2086
   line=$("$BUILD_DIR/duet" $DUET_ARGS | grep 'duet: trained')
   echo "  run $i: $line"
-  echo "$line" | tokens_per_s >>"$tmp/duet"
+  echo "$line" | rate_of tokens >>"$tmp/duet"
 done
 duet_tps=$(median <"$tmp/duet")
 
@@ -126,7 +92,7 @@ if [ -n "$py" ]; then
         line=$(OMP_WAIT_POLICY=PASSIVE "$py" $TORCH_ARGS | grep 'torch: trained')
       fi
       echo "  OMP_WAIT_POLICY=$policy run $i: $line"
-      echo "$line" | tokens_per_s >>"$tmp/torch"
+      echo "$line" | rate_of tokens >>"$tmp/torch"
     done
     m=$(median <"$tmp/torch")
     echo "  OMP_WAIT_POLICY=$policy: median $m tokens/s"
@@ -155,11 +121,7 @@ if [ -z "$ceiling" ] || [ -z "$sq_gflops" ] || [ -z "$duet_tps" ] || [ "$duet_tp
 fi
 
 # ---------------------------------------------------------------- table
-busy_end=$(cpu_busy)
-own_end=$(own_cpu)
-# CPU seconds other processes used while this ran, and the VM's steal time
-others=$(echo "$busy_start $busy_end $own_start $own_end" | awk -v hz="$HZ" '{ o = (($3 - $1) - ($6 - $5)) / hz; printf "%.1f", o < 0 ? 0 : o }')
-steal=$(echo "$busy_start $busy_end" | awk -v hz="$HZ" '{ printf "%.1f", ($4 - $2) / hz }')
+interference_end
 awk -v busy0="$idle_busy" -v others="$others" -v steal="$steal" -v duet="$duet_tps" -v torch="${torch_tps:-}" \
   -v tpas="$torch_passive" -v tuns="$torch_unset" -v ceil="$ceiling" -v cms="$ceil_ms" -v cgf="$ceil_gflops" \
   -v gms="$gemm_ms" -v ggf="$gemm_gflops" -v ams="$attn_ms" -v sgf="$sgemm_gflop" -v sq="$sq_gflops" \
