@@ -38,12 +38,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-void openblas_set_num_threads(int n);
+#include "sgemm_util.h"
 
-typedef struct {
-  const char *name, *what;
-  int ta, tb, m, n, k, count;
-} Shape;
+void openblas_set_num_threads(int n);
 
 #define BATCH 16
 #define BLOCK 128
@@ -82,32 +79,6 @@ static const Shape attn_shapes[] = {
     {"dV,dK", "P^T@dO, dS^T@Q (bwd): [128,128]^T@[128,64]", 1, 0, BLOCK, HD, BLOCK, 2 * LAYERS},
 };
 #define N_ATTN (int)(sizeof attn_shapes / sizeof attn_shapes[0])
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static float *fill(size_t n, unsigned *seed) {
-  size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
-  float *p = aligned_alloc(64, bytes ? bytes : 64);
-  if (!p) {
-    fprintf(stderr, "sgemm_gpt: out of memory\n");
-    exit(1);
-  }
-  for (size_t i = 0; i < n; i++) {
-    *seed = *seed * 1664525u + 1013904223u;
-    p[i] = (float)((*seed >> 8) & 0xffff) / 65536.0f - 0.5f;
-  }
-  return p;
-}
-
-static void gemm(const Shape *s, const float *a, const float *b, float *c) {
-  int lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n;
-  cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans, s->m, s->n, s->k,
-              1.0f, a, lda, b, ldb, 0.0f, c, s->n);
-}
 
 /* `nb` independent GEMMs of shape s: one call (nb == 1, OpenBLAS's own
  * threads) or nb calls spread over the OpenMP threads (OpenBLAS runs

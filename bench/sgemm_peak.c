@@ -25,56 +25,27 @@
 #include <stdlib.h>
 #include <time.h>
 
-void openblas_set_num_threads(int n);
+#include "sgemm_util.h"
 
-typedef struct {
-  const char *name, *what;
-  int ta, tb, m, n, k;
-} Shape;
+void openblas_set_num_threads(int n);
 
 #define BATCH 256
 
 /* Row-major, C[m,n] = op(A) op(B), as runtime/cpu.c calls cblas_sgemm. */
 static const Shape step_shapes[] = {
     /* forward: h @ w, w stored [in, out] */
-    {"fwd1", "X[256,784]@W1[784,1024]", 0, 0, BATCH, 1024, 784},
-    {"fwd2", "H1[256,1024]@W2[1024,1024]", 0, 0, BATCH, 1024, 1024},
-    {"fwd3", "H2[256,1024]@W3[1024,10]", 0, 0, BATCH, 10, 1024},
+    {"fwd1", "X[256,784]@W1[784,1024]", 0, 0, BATCH, 1024, 784, 1},
+    {"fwd2", "H1[256,1024]@W2[1024,1024]", 0, 0, BATCH, 1024, 1024, 1},
+    {"fwd3", "H2[256,1024]@W3[1024,10]", 0, 0, BATCH, 10, 1024, 1},
     /* backward dX = dY @ W^T (B transposed); none for layer 1's input */
-    {"dX3", "dZ3[256,10]@W3^T", 0, 1, BATCH, 1024, 10},
-    {"dX2", "dZ2[256,1024]@W2^T", 0, 1, BATCH, 1024, 1024},
+    {"dX3", "dZ3[256,10]@W3^T", 0, 1, BATCH, 1024, 10, 1},
+    {"dX2", "dZ2[256,1024]@W2^T", 0, 1, BATCH, 1024, 1024, 1},
     /* backward dW = H^T @ dY (A transposed) */
-    {"dW3", "H2^T@dZ3[256,10]", 1, 0, 1024, 10, BATCH},
-    {"dW2", "H1^T@dZ2[256,1024]", 1, 0, 1024, 1024, BATCH},
-    {"dW1", "X^T@dZ1[256,1024]", 1, 0, 784, 1024, BATCH},
+    {"dW3", "H2^T@dZ3[256,10]", 1, 0, 1024, 10, BATCH, 1},
+    {"dW2", "H1^T@dZ2[256,1024]", 1, 0, 1024, 1024, BATCH, 1},
+    {"dW1", "X^T@dZ1[256,1024]", 1, 0, 784, 1024, BATCH, 1},
 };
 #define N_SHAPES (int)(sizeof step_shapes / sizeof step_shapes[0])
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static float *fill(size_t n, unsigned *seed) {
-  size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
-  float *p = aligned_alloc(64, bytes ? bytes : 64);
-  if (!p) {
-    fprintf(stderr, "sgemm_peak: out of memory\n");
-    exit(1);
-  }
-  for (size_t i = 0; i < n; i++) {
-    *seed = *seed * 1664525u + 1013904223u;
-    p[i] = (float)((*seed >> 8) & 0xffff) / 65536.0f - 0.5f;
-  }
-  return p;
-}
-
-static void gemm(const Shape *s, const float *a, const float *b, float *c) {
-  int lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n;
-  cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans, s->m, s->n, s->k,
-              1.0f, a, lda, b, ldb, 0.0f, c, s->n);
-}
 
 /* Best time of one call, in seconds: `reps` timed trials after a warm-up;
  * a trial repeats the call enough times to last >= ~2 ms. */
@@ -121,7 +92,7 @@ int main(int argc, char **argv) {
     printf("gemm %-5s %c %c %5d %5d %5d %9.4f ms %7.1f GFLOP/s   # %s\n", s->name, s->ta ? 'T' : 'N',
            s->tb ? 'T' : 'N', s->m, s->n, s->k, t * 1e3, flop / t * 1e-9, s->what);
   }
-  Shape square = {"square", "", 0, 0, sq, sq, sq};
+  Shape square = {"square", "", 0, 0, sq, sq, sq, 1};
   double tsq = best_time(&square, 5);
   double sq_gflops = 2.0 * sq * sq * sq / tsq * 1e-9;
   printf("square %d %.3f ms %.1f GFLOP/s\n", sq, tsq * 1e3, sq_gflops);
