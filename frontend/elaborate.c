@@ -114,25 +114,6 @@ static int *name_count(Arena *a, NameTab *t, const char *key) {
 
 /* ---------------------------------------------------------------- hints */
 
-/* Edit distance counting a swap of two neighbours as one edit (optimal
- * string alignment), so that `f23` is one edit from `f32`. */
-static int edit_distance(const char *a, const char *b) {
-  size_t n = strlen(a), m = strlen(b);
-  if (n > 64 || m > 64) return 99;
-  int d[65][65];
-  for (size_t i = 0; i <= n; i++) d[i][0] = (int)i;
-  for (size_t j = 0; j <= m; j++) d[0][j] = (int)j;
-  for (size_t i = 1; i <= n; i++)
-    for (size_t j = 1; j <= m; j++) {
-      int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-      int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
-      int v = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
-        v = d[i - 2][j - 2] + 1;
-      d[i][j] = v;
-    }
-  return d[n][m];
-}
 
 typedef struct Hint {
   const char *best;
@@ -140,7 +121,7 @@ typedef struct Hint {
 } Hint;
 
 static void hint_try(Hint *h, const char *want, const char *cand) {
-  int d = edit_distance(want, cand);
+  int d = ir_edit_distance(want, cand);
   int limit = strlen(want) <= 3 ? 1 : 2;
   if (d <= limit && (!h->best || d < h->dist)) {
     h->best = cand;

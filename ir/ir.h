@@ -62,6 +62,10 @@ void diag_note(Diag *d, Loc loc, const char *fmt, ...);
 void diag_vreport(Diag *d, Loc loc, const char *kind, const char *fmt, va_list ap);
 /* An error with no location (a bad file, a bad flag): "duet: error: ...". */
 void diag_error_noloc(Diag *d, const char *fmt, ...);
+/* Edit distance of a and b for "did you mean" hints: insertions, deletions,
+ * substitutions and swaps of two neighbours (optimal string alignment, so
+ * `f23` is one edit from `f32`); 99 when either is longer than 64 bytes. */
+int ir_edit_distance(const char *a, const char *b);
 /* Character (code point) column of byte column `col` on line `line`. */
 int source_char_col(const Source *s, int line, int col);
 

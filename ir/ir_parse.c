@@ -99,25 +99,6 @@ static const char *found(Parser *P) {
 
 /* ------------------------------------------------------------- hints */
 
-/* Edit distance counting a swap of neighbours as one edit (optimal string
- * alignment), as the frontend's hints do. */
-static int edit_distance(const char *a, const char *b) {
-  size_t n = strlen(a), m = strlen(b);
-  if (n > 32 || m > 32) return 99;
-  int d[33][33];
-  for (size_t i = 0; i <= n; i++) d[i][0] = (int)i;
-  for (size_t j = 0; j <= m; j++) d[0][j] = (int)j;
-  for (size_t i = 1; i <= n; i++)
-    for (size_t j = 1; j <= m; j++) {
-      int v = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-      if (d[i - 1][j] + 1 < v) v = d[i - 1][j] + 1;
-      if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
-        v = d[i - 2][j - 2] + 1;
-      d[i][j] = v;
-    }
-  return d[n][m];
-}
 
 /* " (did you mean `x`?)" for the closest candidate within 1 edit (names of
  * up to 3 characters) or 2, else "". */
@@ -125,7 +106,7 @@ static const char *hint(Parser *P, const char *want, const char *const *cands, i
   const char *best = NULL;
   int best_d = strlen(want) <= 3 ? 1 : 2;
   for (int i = 0; i < n; i++) {
-    int d = cands[i] ? edit_distance(want, cands[i]) : 99;
+    int d = cands[i] ? ir_edit_distance(want, cands[i]) : 99;
     if (d <= best_d && (!best || d < best_d)) best = cands[i], best_d = d;
   }
   return best ? arena_printf(P->a, " (did you mean `%s`?)", best) : "";
