@@ -114,7 +114,6 @@ static int *name_count(Arena *a, NameTab *t, const char *key) {
 
 /* ---------------------------------------------------------------- hints */
 
-
 typedef struct Hint {
   const char *best;
   int dist;
