@@ -425,18 +425,18 @@ void ir_infer_shape(Graph *g, Value *v) {
         diag_error(g->diag, v->loc, "%s of %s to %s: shapes do not broadcast",
                    op_info[v->op].name, SHP(&v->in[0]->shape, b1), SHP(&s, b2));
       v->dtype = v->in[0]->dtype;
-    } else if (v->op == OP_MAX_TO_GRAD || v->op == OP_RESHAPE || v->op == OP_PERMUTE || v->op == OP_SLICE || v->op == OP_SLICE_GRAD ||
-               v->op == OP_CONCAT || v->op == OP_IM2COL || v->op == OP_COL2IM || v->op == OP_MAXPOOL ||
-               v->op == OP_MAXPOOL_GRAD || v->op == OP_AVGPOOL || v->op == OP_AVGPOOL_GRAD) {
-      for (int i = 0; i < v->n_in; i++) need_float(g, v, i);
-      need_same_dtype(g, v);
-      v->dtype = v->in[0]->dtype;
-      if (v->op == OP_RESHAPE && shape_numel(&v->in[0]->shape) != shape_numel(&s))
-        diag_error(g->diag, v->loc, "reshape of %s to %s: element counts differ", SHP(&v->in[0]->shape, b1),
-                   SHP(&s, b2));
     } else {
       v->dtype = v->attr.dtype;
     }
+    break;
+  case SHAPE_VIEW:
+    s = v->attr.shape;
+    for (int i = 0; i < v->n_in; i++) need_float(g, v, i);
+    need_same_dtype(g, v);
+    v->dtype = v->in[0]->dtype;
+    if (v->op == OP_RESHAPE && shape_numel(&v->in[0]->shape) != shape_numel(&s))
+      diag_error(g->diag, v->loc, "reshape of %s to %s: element counts differ", SHP(&v->in[0]->shape, b1),
+                 SHP(&s, b2));
     break;
   case SHAPE_SCALAR:
     if (v->op == OP_CONST) {

@@ -93,7 +93,9 @@ bool shape_broadcast(const Shape *a, const Shape *b, Shape *out);
 /* ------------------------------------------------------------------ ops */
 
 typedef enum ShapeRule {
-  SHAPE_ATTR,      /* shape given by attr.shape */
+  SHAPE_ATTR,      /* shape given by attr.shape, dtype by attr.dtype */
+  SHAPE_VIEW,      /* shape given by attr.shape, float dtype of the inputs
+                    * (copies, windows, their gradients) */
   SHAPE_SCALAR,    /* rank 0 */
   SHAPE_PAIR,      /* [2] */
   SHAPE_SAME,      /* same as in[0] */

@@ -897,8 +897,8 @@ static void value_line(Parser *P, bool has_result) {
     if (side) FAIL(type_at, "%s has no result: its type is void", w);
     FAIL(type_at, "%s has a result: its type cannot be void", w);
   }
-  /* SHAPE_ATTR ops carry their result type in the attributes */
-  if (op_info[op].rule == SHAPE_ATTR || op == OP_CONST) {
+  /* SHAPE_ATTR and SHAPE_VIEW ops carry their result shape in the attributes */
+  if (op_info[op].rule == SHAPE_ATTR || op_info[op].rule == SHAPE_VIEW || op == OP_CONST) {
     if (!attr_shape) {
       if (op == OP_PERMUTE && at.shape.rank != sh.rank)
         FAIL(op_at, "permute lists %d axes for a result of rank %d", at.shape.rank, sh.rank);
