@@ -23,10 +23,58 @@ static void usage(FILE *out) {
           "  check M.model                parse and verify; print a parameter summary\n"
           "  sample M.model --checkpoint CK [--prompt TEXT]   generate text with a trained model\n"
           "  help                         this text\n\n"
+          "run, compile, ir, emit and check take --precision auto|fp32|fp16|bf16 (default auto: fp32\n"
+          "on the CPU) and ir and check --arch cpu|sm_60|sm_61|sm_70|sm_75|sm_80|sm_86|sm_89|sm_90 (the\n"
+          "device whose capabilities `auto` follows).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
           "M.model: it resumes after the pass it was printed after.\n\n"
           "Every command takes --help.  Environment: DUET_CC (C compiler, default cc),\n"
           "DUET_CACHE_DIR (kernel cache, default ~/.cache/duet).\n");
+}
+
+/* --precision and --arch, taken out of argv by main() for run, compile, ir,
+ * emit and check (cli/ may hold global state). */
+static const char *opt_precision, *opt_arch;
+
+/* Removes `--precision X` / `--arch X` (and the `=` forms) from argv;
+ * returns the new argc, or -1 after a message when a value is missing. */
+static int strip_precision_flags(int argc, char **argv) {
+  int k = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *names[2] = {"--precision", "--arch"};
+    const char **dst[2] = {&opt_precision, &opt_arch};
+    int hit = -1;
+    for (int j = 0; j < 2 && hit < 0; j++) {
+      size_t n = strlen(names[j]);
+      if (!strcmp(argv[i], names[j])) {
+        if (i + 1 >= argc) {
+          fprintf(stderr, "duet: error: %s needs a value (%s)\n", names[j],
+                  j ? "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90" : "auto, fp32, fp16, bf16");
+          return -1;
+        }
+        *dst[j] = argv[++i];
+        hit = j;
+      } else if (!strncmp(argv[i], names[j], n) && argv[i][n] == '=') {
+        *dst[j] = argv[i] + n + 1;
+        hit = j;
+      }
+    }
+    if (hit < 0) argv[k++] = argv[i];
+  }
+  argv[k] = NULL;
+  return k;
+}
+
+/* Checks --precision and --arch against the device table; 1 after a message. */
+static int check_precision_flags(void) {
+  PrecisionChoice pc;
+  char err[256];
+  if (!opt_precision && !opt_arch) return 0;
+  if (precision_resolve(opt_arch, opt_precision, &pc, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return 1;
+  }
+  return 0;
 }
 
 /* A compilation: arena, diagnostics, graph after the passes. */
@@ -102,7 +150,8 @@ static int compile_model_opt(Compiled *c, const char *path, const FrontendOption
   c->diag.out = stderr;
   Source *src = frontend_read_file(c->arena, &c->diag, path);
   if (!src) return 1;
-  PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after};
+  PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
+                .precision = opt_precision, .target = opt_arch};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
   if (!c->g) return 1;
   return passes_run(c->g, &pc);
@@ -155,6 +204,9 @@ static CgProgram *jit_program(Compiled *c, JitModule *m) {
 static int cmd_run(int argc, char **argv) {
   if (argc < 1 || wants_help(argc, argv)) {
     duet_usage("duet run M.model", stdout);
+    printf("  --precision P      auto|fp32|fp16|bf16: 16-bit activations and weight copies, f32 master\n"
+           "                     weights and optimizer state (fp16 with dynamic loss scaling); auto is\n"
+           "                     fp32 on the CPU\n");
     printf("\nCompiles the model's kernels (cached in DUET_CACHE_DIR) and trains it.\n");
     return argc < 1 ? 1 : 0;
   }
@@ -514,6 +566,17 @@ int main(int argc, char **argv) {
     return 1;
   }
   const char *cmd = argv[1];
+  if (!strcmp(cmd, "run") || !strcmp(cmd, "compile") || !strcmp(cmd, "ir") || !strcmp(cmd, "emit") ||
+      !strcmp(cmd, "check")) {
+    int n = strip_precision_flags(argc - 2, argv + 2);
+    if (n < 0 || check_precision_flags()) return 1;
+    argc = n + 2;
+    if ((!strcmp(cmd, "run") || !strcmp(cmd, "compile")) && opt_arch && strcmp(opt_arch, "cpu")) {
+      fprintf(stderr, "duet: error: duet %s builds for the CPU; --arch %s is for duet ir and duet check\n", cmd,
+              opt_arch);
+      return 1;
+    }
+  }
   if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
   if (!strcmp(cmd, "compile")) return cmd_compile(argc - 2, argv + 2);
   if (!strcmp(cmd, "ir")) return cmd_ir(argc - 2, argv + 2);

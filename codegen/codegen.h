@@ -21,6 +21,7 @@ typedef enum KOp {
   KI_GELU,                        /* a: tanh approximation (as GPT-2) */
   KI_GELU_GRAD,                   /* a: dy, b: x */
   KI_DROPOUT,                     /* a: x; value: p; b: site */
+  KI_CAST,                        /* a: x rounded to DType `value` (f16, bf16), kept as f32 */
   KI_STORE,  /* a: buffer, b: instruction */
 } KOp;
 
@@ -68,6 +69,8 @@ typedef enum KernelKind {
   KK_AVGPOOL,     /* bufs: x, y (divides by KH*KW, as torch's count_include_pad) */
   KK_AVGPOOL_GRAD,/* bufs: dy, dx */
   KK_ATTN_DECODE, /* bufs: q, k, v [batch, 1, cols], kcache, vcache [batch, time, cols], out */
+  KK_UNSCALE,     /* bufs: g (any float), out f32 [n] = g / loss scale; overflow flag `slot`
+                   * (int32 t[n_tensors][slot]) = 1 when any element is inf or NaN, else 0 */
 } KernelKind;
 
 typedef struct Kernel {
@@ -88,6 +91,7 @@ typedef struct Kernel {
   bool causal;               /* KK_ATTN_* */
   Shape xs, ys;              /* KK_IM2COL .. KK_AVGPOOL_GRAD: [N,C,H,W] and [N,C,OH,OW] */
   int64_t win[8];            /* kh, kw, sh, sw, ph, pw, dh, dw */
+  int slot;                  /* KK_UNSCALE */
 } Kernel;
 
 /* A lowered model: the runtime program (tables allocated in the arena) and

@@ -40,9 +40,22 @@ static const char *ctype(DType t) {
   case DT_F32: return "float";
   case DT_F64: return "double";
   case DT_I32: return "int32_t";
+  case DT_F16: case DT_BF16: return "uint16_t";
   default: unreachable();
   }
 }
+
+/* The text of runtime/duet_half.h (generated from it by CMake). */
+extern const char duet_half_src[];
+
+static bool is16(DType t) { return t == DT_F16 || t == DT_BF16; }
+
+/* Arithmetic type of a kernel of (storage) dtype t: 16-bit values widen to f32. */
+static DType compute_dtype(DType t) { return is16(t) ? DT_F32 : t; }
+
+/* Widening of a loaded element and narrowing of a stored one. */
+static const char *load_fn(DType t) { return t == DT_F16 ? "duet_f32_from_f16" : t == DT_BF16 ? "duet_f32_from_bf16" : ""; }
+static const char *store_fn(DType t) { return t == DT_F16 ? "duet_f16_from_f32" : t == DT_BF16 ? "duet_bf16_from_f32" : ""; }
 
 /* Elementwise loops below this many elements run on one thread. */
 #define PAR_MIN 32768
@@ -128,7 +141,8 @@ static void row_base_expr(Buf *b, const KBuf *kb, int64_t R) {
 }
 
 static void emit_elementwise(Buf *b, const Kernel *k) {
-  const char *T = ctype(k->dtype);
+  const DType KD = compute_dtype(k->dtype);
+  const char *T = ctype(KD);
   bool *stored = calloc(KMAX_BUFS, 1);
   if (!stored) duet_fatal(__FILE__, __LINE__, "out of host memory");
   for (int i = 0; i < k->n_ins; i++)
@@ -161,14 +175,14 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
     else bprintf(b, "  #pragma omp simd\n");
     bprintf(b, "  for (int64_t i = 0; i < %" PRId64 "; i++) {\n", k->n);
   }
-  const char *sq = k->dtype == DT_F32 ? "sqrtf" : "sqrt";
-  const char *th = k->dtype == DT_F32 ? "tanhf" : "tanh";
+  const char *sq = KD == DT_F32 ? "sqrtf" : "sqrt";
+  const char *th = KD == DT_F32 ? "tanhf" : "tanh";
   for (int i = 0; i < k->n_ins; i++) {
     const KInstr *x = &k->ins[i];
     if (x->op == KI_STORE || x->op == KI_LOAD) {
       const KBuf *kb = &k->bufs[x->a];
       if (x->op == KI_STORE) bprintf(b, "%sb%d[", ind, x->a);
-      else bprintf(b, "%sconst %s r%d = b%d[", ind, T, i, x->a);
+      else bprintf(b, "%sconst %s r%d = %s%sb%d[", ind, T, i, load_fn(kb->dtype), is16(kb->dtype) ? "(" : "", x->a);
       bool contig;
       if (R == 0) {
         index_expr(b, kb);
@@ -181,13 +195,20 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
         buf_row_ok(kb, R, &contig);
         bprintf(b, "o%d%s", x->a, contig ? " + j" : "");
       }
-      if (x->op == KI_STORE) bprintf(b, "] = r%d;\n", x->b);
-      else bprintf(b, "];\n");
+      if (x->op == KI_STORE && is16(kb->dtype)) bprintf(b, "] = %s(r%d);\n", store_fn(kb->dtype), x->b);
+      else if (x->op == KI_STORE) bprintf(b, "] = r%d;\n", x->b);
+      else bprintf(b, "]%s;\n", is16(kb->dtype) ? ")" : "");
       continue;
     }
     bprintf(b, "%sconst %s r%d = ", ind, T, i);
     switch (x->op) {
-    case KI_CONST: emit_const(b, k->dtype, x->value); break;
+    case KI_CONST: emit_const(b, KD, x->value); break;
+    case KI_CAST: { /* round to the 16-bit dtype, keep computing in f32 */
+      DType to = (DType)(int)x->value;
+      if (is16(to)) bprintf(b, "%s(%s(r%d))", load_fn(to), store_fn(to), x->a);
+      else bprintf(b, "(%s)r%d", T, x->a);
+      break;
+    }
     case KI_SCALAR: bprintf(b, "s%d", i); break;
     case KI_ADD: bprintf(b, "r%d + r%d", x->a, x->b); break;
     case KI_SUB: bprintf(b, "r%d - r%d", x->a, x->b); break;
@@ -618,6 +639,25 @@ static void emit_window(Buf *b, const Kernel *k) {
   bprintf(b, "      }\n  }\n");
 }
 
+/* Unscale and overflow check in one pass (torch's
+ * _amp_foreach_non_finite_check_and_unscale_): y = g * (1/S) in f32; the
+ * flag is an OR over the elements (order-free, so deterministic), written
+ * once.  |y| <= FLT_MAX is false for inf and NaN. */
+static void emit_unscale(Buf *b, const Kernel *k, int n_tensors) {
+  const KBuf *g = &k->bufs[0];
+  bprintf(b, "  const %s *x = (const %s *)t[%d];\n  float *y = (float *)t[%d];\n", ctype(g->dtype), ctype(g->dtype),
+          g->tensor, k->bufs[1].tensor);
+  bprintf(b, "  int32_t *overflow = (int32_t *)t[%d];\n", n_tensors);
+  bprintf(b, "  const float inv = (float)s[%d];\n  int bad = 0;\n", DUET_S_INV_LOSS_SCALE);
+  if (k->n >= PAR_MIN) bprintf(b, "  #pragma omp parallel for simd schedule(static) reduction(|:bad)\n");
+  else bprintf(b, "  #pragma omp simd reduction(|:bad)\n");
+  bprintf(b, "  for (int64_t i = 0; i < %" PRId64 "; i++) {\n", k->n);
+  bprintf(b, "    const float v = %s%sx[i]%s * inv;\n", load_fn(g->dtype), is16(g->dtype) ? "(" : "",
+          is16(g->dtype) ? ")" : "");
+  bprintf(b, "    bad |= !(v <= 3.40282347e+38f && v >= -3.40282347e+38f);\n    y[i] = v;\n  }\n");
+  bprintf(b, "  overflow[%d] = bad;\n", k->slot);
+}
+
 static void emit_positions(Buf *b, const Kernel *k) {
   bprintf(b, "  int32_t *out = (int32_t *)t[%d];\n", k->bufs[1].tensor);
   bprintf(b, "  const int32_t base = (int32_t)s[%d];\n", DUET_S_POS);
@@ -661,11 +701,19 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
               "static inline double gelu_grad_double(double dy, double x) {\n"
               "  const double c = 0.7978845608028654, a = 0.044715, th = tanh(c * (x + a * x * x * x));\n"
               "  return dy * (0.5 * (1 + th) + 0.5 * x * (1 - th * th) * c * (1 + 3 * a * x * x));\n}\n\n");
+  bool half = false; /* 16-bit tensors: the conversions of runtime/duet_half.h */
+  for (int i = 0; i < cp->n_kernels && !half; i++) {
+    const Kernel *k = &cp->kernels[i];
+    half = is16(k->dtype);
+    for (int j = 0; j < k->n_bufs; j++) half |= is16(k->bufs[j].dtype);
+    for (int j = 0; j < k->n_ins; j++) half |= k->ins[j].op == KI_CAST;
+  }
+  if (half) bprintf(&b, "%s\n", duet_half_src);
   bprintf(&b, "typedef void (*duet_kernel_fn)(void *const *t, const double *s);\n\n");
   for (int i = 0; i < cp->n_kernels; i++) {
     const Kernel *k = &cp->kernels[i];
     bprintf(&b, "void duet_k%d(void *const *t, const double *s) {\n", i);
-    if (k->kind != KK_EVAL_METRICS && k->kind != KK_POSITIONS && k->kind != KK_ATTN_DECODE)
+    if (k->kind != KK_EVAL_METRICS && k->kind != KK_POSITIONS && k->kind != KK_ATTN_DECODE && k->kind != KK_UNSCALE)
       bprintf(&b, "  (void)s;\n");
     switch (k->kind) {
     case KK_ELEMENTWISE: emit_elementwise(&b, k); break;
@@ -679,6 +727,7 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
       emit_window(&b, k);
       break;
     case KK_ATTN_DECODE: emit_attn_decode(&b, k); break;
+    case KK_UNSCALE: emit_unscale(&b, k, cp->prog.n_tensors); break;
     default: emit_rows(&b, k); break;
     }
     bprintf(&b, "}\n\n");
@@ -734,6 +783,14 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   write_steps(out, "train_steps", p->train, p->n_train);
   write_steps(out, "eval_steps", p->eval, p->n_eval);
   write_steps(out, "grad_steps", p->grad, p->n_grad);
+  for (int i = 0; i < p->n_unscale; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "uname%d", i);
+    write_bytes(out, nm, p->unscale_names[i]);
+  }
+  fprintf(out, "static const char *const unscale_names[] = {");
+  for (int i = 0; i < p->n_unscale; i++) fprintf(out, "uname%d, ", i);
+  fprintf(out, "0};\n");
   const DuetConfig *c = &p->defaults;
   fprintf(out, "static const DuetProgram program = {\n");
   fprintf(out, "  .api_version = %d, .model_name = model_name, .n_tensors = %d, .tensors = tensors,\n",
@@ -747,6 +804,8 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   for (int r = 0; r < DUET_MEM_COUNT; r++) fprintf(out, "%" PRId64 ", ", p->region_bytes[r]);
   fprintf(out, "}, .gemm_flops = %" PRId64 ", .decode = %d, .context = %" PRId64 ",\n", p->gemm_flops, p->decode,
           p->context);
+  fprintf(out, "  .n_unscale = %d, .unscale_names = unscale_names, .update_from = %d,\n", p->n_unscale,
+          p->update_from);
   fprintf(out, "  .defaults = {.data = %d, .data_path = data_path, .optimizer = %d,\n", c->data, c->optimizer);
   fprintf(out, "    .lr = %.17g, .weight_decay = %.17g, .beta1 = %.17g, .beta2 = %.17g, .eps = %.17g,\n", c->lr,
           c->weight_decay, c->beta1, c->beta2, c->eps);

@@ -93,6 +93,7 @@ static KOp kop_of(OpKind op) {
   case OP_GELU: return KI_GELU;
   case OP_GELU_GRAD: return KI_GELU_GRAD;
   case OP_DROPOUT: return KI_DROPOUT;
+  case OP_CAST: return KI_CAST;
   default: unreachable();
   }
 }
@@ -110,6 +111,8 @@ static int lower_elementwise(Lower *L, Value *v) {
   int res;
   if (v->op == OP_CONST) {
     res = ins(&b, KI_CONST, 0, 0, v->attr.value);
+  } else if (v->op == OP_LOSS_SCALE) {
+    res = ins(&b, KI_SCALAR, DUET_S_LOSS_SCALE, 0, 0);
   } else if (v->op == OP_FUSED) {
     const FusedProg *p = v->attr.prog;
     int *map = arena_alloc(L->a, (size_t)p->n * sizeof *map);
@@ -122,6 +125,10 @@ static int lower_elementwise(Lower *L, Value *v) {
         map[i] = ins(&b, KI_CONST, 0, 0, f->value);
       } else if (f->op == OP_BROADCAST) {
         map[i] = map[f->a];
+      } else if (f->op == OP_LOSS_SCALE) {
+        map[i] = ins(&b, KI_SCALAR, DUET_S_LOSS_SCALE, 0, 0);
+      } else if (f->op == OP_CAST) {
+        map[i] = ins(&b, KI_CAST, map[f->a], 0, (double)f->site);
       } else {
         map[i] = f->op == OP_DROPOUT ? ins(&b, KI_DROPOUT, map[f->a], (int)f->site, f->value)
                                      : ins(&b, kop_of(f->op), map[f->a], op_info[f->op].arity > 1 ? map[f->b] : 0, 0);
@@ -137,6 +144,7 @@ static int lower_elementwise(Lower *L, Value *v) {
                     : ins(&b, KI_LOAD, add_buf(k, tid(L, x), x->dtype, &x->shape, &v->shape), 0, 0);
     }
     res = v->op == OP_BROADCAST ? opnd[0]
+          : v->op == OP_CAST    ? ins(&b, KI_CAST, opnd[0], 0, (double)v->dtype)
           : v->op == OP_DROPOUT ? ins(&b, KI_DROPOUT, opnd[0], (int)v->attr.site, v->attr.p)
                                 : ins(&b, kop_of(v->op), opnd[0], opnd[1], 0);
   }
@@ -185,6 +193,18 @@ static int lower_optimizer(Lower *L, Value *v) {
     ins(&b, KI_STORE, bp, p1, 0);
   }
   finish_ew(L, k, &b, shape_numel(s));
+  return k->index;
+}
+
+/* g * (1 / loss scale) in f32, and flag `slot` set when any element is not
+ * finite (the overflow check of dynamic loss scaling, fused into this pass
+ * over the gradient). */
+static int lower_unscale(Lower *L, Value *v) {
+  Kernel *k = new_kernel(L, KK_UNSCALE, DT_F32);
+  add_buf(k, tid(L, v->in[0]), v->in[0]->dtype, NULL, NULL);
+  add_buf(k, tid(L, v), v->dtype, NULL, NULL);
+  k->n = shape_numel(&v->shape);
+  k->slot = v->attr.slot;
   return k->index;
 }
 
@@ -393,7 +413,9 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   StepList ev = {arena_alloc(a, cap * sizeof(DuetStep)), 0};
   StepList gr = {arena_alloc(a, cap * sizeof(DuetStep)), 0};
   p->input_x = p->input_y = p->loss = p->metrics = p->logits = -1;
-  int n_inputs = 0;
+  int n_inputs = 0, n_unscale = 0;
+  const char **unscale_names = arena_alloc(a, (size_t)(g->n_values + 1) * sizeof *unscale_names);
+  p->update_from = -1;
   for (int i = 0; i < g->n_values; i++) {
     Value *v = g->values[i];
     DuetStep pre[KMAX_BUFS + 1];
@@ -433,8 +455,13 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     }
     case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG:
     case OP_RELU: case OP_RELU_GRAD: case OP_BROADCAST: case OP_FUSED:
-    case OP_GELU: case OP_GELU_GRAD: case OP_DROPOUT:
+    case OP_GELU: case OP_GELU_GRAD: case OP_DROPOUT: case OP_CAST: case OP_LOSS_SCALE:
       st.kernel = lower_elementwise(&L, v);
+      break;
+    case OP_UNSCALE:
+      st.kernel = lower_unscale(&L, v);
+      DUET_ASSERT(v->attr.slot >= 0 && v->attr.slot < g->n_values);
+      if (v->attr.slot + 1 > n_unscale) n_unscale = v->attr.slot + 1;
       break;
     case OP_EMBEDDING:
     case OP_EMBEDDING_GRAD:
@@ -545,11 +572,23 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       if (v->role == ROLE_FORWARD || v->role == ROLE_EVAL) push_step(&L, &ev, pre[j]);
       if (v->role == ROLE_FORWARD || v->role == ROLE_BACKWARD) push_step(&L, &gr, pre[j]);
     }
+    if ((v->op == OP_ADAMW || v->op == OP_SGD) && p->update_from < 0) p->update_from = tr.n;
     if (v->role != ROLE_EVAL) push_step(&L, &tr, st);
     if (v->role == ROLE_FORWARD || v->role == ROLE_EVAL) push_step(&L, &ev, st);
     if (v->role == ROLE_FORWARD || v->role == ROLE_BACKWARD) push_step(&L, &gr, st);
   }
   if (g->loss) p->loss = tid(&L, g->loss);
+  /* the param names of the overflow flags, from the params whose gradient
+   * each unscale reads (slot order = param order) */
+  for (int i = 0; i < g->n_values; i++) {
+    Value *v = g->values[i];
+    if (v->op == OP_PARAM && v->grad && v->grad->op == OP_UNSCALE) unscale_names[v->grad->attr.slot] = v->attr.name;
+  }
+  for (int j = 0; j < n_unscale; j++)
+    if (!unscale_names[j]) unscale_names[j] = arena_printf(a, "flag %d", j);
+  p->n_unscale = n_unscale;
+  p->unscale_names = unscale_names;
+  if (!n_unscale) p->update_from = -1;
   p->logits = g->logits && cp->tensor_of[g->logits->id] >= 0 ? cp->tensor_of[g->logits->id] : -1;
   p->decode = g->decode;
   p->context = g->context;

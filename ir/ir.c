@@ -222,12 +222,12 @@ void diag_error_noloc(Diag *d, const char *fmt, ...) {
 
 /* -------------------------------------------------------- types, shapes */
 
-static const char *const dtype_names[DT_COUNT] = {"void", "f32", "f64", "i32"};
-static const size_t dtype_sizes[DT_COUNT] = {0, 4, 8, 4};
+static const char *const dtype_names[DT_COUNT] = {"void", "f32", "f64", "i32", "f16", "bf16"};
+static const size_t dtype_sizes[DT_COUNT] = {0, 4, 8, 4, 2, 2};
 
 const char *dtype_name(DType t) { return (unsigned)t < DT_COUNT ? dtype_names[t] : "?"; }
 size_t dtype_size(DType t) { return (unsigned)t < DT_COUNT ? dtype_sizes[t] : 0; }
-bool dtype_is_float(DType t) { return t == DT_F32 || t == DT_F64; }
+bool dtype_is_float(DType t) { return t == DT_F32 || t == DT_F64 || t == DT_F16 || t == DT_BF16; }
 int dtype_from_name(const char *name) {
   for (int i = 1; i < DT_COUNT; i++)
     if (!strcmp(name, dtype_names[i])) return i;
@@ -439,7 +439,7 @@ void ir_infer_shape(Graph *g, Value *v) {
                  SHP(&s, b2));
     break;
   case SHAPE_SCALAR:
-    if (v->op == OP_CONST) {
+    if (v->op == OP_CONST || v->op == OP_LOSS_SCALE) {
       v->dtype = v->attr.dtype ? v->attr.dtype : g->float_dtype;
     } else if (v->op == OP_MEAN) {
       need_float(g, v, 0);
@@ -546,6 +546,14 @@ void ir_infer_shape(Graph *g, Value *v) {
     s.dim[0] = v->in[0]->shape.dim[1];
     s.dim[1] = v->in[0]->shape.dim[0];
     v->dtype = v->in[0]->dtype;
+    break;
+  case SHAPE_CAST:
+    need_float(g, v, 0);
+    s = v->in[0]->shape;
+    v->dtype = v->op == OP_UNSCALE ? DT_F32 : v->attr.dtype;
+    if (!dtype_is_float(v->dtype))
+      diag_error(g->diag, v->loc, "%s to %s: the target must be a float dtype", op_info[v->op].name,
+                 dtype_name(v->dtype));
     break;
   case SHAPE_VOID:
     for (int i = 1; i < v->n_in; i++)
@@ -717,6 +725,9 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   case OP_DROPOUT:
     fprintf(out, "[p=%s,site=%" PRId64 "]", NUM(v->attr.p), v->attr.site);
     break;
+  case OP_UNSCALE:
+    fprintf(out, "[slot=%d]", v->attr.slot);
+    break;
   case OP_NORM:
   case OP_NORM_GRAD:
     fprintf(out, "[eps=%s]", NUM(v->attr.eps));
@@ -737,6 +748,10 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
         fprintf(out, "$%d = %s", k, NUM(fi->value));
       else if (fi->op == OP_DROPOUT)
         fprintf(out, "$%d = dropout[p=%s,site=%" PRId64 "] $%d", k, NUM(fi->value), fi->site, fi->a);
+      else if (fi->op == OP_CAST)
+        fprintf(out, "$%d = cast[%s] $%d", k, dtype_name((DType)fi->site), fi->a);
+      else if (op_info[fi->op].arity == 0)
+        fprintf(out, "$%d = %s", k, op_info[fi->op].name);
       else if (op_info[fi->op].arity == 1)
         fprintf(out, "$%d = %s $%d", k, op_info[fi->op].name, fi->a);
       else
@@ -778,6 +793,7 @@ static void print_train(const TrainSpec *t, FILE *out) {
   fprintf(out, "  seed = %" PRIu64 "\n  log_every = %" PRId64 "\n  eval = %s\n", t->seed, t->log_every,
           t->eval ? "true" : "false");
   if (t->eval_every > 0) fprintf(out, "  eval_every = %" PRId64 "\n", t->eval_every);
+  if (t->precision) fprintf(out, "  precision = \"%s\"\n", t->precision);
   fprintf(out, "  eval_batches = %" PRId64 "\n}\n", t->eval_batches);
 }
 

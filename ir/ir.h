@@ -71,7 +71,9 @@ int source_char_col(const Source *s, int line, int col);
 
 /* -------------------------------------------------------- types, shapes */
 
-typedef enum DType { DT_VOID, DT_F32, DT_F64, DT_I32, DT_COUNT } DType;
+/* DT_F16: IEEE 754 binary16; DT_BF16: bfloat16 (the top half of a binary32).
+ * Both are storage types: kernels widen them to f32 to compute. */
+typedef enum DType { DT_VOID, DT_F32, DT_F64, DT_I32, DT_F16, DT_BF16, DT_COUNT } DType;
 const char *dtype_name(DType t);         /* "f32" ... */
 size_t dtype_size(DType t);              /* bytes per element */
 bool dtype_is_float(DType t);
@@ -105,6 +107,7 @@ typedef enum ShapeRule {
   SHAPE_EMBED,     /* table [V,C] gathered by idx [...] -> [..., C] */
   SHAPE_TRANSPOSE, /* [m,n] -> [n,m] */
   SHAPE_POSITIONS, /* idx [..., T] -> i32 [T] */
+  SHAPE_CAST,      /* shape of in[0], dtype attr.dtype (a float dtype) */
 } ShapeRule;
 
 enum { OPF_EW = 1, OPF_SIDE = 2 };
@@ -142,7 +145,7 @@ typedef struct FusedInstr {
   OpKind op;    /* an OPF_EW op, or OP_COUNT for "load input" */
   int a, b;     /* operand instruction indices; for a load: input index */
   double value; /* OP_CONST: the literal; OP_DROPOUT: p */
-  int64_t site; /* OP_DROPOUT */
+  int64_t site; /* OP_DROPOUT; OP_CAST: the target DType */
 } FusedInstr;
 /* Bounds on one fused op, so every fused loop fits the kernel IR (at most
  * KMAX_BUFS buffers, 256 instructions per kernel): longer chains are split. */
@@ -177,6 +180,7 @@ typedef struct Attr {
   Shape in_shape;   /* SLICE_GRAD, COL2IM, pool grads: shape of the forward input */
   int64_t site;     /* DROPOUT: which dropout of the model (decorrelates masks) */
   FusedProg *prog;  /* FUSED */
+  int slot;         /* UNSCALE: index of its overflow flag (param order) */
 } Attr;
 
 typedef enum Role { ROLE_FORWARD, ROLE_BACKWARD, ROLE_OPTIMIZER, ROLE_EVAL } Role;
@@ -229,6 +233,7 @@ typedef struct TrainSpec {
   int64_t eval_batches;  /* text: fixed validation batches */
   bool decay_matrices_only; /* weight decay only on params of rank >= 2 */
   bool has_lr, has_weight_decay; /* set explicitly in the section */
+  const char *precision; /* `precision = "fp16"` etc.; NULL: auto (the command line wins) */
 } TrainSpec;
 void train_spec_defaults(TrainSpec *t);
 

@@ -426,6 +426,18 @@ static void dropout_attrs(Parser *P, const char *opname, double *p, int64_t *sit
   *site = v.i[1][0];
 }
 
+/* The target of a fused cast: `[f16]`. */
+static DType cast_attr(Parser *P) {
+  expect(P, '[', "'[' and the target dtype of cast");
+  ws(P);
+  const char *at = P->p;
+  const char *w = want_word(P, "a float dtype (f32, f64, f16, bf16)");
+  int t = dtype_from_name(w);
+  if (t < 0 || !dtype_is_float((DType)t)) FAIL(at, "cast to `%s`: expected a float dtype (f32, f64, f16, bf16)", w);
+  expect(P, ']', "']' after the dtype of cast");
+  return (DType)t;
+}
+
 /* {$0 = in0; $1 = 2; $2 = mul $0, $1; ...} */
 static FusedProg *fused_prog(Parser *P, Load **loads_out, int *n_loads_out) {
   const char *open = skip_ws(P, P->p);
@@ -469,6 +481,7 @@ static FusedProg *fused_prog(Parser *P, Load **loads_out, int *n_loads_out) {
           FAIL(opat, "`%s` cannot appear in a fused program (only elementwise ops; constants are written as numbers)", w);
         fi.op = (OpKind)op;
         if (op == OP_DROPOUT) dropout_attrs(P, w, &fi.value, &fi.site);
+        else if (op == OP_CAST) fi.site = cast_attr(P);
         else no_attrs(P, w);
         for (int j = 0; j < op_info[op].arity; j++) {
           if (j) expect(P, ',', arena_printf(P->a, "',' and the second operand of %s", w));
@@ -631,6 +644,13 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
   case OP_FUSED:
     at->prog = fused_prog(P, loads, n_loads);
     break;
+  case OP_UNSCALE: {
+    static const AKey keys[] = {{"slot", AK_INT, true}};
+    attr_list(P, name, keys, 1, &v);
+    if (v.i[0][0] < 0 || v.i[0][0] > INT32_MAX) FAIL(start, "unscale: slot must be in [0, 2^31), got %" PRId64, v.i[0][0]);
+    at->slot = (int)v.i[0][0];
+    break;
+  }
   default:
     no_attrs(P, name);
     break;
@@ -776,7 +796,10 @@ static void check_value(Parser *P, const char *at, OpKind op, Value **in, int n,
   case OP_FUSED:
     for (int j = 0; j < n; j++) {
       Shape o;
-      if (in[j]->dtype != dt || !shape_broadcast(s, &in[j]->shape, &o) || !shape_eq(&o, s))
+      /* mixed precision: loads of any float dtype widen (casts are explicit instructions) */
+      bool dt_ok = in[j]->dtype == dt || (dtype_is_float(dt) && dtype_is_float(in[j]->dtype) && dt != DT_F64 &&
+                                          in[j]->dtype != DT_F64);
+      if (!dt_ok || !shape_broadcast(s, &in[j]->shape, &o) || !shape_eq(&o, s))
         FAIL(at, "fused input %d is %s%s: it must be %s and broadcast to %s", j, dtype_name(in[j]->dtype),
              SHP(&in[j]->shape), dtype_name(dt), SHP(s));
     }
@@ -898,7 +921,8 @@ static void value_line(Parser *P, bool has_result) {
     FAIL(type_at, "%s has a result: its type cannot be void", w);
   }
   /* SHAPE_ATTR and SHAPE_VIEW ops carry their result shape in the attributes */
-  if (op_info[op].rule == SHAPE_ATTR || op_info[op].rule == SHAPE_VIEW || op == OP_CONST) {
+  if (op_info[op].rule == SHAPE_ATTR || op_info[op].rule == SHAPE_VIEW || op_info[op].rule == SHAPE_CAST ||
+      op == OP_CONST || op == OP_LOSS_SCALE) {
     if (!attr_shape) {
       if (op == OP_PERMUTE && at.shape.rank != sh.rank)
         FAIL(op_at, "permute lists %d axes for a result of rank %d", at.shape.rank, sh.rank);

@@ -60,7 +60,7 @@ static bool absorbable(const FuseBuild *b, const Value *x) {
   /* In a tree of ops of arity <= 2, loads <= ops + 1 = absorbed + 2, so
    * capping the absorbed values bounds the loads (counted only on the way
    * back up the recursion) as well as the instructions. */
-  if (b->absorbed + 1 > FUSE_MAX_INPUTS - 2 || b->n + 3 > FUSE_MAX_INSTRS) return false;
+  if (b->absorbed + 1 > FUSE_MAX_INPUTS - 2 || b->n + 4 > FUSE_MAX_INSTRS) return false;
   return (op_info[x->op].flags & OPF_EW) && x->op != OP_FUSED && x->op != OP_CONST &&
          x->n_uses == 1 && x->role == b->root->role && shape_eq(&x->shape, &b->root->shape);
 }
@@ -80,11 +80,16 @@ static int build(FuseBuild *b, Value *v) {
       b->absorbed++; /* before descending: the bound in absorbable() counts it */
       b->dead[x->id] = true;
       opnd[j] = build(b, x);
+      if (x->dtype == DT_F16 || x->dtype == DT_BF16) { /* the value's own rounding, as unfused */
+        FusedInstr r = {.op = OP_CAST, .a = opnd[j], .site = (int64_t)x->dtype};
+        opnd[j] = emit(b, r);
+      }
     } else {
       opnd[j] = load(b, x);
     }
   }
-  FusedInstr fi = {.op = v->op, .a = opnd[0], .b = opnd[1], .value = v->attr.p, .site = v->attr.site};
+  FusedInstr fi = {.op = v->op, .a = opnd[0], .b = opnd[1], .value = v->attr.p,
+                   .site = v->op == OP_CAST ? (int64_t)v->attr.dtype : v->attr.site};
   return emit(b, fi);
 }
 

@@ -39,9 +39,16 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
   snprintf(batch, sizeof batch, "%" PRId64, st->batch);
   snprintf(rng, sizeof rng, "%016" PRIx64 " %016" PRIx64 " %016" PRIx64 " %016" PRIx64, st->rng.s[0], st->rng.s[1],
            st->rng.s[2], st->rng.s[3]);
+  /* fp16: the loss scaler (scale exact as %a hex, growth tracker, skipped steps) */
+  DuetScaler sc = duet_session_scaler(s);
+  char scale[40], growth[32], skipped[32];
+  snprintf(scale, sizeof scale, "%a", sc.scale);
+  snprintf(growth, sizeof growth, "%" PRId64, sc.growth);
+  snprintf(skipped, sizeof skipped, "%" PRId64, sc.skipped);
   const char *meta[] = {"format", CKPT_FORMAT, "model", p->model_name, "step", step,
-                        "epoch",  epoch,       "batch", batch,          "rng",  rng};
-  rc = duet_st_save(path, t, n, meta, 6, err, errlen);
+                        "epoch",  epoch,       "batch", batch,          "rng",  rng,
+                        "loss_scale", scale, "loss_scale_growth", growth, "skipped_steps", skipped};
+  rc = duet_st_save(path, t, n, meta, p->n_unscale ? 9 : 6, err, errlen);
 out:
   for (int i = 0; i < n; i++) free(host[i]);
   free(host);
@@ -98,6 +105,18 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
     snprintf(err, errlen, "cannot resume from %s: corrupt training state in its metadata", path);
     goto out;
   }
+  /* fp16 programs: the loss scaler; a checkpoint of an fp32 run starts it afresh */
+  DuetScaler sc = duet_session_scaler(s);
+  const char *scale = duet_st_meta(f, "loss_scale");
+  if (!weights_only && p->n_unscale && scale) {
+    char *end;
+    sc.scale = strtod(scale, &end);
+    if (end == scale || *end || !(sc.scale > 0) || meta_i64(f, "loss_scale_growth", &sc.growth) ||
+        meta_i64(f, "skipped_steps", &sc.skipped) || sc.skipped > ns.step) {
+      snprintf(err, errlen, "cannot resume from %s: corrupt loss scaler state in its metadata", path);
+      goto out;
+    }
+  }
   /* check everything before changing anything */
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *x = &p->tensors[i];
@@ -131,6 +150,7 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
     }
   }
   if (!weights_only) duet_session_set_step(s, ns.step);
+  if (!weights_only) duet_session_set_scaler(s, &sc);
   *st = ns;
   rc = 0;
 out:

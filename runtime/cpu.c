@@ -12,6 +12,7 @@
 #include <omp.h>
 #endif
 
+#include "duet_half.h"
 #include "duet_rt.h"
 
 /* OpenBLAS's own thread-count setter (OpenMP build: the same pool). */
@@ -58,6 +59,8 @@ double duet_rng_normal(DuetRng *r) {
 typedef struct CpuCtx {
   const DuetKernelFn *kernels;
   int n;
+  float *scratch;   /* 16-bit GEMMs: the operands and result widened to f32 */
+  size_t scratch_n; /* floats */
 } CpuCtx;
 
 static void *cpu_alloc(DuetDevice *d, size_t bytes) {
@@ -92,6 +95,42 @@ static int cpu_launch(DuetDevice *d, int kernel, void *const *t, const double *s
   return 0;
 }
 
+/* n elements of a 16-bit tensor to f32, and back (round to nearest even). */
+static void widen16(float *dst, const uint16_t *src, int64_t n, int dtype) {
+  #pragma omp parallel for schedule(static) if (n >= 65536)
+  for (int64_t i = 0; i < n; i++) dst[i] = dtype == DUET_F16 ? duet_f32_from_f16(src[i]) : duet_f32_from_bf16(src[i]);
+}
+
+static void narrow16(uint16_t *dst, const float *src, int64_t n, int dtype) {
+  #pragma omp parallel for schedule(static) if (n >= 65536)
+  for (int64_t i = 0; i < n; i++) dst[i] = dtype == DUET_F16 ? duet_f16_from_f32(src[i]) : duet_bf16_from_f32(src[i]);
+}
+
+/* A GEMM of 16-bit operands with f32 accumulation: A and B widened exactly
+ * to f32, cblas_sgemm, the result rounded to the 16-bit dtype.  (OpenBLAS's
+ * cblas_sbgemm covers bf16 inputs only, with an f32 result; one path for
+ * both dtypes keeps their numerics alike.) */
+static int cpu_gemm16(DuetDevice *d, const DuetStep *st, void *const *t, int m, int n, int k) {
+  CpuCtx *c = d->ctx;
+  size_t na = (size_t)m * (size_t)k, nb = (size_t)k * (size_t)n, nc = (size_t)m * (size_t)n, need = na + nb + nc;
+  if (need > c->scratch_n) {
+    free(c->scratch);
+    c->scratch_n = 0;
+    if (!(c->scratch = malloc(need * sizeof(float)))) {
+      snprintf(d->err, sizeof d->err, "out of host memory for a %zu-element GEMM workspace", need);
+      return -1;
+    }
+    c->scratch_n = need;
+  }
+  float *A = c->scratch, *B = A + na, *C = B + nb;
+  widen16(A, t[st->a], (int64_t)na, st->dtype);
+  widen16(B, t[st->b], (int64_t)nb, st->dtype);
+  enum CBLAS_TRANSPOSE ta = st->ta ? CblasTrans : CblasNoTrans, tb = st->tb ? CblasTrans : CblasNoTrans;
+  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, A, st->ta ? m : k, B, st->tb ? k : n, 0.0f, C, n);
+  narrow16(t[st->c], C, (int64_t)nc, st->dtype);
+  return 0;
+}
+
 static int cpu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
   int m = (int)st->m, n = (int)st->n, k = (int)st->k;
   if (st->m > INT32_MAX || st->n > INT32_MAX || st->k > INT32_MAX) {
@@ -105,6 +144,8 @@ static int cpu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
     cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, t[st->a], lda, t[st->b], ldb, 0.0f, t[st->c], n);
   else if (st->dtype == DUET_F64)
     cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, t[st->a], lda, t[st->b], ldb, 0.0, t[st->c], n);
+  else if (st->dtype == DUET_F16 || st->dtype == DUET_BF16)
+    return cpu_gemm16(d, st, t, m, n, k);
   else {
     snprintf(d->err, sizeof d->err, "GEMM of dtype %d is not supported on the CPU", st->dtype);
     return -1;
@@ -119,6 +160,7 @@ static int cpu_sync(DuetDevice *d) {
 
 static void cpu_destroy(DuetDevice *d) {
   if (!d) return;
+  if (d->ctx) free(((CpuCtx *)d->ctx)->scratch);
   free(d->ctx);
   free(d);
 }
@@ -167,7 +209,9 @@ struct DuetSession {
   void *region[DUET_MEM_COUNT];
   void **ptr; /* tensor id -> address */
   double s[DUET_S_COUNT];
-  int64_t step; /* optimizer steps taken */
+  int64_t step; /* training steps taken (skipped ones included) */
+  DuetScaler scaler; /* dynamic loss scaling (p->n_unscale > 0) */
+  int32_t *overflow; /* device memory: the unscale kernels' flags, t[n_tensors] */
   double *prof; /* DUET_PROFILE=1: seconds per train step entry, summed */
   int64_t prof_runs;
   char err[600];
@@ -228,6 +272,10 @@ void duet_session_init_params(DuetSession *s, uint64_t seed) {
     if (t->region == DUET_MEM_STATE) memset(s->ptr[i], 0, (size_t)t->nbytes);
   }
   s->step = 0;
+  /* GradScaler(init_scale=2**16) unless --loss-scale says otherwise */
+  s->scaler = (DuetScaler){.scale = p->n_unscale ? (s->cfg.loss_scale > 0 ? s->cfg.loss_scale : 65536.0) : 0};
+  s->s[DUET_S_LOSS_SCALE] = p->n_unscale ? s->scaler.scale : 1.0;
+  s->s[DUET_S_INV_LOSS_SCALE] = 1.0 / s->s[DUET_S_LOSS_SCALE];
 }
 
 DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetConfig *cfg, char *err,
@@ -263,6 +311,20 @@ DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetC
       return NULL;
     }
     s->ptr[i] = (char *)s->region[t->region] + t->offset;
+  }
+  if (p->n_unscale > 0) {
+    if (p->update_from < 0 || p->update_from > p->n_train || !p->unscale_names) {
+      snprintf(err, errlen, "program has %d overflow flags but no optimizer updates to skip", p->n_unscale);
+      duet_session_free(s);
+      return NULL;
+    }
+    s->overflow = dev->ops->alloc(dev, (size_t)p->n_unscale * sizeof(int32_t));
+    if (!s->overflow) {
+      snprintf(err, errlen, "%s", dev->err);
+      duet_session_free(s);
+      return NULL;
+    }
+    s->ptr[p->n_tensors] = s->overflow;
   }
   duet_session_init_params(s, cfg->seed);
   const char *prof = getenv("DUET_PROFILE");
@@ -313,6 +375,7 @@ void duet_session_free(DuetSession *s) {
   }
   for (int r = 1; r < DUET_MEM_COUNT; r++)
     if (s->region[r]) s->dev->ops->free(s->dev, s->region[r]);
+  if (s->overflow) s->dev->ops->free(s->dev, s->overflow);
   free(s->ptr);
   free(s);
 }
@@ -327,8 +390,58 @@ void duet_session_set_pos(DuetSession *s, int64_t pos) { s->s[DUET_S_POS] = (dou
 const char *duet_session_error(const DuetSession *s) { return s->err; }
 int64_t duet_session_step(const DuetSession *s) { return s->step; }
 void duet_session_set_step(DuetSession *s, int64_t step) { s->step = step; }
+DuetScaler duet_session_scaler(const DuetSession *s) { return s->scaler; }
+int duet_session_config_quiet(const DuetSession *s) { return s->cfg.quiet; }
+void duet_session_set_scaler(DuetSession *s, const DuetScaler *sc) {
+  if (!s->p->n_unscale) return;
+  s->scaler = *sc;
+  s->s[DUET_S_LOSS_SCALE] = sc->scale;
+  s->s[DUET_S_INV_LOSS_SCALE] = 1.0 / sc->scale;
+}
 DuetDevice *duet_session_device(DuetSession *s) { return s->dev; }
 const DuetProgram *duet_session_program(const DuetSession *s) { return s->p; }
+
+/* Before the optimizer updates of a training step: reads the overflow flags;
+ * 1 when the step is to be skipped (the scale backs off), 0 when it goes on
+ * (the scale may grow), -1 with a message when the scale fell below the
+ * floor.  GradScaler.update() with its defaults: backoff 0.5, growth 2 after
+ * 2,000 consecutive good steps. */
+static int scaler_update(DuetSession *s) {
+  const DuetProgram *p = s->p;
+  DuetDevice *d = s->dev;
+  int32_t flags[64];
+  int first = -1;
+  for (int j0 = 0; j0 < p->n_unscale && first < 0; j0 += 64) {
+    int nj = p->n_unscale - j0 < 64 ? p->n_unscale - j0 : 64;
+    if (d->ops->copy_to_host(d, flags, s->overflow + j0, (size_t)nj * sizeof *flags)) {
+      snprintf(s->err, sizeof s->err, "reading the overflow flags: %s", d->err);
+      return -1;
+    }
+    for (int j = 0; j < nj && first < 0; j++)
+      if (flags[j]) first = j0 + j;
+  }
+  DuetScaler *sc = &s->scaler;
+  sc->last_skipped = first >= 0;
+  if (first < 0) {
+    if (++sc->growth == DUET_SCALE_GROWTH_INTERVAL) sc->scale *= DUET_SCALE_GROWTH, sc->growth = 0;
+  } else {
+    sc->first_overflow = p->unscale_names[first];
+    sc->skipped++;
+    sc->growth = 0;
+    sc->scale *= DUET_SCALE_BACKOFF;
+    double floor = s->cfg.min_loss_scale > 0 ? s->cfg.min_loss_scale : 1.0;
+    if (sc->scale < floor) {
+      snprintf(s->err, sizeof s->err,
+               "the loss scale fell below %g (--min-loss-scale): the gradient of %s overflows (inf or NaN) even "
+               "unscaled, at step %lld; fp16 cannot represent it (try --precision bf16 or fp32, or a lower --lr)",
+               floor, sc->first_overflow, (long long)s->step);
+      return -1;
+    }
+  }
+  s->s[DUET_S_LOSS_SCALE] = sc->scale;
+  s->s[DUET_S_INV_LOSS_SCALE] = 1.0 / sc->scale;
+  return first >= 0;
+}
 
 int duet_session_run(DuetSession *s, int which) {
   const DuetProgram *p = s->p;
@@ -341,7 +454,8 @@ int duet_session_run(DuetSession *s, int which) {
   }
   if (which == DUET_RUN_TRAIN) {
     const DuetConfig *c = &s->cfg;
-    int64_t t = ++s->step;
+    ++s->step;
+    int64_t t = s->step - s->scaler.skipped; /* AdamW's step count: skipped steps do not count */
     s->s[DUET_S_LR] = c->lr;
     s->s[DUET_S_WEIGHT_DECAY] = c->weight_decay;
     s->s[DUET_S_BETA1] = c->beta1;
@@ -359,6 +473,11 @@ int duet_session_run(DuetSession *s, int which) {
   if (prof) s->prof_runs++;
   for (int i = 0; i < n; i++) {
     const DuetStep *st = &steps[i];
+    if (which == DUET_RUN_TRAIN && p->n_unscale && i == p->update_from) {
+      int rc = scaler_update(s);
+      if (rc < 0) return -1;
+      if (rc > 0) break; /* overflow: no update this step */
+    }
     double t0 = prof ? mono_seconds() : 0;
     int rc = st->kind == DUET_STEP_GEMM ? d->ops->gemm(d, st, s->ptr) : d->ops->launch(d, st->kernel, s->ptr, s->s);
     if (prof) s->prof[i] += mono_seconds() - t0;

@@ -15,8 +15,9 @@
 #define DUET_RT_API_VERSION 1
 #define DUET_MAX_RANK 8
 
-/* Element types (numbering shared with the compiler's DType). */
-enum { DUET_VOID = 0, DUET_F32 = 1, DUET_F64 = 2, DUET_I32 = 3 };
+/* Element types (numbering shared with the compiler's DType).  DUET_F16 is
+ * IEEE binary16, DUET_BF16 bfloat16 (2 bytes each; runtime/duet_half.h). */
+enum { DUET_VOID = 0, DUET_F32 = 1, DUET_F64 = 2, DUET_I32 = 3, DUET_F16 = 4, DUET_BF16 = 5 };
 
 /* Where a tensor lives. */
 /* DUET_MEM_CACHE: key/value caches of a decoding program (persistent, not
@@ -71,6 +72,8 @@ enum {
   DUET_S_POS,         /* decoding: position of the current token (0 when training) */
   DUET_S_TRAINING,    /* 1 in a training or gradient step (dropout active), 0 in evaluation */
   DUET_S_DROP_SEED,   /* dropout masks of this step: a hash of the seed and the step */
+  DUET_S_LOSS_SCALE,  /* dynamic loss scaling: the gradient seed S (1 without scaling) */
+  DUET_S_INV_LOSS_SCALE, /* 1 / S, applied by the unscale kernels */
   DUET_S_COUNT
 };
 
@@ -99,6 +102,8 @@ typedef struct DuetConfig {
   const char *save_path;   /* checkpoint written every save_every steps and at the end */
   int64_t save_every;      /* 0: only at the end */
   const char *resume_path; /* checkpoint to continue from */
+  double loss_scale;       /* fp16: initial loss scale (0: 65536 = 2^16, GradScaler's init_scale) */
+  double min_loss_scale;   /* fp16: training stops when the scale falls below this (0: 1) */
 } DuetConfig;
 
 typedef struct DuetProgram {
@@ -120,6 +125,14 @@ typedef struct DuetProgram {
   int64_t region_bytes[DUET_MEM_COUNT];
   int64_t gemm_flops;    /* per training step, 2*m*n*k summed */
   DuetConfig defaults;
+  /* Dynamic loss scaling (fp16): n_unscale overflow flags (int32, device
+   * memory the session allocates and passes as t[n_tensors]), one per param
+   * gradient, named by unscale_names; the train schedule's steps from
+   * update_from on are the optimizer updates, skipped when a flag is set.
+   * n_unscale 0: no loss scaling (update_from -1). */
+  int n_unscale;
+  const char *const *unscale_names;
+  int update_from;
 } DuetProgram;
 
 /* -------------------------------------------------------------- devices */
@@ -175,6 +188,27 @@ int64_t duet_session_step(const DuetSession *s);
 void duet_session_set_step(DuetSession *s, int64_t step);
 DuetDevice *duet_session_device(DuetSession *s);
 const DuetProgram *duet_session_program(const DuetSession *s);
+/* Dynamic loss scaling (fp16 programs), as torch.cuda.amp.GradScaler with
+ * its defaults: the scale starts at config loss_scale (2^16); a step whose
+ * gradients hold an inf or NaN is skipped (no optimizer update, no AdamW
+ * step count) and halves the scale; 2,000 consecutive good steps double it.
+ * When a halving takes the scale below config min_loss_scale (1), the run
+ * fails with an error naming the first param whose gradient overflowed. */
+typedef struct DuetScaler {
+  double scale;
+  int64_t growth;    /* good steps since the last change (GradScaler's growth tracker) */
+  int64_t skipped;   /* steps skipped so far */
+  int last_skipped;  /* the last train run was skipped */
+  const char *first_overflow; /* param of the first set flag of the last skipped step */
+} DuetScaler;
+#define DUET_SCALE_GROWTH_INTERVAL 2000
+#define DUET_SCALE_GROWTH 2.0
+#define DUET_SCALE_BACKOFF 0.5
+/* The session's scaler (all zero when the program has no loss scaling). */
+DuetScaler duet_session_scaler(const DuetSession *s);
+void duet_session_set_scaler(DuetSession *s, const DuetScaler *sc);
+/* The session's config has --quiet set. */
+int duet_session_config_quiet(const DuetSession *s);
 /* Decoding: the position of the token the next run processes. */
 void duet_session_set_pos(DuetSession *s, int64_t pos);
 /* Number of rows of the current batch that hold real samples (eval). */
@@ -266,11 +300,11 @@ void *duet_read_file(const char *path, size_t *len);
 
 /* safetensors files (huggingface/safetensors, "Format"): an 8-byte
  * little-endian header length N, N bytes of JSON naming each tensor's dtype,
- * shape and byte range, then the data.  duet reads and writes F32, F64 and
- * I32 tensors and the string-to-string "__metadata__" map. */
+ * shape and byte range, then the data.  duet reads and writes F32, F64,
+ * I32, F16 and BF16 tensors and the string-to-string "__metadata__" map. */
 typedef struct DuetStTensor {
   const char *name;
-  int dtype;                     /* DUET_F32, DUET_F64, DUET_I32 */
+  int dtype;                     /* DUET_F32, DUET_F64, DUET_I32, DUET_F16, DUET_BF16 */
   int rank;                      /* 0 (a scalar) .. DUET_MAX_RANK */
   int64_t shape[DUET_MAX_RANK];  /* elements per dim, row-major */
   const void *data;              /* little-endian elements */
@@ -296,7 +330,7 @@ typedef struct DuetStFile DuetStFile;
 /* Reads and validates the whole file.  NULL with a message in err naming the
  * file (and the tensor) when it cannot be read or is corrupt: shorter than
  * 8 bytes, header length beyond the file or over 100 MB, header not a JSON
- * object, a dtype unknown to the format or other than F32/F64/I32, rank over
+ * object, a dtype unknown to the format or other than F32/F64/I32/F16/BF16, rank over
  * DUET_MAX_RANK, a shape entry not an integer >= 0, data_offsets out of the
  * data section, a byte size (elements * dtype size) different from
  * end - begin, overlapping ranges, duplicate names, non-string metadata. */

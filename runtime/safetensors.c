@@ -37,7 +37,7 @@
 
 /* ------------------------------------------------------------- dtypes */
 
-/* Every dtype of the format, with its size in bytes; duet reads three. */
+/* Every dtype of the format, with its size in bytes; duet reads five. */
 static const struct {
   const char *name;
   int size;
@@ -45,7 +45,7 @@ static const struct {
 } st_dtypes[] = {
     {"F32", 4, DUET_F32}, {"F64", 8, DUET_F64},     {"I32", 4, DUET_I32},     {"BOOL", 1, DUET_VOID},
     {"U8", 1, DUET_VOID}, {"I8", 1, DUET_VOID},     {"F8_E5M2", 1, DUET_VOID}, {"F8_E4M3", 1, DUET_VOID},
-    {"I16", 2, DUET_VOID}, {"U16", 2, DUET_VOID},   {"F16", 2, DUET_VOID},    {"BF16", 2, DUET_VOID},
+    {"I16", 2, DUET_VOID}, {"U16", 2, DUET_VOID},   {"F16", 2, DUET_F16},     {"BF16", 2, DUET_BF16},
     {"U32", 4, DUET_VOID}, {"I64", 8, DUET_VOID},   {"U64", 8, DUET_VOID},
 };
 #define ST_N_DTYPES ((int)(sizeof st_dtypes / sizeof st_dtypes[0]))
@@ -440,7 +440,7 @@ static int st_parse_entry(const char *path, const char *name, const cJSON *e, in
     }
   if (!size) BAD("tensor \"%s\": unknown dtype \"%s\"", name, dt->valuestring);
   if (x->dtype == DUET_VOID)
-    BAD("tensor \"%s\": dtype %s is not supported (duet reads F32, F64, I32)", name, dt->valuestring);
+    BAD("tensor \"%s\": dtype %s is not supported (duet reads F32, F64, I32, F16, BF16)", name, dt->valuestring);
   int rank = cJSON_GetArraySize(shape);
   if (rank > DUET_MAX_RANK) BAD("tensor \"%s\": rank %d exceeds %d", name, rank, DUET_MAX_RANK);
   x->rank = rank;

@@ -34,6 +34,8 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --resume PATH      continue from a checkpoint with the losses of an uninterrupted run\n"
           "  --train-subset N   train on the first N training samples\n"
           "  --test-subset N    evaluate on the first N test samples\n"
+          "  --loss-scale X     fp16 programs: initial loss scale (default 65536 = 2^16)\n"
+          "  --min-loss-scale X fp16 programs: stop when the scale falls below X (default 1)\n"
           "  --no-eval          skip evaluation on the test split\n"
           "  --quiet            print only the final result\n"
           "  --help             this text\n",
@@ -86,7 +88,7 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     static const char *const known[] = {"--epochs", "--steps", "--lr", "--weight-decay", "--seed", "--threads",
                                         "--log-every", "--eval-every", "--eval-batches", "--train-subset",
                                         "--test-subset", "--data", "--save", "--save-every", "--resume",
-                                        "--metrics", "--batch"};
+                                        "--metrics", "--batch", "--loss-scale", "--min-loss-scale"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
     int is_known = 0;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
@@ -122,6 +124,15 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     else if (!strcmp(flag, "--save-every")) rc = parse_i64(flag, val, 1, &c->save_every);
     else if (!strcmp(flag, "--resume")) c->resume_path = val;
     else if (!strcmp(flag, "--metrics")) c->metrics_path = val;
+    else if (!strcmp(flag, "--loss-scale") || !strcmp(flag, "--min-loss-scale")) {
+      double x;
+      rc = parse_f64(flag, val, 0, &x);
+      if (!rc && !(x > 0)) {
+        fprintf(stderr, "duet: error: %s expects a number > 0, got '%s'\n", flag, val);
+        rc = 1;
+      }
+      if (!rc) *(flag[2] == 'l' ? &c->loss_scale : &c->min_loss_scale) = x;
+    }
     else if (!strcmp(flag, "--batch")) {
       rc = parse_i64(flag, val, 1, &iv);
       if (!rc && iv != compiled_batch) {
@@ -221,7 +232,19 @@ static int train_step(DuetSession *s, const DuetProgram *p, int64_t step, double
             isnan(*loss) ? "NaN" : "infinite", step);
     return -1;
   }
+  DuetScaler sc = duet_session_scaler(s);
+  if (sc.last_skipped && !duet_session_config_quiet(s))
+    printf("step %" PRId64 ": gradient overflow (first: %s); step skipped, loss scale now %g\n", step,
+           sc.first_overflow, sc.scale);
   return 0;
+}
+
+/* " | loss scale S (K skipped)" for loss-scaled programs, else "". */
+static const char *scale_note(const DuetSession *s, const DuetProgram *p, char *buf, size_t n) {
+  if (!p->n_unscale) return "";
+  DuetScaler sc = duet_session_scaler(s);
+  snprintf(buf, n, " | loss scale %g (%" PRId64 " skipped)", sc.scale, sc.skipped);
+  return buf;
 }
 
 /* The metrics line {"step":S,"loss":L} (nothing without a metrics file). */
@@ -384,8 +407,8 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
       if (step % cfg.log_every == 0 || step == total) {
         double t = now_seconds();
         if (!cfg.quiet)
-          printf("epoch %" PRId64 " step %" PRId64 "/%" PRId64 " | loss %.6f | %.0f samples/s\n", epoch, step, total,
-                 loss, (double)(since_log * B) / (t - t_log));
+          printf("epoch %" PRId64 " step %" PRId64 "/%" PRId64 " | loss %.6f | %.0f samples/s%s\n", epoch, step, total,
+                 loss, (double)(since_log * B) / (t - t_log), scale_note(s, p, (char[64]){0}, 64));
         fflush(stdout);
         if (log_loss(mf, step, loss)) goto out;
         t_log = now_seconds();
@@ -581,8 +604,8 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     if (step % cfg.log_every == 0 || step == total) {
       double t = now_seconds();
       if (!cfg.quiet)
-        printf("step %" PRId64 "/%" PRId64 " | loss %.6f | %.0f tokens/s\n", step, total, loss,
-               (double)(since_log * B * T) / (t - t_log));
+        printf("step %" PRId64 "/%" PRId64 " | loss %.6f | %.0f tokens/s%s\n", step, total, loss,
+               (double)(since_log * B * T) / (t - t_log), scale_note(s, p, (char[64]){0}, 64));
       fflush(stdout);
       if (log_loss(mf, step, loss)) goto out;
       t_log = now_seconds();
