@@ -270,7 +270,7 @@ static void type(Parser *P, DType *dt, Shape *s) {
   int t = w ? dtype_from_name(w) : -1;
   if (t < 0) {
     P->p = at;
-    FAIL(at, "expected a type (f32[...], f64[...], i32[...] or void), found %s", found(P));
+    FAIL(at, "expected a type (f32[...], f64[...], i32[...], f16[...], bf16[...] or void), found %s", found(P));
   }
   *dt = (DType)t;
   *s = shape(P, "'[' and the dimensions of the type");

@@ -229,6 +229,12 @@ void pass_precision(Graph *g, PassCtx *cx) {
     push(&P, v);
   }
 
+  /* the logits the eval pass measures: their f32 version (the 16-bit value
+   * may be fused away into it) */
+  if (g->logits && g->logits->id < n && old[g->logits->id] == g->logits) {
+    Value *l32 = P.memo[(size_t)g->logits->id * DT_COUNT + DT_F32];
+    if (l32) g->logits = l32;
+  }
   /* every param's gradient back to f32 (unscaled, overflow flagged) */
   int slot = 0;
   for (int k = 0; k < n_updates; k++) {

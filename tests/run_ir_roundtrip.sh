@@ -17,10 +17,16 @@ bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 # the pass list, in order, as `duet ir --help` prints it
 passes=$("$DUET" ir --help | sed -n '/Passes, in order:$/,$p' | sed 1d | awk '{print $1}')
 [ -n "$passes" ] || { echo "FAIL: no passes in duet ir --help"; exit 1; }
-for m in models/*.model tests/models/*.model; do
+# fp32, and the models of models/ with fp16 and bf16 storage (--precision)
+for prec in fp32 fp16 bf16; do
+models="models/*.model tests/models/*.model"
+[ $prec = fp32 ] || models="models/*.model"
+PF="--precision $prec"
+for m in $models; do
   b=$(basename "$m" .model)
+  [ $prec = fp32 ] || b=$b.$prec
   for p in $passes; do
-    "$DUET" ir "$m" --after "$p" > "$d/$b.$p.ir" 2> "$d/err" || { bad "$b after $p: duet ir"; cat "$d/err"; continue; }
+    "$DUET" ir "$m" $PF --after "$p" > "$d/$b.$p.ir" 2> "$d/err" || { bad "$b after $p: duet ir"; cat "$d/err"; continue; }
   done
   for p in $passes; do
     [ -s "$d/$b.$p.ir" ] || continue
@@ -30,11 +36,12 @@ for m in models/*.model tests/models/*.model; do
     for q in $passes; do
       [ "$q" = "$p" ] && { later=1; continue; }
       [ $later = 1 ] || continue
-      if "$DUET" ir "$d/$b.$p.ir" --after "$q" > "$d/resumed.ir" 2> "$d/err" && cmp -s "$d/$b.$q.ir" "$d/resumed.ir"; then ok
+      if "$DUET" ir "$d/$b.$p.ir" $PF --after "$q" > "$d/resumed.ir" 2> "$d/err" && cmp -s "$d/$b.$q.ir" "$d/resumed.ir"; then ok
       else bad "$b: the dump after $p, resumed to $q, differs from the model after $q"; cat "$d/err"
         diff "$d/$b.$q.ir" "$d/resumed.ir" | head -10; fi
     done
   done
+done
 done
 # an earlier pass than the dump's is refused
 if "$DUET" ir "$d/fmnist_mlp.memplan.ir" --after shape > /dev/null 2> "$d/err"; then bad "--after shape on a memplan dump accepted"
