@@ -10,6 +10,11 @@ int tmodel_open(TModel *t, const char *name, const char *text, DType float_dtype
 }
 
 int tmodel_open_opt(TModel *t, const char *name, const char *text, const FrontendOptions *fo_in) {
+  return tmodel_open_prec(t, name, text, fo_in, NULL);
+}
+
+int tmodel_open_prec(TModel *t, const char *name, const char *text, const FrontendOptions *fo_in,
+                     const char *precision) {
   FrontendOptions fo = *fo_in;
   memset(t, 0, sizeof *t);
   t->arena = arena_new(1 << 16); /* small chunks: exercises the arena's growth */
@@ -20,7 +25,7 @@ int tmodel_open_opt(TModel *t, const char *name, const char *text, const Fronten
   src->len = strlen(text);
   t->g = frontend_compile(t->arena, &t->diag, src, &fo);
   if (!t->g) return 1;
-  PassCtx pc = {.diag = &t->diag, .verify = true};
+  PassCtx pc = {.diag = &t->diag, .verify = true, .precision = precision};
   if (passes_run(t->g, &pc)) return 1;
   t->cp = codegen_lower(t->g, t->arena);
   char *csrc = codegen_emit_c(t->cp, t->arena);

@@ -27,6 +27,8 @@ typedef struct TModel {
 int tmodel_open(TModel *t, const char *name, const char *text, DType float_dtype);
 /* Same, with frontend options (batch, decode). */
 int tmodel_open_opt(TModel *t, const char *name, const char *text, const FrontendOptions *fo);
+/* Same, with --precision (NULL: auto). */
+int tmodel_open_prec(TModel *t, const char *name, const char *text, const FrontendOptions *fo, const char *precision);
 void tmodel_close(TModel *t);
 /* Tensor id of a value (-1 when it has no storage). */
 int tmodel_tensor(const TModel *t, const Value *v);
