@@ -432,8 +432,8 @@ static int scaler_update(DuetSession *s) {
     double floor = s->cfg.min_loss_scale > 0 ? s->cfg.min_loss_scale : 1.0;
     if (sc->scale < floor) {
       snprintf(s->err, sizeof s->err,
-               "the loss scale fell below %g (--min-loss-scale): the gradient of %s overflows (inf or NaN) even "
-               "unscaled, at step %lld; fp16 cannot represent it (try --precision bf16 or fp32, or a lower --lr)",
+               "the loss scale fell below %g (--min-loss-scale): the gradient of %s keeps overflowing (inf or NaN) "
+               "at step %lld; fp16 cannot represent it (try --precision bf16 or fp32, or a lower --lr)",
                floor, sc->first_overflow, (long long)s->step);
       return -1;
     }

@@ -417,6 +417,67 @@ static void constant_rows(void) {
   tmodel_close(&t16);
 }
 
+/* Dynamic loss scaling in the runtime: an overflowing step leaves params
+ * and Adam state untouched, does not count as an AdamW step, halves the
+ * scale and names the first param whose gradient overflowed; good steps
+ * update, and 2,000 of them in a row double the scale (GradScaler). */
+static void scaler_steps(void) {
+  const char *src = HEAD "input x: f32[8,16]\ninput y: i32[8]\nparam w: [16,4]\nparam b: [4] = zeros\n"
+                         "loss = cross_entropy(x @ w + b, y)\ntrain {\n  batch = 8\n}\n";
+  FrontendOptions fo = {.float_dtype = DT_F32};
+  TModel t;
+  if (tmodel_open_prec(&t, "scaler", src, &fo, "fp16")) {
+    fails++;
+    return;
+  }
+  int before = fails;
+  fill(&t, 11, 4, 1, 0);
+  Value *w = tmodel_param(&t, "w");
+  float *pw = duet_session_tensor(t.s, tmodel_tensor(&t, w));
+  float w0[64];
+  memcpy(w0, pw, sizeof w0);
+  DuetScaler big = {.scale = 0x1p40};
+  duet_session_set_scaler(t.s, &big);
+  if (duet_session_run(t.s, DUET_RUN_TRAIN)) {
+    fprintf(stderr, "FAIL scaler: %s\n", duet_session_error(t.s));
+    fails++;
+    return;
+  }
+  DuetScaler sc = duet_session_scaler(t.s);
+  if (!sc.last_skipped || sc.skipped != 1 || sc.scale != 0x1p39 || sc.growth != 0 || !sc.first_overflow ||
+      strcmp(sc.first_overflow, "w") || memcmp(w0, pw, sizeof w0)) {
+    fprintf(stderr, "FAIL scaler: an overflow at 2^40 gave skipped %d/%lld, scale %g, first %s, params %s\n",
+            sc.last_skipped, (long long)sc.skipped, sc.scale, sc.first_overflow ? sc.first_overflow : "(none)",
+            memcmp(w0, pw, sizeof w0) ? "changed" : "unchanged");
+    fails++;
+  }
+  DuetScaler mid = {.scale = 1024, .skipped = 1};
+  duet_session_set_scaler(t.s, &mid);
+  for (int i = 0; i < DUET_SCALE_GROWTH_INTERVAL; i++) {
+    if (duet_session_run(t.s, DUET_RUN_TRAIN)) {
+      fprintf(stderr, "FAIL scaler: %s\n", duet_session_error(t.s));
+      fails++;
+      return;
+    }
+    sc = duet_session_scaler(t.s);
+    if (i == 0 && (sc.last_skipped || sc.growth != 1 || !memcmp(w0, pw, sizeof w0))) {
+      fprintf(stderr, "FAIL scaler: a good step at 1024 was skipped or did not update\n");
+      fails++;
+    }
+    if (i == DUET_SCALE_GROWTH_INTERVAL - 2 && sc.scale != 1024) {
+      fprintf(stderr, "FAIL scaler: the scale grew before 2000 good steps\n");
+      fails++;
+    }
+  }
+  if (sc.scale != 2048 || sc.growth != 0 || sc.skipped != 1 || duet_session_step(t.s) != 2001) {
+    fprintf(stderr, "FAIL scaler: after 2000 good steps scale %g growth %lld skipped %lld step %lld\n", sc.scale,
+            (long long)sc.growth, (long long)sc.skipped, (long long)duet_session_step(t.s));
+    fails++;
+  }
+  printf("%s loss scaler: overflow skips and halves, 2000 good steps double\n", fails > before ? "FAIL" : "ok");
+  tmodel_close(&t);
+}
+
 int main(void) {
   conversions();
   device_rules();
@@ -425,6 +486,7 @@ int main(void) {
   tiny_gradients();
   large_logits();
   constant_rows();
+  scaler_steps();
   printf("%s\n", fails ? "FAILED" : "all passed");
   return fails != 0;
 }

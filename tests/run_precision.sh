@@ -1,0 +1,77 @@
+#!/bin/sh
+# Mixed precision end to end (duet run on the CPU):
+#   1. forced overflow: fp16 with an initial loss scale of 2^30 overflows
+#      for real (the scaled gradients exceed f16's 65504), so steps are
+#      skipped, the scale halving on each, until the gradients fit; training
+#      then goes on (over 60% test accuracy after 40 steps);
+#   2. the floor: with --min-loss-scale 2^29 the second halving stops the run
+#      with an error naming the first param whose gradient overflowed;
+#   3. resume: 12 fp16 steps straight vs 5 + --resume (the checkpoint is
+#      taken during the backoff, so the scaler state must travel) give the
+#      same losses; bf16 too;
+#   4. duet compile --precision fp16: the executable prints duet run's losses;
+#   5. --arch / --precision: auto follows the device table, bf16 below sm_80
+#      is refused naming the card, duet run refuses a GPU --arch.
+# usage: run_precision.sh path/to/duet   (from the repository root)
+DUET=${1:?usage: run_precision.sh path/to/duet}
+d=$(mktemp -d "${TMPDIR:-/tmp}/duet-prec.XXXXXX") || exit 2
+trap 'rm -rf "$d"' EXIT HUP INT TERM
+pass=0 fail=0
+ok() { echo "ok $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+M=models/fmnist_mlp.model
+F="--train-subset 2560 --test-subset 1000 --threads 2 --precision fp16"
+
+# 1. forced overflow
+"$DUET" run $M $F --steps 40 --log-every 40 --loss-scale 1073741824 > "$d/o.txt" 2>&1 || { bad overflow_run; cat "$d/o.txt"; }
+grep '^step' "$d/o.txt" > "$d/skips"
+k=$(wc -l < "$d/skips")
+# every skipped step halves the scale (printed with %g); the first names linear1.w
+halving=$(awk -v s=1073741824 '{ s /= 2; v = $NF; if (v / s < 0.99999 || v / s > 1.00001) bad = 1 }
+  END { print bad ? "no" : "yes" }' "$d/skips")
+last=$(tail -1 "$d/skips" | awk '{print $NF}')
+if [ "$k" -ge 5 ] && [ "$halving" = yes ] &&
+   head -1 "$d/skips" | grep -qx 'step 1: gradient overflow (first: linear1.w); step skipped, loss scale now 5.36871e+08' &&
+   grep -q "step 40/40 | loss 0\.[0-9]* | [0-9]* samples/s | loss scale $last ($k skipped)" "$d/o.txt" &&
+   grep -q "test accuracy [6-9][0-9]\." "$d/o.txt"; then ok "forced_overflow ($k steps skipped, scale 2^30 -> $last)"
+else bad forced_overflow; cat "$d/o.txt"; fi
+
+# 2. the floor
+"$DUET" run $M $F --steps 5 --loss-scale 1073741824 --min-loss-scale 536870912 > "$d/f.txt" 2> "$d/f.err" &&
+  bad "floor: the run succeeded"
+want="duet: error: the loss scale fell below 5.36871e+08 (--min-loss-scale): the gradient of linear1.w keeps overflowing (inf or NaN) at step 2; fp16 cannot represent it (try --precision bf16 or fp32, or a lower --lr)"
+if [ "$(cat "$d/f.err")" = "$want" ]; then ok floor; else bad floor; echo "got:  $(cat "$d/f.err")"; echo "want: $want"; fi
+
+# 3. exact resume with the scaler state (and bf16)
+for p in fp16 bf16; do
+  R="--train-subset 2560 --threads 2 --precision $p --loss-scale 1073741824 --log-every 1 --no-eval --quiet"
+  "$DUET" run $M $R --steps 12 --metrics "$d/a.jsonl" > /dev/null &&
+  "$DUET" run $M $R --steps 5 --save "$d/ck.st" > /dev/null &&
+  "$DUET" run $M $R --steps 12 --resume "$d/ck.st" --metrics "$d/b.jsonl" > /dev/null &&
+  tail -7 "$d/a.jsonl" | diff - "$d/b.jsonl" && ok "resume_$p" || bad "resume_$p"
+done
+
+# 4. the compiled executable
+C="--steps 12 --log-every 3 --threads 2 --seed 3 --no-eval --train-subset 2560"
+"$DUET" compile $M --precision fp16 -o "$d/exe" > /dev/null &&
+"$d/exe" $C --metrics "$d/aot.jsonl" > /dev/null &&
+"$DUET" run $M --precision fp16 $C --metrics "$d/jit.jsonl" > /dev/null &&
+diff "$d/jit.jsonl" "$d/aot.jsonl" && ok compiled_fp16 || bad compiled_fp16
+
+# 5. flags and the device table
+"$DUET" ir $M --arch sm_61 --after precision | grep -q '^%6 = matmul %4, %5 : f16\[256,1024\]$' && ok arch_sm_61_fp16 || bad arch_sm_61_fp16
+"$DUET" ir $M --arch sm_80 --after precision | grep -q ': bf16\[256,1024\]' && ok arch_sm_80_bf16 || bad arch_sm_80_bf16
+"$DUET" ir $M --after precision | grep -q 'f16\|bf16' && bad cpu_auto_fp32 || ok cpu_auto_fp32
+expect() { # name command... ; the expected stderr in $want
+  n=$1; shift
+  "$@" > /dev/null 2> "$d/e" && { bad "$n: succeeded"; return; }
+  [ "$(cat "$d/e")" = "$want" ] && ok "$n" || { bad "$n"; echo "got:  $(cat "$d/e")"; echo "want: $want"; }
+}
+want="duet: error: bf16 needs compute capability 8.0 or newer; sm_60 (Tesla P100) has no bf16 arithmetic: use --precision fp16"
+expect bf16_on_p100 "$DUET" ir $M --arch sm_60 --precision bf16
+want="duet: error: unknown precision \`fp8\` (auto, fp32, fp16, bf16)"
+expect bad_precision "$DUET" check $M --precision fp8
+want="duet: error: duet run builds for the CPU; --arch sm_60 is for duet ir and duet check"
+expect run_gpu_arch "$DUET" run $M --arch sm_60
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
