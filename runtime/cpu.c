@@ -97,13 +97,23 @@ static int cpu_launch(DuetDevice *d, int kernel, void *const *t, const double *s
 
 /* n elements of a 16-bit tensor to f32, and back (round to nearest even). */
 static void widen16(float *dst, const uint16_t *src, int64_t n, int dtype) {
-  #pragma omp parallel for schedule(static) if (n >= 65536)
-  for (int64_t i = 0; i < n; i++) dst[i] = dtype == DUET_F16 ? duet_f32_from_f16(src[i]) : duet_f32_from_bf16(src[i]);
+  if (dtype == DUET_F16) {
+    #pragma omp parallel for simd schedule(static) if (n >= 65536)
+    for (int64_t i = 0; i < n; i++) dst[i] = duet_f32_from_f16(src[i]);
+  } else {
+    #pragma omp parallel for simd schedule(static) if (n >= 65536)
+    for (int64_t i = 0; i < n; i++) dst[i] = duet_f32_from_bf16(src[i]);
+  }
 }
 
 static void narrow16(uint16_t *dst, const float *src, int64_t n, int dtype) {
-  #pragma omp parallel for schedule(static) if (n >= 65536)
-  for (int64_t i = 0; i < n; i++) dst[i] = dtype == DUET_F16 ? duet_f16_from_f32(src[i]) : duet_bf16_from_f32(src[i]);
+  if (dtype == DUET_F16) {
+    #pragma omp parallel for simd schedule(static) if (n >= 65536)
+    for (int64_t i = 0; i < n; i++) dst[i] = duet_f16_from_f32(src[i]);
+  } else {
+    #pragma omp parallel for simd schedule(static) if (n >= 65536)
+    for (int64_t i = 0; i < n; i++) dst[i] = duet_bf16_from_f32(src[i]);
+  }
 }
 
 /* A GEMM of 16-bit operands with f32 accumulation: A and B widened exactly

@@ -36,36 +36,40 @@ static inline float duet_bits_f32(uint32_t u) {
   return f;
 }
 
+/* Written without branches (every case computed, then selected) so that
+ * loops over tensors vectorise. */
 #pragma omp declare simd notinbranch
 static inline uint16_t duet_f16_from_f32(float f) {
   uint32_t x = duet_f32_bits(f);
   uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu)); /* NaN, quiet */
-  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 and inf: inf */
-  if (ax < 0x38800000u) /* below 2^-14: a subnormal or zero; 0.5 + |f| rounds |f| to a multiple of 2^-24 */
-    return (uint16_t)(sign | (duet_f32_bits(duet_bits_f32(ax) + 0.5f) - 0x3f000000u));
   /* normal: rebias the exponent (127 -> 15) and round the 13 dropped bits to
-   * nearest even; a carry out of the fraction correctly bumps the exponent */
-  ax += 0xc8000fffu + ((ax >> 13) & 1u); /* (15 - 127) << 23, half an ulp minus one, the odd bit */
-  return (uint16_t)(sign | (ax >> 13));
+   * nearest even; a carry out of the fraction correctly bumps the exponent.
+   * 0xc8000fff = (15 - 127) << 23 (mod 2^32) plus half an ulp minus one. */
+  uint32_t normal = (ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13;
+  /* below 2^-14: a subnormal or zero; 0.5 + |f| rounds |f| to a multiple of 2^-24 */
+  uint32_t sub = duet_f32_bits(duet_bits_f32(ax) + 0.5f) - 0x3f000000u;
+  uint32_t nan = 0x7e00u | ((ax >> 13) & 0x3ffu); /* quiet, top payload bits kept */
+  uint32_t r = ax < 0x38800000u ? sub : normal;
+  r = ax >= 0x477ff000u ? 0x7c00u : r; /* >= 65520 and inf: inf */
+  r = ax > 0x7f800000u ? nan : r;
+  return (uint16_t)(sign | r);
 }
 
 #pragma omp declare simd notinbranch
 static inline float duet_f32_from_f16(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0x1f) return duet_bits_f32(sign | 0x7f800000u | (m << 13)); /* inf, NaN */
-  if (e == 0) { /* zero, subnormal: m * 2^-24, exact */
-    float v = (float)m * 0x1p-24f;
-    return sign ? -v : v;
-  }
-  return duet_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+  uint32_t normal = ((e + 112u) << 23) | (m << 13);
+  uint32_t special = 0x7f800000u | (m << 13);                 /* inf, NaN */
+  uint32_t sub = duet_f32_bits((float)m * 0x1p-24f);          /* zero, subnormal: m * 2^-24, exact */
+  uint32_t r = e == 0 ? sub : e == 31 ? special : normal;
+  return duet_bits_f32(sign | r);
 }
 
 #pragma omp declare simd notinbranch
 static inline uint16_t duet_bf16_from_f32(float f) {
   uint32_t x = duet_f32_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* NaN, quiet */
-  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);                 /* nearest even */
+  uint32_t nan = (x >> 16) | 0x40u, r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16; /* NaN quiet; nearest even */
+  return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? nan : r);
 }
 
 #pragma omp declare simd notinbranch
