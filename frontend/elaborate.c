@@ -161,7 +161,7 @@ static const char *const functions[] = {"dim",     "sqrt",    "attention", "laye
                                         "sum",     "max",     "split",     "repeat"};
 static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
                                          "batch", "epochs", "steps", "seed", "log_every", "eval",
-                                         "eval_every", "eval_batches"};
+                                         "eval_every", "eval_batches", "precision"};
 #define N_TRAIN_KEYS (int)(sizeof train_keys / sizeof train_keys[0])
 
 /* -------------------------------------------------------------- helpers */
@@ -1207,6 +1207,12 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
       else if (!strcmp(k, "log_every")) t->log_every = want_int(e, x, "log_every", 1);
       else if (!strcmp(k, "eval_every")) t->eval_every = want_int(e, x, "eval_every", 1);
       else if (!strcmp(k, "eval_batches")) t->eval_batches = want_int(e, x, "eval_batches", 1);
+      else if (!strcmp(k, "precision")) { /* the command line's --precision wins */
+        if (x.kind != EV_STR || (strcmp(x.str, "auto") && strcmp(x.str, "fp32") && strcmp(x.str, "fp16") &&
+                                 strcmp(x.str, "bf16")))
+          diag_error(e->d, x.loc, "precision must be \"auto\", \"fp32\", \"fp16\" or \"bf16\"");
+        t->precision = x.str;
+      }
     }
   }
 }

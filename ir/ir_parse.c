@@ -950,7 +950,7 @@ static void value_line(Parser *P, bool has_result) {
 /* ------------------------------------------------------------- train */
 
 static const char *const train_key_names[] = {"data", "optimizer", "batch", "epochs", "steps", "seed",
-                                              "log_every", "eval", "eval_every", "eval_batches"};
+                                              "log_every", "eval", "eval_every", "eval_batches", "precision"};
 enum { N_TRAIN_KEYS = sizeof train_key_names / sizeof *train_key_names };
 
 /* adamw(lr = X, ...) or sgd(...) */
@@ -1016,7 +1016,7 @@ static void train_line(Parser *P) {
   while (i < N_TRAIN_KEYS && strcmp(train_key_names[i], k)) i++;
   if (i == N_TRAIN_KEYS)
     FAIL(ka, "unknown train key `%s`%s (keys: data, optimizer, batch, epochs, steps, seed, log_every, eval, "
-             "eval_every, eval_batches)", k, hint(P, k, train_key_names, N_TRAIN_KEYS));
+             "eval_every, eval_batches, precision)", k, hint(P, k, train_key_names, N_TRAIN_KEYS));
   if (P->train_keys & (1u << i)) FAIL(ka, "train key `%s` is set twice", k);
   P->train_keys |= 1u << i;
   expect(P, '=', arena_printf(P->a, "'=' after `%s`", k));
@@ -1057,6 +1057,13 @@ static void train_line(Parser *P) {
   }
   case 8: t->eval_every = integer(P, 0, INT64_MAX, "eval_every"); break;
   case 9: t->eval_batches = integer(P, 1, INT32_MAX, "eval_batches"); break;
+  case 10: {
+    const char *s = string(P, "\"auto\", \"fp32\", \"fp16\" or \"bf16\"");
+    if (strcmp(s, "auto") && strcmp(s, "fp32") && strcmp(s, "fp16") && strcmp(s, "bf16"))
+      FAIL(va, "precision must be \"auto\", \"fp32\", \"fp16\" or \"bf16\"");
+    t->precision = s;
+    break;
+  }
   }
   want_eol(P, arena_printf(P->a, "the value of `%s`", k));
 }

@@ -73,5 +73,10 @@ want="duet: error: unknown precision \`fp8\` (auto, fp32, fp16, bf16)"
 expect bad_precision "$DUET" check $M --precision fp8
 want="duet: error: duet run builds for the CPU; --arch sm_60 is for duet ir and duet check"
 expect run_gpu_arch "$DUET" run $M --arch sm_60
+# the train section's `precision` key, and the command line winning over it
+sed 's/^  seed = 1$/  seed = 1\n  precision = "bf16"/' $M > "$d/p.model"
+"$DUET" ir "$d/p.model" --after precision | grep -q '^%6 = matmul %4, %5 : bf16\[256,1024\]$' && ok train_key_precision ||
+  bad train_key_precision
+"$DUET" ir "$d/p.model" --after precision --precision fp32 | grep -q 'bf16\[' && bad cli_wins || ok cli_wins
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
