@@ -148,6 +148,8 @@ static int lower_elementwise(Lower *L, Value *v) {
           : v->op == OP_DROPOUT ? ins(&b, KI_DROPOUT, opnd[0], (int)v->attr.site, v->attr.p)
                                 : ins(&b, kop_of(v->op), opnd[0], opnd[1], 0);
   }
+  /* a final rounding to the output's own dtype is the store's */
+  if (res == b.n - 1 && b.ins[res].op == KI_CAST && (DType)(int)b.ins[res].value == v->dtype) res = b.ins[--b.n].a;
   int out = add_buf(k, tid(L, v), v->dtype, &v->shape, &v->shape);
   ins(&b, KI_STORE, out, res, 0);
   finish_ew(L, k, &b, shape_numel(&v->shape));

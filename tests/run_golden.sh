@@ -30,5 +30,9 @@ for m in models/*.model; do
   done
   check "$base.c" "$DUET" emit "$m" --target c
 done
+# mixed precision: the precision pass's dtypes and casts, and fused 16-bit kernels
+check fmnist_mlp.fp16.precision.ir "$DUET" ir models/fmnist_mlp.model --precision fp16 --after precision
+check fmnist_mlp.fp16.c "$DUET" emit models/fmnist_mlp.model --precision fp16 --target c
+check gpt_kjv.bf16.fuse.ir "$DUET" ir models/gpt_kjv.model --precision bf16 --after fuse
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
