@@ -31,7 +31,7 @@ gpt: build data
 	$(BUILD)/duet run models/gpt_kjv.model
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE long
 	@$(MAKE) --no-print-directory fuzz
 
 # A bounded fuzz run (FUZZ_SECONDS, default 60) of the frontend, the verifier
@@ -47,7 +47,13 @@ fuzz: deps
 test-asan: deps
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=ON > /dev/null
 	@cmake --build $(BUILD)-asan -j$(JOBS)
-	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
+	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS) -LE long
+
+# Long accuracy checks (ctest label `long`): mixed precision against fp32 on
+# fmnist_mlp (5 epochs) and gpt_kjv (DUET_LONG_GPT_STEPS, default 1000).
+.PHONY: test-long
+test-long: build data
+	cd $(BUILD) && ctest --output-on-failure -L long
 
 # Throughput against PyTorch on the same cores (not a test).
 bench: build
