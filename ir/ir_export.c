@@ -89,6 +89,12 @@ static void dot_attrs(const Value *v, Buf *out) {
   case OP_ADAMW: case OP_SGD:
     if (a->no_decay) bput(out, "no decay");
     break;
+  case OP_CAST:
+    bput(out, "to %s", dtype_name(v->dtype));
+    break;
+  case OP_UNSCALE:
+    bput(out, "flag %d", a->slot);
+    break;
   case OP_FUSED: { /* the ops of the program; loads and constants left out */
     int shown = 0;
     for (int k = 0; k < a->prog->n; k++) {
@@ -278,6 +284,9 @@ static void json_attrs(J *j, cJSON *o, const Value *v) {
   case OP_ADAMW: case OP_SGD:
     jbool(j, o, "no_decay", a->no_decay);
     break;
+  case OP_UNSCALE:
+    jnum(j, o, "slot", a->slot);
+    break;
   case OP_FUSED: {
     cJSON *prog = jchk(j, cJSON_AddArrayToObject(o, "program"));
     for (int k = 0; prog && k < a->prog->n; k++) {
@@ -295,9 +304,10 @@ static void json_attrs(J *j, cJSON *o, const Value *v) {
         jnum(j, in, "value", fi->value);
         continue;
       }
-      jnum(j, in, "a", fi->a);
+      if (op_info[fi->op].arity > 0) jnum(j, in, "a", fi->a);
       if (op_info[fi->op].arity > 1) jnum(j, in, "b", fi->b);
       if (fi->op == OP_DROPOUT) jnum(j, in, "p", fi->value), jint(j, in, "site", fi->site);
+      if (fi->op == OP_CAST) jstr(j, in, "dtype", dtype_name((DType)fi->site));
     }
     break;
   }
@@ -339,6 +349,7 @@ static void json_train(J *j, cJSON *o, const TrainSpec *t) {
   jbool(j, o, "eval", t->eval);
   jint(j, o, "eval_every", t->eval_every);
   jint(j, o, "eval_batches", t->eval_batches);
+  if (t->precision) jstr(j, o, "precision", t->precision);
 }
 
 static bool in_graph(const Graph *g, const Value *v) {
