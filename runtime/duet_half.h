@@ -36,6 +36,14 @@ static inline float duet_bits_f32(uint32_t u) {
   return f;
 }
 
+/* c ? a : b as bit masks: gcc turns a chain of ?: into branches, which stop
+ * loops from vectorising (unsigned -> float conversions too, hence the
+ * int32_t casts). */
+static inline uint32_t duet_select_u32(int c, uint32_t a, uint32_t b) {
+  uint32_t m = 0u - (uint32_t)(c != 0);
+  return (a & m) | (b & ~m);
+}
+
 /* Written without branches (every case computed, then selected) so that
  * loops over tensors vectorise. */
 #pragma omp declare simd notinbranch
@@ -49,9 +57,9 @@ static inline uint16_t duet_f16_from_f32(float f) {
   /* below 2^-14: a subnormal or zero; 0.5 + |f| rounds |f| to a multiple of 2^-24 */
   uint32_t sub = duet_f32_bits(duet_bits_f32(ax) + 0.5f) - 0x3f000000u;
   uint32_t nan = 0x7e00u | ((ax >> 13) & 0x3ffu); /* quiet, top payload bits kept */
-  uint32_t r = ax < 0x38800000u ? sub : normal;
-  r = ax >= 0x477ff000u ? 0x7c00u : r; /* >= 65520 and inf: inf */
-  r = ax > 0x7f800000u ? nan : r;
+  uint32_t r = duet_select_u32(ax < 0x38800000u, sub, normal);
+  r = duet_select_u32(ax >= 0x477ff000u, 0x7c00u, r); /* >= 65520 and inf: inf */
+  r = duet_select_u32(ax > 0x7f800000u, nan, r);
   return (uint16_t)(sign | r);
 }
 
@@ -60,8 +68,9 @@ static inline float duet_f32_from_f16(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
   uint32_t normal = ((e + 112u) << 23) | (m << 13);
   uint32_t special = 0x7f800000u | (m << 13);                 /* inf, NaN */
-  uint32_t sub = duet_f32_bits((float)m * 0x1p-24f);          /* zero, subnormal: m * 2^-24, exact */
-  uint32_t r = e == 0 ? sub : e == 31 ? special : normal;
+  uint32_t sub = duet_f32_bits((float)(int32_t)m * 0x1p-24f); /* zero, subnormal: m * 2^-24, exact */
+  uint32_t r = duet_select_u32(e == 31u, special, normal);
+  r = duet_select_u32(e == 0u, sub, r);
   return duet_bits_f32(sign | r);
 }
 
@@ -69,7 +78,7 @@ static inline float duet_f32_from_f16(uint16_t h) {
 static inline uint16_t duet_bf16_from_f32(float f) {
   uint32_t x = duet_f32_bits(f);
   uint32_t nan = (x >> 16) | 0x40u, r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16; /* NaN quiet; nearest even */
-  return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? nan : r);
+  return (uint16_t)duet_select_u32((x & 0x7fffffffu) > 0x7f800000u, nan, r);
 }
 
 #pragma omp declare simd notinbranch
