@@ -42,7 +42,8 @@ typedef struct Parser {
   int line;
   IdSlot *slots; /* %id -> value, open addressing */
   size_t cap;
-  int model_line, after_line, train_line, regions_line, float_line, decode_line;
+  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line;
+  uint64_t device_regions[IR_MAX_STAGES / 64 + 1]; /* `regions device N` lines seen */
   int loss_line, logits_line, labels_line;
   bool in_train; /* inside the lines of `train { ... }` */
   unsigned train_keys; /* bit per key already set */
@@ -926,7 +927,8 @@ static void value_line(Parser *P, bool has_result) {
 /* ------------------------------------------------------------- train */
 
 static const char *const train_key_names[] = {"data", "optimizer", "batch", "epochs", "steps", "seed",
-                                              "log_every", "eval", "eval_every", "eval_batches"};
+                                              "log_every", "eval", "eval_every", "eval_batches",
+                                              "micro_batches"};
 enum { N_TRAIN_KEYS = sizeof train_key_names / sizeof *train_key_names };
 
 /* adamw(lr = X, ...) or sgd(...) */
@@ -992,7 +994,7 @@ static void train_line(Parser *P) {
   while (i < N_TRAIN_KEYS && strcmp(train_key_names[i], k)) i++;
   if (i == N_TRAIN_KEYS)
     FAIL(ka, "unknown train key `%s`%s (keys: data, optimizer, batch, epochs, steps, seed, log_every, eval, "
-             "eval_every, eval_batches)", k, hint(P, k, train_key_names, N_TRAIN_KEYS));
+             "eval_every, eval_batches, micro_batches)", k, hint(P, k, train_key_names, N_TRAIN_KEYS));
   if (P->train_keys & (1u << i)) FAIL(ka, "train key `%s` is set twice", k);
   P->train_keys |= 1u << i;
   expect(P, '=', arena_printf(P->a, "'=' after `%s`", k));
@@ -1033,6 +1035,7 @@ static void train_line(Parser *P) {
   }
   case 8: t->eval_every = integer(P, 0, INT64_MAX, "eval_every"); break;
   case 9: t->eval_batches = integer(P, 1, INT32_MAX, "eval_batches"); break;
+  case 10: t->micro_batches = integer(P, 1, INT32_MAX, "micro_batches"); break;
   }
   want_eol(P, arena_printf(P->a, "the value of `%s`", k));
 }
@@ -1100,8 +1103,24 @@ static void parse_line(Parser *P) {
     expect(P, '{', "'{' after `train`");
     want_eol(P, "'{' (the train keys follow one a line, then '}')");
     P->in_train = true;
+  } else if (!strcmp(w, "stages")) {
+    once(P, at, &P->stages_line, "stages");
+    g->n_stages = (int)integer(P, 2, IR_MAX_STAGES, "the number of stages");
+    want_eol(P, "the number of stages");
   } else if (!strcmp(w, "regions")) {
-    once(P, at, &P->regions_line, "regions");
+    int64_t *bytes = g->region_bytes;
+    ws(P);
+    if (!strncmp(P->p, "device", 6) && (P->p[6] == ' ' || P->p[6] == '\t')) {
+      want_word(P, "device");
+      const char *da = P->p;
+      int dev = (int)integer(P, 0, IR_MAX_STAGES - 1, "a device number");
+      if (dev >= g->n_stages) FAIL(da, "device %d: the `stages` line (before) says %d stages", dev, g->n_stages);
+      if (P->device_regions[dev / 64] & (1ull << (dev % 64))) FAIL(da, "regions of device %d are given twice", dev);
+      P->device_regions[dev / 64] |= 1ull << (dev % 64);
+      bytes = g->stage_bytes[dev];
+    } else {
+      once(P, at, &P->regions_line, "regions");
+    }
     unsigned seen = 0;
     while (!at_eol(P)) {
       const char *ra = P->p;
@@ -1112,8 +1131,10 @@ static void parse_line(Parser *P) {
       if (seen & (1u << m)) FAIL(ra, "region `%s` is given twice", r);
       seen |= 1u << m;
       expect(P, '=', arena_printf(P->a, "'=' after `%s`", r));
-      g->region_bytes[m] = integer(P, 0, INT64_MAX / 2, "a size in bytes");
+      bytes[m] = integer(P, 0, INT64_MAX / 2, "a size in bytes");
     }
+    if (bytes != g->region_bytes && bytes == g->stage_bytes[0])
+      memcpy(g->region_bytes, bytes, sizeof g->region_bytes);
     P->have_regions = true;
   } else if (!strcmp(w, "loss") || !strcmp(w, "logits") || !strcmp(w, "labels")) {
     int *ln = !strcmp(w, "loss") ? &P->loss_line : !strcmp(w, "logits") ? &P->logits_line : &P->labels_line;
@@ -1152,8 +1173,8 @@ static void parse_line(Parser *P) {
     int op = op_from_name(w);
     if (op < 0) {
       static const char *const kw[] = {"model", "after", "float_dtype", "decode", "train", "regions", "loss", "logits",
-                                       "labels", "grad"};
-      const char *h = hint(P, w, kw, 10);
+                                       "labels", "grad", "stages"};
+      const char *h = hint(P, w, kw, 11);
       FAIL(at, "unknown op `%s`%s", w, *h ? h : op_hint(P, w));
     }
     if (!(op_info[op].flags & OPF_SIDE)) FAIL(at, "%s has a result: the line must start with `%%N =`", w);
@@ -1190,9 +1211,11 @@ static void check_regions(Parser *P) {
       fail_loc(P, v->loc, "%%%d (%s) must live in @%s, not @%s", v->id, op_info[v->op].name, mem_region_name(want),
                mem_region_name(v->region));
     int64_t bytes = (int64_t)dtype_size(v->dtype) * shape_numel(&v->shape);
-    if (v->offset % (int64_t)dtype_size(v->dtype) || v->offset > g->region_bytes[v->region] - bytes)
+    const int64_t *rb = g->n_stages > 1 && v->device >= 0 && v->device < g->n_stages ? g->stage_bytes[v->device]
+                                                                                      : g->region_bytes;
+    if (v->offset % (int64_t)dtype_size(v->dtype) || v->offset > rb[v->region] - bytes)
       fail_loc(P, v->loc, "%%%d: %" PRId64 " bytes at @%s+%" PRId64 " do not fit the region (%" PRId64 " bytes%s%s)", v->id,
-               bytes, mem_region_name(v->region), v->offset, g->region_bytes[v->region],
+               bytes, mem_region_name(v->region), v->offset, rb[v->region],
                P->have_regions ? "" : "; the `regions` line is missing",
                v->offset % (int64_t)dtype_size(v->dtype) ? ", or the offset is misaligned" : "");
   }

@@ -11,6 +11,7 @@ const Pass duet_passes[] = {
     {"optimizer", pass_optimizer, "append the optimizer update (AdamW or SGD) of every param"},
     {"eval", pass_eval, "append the evaluation metrics (correct predictions, summed loss)"},
     {"fuse", pass_fuse, "fuse chains of elementwise ops into single loops"},
+    {"partition", pass_partition, "assign every op a device (pipeline stage) and insert transfers at the cuts"},
     {"memplan", pass_memplan, "assign byte offsets: params, optimizer state, activation arena"},
 };
 const int duet_n_passes = (int)(sizeof duet_passes / sizeof duet_passes[0]);

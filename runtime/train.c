@@ -36,6 +36,10 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --test-subset N    evaluate on the first N test samples\n"
           "  --no-eval          skip evaluation on the test split\n"
           "  --quiet            print only the final result\n"
+          "  --devices SPEC     pipeline over devices: cpu:0,cpu:1 (virtual CPU devices, each a thread\n"
+          "                     with its own arena and threads/S cores), cuda:N; one stage each\n"
+          "  --micro-batches M  split each batch into M micro-batches, gradients summed (loss / M)\n"
+          "  --schedule S       pipeline schedule: gpipe (fill-drain, default) or 1f1b\n"
           "  --help             this text\n",
           argv0);
 }
@@ -86,7 +90,7 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     static const char *const known[] = {"--epochs", "--steps", "--lr", "--weight-decay", "--seed", "--threads",
                                         "--log-every", "--eval-every", "--eval-batches", "--train-subset",
                                         "--test-subset", "--data", "--save", "--save-every", "--resume",
-                                        "--metrics", "--batch"};
+                                        "--metrics", "--batch", "--devices", "--micro-batches", "--schedule"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
     int is_known = 0;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
@@ -122,6 +126,22 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     else if (!strcmp(flag, "--save-every")) rc = parse_i64(flag, val, 1, &c->save_every);
     else if (!strcmp(flag, "--resume")) c->resume_path = val;
     else if (!strcmp(flag, "--metrics")) c->metrics_path = val;
+    else if (!strcmp(flag, "--devices")) {
+      DuetDeviceSpec d[DUET_MAX_DEVICES];
+      int n;
+      char err[256];
+      if ((rc = duet_devices_parse(val, d, DUET_MAX_DEVICES, &n, err, sizeof err) != 0))
+        fprintf(stderr, "duet: error: %s\n", err);
+      c->devices = val;
+    } else if (!strcmp(flag, "--micro-batches")) rc = parse_i64(flag, val, 1, &c->micro_batches);
+    else if (!strcmp(flag, "--schedule")) {
+      if (!strcmp(val, "gpipe")) c->schedule = DUET_SCHEDULE_GPIPE;
+      else if (!strcmp(val, "1f1b")) c->schedule = DUET_SCHEDULE_1F1B;
+      else {
+        fprintf(stderr, "duet: error: --schedule expects gpipe or 1f1b, got '%s'\n", val);
+        rc = 1;
+      }
+    }
     else if (!strcmp(flag, "--batch")) {
       rc = parse_i64(flag, val, 1, &iv);
       if (!rc && iv != compiled_batch) {
@@ -272,6 +292,35 @@ static int check_labels(const DuetDataset *ds, int n_classes, const char *what) 
   return 0;
 }
 
+/* The device and session for p: a pipeline (its own devices; *dev stays
+ * NULL) when p has stages, else one CPU device.  NULL after a message. */
+static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
+                                 DuetDevice **dev) {
+  char err[1024];
+  DuetSession *s;
+  *dev = NULL;
+  if (p->n_stages >= 1) {
+    if (cfg->micro_batches && cfg->micro_batches != (p->micro_batches > 0 ? p->micro_batches : 1)) {
+      fprintf(stderr, "duet: error: this program was compiled for %d micro-batches, not %" PRId64 "\n",
+              p->micro_batches, cfg->micro_batches);
+      return NULL;
+    }
+    if (!(s = duet_session_new_pipeline(p, kernels, cfg, err, sizeof err))) fprintf(stderr, "duet: error: %s\n", err);
+    return s;
+  }
+  if (cfg->devices || cfg->micro_batches > 1) {
+    fprintf(stderr, "duet: error: this program was compiled for one device without micro-batches; recompile with "
+                    "--devices / --micro-batches\n");
+    return NULL;
+  }
+  if (!(*dev = duet_cpu_device(kernels, p->n_kernels, cfg->threads))) {
+    fprintf(stderr, "duet: error: out of host memory\n");
+    return NULL;
+  }
+  if (!(s = duet_session_new(p, *dev, cfg, err, sizeof err))) fprintf(stderr, "duet: error: %s\n", err);
+  return s;
+}
+
 static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg) {
   int rc;
   char err[1024];
@@ -321,14 +370,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (!(dev = duet_cpu_device(kernels, p->n_kernels, cfg.threads))) {
-    fprintf(stderr, "duet: error: out of host memory\n");
-    goto out;
-  }
-  if (!(s = duet_session_new(p, dev, &cfg, err, sizeof err))) {
-    fprintf(stderr, "duet: error: %s\n", err);
-    goto out;
-  }
+  if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
   if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
     fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));
     goto out;
@@ -541,11 +583,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (!(dev = duet_cpu_device(kernels, p->n_kernels, cfg.threads)) ||
-      !(s = duet_session_new(p, dev, &cfg, err, sizeof err))) {
-    fprintf(stderr, "duet: error: %s\n", dev ? err : "out of host memory");
-    goto out;
-  }
+  if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
   if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
     fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));
     goto out;
