@@ -171,8 +171,10 @@ struct DuetSession {
   int64_t step; /* optimizer steps taken */
   double *prof; /* DUET_PROFILE=1: seconds per train step entry, summed */
   int64_t prof_runs;
-  DuetPipe *pipe; /* a pipelined program (p->n_stages >= 1): dev is NULL */
+  DuetPipe *pipe; /* a pipelined program (p->n_stages >= 1); dev is then a
+                   * CPU device of its own for host copies (checkpoints) */
   int64_t n_valid;
+  bool own_dev; /* the pipeline's host-copy device, freed with the session */
   char err[800];
 };
 
@@ -322,6 +324,12 @@ DuetSession *duet_session_new_pipeline(const DuetProgram *p, const DuetKernelFn 
   }
   s->p = p;
   s->cfg = *cfg;
+  if (!(s->dev = duet_cpu_device(kernels, p->n_kernels, 0))) {
+    snprintf(err, errlen, "out of host memory");
+    duet_session_free(s);
+    return NULL;
+  }
+  s->own_dev = true;
   if (!(s->pipe = duet_pipe_new(p, kernels, cfg, err, errlen))) {
     duet_session_free(s);
     return NULL;
@@ -333,7 +341,11 @@ DuetSession *duet_session_new_pipeline(const DuetProgram *p, const DuetKernelFn 
 
 void duet_session_free(DuetSession *s) {
   if (!s) return;
-  duet_pipe_free(s->pipe);
+  if (s->own_dev) {
+    duet_pipe_free(s->pipe);
+    if (s->dev) s->dev->ops->destroy(s->dev);
+    s->dev = NULL;
+  }
   if (s->prof) {
     print_profile(s);
     free(s->prof);
