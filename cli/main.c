@@ -382,9 +382,10 @@ static int cmd_compile(int argc, char **argv) {
 
 static int cmd_ir(int argc, char **argv) {
   const char *model = NULL, *after = NULL, *format = "text";
+  int64_t batch = 0;
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("usage: duet ir M.model [--after PASS] [--format text|dot|json] [--devices SPEC] [--micro-batches M]\n"
+      printf("usage: duet ir M.model [--after PASS] [--format text|dot|json] [--devices SPEC] [--micro-batches M] [--batch N]\n"
              "Prints the IR after PASS (default: shape; for a G.ir dump, the pass it was printed after).\n"
              "Formats: text (the default; `duet run G.ir` and `duet ir G.ir` read it back), dot (Graphviz:\n"
              "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Passes, in order:\n");
@@ -397,6 +398,9 @@ static int cmd_ir(int argc, char **argv) {
     } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") ||
                 !strcmp(argv[i], "--threads")) && i + 1 < argc) {
       i++; /* read by par_opts */
+    } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
+      batch = scan_batch(2, argv + i);
+      i++;
     } else if (!strcmp(argv[i], "--format") && i + 1 < argc) {
       format = argv[++i];
     } else if (!strncmp(argv[i], "--format=", 9)) {
@@ -426,7 +430,7 @@ static int cmd_ir(int argc, char **argv) {
   ParOpts po;
   if (par_opts(&po, argc, argv)) return 1;
   Compiled c;
-  int rc = compile_model_par(&c, model, 0, &po, NULL, after ? after : "shape");
+  int rc = compile_model_par(&c, model, batch, &po, NULL, after ? after : "shape");
   par_free(&po);
   if (!rc && after && (!c.g->after_pass || strcmp(c.g->after_pass, after))) {
     fprintf(stderr, "duet: error: %s was printed after %s; it cannot be shown after the earlier pass %s\n", model,

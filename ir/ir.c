@@ -469,7 +469,7 @@ void ir_infer_shape(Graph *g, Value *v) {
     break;
   case SHAPE_SAME:
     s = v->in[0]->shape;
-    if (v->op == OP_CROSS_ENTROPY_GRAD) {
+    if (v->op == OP_CROSS_ENTROPY_GRAD || v->op == OP_TRANSFER) { /* a transfer copies any dtype */
       v->dtype = v->in[0]->dtype;
       break;
     }

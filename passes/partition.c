@@ -218,6 +218,11 @@ static void place_forward(Part *P, int *stage_of_f) {
                      block_text(g, P->F[i]), P->F[i]->device, i, P->F[i]->device - 1);
         }
       }
+    bool pins = false;
+    for (int i = 0; i < N; i++) pins |= P->F[i]->device >= 0;
+    if (pins)
+      diag_error_noloc(g->diag, "no split into %d stages puts every pinned op on its @device, leaves no stage empty "
+                       "and keeps every stage within its memory", S);
     diag_error_noloc(g->diag, "the model does not fit the devices: no split into %d stages keeps every stage within its "
                      "memory (run `duet plan` for the breakdown)", S);
   }
@@ -382,16 +387,17 @@ static void insert_transfers(Part *P) {
 void pass_partition(Graph *g, PassCtx *cx) {
   int S = cx->n_devices > 0 ? cx->n_devices : 1;
   if (S > IR_MAX_STAGES) diag_error_noloc(g->diag, "%d devices: at most %d are supported", S, IR_MAX_STAGES);
-  /* hints: a device that does not exist, pins against the stage order */
+  /* hints: a device that does not exist, pins against the stage order.
+   * Without --devices the model runs on the one CPU and hints are kept as
+   * annotations only (a model written for two GPUs still runs anywhere). */
   const Value *prev = NULL;
-  for (int i = 0; i < g->n_values; i++) {
+  for (int i = 0; i < g->n_values && cx->n_devices > 0; i++) {
     Value *v = g->values[i];
     if (v->device < 0) continue;
     if (v->device >= S) {
       const char *what = block_text(g, v);
-      diag_error(g->diag, v->loc, "%s is pinned to device %d (@device(%d)), but there %s only %d device%s (%s)", what,
-                 v->device, v->device, S == 1 ? "is" : "are", S, S == 1 ? "" : "s",
-                 cx->n_devices > 0 ? "see --devices" : "pass --devices to use more");
+      diag_error(g->diag, v->loc, "%s is pinned to device %d (@device(%d)), but --devices gives only %d device%s", what,
+                 v->device, v->device, S, S == 1 ? "" : "s");
     }
     if (is_forward_op(v)) {
       if (prev && v->device < prev->device) {

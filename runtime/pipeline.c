@@ -11,7 +11,9 @@
  * Environment (documented in README.md):
  *   DUET_PIPE_TIMEOUT=SECONDS   how long a stage waits for a transfer (120)
  *   DUET_PIPE_DROP_SEND=T:M     test injection: transfer T is never posted
- *                               for micro-batch M (exercises the timeout) */
+ *                               for micro-batch M (exercises the timeout;
+ *                               every other wait then gets 100x the timeout,
+ *                               so the error names this wait) */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -120,7 +122,10 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
       if (train) {
         struct timespec dl;
         clock_gettime(CLOCK_REALTIME, &dl);
-        double secs = floor(q->timeout), frac = q->timeout - secs;
+        /* with a dropped send injected, only the wait for it has the short
+         * timeout, so the failure reported is always that one */
+        double to = q->drop_t >= 0 && !(x->a == q->drop_t && m == q->drop_m) ? 100 * q->timeout : q->timeout;
+        double secs = floor(to), frac = to - secs;
         dl.tv_sec += (time_t)secs;
         dl.tv_nsec += (long)(frac * 1e9);
         if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
