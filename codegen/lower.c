@@ -613,6 +613,11 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       for (int r = 0; r < DUET_MEM_COUNT; r++)
         d->region_bytes[r] = g->n_stages > 1 ? g->stage_bytes[k][r] : g->region_bytes[r];
     }
+    if (g->n_stages > 1) /* the whole model, for messages; each stage allocates its own */
+      for (int r = 0; r < DUET_MEM_COUNT; r++) {
+        p->region_bytes[r] = 0;
+        for (int k = 0; k < S; k++) p->region_bytes[r] += stages[k].region_bytes[r];
+      }
     p->n_stages = S;
     p->stages = stages;
     p->n_transfers = n_xfers;

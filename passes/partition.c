@@ -98,12 +98,13 @@ double part_op_seconds(const Value *v, const PartRates *r) {
 
 /* ------------------------------------------------------------ the pass */
 
-/* The block a pinned value belongs to: the prefix of the first param pinned
- * to the same device ("layer2" of "layer2.linear1.w"), else NULL. */
+/* The block a pinned value belongs to: the prefix ("layer2" of
+ * "layer2.linear1.w") of the nearest param before it pinned to the same
+ * device (a block's params are made right before its ops), else NULL. */
 static const char *pinned_block(Graph *g, const Value *v) {
-  for (int i = 0; i < g->n_values; i++) {
+  for (int i = v->id; i >= 0; i--) {
     const Value *p = g->values[i];
-    if (p->op != OP_PARAM || p->device != v->device || !p->attr.name || i < v->id - 64) continue;
+    if (p->op != OP_PARAM || p->device != v->device || !p->attr.name) continue;
     const char *dot = strrchr(p->attr.name, '.');
     return dot ? arena_printf(g->arena, "%.*s", (int)(dot - p->attr.name), p->attr.name) : p->attr.name;
   }

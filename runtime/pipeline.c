@@ -2,8 +2,11 @@
 /* runtime/pipeline.c: the micro-batch pipeline.  One worker thread per
  * stage (device) runs the stage's forward and backward schedules over the
  * micro-batches (GPipe or 1F1B); a transfer is copied by the sender into a
- * staging buffer of its own per micro-batch and posted, and copied by the
- * receiver into its arena after a wait that times out.  Gradients are
+ * host staging buffer of its own per micro-batch (the device's
+ * copy_to_host) and posted, and copied by the receiver into its arena
+ * (copy_to_device) after a wait that times out.  Inputs, the loss and the
+ * gradient accumulators still use the stage memory directly (host memory:
+ * CPU devices; a CUDA stage needs device-side accumulation).  Gradients are
  * summed into accumulators in micro-batch order on every stage, so a run on
  * S devices performs exactly the arithmetic of the run on one device with
  * the same micro-batches.
@@ -107,7 +110,10 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
     if (x->kind == DUET_STEP_SEND) {
       const DuetTransfer *tr = &p->transfers[x->a];
       int k = train ? m : 0;
-      memcpy(q->stage_buf[x->a * q->M + k], t[tr->src], (size_t)tr->nbytes);
+      if (d->ops->copy_to_host(d, q->stage_buf[x->a * q->M + k], t[tr->src], (size_t)tr->nbytes)) {
+        pipe_fail(q, "stage %d, micro-batch %d: sending %s: %s", st->id, m, p->tensors[tr->src].name, d->err);
+        return -1;
+      }
       if (train && !(x->a == q->drop_t && m == q->drop_m)) {
         pthread_mutex_lock(&q->mu);
         q->posted[x->a * q->M + k] = q->job;
@@ -143,7 +149,10 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
           return -1;
         }
       }
-      memcpy(t[tr->dst], q->stage_buf[x->a * q->M + k], (size_t)tr->nbytes);
+      if (d->ops->copy_to_device(d, t[tr->dst], q->stage_buf[x->a * q->M + k], (size_t)tr->nbytes)) {
+        pipe_fail(q, "stage %d, micro-batch %d: receiving %s: %s", st->id, m, p->tensors[tr->src].name, d->err);
+        return -1;
+      }
       continue;
     }
     rc = x->kind == DUET_STEP_GEMM ? d->ops->gemm(d, x, t) : d->ops->launch(d, x->kernel, t, s);

@@ -321,6 +321,21 @@ static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kerne
   return s;
 }
 
+/* "duet: pipeline: ..." after the memory line, for pipelined programs. */
+static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg) {
+  if (p->n_stages < 1 || cfg->quiet) return;
+  int S = p->n_stages, M = p->micro_batches > 0 ? p->micro_batches : 1;
+  int64_t act = 0, xfer = 0;
+  for (int k = 0; k < S; k++) act += p->stages[k].region_bytes[DUET_MEM_ARENA];
+  for (int t = 0; t < p->n_transfers; t++) xfer += p->transfers[t].nbytes;
+  printf("duet: pipeline: %d stage%s on %s, %d micro-batch%s of %" PRId64 ", %s; bubble (S-1)/(M+S-1) = %.3f%s; "
+         "transfers %.2f MiB per micro-batch\n", S, S == 1 ? "" : "s", cfg->devices ? cfg->devices : "cpu", M,
+         M == 1 ? "" : "es", p->defaults.batch / M, cfg->schedule == DUET_SCHEDULE_1F1B ? "1f1b" : "gpipe",
+         (double)(S - 1) / (double)(M + S - 1), M < S ? " (fewer micro-batches than stages: a large bubble)" : "",
+         (double)xfer / 1048576.0);
+  fflush(stdout);
+}
+
 static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg) {
   int rc;
   char err[1024];
@@ -392,6 +407,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
            (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
+  print_pipeline(p, &cfg);
   perm = malloc((size_t)n_train * sizeof *perm);
   if (!perm) {
     fprintf(stderr, "duet: error: out of host memory\n");
@@ -601,6 +617,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
            (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
+  print_pipeline(p, &cfg);
   DuetTrainState ts = {0};
   duet_rng_seed(&ts.rng, cfg.seed, 0x74657874ull); /* "text" */
   if (maybe_resume(s, &cfg, &ts)) goto out;
