@@ -308,13 +308,20 @@ static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kerne
     if (!(s = duet_session_new_pipeline(p, kernels, cfg, err, sizeof err))) fprintf(stderr, "duet: error: %s\n", err);
     return s;
   }
-  if (cfg->devices || cfg->micro_batches > 1) {
+  DuetDeviceSpec spec[DUET_MAX_DEVICES];
+  int n_spec = 1;
+  spec[0] = (DuetDeviceSpec){.kind = DUET_DEV_CPU};
+  if (cfg->devices && duet_devices_parse(cfg->devices, spec, DUET_MAX_DEVICES, &n_spec, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return NULL;
+  }
+  if (n_spec > 1 || cfg->micro_batches > 1) {
     fprintf(stderr, "duet: error: this program was compiled for one device without micro-batches; recompile with "
                     "--devices / --micro-batches\n");
     return NULL;
   }
-  if (!(*dev = duet_cpu_device(kernels, p->n_kernels, cfg->threads))) {
-    fprintf(stderr, "duet: error: out of host memory\n");
+  if (!(*dev = duet_device_open(&spec[0], kernels, p->n_kernels, cfg->threads, err, sizeof err))) {
+    fprintf(stderr, "duet: error: %s\n", err);
     return NULL;
   }
   if (!(s = duet_session_new(p, *dev, cfg, err, sizeof err))) fprintf(stderr, "duet: error: %s\n", err);

@@ -74,6 +74,12 @@ if [ -r data/kjv.txt ]; then
   run gpt_plain 1 $GPT
   run gpt_3_m1 3 $GPT --micro-batches 1 --devices cpu:0,cpu:1,cpu:2
   same gpt_plain gpt_3_m1
+  # resume a pipelined run from its checkpoint: the same final checkpoint
+  P2="tests/models/gpt_tiny.model --batch 8 --eval-batches 2 --micro-batches 2 --devices cpu:0,cpu:1 --schedule 1f1b"
+  run gpt_4 2 $P2 --steps 4
+  run gpt_first2 2 $P2 --steps 2
+  if "$DUET" run $P2 --steps 4 --threads 2 --quiet --resume "$d/gpt_first2.st" --save "$d/gpt_resumed.st" > "$d/out" 2>&1 &&
+    cmp -s "$d/gpt_4.st" "$d/gpt_resumed.st"; then ok; else bad "pipelined resume differs"; cat "$d/out"; fi
   # a dump after partition (and after memplan) reads back and trains the same
   for p in partition memplan; do
     "$DUET" ir tests/models/gpt_tiny.model --batch 8 --micro-batches 2 --devices cpu:0,cpu:1 --after $p > "$d/g.$p.ir" &&
