@@ -290,12 +290,15 @@ static int cmd_compile(int argc, char **argv) {
   int64_t batch = 0;
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("usage: duet compile M.model -o EXE [--batch N]\n"
+      printf("usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]\n"
              "Writes a standalone training executable (generated C compiled and linked\n"
              "against the duet runtime).  EXE takes the same flags as `duet run`.\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
+    } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") ||
+                !strcmp(argv[i], "--threads")) && i + 1 < argc) {
+      i++; /* read by par_opts */
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
       batch = scan_batch(2, argv + i);
       i++;
@@ -325,8 +328,12 @@ static int cmd_compile(int argc, char **argv) {
     fprintf(stderr, "duet: error: cannot find libduet_runtime.a next to %s or in ../lib/duet\n", dir);
     return 1;
   }
+  ParOpts po;
+  if (par_opts(&po, argc, argv)) return 1;
   Compiled c;
-  if (compile_model(&c, model, batch, NULL, NULL)) {
+  int crc = compile_model_par(&c, model, batch, &po, NULL, NULL);
+  par_free(&po);
+  if (crc) {
     compiled_free(&c);
     return 1;
   }

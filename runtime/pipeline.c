@@ -396,9 +396,12 @@ static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
 DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, char *err,
                         size_t errlen) {
   DuetDeviceSpec specs[DUET_MAX_DEVICES];
-  int n_specs = 1;
+  int n_specs = p->n_stages < DUET_MAX_DEVICES ? p->n_stages : DUET_MAX_DEVICES;
   memset(specs, 0, sizeof specs);
-  snprintf(specs[0].name, sizeof specs[0].name, "cpu:0");
+  for (int k = 0; k < n_specs; k++) { /* default: virtual CPU devices cpu:0 .. cpu:S-1 */
+    specs[k].index = k;
+    snprintf(specs[k].name, sizeof specs[k].name, "cpu:%d", k);
+  }
   if (cfg->devices && duet_devices_parse(cfg->devices, specs, DUET_MAX_DEVICES, &n_specs, err, errlen)) return NULL;
   if (n_specs != p->n_stages) {
     snprintf(err, errlen, "the program has %d pipeline stage%s, --devices names %d device%s", p->n_stages,

@@ -7,8 +7,8 @@
 
 typedef struct DuetPipe DuetPipe;
 
-/* Loads a pipelined program: one device per stage from cfg->devices (one
- * CPU device when NULL), each with its own regions (params, state, and one
+/* Loads a pipelined program: one device per stage from cfg->devices
+ * (virtual CPU devices cpu:0 .. cpu:S-1 when NULL), each with its own regions (params, state, and one
  * activation region per micro-batch in flight: M for GPipe, min(M, S - s)
  * for 1F1B), a worker thread with cfg->threads / S cores (at least 1),
  * staging buffers for every transfer and micro-batch, and gradient

@@ -23,7 +23,7 @@ expect no_args 1 "usage: duet <command> [args]" "$DUET"
 expect help 0 "usage: duet <command> [args]" "$DUET" help
 expect unknown_command 1 "duet: error: unknown command 'frob'" "$DUET" frob
 expect run_help 0 "usage: duet run M.model [flags]" "$DUET" run --help
-expect compile_help 0 "usage: duet compile M.model -o EXE [--batch N]" "$DUET" compile --help
+expect compile_help 0 "usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]" "$DUET" compile --help
 expect ir_help 0 "usage: duet ir M.model [--after PASS] [--format text|dot|json] [--devices SPEC] [--micro-batches M] [--batch N]" "$DUET" ir --help
 expect emit_help 0 "usage: duet emit M.model [--target c]" "$DUET" emit --help
 expect check_help 0 "usage: duet check M.model" "$DUET" check --help

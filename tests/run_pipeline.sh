@@ -19,6 +19,7 @@
 #      a batch that micro-batches do not divide, a transfer that never comes
 #      (DUET_PIPE_DROP_SEND + DUET_PIPE_TIMEOUT: the timeout names stage,
 #      micro-batch and tensor), a plan that does not fit;
+#   (also: a `duet compile` executable and a resumed run equal the others)
 #   4. `duet plan`: bubble fraction and the stage lines.
 # usage: run_pipeline.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_pipeline.sh path/to/duet}
@@ -74,6 +75,12 @@ if [ -r data/kjv.txt ]; then
   run gpt_plain 1 $GPT
   run gpt_3_m1 3 $GPT --micro-batches 1 --devices cpu:0,cpu:1,cpu:2
   same gpt_plain gpt_3_m1
+  # a compiled executable runs the pipeline (default devices cpu:0,cpu:1)
+  if "$DUET" compile tests/models/gpt_tiny.model -o "$d/exe" --batch 8 --devices cpu:0,cpu:1 --micro-batches 2 \
+      > "$d/out" 2>&1 &&
+    "$d/exe" --steps 3 --eval-batches 2 --threads 2 --schedule 1f1b --quiet --metrics "$d/gpt_exe.jsonl" \
+      --save "$d/gpt_exe.st" > "$d/out" 2>&1; then same gpt_ref2 gpt_exe
+  else bad "compiled pipelined executable"; cat "$d/out"; fi
   # resume a pipelined run from its checkpoint: the same final checkpoint
   P2="tests/models/gpt_tiny.model --batch 8 --eval-batches 2 --micro-batches 2 --devices cpu:0,cpu:1 --schedule 1f1b"
   run gpt_4 2 $P2 --steps 4
