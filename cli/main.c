@@ -43,6 +43,7 @@ typedef struct ParOpts {
   int64_t micro_batches;
   PartDevice dev[DUET_MAX_DEVICES];
   int n_dev;
+  bool one_f_one_b; /* --schedule 1f1b: fewer activations in flight */
 } ParOpts;
 
 static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const ParOpts *po,
@@ -79,6 +80,8 @@ static const char *scan_flag(int argc, char **argv, const char *name) {
 static int par_opts(ParOpts *po, int argc, char **argv) {
   memset(po, 0, sizeof *po);
   po->devices = scan_flag(argc, argv, "--devices");
+  const char *sch = scan_flag(argc, argv, "--schedule");
+  po->one_f_one_b = sch && !strcmp(sch, "1f1b");
   const char *mb = scan_flag(argc, argv, "--micro-batches");
   if (mb) {
     char *end;
@@ -186,7 +189,8 @@ static int compile_model_opt(Compiled *c, const char *path, const FrontendOption
   Source *src = frontend_read_file(c->arena, &c->diag, path);
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
-                .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? po->n_dev : 0};
+                .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? po->n_dev : 0,
+                .one_f_one_b = po && po->one_f_one_b};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
   if (!c->g) return 1;
   if (pc.start_after && passes_find(pc.start_after) >= passes_find("partition")) {
@@ -296,7 +300,7 @@ static int cmd_compile(int argc, char **argv) {
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
-    } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") ||
+    } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") || !strcmp(argv[i], "--schedule") ||
                 !strcmp(argv[i], "--threads")) && i + 1 < argc) {
       i++; /* read by par_opts */
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
@@ -402,7 +406,7 @@ static int cmd_ir(int argc, char **argv) {
       after = argv[++i];
     } else if (!strncmp(argv[i], "--after=", 8)) {
       after = argv[i] + 8;
-    } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") ||
+    } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") || !strcmp(argv[i], "--schedule") ||
                 !strcmp(argv[i], "--threads")) && i + 1 < argc) {
       i++; /* read by par_opts */
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
@@ -470,7 +474,7 @@ static int cmd_plan(int argc, char **argv) {
              "bubble (S-1)/(M+S-1).  SPEC: cpu:0,cpu:1 | cuda:0,cuda:1 | capacities such as 2x16GiB:sm_60.\n"
              "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n");
       return 0;
-    } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") ||
+    } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") || !strcmp(argv[i], "--schedule") ||
                 !strcmp(argv[i], "--threads")) && i + 1 < argc) {
       i++;
     } else if (!strcmp(argv[i], "--schedule") && i + 1 < argc) {
@@ -489,6 +493,7 @@ static int cmd_plan(int argc, char **argv) {
     fprintf(stderr, "duet: error: usage: duet plan M.model --devices SPEC\n");
     return 1;
   }
+  schedule = scan_flag(argc, argv, "--schedule") ? scan_flag(argc, argv, "--schedule") : schedule;
   if (strcmp(schedule, "gpipe") && strcmp(schedule, "1f1b")) {
     fprintf(stderr, "duet: error: --schedule expects gpipe or 1f1b, got '%s'\n", schedule);
     return 1;
@@ -498,8 +503,9 @@ static int cmd_plan(int argc, char **argv) {
   Compiled c;
   int rc = compile_model_par(&c, model, batch, &po, NULL, NULL);
   if (!rc) {
-    PassCtx pc = {.diag = &c.diag, .devices = po.n_dev ? po.dev : NULL, .n_devices = po.n_dev};
-    rc = partition_report(c.g, &pc, !strcmp(schedule, "1f1b"), stdout);
+    PassCtx pc = {.diag = &c.diag, .devices = po.n_dev ? po.dev : NULL, .n_devices = po.n_dev,
+                  .one_f_one_b = po.one_f_one_b};
+    rc = partition_report(c.g, &pc, stdout);
   }
   par_free(&po);
   compiled_free(&c);

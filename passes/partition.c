@@ -190,7 +190,8 @@ static void place_forward(Part *P, int *stage_of_f) {
         double prev = s == 0 ? 0 : best[(s - 1) * (N + 1) + aa];
         if (prev == INF || bad[s][b] - bad[s][aa]) continue;
         const PartDevice *d = &P->cx->devices[s];
-        double mem = (par[b] - par[aa]) + (act[b] - act[aa]) * (double)M;
+        double inflight = P->cx->one_f_one_b ? (double)(M < S - s ? M : S - s) : (double)M;
+        double mem = (par[b] - par[aa]) + (act[b] - act[aa]) * inflight;
         if (d->capacity > 0 && mem > (double)d->capacity) continue;
         double t = pre[s][b] - pre[s][aa];
         if (b < N) t += 2.0 * cross[b] / P->rates[s].link_bytes_per_s; /* activations out, gradients in */
@@ -224,8 +225,12 @@ static void place_forward(Part *P, int *stage_of_f) {
     if (pins)
       diag_error_noloc(g->diag, "no split into %d stages puts every pinned op on its @device, leaves no stage empty "
                        "and keeps every stage within its memory", S);
-    diag_error_noloc(g->diag, "the model does not fit the devices: no split into %d stages keeps every stage within its "
-                     "memory (run `duet plan` for the breakdown)", S);
+    double cap = 0;
+    for (int k = 0; k < S; k++) cap += (double)P->cx->devices[k].capacity;
+    diag_error_noloc(g->diag, "the model does not fit the devices: its params with gradients and optimizer state take "
+                     "%.2f MiB and its activations %.2f MiB per micro-batch in flight (%s), against %.2f MiB on %d "
+                     "devices; no split into %d stages keeps every stage within its memory", par[N] / 1048576.0,
+                     act[N] / 1048576.0, P->cx->one_f_one_b ? "1f1b: up to S - s" : "gpipe: M", cap / 1048576.0, S, S);
   }
   for (int s = S - 1, b = N; s >= 0; s--) {
     int aa = arg[s * (N + 1) + b];
@@ -437,7 +442,8 @@ void pass_partition(Graph *g, PassCtx *cx) {
 
 /* ------------------------------------------------------------ the report */
 
-int partition_report(const Graph *g, const PassCtx *cx, bool one_f_one_b, FILE *out) {
+int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
+  bool one_f_one_b = cx->one_f_one_b;
   int S = g->n_stages > 1 ? g->n_stages : 1;
   int64_t M = g->train.micro_batches > 1 ? g->train.micro_batches : 1;
   int rc = 0;
@@ -489,7 +495,8 @@ int partition_report(const Graph *g, const PassCtx *cx, bool one_f_one_b, FILE *
             (double)(rb[MEM_ARENA] * slots) / 1048576.0, slots, rb[MEM_ARENA] / 1048576.0, grads / 1048576.0,
             need / 1048576.0);
     if (d && d->capacity > 0) {
-      fprintf(out, " of %.2f GiB", (double)d->capacity / 1073741824.0);
+      if (d->capacity >= (int64_t)1 << 30) fprintf(out, " of %.2f GiB", (double)d->capacity / 1073741824.0);
+      else fprintf(out, " of %.2f MiB", (double)d->capacity / 1048576.0);
       if (need > d->capacity) {
         fprintf(out, "  DOES NOT FIT");
         rc = 1;
@@ -504,7 +511,9 @@ int partition_report(const Graph *g, const PassCtx *cx, bool one_f_one_b, FILE *
   double est = slowest * (double)(M + S - 1) / (double)M;
   fprintf(out, "estimated step time: %.3f ms (slowest stage %.3f ms, with the bubble); balance %.2f\n", 1e3 * est,
           1e3 * slowest, S > 1 && slowest > 0 ? total / ((double)S * slowest) : 1.0);
-  if (rc)
-    fprintf(out, "error: the model does not fit: a device needs more memory than it has (see DOES NOT FIT above)\n");
+  if (rc) {
+    fflush(out);
+    diag_error_noloc(cx->diag, "the model does not fit: a device needs more memory than it has (DOES NOT FIT above)");
+  }
   return rc;
 }

@@ -48,6 +48,8 @@ typedef struct PassCtx {
                             * earlier, nothing runs. */
   const PartDevice *devices; /* partition: the stages' devices (NULL: one CPU) */
   int n_devices;
+  bool one_f_one_b;          /* partition: 1F1B keeps min(M, S - s) micro-batches'
+                              * activations on stage s (GPipe: M) */
 } PassCtx;
 
 typedef void (*PassFn)(Graph *g, PassCtx *cx);
@@ -83,8 +85,9 @@ void pass_memplan(Graph *g, PassCtx *cx);   /* offsets in param/state/arena, per
  * time from part_op_seconds, memory: weights, grads, optimizer state,
  * activations x in-flight micro-batches (M for GPipe, min(M, S - s) for
  * 1F1B), gradient accumulators; transfer bytes per step; the bubble
- * fraction (S-1)/(M+S-1), GPipe, Huang et al. 2019).  Returns 1 when a
- * device's memory is exceeded (the report says which), else 0. */
-int partition_report(const Graph *g, const PassCtx *cx, bool one_f_one_b, FILE *out);
+ * fraction (S-1)/(M+S-1), GPipe, Huang et al. 2019) to out.  Returns 1
+ * when a device's memory is exceeded (the report marks it; the error goes
+ * through cx->diag), else 0. */
+int partition_report(const Graph *g, const PassCtx *cx, FILE *out);
 
 #endif

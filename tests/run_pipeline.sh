@@ -137,8 +137,17 @@ if [ -r "$FM/train-images-idx3-ubyte.gz" ]; then
     "duet: error: stage 1 timed out after 0.3 s waiting for micro-batch 1 of tensor %4 (transfer 0 from stage 0); raise DUET_PIPE_TIMEOUT if a stage is legitimately this slow" \
     "$DUET" run tests/pipeline/pinned.model --micro-batches 2 --devices cpu:0,cpu:1 --quiet --no-eval
 fi
-expect no_fit 1 "duet: error: the model does not fit the devices: no split into 2 stages keeps every stage within its memory (run \`duet plan\` for the breakdown)" \
+expect no_fit 1 "duet: error: the model does not fit the devices: its params with gradients and optimizer state take 28.44 MiB and its activations 4.02 MiB per micro-batch in flight (gpipe: M), against 8.00 MiB on 2 devices; no split into 2 stages keeps every stage within its memory" \
   "$DUET" plan models/fmnist_mlp.model --devices 2x4MiB:sm_60
+# gpipe keeps 16 micro-batches of activations per stage, 1f1b at most 2
+expect no_fit_gpipe 1 "duet: error: the model does not fit the devices: its params with gradients and optimizer state take 0.52 MiB and its activations 2.06 MiB per micro-batch in flight (gpipe: M), against 6.00 MiB on 2 devices; no split into 2 stages keeps every stage within its memory" \
+  "$DUET" plan tests/models/gpt_tiny.model --devices 2x3MiB:sm_60 --micro-batches 4 --batch 64
+# the cost model's estimate passes, the planned memory does not
+expect no_fit_planned 1 "duet: error: the model does not fit: a device needs more memory than it has (DOES NOT FIT above)" \
+  "$DUET" plan models/gpt_kjv.model --devices 2x150MiB:sm_60 --micro-batches 16
+if "$DUET" plan tests/models/gpt_tiny.model --devices 2x3MiB:sm_60 --micro-batches 4 --batch 64 --schedule 1f1b \
+    > "$d/plan" 2> "$d/err" && ! grep -q 'DOES NOT FIT' "$d/plan"; then ok
+else bad "plan: 1f1b should fit where gpipe does not"; cat "$d/plan" "$d/err"; fi
 
 # --- duet plan
 if "$DUET" plan tests/models/gpt_tiny.model --devices 3x16GiB:sm_60 --micro-batches 1 > "$d/plan" 2> "$d/err"; then
