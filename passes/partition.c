@@ -210,16 +210,16 @@ static void place_forward(Part *P, int *stage_of_f) {
         diag_error_noloc(g->diag, "the @device hints leave device %d (%s) without ops: every stage needs at least one", s,
                          P->cx->devices[s].name);
     }
-    for (int i = 0; i < N; i++)
-      if (P->F[i]->device >= 0) {
-        int before = 0;
-        for (int k = 0; k < i; k++) before += P->F[k]->device < 0;
-        if (P->F[i]->device > i) {
-          diag_error(g->diag, P->F[i]->loc,
-                     "%s is pinned to device %d, but the %d ops before it cannot fill devices 0..%d (one op each at least)",
-                     block_text(g, P->F[i]), P->F[i]->device, i, P->F[i]->device - 1);
-        }
-      }
+    for (int i = 0; i < N; i++) {
+      int dv = P->F[i]->device;
+      if (dv < 0) continue;
+      if (dv > i)
+        diag_error(g->diag, P->F[i]->loc, "%s is pinned to device %d, but the %d ops before it cannot fill devices "
+                   "0..%d (every stage needs at least one op)", block_text(g, P->F[i]), dv, i, dv - 1);
+      if (N - 1 - i < S - 1 - dv)
+        diag_error(g->diag, P->F[i]->loc, "%s is pinned to device %d, but the %d ops after it cannot fill devices "
+                   "%d..%d (every stage needs at least one op)", block_text(g, P->F[i]), dv, N - 1 - i, dv + 1, S - 1);
+    }
     bool pins = false;
     for (int i = 0; i < N; i++) pins |= P->F[i]->device >= 0;
     if (pins)

@@ -124,6 +124,8 @@ expect bad_pin 1 "tests/pipeline/bad_pin.model:8:9: error: block \`linear2\` is 
   "$DUET" ir tests/pipeline/bad_pin.model --after partition --devices cpu:0,cpu:1
 expect bad_order 1 "tests/pipeline/bad_order.model:10:12: error: block \`linear2\` is pinned to device 0 but comes after block \`linear1\` on device 1: stages run in order, so pinned blocks must follow the device order" \
   "$DUET" ir tests/pipeline/bad_order.model --after partition --devices cpu:0,cpu:1
+expect pin_empties_stage 1 "tests/pipeline/pinned.model:15:16: error: block \`linear2\` is pinned to device 1, but the 5 ops after it cannot fill devices 2..7 (every stage needs at least one op)" \
+  "$DUET" ir tests/pipeline/pinned.model --after partition --devices cpu:0,cpu:1,cpu:2,cpu:3,cpu:4,cpu:5,cpu:6,cpu:7
 expect bad_device 1 "duet: error: --devices: bad item 'gpu:1' (expected cpu, cpu:N, cuda:N, or a capacity such as 16GiB:sm_60 or 2x16GiB:sm_60)" \
   "$DUET" run tests/pipeline/pinned.model --devices cpu:0,gpu:1
 expect no_cuda 1 "duet: error: device cuda:1: CUDA backend not available in this build" \
