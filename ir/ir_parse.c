@@ -1224,6 +1224,35 @@ static void check_regions(Parser *P) {
              first_without->id);
 }
 
+/* A partitioned graph (`stages N`): every value on a device 0..N-1, every
+ * operand on its op's device except a transfer's, which is on another. */
+static void check_devices(Parser *P) {
+  Graph *g = P->g;
+  if (g->n_stages <= 1) {
+    for (int i = 0; i < g->n_values; i++)
+      if (g->values[i]->op == OP_TRANSFER)
+        fail_loc(P, g->values[i]->loc, "a transfer in a graph of one device (the `stages N` line is missing)");
+    return;
+  }
+  for (int i = 0; i < g->n_values; i++) {
+    Value *v = g->values[i];
+    if (v->device < 0 || v->device >= g->n_stages)
+      fail_loc(P, v->loc, "%%%d must be on a device 0..%d (@device(N)): the graph has %d stages", v->id,
+               g->n_stages - 1, g->n_stages);
+  }
+  for (int i = 0; i < g->n_values; i++) {
+    Value *v = g->values[i];
+    for (int j = 0; j < v->n_in; j++) {
+      Value *x = v->in[j];
+      if (v->op == OP_TRANSFER && x->device == v->device)
+        fail_loc(P, v->loc, "transfer %%%d copies %%%d onto the device it is on (%d)", v->id, x->id, v->device);
+      if (v->op != OP_TRANSFER && x->device != v->device)
+        fail_loc(P, v->loc, "%%%d on device %d reads %%%d on device %d: operands on another device need a transfer",
+                 v->id, v->device, x->id, x->device);
+    }
+  }
+}
+
 /* The inputs the data source feeds (as the frontend checks them). */
 static void check_inputs(Parser *P) {
   Graph *g = P->g;
@@ -1316,6 +1345,7 @@ static void parse_all(Parser *P) {
   if (!P->model_line) fail_loc(P, (Loc){src, 0, 0}, "no `model NAME` line: not an IR file");
   if (P->g->n_values == 0) fail_loc(P, (Loc){src, P->model_line, 1}, "the graph has no values");
   check_trailer(P);
+  check_devices(P);
   check_regions(P);
   check_inputs(P);
   check_names(P);
