@@ -13,6 +13,8 @@
  *
  * Environment (documented in README.md):
  *   DUET_PIPE_TIMEOUT=SECONDS   how long a stage waits for a transfer (120)
+ *   DUET_PROFILE=1              at exit: each stage's computing and waiting
+ *                               time per step
  *   DUET_PIPE_DROP_SEND=T:M     test injection: transfer T is never posted
  *                               for micro-batch M (exercises the timeout;
  *                               every other wait then gets 100x the timeout,
@@ -45,6 +47,7 @@ typedef struct Stage {
   void *acc;       /* gradient accumulators */
   int64_t *acc_off; /* tensor id -> offset in acc, -1 */
   int threads;
+  double busy, wait; /* DUET_PROFILE: seconds computing and waiting, all runs */
   pthread_t thread;
   bool started;
   int64_t seen;    /* last job run */
@@ -70,7 +73,15 @@ struct DuetPipe {
   int drop_t, drop_m;     /* DUET_PIPE_DROP_SEND, -1: none */
   void *host_x, *host_y, *host_loss, *host_metrics;
   double *losses;         /* per micro-batch */
+  bool profile;           /* DUET_PROFILE=1: per-stage busy and waiting time */
+  int64_t runs;
 };
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static int64_t numel(const DuetTensor *t) { return t->nbytes / (t->dtype == DUET_F64 ? 8 : 4); }
 
@@ -135,12 +146,14 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
         dl.tv_sec += (time_t)secs;
         dl.tv_nsec += (long)(frac * 1e9);
         if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        double t0 = q->profile ? now_s() : 0;
         pthread_mutex_lock(&q->mu);
         int w = 0;
         while (q->posted[x->a * q->M + k] != q->job && !q->abort && w != ETIMEDOUT)
           w = pthread_cond_timedwait(&q->cv, &q->mu, &dl);
         bool ok = q->posted[x->a * q->M + k] == q->job, ab = q->abort;
         pthread_mutex_unlock(&q->mu);
+        if (q->profile) st->wait += now_s() - t0;
         if (!ok) {
           if (!ab)
             pipe_fail(q, "stage %d timed out after %.3g s waiting for micro-batch %d of tensor %s (transfer %d from "
@@ -275,7 +288,9 @@ static void *worker(void *arg) {
     }
     st->seen = q->job;
     pthread_mutex_unlock(&q->mu);
+    double t0 = q->profile ? now_s() : 0;
     if (!aborted(q)) train_stage(st);
+    if (q->profile) st->busy += now_s() - t0; /* waits included; subtracted when printed */
     pthread_mutex_lock(&q->mu);
     q->n_done++;
     pthread_cond_signal(&q->done_cv);
@@ -329,6 +344,7 @@ int duet_pipe_run(DuetPipe *q, int which, const double *s, int64_t n_valid, char
   }
   pthread_mutex_lock(&q->mu);
   q->job++;
+  q->runs++;
   q->n_done = 0;
   pthread_cond_broadcast(&q->job_cv);
   while (q->n_done < q->S) pthread_cond_wait(&q->done_cv, &q->mu);
@@ -358,6 +374,12 @@ void *duet_pipe_tensor(DuetPipe *q, int id) {
 
 void duet_pipe_free(DuetPipe *q) {
   if (!q) return;
+  if (q->profile && q->runs > 0) {
+    fprintf(stderr, "duet: pipeline profile of %lld training steps (ms per step):\n", (long long)q->runs);
+    for (int k = 0; k < q->S; k++)
+      fprintf(stderr, "  stage %d: computing %.2f, waiting for transfers %.2f\n", k,
+              1e3 * (q->st[k].busy - q->st[k].wait) / (double)q->runs, 1e3 * q->st[k].wait / (double)q->runs);
+  }
   pthread_mutex_lock(&q->mu);
   q->quit = true;
   pthread_cond_broadcast(&q->job_cv);
@@ -430,6 +452,8 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
     }
     q->timeout = t;
   }
+  e = getenv("DUET_PROFILE");
+  q->profile = e && *e && strcmp(e, "0");
   e = getenv("DUET_PIPE_DROP_SEND");
   if (e && *e && sscanf(e, "%d:%d", &q->drop_t, &q->drop_m) != 2) {
     snprintf(err, errlen, "DUET_PIPE_DROP_SEND must be TRANSFER:MICROBATCH, got '%s'", e);
