@@ -131,6 +131,13 @@ expect bad_order 1 "tests/pipeline/bad_order.model:10:12: error: block \`linear2
   "$DUET" ir tests/pipeline/bad_order.model --after partition --devices cpu:0,cpu:1
 expect pin_empties_stage 1 "tests/pipeline/pinned.model:15:16: error: block \`linear2\` is pinned to device 1, but the 5 ops after it cannot fill devices 2..7 (every stage needs at least one op)" \
   "$DUET" ir tests/pipeline/pinned.model --after partition --devices cpu:0,cpu:1,cpu:2,cpu:3,cpu:4,cpu:5,cpu:6,cpu:7
+expect unknown_sm 1 "duet: error: device 16GiB:sm_52: no rates known for sm_52 (known: sm_60, 61, 70, 75, 80, 86, 89, 90)" \
+  "$DUET" plan models/fmnist_mlp.model --devices 2x16GiB:sm_52
+expect bad_size 1 "duet: error: --devices: bad item '2x16XB:sm_60' (expected cpu, cpu:N, cuda:N, or a capacity such as 16GiB:sm_60 or 2x16GiB:sm_60)" \
+  "$DUET" plan models/fmnist_mlp.model --devices 2x16XB:sm_60
+if "$DUET" plan models/fmnist_mlp.model --devices 16GiB:sm_60,1.5GB:sm_61 > "$d/plan" 2>&1 &&
+  grep -q '^stage 0 on 16GiB:sm_60: ' "$d/plan" && grep -q '^stage 1 on 1.5GB:sm_61: ' "$d/plan" &&
+  grep -q ' of 1.40 GiB$' "$d/plan"; then ok; else bad "plan: two different capacities"; cat "$d/plan"; fi
 expect bad_device 1 "duet: error: --devices: bad item 'gpu:1' (expected cpu, cpu:N, cuda:N, or a capacity such as 16GiB:sm_60 or 2x16GiB:sm_60)" \
   "$DUET" run tests/pipeline/pinned.model --devices cpu:0,gpu:1
 expect no_cuda 1 "duet: error: device cuda:1: CUDA backend not available in this build" \
