@@ -235,11 +235,19 @@ static int backward(Stage *st, int m) {
     void *acc = (char *)st->acc + st->acc_off[i];
     const void *g = st->tab[slot][i];
     int64_t n = numel(t);
+    /* elementwise, so the stage's threads may split it without changing a bit */
     if (m == 0) memcpy(acc, g, (size_t)t->nbytes);
-    else if (t->dtype == DUET_F64)
-      for (int64_t k = 0; k < n; k++) ((double *)acc)[k] += ((const double *)g)[k];
-    else
-      for (int64_t k = 0; k < n; k++) ((float *)acc)[k] += ((const float *)g)[k];
+    else if (t->dtype == DUET_F64) {
+      double *a = acc;
+      const double *b = g;
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+      for (int64_t k = 0; k < n; k++) a[k] += b[k];
+    } else {
+      float *a = acc;
+      const float *b = g;
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+      for (int64_t k = 0; k < n; k++) a[k] += b[k];
+    }
   }
   return 0;
 }
