@@ -62,6 +62,12 @@ fb=$(measure --threads "$THREADS" --micro-batches "$M" --devices cpu:0,cpu:1 --s
 echo "  cpu:0,cpu:1 ($((THREADS / 2)) core each), 1f1b, $M micro-batches:  $fb tokens/s"
 "$BUILD_DIR/duet" plan "$MODEL" --devices cpu:0,cpu:1 --threads "$THREADS" --micro-batches "$M" |
   grep -E '^(bubble|estimated step)' | sed 's/^/  plan: /'
+# predicted (duet plan) against measured (DUET_PROFILE=1) time per stage
+"$BUILD_DIR/duet" plan "$MODEL" --devices cpu:0,cpu:1 --threads "$THREADS" --micro-batches "$M" |
+  sed -n 's/^  estimated time: .*; \([0-9.]*\) ms per step$/\1/p' >"$tmp/pred"
+DUET_PROFILE=1 "$BUILD_DIR/duet" run "$MODEL" --steps "$STEPS" --no-eval --quiet --threads "$THREADS" \
+  --micro-batches "$M" --devices cpu:0,cpu:1 2>&1 >/dev/null | sed -n 's/^  stage \([0-9]*\): computing \([0-9.]*\), waiting for transfers \([0-9.]*\)$/\1 \2 \3/p' >"$tmp/meas"
+paste "$tmp/pred" "$tmp/meas" | awk '{ printf "  stage %d: predicted %.1f ms per step, measured %.1f computing + %.1f waiting\n", $2, $1, $3, $4 }'
 awk -v a="$one" -v am="$one_m" -v g="$gp" -v f="$fb" 'BEGIN {
   printf "  pipeline efficiency (vs one device, same micro-batches): gpipe %.2f, 1f1b %.2f\n", g / am, f / am
   printf "  against one device without micro-batches:                gpipe %.2f, 1f1b %.2f\n", g / a, f / a
