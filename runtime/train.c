@@ -130,8 +130,8 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
       DuetDeviceSpec d[DUET_MAX_DEVICES];
       int n;
       char err[256];
-      if ((rc = duet_devices_parse(val, d, DUET_MAX_DEVICES, &n, err, sizeof err) != 0))
-        fprintf(stderr, "duet: error: %s\n", err);
+      rc = duet_devices_parse(val, d, DUET_MAX_DEVICES, &n, err, sizeof err) ? 1 : 0;
+      if (rc) fprintf(stderr, "duet: error: %s\n", err);
       c->devices = val;
     } else if (!strcmp(flag, "--micro-batches")) rc = parse_i64(flag, val, 1, &c->micro_batches);
     else if (!strcmp(flag, "--schedule")) {
@@ -332,11 +332,13 @@ static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kerne
 static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg) {
   if (p->n_stages < 1 || cfg->quiet) return;
   int S = p->n_stages, M = p->micro_batches > 0 ? p->micro_batches : 1;
-  int64_t act = 0, xfer = 0;
-  for (int k = 0; k < S; k++) act += p->stages[k].region_bytes[DUET_MEM_ARENA];
+  int64_t xfer = 0;
   for (int t = 0; t < p->n_transfers; t++) xfer += p->transfers[t].nbytes;
+  char devs[64];
+  if (S == 1) snprintf(devs, sizeof devs, "cpu:0");
+  else snprintf(devs, sizeof devs, "cpu:0..cpu:%d", S - 1);
   printf("duet: pipeline: %d stage%s on %s, %d micro-batch%s of %" PRId64 ", %s; bubble (S-1)/(M+S-1) = %.3f%s; "
-         "transfers %.2f MiB per micro-batch\n", S, S == 1 ? "" : "s", cfg->devices ? cfg->devices : "cpu", M,
+         "transfers %.2f MiB per micro-batch\n", S, S == 1 ? "" : "s", cfg->devices ? cfg->devices : devs, M,
          M == 1 ? "" : "es", p->defaults.batch / M, cfg->schedule == DUET_SCHEDULE_1F1B ? "1f1b" : "gpipe",
          (double)(S - 1) / (double)(M + S - 1), M < S ? " (fewer micro-batches than stages: a large bubble)" : "",
          (double)xfer / 1048576.0);
