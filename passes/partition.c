@@ -489,10 +489,10 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
             first ? first : "-", last ? last : "-");
     fprintf(out, "  estimated time: forward %.3f ms + backward %.3f ms per micro-batch, optimizer %.3f ms; %.3f ms per "
             "step\n", 1e3 * t_f, 1e3 * t_b, 1e3 * t_o, 1e3 * step);
-    fprintf(out, "  memory: weights %.2f MiB, grads %.2f MiB, optimizer state %.2f MiB, activations %.2f MiB "
-            "(%" PRId64 " x %.2f MiB), accumulators %.2f MiB: %.2f MiB",
+    fprintf(out, "  memory: weights %.2f MiB, grads %.2f MiB (summed over the micro-batches), optimizer state %.2f "
+            "MiB, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB, with their gradients): %.2f MiB",
             rb[MEM_PARAM] / 1048576.0, grads / 1048576.0, rb[MEM_STATE] / 1048576.0,
-            (double)(rb[MEM_ARENA] * slots) / 1048576.0, slots, rb[MEM_ARENA] / 1048576.0, grads / 1048576.0,
+            (double)(rb[MEM_ARENA] * slots) / 1048576.0, slots, slots == 1 ? "" : "es", rb[MEM_ARENA] / 1048576.0,
             need / 1048576.0);
     if (d && d->capacity > 0) {
       if (d->capacity >= (int64_t)1 << 30) fprintf(out, " of %.2f GiB", (double)d->capacity / 1073741824.0);

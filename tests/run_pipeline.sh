@@ -168,14 +168,14 @@ if "$DUET" plan tests/models/gpt_tiny.model --devices 3x16GiB:sm_60 --micro-batc
   grep -qx 'bubble fraction (S-1)/(M+S-1) = 2/3 = 0.667 (fewer micro-batches than stages: a large bubble)' "$d/plan" && ok ||
     { bad "plan: bubble line"; cat "$d/plan"; }
   [ "$(grep -c '^stage [0-2] on 16GiB:sm_60: ' "$d/plan")" = 3 ] && ok || bad "plan: three stage lines"
-  grep -q '^  memory: weights .* MiB, grads .* MiB, optimizer state .* MiB, activations .* of 16.00 GiB$' "$d/plan" && ok ||
+  grep -q '^  memory: weights .* MiB, grads .* MiB (summed over the micro-batches), optimizer state .* MiB, activations .* of 16.00 GiB$' "$d/plan" && ok ||
     bad "plan: memory line"
 else
   bad "duet plan gpt_tiny"; cat "$d/err"
 fi
 if "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --micro-batches 8 --schedule 1f1b > "$d/plan" 2> "$d/err"; then
   grep -qx 'bubble fraction (S-1)/(M+S-1) = 1/9 = 0.111' "$d/plan" && ok || bad "plan: fmnist bubble"
-  grep -q '(1 x ' "$d/plan" && ok || bad "plan: 1f1b keeps one micro-batch on the last stage"
+  grep -q '(1 micro-batch in flight x ' "$d/plan" && ok || bad "plan: 1f1b keeps one micro-batch on the last stage"
 else
   bad "duet plan fmnist"; cat "$d/err"
 fi
