@@ -5,8 +5,9 @@
  * host staging buffer of its own per micro-batch (the device's
  * copy_to_host) and posted, and copied by the receiver into its arena
  * (copy_to_device) after a wait that times out.  Inputs, the loss and the
- * gradient accumulators still use the stage memory directly (host memory:
- * CPU devices; a CUDA stage needs device-side accumulation).  Gradients are
+ * metrics also move through the device's copies; gradients are summed on
+ * the host (in place for the CPU device, whose memory is host memory; a
+ * device with memory of its own copies each micro-batch's gradients out).  Gradients are
  * summed into accumulators in micro-batch order on every stage, so a run on
  * S devices performs exactly the arithmetic of the run on one device with
  * the same micro-batches.
@@ -44,7 +45,9 @@ typedef struct Stage {
   void *region[DUET_MEM_COUNT]; /* DUET_MEM_ARENA: n_slots activation regions */
   int n_slots;
   void ***tab;     /* tab[slot][tensor id]: addresses (NULL: another stage's) */
-  void *acc;       /* gradient accumulators */
+  void *acc;       /* gradient accumulators (host memory) */
+  void *tmp;       /* !host_mem: one gradient copied to the host */
+  bool host_mem;   /* the device's memory is host memory (the CPU device) */
   int64_t *acc_off; /* tensor id -> offset in acc, -1 */
   int threads;
   double busy, wait; /* DUET_PROFILE: seconds computing and waiting, all runs */
@@ -177,7 +180,9 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
   return 0;
 }
 
-static void copy_inputs(Stage *st, int m, int slot) {
+/* Micro-batch m of the data inputs this stage owns, from the host staging
+ * buffers into activation slot `slot`.  0, or -1 after pipe_fail. */
+static int copy_inputs(Stage *st, int m, int slot) {
   DuetPipe *q = st->q;
   const DuetProgram *p = q->p;
   int ids[2] = {p->input_x, p->input_y};
@@ -185,12 +190,26 @@ static void copy_inputs(Stage *st, int m, int slot) {
   for (int k = 0; k < 2; k++) {
     if (ids[k] < 0 || p->tensors[ids[k]].stage != st->id) continue;
     size_t b = (size_t)p->tensors[ids[k]].nbytes;
-    memcpy(st->tab[slot][ids[k]], (char *)host[k] + (size_t)m * b, b);
+    if (st->dev->ops->copy_to_device(st->dev, st->tab[slot][ids[k]], (char *)host[k] + (size_t)m * b, b)) {
+      pipe_fail(q, "stage %d, micro-batch %d: copying input %s: %s", st->id, m, p->tensors[ids[k]].name, st->dev->err);
+      return -1;
+    }
   }
+  return 0;
 }
 
-static double read_elem(const DuetTensor *t, const void *mem, int k) {
-  return t->dtype == DUET_F64 ? ((const double *)mem)[k] : (double)((const float *)mem)[k];
+/* Element k of a (small) tensor of stage st as a double, through the
+ * device's copy_to_host; NAN after pipe_fail. */
+static double fetch_elem(Stage *st, const DuetTensor *t, const void *mem, int k) {
+  double d = 0;
+  float f = 0;
+  size_t sz = t->dtype == DUET_F64 ? sizeof d : sizeof f;
+  if (st->dev->ops->copy_to_host(st->dev, t->dtype == DUET_F64 ? (void *)&d : (void *)&f, (const char *)mem + k * sz,
+                                 sz)) {
+    pipe_fail(st->q, "stage %d: reading %s: %s", st->id, t->name, st->dev->err);
+    return NAN;
+  }
+  return t->dtype == DUET_F64 ? d : (double)f;
 }
 
 static void write_elem(const DuetTensor *t, void *mem, int k, double x) {
@@ -212,10 +231,9 @@ static int forward(Stage *st, int m) {
   int slot = m % st->n_slots;
   double s[DUET_S_COUNT];
   micro_scalars(q, m, s);
-  copy_inputs(st, m, slot);
-  if (run_steps(st, ps->fwd, ps->n_fwd, m, slot, s, true)) return -1;
+  if (copy_inputs(st, m, slot) || run_steps(st, ps->fwd, ps->n_fwd, m, slot, s, true)) return -1;
   if (p->loss >= 0 && p->tensors[p->loss].stage == st->id)
-    q->losses[m] = read_elem(&p->tensors[p->loss], st->tab[slot][p->loss], 0);
+    q->losses[m] = fetch_elem(st, &p->tensors[p->loss], st->tab[slot][p->loss], 0);
   return 0;
 }
 
@@ -235,6 +253,14 @@ static int backward(Stage *st, int m) {
     void *acc = (char *)st->acc + st->acc_off[i];
     const void *g = st->tab[slot][i];
     int64_t n = numel(t);
+    if (!st->host_mem) { /* a device of its own memory: sum on the host */
+      if (st->dev->ops->copy_to_host(st->dev, m == 0 ? acc : st->tmp, g, (size_t)t->nbytes)) {
+        pipe_fail(q, "stage %d, micro-batch %d: reading gradient %s: %s", st->id, m, t->name, st->dev->err);
+        return -1;
+      }
+      g = st->tmp;
+      if (m == 0) continue;
+    }
     /* elementwise, so the stage's threads may split it without changing a bit */
     if (m == 0) memcpy(acc, g, (size_t)t->nbytes);
     else if (t->dtype == DUET_F64) {
@@ -271,7 +297,12 @@ static int train_stage(Stage *st) {
       if (backward(st, m)) return -1;
   }
   for (int i = 0; i < p->n_tensors; i++)
-    if (st->acc_off[i] >= 0) memcpy(st->tab[0][i], (char *)st->acc + st->acc_off[i], (size_t)p->tensors[i].nbytes);
+    if (st->acc_off[i] >= 0 &&
+        st->dev->ops->copy_to_device(st->dev, st->tab[0][i], (char *)st->acc + st->acc_off[i],
+                                     (size_t)p->tensors[i].nbytes)) {
+      pipe_fail(q, "stage %d: writing gradient %s: %s", s, p->tensors[i].name, st->dev->err);
+      return -1;
+    }
   const DuetStage *ps = &p->stages[s];
   if (run_steps(st, ps->opt, ps->n_opt, 0, 0, q->s, true)) return -1;
   if (st->dev->ops->sync(st->dev)) {
@@ -323,11 +354,12 @@ static int eval_run(DuetPipe *q, int64_t n_valid) {
     if (!rows) s[DUET_S_N_VALID] = q->s[DUET_S_N_VALID];
     for (int k = 0; k < q->S; k++) {
       Stage *st = &q->st[k];
-      copy_inputs(st, m, 0);
-      if (run_steps(st, p->stages[k].eval, p->stages[k].n_eval, m, 0, s, false)) return -1;
+      if (copy_inputs(st, m, 0) || run_steps(st, p->stages[k].eval, p->stages[k].n_eval, m, 0, s, false)) return -1;
     }
     if (mt)
-      for (int k = 0; k < 2 && k < numel(mt); k++) sum[k] += read_elem(mt, q->st[mt->stage].tab[0][p->metrics], k);
+      for (int k = 0; k < 2 && k < numel(mt); k++)
+        sum[k] += fetch_elem(&q->st[mt->stage], mt, q->st[mt->stage].tab[0][p->metrics], k);
+    if (q->abort) return -1;
   }
   if (mt)
     for (int k = 0; k < 2 && k < numel(mt); k++) write_elem(mt, q->host_metrics, k, sum[k]);
@@ -400,6 +432,7 @@ void duet_pipe_free(DuetPipe *q) {
     for (int i = 0; st->tab && i < st->n_slots; i++) free(st->tab[i]);
     free(st->tab);
     free(st->acc);
+    free(st->tmp);
     free(st->acc_off);
     if (st->dev) st->dev->ops->destroy(st->dev);
   }
@@ -532,6 +565,11 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
       }
     }
     if (!(st->acc = zalloc((size_t)acc_bytes))) goto fail_oom;
+    st->host_mem = !strcmp(st->dev->ops->name, "cpu");
+    int64_t max_grad = 0;
+    for (int i = 0; i < p->n_tensors; i++)
+      if (st->acc_off[i] >= 0 && p->tensors[i].nbytes > max_grad) max_grad = p->tensors[i].nbytes;
+    if (!st->host_mem && !(st->tmp = zalloc((size_t)max_grad))) goto fail_oom;
     for (int sl = 0; sl < st->n_slots; sl++) {
       if (!(st->tab[sl] = zalloc((size_t)(p->n_tensors + 1) * sizeof **st->tab))) goto fail_oom;
       for (int i = 0; i < p->n_tensors; i++) {
