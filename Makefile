@@ -68,3 +68,9 @@ clean:
 bench-gpt: build data
 	@sh tools/deps.sh $(BENCH_PACKAGES)
 	sh bench/run_gpt.sh
+
+# Pipeline efficiency on the CPU: gpt_kjv on two virtual devices with one
+# core each against one device with two cores (not a test).
+.PHONY: bench-pipeline
+bench-pipeline: build data
+	sh bench/run_pipeline.sh

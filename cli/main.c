@@ -20,6 +20,7 @@ static void usage(FILE *out) {
           "  compile M.model -o EXE       write a standalone training executable\n"
           "  ir M.model [--after PASS] [--format text|dot|json]   print the IR after PASS (default: shape)\n"
           "  emit M.model --target c      print the generated kernel source\n"
+          "  plan M.model --devices SPEC  stages, estimated times, memory per device, bubble (no run)\n"
           "  check M.model                parse and verify; print a parameter summary\n"
           "  sample M.model --checkpoint CK [--prompt TEXT]   generate text with a trained model\n"
           "  help                         this text\n\n"
@@ -84,13 +85,94 @@ typedef struct Compiled {
   Graph *g;
 } Compiled;
 
-static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const char *dump_after,
-                             const char *stop_after);
+/* Model-parallel settings of a compilation: --devices, --micro-batches. */
+typedef struct ParOpts {
+  const char *devices; /* NULL: one CPU device */
+  int64_t micro_batches;
+  PartDevice dev[DUET_MAX_DEVICES];
+  int n_dev;
+  bool one_f_one_b; /* --schedule 1f1b: fewer activations in flight */
+} ParOpts;
+
+static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const ParOpts *po,
+                             const char *dump_after, const char *stop_after);
+
+static int compile_model_par(Compiled *c, const char *path, int64_t batch, const ParOpts *po, const char *dump_after,
+                             const char *stop_after) {
+  FrontendOptions fo = {.batch = batch, .micro_batches = po ? po->micro_batches : 0};
+  return compile_model_opt(c, path, &fo, po, dump_after, stop_after);
+}
 
 static int compile_model(Compiled *c, const char *path, int64_t batch, const char *dump_after,
                          const char *stop_after) {
-  FrontendOptions fo = {.batch = batch};
-  return compile_model_opt(c, path, &fo, dump_after, stop_after);
+  return compile_model_par(c, path, batch, NULL, dump_after, stop_after);
+}
+
+/* The value of `--NAME V` or `--NAME=V` in argv (the last one), or NULL. */
+static const char *scan_flag(int argc, char **argv, const char *name) {
+  const char *v = NULL;
+  size_t n = strlen(name);
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], name) && i + 1 < argc) v = argv[i + 1];
+    else if (!strncmp(argv[i], name, n) && argv[i][n] == '=') v = argv[i] + n + 1;
+  }
+  return v;
+}
+
+/* Fills po from --devices, --micro-batches and --threads in argv; the
+ * partition pass sees CPU devices with threads/S cores each and the host's
+ * memory, CUDA devices as 16 GiB sm_60 (P100, the target; the CUDA plugin
+ * reports the real figures), planned capacities as given.  Environment:
+ * DUET_CPU_GFLOPS (GFLOP/s per core; default PART_CPU_GFLOPS_PER_CORE).
+ * 1 after a message. */
+static int par_opts(ParOpts *po, int argc, char **argv) {
+  memset(po, 0, sizeof *po);
+  po->devices = scan_flag(argc, argv, "--devices");
+  const char *sch = scan_flag(argc, argv, "--schedule");
+  po->one_f_one_b = sch && !strcmp(sch, "1f1b");
+  const char *mb = scan_flag(argc, argv, "--micro-batches");
+  if (mb) {
+    char *end;
+    long long m = strtoll(mb, &end, 10);
+    if (*end || end == mb || m < 1 || m > 65536) {
+      fprintf(stderr, "duet: error: --micro-batches expects an integer from 1 to 65536, got '%s'\n", mb);
+      return 1;
+    }
+    po->micro_batches = m;
+  }
+  if (!po->devices) return 0;
+  DuetDeviceSpec spec[DUET_MAX_DEVICES];
+  char err[256];
+  if (duet_devices_parse(po->devices, spec, DUET_MAX_DEVICES, &po->n_dev, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return 1;
+  }
+  const char *th = scan_flag(argc, argv, "--threads");
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  long total = th ? atol(th) : cores > 0 ? cores : 1;
+  long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+  const char *gf = getenv("DUET_CPU_GFLOPS");
+  for (int i = 0; i < po->n_dev; i++) {
+    PartDevice *d = &po->dev[i];
+    d->name = strdup(spec[i].name);
+    if (!d->name) {
+      fprintf(stderr, "duet: error: out of memory\n");
+      return 1;
+    }
+    d->cpu = spec[i].kind == DUET_DEV_CPU;
+    d->cores = (int)(total / po->n_dev > 0 ? total / po->n_dev : 1);
+    d->cpu_gflops = gf ? atof(gf) : 0;
+    d->sm = spec[i].kind == DUET_DEV_PLANNED ? spec[i].sm : 60;
+    d->capacity = spec[i].kind == DUET_DEV_PLANNED ? spec[i].capacity
+                  : spec[i].kind == DUET_DEV_CUDA  ? (int64_t)16 << 30
+                  : pages > 0 && psz > 0           ? (int64_t)pages * psz
+                                                   : 0;
+  }
+  return 0;
+}
+
+static void par_free(ParOpts *po) {
+  for (int i = 0; i < po->n_dev; i++) free((void *)po->dev[i].name);
 }
 
 /* An IR dump rather than a .model: named *.ir, or `model NAME` first and a
@@ -133,6 +215,10 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
     diag_error(&c->diag, ir_after_loc(src), "unknown pass `%s`; passes:%s", g->after_pass, list);
     return NULL;
   }
+  if (fo->micro_batches > 1 && g->train.micro_batches != fo->micro_batches) {
+    diag_error(&c->diag, (Loc){src, 0, 0}, "--micro-batches needs the .model (an IR dump's batch is fixed)");
+    return NULL;
+  }
   if (fo->batch && fo->batch != g->train.batch) {
     diag_error(&c->diag, (Loc){src, 0, 0},
                "the graph was built for batch %" PRId64 "; --batch %" PRId64 " needs the .model (an IR dump's batch is fixed)",
@@ -143,17 +229,28 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
   return g;
 }
 
-static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const char *dump_after,
-                             const char *stop_after) {
+static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const ParOpts *po,
+                             const char *dump_after, const char *stop_after) {
   memset(c, 0, sizeof *c);
   c->arena = arena_new(1 << 20);
   c->diag.out = stderr;
   Source *src = frontend_read_file(c->arena, &c->diag, path);
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
-                .precision = opt_precision, .target = opt_arch};
+                .precision = opt_precision, .target = opt_arch,
+                .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? po->n_dev : 0,
+                .one_f_one_b = po && po->one_f_one_b};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
   if (!c->g) return 1;
+  if (pc.start_after && passes_find(pc.start_after) >= passes_find("partition")) {
+    int S = c->g->n_stages > 1 ? c->g->n_stages : 1, want = pc.n_devices > 0 ? pc.n_devices : 1;
+    int64_t m = c->g->train.micro_batches, want_m = fo->micro_batches > 0 ? fo->micro_batches : m;
+    if (S != want || m != want_m) {
+      diag_error_noloc(&c->diag, "the dump was partitioned for %d device%s and %" PRId64 " micro-batch%s; --devices "
+                       "and --micro-batches must match (or use the .model)", S, S == 1 ? "" : "s", m, m == 1 ? "" : "es");
+      return 1;
+    }
+  }
   return passes_run(c->g, &pc);
 }
 
@@ -218,8 +315,11 @@ static int cmd_run(int argc, char **argv) {
   int64_t batch = scan_batch(argc - 1, argv + 1);
   DuetConfig probe = {0};
   if (duet_parse_flags(&probe, batch, argc - 1, argv + 1)) return 1;
+  ParOpts po;
+  if (par_opts(&po, argc - 1, argv + 1)) return 1;
   Compiled c;
-  int rc = compile_model(&c, argv[0], batch, NULL, NULL);
+  int rc = compile_model_par(&c, argv[0], batch, &po, NULL, NULL);
+  par_free(&po);
   if (rc) {
     compiled_free(&c);
     return 1;
@@ -246,12 +346,15 @@ static int cmd_compile(int argc, char **argv) {
   int64_t batch = 0;
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("usage: duet compile M.model -o EXE [--batch N]\n"
+      printf("usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]\n"
              "Writes a standalone training executable (generated C compiled and linked\n"
              "against the duet runtime).  EXE takes the same flags as `duet run`.\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
+    } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") || !strcmp(argv[i], "--schedule") ||
+                !strcmp(argv[i], "--threads")) && i + 1 < argc) {
+      i++; /* read by par_opts */
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
       batch = scan_batch(2, argv + i);
       i++;
@@ -281,8 +384,12 @@ static int cmd_compile(int argc, char **argv) {
     fprintf(stderr, "duet: error: cannot find libduet_runtime.a next to %s or in ../lib/duet\n", dir);
     return 1;
   }
+  ParOpts po;
+  if (par_opts(&po, argc, argv)) return 1;
   Compiled c;
-  if (compile_model(&c, model, batch, NULL, NULL)) {
+  int crc = compile_model_par(&c, model, batch, &po, NULL, NULL);
+  par_free(&po);
+  if (crc) {
     compiled_free(&c);
     return 1;
   }
@@ -338,9 +445,10 @@ static int cmd_compile(int argc, char **argv) {
 
 static int cmd_ir(int argc, char **argv) {
   const char *model = NULL, *after = NULL, *format = "text";
+  int64_t batch = 0;
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("usage: duet ir M.model [--after PASS] [--format text|dot|json]\n"
+      printf("usage: duet ir M.model [--after PASS] [--format text|dot|json] [--devices SPEC] [--micro-batches M] [--batch N]\n"
              "Prints the IR after PASS (default: shape; for a G.ir dump, the pass it was printed after).\n"
              "Formats: text (the default; `duet run G.ir` and `duet ir G.ir` read it back), dot (Graphviz:\n"
              "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Passes, in order:\n");
@@ -350,6 +458,12 @@ static int cmd_ir(int argc, char **argv) {
       after = argv[++i];
     } else if (!strncmp(argv[i], "--after=", 8)) {
       after = argv[i] + 8;
+    } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") || !strcmp(argv[i], "--schedule") ||
+                !strcmp(argv[i], "--threads")) && i + 1 < argc) {
+      i++; /* read by par_opts */
+    } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
+      batch = scan_batch(2, argv + i);
+      i++;
     } else if (!strcmp(argv[i], "--format") && i + 1 < argc) {
       format = argv[++i];
     } else if (!strncmp(argv[i], "--format=", 9)) {
@@ -376,8 +490,11 @@ static int cmd_ir(int argc, char **argv) {
     return 1;
   }
   /* a dump printed after a later pass than `shape` stays as it is by default */
+  ParOpts po;
+  if (par_opts(&po, argc, argv)) return 1;
   Compiled c;
-  int rc = compile_model(&c, model, 0, NULL, after ? after : "shape");
+  int rc = compile_model_par(&c, model, batch, &po, NULL, after ? after : "shape");
+  par_free(&po);
   if (!rc && after && (!c.g->after_pass || strcmp(c.g->after_pass, after))) {
     fprintf(stderr, "duet: error: %s was printed after %s; it cannot be shown after the earlier pass %s\n", model,
             c.g->after_pass ? c.g->after_pass : "no pass", after);
@@ -393,6 +510,56 @@ static int cmd_ir(int argc, char **argv) {
     fprintf(stderr, "duet: error: writing the IR failed: %s\n", strerror(errno));
     rc = 1;
   }
+  compiled_free(&c);
+  return rc;
+}
+
+static int cmd_plan(int argc, char **argv) {
+  const char *model = NULL, *schedule = "gpipe";
+  int64_t batch = 0;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf("usage: duet plan M.model --devices SPEC [--micro-batches M] [--schedule gpipe|1f1b] [--batch N]\n"
+             "                [--threads N]\n"
+             "Partitions the model without running it and prints each stage's ops, estimated time and memory\n"
+             "(weights, grads, optimizer state, activations), the transfer bytes per step and the pipeline\n"
+             "bubble (S-1)/(M+S-1).  SPEC: cpu:0,cpu:1 | cuda:0,cuda:1 | capacities such as 2x16GiB:sm_60.\n"
+             "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n");
+      return 0;
+    } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") || !strcmp(argv[i], "--schedule") ||
+                !strcmp(argv[i], "--threads")) && i + 1 < argc) {
+      i++;
+    } else if (!strcmp(argv[i], "--schedule") && i + 1 < argc) {
+      schedule = argv[++i];
+    } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
+      batch = scan_batch(2, argv + i);
+      i++;
+    } else if (argv[i][0] != '-' && !model) {
+      model = argv[i];
+    } else {
+      fprintf(stderr, "duet: error: unexpected argument '%s' (see duet plan --help)\n", argv[i]);
+      return 1;
+    }
+  }
+  if (!model) {
+    fprintf(stderr, "duet: error: usage: duet plan M.model --devices SPEC\n");
+    return 1;
+  }
+  schedule = scan_flag(argc, argv, "--schedule") ? scan_flag(argc, argv, "--schedule") : schedule;
+  if (strcmp(schedule, "gpipe") && strcmp(schedule, "1f1b")) {
+    fprintf(stderr, "duet: error: --schedule expects gpipe or 1f1b, got '%s'\n", schedule);
+    return 1;
+  }
+  ParOpts po;
+  if (par_opts(&po, argc, argv)) return 1;
+  Compiled c;
+  int rc = compile_model_par(&c, model, batch, &po, NULL, NULL);
+  if (!rc) {
+    PassCtx pc = {.diag = &c.diag, .devices = po.n_dev ? po.dev : NULL, .n_devices = po.n_dev,
+                  .one_f_one_b = po.one_f_one_b};
+    rc = partition_report(c.g, &pc, stdout);
+  }
+  par_free(&po);
   compiled_free(&c);
   return rc;
 }
@@ -475,7 +642,7 @@ static int cmd_sample(int argc, char **argv) {
   }
   Compiled c;
   FrontendOptions fo = {.batch = 1, .decode = true};
-  if (compile_model_opt(&c, model, &fo, NULL, NULL)) {
+  if (compile_model_opt(&c, model, &fo, NULL, NULL, NULL)) {
     compiled_free(&c);
     return 1;
   }
@@ -581,6 +748,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "compile")) return cmd_compile(argc - 2, argv + 2);
   if (!strcmp(cmd, "ir")) return cmd_ir(argc - 2, argv + 2);
   if (!strcmp(cmd, "emit")) return cmd_emit(argc - 2, argv + 2);
+  if (!strcmp(cmd, "plan")) return cmd_plan(argc - 2, argv + 2);
   if (!strcmp(cmd, "check")) return cmd_check(argc - 2, argv + 2);
   if (!strcmp(cmd, "sample")) return cmd_sample(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

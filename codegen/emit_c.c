@@ -776,8 +776,8 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
     const DuetTensor *t = &p->tensors[i];
     fprintf(out, "  {tname%d, %d, %d, %d, {", i, t->region, t->dtype, t->rank);
     for (int d = 0; d < DUET_MAX_RANK; d++) fprintf(out, "%" PRId64 ",", d < t->rank ? t->shape[d] : 0);
-    fprintf(out, "}, %" PRId64 ", %" PRId64 ", %d, %.17g, %.17g},\n", t->offset, t->nbytes, t->init, t->init_a,
-            t->init_b);
+    fprintf(out, "}, %" PRId64 ", %" PRId64 ", %d, %.17g, %.17g, %d, %d},\n", t->offset, t->nbytes, t->init,
+            t->init_a, t->init_b, t->stage, t->is_grad);
   }
   fprintf(out, "};\n");
   write_steps(out, "train_steps", p->train, p->n_train);
@@ -791,6 +791,36 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   fprintf(out, "static const char *const unscale_names[] = {");
   for (int i = 0; i < p->n_unscale; i++) fprintf(out, "uname%d, ", i);
   fprintf(out, "0};\n");
+  /* pipelines: each stage's schedules, the transfers */
+  for (int k = 0; k < p->n_stages; k++) {
+    const DuetStage *st = &p->stages[k];
+    char nm[48];
+    snprintf(nm, sizeof nm, "stage%d_fwd", k);
+    write_steps(out, nm, st->fwd, st->n_fwd);
+    snprintf(nm, sizeof nm, "stage%d_bwd", k);
+    write_steps(out, nm, st->bwd, st->n_bwd);
+    snprintf(nm, sizeof nm, "stage%d_opt", k);
+    write_steps(out, nm, st->opt, st->n_opt);
+    snprintf(nm, sizeof nm, "stage%d_eval", k);
+    write_steps(out, nm, st->eval, st->n_eval);
+  }
+  if (p->n_stages > 0) {
+    fprintf(out, "static const DuetStage stages[] = {\n");
+    for (int k = 0; k < p->n_stages; k++) {
+      const DuetStage *st = &p->stages[k];
+      fprintf(out, "  {%d, %d, %d, %d, stage%d_fwd, stage%d_bwd, stage%d_opt, stage%d_eval, {", st->n_fwd, st->n_bwd,
+              st->n_opt, st->n_eval, k, k, k, k);
+      for (int r = 0; r < DUET_MEM_COUNT; r++) fprintf(out, "%" PRId64 ", ", st->region_bytes[r]);
+      fprintf(out, "}},\n");
+    }
+    fprintf(out, "};\nstatic const DuetTransfer transfers[] = {\n");
+    for (int t = 0; t < p->n_transfers; t++) {
+      const DuetTransfer *x = &p->transfers[t];
+      fprintf(out, "  {%d, %d, %d, %d, %" PRId64 "},\n", x->src, x->dst, x->from, x->to, x->nbytes);
+    }
+    if (!p->n_transfers) fprintf(out, "  {0},\n");
+    fprintf(out, "};\n");
+  }
   const DuetConfig *c = &p->defaults;
   fprintf(out, "static const DuetProgram program = {\n");
   fprintf(out, "  .api_version = %d, .model_name = model_name, .n_tensors = %d, .tensors = tensors,\n",
@@ -806,6 +836,9 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
           p->context);
   fprintf(out, "  .n_unscale = %d, .unscale_names = unscale_names, .update_from = %d,\n", p->n_unscale,
           p->update_from);
+  if (p->n_stages > 0)
+    fprintf(out, "  .n_stages = %d, .stages = stages, .n_transfers = %d, .transfers = transfers, .micro_batches = %d,\n",
+            p->n_stages, p->n_transfers, p->micro_batches);
   fprintf(out, "  .defaults = {.data = %d, .data_path = data_path, .optimizer = %d,\n", c->data, c->optimizer);
   fprintf(out, "    .lr = %.17g, .weight_decay = %.17g, .beta1 = %.17g, .beta2 = %.17g, .eps = %.17g,\n", c->lr,
           c->weight_decay, c->beta1, c->beta2, c->eps);

@@ -387,9 +387,13 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   cp->tensor_of = arena_alloc(a, (size_t)(g->n_values + 1) * sizeof *cp->tensor_of);
   DuetTensor *tensors = arena_alloc(a, (size_t)(g->n_values + 1) * sizeof *tensors);
   int nt = 0;
+  for (int i = 0; i < g->n_values; i++) cp->tensor_of[i] = -1;
+  /* transfers' tensors last, so that every other tensor has the id it has
+   * on one device (params are initialised from streams keyed by their id) */
+  for (int pass = 0; pass < 2; pass++)
   for (int i = 0; i < g->n_values; i++) {
     Value *v = g->values[i];
-    cp->tensor_of[i] = -1;
+    if ((v->op == OP_TRANSFER) != (pass == 1)) continue;
     if (v->region == MEM_NONE) continue;
     DuetTensor *t = &tensors[nt];
     t->name = v->attr.name && (v->op == OP_PARAM || v->op == OP_STATE || v->op == OP_INPUT)
@@ -403,7 +407,13 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     t->init = (int)v->attr.init;
     t->init_a = v->attr.init_a;
     t->init_b = v->attr.init_b;
+    t->stage = v->device > 0 && g->n_stages > 1 ? v->device : 0;
     cp->tensor_of[i] = nt++;
+  }
+  for (int i = 0; i < g->n_values; i++) {
+    Value *v = g->values[i];
+    if ((v->op == OP_ADAMW || v->op == OP_SGD) && cp->tensor_of[v->in[1]->id] >= 0)
+      tensors[cp->tensor_of[v->in[1]->id]].is_grad = 1;
   }
   p->n_tensors = nt;
   p->tensors = tensors;
@@ -418,6 +428,13 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   int n_inputs = 0, n_unscale = 0;
   const char **unscale_names = arena_alloc(a, (size_t)(g->n_values + 1) * sizeof *unscale_names);
   p->update_from = -1;
+  /* pipelines: per stage forward, backward, optimizer and eval lists */
+  bool piped = g->n_stages > 1 || g->train.micro_batches > 1;
+  int S = g->n_stages > 1 ? g->n_stages : 1;
+  StepList *sl = piped ? arena_alloc(a, (size_t)S * 4 * sizeof *sl) : NULL;
+  for (int k = 0; piped && k < 4 * S; k++) sl[k].s = arena_alloc(a, cap * sizeof(DuetStep));
+  DuetTransfer *xfers = arena_alloc(a, ((size_t)g->n_values + 1) * sizeof *xfers);
+  int n_xfers = 0;
   for (int i = 0; i < g->n_values; i++) {
     Value *v = g->values[i];
     DuetStep pre[KMAX_BUFS + 1];
@@ -435,6 +452,24 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_STATE:
       has_step = false;
       break;
+    case OP_TRANSFER: { /* a send on the source's stage, a receive on this one */
+      DuetTransfer *x = &xfers[n_xfers];
+      x->src = tid(&L, v->in[0]);
+      x->dst = tid(&L, v);
+      x->from = v->in[0]->device;
+      x->to = v->device;
+      x->nbytes = (int64_t)dtype_size(v->dtype) * shape_numel(&v->shape);
+      DuetStep send = {.kind = DUET_STEP_SEND, .a = n_xfers}, recv = {.kind = DUET_STEP_RECV, .a = n_xfers};
+      n_xfers++;
+      int lists[2] = {v->role == ROLE_BACKWARD ? 1 : v->role == ROLE_EVAL ? 3 : 0, v->role == ROLE_FORWARD ? 3 : -1};
+      for (int k = 0; k < 2; k++)
+        if (lists[k] >= 0) {
+          push_step(&L, &sl[x->from * 4 + lists[k]], send);
+          push_step(&L, &sl[x->to * 4 + lists[k]], recv);
+        }
+      has_step = false;
+      break;
+    }
     case OP_CONST:
       has_step = v->region != MEM_NONE;
       if (has_step) st.kernel = lower_elementwise(&L, v);
@@ -569,6 +604,16 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       duet_fatal(__FILE__, __LINE__, "codegen: no lowering for op %d", (int)v->op);
     }
     if (!has_step) continue;
+    if (piped) {
+      int stg = v->device > 0 && g->n_stages > 1 ? v->device : 0;
+      int lists[2] = {v->role == ROLE_FORWARD ? 0 : v->role == ROLE_BACKWARD ? 1 : v->role == ROLE_OPTIMIZER ? 2 : 3,
+                      v->role == ROLE_FORWARD ? 3 : -1};
+      for (int k = 0; k < 2; k++)
+        if (lists[k] >= 0) {
+          for (int j = 0; j < n_pre; j++) push_step(&L, &sl[stg * 4 + lists[k]], pre[j]);
+          push_step(&L, &sl[stg * 4 + lists[k]], st);
+        }
+    }
     for (int j = 0; j < n_pre; j++) {
       if (v->role != ROLE_EVAL) push_step(&L, &tr, pre[j]);
       if (v->role == ROLE_FORWARD || v->role == ROLE_EVAL) push_step(&L, &ev, pre[j]);
@@ -598,6 +643,28 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   p->eval = ev.s, p->n_eval = ev.n;
   p->grad = gr.s, p->n_grad = gr.n;
   p->n_kernels = cp->n_kernels;
+  if (piped) {
+    DuetStage *stages = arena_alloc(a, (size_t)S * sizeof *stages);
+    for (int k = 0; k < S; k++) {
+      DuetStage *d = &stages[k];
+      d->fwd = sl[4 * k].s, d->n_fwd = sl[4 * k].n;
+      d->bwd = sl[4 * k + 1].s, d->n_bwd = sl[4 * k + 1].n;
+      d->opt = sl[4 * k + 2].s, d->n_opt = sl[4 * k + 2].n;
+      d->eval = sl[4 * k + 3].s, d->n_eval = sl[4 * k + 3].n;
+      for (int r = 0; r < DUET_MEM_COUNT; r++)
+        d->region_bytes[r] = g->n_stages > 1 ? g->stage_bytes[k][r] : g->region_bytes[r];
+    }
+    if (g->n_stages > 1) /* the whole model, for messages; each stage allocates its own */
+      for (int r = 0; r < DUET_MEM_COUNT; r++) {
+        p->region_bytes[r] = 0;
+        for (int k = 0; k < S; k++) p->region_bytes[r] += stages[k].region_bytes[r];
+      }
+    p->n_stages = S;
+    p->stages = stages;
+    p->n_transfers = n_xfers;
+    p->transfers = xfers;
+    p->micro_batches = g->train.micro_batches > 1 ? (int)g->train.micro_batches : 1;
+  }
 
   const TrainSpec *t = &g->train;
   DuetConfig *c = &p->defaults;
@@ -615,7 +682,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   c->beta2 = t->beta2;
   c->eps = t->eps;
   c->momentum = t->momentum;
-  c->batch = t->batch;
+  c->batch = t->batch * (t->micro_batches > 1 ? t->micro_batches : 1); /* the whole batch */
   c->epochs = t->epochs;
   c->steps = t->steps;
   c->log_every = t->log_every;

@@ -1439,6 +1439,13 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
       read_eval(&e, &global, st, &g->train);
     }
   if (opt && opt->batch > 0) g->train.batch = opt->batch;
+  if (opt && opt->micro_batches > 1) { /* `batch` names one micro-batch from here on */
+    if (g->train.batch % opt->micro_batches)
+      diag_error(d, cx.model_loc, "batch %lld is not a multiple of --micro-batches %lld", (long long)g->train.batch,
+                 (long long)opt->micro_batches);
+    g->train.batch /= opt->micro_batches;
+    g->train.micro_batches = opt->micro_batches;
+  }
   EVal bv = {.kind = EV_NUM, .num = (double)g->train.batch, .is_int = true, .loc = cx.model_loc};
   bind(&e, &global, "batch", bv, cx.model_loc, true);
   for (Node *st = cx.stmts.head; st; st = st->next)

@@ -313,6 +313,7 @@ void train_spec_defaults(TrainSpec *t) {
   t->eval = true;
   t->eval_every = 0;
   t->eval_batches = 20;
+  t->micro_batches = 1;
 }
 
 /* ---------------------------------------------------------------- graph */
@@ -468,7 +469,7 @@ void ir_infer_shape(Graph *g, Value *v) {
     break;
   case SHAPE_SAME:
     s = v->in[0]->shape;
-    if (v->op == OP_CROSS_ENTROPY_GRAD) {
+    if (v->op == OP_CROSS_ENTROPY_GRAD || v->op == OP_TRANSFER) { /* a transfer copies any dtype */
       v->dtype = v->in[0]->dtype;
       break;
     }
@@ -597,6 +598,12 @@ int ir_verify(const Graph *g, const char *after_pass, FILE *err) {
     }
     if (op_info[v->op].arity >= 0 && op_info[v->op].arity != v->n_in)
       VFAIL("has %d operands, expected %d", v->n_in, op_info[v->op].arity);
+    if (g->n_stages > 1) { /* partitioned: every op on one device, operands local but for transfers */
+      if (v->device < 0 || v->device >= g->n_stages) VFAIL("device %d outside 0..%d", v->device, g->n_stages - 1);
+      for (int j = 0; j < v->n_in && v->in[j]; j++)
+        if ((v->in[j]->device == v->device) != (v->op != OP_TRANSFER))
+          VFAIL("operand %d is on device %d, the op on %d", j, v->in[j]->device, v->device);
+    }
     for (int j = 0; j < v->n_in; j++) {
       const Value *x = v->in[j];
       if (!x || x->id >= i || g->values[x->id] != x) VFAIL("operand %d is not defined before use", j);
@@ -794,7 +801,9 @@ static void print_train(const TrainSpec *t, FILE *out) {
           t->eval ? "true" : "false");
   if (t->eval_every > 0) fprintf(out, "  eval_every = %" PRId64 "\n", t->eval_every);
   if (t->precision) fprintf(out, "  precision = \"%s\"\n", t->precision);
-  fprintf(out, "  eval_batches = %" PRId64 "\n}\n", t->eval_batches);
+  fprintf(out, "  eval_batches = %" PRId64 "\n", t->eval_batches);
+  if (t->micro_batches > 1) fprintf(out, "  micro_batches = %" PRId64 "\n", t->micro_batches);
+  fputs("}\n", out);
 }
 
 static bool in_graph(const Graph *g, const Value *v) {
@@ -806,12 +815,18 @@ void ir_print(const Graph *g, FILE *out) {
   if (g->after_pass) fprintf(out, "after %s\n", g->after_pass);
   if (g->float_dtype != DT_F32) fprintf(out, "float_dtype %s\n", dtype_name(g->float_dtype));
   if (g->decode) fprintf(out, "decode context=%" PRId64 "\n", g->context);
+  if (g->n_stages > 1) fprintf(out, "stages %d\n", g->n_stages);
   print_train(&g->train, out);
   bool planned = false;
   for (int r = 1; r < MEM_COUNT; r++) planned |= g->region_bytes[r] != 0;
-  if (planned) {
+  if (planned && g->n_stages <= 1) {
     fputs("regions", out);
     for (int r = 1; r < MEM_COUNT; r++) fprintf(out, " %s=%" PRId64, region_names[r], g->region_bytes[r]);
+    fputc('\n', out);
+  }
+  for (int d = 0; planned && g->n_stages > 1 && d < g->n_stages; d++) {
+    fprintf(out, "regions device %d", d);
+    for (int r = 1; r < MEM_COUNT; r++) fprintf(out, " %s=%" PRId64, region_names[r], g->stage_bytes[d][r]);
     fputc('\n', out);
   }
   for (int i = 0; i < g->n_values; i++) ir_print_value(g, g->values[i], out);

@@ -234,6 +234,8 @@ typedef struct TrainSpec {
   bool decay_matrices_only; /* weight decay only on params of rank >= 2 */
   bool has_lr, has_weight_decay; /* set explicitly in the section */
   const char *precision; /* `precision = "fp16"` etc.; NULL: auto (the command line wins) */
+  int64_t micro_batches; /* pipeline: the batch is split into this many micro-batches
+                          * (`batch` is then one micro-batch; gradients accumulate) */
 } TrainSpec;
 void train_spec_defaults(TrainSpec *t);
 
@@ -247,6 +249,9 @@ typedef struct LayerInfo {
   DType dtype;
 } LayerInfo;
 
+/* At most this many pipeline stages (devices) per graph. */
+#define IR_MAX_STAGES 64
+
 typedef struct Graph {
   Arena *arena;
   LayerInfo *layers; /* block calls in order of completion (inner first) */
@@ -259,7 +264,9 @@ typedef struct Graph {
   Value *logits;  /* the first input of the loss's cross_entropy */
   Value *labels;
   TrainSpec train;
-  int64_t region_bytes[MEM_COUNT]; /* memplan: bytes per region */
+  int64_t region_bytes[MEM_COUNT]; /* memplan: bytes per region (stage 0's when partitioned) */
+  int n_stages;      /* partition: number of stages (devices); 0 or 1: one device */
+  int64_t stage_bytes[IR_MAX_STAGES][MEM_COUNT]; /* memplan: bytes per region and stage */
   DType float_dtype; /* dtype of params and float inputs (f32; f64 in tests) */
   bool decode;       /* compiled for one-token-at-a-time generation */
   int64_t context;   /* decode: positions the key/value caches hold */

@@ -42,7 +42,8 @@ typedef struct Parser {
   int line;
   IdSlot *slots; /* %id -> value, open addressing */
   size_t cap;
-  int model_line, after_line, train_line, regions_line, float_line, decode_line;
+  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line;
+  uint64_t device_regions[IR_MAX_STAGES / 64 + 1]; /* `regions device N` lines seen */
   int loss_line, logits_line, labels_line;
   bool in_train; /* inside the lines of `train { ... }` */
   unsigned train_keys; /* bit per key already set */
@@ -950,7 +951,8 @@ static void value_line(Parser *P, bool has_result) {
 /* ------------------------------------------------------------- train */
 
 static const char *const train_key_names[] = {"data", "optimizer", "batch", "epochs", "steps", "seed",
-                                              "log_every", "eval", "eval_every", "eval_batches", "precision"};
+                                              "log_every", "eval", "eval_every", "eval_batches", "precision",
+                                              "micro_batches"};
 enum { N_TRAIN_KEYS = sizeof train_key_names / sizeof *train_key_names };
 
 /* adamw(lr = X, ...) or sgd(...) */
@@ -1016,7 +1018,7 @@ static void train_line(Parser *P) {
   while (i < N_TRAIN_KEYS && strcmp(train_key_names[i], k)) i++;
   if (i == N_TRAIN_KEYS)
     FAIL(ka, "unknown train key `%s`%s (keys: data, optimizer, batch, epochs, steps, seed, log_every, eval, "
-             "eval_every, eval_batches, precision)", k, hint(P, k, train_key_names, N_TRAIN_KEYS));
+             "eval_every, eval_batches, precision, micro_batches)", k, hint(P, k, train_key_names, N_TRAIN_KEYS));
   if (P->train_keys & (1u << i)) FAIL(ka, "train key `%s` is set twice", k);
   P->train_keys |= 1u << i;
   expect(P, '=', arena_printf(P->a, "'=' after `%s`", k));
@@ -1064,6 +1066,7 @@ static void train_line(Parser *P) {
     t->precision = s;
     break;
   }
+  case 11: t->micro_batches = integer(P, 1, INT32_MAX, "micro_batches"); break;
   }
   want_eol(P, arena_printf(P->a, "the value of `%s`", k));
 }
@@ -1131,8 +1134,24 @@ static void parse_line(Parser *P) {
     expect(P, '{', "'{' after `train`");
     want_eol(P, "'{' (the train keys follow one a line, then '}')");
     P->in_train = true;
+  } else if (!strcmp(w, "stages")) {
+    once(P, at, &P->stages_line, "stages");
+    g->n_stages = (int)integer(P, 2, IR_MAX_STAGES, "the number of stages");
+    want_eol(P, "the number of stages");
   } else if (!strcmp(w, "regions")) {
-    once(P, at, &P->regions_line, "regions");
+    int64_t *bytes = g->region_bytes;
+    ws(P);
+    if (!strncmp(P->p, "device", 6) && (P->p[6] == ' ' || P->p[6] == '\t')) {
+      want_word(P, "device");
+      const char *da = P->p;
+      int dev = (int)integer(P, 0, IR_MAX_STAGES - 1, "a device number");
+      if (dev >= g->n_stages) FAIL(da, "device %d: the `stages` line (before) says %d stages", dev, g->n_stages);
+      if (P->device_regions[dev / 64] & (1ull << (dev % 64))) FAIL(da, "regions of device %d are given twice", dev);
+      P->device_regions[dev / 64] |= 1ull << (dev % 64);
+      bytes = g->stage_bytes[dev];
+    } else {
+      once(P, at, &P->regions_line, "regions");
+    }
     unsigned seen = 0;
     while (!at_eol(P)) {
       const char *ra = P->p;
@@ -1143,8 +1162,10 @@ static void parse_line(Parser *P) {
       if (seen & (1u << m)) FAIL(ra, "region `%s` is given twice", r);
       seen |= 1u << m;
       expect(P, '=', arena_printf(P->a, "'=' after `%s`", r));
-      g->region_bytes[m] = integer(P, 0, INT64_MAX / 2, "a size in bytes");
+      bytes[m] = integer(P, 0, INT64_MAX / 2, "a size in bytes");
     }
+    if (bytes != g->region_bytes && bytes == g->stage_bytes[0])
+      memcpy(g->region_bytes, bytes, sizeof g->region_bytes);
     P->have_regions = true;
   } else if (!strcmp(w, "loss") || !strcmp(w, "logits") || !strcmp(w, "labels")) {
     int *ln = !strcmp(w, "loss") ? &P->loss_line : !strcmp(w, "logits") ? &P->logits_line : &P->labels_line;
@@ -1183,8 +1204,8 @@ static void parse_line(Parser *P) {
     int op = op_from_name(w);
     if (op < 0) {
       static const char *const kw[] = {"model", "after", "float_dtype", "decode", "train", "regions", "loss", "logits",
-                                       "labels", "grad"};
-      const char *h = hint(P, w, kw, 10);
+                                       "labels", "grad", "stages"};
+      const char *h = hint(P, w, kw, 11);
       FAIL(at, "unknown op `%s`%s", w, *h ? h : op_hint(P, w));
     }
     if (!(op_info[op].flags & OPF_SIDE)) FAIL(at, "%s has a result: the line must start with `%%N =`", w);
@@ -1221,15 +1242,46 @@ static void check_regions(Parser *P) {
       fail_loc(P, v->loc, "%%%d (%s) must live in @%s, not @%s", v->id, op_info[v->op].name, mem_region_name(want),
                mem_region_name(v->region));
     int64_t bytes = (int64_t)dtype_size(v->dtype) * shape_numel(&v->shape);
-    if (v->offset % (int64_t)dtype_size(v->dtype) || v->offset > g->region_bytes[v->region] - bytes)
+    const int64_t *rb = g->n_stages > 1 && v->device >= 0 && v->device < g->n_stages ? g->stage_bytes[v->device]
+                                                                                      : g->region_bytes;
+    if (v->offset % (int64_t)dtype_size(v->dtype) || v->offset > rb[v->region] - bytes)
       fail_loc(P, v->loc, "%%%d: %" PRId64 " bytes at @%s+%" PRId64 " do not fit the region (%" PRId64 " bytes%s%s)", v->id,
-               bytes, mem_region_name(v->region), v->offset, g->region_bytes[v->region],
+               bytes, mem_region_name(v->region), v->offset, rb[v->region],
                P->have_regions ? "" : "; the `regions` line is missing",
                v->offset % (int64_t)dtype_size(v->dtype) ? ", or the offset is misaligned" : "");
   }
   if (with && without)
     fail_loc(P, first_without->loc, "%%%d has no memory region while others have one (a planned graph places every value)",
              first_without->id);
+}
+
+/* A partitioned graph (`stages N`): every value on a device 0..N-1, every
+ * operand on its op's device except a transfer's, which is on another. */
+static void check_devices(Parser *P) {
+  Graph *g = P->g;
+  if (g->n_stages <= 1) {
+    for (int i = 0; i < g->n_values; i++)
+      if (g->values[i]->op == OP_TRANSFER)
+        fail_loc(P, g->values[i]->loc, "a transfer in a graph of one device (the `stages N` line is missing)");
+    return;
+  }
+  for (int i = 0; i < g->n_values; i++) {
+    Value *v = g->values[i];
+    if (v->device < 0 || v->device >= g->n_stages)
+      fail_loc(P, v->loc, "%%%d must be on a device 0..%d (@device(N)): the graph has %d stages", v->id,
+               g->n_stages - 1, g->n_stages);
+  }
+  for (int i = 0; i < g->n_values; i++) {
+    Value *v = g->values[i];
+    for (int j = 0; j < v->n_in; j++) {
+      Value *x = v->in[j];
+      if (v->op == OP_TRANSFER && x->device == v->device)
+        fail_loc(P, v->loc, "transfer %%%d copies %%%d onto the device it is on (%d)", v->id, x->id, v->device);
+      if (v->op != OP_TRANSFER && x->device != v->device)
+        fail_loc(P, v->loc, "%%%d on device %d reads %%%d on device %d: operands on another device need a transfer",
+                 v->id, v->device, x->id, x->device);
+    }
+  }
 }
 
 /* The inputs the data source feeds (as the frontend checks them). */
@@ -1324,6 +1376,7 @@ static void parse_all(Parser *P) {
   if (!P->model_line) fail_loc(P, (Loc){src, 0, 0}, "no `model NAME` line: not an IR file");
   if (P->g->n_values == 0) fail_loc(P, (Loc){src, P->model_line, 1}, "the graph has no values");
   check_trailer(P);
+  check_devices(P);
   check_regions(P);
   check_inputs(P);
   check_names(P);

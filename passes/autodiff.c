@@ -80,7 +80,11 @@ void pass_autodiff(Graph *g, PassCtx *cx) {
     diag_warning(g->diag, g->loss->loc, "the loss does not depend on any parameter; nothing to train");
     return;
   }
-  grad[g->loss->id] = mk_const(g, 1.0, g->loss->loc);
+  /* micro-batches: each micro-batch's mean loss is divided by M here, once,
+   * so the gradients summed over the M micro-batches are those of the whole
+   * batch's mean loss (GPipe, Huang et al. 2019, gradient accumulation) */
+  int64_t mb = g->train.micro_batches > 1 ? g->train.micro_batches : 1;
+  grad[g->loss->id] = mk_const(g, 1.0 / (double)mb, g->loss->loc);
   for (int i = n - 1; i >= 0; i--) {
     Value *v = g->values[i], *dv = grad[i];
     if (!dv) continue;

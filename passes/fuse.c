@@ -149,25 +149,17 @@ static int cmp_block(const void *a, const void *b) {
   return x->off < y->off ? -1 : x->off > y->off;
 }
 
-void pass_memplan(Graph *g, PassCtx *cx) {
-  (void)cx;
+/* Plans the values of one device (dev < 0: all) into bytes[]. */
+static void plan_device(Graph *g, int dev, const int *last, Block *live, int64_t *bytes_of) {
   int n = g->n_values;
-  /* in the arena: too_big() unwinds */
-  int *last = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *last);
-  Block *live = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *live);
-  for (int i = 0; i < n; i++) {
-    Value *v = g->values[i];
-    last[i] = i;
-    for (int j = 0; j < v->n_in; j++)
-      if (last[v->in[j]->id] < i) last[v->in[j]->id] = i;
-  }
-  for (int r = 0; r < MEM_COUNT; r++) g->region_bytes[r] = 0;
+  for (int r = 0; r < MEM_COUNT; r++) bytes_of[r] = 0;
   int n_live = 0;
   /* inputs first: the host writes them before the step's first kernel */
   for (int pass = 0; pass < 2; pass++)
   for (int i = 0; i < n; i++) {
     Value *v = g->values[i];
     if ((v->op == OP_INPUT) != (pass == 0)) continue;
+    if (dev >= 0 && v->device != dev) continue;
     int64_t bytes = (int64_t)dtype_size(v->dtype) * shape_numel(&v->shape); /* checked by ir_infer_shape */
     v->offset = -1;
     v->region = MEM_NONE;
@@ -177,9 +169,9 @@ void pass_memplan(Graph *g, PassCtx *cx) {
     bytes = align64(bytes);
     if (v->op == OP_PARAM || v->op == OP_STATE) {
       v->region = r;
-      if (bytes > MEMPLAN_MAX_BYTES - g->region_bytes[r]) too_big(g, v, r);
-      v->offset = g->region_bytes[v->region];
-      g->region_bytes[v->region] += bytes;
+      if (bytes > MEMPLAN_MAX_BYTES - bytes_of[r]) too_big(g, v, r);
+      v->offset = bytes_of[v->region];
+      bytes_of[v->region] += bytes;
       continue;
     }
     /* free blocks whose last use came strictly before this value */
@@ -198,6 +190,29 @@ void pass_memplan(Graph *g, PassCtx *cx) {
     live[n_live++] = (Block){off, bytes, pinned ? INT32_MAX : last[i]};
     v->region = MEM_ARENA;
     v->offset = off;
-    if (off + bytes > g->region_bytes[MEM_ARENA]) g->region_bytes[MEM_ARENA] = off + bytes;
+    if (off + bytes > bytes_of[MEM_ARENA]) bytes_of[MEM_ARENA] = off + bytes;
   }
+}
+
+/* One plan per device of a partitioned graph: each device has its own
+ * param, state and activation regions (a value sent to another device lives
+ * on its own device until the transfer that reads it). */
+void pass_memplan(Graph *g, PassCtx *cx) {
+  (void)cx;
+  int n = g->n_values;
+  /* in the arena: too_big() unwinds */
+  int *last = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *last);
+  Block *live = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *live);
+  for (int i = 0; i < n; i++) {
+    Value *v = g->values[i];
+    last[i] = i;
+    for (int j = 0; j < v->n_in; j++)
+      if (last[v->in[j]->id] < i) last[v->in[j]->id] = i;
+  }
+  if (g->n_stages <= 1) {
+    plan_device(g, -1, last, live, g->region_bytes);
+    return;
+  }
+  for (int d = 0; d < g->n_stages; d++) plan_device(g, d, last, live, g->stage_bytes[d]);
+  memcpy(g->region_bytes, g->stage_bytes[0], sizeof g->region_bytes);
 }

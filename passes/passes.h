@@ -4,6 +4,37 @@
 
 #include "../ir/ir.h"
 
+/* A device as the partition pass sees it (plain data; the CLI fills it from
+ * --devices). */
+typedef struct PartDevice {
+  const char *name;  /* for messages: "cpu:0", "cuda:1", "16GiB:sm_60" */
+  bool cpu;
+  int sm;            /* GPUs: compute capability x 10 (60 = sm_60) */
+  int64_t capacity;  /* bytes of memory; 0: unlimited */
+  int cores;         /* CPU: cores of this (virtual) device */
+  double cpu_gflops; /* CPU: configured GFLOP/s per core (0: the default) */
+} PartDevice;
+
+/* Peak rates of one device: FLOP/s, memory bytes/s, and bytes/s of a copy
+ * to another device. */
+typedef struct PartRates {
+  double flops, bytes_per_s, link_bytes_per_s;
+} PartRates;
+/* CPU defaults: OpenBLAS SGEMM reaches ~100 GFLOP/s per core on the 2-core
+ * development machines (shared/DESIGN.md, measured); memory bandwidth and
+ * copy rate between arenas are assumptions of ~10 GB/s per core and 5 GB/s. */
+#define PART_CPU_GFLOPS_PER_CORE 100.0
+#define PART_CPU_GBS_PER_CORE 10.0
+#define PART_CPU_COPY_GBS 5.0
+/* The rates of d from the per-compute-capability table (passes/partition.c,
+ * sources there) or the CPU figures; -1 when its sm is not in the table. */
+int part_device_rates(const PartDevice *d, PartRates *r);
+/* FLOPs and bytes moved (inputs + result) by one op (matmul 2mnk,
+ * attention 4BT^2C, elementwise ~2 per element). */
+void part_op_cost(const Value *v, double *flops, double *bytes);
+/* Roofline estimate: max(flops / peak, bytes / bandwidth), seconds. */
+double part_op_seconds(const Value *v, const PartRates *r);
+
 typedef struct PassCtx {
   Diag *diag;
   bool verify;            /* run ir_verify after every pass (tests, debug) */
@@ -18,6 +49,10 @@ typedef struct PassCtx {
   const char *precision;  /* --precision auto|fp32|fp16|bf16 (NULL: the train
                            * section's `precision`, else auto) */
   const char *target;     /* --target: a name of the device table (NULL: cpu) */
+  const PartDevice *devices; /* partition: the stages' devices (NULL: one CPU) */
+  int n_devices;
+  bool one_f_one_b;          /* partition: 1F1B keeps min(M, S - s) micro-batches'
+                              * activations on stage s (GPipe: M) */
 } PassCtx;
 
 typedef void (*PassFn)(Graph *g, PassCtx *cx);
@@ -27,7 +62,7 @@ typedef struct Pass {
   const char *what; /* one line for `duet ir --help` */
 } Pass;
 
-/* The pipeline, in order: shape, autodiff, optimizer, eval, precision, fuse,
+/* The pipeline, in order: shape, autodiff, optimizer, eval, precision, fuse, partition,
  * memplan. */
 extern const Pass duet_passes[];
 extern const int duet_n_passes;
@@ -46,7 +81,18 @@ void pass_optimizer(Graph *g, PassCtx *cx); /* append AdamW / SGD updates */
 void pass_eval(Graph *g, PassCtx *cx);      /* append accuracy metrics */
 void pass_precision(Graph *g, PassCtx *cx); /* 16-bit storage, f32 master weights, casts */
 void pass_fuse(Graph *g, PassCtx *cx);      /* fuse elementwise chains */
-void pass_memplan(Graph *g, PassCtx *cx);   /* offsets in param/state/arena */
+void pass_partition(Graph *g, PassCtx *cx); /* devices/stages + transfer ops */
+void pass_memplan(Graph *g, PassCtx *cx);   /* offsets in param/state/arena, per device */
+
+/* `duet plan`: prints the stage assignment of a graph that went through
+ * every pass (per stage: forward ops, estimated forward/backward/optimizer
+ * time from part_op_seconds, memory: weights, grads, optimizer state,
+ * activations x in-flight micro-batches (M for GPipe, min(M, S - s) for
+ * 1F1B), gradient accumulators; transfer bytes per step; the bubble
+ * fraction (S-1)/(M+S-1), GPipe, Huang et al. 2019) to out.  Returns 1
+ * when a device's memory is exceeded (the report marks it; the error goes
+ * through cx->diag), else 0. */
+int partition_report(const Graph *g, const PassCtx *cx, FILE *out);
 
 /* ------------------------------------------------------------ precision */
 

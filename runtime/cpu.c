@@ -14,6 +14,7 @@
 
 #include "duet_half.h"
 #include "duet_rt.h"
+#include "pipeline.h"
 
 /* OpenBLAS's own thread-count setter (OpenMP build: the same pool). */
 void openblas_set_num_threads(int n);
@@ -224,7 +225,11 @@ struct DuetSession {
   int32_t *overflow; /* device memory: the unscale kernels' flags, t[n_tensors] */
   double *prof; /* DUET_PROFILE=1: seconds per train step entry, summed */
   int64_t prof_runs;
-  char err[600];
+  DuetPipe *pipe; /* a pipelined program (p->n_stages >= 1); dev is then a
+                   * CPU device of its own for host copies (checkpoints) */
+  int64_t n_valid;
+  bool own_dev; /* the pipeline's host-copy device, freed with the session */
+  char err[800];
 };
 
 static double mono_seconds(void) {
@@ -377,15 +382,49 @@ static void print_profile(const DuetSession *s) {
   free(order);
 }
 
+DuetSession *duet_session_new_pipeline(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
+                                       char *err, size_t errlen) {
+  if (p->api_version != DUET_RT_API_VERSION || p->n_stages < 1) {
+    snprintf(err, errlen, "not a pipelined program for runtime API %d", DUET_RT_API_VERSION);
+    return NULL;
+  }
+  DuetSession *s = calloc(1, sizeof *s);
+  if (!s || !(s->ptr = calloc((size_t)p->n_tensors + 1, sizeof *s->ptr))) {
+    free(s);
+    snprintf(err, errlen, "out of host memory");
+    return NULL;
+  }
+  s->p = p;
+  s->cfg = *cfg;
+  if (!(s->dev = duet_cpu_device(kernels, p->n_kernels, 0))) {
+    snprintf(err, errlen, "out of host memory");
+    duet_session_free(s);
+    return NULL;
+  }
+  s->own_dev = true;
+  if (!(s->pipe = duet_pipe_new(p, kernels, cfg, err, errlen))) {
+    duet_session_free(s);
+    return NULL;
+  }
+  for (int i = 0; i < p->n_tensors; i++) s->ptr[i] = duet_pipe_tensor(s->pipe, i);
+  duet_session_init_params(s, cfg->seed);
+  return s;
+}
+
 void duet_session_free(DuetSession *s) {
   if (!s) return;
+  if (s->own_dev) {
+    duet_pipe_free(s->pipe);
+    if (s->dev) s->dev->ops->destroy(s->dev);
+    s->dev = NULL;
+  }
   if (s->prof) {
     print_profile(s);
     free(s->prof);
   }
   for (int r = 1; r < DUET_MEM_COUNT; r++)
-    if (s->region[r]) s->dev->ops->free(s->dev, s->region[r]);
-  if (s->overflow) s->dev->ops->free(s->dev, s->overflow);
+    if (s->region[r] && s->dev) s->dev->ops->free(s->dev, s->region[r]);
+  if (s->overflow && s->dev) s->dev->ops->free(s->dev, s->overflow);
   free(s->ptr);
   free(s);
 }
@@ -394,7 +433,10 @@ void *duet_session_tensor(DuetSession *s, int id) {
   return id >= 0 && id < s->p->n_tensors ? s->ptr[id] : NULL;
 }
 
-void duet_session_set_valid(DuetSession *s, int64_t n_valid) { s->s[DUET_S_N_VALID] = (double)n_valid; }
+void duet_session_set_valid(DuetSession *s, int64_t n_valid) {
+  s->s[DUET_S_N_VALID] = (double)n_valid;
+  s->n_valid = n_valid;
+}
 void duet_session_set_pos(DuetSession *s, int64_t pos) { s->s[DUET_S_POS] = (double)pos; }
 
 const char *duet_session_error(const DuetSession *s) { return s->err; }
@@ -478,6 +520,7 @@ int duet_session_run(DuetSession *s, int which) {
     s->s[DUET_S_ONE_MINUS_BETA2] = 1.0 - c->beta2;
     s->s[DUET_S_DECAY] = 1.0 - c->lr * c->weight_decay;
   }
+  if (s->pipe) return duet_pipe_run(s->pipe, which, s->s, s->n_valid, s->err, sizeof s->err);
   DuetDevice *d = s->dev;
   bool prof = s->prof && which == DUET_RUN_TRAIN;
   if (prof) s->prof_runs++;

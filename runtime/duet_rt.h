@@ -46,12 +46,17 @@ typedef struct DuetTensor {
   int64_t nbytes;
   int init;         /* params: DUET_INIT_* */
   double init_a, init_b;
+  int stage;        /* pipeline: the stage (device) it lives on; 0 with one device */
+  int is_grad;      /* pipeline: a param's gradient, summed over the micro-batches */
 } DuetTensor;
 
 /* One step of a schedule: a generated kernel, or a GEMM through the
  * device's BLAS: C[m,n] = op(A) @ op(B) with row-major operands, op(X) = X^T
  * when the trans flag is set (cblas_sgemm semantics, alpha 1, beta 0). */
-enum { DUET_STEP_KERNEL = 0, DUET_STEP_GEMM = 1 };
+/* Pipelines add DUET_STEP_SEND (a: transfer index; the sending stage copies
+ * the source tensor out) and DUET_STEP_RECV (a: transfer index; the
+ * receiving stage waits for it and copies it into the destination tensor). */
+enum { DUET_STEP_KERNEL = 0, DUET_STEP_GEMM = 1, DUET_STEP_SEND = 2, DUET_STEP_RECV = 3 };
 typedef struct DuetStep {
   int kind;
   int kernel;           /* DUET_STEP_KERNEL: index into the kernel table */
@@ -104,7 +109,34 @@ typedef struct DuetConfig {
   const char *resume_path; /* checkpoint to continue from */
   double loss_scale;       /* fp16: initial loss scale (0: 65536 = 2^16, GradScaler's init_scale) */
   double min_loss_scale;   /* fp16: training stops when the scale falls below this (0: 1) */
+  const char *devices;     /* --devices SPEC (NULL: one CPU device) */
+  int schedule;            /* DUET_SCHEDULE_*: pipeline schedule */
+  int64_t micro_batches;   /* --micro-batches M (0: the program's) */
+  double timeout;          /* pipeline: seconds a stage waits for a transfer (0: default) */
 } DuetConfig;
+
+/* Pipeline schedules: GPipe fill-drain (all forwards, then all backwards;
+ * Huang et al. 2019) and 1F1B (one forward, one backward; at most S - s
+ * micro-batches in flight on stage s; Narayanan et al., PipeDream-Flush 2021). */
+enum { DUET_SCHEDULE_GPIPE = 0, DUET_SCHEDULE_1F1B = 1 };
+
+/* Pipelines: one tensor copied from one stage to another per micro-batch
+ * (an activation forward, a gradient backward). */
+typedef struct DuetTransfer {
+  int src, dst;       /* tensor ids on the sending and the receiving stage */
+  int from, to;       /* stages */
+  int64_t nbytes;
+} DuetTransfer;
+
+/* Pipelines: the schedules of one stage, each in topological order:
+ * forward of one micro-batch, backward of one micro-batch, the optimizer
+ * update (once per step, after the gradients of all micro-batches are
+ * summed), evaluation (forward + metrics of one micro-batch). */
+typedef struct DuetStage {
+  int n_fwd, n_bwd, n_opt, n_eval;
+  const DuetStep *fwd, *bwd, *opt, *eval;
+  int64_t region_bytes[DUET_MEM_COUNT]; /* activation region: one micro-batch */
+} DuetStage;
 
 typedef struct DuetProgram {
   int api_version;
@@ -133,6 +165,14 @@ typedef struct DuetProgram {
   int n_unscale;
   const char *const *unscale_names;
   int update_from;
+  /* Pipelines (n_stages >= 1; 0: a plain one-device program).  Tensor shapes
+   * are those of one micro-batch; defaults.batch is the whole batch,
+   * micro_batches times the tensors' batch. */
+  int n_stages;
+  const DuetStage *stages;
+  int n_transfers;
+  const DuetTransfer *transfers;
+  int micro_batches;
 } DuetProgram;
 
 /* -------------------------------------------------------------- devices */
@@ -166,6 +206,29 @@ struct DuetDevice {
  * kernels and OpenBLAS (0 = keep the default).  NULL when out of memory. */
 DuetDevice *duet_cpu_device(const DuetKernelFn *kernels, int n, int threads);
 
+/* Device specs (`--devices`): comma-separated items `cpu` (= cpu:0),
+ * `cpu:N`, `cuda:N`, and, for planning only, capacities `SIZE:sm_NN` or
+ * `KxSIZE:sm_NN` (K devices; SIZE an integer or decimal with B, KB, MB, GB,
+ * KiB, MiB, GiB or TiB, e.g. `2x16GiB:sm_60`). */
+enum { DUET_DEV_CPU = 0, DUET_DEV_CUDA = 1, DUET_DEV_PLANNED = 2 };
+#define DUET_MAX_DEVICES 64
+typedef struct DuetDeviceSpec {
+  int kind;         /* DUET_DEV_* */
+  int index;        /* cpu:N, cuda:N: N */
+  int sm;           /* planned: compute capability x 10 (sm_60: 60) */
+  int64_t capacity; /* planned: bytes */
+  char name[64];    /* the item as written (one of K: "16GiB:sm_60") */
+} DuetDeviceSpec;
+/* Parses spec into out[0..*n) (at most max).  0, or -1 with a message in err
+ * naming the bad item. */
+int duet_devices_parse(const char *spec, DuetDeviceSpec *out, int max, int *n, char *err, size_t errlen);
+/* Opens a device of a parsed spec for running: the CPU device (kernels,
+ * threads as duet_cpu_device).  NULL with a message in err for CUDA items
+ * ("CUDA backend not available" until the CUDA plugin is linked) and for
+ * planned capacities. */
+DuetDevice *duet_device_open(const DuetDeviceSpec *d, const DuetKernelFn *kernels, int n, int threads, char *err,
+                             size_t errlen);
+
 /* ------------------------------------------------------------- sessions */
 
 /* A program loaded on a device: regions allocated (sizes from the planner)
@@ -174,6 +237,13 @@ DuetDevice *duet_cpu_device(const DuetKernelFn *kernels, int n, int threads);
 typedef struct DuetSession DuetSession;
 DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetConfig *cfg,
                               char *err, size_t errlen);
+/* A pipelined program (p->n_stages >= 1: compiled with --devices or
+ * --micro-batches) on the devices of cfg->devices, one worker thread each
+ * (see runtime/pipeline.h); the session's tensors, runs and checkpoints
+ * work as for one device: inputs take the whole batch, the loss is the mean
+ * over the micro-batches.  NULL with a message in err. */
+DuetSession *duet_session_new_pipeline(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
+                                       char *err, size_t errlen);
 void duet_session_free(DuetSession *s);
 /* Host-visible pointer to tensor `id` (the CPU device's memory). */
 void *duet_session_tensor(DuetSession *s, int id);

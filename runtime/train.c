@@ -38,6 +38,10 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --min-loss-scale X fp16 programs: stop when the scale falls below X (default 1)\n"
           "  --no-eval          skip evaluation on the test split\n"
           "  --quiet            print only the final result\n"
+          "  --devices SPEC     pipeline over devices: cpu:0,cpu:1 (virtual CPU devices, each a thread\n"
+          "                     with its own arena and threads/S cores), cuda:N; one stage each\n"
+          "  --micro-batches M  split each batch into M micro-batches, gradients summed (loss / M)\n"
+          "  --schedule S       pipeline schedule: gpipe (fill-drain, default) or 1f1b\n"
           "  --help             this text\n",
           argv0);
 }
@@ -88,7 +92,8 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     static const char *const known[] = {"--epochs", "--steps", "--lr", "--weight-decay", "--seed", "--threads",
                                         "--log-every", "--eval-every", "--eval-batches", "--train-subset",
                                         "--test-subset", "--data", "--save", "--save-every", "--resume",
-                                        "--metrics", "--batch", "--loss-scale", "--min-loss-scale"};
+                                        "--metrics", "--batch", "--loss-scale", "--min-loss-scale",
+                                        "--devices", "--micro-batches", "--schedule"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
     int is_known = 0;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
@@ -132,6 +137,21 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
         rc = 1;
       }
       if (!rc) *(flag[2] == 'l' ? &c->loss_scale : &c->min_loss_scale) = x;
+    } else if (!strcmp(flag, "--devices")) {
+      DuetDeviceSpec d[DUET_MAX_DEVICES];
+      int n;
+      char err[256];
+      rc = duet_devices_parse(val, d, DUET_MAX_DEVICES, &n, err, sizeof err) ? 1 : 0;
+      if (rc) fprintf(stderr, "duet: error: %s\n", err);
+      c->devices = val;
+    } else if (!strcmp(flag, "--micro-batches")) rc = parse_i64(flag, val, 1, &c->micro_batches);
+    else if (!strcmp(flag, "--schedule")) {
+      if (!strcmp(val, "gpipe")) c->schedule = DUET_SCHEDULE_GPIPE;
+      else if (!strcmp(val, "1f1b")) c->schedule = DUET_SCHEDULE_1F1B;
+      else {
+        fprintf(stderr, "duet: error: --schedule expects gpipe or 1f1b, got '%s'\n", val);
+        rc = 1;
+      }
     }
     else if (!strcmp(flag, "--batch")) {
       rc = parse_i64(flag, val, 1, &iv);
@@ -295,6 +315,59 @@ static int check_labels(const DuetDataset *ds, int n_classes, const char *what) 
   return 0;
 }
 
+/* The device and session for p: a pipeline (its own devices; *dev stays
+ * NULL) when p has stages, else one CPU device.  NULL after a message. */
+static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
+                                 DuetDevice **dev) {
+  char err[1024];
+  DuetSession *s;
+  *dev = NULL;
+  if (p->n_stages >= 1) {
+    if (cfg->micro_batches && cfg->micro_batches != (p->micro_batches > 0 ? p->micro_batches : 1)) {
+      fprintf(stderr, "duet: error: this program was compiled for %d micro-batches, not %" PRId64 "\n",
+              p->micro_batches, cfg->micro_batches);
+      return NULL;
+    }
+    if (!(s = duet_session_new_pipeline(p, kernels, cfg, err, sizeof err))) fprintf(stderr, "duet: error: %s\n", err);
+    return s;
+  }
+  DuetDeviceSpec spec[DUET_MAX_DEVICES];
+  int n_spec = 1;
+  spec[0] = (DuetDeviceSpec){.kind = DUET_DEV_CPU};
+  if (cfg->devices && duet_devices_parse(cfg->devices, spec, DUET_MAX_DEVICES, &n_spec, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return NULL;
+  }
+  if (n_spec > 1 || cfg->micro_batches > 1) {
+    fprintf(stderr, "duet: error: this program was compiled for one device without micro-batches; recompile with "
+                    "--devices / --micro-batches\n");
+    return NULL;
+  }
+  if (!(*dev = duet_device_open(&spec[0], kernels, p->n_kernels, cfg->threads, err, sizeof err))) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return NULL;
+  }
+  if (!(s = duet_session_new(p, *dev, cfg, err, sizeof err))) fprintf(stderr, "duet: error: %s\n", err);
+  return s;
+}
+
+/* "duet: pipeline: ..." after the memory line, for pipelined programs. */
+static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg) {
+  if (p->n_stages < 1 || cfg->quiet) return;
+  int S = p->n_stages, M = p->micro_batches > 0 ? p->micro_batches : 1;
+  int64_t xfer = 0;
+  for (int t = 0; t < p->n_transfers; t++) xfer += p->transfers[t].nbytes;
+  char devs[64];
+  if (S == 1) snprintf(devs, sizeof devs, "cpu:0");
+  else snprintf(devs, sizeof devs, "cpu:0..cpu:%d", S - 1);
+  printf("duet: pipeline: %d stage%s on %s, %d micro-batch%s of %" PRId64 ", %s; bubble (S-1)/(M+S-1) = %.3f%s; "
+         "transfers %.2f MiB per micro-batch\n", S, S == 1 ? "" : "s", cfg->devices ? cfg->devices : devs, M,
+         M == 1 ? "" : "es", p->defaults.batch / M, cfg->schedule == DUET_SCHEDULE_1F1B ? "1f1b" : "gpipe",
+         (double)(S - 1) / (double)(M + S - 1), M < S ? " (fewer micro-batches than stages: a large bubble)" : "",
+         (double)xfer / 1048576.0);
+  fflush(stdout);
+}
+
 static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg) {
   int rc;
   char err[1024];
@@ -344,14 +417,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (!(dev = duet_cpu_device(kernels, p->n_kernels, cfg.threads))) {
-    fprintf(stderr, "duet: error: out of host memory\n");
-    goto out;
-  }
-  if (!(s = duet_session_new(p, dev, &cfg, err, sizeof err))) {
-    fprintf(stderr, "duet: error: %s\n", err);
-    goto out;
-  }
+  if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
   if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
     fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));
     goto out;
@@ -373,6 +439,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
            (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
+  print_pipeline(p, &cfg);
   perm = malloc((size_t)n_train * sizeof *perm);
   if (!perm) {
     fprintf(stderr, "duet: error: out of host memory\n");
@@ -564,11 +631,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (!(dev = duet_cpu_device(kernels, p->n_kernels, cfg.threads)) ||
-      !(s = duet_session_new(p, dev, &cfg, err, sizeof err))) {
-    fprintf(stderr, "duet: error: %s\n", dev ? err : "out of host memory");
-    goto out;
-  }
+  if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
   if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
     fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));
     goto out;
@@ -586,6 +649,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
            (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
+  print_pipeline(p, &cfg);
   DuetTrainState ts = {0};
   duet_rng_seed(&ts.rng, cfg.seed, 0x74657874ull); /* "text" */
   if (maybe_resume(s, &cfg, &ts)) goto out;

@@ -54,9 +54,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 /* Runs the pipeline like passes_run (verify = true), but aborts on a verifier
  * failure (an internal error, not a user error) and stops early on big
  * graphs. Returns 0 when every pass ran, 1 after a user error or the guard. */
-static int run_passes(Graph *g, Diag *d) {
+static int run_passes(Graph *g, Diag *d, int n_devices) {
   jmp_buf jb, *saved = d->jmp;
-  PassCtx pc = {.diag = d, .verify = true};
+  static const PartDevice cpus[3] = {{.name = "cpu:0", .cpu = true, .cores = 1},
+                                     {.name = "cpu:1", .cpu = true, .cores = 1},
+                                     {.name = "cpu:2", .cpu = true, .cores = 1}};
+  PassCtx pc = {.diag = d, .verify = true, .devices = n_devices ? cpus : NULL, .n_devices = n_devices};
   d->jmp = &jb;
   if (setjmp(jb)) {
     d->jmp = saved;
@@ -84,12 +87,12 @@ static int run_passes(Graph *g, Diag *d) {
 
 /* One compilation: frontend, passes, printer.  Returns 0 when it all went
  * through without a user error. */
-static int compile_once(const Source *src, const FrontendOptions *fo) {
+static int compile_once(const Source *src, const FrontendOptions *fo, int n_devices) {
   Arena *a = arena_new(1 << 16);
   Diag d = {.out = sink};
   int rc = 1;
   Graph *g = frontend_compile(a, &d, src, fo);
-  if (g && g->n_values <= FUZZ_MAX_VALUES && !run_passes(g, &d)) {
+  if (g && g->n_values <= FUZZ_MAX_VALUES && !run_passes(g, &d, n_devices)) {
     ir_print(g, sink);
     rc = 0;
   }
@@ -110,9 +113,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   text[len] = 0;
   Source src = {.name = "fuzz.model", .text = text, .len = len};
   FrontendOptions plain = {0}, f64 = {.batch = 3, .float_dtype = DT_F64}, decode = {.decode = true};
-  if (!compile_once(&src, &plain)) {
-    compile_once(&src, &f64);
-    compile_once(&src, &decode);
+  if (!compile_once(&src, &plain, 0)) {
+    compile_once(&src, &f64, 0);
+    compile_once(&src, &decode, 0);
+    /* the partition pass on three devices, micro-batches where they divide */
+    FrontendOptions mb = {.micro_batches = 2};
+    if (compile_once(&src, &mb, 3)) compile_once(&src, &plain, 3);
   }
   free(text);
   return 0;

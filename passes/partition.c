@@ -1,0 +1,519 @@
+/* passes/partition.c: the partition pass (model parallelism).
+ *
+ * Cuts the graph into S stages, one per device, in topological order of the
+ * forward ops, minimising the slowest stage's estimated time (a dynamic
+ * programme over cut positions, as PipeDream's planner, Narayanan et al.
+ * 2019, restricted to contiguous stages) under each device's memory.  Every
+ * other value follows the forward op it belongs to (see assign_rest), and a
+ * `transfer` op is inserted for every value used on another device: forward
+ * activations, their gradients, skip connections over several stages, tied
+ * params.  With one device the pass only checks the @device hints and
+ * changes nothing. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+/* ------------------------------------------------------------ cost model */
+
+/* Peak fp32 rates per compute capability.  Sources: sm_60 P100 PCIe card
+ * 9.3 TFLOP/s, 16 GB HBM2 at ~720 GB/s, PCIe 3.0 x16 between cards at ~14
+ * GB/s achieved (shared/FACTS.md: tech4gamers.com, hothardware.com,
+ * pjreddie/darknet #754); sm_61 P40 11.8 TFLOP/s, 346 GB/s; sm_70 V100 PCIe
+ * 14 TFLOP/s, 900 GB/s; sm_75 T4 8.1 TFLOP/s, 320 GB/s; sm_80 A100 40GB
+ * 19.5 TFLOP/s, 1555 GB/s; sm_86 A10 31.2 TFLOP/s, 600 GB/s; sm_89 L4 30.3
+ * TFLOP/s, 300 GB/s; sm_90 H100 SXM 67 TFLOP/s, 3350 GB/s (NVIDIA product
+ * datasheets).  The link is PCIe 3.0/4.0 x16 as achieved, not NVLink. */
+static const struct {
+  int sm;
+  double flops, bw, link;
+} cc_rates[] = {
+    {60, 9.3e12, 720e9, 14e9},   {61, 11.8e12, 346e9, 14e9},  {70, 14.0e12, 900e9, 14e9},
+    {75, 8.1e12, 320e9, 14e9},   {80, 19.5e12, 1555e9, 25e9}, {86, 31.2e12, 600e9, 25e9},
+    {89, 30.3e12, 300e9, 25e9},  {90, 67.0e12, 3350e9, 50e9},
+};
+
+int part_device_rates(const PartDevice *d, PartRates *r) {
+  if (d->cpu) {
+    int cores = d->cores > 0 ? d->cores : 1;
+    double gf = d->cpu_gflops > 0 ? d->cpu_gflops : PART_CPU_GFLOPS_PER_CORE;
+    r->flops = gf * 1e9 * cores;
+    r->bytes_per_s = PART_CPU_GBS_PER_CORE * 1e9 * cores;
+    r->link_bytes_per_s = PART_CPU_COPY_GBS * 1e9;
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof cc_rates / sizeof *cc_rates; i++)
+    if (cc_rates[i].sm == d->sm) {
+      r->flops = cc_rates[i].flops;
+      r->bytes_per_s = cc_rates[i].bw;
+      r->link_bytes_per_s = cc_rates[i].link;
+      return 0;
+    }
+  return -1;
+}
+
+static int64_t value_bytes(const Value *v) {
+  return v->dtype == DT_VOID ? 0 : (int64_t)dtype_size(v->dtype) * shape_numel(&v->shape);
+}
+
+void part_op_cost(const Value *v, double *flops, double *bytes) {
+  double f = 0, b = (double)value_bytes(v);
+  for (int j = 0; j < v->n_in; j++) b += (double)value_bytes(v->in[j]);
+  double n = v->dtype == DT_VOID && v->n_in ? (double)shape_numel(&v->in[0]->shape) : (double)shape_numel(&v->shape);
+  switch (v->op) {
+  case OP_INPUT: case OP_PARAM: case OP_STATE: case OP_CONST:
+    b = 0;
+    break;
+  case OP_MATMUL: {
+    const Value *A = v->in[0];
+    int64_t a_cols = A->shape.dim[A->shape.rank - 1];
+    double k = v->attr.trans_a ? (double)shape_numel(&A->shape) / (double)a_cols : (double)a_cols;
+    f = 2.0 * n * k;
+    break;
+  }
+  case OP_ATTENTION: case OP_ATTENTION_GRAD: { /* q k^T and p v: 4 B T^2 C (x2.5 backward) */
+    const Shape *q = &v->in[v->op == OP_ATTENTION ? 0 : 1]->shape;
+    f = 4.0 * (double)q->dim[0] * (double)q->dim[1] * (double)q->dim[1] * (double)q->dim[2];
+    if (v->op == OP_ATTENTION_GRAD) f *= 2.5;
+    break;
+  }
+  case OP_FUSED: f = n * (v->attr.prog ? v->attr.prog->n : 1); break;
+  case OP_ADAMW: f = 12 * n; break;
+  case OP_SGD: f = 6 * n; break;
+  case OP_TRANSFER: f = 0, b = 0; break;
+  default: f = 2 * n; break;
+  }
+  *flops = f;
+  *bytes = b;
+}
+
+double part_op_seconds(const Value *v, const PartRates *r) {
+  double f, b;
+  part_op_cost(v, &f, &b);
+  double tf = f / r->flops, tb = b / r->bytes_per_s;
+  return tf > tb ? tf : tb;
+}
+
+/* ------------------------------------------------------------ the pass */
+
+/* The block a pinned value belongs to: the prefix ("layer2" of
+ * "layer2.linear1.w") of the nearest param before it pinned to the same
+ * device (a block's params are made right before its ops), else NULL. */
+static const char *pinned_block(Graph *g, const Value *v) {
+  for (int i = v->id; i >= 0; i--) {
+    const Value *p = g->values[i];
+    if (p->op != OP_PARAM || p->device != v->device || !p->attr.name) continue;
+    const char *dot = strrchr(p->attr.name, '.');
+    return dot ? arena_printf(g->arena, "%.*s", (int)(dot - p->attr.name), p->attr.name) : p->attr.name;
+  }
+  return NULL;
+}
+
+static const char *block_text(Graph *g, const Value *v) {
+  const char *b = pinned_block(g, v);
+  return b ? arena_printf(g->arena, "block `%s`", b) : "the expression";
+}
+
+/* Forward compute ops: what the dynamic programme places. */
+static bool is_forward_op(const Value *v) {
+  return v->role == ROLE_FORWARD && v->op != OP_INPUT && v->op != OP_PARAM && v->op != OP_STATE &&
+         v->op != OP_CONST;
+}
+
+typedef struct Part {
+  Graph *g;
+  PassCtx *cx;
+  int S, N;
+  Value **F;      /* forward ops in order */
+  int *fidx;      /* value id -> index in F, -1 */
+  PartRates *rates;
+} Part;
+
+/* Stages of the forward ops by dynamic programming: best[s][b] is the
+ * smallest possible slowest-stage time when stages 0..s hold F[0..b). */
+static void place_forward(Part *P, int *stage_of_f) {
+  Graph *g = P->g;
+  int S = P->S, N = P->N;
+  int64_t M = g->train.micro_batches > 1 ? g->train.micro_batches : 1;
+  Arena *a = g->arena;
+  /* per-device prefix sums of op time (forward + backward ~ 3x forward,
+   * Narayanan et al. 2021), of activation and of param bytes */
+  double **pre = arena_alloc(a, (size_t)S * sizeof *pre);
+  for (int s = 0; s < S; s++) {
+    pre[s] = arena_alloc(a, ((size_t)N + 1) * sizeof **pre);
+    for (int i = 0; i < N; i++) pre[s][i + 1] = pre[s][i] + 3.0 * part_op_seconds(P->F[i], &P->rates[s]);
+  }
+  double *act = arena_alloc(a, ((size_t)N + 1) * sizeof *act), *par = arena_alloc(a, ((size_t)N + 1) * sizeof *par);
+  double *cross = arena_alloc(a, ((size_t)N + 2) * sizeof *cross);
+  double optf = g->train.optimizer == OPTIM_ADAMW ? 4.0 : 3.0; /* param + grad + state */
+  for (int i = 0; i < N; i++) {
+    Value *v = P->F[i];
+    act[i + 1] = act[i] + (double)value_bytes(v);
+    par[i + 1] = par[i];
+  }
+  /* params: counted at their first forward consumer; crossing bytes: a value
+   * made before cut b and used at or after it */
+  int *first_use = arena_alloc(a, (size_t)g->n_values * sizeof *first_use);
+  int *last_use = arena_alloc(a, (size_t)g->n_values * sizeof *last_use);
+  for (int i = 0; i < g->n_values; i++) first_use[i] = -1, last_use[i] = -1;
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < P->F[i]->n_in; j++) {
+      int x = P->F[i]->in[j]->id;
+      if (first_use[x] < 0) first_use[x] = i;
+      last_use[x] = i;
+    }
+  for (int x = 0; x < g->n_values; x++) {
+    Value *v = g->values[x];
+    if (v->op == OP_PARAM && first_use[x] >= 0)
+      for (int i = first_use[x] + 1; i <= N; i++) par[i] += optf * (double)value_bytes(v);
+    int from = P->fidx[x] >= 0 ? P->fidx[x] + 1 : (v->op == OP_PARAM || v->op == OP_INPUT) ? first_use[x] + 1 : -1;
+    if (from < 0 || last_use[x] < from) continue;
+    for (int b = from; b <= last_use[x]; b++) cross[b] += (double)value_bytes(v);
+  }
+  double *best = arena_alloc(a, (size_t)S * ((size_t)N + 1) * sizeof *best);
+  int *arg = arena_alloc(a, (size_t)S * ((size_t)N + 1) * sizeof *arg);
+  /* pins: bad[s][i] = pinned ops in F[0..i) on a device other than s */
+  int **bad = arena_alloc(a, (size_t)S * sizeof *bad);
+  for (int s = 0; s < S; s++) {
+    bad[s] = arena_alloc(a, ((size_t)N + 1) * sizeof **bad);
+    for (int i = 0; i < N; i++) bad[s][i + 1] = bad[s][i] + (P->F[i]->device >= 0 && P->F[i]->device != s);
+  }
+  const double INF = HUGE_VAL;
+  for (int s = 0; s < S; s++)
+    for (int b = 0; b <= N; b++) {
+      double bs = INF;
+      int ba = -1;
+      for (int aa = s == 0 ? 0 : s; aa < b; aa++) {
+        if (s == 0 && aa != 0) break;
+        double prev = s == 0 ? 0 : best[(s - 1) * (N + 1) + aa];
+        if (prev == INF || bad[s][b] - bad[s][aa]) continue;
+        const PartDevice *d = &P->cx->devices[s];
+        double inflight = P->cx->one_f_one_b ? (double)(M < S - s ? M : S - s) : (double)M;
+        double mem = (par[b] - par[aa]) + (act[b] - act[aa]) * inflight;
+        if (d->capacity > 0 && mem > (double)d->capacity) continue;
+        double t = pre[s][b] - pre[s][aa];
+        if (b < N) t += 2.0 * cross[b] / P->rates[s].link_bytes_per_s; /* activations out, gradients in */
+        double m = prev > t ? prev : t;
+        if (m < bs) bs = m, ba = aa;
+      }
+      best[s * (N + 1) + b] = bs;
+      arg[s * (N + 1) + b] = ba;
+    }
+  if (best[(S - 1) * (N + 1) + N] == INF) {
+    /* why: a pin that empties a device, else memory */
+    for (int s = 0; s < S; s++) {
+      bool any = false;
+      for (int i = 0; i < N && !any; i++) any = P->F[i]->device < 0 || P->F[i]->device == s;
+      if (!any)
+        diag_error_noloc(g->diag, "the @device hints leave device %d (%s) without ops: every stage needs at least one", s,
+                         P->cx->devices[s].name);
+    }
+    for (int i = 0; i < N; i++) {
+      int dv = P->F[i]->device;
+      if (dv < 0) continue;
+      if (dv > i)
+        diag_error(g->diag, P->F[i]->loc, "%s is pinned to device %d, but the %d ops before it cannot fill devices "
+                   "0..%d (every stage needs at least one op)", block_text(g, P->F[i]), dv, i, dv - 1);
+      if (N - 1 - i < S - 1 - dv)
+        diag_error(g->diag, P->F[i]->loc, "%s is pinned to device %d, but the %d ops after it cannot fill devices "
+                   "%d..%d (every stage needs at least one op)", block_text(g, P->F[i]), dv, N - 1 - i, dv + 1, S - 1);
+    }
+    bool pins = false;
+    for (int i = 0; i < N; i++) pins |= P->F[i]->device >= 0;
+    if (pins)
+      diag_error_noloc(g->diag, "no split into %d stages puts every pinned op on its @device, leaves no stage empty "
+                       "and keeps every stage within its memory", S);
+    double cap = 0;
+    for (int k = 0; k < S; k++) cap += (double)P->cx->devices[k].capacity;
+    diag_error_noloc(g->diag, "the model does not fit the devices: its params with gradients and optimizer state take "
+                     "%.2f MiB and its activations %.2f MiB per micro-batch in flight (%s), against %.2f MiB on %d "
+                     "devices; no split into %d stages keeps every stage within its memory", par[N] / 1048576.0,
+                     act[N] / 1048576.0, P->cx->one_f_one_b ? "1f1b: up to S - s" : "gpipe: M", cap / 1048576.0, S, S);
+  }
+  for (int s = S - 1, b = N; s >= 0; s--) {
+    int aa = arg[s * (N + 1) + b];
+    for (int i = aa; i < b; i++) stage_of_f[i] = s;
+    b = aa;
+  }
+}
+
+/* Every value besides the forward ops.  Params and inputs go with their
+ * first forward consumer.  A backward or eval op b goes where the forward
+ * op it differentiates is: the latest stage of the forward values it reads
+ * (activations, params), F(b), raised to the stage its gradient consumers
+ * want, L(b) (a param's gradient to the param's stage), and lowered to the
+ * earliest stage of the gradients it reads, U(b), so that gradients only
+ * flow to earlier stages.  Constants and optimizer state go to their
+ * earliest consumer; an optimizer update to its param. */
+static void assign_rest(Part *P) {
+  Graph *g = P->g;
+  int n = g->n_values;
+  Arena *a = g->arena;
+  for (int i = 0; i < n; i++)
+    if (P->fidx[i] < 0) g->values[i]->device = -1;
+  /* consumers, CSR */
+  int *cnt = arena_alloc(a, ((size_t)n + 1) * sizeof *cnt), *fill = arena_alloc(a, ((size_t)n + 1) * sizeof *fill);
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < g->values[i]->n_in; j++) cnt[g->values[i]->in[j]->id + 1]++;
+  for (int i = 0; i < n; i++) cnt[i + 1] += cnt[i];
+  Value **use = arena_alloc(a, ((size_t)cnt[n] + 1) * sizeof *use);
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < g->values[i]->n_in; j++) {
+      int x = g->values[i]->in[j]->id;
+      use[cnt[x] + fill[x]++] = g->values[i];
+    }
+  for (int i = 0; i < n; i++) {
+    Value *c = g->values[i];
+    for (int j = 0; j < c->n_in; j++) {
+      Value *x = c->in[j];
+      if ((x->op == OP_PARAM || x->op == OP_INPUT) && x->device < 0 && P->fidx[c->id] >= 0) x->device = c->device;
+    }
+  }
+  for (int i = 0; i < n; i++) { /* params and inputs used only outside the forward pass */
+    Value *v = g->values[i];
+    if ((v->op == OP_PARAM || v->op == OP_INPUT) && v->device < 0) v->device = 0;
+  }
+  for (int i = 0; i < n; i++) {
+    Value *v = g->values[i];
+    if (v->op == OP_ADAMW || v->op == OP_SGD) v->device = v->in[0]->device;
+  }
+  int *F = arena_alloc(a, (size_t)n * sizeof *F), *L = arena_alloc(a, (size_t)n * sizeof *L);
+#define GRADLIKE(v) (((v)->role == ROLE_BACKWARD || (v)->role == ROLE_EVAL) && (v)->op != OP_CONST)
+  for (int i = 0; i < n; i++) {
+    Value *v = g->values[i];
+    F[i] = -1;
+    if (!GRADLIKE(v)) continue;
+    for (int j = 0; j < v->n_in; j++) {
+      Value *x = v->in[j];
+      if (x->role == ROLE_BACKWARD || x->op == OP_CONST || x->op == OP_STATE) continue;
+      if (x->device > F[i]) F[i] = x->device;
+    }
+  }
+  for (int i = n - 1; i >= 0; i--) {
+    Value *v = g->values[i];
+    L[i] = -1;
+    if (!GRADLIKE(v)) continue;
+    for (int k = cnt[i]; k < cnt[i + 1]; k++) {
+      Value *c = use[k];
+      int want = c->op == OP_ADAMW || c->op == OP_SGD ? c->device
+                 : GRADLIKE(c)                        ? (F[c->id] > L[c->id] ? F[c->id] : L[c->id])
+                                                      : -1;
+      if (want > L[i]) L[i] = want;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    Value *v = g->values[i];
+    if (!GRADLIKE(v)) continue;
+    int st = F[i] > L[i] ? F[i] : L[i], U = -1;
+    for (int j = 0; j < v->n_in; j++) {
+      Value *x = v->in[j];
+      if (GRADLIKE(x) && x->role == ROLE_BACKWARD && (U < 0 || x->device < U)) U = x->device;
+    }
+    if (U >= 0 && (st < 0 || st > U)) st = U;
+    v->device = st >= 0 ? st : 0;
+  }
+#undef GRADLIKE
+  /* constants and optimizer state, in reverse: the earliest consumer */
+  for (int i = n - 1; i >= 0; i--) {
+    Value *v = g->values[i];
+    if (v->device >= 0) continue;
+    int st = -1;
+    for (int k = cnt[i]; k < cnt[i + 1]; k++)
+      if (use[k]->device >= 0 && (st < 0 || use[k]->device < st)) st = use[k]->device;
+    v->device = st >= 0 ? st : 0;
+  }
+}
+
+/* One transfer per (value, other device that uses it), operands rewired.
+ * A transfer goes right after its value (the sender copies it out as soon
+ * as it exists), with the value's role: forward activations to later
+ * stages, gradients to earlier ones.  A forward value that a backward op of
+ * an earlier stage reads is sent during the backward pass, right before its
+ * first consumer (the value stays live on its stage until then). */
+static void insert_transfers(Part *P) {
+  Graph *g = P->g;
+  int n = g->n_values, S = P->S;
+  Value **xfer = arena_alloc(g->arena, (size_t)n * (size_t)S * sizeof *xfer);
+  int *before = arena_alloc(g->arena, ((size_t)n * (size_t)S + 1) * sizeof *before); /* late: consumer position + 1 */
+  int n_new = 0;
+  for (int i = 0; i < n; i++) {
+    Value *c = g->values[i];
+    for (int j = 0; j < c->n_in; j++) {
+      Value *x = c->in[j];
+      if (x->device == c->device) continue;
+      size_t k = (size_t)x->id * (size_t)S + (size_t)c->device;
+      if (!xfer[k]) {
+        Value *in = x;
+        xfer[k] = graph_add(g, OP_TRANSFER, &in, 1, NULL, x->loc);
+        xfer[k]->device = c->device;
+        xfer[k]->role = x->role == ROLE_BACKWARD ? ROLE_BACKWARD : x->role == ROLE_EVAL ? ROLE_EVAL : ROLE_FORWARD;
+        if (x->role != ROLE_BACKWARD && x->device > c->device) {
+          if (c->role != ROLE_BACKWARD)
+            duet_fatal(__FILE__, __LINE__, "partition: %%%d flows from stage %d back to %d", x->id, x->device,
+                       c->device);
+          xfer[k]->role = ROLE_BACKWARD;
+          before[k] = i + 1;
+        }
+        if (x->role == ROLE_BACKWARD && x->device < c->device)
+          duet_fatal(__FILE__, __LINE__, "partition: gradient %%%d flows from stage %d up to %d", x->id, x->device,
+                     c->device);
+        n_new++;
+      }
+      c->in[j] = xfer[k];
+    }
+  }
+  Value **order = arena_alloc(g->arena, ((size_t)n + (size_t)n_new) * sizeof *order);
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    Value *v = g->values[i];
+    int first = k;
+    for (int x = 0; x < i; x++) /* late transfers of earlier values, right before value i */
+      for (int s = 0; s < S; s++)
+        if (before[(size_t)x * (size_t)S + (size_t)s] == i + 1) order[k++] = xfer[(size_t)x * (size_t)S + (size_t)s];
+    (void)first;
+    order[k++] = v;
+    for (int s = 0; s < S; s++) {
+      size_t q = (size_t)i * (size_t)S + (size_t)s;
+      if (xfer[q] && !before[q]) order[k++] = xfer[q];
+    }
+  }
+  DUET_ASSERT(k == n + n_new && g->n_values == n + n_new);
+  memcpy(g->values, order, (size_t)k * sizeof *order);
+  graph_renumber(g);
+  /* a param's gradient is the optimizer's (local) operand */
+  for (int i = 0; i < g->n_values; i++) {
+    Value *u = g->values[i];
+    if (u->op == OP_ADAMW || u->op == OP_SGD) u->in[0]->grad = u->in[1];
+  }
+  graph_count_uses(g);
+}
+
+void pass_partition(Graph *g, PassCtx *cx) {
+  int S = cx->n_devices > 0 ? cx->n_devices : 1;
+  if (S > IR_MAX_STAGES) diag_error_noloc(g->diag, "%d devices: at most %d are supported", S, IR_MAX_STAGES);
+  /* hints: a device that does not exist, pins against the stage order.
+   * Without --devices the model runs on the one CPU and hints are kept as
+   * annotations only (a model written for two GPUs still runs anywhere). */
+  const Value *prev = NULL;
+  for (int i = 0; i < g->n_values && cx->n_devices > 0; i++) {
+    Value *v = g->values[i];
+    if (v->device < 0) continue;
+    if (v->device >= S) {
+      const char *what = block_text(g, v);
+      diag_error(g->diag, v->loc, "%s is pinned to device %d (@device(%d)), but --devices gives only %d device%s", what,
+                 v->device, v->device, S, S == 1 ? "" : "s");
+    }
+    if (is_forward_op(v)) {
+      if (prev && v->device < prev->device) {
+        const char *a = block_text(g, prev), *b = block_text(g, v);
+        diag_error(g->diag, v->loc, "%s is pinned to device %d but comes after %s on device %d: stages run in "
+                   "order, so pinned blocks must follow the device order", b, v->device, a, prev->device);
+      }
+      prev = v;
+    }
+  }
+  if (S == 1) return;
+  Part P = {.g = g, .cx = cx, .S = S};
+  P.rates = arena_alloc(g->arena, (size_t)S * sizeof *P.rates);
+  for (int s = 0; s < S; s++)
+    if (part_device_rates(&cx->devices[s], &P.rates[s]))
+      diag_error_noloc(g->diag, "device %s: no rates known for sm_%d (known: sm_60, 61, 70, 75, 80, 86, 89, 90)",
+                       cx->devices[s].name, cx->devices[s].sm);
+  P.F = arena_alloc(g->arena, (size_t)g->n_values * sizeof *P.F);
+  P.fidx = arena_alloc(g->arena, (size_t)g->n_values * sizeof *P.fidx);
+  for (int i = 0; i < g->n_values; i++) {
+    P.fidx[i] = -1;
+    if (is_forward_op(g->values[i])) {
+      P.fidx[i] = P.N;
+      P.F[P.N++] = g->values[i];
+    }
+  }
+  if (P.N < S)
+    diag_error_noloc(g->diag, "the model has %d forward ops, fewer than the %d devices: no stage may be empty", P.N, S);
+  int *st = arena_alloc(g->arena, (size_t)P.N * sizeof *st);
+  place_forward(&P, st);
+  for (int i = 0; i < P.N; i++) P.F[i]->device = st[i];
+  assign_rest(&P);
+  insert_transfers(&P);
+  g->n_stages = S;
+}
+
+/* ------------------------------------------------------------ the report */
+
+int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
+  bool one_f_one_b = cx->one_f_one_b;
+  int S = g->n_stages > 1 ? g->n_stages : 1;
+  int64_t M = g->train.micro_batches > 1 ? g->train.micro_batches : 1;
+  int rc = 0;
+  fprintf(out, "plan: %s on %d device%s, %" PRId64 " micro-batch%s of %" PRId64 " (batch %" PRId64 "), schedule %s\n",
+          g->model_name ? g->model_name : "?", S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", g->train.batch,
+          g->train.batch * M, one_f_one_b ? "1f1b" : "gpipe");
+  double slowest = 0, total = 0;
+  int64_t xfer_total = 0;
+  for (int s = 0; s < S; s++) {
+    const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
+    PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};
+    if (d) part_device_rates(d, &r);
+    double t_f = 0, t_b = 0, t_o = 0;
+    int64_t grads = 0, xfer = 0, n_ops = 0;
+    const char *first = NULL, *last = NULL;
+    for (int i = 0; i < g->n_values; i++) {
+      const Value *v = g->values[i];
+      if ((v->device < 0 ? 0 : v->device) != s) continue;
+      double t = part_op_seconds(v, &r);
+      if (v->op == OP_TRANSFER) {
+        int64_t b = value_bytes(v);
+        if (v->role != ROLE_EVAL) xfer += b * M;
+        t = (double)b / r.link_bytes_per_s;
+      }
+      if (v->role == ROLE_FORWARD) t_f += t;
+      else if (v->role == ROLE_BACKWARD) t_b += t;
+      else if (v->role == ROLE_OPTIMIZER) t_o += t;
+      if ((v->op == OP_ADAMW || v->op == OP_SGD)) grads += value_bytes(v->in[1]);
+      if (v->op == OP_PARAM && v->attr.name) {
+        if (!first) first = v->attr.name;
+        last = v->attr.name;
+      }
+      n_ops += is_forward_op(v);
+    }
+    const int64_t *rb = g->n_stages > 1 ? g->stage_bytes[s] : g->region_bytes;
+    int64_t slots = one_f_one_b ? (M < S - s ? M : S - s) : M;
+    double step = (double)M * (t_f + t_b) + t_o;
+    if (step > slowest) slowest = step;
+    total += step;
+    xfer_total += xfer;
+    int64_t need = rb[MEM_PARAM] + rb[MEM_STATE] + rb[MEM_CACHE] + rb[MEM_ARENA] * slots + grads;
+    fprintf(out, "stage %d on %s: %" PRId64 " forward ops, params %s .. %s\n", s, d ? d->name : "cpu", n_ops,
+            first ? first : "-", last ? last : "-");
+    fprintf(out, "  estimated time: forward %.3f ms + backward %.3f ms per micro-batch, optimizer %.3f ms; %.3f ms per "
+            "step\n", 1e3 * t_f, 1e3 * t_b, 1e3 * t_o, 1e3 * step);
+    fprintf(out, "  memory: weights %.2f MiB, grads %.2f MiB (summed over the micro-batches), optimizer state %.2f "
+            "MiB, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB, with their gradients): %.2f MiB",
+            rb[MEM_PARAM] / 1048576.0, grads / 1048576.0, rb[MEM_STATE] / 1048576.0,
+            (double)(rb[MEM_ARENA] * slots) / 1048576.0, slots, slots == 1 ? "" : "es", rb[MEM_ARENA] / 1048576.0,
+            need / 1048576.0);
+    if (d && d->capacity > 0) {
+      if (d->capacity >= (int64_t)1 << 30) fprintf(out, " of %.2f GiB", (double)d->capacity / 1073741824.0);
+      else fprintf(out, " of %.2f MiB", (double)d->capacity / 1048576.0);
+      if (need > d->capacity) {
+        fprintf(out, "  DOES NOT FIT");
+        rc = 1;
+      }
+    }
+    fprintf(out, "\n  transfers sent: %.3f MiB per step\n", (double)xfer / 1048576.0);
+  }
+  double bubble = (double)(S - 1) / (double)(M + S - 1);
+  fprintf(out, "transfer bytes per step: %" PRId64 " (%.3f MiB)\n", xfer_total, (double)xfer_total / 1048576.0);
+  fprintf(out, "bubble fraction (S-1)/(M+S-1) = %d/%" PRId64 " = %.3f%s\n", S - 1, M + S - 1, bubble,
+          M < S ? " (fewer micro-batches than stages: a large bubble)" : "");
+  double est = slowest * (double)(M + S - 1) / (double)M;
+  fprintf(out, "estimated step time: %.3f ms (slowest stage %.3f ms, with the bubble); balance %.2f\n", 1e3 * est,
+          1e3 * slowest, S > 1 && slowest > 0 ? total / ((double)S * slowest) : 1.0);
+  if (rc) {
+    fflush(out);
+    diag_error_noloc(cx->diag, "the model does not fit: a device needs more memory than it has (DOES NOT FIT above)");
+  }
+  return rc;
+}

@@ -1,0 +1,597 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, pthread_cond_timedwait */
+/* runtime/pipeline.c: the micro-batch pipeline.  One worker thread per
+ * stage (device) runs the stage's forward and backward schedules over the
+ * micro-batches (GPipe or 1F1B); a transfer is copied by the sender into a
+ * host staging buffer of its own per micro-batch (the device's
+ * copy_to_host) and posted, and copied by the receiver into its arena
+ * (copy_to_device) after a wait that times out.  Inputs, the loss and the
+ * metrics also move through the device's copies; gradients are summed on
+ * the host (in place for the CPU device, whose memory is host memory; a
+ * device with memory of its own copies each micro-batch's gradients out).  Gradients are
+ * summed into accumulators in micro-batch order on every stage, so a run on
+ * S devices performs exactly the arithmetic of the run on one device with
+ * the same micro-batches.
+ *
+ * Environment (documented in README.md):
+ *   DUET_PIPE_TIMEOUT=SECONDS   how long a stage waits for a transfer (120)
+ *   DUET_PROFILE=1              at exit: each stage's computing and waiting
+ *                               time per step
+ *   DUET_PIPE_DROP_SEND=T:M     test injection: transfer T is never posted
+ *                               for micro-batch M (exercises the timeout;
+ *                               every other wait then gets 100x the timeout,
+ *                               so the error names this wait) */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "pipeline.h"
+
+void openblas_set_num_threads(int n);
+
+typedef struct Stage {
+  struct DuetPipe *q;
+  int id;
+  DuetDevice *dev;
+  void *region[DUET_MEM_COUNT]; /* DUET_MEM_ARENA: n_slots activation regions */
+  int n_slots;
+  void ***tab;     /* tab[slot][tensor id]: addresses (NULL: another stage's) */
+  void *acc;       /* gradient accumulators (host memory) */
+  void *tmp;       /* !host_mem: one gradient copied to the host */
+  bool host_mem;   /* the device's memory is host memory (the CPU device) */
+  int64_t *acc_off; /* tensor id -> offset in acc, -1 */
+  int threads;
+  double busy, wait; /* DUET_PROFILE: seconds computing and waiting, all runs */
+  pthread_t thread;
+  bool started;
+  int64_t seen;    /* last job run */
+} Stage;
+
+struct DuetPipe {
+  const DuetProgram *p;
+  int S, M, schedule;
+  Stage *st;
+  void **stage_buf;  /* [transfer * M + m] */
+  int64_t *posted;   /* [transfer * M + m]: job number that posted it */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;      /* posts, aborts */
+  pthread_cond_t job_cv;  /* a new job, or quit */
+  pthread_cond_t done_cv;
+  bool sync_ok;
+  int64_t job;
+  int n_done;
+  bool quit, abort;
+  char err[700];
+  double s[DUET_S_COUNT];
+  double timeout;
+  int drop_t, drop_m;     /* DUET_PIPE_DROP_SEND, -1: none */
+  void *host_x, *host_y, *host_loss, *host_metrics;
+  double *losses;         /* per micro-batch */
+  bool profile;           /* DUET_PROFILE=1: per-stage busy and waiting time */
+  int64_t runs;
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int64_t numel(const DuetTensor *t) { return t->nbytes / (t->dtype == DUET_F64 ? 8 : 4); }
+
+/* First error wins; every waiting stage is woken to give up. */
+static void pipe_fail(DuetPipe *q, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void pipe_fail(DuetPipe *q, const char *fmt, ...) {
+  pthread_mutex_lock(&q->mu);
+  if (!q->abort) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(q->err, sizeof q->err, fmt, ap);
+    va_end(ap);
+    q->abort = true;
+  }
+  pthread_cond_broadcast(&q->cv);
+  pthread_mutex_unlock(&q->mu);
+}
+
+static bool aborted(DuetPipe *q) {
+  pthread_mutex_lock(&q->mu);
+  bool a = q->abort;
+  pthread_mutex_unlock(&q->mu);
+  return a;
+}
+
+/* Runs one schedule of stage st on micro-batch m in activation slot `slot`.
+ * train: transfers are posted and awaited; eval: stages run in order on one
+ * thread, so a receive finds its data staged.  0, or -1 after pipe_fail. */
+static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, const double *s, bool train) {
+  DuetPipe *q = st->q;
+  const DuetProgram *p = q->p;
+  void **t = st->tab[slot];
+  DuetDevice *d = st->dev;
+  for (int i = 0; i < n; i++) {
+    const DuetStep *x = &steps[i];
+    int rc = 0;
+    if (x->kind == DUET_STEP_SEND) {
+      const DuetTransfer *tr = &p->transfers[x->a];
+      int k = train ? m : 0;
+      if (d->ops->copy_to_host(d, q->stage_buf[x->a * q->M + k], t[tr->src], (size_t)tr->nbytes)) {
+        pipe_fail(q, "stage %d, micro-batch %d: sending %s: %s", st->id, m, p->tensors[tr->src].name, d->err);
+        return -1;
+      }
+      if (train && !(x->a == q->drop_t && m == q->drop_m)) {
+        pthread_mutex_lock(&q->mu);
+        q->posted[x->a * q->M + k] = q->job;
+        pthread_cond_broadcast(&q->cv);
+        pthread_mutex_unlock(&q->mu);
+      }
+      continue;
+    }
+    if (x->kind == DUET_STEP_RECV) {
+      const DuetTransfer *tr = &p->transfers[x->a];
+      int k = train ? m : 0;
+      if (train) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        /* with a dropped send injected, only the wait for it has the short
+         * timeout, so the failure reported is always that one */
+        double to = q->drop_t >= 0 && !(x->a == q->drop_t && m == q->drop_m) ? 100 * q->timeout : q->timeout;
+        double secs = floor(to), frac = to - secs;
+        dl.tv_sec += (time_t)secs;
+        dl.tv_nsec += (long)(frac * 1e9);
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        double t0 = q->profile ? now_s() : 0;
+        pthread_mutex_lock(&q->mu);
+        int w = 0;
+        while (q->posted[x->a * q->M + k] != q->job && !q->abort && w != ETIMEDOUT)
+          w = pthread_cond_timedwait(&q->cv, &q->mu, &dl);
+        bool ok = q->posted[x->a * q->M + k] == q->job, ab = q->abort;
+        pthread_mutex_unlock(&q->mu);
+        if (q->profile) st->wait += now_s() - t0;
+        if (!ok) {
+          if (!ab)
+            pipe_fail(q, "stage %d timed out after %.3g s waiting for micro-batch %d of tensor %s (transfer %d from "
+                      "stage %d); raise DUET_PIPE_TIMEOUT if a stage is legitimately this slow", st->id, q->timeout, m,
+                      p->tensors[tr->src].name, x->a, tr->from);
+          return -1;
+        }
+      }
+      if (d->ops->copy_to_device(d, t[tr->dst], q->stage_buf[x->a * q->M + k], (size_t)tr->nbytes)) {
+        pipe_fail(q, "stage %d, micro-batch %d: receiving %s: %s", st->id, m, p->tensors[tr->src].name, d->err);
+        return -1;
+      }
+      continue;
+    }
+    rc = x->kind == DUET_STEP_GEMM ? d->ops->gemm(d, x, t) : d->ops->launch(d, x->kernel, t, s);
+    if (rc) {
+      pipe_fail(q, "stage %d, micro-batch %d, step %d: %s", st->id, m, i, d->err);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Micro-batch m of the data inputs this stage owns, from the host staging
+ * buffers into activation slot `slot`.  0, or -1 after pipe_fail. */
+static int copy_inputs(Stage *st, int m, int slot) {
+  DuetPipe *q = st->q;
+  const DuetProgram *p = q->p;
+  int ids[2] = {p->input_x, p->input_y};
+  void *host[2] = {q->host_x, q->host_y};
+  for (int k = 0; k < 2; k++) {
+    if (ids[k] < 0 || p->tensors[ids[k]].stage != st->id) continue;
+    size_t b = (size_t)p->tensors[ids[k]].nbytes;
+    if (st->dev->ops->copy_to_device(st->dev, st->tab[slot][ids[k]], (char *)host[k] + (size_t)m * b, b)) {
+      pipe_fail(q, "stage %d, micro-batch %d: copying input %s: %s", st->id, m, p->tensors[ids[k]].name, st->dev->err);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Element k of a (small) tensor of stage st as a double, through the
+ * device's copy_to_host; NAN after pipe_fail. */
+static double fetch_elem(Stage *st, const DuetTensor *t, const void *mem, int k) {
+  double d = 0;
+  float f = 0;
+  size_t sz = t->dtype == DUET_F64 ? sizeof d : sizeof f;
+  if (st->dev->ops->copy_to_host(st->dev, t->dtype == DUET_F64 ? (void *)&d : (void *)&f, (const char *)mem + k * sz,
+                                 sz)) {
+    pipe_fail(st->q, "stage %d: reading %s: %s", st->id, t->name, st->dev->err);
+    return NAN;
+  }
+  return t->dtype == DUET_F64 ? d : (double)f;
+}
+
+static void write_elem(const DuetTensor *t, void *mem, int k, double x) {
+  if (t->dtype == DUET_F64) ((double *)mem)[k] = x;
+  else ((float *)mem)[k] = (float)x;
+}
+
+/* Dropout masks differ per micro-batch: the step's seed mixed with m. */
+static void micro_scalars(const DuetPipe *q, int m, double *s) {
+  memcpy(s, q->s, sizeof q->s);
+  uint64_t base = (uint64_t)q->s[DUET_S_DROP_SEED];
+  s[DUET_S_DROP_SEED] = (double)((base ^ (((uint64_t)m * 0x9E3779B97F4A7C15ull) >> 12)) & ((1ull << 52) - 1));
+}
+
+static int forward(Stage *st, int m) {
+  DuetPipe *q = st->q;
+  const DuetProgram *p = q->p;
+  const DuetStage *ps = &p->stages[st->id];
+  int slot = m % st->n_slots;
+  double s[DUET_S_COUNT];
+  micro_scalars(q, m, s);
+  if (copy_inputs(st, m, slot) || run_steps(st, ps->fwd, ps->n_fwd, m, slot, s, true)) return -1;
+  if (p->loss >= 0 && p->tensors[p->loss].stage == st->id)
+    q->losses[m] = fetch_elem(st, &p->tensors[p->loss], st->tab[slot][p->loss], 0);
+  return 0;
+}
+
+/* Backward of micro-batch m, then its gradients added to the accumulators
+ * (m = 0 copies): the same order on every stage and device count. */
+static int backward(Stage *st, int m) {
+  DuetPipe *q = st->q;
+  const DuetProgram *p = q->p;
+  const DuetStage *ps = &p->stages[st->id];
+  int slot = m % st->n_slots;
+  double s[DUET_S_COUNT];
+  micro_scalars(q, m, s);
+  if (run_steps(st, ps->bwd, ps->n_bwd, m, slot, s, true)) return -1;
+  for (int i = 0; i < p->n_tensors; i++) {
+    if (st->acc_off[i] < 0) continue;
+    const DuetTensor *t = &p->tensors[i];
+    void *acc = (char *)st->acc + st->acc_off[i];
+    const void *g = st->tab[slot][i];
+    int64_t n = numel(t);
+    if (!st->host_mem) { /* a device of its own memory: sum on the host */
+      if (st->dev->ops->copy_to_host(st->dev, m == 0 ? acc : st->tmp, g, (size_t)t->nbytes)) {
+        pipe_fail(q, "stage %d, micro-batch %d: reading gradient %s: %s", st->id, m, t->name, st->dev->err);
+        return -1;
+      }
+      g = st->tmp;
+      if (m == 0) continue;
+    }
+    /* elementwise, so the stage's threads may split it without changing a bit */
+    if (m == 0) memcpy(acc, g, (size_t)t->nbytes);
+    else if (t->dtype == DUET_F64) {
+      double *a = acc;
+      const double *b = g;
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+      for (int64_t k = 0; k < n; k++) a[k] += b[k];
+    } else {
+      float *a = acc;
+      const float *b = g;
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+      for (int64_t k = 0; k < n; k++) a[k] += b[k];
+    }
+  }
+  return 0;
+}
+
+static int train_stage(Stage *st) {
+  DuetPipe *q = st->q;
+  const DuetProgram *p = q->p;
+  int M = q->M, S = q->S, s = st->id;
+  if (q->schedule == DUET_SCHEDULE_1F1B) {
+    int w = S - s - 1 < M ? S - s - 1 : M; /* warm-up forwards */
+    for (int m = 0; m < w; m++)
+      if (forward(st, m)) return -1;
+    for (int i = 0; i < M; i++) {
+      if (w + i < M && forward(st, w + i)) return -1;
+      if (backward(st, i)) return -1;
+    }
+  } else {
+    for (int m = 0; m < M; m++)
+      if (forward(st, m)) return -1;
+    for (int m = 0; m < M; m++)
+      if (backward(st, m)) return -1;
+  }
+  for (int i = 0; i < p->n_tensors; i++)
+    if (st->acc_off[i] >= 0 &&
+        st->dev->ops->copy_to_device(st->dev, st->tab[0][i], (char *)st->acc + st->acc_off[i],
+                                     (size_t)p->tensors[i].nbytes)) {
+      pipe_fail(q, "stage %d: writing gradient %s: %s", s, p->tensors[i].name, st->dev->err);
+      return -1;
+    }
+  const DuetStage *ps = &p->stages[s];
+  if (run_steps(st, ps->opt, ps->n_opt, 0, 0, q->s, true)) return -1;
+  if (st->dev->ops->sync(st->dev)) {
+    pipe_fail(q, "stage %d: %s", s, st->dev->err);
+    return -1;
+  }
+  return 0;
+}
+
+static void *worker(void *arg) {
+  Stage *st = arg;
+  DuetPipe *q = st->q;
+#ifdef _OPENMP
+  omp_set_num_threads(st->threads);
+#endif
+  for (;;) {
+    pthread_mutex_lock(&q->mu);
+    while (!q->quit && q->job == st->seen) pthread_cond_wait(&q->job_cv, &q->mu);
+    if (q->quit) {
+      pthread_mutex_unlock(&q->mu);
+      break;
+    }
+    st->seen = q->job;
+    pthread_mutex_unlock(&q->mu);
+    double t0 = q->profile ? now_s() : 0;
+    if (!aborted(q)) train_stage(st);
+    if (q->profile) st->busy += now_s() - t0; /* waits included; subtracted when printed */
+    pthread_mutex_lock(&q->mu);
+    q->n_done++;
+    pthread_cond_signal(&q->done_cv);
+    pthread_mutex_unlock(&q->mu);
+  }
+  return NULL;
+}
+
+static int eval_run(DuetPipe *q, int64_t n_valid) {
+  const DuetProgram *p = q->p;
+  const DuetTensor *mt = p->metrics >= 0 ? &p->tensors[p->metrics] : NULL;
+  double sum[2] = {0, 0};
+  /* rows of the logits per micro-batch: n_valid counts those rows */
+  int64_t rows = 0;
+  if (p->logits >= 0 && p->n_classes > 0) rows = numel(&p->tensors[p->logits]) / p->n_classes;
+  for (int m = 0; m < q->M; m++) {
+    int64_t v = rows ? n_valid - (int64_t)m * rows : 1;
+    if (rows && v <= 0) break;
+    double s[DUET_S_COUNT];
+    micro_scalars(q, m, s);
+    s[DUET_S_N_VALID] = (double)(rows && v > rows ? rows : v);
+    if (!rows) s[DUET_S_N_VALID] = q->s[DUET_S_N_VALID];
+    for (int k = 0; k < q->S; k++) {
+      Stage *st = &q->st[k];
+      if (copy_inputs(st, m, 0) || run_steps(st, p->stages[k].eval, p->stages[k].n_eval, m, 0, s, false)) return -1;
+    }
+    if (mt)
+      for (int k = 0; k < 2 && k < numel(mt); k++)
+        sum[k] += fetch_elem(&q->st[mt->stage], mt, q->st[mt->stage].tab[0][p->metrics], k);
+    if (q->abort) return -1;
+  }
+  if (mt)
+    for (int k = 0; k < 2 && k < numel(mt); k++) write_elem(mt, q->host_metrics, k, sum[k]);
+  return 0;
+}
+
+int duet_pipe_run(DuetPipe *q, int which, const double *s, int64_t n_valid, char *err, size_t errlen) {
+  const DuetProgram *p = q->p;
+  memcpy(q->s, s, sizeof q->s);
+  q->abort = false;
+  q->err[0] = 0;
+  if (which == DUET_RUN_EVAL) {
+    if (eval_run(q, n_valid)) {
+      snprintf(err, errlen, "%s", q->err);
+      return -1;
+    }
+    return 0;
+  }
+  if (which != DUET_RUN_TRAIN) {
+    snprintf(err, errlen, "a pipelined program runs training and evaluation only");
+    return -1;
+  }
+  pthread_mutex_lock(&q->mu);
+  q->job++;
+  q->runs++;
+  q->n_done = 0;
+  pthread_cond_broadcast(&q->job_cv);
+  while (q->n_done < q->S) pthread_cond_wait(&q->done_cv, &q->mu);
+  bool bad = q->abort;
+  pthread_mutex_unlock(&q->mu);
+  if (bad) {
+    snprintf(err, errlen, "%s", q->err);
+    return -1;
+  }
+  if (p->loss >= 0) {
+    double l = 0;
+    for (int m = 0; m < q->M; m++) l += q->losses[m];
+    write_elem(&p->tensors[p->loss], q->host_loss, 0, l / (double)q->M);
+  }
+  return 0;
+}
+
+void *duet_pipe_tensor(DuetPipe *q, int id) {
+  const DuetProgram *p = q->p;
+  if (id < 0 || id >= p->n_tensors) return NULL;
+  if (id == p->input_x) return q->host_x;
+  if (id == p->input_y) return q->host_y;
+  if (id == p->loss) return q->host_loss;
+  if (id == p->metrics) return q->host_metrics;
+  return q->st[p->tensors[id].stage].tab[0][id];
+}
+
+void duet_pipe_free(DuetPipe *q) {
+  if (!q) return;
+  if (q->profile && q->runs > 0) {
+    fprintf(stderr, "duet: pipeline profile of %lld training steps (ms per step):\n", (long long)q->runs);
+    for (int k = 0; k < q->S; k++)
+      fprintf(stderr, "  stage %d: computing %.2f, waiting for transfers %.2f\n", k,
+              1e3 * (q->st[k].busy - q->st[k].wait) / (double)q->runs, 1e3 * q->st[k].wait / (double)q->runs);
+  }
+  pthread_mutex_lock(&q->mu);
+  q->quit = true;
+  pthread_cond_broadcast(&q->job_cv);
+  pthread_mutex_unlock(&q->mu);
+  for (int k = 0; q->st && k < q->S; k++) {
+    Stage *st = &q->st[k];
+    if (st->started) pthread_join(st->thread, NULL);
+    for (int r = 1; r < DUET_MEM_COUNT; r++)
+      if (st->region[r] && st->dev) st->dev->ops->free(st->dev, st->region[r]);
+    for (int i = 0; st->tab && i < st->n_slots; i++) free(st->tab[i]);
+    free(st->tab);
+    free(st->acc);
+    free(st->tmp);
+    free(st->acc_off);
+    if (st->dev) st->dev->ops->destroy(st->dev);
+  }
+  free(q->st);
+  for (int i = 0; q->stage_buf && i < q->p->n_transfers * q->M; i++) free(q->stage_buf[i]);
+  free(q->stage_buf);
+  free(q->posted);
+  free(q->host_x);
+  free(q->host_y);
+  free(q->host_loss);
+  free(q->host_metrics);
+  free(q->losses);
+  if (q->sync_ok) {
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    pthread_cond_destroy(&q->job_cv);
+    pthread_cond_destroy(&q->done_cv);
+  }
+  free(q);
+}
+
+static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
+
+DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, char *err,
+                        size_t errlen) {
+  DuetDeviceSpec specs[DUET_MAX_DEVICES];
+  int n_specs = p->n_stages < DUET_MAX_DEVICES ? p->n_stages : DUET_MAX_DEVICES;
+  memset(specs, 0, sizeof specs);
+  for (int k = 0; k < n_specs; k++) { /* default: virtual CPU devices cpu:0 .. cpu:S-1 */
+    specs[k].index = k;
+    snprintf(specs[k].name, sizeof specs[k].name, "cpu:%d", k);
+  }
+  if (cfg->devices && duet_devices_parse(cfg->devices, specs, DUET_MAX_DEVICES, &n_specs, err, errlen)) return NULL;
+  if (n_specs != p->n_stages) {
+    snprintf(err, errlen, "the program has %d pipeline stage%s, --devices names %d device%s", p->n_stages,
+             p->n_stages == 1 ? "" : "s", n_specs, n_specs == 1 ? "" : "s");
+    return NULL;
+  }
+  DuetPipe *q = zalloc(sizeof *q);
+  if (!q) {
+    snprintf(err, errlen, "out of host memory");
+    return NULL;
+  }
+  q->p = p;
+  q->S = p->n_stages;
+  q->M = p->micro_batches > 0 ? p->micro_batches : 1;
+  q->schedule = cfg->schedule;
+  q->drop_t = q->drop_m = -1;
+  q->timeout = cfg->timeout > 0 ? cfg->timeout : 120.0;
+  const char *e = getenv("DUET_PIPE_TIMEOUT");
+  if (e && *e) {
+    char *end;
+    double t = strtod(e, &end);
+    if (*end || !(t > 0)) {
+      snprintf(err, errlen, "DUET_PIPE_TIMEOUT must be a number of seconds > 0, got '%s'", e);
+      free(q);
+      return NULL;
+    }
+    q->timeout = t;
+  }
+  e = getenv("DUET_PROFILE");
+  q->profile = e && *e && strcmp(e, "0");
+  e = getenv("DUET_PIPE_DROP_SEND");
+  if (e && *e && sscanf(e, "%d:%d", &q->drop_t, &q->drop_m) != 2) {
+    snprintf(err, errlen, "DUET_PIPE_DROP_SEND must be TRANSFER:MICROBATCH, got '%s'", e);
+    free(q);
+    return NULL;
+  }
+  if (pthread_mutex_init(&q->mu, NULL) || pthread_cond_init(&q->cv, NULL) || pthread_cond_init(&q->job_cv, NULL) ||
+      pthread_cond_init(&q->done_cv, NULL)) {
+    snprintf(err, errlen, "cannot create the pipeline's locks");
+    free(q);
+    return NULL;
+  }
+  q->sync_ok = true;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int total = cfg->threads > 0 ? cfg->threads : cores > 0 ? (int)cores : 1;
+  int share = total / q->S > 0 ? total / q->S : 1;
+  const char *oom = "out of host memory";
+  if (!(q->st = zalloc((size_t)q->S * sizeof *q->st))) goto fail_oom;
+  if (!(q->losses = zalloc((size_t)q->M * sizeof *q->losses))) goto fail_oom;
+  if (p->n_transfers > 0) {
+    size_t nb = (size_t)p->n_transfers * (size_t)q->M;
+    if (!(q->stage_buf = zalloc(nb * sizeof *q->stage_buf)) || !(q->posted = zalloc(nb * sizeof *q->posted)))
+      goto fail_oom;
+    for (int t = 0; t < p->n_transfers; t++)
+      for (int m = 0; m < q->M; m++)
+        if (!(q->stage_buf[t * q->M + m] = zalloc((size_t)p->transfers[t].nbytes))) goto fail_oom;
+  }
+  if (p->input_x >= 0 && !(q->host_x = zalloc((size_t)p->tensors[p->input_x].nbytes * (size_t)q->M))) goto fail_oom;
+  if (p->input_y >= 0 && !(q->host_y = zalloc((size_t)p->tensors[p->input_y].nbytes * (size_t)q->M))) goto fail_oom;
+  if (p->loss >= 0 && !(q->host_loss = zalloc((size_t)p->tensors[p->loss].nbytes))) goto fail_oom;
+  if (p->metrics >= 0 && !(q->host_metrics = zalloc((size_t)p->tensors[p->metrics].nbytes))) goto fail_oom;
+  for (int k = 0; k < q->S; k++) {
+    Stage *st = &q->st[k];
+    const DuetStage *ps = &p->stages[k];
+    st->q = q;
+    st->id = k;
+    st->threads = share;
+    st->n_slots = q->schedule == DUET_SCHEDULE_1F1B ? (q->M < q->S - k ? q->M : q->S - k) : q->M;
+    if (!(st->dev = duet_device_open(&specs[k], kernels, p->n_kernels, 0, err, errlen))) {
+      duet_pipe_free(q);
+      return NULL;
+    }
+    for (int r = 1; r < DUET_MEM_COUNT; r++) {
+      size_t b = (size_t)ps->region_bytes[r] * (r == DUET_MEM_ARENA ? (size_t)st->n_slots : 1);
+      if (!(st->region[r] = st->dev->ops->alloc(st->dev, b))) {
+        snprintf(err, errlen, "stage %d: %s", k, st->dev->err);
+        duet_pipe_free(q);
+        return NULL;
+      }
+    }
+    if (!(st->tab = zalloc((size_t)st->n_slots * sizeof *st->tab)) ||
+        !(st->acc_off = zalloc((size_t)(p->n_tensors + 1) * sizeof *st->acc_off)))
+      goto fail_oom;
+    int64_t acc_bytes = 0;
+    for (int i = 0; i < p->n_tensors; i++) {
+      const DuetTensor *t = &p->tensors[i];
+      st->acc_off[i] = -1;
+      if (t->stage != k) continue;
+      if (t->region <= 0 || t->region >= DUET_MEM_COUNT || t->offset < 0 ||
+          t->offset + t->nbytes > ps->region_bytes[t->region]) {
+        snprintf(err, errlen, "tensor %s lies outside its planned region on stage %d", t->name, k);
+        duet_pipe_free(q);
+        return NULL;
+      }
+      if (t->is_grad) {
+        st->acc_off[i] = acc_bytes;
+        acc_bytes += (t->nbytes + 63) & ~(int64_t)63;
+      }
+    }
+    if (!(st->acc = zalloc((size_t)acc_bytes))) goto fail_oom;
+    st->host_mem = !strcmp(st->dev->ops->name, "cpu");
+    int64_t max_grad = 0;
+    for (int i = 0; i < p->n_tensors; i++)
+      if (st->acc_off[i] >= 0 && p->tensors[i].nbytes > max_grad) max_grad = p->tensors[i].nbytes;
+    if (!st->host_mem && !(st->tmp = zalloc((size_t)max_grad))) goto fail_oom;
+    for (int sl = 0; sl < st->n_slots; sl++) {
+      if (!(st->tab[sl] = zalloc((size_t)(p->n_tensors + 1) * sizeof **st->tab))) goto fail_oom;
+      for (int i = 0; i < p->n_tensors; i++) {
+        const DuetTensor *t = &p->tensors[i];
+        if (t->stage != k) continue;
+        size_t base = t->region == DUET_MEM_ARENA ? (size_t)sl * (size_t)ps->region_bytes[DUET_MEM_ARENA] : 0;
+        st->tab[sl][i] = (char *)st->region[t->region] + base + t->offset;
+      }
+    }
+  }
+  openblas_set_num_threads(share);
+  for (int k = 0; k < q->S; k++) {
+    if (pthread_create(&q->st[k].thread, NULL, worker, &q->st[k])) {
+      snprintf(err, errlen, "cannot start the worker thread of stage %d", k);
+      duet_pipe_free(q);
+      return NULL;
+    }
+    q->st[k].started = true;
+  }
+  return q;
+fail_oom:
+  snprintf(err, errlen, "%s", oom);
+  duet_pipe_free(q);
+  return NULL;
+}

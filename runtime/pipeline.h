@@ -1,0 +1,35 @@
+/* runtime/pipeline.h: the micro-batch pipeline inside a session (private
+ * to runtime/; sessions in cpu.c use it for programs with n_stages >= 1). */
+#ifndef DUET_PIPELINE_H
+#define DUET_PIPELINE_H
+
+#include "duet_rt.h"
+
+typedef struct DuetPipe DuetPipe;
+
+/* Loads a pipelined program: one device per stage from cfg->devices
+ * (virtual CPU devices cpu:0 .. cpu:S-1 when NULL), each with its own regions (params, state, and one
+ * activation region per micro-batch in flight: M for GPipe, min(M, S - s)
+ * for 1F1B), a worker thread with cfg->threads / S cores (at least 1),
+ * staging buffers for every transfer and micro-batch, and gradient
+ * accumulators.  NULL with a message in err (bad spec, device count not
+ * the program's stages, out of memory, a CUDA device in a CPU-only build). */
+DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, char *err,
+                        size_t errlen);
+void duet_pipe_free(DuetPipe *q);
+/* Host-visible address of tensor id: params and optimizer state: the
+ * stage's copy; the data inputs: a staging buffer for the whole batch
+ * (micro_batches x the tensor, filled by the host before a run); the loss:
+ * the mean of the micro-batches' losses after a training run; the metrics:
+ * their sums over the micro-batches after an evaluation; anything else: the
+ * first activation region of its stage. */
+void *duet_pipe_tensor(DuetPipe *q, int id);
+/* Runs DUET_RUN_TRAIN (forward and backward of every micro-batch in the
+ * configured schedule, gradients summed in micro-batch order, then each
+ * stage's optimizer update) or DUET_RUN_EVAL (the micro-batches one after
+ * another, stages in order; rows past n_valid are ignored).  s: the
+ * runtime scalars (DUET_S_*).  0, or -1 with a message in err naming the
+ * stage, micro-batch and tensor of a failed step or a timed-out wait. */
+int duet_pipe_run(DuetPipe *q, int which, const double *s, int64_t n_valid, char *err, size_t errlen);
+
+#endif
