@@ -19,7 +19,7 @@ static void usage(FILE *out) {
           "  run M.model [flags]          compile and train now (JIT); `duet run --help` lists flags\n"
           "  compile M.model -o EXE       write a standalone training executable\n"
           "  ir M.model [--after PASS] [--format text|dot|json]   print the IR after PASS (default: shape)\n"
-          "  emit M.model --target c      print the generated kernel source\n"
+          "  emit M.model --target c|cuda print the generated kernel source (C, or CUDA C for NVRTC)\n"
           "  check M.model                parse and verify; print a parameter summary\n"
           "  sample M.model --checkpoint CK [--prompt TEXT]   generate text with a trained model\n"
           "  help                         this text\n\n"
@@ -349,7 +349,7 @@ static int cmd_emit(int argc, char **argv) {
   const char *model = NULL, *target = "c";
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("usage: duet emit M.model [--target c]\nPrints the generated kernel source.\n");
+      printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n");
       return 0;
     } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
       target = argv[++i];
@@ -361,16 +361,19 @@ static int cmd_emit(int argc, char **argv) {
     }
   }
   if (!model) {
-    fprintf(stderr, "duet: error: usage: duet emit M.model --target c\n");
+    fprintf(stderr, "duet: error: usage: duet emit M.model --target c|cuda\n");
     return 1;
   }
-  if (strcmp(target, "c")) {
-    fprintf(stderr, "duet: error: unknown target '%s' (available: c)\n", target);
+  if (strcmp(target, "c") && strcmp(target, "cuda")) {
+    fprintf(stderr, "duet: error: unknown target '%s' (available: c, cuda)\n", target);
     return 1;
   }
   Compiled c;
   int rc = compile_model(&c, model, 0, NULL, NULL);
-  if (!rc) fputs(codegen_emit_c(codegen_lower(c.g, c.arena), c.arena), stdout);
+  if (!rc) {
+    CgProgram *cp = codegen_lower(c.g, c.arena);
+    fputs(strcmp(target, "cuda") ? codegen_emit_c(cp, c.arena) : codegen_emit_cuda(cp, c.arena), stdout);
+  }
   compiled_free(&c);
   return rc;
 }

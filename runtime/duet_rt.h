@@ -101,6 +101,13 @@ typedef struct DuetConfig {
   const char *resume_path; /* checkpoint to continue from */
 } DuetConfig;
 
+/* Launch configuration of one generated CUDA kernel (1-D grid and block;
+ * `shared`: bytes of dynamic shared memory), produced by the CUDA emitter
+ * next to the source. */
+typedef struct DuetLaunch {
+  uint32_t grid, block, shared;
+} DuetLaunch;
+
 typedef struct DuetProgram {
   int api_version;
   const char *model_name;
@@ -120,6 +127,11 @@ typedef struct DuetProgram {
   int64_t region_bytes[DUET_MEM_COUNT];
   int64_t gemm_flops;    /* per training step, 2*m*n*k summed */
   DuetConfig defaults;
+  /* CUDA: the kernels as CUDA C (codegen/emit_cuda.c; entry points
+   * duet_k<i>) and their launch configurations, n_kernels of them; NULL
+   * when the program was built without them (the CPU is used then). */
+  const char *cuda_source;
+  const DuetLaunch *cuda_launch;
 } DuetProgram;
 
 /* -------------------------------------------------------------- devices */
