@@ -324,4 +324,49 @@ const char *duet_st_meta(const DuetStFile *f, const char *key);
 /* Frees everything of f (NULL is fine); pointers from f die with it. */
 void duet_st_close(DuetStFile *f);
 
+/* ---------------------------------------------------------- kernel cache */
+
+/* The per-user kernel cache (used by the C JIT and the CUDA backend):
+ * $DUET_CACHE_DIR, else $XDG_CACHE_HOME/duet, else ~/.cache/duet, created
+ * with mode 0700 and checked to be a directory owned by the user with no
+ * group or other permissions.  0, or -1 with a message in err. */
+int duet_cache_dir(char *out, size_t n, char *err, size_t errlen);
+/* FNV-1a, 64 bits (Fowler, Noll, Vo; constants from the FNV reference);
+ * start with h = DUET_FNV_OFFSET. */
+#define DUET_FNV_OFFSET 0xcbf29ce484222325ull
+uint64_t duet_fnv1a(const void *p, size_t n, uint64_t h);
+/* Writes n bytes to path (created 0600) and fsyncs it.  0, or -1 with errno. */
+int duet_write_file_sync(const char *path, const void *data, size_t n);
+/* fsync of an existing file or directory.  0, or -1 with errno. */
+int duet_fsync_path(const char *path);
+/* Cache entries: <hash of key>.<ext> holds the object, <hash>.<ext>.key the
+ * full key text followed by "\nobject: <size> <FNV-1a of the object>\n".
+ * duet_cache_get returns the object (malloc'ed, *len bytes) only when the
+ * key file holds exactly `key` and the object's size and hash match; NULL
+ * on a miss (a damaged entry is a miss) or when the directory is unusable
+ * (message in err).  duet_cache_put writes the object then the key, each
+ * to a temporary name, fsynced, then renamed (atomic); 0, or -1 with a
+ * message. */
+void *duet_cache_get(const char *key, size_t keylen, const char *ext, size_t *len, char *err, size_t errlen);
+int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *blob, size_t len, char *err,
+                   size_t errlen);
+
+/* ------------------------------------------------------------------ CUDA */
+
+/* What NVRTC compiles for one card. */
+typedef struct DuetCudaTarget {
+  int arch;          /* compute capability * 10 of the target */
+  int cubin;         /* 1: SASS for the exact card (nvrtcGetCUBIN); 0: PTX, JIT-compiled by the driver */
+  char arch_opt[32]; /* "-arch=sm_86" or "-arch=compute_80" */
+} DuetCudaTarget;
+/* Chooses the target for a card (`card`: its name, for messages) of
+ * compute capability cc_major.cc_minor given the architectures NVRTC
+ * supports (nvrtcGetSupportedArchs: compute capabilities * 10): the exact
+ * sm_XY when listed (SASS), else PTX for the highest listed architecture
+ * below the card's, else -1 with one error naming the card, the NVRTC
+ * version, its oldest target and the CUDA release that supports the card
+ * (12.x from sm_50, 11.x from sm_35).  Pure: no CUDA calls. */
+int duet_cuda_pick_target(const char *card, int cc_major, int cc_minor, const int *archs, int n_archs,
+                          int nvrtc_major, int nvrtc_minor, DuetCudaTarget *t, char *err, size_t errlen);
+
 #endif
