@@ -20,6 +20,7 @@ static void usage(FILE *out) {
           "  compile M.model -o EXE       write a standalone training executable\n"
           "  ir M.model [--after PASS] [--format text|dot|json]   print the IR after PASS (default: shape)\n"
           "  emit M.model --target c|cuda print the generated kernel source (C, or CUDA C for NVRTC)\n"
+          "  devices                      list the CPU and the GPUs duet can use (--device cpu|cuda:N)\n"
           "  check M.model                parse and verify; print a parameter summary\n"
           "  sample M.model --checkpoint CK [--prompt TEXT]   generate text with a trained model\n"
           "  help                         this text\n\n"
@@ -135,10 +136,18 @@ static bool wants_help(int argc, char **argv) {
   return false;
 }
 
+/* Attaches the CUDA C of the kernels and their launch table to the program
+ * (used when --device cuda is chosen at run time). */
+static void with_cuda(CgProgram *cp, Arena *a) {
+  cp->prog.cuda_source = codegen_emit_cuda(cp, a);
+  cp->prog.cuda_launch = codegen_cuda_launch_table(cp, a);
+}
+
 /* Lowers a compiled graph and loads its kernels (compiled now or taken from
  * the cache) into m.  NULL after printing the error. */
 static CgProgram *jit_program(Compiled *c, JitModule *m) {
   CgProgram *cp = codegen_lower(c->g, c->arena);
+  with_cuda(cp, c->arena);
   char err[8192];
   if (jit_load(codegen_emit_c(cp, c->arena), m, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
@@ -235,6 +244,7 @@ static int cmd_compile(int argc, char **argv) {
     return 1;
   }
   CgProgram *cp = codegen_lower(c.g, c.arena);
+  with_cuda(cp, c.arena);
   char *src = codegen_emit_c(cp, c.arena);
   char cpath[1300];
   snprintf(cpath, sizeof cpath, "%s.duet-XXXXXX.c", out);
@@ -267,6 +277,7 @@ static int cmd_compile(int argc, char **argv) {
   av[a++] = DUET_OPENBLAS_LIB;
   av[a++] = DUET_CJSON_LIB;
   av[a++] = "-lz";
+  av[a++] = "-ldl";
   av[a++] = "-lm";
 #ifdef DUET_LINK_SANITIZE
   av[a++] = DUET_LINK_SANITIZE;
@@ -521,6 +532,18 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "compile")) return cmd_compile(argc - 2, argv + 2);
   if (!strcmp(cmd, "ir")) return cmd_ir(argc - 2, argv + 2);
   if (!strcmp(cmd, "emit")) return cmd_emit(argc - 2, argv + 2);
+  if (!strcmp(cmd, "devices")) {
+    if (argc > 2 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+      printf("usage: duet devices\nLists the CPU and, when a CUDA driver and libduet_cuda.so load, the GPUs\n"
+             "(name, compute capability, memory, driver and NVRTC versions).\n");
+      return 0;
+    }
+    if (argc > 2) {
+      fprintf(stderr, "duet: error: unexpected argument '%s' (see duet devices --help)\n", argv[2]);
+      return 1;
+    }
+    return duet_list_devices(stdout);
+  }
   if (!strcmp(cmd, "check")) return cmd_check(argc - 2, argv + 2);
   if (!strcmp(cmd, "sample")) return cmd_sample(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

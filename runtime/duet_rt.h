@@ -99,6 +99,7 @@ typedef struct DuetConfig {
   const char *save_path;   /* checkpoint written every save_every steps and at the end */
   int64_t save_every;      /* 0: only at the end */
   const char *resume_path; /* checkpoint to continue from */
+  const char *device;      /* --device: "cpu" (NULL: cpu), "cuda" or "cuda:N" */
 } DuetConfig;
 
 /* Launch configuration of one generated CUDA kernel (1-D grid and block;
@@ -352,6 +353,27 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
                    size_t errlen);
 
 /* ------------------------------------------------------------------ CUDA */
+
+/* Device selection (runtime/cuda_loader.c). */
+enum { DUET_DEVICE_CPU = 0, DUET_DEVICE_CUDA = 1 };
+/* "cpu" (or NULL) -> DUET_DEVICE_CPU; "cuda" -> DUET_DEVICE_CUDA, ordinal
+ * 0; "cuda:N" (0 <= N < 1024) -> DUET_DEVICE_CUDA, ordinal N; else -1. */
+int duet_parse_device(const char *spec, int *ordinal);
+/* The CUDA device `ordinal` for program p: loads libduet_cuda.so
+ * ($DUET_CUDA_PLUGIN, else next to the executable, else the build tree's,
+ * else the loader's search path) only when libcuda.so.1 loads, compiles or
+ * loads from the cache p->cuda_source, and prints one line about the card
+ * and the kernels to stderr when verbose.  NULL with a message (no driver,
+ * no plugin, no such GPU, an unsupported card, a failed compile). */
+DuetDevice *duet_cuda_device(const DuetProgram *p, int ordinal, int verbose, char *err, size_t errlen);
+/* The device cfg->device names: the CPU device over `kernels`, or
+ * duet_cuda_device.  NULL with a message. */
+DuetDevice *duet_open_device(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, char *err,
+                             size_t errlen);
+/* `duet devices`: one line for the CPU and one per GPU (name, compute
+ * capability, memory, driver and NVRTC versions), or the reason there is
+ * none.  Returns 0. */
+int duet_list_devices(FILE *out);
 
 /* What NVRTC compiles for one card. */
 typedef struct DuetCudaTarget {

@@ -12,6 +12,37 @@
 
 #include "duet_rt.h"
 
+/* The whole file (malloc'ed, NUL-terminated after *len bytes), or NULL.
+ * (Not duet_read_file: the CUDA plugin links this file without data.c.) */
+static char *read_all(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, n = 0;
+  char *b = malloc(cap + 1);
+  while (b) {
+    size_t got = fread(b + n, 1, cap - n, f);
+    n += got;
+    if (n < cap) break;
+    char *nb = realloc(b, 2 * cap + 1);
+    if (!nb) {
+      free(b);
+      b = NULL;
+      break;
+    }
+    b = nb;
+    cap *= 2;
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (!b || bad) {
+    free(b);
+    return NULL;
+  }
+  b[n] = 0;
+  *len = n;
+  return b;
+}
+
 uint64_t duet_fnv1a(const void *p, size_t n, uint64_t h) {
   const unsigned char *s = p;
   for (size_t i = 0; i < n; i++) {
@@ -116,12 +147,12 @@ void *duet_cache_get(const char *key, size_t keylen, const char *ext, size_t *le
   *len = 0;
   if (entry_paths(key, keylen, ext, obj, keyf, sizeof obj, err, errlen)) return NULL;
   size_t klen = 0, blen = 0;
-  char *old = duet_read_file(keyf, &klen);
+  char *old = read_all(keyf, &klen);
   if (!old) return NULL;
   char *blob = NULL;
   struct stat st;
   if (klen > keylen && !memcmp(old, key, keylen) && !stat(obj, &st) && st.st_uid == getuid() &&
-      (blob = duet_read_file(obj, &blen))) {
+      (blob = read_all(obj, &blen))) {
     char want[96];
     snprintf(want, sizeof want, "\nobject: %zu %016llx\n", blen,
              (unsigned long long)duet_fnv1a(blob, blen, DUET_FNV_OFFSET));

@@ -23,6 +23,7 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --batch N          batch size (fixed when the model was compiled)\n"
           "  --seed N           seed of initialisation and shuffling\n"
           "  --threads N        CPU threads for kernels and BLAS (default: all cores)\n"
+          "  --device D         cpu (default), cuda or cuda:N (a GPU, through libduet_cuda.so)\n"
           "  --data PATH        data directory or text file (default: the train section's)\n"
           "  --metrics FILE     write JSON lines: {\"step\",\"loss\"} and {\"epoch\",\"test_accuracy\"}\n"
           "  --log-every N      progress line every N steps\n"
@@ -86,7 +87,7 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     static const char *const known[] = {"--epochs", "--steps", "--lr", "--weight-decay", "--seed", "--threads",
                                         "--log-every", "--eval-every", "--eval-batches", "--train-subset",
                                         "--test-subset", "--data", "--save", "--save-every", "--resume",
-                                        "--metrics", "--batch"};
+                                        "--metrics", "--batch", "--device"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
     int is_known = 0;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
@@ -122,6 +123,14 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     else if (!strcmp(flag, "--save-every")) rc = parse_i64(flag, val, 1, &c->save_every);
     else if (!strcmp(flag, "--resume")) c->resume_path = val;
     else if (!strcmp(flag, "--metrics")) c->metrics_path = val;
+    else if (!strcmp(flag, "--device")) {
+      int ord;
+      c->device = val;
+      if (duet_parse_device(val, &ord) < 0) {
+        fprintf(stderr, "duet: error: --device expects cpu, cuda or cuda:N, got '%s'\n", val);
+        rc = 1;
+      }
+    }
     else if (!strcmp(flag, "--batch")) {
       rc = parse_i64(flag, val, 1, &iv);
       if (!rc && iv != compiled_batch) {
@@ -321,8 +330,8 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (!(dev = duet_cpu_device(kernels, p->n_kernels, cfg.threads))) {
-    fprintf(stderr, "duet: error: out of host memory\n");
+  if (!(dev = duet_open_device(p, kernels, &cfg, err, sizeof err))) {
+    fprintf(stderr, "duet: error: %s\n", err);
     goto out;
   }
   if (!(s = duet_session_new(p, dev, &cfg, err, sizeof err))) {
@@ -541,9 +550,9 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (!(dev = duet_cpu_device(kernels, p->n_kernels, cfg.threads)) ||
+  if (!(dev = duet_open_device(p, kernels, &cfg, err, sizeof err)) ||
       !(s = duet_session_new(p, dev, &cfg, err, sizeof err))) {
-    fprintf(stderr, "duet: error: %s\n", dev ? err : "out of host memory");
+    fprintf(stderr, "duet: error: %s\n", err);
     goto out;
   }
   if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
