@@ -109,6 +109,20 @@ DuetDevice *duet_open_device(const DuetProgram *p, const DuetKernelFn *kernels, 
   return d;
 }
 
+int duet_cuda_gpu_count(char *why, size_t whylen) {
+  void *h = load_plugin(why, whylen);
+  if (!h) return -1;
+  typedef int (*CountFn)(char *, size_t);
+  CountFn count = (CountFn)dlsym(h, "duet_cuda_plugin_count");
+  if (!count) {
+    snprintf(why, whylen, "libduet_cuda.so lacks duet_cuda_plugin_count");
+    return -1;
+  }
+  int n = count(why, whylen);
+  if (n == 0) snprintf(why, whylen, "the CUDA driver reports no GPU");
+  return n;
+}
+
 int duet_list_devices(FILE *out) {
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   fprintf(out, "cpu     %ld cores (OpenMP kernels, OpenBLAS GEMMs)\n", ncpu);

@@ -370,6 +370,9 @@ DuetDevice *duet_cuda_device(const DuetProgram *p, int ordinal, int verbose, cha
  * duet_cuda_device.  NULL with a message. */
 DuetDevice *duet_open_device(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, char *err,
                              size_t errlen);
+/* Number of GPUs usable through the plugin; 0 (no GPU) or -1 (no driver,
+ * no plugin, a driver error) with the reason in why. */
+int duet_cuda_gpu_count(char *why, size_t whylen);
 /* `duet devices`: one line for the CPU and one per GPU (name, compute
  * capability, memory, driver and NVRTC versions), or the reason there is
  * none.  Returns 0. */

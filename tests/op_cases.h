@@ -61,4 +61,29 @@ static const Case cases[] = {
 
 #define N_OP_CASES ((int)(sizeof cases / sizeof *cases))
 
+/* Larger shapes for the GPU: multi-block reductions, grid-stride loops,
+ * attention over 200 positions (not finite-differenced: too many
+ * elements). */
+static const Case big_cases[] = {
+    {"big_cross_entropy", "model t\nparam z: [300,1000]\ninput y: i32[300]\nloss = cross_entropy(z * 3, y)\n", 1000},
+    {"big_layernorm", "model t\nparam x: [64,1000]\nparam w: [1000]\nparam b: [1000]\ninput r: f32[64,1000]\n"
+                      "loss = mean(layernorm(x * 2, w, b) * r)\n", 0},
+    {"big_attention", "model t\nparam q: [2,200,64]\nparam k: [2,200,64]\nparam v: [2,200,64]\ninput r: f32[2,200,64]\n"
+                      "loss = mean(attention(q, k, v, heads = 4, causal = true) * r)\n", 0},
+    {"big_attention_full", "model t\nparam q: [1,70,96]\nparam k: [1,70,96]\nparam v: [1,70,96]\ninput r: f32[1,70,96]\n"
+                           "loss = mean(attention(q, k, v, heads = 3) * r)\n", 0},
+    {"big_reductions", "model t\nparam x: [37,513,9]\ninput r: f32[37,9]\ninput u: f32[513,9]\n"
+                       "loss = mean(sum(x, axis = 1) * r) + mean(max(x, axis = 0) * u) + sum(x) * 0.001\n", 0},
+    {"big_transpose", "model t\nparam a: [100,70]\ninput r: f32[70,100]\nloss = mean(transpose(a) * r)\n", 0},
+    {"big_embedding", "model t\nparam e: [1000,64]\ninput i: i32[8,300]\ninput r: f32[8,300,64]\n"
+                      "loss = mean(embedding(e, i) * r)\n", 1000},
+    {"big_pool", "model t\nparam x: [4,8,20,20]\ninput r: f32[4,8,10,10]\ninput u: f32[4,8,7,7]\n"
+                 "loss = mean(avg_pool2d(x, 2) * r) + mean(max_pool2d(x, 3, stride = 3, padding = 1) * u)\n", 0},
+    {"big_conv", "model t\nparam x: [4,3,16,16]\nparam w: [8,3,3,3]\nparam b: [8]\ninput r: f32[4,8,16,16]\n"
+                 "loss = mean(relu(conv2d(x, w, b, padding = 1)) * r)\n", 0},
+    {"big_gelu_dropout", "model t\nparam a: [300,700]\ninput r: f32[300,700]\n"
+                         "loss = mean(dropout(gelu(a), p = 0.2) * r)\n", 0},
+};
+#define N_BIG_CASES ((int)(sizeof big_cases / sizeof *big_cases))
+
 #endif

@@ -322,6 +322,20 @@ fail:
   return NULL;
 }
 
+/* Number of GPUs the driver reports (0 when cuInit finds no device), or -1
+ * with a message. */
+EXPORT int duet_cuda_plugin_count(char *err, size_t errlen) {
+  CUresult r = cuInit(0);
+  if (r == CUDA_ERROR_NO_DEVICE) return 0;
+  int count = 0;
+  if (r == CUDA_SUCCESS) r = cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS) {
+    snprintf(err, errlen, "cuInit failed: %s (CUresult %d)", cu_err(r), (int)r);
+    return -1;
+  }
+  return count;
+}
+
 /* One line per GPU: name, compute capability, memory, driver and NVRTC
  * versions.  Returns the number of GPUs, or -1 with a message. */
 EXPORT int duet_cuda_plugin_list(FILE *out, char *err, size_t errlen) {
