@@ -182,12 +182,18 @@ static int cmd_run(int argc, char **argv) {
     return 1;
   }
   JitModule m;
-  CgProgram *cp = jit_program(&c, &m);
-  if (!cp) {
+  int ordinal;
+  CgProgram *cp;
+  if (duet_parse_device(probe.device, &ordinal) == DUET_DEVICE_CUDA) {
+    /* the GPU runs the CUDA C; the C kernels are not needed */
+    memset(&m, 0, sizeof m);
+    cp = codegen_lower(c.g, c.arena);
+    with_cuda(cp, c.arena);
+  } else if (!(cp = jit_program(&c, &m))) {
     compiled_free(&c);
     return 1;
   }
-  if (!probe.quiet) {
+  if (!probe.quiet && m.fns) {
     if (m.cache_hit) printf("duet: kernels: %d, loaded from cache\n", m.n);
     else printf("duet: kernels: %d, compiled in %.2f s\n", m.n, m.compile_seconds);
     fflush(stdout);

@@ -17,8 +17,12 @@ DUET=${1:?usage: run_train_gpu.sh path/to/duet}
 GPU_DEVICE=${GPU_DEVICE:-cuda}
 KJV_STEPS=${KJV_STEPS:-200}
 if [ "$GPU_DEVICE" != cpu ] && ! "$DUET" devices | grep -q '^cuda:0 '; then
-  echo "SKIP: no GPU: $("$DUET" devices | grep '^cuda')"
-  exit 77
+  why=$("$DUET" devices | grep '^cuda')
+  case "$why" in
+    *"no CUDA driver"*|*"reports no GPU"*|*"CUresult 34)"*|*"CUresult 100)"*) echo "SKIP: no GPU: $why"; exit 77 ;;
+  esac
+  echo "FAIL: a CUDA driver is present but the GPU backend is unusable: $why"
+  exit 1
 fi
 FMNIST_DIR=${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 KJV_TEXT=${KJV_TEXT:-data/kjv.txt}
