@@ -19,51 +19,6 @@
 #include "../op_cases.h"
 
 
-static void fill(TModel *t, DuetSession *s, DuetRng *r, int classes) {
-  Graph *g = t->g;
-  for (int i = 0; i < g->n_values; i++) {
-    Value *v = g->values[i];
-    int id = tmodel_tensor(t, v);
-    if (id < 0 || (v->op != OP_INPUT && v->op != OP_PARAM)) continue;
-    int64_t n = shape_numel(&v->shape);
-    void *p = duet_session_tensor(s, id);
-    for (int64_t j = 0; j < n; j++) {
-      if (v->dtype == DT_I32) {
-        ((int32_t *)p)[j] = (int32_t)(duet_rng_next(r) % (uint64_t)(classes ? classes : 1));
-        continue;
-      }
-      double x = v->op == OP_PARAM ? (0.2 + 0.8 * duet_rng_uniform(r)) * (duet_rng_next(r) & 1 ? 1 : -1)
-                                   : duet_rng_normal(r);
-      if (v->dtype == DT_F64) ((double *)p)[j] = x;
-      else ((float *)p)[j] = (float)x;
-    }
-  }
-}
-
-/* every float tensor of the program, element by element */
-static int compare(const char *what, const DuetProgram *p, DuetSession *cpu, DuetSession *gpu) {
-  int bad = 0;
-  for (int i = 0; i < p->n_tensors && bad < 5; i++) {
-    const DuetTensor *t = &p->tensors[i];
-    if (t->dtype != DUET_F32 && t->dtype != DUET_F64) continue;
-    bool f64 = t->dtype == DUET_F64;
-    double atol = f64 ? 1e-11 : 1e-4, rtol = f64 ? 1e-9 : 2e-3;
-    int64_t n = t->nbytes / (f64 ? 8 : 4);
-    const void *a = duet_session_tensor(cpu, i), *b = duet_session_tensor(gpu, i);
-    for (int64_t j = 0; j < n; j++) {
-      double x = f64 ? ((const double *)a)[j] : ((const float *)a)[j];
-      double y = f64 ? ((const double *)b)[j] : ((const float *)b)[j];
-      if (x == y || (x != x && y != y)) continue;
-      if (!(fabs(x - y) <= atol + rtol * fabs(x))) {
-        fprintf(stderr, "FAIL %s: tensor %s[%lld]: gpu %.9g, cpu %.9g\n", what, t->name, (long long)j, y, x);
-        bad++;
-        break;
-      }
-    }
-  }
-  return bad;
-}
-
 static int run_case(const Case *c, DType dt) {
   TModel t;
   char what[128], err[4096];
@@ -87,8 +42,8 @@ static int run_case(const Case *c, DType dt) {
   DuetRng r1, r2;
   duet_rng_seed(&r1, 7, 0);
   duet_rng_seed(&r2, 7, 0);
-  fill(&t, t.s, &r1, c->classes);
-  fill(&t, gs, &r2, c->classes);
+  tmodel_fill(&t, t.s, &r1, c->classes);
+  tmodel_fill(&t, gs, &r2, c->classes);
   static const int runs[] = {DUET_RUN_GRAD, DUET_RUN_TRAIN};
   for (int k = 0; k < 2 && !fails; k++) {
     if (duet_session_run(t.s, runs[k]) || duet_session_run(gs, runs[k])) {
@@ -99,7 +54,7 @@ static int run_case(const Case *c, DType dt) {
     }
     char w2[160];
     snprintf(w2, sizeof w2, "%s after %s", what, k ? "a training step" : "forward + backward");
-    fails += compare(w2, p, t.s, gs);
+    fails += compare_sessions(w2, p, t.s, gs);
   }
   printf("%s %s\n", fails ? "FAIL" : "ok", what);
 out:
