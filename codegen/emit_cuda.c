@@ -74,6 +74,14 @@ static uint32_t row_block(int64_t cols) {
   return (uint32_t)(b > 256 ? 256 : b < 32 ? 32 : b);
 }
 
+/* blocks of the loss and metrics kernels: a warp per row, 32 rows per
+ * block and pass, at most 256 blocks (their partial sums are combined in
+ * order by the last block to finish) */
+static uint32_t xent_grid(int64_t rows) {
+  int64_t g = (rows + 31) / 32;
+  return (uint32_t)(g < 1 ? 1 : g > 256 ? 256 : g);
+}
+
 void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   int64_t ts = dsize(k->dtype);
   l->shared = 0;
@@ -86,7 +94,7 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
     else l->grid = grid_for(k->outer * k->inner, EW_BLOCK);
     break;
   case KK_XENT_FWD:
-  case KK_EVAL_METRICS: l->grid = 1, l->block = 1024; break;
+  case KK_EVAL_METRICS: l->grid = xent_grid(k->rows), l->block = 1024; break;
   case KK_XENT_BWD:
   case KK_NORM_FWD:
   case KK_NORM_BWD: l->grid = grid_for(k->rows, 1), l->block = row_block(k->cols); break;
@@ -311,13 +319,14 @@ static void emit_rows(Buf *b, const Kernel *k) {
     return;
   }
   bool metrics = k->kind == KK_EVAL_METRICS;
+  int idx = k->index;
   bprintf(b, "  %s *out = (%s *)t[%d];\n", T, T, k->bufs[2].tensor);
-  bprintf(b, "  __shared__ double red[32];\n");
+  bprintf(b, "  __shared__ double red[32];\n  __shared__ int last;\n");
   if (metrics) bprintf(b, "  duet_i64 nv = (duet_i64)s[%d];\n  if (nv > " D64 ") nv = " D64 ";\n", DUET_S_N_VALID, R, R);
   else bprintf(b, "  const duet_i64 nv = " D64 ";\n", R);
   bprintf(b, "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;\n");
   bprintf(b, metrics ? "  double nll = 0, correct = 0;\n" : "  double nll = 0;\n");
-  bprintf(b, "  for (duet_i64 r = warp; r < nv; r += nwarps) {\n");
+  bprintf(b, "  for (duet_i64 r = (duet_i64)blockIdx.x * nwarps + warp; r < nv; r += (duet_i64)gridDim.x * nwarps) {\n");
   bprintf(b, "    const %s *row = x + r * " D64 ";\n", T, C);
   if (metrics) {
     /* the first maximum wins, as the C emitter's strict > scan */
@@ -330,19 +339,31 @@ static void emit_rows(Buf *b, const Kernel *k) {
     bprintf(b, "    for (duet_i64 j = lane; j < " D64 "; j += 32) m = duet_max(m, row[j]);\n", C);
     bprintf(b, "    m = duet_warp_max(m);\n");
   }
-  bprintf(b, "    double se = 0;\n");
-  bprintf(b, "    for (duet_i64 j = lane; j < " D64 "; j += 32) se += exp((double)row[j] - (double)m);\n", C);
+  bprintf(b, "    %s se = 0;\n", T);
+  bprintf(b, "    for (duet_i64 j = lane; j < " D64 "; j += 32) se += %s(row[j] - m);\n", C, ex);
   bprintf(b, "    se = duet_warp_sum(se);\n");
-  bprintf(b, "    if (lane == 0) {\n      nll += log(se) + (double)m - (double)row[y[r]];\n");
+  bprintf(b, "    if (lane == 0) {\n      nll += log((double)se) + (double)m - (double)row[y[r]];\n");
   if (metrics) bprintf(b, "      correct += am == y[r];\n");
   bprintf(b, "    }\n  }\n");
+  /* per-block partials; the last block to finish adds them in block order
+   * (CUDA programming guide, "memory fence functions": threadFenceReduction) */
   bprintf(b, "  nll = duet_block_sum(nll, red);\n");
+  if (metrics) bprintf(b, "  correct = duet_block_sum(correct, red);\n");
+  bprintf(b, "  if (threadIdx.x == 0) {\n");
+  bprintf(b, "    duet_part%d[blockIdx.x] = nll;\n", idx);
+  if (metrics) bprintf(b, "    duet_part%d[gridDim.x + blockIdx.x] = correct;\n", idx);
+  bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done%d, 1u) == gridDim.x - 1;\n  }\n", idx);
+  bprintf(b, "  __syncthreads();\n  if (!last || threadIdx.x != 0) return;\n");
+  bprintf(b, "  __threadfence();\n");
+  bprintf(b, "  const volatile double *part = duet_part%d;\n  double tot = 0, tc = 0;\n", idx);
+  bprintf(b, "  for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];\n");
   if (metrics) {
-    bprintf(b, "  correct = duet_block_sum(correct, red);\n");
-    bprintf(b, "  if (threadIdx.x == 0) { out[0] = (%s)correct; out[1] = (%s)nll; }\n", T, T);
+    bprintf(b, "  for (unsigned g = 0; g < gridDim.x; g++) tc += part[gridDim.x + g];\n");
+    bprintf(b, "  out[0] = (%s)tc;\n  out[1] = (%s)tot;\n", T, T);
   } else {
-    bprintf(b, "  if (threadIdx.x == 0) out[0] = (%s)(nll / " D64 ");\n", T, R);
+    bprintf(b, "  (void)tc;\n  out[0] = (%s)(tot / " D64 ");\n", T, R);
   }
+  bprintf(b, "  duet_done%d = 0; /* ready for the next launch */\n", idx);
 }
 
 /* Embedding lookup (ids outside the table read zeros), and its gradient as
@@ -716,10 +737,13 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a) {
   bprintf(&b, "%s", PRELUDE);
   for (int i = 0; i < cp->n_kernels; i++) {
     const Kernel *k = &cp->kernels[i];
+    DUET_ASSERT(k->index == i); /* names of the module-scope partial sums */
     DuetLaunch l;
     codegen_cuda_launch(k, &l);
     bprintf(&b, "/* %s: grid %u, block %u, dynamic shared %u bytes */\n", kind_name(k->kind), l.grid, l.block,
             l.shared);
+    if (k->kind == KK_XENT_FWD || k->kind == KK_EVAL_METRICS) /* the blocks' partial sums */
+      bprintf(&b, "__device__ double duet_part%d[%u];\n__device__ unsigned int duet_done%d;\n", i, 2 * l.grid, i);
     bprintf(&b, "extern \"C\" __global__ void __launch_bounds__(%u) duet_k%d(void *const *t, const double *s) {\n",
             l.block, i);
     bprintf(&b, "  (void)s;\n");

@@ -8,7 +8,8 @@
  * same program runs on the CPU backend; after forward + backward and after
  * one AdamW step every f32/f64 tensor must agree (compare_sessions'
  * tolerances).  Covers every op case of tests/op_cases.h in f32 and f64 and
- * tests/models/gpt_tiny.model.  This checks the kernels' logic (indices,
+ * tests/models/gpt_tiny.model and four of the larger cases (multi-block
+ * paths) in f32.  This checks the kernels' logic (indices,
  * reductions, barriers), not the CUDA driver path or the real hardware's
  * scheduling: the gpu-labelled tests do that.  Exits 77 when no C++
  * compiler is installed. */
@@ -172,8 +173,12 @@ static int run_case(const Case *c, DType dt, const char *dir) {
   duet_rng_seed(&r2, 11, 0);
   tmodel_fill(&t, t.s, &r1, c->classes);
   tmodel_fill(&t, es, &r2, c->classes);
-  static const int runs[] = {DUET_RUN_GRAD, DUET_RUN_TRAIN};
-  for (int k = 0; k < 2 && !fails; k++) {
+  /* eval (metrics: correct predictions, summed NLL) over every row */
+  duet_session_set_valid(t.s, INT32_MAX);
+  duet_session_set_valid(es, INT32_MAX);
+  static const int runs[] = {DUET_RUN_GRAD, DUET_RUN_TRAIN, DUET_RUN_EVAL};
+  for (int k = 0; k < 3 && !fails; k++) {
+    if (runs[k] == DUET_RUN_EVAL && p->n_eval == 0) break;
     if (duet_session_run(t.s, runs[k]) || duet_session_run(es, runs[k])) {
       fprintf(stderr, "FAIL %s: run failed: cpu '%s', emulated '%s'\n", what, duet_session_error(t.s),
               duet_session_error(es));
@@ -181,7 +186,7 @@ static int run_case(const Case *c, DType dt, const char *dir) {
       break;
     }
     char w2[200];
-    snprintf(w2, sizeof w2, "%s after %s", what, k ? "a training step" : "forward + backward");
+    snprintf(w2, sizeof w2, "%s after %s", what, k == 2 ? "evaluation" : k ? "a training step" : "forward + backward");
     fails += compare_sessions(w2, p, t.s, es);
   }
   printf("%s %s: %d kernels\n", fails ? "FAIL" : "ok", what, t.cp->n_kernels);
@@ -219,6 +224,18 @@ int main(int argc, char **argv) {
       failed += run_case(&cases[i], f ? DT_F64 : DT_F32, dir);
       ran++;
     }
+  /* multi-block paths: the loss's partial sums over 10 blocks, reductions,
+   * transpose tiles, embedding columns (the other big cases need too many
+   * emulated threads) */
+  for (int i = 0; i < N_BIG_CASES; i++) {
+    const char *nm = big_cases[i].name;
+    if (strcmp(nm, "big_cross_entropy") && strcmp(nm, "big_reductions") && strcmp(nm, "big_transpose") &&
+        strcmp(nm, "big_embedding"))
+      continue;
+    if (argc > 1 && strcmp(argv[1], nm)) continue;
+    failed += run_case(&big_cases[i], DT_F32, dir);
+    ran++;
+  }
   if (argc == 1 || !strcmp(argv[1], "gpt_tiny")) {
     char *text = slurp(DUET_SOURCE_DIR "/tests/models/gpt_tiny.model");
     if (!text) {

@@ -37,6 +37,8 @@ static inline double __longlong_as_double(long long i) {
   memcpy(&d, &i, sizeof d);
   return d;
 }
+static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 template <typename T> static T __shfl_xor_sync(unsigned mask, T v, int o) {
   (void)mask;
   static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");

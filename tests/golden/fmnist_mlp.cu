@@ -98,30 +98,46 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(void *const *t, const 
   }
 }
 
-/* xent_fwd: grid 1, block 1024, dynamic shared 0 bytes */
+/* xent_fwd: grid 8, block 1024, dynamic shared 0 bytes */
+__device__ double duet_part3[16];
+__device__ unsigned int duet_done3;
 extern "C" __global__ void __launch_bounds__(1024) duet_k3(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[13];
   const duet_i32 *y = (const duet_i32 *)t[1];
   float *out = (float *)t[14];
   __shared__ double red[32];
+  __shared__ int last;
   const duet_i64 nv = 256;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   double nll = 0;
-  for (duet_i64 r = warp; r < nv; r += nwarps) {
+  for (duet_i64 r = (duet_i64)blockIdx.x * nwarps + warp; r < nv; r += (duet_i64)gridDim.x * nwarps) {
     const float *row = x + r * 10;
     float m = row[0];
     for (duet_i64 j = lane; j < 10; j += 32) m = duet_max(m, row[j]);
     m = duet_warp_max(m);
-    double se = 0;
-    for (duet_i64 j = lane; j < 10; j += 32) se += exp((double)row[j] - (double)m);
+    float se = 0;
+    for (duet_i64 j = lane; j < 10; j += 32) se += expf(row[j] - m);
     se = duet_warp_sum(se);
     if (lane == 0) {
-      nll += log(se) + (double)m - (double)row[y[r]];
+      nll += log((double)se) + (double)m - (double)row[y[r]];
     }
   }
   nll = duet_block_sum(nll, red);
-  if (threadIdx.x == 0) out[0] = (float)(nll / 256);
+  if (threadIdx.x == 0) {
+    duet_part3[blockIdx.x] = nll;
+    __threadfence();
+    last = atomicAdd(&duet_done3, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last || threadIdx.x != 0) return;
+  __threadfence();
+  const volatile double *part = duet_part3;
+  double tot = 0, tc = 0;
+  for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];
+  (void)tc;
+  out[0] = (float)(tot / 256);
+  duet_done3 = 0; /* ready for the next launch */
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
@@ -500,32 +516,50 @@ extern "C" __global__ void __launch_bounds__(256) duet_k16(void *const *t, const
   }
 }
 
-/* eval_metrics: grid 1, block 1024, dynamic shared 0 bytes */
+/* eval_metrics: grid 8, block 1024, dynamic shared 0 bytes */
+__device__ double duet_part17[16];
+__device__ unsigned int duet_done17;
 extern "C" __global__ void __launch_bounds__(1024) duet_k17(void *const *t, const double *s) {
   (void)s;
   const float *x = (const float *)t[13];
   const duet_i32 *y = (const duet_i32 *)t[1];
   float *out = (float *)t[39];
   __shared__ double red[32];
+  __shared__ int last;
   duet_i64 nv = (duet_i64)s[8];
   if (nv > 256) nv = 256;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   double nll = 0, correct = 0;
-  for (duet_i64 r = warp; r < nv; r += nwarps) {
+  for (duet_i64 r = (duet_i64)blockIdx.x * nwarps + warp; r < nv; r += (duet_i64)gridDim.x * nwarps) {
     const float *row = x + r * 10;
     float m = row[0];
     duet_i64 am = 0;
     for (duet_i64 j = lane; j < 10; j += 32) if (row[j] > m || (row[j] == m && j < am)) { m = row[j]; am = j; }
     duet_warp_argmax(m, am);
-    double se = 0;
-    for (duet_i64 j = lane; j < 10; j += 32) se += exp((double)row[j] - (double)m);
+    float se = 0;
+    for (duet_i64 j = lane; j < 10; j += 32) se += expf(row[j] - m);
     se = duet_warp_sum(se);
     if (lane == 0) {
-      nll += log(se) + (double)m - (double)row[y[r]];
+      nll += log((double)se) + (double)m - (double)row[y[r]];
       correct += am == y[r];
     }
   }
   nll = duet_block_sum(nll, red);
   correct = duet_block_sum(correct, red);
-  if (threadIdx.x == 0) { out[0] = (float)correct; out[1] = (float)nll; }
+  if (threadIdx.x == 0) {
+    duet_part17[blockIdx.x] = nll;
+    duet_part17[gridDim.x + blockIdx.x] = correct;
+    __threadfence();
+    last = atomicAdd(&duet_done17, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last || threadIdx.x != 0) return;
+  __threadfence();
+  const volatile double *part = duet_part17;
+  double tot = 0, tc = 0;
+  for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];
+  for (unsigned g = 0; g < gridDim.x; g++) tc += part[gridDim.x + g];
+  out[0] = (float)tc;
+  out[1] = (float)tot;
+  duet_done17 = 0; /* ready for the next launch */
 }
