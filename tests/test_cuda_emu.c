@@ -30,8 +30,20 @@ typedef struct Emu {
   EmuLaunch launch;
   EmuKernel *fn;
   const DuetLaunch *cfg;
+  const Kernel *kernels;
   int n;
 } Emu;
+
+/* Kernels whose grid is part of their indexing (a block per tile, per
+ * query row, per (batch, head)) get the emitter's grid; every other kind
+ * loops grid-stride and gets at most 3 blocks, which also checks that
+ * the loops cover everything with a grid smaller than planned. */
+static unsigned emu_grid(const Kernel *k, unsigned grid) {
+  switch (k->kind) {
+  case KK_TRANSPOSE: case KK_ATTN_FWD: case KK_ATTN_BWD: case KK_ATTN_DECODE: return grid;
+  default: return grid < 3 ? grid : 3;
+  }
+}
 
 static const char *cxx;
 
@@ -58,7 +70,7 @@ static int emu_launch_op(DuetDevice *d, int k, void *const *t, const double *s) 
     snprintf(d->err, sizeof d->err, "kernel %d: %u bytes of shared memory exceed the emulator's", k, e->cfg[k].shared);
     return -1;
   }
-  if (e->launch(e->fn[k], e->cfg[k].grid, block, t, s)) {
+  if (e->launch(e->fn[k], emu_grid(&e->kernels[k], e->cfg[k].grid), block, t, s)) {
     snprintf(d->err, sizeof d->err, "emulated launch of kernel %d failed", k);
     return -1;
   }
@@ -160,6 +172,7 @@ static int run_case(const Case *c, DType dt, const char *dir) {
     fails = 1;
     goto out;
   }
+  e.kernels = t.cp->kernels;
   d->ops = &emu_ops;
   d->ctx = &e;
   DuetConfig cfg = p->defaults;
@@ -197,7 +210,11 @@ out:
   duet_session_free(es);
   free(d);
   free(e.fn);
-  if (e.handle) dlclose(e.handle);
+  if (e.handle) {
+    void (*stop)(void) = (void (*)(void))dlsym(e.handle, "emu_shutdown");
+    if (stop) stop();
+    dlclose(e.handle);
+  }
   tmodel_close(&t);
   return fails != 0;
 }
