@@ -1,18 +1,20 @@
 /* tests/test_cuda_emu.c: the generated CUDA C runs correctly, checked
  * without a GPU.  Each program's CUDA source is compiled as C++ for the host
- * behind tests/cuda_emu/cuda_emu.h (blocks in turn, a POSIX thread per CUDA
- * thread, __syncthreads and warp shuffles as barriers), launched with the
- * emitter's grid and blocks of min(block, 64) threads (the kernels are
- * written for any multiple of 32; 64 keeps two warps, so the cross-warp
- * paths of the block reductions run), GEMMs by a plain triple loop.  The
- * same program runs on the CPU backend; after forward + backward and after
- * one AdamW step every f32/f64 tensor must agree (compare_sessions'
- * tolerances).  Covers every op case of tests/op_cases.h in f32 and f64 and
+ * behind tests/cuda_emu/cuda_emu.h (blocks in turn on a pool of POSIX
+ * threads, one per CUDA thread; __syncthreads and warp shuffles as
+ * barriers), launched with the emitter's grid (at most 3 blocks for
+ * grid-stride kernels, which checks their loops with a smaller grid) and
+ * blocks of min(block, 64) threads (the kernels are written for any
+ * multiple of 32; 64 keeps two warps, so the cross-warp paths of the block
+ * reductions run), GEMMs by a plain triple loop.  The same program runs on
+ * the CPU backend; after forward + backward, after evaluation (metrics) and
+ * after one AdamW step every f32/f64 tensor must agree (compare_sessions'
+ * tolerances).  Covers every op case of tests/op_cases.h in f32 and f64,
  * tests/models/gpt_tiny.model and four of the larger cases (multi-block
- * paths) in f32.  This checks the kernels' logic (indices,
- * reductions, barriers), not the CUDA driver path or the real hardware's
- * scheduling: the gpu-labelled tests do that.  Exits 77 when no C++
- * compiler is installed. */
+ * paths) in f32.  This checks the kernels' logic (indices, reductions,
+ * barriers), not the CUDA driver path or the real hardware's scheduling:
+ * the gpu-labelled tests do that.  Exits 77 when no C++ compiler is
+ * installed. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdlib.h>
