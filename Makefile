@@ -5,7 +5,7 @@ PACKAGES  = cmake make gcc libc6-dev flex bison libopenblas-openmp-dev libcjson-
             dataset-fashion-mnist gzip bible-kjv clang libclang-rt-14-dev
 BENCH_PACKAGES = python3-torch python3-numpy
 
-.PHONY: all deps build train test test-asan fuzz bench clean data gpt
+.PHONY: all deps build train test test-asan test-gpu fuzz bench clean data gpt
 
 all: build
 
@@ -42,6 +42,11 @@ fuzz: deps
 	@CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDUET_FUZZ=ON > /dev/null
 	@cmake --build $(BUILD)-fuzz -j$(JOBS) --target fuzz_frontend
 	sh tests/fuzz/run.sh $(BUILD)-fuzz $(FUZZ_SECONDS)
+
+# The GPU tests (ctest label gpu): skipped with a message without a GPU.
+# On a GPU machine, tests/gpu/run.sh builds, runs these and the benchmark.
+test-gpu: build
+	cd $(BUILD) && ctest --output-on-failure -L gpu
 
 # The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer.
 test-asan: deps

@@ -66,15 +66,6 @@ int jit_self_dir(char *out, size_t n) {
   return 0;
 }
 
-/* FNV-1a, 64 bits (Fowler, Noll, Vo; constants from the FNV reference). */
-static uint64_t fnv1a(const char *s, size_t n, uint64_t h) {
-  for (size_t i = 0; i < n; i++) {
-    h ^= (unsigned char)s[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 static int compiler_version(char *out, size_t n) {
   char *argv[] = {(char *)jit_cc(), "--version", NULL};
   char log[1024];
@@ -88,72 +79,6 @@ static int compiler_version(char *out, size_t n) {
   return 0;
 }
 
-/* mkdir -p with mode 0700 for every directory it creates. */
-static int mkdir_private(const char *path) {
-  char tmp[1024];
-  if ((size_t)snprintf(tmp, sizeof tmp, "%s", path) >= sizeof tmp) {
-    errno = ENAMETOOLONG;
-    return -1;
-  }
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      if (mkdir(tmp, 0700) && errno != EEXIST) return -1;
-      *p = '/';
-    }
-  if (mkdir(tmp, 0700) && errno != EEXIST) return -1;
-  return 0;
-}
-
-/* The cache directory, created 0700 and checked to be ours and private. */
-static int cache_dir(char *out, size_t n, char *err, size_t errlen) {
-  const char *d = getenv("DUET_CACHE_DIR");
-  if (d && *d) {
-    if ((size_t)snprintf(out, n, "%s", d) >= n) {
-      snprintf(err, errlen, "DUET_CACHE_DIR is longer than %zu bytes", n - 1);
-      return -1;
-    }
-  } else {
-    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    char parent[900];
-    if (x && *x) snprintf(parent, sizeof parent, "%s", x);
-    else if (home && *home) snprintf(parent, sizeof parent, "%s/.cache", home);
-    else snprintf(parent, sizeof parent, "/tmp/duet-cache-%ld", (long)getuid());
-    mkdir_private(parent);
-    snprintf(out, n, "%s/duet", parent);
-  }
-  if (mkdir_private(out)) {
-    snprintf(err, errlen, "cannot create kernel cache directory %s: %s", out, strerror(errno));
-    return -1;
-  }
-  struct stat st;
-  if (stat(out, &st) || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077)) {
-    snprintf(err, errlen, "kernel cache directory %s must be a directory owned by you with mode 0700", out);
-    return -1;
-  }
-  return 0;
-}
-
-
-static int write_file_sync(const char *path, const char *data, size_t n) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0) return -1;
-  size_t off = 0;
-  while (off < n) {
-    ssize_t w = write(fd, data + off, n - off);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      close(fd);
-      return -1;
-    }
-    off += (size_t)w;
-  }
-  if (fsync(fd)) {
-    close(fd);
-    return -1;
-  }
-  return close(fd);
-}
 
 static int open_module(const char *so, JitModule *m, char *err, size_t errlen) {
   m->handle = dlopen(so, RTLD_NOW | RTLD_LOCAL);
@@ -198,17 +123,9 @@ static int file_digest(const char *path, size_t *size, uint64_t *h) {
   char *b = duet_read_file(path, &n);
   if (!b) return -1;
   *size = n;
-  *h = fnv1a(b, n, 0xcbf29ce484222325ull);
+  *h = duet_fnv1a(b, n, DUET_FNV_OFFSET);
   free(b);
   return 0;
-}
-
-static int fsync_path(const char *path) {
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return -1;
-  int rc = fsync(fd);
-  close(fd);
-  return rc;
 }
 
 #define PATH_CHECK(buf, ...)                                                                \
@@ -227,7 +144,7 @@ int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
              jit_cc());
     return -1;
   }
-  if (cache_dir(dir, sizeof dir, err, errlen)) return -1;
+  if (duet_cache_dir(dir, sizeof dir, err, errlen)) return -1;
   cpu_signature(cpu, sizeof cpu);
   /* the full key: everything that changes the object code */
   const char *flags[] = {DUET_KERNEL_CFLAGS, "-fPIC", "-shared"};
@@ -244,7 +161,7 @@ int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
   size_t k = (size_t)snprintf(key, klen, "duet kernel cache v2\ncc: %s\nversion: %s\n%sflags:", jit_cc(), ver, cpu);
   for (size_t i = 0; i < n_flags; i++) k += (size_t)snprintf(key + k, klen - k, " %s", flags[i]);
   k += (size_t)snprintf(key + k, klen - k, "\nsource:\n%s", src);
-  uint64_t h = fnv1a(key, k, 0xcbf29ce484222325ull);
+  uint64_t h = duet_fnv1a(key, k, DUET_FNV_OFFSET);
   PATH_CHECK(so, "%s/%016llx.so", dir, (unsigned long long)h);
   PATH_CHECK(keyf, "%s/%016llx.key", dir, (unsigned long long)h);
 
@@ -275,7 +192,7 @@ int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
   PATH_CHECK(key_tmp, "%s.key.tmp", base);
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  if (write_file_sync(c_path, src, strlen(src))) {
+  if (duet_write_file_sync(c_path, src, strlen(src))) {
     snprintf(err, errlen, "cannot write %s: %s", c_path, strerror(errno));
     goto out;
   }
@@ -294,12 +211,12 @@ int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
     snprintf(err, errlen, "compiling generated kernels failed (%s exited with %d):\n%s", jit_cc(), st_cc, log);
     goto out;
   }
-  if (file_digest(so_tmp, &so_size, &so_hash) || fsync_path(so_tmp)) {
+  if (file_digest(so_tmp, &so_size, &so_hash) || duet_fsync_path(so_tmp)) {
     snprintf(err, errlen, "cannot read back the compiled kernels %s: %s", so_tmp, strerror(errno));
     goto out;
   }
   k += (size_t)snprintf(key + k, klen - k, "\nobject: %zu %016llx\n", so_size, (unsigned long long)so_hash);
-  if (write_file_sync(key_tmp, key, k) || rename(so_tmp, so) || rename(key_tmp, keyf)) {
+  if (duet_write_file_sync(key_tmp, key, k) || rename(so_tmp, so) || rename(key_tmp, keyf)) {
     snprintf(err, errlen, "cannot write the kernel cache in %s: %s", dir, strerror(errno));
     goto out;
   }

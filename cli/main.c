@@ -19,8 +19,9 @@ static void usage(FILE *out) {
           "  run M.model [flags]          compile and train now (JIT); `duet run --help` lists flags\n"
           "  compile M.model -o EXE       write a standalone training executable\n"
           "  ir M.model [--after PASS] [--format text|dot|json]   print the IR after PASS (default: shape)\n"
-          "  emit M.model --target c      print the generated kernel source\n"
+          "  emit M.model --target c|cuda print the generated kernel source (C, or CUDA C for NVRTC)\n"
           "  plan M.model --devices SPEC  stages, estimated times, memory per device, bubble (no run)\n"
+          "  devices                      list the CPU and the GPUs duet can use (--devices cpu|cuda:N)\n"
           "  check M.model                parse and verify; print a parameter summary\n"
           "  sample M.model --checkpoint CK [--prompt TEXT]   generate text with a trained model\n"
           "  help                         this text\n\n"
@@ -281,10 +282,20 @@ static bool wants_help(int argc, char **argv) {
   return false;
 }
 
+/* Attaches the CUDA C of the kernels and their launch table to the program
+ * (used when --devices names a GPU at run time). */
+static void with_cuda(CgProgram *cp, Arena *a) {
+  for (int i = 0; i < cp->prog.n_tensors; i++) /* no 16-bit CUDA kernels yet */
+    if (cp->prog.tensors[i].dtype == DUET_F16 || cp->prog.tensors[i].dtype == DUET_BF16) return;
+  cp->prog.cuda_source = codegen_emit_cuda(cp, a);
+  cp->prog.cuda_launch = codegen_cuda_launch_table(cp, a);
+}
+
 /* Lowers a compiled graph and loads its kernels (compiled now or taken from
  * the cache) into m.  NULL after printing the error. */
 static CgProgram *jit_program(Compiled *c, JitModule *m) {
   CgProgram *cp = codegen_lower(c->g, c->arena);
+  with_cuda(cp, c->arena);
   char err[8192];
   if (jit_load(codegen_emit_c(cp, c->arena), m, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
@@ -325,12 +336,17 @@ static int cmd_run(int argc, char **argv) {
     return 1;
   }
   JitModule m;
-  CgProgram *cp = jit_program(&c, &m);
-  if (!cp) {
+  CgProgram *cp;
+  if (duet_devices_all_cuda(probe.devices)) {
+    /* the GPU runs the CUDA C; the C kernels are not needed */
+    memset(&m, 0, sizeof m);
+    cp = codegen_lower(c.g, c.arena);
+    with_cuda(cp, c.arena);
+  } else if (!(cp = jit_program(&c, &m))) {
     compiled_free(&c);
     return 1;
   }
-  if (!probe.quiet) {
+  if (!probe.quiet && m.fns) {
     if (m.cache_hit) printf("duet: kernels: %d, loaded from cache\n", m.n);
     else printf("duet: kernels: %d, compiled in %.2f s\n", m.n, m.compile_seconds);
     fflush(stdout);
@@ -394,6 +410,7 @@ static int cmd_compile(int argc, char **argv) {
     return 1;
   }
   CgProgram *cp = codegen_lower(c.g, c.arena);
+  with_cuda(cp, c.arena);
   char *src = codegen_emit_c(cp, c.arena);
   char cpath[1300];
   snprintf(cpath, sizeof cpath, "%s.duet-XXXXXX.c", out);
@@ -426,6 +443,7 @@ static int cmd_compile(int argc, char **argv) {
   av[a++] = DUET_OPENBLAS_LIB;
   av[a++] = DUET_CJSON_LIB;
   av[a++] = "-lz";
+  av[a++] = "-ldl";
   av[a++] = "-lm";
 #ifdef DUET_LINK_SANITIZE
   av[a++] = DUET_LINK_SANITIZE;
@@ -568,7 +586,7 @@ static int cmd_emit(int argc, char **argv) {
   const char *model = NULL, *target = "c";
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("usage: duet emit M.model [--target c]\nPrints the generated kernel source.\n");
+      printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n");
       return 0;
     } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
       target = argv[++i];
@@ -580,16 +598,27 @@ static int cmd_emit(int argc, char **argv) {
     }
   }
   if (!model) {
-    fprintf(stderr, "duet: error: usage: duet emit M.model --target c\n");
+    fprintf(stderr, "duet: error: usage: duet emit M.model --target c|cuda\n");
     return 1;
   }
-  if (strcmp(target, "c")) {
-    fprintf(stderr, "duet: error: unknown target '%s' (available: c)\n", target);
+  if (strcmp(target, "c") && strcmp(target, "cuda")) {
+    fprintf(stderr, "duet: error: unknown target '%s' (available: c, cuda)\n", target);
     return 1;
   }
   Compiled c;
   int rc = compile_model(&c, model, 0, NULL, NULL);
-  if (!rc) fputs(codegen_emit_c(codegen_lower(c.g, c.arena), c.arena), stdout);
+  if (!rc) {
+    CgProgram *cp = codegen_lower(c.g, c.arena);
+    bool half = false;
+    for (int i = 0; i < cp->prog.n_tensors; i++)
+      half |= cp->prog.tensors[i].dtype == DUET_F16 || cp->prog.tensors[i].dtype == DUET_BF16;
+    if (half && !strcmp(target, "cuda")) {
+      fprintf(stderr, "duet: error: the CUDA emitter has no fp16/bf16 kernels yet; use --precision fp32\n");
+      rc = 1;
+    } else {
+      fputs(strcmp(target, "cuda") ? codegen_emit_c(cp, c.arena) : codegen_emit_cuda(cp, c.arena), stdout);
+    }
+  }
   compiled_free(&c);
   return rc;
 }
@@ -749,6 +778,18 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "ir")) return cmd_ir(argc - 2, argv + 2);
   if (!strcmp(cmd, "emit")) return cmd_emit(argc - 2, argv + 2);
   if (!strcmp(cmd, "plan")) return cmd_plan(argc - 2, argv + 2);
+  if (!strcmp(cmd, "devices")) {
+    if (argc > 2 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+      printf("usage: duet devices\nLists the CPU and, when a CUDA driver and libduet_cuda.so load, the GPUs\n"
+             "(name, compute capability, memory, driver and NVRTC versions).\n");
+      return 0;
+    }
+    if (argc > 2) {
+      fprintf(stderr, "duet: error: unexpected argument '%s' (see duet devices --help)\n", argv[2]);
+      return 1;
+    }
+    return duet_list_devices(stdout);
+  }
   if (!strcmp(cmd, "check")) return cmd_check(argc - 2, argv + 2);
   if (!strcmp(cmd, "sample")) return cmd_sample(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

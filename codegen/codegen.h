@@ -111,6 +111,19 @@ CgProgram *codegen_lower(Graph *g, Arena *a);
  * *s)` plus a table `duet_kernel_table`.  Contains no user text. */
 char *codegen_emit_c(const CgProgram *cp, Arena *a);
 
+/* CUDA C source of every kernel for NVRTC, as `extern "C" __global__ void
+ * duet_k<i>(void *const *t, const double *s)` (t and s in device memory),
+ * each preceded by a comment giving its launch configuration.  Includes no
+ * header and no user text. */
+char *codegen_emit_cuda(const CgProgram *cp, Arena *a);
+/* Launch configuration of kernel k (grid-stride kernels cap the grid at
+ * 65535 blocks; row kernels use blocks of 32..1024 threads, multiples of
+ * 32; attention uses dynamic shared memory of time (forward, decode) or
+ * 2 * time (backward) elements). */
+void codegen_cuda_launch(const Kernel *k, DuetLaunch *l);
+/* codegen_cuda_launch for every kernel, in the arena. */
+DuetLaunch *codegen_cuda_launch_table(const CgProgram *cp, Arena *a);
+
 /* A whole training executable's C source: the kernels, the program tables
  * (strings written as byte arrays) and main() calling duet_main(). */
 void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FILE *out);

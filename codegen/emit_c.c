@@ -780,6 +780,14 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
             t->init_a, t->init_b, t->stage, t->is_grad);
   }
   fprintf(out, "};\n");
+  if (p->cuda_source) { /* CUDA C (no user text) and launch table, for --devices cuda */
+    write_bytes(out, "cuda_source", p->cuda_source);
+    fprintf(out, "static const DuetLaunch cuda_launch[] = {\n");
+    for (int i = 0; i < p->n_kernels; i++)
+      fprintf(out, "  {%u, %u, %u},\n", p->cuda_launch[i].grid, p->cuda_launch[i].block, p->cuda_launch[i].shared);
+    if (!p->n_kernels) fprintf(out, "  {0, 0, 0},\n");
+    fprintf(out, "};\n");
+  }
   write_steps(out, "train_steps", p->train, p->n_train);
   write_steps(out, "eval_steps", p->eval, p->n_eval);
   write_steps(out, "grad_steps", p->grad, p->n_grad);
@@ -839,6 +847,7 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   if (p->n_stages > 0)
     fprintf(out, "  .n_stages = %d, .stages = stages, .n_transfers = %d, .transfers = transfers, .micro_batches = %d,\n",
             p->n_stages, p->n_transfers, p->micro_batches);
+  if (p->cuda_source) fprintf(out, "  .cuda_source = cuda_source, .cuda_launch = cuda_launch,\n");
   fprintf(out, "  .defaults = {.data = %d, .data_path = data_path, .optimizer = %d,\n", c->data, c->optimizer);
   fprintf(out, "    .lr = %.17g, .weight_decay = %.17g, .beta1 = %.17g, .beta2 = %.17g, .eps = %.17g,\n", c->lr,
           c->weight_decay, c->beta1, c->beta2, c->eps);

@@ -60,7 +60,8 @@ int duet_devices_parse(const char *spec, DuetDeviceSpec *out, int max, int *n, c
       d.kind = DUET_DEV_CPU;
     } else if (len > 4 && !strncmp(p, "cpu:", 4) && !parse_index(p + 4, len - 4, &d.index)) {
       d.kind = DUET_DEV_CPU;
-    } else if (len > 5 && !strncmp(p, "cuda:", 5) && !parse_index(p + 5, len - 5, &d.index)) {
+    } else if ((len == 4 && !strncmp(p, "cuda", 4)) ||
+               (len > 5 && !strncmp(p, "cuda:", 5) && !parse_index(p + 5, len - 5, &d.index))) {
       d.kind = DUET_DEV_CUDA;
     } else if (colon && colon + 4 <= p + len && !strncmp(colon + 1, "sm_", 3) &&
                !parse_index(colon + 4, (size_t)(p + len - colon - 4), &d.sm) && d.sm >= 10) {
@@ -94,27 +95,40 @@ int duet_devices_parse(const char *spec, DuetDeviceSpec *out, int max, int *n, c
     p += len + 1;
     continue;
   bad:
-    snprintf(err, errlen, "--devices: bad item '%s' (expected cpu, cpu:N, cuda:N, or a capacity such as 16GiB:sm_60 "
+    snprintf(err, errlen, "--devices: bad item '%s' (expected cpu, cpu:N, cuda, cuda:N, or a capacity such as 16GiB:sm_60 "
              "or 2x16GiB:sm_60)", item);
     return -1;
   }
   return 0;
 }
 
-DuetDevice *duet_device_open(const DuetDeviceSpec *d, const DuetKernelFn *kernels, int n, int threads, char *err,
-                             size_t errlen) {
+DuetDevice *duet_device_open(const DuetDeviceSpec *d, const DuetProgram *p, const DuetKernelFn *kernels, int threads,
+                             int verbose, char *err, size_t errlen) {
   switch (d->kind) {
   case DUET_DEV_CPU: {
-    DuetDevice *dev = duet_cpu_device(kernels, n, threads);
+    if (!kernels) {
+      snprintf(err, errlen, "device %s: this program was built without CPU kernels", d->name);
+      return NULL;
+    }
+    DuetDevice *dev = duet_cpu_device(kernels, p->n_kernels, threads);
     if (!dev) snprintf(err, errlen, "out of host memory");
     return dev;
   }
   case DUET_DEV_CUDA:
-    snprintf(err, errlen, "device %s: CUDA backend not available in this build", d->name);
-    return NULL;
+    return duet_cuda_device(p, d->index, verbose, err, errlen);
   default:
     snprintf(err, errlen, "device %s is a capacity for `duet plan`, not a device to run on (use cpu:N or cuda:N)",
              d->name);
     return NULL;
   }
+}
+
+int duet_devices_all_cuda(const char *spec) {
+  DuetDeviceSpec d[DUET_MAX_DEVICES];
+  int n = 0;
+  char err[256];
+  if (!spec || duet_devices_parse(spec, d, DUET_MAX_DEVICES, &n, err, sizeof err)) return 0;
+  for (int k = 0; k < n; k++)
+    if (d[k].kind != DUET_DEV_CUDA) return 0;
+  return n > 0;
 }

@@ -138,6 +138,13 @@ typedef struct DuetStage {
   int64_t region_bytes[DUET_MEM_COUNT]; /* activation region: one micro-batch */
 } DuetStage;
 
+/* Launch configuration of one generated CUDA kernel (1-D grid and block;
+ * `shared`: bytes of dynamic shared memory), produced by the CUDA emitter
+ * next to the source. */
+typedef struct DuetLaunch {
+  uint32_t grid, block, shared;
+} DuetLaunch;
+
 typedef struct DuetProgram {
   int api_version;
   const char *model_name;
@@ -173,6 +180,11 @@ typedef struct DuetProgram {
   int n_transfers;
   const DuetTransfer *transfers;
   int micro_batches;
+  /* CUDA: the kernels as CUDA C (codegen/emit_cuda.c; entry points
+   * duet_k<i>) and their launch configurations, n_kernels of them; NULL
+   * when the program was built without them (the CPU is used then). */
+  const char *cuda_source;
+  const DuetLaunch *cuda_launch;
 } DuetProgram;
 
 /* -------------------------------------------------------------- devices */
@@ -222,12 +234,15 @@ typedef struct DuetDeviceSpec {
 /* Parses spec into out[0..*n) (at most max).  0, or -1 with a message in err
  * naming the bad item. */
 int duet_devices_parse(const char *spec, DuetDeviceSpec *out, int max, int *n, char *err, size_t errlen);
-/* Opens a device of a parsed spec for running: the CPU device (kernels,
- * threads as duet_cpu_device).  NULL with a message in err for CUDA items
- * ("CUDA backend not available" until the CUDA plugin is linked) and for
- * planned capacities. */
-DuetDevice *duet_device_open(const DuetDeviceSpec *d, const DuetKernelFn *kernels, int n, int threads, char *err,
-                             size_t errlen);
+/* Opens a device of a parsed spec to run program p: the CPU device over
+ * `kernels` (p->n_kernels of them; threads as duet_cpu_device) or a GPU
+ * through duet_cuda_device (verbose: its one line about the card).  NULL
+ * with a message in err (no CPU kernels, CUDA errors, planned capacities). */
+DuetDevice *duet_device_open(const DuetDeviceSpec *d, const DuetProgram *p, const DuetKernelFn *kernels, int threads,
+                             int verbose, char *err, size_t errlen);
+/* 1 when spec parses and names only CUDA devices (the C kernels are then
+ * not needed), else 0. */
+int duet_devices_all_cuda(const char *spec);
 
 /* ------------------------------------------------------------- sessions */
 
@@ -415,5 +430,65 @@ const DuetStTensor *duet_st_find(const DuetStFile *f, const char *name);
 const char *duet_st_meta(const DuetStFile *f, const char *key);
 /* Frees everything of f (NULL is fine); pointers from f die with it. */
 void duet_st_close(DuetStFile *f);
+
+/* ---------------------------------------------------------- kernel cache */
+
+/* The per-user kernel cache (used by the C JIT and the CUDA backend):
+ * $DUET_CACHE_DIR, else $XDG_CACHE_HOME/duet, else ~/.cache/duet, created
+ * with mode 0700 and checked to be a directory owned by the user with no
+ * group or other permissions.  0, or -1 with a message in err. */
+int duet_cache_dir(char *out, size_t n, char *err, size_t errlen);
+/* FNV-1a, 64 bits (Fowler, Noll, Vo; constants from the FNV reference);
+ * start with h = DUET_FNV_OFFSET. */
+#define DUET_FNV_OFFSET 0xcbf29ce484222325ull
+uint64_t duet_fnv1a(const void *p, size_t n, uint64_t h);
+/* Writes n bytes to path (created 0600) and fsyncs it.  0, or -1 with errno. */
+int duet_write_file_sync(const char *path, const void *data, size_t n);
+/* fsync of an existing file or directory.  0, or -1 with errno. */
+int duet_fsync_path(const char *path);
+/* Cache entries: <hash of key>.<ext> holds the object, <hash>.<ext>.key the
+ * full key text followed by "\nobject: <size> <FNV-1a of the object>\n".
+ * duet_cache_get returns the object (malloc'ed, *len bytes) only when the
+ * key file holds exactly `key` and the object's size and hash match; NULL
+ * on a miss (a damaged entry is a miss) or when the directory is unusable
+ * (message in err).  duet_cache_put writes the object then the key, each
+ * to a temporary name, fsynced, then renamed (atomic); 0, or -1 with a
+ * message. */
+void *duet_cache_get(const char *key, size_t keylen, const char *ext, size_t *len, char *err, size_t errlen);
+int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *blob, size_t len, char *err,
+                   size_t errlen);
+
+/* ------------------------------------------------------------------ CUDA */
+
+/* The CUDA device `ordinal` for program p: loads libduet_cuda.so
+ * ($DUET_CUDA_PLUGIN, else next to the executable, else the build tree's,
+ * else the loader's search path) only when libcuda.so.1 loads, compiles or
+ * loads from the cache p->cuda_source, and prints one line about the card
+ * and the kernels to stderr when verbose.  NULL with a message (no driver,
+ * no plugin, no such GPU, an unsupported card, a failed compile). */
+DuetDevice *duet_cuda_device(const DuetProgram *p, int ordinal, int verbose, char *err, size_t errlen);
+/* Number of GPUs usable through the plugin; 0 (no GPU) or -1 (no driver,
+ * no plugin, a driver error) with the reason in why. */
+int duet_cuda_gpu_count(char *why, size_t whylen);
+/* `duet devices`: one line for the CPU and one per GPU (name, compute
+ * capability, memory, driver and NVRTC versions), or the reason there is
+ * none.  Returns 0. */
+int duet_list_devices(FILE *out);
+
+/* What NVRTC compiles for one card. */
+typedef struct DuetCudaTarget {
+  int arch;          /* compute capability * 10 of the target */
+  int cubin;         /* 1: SASS for the exact card (nvrtcGetCUBIN); 0: PTX, JIT-compiled by the driver */
+  char arch_opt[32]; /* "-arch=sm_86" or "-arch=compute_80" */
+} DuetCudaTarget;
+/* Chooses the target for a card (`card`: its name, for messages) of
+ * compute capability cc_major.cc_minor given the architectures NVRTC
+ * supports (nvrtcGetSupportedArchs: compute capabilities * 10): the exact
+ * sm_XY when listed (SASS), else PTX for the highest listed architecture
+ * below the card's, else -1 with one error naming the card, the NVRTC
+ * version, its oldest target and the CUDA release that supports the card
+ * (12.x from sm_50, 11.x from sm_35).  Pure: no CUDA calls. */
+int duet_cuda_pick_target(const char *card, int cc_major, int cc_minor, const int *archs, int n_archs,
+                          int nvrtc_major, int nvrtc_minor, DuetCudaTarget *t, char *err, size_t errlen);
 
 #endif

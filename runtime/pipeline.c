@@ -533,7 +533,7 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
     st->id = k;
     st->threads = share;
     st->n_slots = q->schedule == DUET_SCHEDULE_1F1B ? (q->M < q->S - k ? q->M : q->S - k) : q->M;
-    if (!(st->dev = duet_device_open(&specs[k], kernels, p->n_kernels, 0, err, errlen))) {
+    if (!(st->dev = duet_device_open(&specs[k], p, kernels, 0, !cfg->quiet, err, errlen))) {
       duet_pipe_free(q);
       return NULL;
     }

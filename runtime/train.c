@@ -343,7 +343,7 @@ static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kerne
                     "--devices / --micro-batches\n");
     return NULL;
   }
-  if (!(*dev = duet_device_open(&spec[0], kernels, p->n_kernels, cfg->threads, err, sizeof err))) {
+  if (!(*dev = duet_device_open(&spec[0], p, kernels, cfg->threads, !cfg->quiet, err, sizeof err))) {
     fprintf(stderr, "duet: error: %s\n", err);
     return NULL;
   }

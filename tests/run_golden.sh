@@ -1,5 +1,6 @@
 #!/bin/sh
-# Golden files: the IR printer after chosen passes and the C emitter, for
+# Golden files: the IR printer after chosen passes, the C emitter and the
+# CUDA emitter, for
 # every model in models/.  UPDATE_GOLDEN=1 rewrites them (for deliberate
 # changes; review the diff before committing).
 # usage: run_golden.sh path/to/duet   (from the repository root)
@@ -29,6 +30,7 @@ for m in models/*.model; do
     check "$base.$p.ir" "$DUET" ir "$m" --after $p
   done
   check "$base.c" "$DUET" emit "$m" --target c
+  check "$base.cu" "$DUET" emit "$m" --target cuda
 done
 # mixed precision: the precision pass's dtypes and casts, and fused 16-bit kernels
 check fmnist_mlp.fp16.precision.ir "$DUET" ir models/fmnist_mlp.model --precision fp16 --after precision

@@ -72,3 +72,48 @@ char *slurp(const char *path) {
   size_t n;
   return duet_read_file(path, &n);
 }
+
+void tmodel_fill(TModel *t, DuetSession *s, DuetRng *r, int classes) {
+  Graph *g = t->g;
+  for (int i = 0; i < g->n_values; i++) {
+    Value *v = g->values[i];
+    int id = tmodel_tensor(t, v);
+    if (id < 0 || (v->op != OP_INPUT && v->op != OP_PARAM)) continue;
+    int64_t n = shape_numel(&v->shape);
+    void *p = duet_session_tensor(s, id);
+    for (int64_t j = 0; j < n; j++) {
+      if (v->dtype == DT_I32) {
+        ((int32_t *)p)[j] = (int32_t)(duet_rng_next(r) % (uint64_t)(classes ? classes : 1));
+        continue;
+      }
+      double x = v->op == OP_PARAM ? (0.2 + 0.8 * duet_rng_uniform(r)) * (duet_rng_next(r) & 1 ? 1 : -1)
+                                   : duet_rng_normal(r);
+      if (v->dtype == DT_F64) ((double *)p)[j] = x;
+      else ((float *)p)[j] = (float)x;
+    }
+  }
+}
+
+int compare_sessions(const char *what, const DuetProgram *p, DuetSession *cpu, DuetSession *gpu) {
+  int bad = 0;
+  for (int i = 0; i < p->n_tensors && bad < 5; i++) {
+    const DuetTensor *t = &p->tensors[i];
+    if (t->dtype != DUET_F32 && t->dtype != DUET_F64) continue;
+    bool f64 = t->dtype == DUET_F64;
+    double atol = f64 ? 1e-11 : 1e-4, rtol = f64 ? 1e-9 : 2e-3;
+    int64_t n = t->nbytes / (f64 ? 8 : 4);
+    const void *a = duet_session_tensor(cpu, i), *b = duet_session_tensor(gpu, i);
+    for (int64_t j = 0; j < n; j++) {
+      double x = f64 ? ((const double *)a)[j] : ((const float *)a)[j];
+      double y = f64 ? ((const double *)b)[j] : ((const float *)b)[j];
+      if (x == y || (x != x && y != y)) continue;
+      if (!(fabs(x - y) <= atol + rtol * fabs(x))) {
+        fprintf(stderr, "FAIL %s: tensor %s[%lld]: gpu %.9g, cpu %.9g\n", what, t->name, (long long)j, y, x);
+        bad++;
+        break;
+      }
+    }
+  }
+  return bad;
+}
+

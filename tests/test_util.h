@@ -41,4 +41,14 @@ char *slurp(const char *path);
 /* |got - want| <= atol + rtol * |want|, else prints and counts a failure. */
 int check_close(const char *what, double got, double want, double atol, double rtol);
 
+/* Fills every input and param of t's graph in session s (a session of
+ * t's program, on any device) from r: params (0.2 + 0.8 U) * (+-1), float
+ * inputs N(0, 1), i32 inputs uniform in [0, classes). */
+void tmodel_fill(TModel *t, DuetSession *s, DuetRng *r, int classes);
+/* Every f32/f64 tensor of p in sessions a (the reference) and b, element
+ * by element: |b - a| <= 1e-4 + 2e-3 |a| (f32), 1e-11 + 1e-9 |a| (f64);
+ * NaN matches NaN.  Prints the first mismatch of up to 5 tensors; returns
+ * the number of tensors that differ. */
+int compare_sessions(const char *what, const DuetProgram *p, DuetSession *a, DuetSession *b);
+
 #endif

@@ -1,0 +1,774 @@
+/* codegen/emit_cuda.c: kernel IR -> CUDA C for NVRTC, and each kernel's
+ * launch configuration.
+ *
+ * Every kernel is `extern "C" __global__ void duet_k<i>(void *const *t,
+ * const double *s)`: t is the device copy of the session's tensor pointer
+ * table, s the device copy of the runtime scalars (DUET_S_*).  The source
+ * includes no header (NVRTC ships none that duet needs): integer types are
+ * typedef'd here and the math functions are NVRTC built-ins.  GPU-only
+ * constructs live in the few helpers of the prelude (warp and block
+ * reductions). */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+
+#define D64 "%" PRId64
+
+typedef struct Buf {
+  Arena *a;
+  char *s;
+  size_t n, cap;
+} Buf;
+
+static void bprintf(Buf *b, const char *fmt, ...) {
+  va_list ap, ap2;
+  va_start(ap, fmt);
+  va_copy(ap2, ap);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  DUET_ASSERT(n >= 0);
+  if (b->n + (size_t)n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 4096;
+    while (b->n + (size_t)n + 1 > cap) cap *= 2;
+    char *ns = arena_alloc(b->a, cap);
+    if (b->n) memcpy(ns, b->s, b->n);
+    b->s = ns;
+    b->cap = cap;
+  }
+  vsnprintf(b->s + b->n, (size_t)n + 1, fmt, ap2);
+  va_end(ap2);
+  b->n += (size_t)n;
+}
+
+static const char *cutype(DType t) {
+  switch (t) {
+  case DT_F32: return "float";
+  case DT_F64: return "double";
+  case DT_I32: return "duet_i32";
+  default: unreachable();
+  }
+}
+
+static int64_t dsize(DType t) { return t == DT_F64 ? 8 : 4; }
+
+/* -------------------------------------------------------- launch sizes */
+
+#define EW_BLOCK 256
+#define MAX_GRID 65535 /* grid-stride loops cover the rest */
+
+static uint32_t grid_for(int64_t work, int64_t per_block) {
+  int64_t g = (work + per_block - 1) / per_block;
+  if (g < 1) g = 1;
+  if (g > MAX_GRID) g = MAX_GRID;
+  return (uint32_t)g;
+}
+
+/* threads of a row kernel: a multiple of 32 (the reduction helpers use
+ * full-warp shuffles), at most 256 */
+static uint32_t row_block(int64_t cols) {
+  int64_t b = (cols + 31) / 32 * 32;
+  return (uint32_t)(b > 256 ? 256 : b < 32 ? 32 : b);
+}
+
+/* blocks of the loss and metrics kernels: a warp per row, 32 rows per
+ * block and pass, at most 256 blocks (their partial sums are combined in
+ * order by the last block to finish) */
+static uint32_t xent_grid(int64_t rows) {
+  int64_t g = (rows + 31) / 32;
+  return (uint32_t)(g < 1 ? 1 : g > 256 ? 256 : g);
+}
+
+void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
+  int64_t ts = dsize(k->dtype);
+  l->shared = 0;
+  l->block = EW_BLOCK;
+  switch (k->kind) {
+  case KK_ELEMENTWISE: l->grid = grid_for(k->n, EW_BLOCK); break;
+  case KK_REDUCE:
+  case KK_MAX_GRAD:
+    if (k->kind == KK_REDUCE && !k->reduce_max && k->inner == 1) l->grid = grid_for(k->outer, 1);
+    else l->grid = grid_for(k->outer * k->inner, EW_BLOCK);
+    break;
+  case KK_XENT_FWD:
+  case KK_EVAL_METRICS: l->grid = xent_grid(k->rows), l->block = 1024; break;
+  case KK_XENT_BWD:
+  case KK_NORM_FWD:
+  case KK_NORM_BWD: l->grid = grid_for(k->rows, 1), l->block = row_block(k->cols); break;
+  case KK_EMBED_FWD: l->grid = grid_for(k->rows * k->cols, EW_BLOCK); break;
+  case KK_EMBED_BWD: l->grid = grid_for(k->cols, EW_BLOCK); break;
+  case KK_ATTN_FWD:
+    l->grid = (uint32_t)(k->batch * k->heads * k->time), l->block = 128, l->shared = (uint32_t)(k->time * ts);
+    break;
+  case KK_ATTN_BWD:
+    l->grid = (uint32_t)(k->batch * k->heads), l->block = 256, l->shared = (uint32_t)(2 * k->time * ts);
+    break;
+  case KK_ATTN_DECODE:
+    l->grid = (uint32_t)(k->batch * k->heads), l->block = 128, l->shared = (uint32_t)(k->time * ts);
+    break;
+  case KK_TRANSPOSE: l->grid = (uint32_t)(((k->rows + 31) / 32) * ((k->cols + 31) / 32)); break;
+  case KK_POSITIONS: l->grid = grid_for(k->rows, EW_BLOCK); break;
+  case KK_IM2COL: {
+    int64_t n = k->xs.dim[0] * k->ys.dim[2] * k->ys.dim[3] * k->xs.dim[1] * k->win[0] * k->win[1];
+    l->grid = grid_for(n, EW_BLOCK);
+    break;
+  }
+  case KK_COL2IM:
+  case KK_MAXPOOL_GRAD:
+  case KK_AVGPOOL_GRAD:
+    l->grid = grid_for(k->xs.dim[0] * k->xs.dim[1] * k->xs.dim[2] * k->xs.dim[3], EW_BLOCK);
+    break;
+  case KK_MAXPOOL:
+  case KK_AVGPOOL: l->grid = grid_for(k->ys.dim[0] * k->ys.dim[1] * k->ys.dim[2] * k->ys.dim[3], EW_BLOCK); break;
+  default: unreachable();
+  }
+}
+
+/* ---------------------------------------------------------- the kernels */
+
+#define BUF(i, cst) cst, T, cst, T, k->bufs[i].tensor
+/* grid-stride loop over `n` items with index variable `v` */
+#define GRID_LOOP(b, v, n)                                                                                   \
+  bprintf(b, "  for (duet_i64 " v " = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; " v " < " D64 "; " v \
+             " += (duet_i64)blockDim.x * gridDim.x) {\n",                                                      \
+          (int64_t)(n))
+
+static void emit_const(Buf *b, DType t, double v) {
+  if (isnan(v)) bprintf(b, "(%s)__longlong_as_double(0x7ff8000000000000ll)", cutype(t));
+  else if (isinf(v)) bprintf(b, "(%s)__longlong_as_double(0x%sff0000000000000ll)", cutype(t), v < 0 ? "f" : "7");
+  else bprintf(b, "(%s)%a", cutype(t), v); /* hexadecimal: exact (C++17) */
+}
+
+/* Largest element index a buffer reaches over i in [0, n). */
+static int64_t max_index(const KBuf *kb, int64_t n) {
+  int64_t m = kb->base;
+  for (int t = 0; t < kb->n_terms; t++) {
+    const KIndexTerm *x = &kb->terms[t];
+    int64_t q = (n - 1) / x->div;
+    if (x->mod && q > x->mod - 1) q = x->mod - 1;
+    m += q * x->mul;
+  }
+  return m;
+}
+
+static void index_expr(Buf *b, const KBuf *kb) {
+  if (kb->base) bprintf(b, D64 " + ", kb->base);
+  if (kb->n_terms == 0) {
+    bprintf(b, "0");
+    return;
+  }
+  for (int t = 0; t < kb->n_terms; t++) {
+    const KIndexTerm *x = &kb->terms[t];
+    bprintf(b, "%s", t ? " + " : "");
+    bool paren = x->mul != 1 && (x->div != 1 || x->mod);
+    bprintf(b, "%s", paren ? "(" : "");
+    if (x->div != 1) bprintf(b, "i / " D64, x->div);
+    else bprintf(b, "i");
+    if (x->mod) bprintf(b, " %% " D64, x->mod);
+    bprintf(b, "%s", paren ? ")" : "");
+    if (x->mul != 1) bprintf(b, " * " D64, x->mul);
+  }
+}
+
+/* One thread per element, grid-stride.  The element index is 32-bit when
+ * every index it produces (and the loop's stride past the end) fits. */
+static void emit_elementwise(Buf *b, const Kernel *k, const DuetLaunch *l) {
+  const char *T = cutype(k->dtype);
+  bool stored[KMAX_BUFS] = {0};
+  for (int i = 0; i < k->n_ins; i++)
+    if (k->ins[i].op == KI_STORE) stored[k->ins[i].a] = true;
+  for (int i = 0; i < k->n_bufs; i++)
+    bprintf(b, "  %s%s *b%d = (%s%s *)t[%d];\n", stored[i] ? "" : "const ", cutype(k->bufs[i].dtype), i,
+            stored[i] ? "" : "const ", cutype(k->bufs[i].dtype), k->bufs[i].tensor);
+  for (int i = 0; i < k->n_ins; i++)
+    if (k->ins[i].op == KI_SCALAR) bprintf(b, "  const %s s%d = (%s)s[%d];\n", T, i, T, k->ins[i].a);
+  for (int i = 0; i < k->n_ins; i++)
+    if (k->ins[i].op == KI_DROPOUT) {
+      bprintf(b, "  const int training = s[%d] != 0;\n  const duet_u64 drop_seed = (duet_u64)s[%d];\n",
+              DUET_S_TRAINING, DUET_S_DROP_SEED);
+      break;
+    }
+  int64_t lim = k->n + (int64_t)l->grid * l->block;
+  for (int i = 0; i < k->n_bufs; i++) {
+    int64_t m = max_index(&k->bufs[i], k->n);
+    if (m > lim) lim = m;
+  }
+  const char *I = lim < INT32_MAX ? "int" : "duet_i64";
+  bprintf(b, "  for (%s i = blockIdx.x * (%s)blockDim.x + threadIdx.x; i < " D64 "; i += (%s)blockDim.x * gridDim.x) {\n",
+          I, I, k->n, I);
+  const char *sq = k->dtype == DT_F32 ? "sqrtf" : "sqrt";
+  const char *th = k->dtype == DT_F32 ? "tanhf" : "tanh";
+  for (int i = 0; i < k->n_ins; i++) {
+    const KInstr *x = &k->ins[i];
+    if (x->op == KI_STORE || x->op == KI_LOAD) {
+      if (x->op == KI_STORE) bprintf(b, "    b%d[", x->a);
+      else bprintf(b, "    const %s r%d = b%d[", T, i, x->a);
+      index_expr(b, &k->bufs[x->a]);
+      if (x->op == KI_STORE) bprintf(b, "] = r%d;\n", x->b);
+      else bprintf(b, "];\n");
+      continue;
+    }
+    bprintf(b, "    const %s r%d = ", T, i);
+    switch (x->op) {
+    case KI_CONST: emit_const(b, k->dtype, x->value); break;
+    case KI_SCALAR: bprintf(b, "s%d", i); break;
+    case KI_ADD: bprintf(b, "r%d + r%d", x->a, x->b); break;
+    case KI_SUB: bprintf(b, "r%d - r%d", x->a, x->b); break;
+    case KI_MUL: bprintf(b, "r%d * r%d", x->a, x->b); break;
+    case KI_DIV: bprintf(b, "r%d / r%d", x->a, x->b); break;
+    case KI_NEG: bprintf(b, "-r%d", x->a); break;
+    case KI_RELU: bprintf(b, "r%d < 0 ? (%s)0 : r%d", x->a, T, x->a); break; /* NaN passes through */
+    case KI_RELU_GRAD: bprintf(b, "r%d > 0 ? r%d : (%s)0", x->b, x->a, T); break;
+    case KI_SQRT: bprintf(b, "%s(r%d)", sq, x->a); break;
+    /* GELU, tanh approximation (Hendrycks & Gimpel 2016, as GPT-2); the
+     * same formula as the C emitter */
+    case KI_GELU:
+      bprintf(b, "(%s)0.5 * r%d * (1 + %s((%s)0.7978845608028654 * (r%d + (%s)0.044715 * r%d * r%d * r%d)))", T,
+              x->a, th, T, x->a, T, x->a, x->a, x->a);
+      break;
+    case KI_GELU_GRAD: bprintf(b, "duet_gelu_grad(r%d, r%d)", x->a, x->b); break;
+    /* dropout: the C emitter's hash of (step seed, site, flat index), so
+     * both backends draw the same mask */
+    case KI_DROPOUT: {
+      double scaled = x->value * 18446744073709551616.0; /* p * 2^64 */
+      uint64_t thr = scaled >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)scaled;
+      bprintf(b, "!training ? r%d : duet_dropout_keep(drop_seed, " D64 "ull, (duet_u64)i, %" PRIu64
+                 "ull) ? r%d * (%s)%a : (%s)0",
+              x->a, (int64_t)x->b, thr, x->a, T, 1.0 / (1.0 - x->value), T);
+      break;
+    }
+    default: unreachable();
+    }
+    bprintf(b, ";\n");
+  }
+  bprintf(b, "  }\n");
+}
+
+/* out[o, j] = scale * sum_r in[o, r, j]; max_r when reduce_max; the max
+ * gradient routes dy to the first maximum (NaN propagates as on the CPU). */
+static void emit_reduce(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  int64_t O = k->outer, R = k->red, I = k->inner;
+  if (k->reduce_max || k->kind == KK_MAX_GRAD) {
+    bool grad = k->kind == KK_MAX_GRAD;
+    if (grad) bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
+    bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(grad ? 1 : 0, "const "));
+    bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(grad ? 2 : 1, ""));
+    GRID_LOOP(b, "oj", O * I);
+    bprintf(b, "    const duet_i64 o = oj / " D64 ", j = oj %% " D64 ";\n", I, I);
+    bprintf(b, "    const %s *xr = x + o * " D64 " + j;\n", T, R * I);
+    bprintf(b, "    %s m = xr[0];\n    duet_i64 am = 0;\n", T);
+    bprintf(b, "    for (duet_i64 r = 1; r < " D64 "; r++) if (xr[r * " D64 "] > m || m != m) { m = xr[r * " D64
+               "]; am = r; }\n", R, I, I);
+    if (!grad) bprintf(b, "    y[oj] = m;\n  }\n");
+    else
+      bprintf(b, "    for (duet_i64 r = 0; r < " D64 "; r++) y[o * " D64 " + r * " D64 " + j] = r == am ? dy[oj] : (%s)0;\n  }\n",
+              R, R * I, I, T);
+    return;
+  }
+  bprintf(b, "  const %s *x = (const %s *)t[%d];\n  %s *y = (%s *)t[%d];\n", T, T, k->bufs[0].tensor, T, T,
+          k->bufs[1].tensor);
+  if (I == 1) { /* a block per output row, reduced across the block */
+    bprintf(b, "  __shared__ %s red[32];\n", T);
+    bprintf(b, "  for (duet_i64 o = blockIdx.x; o < " D64 "; o += gridDim.x) {\n", O);
+    bprintf(b, "    %s acc = 0;\n", T);
+    bprintf(b, "    for (duet_i64 r = threadIdx.x; r < " D64 "; r += blockDim.x) acc += x[o * " D64 " + r];\n", R, R);
+    bprintf(b, "    acc = duet_block_sum(acc, red);\n");
+    bprintf(b, "    if (threadIdx.x == 0) y[o] = (%s)(acc * (%s)%a);\n  }\n", T, T, k->scale);
+    return;
+  }
+  /* a thread per output, the reduced axis in order (coalesced over j) */
+  GRID_LOOP(b, "oj", O * I);
+  bprintf(b, "    const duet_i64 o = oj / " D64 ", j = oj %% " D64 ";\n", I, I);
+  bprintf(b, "    %s acc = 0;\n", T);
+  bprintf(b, "    for (duet_i64 r = 0; r < " D64 "; r++) acc += x[(o * " D64 " + r) * " D64 " + j];\n", R, R, I);
+  bprintf(b, "    y[oj] = (%s)(acc * (%s)%a);\n  }\n", T, T, k->scale);
+}
+
+/* Softmax cross-entropy with integer labels, stabilised by the row maximum
+ * (log-sum-exp), as the C emitter:
+ *   loss = mean_r (log sum_c exp(x_rc - m_r) + m_r - x_r,y_r)
+ *   dx_rc = (softmax_rc - [c == y_r]) * dloss / R
+ * Forward and metrics: one block, a warp per row, partial sums in double
+ * combined in a fixed order.  Backward: a block per row. */
+static void emit_rows(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
+  int64_t R = k->rows, C = k->cols;
+  bprintf(b, "  const %s *x = (const %s *)t[%d];\n  const duet_i32 *y = (const duet_i32 *)t[%d];\n", T, T,
+          k->bufs[0].tensor, k->bufs[1].tensor);
+  if (k->kind == KK_XENT_BWD) {
+    bprintf(b, "  const %s *dl = (const %s *)t[%d];\n  %s *dx = (%s *)t[%d];\n", T, T, k->bufs[2].tensor, T, T,
+            k->bufs[3].tensor);
+    bprintf(b, "  __shared__ %s red[32];\n", T);
+    bprintf(b, "  const %s g = dl[0] / (%s)" D64 ";\n", T, T, R);
+    bprintf(b, "  for (duet_i64 r = blockIdx.x; r < " D64 "; r += gridDim.x) {\n", R);
+    bprintf(b, "    const %s *row = x + r * " D64 ";\n    %s *drow = dx + r * " D64 ";\n", T, C, T, C);
+    bprintf(b, "    %s m = row[0];\n", T);
+    bprintf(b, "    for (duet_i64 j = threadIdx.x; j < " D64 "; j += blockDim.x) m = duet_max(m, row[j]);\n", C);
+    bprintf(b, "    m = duet_block_max(m, red);\n    %s se = 0;\n", T);
+    bprintf(b, "    for (duet_i64 j = threadIdx.x; j < " D64 "; j += blockDim.x) { drow[j] = %s(row[j] - m); se += drow[j]; }\n",
+            C, ex);
+    bprintf(b, "    const %s inv = 1 / duet_block_sum(se, red);\n", T);
+    bprintf(b, "    const duet_i32 yr = y[r];\n");
+    bprintf(b, "    for (duet_i64 j = threadIdx.x; j < " D64 "; j += blockDim.x) drow[j] = (drow[j] * inv - (%s)(j == yr)) * g;\n  }\n",
+            C, T);
+    return;
+  }
+  bool metrics = k->kind == KK_EVAL_METRICS;
+  int idx = k->index;
+  bprintf(b, "  %s *out = (%s *)t[%d];\n", T, T, k->bufs[2].tensor);
+  bprintf(b, "  __shared__ double red[32];\n  __shared__ int last;\n");
+  if (metrics) bprintf(b, "  duet_i64 nv = (duet_i64)s[%d];\n  if (nv > " D64 ") nv = " D64 ";\n", DUET_S_N_VALID, R, R);
+  else bprintf(b, "  const duet_i64 nv = " D64 ";\n", R);
+  bprintf(b, "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;\n");
+  bprintf(b, metrics ? "  double nll = 0, correct = 0;\n" : "  double nll = 0;\n");
+  bprintf(b, "  for (duet_i64 r = (duet_i64)blockIdx.x * nwarps + warp; r < nv; r += (duet_i64)gridDim.x * nwarps) {\n");
+  bprintf(b, "    const %s *row = x + r * " D64 ";\n", T, C);
+  if (metrics) {
+    /* the first maximum wins, as the C emitter's strict > scan */
+    bprintf(b, "    %s m = row[0];\n    duet_i64 am = 0;\n", T);
+    bprintf(b, "    for (duet_i64 j = lane; j < " D64 "; j += 32) if (row[j] > m || (row[j] == m && j < am)) { m = row[j]; am = j; }\n",
+            C);
+    bprintf(b, "    duet_warp_argmax(m, am);\n");
+  } else {
+    bprintf(b, "    %s m = row[0];\n", T);
+    bprintf(b, "    for (duet_i64 j = lane; j < " D64 "; j += 32) m = duet_max(m, row[j]);\n", C);
+    bprintf(b, "    m = duet_warp_max(m);\n");
+  }
+  bprintf(b, "    %s se = 0;\n", T);
+  bprintf(b, "    for (duet_i64 j = lane; j < " D64 "; j += 32) se += %s(row[j] - m);\n", C, ex);
+  bprintf(b, "    se = duet_warp_sum(se);\n");
+  bprintf(b, "    if (lane == 0) {\n      nll += log((double)se) + (double)m - (double)row[y[r]];\n");
+  if (metrics) bprintf(b, "      correct += am == y[r];\n");
+  bprintf(b, "    }\n  }\n");
+  /* per-block partials; the last block to finish adds them in block order
+   * (CUDA programming guide, "memory fence functions": threadFenceReduction) */
+  bprintf(b, "  nll = duet_block_sum(nll, red);\n");
+  if (metrics) bprintf(b, "  correct = duet_block_sum(correct, red);\n");
+  bprintf(b, "  if (threadIdx.x == 0) {\n");
+  bprintf(b, "    duet_part%d[blockIdx.x] = nll;\n", idx);
+  if (metrics) bprintf(b, "    duet_part%d[gridDim.x + blockIdx.x] = correct;\n", idx);
+  bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done%d, 1u) == gridDim.x - 1;\n  }\n", idx);
+  bprintf(b, "  __syncthreads();\n  if (!last || threadIdx.x != 0) return;\n");
+  bprintf(b, "  __threadfence();\n");
+  bprintf(b, "  const volatile double *part = duet_part%d;\n  double tot = 0, tc = 0;\n", idx);
+  bprintf(b, "  for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];\n");
+  if (metrics) {
+    bprintf(b, "  for (unsigned g = 0; g < gridDim.x; g++) tc += part[gridDim.x + g];\n");
+    bprintf(b, "  out[0] = (%s)tc;\n  out[1] = (%s)tot;\n", T, T);
+  } else {
+    bprintf(b, "  (void)tc;\n  out[0] = (%s)(tot / " D64 ");\n", T, R);
+  }
+  bprintf(b, "  duet_done%d = 0; /* ready for the next launch */\n", idx);
+}
+
+/* Embedding lookup (ids outside the table read zeros), and its gradient as
+ * a deterministic scatter-add: a thread per column visits the rows in
+ * order, so no atomics and the C emitter's summation order. */
+static void emit_embed(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  int64_t R = k->rows, C = k->cols, V = k->outer;
+  bprintf(b, "  %s%s *%s = (%s%s *)t[%d];\n", k->kind == KK_EMBED_FWD ? "const " : "const ", T,
+          k->kind == KK_EMBED_FWD ? "tab" : "dy", "const ", T, k->bufs[0].tensor);
+  bprintf(b, "  const duet_i32 *ix = (const duet_i32 *)t[%d];\n  %s *out = (%s *)t[%d];\n", k->bufs[1].tensor, T, T,
+          k->bufs[2].tensor);
+  if (k->kind == KK_EMBED_FWD) {
+    GRID_LOOP(b, "e", R * C);
+    bprintf(b, "    const duet_i64 r = e / " D64 ", c = e %% " D64 ";\n", C, C);
+    bprintf(b, "    const duet_u32 id = (duet_u32)ix[r];\n");
+    bprintf(b, "    out[e] = id < " D64 "u ? tab[id * " D64 " + c] : (%s)0;\n  }\n", V, C, T);
+    return;
+  }
+  GRID_LOOP(b, "c", C);
+  bprintf(b, "    for (duet_i64 v = 0; v < " D64 "; v++) out[v * " D64 " + c] = 0;\n", V, C);
+  bprintf(b, "    for (duet_i64 r = 0; r < " D64 "; r++) {\n      const duet_u32 id = (duet_u32)ix[r];\n", R);
+  bprintf(b, "      if (id < " D64 "u) out[id * " D64 " + c] += dy[r * " D64 " + c];\n    }\n  }\n", V, C, C);
+}
+
+/* Normalisation over the last axis, a block per row, two-pass statistics
+ * (mean, then the mean of squared deviations), as the C emitter:
+ *   y = (x - mean) * rstd;  dx = rstd * (dy - mean(dy) - xh * mean(dy * xh)). */
+static void emit_norm(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  const char *sq = k->dtype == DT_F32 ? "sqrtf" : "sqrt";
+  int64_t R = k->rows, C = k->cols;
+  bool fwd = k->kind == KK_NORM_FWD;
+  bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(fwd ? 0 : 1, "const "));
+  if (!fwd) bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(fwd ? 1 : 2, ""));
+  bprintf(b, "  __shared__ %s red[32];\n", T);
+  bprintf(b, "  for (duet_i64 r = blockIdx.x; r < " D64 "; r += gridDim.x) {\n", R);
+  bprintf(b, "    const %s *xr = x + r * " D64 ";\n    %s *yr = y + r * " D64 ";\n", T, C, T, C);
+  bprintf(b, "    %s acc = 0;\n", T);
+  bprintf(b, "    for (duet_i64 c = threadIdx.x; c < " D64 "; c += blockDim.x) acc += xr[c];\n", C);
+  bprintf(b, "    const %s m = duet_block_sum(acc, red) / (%s)" D64 ";\n", T, T, C);
+  bprintf(b, "    acc = 0;\n");
+  bprintf(b, "    for (duet_i64 c = threadIdx.x; c < " D64 "; c += blockDim.x) acc += (xr[c] - m) * (xr[c] - m);\n", C);
+  bprintf(b, "    const %s rstd = 1 / %s(duet_block_sum(acc, red) / (%s)" D64 " + (%s)%a);\n", T, sq, T, C, T, k->eps);
+  if (fwd) {
+    bprintf(b, "    for (duet_i64 c = threadIdx.x; c < " D64 "; c += blockDim.x) yr[c] = (xr[c] - m) * rstd;\n  }\n", C);
+    return;
+  }
+  bprintf(b, "    const %s *dr = dy + r * " D64 ";\n    %s sdy = 0, sdyx = 0;\n", T, C, T);
+  bprintf(b, "    for (duet_i64 c = threadIdx.x; c < " D64 "; c += blockDim.x) { sdy += dr[c]; sdyx += dr[c] * (xr[c] - m) * rstd; }\n",
+          C);
+  bprintf(b, "    const %s a = duet_block_sum(sdy, red) / (%s)" D64 ";\n", T, T, C);
+  bprintf(b, "    const %s bb = duet_block_sum(sdyx, red) / (%s)" D64 ";\n", T, T, C);
+  bprintf(b, "    for (duet_i64 c = threadIdx.x; c < " D64 "; c += blockDim.x) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);\n  }\n",
+          C);
+}
+
+/* Causal multi-head attention (formulas as the C emitter):
+ *   out_i = sum_j softmax_j(q_i . k_j / sqrt(D)) v_j,  j <= i when causal.
+ * Forward: a block per (batch, head, query row), the probabilities of the
+ * row in shared memory.  Backward: a block per (batch, head) walking the
+ * query rows in order, recomputing P; for each row i the threads own
+ * distinct (j, d) of dk and dv, so the accumulation needs no atomics and is
+ * deterministic:
+ *   dv_j += P_ij dy_i;  dP_ij = dy_i . v_j;  dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij)
+ *   dq_i = sum_j dS_ij k_j / sqrt(D);  dk_j += dS_ij q_i / sqrt(D) */
+static void emit_attention(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
+  int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H;
+  bool fwd = k->kind == KK_ATTN_FWD;
+  int o = fwd ? 0 : 1;
+  if (!fwd) bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *q = (%s%s *)t[%d];\n", BUF(o, "const "));
+  bprintf(b, "  %s%s *k = (%s%s *)t[%d];\n", BUF(o + 1, "const "));
+  bprintf(b, "  %s%s *v = (%s%s *)t[%d];\n", BUF(o + 2, "const "));
+  bprintf(b, "  %s%s *out = (%s%s *)t[%d];\n", BUF(o + 3, ""));
+  bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
+  bprintf(b, "  extern __shared__ double duet_smem[];\n  %s *p = (%s *)duet_smem;\n", T, T);
+  bprintf(b, "  __shared__ %s red[32];\n", T);
+  if (fwd) {
+    bprintf(b, "  const duet_i64 i = blockIdx.x %% " D64 ", bh = blockIdx.x / " D64 ";\n", N, N);
+    bprintf(b, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);
+    if (k->causal) bprintf(b, "  const duet_i64 n = i + 1;\n");
+    else bprintf(b, "  const duet_i64 n = " D64 ";\n", N);
+  } else {
+    bprintf(b, "  const duet_i64 b = blockIdx.x / " D64 ", h = blockIdx.x %% " D64 ";\n", H, H);
+  }
+  if (fwd) {
+    bprintf(b, "  const %s *qi = q + (b * " D64 " + i) * " D64 " + h * " D64 ";\n", T, N, C, D);
+    bprintf(b, "  %s lm = -DUET_INF;\n", T);
+    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
+    bprintf(b, "    const %s *kj = k + (b * " D64 " + j) * " D64 " + h * " D64 ";\n", T, N, C, D);
+    bprintf(b, "    %s acc = 0;\n    for (int d = 0; d < " D64 "; d++) acc += qi[d] * kj[d];\n", T, D);
+    bprintf(b, "    p[j] = acc * scale;\n    lm = duet_max(lm, p[j]);\n  }\n");
+    bprintf(b, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
+    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
+    bprintf(b, "  const %s inv = 1 / duet_block_sum(ls, red);\n  __syncthreads();\n", T);
+    bprintf(b, "  %s *oi = out + (b * " D64 " + i) * " D64 " + h * " D64 ";\n", T, N, C, D);
+    bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
+    bprintf(b, "    %s acc = 0;\n", T);
+    bprintf(b, "    for (duet_i64 j = 0; j < n; j++) acc += p[j] * v[(b * " D64 " + j) * " D64 " + h * " D64 " + d];\n",
+            N, C, D);
+    bprintf(b, "    oi[d] = acc * inv;\n  }\n");
+    return;
+  }
+  bprintf(b, "  %s *ds = p + " D64 ";\n", T, N);
+  bprintf(b, "  %s *dq = out, *dk = out + " D64 ", *dv = out + " D64 ";\n", T, B * N * C, 2 * B * N * C);
+  bprintf(b, "  for (duet_i64 e = threadIdx.x; e < " D64 "; e += blockDim.x) {\n", N * D);
+  bprintf(b, "    const duet_i64 o = (b * " D64 " + e / " D64 ") * " D64 " + h * " D64 " + e %% " D64 ";\n", N, D, C, D, D);
+  bprintf(b, "    dk[o] = 0;\n    dv[o] = 0;\n  }\n");
+  bprintf(b, "  for (duet_i64 i = 0; i < " D64 "; i++) {\n", N);
+  if (k->causal) bprintf(b, "    const duet_i64 n = i + 1;\n");
+  else bprintf(b, "    const duet_i64 n = " D64 ";\n", N);
+  bprintf(b, "    const duet_i64 qo = (b * " D64 " + i) * " D64 " + h * " D64 ";\n", N, C, D);
+  bprintf(b, "    const %s *qi = q + qo, *dyi = dy + qo;\n", T);
+  bprintf(b, "    %s lm = -DUET_INF;\n", T);
+  bprintf(b, "    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
+  bprintf(b, "      const duet_i64 jo = (b * " D64 " + j) * " D64 " + h * " D64 ";\n", N, C, D);
+  bprintf(b, "      %s acc = 0, g = 0;\n", T);
+  bprintf(b, "      for (int d = 0; d < " D64 "; d++) { acc += qi[d] * k[jo + d]; g += dyi[d] * v[jo + d]; }\n", D);
+  bprintf(b, "      p[j] = acc * scale;\n      ds[j] = g;\n      lm = duet_max(lm, p[j]);\n    }\n");
+  bprintf(b, "    const %s m = duet_block_max(lm, red);\n    %s ls = 0;\n", T, T);
+  bprintf(b, "    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
+  bprintf(b, "    const %s inv = 1 / duet_block_sum(ls, red);\n    %s ld = 0;\n", T, T);
+  bprintf(b, "    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] *= inv; ld += p[j] * ds[j]; }\n");
+  bprintf(b, "    const %s dot = duet_block_sum(ld, red);\n", T);
+  bprintf(b, "    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) ds[j] = p[j] * (ds[j] - dot) * scale;\n");
+  bprintf(b, "    __syncthreads();\n");
+  bprintf(b, "    for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
+  bprintf(b, "      %s acc = 0;\n", T);
+  bprintf(b, "      for (duet_i64 j = 0; j < n; j++) acc += ds[j] * k[(b * " D64 " + j) * " D64 " + h * " D64 " + d];\n", N,
+          C, D);
+  bprintf(b, "      dq[qo + d] = acc;\n    }\n");
+  bprintf(b, "    for (duet_i64 e = threadIdx.x; e < n * " D64 "; e += blockDim.x) {\n", D);
+  bprintf(b, "      const duet_i64 j = e / " D64 ", d = e %% " D64 ", o = (b * " D64 " + j) * " D64 " + h * " D64 " + d;\n", D,
+          D, N, C, D);
+  bprintf(b, "      dv[o] += p[j] * dyi[d];\n      dk[o] += ds[j] * qi[d];\n    }\n");
+  bprintf(b, "    __syncthreads();\n  }\n");
+}
+
+/* Generation: the new token's key and value go into row s[POS] of the
+ * caches (each block writes its head's slice), then its query attends to
+ * rows 0..s[POS]; a block per (batch, head). */
+static void emit_attn_decode(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
+  int64_t N = k->time, C = k->cols, H = k->heads, D = C / H;
+  bprintf(b, "  %s%s *q = (%s%s *)t[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *k = (%s%s *)t[%d];\n", BUF(1, "const "));
+  bprintf(b, "  %s%s *v = (%s%s *)t[%d];\n", BUF(2, "const "));
+  bprintf(b, "  %s%s *kc = (%s%s *)t[%d];\n", BUF(3, ""));
+  bprintf(b, "  %s%s *vc = (%s%s *)t[%d];\n", BUF(4, ""));
+  bprintf(b, "  %s%s *out = (%s%s *)t[%d];\n", BUF(5, ""));
+  bprintf(b, "  const duet_i64 pos = (duet_i64)s[%d];\n  if (pos < 0 || pos >= " D64 ") return;\n", DUET_S_POS, N);
+  bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
+  bprintf(b, "  extern __shared__ double duet_smem[];\n  %s *p = (%s *)duet_smem;\n", T, T);
+  bprintf(b, "  __shared__ %s red[32];\n", T);
+  bprintf(b, "  const duet_i64 bb = blockIdx.x / " D64 ", h = blockIdx.x %% " D64 ";\n", H, H);
+  bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
+  bprintf(b, "    kc[(bb * " D64 " + pos) * " D64 " + h * " D64 " + d] = k[bb * " D64 " + h * " D64 " + d];\n", N, C, D, C, D);
+  bprintf(b, "    vc[(bb * " D64 " + pos) * " D64 " + h * " D64 " + d] = v[bb * " D64 " + h * " D64 " + d];\n  }\n", N, C, D, C,
+          D);
+  bprintf(b, "  __syncthreads();\n");
+  bprintf(b, "  const %s *qi = q + bb * " D64 " + h * " D64 ";\n  %s lm = -DUET_INF;\n", T, C, D, T);
+  bprintf(b, "  for (duet_i64 j = threadIdx.x; j <= pos; j += blockDim.x) {\n");
+  bprintf(b, "    const %s *kj = kc + (bb * " D64 " + j) * " D64 " + h * " D64 ";\n", T, N, C, D);
+  bprintf(b, "    %s acc = 0;\n    for (int d = 0; d < " D64 "; d++) acc += qi[d] * kj[d];\n", T, D);
+  bprintf(b, "    p[j] = acc * scale;\n    lm = duet_max(lm, p[j]);\n  }\n");
+  bprintf(b, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
+  bprintf(b, "  for (duet_i64 j = threadIdx.x; j <= pos; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
+  bprintf(b, "  const %s sum = duet_block_sum(ls, red);\n  __syncthreads();\n", T);
+  bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n    %s acc = 0;\n", D, T);
+  bprintf(b, "    for (duet_i64 j = 0; j <= pos; j++) acc += p[j] / sum * vc[(bb * " D64 " + j) * " D64 " + h * " D64 " + d];\n",
+          N, C, D);
+  bprintf(b, "    out[bb * " D64 " + h * " D64 " + d] = acc;\n  }\n", C, D);
+}
+
+static void emit_transpose(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  int64_t R = k->rows, C = k->cols, nct = (C + 31) / 32;
+  bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(1, ""));
+  bprintf(b, "  __shared__ %s tile[32][33];\n", T);
+  bprintf(b, "  const duet_i64 r0 = (duet_i64)(blockIdx.x / " D64 ") * 32, c0 = (duet_i64)(blockIdx.x %% " D64 ") * 32;\n",
+          nct, nct);
+  bprintf(b, "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n");
+  bprintf(b, "  for (int e = ty; e < 32; e += blockDim.x >> 5)\n");
+  bprintf(b, "    if (r0 + e < " D64 " && c0 + tx < " D64 ") tile[e][tx] = x[(r0 + e) * " D64 " + c0 + tx];\n", R, C, C);
+  bprintf(b, "  __syncthreads();\n");
+  bprintf(b, "  for (int e = ty; e < 32; e += blockDim.x >> 5)\n");
+  bprintf(b, "    if (c0 + e < " D64 " && r0 + tx < " D64 ") y[(c0 + e) * " D64 " + r0 + tx] = tile[tx][e];\n", C, R, R);
+}
+
+static void emit_positions(Buf *b, const Kernel *k) {
+  bprintf(b, "  duet_i32 *out = (duet_i32 *)t[%d];\n", k->bufs[1].tensor);
+  bprintf(b, "  const duet_i32 base = (duet_i32)s[%d];\n", DUET_S_POS);
+  GRID_LOOP(b, "i", k->rows);
+  bprintf(b, "    out[i] = base + (duet_i32)i;\n  }\n");
+}
+
+/* Sliding windows over [N,C,H,W] (the C emitter's semantics).  Every
+ * kernel is a gather: the backward ones give each input element a thread
+ * that sums over the windows covering it (tap ki covers ih when
+ * ih + PH - ki*DH is a non-negative multiple of SH below OH*SH), so there
+ * are no atomics and results do not depend on scheduling. */
+static void emit_window(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  int64_t N = k->xs.dim[0], C = k->xs.dim[1], H = k->xs.dim[2], W = k->xs.dim[3];
+  int64_t OH = k->ys.dim[2], OW = k->ys.dim[3];
+  bprintf(b, "  const duet_i64 N_ = " D64 ", C_ = " D64 ", H_ = " D64 ", W_ = " D64 ", OH = " D64 ", OW = " D64 ";\n", N,
+          C, H, W, OH, OW);
+  bprintf(b, "  const duet_i64 KH = " D64 ", KW = " D64 ", SH = " D64 ", SW = " D64 ", PH = " D64 ", PW = " D64
+             ", DH = " D64 ", DW = " D64 ";\n",
+          k->win[0], k->win[1], k->win[2], k->win[3], k->win[4], k->win[5], k->win[6], k->win[7]);
+  bprintf(b, "  (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;\n");
+  bprintf(b, "  (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW;\n");
+  /* for a gather over the windows covering (ih, iw) of plane nc */
+  const char *cover =
+      "    for (duet_i64 ki = 0; ki < KH; ki++) {\n"
+      "      const duet_i64 th = ih + PH - ki * DH;\n"
+      "      if (th < 0 || th %% SH || th / SH >= OH) continue;\n"
+      "      const duet_i64 oh = th / SH;\n"
+      "      for (duet_i64 kj = 0; kj < KW; kj++) {\n"
+      "        const duet_i64 tw = iw + PW - kj * DW;\n"
+      "        if (tw < 0 || tw %% SW || tw / SW >= OW) continue;\n"
+      "        const duet_i64 ow = tw / SW, o = (nc * OH + oh) * OW + ow;\n"
+      "        (void)o;\n";
+  switch (k->kind) {
+  case KK_IM2COL:
+    bprintf(b, "  const %s *x = (const %s *)t[%d];\n  %s *cols = (%s *)t[%d];\n", T, T, k->bufs[0].tensor, T, T,
+            k->bufs[1].tensor);
+    GRID_LOOP(b, "e", N * OH * OW * C * k->win[0] * k->win[1]);
+    bprintf(b, "    const duet_i64 r = e / (C_ * KH * KW), q = e %% (C_ * KH * KW);\n");
+    bprintf(b, "    const duet_i64 c = q / (KH * KW), ki = q / KW %% KH, kj = q %% KW;\n");
+    bprintf(b, "    const duet_i64 n = r / (OH * OW), oh = r / OW %% OH, ow = r %% OW;\n");
+    bprintf(b, "    const duet_i64 ih = oh * SH - PH + ki * DH, iw = ow * SW - PW + kj * DW;\n");
+    bprintf(b, "    cols[e] = ih >= 0 && ih < H_ && iw >= 0 && iw < W_ ? x[((n * C_ + c) * H_ + ih) * W_ + iw] : (%s)0;\n  }\n",
+            T);
+    return;
+  case KK_COL2IM:
+    bprintf(b, "  const %s *cols = (const %s *)t[%d];\n  %s *dx = (%s *)t[%d];\n", T, T, k->bufs[0].tensor, T, T,
+            k->bufs[1].tensor);
+    GRID_LOOP(b, "e", N * C * H * W);
+    bprintf(b, "    const duet_i64 nc = e / (H_ * W_), ih = e / W_ %% H_, iw = e %% W_, n = nc / C_, c = nc %% C_;\n");
+    bprintf(b, "    %s acc = 0;\n", T);
+    bprintf(b, cover);
+    bprintf(b, "        acc += cols[((n * OH + oh) * OW + ow) * (C_ * KH * KW) + (c * KH + ki) * KW + kj];\n");
+    bprintf(b, "      }\n    }\n    dx[e] = acc;\n  }\n");
+    return;
+  case KK_MAXPOOL:
+  case KK_AVGPOOL: {
+    bool mx = k->kind == KK_MAXPOOL;
+    bprintf(b, "  const %s *x = (const %s *)t[%d];\n  %s *y = (%s *)t[%d];\n", T, T, k->bufs[0].tensor, T, T,
+            k->bufs[1].tensor);
+    GRID_LOOP(b, "o", N * C * OH * OW);
+    bprintf(b, "    const duet_i64 nc = o / (OH * OW), oh = o / OW %% OH, ow = o %% OW;\n");
+    bprintf(b, "    const %s *xp = x + nc * H_ * W_;\n", T);
+    if (mx) bprintf(b, "    %s m = -DUET_INF;\n    duet_i64 am = -1;\n", T);
+    else bprintf(b, "    %s acc = 0;\n", T);
+    bprintf(b, "    for (duet_i64 ki = 0; ki < KH; ki++) {\n      const duet_i64 ih = oh * SH - PH + ki * DH;\n");
+    bprintf(b, "      if (ih < 0 || ih >= H_) continue;\n");
+    bprintf(b, "      for (duet_i64 kj = 0; kj < KW; kj++) {\n        const duet_i64 iw = ow * SW - PW + kj * DW;\n");
+    bprintf(b, "        if (iw < 0 || iw >= W_) continue;\n");
+    if (mx) bprintf(b, "        if (xp[ih * W_ + iw] > m || am < 0) { m = xp[ih * W_ + iw]; am = ih * W_ + iw; }\n");
+    else bprintf(b, "        acc += xp[ih * W_ + iw];\n");
+    bprintf(b, "      }\n    }\n");
+    if (mx) bprintf(b, "    y[o] = m;\n  }\n");
+    else bprintf(b, "    y[o] = acc / (%s)(KH * KW);\n  }\n", T);
+    return;
+  }
+  case KK_MAXPOOL_GRAD:
+  case KK_AVGPOOL_GRAD: {
+    bool mx = k->kind == KK_MAXPOOL_GRAD;
+    bprintf(b, "  const %s *dy = (const %s *)t[%d];\n", T, T, k->bufs[0].tensor);
+    if (mx) bprintf(b, "  const %s *x = (const %s *)t[%d];\n", T, T, k->bufs[1].tensor);
+    bprintf(b, "  %s *dx = (%s *)t[%d];\n", T, T, k->bufs[mx ? 2 : 1].tensor);
+    GRID_LOOP(b, "e", N * C * H * W);
+    bprintf(b, "    const duet_i64 nc = e / (H_ * W_), ih = e / W_ %% H_, iw = e %% W_;\n");
+    if (mx) bprintf(b, "    const %s *xp = x + nc * H_ * W_;\n", T);
+    bprintf(b, "    %s acc = 0;\n", T);
+    bprintf(b, cover);
+    if (mx) {
+      /* the window's first maximum (the forward's scan) */
+      bprintf(b, "        %s m = -DUET_INF;\n        duet_i64 am = -1;\n", T);
+      bprintf(b, "        for (duet_i64 a = 0; a < KH; a++) {\n          const duet_i64 h2 = oh * SH - PH + a * DH;\n");
+      bprintf(b, "          if (h2 < 0 || h2 >= H_) continue;\n");
+      bprintf(b, "          for (duet_i64 c2 = 0; c2 < KW; c2++) {\n            const duet_i64 w2 = ow * SW - PW + c2 * DW;\n");
+      bprintf(b, "            if (w2 < 0 || w2 >= W_) continue;\n");
+      bprintf(b, "            if (xp[h2 * W_ + w2] > m || am < 0) { m = xp[h2 * W_ + w2]; am = h2 * W_ + w2; }\n");
+      bprintf(b, "          }\n        }\n");
+      bprintf(b, "        if (am == ih * W_ + iw) acc += dy[o];\n");
+    } else {
+      bprintf(b, "        acc += dy[o] / (%s)(KH * KW);\n", T);
+    }
+    bprintf(b, "      }\n    }\n    dx[e] = acc;\n  }\n");
+    return;
+  }
+  default: unreachable();
+  }
+}
+
+/* The helpers every kernel may use.  Reductions need blockDim.x to be a
+ * multiple of 32 (every launch in codegen_cuda_launch is). */
+static const char *PRELUDE =
+    "typedef int duet_i32;\n"
+    "typedef unsigned int duet_u32;\n"
+    "typedef long long duet_i64;\n"
+    "typedef unsigned long long duet_u64;\n"
+    "#define DUET_INF __int_as_float(0x7f800000)\n"
+    "\n"
+    "/* max that propagates NaN (a comparison with NaN keeps the NaN) */\n"
+    "template <typename T> __device__ __forceinline__ T duet_max(T a, T b) { return a > b || a != a ? a : b; }\n"
+    "template <typename T> __device__ __forceinline__ T duet_warp_sum(T v) {\n"
+    "  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "  return v;\n}\n"
+    "template <typename T> __device__ __forceinline__ T duet_warp_max(T v) {\n"
+    "  for (int o = 16; o > 0; o >>= 1) v = duet_max(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+    "  return v;\n}\n"
+    "/* the largest value and, among equal values, the smallest index */\n"
+    "template <typename T> __device__ __forceinline__ void duet_warp_argmax(T &m, duet_i64 &am) {\n"
+    "  for (int o = 16; o > 0; o >>= 1) {\n"
+    "    const T m2 = __shfl_xor_sync(0xffffffffu, m, o);\n"
+    "    const duet_i64 a2 = __shfl_xor_sync(0xffffffffu, am, o);\n"
+    "    if (m2 > m || (m2 == m && a2 < am)) { m = m2; am = a2; }\n"
+    "  }\n}\n"
+    "/* block-wide sum and max: warp shuffles, then one value per warp through\n"
+    " * shared memory `sh` (32 entries); every thread gets the result */\n"
+    "template <typename T> __device__ T duet_block_sum(T v, T *sh) {\n"
+    "  v = duet_warp_sum(v);\n"
+    "  __syncthreads();\n"
+    "  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;\n"
+    "  __syncthreads();\n"
+    "  v = (threadIdx.x & 31) < (blockDim.x >> 5) ? sh[threadIdx.x & 31] : (T)0;\n"
+    "  return duet_warp_sum(v);\n}\n"
+    "template <typename T> __device__ T duet_block_max(T v, T *sh) {\n"
+    "  v = duet_warp_max(v);\n"
+    "  __syncthreads();\n"
+    "  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;\n"
+    "  __syncthreads();\n"
+    "  v = sh[(threadIdx.x & 31) < (blockDim.x >> 5) ? (threadIdx.x & 31) : 0];\n"
+    "  return duet_warp_max(v);\n}\n"
+    "/* GELU (tanh approximation) gradient, as the C emitter */\n"
+    "template <typename T> __device__ __forceinline__ T duet_gelu_grad(T dy, T x) {\n"
+    "  const T c = (T)0.7978845608028654, a = (T)0.044715, th = tanh(c * (x + a * x * x * x));\n"
+    "  return dy * ((T)0.5 * (1 + th) + (T)0.5 * x * (1 - th * th) * c * (1 + 3 * a * x * x));\n}\n"
+    "/* dropout masks: the C emitter's splitmix64-style hash of (step seed, site, element) (Steele et al. 2014) */\n"
+    "__device__ __forceinline__ int duet_dropout_keep(duet_u64 seed, duet_u64 site, duet_u64 i, duet_u64 thr) {\n"
+    "  duet_u64 z = seed ^ (site * 0xD1B54A32D192ED03ull) ^ (i * 0x9E3779B97F4A7C15ull);\n"
+    "  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;\n"
+    "  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;\n"
+    "  return (z ^ (z >> 31)) >= thr;\n}\n\n";
+
+static const char *kind_name(KernelKind k) {
+  static const char *const names[] = {
+      [KK_ELEMENTWISE] = "elementwise", [KK_REDUCE] = "reduce",         [KK_MAX_GRAD] = "max_grad",
+      [KK_XENT_FWD] = "xent_fwd",       [KK_XENT_BWD] = "xent_bwd",     [KK_EVAL_METRICS] = "eval_metrics",
+      [KK_EMBED_FWD] = "embed_fwd",     [KK_EMBED_BWD] = "embed_bwd",   [KK_NORM_FWD] = "norm_fwd",
+      [KK_NORM_BWD] = "norm_bwd",       [KK_ATTN_FWD] = "attn_fwd",     [KK_ATTN_BWD] = "attn_bwd",
+      [KK_TRANSPOSE] = "transpose",     [KK_POSITIONS] = "positions",   [KK_IM2COL] = "im2col",
+      [KK_COL2IM] = "col2im",           [KK_MAXPOOL] = "maxpool",       [KK_MAXPOOL_GRAD] = "maxpool_grad",
+      [KK_AVGPOOL] = "avgpool",         [KK_AVGPOOL_GRAD] = "avgpool_grad", [KK_ATTN_DECODE] = "attn_decode",
+  };
+  return (unsigned)k < sizeof names / sizeof *names && names[k] ? names[k] : "?";
+}
+
+char *codegen_emit_cuda(const CgProgram *cp, Arena *a) {
+  Buf b = {.a = a};
+  bprintf(&b, "/* generated by duet (codegen/emit_cuda.c): %d kernels, CUDA C for NVRTC */\n", cp->n_kernels);
+  bprintf(&b, "%s", PRELUDE);
+  for (int i = 0; i < cp->n_kernels; i++) {
+    const Kernel *k = &cp->kernels[i];
+    DUET_ASSERT(k->index == i); /* names of the module-scope partial sums */
+    DuetLaunch l;
+    codegen_cuda_launch(k, &l);
+    bprintf(&b, "/* %s: grid %u, block %u, dynamic shared %u bytes */\n", kind_name(k->kind), l.grid, l.block,
+            l.shared);
+    if (k->kind == KK_XENT_FWD || k->kind == KK_EVAL_METRICS) /* the blocks' partial sums */
+      bprintf(&b, "__device__ double duet_part%d[%u];\n__device__ unsigned int duet_done%d;\n", i, 2 * l.grid, i);
+    bprintf(&b, "extern \"C\" __global__ void __launch_bounds__(%u) duet_k%d(void *const *t, const double *s) {\n",
+            l.block, i);
+    bprintf(&b, "  (void)s;\n");
+    switch (k->kind) {
+    case KK_ELEMENTWISE: emit_elementwise(&b, k, &l); break;
+    case KK_REDUCE: case KK_MAX_GRAD: emit_reduce(&b, k); break;
+    case KK_EMBED_FWD: case KK_EMBED_BWD: emit_embed(&b, k); break;
+    case KK_NORM_FWD: case KK_NORM_BWD: emit_norm(&b, k); break;
+    case KK_ATTN_FWD: case KK_ATTN_BWD: emit_attention(&b, k); break;
+    case KK_TRANSPOSE: emit_transpose(&b, k); break;
+    case KK_POSITIONS: emit_positions(&b, k); break;
+    case KK_IM2COL: case KK_COL2IM: case KK_MAXPOOL: case KK_MAXPOOL_GRAD: case KK_AVGPOOL: case KK_AVGPOOL_GRAD:
+      emit_window(&b, k);
+      break;
+    case KK_ATTN_DECODE: emit_attn_decode(&b, k); break;
+    case KK_XENT_FWD: case KK_XENT_BWD: case KK_EVAL_METRICS: emit_rows(&b, k); break;
+    default: unreachable();
+    }
+    bprintf(&b, "}\n\n");
+  }
+  return b.s;
+}
+
+DuetLaunch *codegen_cuda_launch_table(const CgProgram *cp, Arena *a) {
+  DuetLaunch *l = arena_alloc(a, sizeof *l * (size_t)(cp->n_kernels ? cp->n_kernels : 1));
+  for (int i = 0; i < cp->n_kernels; i++) codegen_cuda_launch(&cp->kernels[i], &l[i]);
+  return l;
+}

@@ -1,0 +1,372 @@
+/* runtime/cuda/plugin.c: libduet_cuda.so, the CUDA device (DuetDeviceOps)
+ * over the CUDA driver API, NVRTC and cuBLAS.  Loaded by
+ * runtime/cuda_loader.c with dlopen only when libcuda.so.1 loads, so the
+ * duet binary never links CUDA.
+ *
+ * Memory: every region is CUDA managed memory (cuMemAllocManaged), so the
+ * runtime's host-side code (batch filling, loss reads, parameter
+ * initialisation) works unchanged after duet_session_run's final sync;
+ * pages migrate on demand.  Kernels: the program's CUDA C
+ * (DuetProgram.cuda_source) compiled by NVRTC for the card (see
+ * duet_cuda_pick_target) or taken from the kernel cache, launched on one
+ * stream with the emitter's launch table.  The tensor pointer table and the
+ * runtime scalars are copied to device memory when they change. */
+#define _POSIX_C_SOURCE 200809L
+#include <cublas_v2.h>
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../duet_rt.h"
+#include "duet_nvrtc.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define DUET_CUDA_PLUGIN_API 1
+
+typedef struct Cuda {
+  CUdevice dev;
+  CUcontext ctx; /* the device's primary context */
+  CUstream stream;
+  CUmodule mod;
+  CUfunction *fn;
+  int n_kernels, n_tensors;
+  const DuetLaunch *launch;
+  cublasHandle_t blas;
+  CUdeviceptr dev_t, dev_s; /* device copies of the pointer table and scalars */
+  void **host_t;            /* what dev_t holds */
+  double host_s[DUET_S_COUNT];
+  int have_t, have_s;
+} Cuda;
+
+static const char *cu_err(CUresult r) {
+  const char *s = NULL;
+  if (cuGetErrorString(r, &s) != CUDA_SUCCESS || !s) s = "unknown CUDA error";
+  return s;
+}
+
+#define CK(d, call)                                                                            \
+  do {                                                                                         \
+    CUresult r_ = (call);                                                                      \
+    if (r_ != CUDA_SUCCESS) {                                                                  \
+      snprintf((d)->err, sizeof (d)->err, "%s failed: %s (CUresult %d)", #call, cu_err(r_), (int)r_);               \
+      return -1;                                                                               \
+    }                                                                                          \
+  } while (0)
+
+static void *cu_alloc(DuetDevice *d, size_t bytes) {
+  Cuda *c = d->ctx;
+  CUdeviceptr p;
+  CUresult r = cuCtxSetCurrent(c->ctx);
+  if (r == CUDA_SUCCESS) r = cuMemAllocManaged(&p, bytes ? bytes : 1, CU_MEM_ATTACH_GLOBAL);
+  if (r == CUDA_SUCCESS) r = cuMemsetD8Async(p, 0, bytes ? bytes : 1, c->stream);
+  if (r == CUDA_SUCCESS) r = cuStreamSynchronize(c->stream);
+  if (r != CUDA_SUCCESS) {
+    snprintf(d->err, sizeof d->err, "cannot allocate %zu bytes of GPU memory: %s", bytes, cu_err(r));
+    return NULL;
+  }
+  return (void *)(uintptr_t)p; /* 256-byte aligned (CUDA programming guide) */
+}
+
+static void cu_free(DuetDevice *d, void *p) {
+  (void)d;
+  if (p) cuMemFree((CUdeviceptr)(uintptr_t)p);
+}
+
+static int cu_copy_to_device(DuetDevice *d, void *dst, const void *src, size_t bytes) {
+  Cuda *c = d->ctx;
+  CK(d, cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes, c->stream));
+  CK(d, cuStreamSynchronize(c->stream));
+  return 0;
+}
+
+static int cu_copy_to_host(DuetDevice *d, void *dst, const void *src, size_t bytes) {
+  Cuda *c = d->ctx;
+  CK(d, cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, c->stream));
+  CK(d, cuStreamSynchronize(c->stream));
+  return 0;
+}
+
+/* Pageable sources: cuMemcpyHtoDAsync has copied them when it returns
+ * (CUDA driver API, "API synchronization behavior"), so host_t/host_s may
+ * change afterwards. */
+static int cu_launch(DuetDevice *d, int kernel, void *const *t, const double *s) {
+  Cuda *c = d->ctx;
+  if (kernel < 0 || kernel >= c->n_kernels) {
+    snprintf(d->err, sizeof d->err, "kernel %d out of range (0..%d)", kernel, c->n_kernels - 1);
+    return -1;
+  }
+  size_t tb = (size_t)c->n_tensors * sizeof *c->host_t;
+  if (!c->have_t || memcmp(c->host_t, t, tb)) {
+    memcpy(c->host_t, t, tb);
+    CK(d, cuMemcpyHtoDAsync(c->dev_t, c->host_t, tb, c->stream));
+    c->have_t = 1;
+  }
+  if (!c->have_s || memcmp(c->host_s, s, sizeof c->host_s)) {
+    memcpy(c->host_s, s, sizeof c->host_s);
+    CK(d, cuMemcpyHtoDAsync(c->dev_s, c->host_s, sizeof c->host_s, c->stream));
+    c->have_s = 1;
+  }
+  const DuetLaunch *l = &c->launch[kernel];
+  void *args[] = {&c->dev_t, &c->dev_s};
+  CK(d, cuLaunchKernel(c->fn[kernel], l->grid, 1, 1, l->block, 1, 1, l->shared, c->stream, args, NULL));
+  return 0;
+}
+
+/* Row-major C[m,n] = op(A) op(B) is column-major C^T = op(B)^T op(A)^T:
+ * cuBLAS gets B first, with n and m swapped (the usual transposition
+ * trick); fp32 GEMMs accumulate in fp32 (cublasSgemm, default math mode:
+ * no TF32). */
+static int cu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
+  Cuda *c = d->ctx;
+  int m = (int)st->m, n = (int)st->n, k = (int)st->k;
+  int lda = st->ta ? m : k, ldb = st->tb ? k : n;
+  cublasOperation_t oa = st->ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = st->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasStatus_t r;
+  if (st->dtype == DUET_F64) {
+    const double one = 1, zero = 0;
+    r = cublasDgemm(c->blas, ob, oa, n, m, k, &one, t[st->b], ldb, t[st->a], lda, &zero, t[st->c], n);
+  } else if (st->dtype == DUET_F32) {
+    const float one = 1, zero = 0;
+    r = cublasSgemm(c->blas, ob, oa, n, m, k, &one, t[st->b], ldb, t[st->a], lda, &zero, t[st->c], n);
+  } else {
+    snprintf(d->err, sizeof d->err, "GEMM of dtype %d is not supported on CUDA", st->dtype);
+    return -1;
+  }
+  if (r != CUBLAS_STATUS_SUCCESS) {
+    snprintf(d->err, sizeof d->err, "cuBLAS GEMM m=%d n=%d k=%d failed with status %d", m, n, k, (int)r);
+    return -1;
+  }
+  return 0;
+}
+
+static int cu_sync(DuetDevice *d) {
+  Cuda *c = d->ctx;
+  CK(d, cuStreamSynchronize(c->stream));
+  return 0;
+}
+
+static void cu_destroy(DuetDevice *d) {
+  if (!d) return;
+  Cuda *c = d->ctx;
+  if (c) {
+    if (c->stream) cuStreamSynchronize(c->stream);
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->dev_t) cuMemFree(c->dev_t);
+    if (c->dev_s) cuMemFree(c->dev_s);
+    if (c->mod) cuModuleUnload(c->mod);
+    if (c->stream) cuStreamDestroy(c->stream);
+    if (c->ctx) cuDevicePrimaryCtxRelease(c->dev);
+    free(c->fn);
+    free(c->host_t);
+    free(c);
+  }
+  free(d);
+}
+
+static const DuetDeviceOps cuda_ops = {
+    .api_version = DUET_RT_API_VERSION,
+    .name = "cuda",
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .copy_to_device = cu_copy_to_device,
+    .copy_to_host = cu_copy_to_host,
+    .launch = cu_launch,
+    .gemm = cu_gemm,
+    .sync = cu_sync,
+    .destroy = cu_destroy,
+    .allreduce = NULL,
+};
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The module image for this card: from the kernel cache (key: NVRTC
+ * version, options, target, source), else compiled and stored. */
+static int module_image(const char *src, const char *card, int ma, int mi, void **img, size_t *len, char *msg,
+                        size_t msglen, char *err, size_t errlen) {
+  int vma, vmi, archs[128];
+  if (duet_nvrtc_version(&vma, &vmi)) {
+    snprintf(err, errlen, "nvrtcVersion failed (is libnvrtc installed?)");
+    return -1;
+  }
+  int n = duet_nvrtc_archs(archs, 128);
+  if (n < 0) {
+    snprintf(err, errlen, "nvrtcGetSupportedArchs failed (NVRTC %d.%d)", vma, vmi);
+    return -1;
+  }
+  DuetCudaTarget tg;
+  if (duet_cuda_pick_target(card, ma, mi, archs, n, vma, vmi, &tg, err, errlen)) return -1;
+  size_t klen = strlen(src) + 256;
+  char *key = malloc(klen);
+  if (!key) {
+    snprintf(err, errlen, "out of host memory");
+    return -1;
+  }
+  size_t k = (size_t)snprintf(key, klen, "duet cuda kernel cache v1\nnvrtc: %d.%d\noptions: %s %s\ntarget: %s\nsource:\n%s",
+                              vma, vmi, DUET_NVRTC_OPTIONS, tg.arch_opt, tg.cubin ? "cubin" : "ptx", src);
+  const char *ext = tg.cubin ? "cubin" : "ptx";
+  char cerr[1024];
+  double t0 = now();
+  *img = duet_cache_get(key, k, ext, len, cerr, sizeof cerr);
+  if (*img) {
+    snprintf(msg, msglen, "%s %s from the kernel cache (%.0f ms; no NVRTC compile)", tg.arch_opt + 6,
+             tg.cubin ? "SASS" : "PTX", 1e3 * (now() - t0));
+    free(key);
+    return 0;
+  }
+  if (duet_nvrtc_compile(src, tg.arch_opt, tg.cubin, img, len, err, errlen)) {
+    free(key);
+    return -1;
+  }
+  double dt = now() - t0;
+  /* PTX is loaded NUL-terminated: cache the terminator too */
+  if (!tg.cubin) (*len)++;
+  if (duet_cache_put(key, k, ext, *img, *len, cerr, sizeof cerr))
+    fprintf(stderr, "duet: warning: %s\n", cerr);
+  snprintf(msg, msglen, "%s %s compiled by NVRTC %d.%d in %.2f s (cached for the next run)", tg.arch_opt + 6,
+           tg.cubin ? "SASS" : "PTX", vma, vmi, dt);
+  free(key);
+  return 0;
+}
+
+#define CKO(call)                                                                              \
+  do {                                                                                         \
+    CUresult r_ = (call);                                                                      \
+    if (r_ != CUDA_SUCCESS) {                                                                  \
+      snprintf(err, errlen, "%s failed: %s (CUresult %d)", #call, cu_err(r_), (int)r_);                             \
+      goto fail;                                                                               \
+    }                                                                                          \
+  } while (0)
+
+EXPORT int duet_cuda_plugin_api(void) { return DUET_CUDA_PLUGIN_API; }
+
+EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int verbose, char *err, size_t errlen) {
+  DuetDevice *d = calloc(1, sizeof *d);
+  Cuda *c = calloc(1, sizeof *c);
+  void *img = NULL;
+  if (!d || !c) {
+    free(d);
+    free(c);
+    snprintf(err, errlen, "out of host memory");
+    return NULL;
+  }
+  d->ops = &cuda_ops;
+  d->ctx = c;
+  if (!p->cuda_source || !p->cuda_launch) {
+    snprintf(err, errlen, "this program carries no CUDA kernels (rebuild it with this duet; fp16/bf16 programs have none yet)");
+    goto fail;
+  }
+  CKO(cuInit(0));
+  int count = 0;
+  CKO(cuDeviceGetCount(&count));
+  if (ordinal < 0 || ordinal >= count) {
+    snprintf(err, errlen, "no GPU cuda:%d (this machine has %d)", ordinal, count);
+    goto fail;
+  }
+  CKO(cuDeviceGet(&c->dev, ordinal));
+  char name[256];
+  int ma, mi;
+  CKO(cuDeviceGetName(name, sizeof name, c->dev));
+  CKO(cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, c->dev));
+  CKO(cuDeviceGetAttribute(&mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->dev));
+  CKO(cuDevicePrimaryCtxRetain(&c->ctx, c->dev));
+  CKO(cuCtxSetCurrent(c->ctx));
+  CKO(cuStreamCreate(&c->stream, CU_STREAM_NON_BLOCKING));
+  size_t len;
+  char msg[512];
+  if (module_image(p->cuda_source, name, ma, mi, &img, &len, msg, sizeof msg, err, errlen)) goto fail;
+  CKO(cuModuleLoadData(&c->mod, img));
+  free(img);
+  img = NULL;
+  c->n_kernels = p->n_kernels;
+  c->n_tensors = p->n_tensors;
+  c->launch = p->cuda_launch;
+  c->fn = calloc((size_t)(p->n_kernels ? p->n_kernels : 1), sizeof *c->fn);
+  c->host_t = calloc((size_t)(p->n_tensors ? p->n_tensors : 1), sizeof *c->host_t);
+  if (!c->fn || !c->host_t) {
+    snprintf(err, errlen, "out of host memory");
+    goto fail;
+  }
+  int max_optin = 0;
+  CKO(cuDeviceGetAttribute(&max_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, c->dev));
+  for (int i = 0; i < p->n_kernels; i++) {
+    char fname[32];
+    snprintf(fname, sizeof fname, "duet_k%d", i);
+    CKO(cuModuleGetFunction(&c->fn[i], c->mod, fname));
+    if (p->cuda_launch[i].shared > 48 * 1024) {
+      if ((int)p->cuda_launch[i].shared > max_optin) {
+        snprintf(err, errlen, "kernel %d needs %u bytes of shared memory; %s allows %d", i,
+                 p->cuda_launch[i].shared, name, max_optin);
+        goto fail;
+      }
+      CKO(cuFuncSetAttribute(c->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                             (int)p->cuda_launch[i].shared));
+    }
+  }
+  CKO(cuMemAlloc(&c->dev_t, sizeof(void *) * (size_t)(p->n_tensors ? p->n_tensors : 1)));
+  CKO(cuMemAlloc(&c->dev_s, sizeof c->host_s));
+  if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(c->blas, (cudaStream_t)c->stream) != CUBLAS_STATUS_SUCCESS) {
+    snprintf(err, errlen, "cuBLAS initialisation failed on %s", name);
+    goto fail;
+  }
+  if (verbose) fprintf(stderr, "duet: cuda:%d %s (sm_%d%d): kernels %s\n", ordinal, name, ma, mi, msg);
+  return d;
+fail:
+  free(img);
+  cu_destroy(d);
+  return NULL;
+}
+
+/* Number of GPUs the driver reports (0 when cuInit finds no device), or -1
+ * with a message. */
+EXPORT int duet_cuda_plugin_count(char *err, size_t errlen) {
+  CUresult r = cuInit(0);
+  if (r == CUDA_ERROR_NO_DEVICE) return 0;
+  int count = 0;
+  if (r == CUDA_SUCCESS) r = cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS) {
+    snprintf(err, errlen, "cuInit failed: %s (CUresult %d)", cu_err(r), (int)r);
+    return -1;
+  }
+  return count;
+}
+
+/* One line per GPU: name, compute capability, memory, driver and NVRTC
+ * versions.  Returns the number of GPUs, or -1 with a message. */
+EXPORT int duet_cuda_plugin_list(FILE *out, char *err, size_t errlen) {
+  CUresult r = cuInit(0);
+  if (r != CUDA_SUCCESS) {
+    snprintf(err, errlen, "cuInit failed: %s (CUresult %d)", cu_err(r), (int)r);
+    return -1;
+  }
+  int count = 0, drv = 0, vma = 0, vmi = 0;
+  if ((r = cuDeviceGetCount(&count)) != CUDA_SUCCESS || (r = cuDriverGetVersion(&drv)) != CUDA_SUCCESS) {
+    snprintf(err, errlen, "CUDA driver query failed: %s", cu_err(r));
+    return -1;
+  }
+  if (duet_nvrtc_version(&vma, &vmi)) {
+    snprintf(err, errlen, "nvrtcVersion failed");
+    return -1;
+  }
+  for (int i = 0; i < count; i++) {
+    CUdevice dev;
+    char name[256];
+    int ma, mi;
+    size_t mem;
+    if ((r = cuDeviceGet(&dev, i)) != CUDA_SUCCESS || (r = cuDeviceGetName(name, sizeof name, dev)) != CUDA_SUCCESS ||
+        (r = cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)) != CUDA_SUCCESS ||
+        (r = cuDeviceGetAttribute(&mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)) != CUDA_SUCCESS ||
+        (r = cuDeviceTotalMem(&mem, dev)) != CUDA_SUCCESS) {
+      snprintf(err, errlen, "querying GPU %d failed: %s", i, cu_err(r));
+      return -1;
+    }
+    fprintf(out, "cuda:%d  %s, compute capability %d.%d, %.1f GiB, driver %d.%d, NVRTC %d.%d\n", i, name, ma, mi,
+            (double)mem / (1024.0 * 1024 * 1024), drv / 1000, drv % 1000 / 10, vma, vmi);
+  }
+  return count;
+}

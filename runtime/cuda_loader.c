@@ -1,0 +1,109 @@
+/* runtime/cuda_loader.c: the dlopen of the CUDA plugin, libduet_cuda.so, only when a CUDA driver
+ * (libcuda.so.1) loads; the runtime itself never links CUDA. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "duet_rt.h"
+
+#ifndef DUET_CUDA_PLUGIN_DEFAULT
+#define DUET_CUDA_PLUGIN_DEFAULT "libduet_cuda.so"
+#endif
+
+typedef DuetDevice *(*OpenFn)(const DuetProgram *p, int ordinal, int verbose, char *err, size_t errlen);
+typedef int (*ListFn)(FILE *out, char *err, size_t errlen);
+typedef int (*ApiFn)(void);
+
+/* Loads the plugin: $DUET_CUDA_PLUGIN, else next to the executable, else
+ * the build tree's copy, else the dynamic loader's search path.  The
+ * handle stays open for the life of the process (devices point into it). */
+static void *load_plugin(char *err, size_t errlen) {
+  void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!drv) {
+    snprintf(err, errlen, "no CUDA driver on this machine (libcuda.so.1: %s)", dlerror());
+    return NULL;
+  }
+  /* the plugin links libcuda.so.1 itself; this handle only tested for it */
+  dlclose(drv);
+  const char *env = getenv("DUET_CUDA_PLUGIN");
+  char self[1024], cand[1200];
+  const char *tries[4];
+  int n = 0;
+  if (env && *env) tries[n++] = env;
+  ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (k > 0) {
+    self[k] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash) {
+      *slash = 0;
+      snprintf(cand, sizeof cand, "%s/libduet_cuda.so", self);
+      tries[n++] = cand;
+    }
+  }
+  tries[n++] = DUET_CUDA_PLUGIN_DEFAULT;
+  tries[n++] = "libduet_cuda.so";
+  char last[600] = "";
+  for (int i = 0; i < n; i++) {
+    if (i > 0 && !strcmp(tries[i], tries[i - 1])) continue;
+    if (strchr(tries[i], '/') && access(tries[i], F_OK)) continue;
+    void *h = dlopen(tries[i], RTLD_NOW | RTLD_LOCAL);
+    if (h) {
+      ApiFn api = (ApiFn)dlsym(h, "duet_cuda_plugin_api");
+      if (api && api() == 1) return h;
+      snprintf(last, sizeof last, "%s is not a compatible duet CUDA plugin", tries[i]);
+      dlclose(h);
+      continue;
+    }
+    snprintf(last, sizeof last, "%s", dlerror());
+  }
+  snprintf(err, errlen,
+           "the CUDA backend libduet_cuda.so could not be loaded (%s); build duet with a CUDA toolkit "
+           "(cmake -DDUET_CUDA=ON) or set DUET_CUDA_PLUGIN",
+           last[0] ? last : "not found");
+  return NULL;
+}
+
+DuetDevice *duet_cuda_device(const DuetProgram *p, int ordinal, int verbose, char *err, size_t errlen) {
+  void *h = load_plugin(err, errlen);
+  if (!h) return NULL;
+  OpenFn open = (OpenFn)dlsym(h, "duet_cuda_plugin_open");
+  if (!open) {
+    snprintf(err, errlen, "libduet_cuda.so lacks duet_cuda_plugin_open");
+    return NULL;
+  }
+  return open(p, ordinal, verbose, err, errlen);
+}
+
+int duet_cuda_gpu_count(char *why, size_t whylen) {
+  void *h = load_plugin(why, whylen);
+  if (!h) return -1;
+  typedef int (*CountFn)(char *, size_t);
+  CountFn count = (CountFn)dlsym(h, "duet_cuda_plugin_count");
+  if (!count) {
+    snprintf(why, whylen, "libduet_cuda.so lacks duet_cuda_plugin_count");
+    return -1;
+  }
+  int n = count(why, whylen);
+  if (n == 0) snprintf(why, whylen, "the CUDA driver reports no GPU");
+  return n;
+}
+
+int duet_list_devices(FILE *out) {
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  fprintf(out, "cpu     %ld cores (OpenMP kernels, OpenBLAS GEMMs)\n", ncpu);
+  char err[1024];
+  void *h = load_plugin(err, sizeof err);
+  if (!h) {
+    fprintf(out, "cuda    none: %s\n", err);
+    return 0;
+  }
+  ListFn list = (ListFn)dlsym(h, "duet_cuda_plugin_list");
+  int n = list ? list(out, err, sizeof err) : -1;
+  if (n < 0) fprintf(out, "cuda    none: %s\n", list ? err : "libduet_cuda.so lacks duet_cuda_plugin_list");
+  else if (n == 0) fprintf(out, "cuda    none: the driver reports no GPU\n");
+  return 0;
+}

@@ -1,0 +1,113 @@
+#!/bin/sh
+# tests/gpu/run.sh [OUTDIR]: the one command to run on a machine with a GPU.
+# Builds duet with the CUDA backend (DUET_CUDA=ON) into build-gpu/, runs the
+# CUDA tests that need no GPU (nvrtc_compile*, cuda_target, cuda_cli) and
+# the gpu-labelled tests (gpu_ops, gpu_train), measures the kernel cache
+# (first run compiles with NVRTC, second loads), runs the GPU benchmark
+# (bench/gpu_gpt2.sh: duet vs PyTorch on GPT-2 small) and writes
+# OUTDIR/report.md (default build/gpu-report/) with every log next to it.
+#
+# Build dependencies on a machine without a package registry: when flex,
+# bison, OpenBLAS or cJSON are missing, the Debian packages that
+# tools/fetch-debs.sh downloaded into .debs/ (or $DUET_DEBS) are unpacked
+# with `dpkg -x` (or ar + tar where dpkg is absent) into build-gpu/prefix
+# and used from there; Fashion-MNIST comes from the same packages.  The KJV
+# text must be carried as data/kjv.txt (`make data` writes it).
+# Environment: FORCE_PREFIX=1 uses the carried packages even when the
+# system has the tools; BENCH=0 skips the benchmark.
+# usage: sh tests/gpu/run.sh [OUTDIR]   (from the repository root)
+set -u
+OUT=${1:-build/gpu-report}
+BUILD=${BUILD_GPU:-build-gpu}
+[ -f models/gpt2_124m.model ] || { echo "tests/gpu/run.sh: run me from the repository root" >&2; exit 2; }
+mkdir -p "$OUT" "$BUILD" || exit 2
+OUT=$(cd "$OUT" && pwd)
+say() { echo "run.sh: $*"; echo "$*" >> "$OUT/report.md.tmp"; }
+: > "$OUT/report.md.tmp"
+echo "# duet GPU report ($(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))" > "$OUT/report.md.tmp"
+echo >> "$OUT/report.md.tmp"
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi failed" >> "$OUT/nvidia-smi.txt"
+say "- GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+say "- CUDA toolkit: $( (/usr/local/cuda/bin/nvcc --version || nvcc --version) 2>/dev/null | grep release | sed 's/.*release //')"
+
+# ------------------------------------------------------------ dependencies
+need=0
+for tool in flex bison; do command -v $tool > /dev/null 2>&1 || need=1; done
+[ -f /usr/include/cjson/cJSON.h ] || need=1
+ls /usr/lib/x86_64-linux-gnu/libopenblas*.so* /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas*.so* > /dev/null 2>&1 || need=1
+[ "${FORCE_PREFIX:-0}" = 1 ] && need=1
+CMAKE_EXTRA=""
+FMNIST_DIR=${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
+if [ $need = 1 ]; then
+  DEBS=${DUET_DEBS:-.debs}
+  ls "$DEBS"/*.deb > /dev/null 2>&1 || { echo "run.sh: build dependencies missing and no packages in $DEBS: run tools/fetch-debs.sh where apt works and carry $DEBS" >&2; exit 2; }
+  PREFIX=$(pwd)/$BUILD/prefix
+  mkdir -p "$PREFIX"
+  for f in "$DEBS"/*.deb; do
+    if command -v dpkg > /dev/null 2>&1; then dpkg -x "$f" "$PREFIX" || exit 2
+    else (tmpd=$(mktemp -d) && cd "$tmpd" && ar x "$OLDPWD/$f" && tar -xf data.tar.* -C "$PREFIX" && rm -rf "$tmpd") || exit 2; fi
+  done
+  LIB=$PREFIX/usr/lib/x86_64-linux-gnu
+  PATH=$PREFIX/usr/bin:$PATH
+  M4=$PREFIX/usr/bin/m4
+  BISON_PKGDATADIR=$PREFIX/usr/share/bison
+  LD_LIBRARY_PATH=$LIB:$LIB/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PATH M4 BISON_PKGDATADIR LD_LIBRARY_PATH
+  CMAKE_EXTRA="-DOPENBLAS_LIB=$LIB/openblas-openmp/libopenblas.so -DCBLAS_INCLUDE=$PREFIX/usr/include/x86_64-linux-gnu/openblas-openmp -DCJSON_LIB=$LIB/libcjson.so -DCJSON_INCLUDE=$PREFIX/usr/include -DFLEX_EXECUTABLE=$PREFIX/usr/bin/flex -DBISON_EXECUTABLE=$PREFIX/usr/bin/bison"
+  [ -f /usr/include/zlib.h ] || CMAKE_EXTRA="$CMAKE_EXTRA -DZLIB_INCLUDE_DIR=$PREFIX/usr/include -DZLIB_LIBRARY=$LIB/libz.so"
+  [ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ] || FMNIST_DIR=$PREFIX/usr/share/datasets/fashion-mnist
+  say "- build dependencies: the carried packages in $DEBS, unpacked into $BUILD/prefix"
+else
+  say "- build dependencies: the system's"
+fi
+export FMNIST_DIR
+KJV_TEXT=${KJV_TEXT:-$(pwd)/data/kjv.txt}
+export KJV_TEXT
+
+# -------------------------------------------------------------------- build
+# shellcheck disable=SC2086
+if ! cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DDUET_CUDA=ON $CMAKE_EXTRA > "$OUT/build.log" 2>&1 ||
+   ! cmake --build "$BUILD" -j"$(nproc)" >> "$OUT/build.log" 2>&1; then
+  say "- build: FAILED (see build.log)"; tail -30 "$OUT/build.log"
+  mv "$OUT/report.md.tmp" "$OUT/report.md"; exit 1
+fi
+say "- build: ok ($BUILD)"
+"$BUILD/duet" devices > "$OUT/devices.txt" 2>&1
+say ""; say '```'; while IFS= read -r l; do say "$l"; done < "$OUT/devices.txt"; say '```'
+
+# -------------------------------------------------------------------- tests
+status=0
+export DUET_CACHE_DIR="$(pwd)/$BUILD/test-cache" OMP_WAIT_POLICY=PASSIVE
+(cd "$BUILD" && ctest --output-on-failure -R 'nvrtc_compile|cuda_target|cuda_cli' > "$OUT/cuda-tests.log" 2>&1) || status=1
+(cd "$BUILD" && ctest --output-on-failure -L gpu > "$OUT/gpu-tests.log" 2>&1) || status=1
+say ""; say "## Tests"; say ""
+for f in cuda-tests gpu-tests; do
+  say "- $f: $(grep -E 'tests passed|tests failed' "$OUT/$f.log" | tail -1)"
+  grep -E '^ *[0-9]+/[0-9]+ Test' "$OUT/$f.log" | sed 's/^ */  - /' | while IFS= read -r l; do say "$l"; done
+done
+grep -E 'fmnist_mlp 1 epoch|^ok |^FAIL' "$OUT/gpu-tests.log" | head -60 > "$OUT/gpu-tests-summary.txt"
+
+# ------------------------------------------------------------- kernel cache
+cache=$(mktemp -d)
+for run in 1 2; do
+  DUET_CACHE_DIR=$cache "$BUILD/duet" run models/gpt_kjv.model --devices cuda --steps 1 --no-eval --data "$KJV_TEXT" \
+    > "$OUT/cache-run$run.log" 2>&1 || status=1
+done
+rm -rf "$cache"
+say ""; say "## Kernel cache (gpt_kjv, fresh cache directory)"; say ""
+for run in 1 2; do
+  line=$(grep 'duet: cuda:' "$OUT/cache-run$run.log" | sed 's/^duet: //')
+  say "- run $run: ${line:-$(tail -1 "$OUT/cache-run$run.log")}"
+done
+
+# --------------------------------------------------------------- benchmark
+if [ "${BENCH:-1}" != 0 ]; then
+  sh bench/gpu_gpt2.sh "$BUILD" "$OUT" > "$OUT/bench.log" 2>&1 || status=1
+  say ""; say "## Benchmark (bench/gpu_gpt2.sh)"; say ""; say '```'
+  sed -n '/^gpt2_124m training/,$p' "$OUT/bench.log" | while IFS= read -r l; do say "$l"; done
+  say '```'
+fi
+say ""; say "status: $([ $status = 0 ] && echo ok || echo FAILED; true)"
+mv "$OUT/report.md.tmp" "$OUT/report.md"
+echo "run.sh: wrote $OUT/report.md"
+exit $status

@@ -1,0 +1,54 @@
+#!/bin/sh
+# The CUDA backend's command-line behaviour on a machine without a GPU
+# (CI): device selection errors, `duet devices`, and, through the toolkit's
+# libcuda stub (whose cuInit fails with CUDA_ERROR_STUB_LIBRARY = 34), the
+# whole path duet -> dlopen(libduet_cuda.so) -> driver call, for `duet run`
+# and for an executable written by `duet compile`.
+# usage: run_cuda_cli.sh path/to/duet have_cuda(0|1)   (from the repository root)
+DUET=${1:?usage: run_cuda_cli.sh path/to/duet have_cuda}
+HAVE_CUDA=${2:-0}
+M=models/fmnist_mlp.model
+pass=0 fail=0
+expect() { # name want_rc want_text command...
+  name=$1 want_rc=$2 want=$3; shift 3
+  out=$("$@" 2>&1); rc=$?
+  if [ "$rc" = "$want_rc" ] && printf '%s\n' "$out" | grep -qxF -- "$want"; then
+    echo "ok $name"; pass=$((pass + 1))
+  else
+    echo "FAIL $name: exit $rc (want $want_rc), output:"; printf '%s\n' "$out" | head -10
+    echo "  wanted the line: $want"; fail=$((fail + 1))
+  fi
+}
+expect bad_device 1 "duet: error: --devices: bad item 'tpu' (expected cpu, cpu:N, cuda, cuda:N, or a capacity such as 16GiB:sm_60 or 2x16GiB:sm_60)" "$DUET" run $M --devices tpu --steps 1
+expect bad_ordinal 1 "duet: error: --devices: bad item 'cuda:x' (expected cpu, cpu:N, cuda, cuda:N, or a capacity such as 16GiB:sm_60 or 2x16GiB:sm_60)" "$DUET" run $M --devices cuda:x
+expect devices_cpu 0 "cpu     $(nproc) cores (OpenMP kernels, OpenBLAS GEMMs)" "$DUET" devices
+expect devices_args 1 "duet: error: unexpected argument 'x' (see duet devices --help)" "$DUET" devices x
+
+if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+  echo "a CUDA driver is installed: the no-driver checks are skipped (the gpu-labelled tests cover it)"
+else
+  expect no_driver 1 "duet: error: no CUDA driver on this machine (libcuda.so.1: libcuda.so.1: cannot open shared object file: No such file or directory)" \
+    "$DUET" run $M --devices cuda --steps 1
+  expect devices_no_driver 0 "cuda    none: no CUDA driver on this machine (libcuda.so.1: libcuda.so.1: cannot open shared object file: No such file or directory)" \
+    "$DUET" devices
+  STUB=/usr/local/cuda/lib64/stubs/libcuda.so
+  if [ "$HAVE_CUDA" = 1 ] && [ -f "$STUB" ]; then
+    tmp=$(mktemp -d) || exit 1
+    trap 'rm -rf "$tmp"' EXIT
+    ln -s "$STUB" "$tmp/libcuda.so.1"
+    expect stub_run 1 "duet: error: cuInit(0) failed: unknown CUDA error (CUresult 34)" \
+      env LD_LIBRARY_PATH="$tmp" "$DUET" run $M --devices cuda:0 --steps 1
+    expect stub_devices 0 "cuda    none: cuInit failed: unknown CUDA error (CUresult 34)" \
+      env LD_LIBRARY_PATH="$tmp" "$DUET" devices
+    if "$DUET" compile $M -o "$tmp/mlp" > /dev/null; then
+      expect stub_compiled 1 "duet: error: cuInit(0) failed: unknown CUDA error (CUresult 34)" \
+        env LD_LIBRARY_PATH="$tmp" "$tmp/mlp" --devices cuda --steps 1
+    else
+      echo "FAIL duet compile"; fail=$((fail + 1))
+    fi
+  else
+    echo "no CUDA plugin or stub: stub checks skipped"
+  fi
+fi
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

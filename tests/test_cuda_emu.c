@@ -1,0 +1,279 @@
+/* tests/test_cuda_emu.c: the generated CUDA C runs correctly, checked
+ * without a GPU.  Each program's CUDA source is compiled as C++ for the host
+ * behind tests/cuda_emu/cuda_emu.h (blocks in turn on a pool of POSIX
+ * threads, one per CUDA thread; __syncthreads and warp shuffles as
+ * barriers), launched with the emitter's grid (at most 3 blocks for
+ * grid-stride kernels, which checks their loops with a smaller grid) and
+ * blocks of min(block, 64) threads (the kernels are written for any
+ * multiple of 32; 64 keeps two warps, so the cross-warp paths of the block
+ * reductions run), GEMMs by a plain triple loop.  The same program runs on
+ * the CPU backend; after forward + backward, after evaluation (metrics) and
+ * after one AdamW step every f32/f64 tensor must agree (compare_sessions'
+ * tolerances).  Covers every op case of tests/op_cases.h in f32 and f64,
+ * tests/models/gpt_tiny.model and four of the larger cases (multi-block
+ * paths) in f32.  This checks the kernels' logic (indices, reductions,
+ * barriers), not the CUDA driver path or the real hardware's scheduling:
+ * the gpu-labelled tests do that.  Exits 77 when no C++ compiler is
+ * installed. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "op_cases.h"
+#include "test_util.h"
+
+typedef void (*EmuKernel)(void *const *t, const double *s);
+typedef int (*EmuLaunch)(EmuKernel fn, unsigned grid, unsigned block, void *const *t, const double *s);
+
+typedef struct Emu {
+  void *handle;
+  EmuLaunch launch;
+  EmuKernel *fn;
+  const DuetLaunch *cfg;
+  const Kernel *kernels;
+  int n;
+} Emu;
+
+/* Kernels whose grid is part of their indexing (a block per tile, per
+ * query row, per (batch, head)) get the emitter's grid; every other kind
+ * loops grid-stride and gets at most 3 blocks, which also checks that
+ * the loops cover everything with a grid smaller than planned. */
+static unsigned emu_grid(const Kernel *k, unsigned grid) {
+  switch (k->kind) {
+  case KK_TRANSPOSE: case KK_ATTN_FWD: case KK_ATTN_BWD: case KK_ATTN_DECODE: return grid;
+  default: return grid < 3 ? grid : 3;
+  }
+}
+
+static const char *cxx;
+
+static void *emu_alloc(DuetDevice *d, size_t bytes) {
+  (void)d;
+  size_t n = (bytes + 63) / 64 * 64;
+  void *p = aligned_alloc(64, n ? n : 64);
+  if (p) memset(p, 0, n ? n : 64);
+  return p;
+}
+static void emu_free(DuetDevice *d, void *p) {
+  (void)d;
+  free(p);
+}
+static int emu_copy(DuetDevice *d, void *dst, const void *src, size_t n) {
+  (void)d;
+  memcpy(dst, src, n);
+  return 0;
+}
+static int emu_launch_op(DuetDevice *d, int k, void *const *t, const double *s) {
+  Emu *e = d->ctx;
+  unsigned block = e->cfg[k].block < 64 ? e->cfg[k].block : 64;
+  if (e->cfg[k].shared > sizeof(double) << 17) {
+    snprintf(d->err, sizeof d->err, "kernel %d: %u bytes of shared memory exceed the emulator's", k, e->cfg[k].shared);
+    return -1;
+  }
+  if (e->launch(e->fn[k], emu_grid(&e->kernels[k], e->cfg[k].grid), block, t, s)) {
+    snprintf(d->err, sizeof d->err, "emulated launch of kernel %d failed", k);
+    return -1;
+  }
+  return 0;
+}
+/* row-major C[m,n] = op(A) op(B), accumulated in double */
+static int emu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
+  (void)d;
+  bool f64 = st->dtype == DUET_F64;
+  for (int64_t i = 0; i < st->m; i++)
+    for (int64_t j = 0; j < st->n; j++) {
+      double acc = 0;
+      for (int64_t k = 0; k < st->k; k++) {
+        int64_t ia = st->ta ? k * st->m + i : i * st->k + k, ib = st->tb ? j * st->k + k : k * st->n + j;
+        double a = f64 ? ((double *)t[st->a])[ia] : ((float *)t[st->a])[ia];
+        double b = f64 ? ((double *)t[st->b])[ib] : ((float *)t[st->b])[ib];
+        acc += a * b;
+      }
+      if (f64) ((double *)t[st->c])[i * st->n + j] = acc;
+      else ((float *)t[st->c])[i * st->n + j] = (float)acc;
+    }
+  return 0;
+}
+static int emu_sync(DuetDevice *d) {
+  (void)d;
+  return 0;
+}
+static void emu_destroy(DuetDevice *d) { free(d); }
+static const DuetDeviceOps emu_ops = {
+    .api_version = DUET_RT_API_VERSION, .name = "cuda-emu", .alloc = emu_alloc, .free = emu_free,
+    .copy_to_device = emu_copy, .copy_to_host = emu_copy, .launch = emu_launch_op, .gemm = emu_gemm,
+    .sync = emu_sync, .destroy = emu_destroy,
+};
+
+/* writes the CUDA source behind the emulation header, compiles, loads */
+static int emu_build(Emu *e, const char *cuda, const DuetLaunch *cfg, int n, const char *dir) {
+  char src[1200], so[1200], log[16384];
+  snprintf(src, sizeof src, "%s/k.cpp", dir);
+  snprintf(so, sizeof so, "%s/k.so", dir);
+  FILE *f = fopen(src, "w");
+  if (!f) return -1;
+  fprintf(f, "#include \"cuda_emu.h\"\n#include \"cuda_emu_rt.cpp\"\n");
+  const char *dyn = "extern __shared__ double duet_smem[];";
+  for (const char *p = cuda; *p;) {
+    const char *q = strstr(p, dyn);
+    if (!q) {
+      fputs(p, f);
+      break;
+    }
+    fwrite(p, 1, (size_t)(q - p), f);
+    fputs("double *duet_smem = emu_smem;", f);
+    p = q + strlen(dyn);
+  }
+  if (fclose(f)) return -1;
+  char inc[1200];
+  snprintf(inc, sizeof inc, "-I%s/tests/cuda_emu", DUET_SOURCE_DIR);
+  char *argv[] = {(char *)cxx, "-std=c++17", "-O0", "-w", "-shared", "-fPIC", "-pthread", inc, "-o", so, src, NULL};
+  int rc = jit_run(argv, log, sizeof log);
+  if (rc) {
+    fprintf(stderr, "%s failed (%d):\n%s\n", cxx, rc, log);
+    return -1;
+  }
+  e->handle = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  if (!e->handle) {
+    fprintf(stderr, "dlopen %s: %s\n", so, dlerror());
+    return -1;
+  }
+  e->launch = (EmuLaunch)dlsym(e->handle, "emu_launch");
+  e->fn = calloc((size_t)(n ? n : 1), sizeof *e->fn);
+  e->cfg = cfg;
+  e->n = n;
+  for (int i = 0; i < n; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "duet_k%d", i);
+    if (!(e->fn[i] = (EmuKernel)dlsym(e->handle, nm))) {
+      fprintf(stderr, "no %s in the emulated module\n", nm);
+      return -1;
+    }
+  }
+  return e->launch ? 0 : -1;
+}
+
+static int run_case(const Case *c, DType dt, const char *dir) {
+  TModel t;
+  char what[160], err[1024];
+  snprintf(what, sizeof what, "%s (%s)", c->name, dt == DT_F64 ? "f64" : "f32");
+  if (tmodel_open(&t, c->name, c->src, dt)) {
+    fprintf(stderr, "FAIL %s: does not compile\n", what);
+    return 1;
+  }
+  const DuetProgram *p = &t.cp->prog;
+  Emu e = {0};
+  DuetDevice *d = calloc(1, sizeof *d);
+  DuetSession *es = NULL;
+  int fails = 0;
+  if (!d || emu_build(&e, codegen_emit_cuda(t.cp, t.arena), codegen_cuda_launch_table(t.cp, t.arena), t.cp->n_kernels,
+                      dir)) {
+    fprintf(stderr, "FAIL %s: building the emulated kernels\n", what);
+    fails = 1;
+    goto out;
+  }
+  e.kernels = t.cp->kernels;
+  d->ops = &emu_ops;
+  d->ctx = &e;
+  DuetConfig cfg = p->defaults;
+  if (!(es = duet_session_new(p, d, &cfg, err, sizeof err))) {
+    fprintf(stderr, "FAIL %s: %s\n", what, err);
+    fails = 1;
+    goto out;
+  }
+  DuetRng r1, r2;
+  duet_rng_seed(&r1, 11, 0);
+  duet_rng_seed(&r2, 11, 0);
+  tmodel_fill(&t, t.s, &r1, c->classes);
+  tmodel_fill(&t, es, &r2, c->classes);
+  /* eval (metrics: correct predictions, summed NLL) over every row */
+  duet_session_set_valid(t.s, INT32_MAX);
+  duet_session_set_valid(es, INT32_MAX);
+  /* evaluation before the step: AdamW's first update is +-lr whatever the
+   * gradient's size, so a near-zero gradient of the other sign moves a
+   * param by 2 lr, which a later forward pass amplifies */
+  static const int runs[] = {DUET_RUN_GRAD, DUET_RUN_EVAL, DUET_RUN_TRAIN};
+  for (int k = 0; k < 3 && !fails; k++) {
+    if (runs[k] == DUET_RUN_EVAL && p->n_eval == 0) continue;
+    if (duet_session_run(t.s, runs[k]) || duet_session_run(es, runs[k])) {
+      fprintf(stderr, "FAIL %s: run failed: cpu '%s', emulated '%s'\n", what, duet_session_error(t.s),
+              duet_session_error(es));
+      fails = 1;
+      break;
+    }
+    char w2[200];
+    snprintf(w2, sizeof w2, "%s after %s", what, k == 1 ? "evaluation" : k ? "a training step" : "forward + backward");
+    fails += compare_sessions(w2, p, t.s, es);
+  }
+  printf("%s %s: %d kernels\n", fails ? "FAIL" : "ok", what, t.cp->n_kernels);
+out:
+  duet_session_free(es);
+  free(d);
+  free(e.fn);
+  if (e.handle) {
+    void (*stop)(void) = (void (*)(void))dlsym(e.handle, "emu_shutdown");
+    if (stop) stop();
+    dlclose(e.handle);
+  }
+  tmodel_close(&t);
+  return fails != 0;
+}
+
+int main(int argc, char **argv) {
+  const char *env = getenv("CXX");
+  static const char *cands[] = {"c++", "g++", "clang++"};
+  cxx = env && *env ? env : NULL;
+  for (int i = 0; !cxx && i < 3; i++) {
+    char *av[] = {(char *)cands[i], "--version", NULL};
+    char log[256];
+    if (jit_run(av, log, sizeof log) == 0) cxx = cands[i];
+  }
+  if (!cxx) {
+    printf("SKIP: no C++ compiler (c++, g++, clang++) to build the emulated kernels\n");
+    return 77;
+  }
+  char dir[] = "/tmp/duet-cuda-emu.XXXXXX";
+  if (!mkdtemp(dir)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  int failed = 0, ran = 0;
+  for (int i = 0; i < N_OP_CASES; i++)
+    for (int f = 0; f < 2; f++) {
+      if (argc > 1 && strcmp(argv[1], cases[i].name)) continue;
+      failed += run_case(&cases[i], f ? DT_F64 : DT_F32, dir);
+      ran++;
+    }
+  /* multi-block paths: the loss's partial sums over 10 blocks, reductions,
+   * transpose tiles, embedding columns (the other big cases need too many
+   * emulated threads) */
+  for (int i = 0; i < N_BIG_CASES; i++) {
+    const char *nm = big_cases[i].name;
+    if (strcmp(nm, "big_cross_entropy") && strcmp(nm, "big_reductions") && strcmp(nm, "big_transpose") &&
+        strcmp(nm, "big_embedding"))
+      continue;
+    if (argc > 1 && strcmp(argv[1], nm)) continue;
+    failed += run_case(&big_cases[i], DT_F32, dir);
+    ran++;
+  }
+  if (argc == 1 || !strcmp(argv[1], "gpt_tiny")) {
+    char *text = slurp(DUET_SOURCE_DIR "/tests/models/gpt_tiny.model");
+    if (!text) {
+      fprintf(stderr, "FAIL cannot read tests/models/gpt_tiny.model\n");
+      failed++;
+    } else {
+      Case c = {"gpt_tiny", text, 256};
+      failed += run_case(&c, DT_F32, dir);
+      ran++;
+      free(text);
+    }
+  }
+  char rm[256];
+  snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+  if (system(rm)) fprintf(stderr, "warning: could not remove %s\n", dir);
+  if (failed) fprintf(stderr, "%d of %d cases failed\n", failed, ran);
+  else printf("ok: %d cases agree with the CPU backend\n", ran);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,235 @@
+/* tests/test_nvrtc.c: every generated CUDA kernel of every model in models/
+ * and tests/models/ compiles with NVRTC (no GPU needed).
+ *
+ * For each model: the f32 training program for compute_60 (when the
+ * installed NVRTC still supports it), compute_75, compute_80 and
+ * compute_90 (PTX), plus a CUBIN for sm_80 (which runs ptxas: register and
+ * shared-memory limits); the f64 training program and, for models with
+ * attention, the decoding program for compute_75.  The PTX must hold an
+ * entry point duet_k<i> for every kernel i.  Models of more than 400
+ * kernels (GPT-2 small) are compiled by `test_nvrtc --large`: PTX for the
+ * architectures only (about 10 s each on one core).  Exits 77 (ctest SKIP) with a
+ * message only when duet was built without NVRTC.  The one-op models of
+ * tests/op_cases.h (every kernel kind, forward and backward) compile in f32
+ * and f64 for compute_75. */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../codegen/codegen.h"
+#include "../frontend/frontend.h"
+#include "../passes/passes.h"
+#include "op_cases.h"
+
+#ifdef DUET_HAVE_NVRTC
+#include "../runtime/cuda/duet_nvrtc.h"
+
+static int failures;
+/* Models with more kernels than this are "large" (GPT-2 small: 647): the
+ * default run leaves them to `test_nvrtc --large`, which compiles them as
+ * PTX for the architectures only, so each ctest test stays under a minute. */
+#define LARGE_KERNELS 400
+static bool large_mode;
+/* Under AddressSanitizer (make test-asan) NVRTC's many allocations run
+ * about 4x slower, and the release suite already covers every
+ * architecture: there only f32 for compute_75 is compiled. */
+#if defined(__SANITIZE_ADDRESS__)
+static const bool quick = true;
+#else
+static const bool quick = false;
+#endif
+
+/* PTX `.entry duet_k<i>(` for every kernel */
+static int check_entries(const char *what, const char *ptx, int n) {
+  for (int i = 0; i < n; i++) {
+    char want[48];
+    snprintf(want, sizeof want, ".entry duet_k%d(", i);
+    if (!strstr(ptx, want)) {
+      fprintf(stderr, "FAIL %s: PTX has no entry point duet_k%d\n", what, i);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static int compile_one(const char *what, const char *src, const char *arch, int cubin, int n_kernels) {
+  void *img;
+  size_t len;
+  char err[65536];
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  if (duet_nvrtc_compile(src, arch, cubin, &img, &len, err, sizeof err)) {
+    fprintf(stderr, "FAIL %s %s: %s\n", what, arch, err);
+    return 1;
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  int rc = cubin ? 0 : check_entries(what, img, n_kernels);
+  printf("%s %s: %zu bytes of %s, %d kernels, %.2f s%s\n", what, arch, len, cubin ? "CUBIN" : "PTX", n_kernels,
+         (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), rc ? " FAILED" : "");
+  free(img);
+  return rc;
+}
+
+/* Compiles the model at `path` (or the text `text` when not NULL) through
+ * every pass; NULL on failure. */
+static CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, bool decode) {
+  Diag d = {.out = stderr};
+  Source *src;
+  if (text) {
+    src = arena_alloc(a, sizeof *src);
+    memset(src, 0, sizeof *src);
+    src->name = path;
+    src->text = text;
+    src->len = strlen(text);
+  } else {
+    src = frontend_read_file(a, &d, path);
+  }
+  if (!src) return NULL;
+  FrontendOptions fo = {.float_dtype = dt, .decode = decode, .batch = decode ? 1 : 0};
+  Graph *g = frontend_compile(a, &d, src, &fo);
+  if (!g) return NULL;
+  PassCtx pc = {.diag = &d, .verify = true};
+  if (passes_run(g, &pc)) return NULL;
+  return codegen_lower(g, a);
+}
+
+static void test_model(const char *path, const int *archs, int n_archs) {
+  Arena *a = arena_new(1 << 20);
+  struct {
+    DType dt;
+    bool decode;
+    const char *tag;
+  } variants[] = {{DT_F32, false, "f32"}, {DT_F64, false, "f64"}, {DT_F32, true, "f32 decode"}};
+  size_t tlen = 0;
+  char *text = duet_read_file(path, &tlen);
+  bool attention = text && strstr(text, "attention(");
+  free(text);
+  for (int v = 0; v < 3; v++) {
+    if (variants[v].decode && !attention) continue;
+    if (quick && v > 0) break;
+    CgProgram *cp = lower_model(a, path, NULL, variants[v].dt, variants[v].decode);
+    char what[1200];
+    snprintf(what, sizeof what, "%s (%s)", path, variants[v].tag);
+    if (!cp) {
+      fprintf(stderr, "FAIL %s: does not compile\n", what);
+      failures++;
+      continue;
+    }
+    if ((cp->n_kernels > LARGE_KERNELS) != large_mode) {
+      if (v == 0)
+        printf("%s: %d kernels, %s\n", what, cp->n_kernels,
+               large_mode ? "not large: compiled by test_nvrtc without --large" : "large: compiled by test_nvrtc --large");
+      break;
+    }
+    char *src = codegen_emit_cuda(cp, a);
+    if (v == 0) {
+      const char *want[] = {"-arch=compute_60", "-arch=compute_75", "-arch=compute_80", "-arch=compute_90"};
+      int cc[] = {60, 75, 80, 90};
+      for (int i = 0; i < 4; i++) {
+        if (quick && cc[i] != 75) continue;
+        bool ok = false;
+        for (int j = 0; j < n_archs; j++) ok |= archs[j] == cc[i];
+        if (!ok) {
+          printf("%s %s: not supported by this NVRTC, skipped\n", what, want[i]);
+          continue;
+        }
+        failures += compile_one(what, src, want[i], 0, cp->n_kernels);
+      }
+      if (large_mode || quick) break; /* PTX for the architectures only */
+      failures += compile_one(what, src, "-arch=sm_80", 1, cp->n_kernels);
+    } else {
+      failures += compile_one(what, src, "-arch=compute_75", 0, cp->n_kernels);
+    }
+  }
+  arena_free(a);
+}
+
+static void test_op_cases(void) {
+  for (int c = 0; c < N_OP_CASES + N_BIG_CASES; c++)
+    for (int f = 0; f < 2; f++) {
+      const Case *oc = c < N_OP_CASES ? &cases[c] : &big_cases[c - N_OP_CASES];
+      if ((c >= N_OP_CASES || quick) && f) continue; /* big cases (and sanitizer builds): f32 only */
+      Arena *a = arena_new(1 << 18);
+      CgProgram *cp = lower_model(a, oc->name, oc->src, f ? DT_F64 : DT_F32, false);
+      char what[256];
+      snprintf(what, sizeof what, "op %s (%s)", oc->name, f ? "f64" : "f32");
+      if (!cp) {
+        fprintf(stderr, "FAIL %s: does not compile\n", what);
+        failures++;
+      } else {
+        failures += compile_one(what, codegen_emit_cuda(cp, a), "-arch=compute_75", 0, cp->n_kernels);
+      }
+      arena_free(a);
+    }
+}
+
+static int cmp_str(const void *x, const void *y) { return strcmp(*(char *const *)x, *(char *const *)y); }
+
+static void test_dir(const char *dir, const int *archs, int n_archs) {
+  DIR *d = opendir(dir);
+  if (!d) {
+    fprintf(stderr, "FAIL cannot open %s\n", dir);
+    failures++;
+    return;
+  }
+  char *names[256];
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) && n < 256) {
+    size_t l = strlen(e->d_name);
+    if (l > 6 && !strcmp(e->d_name + l - 6, ".model")) names[n++] = strdup(e->d_name);
+  }
+  closedir(d);
+  qsort(names, (size_t)n, sizeof *names, cmp_str);
+  for (int i = 0; i < n; i++) {
+    char path[2048];
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    test_model(path, archs, n_archs);
+    free(names[i]);
+  }
+  if (n == 0) {
+    fprintf(stderr, "FAIL no models in %s\n", dir);
+    failures++;
+  }
+}
+
+int main(int argc, char **argv) {
+  int major, minor, archs[64];
+  if (duet_nvrtc_version(&major, &minor)) {
+    fprintf(stderr, "FAIL nvrtcVersion failed\n");
+    return 1;
+  }
+  int n = duet_nvrtc_archs(archs, 64);
+  if (n <= 0) {
+    fprintf(stderr, "FAIL nvrtcGetSupportedArchs failed\n");
+    return 1;
+  }
+  printf("NVRTC %d.%d, targets:", major, minor);
+  for (int i = 0; i < n; i++) printf(" sm_%d", archs[i]);
+  printf("\n");
+  int first = 1;
+  if (argc > 1 && !strcmp(argv[1], "--large")) large_mode = true, first = 2;
+  if (large_mode && quick) {
+    printf("SKIP: sanitizer build: GPT-2 small is NVRTC-compiled by the release suite (make test)\n");
+    return 77;
+  }
+  if (argc > first) { /* given models (for debugging) */
+    for (int i = first; i < argc; i++) test_model(argv[i], archs, n);
+  } else {
+    test_dir(DUET_SOURCE_DIR "/models", archs, n);
+    test_dir(DUET_SOURCE_DIR "/tests/models", archs, n);
+    if (!large_mode) test_op_cases();
+  }
+  if (failures) fprintf(stderr, "%d failures\n", failures);
+  else printf("ok\n");
+  return failures ? 1 : 0;
+}
+#else
+int main(void) {
+  printf("SKIP: duet was built without NVRTC (no CUDA toolkit found; -DDUET_CUDA=ON to require one)\n");
+  return 77;
+}
+#endif
