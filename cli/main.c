@@ -120,9 +120,9 @@ static const char *scan_flag(int argc, char **argv, const char *name) {
   return v;
 }
 
-/* Fills po from --devices, --micro-batches and --threads in argv; the
- * partition pass sees CPU devices with threads/S cores each and the host's
- * memory, CUDA devices as 16 GiB sm_60 (P100, the target; the CUDA plugin
+/* Fills po from --devices, --micro-batches, --schedule and --threads in
+ * argv; the partition pass sees CPU devices with threads/S cores each and
+ * an equal share of the host's memory, CUDA devices as 16 GiB sm_60 (P100, the target; the CUDA plugin
  * reports the real figures), planned capacities as given.  Environment:
  * DUET_CPU_GFLOPS (GFLOP/s per core; default PART_CPU_GFLOPS_PER_CORE).
  * 1 after a message. */
@@ -153,6 +153,8 @@ static int par_opts(ParOpts *po, int argc, char **argv) {
   long total = th ? atol(th) : cores > 0 ? cores : 1;
   long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
   const char *gf = getenv("DUET_CPU_GFLOPS");
+  int n_cpu = 0;
+  for (int i = 0; i < po->n_dev; i++) n_cpu += spec[i].kind == DUET_DEV_CPU;
   for (int i = 0; i < po->n_dev; i++) {
     PartDevice *d = &po->dev[i];
     d->name = strdup(spec[i].name);
@@ -166,7 +168,7 @@ static int par_opts(ParOpts *po, int argc, char **argv) {
     d->sm = spec[i].kind == DUET_DEV_PLANNED ? spec[i].sm : 60;
     d->capacity = spec[i].kind == DUET_DEV_PLANNED ? spec[i].capacity
                   : spec[i].kind == DUET_DEV_CUDA  ? (int64_t)16 << 30
-                  : pages > 0 && psz > 0           ? (int64_t)pages * psz
+                  : pages > 0 && psz > 0           ? (int64_t)pages * psz / n_cpu /* virtual devices share it */
                                                    : 0;
   }
   return 0;

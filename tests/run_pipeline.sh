@@ -111,6 +111,16 @@ fi
 grep -Eq '^%[0-9]+ = transfer %5 : f32\[32,64\]  @device\(2\)$' "$d/res.ir" && ok || bad "residual: no forward transfer 0 -> 2"
 grep -Eq '^%[0-9]+ = transfer %[0-9]+ : f32\[32,64\]  @backward  @device\(0\)$' "$d/res.ir" && ok ||
   bad "residual: no gradient transfer back to device 0"
+# gpt_tiny on 2 devices: the tied embedding goes forward as a param and its
+# partial gradient comes back; the cut falls inside a layer, so the residual
+# stream and the branch both cross it (two activations forward, their
+# gradients back)
+"$DUET" ir tests/models/gpt_tiny.model --after partition --devices cpu:0,cpu:1 > "$d/gpt.ir"
+grep -Eq '^%[0-9]+ = transfer %2 : f32\[256,32\]  @device\(1\)$' "$d/gpt.ir" && grep -q '^%2 = param "wte"' "$d/gpt.ir" &&
+  grep -Eq '^%[0-9]+ = transfer %[0-9]+ : f32\[256,32\]  @backward  @device\(0\)$' "$d/gpt.ir" && ok ||
+  bad "gpt_tiny: tied embedding transfers"
+[ "$(grep -Ec '^%[0-9]+ = transfer %[0-9]+ : f32\[4,16,32\]  @device\(1\)$' "$d/gpt.ir")" -ge 2 ] && ok ||
+  bad "gpt_tiny: residual stream and branch should both cross the cut"
 "$DUET" ir tests/pipeline/pinned.model --after partition --devices cpu:0,cpu:1 > "$d/pin.ir"
 grep -Eq '^%[0-9]+ = matmul %[0-9]+, %[0-9]+ : f32\[32,16\]  @device\(1\)$' "$d/pin.ir" && ok || bad "pinned block not on device 1"
 grep -Eq '^%[0-9]+ = matmul %0, %2 : f32\[32,128\]  @device\(0\)$' "$d/pin.ir" && ok || bad "first block not on device 0"
