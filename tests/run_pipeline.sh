@@ -154,6 +154,8 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
   expect no_cuda 1 "duet: error: no CUDA driver on this machine (libcuda.so.1: libcuda.so.1: cannot open shared object file: No such file or directory)" \
     "$DUET" run tests/pipeline/pinned.model --devices cpu:0,cuda:1 --quiet
 fi
+expect fp16_pipeline 1 "duet: error: fp16 loss scaling does not combine with --devices or --micro-batches yet; pipelined runs take --precision fp32 or bf16" \
+  "$DUET" ir tests/pipeline/pinned.model --after partition --precision fp16 --micro-batches 2
 expect indivisible 1 "tests/pipeline/pinned.model:3:7: error: batch 32 is not a multiple of --micro-batches 3" \
   "$DUET" ir tests/pipeline/pinned.model --micro-batches 3
 expect too_few_ops 1 "duet: error: the model has 9 forward ops, fewer than the 10 devices: no stage may be empty" \
