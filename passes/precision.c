@@ -161,6 +161,9 @@ void pass_precision(Graph *g, PassCtx *cx) {
   const char *req = cx->precision ? cx->precision : g->train.precision;
   if (precision_resolve(cx->target, req, &pc, err, sizeof err)) diag_error_noloc(g->diag, "%s", err);
   if (pc.storage == DT_F32 || g->float_dtype != DT_F32 || g->decode) return; /* nothing to do */
+  if (pc.loss_scaling && (cx->n_devices > 1 || g->train.micro_batches > 1))
+    diag_error_noloc(g->diag, "fp16 loss scaling does not combine with --devices or --micro-batches yet; "
+                     "pipelined runs take --precision fp32 or bf16");
   DType L = pc.storage;
   Arena *a = g->arena;
   int n = g->n_values;
