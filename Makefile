@@ -30,7 +30,7 @@ data/kjv.txt:
 gpt: build data
 	$(BUILD)/duet run models/gpt_kjv.model
 
-test: build
+test: build data
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE long
 	@$(MAKE) --no-print-directory fuzz
 
@@ -49,7 +49,7 @@ test-gpu: build
 	cd $(BUILD) && ctest --output-on-failure -L gpu
 
 # The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer.
-test-asan: deps
+test-asan: deps data
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=ON > /dev/null
 	@cmake --build $(BUILD)-asan -j$(JOBS)
 	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS) -LE long
