@@ -71,6 +71,11 @@ void pass_shape(Graph *g, PassCtx *cx) {
     }
     g->n_values = k;
   }
+  /* a cross_entropy that does not feed the loss was removed with its
+   * logits: there is nothing to evaluate then */
+  bool logits_live = false;
+  for (int i = 0; i < g->n_values && g->logits; i++) logits_live |= g->values[i] == g->logits;
+  if (!logits_live) g->logits = g->labels = NULL;
   graph_renumber(g);
   graph_count_uses(g);
 }
