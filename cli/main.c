@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../codegen/codegen.h"
@@ -385,6 +386,11 @@ static int cmd_compile(int argc, char **argv) {
   }
   if (!model || !out) {
     fprintf(stderr, "duet: error: usage: duet compile M.model -o EXE\n");
+    return 1;
+  }
+  struct stat sm, so;
+  if (!stat(model, &sm) && !stat(out, &so) && sm.st_dev == so.st_dev && sm.st_ino == so.st_ino) {
+    fprintf(stderr, "duet: error: -o %s names the input file; choose another output path\n", out);
     return 1;
   }
   char dir[1024], lib[1200], inc[1200];

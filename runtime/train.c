@@ -8,7 +8,9 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "duet_rt.h"
 
@@ -317,6 +319,27 @@ static int check_labels(const DuetDataset *ds, int n_classes, const char *what) 
 
 /* The device and session for p: a pipeline (its own devices; *dev stays
  * NULL) when p has stages, else one CPU device.  NULL after a message. */
+/* --save PATH is checked before training, not after it: the path must not be
+ * a directory and its directory must be writable.  0, or 1 after printing
+ * the error. */
+static int check_save_path(const char *path) {
+  struct stat st;
+  if (!stat(path, &st) && S_ISDIR(st.st_mode)) {
+    fprintf(stderr, "duet: error: --save %s is a directory; give a file path\n", path);
+    return 1;
+  }
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  if (access(dir, W_OK | X_OK)) {
+    fprintf(stderr, "duet: error: --save %s: cannot write into %s: %s\n", path, dir, strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
 static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
                                  DuetDevice **dev) {
   char err[1024];
@@ -417,6 +440,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
+  if (cfg.save_path && check_save_path(cfg.save_path)) goto out;
   if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
   if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
     fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));
@@ -631,6 +655,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
+  if (cfg.save_path && check_save_path(cfg.save_path)) goto out;
   if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
   if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
     fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));

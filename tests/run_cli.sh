@@ -62,5 +62,15 @@ expect corrupt_crc 1 "duet: error: corrupt IDX file $d/crc/train-labels-idx1-uby
 expect long_chain 0 "duet: trained 2 steps" sh -c "'$DUET' run '$d/chain.model' --steps 2 --no-eval --quiet | sed 's/ in .*//'"
 expect metrics_unwritable 1 "duet: error: cannot write metrics file /nonexistent/m.jsonl: No such file or directory" \
   "$DUET" run $M --steps 1 --metrics /nonexistent/m.jsonl
+# --save is checked before training, not after it
+expect save_no_dir 1 "duet: error: --save /nonexistent/x.ck: cannot write into /nonexistent: No such file or directory" \
+  "$DUET" run $M --steps 1 --save /nonexistent/x.ck
+expect save_is_dir 1 "duet: error: --save $d is a directory; give a file path" "$DUET" run $M --steps 1 --save "$d"
+# duet compile never writes over its input
+cp $M "$d/self.model"
+expect compile_onto_input 1 "duet: error: -o $d/self.model names the input file; choose another output path" \
+  "$DUET" compile "$d/self.model" -o "$d/self.model"
+cmp -s $M "$d/self.model" && { echo "ok compile_onto_input_kept"; pass=$((pass + 1)); } ||
+  { echo "FAIL compile_onto_input_kept: the input changed"; fail=$((fail + 1)); }
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
