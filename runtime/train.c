@@ -170,6 +170,12 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     }
     if (rc) return 1;
   }
+  double floor = c->min_loss_scale > 0 ? c->min_loss_scale : 1;
+  if (c->loss_scale > 0 && c->loss_scale < floor) {
+    fprintf(stderr, "duet: error: --loss-scale %g is below the floor %g (--min-loss-scale) at which training stops\n",
+            c->loss_scale, floor);
+    return 1;
+  }
   return 0;
 }
 

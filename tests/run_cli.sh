@@ -66,6 +66,8 @@ expect metrics_unwritable 1 "duet: error: cannot write metrics file /nonexistent
 expect save_no_dir 1 "duet: error: --save /nonexistent/x.ck: cannot write into /nonexistent: No such file or directory" \
   "$DUET" run $M --steps 1 --save /nonexistent/x.ck
 expect save_is_dir 1 "duet: error: --save $d is a directory; give a file path" "$DUET" run $M --steps 1 --save "$d"
+expect loss_scale_below_floor 1 "duet: error: --loss-scale 4 is below the floor 8 (--min-loss-scale) at which training stops" \
+  "$DUET" run $M --precision fp16 --loss-scale 4 --min-loss-scale 8 --steps 1
 # duet compile never writes over its input
 cp $M "$d/self.model"
 expect compile_onto_input 1 "duet: error: -o $d/self.model names the input file; choose another output path" \
