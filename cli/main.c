@@ -229,6 +229,12 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
                g->train.batch, fo->batch);
     return NULL;
   }
+  if ((pc->precision || pc->target) && g->after_pass && passes_find(g->after_pass) >= passes_find("precision")) {
+    diag_error(&c->diag, ir_after_loc(src),
+               "the dump was printed after `%s`, so its dtypes are fixed; --precision and --arch need the .model "
+               "or a dump from before `precision`", g->after_pass);
+    return NULL;
+  }
   pc->start_after = g->after_pass;
   return g;
 }
