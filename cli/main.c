@@ -131,6 +131,10 @@ static int par_opts(ParOpts *po, int argc, char **argv) {
   memset(po, 0, sizeof *po);
   po->devices = scan_flag(argc, argv, "--devices");
   const char *sch = scan_flag(argc, argv, "--schedule");
+  if (sch && strcmp(sch, "gpipe") && strcmp(sch, "1f1b")) {
+    fprintf(stderr, "duet: error: --schedule expects gpipe or 1f1b, got '%s'\n", sch);
+    return 1;
+  }
   po->one_f_one_b = sch && !strcmp(sch, "1f1b");
   const char *mb = scan_flag(argc, argv, "--micro-batches");
   if (mb) {
@@ -164,6 +168,7 @@ static int par_opts(ParOpts *po, int argc, char **argv) {
       return 1;
     }
     d->cpu = spec[i].kind == DUET_DEV_CPU;
+    d->planned = spec[i].kind == DUET_DEV_PLANNED;
     d->cores = (int)(total / po->n_dev > 0 ? total / po->n_dev : 1);
     d->cpu_gflops = gf ? atof(gf) : 0;
     d->sm = spec[i].kind == DUET_DEV_PLANNED ? spec[i].sm : 60;
@@ -416,14 +421,24 @@ static int cmd_compile(int argc, char **argv) {
   }
   ParOpts po;
   if (par_opts(&po, argc, argv)) return 1;
+  for (int i = 0; i < po.n_dev; i++)
+    if (po.dev[i].planned) {
+      fprintf(stderr, "duet: error: device %s is a capacity for `duet plan`, not a device to run on (use cpu:N or "
+                      "cuda:N)\n", po.dev[i].name);
+      par_free(&po);
+      return 1;
+    }
   Compiled c;
   int crc = compile_model_par(&c, model, batch, &po, NULL, NULL);
-  par_free(&po);
   if (crc) {
+    par_free(&po);
     compiled_free(&c);
     return 1;
   }
   CgProgram *cp = codegen_lower(c.g, c.arena);
+  /* the executable runs on the devices it was compiled for unless given --devices */
+  if (po.devices) cp->prog.defaults.devices = arena_printf(c.arena, "%s", po.devices);
+  par_free(&po);
   with_cuda(cp, c.arena);
   char *src = codegen_emit_c(cp, c.arena);
   char cpath[1300];

@@ -771,6 +771,7 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   }
   write_bytes(out, "model_name", p->model_name);
   write_bytes(out, "data_path", p->defaults.data_path);
+  if (p->defaults.devices) write_bytes(out, "devices", p->defaults.devices);
   fprintf(out, "static const DuetTensor tensors[] = {\n");
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *t = &p->tensors[i];
@@ -848,7 +849,8 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
     fprintf(out, "  .n_stages = %d, .stages = stages, .n_transfers = %d, .transfers = transfers, .micro_batches = %d,\n",
             p->n_stages, p->n_transfers, p->micro_batches);
   if (p->cuda_source) fprintf(out, "  .cuda_source = cuda_source, .cuda_launch = cuda_launch,\n");
-  fprintf(out, "  .defaults = {.data = %d, .data_path = data_path, .optimizer = %d,\n", c->data, c->optimizer);
+  fprintf(out, "  .defaults = {.data = %d, .data_path = data_path, .optimizer = %d,%s\n", c->data, c->optimizer,
+          c->devices ? " .devices = devices," : "");
   fprintf(out, "    .lr = %.17g, .weight_decay = %.17g, .beta1 = %.17g, .beta2 = %.17g, .eps = %.17g,\n", c->lr,
           c->weight_decay, c->beta1, c->beta2, c->eps);
   fprintf(out, "    .momentum = %.17g, .batch = %" PRId64 ", .epochs = %" PRId64 ", .steps = %" PRId64

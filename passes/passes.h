@@ -9,6 +9,7 @@
 typedef struct PartDevice {
   const char *name;  /* for messages: "cpu:0", "cuda:1", "16GiB:sm_60" */
   bool cpu;
+  bool planned;      /* a capacity such as 16GiB:sm_60: for duet plan, not a device to run on */
   int sm;            /* GPUs: compute capability x 10 (60 = sm_60) */
   int64_t capacity;  /* bytes of memory; 0: unlimited */
   int cores;         /* CPU: cores of this (virtual) device */

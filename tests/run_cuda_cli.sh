@@ -31,6 +31,14 @@ else
     "$DUET" run $M --devices cuda --steps 1
   expect devices_no_driver 0 "cuda    none: no CUDA driver on this machine (libcuda.so.1: libcuda.so.1: cannot open shared object file: No such file or directory)" \
     "$DUET" devices
+  # an executable compiled for GPUs keeps them as its default devices
+  if "$DUET" compile $M -o "${TMPDIR:-/tmp}/duet-cudaexe.$$" --devices cuda:0,cuda:1 > /dev/null; then
+    expect compiled_default_devices 1 "duet: error: no CUDA driver on this machine (libcuda.so.1: libcuda.so.1: cannot open shared object file: No such file or directory)" \
+      "${TMPDIR:-/tmp}/duet-cudaexe.$$" --steps 1
+    rm -f "${TMPDIR:-/tmp}/duet-cudaexe.$$"
+  else
+    echo "FAIL duet compile --devices cuda:0,cuda:1"; fail=$((fail + 1))
+  fi
   STUB=/usr/local/cuda/lib64/stubs/libcuda.so
   if [ "$HAVE_CUDA" = 1 ] && [ -f "$STUB" ]; then
     tmp=$(mktemp -d) || exit 1

@@ -156,6 +156,10 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
 fi
 expect fp16_pipeline 1 "duet: error: fp16 loss scaling does not combine with --devices or --micro-batches yet; pipelined runs take --precision fp32 or bf16" \
   "$DUET" ir tests/pipeline/pinned.model --after partition --precision fp16 --micro-batches 2
+expect compile_capacity 1 "duet: error: device 16GiB:sm_60 is a capacity for \`duet plan\`, not a device to run on (use cpu:N or cuda:N)" \
+  "$DUET" compile models/fmnist_mlp.model -o "$d/cap" --devices 2x16GiB:sm_60
+expect compile_schedule 1 "duet: error: --schedule expects gpipe or 1f1b, got 'bogus'" \
+  "$DUET" compile models/fmnist_mlp.model -o "$d/sch" --devices cpu:0,cpu:1 --schedule bogus
 expect indivisible 1 "tests/pipeline/pinned.model:3:7: error: batch 32 is not a multiple of --micro-batches 3" \
   "$DUET" ir tests/pipeline/pinned.model --micro-batches 3
 expect too_few_ops 1 "duet: error: the model has 9 forward ops, fewer than the 10 devices: no stage may be empty" \
