@@ -378,7 +378,9 @@ static int cmd_compile(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]\n"
              "Writes a standalone training executable (generated C compiled and linked\n"
-             "against the duet runtime).  EXE takes the same flags as `duet run`.\n");
+             "against the duet runtime).  EXE takes the same flags as `duet run`.\n"
+             "Also: --schedule gpipe|1f1b, --threads N (for the partition's cost model),\n"
+             "--precision auto|fp32|fp16|bf16 (fixed in the executable).\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
@@ -498,7 +500,9 @@ static int cmd_ir(int argc, char **argv) {
       printf("usage: duet ir M.model [--after PASS] [--format text|dot|json] [--devices SPEC] [--micro-batches M] [--batch N]\n"
              "Prints the IR after PASS (default: shape; for a G.ir dump, the pass it was printed after).\n"
              "Formats: text (the default; `duet run G.ir` and `duet ir G.ir` read it back), dot (Graphviz:\n"
-             "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Passes, in order:\n");
+             "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Also: --schedule gpipe|1f1b,\n"
+             "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes).\n"
+             "Passes, in order:\n");
       for (int p = 0; p < duet_n_passes; p++) printf("  %-10s %s\n", duet_passes[p].name, duet_passes[p].what);
       return 0;
     } else if (!strcmp(argv[i], "--after") && i + 1 < argc) {
@@ -615,7 +619,8 @@ static int cmd_emit(int argc, char **argv) {
   const char *model = NULL, *target = "c";
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n");
+      printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n"
+             "Also: --precision auto|fp32|fp16|bf16.\n");
       return 0;
     } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
       target = argv[++i];
@@ -756,7 +761,8 @@ static void print_layers(const Graph *g, const char *parent, int depth) {
 
 static int cmd_check(int argc, char **argv) {
   if (argc != 1 || wants_help(argc, argv)) {
-    printf("usage: duet check M.model\nParses and verifies the model; prints its parameters.\n");
+    printf("usage: duet check M.model\nParses and verifies the model; prints its parameters.\n"
+           "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90.\n");
     return argc == 1 ? 0 : 1;
   }
   Compiled c;
