@@ -24,7 +24,7 @@ typedef int (*ApiFn)(void);
 static void *load_plugin(char *err, size_t errlen) {
   void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!drv) {
-    snprintf(err, errlen, "no CUDA driver on this machine (libcuda.so.1: %s)", dlerror());
+    snprintf(err, errlen, "no CUDA driver on this machine (%s)", dlerror());
     return NULL;
   }
   /* the plugin links libcuda.so.1 itself; this handle only tested for it */

@@ -27,13 +27,13 @@ expect devices_args 1 "duet: error: unexpected argument 'x' (see duet devices --
 if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
   echo "a CUDA driver is installed: the no-driver checks are skipped (the gpu-labelled tests cover it)"
 else
-  expect no_driver 1 "duet: error: no CUDA driver on this machine (libcuda.so.1: libcuda.so.1: cannot open shared object file: No such file or directory)" \
+  expect no_driver 1 "duet: error: no CUDA driver on this machine (libcuda.so.1: cannot open shared object file: No such file or directory)" \
     "$DUET" run $M --devices cuda --steps 1
-  expect devices_no_driver 0 "cuda    none: no CUDA driver on this machine (libcuda.so.1: libcuda.so.1: cannot open shared object file: No such file or directory)" \
+  expect devices_no_driver 0 "cuda    none: no CUDA driver on this machine (libcuda.so.1: cannot open shared object file: No such file or directory)" \
     "$DUET" devices
   # an executable compiled for GPUs keeps them as its default devices
   if "$DUET" compile $M -o "${TMPDIR:-/tmp}/duet-cudaexe.$$" --devices cuda:0,cuda:1 > /dev/null; then
-    expect compiled_default_devices 1 "duet: error: no CUDA driver on this machine (libcuda.so.1: libcuda.so.1: cannot open shared object file: No such file or directory)" \
+    expect compiled_default_devices 1 "duet: error: no CUDA driver on this machine (libcuda.so.1: cannot open shared object file: No such file or directory)" \
       "${TMPDIR:-/tmp}/duet-cudaexe.$$" --steps 1
     rm -f "${TMPDIR:-/tmp}/duet-cudaexe.$$"
   else

@@ -151,7 +151,7 @@ if "$DUET" plan models/fmnist_mlp.model --devices 16GiB:sm_60,1.5GB:sm_61 > "$d/
 expect bad_device 1 "duet: error: --devices: bad item 'gpu:1' (expected cpu, cpu:N, cuda, cuda:N, or a capacity such as 16GiB:sm_60 or 2x16GiB:sm_60)" \
   "$DUET" run tests/pipeline/pinned.model --devices cpu:0,gpu:1
 if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
-  expect no_cuda 1 "duet: error: no CUDA driver on this machine (libcuda.so.1: libcuda.so.1: cannot open shared object file: No such file or directory)" \
+  expect no_cuda 1 "duet: error: no CUDA driver on this machine (libcuda.so.1: cannot open shared object file: No such file or directory)" \
     "$DUET" run tests/pipeline/pinned.model --devices cpu:0,cuda:1 --quiet
 fi
 expect fp16_pipeline 1 "duet: error: fp16 loss scaling does not combine with --devices or --micro-batches yet; pipelined runs take --precision fp32 or bf16" \
