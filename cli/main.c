@@ -285,8 +285,6 @@ static bool wants_help(int argc, char **argv) {
 /* Attaches the CUDA C of the kernels and their launch table to the program
  * (used when --devices names a GPU at run time). */
 static void with_cuda(CgProgram *cp, Arena *a) {
-  for (int i = 0; i < cp->prog.n_tensors; i++) /* no 16-bit CUDA kernels yet */
-    if (cp->prog.tensors[i].dtype == DUET_F16 || cp->prog.tensors[i].dtype == DUET_BF16) return;
   cp->prog.cuda_source = codegen_emit_cuda(cp, a);
   cp->prog.cuda_launch = codegen_cuda_launch_table(cp, a);
 }
@@ -609,15 +607,7 @@ static int cmd_emit(int argc, char **argv) {
   int rc = compile_model(&c, model, 0, NULL, NULL);
   if (!rc) {
     CgProgram *cp = codegen_lower(c.g, c.arena);
-    bool half = false;
-    for (int i = 0; i < cp->prog.n_tensors; i++)
-      half |= cp->prog.tensors[i].dtype == DUET_F16 || cp->prog.tensors[i].dtype == DUET_BF16;
-    if (half && !strcmp(target, "cuda")) {
-      fprintf(stderr, "duet: error: the CUDA emitter has no fp16/bf16 kernels yet; use --precision fp32\n");
-      rc = 1;
-    } else {
-      fputs(strcmp(target, "cuda") ? codegen_emit_c(cp, c.arena) : codegen_emit_cuda(cp, c.arena), stdout);
-    }
+    fputs(strcmp(target, "cuda") ? codegen_emit_c(cp, c.arena) : codegen_emit_cuda(cp, c.arena), stdout);
   }
   compiled_free(&c);
   return rc;
