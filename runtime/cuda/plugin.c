@@ -117,7 +117,12 @@ static int cu_launch(DuetDevice *d, int kernel, void *const *t, const double *s)
 /* Row-major C[m,n] = op(A) op(B) is column-major C^T = op(B)^T op(A)^T:
  * cuBLAS gets B first, with n and m swapped (the usual transposition
  * trick); fp32 GEMMs accumulate in fp32 (cublasSgemm, default math mode:
- * no TF32). */
+ * no TF32).  16-bit GEMMs (fp16, bf16: A, B and C all 16-bit, as the
+ * precision pass plans them and the CPU backend computes them) go through
+ * cublasGemmEx with CUBLAS_COMPUTE_32F: products and sums in fp32, the
+ * result rounded once to the 16-bit type (cuBLAS documentation,
+ * "cublasGemmEx": the 16F/16BF inputs with 32F compute rows of its type
+ * table), which is what the CPU's widen-sgemm-narrow does. */
 static int cu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
   Cuda *c = d->ctx;
   int m = (int)st->m, n = (int)st->n, k = (int)st->k;
@@ -130,6 +135,11 @@ static int cu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
   } else if (st->dtype == DUET_F32) {
     const float one = 1, zero = 0;
     r = cublasSgemm(c->blas, ob, oa, n, m, k, &one, t[st->b], ldb, t[st->a], lda, &zero, t[st->c], n);
+  } else if (st->dtype == DUET_F16 || st->dtype == DUET_BF16) {
+    const float one = 1, zero = 0;
+    cudaDataType_t ty = st->dtype == DUET_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    r = cublasGemmEx(c->blas, ob, oa, n, m, k, &one, t[st->b], ty, ldb, t[st->a], ty, lda, &zero, t[st->c], ty, n,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   } else {
     snprintf(d->err, sizeof d->err, "GEMM of dtype %d is not supported on CUDA", st->dtype);
     return -1;
@@ -258,7 +268,7 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
   d->ops = &cuda_ops;
   d->ctx = c;
   if (!p->cuda_source || !p->cuda_launch) {
-    snprintf(err, errlen, "this program carries no CUDA kernels (rebuild it with this duet; fp16/bf16 programs have none yet)");
+    snprintf(err, errlen, "this program carries no CUDA kernels (rebuild it with this duet)");
     goto fail;
   }
   CKO(cuInit(0));
@@ -274,6 +284,17 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
   CKO(cuDeviceGetName(name, sizeof name, c->dev));
   CKO(cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, c->dev));
   CKO(cuDeviceGetAttribute(&mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->dev));
+  /* bf16 arithmetic and cuBLAS's 16BF GEMMs need compute capability 8.0
+   * (the precision pass's --arch table says the same at compile time; this
+   * is the check against the card actually present) */
+  for (int i = 0; i < p->n_tensors; i++)
+    if (p->tensors[i].dtype == DUET_BF16 && ma < 8) {
+      snprintf(err, errlen,
+               "this program stores bf16 tensors, which need compute capability 8.0 or later; cuda:%d %s is sm_%d%d "
+               "(use --precision fp16 or fp32)",
+               ordinal, name, ma, mi);
+      goto fail;
+    }
   CKO(cuDevicePrimaryCtxRetain(&c->ctx, c->dev));
   CKO(cuCtxSetCurrent(c->ctx));
   CKO(cuStreamCreate(&c->stream, CU_STREAM_NON_BLOCKING));
