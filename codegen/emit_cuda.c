@@ -856,6 +856,8 @@ static const char *PRELUDE_HALF =
     "  return (duet_u16)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : (x + 0x7fffu + ((x >> 16) & 1u)) >> 16);\n}\n"
     "__device__ __forceinline__ float duet_f32_from_bf16(duet_u16 h) { return __uint_as_float((duet_u32)h << 16); }\n\n";
 
+const char *codegen_cuda_half_prelude(void) { return PRELUDE_HALF; }
+
 static const char *kind_name(KernelKind k) {
   static const char *const names[] = {
       [KK_ELEMENTWISE] = "elementwise", [KK_REDUCE] = "reduce",         [KK_MAX_GRAD] = "max_grad",

@@ -15,7 +15,8 @@
  * overflow with 16-bit storage (--precision fp16 with loss scaling, bf16),
  * where GEMMs are emulated as the CPU computes them (16-bit operands, a
  * wide sum, one rounding) and the loss scale and skipped steps must match;
- * it prints how many 16-bit elements are bit-identical.  This checks the kernels' logic (indices, reductions,
+ * it prints how many 16-bit elements are bit-identical.  First, the CUDA
+ * prelude's fp16/bf16 conversions against runtime/duet_half.h, bit for bit.  This checks the kernels' logic (indices, reductions,
  * barriers), not the CUDA driver path or the real hardware's scheduling:
  * the gpu-labelled tests do that.  Exits 77 when no C++ compiler is
  * installed. */
@@ -184,6 +185,79 @@ static int emu_build(Emu *e, const char *cuda, const DuetLaunch *cfg, int n, con
   return e->launch ? 0 : -1;
 }
 
+/* The CUDA prelude's conversions (compiled for the host behind
+ * cuda_emu.h) against runtime/duet_half.h, bit for bit: every f16 and bf16
+ * pattern widened, and f32 -> f16/bf16 for every 16-bit pattern's
+ * neighbourhood (the value, +-1 and +-0x1000 in the bits: ties, rounding
+ * boundaries, subnormals, overflow to inf, NaN payloads) plus a stride of
+ * 2^32 / 7919. */
+static int check_conversions(const char *dir) {
+  char src[1200], so[1200], log[16384];
+  snprintf(src, sizeof src, "%s/conv.cpp", dir);
+  snprintf(so, sizeof so, "%s/conv.so", dir);
+  FILE *f = fopen(src, "w");
+  if (!f) return 1;
+  fprintf(f, "#include \"cuda_emu.h\"\ntypedef unsigned int duet_u32;\n%s\n", codegen_cuda_half_prelude());
+  fprintf(f, "extern \"C\" unsigned short conv_f16(float x) { return duet_f16_from_f32(x); }\n"
+             "extern \"C\" unsigned short conv_bf16(float x) { return duet_bf16_from_f32(x); }\n"
+             "extern \"C\" float wide_f16(unsigned short h) { return duet_f32_from_f16(h); }\n"
+             "extern \"C\" float wide_bf16(unsigned short h) { return duet_f32_from_bf16(h); }\n"
+             "thread_local EmuDim threadIdx;\nEmuDim blockIdx, blockDim, gridDim;\n"
+             "pthread_barrier_t emu_block_barrier;\nint emu_sync_or_word;\n");
+  if (fclose(f)) return 1;
+  char inc[1200];
+  snprintf(inc, sizeof inc, "-I%s/tests/cuda_emu", DUET_SOURCE_DIR);
+  char *argv[] = {(char *)cxx, "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-pthread", inc, "-o", so, src, NULL};
+  if (jit_run(argv, log, sizeof log)) {
+    fprintf(stderr, "FAIL conversions: %s failed:\n%s\n", cxx, log);
+    return 1;
+  }
+  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    fprintf(stderr, "FAIL conversions: dlopen %s: %s\n", so, dlerror());
+    return 1;
+  }
+  uint16_t (*n16)(float) = (uint16_t(*)(float))dlsym(h, "conv_f16");
+  uint16_t (*nb16)(float) = (uint16_t(*)(float))dlsym(h, "conv_bf16");
+  float (*w16)(uint16_t) = (float (*)(uint16_t))dlsym(h, "wide_f16");
+  float (*wb16)(uint16_t) = (float (*)(uint16_t))dlsym(h, "wide_bf16");
+  int bad = 0;
+  long long checked = 0;
+  if (!n16 || !nb16 || !w16 || !wb16) bad = 1;
+  for (uint32_t v = 0; v < 65536 && !bad; v++) {
+    float a = w16((uint16_t)v), b = duet_f32_from_f16((uint16_t)v);
+    float c = wb16((uint16_t)v), d = duet_f32_from_bf16((uint16_t)v);
+    if (duet_f32_bits(a) != duet_f32_bits(b) || duet_f32_bits(c) != duet_f32_bits(d)) {
+      fprintf(stderr, "FAIL conversions: widening 0x%04x\n", v);
+      bad = 1;
+    }
+    uint32_t base[2] = {duet_f32_bits(b), duet_f32_bits(d)};
+    static const int32_t off[] = {0, 1, -1, 0x1000, -0x1000, 0xfff, 0x1001};
+    for (int bi = 0; bi < 2 && !bad; bi++)
+      for (int o = 0; o < 7 && !bad; o++) {
+        float x = duet_bits_f32(base[bi] + (uint32_t)off[o]);
+        checked++;
+        if (n16(x) != duet_f16_from_f32(x) || nb16(x) != duet_bf16_from_f32(x)) {
+          fprintf(stderr, "FAIL conversions: narrowing bits 0x%08x: cuda %04x %04x, c %04x %04x\n",
+                  duet_f32_bits(x), n16(x), nb16(x), duet_f16_from_f32(x), duet_bf16_from_f32(x));
+          bad = 1;
+        }
+      }
+  }
+  for (uint64_t u = 0; u < (1ull << 32) && !bad; u += 7919) {
+    float x = duet_bits_f32((uint32_t)u);
+    checked++;
+    if (n16(x) != duet_f16_from_f32(x) || nb16(x) != duet_bf16_from_f32(x)) {
+      fprintf(stderr, "FAIL conversions: narrowing bits 0x%08x\n", (uint32_t)u);
+      bad = 1;
+    }
+  }
+  dlclose(h);
+  printf("%s conversions: 65536 f16 and bf16 patterns widened, %lld f32 values narrowed, as runtime/duet_half.h\n",
+         bad ? "FAIL" : "ok", checked);
+  return bad;
+}
+
 /* The 16-bit elements compared over all cases and those bit-identical. */
 static CompareStats stats16;
 
@@ -284,6 +358,10 @@ int main(int argc, char **argv) {
     return 1;
   }
   int failed = 0, ran = 0;
+  if (argc == 1 || !strcmp(argv[1], "conversions")) {
+    failed += check_conversions(dir);
+    ran++;
+  }
   for (int i = 0; i < N_OP_CASES; i++)
     for (int f = 0; f < 2; f++) {
       if (argc > 1 && strcmp(argv[1], cases[i].name)) continue;
