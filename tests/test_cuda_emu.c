@@ -16,8 +16,8 @@
  * where GEMMs are emulated as the CPU computes them (16-bit operands, a
  * wide sum, one rounding) and the loss scale and skipped steps must match;
  * it prints how many 16-bit elements are bit-identical.  First, the CUDA
- * prelude's fp16/bf16 conversions against runtime/duet_half.h, bit for bit.  This checks the kernels' logic (indices, reductions,
- * barriers), not the CUDA driver path or the real hardware's scheduling:
+ * prelude's fp16/bf16 conversions against runtime/duet_half.h, bit for
+ * bit.  This checks the kernels' logic (indices, reductions, barriers), not the CUDA driver path or the real hardware's scheduling:
  * the gpu-labelled tests do that.  Exits 77 when no C++ compiler is
  * installed. */
 #define _GNU_SOURCE
