@@ -5,9 +5,10 @@
  * training programs for compute_60 (when the installed NVRTC still
  * supports it; not bf16), compute_75 (not bf16, which needs sm_80),
  * compute_80 and compute_90 (PTX), plus a CUBIN of f32 for sm_80 (which
- * runs ptxas: register and shared-memory limits); the f64 training program and, for models with
- * attention, the decoding program for compute_75.  The PTX must hold an
- * entry point duet_k<i> for every kernel i.  Models of more than 400
+ * runs ptxas: register and shared-memory limits); the f64 training
+ * program and, for models with attention, the decoding program (f32, and
+ * with --precision fp16, which leaves decoding in f32) for compute_75.  The
+ * PTX must hold an entry point duet_k<i> for every kernel i.  Models of more than 400
  * kernels (GPT-2 small) are compiled by `test_nvrtc --large`: PTX of f32
  * for the architectures, of fp16 for compute_75 and of bf16 for compute_80
  * only (about 10 s each on one core).  Exits 77 (ctest SKIP) with a
@@ -107,7 +108,7 @@ static void test_model(const char *path, const int *archs, int n_archs) {
     const char *tag, *precision;
   } variants[] = {{DT_F32, false, "f32", "fp32"},       {DT_F32, false, "fp16", "fp16"},
                   {DT_F32, false, "bf16", "bf16"},      {DT_F64, false, "f64", "fp32"},
-                  {DT_F32, true, "f32 decode", "fp32"}};
+                  {DT_F32, true, "f32 decode", "fp32"}, {DT_F32, true, "fp16 decode", "fp16"}};
   enum { N_VARIANTS = sizeof variants / sizeof variants[0] };
   size_t tlen = 0;
   char *text = duet_read_file(path, &tlen);

@@ -1,7 +1,7 @@
 #!/bin/sh
 # (ctest label gpu) Mixed precision on cuda:0: fp16 (with dynamic loss
 # scaling) and bf16 runs against the fp32 run on the same GPU:
-#  1. fmnist_mlp, one epoch: fp16 and bf16 test accuracy within 1.0 point
+#  1. fmnist_mlp, one epoch: fp16 and bf16 test accuracy within 1.5 points
 #     of fp32's (the CPU's long test asks 0.5 points of a 3-seed mean after
 #     5 epochs; one seed after one epoch moves by about a point with any
 #     change of the trajectory);
@@ -61,8 +61,8 @@ else
   for p in $precs; do
     a=$(acc "$tmp/mlp_$p.jsonl")
     echo "fmnist_mlp 1 epoch on $GPU_DEVICE: test accuracy fp32 $a32, $p $a"
-    if [ -n "$a32" ] && [ -n "$a" ] && awk -v a="$a32" -v b="$a" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }'
-    then ok "fmnist_mlp $p within 1 point of fp32"; else bad "fmnist_mlp $p within 1 point of fp32"; fi
+    if [ -n "$a32" ] && [ -n "$a" ] && awk -v a="$a32" -v b="$a" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.015) }'
+    then ok "fmnist_mlp $p within 1.5 points of fp32"; else bad "fmnist_mlp $p within 1.5 points of fp32"; fi
   done
 fi
 
