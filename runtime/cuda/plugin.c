@@ -14,6 +14,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cublas_v2.h>
 #include <cuda.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +40,7 @@ typedef struct Cuda {
   void **host_t;            /* what dev_t holds */
   double host_s[DUET_S_COUNT];
   int have_t, have_s;
+  int acc16; /* --gemm-accumulate fp16 */
 } Cuda;
 
 static const char *cu_err(CUresult r) {
@@ -122,7 +125,11 @@ static int cu_launch(DuetDevice *d, int kernel, void *const *t, const double *s)
  * cublasGemmEx with CUBLAS_COMPUTE_32F: products and sums in fp32, the
  * result rounded once to the 16-bit type (cuBLAS documentation,
  * "cublasGemmEx": the 16F/16BF inputs with 32F compute rows of its type
- * table), which is what the CPU's widen-sgemm-narrow does. */
+ * table), which is what the CPU's widen-sgemm-narrow does.  With
+ * --gemm-accumulate fp16 (opt-in, never the default) fp16 GEMMs use
+ * CUBLAS_COMPUTE_16F instead, whose alpha and beta are fp16 (1 = 0x3c00):
+ * about twice the rate on Pascal (sm_60), with fp16 rounding of every
+ * partial sum. */
 static int cu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
   Cuda *c = d->ctx;
   int m = (int)st->m, n = (int)st->n, k = (int)st->k;
@@ -138,8 +145,11 @@ static int cu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
   } else if (st->dtype == DUET_F16 || st->dtype == DUET_BF16) {
     const float one = 1, zero = 0;
     cudaDataType_t ty = st->dtype == DUET_F16 ? CUDA_R_16F : CUDA_R_16BF;
-    r = cublasGemmEx(c->blas, ob, oa, n, m, k, &one, t[st->b], ty, ldb, t[st->a], ty, lda, &zero, t[st->c], ty, n,
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    const uint16_t one16 = 0x3c00, zero16 = 0;
+    bool h = c->acc16 && st->dtype == DUET_F16;
+    r = cublasGemmEx(c->blas, ob, oa, n, m, k, h ? (const void *)&one16 : (const void *)&one, t[st->b], ty, ldb,
+                     t[st->a], ty, lda, h ? (const void *)&zero16 : (const void *)&zero, t[st->c], ty, n,
+                     h ? CUBLAS_COMPUTE_16F : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   } else {
     snprintf(d->err, sizeof d->err, "GEMM of dtype %d is not supported on CUDA", st->dtype);
     return -1;
@@ -306,6 +316,7 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
   img = NULL;
   c->n_kernels = p->n_kernels;
   c->n_tensors = p->n_tensors;
+  c->acc16 = p->gemm_accumulate_f16;
   c->launch = p->cuda_launch;
   c->fn = calloc((size_t)(p->n_kernels ? p->n_kernels : 1), sizeof *c->fn);
   c->host_t = calloc((size_t)(p->n_tensors ? p->n_tensors : 1), sizeof *c->host_t);
@@ -335,7 +346,9 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
     snprintf(err, errlen, "cuBLAS initialisation failed on %s", name);
     goto fail;
   }
-  if (verbose) fprintf(stderr, "duet: cuda:%d %s (sm_%d%d): kernels %s\n", ordinal, name, ma, mi, msg);
+  if (verbose)
+    fprintf(stderr, "duet: cuda:%d %s (sm_%d%d): kernels %s%s\n", ordinal, name, ma, mi, msg,
+            c->acc16 ? "; fp16 GEMMs accumulate in fp16 (--gemm-accumulate fp16)" : "");
   return d;
 fail:
   free(img);
