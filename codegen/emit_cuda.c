@@ -830,8 +830,10 @@ static const char *PRELUDE =
  * for bit: RNE including the f16 subnormals, overflow to inf at 65520, a
  * NaN kept quiet with its sign and top payload bits (the toolkit's
  * __float2half returns one canonical NaN).  The source still includes
- * nothing, so NVRTC needs no include path and any toolkit (11.8 to 13)
- * compiles it for any architecture, compute_60 included.  The f16
+ * nothing, so NVRTC needs no include path (cuda_fp16.h is found only with
+ * -I<toolkit>/include, and NVRTC bundles it only from 13.3 on:
+ * shared/FACTS.md) and any toolkit (11.8 to 13) compiles it for any
+ * architecture, compute_60 included.  The f16
  * subnormal path rounds with the f32 adder (__fadd_rn: round to nearest,
  * never contracted); NVRTC's default -ftz=false keeps it exact. */
 static const char *PRELUDE_HALF =

@@ -8,10 +8,12 @@
  * runs ptxas: register and shared-memory limits); the f64 training
  * program and, for models with attention, the decoding program (f32, and
  * with --precision fp16, which leaves decoding in f32) for compute_75.  The
- * PTX must hold an entry point duet_k<i> for every kernel i.  Models of more than 400
- * kernels (GPT-2 small) are compiled by `test_nvrtc --large`: PTX of f32
- * for the architectures, of fp16 for compute_75 and of bf16 for compute_80
- * only (about 10 s each on one core).  Exits 77 (ctest SKIP) with a
+ * PTX must hold an entry point duet_k<i> for every kernel i.  The 16-bit
+ * programs are compiled by `test_nvrtc --half` (ctest nvrtc_compile_half),
+ * the others by the default run.  Models of more than 400 kernels in f32
+ * (GPT-2 small) are compiled by `test_nvrtc --large`: PTX of f32 for the
+ * architectures, of fp16 for compute_75 and of bf16 for compute_80 only
+ * (about 10 s each on one core).  Exits 77 (ctest SKIP) with a
  * message only when duet was built without NVRTC.  The one-op models of
  * tests/op_cases.h (every kernel kind, forward and backward) compile in f32,
  * f64, fp16 and bf16 for compute_75. */
@@ -36,6 +38,10 @@ static int failures;
  * PTX for the architectures only, so each ctest test stays under a minute. */
 #define LARGE_KERNELS 400
 static bool large_mode;
+/* `test_nvrtc --half` (ctest nvrtc_compile_half) compiles the fp16 and bf16
+ * programs of the non-large models and op cases, the default run the f32,
+ * f64 and decoding ones: two tests of under a minute each. */
+static bool half_mode;
 /* Under AddressSanitizer (make test-asan) NVRTC's many allocations run
  * about 4x slower, and the release suite already covers every
  * architecture: there only f32 for compute_75 is compiled. */
@@ -114,9 +120,18 @@ static void test_model(const char *path, const int *archs, int n_archs) {
   char *text = duet_read_file(path, &tlen);
   bool attention = text && strstr(text, "attention(");
   free(text);
+  /* large or not: decided on the f32 training program, for every variant */
+  CgProgram *cp0 = lower_model(a, path, NULL, DT_F32, false, "fp32");
+  if (cp0 && (cp0->n_kernels > LARGE_KERNELS) != large_mode) {
+    printf("%s: %d kernels, %s\n", path, cp0->n_kernels,
+           large_mode ? "not large: compiled by test_nvrtc without --large" : "large: compiled by test_nvrtc --large");
+    arena_free(a);
+    return;
+  }
   for (int v = 0; v < N_VARIANTS; v++) {
     if (variants[v].decode && !attention) continue;
     if ((quick && v > 0) || (large_mode && v > 2)) break;
+    if (!large_mode && half_mode != (v == 1 || v == 2 || v == 5)) continue;
     CgProgram *cp = lower_model(a, path, NULL, variants[v].dt, variants[v].decode, variants[v].precision);
     char what[1200];
     snprintf(what, sizeof what, "%s (%s)", path, variants[v].tag);
@@ -124,12 +139,6 @@ static void test_model(const char *path, const int *archs, int n_archs) {
       fprintf(stderr, "FAIL %s: does not compile\n", what);
       failures++;
       continue;
-    }
-    if ((cp->n_kernels > LARGE_KERNELS) != large_mode) {
-      if (v == 0)
-        printf("%s: %d kernels, %s\n", what, cp->n_kernels,
-               large_mode ? "not large: compiled by test_nvrtc without --large" : "large: compiled by test_nvrtc --large");
-      break;
     }
     char *src = codegen_emit_cuda(cp, a);
     bool half = v == 1 || v == 2;
@@ -170,6 +179,7 @@ static void test_op_cases(void) {
     for (int f = 0; f < 4; f++) {
       const Case *oc = c < N_OP_CASES ? &cases[c] : &big_cases[c - N_OP_CASES];
       if ((c >= N_OP_CASES || quick) && f) continue; /* big cases (and sanitizer builds): f32 only */
+      if (half_mode != (f >= 2)) continue;
       Arena *a = arena_new(1 << 18);
       CgProgram *cp = lower_model(a, oc->name, oc->src, f == 1 ? DT_F64 : DT_F32, false,
                                   f == 2 ? "fp16" : f == 3 ? "bf16" : "fp32");
@@ -231,6 +241,11 @@ int main(int argc, char **argv) {
   printf("\n");
   int first = 1;
   if (argc > 1 && !strcmp(argv[1], "--large")) large_mode = true, first = 2;
+  if (argc > 1 && !strcmp(argv[1], "--half")) half_mode = true, first = 2;
+  if (half_mode && quick) {
+    printf("SKIP: sanitizer build: the fp16/bf16 programs are NVRTC-compiled by the release suite (make test)\n");
+    return 77;
+  }
   if (large_mode && quick) {
     printf("SKIP: sanitizer build: GPT-2 small is NVRTC-compiled by the release suite (make test)\n");
     return 77;

@@ -305,6 +305,12 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
                ordinal, name, ma, mi);
       goto fail;
     }
+  /* fp16 arithmetic on sm_61 runs at 1/64 of fp32 (CUDA C Programming
+   * Guide, arithmetic throughput; shared/FACTS.md: CUBLAS_COMPUTE_16F
+   * 20-25x slower than SGEMM there) */
+  if (p->gemm_accumulate_f16 && ma == 6 && mi == 1)
+    fprintf(stderr, "duet: warning: --gemm-accumulate fp16 on %s (sm_61, fp16 at 1/64 of the fp32 rate) makes "
+                    "GEMMs slower, not faster\n", name);
   CKO(cuDevicePrimaryCtxRetain(&c->ctx, c->dev));
   CKO(cuCtxSetCurrent(c->ctx));
   CKO(cuStreamCreate(&c->stream, CU_STREAM_NON_BLOCKING));
