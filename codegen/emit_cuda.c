@@ -68,6 +68,23 @@ static const char *store_fn(DType t) { return t == DT_F16 ? "duet_f16_from_f32" 
 
 /* -------------------------------------------------------- launch sizes */
 
+/* A buffer read or written at element i itself (plus an even base): with
+ * 16-bit storage, two neighbours share one aligned 32-bit word (tensors are
+ * 64-byte aligned by the memory planner). */
+static bool pair_buf(const KBuf *kb) {
+  if (!is16(kb->dtype) || kb->n_terms != 1 || kb->base % 2) return false;
+  const KIndexTerm *x = &kb->terms[0];
+  return x->div == 1 && x->mul == 1 && !x->mod;
+}
+
+/* An elementwise kernel that takes two elements per thread (see
+ * emit_elementwise): an even count and some pair buffer. */
+static bool ew_paired(const Kernel *k) {
+  bool pairs = false;
+  for (int i = 0; i < k->n_bufs; i++) pairs |= pair_buf(&k->bufs[i]);
+  return pairs && k->n % 2 == 0;
+}
+
 #define EW_BLOCK 256
 #define MAX_GRID 65535 /* grid-stride loops cover the rest */
 
@@ -98,7 +115,7 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   l->shared = 0;
   l->block = EW_BLOCK;
   switch (k->kind) {
-  case KK_ELEMENTWISE: l->grid = grid_for(k->n, EW_BLOCK); break;
+  case KK_ELEMENTWISE: l->grid = grid_for(ew_paired(k) ? k->n / 2 : k->n, EW_BLOCK); break;
   case KK_REDUCE:
   case KK_MAX_GRAD:
     if (k->kind == KK_REDUCE && !k->reduce_max && k->inner == 1) l->grid = grid_for(k->outer, 1);
@@ -183,15 +200,6 @@ static void index_expr(Buf *b, const KBuf *kb, const char *iv) {
     bprintf(b, "%s", paren ? ")" : "");
     if (x->mul != 1) bprintf(b, " * " D64, x->mul);
   }
-}
-
-/* A buffer read or written at element i itself (plus an even base): with
- * 16-bit storage, two neighbours share one aligned 32-bit word (tensors are
- * 64-byte aligned by the memory planner). */
-static bool pair_buf(const KBuf *kb) {
-  if (!is16(kb->dtype) || kb->n_terms != 1 || kb->base % 2) return false;
-  const KIndexTerm *x = &kb->terms[0];
-  return x->div == 1 && x->mul == 1 && !x->mod;
 }
 
 /* The instructions of an elementwise kernel for element `iv` (a variable
@@ -279,9 +287,7 @@ static void emit_elementwise(Buf *b, const Kernel *k, const DuetLaunch *l) {
   bool stored[KMAX_BUFS] = {0};
   for (int i = 0; i < k->n_ins; i++)
     if (k->ins[i].op == KI_STORE) stored[k->ins[i].a] = true;
-  bool pairs = false;
-  for (int i = 0; i < k->n_bufs; i++) pairs |= pair_buf(&k->bufs[i]);
-  pairs &= k->n % 2 == 0;
+  bool pairs = ew_paired(k);
   for (int i = 0; i < k->n_bufs; i++)
     bprintf(b, "  %s%s *b%d = (%s%s *)t[%d];\n", stored[i] ? "" : "const ", cutype(k->bufs[i].dtype), i,
             stored[i] ? "" : "const ", cutype(k->bufs[i].dtype), k->bufs[i].tensor);

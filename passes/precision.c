@@ -162,6 +162,12 @@ void pass_precision(Graph *g, PassCtx *cx) {
   if (precision_resolve(cx->target, req, &pc, err, sizeof err)) diag_error_noloc(g->diag, "%s", err);
   if (pc.storage == DT_F32 || g->float_dtype != DT_F32 || g->decode) return; /* nothing to do */
   DType L = pc.storage;
+  /* with micro-batches autodiff's seed is 1/M, not the 1 that becomes the
+   * loss scale; the pipeline runtime does not check overflow flags yet
+   * either (pass_partition says the same for --devices) */
+  if (pc.loss_scaling && g->train.micro_batches > 1)
+    diag_error_noloc(g->diag, "fp16 loss scaling does not combine with --devices or --micro-batches yet; "
+                     "pipelined runs take --precision fp32 or bf16");
   Arena *a = g->arena;
   int n = g->n_values;
   Value **old = arena_alloc(a, ((size_t)n + 1) * sizeof *old);

@@ -78,7 +78,7 @@ __device__ __forceinline__ duet_u16 duet_bf16_from_f32(float f) {
 }
 __device__ __forceinline__ float duet_f32_from_bf16(duet_u16 h) { return __uint_as_float((duet_u32)h << 16); }
 
-/* elementwise: grid 784, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 392, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k0(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[0];
@@ -91,7 +91,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k0(void *const *t, const 
   }
 }
 
-/* elementwise: grid 3136, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1568, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k1(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[2];
@@ -104,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k1(void *const *t, const 
   }
 }
 
-/* elementwise: grid 4, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 2, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k2(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[3];
@@ -117,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(void *const *t, const 
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k3(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[6];
@@ -140,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(void *const *t, const 
   }
 }
 
-/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k4(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[9];
@@ -153,7 +153,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k4(void *const *t, const 
   }
 }
 
-/* elementwise: grid 4, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 2, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k5(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[10];
@@ -166,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k5(void *const *t, const 
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k6(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[12];
@@ -189,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k6(void *const *t, const 
   }
 }
 
-/* elementwise: grid 40, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 20, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k7(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[15];
@@ -215,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k8(void *const *t, const 
   }
 }
 
-/* elementwise: grid 10, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 5, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k9(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[18];
@@ -326,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(void *const *t, const
   }
 }
 
-/* elementwise: grid 10, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 5, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k14(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[23];
@@ -339,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(void *const *t, const
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k15(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[26];
@@ -359,7 +359,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k15(void *const *t, const
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k16(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[28];
@@ -387,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k17(void *const *t, const
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k18(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[31];
@@ -407,7 +407,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k18(void *const *t, const
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k19(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[33];

@@ -147,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k4(void *const *t, const 
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k5(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[10];
@@ -170,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k5(void *const *t, const 
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k6(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[11];
@@ -196,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k7(void *const *t, const 
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k8(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[17];
@@ -222,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k9(void *const *t, const 
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k10(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[22];
@@ -248,7 +248,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k11(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k12(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[15];
@@ -270,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k12(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k13(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[20];
@@ -292,7 +292,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k14(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[25];
@@ -350,7 +350,7 @@ extern "C" __global__ void __launch_bounds__(128) duet_k15(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k16(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[30];
@@ -363,7 +363,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k16(void *const *t, const
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k17(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[31];
@@ -389,7 +389,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k18(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k19(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[7];
@@ -437,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k20(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k21(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[40];
@@ -460,7 +460,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k21(void *const *t, const
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k22(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[41];
@@ -473,7 +473,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k22(void *const *t, const
   }
 }
 
-/* elementwise: grid 4, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 2, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k23(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[42];
@@ -486,7 +486,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k23(void *const *t, const
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k24(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[45];
@@ -505,7 +505,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k24(void *const *t, const
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k25(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[47];
@@ -521,7 +521,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k25(void *const *t, const
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k26(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[49];
@@ -547,7 +547,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k27(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k28(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[37];
@@ -595,7 +595,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k29(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k30(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[57];
@@ -618,7 +618,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k30(void *const *t, const
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k31(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[58];
@@ -644,7 +644,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k32(void *const *t, const
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k33(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[64];
@@ -670,7 +670,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k34(void *const *t, const
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k35(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[69];
@@ -696,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k36(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k37(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[62];
@@ -718,7 +718,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k37(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k38(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[67];
@@ -740,7 +740,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k38(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k39(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[72];
@@ -798,7 +798,7 @@ extern "C" __global__ void __launch_bounds__(128) duet_k40(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k41(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[77];
@@ -811,7 +811,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k41(void *const *t, const
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k42(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[78];
@@ -837,7 +837,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k43(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k44(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[54];
@@ -885,7 +885,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k45(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k46(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[87];
@@ -908,7 +908,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k46(void *const *t, const
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k47(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[88];
@@ -921,7 +921,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k47(void *const *t, const
   }
 }
 
-/* elementwise: grid 4, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 2, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k48(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[89];
@@ -934,7 +934,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k48(void *const *t, const
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k49(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[92];
@@ -953,7 +953,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k49(void *const *t, const
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k50(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[94];
@@ -969,7 +969,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k50(void *const *t, const
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k51(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[96];
@@ -995,7 +995,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k52(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k53(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[84];
@@ -1043,7 +1043,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k54(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k55(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[104];
@@ -1066,7 +1066,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k55(void *const *t, const
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k56(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[105];
@@ -1092,7 +1092,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k57(void *const *t, const
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k58(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[111];
@@ -1118,7 +1118,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k59(void *const *t, const
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k60(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[116];
@@ -1144,7 +1144,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k61(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k62(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[109];
@@ -1166,7 +1166,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k62(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k63(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[114];
@@ -1188,7 +1188,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k63(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k64(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[119];
@@ -1246,7 +1246,7 @@ extern "C" __global__ void __launch_bounds__(128) duet_k65(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k66(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[124];
@@ -1259,7 +1259,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k66(void *const *t, const
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k67(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[125];
@@ -1285,7 +1285,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k68(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k69(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[101];
@@ -1333,7 +1333,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k70(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k71(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[134];
@@ -1356,7 +1356,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k71(void *const *t, const
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k72(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[135];
@@ -1369,7 +1369,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k72(void *const *t, const
   }
 }
 
-/* elementwise: grid 4, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 2, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k73(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[136];
@@ -1382,7 +1382,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k73(void *const *t, const
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k74(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[139];
@@ -1401,7 +1401,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k74(void *const *t, const
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k75(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[141];
@@ -1417,7 +1417,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k75(void *const *t, const
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k76(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[143];
@@ -1443,7 +1443,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k77(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k78(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[131];
@@ -1491,7 +1491,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k79(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k80(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[151];
@@ -1514,7 +1514,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k80(void *const *t, const
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k81(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[152];
@@ -1540,7 +1540,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k82(void *const *t, const
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k83(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[158];
@@ -1566,7 +1566,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k84(void *const *t, const
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k85(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[163];
@@ -1592,7 +1592,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k86(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k87(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[156];
@@ -1614,7 +1614,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k87(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k88(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[161];
@@ -1636,7 +1636,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k88(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k89(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[166];
@@ -1694,7 +1694,7 @@ extern "C" __global__ void __launch_bounds__(128) duet_k90(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k91(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[171];
@@ -1707,7 +1707,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k91(void *const *t, const
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k92(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[172];
@@ -1733,7 +1733,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k93(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k94(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[148];
@@ -1781,7 +1781,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k95(void *const *t, const
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k96(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[181];
@@ -1804,7 +1804,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k96(void *const *t, const
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k97(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[182];
@@ -1817,7 +1817,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k97(void *const *t, const
   }
 }
 
-/* elementwise: grid 4, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 2, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k98(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[183];
@@ -1830,7 +1830,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k98(void *const *t, const
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k99(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[186];
@@ -1849,7 +1849,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k99(void *const *t, const
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k100(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[188];
@@ -1865,7 +1865,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k100(void *const *t, cons
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k101(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[190];
@@ -1891,7 +1891,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k102(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k103(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[178];
@@ -1939,7 +1939,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k104(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k105(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[198];
@@ -1962,7 +1962,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k105(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k106(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[2];
@@ -1975,7 +1975,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k106(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k107(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[201];
@@ -2065,7 +2065,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k110(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k111(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[205];
@@ -2078,7 +2078,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k111(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k112(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[207];
@@ -2146,7 +2146,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k116(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k117(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[207];
@@ -2206,7 +2206,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k119(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k120(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[215];
@@ -2219,7 +2219,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k120(void *const *t, cons
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k121(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[218];
@@ -2239,7 +2239,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k121(void *const *t, cons
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k122(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[220];
@@ -2267,7 +2267,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k123(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k124(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[223];
@@ -2335,7 +2335,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k128(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k129(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[223];
@@ -2409,7 +2409,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k132(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k133(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[232];
@@ -2422,7 +2422,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k133(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k134(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[235];
@@ -2539,7 +2539,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k139(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k140(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[241];
@@ -2565,7 +2565,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k141(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k142(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[240];
@@ -2591,7 +2591,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k143(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k144(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[239];
@@ -2604,7 +2604,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k144(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k145(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[244];
@@ -2632,7 +2632,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k145(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k146(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[253];
@@ -2700,7 +2700,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k150(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k151(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[253];
@@ -2774,7 +2774,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k154(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k155(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[262];
@@ -2787,7 +2787,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k155(void *const *t, cons
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k156(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[265];
@@ -2807,7 +2807,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k156(void *const *t, cons
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k157(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[267];
@@ -2835,7 +2835,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k158(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k159(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[270];
@@ -2903,7 +2903,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k163(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k164(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[270];
@@ -2977,7 +2977,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k167(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k168(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[279];
@@ -2990,7 +2990,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k168(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k169(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[282];
@@ -3107,7 +3107,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k174(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k175(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[288];
@@ -3133,7 +3133,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k176(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k177(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[287];
@@ -3159,7 +3159,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k178(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k179(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[286];
@@ -3172,7 +3172,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k179(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k180(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[291];
@@ -3200,7 +3200,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k180(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k181(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[300];
@@ -3268,7 +3268,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k185(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k186(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[300];
@@ -3342,7 +3342,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k189(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k190(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[309];
@@ -3355,7 +3355,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k190(void *const *t, cons
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k191(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[312];
@@ -3375,7 +3375,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k191(void *const *t, cons
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k192(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[314];
@@ -3403,7 +3403,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k193(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k194(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[317];
@@ -3471,7 +3471,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k198(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k199(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[317];
@@ -3545,7 +3545,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k202(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k203(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[326];
@@ -3558,7 +3558,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k203(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k204(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[329];
@@ -3675,7 +3675,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k209(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k210(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[335];
@@ -3701,7 +3701,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k211(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k212(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[334];
@@ -3727,7 +3727,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k213(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k214(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[333];
@@ -3740,7 +3740,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k214(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k215(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[338];
@@ -3768,7 +3768,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k215(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k216(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[347];
@@ -3836,7 +3836,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k220(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k221(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[347];
@@ -3910,7 +3910,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k224(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k225(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[356];
@@ -3923,7 +3923,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k225(void *const *t, cons
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k226(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[359];
@@ -3943,7 +3943,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k226(void *const *t, cons
   }
 }
 
-/* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k227(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[361];
@@ -3971,7 +3971,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k228(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k229(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[364];
@@ -4039,7 +4039,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k233(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k234(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[364];
@@ -4113,7 +4113,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k237(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k238(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[373];
@@ -4126,7 +4126,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k238(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k239(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[376];
@@ -4243,7 +4243,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k244(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k245(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[382];
@@ -4269,7 +4269,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k246(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k247(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[381];
@@ -4295,7 +4295,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k248(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k249(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[380];
@@ -4308,7 +4308,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k249(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k250(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[385];
@@ -4336,7 +4336,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k250(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k251(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[394];
@@ -4404,7 +4404,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k255(void *const *t, cons
   }
 }
 
-/* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k256(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[394];
@@ -4508,7 +4508,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k261(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k262(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[208];
@@ -4578,7 +4578,7 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k263(void *const *t, con
   duet_done263 = 0; /* ready for the next launch */
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k264(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[395];
@@ -4593,7 +4593,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k264(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k265(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[390];
@@ -4608,7 +4608,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k265(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k266(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[386];
@@ -4623,7 +4623,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k266(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k267(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[377];
@@ -4638,7 +4638,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k267(void *const *t, cons
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k268(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[365];
@@ -4653,7 +4653,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k268(void *const *t, cons
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k269(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[360];
@@ -4668,7 +4668,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k269(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k270(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[348];
@@ -4683,7 +4683,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k270(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k271(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[343];
@@ -4698,7 +4698,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k271(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k272(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[339];
@@ -4713,7 +4713,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k272(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k273(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[330];
@@ -4728,7 +4728,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k273(void *const *t, cons
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k274(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[318];
@@ -4743,7 +4743,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k274(void *const *t, cons
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k275(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[313];
@@ -4758,7 +4758,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k275(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k276(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[301];
@@ -4773,7 +4773,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k276(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k277(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[296];
@@ -4788,7 +4788,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k277(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k278(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[292];
@@ -4803,7 +4803,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k278(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k279(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[283];
@@ -4818,7 +4818,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k279(void *const *t, cons
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k280(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[271];
@@ -4833,7 +4833,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k280(void *const *t, cons
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k281(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[266];
@@ -4848,7 +4848,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k281(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k282(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[254];
@@ -4863,7 +4863,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k282(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k283(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[249];
@@ -4878,7 +4878,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k283(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k284(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[245];
@@ -4893,7 +4893,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k284(void *const *t, cons
   }
 }
 
-/* elementwise: grid 256, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k285(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[236];
@@ -4908,7 +4908,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k285(void *const *t, cons
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k286(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[224];
@@ -4923,7 +4923,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k286(void *const *t, cons
   }
 }
 
-/* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
+/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k287(void *const *t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t[219];
