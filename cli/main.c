@@ -28,7 +28,8 @@ static void usage(FILE *out) {
           "  help                         this text\n\n"
           "run, compile, ir, emit and check take --precision auto|fp32|fp16|bf16 (default auto: fp32\n"
           "on the CPU) and ir and check --arch cpu|sm_60|sm_61|sm_70|sm_75|sm_80|sm_86|sm_89|sm_90 (the\n"
-          "device whose capabilities `auto` follows).\n\n"
+          "device whose capabilities `auto` follows); run, compile and plan take --gemm-accumulate\n"
+          "fp32|fp16 (fp16: opt-in fp16 accumulation of fp16 GEMMs on CUDA devices).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
           "M.model: it resumes after the pass it was printed after.\n\n"
           "Every command takes --help.  Environment: DUET_CC (C compiler, default cc),\n"
@@ -37,22 +38,23 @@ static void usage(FILE *out) {
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
  * emit and check (cli/ may hold global state). */
-static const char *opt_precision, *opt_arch;
+static const char *opt_precision, *opt_arch, *opt_gemm_acc;
 
 /* Removes `--precision X` / `--arch X` (and the `=` forms) from argv;
  * returns the new argc, or -1 after a message when a value is missing. */
 static int strip_precision_flags(int argc, char **argv) {
   int k = 0;
   for (int i = 0; i < argc; i++) {
-    const char *names[2] = {"--precision", "--arch"};
-    const char **dst[2] = {&opt_precision, &opt_arch};
+    const char *names[3] = {"--precision", "--arch", "--gemm-accumulate"};
+    const char **dst[3] = {&opt_precision, &opt_arch, &opt_gemm_acc};
+    static const char *const values[3] = {"auto, fp32, fp16, bf16",
+                                          "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16"};
     int hit = -1;
-    for (int j = 0; j < 2 && hit < 0; j++) {
+    for (int j = 0; j < 3 && hit < 0; j++) {
       size_t n = strlen(names[j]);
       if (!strcmp(argv[i], names[j])) {
         if (i + 1 >= argc) {
-          fprintf(stderr, "duet: error: %s needs a value (%s)\n", names[j],
-                  j ? "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90" : "auto, fp32, fp16, bf16");
+          fprintf(stderr, "duet: error: %s needs a value (%s)\n", names[j], values[j]);
           return -1;
         }
         *dst[j] = argv[++i];
@@ -72,6 +74,10 @@ static int strip_precision_flags(int argc, char **argv) {
 static int check_precision_flags(void) {
   PrecisionChoice pc;
   char err[256];
+  if (opt_gemm_acc && strcmp(opt_gemm_acc, "fp32") && strcmp(opt_gemm_acc, "fp16")) {
+    fprintf(stderr, "duet: error: unknown --gemm-accumulate `%s` (fp32, fp16)\n", opt_gemm_acc);
+    return 1;
+  }
   if (!opt_precision && !opt_arch) return 0;
   if (precision_resolve(opt_arch, opt_precision, &pc, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
@@ -296,20 +302,32 @@ static bool wants_help(int argc, char **argv) {
   return false;
 }
 
+/* Number of fp16 GEMMs in the training schedule. */
+static int gemm_f16_steps(const DuetProgram *p) {
+  int n = 0;
+  for (int i = 0; i < p->n_train; i++) n += p->train[i].kind == DUET_STEP_GEMM && p->train[i].dtype == DUET_F16;
+  return n;
+}
+
 /* Attaches the CUDA C of the kernels and their launch table to the program
- * (used when --devices names a GPU at run time). */
-static void with_cuda(CgProgram *cp, Arena *a) {
-  for (int i = 0; i < cp->prog.n_tensors; i++) /* no 16-bit CUDA kernels yet */
-    if (cp->prog.tensors[i].dtype == DUET_F16 || cp->prog.tensors[i].dtype == DUET_BF16) return;
+ * (used when --devices names a GPU at run time), and --gemm-accumulate.
+ * 1 after a message when --gemm-accumulate fp16 has no fp16 GEMM to act on. */
+static int with_cuda(CgProgram *cp, Arena *a) {
+  cp->prog.gemm_accumulate_f16 = opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16");
+  if (cp->prog.gemm_accumulate_f16 && !gemm_f16_steps(&cp->prog)) {
+    fprintf(stderr, "duet: error: --gemm-accumulate fp16 needs fp16 GEMMs (--precision fp16); this program has none\n");
+    return 1;
+  }
   cp->prog.cuda_source = codegen_emit_cuda(cp, a);
   cp->prog.cuda_launch = codegen_cuda_launch_table(cp, a);
+  return 0;
 }
 
 /* Lowers a compiled graph and loads its kernels (compiled now or taken from
  * the cache) into m.  NULL after printing the error. */
 static CgProgram *jit_program(Compiled *c, JitModule *m) {
   CgProgram *cp = codegen_lower(c->g, c->arena);
-  with_cuda(cp, c->arena);
+  if (with_cuda(cp, c->arena)) return NULL;
   char err[8192];
   if (jit_load(codegen_emit_c(cp, c->arena), m, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
@@ -329,6 +347,8 @@ static int cmd_run(int argc, char **argv) {
     printf("  --precision P      auto|fp32|fp16|bf16: 16-bit activations and weight copies, f32 master\n"
            "                     weights and optimizer state (fp16 with dynamic loss scaling); auto is\n"
            "                     fp32 on the CPU\n");
+    printf("  --gemm-accumulate A fp32|fp16: fp16 GEMMs accumulate in fp32 (default) or, opt-in, in fp16\n"
+           "                     (cuBLAS CUBLAS_COMPUTE_16F, about 2x on sm_60; CUDA devices only)\n");
     printf("\nCompiles the model's kernels (cached in DUET_CACHE_DIR) and trains it.\n");
     return argc < 1 ? 1 : 0;
   }
@@ -355,7 +375,10 @@ static int cmd_run(int argc, char **argv) {
     /* the GPU runs the CUDA C; the C kernels are not needed */
     memset(&m, 0, sizeof m);
     cp = codegen_lower(c.g, c.arena);
-    with_cuda(cp, c.arena);
+    if (with_cuda(cp, c.arena)) {
+      compiled_free(&c);
+      return 1;
+    }
   } else if (!(cp = jit_program(&c, &m))) {
     compiled_free(&c);
     return 1;
@@ -441,7 +464,10 @@ static int cmd_compile(int argc, char **argv) {
   /* the executable runs on the devices it was compiled for unless given --devices */
   if (po.devices) cp->prog.defaults.devices = arena_printf(c.arena, "%s", po.devices);
   par_free(&po);
-  with_cuda(cp, c.arena);
+  if (with_cuda(cp, c.arena)) {
+    compiled_free(&c);
+    return 1;
+  }
   char *src = codegen_emit_c(cp, c.arena);
   char cpath[1300];
   snprintf(cpath, sizeof cpath, "%s.duet-XXXXXX.c", out);
@@ -609,6 +635,11 @@ static int cmd_plan(int argc, char **argv) {
     PassCtx pc = {.diag = &c.diag, .devices = po.n_dev ? po.dev : NULL, .n_devices = po.n_dev,
                   .one_f_one_b = po.one_f_one_b};
     rc = partition_report(c.g, &pc, stdout);
+    if (opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16"))
+      printf("gemm accumulate: fp16 (--gemm-accumulate fp16: fp16 GEMMs use cuBLAS CUBLAS_COMPUTE_16F, about 2x the "
+             "fp32-accumulate rate on sm_60, partial sums rounded to fp16; CUDA devices only)\n");
+    else
+      printf("gemm accumulate: fp32 (16-bit GEMMs: 16-bit inputs, fp32 accumulation)\n");
   }
   par_free(&po);
   compiled_free(&c);
@@ -643,15 +674,7 @@ static int cmd_emit(int argc, char **argv) {
   int rc = compile_model(&c, model, 0, NULL, NULL);
   if (!rc) {
     CgProgram *cp = codegen_lower(c.g, c.arena);
-    bool half = false;
-    for (int i = 0; i < cp->prog.n_tensors; i++)
-      half |= cp->prog.tensors[i].dtype == DUET_F16 || cp->prog.tensors[i].dtype == DUET_BF16;
-    if (half && !strcmp(target, "cuda")) {
-      fprintf(stderr, "duet: error: the CUDA emitter has no fp16/bf16 kernels yet; use --precision fp32\n");
-      rc = 1;
-    } else {
-      fputs(strcmp(target, "cuda") ? codegen_emit_c(cp, c.arena) : codegen_emit_cuda(cp, c.arena), stdout);
-    }
+    fputs(strcmp(target, "cuda") ? codegen_emit_c(cp, c.arena) : codegen_emit_cuda(cp, c.arena), stdout);
   }
   compiled_free(&c);
   return rc;
@@ -798,7 +821,7 @@ int main(int argc, char **argv) {
   }
   const char *cmd = argv[1];
   if (!strcmp(cmd, "run") || !strcmp(cmd, "compile") || !strcmp(cmd, "ir") || !strcmp(cmd, "emit") ||
-      !strcmp(cmd, "check")) {
+      !strcmp(cmd, "check") || !strcmp(cmd, "plan")) {
     int n = strip_precision_flags(argc - 2, argv + 2);
     if (n < 0 || check_precision_flags()) return 1;
     argc = n + 2;

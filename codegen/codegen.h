@@ -123,6 +123,11 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a);
 void codegen_cuda_launch(const Kernel *k, DuetLaunch *l);
 /* codegen_cuda_launch for every kernel, in the arena. */
 DuetLaunch *codegen_cuda_launch_table(const CgProgram *cp, Arena *a);
+/* The device functions the CUDA source of a program with 16-bit tensors
+ * carries (duet_u16, duet_f16_from_f32, duet_f32_from_f16,
+ * duet_bf16_from_f32, duet_f32_from_bf16: runtime/duet_half.h's
+ * conversions); it needs the prelude's duet_u32.  Static text, for tests. */
+const char *codegen_cuda_half_prelude(void);
 
 /* A whole training executable's C source: the kernels, the program tables
  * (strings written as byte arrays) and main() calling duet_main(). */

@@ -845,6 +845,7 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
           p->context);
   fprintf(out, "  .n_unscale = %d, .unscale_names = unscale_names, .update_from = %d,\n", p->n_unscale,
           p->update_from);
+  if (p->gemm_accumulate_f16) fprintf(out, "  .gemm_accumulate_f16 = 1,\n");
   if (p->n_stages > 0)
     fprintf(out, "  .n_stages = %d, .stages = stages, .n_transfers = %d, .transfers = transfers, .micro_batches = %d,\n",
             p->n_stages, p->n_transfers, p->micro_batches);

@@ -49,13 +49,41 @@ static const char *cutype(DType t) {
   case DT_F32: return "float";
   case DT_F64: return "double";
   case DT_I32: return "duet_i32";
+  case DT_F16: case DT_BF16: return "duet_u16"; /* raw bits; see PRELUDE_HALF */
   default: unreachable();
   }
 }
 
-static int64_t dsize(DType t) { return t == DT_F64 ? 8 : 4; }
+static int64_t dsize(DType t) { return t == DT_F64 ? 8 : t == DT_F16 || t == DT_BF16 ? 2 : 4; }
+
+static bool is16(DType t) { return t == DT_F16 || t == DT_BF16; }
+
+/* Arithmetic type of a kernel of (storage) dtype t: 16-bit values widen to
+ * f32 (as the C emitter: fp32 arithmetic and accumulation). */
+static DType compute_dtype(DType t) { return is16(t) ? DT_F32 : t; }
+
+/* Widening of a loaded element and narrowing of a stored one (PRELUDE_HALF). */
+static const char *load_fn(DType t) { return t == DT_F16 ? "duet_f32_from_f16" : t == DT_BF16 ? "duet_f32_from_bf16" : ""; }
+static const char *store_fn(DType t) { return t == DT_F16 ? "duet_f16_from_f32" : t == DT_BF16 ? "duet_bf16_from_f32" : ""; }
 
 /* -------------------------------------------------------- launch sizes */
+
+/* A buffer read or written at element i itself (plus an even base): with
+ * 16-bit storage, two neighbours share one aligned 32-bit word (tensors are
+ * 64-byte aligned by the memory planner). */
+static bool pair_buf(const KBuf *kb) {
+  if (!is16(kb->dtype) || kb->n_terms != 1 || kb->base % 2) return false;
+  const KIndexTerm *x = &kb->terms[0];
+  return x->div == 1 && x->mul == 1 && !x->mod;
+}
+
+/* An elementwise kernel that takes two elements per thread (see
+ * emit_elementwise): an even count and some pair buffer. */
+static bool ew_paired(const Kernel *k) {
+  bool pairs = false;
+  for (int i = 0; i < k->n_bufs; i++) pairs |= pair_buf(&k->bufs[i]);
+  return pairs && k->n % 2 == 0;
+}
 
 #define EW_BLOCK 256
 #define MAX_GRID 65535 /* grid-stride loops cover the rest */
@@ -87,7 +115,7 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   l->shared = 0;
   l->block = EW_BLOCK;
   switch (k->kind) {
-  case KK_ELEMENTWISE: l->grid = grid_for(k->n, EW_BLOCK); break;
+  case KK_ELEMENTWISE: l->grid = grid_for(ew_paired(k) ? k->n / 2 : k->n, EW_BLOCK); break;
   case KK_REDUCE:
   case KK_MAX_GRAD:
     if (k->kind == KK_REDUCE && !k->reduce_max && k->inner == 1) l->grid = grid_for(k->outer, 1);
@@ -111,6 +139,7 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
     break;
   case KK_TRANSPOSE: l->grid = (uint32_t)(((k->rows + 31) / 32) * ((k->cols + 31) / 32)); break;
   case KK_POSITIONS: l->grid = grid_for(k->rows, EW_BLOCK); break;
+  case KK_UNSCALE: l->grid = grid_for(k->n, EW_BLOCK); break;
   case KK_IM2COL: {
     int64_t n = k->xs.dim[0] * k->ys.dim[2] * k->ys.dim[3] * k->xs.dim[1] * k->win[0] * k->win[1];
     l->grid = grid_for(n, EW_BLOCK);
@@ -154,7 +183,7 @@ static int64_t max_index(const KBuf *kb, int64_t n) {
   return m;
 }
 
-static void index_expr(Buf *b, const KBuf *kb) {
+static void index_expr(Buf *b, const KBuf *kb, const char *iv) {
   if (kb->base) bprintf(b, D64 " + ", kb->base);
   if (kb->n_terms == 0) {
     bprintf(b, "0");
@@ -165,21 +194,100 @@ static void index_expr(Buf *b, const KBuf *kb) {
     bprintf(b, "%s", t ? " + " : "");
     bool paren = x->mul != 1 && (x->div != 1 || x->mod);
     bprintf(b, "%s", paren ? "(" : "");
-    if (x->div != 1) bprintf(b, "i / " D64, x->div);
-    else bprintf(b, "i");
+    if (x->div != 1) bprintf(b, "%s / " D64, iv, x->div);
+    else bprintf(b, "%s", iv);
     if (x->mod) bprintf(b, " %% " D64, x->mod);
     bprintf(b, "%s", paren ? ")" : "");
     if (x->mul != 1) bprintf(b, " * " D64, x->mul);
   }
 }
 
+/* The instructions of an elementwise kernel for element `iv` (a variable
+ * name), registers r<n><sfx>; with `pairs`, loads of pair buffers take half
+ * `h` of the word w<buf> and stores to them are left to the caller. */
+static void emit_ew_body(Buf *b, const Kernel *k, const char *iv, const char *sfx, bool pairs, int h) {
+  const DType KD = compute_dtype(k->dtype);
+  const char *T = cutype(KD);
+  const char *sq = KD == DT_F32 ? "sqrtf" : "sqrt";
+  const char *th = KD == DT_F32 ? "tanhf" : "tanh";
+  for (int i = 0; i < k->n_ins; i++) {
+    const KInstr *x = &k->ins[i];
+    if (x->op == KI_STORE || x->op == KI_LOAD) {
+      const KBuf *kb = &k->bufs[x->a];
+      if (pairs && pair_buf(kb)) {
+        if (x->op == KI_LOAD)
+          bprintf(b, "    const %s r%d%s = %s((duet_u16)(w%d >> %d));\n", T, i, sfx, load_fn(kb->dtype), x->a, 16 * h);
+        continue;
+      }
+      if (x->op == KI_STORE) bprintf(b, "    b%d[", x->a);
+      else bprintf(b, "    const %s r%d%s = %s%sb%d[", T, i, sfx, load_fn(kb->dtype), is16(kb->dtype) ? "(" : "", x->a);
+      index_expr(b, kb, iv);
+      if (x->op == KI_STORE && is16(kb->dtype)) bprintf(b, "] = %s(r%d%s);\n", store_fn(kb->dtype), x->b, sfx);
+      else if (x->op == KI_STORE) bprintf(b, "] = r%d%s;\n", x->b, sfx);
+      else bprintf(b, "]%s;\n", is16(kb->dtype) ? ")" : "");
+      continue;
+    }
+    bprintf(b, "    const %s r%d%s = ", T, i, sfx);
+#define R(n) (n), sfx
+    switch (x->op) {
+    case KI_CONST: emit_const(b, KD, x->value); break;
+    case KI_CAST: { /* round to the 16-bit dtype, keep computing in f32 (as the C emitter) */
+      DType to = (DType)(int)x->value;
+      if (is16(to)) bprintf(b, "%s(%s(r%d%s))", load_fn(to), store_fn(to), R(x->a));
+      else bprintf(b, "(%s)r%d%s", T, R(x->a));
+      break;
+    }
+    case KI_SCALAR: bprintf(b, "s%d", i); break;
+    case KI_ADD: bprintf(b, "r%d%s + r%d%s", R(x->a), R(x->b)); break;
+    case KI_SUB: bprintf(b, "r%d%s - r%d%s", R(x->a), R(x->b)); break;
+    case KI_MUL: bprintf(b, "r%d%s * r%d%s", R(x->a), R(x->b)); break;
+    case KI_DIV: bprintf(b, "r%d%s / r%d%s", R(x->a), R(x->b)); break;
+    case KI_NEG: bprintf(b, "-r%d%s", R(x->a)); break;
+    case KI_RELU: bprintf(b, "r%d%s < 0 ? (%s)0 : r%d%s", R(x->a), T, R(x->a)); break; /* NaN passes through */
+    case KI_RELU_GRAD: bprintf(b, "r%d%s > 0 ? r%d%s : (%s)0", R(x->b), R(x->a), T); break;
+    case KI_SQRT: bprintf(b, "%s(r%d%s)", sq, R(x->a)); break;
+    /* GELU, tanh approximation (Hendrycks & Gimpel 2016, as GPT-2); the
+     * same formula as the C emitter */
+    case KI_GELU:
+      bprintf(b, "(%s)0.5 * r%d%s * (1 + %s((%s)0.7978845608028654 * (r%d%s + (%s)0.044715 * r%d%s * r%d%s * r%d%s)))",
+              T, R(x->a), th, T, R(x->a), T, R(x->a), R(x->a), R(x->a));
+      break;
+    case KI_GELU_GRAD: bprintf(b, "duet_gelu_grad(r%d%s, r%d%s)", R(x->a), R(x->b)); break;
+    /* dropout: the C emitter's hash of (step seed, site, flat index), so
+     * both backends draw the same mask */
+    case KI_DROPOUT: {
+      double scaled = x->value * 18446744073709551616.0; /* p * 2^64 */
+      uint64_t thr = scaled >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)scaled;
+      bprintf(b, "!training ? r%d%s : duet_dropout_keep(drop_seed, " D64 "ull, (duet_u64)%s, %" PRIu64
+                 "ull) ? r%d%s * (%s)%a : (%s)0",
+              R(x->a), (int64_t)x->b, iv, thr, R(x->a), T, 1.0 / (1.0 - x->value), T);
+      break;
+    }
+#undef R
+    default: unreachable();
+    }
+    bprintf(b, ";\n");
+  }
+}
+
 /* One thread per element, grid-stride.  The element index is 32-bit when
- * every index it produces (and the loop's stride past the end) fits. */
+ * every index it produces (and the loop's stride past the end) fits.
+ *
+ * 16-bit storage: elements are stored as raw binary16/bfloat16 bits and
+ * the arithmetic is f32 (the C emitter's choice, so results match the CPU
+ * backend bit for bit where the f32 operations are the same).  When the
+ * element count is even and some 16-bit buffer is read or written at i
+ * itself (pair_buf), each thread takes two neighbouring elements: those
+ * buffers move as one 32-bit word per pair (the paired `half2` access),
+ * the other buffers element by element.  The arithmetic stays two f32
+ * lanes, not half2 instructions: HADD2/HFMA2 would round every step to
+ * fp16 and break agreement with the CPU. */
 static void emit_elementwise(Buf *b, const Kernel *k, const DuetLaunch *l) {
-  const char *T = cutype(k->dtype);
+  const char *T = cutype(compute_dtype(k->dtype));
   bool stored[KMAX_BUFS] = {0};
   for (int i = 0; i < k->n_ins; i++)
     if (k->ins[i].op == KI_STORE) stored[k->ins[i].a] = true;
+  bool pairs = ew_paired(k);
   for (int i = 0; i < k->n_bufs; i++)
     bprintf(b, "  %s%s *b%d = (%s%s *)t[%d];\n", stored[i] ? "" : "const ", cutype(k->bufs[i].dtype), i,
             stored[i] ? "" : "const ", cutype(k->bufs[i].dtype), k->bufs[i].tensor);
@@ -191,60 +299,63 @@ static void emit_elementwise(Buf *b, const Kernel *k, const DuetLaunch *l) {
               DUET_S_TRAINING, DUET_S_DROP_SEED);
       break;
     }
-  int64_t lim = k->n + (int64_t)l->grid * l->block;
+  int64_t lim = k->n + (int64_t)l->grid * l->block * (pairs ? 2 : 1);
   for (int i = 0; i < k->n_bufs; i++) {
     int64_t m = max_index(&k->bufs[i], k->n);
     if (m > lim) lim = m;
   }
   const char *I = lim < INT32_MAX ? "int" : "duet_i64";
-  bprintf(b, "  for (%s i = blockIdx.x * (%s)blockDim.x + threadIdx.x; i < " D64 "; i += (%s)blockDim.x * gridDim.x) {\n",
-          I, I, k->n, I);
-  const char *sq = k->dtype == DT_F32 ? "sqrtf" : "sqrt";
-  const char *th = k->dtype == DT_F32 ? "tanhf" : "tanh";
+  if (!pairs) {
+    bprintf(b, "  for (%s i = blockIdx.x * (%s)blockDim.x + threadIdx.x; i < " D64 "; i += (%s)blockDim.x * gridDim.x) {\n",
+            I, I, k->n, I);
+    emit_ew_body(b, k, "i", "", false, 0);
+    bprintf(b, "  }\n");
+    return;
+  }
+  bprintf(b, "  for (%s p = blockIdx.x * (%s)blockDim.x + threadIdx.x; p < " D64 "; p += (%s)blockDim.x * gridDim.x) {\n",
+          I, I, k->n / 2, I);
+  bprintf(b, "    const %s i0 = 2 * p, i1 = 2 * p + 1;\n", I);
+  bool loaded[KMAX_BUFS] = {0};
+  for (int i = 0; i < k->n_ins; i++)
+    if (k->ins[i].op == KI_LOAD) loaded[k->ins[i].a] = true;
+  for (int i = 0; i < k->n_bufs; i++)
+    if (loaded[i] && pair_buf(&k->bufs[i]))
+      bprintf(b, "    const duet_u32 w%d = ((const duet_u32 *)(b%d + " D64 "))[p];\n", i, i, k->bufs[i].base);
+  emit_ew_body(b, k, "i0", "_0", true, 0);
+  emit_ew_body(b, k, "i1", "_1", true, 1);
   for (int i = 0; i < k->n_ins; i++) {
     const KInstr *x = &k->ins[i];
-    if (x->op == KI_STORE || x->op == KI_LOAD) {
-      if (x->op == KI_STORE) bprintf(b, "    b%d[", x->a);
-      else bprintf(b, "    const %s r%d = b%d[", T, i, x->a);
-      index_expr(b, &k->bufs[x->a]);
-      if (x->op == KI_STORE) bprintf(b, "] = r%d;\n", x->b);
-      else bprintf(b, "];\n");
-      continue;
-    }
-    bprintf(b, "    const %s r%d = ", T, i);
-    switch (x->op) {
-    case KI_CONST: emit_const(b, k->dtype, x->value); break;
-    case KI_SCALAR: bprintf(b, "s%d", i); break;
-    case KI_ADD: bprintf(b, "r%d + r%d", x->a, x->b); break;
-    case KI_SUB: bprintf(b, "r%d - r%d", x->a, x->b); break;
-    case KI_MUL: bprintf(b, "r%d * r%d", x->a, x->b); break;
-    case KI_DIV: bprintf(b, "r%d / r%d", x->a, x->b); break;
-    case KI_NEG: bprintf(b, "-r%d", x->a); break;
-    case KI_RELU: bprintf(b, "r%d < 0 ? (%s)0 : r%d", x->a, T, x->a); break; /* NaN passes through */
-    case KI_RELU_GRAD: bprintf(b, "r%d > 0 ? r%d : (%s)0", x->b, x->a, T); break;
-    case KI_SQRT: bprintf(b, "%s(r%d)", sq, x->a); break;
-    /* GELU, tanh approximation (Hendrycks & Gimpel 2016, as GPT-2); the
-     * same formula as the C emitter */
-    case KI_GELU:
-      bprintf(b, "(%s)0.5 * r%d * (1 + %s((%s)0.7978845608028654 * (r%d + (%s)0.044715 * r%d * r%d * r%d)))", T,
-              x->a, th, T, x->a, T, x->a, x->a, x->a);
-      break;
-    case KI_GELU_GRAD: bprintf(b, "duet_gelu_grad(r%d, r%d)", x->a, x->b); break;
-    /* dropout: the C emitter's hash of (step seed, site, flat index), so
-     * both backends draw the same mask */
-    case KI_DROPOUT: {
-      double scaled = x->value * 18446744073709551616.0; /* p * 2^64 */
-      uint64_t thr = scaled >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)scaled;
-      bprintf(b, "!training ? r%d : duet_dropout_keep(drop_seed, " D64 "ull, (duet_u64)i, %" PRIu64
-                 "ull) ? r%d * (%s)%a : (%s)0",
-              x->a, (int64_t)x->b, thr, x->a, T, 1.0 / (1.0 - x->value), T);
-      break;
-    }
-    default: unreachable();
-    }
-    bprintf(b, ";\n");
+    const KBuf *kb = &k->bufs[x->a];
+    if (x->op == KI_STORE && pair_buf(kb))
+      bprintf(b, "    ((duet_u32 *)(b%d + " D64 "))[p] = (duet_u32)%s(r%d_0) | (duet_u32)%s(r%d_1) << 16;\n", x->a,
+              kb->base, store_fn(kb->dtype), x->b, store_fn(kb->dtype), x->b);
   }
   bprintf(b, "  }\n");
+}
+
+/* Unscale and overflow check in one pass, as the C emitter (torch's
+ * _amp_foreach_non_finite_check_and_unscale_): y = g * (1/S) in f32, the
+ * flag an OR over the elements, so deterministic.  Across blocks: each
+ * block ORs its verdict (__syncthreads_or) into the module-scope word
+ * duet_flag<i>, and the last block to finish writes the flag t[n_tensors][slot]
+ * and resets the word and the counter for the next launch (the
+ * threadFenceReduction pattern of the xent kernels). */
+static void emit_unscale(Buf *b, const Kernel *k, int n_tensors) {
+  const KBuf *g = &k->bufs[0];
+  const char *G = cutype(g->dtype);
+  bprintf(b, "  const %s *x = (const %s *)t[%d];\n  float *y = (float *)t[%d];\n", G, G, g->tensor, k->bufs[1].tensor);
+  bprintf(b, "  duet_i32 *overflow = (duet_i32 *)t[%d];\n", n_tensors);
+  bprintf(b, "  const float inv = (float)s[%d];\n  __shared__ int last;\n  int bad = 0;\n", DUET_S_INV_LOSS_SCALE);
+  GRID_LOOP(b, "i", k->n);
+  bprintf(b, "    const float v = %s%sx[i]%s * inv;\n", load_fn(g->dtype), is16(g->dtype) ? "(" : "",
+          is16(g->dtype) ? ")" : "");
+  bprintf(b, "    bad |= !(v <= 3.40282347e+38f && v >= -3.40282347e+38f);\n    y[i] = v;\n  }\n");
+  bprintf(b, "  bad = __syncthreads_or(bad);\n  if (threadIdx.x == 0) {\n");
+  bprintf(b, "    if (bad) atomicOr(&duet_flag%d, 1);\n", k->index);
+  bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done%d, 1u) == gridDim.x - 1;\n  }\n", k->index);
+  bprintf(b, "  __syncthreads();\n  if (!last || threadIdx.x != 0) return;\n  __threadfence();\n");
+  bprintf(b, "  overflow[%d] = atomicExch(&duet_flag%d, 0);\n", k->slot, k->index);
+  bprintf(b, "  duet_done%d = 0; /* ready for the next launch */\n", k->index);
 }
 
 /* out[o, j] = scale * sum_r in[o, r, j]; max_r when reduce_max; the max
@@ -718,6 +829,43 @@ static const char *PRELUDE =
     "  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;\n"
     "  return (z ^ (z >> 31)) >= thr;\n}\n\n";
 
+/* Conversions for 16-bit storage, printed when a program has 16-bit
+ * tensors.  Choice: raw uint16 bits converted here, not cuda_fp16.h /
+ * cuda_bf16.h.  These are runtime/duet_half.h's algorithms (the code the
+ * CPU backend's kernels and GEMMs run), so both backends round alike bit
+ * for bit: RNE including the f16 subnormals, overflow to inf at 65520, a
+ * NaN kept quiet with its sign and top payload bits (the toolkit's
+ * __float2half returns one canonical NaN).  The source still includes
+ * nothing, so NVRTC needs no include path (cuda_fp16.h is found only with
+ * -I<toolkit>/include, and NVRTC bundles it only from 13.3 on:
+ * shared/FACTS.md) and any toolkit (11.8 to 13) compiles it for any
+ * architecture, compute_60 included.  The f16
+ * subnormal path rounds with the f32 adder (__fadd_rn: round to nearest,
+ * never contracted); NVRTC's default -ftz=false keeps it exact. */
+static const char *PRELUDE_HALF =
+    "typedef unsigned short duet_u16;\n"
+    "/* binary16 and bfloat16 <-> binary32, round to nearest even: runtime/duet_half.h */\n"
+    "__device__ __forceinline__ duet_u16 duet_f16_from_f32(float f) {\n"
+    "  const duet_u32 x = __float_as_uint(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;\n"
+    "  const duet_u32 normal = (ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13;\n"
+    "  const duet_u32 sub = __float_as_uint(__fadd_rn(__uint_as_float(ax), 0.5f)) - 0x3f000000u;\n"
+    "  const duet_u32 nan = 0x7e00u | ((ax >> 13) & 0x3ffu);\n"
+    "  duet_u32 r = ax < 0x38800000u ? sub : normal;\n"
+    "  r = ax >= 0x477ff000u ? 0x7c00u : r;\n"
+    "  r = ax > 0x7f800000u ? nan : r;\n"
+    "  return (duet_u16)(sign | r);\n}\n"
+    "__device__ __forceinline__ float duet_f32_from_f16(duet_u16 h) {\n"
+    "  const duet_u32 sign = (duet_u32)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;\n"
+    "  duet_u32 r = e == 31u ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13);\n"
+    "  r = e == 0u ? __float_as_uint(__fmul_rn((float)(int)m, 5.9604644775390625e-8f)) : r; /* m * 2^-24 */\n"
+    "  return __uint_as_float(sign | r);\n}\n"
+    "__device__ __forceinline__ duet_u16 duet_bf16_from_f32(float f) {\n"
+    "  const duet_u32 x = __float_as_uint(f);\n"
+    "  return (duet_u16)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : (x + 0x7fffu + ((x >> 16) & 1u)) >> 16);\n}\n"
+    "__device__ __forceinline__ float duet_f32_from_bf16(duet_u16 h) { return __uint_as_float((duet_u32)h << 16); }\n\n";
+
+const char *codegen_cuda_half_prelude(void) { return PRELUDE_HALF; }
+
 static const char *kind_name(KernelKind k) {
   static const char *const names[] = {
       [KK_ELEMENTWISE] = "elementwise", [KK_REDUCE] = "reduce",         [KK_MAX_GRAD] = "max_grad",
@@ -727,6 +875,7 @@ static const char *kind_name(KernelKind k) {
       [KK_TRANSPOSE] = "transpose",     [KK_POSITIONS] = "positions",   [KK_IM2COL] = "im2col",
       [KK_COL2IM] = "col2im",           [KK_MAXPOOL] = "maxpool",       [KK_MAXPOOL_GRAD] = "maxpool_grad",
       [KK_AVGPOOL] = "avgpool",         [KK_AVGPOOL_GRAD] = "avgpool_grad", [KK_ATTN_DECODE] = "attn_decode",
+      [KK_UNSCALE] = "unscale",
   };
   return (unsigned)k < sizeof names / sizeof *names && names[k] ? names[k] : "?";
 }
@@ -735,6 +884,18 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a) {
   Buf b = {.a = a};
   bprintf(&b, "/* generated by duet (codegen/emit_cuda.c): %d kernels, CUDA C for NVRTC */\n", cp->n_kernels);
   bprintf(&b, "%s", PRELUDE);
+  bool half = false;
+  for (int i = 0; i < cp->n_kernels; i++) {
+    const Kernel *k = &cp->kernels[i];
+    bool h = is16(k->dtype);
+    for (int j = 0; j < k->n_bufs; j++) h |= is16(k->bufs[j].dtype);
+    for (int j = 0; j < k->n_ins; j++) h |= k->ins[j].op == KI_CAST;
+    /* the precision pass leaves 16-bit data to elementwise kernels (casts
+     * fused in), unscale and GEMMs; any other kernel kind computes in f32 */
+    DUET_ASSERT(!h || k->kind == KK_ELEMENTWISE || k->kind == KK_UNSCALE || k->kind == KK_TRANSPOSE);
+    half |= h;
+  }
+  if (half) bprintf(&b, "%s", PRELUDE_HALF);
   for (int i = 0; i < cp->n_kernels; i++) {
     const Kernel *k = &cp->kernels[i];
     DUET_ASSERT(k->index == i); /* names of the module-scope partial sums */
@@ -744,6 +905,8 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a) {
             l.shared);
     if (k->kind == KK_XENT_FWD || k->kind == KK_EVAL_METRICS) /* the blocks' partial sums */
       bprintf(&b, "__device__ double duet_part%d[%u];\n__device__ unsigned int duet_done%d;\n", i, 2 * l.grid, i);
+    if (k->kind == KK_UNSCALE) /* the blocks' overflow verdicts */
+      bprintf(&b, "__device__ int duet_flag%d;\n__device__ unsigned int duet_done%d;\n", i, i);
     bprintf(&b, "extern \"C\" __global__ void __launch_bounds__(%u) duet_k%d(void *const *t, const double *s) {\n",
             l.block, i);
     bprintf(&b, "  (void)s;\n");
@@ -760,6 +923,7 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a) {
       break;
     case KK_ATTN_DECODE: emit_attn_decode(&b, k); break;
     case KK_XENT_FWD: case KK_XENT_BWD: case KK_EVAL_METRICS: emit_rows(&b, k); break;
+    case KK_UNSCALE: emit_unscale(&b, k, cp->prog.n_tensors); break;
     default: unreachable();
     }
     bprintf(&b, "}\n\n");

@@ -161,6 +161,8 @@ void pass_precision(Graph *g, PassCtx *cx) {
   const char *req = cx->precision ? cx->precision : g->train.precision;
   if (precision_resolve(cx->target, req, &pc, err, sizeof err)) diag_error_noloc(g->diag, "%s", err);
   if (pc.storage == DT_F32 || g->float_dtype != DT_F32 || g->decode) return; /* nothing to do */
+  /* with micro-batches autodiff's seed is 1/M, not the 1 that becomes the
+   * loss scale, and the pipeline runtime does not read overflow flags yet */
   if (pc.loss_scaling && (cx->n_devices > 1 || g->train.micro_batches > 1))
     diag_error_noloc(g->diag, "fp16 loss scaling does not combine with --devices or --micro-batches yet; "
                      "pipelined runs take --precision fp32 or bf16");

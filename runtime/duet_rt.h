@@ -163,6 +163,8 @@ typedef struct DuetProgram {
   int n_classes;         /* logits' second dimension, 0 if no classifier */
   int64_t region_bytes[DUET_MEM_COUNT];
   int64_t gemm_flops;    /* per training step, 2*m*n*k summed */
+  int gemm_accumulate_f16; /* --gemm-accumulate fp16: fp16 GEMMs accumulate in fp16 (CUDA only:
+                            * CUBLAS_COMPUTE_16F); 0: fp32 accumulation, the default */
   DuetConfig defaults;
   /* Dynamic loss scaling (fp16): n_unscale overflow flags (int32, device
    * memory the session allocates and passes as t[n_tensors]), one per param

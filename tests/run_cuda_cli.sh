@@ -23,6 +23,16 @@ expect bad_device 1 "duet: error: --devices: bad item 'tpu' (expected cpu, cpu:N
 expect bad_ordinal 1 "duet: error: --devices: bad item 'cuda:x' (expected cpu, cpu:N, cuda, cuda:N, or a capacity such as 16GiB:sm_60 or 2x16GiB:sm_60)" "$DUET" run $M --devices cuda:x
 expect devices_cpu 0 "cpu     $(nproc) cores (OpenMP kernels, OpenBLAS GEMMs)" "$DUET" devices
 expect devices_args 1 "duet: error: unexpected argument 'x' (see duet devices --help)" "$DUET" devices x
+# --gemm-accumulate fp16: opt-in, fp16 GEMMs only, CUDA devices only, reported by duet plan
+expect gemm_acc_value 1 "duet: error: unknown --gemm-accumulate \`fp8\` (fp32, fp16)" "$DUET" run $M --gemm-accumulate fp8
+expect gemm_acc_no_fp16 1 "duet: error: --gemm-accumulate fp16 needs fp16 GEMMs (--precision fp16); this program has none" \
+  "$DUET" run $M --gemm-accumulate fp16 --steps 1
+expect gemm_acc_cpu 1 "duet: error: --gemm-accumulate fp16 runs on CUDA devices only (cuBLAS CUBLAS_COMPUTE_16F); the cpu backend accumulates fp16 GEMMs in fp32" \
+  "$DUET" run $M --gemm-accumulate fp16 --precision fp16 --steps 1
+expect gemm_acc_plan 0 "gemm accumulate: fp16 (--gemm-accumulate fp16: fp16 GEMMs use cuBLAS CUBLAS_COMPUTE_16F, about 2x the fp32-accumulate rate on sm_60, partial sums rounded to fp16; CUDA devices only)" \
+  "$DUET" plan $M --devices 16GiB:sm_60 --gemm-accumulate fp16
+expect gemm_acc_plan_default 0 "gemm accumulate: fp32 (16-bit GEMMs: 16-bit inputs, fp32 accumulation)" \
+  "$DUET" plan $M --devices 16GiB:sm_60
 
 if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
   echo "a CUDA driver is installed: the no-driver checks are skipped (the gpu-labelled tests cover it)"
@@ -46,6 +56,11 @@ else
     ln -s "$STUB" "$tmp/libcuda.so.1"
     expect stub_run 1 "duet: error: cuInit(0) failed: unknown CUDA error (CUresult 34)" \
       env LD_LIBRARY_PATH="$tmp" "$DUET" run $M --devices cuda:0 --steps 1
+    # 16-bit programs reach the plugin too (CUDA kernels for fp16 and bf16)
+    expect stub_run_fp16 1 "duet: error: cuInit(0) failed: unknown CUDA error (CUresult 34)" \
+      env LD_LIBRARY_PATH="$tmp" "$DUET" run $M --devices cuda:0 --precision fp16 --gemm-accumulate fp16 --steps 1
+    expect stub_run_bf16 1 "duet: error: cuInit(0) failed: unknown CUDA error (CUresult 34)" \
+      env LD_LIBRARY_PATH="$tmp" "$DUET" run $M --devices cuda:0 --precision bf16 --steps 1
     expect stub_devices 0 "cuda    none: cuInit failed: unknown CUDA error (CUresult 34)" \
       env LD_LIBRARY_PATH="$tmp" "$DUET" devices
     if "$DUET" compile $M -o "$tmp/mlp" > /dev/null; then

@@ -73,6 +73,10 @@ want="duet: error: unknown precision \`fp8\` (auto, fp32, fp16, bf16)"
 expect bad_precision "$DUET" check $M --precision fp8
 want="duet: error: duet run builds for the CPU; --arch sm_60 is for duet ir and duet check"
 expect run_gpu_arch "$DUET" run $M --arch sm_60
+# fp16 loss scaling with micro-batches (autodiff's seed is then 1/M): an
+# error from the precision pass, not an internal error (found by the fuzzer)
+want="duet: error: fp16 loss scaling does not combine with --devices or --micro-batches yet; pipelined runs take --precision fp32 or bf16"
+expect fp16_micro_batches "$DUET" ir $M --precision fp16 --micro-batches 2 --after precision
 # the train section's `precision` key, and the command line winning over it
 sed 's/^  seed = 1$/  seed = 1\n  precision = "bf16"/' $M > "$d/p.model"
 "$DUET" ir "$d/p.model" --after precision | grep -q '^%6 = matmul %4, %5 : bf16\[256,1024\]$' && ok train_key_precision ||

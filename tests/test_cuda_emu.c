@@ -11,8 +11,13 @@
  * after one AdamW step every f32/f64 tensor must agree (compare_sessions'
  * tolerances).  Covers every op case of tests/op_cases.h in f32 and f64,
  * tests/models/gpt_tiny.model and four of the larger cases (multi-block
- * paths) in f32.  This checks the kernels' logic (indices, reductions,
- * barriers), not the CUDA driver path or the real hardware's scheduling:
+ * paths) in f32; five op cases, a one-layer GPT and a forced gradient
+ * overflow with 16-bit storage (--precision fp16 with loss scaling, bf16),
+ * where GEMMs are emulated as the CPU computes them (16-bit operands, a
+ * wide sum, one rounding) and the loss scale and skipped steps must match;
+ * it prints how many 16-bit elements are bit-identical.  First, the CUDA
+ * prelude's fp16/bf16 conversions against runtime/duet_half.h, bit for
+ * bit.  This checks the kernels' logic (indices, reductions, barriers), not the CUDA driver path or the real hardware's scheduling:
  * the gpu-labelled tests do that.  Exits 77 when no C++ compiler is
  * installed. */
 #define _GNU_SOURCE
@@ -21,6 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../runtime/duet_half.h"
 #include "op_cases.h"
 #include "test_util.h"
 
@@ -78,10 +84,34 @@ static int emu_launch_op(DuetDevice *d, int k, void *const *t, const double *s) 
   }
   return 0;
 }
-/* row-major C[m,n] = op(A) op(B), accumulated in double */
+static double emu_ld(const void *p, int64_t i, int dtype) {
+  switch (dtype) {
+  case DUET_F64: return ((const double *)p)[i];
+  case DUET_F16: return duet_f32_from_f16(((const uint16_t *)p)[i]);
+  case DUET_BF16: return duet_f32_from_bf16(((const uint16_t *)p)[i]);
+  default: return ((const float *)p)[i];
+  }
+}
+
+/* row-major C[m,n] = op(A) op(B), accumulated in double; 16-bit operands
+ * widened exactly, the result rounded to f32 and then to 16 bits (the CPU
+ * backend: sgemm on the widened operands, then narrowed) */
 static int emu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
   (void)d;
   bool f64 = st->dtype == DUET_F64;
+  if (st->dtype == DUET_F16 || st->dtype == DUET_BF16) {
+    for (int64_t i = 0; i < st->m; i++)
+      for (int64_t j = 0; j < st->n; j++) {
+        double acc = 0;
+        for (int64_t k = 0; k < st->k; k++) {
+          int64_t ia = st->ta ? k * st->m + i : i * st->k + k, ib = st->tb ? j * st->k + k : k * st->n + j;
+          acc += emu_ld(t[st->a], ia, st->dtype) * emu_ld(t[st->b], ib, st->dtype);
+        }
+        ((uint16_t *)t[st->c])[i * st->n + j] =
+            st->dtype == DUET_F16 ? duet_f16_from_f32((float)acc) : duet_bf16_from_f32((float)acc);
+      }
+    return 0;
+  }
   for (int64_t i = 0; i < st->m; i++)
     for (int64_t j = 0; j < st->n; j++) {
       double acc = 0;
@@ -155,11 +185,89 @@ static int emu_build(Emu *e, const char *cuda, const DuetLaunch *cfg, int n, con
   return e->launch ? 0 : -1;
 }
 
-static int run_case(const Case *c, DType dt, const char *dir) {
+/* The CUDA prelude's conversions (compiled for the host behind
+ * cuda_emu.h) against runtime/duet_half.h, bit for bit: every f16 and bf16
+ * pattern widened, and f32 -> f16/bf16 for every 16-bit pattern's
+ * neighbourhood (the value, +-1 and +-0x1000 in the bits: ties, rounding
+ * boundaries, subnormals, overflow to inf, NaN payloads) plus a stride of
+ * 2^32 / 7919. */
+static int check_conversions(const char *dir) {
+  char src[1200], so[1200], log[16384];
+  snprintf(src, sizeof src, "%s/conv.cpp", dir);
+  snprintf(so, sizeof so, "%s/conv.so", dir);
+  FILE *f = fopen(src, "w");
+  if (!f) return 1;
+  fprintf(f, "#include \"cuda_emu.h\"\ntypedef unsigned int duet_u32;\n%s\n", codegen_cuda_half_prelude());
+  fprintf(f, "extern \"C\" unsigned short conv_f16(float x) { return duet_f16_from_f32(x); }\n"
+             "extern \"C\" unsigned short conv_bf16(float x) { return duet_bf16_from_f32(x); }\n"
+             "extern \"C\" float wide_f16(unsigned short h) { return duet_f32_from_f16(h); }\n"
+             "extern \"C\" float wide_bf16(unsigned short h) { return duet_f32_from_bf16(h); }\n"
+             "thread_local EmuDim threadIdx;\nEmuDim blockIdx, blockDim, gridDim;\n"
+             "pthread_barrier_t emu_block_barrier;\nint emu_sync_or_word;\n");
+  if (fclose(f)) return 1;
+  char inc[1200];
+  snprintf(inc, sizeof inc, "-I%s/tests/cuda_emu", DUET_SOURCE_DIR);
+  char *argv[] = {(char *)cxx, "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-pthread", inc, "-o", so, src, NULL};
+  if (jit_run(argv, log, sizeof log)) {
+    fprintf(stderr, "FAIL conversions: %s failed:\n%s\n", cxx, log);
+    return 1;
+  }
+  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    fprintf(stderr, "FAIL conversions: dlopen %s: %s\n", so, dlerror());
+    return 1;
+  }
+  uint16_t (*n16)(float) = (uint16_t(*)(float))dlsym(h, "conv_f16");
+  uint16_t (*nb16)(float) = (uint16_t(*)(float))dlsym(h, "conv_bf16");
+  float (*w16)(uint16_t) = (float (*)(uint16_t))dlsym(h, "wide_f16");
+  float (*wb16)(uint16_t) = (float (*)(uint16_t))dlsym(h, "wide_bf16");
+  int bad = 0;
+  long long checked = 0;
+  if (!n16 || !nb16 || !w16 || !wb16) bad = 1;
+  for (uint32_t v = 0; v < 65536 && !bad; v++) {
+    float a = w16((uint16_t)v), b = duet_f32_from_f16((uint16_t)v);
+    float c = wb16((uint16_t)v), d = duet_f32_from_bf16((uint16_t)v);
+    if (duet_f32_bits(a) != duet_f32_bits(b) || duet_f32_bits(c) != duet_f32_bits(d)) {
+      fprintf(stderr, "FAIL conversions: widening 0x%04x\n", v);
+      bad = 1;
+    }
+    uint32_t base[2] = {duet_f32_bits(b), duet_f32_bits(d)};
+    static const int32_t off[] = {0, 1, -1, 0x1000, -0x1000, 0xfff, 0x1001};
+    for (int bi = 0; bi < 2 && !bad; bi++)
+      for (int o = 0; o < 7 && !bad; o++) {
+        float x = duet_bits_f32(base[bi] + (uint32_t)off[o]);
+        checked++;
+        if (n16(x) != duet_f16_from_f32(x) || nb16(x) != duet_bf16_from_f32(x)) {
+          fprintf(stderr, "FAIL conversions: narrowing bits 0x%08x: cuda %04x %04x, c %04x %04x\n",
+                  duet_f32_bits(x), n16(x), nb16(x), duet_f16_from_f32(x), duet_bf16_from_f32(x));
+          bad = 1;
+        }
+      }
+  }
+  for (uint64_t u = 0; u < (1ull << 32) && !bad; u += 7919) {
+    float x = duet_bits_f32((uint32_t)u);
+    checked++;
+    if (n16(x) != duet_f16_from_f32(x) || nb16(x) != duet_bf16_from_f32(x)) {
+      fprintf(stderr, "FAIL conversions: narrowing bits 0x%08x\n", (uint32_t)u);
+      bad = 1;
+    }
+  }
+  dlclose(h);
+  printf("%s conversions: 65536 f16 and bf16 patterns widened, %lld f32 values narrowed, as runtime/duet_half.h\n",
+         bad ? "FAIL" : "ok", checked);
+  return bad;
+}
+
+/* The 16-bit elements compared over all cases and those bit-identical. */
+static CompareStats stats16;
+
+/* precision: NULL (f32 or f64 as dt), "fp16" or "bf16" */
+static int run_case(const Case *c, DType dt, const char *precision, const char *dir) {
   TModel t;
   char what[160], err[1024];
-  snprintf(what, sizeof what, "%s (%s)", c->name, dt == DT_F64 ? "f64" : "f32");
-  if (tmodel_open(&t, c->name, c->src, dt)) {
+  snprintf(what, sizeof what, "%s (%s)", c->name, precision ? precision : dt == DT_F64 ? "f64" : "f32");
+  FrontendOptions fo = {.float_dtype = dt};
+  if (tmodel_open_prec(&t, c->name, c->src, &fo, precision ? precision : "fp32")) {
     fprintf(stderr, "FAIL %s: does not compile\n", what);
     return 1;
   }
@@ -205,7 +313,17 @@ static int run_case(const Case *c, DType dt, const char *dir) {
     }
     char w2[200];
     snprintf(w2, sizeof w2, "%s after %s", what, k == 1 ? "evaluation" : k ? "a training step" : "forward + backward");
-    fails += compare_sessions(w2, p, t.s, es);
+    fails += compare_sessions_stats(w2, p, t.s, es, &stats16);
+    DuetScaler a = duet_session_scaler(t.s), b = duet_session_scaler(es);
+    if (!strcmp(c->name, "overflow") && runs[k] == DUET_RUN_TRAIN && b.skipped != 1) {
+      fprintf(stderr, "FAIL %s: the overflow was not detected (%lld skipped steps)\n", w2, (long long)b.skipped);
+      fails++;
+    }
+    if (a.scale != b.scale || a.skipped != b.skipped) {
+      fprintf(stderr, "FAIL %s: loss scale %g, %lld skipped steps; cpu %g, %lld\n", w2, b.scale,
+              (long long)b.skipped, a.scale, (long long)a.skipped);
+      fails++;
+    }
   }
   printf("%s %s: %d kernels\n", fails ? "FAIL" : "ok", what, t.cp->n_kernels);
 out:
@@ -240,10 +358,14 @@ int main(int argc, char **argv) {
     return 1;
   }
   int failed = 0, ran = 0;
+  if (argc == 1 || !strcmp(argv[1], "conversions")) {
+    failed += check_conversions(dir);
+    ran++;
+  }
   for (int i = 0; i < N_OP_CASES; i++)
     for (int f = 0; f < 2; f++) {
       if (argc > 1 && strcmp(argv[1], cases[i].name)) continue;
-      failed += run_case(&cases[i], f ? DT_F64 : DT_F32, dir);
+      failed += run_case(&cases[i], f ? DT_F64 : DT_F32, NULL, dir);
       ran++;
     }
   /* multi-block paths: the loss's partial sums over 10 blocks, reductions,
@@ -255,7 +377,7 @@ int main(int argc, char **argv) {
         strcmp(nm, "big_embedding"))
       continue;
     if (argc > 1 && strcmp(argv[1], nm)) continue;
-    failed += run_case(&big_cases[i], DT_F32, dir);
+    failed += run_case(&big_cases[i], DT_F32, NULL, dir);
     ran++;
   }
   if (argc == 1 || !strcmp(argv[1], "gpt_tiny")) {
@@ -265,11 +387,53 @@ int main(int argc, char **argv) {
       failed++;
     } else {
       Case c = {"gpt_tiny", text, 256};
-      failed += run_case(&c, DT_F32, dir);
+      failed += run_case(&c, DT_F32, NULL, dir);
       ran++;
       free(text);
     }
   }
+  /* 16-bit storage (--precision fp16 with loss scaling, bf16): op cases
+   * with 16-bit GEMMs, casts and paired elementwise kernels, and a forced
+   * overflow (the gradient seed 2^16 times 1e6 / 32 exceeds fp16's 65504):
+   * the multi-block unscale kernels must flag it, so that both backends
+   * skip the step and halve the scale */
+  static const char *const half_cases[] = {"mlp", "matmul_rank3_tied", "gelu", "dropout_broadcast", "reuse"};
+  for (int i = 0; i < N_OP_CASES; i++)
+    for (int j = 0; j < (int)(sizeof half_cases / sizeof *half_cases); j++)
+      if (!strcmp(cases[i].name, half_cases[j]) && (argc == 1 || !strcmp(argv[1], cases[i].name))) {
+        failed += run_case(&cases[i], DT_F32, "fp16", dir);
+        failed += run_case(&cases[i], DT_F32, "bf16", dir);
+        ran += 2;
+      }
+  /* a one-layer GPT (gpt_tiny's layer, smaller) in fp16 and bf16: every
+   * kernel kind of a transformer next to 16-bit GEMMs and casts (gpt_tiny
+   * itself takes 20 s per precision in the emulator) */
+  if (argc == 1 || !strcmp(argv[1], "gpt_mini")) {
+    Case c = {"gpt_mini",
+              "model gpt_mini\ninput idx: i32[2, 8]\ninput targets: i32[2, 8]\n"
+              "block linear(x, out) {\n  param w: [dim(x, -1), out] = normal(0.1)\n  param b: [out] = normal(0.1)\n"
+              "  return x @ w + b\n}\n"
+              "block ln(x) {\n  param w: [dim(x, -1)] = ones\n  param b: [dim(x, -1)] = zeros\n"
+              "  return layernorm(x, w, b)\n}\n"
+              "param wte: [64, 16] = normal(0.1)\nparam wpe: [8, 16] = normal(0.1)\n"
+              "x = embedding(wte, idx) + embedding(wpe, positions(idx))\nh = ln(x)\n"
+              "a = attention(linear(h, 16), linear(h, 16), linear(h, 16), heads = 2, causal = true)\n"
+              "x = x + linear(a, 16)\nx = x + linear(gelu(linear(ln(x), 32)), 16)\n"
+              "loss = cross_entropy(ln(x) @ transpose(wte), targets)\n",
+              64};
+    failed += run_case(&c, DT_F32, "fp16", dir);
+    failed += run_case(&c, DT_F32, "bf16", dir);
+    ran += 2;
+  }
+  if (argc == 1 || !strcmp(argv[1], "overflow")) {
+    Case c = {"overflow", "model t\nparam a: [4,300]\nparam b: [300,8]\ninput r: f32[4,8]\n"
+                          "loss = mean((a @ b) * r) * 1000000\n", 0};
+    failed += run_case(&c, DT_F32, "fp16", dir);
+    ran++;
+  }
+  if (stats16.n16)
+    printf("16-bit elements: %lld of %lld bit-identical (%.2f%%)\n", stats16.same16, stats16.n16,
+           100.0 * (double)stats16.same16 / (double)stats16.n16);
   char rm[256];
   snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
   if (system(rm)) fprintf(stderr, "warning: could not remove %s\n", dir);

@@ -1,17 +1,22 @@
 /* tests/test_nvrtc.c: every generated CUDA kernel of every model in models/
  * and tests/models/ compiles with NVRTC (no GPU needed).
  *
- * For each model: the f32 training program for compute_60 (when the
- * installed NVRTC still supports it), compute_75, compute_80 and
- * compute_90 (PTX), plus a CUBIN for sm_80 (which runs ptxas: register and
- * shared-memory limits); the f64 training program and, for models with
- * attention, the decoding program for compute_75.  The PTX must hold an
- * entry point duet_k<i> for every kernel i.  Models of more than 400
- * kernels (GPT-2 small) are compiled by `test_nvrtc --large`: PTX for the
- * architectures only (about 10 s each on one core).  Exits 77 (ctest SKIP) with a
+ * For each model: the f32, fp16 and bf16 (--precision, 16-bit storage)
+ * training programs for compute_60 (when the installed NVRTC still
+ * supports it; not bf16), compute_75 (not bf16, which needs sm_80),
+ * compute_80 and compute_90 (PTX), plus a CUBIN of f32 for sm_80 (which
+ * runs ptxas: register and shared-memory limits); the f64 training
+ * program and, for models with attention, the decoding program (f32, and
+ * with --precision fp16, which leaves decoding in f32) for compute_75.  The
+ * PTX must hold an entry point duet_k<i> for every kernel i.  The 16-bit
+ * programs are compiled by `test_nvrtc --half` (ctest nvrtc_compile_half),
+ * the others by the default run.  Models of more than 400 kernels in f32
+ * (GPT-2 small) are compiled by `test_nvrtc --large`: PTX of f32 for the
+ * architectures, of fp16 for compute_75 and of bf16 for compute_80 only
+ * (about 10 s each on one core).  Exits 77 (ctest SKIP) with a
  * message only when duet was built without NVRTC.  The one-op models of
- * tests/op_cases.h (every kernel kind, forward and backward) compile in f32
- * and f64 for compute_75. */
+ * tests/op_cases.h (every kernel kind, forward and backward) compile in f32,
+ * f64, fp16 and bf16 for compute_75. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <stdio.h>
@@ -33,6 +38,10 @@ static int failures;
  * PTX for the architectures only, so each ctest test stays under a minute. */
 #define LARGE_KERNELS 400
 static bool large_mode;
+/* `test_nvrtc --half` (ctest nvrtc_compile_half) compiles the fp16 and bf16
+ * programs of the non-large models and op cases, the default run the f32,
+ * f64 and decoding ones: two tests of under a minute each. */
+static bool half_mode;
 /* Under AddressSanitizer (make test-asan) NVRTC's many allocations run
  * about 4x slower, and the release suite already covers every
  * architecture: there only f32 for compute_75 is compiled. */
@@ -75,7 +84,8 @@ static int compile_one(const char *what, const char *src, const char *arch, int 
 
 /* Compiles the model at `path` (or the text `text` when not NULL) through
  * every pass; NULL on failure. */
-static CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, bool decode) {
+static CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, bool decode,
+                              const char *precision) {
   Diag d = {.out = stderr};
   Source *src;
   if (text) {
@@ -91,7 +101,7 @@ static CgProgram *lower_model(Arena *a, const char *path, const char *text, DTyp
   FrontendOptions fo = {.float_dtype = dt, .decode = decode, .batch = decode ? 1 : 0};
   Graph *g = frontend_compile(a, &d, src, &fo);
   if (!g) return NULL;
-  PassCtx pc = {.diag = &d, .verify = true};
+  PassCtx pc = {.diag = &d, .verify = true, .precision = precision};
   if (passes_run(g, &pc)) return NULL;
   return codegen_lower(g, a);
 }
@@ -101,16 +111,28 @@ static void test_model(const char *path, const int *archs, int n_archs) {
   struct {
     DType dt;
     bool decode;
-    const char *tag;
-  } variants[] = {{DT_F32, false, "f32"}, {DT_F64, false, "f64"}, {DT_F32, true, "f32 decode"}};
+    const char *tag, *precision;
+  } variants[] = {{DT_F32, false, "f32", "fp32"},       {DT_F32, false, "fp16", "fp16"},
+                  {DT_F32, false, "bf16", "bf16"},      {DT_F64, false, "f64", "fp32"},
+                  {DT_F32, true, "f32 decode", "fp32"}, {DT_F32, true, "fp16 decode", "fp16"}};
+  enum { N_VARIANTS = sizeof variants / sizeof variants[0] };
   size_t tlen = 0;
   char *text = duet_read_file(path, &tlen);
   bool attention = text && strstr(text, "attention(");
   free(text);
-  for (int v = 0; v < 3; v++) {
+  /* large or not: decided on the f32 training program, for every variant */
+  CgProgram *cp0 = lower_model(a, path, NULL, DT_F32, false, "fp32");
+  if (cp0 && (cp0->n_kernels > LARGE_KERNELS) != large_mode) {
+    printf("%s: %d kernels, %s\n", path, cp0->n_kernels,
+           large_mode ? "not large: compiled by test_nvrtc without --large" : "large: compiled by test_nvrtc --large");
+    arena_free(a);
+    return;
+  }
+  for (int v = 0; v < N_VARIANTS; v++) {
     if (variants[v].decode && !attention) continue;
-    if (quick && v > 0) break;
-    CgProgram *cp = lower_model(a, path, NULL, variants[v].dt, variants[v].decode);
+    if ((quick && v > 0) || (large_mode && v > 2)) break;
+    if (!large_mode && half_mode != (v == 1 || v == 2 || v == 5)) continue;
+    CgProgram *cp = lower_model(a, path, NULL, variants[v].dt, variants[v].decode, variants[v].precision);
     char what[1200];
     snprintf(what, sizeof what, "%s (%s)", path, variants[v].tag);
     if (!cp) {
@@ -118,18 +140,21 @@ static void test_model(const char *path, const int *archs, int n_archs) {
       failures++;
       continue;
     }
-    if ((cp->n_kernels > LARGE_KERNELS) != large_mode) {
-      if (v == 0)
-        printf("%s: %d kernels, %s\n", what, cp->n_kernels,
-               large_mode ? "not large: compiled by test_nvrtc without --large" : "large: compiled by test_nvrtc --large");
-      break;
-    }
     char *src = codegen_emit_cuda(cp, a);
-    if (v == 0) {
+    bool half = v == 1 || v == 2;
+    if (half && !strstr(src, "duet_u16")) {
+      fprintf(stderr, "FAIL %s: no 16-bit tensors in the CUDA source\n", what);
+      failures++;
+    }
+    if (v <= 2) { /* f32, fp16, bf16: every architecture */
       const char *want[] = {"-arch=compute_60", "-arch=compute_75", "-arch=compute_80", "-arch=compute_90"};
       int cc[] = {60, 75, 80, 90};
       for (int i = 0; i < 4; i++) {
         if (quick && cc[i] != 75) continue;
+        /* large models in 16 bits: fp16 for compute_75, bf16 for compute_80 (10 s each) */
+        if (large_mode && v == 1 && cc[i] != 75) continue;
+        if (large_mode && v == 2 && cc[i] != 80) continue;
+        if (v == 2 && cc[i] < 80) continue; /* bf16 runs on sm_80 and later only */
         bool ok = false;
         for (int j = 0; j < n_archs; j++) ok |= archs[j] == cc[i];
         if (!ok) {
@@ -138,9 +163,10 @@ static void test_model(const char *path, const int *archs, int n_archs) {
         }
         failures += compile_one(what, src, want[i], 0, cp->n_kernels);
       }
-      if (large_mode || quick) break; /* PTX for the architectures only */
-      failures += compile_one(what, src, "-arch=sm_80", 1, cp->n_kernels);
-    } else {
+      if (large_mode || quick) continue; /* PTX for the architectures only */
+      /* CUBIN (ptxas: registers, shared memory): f32 on sm_80 (16 bits adds no shared memory) */
+      if (v == 0) failures += compile_one(what, src, "-arch=sm_80", 1, cp->n_kernels);
+    } else if (!large_mode) {
       failures += compile_one(what, src, "-arch=compute_75", 0, cp->n_kernels);
     }
   }
@@ -148,14 +174,17 @@ static void test_model(const char *path, const int *archs, int n_archs) {
 }
 
 static void test_op_cases(void) {
+  static const char *const tags[] = {"f32", "f64", "fp16", "bf16"};
   for (int c = 0; c < N_OP_CASES + N_BIG_CASES; c++)
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < 4; f++) {
       const Case *oc = c < N_OP_CASES ? &cases[c] : &big_cases[c - N_OP_CASES];
       if ((c >= N_OP_CASES || quick) && f) continue; /* big cases (and sanitizer builds): f32 only */
+      if (half_mode != (f >= 2)) continue;
       Arena *a = arena_new(1 << 18);
-      CgProgram *cp = lower_model(a, oc->name, oc->src, f ? DT_F64 : DT_F32, false);
+      CgProgram *cp = lower_model(a, oc->name, oc->src, f == 1 ? DT_F64 : DT_F32, false,
+                                  f == 2 ? "fp16" : f == 3 ? "bf16" : "fp32");
       char what[256];
-      snprintf(what, sizeof what, "op %s (%s)", oc->name, f ? "f64" : "f32");
+      snprintf(what, sizeof what, "op %s (%s)", oc->name, tags[f]);
       if (!cp) {
         fprintf(stderr, "FAIL %s: does not compile\n", what);
         failures++;
@@ -212,6 +241,11 @@ int main(int argc, char **argv) {
   printf("\n");
   int first = 1;
   if (argc > 1 && !strcmp(argv[1], "--large")) large_mode = true, first = 2;
+  if (argc > 1 && !strcmp(argv[1], "--half")) half_mode = true, first = 2;
+  if (half_mode && quick) {
+    printf("SKIP: sanitizer build: the fp16/bf16 programs are NVRTC-compiled by the release suite (make test)\n");
+    return 77;
+  }
   if (large_mode && quick) {
     printf("SKIP: sanitizer build: GPT-2 small is NVRTC-compiled by the release suite (make test)\n");
     return 77;

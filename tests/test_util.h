@@ -45,10 +45,22 @@ int check_close(const char *what, double got, double want, double atol, double r
  * t's program, on any device) from r: params (0.2 + 0.8 U) * (+-1), float
  * inputs N(0, 1), i32 inputs uniform in [0, classes). */
 void tmodel_fill(TModel *t, DuetSession *s, DuetRng *r, int classes);
-/* Every f32/f64 tensor of p in sessions a (the reference) and b, element
- * by element: |b - a| <= 1e-4 + 2e-3 |a| (f32), 1e-11 + 1e-9 |a| (f64);
+/* Every f32/f64/f16/bf16 tensor of p in sessions a (the reference) and b,
+ * element by element: |b - a| <= 1e-4 + 2e-3 |a| (f32), 1e-11 + 1e-9 |a|
+ * (f64), 16 bits as compare_sessions_stats;
  * NaN matches NaN.  Prints the first mismatch of up to 5 tensors; returns
  * the number of tensors that differ. */
 int compare_sessions(const char *what, const DuetProgram *p, DuetSession *a, DuetSession *b);
+/* Same, and f16/bf16 tensors too: |b - a| <= 1e-3 + 4e-3 |a| (f16),
+ * 1e-3 + 3e-2 |a| (bf16), both about 4 ulps of the format.  In a program
+ * with 16-bit tensors every tensor's element may instead differ by up to
+ * 1% (fp16) or 2% (bf16) of the tensor's largest magnitude.  Arena tensors
+ * sharing bytes with a tensor of another dtype are skipped (their final
+ * bits may be the other's).  st (may be NULL) counts the 16-bit elements
+ * compared and those bit-identical. */
+typedef struct CompareStats {
+  long long n16, same16;
+} CompareStats;
+int compare_sessions_stats(const char *what, const DuetProgram *p, DuetSession *a, DuetSession *b, CompareStats *st);
 
 #endif

@@ -14,6 +14,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cublas_v2.h>
 #include <cuda.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +40,7 @@ typedef struct Cuda {
   void **host_t;            /* what dev_t holds */
   double host_s[DUET_S_COUNT];
   int have_t, have_s;
+  int acc16; /* --gemm-accumulate fp16 */
 } Cuda;
 
 static const char *cu_err(CUresult r) {
@@ -117,7 +120,16 @@ static int cu_launch(DuetDevice *d, int kernel, void *const *t, const double *s)
 /* Row-major C[m,n] = op(A) op(B) is column-major C^T = op(B)^T op(A)^T:
  * cuBLAS gets B first, with n and m swapped (the usual transposition
  * trick); fp32 GEMMs accumulate in fp32 (cublasSgemm, default math mode:
- * no TF32). */
+ * no TF32).  16-bit GEMMs (fp16, bf16: A, B and C all 16-bit, as the
+ * precision pass plans them and the CPU backend computes them) go through
+ * cublasGemmEx with CUBLAS_COMPUTE_32F: products and sums in fp32, the
+ * result rounded once to the 16-bit type (cuBLAS documentation,
+ * "cublasGemmEx": the 16F/16BF inputs with 32F compute rows of its type
+ * table), which is what the CPU's widen-sgemm-narrow does.  With
+ * --gemm-accumulate fp16 (opt-in, never the default) fp16 GEMMs use
+ * CUBLAS_COMPUTE_16F instead, whose alpha and beta are fp16 (1 = 0x3c00):
+ * about twice the rate on Pascal (sm_60), with fp16 rounding of every
+ * partial sum. */
 static int cu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
   Cuda *c = d->ctx;
   int m = (int)st->m, n = (int)st->n, k = (int)st->k;
@@ -130,6 +142,14 @@ static int cu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
   } else if (st->dtype == DUET_F32) {
     const float one = 1, zero = 0;
     r = cublasSgemm(c->blas, ob, oa, n, m, k, &one, t[st->b], ldb, t[st->a], lda, &zero, t[st->c], n);
+  } else if (st->dtype == DUET_F16 || st->dtype == DUET_BF16) {
+    const float one = 1, zero = 0;
+    cudaDataType_t ty = st->dtype == DUET_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    const uint16_t one16 = 0x3c00, zero16 = 0;
+    bool h = c->acc16 && st->dtype == DUET_F16;
+    r = cublasGemmEx(c->blas, ob, oa, n, m, k, h ? (const void *)&one16 : (const void *)&one, t[st->b], ty, ldb,
+                     t[st->a], ty, lda, h ? (const void *)&zero16 : (const void *)&zero, t[st->c], ty, n,
+                     h ? CUBLAS_COMPUTE_16F : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   } else {
     snprintf(d->err, sizeof d->err, "GEMM of dtype %d is not supported on CUDA", st->dtype);
     return -1;
@@ -258,7 +278,7 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
   d->ops = &cuda_ops;
   d->ctx = c;
   if (!p->cuda_source || !p->cuda_launch) {
-    snprintf(err, errlen, "this program carries no CUDA kernels (rebuild it with this duet; fp16/bf16 programs have none yet)");
+    snprintf(err, errlen, "this program carries no CUDA kernels (rebuild it with this duet)");
     goto fail;
   }
   CKO(cuInit(0));
@@ -274,6 +294,23 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
   CKO(cuDeviceGetName(name, sizeof name, c->dev));
   CKO(cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, c->dev));
   CKO(cuDeviceGetAttribute(&mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->dev));
+  /* bf16 arithmetic and cuBLAS's 16BF GEMMs need compute capability 8.0
+   * (the precision pass's --arch table says the same at compile time; this
+   * is the check against the card actually present) */
+  for (int i = 0; i < p->n_tensors; i++)
+    if (p->tensors[i].dtype == DUET_BF16 && ma < 8) {
+      snprintf(err, errlen,
+               "this program stores bf16 tensors, which need compute capability 8.0 or later; cuda:%d %s is sm_%d%d "
+               "(use --precision fp16 or fp32)",
+               ordinal, name, ma, mi);
+      goto fail;
+    }
+  /* fp16 arithmetic on sm_61 runs at 1/64 of fp32 (CUDA C Programming
+   * Guide, arithmetic throughput; shared/FACTS.md: CUBLAS_COMPUTE_16F
+   * 20-25x slower than SGEMM there) */
+  if (p->gemm_accumulate_f16 && ma == 6 && mi == 1)
+    fprintf(stderr, "duet: warning: --gemm-accumulate fp16 on %s (sm_61, fp16 at 1/64 of the fp32 rate) makes "
+                    "GEMMs slower, not faster\n", name);
   CKO(cuDevicePrimaryCtxRetain(&c->ctx, c->dev));
   CKO(cuCtxSetCurrent(c->ctx));
   CKO(cuStreamCreate(&c->stream, CU_STREAM_NON_BLOCKING));
@@ -285,6 +322,7 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
   img = NULL;
   c->n_kernels = p->n_kernels;
   c->n_tensors = p->n_tensors;
+  c->acc16 = p->gemm_accumulate_f16;
   c->launch = p->cuda_launch;
   c->fn = calloc((size_t)(p->n_kernels ? p->n_kernels : 1), sizeof *c->fn);
   c->host_t = calloc((size_t)(p->n_tensors ? p->n_tensors : 1), sizeof *c->host_t);
@@ -314,7 +352,9 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
     snprintf(err, errlen, "cuBLAS initialisation failed on %s", name);
     goto fail;
   }
-  if (verbose) fprintf(stderr, "duet: cuda:%d %s (sm_%d%d): kernels %s\n", ordinal, name, ma, mi, msg);
+  if (verbose)
+    fprintf(stderr, "duet: cuda:%d %s (sm_%d%d): kernels %s%s\n", ordinal, name, ma, mi, msg,
+            c->acc16 ? "; fp16 GEMMs accumulate in fp16 (--gemm-accumulate fp16)" : "");
   return d;
 fail:
   free(img);

@@ -37,7 +37,35 @@ static inline double __longlong_as_double(long long i) {
   memcpy(&d, &i, sizeof d);
   return d;
 }
+static inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+static inline float __uint_as_float(unsigned u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+/* round-to-nearest f32 add and multiply (the host's default rounding) */
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline int atomicOr(int *p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+static inline int atomicExch(int *p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+/* __syncthreads_or: a barrier that also ORs a predicate over the block.
+ * The word is reset by thread 0 after the third barrier, before any thread
+ * can reach the next call's first. */
+extern int emu_sync_or_word;
+static inline int __syncthreads_or(int pred) {
+  pthread_barrier_wait(&emu_block_barrier);
+  if (pred) __atomic_store_n(&emu_sync_or_word, 1, __ATOMIC_SEQ_CST);
+  pthread_barrier_wait(&emu_block_barrier);
+  int r = __atomic_load_n(&emu_sync_or_word, __ATOMIC_SEQ_CST);
+  pthread_barrier_wait(&emu_block_barrier);
+  if (threadIdx.x == 0) __atomic_store_n(&emu_sync_or_word, 0, __ATOMIC_SEQ_CST);
+  return r;
+}
 static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 template <typename T> static T __shfl_xor_sync(unsigned mask, T v, int o) {
   (void)mask;

@@ -14,6 +14,7 @@ pthread_barrier_t emu_block_barrier;
 pthread_barrier_t emu_warp_barrier[32];
 unsigned char emu_slots[1024][8];
 double emu_smem[1 << 17];
+int emu_sync_or_word;
 
 typedef void (*EmuKernel)(void *const *t, const double *s);
 static pthread_t emu_pool[EMU_POOL];

@@ -2,7 +2,7 @@
 # tests/gpu/run.sh [OUTDIR]: the one command to run on a machine with a GPU.
 # Builds duet with the CUDA backend (DUET_CUDA=ON) into build-gpu/, runs the
 # CUDA tests that need no GPU (nvrtc_compile*, cuda_target, cuda_cli) and
-# the gpu-labelled tests (gpu_ops, gpu_train), measures the kernel cache
+# the gpu-labelled tests (gpu_ops, gpu_train, gpu_precision), measures the kernel cache
 # (first run compiles with NVRTC, second loads), runs the GPU benchmark
 # (bench/gpu_gpt2.sh: duet vs PyTorch on GPT-2 small) and writes
 # OUTDIR/report.md (default build/gpu-report/) with every log next to it.
@@ -85,7 +85,7 @@ for f in cuda-tests gpu-tests; do
   say "- $f: $(grep -E 'tests passed|tests failed' "$OUT/$f.log" | tail -1)"
   grep -E '^ *[0-9]+/[0-9]+ Test' "$OUT/$f.log" | sed 's/^ */  - /' | while IFS= read -r l; do say "$l"; done
 done
-grep -E 'fmnist_mlp 1 epoch|^ok |^FAIL' "$OUT/gpu-tests.log" | head -60 > "$OUT/gpu-tests-summary.txt"
+grep -E 'fmnist_mlp 1 epoch|^speed |^ok |^FAIL' "$OUT/gpu-tests.log" | head -60 > "$OUT/gpu-tests-summary.txt"
 
 # ------------------------------------------------------------- kernel cache
 cache=$(mktemp -d)
