@@ -241,10 +241,20 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
     return NULL;
   }
   if ((pc->precision || pc->target) && g->after_pass && passes_find(g->after_pass) >= passes_find("precision")) {
-    diag_error(&c->diag, ir_after_loc(src),
-               "the dump was printed after `%s`, so its dtypes are fixed; --precision and --arch need the .model "
-               "or a dump from before `precision`", g->after_pass);
-    return NULL;
+    /* the dump's dtypes are fixed: a request that resolves to them is fine */
+    DType have = DT_F32;
+    for (int i = 0; i < g->n_values; i++)
+      if (g->values[i]->dtype == DT_F16 || g->values[i]->dtype == DT_BF16) have = g->values[i]->dtype;
+    PrecisionChoice want;
+    char err[256];
+    if (precision_resolve(pc->target, pc->precision ? pc->precision : g->train.precision, &want, err, sizeof err) ||
+        want.storage != have) {
+      diag_error(&c->diag, ir_after_loc(src),
+                 "the dump was printed after `%s`, so its dtypes are fixed (%s); --precision and --arch that ask for "
+                 "others need the .model or a dump from before `precision`",
+                 g->after_pass, have == DT_F16 ? "fp16" : have == DT_BF16 ? "bf16" : "fp32");
+      return NULL;
+    }
   }
   pc->start_after = g->after_pass;
   return g;

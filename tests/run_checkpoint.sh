@@ -60,6 +60,6 @@ out=$("$DUET" run $M $F --steps 3 --resume "$d/trunc.st" 2>&1)
 echo "$out" | grep -q "duet: error: cannot resume: corrupt safetensors file $d/trunc.st" \
   && ok resume_truncated || { bad resume_truncated; echo "$out"; }
 out=$("$DUET" run $M $F --steps 3 --save /nonexistent/dir/ck.st 2>&1); rc=$?
-[ $rc -ne 0 ] && echo "$out" | grep -q "cannot save /nonexistent/dir/ck.st" && ok save_unwritable || { bad save_unwritable; echo "$out"; }
+[ $rc -ne 0 ] && echo "$out" | grep -qx "duet: error: --save /nonexistent/dir/ck.st: cannot write into /nonexistent/dir: No such file or directory" && ok save_unwritable || { bad save_unwritable; echo "$out"; }
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

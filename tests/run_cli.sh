@@ -70,7 +70,7 @@ expect loss_scale_below_floor 1 "duet: error: --loss-scale 4 is below the floor 
   "$DUET" run $M --precision fp16 --loss-scale 4 --min-loss-scale 8 --steps 1
 # a dump after `precision` keeps its dtypes: --precision is refused, not ignored
 "$DUET" ir $M --after precision --precision bf16 > "$d/bf16.ir"
-expect dump_precision_fixed 1 "$d/bf16.ir:2:7: error: the dump was printed after \`precision\`, so its dtypes are fixed; --precision and --arch need the .model or a dump from before \`precision\`" \
+expect dump_precision_fixed 1 "$d/bf16.ir:2:7: error: the dump was printed after \`precision\`, so its dtypes are fixed (bf16); --precision and --arch that ask for others need the .model or a dump from before \`precision\`" \
   "$DUET" run "$d/bf16.ir" --precision fp16 --steps 1
 # duet compile never writes over its input
 cp $M "$d/self.model"
