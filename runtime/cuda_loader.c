@@ -18,7 +18,7 @@ typedef DuetDevice *(*OpenFn)(const DuetProgram *p, int ordinal, int verbose, ch
 typedef int (*ListFn)(FILE *out, char *err, size_t errlen);
 typedef int (*ApiFn)(void);
 
-/* Loads the plugin: $DUET_CUDA_PLUGIN, else next to the executable, else
+/* Loads the plugin: $DUET_CUDA_PLUGIN (only it, when set), else next to the executable, else
  * the build tree's copy, else the dynamic loader's search path.  The
  * handle stays open for the life of the process (devices point into it). */
 static void *load_plugin(char *err, size_t errlen) {
@@ -30,10 +30,21 @@ static void *load_plugin(char *err, size_t errlen) {
   /* the plugin links libcuda.so.1 itself; this handle only tested for it */
   dlclose(drv);
   const char *env = getenv("DUET_CUDA_PLUGIN");
+  if (env && *env) { /* named on purpose: no silent fallback to another copy */
+    void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      snprintf(err, errlen, "DUET_CUDA_PLUGIN=%s cannot be loaded: %s", env, dlerror());
+      return NULL;
+    }
+    ApiFn api = (ApiFn)dlsym(h, "duet_cuda_plugin_api");
+    if (api && api() == 1) return h;
+    dlclose(h);
+    snprintf(err, errlen, "DUET_CUDA_PLUGIN=%s is not a compatible duet CUDA plugin", env);
+    return NULL;
+  }
   char self[1024], cand[1200];
   const char *tries[4];
   int n = 0;
-  if (env && *env) tries[n++] = env;
   ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
   if (k > 0) {
     self[k] = 0;

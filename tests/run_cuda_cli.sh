@@ -63,6 +63,10 @@ else
       env LD_LIBRARY_PATH="$tmp" "$DUET" run $M --devices cuda:0 --precision bf16 --steps 1
     expect stub_devices 0 "cuda    none: cuInit failed: unknown CUDA error (CUresult 34)" \
       env LD_LIBRARY_PATH="$tmp" "$DUET" devices
+    expect plugin_env_missing 1 "duet: error: DUET_CUDA_PLUGIN=$tmp/nosuch.so cannot be loaded: $tmp/nosuch.so: cannot open shared object file: No such file or directory" \
+      env LD_LIBRARY_PATH="$tmp" DUET_CUDA_PLUGIN="$tmp/nosuch.so" "$DUET" run $M --devices cuda --steps 1
+    expect plugin_env_foreign 1 "duet: error: DUET_CUDA_PLUGIN=$STUB is not a compatible duet CUDA plugin" \
+      env LD_LIBRARY_PATH="$tmp" DUET_CUDA_PLUGIN="$STUB" "$DUET" run $M --devices cuda --steps 1
     if "$DUET" compile $M -o "$tmp/mlp" > /dev/null; then
       expect stub_compiled 1 "duet: error: cuInit(0) failed: unknown CUDA error (CUresult 34)" \
         env LD_LIBRARY_PATH="$tmp" "$tmp/mlp" --devices cuda --steps 1
