@@ -274,7 +274,7 @@ static int compile_model_opt(Compiled *c, const char *path, const FrontendOption
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
   if (!c->g) return 1;
   if (pc.start_after && passes_find(pc.start_after) >= passes_find("partition")) {
-    int S = c->g->n_stages > 1 ? c->g->n_stages : 1, want = pc.n_devices > 0 ? pc.n_devices : 1;
+    int S = c->g->n_stages > 1 ? c->g->n_stages : 1, want = pc.n_devices > 0 ? pc.n_devices : S; /* no --devices: the dump's own */
     int64_t m = c->g->train.micro_batches, want_m = fo->micro_batches > 0 ? fo->micro_batches : m;
     if (S != want || m != want_m) {
       diag_error_noloc(&c->diag, "the dump was partitioned for %d device%s and %" PRId64 " micro-batch%s; --devices "

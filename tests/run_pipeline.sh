@@ -160,6 +160,10 @@ expect compile_capacity 1 "duet: error: device 16GiB:sm_60 is a capacity for \`d
   "$DUET" compile models/fmnist_mlp.model -o "$d/cap" --devices 2x16GiB:sm_60
 expect compile_schedule 1 "duet: error: --schedule expects gpipe or 1f1b, got 'bogus'" \
   "$DUET" compile models/fmnist_mlp.model -o "$d/sch" --devices cpu:0,cpu:1 --schedule bogus
+# a partitioned dump without --devices keeps its own partition (check, emit, run)
+"$DUET" ir tests/pipeline/pinned.model --after partition --devices cpu:0,cpu:1 > "$d/pin.ir" &&
+  "$DUET" check "$d/pin.ir" | tail -1 | grep -qx "$d/pin.ir: ok, 106010 parameters" &&
+  "$DUET" emit "$d/pin.ir" --target c > /dev/null && ok || bad "check/emit of a partitioned dump"
 expect indivisible 1 "tests/pipeline/pinned.model:3:7: error: batch 32 is not a multiple of --micro-batches 3" \
   "$DUET" ir tests/pipeline/pinned.model --micro-batches 3
 expect too_few_ops 1 "duet: error: the model has 9 forward ops, fewer than the 10 devices: no stage may be empty" \
