@@ -447,6 +447,9 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
   if (cfg.save_path && check_save_path(cfg.save_path)) goto out;
+  if ((cfg.loss_scale > 0 || cfg.min_loss_scale > 0) && p->n_unscale == 0 && !cfg.quiet)
+    fprintf(stderr, "duet: warning: --loss-scale and --min-loss-scale have no effect: this program has no fp16 loss "
+                    "scaling\n");
   if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
   if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
     fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));
@@ -662,6 +665,9 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
   if (cfg.save_path && check_save_path(cfg.save_path)) goto out;
+  if ((cfg.loss_scale > 0 || cfg.min_loss_scale > 0) && p->n_unscale == 0 && !cfg.quiet)
+    fprintf(stderr, "duet: warning: --loss-scale and --min-loss-scale have no effect: this program has no fp16 loss "
+                    "scaling\n");
   if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
   if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
     fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));

@@ -72,6 +72,8 @@ expect loss_scale_below_floor 1 "duet: error: --loss-scale 4 is below the floor 
 "$DUET" ir $M --after precision --precision bf16 > "$d/bf16.ir"
 expect dump_precision_fixed 1 "$d/bf16.ir:2:7: error: the dump was printed after \`precision\`, so its dtypes are fixed (bf16); --precision and --arch that ask for others need the .model or a dump from before \`precision\`" \
   "$DUET" run "$d/bf16.ir" --precision fp16 --steps 1
+expect loss_scale_no_effect 0 "duet: warning: --loss-scale and --min-loss-scale have no effect: this program has no fp16 loss scaling" \
+  "$DUET" run $M --loss-scale 4 --steps 1 --no-eval --train-subset 512
 # duet compile never writes over its input
 cp $M "$d/self.model"
 expect compile_onto_input 1 "duet: error: -o $d/self.model names the input file; choose another output path" \
