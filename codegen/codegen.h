@@ -6,6 +6,16 @@
 #include "../ir/ir.h"
 #include "../runtime/duet_rt.h"
 
+/* A growing string in the arena (the emitters' output).  bprintf appends
+ * printf-formatted text (NUL-terminated after the first call); it never fails
+ * (arena_alloc aborts when memory runs out). */
+typedef struct Buf {
+  Arena *a;
+  char *s;
+  size_t n, cap;
+} Buf;
+void bprintf(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* ----------------------------------------------------------- kernel IR */
 
 /* Elementwise kernels are straight-line programs run once per element i of

@@ -8,14 +8,7 @@
 
 #include "codegen.h"
 
-/* A growing string in the arena. */
-typedef struct Buf {
-  Arena *a;
-  char *s;
-  size_t n, cap;
-} Buf;
-
-static void bprintf(Buf *b, const char *fmt, ...) {
+void bprintf(Buf *b, const char *fmt, ...) {
   va_list ap, ap2;
   va_start(ap, fmt);
   va_copy(ap2, ap);

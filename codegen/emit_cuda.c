@@ -18,32 +18,6 @@
 
 #define D64 "%" PRId64
 
-typedef struct Buf {
-  Arena *a;
-  char *s;
-  size_t n, cap;
-} Buf;
-
-static void bprintf(Buf *b, const char *fmt, ...) {
-  va_list ap, ap2;
-  va_start(ap, fmt);
-  va_copy(ap2, ap);
-  int n = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  DUET_ASSERT(n >= 0);
-  if (b->n + (size_t)n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 4096;
-    while (b->n + (size_t)n + 1 > cap) cap *= 2;
-    char *ns = arena_alloc(b->a, cap);
-    if (b->n) memcpy(ns, b->s, b->n);
-    b->s = ns;
-    b->cap = cap;
-  }
-  vsnprintf(b->s + b->n, (size_t)n + 1, fmt, ap2);
-  va_end(ap2);
-  b->n += (size_t)n;
-}
-
 static const char *cutype(DType t) {
   switch (t) {
   case DT_F32: return "float";
