@@ -602,7 +602,7 @@ static int cmd_ir(int argc, char **argv) {
 }
 
 static int cmd_plan(int argc, char **argv) {
-  const char *model = NULL, *schedule = "gpipe";
+  const char *model = NULL;
   int64_t batch = 0;
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -616,8 +616,6 @@ static int cmd_plan(int argc, char **argv) {
     } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") || !strcmp(argv[i], "--schedule") ||
                 !strcmp(argv[i], "--threads")) && i + 1 < argc) {
       i++;
-    } else if (!strcmp(argv[i], "--schedule") && i + 1 < argc) {
-      schedule = argv[++i];
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
       batch = scan_batch(2, argv + i);
       i++;
@@ -632,12 +630,7 @@ static int cmd_plan(int argc, char **argv) {
     fprintf(stderr, "duet: error: usage: duet plan M.model --devices SPEC\n");
     return 1;
   }
-  schedule = scan_flag(argc, argv, "--schedule") ? scan_flag(argc, argv, "--schedule") : schedule;
-  if (strcmp(schedule, "gpipe") && strcmp(schedule, "1f1b")) {
-    fprintf(stderr, "duet: error: --schedule expects gpipe or 1f1b, got '%s'\n", schedule);
-    return 1;
-  }
-  ParOpts po;
+  ParOpts po; /* checks --devices, --micro-batches and --schedule */
   if (par_opts(&po, argc, argv)) return 1;
   Compiled c;
   int rc = compile_model_par(&c, model, batch, &po, NULL, NULL);

@@ -346,11 +346,18 @@ static int check_save_path(const char *path) {
   return 0;
 }
 
+/* The session of a training run, after the checks that must not wait for
+ * the end of training (--save's path; --loss-scale without loss scaling
+ * only warns).  NULL after printing the error. */
 static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
                                  DuetDevice **dev) {
   char err[1024];
   DuetSession *s;
   *dev = NULL;
+  if (cfg->save_path && check_save_path(cfg->save_path)) return NULL;
+  if ((cfg->loss_scale > 0 || cfg->min_loss_scale > 0) && p->n_unscale == 0 && !cfg->quiet)
+    fprintf(stderr, "duet: warning: --loss-scale and --min-loss-scale have no effect: this program has no fp16 loss "
+                    "scaling\n");
   if (p->n_stages >= 1) {
     if (cfg->micro_batches && cfg->micro_batches != (p->micro_batches > 0 ? p->micro_batches : 1)) {
       fprintf(stderr, "duet: error: this program was compiled for %d micro-batches, not %" PRId64 "\n",
@@ -446,10 +453,6 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (cfg.save_path && check_save_path(cfg.save_path)) goto out;
-  if ((cfg.loss_scale > 0 || cfg.min_loss_scale > 0) && p->n_unscale == 0 && !cfg.quiet)
-    fprintf(stderr, "duet: warning: --loss-scale and --min-loss-scale have no effect: this program has no fp16 loss "
-                    "scaling\n");
   if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
   if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
     fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));
@@ -664,10 +667,6 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (cfg.save_path && check_save_path(cfg.save_path)) goto out;
-  if ((cfg.loss_scale > 0 || cfg.min_loss_scale > 0) && p->n_unscale == 0 && !cfg.quiet)
-    fprintf(stderr, "duet: warning: --loss-scale and --min-loss-scale have no effect: this program has no fp16 loss "
-                    "scaling\n");
   if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
   if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
     fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));
