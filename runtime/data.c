@@ -126,36 +126,6 @@ done:
   return rc;
 }
 
-void *duet_read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  size_t cap = 1 << 16, n = 0, got;
-  char *b = malloc(cap + 1);
-  while (b && (got = fread(b + n, 1, cap - n, f)) > 0) {
-    n += got;
-    if (n == cap) {
-      char *nb = cap > SIZE_MAX / 4 ? NULL : realloc(b, cap * 2 + 1);
-      if (!nb) {
-        free(b);
-        b = NULL;
-        break;
-      }
-      b = nb;
-      cap *= 2;
-    }
-  }
-  int bad = ferror(f);
-  fclose(f);
-  if (!b || bad) {
-    free(b);
-    errno = b ? EIO : ENOMEM;
-    return NULL;
-  }
-  b[n] = 0;
-  *len = n;
-  return b;
-}
-
 void duet_dataset_free(DuetDataset *ds) {
   free(ds->images);
   free(ds->labels);

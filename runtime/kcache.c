@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,30 +13,31 @@
 
 #include "duet_rt.h"
 
-/* The whole file (malloc'ed, NUL-terminated after *len bytes), or NULL.
- * (Not duet_read_file: the CUDA plugin links this file without data.c.) */
-static char *read_all(const char *path, size_t *len) {
+/* duet_read_file (duet_rt.h) lives here rather than in data.c: the CUDA
+ * plugin links this file without data.c (and zlib). */
+void *duet_read_file(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
-  size_t cap = 1 << 16, n = 0;
+  size_t cap = 1 << 16, n = 0, got;
   char *b = malloc(cap + 1);
-  while (b) {
-    size_t got = fread(b + n, 1, cap - n, f);
+  while (b && (got = fread(b + n, 1, cap - n, f)) > 0) {
     n += got;
-    if (n < cap) break;
-    char *nb = realloc(b, 2 * cap + 1);
-    if (!nb) {
-      free(b);
-      b = NULL;
-      break;
+    if (n == cap) {
+      char *nb = cap > SIZE_MAX / 4 ? NULL : realloc(b, cap * 2 + 1);
+      if (!nb) {
+        free(b);
+        b = NULL;
+        break;
+      }
+      b = nb;
+      cap *= 2;
     }
-    b = nb;
-    cap *= 2;
   }
   int bad = ferror(f);
   fclose(f);
   if (!b || bad) {
     free(b);
+    errno = b ? EIO : ENOMEM;
     return NULL;
   }
   b[n] = 0;
@@ -147,12 +149,12 @@ void *duet_cache_get(const char *key, size_t keylen, const char *ext, size_t *le
   *len = 0;
   if (entry_paths(key, keylen, ext, obj, keyf, sizeof obj, err, errlen)) return NULL;
   size_t klen = 0, blen = 0;
-  char *old = read_all(keyf, &klen);
+  char *old = duet_read_file(keyf, &klen);
   if (!old) return NULL;
   char *blob = NULL;
   struct stat st;
   if (klen > keylen && !memcmp(old, key, keylen) && !stat(obj, &st) && st.st_uid == getuid() &&
-      (blob = read_all(obj, &blen))) {
+      (blob = duet_read_file(obj, &blen))) {
     char want[96];
     snprintf(want, sizeof want, "\nobject: %zu %016llx\n", blen,
              (unsigned long long)duet_fnv1a(blob, blen, DUET_FNV_OFFSET));
