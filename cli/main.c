@@ -319,25 +319,28 @@ static int gemm_f16_steps(const DuetProgram *p) {
   return n;
 }
 
-/* Attaches the CUDA C of the kernels and their launch table to the program
- * (used when --devices names a GPU at run time), and --gemm-accumulate.
- * 1 after a message when --gemm-accumulate fp16 has no fp16 GEMM to act on. */
-static int with_cuda(CgProgram *cp, Arena *a) {
+/* Sets --gemm-accumulate on the program and, when `cuda` (a GPU may run it:
+ * --devices names one, or a compiled executable), attaches the CUDA C of the
+ * kernels and their launch table.  1 after a message when --gemm-accumulate
+ * fp16 has no fp16 GEMM to act on. */
+static int with_cuda(CgProgram *cp, Arena *a, bool cuda) {
   cp->prog.gemm_accumulate_f16 = opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16");
   if (cp->prog.gemm_accumulate_f16 && !gemm_f16_steps(&cp->prog)) {
     fprintf(stderr, "duet: error: --gemm-accumulate fp16 needs fp16 GEMMs (--precision fp16); this program has none\n");
     return 1;
   }
+  if (!cuda) return 0;
   cp->prog.cuda_source = codegen_emit_cuda(cp, a);
   cp->prog.cuda_launch = codegen_cuda_launch_table(cp, a);
   return 0;
 }
 
 /* Lowers a compiled graph and loads its kernels (compiled now or taken from
- * the cache) into m.  NULL after printing the error. */
-static CgProgram *jit_program(Compiled *c, JitModule *m) {
+ * the cache) into m; `cuda`: attach the CUDA kernels too (with_cuda).  NULL
+ * after printing the error. */
+static CgProgram *jit_program(Compiled *c, JitModule *m, bool cuda) {
   CgProgram *cp = codegen_lower(c->g, c->arena);
-  if (with_cuda(cp, c->arena)) return NULL;
+  if (with_cuda(cp, c->arena, cuda)) return NULL;
   char err[8192];
   if (jit_load(codegen_emit_c(cp, c->arena), m, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
@@ -385,11 +388,11 @@ static int cmd_run(int argc, char **argv) {
     /* the GPU runs the CUDA C; the C kernels are not needed */
     memset(&m, 0, sizeof m);
     cp = codegen_lower(c.g, c.arena);
-    if (with_cuda(cp, c.arena)) {
+    if (with_cuda(cp, c.arena, true)) {
       compiled_free(&c);
       return 1;
     }
-  } else if (!(cp = jit_program(&c, &m))) {
+  } else if (!(cp = jit_program(&c, &m, probe.devices && strstr(probe.devices, "cuda")))) {
     compiled_free(&c);
     return 1;
   }
@@ -474,7 +477,7 @@ static int cmd_compile(int argc, char **argv) {
   /* the executable runs on the devices it was compiled for unless given --devices */
   if (po.devices) cp->prog.defaults.devices = arena_printf(c.arena, "%s", po.devices);
   par_free(&po);
-  if (with_cuda(cp, c.arena)) {
+  if (with_cuda(cp, c.arena, true)) {
     compiled_free(&c);
     return 1;
   }
@@ -736,7 +739,7 @@ static int cmd_sample(int argc, char **argv) {
     return 1;
   }
   JitModule m;
-  CgProgram *cp = jit_program(&c, &m);
+  CgProgram *cp = jit_program(&c, &m, false);
   if (!cp) {
     compiled_free(&c);
     return 1;
