@@ -393,11 +393,6 @@ static void insert_transfers(Part *P) {
 void pass_partition(Graph *g, PassCtx *cx) {
   int S = cx->n_devices > 0 ? cx->n_devices : 1;
   if (S > IR_MAX_STAGES) diag_error_noloc(g->diag, "%d devices: at most %d are supported", S, IR_MAX_STAGES);
-  if (S > 1 || g->train.micro_batches > 1)
-    for (int i = 0; i < g->n_values; i++)
-      if (g->values[i]->op == OP_UNSCALE)
-        diag_error_noloc(g->diag, "fp16 loss scaling does not combine with --devices or --micro-batches yet; "
-                         "pipelined runs take --precision fp32 or bf16");
   /* hints: a device that does not exist, pins against the stage order.
    * Without --devices the model runs on the one CPU and hints are kept as
    * annotations only (a model written for two GPUs still runs anywhere). */

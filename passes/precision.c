@@ -161,11 +161,6 @@ void pass_precision(Graph *g, PassCtx *cx) {
   const char *req = cx->precision ? cx->precision : g->train.precision;
   if (precision_resolve(cx->target, req, &pc, err, sizeof err)) diag_error_noloc(g->diag, "%s", err);
   if (pc.storage == DT_F32 || g->float_dtype != DT_F32 || g->decode) return; /* nothing to do */
-  /* with micro-batches autodiff's seed is 1/M, not the 1 that becomes the
-   * loss scale, and the pipeline runtime does not read overflow flags yet */
-  if (pc.loss_scaling && (cx->n_devices > 1 || g->train.micro_batches > 1))
-    diag_error_noloc(g->diag, "fp16 loss scaling does not combine with --devices or --micro-batches yet; "
-                     "pipelined runs take --precision fp32 or bf16");
   DType L = pc.storage;
   Arena *a = g->arena;
   int n = g->n_values;
@@ -180,12 +175,16 @@ void pass_precision(Graph *g, PassCtx *cx) {
   int n_updates = 0;
 
   /* loss scaling: the seed of the backward pass (its first value, the
-   * constant 1 = d loss / d loss) becomes the runtime loss scale */
-  Value *seed = NULL;
+   * constant d loss / d loss = 1, or 1/M with M micro-batches, the loss
+   * divided once by autodiff) becomes the runtime loss scale S, or S * 1/M:
+   * the loss is scaled once and divided by M once, and the unscale kernels
+   * multiply each micro-batch's gradients by 1/S before they are summed */
+  Value *seed = NULL, *scaled_seed = NULL;
+  int64_t mb = g->train.micro_batches > 1 ? g->train.micro_batches : 1;
   if (pc.loss_scaling) {
     for (int i = 0; i < n && !seed; i++)
       if (old[i]->role == ROLE_BACKWARD) seed = old[i];
-    if (seed && !(seed->op == OP_CONST && seed->attr.value == 1.0 && seed->shape.rank == 0))
+    if (seed && !(seed->op == OP_CONST && seed->attr.value == 1.0 / (double)mb && seed->shape.rank == 0))
       duet_fatal(__FILE__, __LINE__, "precision: the first backward value %%%d is not the loss gradient seed", seed->id);
   }
 
@@ -196,7 +195,17 @@ void pass_precision(Graph *g, PassCtx *cx) {
       Value *ls = graph_add(g, OP_LOSS_SCALE, NULL, 0, &at, v->loc);
       ls->role = ROLE_BACKWARD;
       push(&P, ls);
-      subst[v->id] = ls;
+      scaled_seed = ls;
+      if (mb > 1) {
+        Attr ca = {.value = v->attr.value, .dtype = DT_F32};
+        Value *in[2] = {ls, graph_add(g, OP_CONST, NULL, 0, &ca, v->loc)};
+        in[1]->role = ROLE_BACKWARD;
+        push(&P, in[1]);
+        scaled_seed = graph_add(g, OP_MUL, in, 2, NULL, v->loc);
+        scaled_seed->role = ROLE_BACKWARD;
+        push(&P, scaled_seed);
+      }
+      subst[v->id] = scaled_seed;
       weak[v->id] = true;
       continue;
     }
@@ -221,7 +230,7 @@ void pass_precision(Graph *g, PassCtx *cx) {
       bool all_weak = true;
       for (int j = 0; j < v->n_in; j++) {
         Value *x = v->in[j];
-        bool w = x->op == OP_LOSS_SCALE || (x->id < n && old[x->id] == x && weak[x->id]);
+        bool w = x->op == OP_LOSS_SCALE || x == scaled_seed || (x->id < n && old[x->id] == x && weak[x->id]);
         if (!w && dtype_is_float(x->dtype)) strong = wider(strong, x->dtype), all_weak = false;
       }
       want = all_weak ? DT_F32 : strong;

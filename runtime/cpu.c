@@ -460,25 +460,13 @@ void duet_session_set_scaler(DuetSession *s, const DuetScaler *sc) {
 DuetDevice *duet_session_device(DuetSession *s) { return s->dev; }
 const DuetProgram *duet_session_program(const DuetSession *s) { return s->p; }
 
-/* Before the optimizer updates of a training step: reads the overflow flags;
- * 1 when the step is to be skipped (the scale backs off), 0 when it goes on
- * (the scale may grow), -1 with a message when the scale fell below the
- * floor.  GradScaler.update() with its defaults: backoff 0.5, growth 2 after
- * 2,000 consecutive good steps. */
-static int scaler_update(DuetSession *s) {
+/* Before the optimizer updates of a training step, given the first
+ * overflow flag set (-1: none): 1 when the step is to be skipped (the scale
+ * backs off), 0 when it goes on (the scale may grow), -1 with a message
+ * when the scale fell below the floor.  GradScaler.update() with its
+ * defaults: backoff 0.5, growth 2 after 2,000 consecutive good steps. */
+static int scaler_update(DuetSession *s, int first) {
   const DuetProgram *p = s->p;
-  DuetDevice *d = s->dev;
-  int32_t flags[64];
-  int first = -1;
-  for (int j0 = 0; j0 < p->n_unscale && first < 0; j0 += 64) {
-    int nj = p->n_unscale - j0 < 64 ? p->n_unscale - j0 : 64;
-    if (d->ops->copy_to_host(d, flags, s->overflow + j0, (size_t)nj * sizeof *flags)) {
-      snprintf(s->err, sizeof s->err, "reading the overflow flags: %s", d->err);
-      return -1;
-    }
-    for (int j = 0; j < nj && first < 0; j++)
-      if (flags[j]) first = j0 + j;
-  }
   DuetScaler *sc = &s->scaler;
   sc->last_skipped = first >= 0;
   if (first < 0) {
@@ -500,6 +488,24 @@ static int scaler_update(DuetSession *s) {
   s->s[DUET_S_LOSS_SCALE] = sc->scale;
   s->s[DUET_S_INV_LOSS_SCALE] = 1.0 / sc->scale;
   return first >= 0;
+}
+
+/* The first overflow flag the unscale kernels of this step set, -1 if
+ * none; -2 with a message when the flags cannot be read. */
+static int first_overflow(DuetSession *s) {
+  const DuetProgram *p = s->p;
+  DuetDevice *d = s->dev;
+  int32_t flags[64];
+  for (int j0 = 0; j0 < p->n_unscale; j0 += 64) {
+    int nj = p->n_unscale - j0 < 64 ? p->n_unscale - j0 : 64;
+    if (d->ops->copy_to_host(d, flags, s->overflow + j0, (size_t)nj * sizeof *flags)) {
+      snprintf(s->err, sizeof s->err, "reading the overflow flags: %s", d->err);
+      return -2;
+    }
+    for (int j = 0; j < nj; j++)
+      if (flags[j]) return j0 + j;
+  }
+  return -1;
 }
 
 int duet_session_run(DuetSession *s, int which) {
@@ -527,14 +533,23 @@ int duet_session_run(DuetSession *s, int which) {
     s->s[DUET_S_ONE_MINUS_BETA2] = 1.0 - c->beta2;
     s->s[DUET_S_DECAY] = 1.0 - c->lr * c->weight_decay;
   }
-  if (s->pipe) return duet_pipe_run(s->pipe, which, s->s, s->n_valid, s->err, sizeof s->err);
+  if (s->pipe) {
+    if (which != DUET_RUN_TRAIN || !p->n_unscale) return duet_pipe_run(s->pipe, which, s->s, s->n_valid, s->err, sizeof s->err);
+    /* fp16: every stage's gradients and flags, then one verdict for all */
+    if (duet_pipe_run(s->pipe, DUET_PIPE_GRADS, s->s, s->n_valid, s->err, sizeof s->err)) return -1;
+    int rc = scaler_update(s, duet_pipe_first_overflow(s->pipe));
+    if (rc) return rc < 0 ? -1 : 0;
+    return duet_pipe_run(s->pipe, DUET_PIPE_STEP, s->s, s->n_valid, s->err, sizeof s->err);
+  }
   DuetDevice *d = s->dev;
   bool prof = s->prof && which == DUET_RUN_TRAIN;
   if (prof) s->prof_runs++;
   for (int i = 0; i < n; i++) {
     const DuetStep *st = &steps[i];
     if (which == DUET_RUN_TRAIN && p->n_unscale && i == p->update_from) {
-      int rc = scaler_update(s);
+      int first = first_overflow(s);
+      if (first < -1) return -1;
+      int rc = scaler_update(s, first);
       if (rc < 0) return -1;
       if (rc > 0) break; /* overflow: no update this step */
     }

@@ -10,7 +10,10 @@
  * device with memory of its own copies each micro-batch's gradients out).  Gradients are
  * summed into accumulators in micro-batch order on every stage, so a run on
  * S devices performs exactly the arithmetic of the run on one device with
- * the same micro-batches.
+ * the same micro-batches.  fp16 loss scaling: each stage ORs its unscale
+ * kernels' overflow flags over the micro-batches; the session runs a step
+ * in two jobs (DUET_PIPE_GRADS, then DUET_PIPE_STEP unless the scaler
+ * skips it), so every stage takes or skips the same update.
  *
  * Environment (documented in README.md):
  *   DUET_PIPE_TIMEOUT=SECONDS   how long a stage waits for a transfer (120)
@@ -49,6 +52,9 @@ typedef struct Stage {
   void *tmp;       /* !host_mem: one gradient copied to the host */
   bool host_mem;   /* the device's memory is host memory (the CPU device) */
   int64_t *acc_off; /* tensor id -> offset in acc, -1 */
+  int32_t *overflow; /* device memory: the unscale kernels' flags (fp16 loss scaling), t[n_tensors] */
+  int32_t *flags;    /* host: the flags OR-ed over this step's micro-batches */
+  int32_t *flags_mb; /* host: one micro-batch's flags */
   int threads;
   double busy, wait; /* DUET_PROFILE: seconds computing and waiting, all runs */
   pthread_t thread;
@@ -59,6 +65,7 @@ typedef struct Stage {
 struct DuetPipe {
   const DuetProgram *p;
   int S, M, schedule;
+  int phase;         /* the job's part of a training step: DUET_RUN_TRAIN (all), DUET_PIPE_GRADS, DUET_PIPE_STEP */
   Stage *st;
   void **stage_buf;  /* [transfer * M + m] */
   int64_t *posted;   /* [transfer * M + m]: job number that posted it */
@@ -247,6 +254,13 @@ static int backward(Stage *st, int m) {
   double s[DUET_S_COUNT];
   micro_scalars(q, m, s);
   if (run_steps(st, ps->bwd, ps->n_bwd, m, slot, s, true)) return -1;
+  if (p->n_unscale > 0) { /* a micro-batch's overflow spoils the whole step */
+    if (st->dev->ops->copy_to_host(st->dev, st->flags_mb, st->overflow, (size_t)p->n_unscale * sizeof *st->flags_mb)) {
+      pipe_fail(q, "stage %d, micro-batch %d: reading the overflow flags: %s", st->id, m, st->dev->err);
+      return -1;
+    }
+    for (int j = 0; j < p->n_unscale; j++) st->flags[j] |= st->flags_mb[j];
+  }
   for (int i = 0; i < p->n_tensors; i++) {
     if (st->acc_off[i] < 0) continue;
     const DuetTensor *t = &p->tensors[i];
@@ -278,10 +292,14 @@ static int backward(Stage *st, int m) {
   return 0;
 }
 
-static int train_stage(Stage *st) {
+/* Forward and backward of every micro-batch in the schedule, then the
+ * summed gradients written to the stage's gradient tensors.  0, or -1
+ * after pipe_fail. */
+static int stage_grads(Stage *st) {
   DuetPipe *q = st->q;
   const DuetProgram *p = q->p;
   int M = q->M, S = q->S, s = st->id;
+  if (p->n_unscale > 0) memset(st->flags, 0, (size_t)p->n_unscale * sizeof *st->flags);
   if (q->schedule == DUET_SCHEDULE_1F1B) {
     int w = S - s - 1 < M ? S - s - 1 : M; /* warm-up forwards */
     for (int m = 0; m < w; m++)
@@ -303,8 +321,17 @@ static int train_stage(Stage *st) {
       pipe_fail(q, "stage %d: writing gradient %s: %s", s, p->tensors[i].name, st->dev->err);
       return -1;
     }
+  return 0;
+}
+
+/* The job's part of a training step on stage st (q->phase). */
+static int train_stage(Stage *st) {
+  DuetPipe *q = st->q;
+  const DuetProgram *p = q->p;
+  int s = st->id;
+  if (q->phase != DUET_PIPE_STEP && stage_grads(st)) return -1;
   const DuetStage *ps = &p->stages[s];
-  if (run_steps(st, ps->opt, ps->n_opt, 0, 0, q->s, true)) return -1;
+  if (q->phase != DUET_PIPE_GRADS && run_steps(st, ps->opt, ps->n_opt, 0, 0, q->s, true)) return -1;
   if (st->dev->ops->sync(st->dev)) {
     pipe_fail(q, "stage %d: %s", s, st->dev->err);
     return -1;
@@ -378,13 +405,14 @@ int duet_pipe_run(DuetPipe *q, int which, const double *s, int64_t n_valid, char
     }
     return 0;
   }
-  if (which != DUET_RUN_TRAIN) {
+  if (which != DUET_RUN_TRAIN && which != DUET_PIPE_GRADS && which != DUET_PIPE_STEP) {
     snprintf(err, errlen, "a pipelined program runs training and evaluation only");
     return -1;
   }
   pthread_mutex_lock(&q->mu);
+  q->phase = which;
   q->job++;
-  q->runs++;
+  if (which != DUET_PIPE_STEP) q->runs++;
   q->n_done = 0;
   pthread_cond_broadcast(&q->job_cv);
   while (q->n_done < q->S) pthread_cond_wait(&q->done_cv, &q->mu);
@@ -394,12 +422,20 @@ int duet_pipe_run(DuetPipe *q, int which, const double *s, int64_t n_valid, char
     snprintf(err, errlen, "%s", q->err);
     return -1;
   }
-  if (p->loss >= 0) {
+  if (p->loss >= 0 && which != DUET_PIPE_STEP) {
     double l = 0;
     for (int m = 0; m < q->M; m++) l += q->losses[m];
     write_elem(&p->tensors[p->loss], q->host_loss, 0, l / (double)q->M);
   }
   return 0;
+}
+
+int duet_pipe_first_overflow(const DuetPipe *q) {
+  int first = -1;
+  for (int k = 0; k < q->S; k++)
+    for (int j = 0; j < q->p->n_unscale && (first < 0 || j < first); j++)
+      if (q->st[k].flags[j]) first = j;
+  return first;
 }
 
 void *duet_pipe_tensor(DuetPipe *q, int id) {
@@ -434,6 +470,9 @@ void duet_pipe_free(DuetPipe *q) {
     free(st->acc);
     free(st->tmp);
     free(st->acc_off);
+    free(st->flags);
+    free(st->flags_mb);
+    if (st->overflow && st->dev) st->dev->ops->free(st->dev, st->overflow);
     if (st->dev) st->dev->ops->destroy(st->dev);
   }
   free(q->st);
@@ -570,8 +609,18 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
     for (int i = 0; i < p->n_tensors; i++)
       if (st->acc_off[i] >= 0 && p->tensors[i].nbytes > max_grad) max_grad = p->tensors[i].nbytes;
     if (!st->host_mem && !(st->tmp = zalloc((size_t)max_grad))) goto fail_oom;
+    if (p->n_unscale > 0) { /* zeroed: flags of another stage's params stay 0 */
+      size_t fb = (size_t)p->n_unscale * sizeof(int32_t);
+      if (!(st->flags = zalloc(fb)) || !(st->flags_mb = zalloc(fb))) goto fail_oom;
+      if (!(st->overflow = st->dev->ops->alloc(st->dev, fb))) {
+        snprintf(err, errlen, "stage %d: %s", k, st->dev->err);
+        duet_pipe_free(q);
+        return NULL;
+      }
+    }
     for (int sl = 0; sl < st->n_slots; sl++) {
       if (!(st->tab[sl] = zalloc((size_t)(p->n_tensors + 1) * sizeof **st->tab))) goto fail_oom;
+      st->tab[sl][p->n_tensors] = st->overflow;
       for (int i = 0; i < p->n_tensors; i++) {
         const DuetTensor *t = &p->tensors[i];
         if (t->stage != k) continue;

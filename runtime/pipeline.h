@@ -32,4 +32,15 @@ void *duet_pipe_tensor(DuetPipe *q, int id);
  * stage, micro-batch and tensor of a failed step or a timed-out wait. */
 int duet_pipe_run(DuetPipe *q, int which, const double *s, int64_t n_valid, char *err, size_t errlen);
 
+/* A training step in two parts, for fp16 loss scaling (the decision to
+ * skip the update needs every stage's overflow flags): `which` =
+ * DUET_PIPE_GRADS runs the forwards and backwards and sums the gradients,
+ * OR-ing each stage's overflow flags over the micro-batches; then
+ * DUET_PIPE_STEP runs every stage's optimizer update (or is not called
+ * when the step is skipped).  DUET_RUN_TRAIN is the two in one. */
+enum { DUET_PIPE_GRADS = 100, DUET_PIPE_STEP = 101 };
+/* After DUET_PIPE_GRADS: the lowest overflow flag set by any stage in any
+ * micro-batch (an index into DuetProgram.unscale_names), or -1. */
+int duet_pipe_first_overflow(const DuetPipe *q);
+
 #endif

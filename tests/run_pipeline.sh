@@ -154,8 +154,6 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
   expect no_cuda 1 "duet: error: no CUDA driver on this machine (libcuda.so.1: cannot open shared object file: No such file or directory)" \
     "$DUET" run tests/pipeline/pinned.model --devices cpu:0,cuda:1 --quiet
 fi
-expect fp16_pipeline 1 "duet: error: fp16 loss scaling does not combine with --devices or --micro-batches yet; pipelined runs take --precision fp32 or bf16" \
-  "$DUET" ir tests/pipeline/pinned.model --after partition --precision fp16 --micro-batches 2
 expect compile_capacity 1 "duet: error: device 16GiB:sm_60 is a capacity for \`duet plan\`, not a device to run on (use cpu:N or cuda:N)" \
   "$DUET" compile models/fmnist_mlp.model -o "$d/cap" --devices 2x16GiB:sm_60
 expect compile_schedule 1 "duet: error: --schedule expects gpipe or 1f1b, got 'bogus'" \

@@ -11,7 +11,8 @@
 #      same losses; bf16 too;
 #   4. duet compile --precision fp16: the executable prints duet run's losses;
 #   5. --arch / --precision: auto follows the device table, bf16 below sm_80
-#      is refused naming the card, duet run refuses a GPU --arch.
+#      is refused naming the card, duet run refuses a GPU --arch;
+#   6. fp16 with micro-batches and on two virtual devices (below).
 # usage: run_precision.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_precision.sh path/to/duet}
 d=$(mktemp -d "${TMPDIR:-/tmp}/duet-prec.XXXXXX") || exit 2
@@ -73,14 +74,39 @@ want="duet: error: unknown precision \`fp8\` (auto, fp32, fp16, bf16)"
 expect bad_precision "$DUET" check $M --precision fp8
 want="duet: error: duet run builds for the CPU; --arch sm_60 is for duet ir and duet check"
 expect run_gpu_arch "$DUET" run $M --arch sm_60
-# fp16 loss scaling with micro-batches (autodiff's seed is then 1/M): an
-# error from the precision pass, not an internal error (found by the fuzzer)
-want="duet: error: fp16 loss scaling does not combine with --devices or --micro-batches yet; pipelined runs take --precision fp32 or bf16"
-expect fp16_micro_batches "$DUET" ir $M --precision fp16 --micro-batches 2 --after precision
+# fp16 loss scaling with micro-batches: the seed is S * 1/M (the loss
+# scaled once, divided by M once)
+"$DUET" ir $M --precision fp16 --micro-batches 2 --after precision > "$d/mb.ir" &&
+  grep -q '^%[0-9]* = const 0.5 : f32\[\]  @backward$' "$d/mb.ir" &&
+  grep -q '^%[0-9]* = mul %[0-9]*, %[0-9]* : f32\[\]  @backward$' "$d/mb.ir" && ok fp16_micro_batch_seed ||
+  bad fp16_micro_batch_seed
 # the train section's `precision` key, and the command line winning over it
 sed 's/^  seed = 1$/  seed = 1\n  precision = "bf16"/' $M > "$d/p.model"
 "$DUET" ir "$d/p.model" --after precision | grep -q '^%6 = matmul %4, %5 : bf16\[256,1024\]$' && ok train_key_precision ||
   bad train_key_precision
 "$DUET" ir "$d/p.model" --after precision --precision fp32 | grep -q 'bf16\[' && bad cli_wins || ok cli_wins
+# 6. fp16 loss scaling with micro-batches and pipelines: a forced overflow
+#    from 2^30 with 4 micro-batches on one device and on cpu:0,cpu:1 (GPipe
+#    and 1F1B; every stage's overflow flags OR-ed over the micro-batches,
+#    one verdict for all stages) skips the same steps, naming the same
+#    params, and ends in the same losses and checkpoint bit for bit (one
+#    thread per device); a run resumed mid-backoff on two devices equals
+#    the straight one
+P="$M --train-subset 2560 --test-subset 500 --precision fp16 --loss-scale 1073741824 --micro-batches 4 --steps 12 --log-every 1 --threads 1"
+"$DUET" run $P --metrics "$d/m1.jsonl" --save "$d/m1.st" > "$d/m1.out" 2>&1 || { bad mb_one_device; cat "$d/m1.out"; }
+for s in gpipe 1f1b; do
+  "$DUET" run $P --devices cpu:0,cpu:1 --schedule $s --metrics "$d/m2.jsonl" --save "$d/m2.st" > "$d/m2.out" 2>&1 ||
+    { bad "mb_two_devices_$s"; cat "$d/m2.out"; }
+  grep '^step' "$d/m1.out" > "$d/s1"
+  grep '^step' "$d/m2.out" > "$d/s2"
+  if [ "$(wc -l < "$d/s1")" -ge 5 ] && cmp -s "$d/s1" "$d/s2" && cmp -s "$d/m1.jsonl" "$d/m2.jsonl" &&
+     cmp -s "$d/m1.st" "$d/m2.st" && grep -q 'first: linear3.w' "$d/s2"; then
+    ok "fp16_pipeline_$s ($(wc -l < "$d/s1") skipped steps, identical to one device)"
+  else bad "fp16_pipeline_$s"; diff "$d/m1.out" "$d/m2.out" | head; fi
+done
+"$DUET" run $P --devices cpu:0,cpu:1 --steps 5 --quiet --save "$d/m5.st" > /dev/null 2>&1 &&
+"$DUET" run $P --devices cpu:0,cpu:1 --resume "$d/m5.st" --quiet --metrics "$d/mr.jsonl" > /dev/null 2>&1 &&
+  [ "$(wc -l < "$d/mr.jsonl")" -eq 9 ] && tail -9 "$d/m1.jsonl" | diff - "$d/mr.jsonl" &&
+  ok fp16_pipeline_resume || bad fp16_pipeline_resume
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

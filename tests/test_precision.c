@@ -129,7 +129,8 @@ static void fill(TModel *t, uint64_t seed, int classes, double scale, double off
     Value *v = g->values[i];
     int id = tmodel_tensor(t, v);
     if (id < 0 || (v->op != OP_INPUT && v->op != OP_PARAM)) continue;
-    int64_t n = shape_numel(&v->shape);
+    /* a pipelined session's data inputs hold all micro-batches */
+    int64_t n = shape_numel(&v->shape) * (v->op == OP_INPUT && g->train.micro_batches > 1 ? g->train.micro_batches : 1);
     void *p = duet_session_tensor(t->s, id);
     for (int64_t j = 0; j < n; j++) {
       if (v->dtype == DT_I32) {
@@ -478,6 +479,111 @@ static void scaler_steps(void) {
   tmodel_close(&t);
 }
 
+/* Gradient accumulation over micro-batches with fp16 loss scaling: the
+ * loss must be scaled by S once and divided by M once, and each
+ * micro-batch's gradients unscaled once before they are summed.  One SGD
+ * step (lr 0.5, no momentum or decay) of the pipelined session with M
+ * micro-batches recovers the gradient as (w0 - w1) / lr, which must match
+ * the fp32 gradient of the whole batch in one piece (within 1e-2 of the
+ * largest for fp16, 4e-2 for bf16, 1e-5 for fp32); a factor of M or S
+ * anywhere misses by orders of magnitude.  Then an overflow in any
+ * micro-batch skips the whole step once, naming the param. */
+static void micro_batches(void) {
+  const char *src = HEAD "input x: f32[batch,12]\ninput y: i32[batch]\n"
+                         "block linear(h, out) {\n  param w: [dim(h, -1), out] = xavier_uniform\n"
+                         "  param b: [out] = normal(0.1)\n  return h @ w + b\n}\n"
+                         "loss = cross_entropy(linear(relu(linear(x, 32)), 5), y)\n"
+                         "train {\n  batch = 16\n  optimizer = sgd(lr = 0.5, momentum = 0, weight_decay = 0)\n}\n";
+  const double lr = 0.5;
+  FrontendOptions fo = {.float_dtype = DT_F32};
+  TModel ref;
+  if (tmodel_open_prec(&ref, "micro", src, &fo, "fp32")) {
+    fails++;
+    return;
+  }
+  fill(&ref, 7, 5, 1, 0);
+  if (run_grad(&ref)) {
+    fails++;
+    tmodel_close(&ref);
+    return;
+  }
+  static const struct {
+    const char *prec;
+    int M;
+    double tol;
+  } runs[] = {{"fp32", 4, 1e-5}, {"fp16", 4, 1e-2}, {"fp16", 2, 1e-2}, {"bf16", 4, 4e-2}};
+  for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+    int before = fails;
+    FrontendOptions fm = {.float_dtype = DT_F32, .micro_batches = runs[r].M};
+    TModel t;
+    if (tmodel_open_prec(&t, "micro", src, &fm, runs[r].prec)) {
+      fails++;
+      continue;
+    }
+    fill(&t, 7, 5, 1, 0);
+    if (!strcmp(runs[r].prec, "fp16")) duet_session_set_scaler(t.s, &(DuetScaler){.scale = 1024});
+    /* params before the step */
+    float *w0[8] = {0};
+    int np = 0;
+    for (int i = 0; i < ref.g->n_values && np < 8; i++) {
+      Value *p = ref.g->values[i];
+      if (p->op != OP_PARAM) continue;
+      Value *q = tmodel_param(&t, p->attr.name);
+      int64_t n = shape_numel(&p->shape);
+      w0[np] = malloc((size_t)n * sizeof(float));
+      memcpy(w0[np++], duet_session_tensor(t.s, tmodel_tensor(&t, q)), (size_t)n * sizeof(float));
+    }
+    if (duet_session_run(t.s, DUET_RUN_TRAIN)) {
+      fprintf(stderr, "FAIL micro-batches %s M=%d: %s\n", runs[r].prec, runs[r].M, duet_session_error(t.s));
+      fails++;
+    } else {
+      double worst = 0;
+      if (check_close("micro-batches: mean loss", loss_of(&t), loss_of(&ref), 0, runs[r].tol)) fails++;
+      np = 0;
+      for (int i = 0; i < ref.g->n_values && np < 8; i++) {
+        Value *p = ref.g->values[i];
+        if (p->op != OP_PARAM) continue;
+        const float *g32 = duet_session_tensor(ref.s, tmodel_tensor(&ref, p->grad));
+        const float *w1 = duet_session_tensor(t.s, tmodel_tensor(&t, tmodel_param(&t, p->attr.name)));
+        const float *w = w0[np++];
+        int64_t n = shape_numel(&p->shape);
+        double big = 0, err = 0;
+        for (int64_t j = 0; j < n; j++)
+          big = fmax(big, fabs(g32[j])), err = fmax(err, fabs((w[j] - w1[j]) / lr - g32[j]));
+        if (!(err <= runs[r].tol * big)) {
+          fprintf(stderr, "FAIL micro-batches %s M=%d: d loss / d %s: max error %.3g, max |fp32 gradient| %.3g\n",
+                  runs[r].prec, runs[r].M, p->attr.name, err, big);
+          fails++;
+        }
+        if (big > 0) worst = fmax(worst, err / big);
+      }
+      printf("%s micro-batches %s M=%d: gradients from one SGD step vs fp32 whole batch, worst %.2e\n",
+             fails > before ? "FAIL" : "ok", runs[r].prec, runs[r].M, worst);
+    }
+    /* an overflow in the micro-batches: one skipped step, params untouched */
+    if (!strcmp(runs[r].prec, "fp16") && fails == before) {
+      float *w1 = duet_session_tensor(t.s, tmodel_tensor(&t, tmodel_param(&t, "linear1.w")));
+      memcpy(w0[0], w1, 12 * 32 * sizeof(float));
+      duet_session_set_scaler(t.s, &(DuetScaler){.scale = 0x1p40});
+      DuetScaler sc = {0};
+      if (duet_session_run(t.s, DUET_RUN_TRAIN) == 0) sc = duet_session_scaler(t.s);
+      if (!sc.last_skipped || sc.skipped != 1 || sc.scale != 0x1p39 || !sc.first_overflow ||
+          strcmp(sc.first_overflow, "linear1.w") || memcmp(w0[0], w1, 12 * 32 * sizeof(float))) {
+        fprintf(stderr, "FAIL micro-batches %s M=%d: an overflow at 2^40 gave skipped %d/%lld, scale %g, first %s\n",
+                runs[r].prec, runs[r].M, sc.last_skipped, (long long)sc.skipped, sc.scale,
+                sc.first_overflow ? sc.first_overflow : "(none)");
+        fails++;
+      } else {
+        printf("ok micro-batches %s M=%d: an overflow skips the step once (scale 2^40 -> 2^39, first linear1.w)\n",
+               runs[r].prec, runs[r].M);
+      }
+    }
+    for (int k = 0; k < np; k++) free(w0[k]);
+    tmodel_close(&t);
+  }
+  tmodel_close(&ref);
+}
+
 int main(void) {
   conversions();
   device_rules();
@@ -487,6 +593,7 @@ int main(void) {
   large_logits();
   constant_rows();
   scaler_steps();
+  micro_batches();
   printf("%s\n", fails ? "FAILED" : "all passed");
   return fails != 0;
 }

@@ -37,9 +37,14 @@ int tmodel_open_prec(TModel *t, const char *name, const char *text, const Fronte
     fprintf(stderr, "%s: %s\n", name, err);
     return 1;
   }
-  t->dev = duet_cpu_device(t->jit.fns, t->jit.n, 0);
   DuetConfig cfg = t->cp->prog.defaults;
-  t->s = duet_session_new(&t->cp->prog, t->dev, &cfg, err, sizeof err);
+  if (t->cp->prog.n_stages >= 1) { /* micro-batches: the pipeline, on cpu:0 */
+    cfg.quiet = 1;
+    t->s = duet_session_new_pipeline(&t->cp->prog, t->jit.fns, &cfg, err, sizeof err);
+  } else {
+    t->dev = duet_cpu_device(t->jit.fns, t->jit.n, 0);
+    t->s = duet_session_new(&t->cp->prog, t->dev, &cfg, err, sizeof err);
+  }
   if (!t->s) {
     fprintf(stderr, "%s: %s\n", name, err);
     return 1;

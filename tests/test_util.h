@@ -27,7 +27,9 @@ typedef struct TModel {
 int tmodel_open(TModel *t, const char *name, const char *text, DType float_dtype);
 /* Same, with frontend options (batch, decode). */
 int tmodel_open_opt(TModel *t, const char *name, const char *text, const FrontendOptions *fo);
-/* Same, with --precision (NULL: auto). */
+/* Same, with --precision (NULL: auto).  fo->micro_batches > 1 opens a
+ * pipelined session (one stage on the CPU): its data inputs are then
+ * host buffers of the whole batch (micro_batches x the input's shape). */
 int tmodel_open_prec(TModel *t, const char *name, const char *text, const FrontendOptions *fo, const char *precision);
 void tmodel_close(TModel *t);
 /* Tensor id of a value (-1 when it has no storage). */
