@@ -94,7 +94,9 @@ static int open_module(const char *so, JitModule *m, char *err, size_t errlen) {
     m->handle = NULL;
     return -1;
   }
+  const int *n_fns = dlsym(m->handle, "duet_function_count");
   m->n = *count;
+  m->n_functions = n_fns ? *n_fns : *count;
   m->fns = table;
   return 0;
 }

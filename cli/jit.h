@@ -12,6 +12,7 @@ typedef struct JitModule {
   void *handle;             /* dlopen handle */
   const DuetKernelFn *fns;  /* duet_kernel_table */
   int n;                    /* duet_kernel_count */
+  int n_functions;          /* duet_function_count: distinct kernel functions (kernels share them) */
   bool cache_hit;
   double compile_seconds;   /* 0 on a cache hit */
 } JitModule;

@@ -330,8 +330,7 @@ static int with_cuda(CgProgram *cp, Arena *a, bool cuda) {
     return 1;
   }
   if (!cuda) return 0;
-  cp->prog.cuda_source = codegen_emit_cuda(cp, a);
-  cp->prog.cuda_launch = codegen_cuda_launch_table(cp, a);
+  codegen_attach_cuda(cp, a);
   return 0;
 }
 
@@ -397,8 +396,8 @@ static int cmd_run(int argc, char **argv) {
     return 1;
   }
   if (!probe.quiet && m.fns) {
-    if (m.cache_hit) printf("duet: kernels: %d, loaded from cache\n", m.n);
-    else printf("duet: kernels: %d, compiled in %.2f s\n", m.n, m.compile_seconds);
+    if (m.cache_hit) printf("duet: kernels: %d (%d functions), loaded from cache\n", m.n, m.n_functions);
+    else printf("duet: kernels: %d (%d functions), compiled in %.2f s\n", m.n, m.n_functions, m.compile_seconds);
     fflush(stdout);
   }
   rc = duet_main(&cp->prog, m.fns, "duet run M.model", argc - 1, argv + 1);
@@ -680,7 +679,7 @@ static int cmd_emit(int argc, char **argv) {
   int rc = compile_model(&c, model, 0, NULL, NULL);
   if (!rc) {
     CgProgram *cp = codegen_lower(c.g, c.arena);
-    fputs(strcmp(target, "cuda") ? codegen_emit_c(cp, c.arena) : codegen_emit_cuda(cp, c.arena), stdout);
+    fputs(strcmp(target, "cuda") ? codegen_emit_c(cp, c.arena) : codegen_emit_cuda(cp, c.arena, NULL, NULL), stdout);
   }
   compiled_free(&c);
   return rc;

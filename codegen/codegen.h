@@ -16,6 +16,26 @@ typedef struct Buf {
 } Buf;
 void bprintf(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Kernel sharing: kernels that differ only in their tensors (the
+ * repeated layers of a transformer) are one function.  An emitter prints
+ * each kernel as a unit of text that names its tensors by argument
+ * position (t[0], t[1], ...) and its function by the placeholder FN; a
+ * KernelFuncs collects the distinct units.  kfuncs_add returns the
+ * function index of the unit (a new one when no earlier unit is equal;
+ * hashed, so n kernels cost O(n) comparisons); kfuncs_write appends every
+ * distinct unit to b in order, FN replaced by its index. */
+#define FN "@F@"
+typedef struct KernelFuncs {
+  Arena *a;
+  int n, cap;
+  const char **text;
+  uint64_t *hash;
+  int *slot; /* open-addressing table of function indices, -1 free */
+  int n_slot;
+} KernelFuncs;
+int kfuncs_add(KernelFuncs *f, const char *unit);
+void kfuncs_write(const KernelFuncs *f, Buf *b);
+
 /* ----------------------------------------------------------- kernel IR */
 
 /* Elementwise kernels are straight-line programs run once per element i of
@@ -117,15 +137,22 @@ typedef struct CgProgram {
  * the training defaults copied into the program. */
 CgProgram *codegen_lower(Graph *g, Arena *a);
 
-/* C source of every kernel, as `void duet_k<i>(void *const *t, const double
- * *s)` plus a table `duet_kernel_table`.  Contains no user text. */
+/* C source of every kernel: one function `void duet_k<f>(void *const *t,
+ * const double *s)` per distinct kernel (t: the kernel's arguments, see
+ * DuetProgram.kernel_args), and per kernel i a wrapper duet_i<i>(void
+ * *const *t, const double *s) that takes the whole tensor table, picks the
+ * arguments and calls its function; `duet_kernel_table` lists the
+ * wrappers (n_kernels), `duet_function_count` the functions.  Contains no
+ * user text. */
 char *codegen_emit_c(const CgProgram *cp, Arena *a);
 
-/* CUDA C source of every kernel for NVRTC, as `extern "C" __global__ void
- * duet_k<i>(void *const *t, const double *s)` (t and s in device memory),
- * each preceded by a comment giving its launch configuration.  Includes no
- * header and no user text. */
-char *codegen_emit_cuda(const CgProgram *cp, Arena *a);
+/* CUDA C source of the kernels for NVRTC: one `extern "C" __global__ void
+ * duet_k<f>(duet_args t, const double *s)` per distinct kernel (t.p[j]:
+ * argument j, passed by value; s in device memory), each preceded by a
+ * comment giving its launch configuration.  fn_of (n_kernels entries, may
+ * be NULL) receives each kernel's function index; *n_fns (may be NULL) the
+ * number of functions.  Includes no header and no user text. */
+char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fns);
 /* Launch configuration of kernel k (grid-stride kernels cap the grid at
  * 65535 blocks; row kernels use blocks of 32..1024 threads, multiples of
  * 32; attention uses dynamic shared memory of time (forward, decode) or
@@ -133,6 +160,9 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a);
 void codegen_cuda_launch(const Kernel *k, DuetLaunch *l);
 /* codegen_cuda_launch for every kernel, in the arena. */
 DuetLaunch *codegen_cuda_launch_table(const CgProgram *cp, Arena *a);
+/* Sets the program's CUDA fields (cuda_source, cuda_fn, cuda_n_fns,
+ * cuda_launch), in the arena. */
+void codegen_attach_cuda(CgProgram *cp, Arena *a);
 /* The device functions the CUDA source of a program with 16-bit tensors
  * carries (duet_u16, duet_f16_from_f32, duet_f32_from_f16,
  * duet_bf16_from_f32, duet_f32_from_bf16: runtime/duet_half.h's

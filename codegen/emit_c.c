@@ -28,6 +28,55 @@ void bprintf(Buf *b, const char *fmt, ...) {
   b->n += (size_t)n;
 }
 
+static uint64_t fnv1a(const char *s) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a, 64-bit (Fowler, Noll, Vo) */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+int kfuncs_add(KernelFuncs *f, const char *unit) {
+  if (2 * (f->n + 1) > f->n_slot) { /* grow: at most half full */
+    int ns = f->n_slot ? 2 * f->n_slot : 64;
+    int *slot = arena_alloc(f->a, (size_t)ns * sizeof *slot);
+    for (int i = 0; i < ns; i++) slot[i] = -1;
+    for (int i = 0; i < f->n; i++) {
+      size_t j = (size_t)(f->hash[i] & (uint64_t)(ns - 1));
+      while (slot[j] >= 0) j = (j + 1) & (size_t)(ns - 1);
+      slot[j] = i;
+    }
+    f->slot = slot;
+    f->n_slot = ns;
+  }
+  uint64_t h = fnv1a(unit);
+  size_t j = (size_t)(h & (uint64_t)(f->n_slot - 1));
+  for (; f->slot[j] >= 0; j = (j + 1) & (size_t)(f->n_slot - 1))
+    if (f->hash[f->slot[j]] == h && !strcmp(f->text[f->slot[j]], unit)) return f->slot[j];
+  if (f->n == f->cap) {
+    int nc = f->cap ? 2 * f->cap : 64;
+    const char **t = arena_alloc(f->a, (size_t)nc * sizeof *t);
+    uint64_t *hs = arena_alloc(f->a, (size_t)nc * sizeof *hs);
+    if (f->n) memcpy(t, f->text, (size_t)f->n * sizeof *t), memcpy(hs, f->hash, (size_t)f->n * sizeof *hs);
+    f->text = t, f->hash = hs, f->cap = nc;
+  }
+  f->text[f->n] = unit;
+  f->hash[f->n] = h;
+  f->slot[j] = f->n;
+  return f->n++;
+}
+
+void kfuncs_write(const KernelFuncs *f, Buf *b) {
+  size_t lp = strlen(FN);
+  for (int i = 0; i < f->n; i++)
+    for (const char *p = f->text[i]; *p;) {
+      const char *q = strstr(p, FN);
+      size_t len = q ? (size_t)(q - p) : strlen(p);
+      bprintf(b, "%.*s", (int)len, p);
+      if (!q) break;
+      bprintf(b, "%d", i);
+      p = q + lp;
+    }
+}
+
 static const char *ctype(DType t) {
   switch (t) {
   case DT_F32: return "float";
@@ -142,7 +191,7 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
     if (k->ins[i].op == KI_STORE) stored[k->ins[i].a] = true;
   for (int i = 0; i < k->n_bufs; i++)
     bprintf(b, "  %s%s *b%d = (%s%s *)t[%d];\n", stored[i] ? "" : "const ", ctype(k->bufs[i].dtype), i,
-            stored[i] ? "" : "const ", ctype(k->bufs[i].dtype), k->bufs[i].tensor);
+            stored[i] ? "" : "const ", ctype(k->bufs[i].dtype), i);
   for (int i = 0; i < k->n_ins; i++)
     if (k->ins[i].op == KI_SCALAR) bprintf(b, "  const %s s%d = (%s)s[%d];\n", T, i, T, k->ins[i].a);
   for (int i = 0; i < k->n_ins; i++)
@@ -244,7 +293,7 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
 
 /* Reductions accumulate in double, in a fixed order (no OpenMP reduction
  * clause, whose combining order varies between runs). */
-#define BUF(i, cst) cst, T, cst, T, k->bufs[i].tensor
+#define BUF(i, cst) cst, T, cst, T, (i) /* the kernel's argument i */
 
 /* max over the reduced axis (NaN propagates: a comparison with NaN keeps
  * the NaN), and its gradient to the first maximum */
@@ -276,8 +325,8 @@ static void emit_reduce(Buf *b, const Kernel *k) {
     return;
   }
   const char *T = ctype(k->dtype);
-  bprintf(b, "  const %s *x = (const %s *)t[%d];\n  %s *y = (%s *)t[%d];\n", T, T, k->bufs[0].tensor, T, T,
-          k->bufs[1].tensor);
+  bprintf(b, "  const %s *x = (const %s *)t[%d];\n  %s *y = (%s *)t[%d];\n", T, T, 0, T, T,
+          1);
   int64_t O = k->outer, R = k->red, I = k->inner;
   if (I == 1 && O == 1) {
     int64_t nch = R / 16384 + 1;
@@ -331,10 +380,10 @@ static void emit_rows(Buf *b, const Kernel *k) {
   const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
   int64_t R = k->rows, C = k->cols;
   bprintf(b, "  const %s *x = (const %s *)t[%d];\n  const int32_t *y = (const int32_t *)t[%d];\n", T, T,
-          k->bufs[0].tensor, k->bufs[1].tensor);
+          0, 1);
   if (k->kind == KK_XENT_FWD) {
     int64_t nch = R < 16 ? R : 16;
-    bprintf(b, "  %s *out = (%s *)t[%d];\n  double part[%" PRId64 "];\n", T, T, k->bufs[2].tensor, nch);
+    bprintf(b, "  %s *out = (%s *)t[%d];\n  double part[%" PRId64 "];\n", T, T, 2, nch);
     if (R * C >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
     bprintf(b, "  for (int64_t c = 0; c < %" PRId64 "; c++) {\n    double acc = 0;\n", nch);
     bprintf(b, "    for (int64_t r = %" PRId64 " * c / %" PRId64 "; r < %" PRId64 " * (c + 1) / %" PRId64 "; r++) {\n",
@@ -347,8 +396,8 @@ static void emit_rows(Buf *b, const Kernel *k) {
     bprintf(b, "  out[0] = (%s)(tot / %" PRId64 ");\n", T, R);
   } else if (k->kind == KK_XENT_BWD) {
     /* d/dx_rc = (softmax_rc - [c == y_r]) * dloss / R */
-    bprintf(b, "  const %s *dl = (const %s *)t[%d];\n  %s *dx = (%s *)t[%d];\n", T, T, k->bufs[2].tensor, T, T,
-            k->bufs[3].tensor);
+    bprintf(b, "  const %s *dl = (const %s *)t[%d];\n  %s *dx = (%s *)t[%d];\n", T, T, 2, T, T,
+            3);
     bprintf(b, "  const %s g = dl[0] / (%s)%" PRId64 ";\n", T, T, R);
     if (R * C >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
     bprintf(b, "  for (int64_t r = 0; r < %" PRId64 "; r++) {\n", R);
@@ -361,7 +410,7 @@ static void emit_rows(Buf *b, const Kernel *k) {
   } else {
     /* correct predictions (first maximum wins) and summed NLL over the
      * first s[N_VALID] rows */
-    bprintf(b, "  %s *out = (%s *)t[%d];\n", T, T, k->bufs[2].tensor);
+    bprintf(b, "  %s *out = (%s *)t[%d];\n", T, T, 2);
     bprintf(b, "  int64_t nv = (int64_t)s[%d];\n  if (nv > %" PRId64 ") nv = %" PRId64 ";\n", DUET_S_N_VALID, R, R);
     bprintf(b, "  double correct = 0, nll = 0;\n  for (int64_t r = 0; r < nv; r++) {\n");
     bprintf(b, "    const %s *row = x + r * %" PRId64 ";\n    int64_t am = 0;\n    double m = row[0], se = 0;\n", T, C);
@@ -378,8 +427,8 @@ static void emit_embed(Buf *b, const Kernel *k) {
   int64_t R = k->rows, C = k->cols, V = k->outer;
   if (k->kind == KK_EMBED_FWD) {
     bprintf(b, "  %s%s *tab = (%s%s *)t[%d];\n", BUF(0, "const "));
-    bprintf(b, "  const int32_t *ix = (const int32_t *)t[%d];\n  %s *out = (%s *)t[%d];\n", k->bufs[1].tensor, T, T,
-            k->bufs[2].tensor);
+    bprintf(b, "  const int32_t *ix = (const int32_t *)t[%d];\n  %s *out = (%s *)t[%d];\n", 1, T, T,
+            2);
     if (R * C >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
     bprintf(b, "  for (int64_t r = 0; r < %" PRId64 "; r++) {\n", R);
     bprintf(b, "    const uint32_t id = (uint32_t)ix[r];\n");
@@ -391,8 +440,8 @@ static void emit_embed(Buf *b, const Kernel *k) {
    * visits the rows in order */
   int64_t CB = C < 64 ? C : 64, nb = (C + CB - 1) / CB;
   bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
-  bprintf(b, "  const int32_t *ix = (const int32_t *)t[%d];\n  %s *out = (%s *)t[%d];\n", k->bufs[1].tensor, T, T,
-          k->bufs[2].tensor);
+  bprintf(b, "  const int32_t *ix = (const int32_t *)t[%d];\n  %s *out = (%s *)t[%d];\n", 1, T, T,
+          2);
   if (R * C >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
   bprintf(b, "  for (int64_t cb = 0; cb < %" PRId64 "; cb++) {\n", nb);
   bprintf(b, "    const int64_t c0 = cb * %" PRId64 ", c1 = c0 + %" PRId64 " < %" PRId64 " ? c0 + %" PRId64 " : %" PRId64 ";\n",
@@ -636,11 +685,10 @@ static void emit_window(Buf *b, const Kernel *k) {
  * _amp_foreach_non_finite_check_and_unscale_): y = g * (1/S) in f32; the
  * flag is an OR over the elements (order-free, so deterministic), written
  * once.  |y| <= FLT_MAX is false for inf and NaN. */
-static void emit_unscale(Buf *b, const Kernel *k, int n_tensors) {
+static void emit_unscale(Buf *b, const Kernel *k) {
   const KBuf *g = &k->bufs[0];
-  bprintf(b, "  const %s *x = (const %s *)t[%d];\n  float *y = (float *)t[%d];\n", ctype(g->dtype), ctype(g->dtype),
-          g->tensor, k->bufs[1].tensor);
-  bprintf(b, "  int32_t *overflow = (int32_t *)t[%d];\n", n_tensors);
+  bprintf(b, "  const %s *x = (const %s *)t[0];\n  float *y = (float *)t[1];\n", ctype(g->dtype), ctype(g->dtype));
+  bprintf(b, "  int32_t *overflow = (int32_t *)t[2]; /* this param's flag */\n");
   bprintf(b, "  const float inv = (float)s[%d];\n  int bad = 0;\n", DUET_S_INV_LOSS_SCALE);
   if (k->n >= PAR_MIN) bprintf(b, "  #pragma omp parallel for simd schedule(static) reduction(|:bad)\n");
   else bprintf(b, "  #pragma omp simd reduction(|:bad)\n");
@@ -648,11 +696,11 @@ static void emit_unscale(Buf *b, const Kernel *k, int n_tensors) {
   bprintf(b, "    const float v = %s%sx[i]%s * inv;\n", load_fn(g->dtype), is16(g->dtype) ? "(" : "",
           is16(g->dtype) ? ")" : "");
   bprintf(b, "    bad |= !(v <= 3.40282347e+38f && v >= -3.40282347e+38f);\n    y[i] = v;\n  }\n");
-  bprintf(b, "  overflow[%d] = bad;\n", k->slot);
+  bprintf(b, "  *overflow = bad;\n");
 }
 
 static void emit_positions(Buf *b, const Kernel *k) {
-  bprintf(b, "  int32_t *out = (int32_t *)t[%d];\n", k->bufs[1].tensor);
+  bprintf(b, "  int32_t *out = (int32_t *)t[%d];\n", 1);
   bprintf(b, "  const int32_t base = (int32_t)s[%d];\n", DUET_S_POS);
   bprintf(b, "  for (int64_t i = 0; i < %" PRId64 "; i++) out[i] = base + (int32_t)i;\n", k->rows);
 }
@@ -670,9 +718,28 @@ static void emit_transpose(Buf *b, const Kernel *k) {
           C, R, C);
 }
 
+/* The body of kernel k (its arguments t[0..], the scalars s). */
+static void emit_kernel_body(Buf *b, const Kernel *k) {
+  switch (k->kind) {
+  case KK_ELEMENTWISE: emit_elementwise(b, k); break;
+  case KK_REDUCE: case KK_MAX_GRAD: emit_reduce(b, k); break;
+  case KK_EMBED_FWD: case KK_EMBED_BWD: emit_embed(b, k); break;
+  case KK_NORM_FWD: case KK_NORM_BWD: emit_norm(b, k); break;
+  case KK_ATTN_FWD: case KK_ATTN_BWD: emit_attention(b, k); break;
+  case KK_TRANSPOSE: emit_transpose(b, k); break;
+  case KK_POSITIONS: emit_positions(b, k); break;
+  case KK_IM2COL: case KK_COL2IM: case KK_MAXPOOL: case KK_MAXPOOL_GRAD: case KK_AVGPOOL: case KK_AVGPOOL_GRAD:
+    emit_window(b, k);
+    break;
+  case KK_ATTN_DECODE: emit_attn_decode(b, k); break;
+  case KK_UNSCALE: emit_unscale(b, k); break;
+  default: emit_rows(b, k); break;
+  }
+}
+
 char *codegen_emit_c(const CgProgram *cp, Arena *a) {
   Buf b = {.a = a};
-  bprintf(&b, "/* generated by duet (codegen/emit_c.c): %d kernels */\n", cp->n_kernels);
+  bprintf(&b, "/* generated by duet (codegen/emit_c.c): %d kernels */\n", cp->n_kernels); /* functions: see the end */
   bprintf(&b, "#include <math.h>\n#include <stdint.h>\n\n");
   /* glibc's vector math library (libmvec) has SIMD variants of these;
    * math.h declares them only under -ffast-math, which duet does not use */
@@ -703,31 +770,36 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
   }
   if (half) bprintf(&b, "%s\n", duet_half_src);
   bprintf(&b, "typedef void (*duet_kernel_fn)(void *const *t, const double *s);\n\n");
+  KernelFuncs funcs = {.a = a};
+  int *fn_of = arena_alloc(a, (size_t)(cp->n_kernels + 1) * sizeof *fn_of);
   for (int i = 0; i < cp->n_kernels; i++) {
     const Kernel *k = &cp->kernels[i];
-    bprintf(&b, "void duet_k%d(void *const *t, const double *s) {\n", i);
+    Buf u = {.a = a};
+    Buf *bb = &u;
+    bprintf(bb, "static void duet_k" FN "(void *const *t, const double *s) {\n");
     if (k->kind != KK_EVAL_METRICS && k->kind != KK_POSITIONS && k->kind != KK_ATTN_DECODE && k->kind != KK_UNSCALE)
-      bprintf(&b, "  (void)s;\n");
-    switch (k->kind) {
-    case KK_ELEMENTWISE: emit_elementwise(&b, k); break;
-    case KK_REDUCE: case KK_MAX_GRAD: emit_reduce(&b, k); break;
-    case KK_EMBED_FWD: case KK_EMBED_BWD: emit_embed(&b, k); break;
-    case KK_NORM_FWD: case KK_NORM_BWD: emit_norm(&b, k); break;
-    case KK_ATTN_FWD: case KK_ATTN_BWD: emit_attention(&b, k); break;
-    case KK_TRANSPOSE: emit_transpose(&b, k); break;
-    case KK_POSITIONS: emit_positions(&b, k); break;
-    case KK_IM2COL: case KK_COL2IM: case KK_MAXPOOL: case KK_MAXPOOL_GRAD: case KK_AVGPOOL: case KK_AVGPOOL_GRAD:
-      emit_window(&b, k);
-      break;
-    case KK_ATTN_DECODE: emit_attn_decode(&b, k); break;
-    case KK_UNSCALE: emit_unscale(&b, k, cp->prog.n_tensors); break;
-    default: emit_rows(&b, k); break;
-    }
-    bprintf(&b, "}\n\n");
+      bprintf(bb, "  (void)s;\n");
+    emit_kernel_body(bb, k);
+    bprintf(bb, "}\n\n");
+    fn_of[i] = kfuncs_add(&funcs, u.s);
   }
+  kfuncs_write(&funcs, &b);
+  /* the kernels: each picks its arguments from the tensor table (the
+   * overflow flags of fp16 loss scaling follow the tensors: t[n_tensors]) */
+  const DuetProgram *p = &cp->prog;
+  for (int i = 0; i < cp->n_kernels; i++) {
+    bprintf(&b, "static void duet_i%d(void *const *t, const double *s) {\n  void *const a[] = {", i);
+    for (int j = p->kernel_arg_off[i]; j < p->kernel_arg_off[i + 1]; j++) {
+      int id = p->kernel_args[j];
+      if (id < p->n_tensors) bprintf(&b, "t[%d], ", id);
+      else bprintf(&b, "(int32_t *)t[%d] + %d, ", p->n_tensors, id - p->n_tensors);
+    }
+    bprintf(&b, "};\n  duet_k%d(a, s);\n}\n", fn_of[i]);
+  }
+  bprintf(&b, "\nconst int duet_function_count = %d;\n", funcs.n);
   bprintf(&b, "const int duet_kernel_count = %d;\n", cp->n_kernels);
   bprintf(&b, "const duet_kernel_fn duet_kernel_table[] = {\n");
-  for (int i = 0; i < cp->n_kernels; i++) bprintf(&b, "  duet_k%d,\n", i);
+  for (int i = 0; i < cp->n_kernels; i++) bprintf(&b, "  duet_i%d,\n", i);
   if (!cp->n_kernels) bprintf(&b, "  0,\n");
   bprintf(&b, "};\n");
   return b.s;
@@ -740,6 +812,12 @@ static void write_bytes(FILE *out, const char *name, const char *s) {
   fprintf(out, "static const char %s[] = {", name);
   for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) fprintf(out, "%u,", *p);
   fprintf(out, "0};\n");
+}
+
+static void write_ints(FILE *out, const char *name, const int32_t *v, int n) {
+  fprintf(out, "static const int32_t %s[] = {", name);
+  for (int i = 0; i < n; i++) fprintf(out, "%s%d,", i % 16 ? "" : "\n  ", v[i]);
+  fprintf(out, "%s};\n", n ? "\n" : "0");
 }
 
 static void write_steps(FILE *out, const char *name, const DuetStep *s, int n) {
@@ -774,6 +852,8 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
             t->init_a, t->init_b, t->stage, t->is_grad);
   }
   fprintf(out, "};\n");
+  write_ints(out, "kernel_arg_off", p->kernel_arg_off, p->n_kernels + 1);
+  write_ints(out, "kernel_args", p->kernel_args, p->kernel_arg_off[p->n_kernels]);
   if (p->cuda_source) { /* CUDA C (no user text) and launch table, for --devices cuda */
     write_bytes(out, "cuda_source", p->cuda_source);
     fprintf(out, "static const DuetLaunch cuda_launch[] = {\n");
@@ -781,6 +861,7 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
       fprintf(out, "  {%u, %u, %u},\n", p->cuda_launch[i].grid, p->cuda_launch[i].block, p->cuda_launch[i].shared);
     if (!p->n_kernels) fprintf(out, "  {0, 0, 0},\n");
     fprintf(out, "};\n");
+    write_ints(out, "cuda_fn", p->cuda_fn, p->n_kernels);
   }
   write_steps(out, "train_steps", p->train, p->n_train);
   write_steps(out, "eval_steps", p->eval, p->n_eval);
@@ -842,7 +923,10 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   if (p->n_stages > 0)
     fprintf(out, "  .n_stages = %d, .stages = stages, .n_transfers = %d, .transfers = transfers, .micro_batches = %d,\n",
             p->n_stages, p->n_transfers, p->micro_batches);
-  if (p->cuda_source) fprintf(out, "  .cuda_source = cuda_source, .cuda_launch = cuda_launch,\n");
+  fprintf(out, "  .kernel_arg_off = kernel_arg_off, .kernel_args = kernel_args,\n");
+  if (p->cuda_source)
+    fprintf(out, "  .cuda_source = cuda_source, .cuda_launch = cuda_launch, .cuda_fn = cuda_fn, .cuda_n_fns = %d,\n",
+            p->cuda_n_fns);
   fprintf(out, "  .defaults = {.data = %d, .data_path = data_path, .optimizer = %d,%s\n", c->data, c->optimizer,
           c->devices ? " .devices = devices," : "");
   fprintf(out, "    .lr = %.17g, .weight_decay = %.17g, .beta1 = %.17g, .beta2 = %.17g, .eps = %.17g,\n", c->lr,

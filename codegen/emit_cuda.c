@@ -1,9 +1,11 @@
 /* codegen/emit_cuda.c: kernel IR -> CUDA C for NVRTC, and each kernel's
  * launch configuration.
  *
- * Every kernel is `extern "C" __global__ void duet_k<i>(void *const *t,
- * const double *s)`: t is the device copy of the session's tensor pointer
- * table, s the device copy of the runtime scalars (DUET_S_*).  The source
+ * Every function is `extern "C" __global__ void duet_k<f>(duet_args t,
+ * const double *s)`: t.p[j] is the kernel's argument j (a tensor's
+ * address, passed by value at launch), s the device copy of the runtime
+ * scalars (DUET_S_*).  Kernels that differ only in their tensors (the
+ * repeated layers of a model) share one function.  The source
  * includes no header (NVRTC ships none that duet needs): integer types are
  * typedef'd here and the math functions are NVRTC built-ins.  GPU-only
  * constructs live in the few helpers of the prelude (warp and block
@@ -132,7 +134,7 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
 
 /* ---------------------------------------------------------- the kernels */
 
-#define BUF(i, cst) cst, T, cst, T, k->bufs[i].tensor
+#define BUF(i, cst) cst, T, cst, T, (i) /* the kernel's argument i */
 /* grid-stride loop over `n` items with index variable `v` */
 #define GRID_LOOP(b, v, n)                                                                                   \
   bprintf(b, "  for (duet_i64 " v " = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; " v " < " D64 "; " v \
@@ -263,8 +265,8 @@ static void emit_elementwise(Buf *b, const Kernel *k, const DuetLaunch *l) {
     if (k->ins[i].op == KI_STORE) stored[k->ins[i].a] = true;
   bool pairs = ew_paired(k);
   for (int i = 0; i < k->n_bufs; i++)
-    bprintf(b, "  %s%s *b%d = (%s%s *)t[%d];\n", stored[i] ? "" : "const ", cutype(k->bufs[i].dtype), i,
-            stored[i] ? "" : "const ", cutype(k->bufs[i].dtype), k->bufs[i].tensor);
+    bprintf(b, "  %s%s *b%d = (%s%s *)t.p[%d];\n", stored[i] ? "" : "const ", cutype(k->bufs[i].dtype), i,
+            stored[i] ? "" : "const ", cutype(k->bufs[i].dtype), i);
   for (int i = 0; i < k->n_ins; i++)
     if (k->ins[i].op == KI_SCALAR) bprintf(b, "  const %s s%d = (%s)s[%d];\n", T, i, T, k->ins[i].a);
   for (int i = 0; i < k->n_ins; i++)
@@ -311,25 +313,26 @@ static void emit_elementwise(Buf *b, const Kernel *k, const DuetLaunch *l) {
  * _amp_foreach_non_finite_check_and_unscale_): y = g * (1/S) in f32, the
  * flag an OR over the elements, so deterministic.  Across blocks: each
  * block ORs its verdict (__syncthreads_or) into the module-scope word
- * duet_flag<i>, and the last block to finish writes the flag t[n_tensors][slot]
- * and resets the word and the counter for the next launch (the
- * threadFenceReduction pattern of the xent kernels). */
-static void emit_unscale(Buf *b, const Kernel *k, int n_tensors) {
+ * duet_flag<f> of the function, and the last block to finish writes the
+ * param's flag (argument 2) and resets the word and the counter for the
+ * next launch (the threadFenceReduction pattern of the xent kernels;
+ * launches on one stream never overlap, so instances may share them). */
+static void emit_unscale(Buf *b, const Kernel *k) {
   const KBuf *g = &k->bufs[0];
   const char *G = cutype(g->dtype);
-  bprintf(b, "  const %s *x = (const %s *)t[%d];\n  float *y = (float *)t[%d];\n", G, G, g->tensor, k->bufs[1].tensor);
-  bprintf(b, "  duet_i32 *overflow = (duet_i32 *)t[%d];\n", n_tensors);
+  bprintf(b, "  const %s *x = (const %s *)t.p[0];\n  float *y = (float *)t.p[1];\n", G, G);
+  bprintf(b, "  duet_i32 *overflow = (duet_i32 *)t.p[2]; /* this param's flag */\n");
   bprintf(b, "  const float inv = (float)s[%d];\n  __shared__ int last;\n  int bad = 0;\n", DUET_S_INV_LOSS_SCALE);
   GRID_LOOP(b, "i", k->n);
   bprintf(b, "    const float v = %s%sx[i]%s * inv;\n", load_fn(g->dtype), is16(g->dtype) ? "(" : "",
           is16(g->dtype) ? ")" : "");
   bprintf(b, "    bad |= !(v <= 3.40282347e+38f && v >= -3.40282347e+38f);\n    y[i] = v;\n  }\n");
   bprintf(b, "  bad = __syncthreads_or(bad);\n  if (threadIdx.x == 0) {\n");
-  bprintf(b, "    if (bad) atomicOr(&duet_flag%d, 1);\n", k->index);
-  bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done%d, 1u) == gridDim.x - 1;\n  }\n", k->index);
+  bprintf(b, "    if (bad) atomicOr(&duet_flag" FN ", 1);\n");
+  bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done" FN ", 1u) == gridDim.x - 1;\n  }\n");
   bprintf(b, "  __syncthreads();\n  if (!last || threadIdx.x != 0) return;\n  __threadfence();\n");
-  bprintf(b, "  overflow[%d] = atomicExch(&duet_flag%d, 0);\n", k->slot, k->index);
-  bprintf(b, "  duet_done%d = 0; /* ready for the next launch */\n", k->index);
+  bprintf(b, "  *overflow = atomicExch(&duet_flag" FN ", 0);\n");
+  bprintf(b, "  duet_done" FN " = 0; /* ready for the next launch */\n");
 }
 
 /* out[o, j] = scale * sum_r in[o, r, j]; max_r when reduce_max; the max
@@ -339,9 +342,9 @@ static void emit_reduce(Buf *b, const Kernel *k) {
   int64_t O = k->outer, R = k->red, I = k->inner;
   if (k->reduce_max || k->kind == KK_MAX_GRAD) {
     bool grad = k->kind == KK_MAX_GRAD;
-    if (grad) bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
-    bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(grad ? 1 : 0, "const "));
-    bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(grad ? 2 : 1, ""));
+    if (grad) bprintf(b, "  %s%s *dy = (%s%s *)t.p[%d];\n", BUF(0, "const "));
+    bprintf(b, "  %s%s *x = (%s%s *)t.p[%d];\n", BUF(grad ? 1 : 0, "const "));
+    bprintf(b, "  %s%s *y = (%s%s *)t.p[%d];\n", BUF(grad ? 2 : 1, ""));
     GRID_LOOP(b, "oj", O * I);
     bprintf(b, "    const duet_i64 o = oj / " D64 ", j = oj %% " D64 ";\n", I, I);
     bprintf(b, "    const %s *xr = x + o * " D64 " + j;\n", T, R * I);
@@ -354,8 +357,8 @@ static void emit_reduce(Buf *b, const Kernel *k) {
               R, R * I, I, T);
     return;
   }
-  bprintf(b, "  const %s *x = (const %s *)t[%d];\n  %s *y = (%s *)t[%d];\n", T, T, k->bufs[0].tensor, T, T,
-          k->bufs[1].tensor);
+  bprintf(b, "  const %s *x = (const %s *)t.p[%d];\n  %s *y = (%s *)t.p[%d];\n", T, T, 0, T, T,
+          1);
   if (I == 1) { /* a block per output row, reduced across the block */
     bprintf(b, "  __shared__ %s red[32];\n", T);
     bprintf(b, "  for (duet_i64 o = blockIdx.x; o < " D64 "; o += gridDim.x) {\n", O);
@@ -383,11 +386,11 @@ static void emit_rows(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
   int64_t R = k->rows, C = k->cols;
-  bprintf(b, "  const %s *x = (const %s *)t[%d];\n  const duet_i32 *y = (const duet_i32 *)t[%d];\n", T, T,
-          k->bufs[0].tensor, k->bufs[1].tensor);
+  bprintf(b, "  const %s *x = (const %s *)t.p[%d];\n  const duet_i32 *y = (const duet_i32 *)t.p[%d];\n", T, T,
+          0, 1);
   if (k->kind == KK_XENT_BWD) {
-    bprintf(b, "  const %s *dl = (const %s *)t[%d];\n  %s *dx = (%s *)t[%d];\n", T, T, k->bufs[2].tensor, T, T,
-            k->bufs[3].tensor);
+    bprintf(b, "  const %s *dl = (const %s *)t.p[%d];\n  %s *dx = (%s *)t.p[%d];\n", T, T, 2, T, T,
+            3);
     bprintf(b, "  __shared__ %s red[32];\n", T);
     bprintf(b, "  const %s g = dl[0] / (%s)" D64 ";\n", T, T, R);
     bprintf(b, "  for (duet_i64 r = blockIdx.x; r < " D64 "; r += gridDim.x) {\n", R);
@@ -404,8 +407,7 @@ static void emit_rows(Buf *b, const Kernel *k) {
     return;
   }
   bool metrics = k->kind == KK_EVAL_METRICS;
-  int idx = k->index;
-  bprintf(b, "  %s *out = (%s *)t[%d];\n", T, T, k->bufs[2].tensor);
+  bprintf(b, "  %s *out = (%s *)t.p[%d];\n", T, T, 2);
   bprintf(b, "  __shared__ double red[32];\n  __shared__ int last;\n");
   if (metrics) bprintf(b, "  duet_i64 nv = (duet_i64)s[%d];\n  if (nv > " D64 ") nv = " D64 ";\n", DUET_S_N_VALID, R, R);
   else bprintf(b, "  const duet_i64 nv = " D64 ";\n", R);
@@ -435,12 +437,12 @@ static void emit_rows(Buf *b, const Kernel *k) {
   bprintf(b, "  nll = duet_block_sum(nll, red);\n");
   if (metrics) bprintf(b, "  correct = duet_block_sum(correct, red);\n");
   bprintf(b, "  if (threadIdx.x == 0) {\n");
-  bprintf(b, "    duet_part%d[blockIdx.x] = nll;\n", idx);
-  if (metrics) bprintf(b, "    duet_part%d[gridDim.x + blockIdx.x] = correct;\n", idx);
-  bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done%d, 1u) == gridDim.x - 1;\n  }\n", idx);
+  bprintf(b, "    duet_part" FN "[blockIdx.x] = nll;\n");
+  if (metrics) bprintf(b, "    duet_part" FN "[gridDim.x + blockIdx.x] = correct;\n");
+  bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done" FN ", 1u) == gridDim.x - 1;\n  }\n");
   bprintf(b, "  __syncthreads();\n  if (!last || threadIdx.x != 0) return;\n");
   bprintf(b, "  __threadfence();\n");
-  bprintf(b, "  const volatile double *part = duet_part%d;\n  double tot = 0, tc = 0;\n", idx);
+  bprintf(b, "  const volatile double *part = duet_part" FN ";\n  double tot = 0, tc = 0;\n");
   bprintf(b, "  for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];\n");
   if (metrics) {
     bprintf(b, "  for (unsigned g = 0; g < gridDim.x; g++) tc += part[gridDim.x + g];\n");
@@ -448,7 +450,7 @@ static void emit_rows(Buf *b, const Kernel *k) {
   } else {
     bprintf(b, "  (void)tc;\n  out[0] = (%s)(tot / " D64 ");\n", T, R);
   }
-  bprintf(b, "  duet_done%d = 0; /* ready for the next launch */\n", idx);
+  bprintf(b, "  duet_done" FN " = 0; /* ready for the next launch */\n");
 }
 
 /* Embedding lookup (ids outside the table read zeros), and its gradient as
@@ -457,10 +459,10 @@ static void emit_rows(Buf *b, const Kernel *k) {
 static void emit_embed(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   int64_t R = k->rows, C = k->cols, V = k->outer;
-  bprintf(b, "  %s%s *%s = (%s%s *)t[%d];\n", k->kind == KK_EMBED_FWD ? "const " : "const ", T,
-          k->kind == KK_EMBED_FWD ? "tab" : "dy", "const ", T, k->bufs[0].tensor);
-  bprintf(b, "  const duet_i32 *ix = (const duet_i32 *)t[%d];\n  %s *out = (%s *)t[%d];\n", k->bufs[1].tensor, T, T,
-          k->bufs[2].tensor);
+  bprintf(b, "  %s%s *%s = (%s%s *)t.p[%d];\n", k->kind == KK_EMBED_FWD ? "const " : "const ", T,
+          k->kind == KK_EMBED_FWD ? "tab" : "dy", "const ", T, 0);
+  bprintf(b, "  const duet_i32 *ix = (const duet_i32 *)t.p[%d];\n  %s *out = (%s *)t.p[%d];\n", 1, T, T,
+          2);
   if (k->kind == KK_EMBED_FWD) {
     GRID_LOOP(b, "e", R * C);
     bprintf(b, "    const duet_i64 r = e / " D64 ", c = e %% " D64 ";\n", C, C);
@@ -482,9 +484,9 @@ static void emit_norm(Buf *b, const Kernel *k) {
   const char *sq = k->dtype == DT_F32 ? "sqrtf" : "sqrt";
   int64_t R = k->rows, C = k->cols;
   bool fwd = k->kind == KK_NORM_FWD;
-  bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(fwd ? 0 : 1, "const "));
-  if (!fwd) bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
-  bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(fwd ? 1 : 2, ""));
+  bprintf(b, "  %s%s *x = (%s%s *)t.p[%d];\n", BUF(fwd ? 0 : 1, "const "));
+  if (!fwd) bprintf(b, "  %s%s *dy = (%s%s *)t.p[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *y = (%s%s *)t.p[%d];\n", BUF(fwd ? 1 : 2, ""));
   bprintf(b, "  __shared__ %s red[32];\n", T);
   bprintf(b, "  for (duet_i64 r = blockIdx.x; r < " D64 "; r += gridDim.x) {\n", R);
   bprintf(b, "    const %s *xr = x + r * " D64 ";\n    %s *yr = y + r * " D64 ";\n", T, C, T, C);
@@ -522,11 +524,11 @@ static void emit_attention(Buf *b, const Kernel *k) {
   int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H;
   bool fwd = k->kind == KK_ATTN_FWD;
   int o = fwd ? 0 : 1;
-  if (!fwd) bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
-  bprintf(b, "  %s%s *q = (%s%s *)t[%d];\n", BUF(o, "const "));
-  bprintf(b, "  %s%s *k = (%s%s *)t[%d];\n", BUF(o + 1, "const "));
-  bprintf(b, "  %s%s *v = (%s%s *)t[%d];\n", BUF(o + 2, "const "));
-  bprintf(b, "  %s%s *out = (%s%s *)t[%d];\n", BUF(o + 3, ""));
+  if (!fwd) bprintf(b, "  %s%s *dy = (%s%s *)t.p[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *q = (%s%s *)t.p[%d];\n", BUF(o, "const "));
+  bprintf(b, "  %s%s *k = (%s%s *)t.p[%d];\n", BUF(o + 1, "const "));
+  bprintf(b, "  %s%s *v = (%s%s *)t.p[%d];\n", BUF(o + 2, "const "));
+  bprintf(b, "  %s%s *out = (%s%s *)t.p[%d];\n", BUF(o + 3, ""));
   bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
   bprintf(b, "  extern __shared__ double duet_smem[];\n  %s *p = (%s *)duet_smem;\n", T, T);
   bprintf(b, "  __shared__ %s red[32];\n", T);
@@ -598,12 +600,12 @@ static void emit_attn_decode(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
   int64_t N = k->time, C = k->cols, H = k->heads, D = C / H;
-  bprintf(b, "  %s%s *q = (%s%s *)t[%d];\n", BUF(0, "const "));
-  bprintf(b, "  %s%s *k = (%s%s *)t[%d];\n", BUF(1, "const "));
-  bprintf(b, "  %s%s *v = (%s%s *)t[%d];\n", BUF(2, "const "));
-  bprintf(b, "  %s%s *kc = (%s%s *)t[%d];\n", BUF(3, ""));
-  bprintf(b, "  %s%s *vc = (%s%s *)t[%d];\n", BUF(4, ""));
-  bprintf(b, "  %s%s *out = (%s%s *)t[%d];\n", BUF(5, ""));
+  bprintf(b, "  %s%s *q = (%s%s *)t.p[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *k = (%s%s *)t.p[%d];\n", BUF(1, "const "));
+  bprintf(b, "  %s%s *v = (%s%s *)t.p[%d];\n", BUF(2, "const "));
+  bprintf(b, "  %s%s *kc = (%s%s *)t.p[%d];\n", BUF(3, ""));
+  bprintf(b, "  %s%s *vc = (%s%s *)t.p[%d];\n", BUF(4, ""));
+  bprintf(b, "  %s%s *out = (%s%s *)t.p[%d];\n", BUF(5, ""));
   bprintf(b, "  const duet_i64 pos = (duet_i64)s[%d];\n  if (pos < 0 || pos >= " D64 ") return;\n", DUET_S_POS, N);
   bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
   bprintf(b, "  extern __shared__ double duet_smem[];\n  %s *p = (%s *)duet_smem;\n", T, T);
@@ -631,8 +633,8 @@ static void emit_attn_decode(Buf *b, const Kernel *k) {
 static void emit_transpose(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   int64_t R = k->rows, C = k->cols, nct = (C + 31) / 32;
-  bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(0, "const "));
-  bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(1, ""));
+  bprintf(b, "  %s%s *x = (%s%s *)t.p[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *y = (%s%s *)t.p[%d];\n", BUF(1, ""));
   bprintf(b, "  __shared__ %s tile[32][33];\n", T);
   bprintf(b, "  const duet_i64 r0 = (duet_i64)(blockIdx.x / " D64 ") * 32, c0 = (duet_i64)(blockIdx.x %% " D64 ") * 32;\n",
           nct, nct);
@@ -645,7 +647,7 @@ static void emit_transpose(Buf *b, const Kernel *k) {
 }
 
 static void emit_positions(Buf *b, const Kernel *k) {
-  bprintf(b, "  duet_i32 *out = (duet_i32 *)t[%d];\n", k->bufs[1].tensor);
+  bprintf(b, "  duet_i32 *out = (duet_i32 *)t.p[%d];\n", 1);
   bprintf(b, "  const duet_i32 base = (duet_i32)s[%d];\n", DUET_S_POS);
   GRID_LOOP(b, "i", k->rows);
   bprintf(b, "    out[i] = base + (duet_i32)i;\n  }\n");
@@ -680,8 +682,8 @@ static void emit_window(Buf *b, const Kernel *k) {
       "        (void)o;\n";
   switch (k->kind) {
   case KK_IM2COL:
-    bprintf(b, "  const %s *x = (const %s *)t[%d];\n  %s *cols = (%s *)t[%d];\n", T, T, k->bufs[0].tensor, T, T,
-            k->bufs[1].tensor);
+    bprintf(b, "  const %s *x = (const %s *)t.p[%d];\n  %s *cols = (%s *)t.p[%d];\n", T, T, 0, T, T,
+            1);
     GRID_LOOP(b, "e", N * OH * OW * C * k->win[0] * k->win[1]);
     bprintf(b, "    const duet_i64 r = e / (C_ * KH * KW), q = e %% (C_ * KH * KW);\n");
     bprintf(b, "    const duet_i64 c = q / (KH * KW), ki = q / KW %% KH, kj = q %% KW;\n");
@@ -691,8 +693,8 @@ static void emit_window(Buf *b, const Kernel *k) {
             T);
     return;
   case KK_COL2IM:
-    bprintf(b, "  const %s *cols = (const %s *)t[%d];\n  %s *dx = (%s *)t[%d];\n", T, T, k->bufs[0].tensor, T, T,
-            k->bufs[1].tensor);
+    bprintf(b, "  const %s *cols = (const %s *)t.p[%d];\n  %s *dx = (%s *)t.p[%d];\n", T, T, 0, T, T,
+            1);
     GRID_LOOP(b, "e", N * C * H * W);
     bprintf(b, "    const duet_i64 nc = e / (H_ * W_), ih = e / W_ %% H_, iw = e %% W_, n = nc / C_, c = nc %% C_;\n");
     bprintf(b, "    %s acc = 0;\n", T);
@@ -703,8 +705,8 @@ static void emit_window(Buf *b, const Kernel *k) {
   case KK_MAXPOOL:
   case KK_AVGPOOL: {
     bool mx = k->kind == KK_MAXPOOL;
-    bprintf(b, "  const %s *x = (const %s *)t[%d];\n  %s *y = (%s *)t[%d];\n", T, T, k->bufs[0].tensor, T, T,
-            k->bufs[1].tensor);
+    bprintf(b, "  const %s *x = (const %s *)t.p[%d];\n  %s *y = (%s *)t.p[%d];\n", T, T, 0, T, T,
+            1);
     GRID_LOOP(b, "o", N * C * OH * OW);
     bprintf(b, "    const duet_i64 nc = o / (OH * OW), oh = o / OW %% OH, ow = o %% OW;\n");
     bprintf(b, "    const %s *xp = x + nc * H_ * W_;\n", T);
@@ -724,9 +726,9 @@ static void emit_window(Buf *b, const Kernel *k) {
   case KK_MAXPOOL_GRAD:
   case KK_AVGPOOL_GRAD: {
     bool mx = k->kind == KK_MAXPOOL_GRAD;
-    bprintf(b, "  const %s *dy = (const %s *)t[%d];\n", T, T, k->bufs[0].tensor);
-    if (mx) bprintf(b, "  const %s *x = (const %s *)t[%d];\n", T, T, k->bufs[1].tensor);
-    bprintf(b, "  %s *dx = (%s *)t[%d];\n", T, T, k->bufs[mx ? 2 : 1].tensor);
+    bprintf(b, "  const %s *dy = (const %s *)t.p[%d];\n", T, T, 0);
+    if (mx) bprintf(b, "  const %s *x = (const %s *)t.p[%d];\n", T, T, 1);
+    bprintf(b, "  %s *dx = (%s *)t.p[%d];\n", T, T, mx ? 2 : 1);
     GRID_LOOP(b, "e", N * C * H * W);
     bprintf(b, "    const duet_i64 nc = e / (H_ * W_), ih = e / W_ %% H_, iw = e %% W_;\n");
     if (mx) bprintf(b, "    const %s *xp = x + nc * H_ * W_;\n", T);
@@ -854,10 +856,8 @@ static const char *kind_name(KernelKind k) {
   return (unsigned)k < sizeof names / sizeof *names && names[k] ? names[k] : "?";
 }
 
-char *codegen_emit_cuda(const CgProgram *cp, Arena *a) {
+char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fns) {
   Buf b = {.a = a};
-  bprintf(&b, "/* generated by duet (codegen/emit_cuda.c): %d kernels, CUDA C for NVRTC */\n", cp->n_kernels);
-  bprintf(&b, "%s", PRELUDE);
   bool half = false;
   for (int i = 0; i < cp->n_kernels; i++) {
     const Kernel *k = &cp->kernels[i];
@@ -869,39 +869,51 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a) {
     DUET_ASSERT(!h || k->kind == KK_ELEMENTWISE || k->kind == KK_UNSCALE || k->kind == KK_TRANSPOSE);
     half |= h;
   }
-  if (half) bprintf(&b, "%s", PRELUDE_HALF);
+  /* one function per distinct kernel text (module-scope partial sums and
+   * flags belong to the function: launches on one stream never overlap) */
+  KernelFuncs funcs = {.a = a};
   for (int i = 0; i < cp->n_kernels; i++) {
     const Kernel *k = &cp->kernels[i];
-    DUET_ASSERT(k->index == i); /* names of the module-scope partial sums */
     DuetLaunch l;
     codegen_cuda_launch(k, &l);
-    bprintf(&b, "/* %s: grid %u, block %u, dynamic shared %u bytes */\n", kind_name(k->kind), l.grid, l.block,
+    Buf u = {.a = a};
+    bprintf(&u, "/* %s: grid %u, block %u, dynamic shared %u bytes */\n", kind_name(k->kind), l.grid, l.block,
             l.shared);
     if (k->kind == KK_XENT_FWD || k->kind == KK_EVAL_METRICS) /* the blocks' partial sums */
-      bprintf(&b, "__device__ double duet_part%d[%u];\n__device__ unsigned int duet_done%d;\n", i, 2 * l.grid, i);
+      bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", 2 * l.grid);
     if (k->kind == KK_UNSCALE) /* the blocks' overflow verdicts */
-      bprintf(&b, "__device__ int duet_flag%d;\n__device__ unsigned int duet_done%d;\n", i, i);
-    bprintf(&b, "extern \"C\" __global__ void __launch_bounds__(%u) duet_k%d(void *const *t, const double *s) {\n",
-            l.block, i);
-    bprintf(&b, "  (void)s;\n");
+      bprintf(&u, "__device__ int duet_flag" FN ";\n__device__ unsigned int duet_done" FN ";\n");
+    bprintf(&u, "extern \"C\" __global__ void __launch_bounds__(%u) duet_k" FN "(duet_args t, const double *s) {\n",
+            l.block);
+    bprintf(&u, "  (void)s;\n");
     switch (k->kind) {
-    case KK_ELEMENTWISE: emit_elementwise(&b, k, &l); break;
-    case KK_REDUCE: case KK_MAX_GRAD: emit_reduce(&b, k); break;
-    case KK_EMBED_FWD: case KK_EMBED_BWD: emit_embed(&b, k); break;
-    case KK_NORM_FWD: case KK_NORM_BWD: emit_norm(&b, k); break;
-    case KK_ATTN_FWD: case KK_ATTN_BWD: emit_attention(&b, k); break;
-    case KK_TRANSPOSE: emit_transpose(&b, k); break;
-    case KK_POSITIONS: emit_positions(&b, k); break;
+    case KK_ELEMENTWISE: emit_elementwise(&u, k, &l); break;
+    case KK_REDUCE: case KK_MAX_GRAD: emit_reduce(&u, k); break;
+    case KK_EMBED_FWD: case KK_EMBED_BWD: emit_embed(&u, k); break;
+    case KK_NORM_FWD: case KK_NORM_BWD: emit_norm(&u, k); break;
+    case KK_ATTN_FWD: case KK_ATTN_BWD: emit_attention(&u, k); break;
+    case KK_TRANSPOSE: emit_transpose(&u, k); break;
+    case KK_POSITIONS: emit_positions(&u, k); break;
     case KK_IM2COL: case KK_COL2IM: case KK_MAXPOOL: case KK_MAXPOOL_GRAD: case KK_AVGPOOL: case KK_AVGPOOL_GRAD:
-      emit_window(&b, k);
+      emit_window(&u, k);
       break;
-    case KK_ATTN_DECODE: emit_attn_decode(&b, k); break;
-    case KK_XENT_FWD: case KK_XENT_BWD: case KK_EVAL_METRICS: emit_rows(&b, k); break;
-    case KK_UNSCALE: emit_unscale(&b, k, cp->prog.n_tensors); break;
+    case KK_ATTN_DECODE: emit_attn_decode(&u, k); break;
+    case KK_XENT_FWD: case KK_XENT_BWD: case KK_EVAL_METRICS: emit_rows(&u, k); break;
+    case KK_UNSCALE: emit_unscale(&u, k); break;
     default: unreachable();
     }
-    bprintf(&b, "}\n\n");
+    bprintf(&u, "}\n\n");
+    int f = kfuncs_add(&funcs, u.s);
+    if (fn_of) fn_of[i] = f;
   }
+  if (n_fns) *n_fns = funcs.n;
+  bprintf(&b, "/* generated by duet (codegen/emit_cuda.c): %d kernels, %d functions, CUDA C for NVRTC */\n",
+          cp->n_kernels, funcs.n);
+  bprintf(&b, "%s", PRELUDE);
+  bprintf(&b, "typedef struct { void *p[%d]; } duet_args; /* a kernel's tensors, by value */\n\n",
+          DUET_MAX_KERNEL_ARGS);
+  if (half) bprintf(&b, "%s", PRELUDE_HALF);
+  kfuncs_write(&funcs, &b);
   return b.s;
 }
 
@@ -909,4 +921,11 @@ DuetLaunch *codegen_cuda_launch_table(const CgProgram *cp, Arena *a) {
   DuetLaunch *l = arena_alloc(a, sizeof *l * (size_t)(cp->n_kernels ? cp->n_kernels : 1));
   for (int i = 0; i < cp->n_kernels; i++) codegen_cuda_launch(&cp->kernels[i], &l[i]);
   return l;
+}
+
+void codegen_attach_cuda(CgProgram *cp, Arena *a) {
+  int32_t *fn = arena_alloc(a, (size_t)(cp->n_kernels + 1) * sizeof *fn);
+  cp->prog.cuda_source = codegen_emit_cuda(cp, a, fn, &cp->prog.cuda_n_fns);
+  cp->prog.cuda_fn = fn;
+  cp->prog.cuda_launch = codegen_cuda_launch_table(cp, a);
 }

@@ -643,6 +643,23 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   p->eval = ev.s, p->n_eval = ev.n;
   p->grad = gr.s, p->n_grad = gr.n;
   p->n_kernels = cp->n_kernels;
+  /* each kernel's arguments: its buffers, and an unscale's overflow flag */
+  int32_t *arg_off = arena_alloc(a, (size_t)(cp->n_kernels + 1) * sizeof *arg_off);
+  int n_args = 0;
+  for (int k = 0; k < cp->n_kernels; k++) {
+    arg_off[k] = n_args;
+    n_args += cp->kernels[k].n_bufs + (cp->kernels[k].kind == KK_UNSCALE);
+    DUET_ASSERT(n_args - arg_off[k] <= DUET_MAX_KERNEL_ARGS);
+  }
+  arg_off[cp->n_kernels] = n_args;
+  int32_t *args = arena_alloc(a, (size_t)(n_args + 1) * sizeof *args);
+  for (int k = 0; k < cp->n_kernels; k++) {
+    const Kernel *kk = &cp->kernels[k];
+    for (int j = 0; j < kk->n_bufs; j++) args[arg_off[k] + j] = kk->bufs[j].tensor;
+    if (kk->kind == KK_UNSCALE) args[arg_off[k] + kk->n_bufs] = p->n_tensors + kk->slot;
+  }
+  p->kernel_arg_off = arg_off;
+  p->kernel_args = args;
   if (piped) {
     DuetStage *stages = arena_alloc(a, (size_t)S * sizeof *stages);
     for (int k = 0; k < S; k++) {

@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 1
+#define DUET_RT_API_VERSION 2
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -187,7 +187,19 @@ typedef struct DuetProgram {
    * when the program was built without them (the CPU is used then). */
   const char *cuda_source;
   const DuetLaunch *cuda_launch;
+  /* Kernel arguments: kernel i takes kernel_args[kernel_arg_off[i] ..
+   * kernel_arg_off[i + 1]) (at most DUET_MAX_KERNEL_ARGS), each a tensor id,
+   * or n_tensors + j for overflow flag j (fp16 loss scaling).  Kernels
+   * that differ only in their arguments share one generated function: the
+   * CUDA kernel i is function cuda_fn[i] of cuda_n_fns (entry point
+   * duet_k<f>; NULL with cuda_source). */
+  const int32_t *kernel_arg_off;
+  const int32_t *kernel_args;
+  const int32_t *cuda_fn;
+  int cuda_n_fns;
 } DuetProgram;
+
+#define DUET_MAX_KERNEL_ARGS 40
 
 /* -------------------------------------------------------------- devices */
 

@@ -36,9 +36,10 @@ typedef int (*EmuLaunch)(EmuKernel fn, unsigned grid, unsigned block, void *cons
 typedef struct Emu {
   void *handle;
   EmuLaunch launch;
-  EmuKernel *fn;
+  EmuKernel *fn; /* per kernel: its function, called with the kernel's arguments */
   const DuetLaunch *cfg;
   const Kernel *kernels;
+  const DuetProgram *p;
   int n;
 } Emu;
 
@@ -78,7 +79,14 @@ static int emu_launch_op(DuetDevice *d, int k, void *const *t, const double *s) 
     snprintf(d->err, sizeof d->err, "kernel %d: %u bytes of shared memory exceed the emulator's", k, e->cfg[k].shared);
     return -1;
   }
-  if (e->launch(e->fn[k], emu_grid(&e->kernels[k], e->cfg[k].grid), block, t, s)) {
+  /* the kernel's arguments from the tensor table, as the CUDA plugin picks them */
+  const DuetProgram *p = e->p;
+  void *a[DUET_MAX_KERNEL_ARGS] = {0};
+  for (int j = p->kernel_arg_off[k]; j < p->kernel_arg_off[k + 1]; j++) {
+    int id = p->kernel_args[j];
+    a[j - p->kernel_arg_off[k]] = id < p->n_tensors ? t[id] : (void *)((int32_t *)t[p->n_tensors] + (id - p->n_tensors));
+  }
+  if (e->launch(e->fn[k], emu_grid(&e->kernels[k], e->cfg[k].grid), block, a, s)) {
     snprintf(d->err, sizeof d->err, "emulated launch of kernel %d failed", k);
     return -1;
   }
@@ -137,8 +145,11 @@ static const DuetDeviceOps emu_ops = {
     .sync = emu_sync, .destroy = emu_destroy,
 };
 
-/* writes the CUDA source behind the emulation header, compiles, loads */
-static int emu_build(Emu *e, const char *cuda, const DuetLaunch *cfg, int n, const char *dir) {
+/* writes the CUDA source behind the emulation header, with a host entry
+ * point emu_call_k<f>(args, s) per function that passes the arguments by
+ * value as duet_args; compiles, loads; kernel i calls function fn_of[i] */
+static int emu_build(Emu *e, const char *cuda, const int32_t *fn_of, int n_fns, const DuetLaunch *cfg, int n,
+                     const char *dir) {
   char src[1200], so[1200], log[16384];
   snprintf(src, sizeof src, "%s/k.cpp", dir);
   snprintf(so, sizeof so, "%s/k.so", dir);
@@ -156,6 +167,10 @@ static int emu_build(Emu *e, const char *cuda, const DuetLaunch *cfg, int n, con
     fputs("double *duet_smem = emu_smem;", f);
     p = q + strlen(dyn);
   }
+  for (int i = 0; i < n_fns; i++)
+    fprintf(f, "extern \"C\" void emu_call_k%d(void *const *t, const double *s) {\n"
+               "  duet_args a;\n  for (int j = 0; j < %d; j++) a.p[j] = t[j];\n  duet_k%d(a, s);\n}\n",
+            i, DUET_MAX_KERNEL_ARGS, i);
   if (fclose(f)) return -1;
   char inc[1200];
   snprintf(inc, sizeof inc, "-I%s/tests/cuda_emu", DUET_SOURCE_DIR);
@@ -176,8 +191,8 @@ static int emu_build(Emu *e, const char *cuda, const DuetLaunch *cfg, int n, con
   e->n = n;
   for (int i = 0; i < n; i++) {
     char nm[32];
-    snprintf(nm, sizeof nm, "duet_k%d", i);
-    if (!(e->fn[i] = (EmuKernel)dlsym(e->handle, nm))) {
+    snprintf(nm, sizeof nm, "emu_call_k%d", fn_of[i]);
+    if (fn_of[i] < 0 || fn_of[i] >= n_fns || !(e->fn[i] = (EmuKernel)dlsym(e->handle, nm))) {
       fprintf(stderr, "no %s in the emulated module\n", nm);
       return -1;
     }
@@ -276,8 +291,11 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
   DuetDevice *d = calloc(1, sizeof *d);
   DuetSession *es = NULL;
   int fails = 0;
-  if (!d || emu_build(&e, codegen_emit_cuda(t.cp, t.arena), codegen_cuda_launch_table(t.cp, t.arena), t.cp->n_kernels,
-                      dir)) {
+  int32_t *fn_of = arena_alloc(t.arena, (size_t)(t.cp->n_kernels + 1) * sizeof *fn_of);
+  int n_fns = 0;
+  const char *cuda = codegen_emit_cuda(t.cp, t.arena, fn_of, &n_fns);
+  e.p = p;
+  if (!d || emu_build(&e, cuda, fn_of, n_fns, codegen_cuda_launch_table(t.cp, t.arena), t.cp->n_kernels, dir)) {
     fprintf(stderr, "FAIL %s: building the emulated kernels\n", what);
     fails = 1;
     goto out;
@@ -325,7 +343,7 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
       fails++;
     }
   }
-  printf("%s %s: %d kernels\n", fails ? "FAIL" : "ok", what, t.cp->n_kernels);
+  printf("%s %s: %d kernels, %d functions\n", fails ? "FAIL" : "ok", what, t.cp->n_kernels, n_fns);
 out:
   duet_session_free(es);
   free(d);

@@ -8,7 +8,8 @@
  * runs ptxas: register and shared-memory limits); the f64 training
  * program and, for models with attention, the decoding program (f32, and
  * with --precision fp16, which leaves decoding in f32) for compute_75.  The
- * PTX must hold an entry point duet_k<i> for every kernel i.  The 16-bit
+ * PTX must hold an entry point duet_k<f> for every function f (kernels
+ * that differ only in their tensors share one).  The 16-bit
  * programs are compiled by `test_nvrtc --half` (ctest nvrtc_compile_half),
  * the others by the default run.  Models of more than 400 kernels in f32
  * (GPT-2 small) are compiled by `test_nvrtc --large`: PTX of f32 for the
@@ -51,7 +52,7 @@ static const bool quick = true;
 static const bool quick = false;
 #endif
 
-/* PTX `.entry duet_k<i>(` for every kernel */
+/* PTX `.entry duet_k<f>(` for every function */
 static int check_entries(const char *what, const char *ptx, int n) {
   for (int i = 0; i < n; i++) {
     char want[48];
@@ -64,7 +65,7 @@ static int check_entries(const char *what, const char *ptx, int n) {
   return 0;
 }
 
-static int compile_one(const char *what, const char *src, const char *arch, int cubin, int n_kernels) {
+static int compile_one(const char *what, const char *src, const char *arch, int cubin, int n_fns) {
   void *img;
   size_t len;
   char err[65536];
@@ -75,8 +76,8 @@ static int compile_one(const char *what, const char *src, const char *arch, int 
     return 1;
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);
-  int rc = cubin ? 0 : check_entries(what, img, n_kernels);
-  printf("%s %s: %zu bytes of %s, %d kernels, %.2f s%s\n", what, arch, len, cubin ? "CUBIN" : "PTX", n_kernels,
+  int rc = cubin ? 0 : check_entries(what, img, n_fns);
+  printf("%s %s: %zu bytes of %s, %d functions, %.2f s%s\n", what, arch, len, cubin ? "CUBIN" : "PTX", n_fns,
          (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), rc ? " FAILED" : "");
   free(img);
   return rc;
@@ -140,7 +141,8 @@ static void test_model(const char *path, const int *archs, int n_archs) {
       failures++;
       continue;
     }
-    char *src = codegen_emit_cuda(cp, a);
+    int n_fns = 0;
+    char *src = codegen_emit_cuda(cp, a, NULL, &n_fns);
     bool half = v == 1 || v == 2;
     if (half && !strstr(src, "duet_u16")) {
       fprintf(stderr, "FAIL %s: no 16-bit tensors in the CUDA source\n", what);
@@ -161,13 +163,13 @@ static void test_model(const char *path, const int *archs, int n_archs) {
           printf("%s %s: not supported by this NVRTC, skipped\n", what, want[i]);
           continue;
         }
-        failures += compile_one(what, src, want[i], 0, cp->n_kernels);
+        failures += compile_one(what, src, want[i], 0, n_fns);
       }
       if (large_mode || quick) continue; /* PTX for the architectures only */
       /* CUBIN (ptxas: registers, shared memory): f32 on sm_80 (16 bits adds no shared memory) */
-      if (v == 0) failures += compile_one(what, src, "-arch=sm_80", 1, cp->n_kernels);
+      if (v == 0) failures += compile_one(what, src, "-arch=sm_80", 1, n_fns);
     } else if (!large_mode) {
-      failures += compile_one(what, src, "-arch=compute_75", 0, cp->n_kernels);
+      failures += compile_one(what, src, "-arch=compute_75", 0, n_fns);
     }
   }
   arena_free(a);
@@ -189,7 +191,9 @@ static void test_op_cases(void) {
         fprintf(stderr, "FAIL %s: does not compile\n", what);
         failures++;
       } else {
-        failures += compile_one(what, codegen_emit_cuda(cp, a), "-arch=compute_75", 0, cp->n_kernels);
+        int n_fns = 0;
+        char *src = codegen_emit_cuda(cp, a, NULL, &n_fns);
+        failures += compile_one(what, src, "-arch=compute_75", 0, n_fns);
       }
       arena_free(a);
     }

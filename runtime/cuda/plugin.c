@@ -36,10 +36,10 @@ typedef struct Cuda {
   int n_kernels, n_tensors;
   const DuetLaunch *launch;
   cublasHandle_t blas;
-  CUdeviceptr dev_t, dev_s; /* device copies of the pointer table and scalars */
-  void **host_t;            /* what dev_t holds */
+  CUdeviceptr dev_s;        /* device copy of the runtime scalars */
+  const int32_t *arg_off, *args; /* each kernel's arguments (DuetProgram.kernel_args) */
   double host_s[DUET_S_COUNT];
-  int have_t, have_s;
+  int have_s;
   int acc16; /* --gemm-accumulate fp16 */
 } Cuda;
 
@@ -91,29 +91,31 @@ static int cu_copy_to_host(DuetDevice *d, void *dst, const void *src, size_t byt
   return 0;
 }
 
-/* Pageable sources: cuMemcpyHtoDAsync has copied them when it returns
- * (CUDA driver API, "API synchronization behavior"), so host_t/host_s may
- * change afterwards. */
+/* Kernel `kernel` (its function c->fn[kernel]) on the device's stream:
+ * its arguments picked from the tensor table t (t[n_tensors]: the
+ * overflow flags) and passed by value (duet_args); the scalars s copied to
+ * device memory when they change (pageable: cuMemcpyHtoDAsync has copied
+ * them when it returns, CUDA driver API "API synchronization behavior",
+ * so host_s may change afterwards). */
 static int cu_launch(DuetDevice *d, int kernel, void *const *t, const double *s) {
   Cuda *c = d->ctx;
   if (kernel < 0 || kernel >= c->n_kernels) {
     snprintf(d->err, sizeof d->err, "kernel %d out of range (0..%d)", kernel, c->n_kernels - 1);
     return -1;
   }
-  size_t tb = (size_t)c->n_tensors * sizeof *c->host_t;
-  if (!c->have_t || memcmp(c->host_t, t, tb)) {
-    memcpy(c->host_t, t, tb);
-    CK(d, cuMemcpyHtoDAsync(c->dev_t, c->host_t, tb, c->stream));
-    c->have_t = 1;
-  }
   if (!c->have_s || memcmp(c->host_s, s, sizeof c->host_s)) {
     memcpy(c->host_s, s, sizeof c->host_s);
     CK(d, cuMemcpyHtoDAsync(c->dev_s, c->host_s, sizeof c->host_s, c->stream));
     c->have_s = 1;
   }
+  void *a[DUET_MAX_KERNEL_ARGS] = {0};
+  for (int j = c->arg_off[kernel]; j < c->arg_off[kernel + 1]; j++) {
+    int id = c->args[j];
+    a[j - c->arg_off[kernel]] = id < c->n_tensors ? t[id] : (void *)((int32_t *)t[c->n_tensors] + (id - c->n_tensors));
+  }
   const DuetLaunch *l = &c->launch[kernel];
-  void *args[] = {&c->dev_t, &c->dev_s};
-  CK(d, cuLaunchKernel(c->fn[kernel], l->grid, 1, 1, l->block, 1, 1, l->shared, c->stream, args, NULL));
+  void *params[] = {a, &c->dev_s}; /* a: the bytes of duet_args */
+  CK(d, cuLaunchKernel(c->fn[kernel], l->grid, 1, 1, l->block, 1, 1, l->shared, c->stream, params, NULL));
   return 0;
 }
 
@@ -173,13 +175,11 @@ static void cu_destroy(DuetDevice *d) {
   if (c) {
     if (c->stream) cuStreamSynchronize(c->stream);
     if (c->blas) cublasDestroy(c->blas);
-    if (c->dev_t) cuMemFree(c->dev_t);
     if (c->dev_s) cuMemFree(c->dev_s);
     if (c->mod) cuModuleUnload(c->mod);
     if (c->stream) cuStreamDestroy(c->stream);
     if (c->ctx) cuDevicePrimaryCtxRelease(c->dev);
     free(c->fn);
-    free(c->host_t);
     free(c);
   }
   free(d);
@@ -324,9 +324,10 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
   c->n_tensors = p->n_tensors;
   c->acc16 = p->gemm_accumulate_f16;
   c->launch = p->cuda_launch;
+  c->arg_off = p->kernel_arg_off;
+  c->args = p->kernel_args;
   c->fn = calloc((size_t)(p->n_kernels ? p->n_kernels : 1), sizeof *c->fn);
-  c->host_t = calloc((size_t)(p->n_tensors ? p->n_tensors : 1), sizeof *c->host_t);
-  if (!c->fn || !c->host_t) {
+  if (!c->fn) {
     snprintf(err, errlen, "out of host memory");
     goto fail;
   }
@@ -334,7 +335,11 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
   CKO(cuDeviceGetAttribute(&max_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, c->dev));
   for (int i = 0; i < p->n_kernels; i++) {
     char fname[32];
-    snprintf(fname, sizeof fname, "duet_k%d", i);
+    if (!p->cuda_fn || p->cuda_fn[i] < 0 || p->cuda_fn[i] >= p->cuda_n_fns) {
+      snprintf(err, errlen, "kernel %d has no CUDA function", i);
+      goto fail;
+    }
+    snprintf(fname, sizeof fname, "duet_k%d", p->cuda_fn[i]); /* kernels may share it */
     CKO(cuModuleGetFunction(&c->fn[i], c->mod, fname));
     if (p->cuda_launch[i].shared > 48 * 1024) {
       if ((int)p->cuda_launch[i].shared > max_optin) {
@@ -346,14 +351,14 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
                              (int)p->cuda_launch[i].shared));
     }
   }
-  CKO(cuMemAlloc(&c->dev_t, sizeof(void *) * (size_t)(p->n_tensors ? p->n_tensors : 1)));
   CKO(cuMemAlloc(&c->dev_s, sizeof c->host_s));
   if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(c->blas, (cudaStream_t)c->stream) != CUBLAS_STATUS_SUCCESS) {
     snprintf(err, errlen, "cuBLAS initialisation failed on %s", name);
     goto fail;
   }
   if (verbose)
-    fprintf(stderr, "duet: cuda:%d %s (sm_%d%d): kernels %s%s\n", ordinal, name, ma, mi, msg,
+    fprintf(stderr, "duet: cuda:%d %s (sm_%d%d): %d kernels in %d functions, %s%s\n", ordinal, name, ma, mi,
+            p->n_kernels, p->cuda_n_fns, msg,
             c->acc16 ? "; fp16 GEMMs accumulate in fp16 (--gemm-accumulate fp16)" : "");
   return d;
 fail:

@@ -27,10 +27,10 @@ static inline double gelu_grad_double(double dy, double x) {
 
 typedef void (*duet_kernel_fn)(void *const *t, const double *s);
 
-void duet_k0(void *const *t, const double *s) {
+static void duet_k0(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[0];
-  float *b1 = (float *)t[2];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 100352; i++) {
     const float r0 = b0[i];
@@ -38,12 +38,12 @@ void duet_k0(void *const *t, const double *s) {
   }
 }
 
-void duet_k1(void *const *t, const double *s) {
+static void duet_k1(void *const *t, const double *s) {
   (void)s;
   enum { N_ = 128, C_ = 1, H_ = 28, W_ = 28, OH = 28, OW = 28 };
   enum { KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1 };
-  const float *x = (const float *)t[2];
-  float *cols = (float *)t[5];
+  const float *x = (const float *)t[0];
+  float *cols = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < (int64_t)N_ * OH * OW; r++) {
     const int64_t n = r / (OH * OW), oh = r / OW % OH, ow = r % OW;
@@ -59,10 +59,10 @@ void duet_k1(void *const *t, const double *s) {
   }
 }
 
-void duet_k2(void *const *t, const double *s) {
+static void duet_k2(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[3];
-  float *b1 = (float *)t[6];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp simd
   for (int64_t i = 0; i < 288; i++) {
     const float r0 = b0[i];
@@ -70,10 +70,10 @@ void duet_k2(void *const *t, const double *s) {
   }
 }
 
-void duet_k3(void *const *t, const double *s) {
+static void duet_k3(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[7];
-  float *b1 = (float *)t[8];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 3211264; i++) {
     const float r0 = b0[i];
@@ -81,10 +81,10 @@ void duet_k3(void *const *t, const double *s) {
   }
 }
 
-void duet_k4(void *const *t, const double *s) {
+static void duet_k4(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[8];
-  float *b1 = (float *)t[9];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 3211264; o++) {
     const int64_t o0 = 0 + (o % 784) * 32 + (o / 784 % 32) + (o / 25088) * 25088;
@@ -97,10 +97,10 @@ void duet_k4(void *const *t, const double *s) {
   }
 }
 
-void duet_k5(void *const *t, const double *s) {
+static void duet_k5(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[4];
-  float *b1 = (float *)t[10];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp simd
   for (int64_t i = 0; i < 32; i++) {
     const float r0 = b0[i];
@@ -108,11 +108,11 @@ void duet_k5(void *const *t, const double *s) {
   }
 }
 
-void duet_k6(void *const *t, const double *s) {
+static void duet_k6(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[9];
-  const float *b1 = (const float *)t[10];
-  float *b2 = (float *)t[11];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 4096; o++) {
     const int64_t o0 = 0 + o * 784;
@@ -129,12 +129,12 @@ void duet_k6(void *const *t, const double *s) {
   }
 }
 
-void duet_k7(void *const *t, const double *s) {
+static void duet_k7(void *const *t, const double *s) {
   (void)s;
   enum { N_ = 128, C_ = 32, H_ = 28, W_ = 28, OH = 14, OW = 14 };
   enum { KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1 };
-  const float *x = (const float *)t[11];
-  float *y = (float *)t[12];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {
     const float *xp = x + nc * (int64_t)(H_ * W_);
@@ -157,12 +157,12 @@ void duet_k7(void *const *t, const double *s) {
   }
 }
 
-void duet_k8(void *const *t, const double *s) {
+static void duet_k8(void *const *t, const double *s) {
   (void)s;
   enum { N_ = 128, C_ = 32, H_ = 14, W_ = 14, OH = 14, OW = 14 };
   enum { KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1 };
-  const float *x = (const float *)t[12];
-  float *cols = (float *)t[15];
+  const float *x = (const float *)t[0];
+  float *cols = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < (int64_t)N_ * OH * OW; r++) {
     const int64_t n = r / (OH * OW), oh = r / OW % OH, ow = r % OW;
@@ -178,10 +178,10 @@ void duet_k8(void *const *t, const double *s) {
   }
 }
 
-void duet_k9(void *const *t, const double *s) {
+static void duet_k9(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[13];
-  float *b1 = (float *)t[16];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp simd
   for (int64_t i = 0; i < 18432; i++) {
     const float r0 = b0[i];
@@ -189,10 +189,10 @@ void duet_k9(void *const *t, const double *s) {
   }
 }
 
-void duet_k10(void *const *t, const double *s) {
+static void duet_k10(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[17];
-  float *b1 = (float *)t[18];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 1605632; i++) {
     const float r0 = b0[i];
@@ -200,10 +200,10 @@ void duet_k10(void *const *t, const double *s) {
   }
 }
 
-void duet_k11(void *const *t, const double *s) {
+static void duet_k11(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[18];
-  float *b1 = (float *)t[19];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 1605632; o++) {
     const int64_t o0 = 0 + (o % 196) * 64 + (o / 196 % 64) + (o / 12544) * 12544;
@@ -216,10 +216,10 @@ void duet_k11(void *const *t, const double *s) {
   }
 }
 
-void duet_k12(void *const *t, const double *s) {
+static void duet_k12(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[14];
-  float *b1 = (float *)t[20];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp simd
   for (int64_t i = 0; i < 64; i++) {
     const float r0 = b0[i];
@@ -227,11 +227,11 @@ void duet_k12(void *const *t, const double *s) {
   }
 }
 
-void duet_k13(void *const *t, const double *s) {
+static void duet_k13(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[19];
-  const float *b1 = (const float *)t[20];
-  float *b2 = (float *)t[21];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 8192; o++) {
     const int64_t o0 = 0 + o * 196;
@@ -248,12 +248,12 @@ void duet_k13(void *const *t, const double *s) {
   }
 }
 
-void duet_k14(void *const *t, const double *s) {
+static void duet_k14(void *const *t, const double *s) {
   (void)s;
   enum { N_ = 128, C_ = 64, H_ = 14, W_ = 14, OH = 7, OW = 7 };
   enum { KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1 };
-  const float *x = (const float *)t[21];
-  float *y = (float *)t[22];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {
     const float *xp = x + nc * (int64_t)(H_ * W_);
@@ -276,10 +276,10 @@ void duet_k14(void *const *t, const double *s) {
   }
 }
 
-void duet_k15(void *const *t, const double *s) {
+static void duet_k15(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[22];
-  float *b1 = (float *)t[23];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 401408; i++) {
     const float r0 = b0[i];
@@ -287,11 +287,11 @@ void duet_k15(void *const *t, const double *s) {
   }
 }
 
-void duet_k16(void *const *t, const double *s) {
+static void duet_k16(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[26];
-  const float *b1 = (const float *)t[25];
-  float *b2 = (float *)t[27];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   for (int64_t o = 0; o < 128; o++) {
     const int64_t o0 = 0 + o * 128;
     const int64_t o1 = 0;
@@ -307,11 +307,11 @@ void duet_k16(void *const *t, const double *s) {
   }
 }
 
-void duet_k17(void *const *t, const double *s) {
+static void duet_k17(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[30];
-  const float *b1 = (const float *)t[29];
-  float *b2 = (float *)t[31];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   for (int64_t o = 0; o < 128; o++) {
     const int64_t o0 = 0 + o * 10;
     const int64_t o1 = 0;
@@ -326,11 +326,11 @@ void duet_k17(void *const *t, const double *s) {
   }
 }
 
-void duet_k18(void *const *t, const double *s) {
+static void duet_k18(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[31];
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  float *out = (float *)t[32];
+  float *out = (float *)t[2];
   double part[16];
   for (int64_t c = 0; c < 16; c++) {
     double acc = 0;
@@ -348,9 +348,9 @@ void duet_k18(void *const *t, const double *s) {
   out[0] = (float)(tot / 128);
 }
 
-void duet_k19(void *const *t, const double *s) {
+static void duet_k19(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[33];
+  float *b0 = (float *)t[0];
   #pragma omp simd
   for (int64_t i = 0; i < 1; i++) {
     const float r0 = (float)0x1p+0;
@@ -358,12 +358,12 @@ void duet_k19(void *const *t, const double *s) {
   }
 }
 
-void duet_k20(void *const *t, const double *s) {
+static void duet_k20(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[31];
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  const float *dl = (const float *)t[33];
-  float *dx = (float *)t[34];
+  const float *dl = (const float *)t[2];
+  float *dx = (float *)t[3];
   const float g = dl[0] / (float)128;
   for (int64_t r = 0; r < 128; r++) {
     const float *row = x + r * 10;
@@ -377,10 +377,10 @@ void duet_k20(void *const *t, const double *s) {
   }
 }
 
-void duet_k21(void *const *t, const double *s) {
+static void duet_k21(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[34];
-  float *y = (float *)t[35];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   for (int64_t w = 0; w < 1; w++) {
     const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 10;
@@ -396,11 +396,11 @@ void duet_k21(void *const *t, const double *s) {
   }
 }
 
-void duet_k22(void *const *t, const double *s) {
+static void duet_k22(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[36];
-  const float *b1 = (const float *)t[27];
-  float *b2 = (float *)t[38];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp simd
   for (int64_t i = 0; i < 16384; i++) {
     const float r0 = b0[i];
@@ -410,10 +410,10 @@ void duet_k22(void *const *t, const double *s) {
   }
 }
 
-void duet_k23(void *const *t, const double *s) {
+static void duet_k23(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[38];
-  float *y = (float *)t[39];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   for (int64_t w = 0; w < 1; w++) {
     const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 128;
@@ -429,24 +429,13 @@ void duet_k23(void *const *t, const double *s) {
   }
 }
 
-void duet_k24(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[40];
-  float *b1 = (float *)t[42];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 401408; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k25(void *const *t, const double *s) {
+static void duet_k24(void *const *t, const double *s) {
   (void)s;
   enum { N_ = 128, C_ = 64, H_ = 14, W_ = 14, OH = 7, OW = 7 };
   enum { KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1 };
-  const float *dy = (const float *)t[42];
-  const float *x = (const float *)t[21];
-  float *dx = (float *)t[43];
+  const float *dy = (const float *)t[0];
+  const float *x = (const float *)t[1];
+  float *dx = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {
     float *dp = dx + nc * (int64_t)(H_ * W_);
@@ -471,11 +460,11 @@ void duet_k25(void *const *t, const double *s) {
   }
 }
 
-void duet_k26(void *const *t, const double *s) {
+static void duet_k25(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[43];
-  const float *b1 = (const float *)t[21];
-  float *b2 = (float *)t[44];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 1605632; i++) {
     const float r0 = b0[i];
@@ -485,10 +474,10 @@ void duet_k26(void *const *t, const double *s) {
   }
 }
 
-void duet_k27(void *const *t, const double *s) {
+static void duet_k26(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[44];
-  float *y = (float *)t[45];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < 8192; w++) {
     const int64_t blk = w % 8192, rc = w / 8192;
@@ -505,10 +494,10 @@ void duet_k27(void *const *t, const double *s) {
   }
 }
 
-void duet_k28(void *const *t, const double *s) {
+static void duet_k27(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[45];
-  float *y = (float *)t[46];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   for (int64_t w = 0; w < 1; w++) {
     const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 64;
@@ -524,21 +513,10 @@ void duet_k28(void *const *t, const double *s) {
   }
 }
 
-void duet_k29(void *const *t, const double *s) {
+static void duet_k28(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[46];
-  float *b1 = (float *)t[47];
-  #pragma omp simd
-  for (int64_t i = 0; i < 64; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k30(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[44];
-  float *b1 = (float *)t[48];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 1605632; o++) {
     const int64_t o0 = 0 + (o % 64) * 196 + (o / 64 % 196) + (o / 12544) * 12544;
@@ -551,34 +529,12 @@ void duet_k30(void *const *t, const double *s) {
   }
 }
 
-void duet_k31(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[48];
-  float *b1 = (float *)t[49];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 1605632; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k32(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[51];
-  float *b1 = (float *)t[52];
-  #pragma omp simd
-  for (int64_t i = 0; i < 18432; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k33(void *const *t, const double *s) {
+static void duet_k29(void *const *t, const double *s) {
   (void)s;
   enum { N_ = 128, C_ = 32, H_ = 14, W_ = 14, OH = 14, OW = 14 };
   enum { KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1 };
-  const float *cols = (const float *)t[50];
-  float *dx = (float *)t[53];
+  const float *cols = (const float *)t[0];
+  float *dx = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {
     const int64_t n = nc / C_, c = nc % C_;
@@ -599,13 +555,13 @@ void duet_k33(void *const *t, const double *s) {
   }
 }
 
-void duet_k34(void *const *t, const double *s) {
+static void duet_k30(void *const *t, const double *s) {
   (void)s;
   enum { N_ = 128, C_ = 32, H_ = 28, W_ = 28, OH = 14, OW = 14 };
   enum { KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1 };
-  const float *dy = (const float *)t[53];
-  const float *x = (const float *)t[11];
-  float *dx = (float *)t[54];
+  const float *dy = (const float *)t[0];
+  const float *x = (const float *)t[1];
+  float *dx = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {
     float *dp = dx + nc * (int64_t)(H_ * W_);
@@ -630,11 +586,11 @@ void duet_k34(void *const *t, const double *s) {
   }
 }
 
-void duet_k35(void *const *t, const double *s) {
+static void duet_k31(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[54];
-  const float *b1 = (const float *)t[11];
-  float *b2 = (float *)t[55];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 3211264; i++) {
     const float r0 = b0[i];
@@ -644,10 +600,10 @@ void duet_k35(void *const *t, const double *s) {
   }
 }
 
-void duet_k36(void *const *t, const double *s) {
+static void duet_k32(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[55];
-  float *y = (float *)t[56];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < 4096; w++) {
     const int64_t blk = w % 4096, rc = w / 4096;
@@ -664,10 +620,10 @@ void duet_k36(void *const *t, const double *s) {
   }
 }
 
-void duet_k37(void *const *t, const double *s) {
+static void duet_k33(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[56];
-  float *y = (float *)t[57];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   for (int64_t w = 0; w < 1; w++) {
     const int64_t blk = w % 1, rc = w / 1;
     const int64_t o = blk / 1, j0 = blk % 1 * 32;
@@ -683,21 +639,10 @@ void duet_k37(void *const *t, const double *s) {
   }
 }
 
-void duet_k38(void *const *t, const double *s) {
+static void duet_k34(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[57];
-  float *b1 = (float *)t[58];
-  #pragma omp simd
-  for (int64_t i = 0; i < 32; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k39(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[55];
-  float *b1 = (float *)t[59];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 3211264; o++) {
     const int64_t o0 = 0 + (o % 32) * 784 + (o / 32 % 784) + (o / 25088) * 25088;
@@ -710,34 +655,12 @@ void duet_k39(void *const *t, const double *s) {
   }
 }
 
-void duet_k40(void *const *t, const double *s) {
+static void duet_k35(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[59];
-  float *b1 = (float *)t[60];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 3211264; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k41(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[61];
-  float *b1 = (float *)t[62];
-  #pragma omp simd
-  for (int64_t i = 0; i < 288; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k42(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[3];
-  const float *b1 = (const float *)t[62];
-  float *b2 = (float *)t[63];
-  float *b3 = (float *)t[64];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -778,12 +701,12 @@ void duet_k42(void *const *t, const double *s) {
   }
 }
 
-void duet_k43(void *const *t, const double *s) {
+static void duet_k36(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[4];
-  const float *b1 = (const float *)t[58];
-  float *b2 = (float *)t[65];
-  float *b3 = (float *)t[66];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -824,12 +747,12 @@ void duet_k43(void *const *t, const double *s) {
   }
 }
 
-void duet_k44(void *const *t, const double *s) {
+static void duet_k37(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[13];
-  const float *b1 = (const float *)t[52];
-  float *b2 = (float *)t[67];
-  float *b3 = (float *)t[68];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -870,12 +793,12 @@ void duet_k44(void *const *t, const double *s) {
   }
 }
 
-void duet_k45(void *const *t, const double *s) {
+static void duet_k38(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[14];
-  const float *b1 = (const float *)t[47];
-  float *b2 = (float *)t[69];
-  float *b3 = (float *)t[70];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -916,12 +839,12 @@ void duet_k45(void *const *t, const double *s) {
   }
 }
 
-void duet_k46(void *const *t, const double *s) {
+static void duet_k39(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[24];
-  const float *b1 = (const float *)t[41];
-  float *b2 = (float *)t[71];
-  float *b3 = (float *)t[72];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -962,12 +885,12 @@ void duet_k46(void *const *t, const double *s) {
   }
 }
 
-void duet_k47(void *const *t, const double *s) {
+static void duet_k40(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[25];
-  const float *b1 = (const float *)t[39];
-  float *b2 = (float *)t[73];
-  float *b3 = (float *)t[74];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -1008,12 +931,12 @@ void duet_k47(void *const *t, const double *s) {
   }
 }
 
-void duet_k48(void *const *t, const double *s) {
+static void duet_k41(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[28];
-  const float *b1 = (const float *)t[37];
-  float *b2 = (float *)t[75];
-  float *b3 = (float *)t[76];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -1054,12 +977,12 @@ void duet_k48(void *const *t, const double *s) {
   }
 }
 
-void duet_k49(void *const *t, const double *s) {
+static void duet_k42(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[29];
-  const float *b1 = (const float *)t[35];
-  float *b2 = (float *)t[77];
-  float *b3 = (float *)t[78];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -1100,10 +1023,10 @@ void duet_k49(void *const *t, const double *s) {
   }
 }
 
-void duet_k50(void *const *t, const double *s) {
-  const float *x = (const float *)t[31];
+static void duet_k43(void *const *t, const double *s) {
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  float *out = (float *)t[79];
+  float *out = (float *)t[2];
   int64_t nv = (int64_t)s[8];
   if (nv > 128) nv = 128;
   double correct = 0, nll = 0;
@@ -1120,57 +1043,263 @@ void duet_k50(void *const *t, const double *s) {
   out[1] = (float)nll;
 }
 
+static void duet_i0(void *const *t, const double *s) {
+  void *const a[] = {t[0], t[2], };
+  duet_k0(a, s);
+}
+static void duet_i1(void *const *t, const double *s) {
+  void *const a[] = {t[2], t[5], };
+  duet_k1(a, s);
+}
+static void duet_i2(void *const *t, const double *s) {
+  void *const a[] = {t[3], t[6], };
+  duet_k2(a, s);
+}
+static void duet_i3(void *const *t, const double *s) {
+  void *const a[] = {t[7], t[8], };
+  duet_k3(a, s);
+}
+static void duet_i4(void *const *t, const double *s) {
+  void *const a[] = {t[8], t[9], };
+  duet_k4(a, s);
+}
+static void duet_i5(void *const *t, const double *s) {
+  void *const a[] = {t[4], t[10], };
+  duet_k5(a, s);
+}
+static void duet_i6(void *const *t, const double *s) {
+  void *const a[] = {t[9], t[10], t[11], };
+  duet_k6(a, s);
+}
+static void duet_i7(void *const *t, const double *s) {
+  void *const a[] = {t[11], t[12], };
+  duet_k7(a, s);
+}
+static void duet_i8(void *const *t, const double *s) {
+  void *const a[] = {t[12], t[15], };
+  duet_k8(a, s);
+}
+static void duet_i9(void *const *t, const double *s) {
+  void *const a[] = {t[13], t[16], };
+  duet_k9(a, s);
+}
+static void duet_i10(void *const *t, const double *s) {
+  void *const a[] = {t[17], t[18], };
+  duet_k10(a, s);
+}
+static void duet_i11(void *const *t, const double *s) {
+  void *const a[] = {t[18], t[19], };
+  duet_k11(a, s);
+}
+static void duet_i12(void *const *t, const double *s) {
+  void *const a[] = {t[14], t[20], };
+  duet_k12(a, s);
+}
+static void duet_i13(void *const *t, const double *s) {
+  void *const a[] = {t[19], t[20], t[21], };
+  duet_k13(a, s);
+}
+static void duet_i14(void *const *t, const double *s) {
+  void *const a[] = {t[21], t[22], };
+  duet_k14(a, s);
+}
+static void duet_i15(void *const *t, const double *s) {
+  void *const a[] = {t[22], t[23], };
+  duet_k15(a, s);
+}
+static void duet_i16(void *const *t, const double *s) {
+  void *const a[] = {t[26], t[25], t[27], };
+  duet_k16(a, s);
+}
+static void duet_i17(void *const *t, const double *s) {
+  void *const a[] = {t[30], t[29], t[31], };
+  duet_k17(a, s);
+}
+static void duet_i18(void *const *t, const double *s) {
+  void *const a[] = {t[31], t[1], t[32], };
+  duet_k18(a, s);
+}
+static void duet_i19(void *const *t, const double *s) {
+  void *const a[] = {t[33], };
+  duet_k19(a, s);
+}
+static void duet_i20(void *const *t, const double *s) {
+  void *const a[] = {t[31], t[1], t[33], t[34], };
+  duet_k20(a, s);
+}
+static void duet_i21(void *const *t, const double *s) {
+  void *const a[] = {t[34], t[35], };
+  duet_k21(a, s);
+}
+static void duet_i22(void *const *t, const double *s) {
+  void *const a[] = {t[36], t[27], t[38], };
+  duet_k22(a, s);
+}
+static void duet_i23(void *const *t, const double *s) {
+  void *const a[] = {t[38], t[39], };
+  duet_k23(a, s);
+}
+static void duet_i24(void *const *t, const double *s) {
+  void *const a[] = {t[40], t[42], };
+  duet_k15(a, s);
+}
+static void duet_i25(void *const *t, const double *s) {
+  void *const a[] = {t[42], t[21], t[43], };
+  duet_k24(a, s);
+}
+static void duet_i26(void *const *t, const double *s) {
+  void *const a[] = {t[43], t[21], t[44], };
+  duet_k25(a, s);
+}
+static void duet_i27(void *const *t, const double *s) {
+  void *const a[] = {t[44], t[45], };
+  duet_k26(a, s);
+}
+static void duet_i28(void *const *t, const double *s) {
+  void *const a[] = {t[45], t[46], };
+  duet_k27(a, s);
+}
+static void duet_i29(void *const *t, const double *s) {
+  void *const a[] = {t[46], t[47], };
+  duet_k12(a, s);
+}
+static void duet_i30(void *const *t, const double *s) {
+  void *const a[] = {t[44], t[48], };
+  duet_k28(a, s);
+}
+static void duet_i31(void *const *t, const double *s) {
+  void *const a[] = {t[48], t[49], };
+  duet_k10(a, s);
+}
+static void duet_i32(void *const *t, const double *s) {
+  void *const a[] = {t[51], t[52], };
+  duet_k9(a, s);
+}
+static void duet_i33(void *const *t, const double *s) {
+  void *const a[] = {t[50], t[53], };
+  duet_k29(a, s);
+}
+static void duet_i34(void *const *t, const double *s) {
+  void *const a[] = {t[53], t[11], t[54], };
+  duet_k30(a, s);
+}
+static void duet_i35(void *const *t, const double *s) {
+  void *const a[] = {t[54], t[11], t[55], };
+  duet_k31(a, s);
+}
+static void duet_i36(void *const *t, const double *s) {
+  void *const a[] = {t[55], t[56], };
+  duet_k32(a, s);
+}
+static void duet_i37(void *const *t, const double *s) {
+  void *const a[] = {t[56], t[57], };
+  duet_k33(a, s);
+}
+static void duet_i38(void *const *t, const double *s) {
+  void *const a[] = {t[57], t[58], };
+  duet_k5(a, s);
+}
+static void duet_i39(void *const *t, const double *s) {
+  void *const a[] = {t[55], t[59], };
+  duet_k34(a, s);
+}
+static void duet_i40(void *const *t, const double *s) {
+  void *const a[] = {t[59], t[60], };
+  duet_k3(a, s);
+}
+static void duet_i41(void *const *t, const double *s) {
+  void *const a[] = {t[61], t[62], };
+  duet_k2(a, s);
+}
+static void duet_i42(void *const *t, const double *s) {
+  void *const a[] = {t[3], t[62], t[63], t[64], };
+  duet_k35(a, s);
+}
+static void duet_i43(void *const *t, const double *s) {
+  void *const a[] = {t[4], t[58], t[65], t[66], };
+  duet_k36(a, s);
+}
+static void duet_i44(void *const *t, const double *s) {
+  void *const a[] = {t[13], t[52], t[67], t[68], };
+  duet_k37(a, s);
+}
+static void duet_i45(void *const *t, const double *s) {
+  void *const a[] = {t[14], t[47], t[69], t[70], };
+  duet_k38(a, s);
+}
+static void duet_i46(void *const *t, const double *s) {
+  void *const a[] = {t[24], t[41], t[71], t[72], };
+  duet_k39(a, s);
+}
+static void duet_i47(void *const *t, const double *s) {
+  void *const a[] = {t[25], t[39], t[73], t[74], };
+  duet_k40(a, s);
+}
+static void duet_i48(void *const *t, const double *s) {
+  void *const a[] = {t[28], t[37], t[75], t[76], };
+  duet_k41(a, s);
+}
+static void duet_i49(void *const *t, const double *s) {
+  void *const a[] = {t[29], t[35], t[77], t[78], };
+  duet_k42(a, s);
+}
+static void duet_i50(void *const *t, const double *s) {
+  void *const a[] = {t[31], t[1], t[79], };
+  duet_k43(a, s);
+}
+
+const int duet_function_count = 44;
 const int duet_kernel_count = 51;
 const duet_kernel_fn duet_kernel_table[] = {
-  duet_k0,
-  duet_k1,
-  duet_k2,
-  duet_k3,
-  duet_k4,
-  duet_k5,
-  duet_k6,
-  duet_k7,
-  duet_k8,
-  duet_k9,
-  duet_k10,
-  duet_k11,
-  duet_k12,
-  duet_k13,
-  duet_k14,
-  duet_k15,
-  duet_k16,
-  duet_k17,
-  duet_k18,
-  duet_k19,
-  duet_k20,
-  duet_k21,
-  duet_k22,
-  duet_k23,
-  duet_k24,
-  duet_k25,
-  duet_k26,
-  duet_k27,
-  duet_k28,
-  duet_k29,
-  duet_k30,
-  duet_k31,
-  duet_k32,
-  duet_k33,
-  duet_k34,
-  duet_k35,
-  duet_k36,
-  duet_k37,
-  duet_k38,
-  duet_k39,
-  duet_k40,
-  duet_k41,
-  duet_k42,
-  duet_k43,
-  duet_k44,
-  duet_k45,
-  duet_k46,
-  duet_k47,
-  duet_k48,
-  duet_k49,
-  duet_k50,
+  duet_i0,
+  duet_i1,
+  duet_i2,
+  duet_i3,
+  duet_i4,
+  duet_i5,
+  duet_i6,
+  duet_i7,
+  duet_i8,
+  duet_i9,
+  duet_i10,
+  duet_i11,
+  duet_i12,
+  duet_i13,
+  duet_i14,
+  duet_i15,
+  duet_i16,
+  duet_i17,
+  duet_i18,
+  duet_i19,
+  duet_i20,
+  duet_i21,
+  duet_i22,
+  duet_i23,
+  duet_i24,
+  duet_i25,
+  duet_i26,
+  duet_i27,
+  duet_i28,
+  duet_i29,
+  duet_i30,
+  duet_i31,
+  duet_i32,
+  duet_i33,
+  duet_i34,
+  duet_i35,
+  duet_i36,
+  duet_i37,
+  duet_i38,
+  duet_i39,
+  duet_i40,
+  duet_i41,
+  duet_i42,
+  duet_i43,
+  duet_i44,
+  duet_i45,
+  duet_i46,
+  duet_i47,
+  duet_i48,
+  duet_i49,
+  duet_i50,
 };

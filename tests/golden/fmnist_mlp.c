@@ -27,11 +27,11 @@ static inline double gelu_grad_double(double dy, double x) {
 
 typedef void (*duet_kernel_fn)(void *const *t, const double *s);
 
-void duet_k0(void *const *t, const double *s) {
+static void duet_k0(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[4];
-  const float *b1 = (const float *)t[3];
-  float *b2 = (float *)t[5];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 256; o++) {
     const int64_t o0 = 0 + o * 1024;
@@ -48,32 +48,11 @@ void duet_k0(void *const *t, const double *s) {
   }
 }
 
-void duet_k1(void *const *t, const double *s) {
+static void duet_k1(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[8];
-  const float *b1 = (const float *)t[7];
-  float *b2 = (float *)t[9];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 256; o++) {
-    const int64_t o0 = 0 + o * 1024;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 1024;
-    #pragma omp simd
-    for (int64_t j = 0; j < 1024; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      const float r3 = r2 < 0 ? 0 : r2;
-      b2[o2 + j] = r3;
-    }
-  }
-}
-
-void duet_k2(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[12];
-  const float *b1 = (const float *)t[11];
-  float *b2 = (float *)t[13];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   for (int64_t o = 0; o < 256; o++) {
     const int64_t o0 = 0 + o * 10;
     const int64_t o1 = 0;
@@ -88,11 +67,11 @@ void duet_k2(void *const *t, const double *s) {
   }
 }
 
-void duet_k3(void *const *t, const double *s) {
+static void duet_k2(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[13];
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  float *out = (float *)t[14];
+  float *out = (float *)t[2];
   double part[16];
   for (int64_t c = 0; c < 16; c++) {
     double acc = 0;
@@ -110,9 +89,9 @@ void duet_k3(void *const *t, const double *s) {
   out[0] = (float)(tot / 256);
 }
 
-void duet_k4(void *const *t, const double *s) {
+static void duet_k3(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[15];
+  float *b0 = (float *)t[0];
   #pragma omp simd
   for (int64_t i = 0; i < 1; i++) {
     const float r0 = (float)0x1p+0;
@@ -120,12 +99,12 @@ void duet_k4(void *const *t, const double *s) {
   }
 }
 
-void duet_k5(void *const *t, const double *s) {
+static void duet_k4(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[13];
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  const float *dl = (const float *)t[15];
-  float *dx = (float *)t[16];
+  const float *dl = (const float *)t[2];
+  float *dx = (float *)t[3];
   const float g = dl[0] / (float)256;
   for (int64_t r = 0; r < 256; r++) {
     const float *row = x + r * 10;
@@ -139,10 +118,10 @@ void duet_k5(void *const *t, const double *s) {
   }
 }
 
-void duet_k6(void *const *t, const double *s) {
+static void duet_k5(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[16];
-  float *y = (float *)t[17];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   double part[2][10]; /* at most 16 x 2048 */
   for (int64_t w = 0; w < 2; w++) {
     const int64_t blk = w % 1, rc = w / 1;
@@ -163,11 +142,11 @@ void duet_k6(void *const *t, const double *s) {
   }
 }
 
-void duet_k7(void *const *t, const double *s) {
+static void duet_k6(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[18];
-  const float *b1 = (const float *)t[9];
-  float *b2 = (float *)t[20];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 262144; i++) {
     const float r0 = b0[i];
@@ -177,10 +156,10 @@ void duet_k7(void *const *t, const double *s) {
   }
 }
 
-void duet_k8(void *const *t, const double *s) {
+static void duet_k7(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[20];
-  float *y = (float *)t[21];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   double part[2][1024]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < 8; w++) {
@@ -202,51 +181,12 @@ void duet_k8(void *const *t, const double *s) {
   }
 }
 
-void duet_k9(void *const *t, const double *s) {
+static void duet_k8(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[22];
-  const float *b1 = (const float *)t[5];
-  float *b2 = (float *)t[24];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 262144; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r1 > 0 ? r0 : 0;
-    b2[i] = r2;
-  }
-}
-
-void duet_k10(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[24];
-  float *y = (float *)t[25];
-  double part[2][1024]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 8; w++) {
-    const int64_t blk = w % 4, rc = w / 4;
-    const int64_t o = blk / 4, j0 = blk % 4 * 256;
-    const int64_t jn = 1024 - j0 < 256 ? 1024 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 256 * rc / 2; r < 256 * (rc + 1) / 2; r++) {
-      const float *row = x + (o * 256 + r) * 1024 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 1024 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 1024; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 2; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k11(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[2];
-  const float *b1 = (const float *)t[26];
-  float *b2 = (float *)t[27];
-  float *b3 = (float *)t[28];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -287,12 +227,12 @@ void duet_k11(void *const *t, const double *s) {
   }
 }
 
-void duet_k12(void *const *t, const double *s) {
+static void duet_k9(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[3];
-  const float *b1 = (const float *)t[25];
-  float *b2 = (float *)t[29];
-  float *b3 = (float *)t[30];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -333,12 +273,12 @@ void duet_k12(void *const *t, const double *s) {
   }
 }
 
-void duet_k13(void *const *t, const double *s) {
+static void duet_k10(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[6];
-  const float *b1 = (const float *)t[23];
-  float *b2 = (float *)t[31];
-  float *b3 = (float *)t[32];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -379,58 +319,12 @@ void duet_k13(void *const *t, const double *s) {
   }
 }
 
-void duet_k14(void *const *t, const double *s) {
+static void duet_k11(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[7];
-  const float *b1 = (const float *)t[21];
-  float *b2 = (float *)t[33];
-  float *b3 = (float *)t[34];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp simd
-  for (int64_t i = 0; i < 1024; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k15(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[10];
-  const float *b1 = (const float *)t[19];
-  float *b2 = (float *)t[35];
-  float *b3 = (float *)t[36];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -471,12 +365,12 @@ void duet_k15(void *const *t, const double *s) {
   }
 }
 
-void duet_k16(void *const *t, const double *s) {
+static void duet_k12(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[11];
-  const float *b1 = (const float *)t[17];
-  float *b2 = (float *)t[37];
-  float *b3 = (float *)t[38];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -517,10 +411,10 @@ void duet_k16(void *const *t, const double *s) {
   }
 }
 
-void duet_k17(void *const *t, const double *s) {
-  const float *x = (const float *)t[13];
+static void duet_k13(void *const *t, const double *s) {
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  float *out = (float *)t[39];
+  float *out = (float *)t[2];
   int64_t nv = (int64_t)s[8];
   if (nv > 256) nv = 256;
   double correct = 0, nll = 0;
@@ -537,24 +431,98 @@ void duet_k17(void *const *t, const double *s) {
   out[1] = (float)nll;
 }
 
+static void duet_i0(void *const *t, const double *s) {
+  void *const a[] = {t[4], t[3], t[5], };
+  duet_k0(a, s);
+}
+static void duet_i1(void *const *t, const double *s) {
+  void *const a[] = {t[8], t[7], t[9], };
+  duet_k0(a, s);
+}
+static void duet_i2(void *const *t, const double *s) {
+  void *const a[] = {t[12], t[11], t[13], };
+  duet_k1(a, s);
+}
+static void duet_i3(void *const *t, const double *s) {
+  void *const a[] = {t[13], t[1], t[14], };
+  duet_k2(a, s);
+}
+static void duet_i4(void *const *t, const double *s) {
+  void *const a[] = {t[15], };
+  duet_k3(a, s);
+}
+static void duet_i5(void *const *t, const double *s) {
+  void *const a[] = {t[13], t[1], t[15], t[16], };
+  duet_k4(a, s);
+}
+static void duet_i6(void *const *t, const double *s) {
+  void *const a[] = {t[16], t[17], };
+  duet_k5(a, s);
+}
+static void duet_i7(void *const *t, const double *s) {
+  void *const a[] = {t[18], t[9], t[20], };
+  duet_k6(a, s);
+}
+static void duet_i8(void *const *t, const double *s) {
+  void *const a[] = {t[20], t[21], };
+  duet_k7(a, s);
+}
+static void duet_i9(void *const *t, const double *s) {
+  void *const a[] = {t[22], t[5], t[24], };
+  duet_k6(a, s);
+}
+static void duet_i10(void *const *t, const double *s) {
+  void *const a[] = {t[24], t[25], };
+  duet_k7(a, s);
+}
+static void duet_i11(void *const *t, const double *s) {
+  void *const a[] = {t[2], t[26], t[27], t[28], };
+  duet_k8(a, s);
+}
+static void duet_i12(void *const *t, const double *s) {
+  void *const a[] = {t[3], t[25], t[29], t[30], };
+  duet_k9(a, s);
+}
+static void duet_i13(void *const *t, const double *s) {
+  void *const a[] = {t[6], t[23], t[31], t[32], };
+  duet_k10(a, s);
+}
+static void duet_i14(void *const *t, const double *s) {
+  void *const a[] = {t[7], t[21], t[33], t[34], };
+  duet_k9(a, s);
+}
+static void duet_i15(void *const *t, const double *s) {
+  void *const a[] = {t[10], t[19], t[35], t[36], };
+  duet_k11(a, s);
+}
+static void duet_i16(void *const *t, const double *s) {
+  void *const a[] = {t[11], t[17], t[37], t[38], };
+  duet_k12(a, s);
+}
+static void duet_i17(void *const *t, const double *s) {
+  void *const a[] = {t[13], t[1], t[39], };
+  duet_k13(a, s);
+}
+
+const int duet_function_count = 14;
 const int duet_kernel_count = 18;
 const duet_kernel_fn duet_kernel_table[] = {
-  duet_k0,
-  duet_k1,
-  duet_k2,
-  duet_k3,
-  duet_k4,
-  duet_k5,
-  duet_k6,
-  duet_k7,
-  duet_k8,
-  duet_k9,
-  duet_k10,
-  duet_k11,
-  duet_k12,
-  duet_k13,
-  duet_k14,
-  duet_k15,
-  duet_k16,
-  duet_k17,
+  duet_i0,
+  duet_i1,
+  duet_i2,
+  duet_i3,
+  duet_i4,
+  duet_i5,
+  duet_i6,
+  duet_i7,
+  duet_i8,
+  duet_i9,
+  duet_i10,
+  duet_i11,
+  duet_i12,
+  duet_i13,
+  duet_i14,
+  duet_i15,
+  duet_i16,
+  duet_i17,
 };

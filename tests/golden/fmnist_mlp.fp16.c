@@ -115,10 +115,10 @@ static inline float duet_f32_from_bf16(uint16_t h) { return duet_bits_f32((uint3
 
 typedef void (*duet_kernel_fn)(void *const *t, const double *s);
 
-void duet_k0(void *const *t, const double *s) {
+static void duet_k0(void *const *t, const double *s) {
   (void)s;
   const float *b0 = (const float *)t[0];
-  uint16_t *b1 = (uint16_t *)t[4];
+  uint16_t *b1 = (uint16_t *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 200704; i++) {
     const float r0 = b0[i];
@@ -126,10 +126,10 @@ void duet_k0(void *const *t, const double *s) {
   }
 }
 
-void duet_k1(void *const *t, const double *s) {
+static void duet_k1(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[2];
-  uint16_t *b1 = (uint16_t *)t[5];
+  const float *b0 = (const float *)t[0];
+  uint16_t *b1 = (uint16_t *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 802816; i++) {
     const float r0 = b0[i];
@@ -137,10 +137,10 @@ void duet_k1(void *const *t, const double *s) {
   }
 }
 
-void duet_k2(void *const *t, const double *s) {
+static void duet_k2(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[3];
-  uint16_t *b1 = (uint16_t *)t[7];
+  const float *b0 = (const float *)t[0];
+  uint16_t *b1 = (uint16_t *)t[1];
   #pragma omp simd
   for (int64_t i = 0; i < 1024; i++) {
     const float r0 = b0[i];
@@ -148,11 +148,11 @@ void duet_k2(void *const *t, const double *s) {
   }
 }
 
-void duet_k3(void *const *t, const double *s) {
+static void duet_k3(void *const *t, const double *s) {
   (void)s;
-  const uint16_t *b0 = (const uint16_t *)t[6];
-  const uint16_t *b1 = (const uint16_t *)t[7];
-  uint16_t *b2 = (uint16_t *)t[8];
+  const uint16_t *b0 = (const uint16_t *)t[0];
+  const uint16_t *b1 = (const uint16_t *)t[1];
+  uint16_t *b2 = (uint16_t *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 256; o++) {
     const int64_t o0 = 0 + o * 1024;
@@ -170,10 +170,10 @@ void duet_k3(void *const *t, const double *s) {
   }
 }
 
-void duet_k4(void *const *t, const double *s) {
+static void duet_k4(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[9];
-  uint16_t *b1 = (uint16_t *)t[11];
+  const float *b0 = (const float *)t[0];
+  uint16_t *b1 = (uint16_t *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 1048576; i++) {
     const float r0 = b0[i];
@@ -181,43 +181,10 @@ void duet_k4(void *const *t, const double *s) {
   }
 }
 
-void duet_k5(void *const *t, const double *s) {
+static void duet_k5(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[10];
-  uint16_t *b1 = (uint16_t *)t[13];
-  #pragma omp simd
-  for (int64_t i = 0; i < 1024; i++) {
-    const float r0 = b0[i];
-    b1[i] = duet_f16_from_f32(r0);
-  }
-}
-
-void duet_k6(void *const *t, const double *s) {
-  (void)s;
-  const uint16_t *b0 = (const uint16_t *)t[12];
-  const uint16_t *b1 = (const uint16_t *)t[13];
-  uint16_t *b2 = (uint16_t *)t[14];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 256; o++) {
-    const int64_t o0 = 0 + o * 1024;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 1024;
-    #pragma omp simd
-    for (int64_t j = 0; j < 1024; j++) {
-      const float r0 = duet_f32_from_f16(b0[o0 + j]);
-      const float r1 = duet_f32_from_f16(b1[o1 + j]);
-      const float r2 = r0 + r1;
-      const float r3 = duet_f32_from_f16(duet_f16_from_f32(r2));
-      const float r4 = r3 < 0 ? 0 : r3;
-      b2[o2 + j] = duet_f16_from_f32(r4);
-    }
-  }
-}
-
-void duet_k7(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[15];
-  uint16_t *b1 = (uint16_t *)t[17];
+  const float *b0 = (const float *)t[0];
+  uint16_t *b1 = (uint16_t *)t[1];
   #pragma omp simd
   for (int64_t i = 0; i < 10240; i++) {
     const float r0 = b0[i];
@@ -225,10 +192,10 @@ void duet_k7(void *const *t, const double *s) {
   }
 }
 
-void duet_k8(void *const *t, const double *s) {
+static void duet_k6(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[16];
-  uint16_t *b1 = (uint16_t *)t[19];
+  const float *b0 = (const float *)t[0];
+  uint16_t *b1 = (uint16_t *)t[1];
   #pragma omp simd
   for (int64_t i = 0; i < 10; i++) {
     const float r0 = b0[i];
@@ -236,11 +203,11 @@ void duet_k8(void *const *t, const double *s) {
   }
 }
 
-void duet_k9(void *const *t, const double *s) {
+static void duet_k7(void *const *t, const double *s) {
   (void)s;
-  const uint16_t *b0 = (const uint16_t *)t[18];
-  const uint16_t *b1 = (const uint16_t *)t[19];
-  float *b2 = (float *)t[20];
+  const uint16_t *b0 = (const uint16_t *)t[0];
+  const uint16_t *b1 = (const uint16_t *)t[1];
+  float *b2 = (float *)t[2];
   for (int64_t o = 0; o < 256; o++) {
     const int64_t o0 = 0 + o * 10;
     const int64_t o1 = 0;
@@ -256,11 +223,11 @@ void duet_k9(void *const *t, const double *s) {
   }
 }
 
-void duet_k10(void *const *t, const double *s) {
+static void duet_k8(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[20];
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  float *out = (float *)t[21];
+  float *out = (float *)t[2];
   double part[16];
   for (int64_t c = 0; c < 16; c++) {
     double acc = 0;
@@ -278,9 +245,9 @@ void duet_k10(void *const *t, const double *s) {
   out[0] = (float)(tot / 256);
 }
 
-void duet_k11(void *const *t, const double *s) {
+static void duet_k9(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[22];
+  float *b0 = (float *)t[0];
   const float s0 = (float)s[15];
   #pragma omp simd
   for (int64_t i = 0; i < 1; i++) {
@@ -289,12 +256,12 @@ void duet_k11(void *const *t, const double *s) {
   }
 }
 
-void duet_k12(void *const *t, const double *s) {
+static void duet_k10(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[20];
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  const float *dl = (const float *)t[22];
-  float *dx = (float *)t[23];
+  const float *dl = (const float *)t[2];
+  float *dx = (float *)t[3];
   const float g = dl[0] / (float)256;
   for (int64_t r = 0; r < 256; r++) {
     const float *row = x + r * 10;
@@ -308,10 +275,10 @@ void duet_k12(void *const *t, const double *s) {
   }
 }
 
-void duet_k13(void *const *t, const double *s) {
+static void duet_k11(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[23];
-  float *y = (float *)t[24];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   double part[2][10]; /* at most 16 x 2048 */
   for (int64_t w = 0; w < 2; w++) {
     const int64_t blk = w % 1, rc = w / 1;
@@ -332,10 +299,10 @@ void duet_k13(void *const *t, const double *s) {
   }
 }
 
-void duet_k14(void *const *t, const double *s) {
+static void duet_k12(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[23];
-  uint16_t *b1 = (uint16_t *)t[25];
+  const float *b0 = (const float *)t[0];
+  uint16_t *b1 = (uint16_t *)t[1];
   #pragma omp simd
   for (int64_t i = 0; i < 2560; i++) {
     const float r0 = b0[i];
@@ -343,11 +310,11 @@ void duet_k14(void *const *t, const double *s) {
   }
 }
 
-void duet_k15(void *const *t, const double *s) {
+static void duet_k13(void *const *t, const double *s) {
   (void)s;
-  const uint16_t *b0 = (const uint16_t *)t[26];
-  const uint16_t *b1 = (const uint16_t *)t[14];
-  uint16_t *b2 = (uint16_t *)t[28];
+  const uint16_t *b0 = (const uint16_t *)t[0];
+  const uint16_t *b1 = (const uint16_t *)t[1];
+  uint16_t *b2 = (uint16_t *)t[2];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 262144; i++) {
     const float r0 = duet_f32_from_f16(b0[i]);
@@ -357,10 +324,10 @@ void duet_k15(void *const *t, const double *s) {
   }
 }
 
-void duet_k16(void *const *t, const double *s) {
+static void duet_k14(void *const *t, const double *s) {
   (void)s;
-  const uint16_t *b0 = (const uint16_t *)t[28];
-  float *b1 = (float *)t[29];
+  const uint16_t *b0 = (const uint16_t *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 262144; i++) {
     const float r0 = duet_f32_from_f16(b0[i]);
@@ -368,10 +335,10 @@ void duet_k16(void *const *t, const double *s) {
   }
 }
 
-void duet_k17(void *const *t, const double *s) {
+static void duet_k15(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[29];
-  float *y = (float *)t[30];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   double part[2][1024]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < 8; w++) {
@@ -393,60 +360,10 @@ void duet_k17(void *const *t, const double *s) {
   }
 }
 
-void duet_k18(void *const *t, const double *s) {
-  (void)s;
-  const uint16_t *b0 = (const uint16_t *)t[31];
-  const uint16_t *b1 = (const uint16_t *)t[8];
-  uint16_t *b2 = (uint16_t *)t[33];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 262144; i++) {
-    const float r0 = duet_f32_from_f16(b0[i]);
-    const float r1 = duet_f32_from_f16(b1[i]);
-    const float r2 = r1 > 0 ? r0 : 0;
-    b2[i] = duet_f16_from_f32(r2);
-  }
-}
-
-void duet_k19(void *const *t, const double *s) {
-  (void)s;
-  const uint16_t *b0 = (const uint16_t *)t[33];
-  float *b1 = (float *)t[34];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 262144; i++) {
-    const float r0 = duet_f32_from_f16(b0[i]);
-    b1[i] = r0;
-  }
-}
-
-void duet_k20(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[34];
-  float *y = (float *)t[35];
-  double part[2][1024]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 8; w++) {
-    const int64_t blk = w % 4, rc = w / 4;
-    const int64_t o = blk / 4, j0 = blk % 4 * 256;
-    const int64_t jn = 1024 - j0 < 256 ? 1024 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 256 * rc / 2; r < 256 * (rc + 1) / 2; r++) {
-      const float *row = x + (o * 256 + r) * 1024 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 1024 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 1024; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 2; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k21(void *const *t, const double *s) {
-  const float *x = (const float *)t[20];
+static void duet_k16(void *const *t, const double *s) {
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  float *out = (float *)t[49];
+  float *out = (float *)t[2];
   int64_t nv = (int64_t)s[8];
   if (nv > 256) nv = 256;
   double correct = 0, nll = 0;
@@ -463,10 +380,10 @@ void duet_k21(void *const *t, const double *s) {
   out[1] = (float)nll;
 }
 
-void duet_k22(void *const *t, const double *s) {
-  const uint16_t *x = (const uint16_t *)t[36];
-  float *y = (float *)t[50];
-  int32_t *overflow = (int32_t *)t[56];
+static void duet_k17(void *const *t, const double *s) {
+  const uint16_t *x = (const uint16_t *)t[0];
+  float *y = (float *)t[1];
+  int32_t *overflow = (int32_t *)t[2]; /* this param's flag */
   const float inv = (float)s[16];
   int bad = 0;
   #pragma omp parallel for simd schedule(static) reduction(|:bad)
@@ -475,13 +392,13 @@ void duet_k22(void *const *t, const double *s) {
     bad |= !(v <= 3.40282347e+38f && v >= -3.40282347e+38f);
     y[i] = v;
   }
-  overflow[0] = bad;
+  *overflow = bad;
 }
 
-void duet_k23(void *const *t, const double *s) {
-  const float *x = (const float *)t[35];
-  float *y = (float *)t[51];
-  int32_t *overflow = (int32_t *)t[56];
+static void duet_k18(void *const *t, const double *s) {
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
+  int32_t *overflow = (int32_t *)t[2]; /* this param's flag */
   const float inv = (float)s[16];
   int bad = 0;
   #pragma omp simd reduction(|:bad)
@@ -490,13 +407,13 @@ void duet_k23(void *const *t, const double *s) {
     bad |= !(v <= 3.40282347e+38f && v >= -3.40282347e+38f);
     y[i] = v;
   }
-  overflow[1] = bad;
+  *overflow = bad;
 }
 
-void duet_k24(void *const *t, const double *s) {
-  const uint16_t *x = (const uint16_t *)t[32];
-  float *y = (float *)t[52];
-  int32_t *overflow = (int32_t *)t[56];
+static void duet_k19(void *const *t, const double *s) {
+  const uint16_t *x = (const uint16_t *)t[0];
+  float *y = (float *)t[1];
+  int32_t *overflow = (int32_t *)t[2]; /* this param's flag */
   const float inv = (float)s[16];
   int bad = 0;
   #pragma omp parallel for simd schedule(static) reduction(|:bad)
@@ -505,28 +422,13 @@ void duet_k24(void *const *t, const double *s) {
     bad |= !(v <= 3.40282347e+38f && v >= -3.40282347e+38f);
     y[i] = v;
   }
-  overflow[2] = bad;
+  *overflow = bad;
 }
 
-void duet_k25(void *const *t, const double *s) {
-  const float *x = (const float *)t[30];
-  float *y = (float *)t[53];
-  int32_t *overflow = (int32_t *)t[56];
-  const float inv = (float)s[16];
-  int bad = 0;
-  #pragma omp simd reduction(|:bad)
-  for (int64_t i = 0; i < 1024; i++) {
-    const float v = x[i] * inv;
-    bad |= !(v <= 3.40282347e+38f && v >= -3.40282347e+38f);
-    y[i] = v;
-  }
-  overflow[3] = bad;
-}
-
-void duet_k26(void *const *t, const double *s) {
-  const uint16_t *x = (const uint16_t *)t[27];
-  float *y = (float *)t[54];
-  int32_t *overflow = (int32_t *)t[56];
+static void duet_k20(void *const *t, const double *s) {
+  const uint16_t *x = (const uint16_t *)t[0];
+  float *y = (float *)t[1];
+  int32_t *overflow = (int32_t *)t[2]; /* this param's flag */
   const float inv = (float)s[16];
   int bad = 0;
   #pragma omp simd reduction(|:bad)
@@ -535,13 +437,13 @@ void duet_k26(void *const *t, const double *s) {
     bad |= !(v <= 3.40282347e+38f && v >= -3.40282347e+38f);
     y[i] = v;
   }
-  overflow[4] = bad;
+  *overflow = bad;
 }
 
-void duet_k27(void *const *t, const double *s) {
-  const float *x = (const float *)t[24];
-  float *y = (float *)t[55];
-  int32_t *overflow = (int32_t *)t[56];
+static void duet_k21(void *const *t, const double *s) {
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
+  int32_t *overflow = (int32_t *)t[2]; /* this param's flag */
   const float inv = (float)s[16];
   int bad = 0;
   #pragma omp simd reduction(|:bad)
@@ -550,15 +452,15 @@ void duet_k27(void *const *t, const double *s) {
     bad |= !(v <= 3.40282347e+38f && v >= -3.40282347e+38f);
     y[i] = v;
   }
-  overflow[5] = bad;
+  *overflow = bad;
 }
 
-void duet_k28(void *const *t, const double *s) {
+static void duet_k22(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[2];
-  const float *b1 = (const float *)t[50];
-  float *b2 = (float *)t[37];
-  float *b3 = (float *)t[38];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -599,12 +501,12 @@ void duet_k28(void *const *t, const double *s) {
   }
 }
 
-void duet_k29(void *const *t, const double *s) {
+static void duet_k23(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[3];
-  const float *b1 = (const float *)t[51];
-  float *b2 = (float *)t[39];
-  float *b3 = (float *)t[40];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -645,12 +547,12 @@ void duet_k29(void *const *t, const double *s) {
   }
 }
 
-void duet_k30(void *const *t, const double *s) {
+static void duet_k24(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[9];
-  const float *b1 = (const float *)t[52];
-  float *b2 = (float *)t[41];
-  float *b3 = (float *)t[42];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -691,58 +593,12 @@ void duet_k30(void *const *t, const double *s) {
   }
 }
 
-void duet_k31(void *const *t, const double *s) {
+static void duet_k25(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[10];
-  const float *b1 = (const float *)t[53];
-  float *b2 = (float *)t[43];
-  float *b3 = (float *)t[44];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp simd
-  for (int64_t i = 0; i < 1024; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k32(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[15];
-  const float *b1 = (const float *)t[54];
-  float *b2 = (float *)t[45];
-  float *b3 = (float *)t[46];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -783,12 +639,12 @@ void duet_k32(void *const *t, const double *s) {
   }
 }
 
-void duet_k33(void *const *t, const double *s) {
+static void duet_k26(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[16];
-  const float *b1 = (const float *)t[55];
-  float *b2 = (float *)t[47];
-  float *b3 = (float *)t[48];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -829,40 +685,178 @@ void duet_k33(void *const *t, const double *s) {
   }
 }
 
+static void duet_i0(void *const *t, const double *s) {
+  void *const a[] = {t[0], t[4], };
+  duet_k0(a, s);
+}
+static void duet_i1(void *const *t, const double *s) {
+  void *const a[] = {t[2], t[5], };
+  duet_k1(a, s);
+}
+static void duet_i2(void *const *t, const double *s) {
+  void *const a[] = {t[3], t[7], };
+  duet_k2(a, s);
+}
+static void duet_i3(void *const *t, const double *s) {
+  void *const a[] = {t[6], t[7], t[8], };
+  duet_k3(a, s);
+}
+static void duet_i4(void *const *t, const double *s) {
+  void *const a[] = {t[9], t[11], };
+  duet_k4(a, s);
+}
+static void duet_i5(void *const *t, const double *s) {
+  void *const a[] = {t[10], t[13], };
+  duet_k2(a, s);
+}
+static void duet_i6(void *const *t, const double *s) {
+  void *const a[] = {t[12], t[13], t[14], };
+  duet_k3(a, s);
+}
+static void duet_i7(void *const *t, const double *s) {
+  void *const a[] = {t[15], t[17], };
+  duet_k5(a, s);
+}
+static void duet_i8(void *const *t, const double *s) {
+  void *const a[] = {t[16], t[19], };
+  duet_k6(a, s);
+}
+static void duet_i9(void *const *t, const double *s) {
+  void *const a[] = {t[18], t[19], t[20], };
+  duet_k7(a, s);
+}
+static void duet_i10(void *const *t, const double *s) {
+  void *const a[] = {t[20], t[1], t[21], };
+  duet_k8(a, s);
+}
+static void duet_i11(void *const *t, const double *s) {
+  void *const a[] = {t[22], };
+  duet_k9(a, s);
+}
+static void duet_i12(void *const *t, const double *s) {
+  void *const a[] = {t[20], t[1], t[22], t[23], };
+  duet_k10(a, s);
+}
+static void duet_i13(void *const *t, const double *s) {
+  void *const a[] = {t[23], t[24], };
+  duet_k11(a, s);
+}
+static void duet_i14(void *const *t, const double *s) {
+  void *const a[] = {t[23], t[25], };
+  duet_k12(a, s);
+}
+static void duet_i15(void *const *t, const double *s) {
+  void *const a[] = {t[26], t[14], t[28], };
+  duet_k13(a, s);
+}
+static void duet_i16(void *const *t, const double *s) {
+  void *const a[] = {t[28], t[29], };
+  duet_k14(a, s);
+}
+static void duet_i17(void *const *t, const double *s) {
+  void *const a[] = {t[29], t[30], };
+  duet_k15(a, s);
+}
+static void duet_i18(void *const *t, const double *s) {
+  void *const a[] = {t[31], t[8], t[33], };
+  duet_k13(a, s);
+}
+static void duet_i19(void *const *t, const double *s) {
+  void *const a[] = {t[33], t[34], };
+  duet_k14(a, s);
+}
+static void duet_i20(void *const *t, const double *s) {
+  void *const a[] = {t[34], t[35], };
+  duet_k15(a, s);
+}
+static void duet_i21(void *const *t, const double *s) {
+  void *const a[] = {t[20], t[1], t[49], };
+  duet_k16(a, s);
+}
+static void duet_i22(void *const *t, const double *s) {
+  void *const a[] = {t[36], t[50], (int32_t *)t[56] + 0, };
+  duet_k17(a, s);
+}
+static void duet_i23(void *const *t, const double *s) {
+  void *const a[] = {t[35], t[51], (int32_t *)t[56] + 1, };
+  duet_k18(a, s);
+}
+static void duet_i24(void *const *t, const double *s) {
+  void *const a[] = {t[32], t[52], (int32_t *)t[56] + 2, };
+  duet_k19(a, s);
+}
+static void duet_i25(void *const *t, const double *s) {
+  void *const a[] = {t[30], t[53], (int32_t *)t[56] + 3, };
+  duet_k18(a, s);
+}
+static void duet_i26(void *const *t, const double *s) {
+  void *const a[] = {t[27], t[54], (int32_t *)t[56] + 4, };
+  duet_k20(a, s);
+}
+static void duet_i27(void *const *t, const double *s) {
+  void *const a[] = {t[24], t[55], (int32_t *)t[56] + 5, };
+  duet_k21(a, s);
+}
+static void duet_i28(void *const *t, const double *s) {
+  void *const a[] = {t[2], t[50], t[37], t[38], };
+  duet_k22(a, s);
+}
+static void duet_i29(void *const *t, const double *s) {
+  void *const a[] = {t[3], t[51], t[39], t[40], };
+  duet_k23(a, s);
+}
+static void duet_i30(void *const *t, const double *s) {
+  void *const a[] = {t[9], t[52], t[41], t[42], };
+  duet_k24(a, s);
+}
+static void duet_i31(void *const *t, const double *s) {
+  void *const a[] = {t[10], t[53], t[43], t[44], };
+  duet_k23(a, s);
+}
+static void duet_i32(void *const *t, const double *s) {
+  void *const a[] = {t[15], t[54], t[45], t[46], };
+  duet_k25(a, s);
+}
+static void duet_i33(void *const *t, const double *s) {
+  void *const a[] = {t[16], t[55], t[47], t[48], };
+  duet_k26(a, s);
+}
+
+const int duet_function_count = 27;
 const int duet_kernel_count = 34;
 const duet_kernel_fn duet_kernel_table[] = {
-  duet_k0,
-  duet_k1,
-  duet_k2,
-  duet_k3,
-  duet_k4,
-  duet_k5,
-  duet_k6,
-  duet_k7,
-  duet_k8,
-  duet_k9,
-  duet_k10,
-  duet_k11,
-  duet_k12,
-  duet_k13,
-  duet_k14,
-  duet_k15,
-  duet_k16,
-  duet_k17,
-  duet_k18,
-  duet_k19,
-  duet_k20,
-  duet_k21,
-  duet_k22,
-  duet_k23,
-  duet_k24,
-  duet_k25,
-  duet_k26,
-  duet_k27,
-  duet_k28,
-  duet_k29,
-  duet_k30,
-  duet_k31,
-  duet_k32,
-  duet_k33,
+  duet_i0,
+  duet_i1,
+  duet_i2,
+  duet_i3,
+  duet_i4,
+  duet_i5,
+  duet_i6,
+  duet_i7,
+  duet_i8,
+  duet_i9,
+  duet_i10,
+  duet_i11,
+  duet_i12,
+  duet_i13,
+  duet_i14,
+  duet_i15,
+  duet_i16,
+  duet_i17,
+  duet_i18,
+  duet_i19,
+  duet_i20,
+  duet_i21,
+  duet_i22,
+  duet_i23,
+  duet_i24,
+  duet_i25,
+  duet_i26,
+  duet_i27,
+  duet_i28,
+  duet_i29,
+  duet_i30,
+  duet_i31,
+  duet_i32,
+  duet_i33,
 };

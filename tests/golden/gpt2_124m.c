@@ -27,11 +27,11 @@ static inline double gelu_grad_double(double dy, double x) {
 
 typedef void (*duet_kernel_fn)(void *const *t, const double *s);
 
-void duet_k0(void *const *t, const double *s) {
+static void duet_k0(void *const *t, const double *s) {
   (void)s;
-  const float *tab = (const float *)t[2];
-  const int32_t *ix = (const int32_t *)t[0];
-  float *out = (float *)t[4];
+  const float *tab = (const float *)t[0];
+  const int32_t *ix = (const int32_t *)t[1];
+  float *out = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < 8192; r++) {
     const uint32_t id = (uint32_t)ix[r];
@@ -39,17 +39,17 @@ void duet_k0(void *const *t, const double *s) {
   }
 }
 
-void duet_k1(void *const *t, const double *s) {
-  int32_t *out = (int32_t *)t[5];
+static void duet_k1(void *const *t, const double *s) {
+  int32_t *out = (int32_t *)t[1];
   const int32_t base = (int32_t)s[12];
   for (int64_t i = 0; i < 1024; i++) out[i] = base + (int32_t)i;
 }
 
-void duet_k2(void *const *t, const double *s) {
+static void duet_k2(void *const *t, const double *s) {
   (void)s;
-  const float *tab = (const float *)t[3];
-  const int32_t *ix = (const int32_t *)t[5];
-  float *out = (float *)t[6];
+  const float *tab = (const float *)t[0];
+  const int32_t *ix = (const int32_t *)t[1];
+  float *out = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < 1024; r++) {
     const uint32_t id = (uint32_t)ix[r];
@@ -57,11 +57,11 @@ void duet_k2(void *const *t, const double *s) {
   }
 }
 
-void duet_k3(void *const *t, const double *s) {
+static void duet_k3(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[4];
-  const float *b1 = (const float *)t[6];
-  float *b2 = (float *)t[7];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 8; o++) {
     const int64_t o0 = 0 + o * 786432;
@@ -77,10 +77,10 @@ void duet_k3(void *const *t, const double *s) {
   }
 }
 
-void duet_k4(void *const *t, const double *s) {
+static void duet_k4(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[7];
-  float *y = (float *)t[10];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < 8192; r++) {
     const float *xr = x + r * 768;
@@ -96,12 +96,12 @@ void duet_k4(void *const *t, const double *s) {
   }
 }
 
-void duet_k5(void *const *t, const double *s) {
+static void duet_k5(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[10];
-  const float *b1 = (const float *)t[8];
-  const float *b2 = (const float *)t[9];
-  float *b3 = (float *)t[11];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  const float *b2 = (const float *)t[2];
+  float *b3 = (float *)t[3];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 8192; o++) {
     const int64_t o0 = 0 + o * 768;
@@ -120,11 +120,11 @@ void duet_k5(void *const *t, const double *s) {
   }
 }
 
-void duet_k6(void *const *t, const double *s) {
+static void duet_k6(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[14];
-  const float *b1 = (const float *)t[13];
-  float *b2 = (float *)t[15];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 8192; o++) {
     const int64_t o0 = 0 + o * 768;
@@ -140,52 +140,12 @@ void duet_k6(void *const *t, const double *s) {
   }
 }
 
-void duet_k7(void *const *t, const double *s) {
+static void duet_k7(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[18];
-  const float *b1 = (const float *)t[17];
-  float *b2 = (float *)t[19];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k8(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[22];
-  const float *b1 = (const float *)t[21];
-  float *b2 = (float *)t[23];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k9(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[15];
-  const float *k = (const float *)t[19];
-  const float *v = (const float *)t[23];
-  float *out = (float *)t[24];
+  const float *q = (const float *)t[0];
+  const float *k = (const float *)t[1];
+  const float *v = (const float *)t[2];
+  float *out = (float *)t[3];
   const float scale = (float)0x1p-3;
   #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < 96; bh++) {
@@ -220,12 +180,12 @@ void duet_k9(void *const *t, const double *s) {
   }
 }
 
-void duet_k10(void *const *t, const double *s) {
+static void duet_k8(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[7];
-  const float *b1 = (const float *)t[27];
-  const float *b2 = (const float *)t[26];
-  float *b3 = (float *)t[28];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  const float *b2 = (const float *)t[2];
+  float *b3 = (float *)t[3];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 8192; o++) {
     const int64_t o0 = 0 + o * 768;
@@ -244,54 +204,11 @@ void duet_k10(void *const *t, const double *s) {
   }
 }
 
-void duet_k11(void *const *t, const double *s) {
+static void duet_k9(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[28];
-  float *y = (float *)t[31];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k12(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[31];
-  const float *b1 = (const float *)t[29];
-  const float *b2 = (const float *)t[30];
-  float *b3 = (float *)t[32];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k13(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[35];
-  const float *b1 = (const float *)t[34];
-  float *b2 = (float *)t[36];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 8192; o++) {
     const int64_t o0 = 0 + o * 3072;
@@ -307,10 +224,10 @@ void duet_k13(void *const *t, const double *s) {
   }
 }
 
-void duet_k14(void *const *t, const double *s) {
+static void duet_k10(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[36];
-  float *b1 = (float *)t[37];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 25165824; i++) {
     const float r0 = b0[i];
@@ -319,3004 +236,11 @@ void duet_k14(void *const *t, const double *s) {
   }
 }
 
-void duet_k15(void *const *t, const double *s) {
+static void duet_k11(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[28];
-  const float *b1 = (const float *)t[40];
-  const float *b2 = (const float *)t[39];
-  float *b3 = (float *)t[41];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k16(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[41];
-  float *y = (float *)t[44];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k17(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[44];
-  const float *b1 = (const float *)t[42];
-  const float *b2 = (const float *)t[43];
-  float *b3 = (float *)t[45];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k18(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[48];
-  const float *b1 = (const float *)t[47];
-  float *b2 = (float *)t[49];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k19(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[52];
-  const float *b1 = (const float *)t[51];
-  float *b2 = (float *)t[53];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k20(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[56];
-  const float *b1 = (const float *)t[55];
-  float *b2 = (float *)t[57];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k21(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[49];
-  const float *k = (const float *)t[53];
-  const float *v = (const float *)t[57];
-  float *out = (float *)t[58];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k22(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[41];
-  const float *b1 = (const float *)t[61];
-  const float *b2 = (const float *)t[60];
-  float *b3 = (float *)t[62];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k23(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[62];
-  float *y = (float *)t[65];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k24(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[65];
-  const float *b1 = (const float *)t[63];
-  const float *b2 = (const float *)t[64];
-  float *b3 = (float *)t[66];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k25(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[69];
-  const float *b1 = (const float *)t[68];
-  float *b2 = (float *)t[70];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 3072;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 3072;
-    #pragma omp simd
-    for (int64_t j = 0; j < 3072; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k26(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[70];
-  float *b1 = (float *)t[71];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k27(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[62];
-  const float *b1 = (const float *)t[74];
-  const float *b2 = (const float *)t[73];
-  float *b3 = (float *)t[75];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k28(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[75];
-  float *y = (float *)t[78];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k29(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[78];
-  const float *b1 = (const float *)t[76];
-  const float *b2 = (const float *)t[77];
-  float *b3 = (float *)t[79];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k30(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[82];
-  const float *b1 = (const float *)t[81];
-  float *b2 = (float *)t[83];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k31(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[86];
-  const float *b1 = (const float *)t[85];
-  float *b2 = (float *)t[87];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k32(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[90];
-  const float *b1 = (const float *)t[89];
-  float *b2 = (float *)t[91];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k33(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[83];
-  const float *k = (const float *)t[87];
-  const float *v = (const float *)t[91];
-  float *out = (float *)t[92];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k34(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[75];
-  const float *b1 = (const float *)t[95];
-  const float *b2 = (const float *)t[94];
-  float *b3 = (float *)t[96];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k35(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[96];
-  float *y = (float *)t[99];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k36(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[99];
-  const float *b1 = (const float *)t[97];
-  const float *b2 = (const float *)t[98];
-  float *b3 = (float *)t[100];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k37(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[103];
-  const float *b1 = (const float *)t[102];
-  float *b2 = (float *)t[104];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 3072;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 3072;
-    #pragma omp simd
-    for (int64_t j = 0; j < 3072; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k38(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[104];
-  float *b1 = (float *)t[105];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k39(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[96];
-  const float *b1 = (const float *)t[108];
-  const float *b2 = (const float *)t[107];
-  float *b3 = (float *)t[109];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k40(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[109];
-  float *y = (float *)t[112];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k41(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[112];
-  const float *b1 = (const float *)t[110];
-  const float *b2 = (const float *)t[111];
-  float *b3 = (float *)t[113];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k42(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[116];
-  const float *b1 = (const float *)t[115];
-  float *b2 = (float *)t[117];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k43(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[120];
-  const float *b1 = (const float *)t[119];
-  float *b2 = (float *)t[121];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k44(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[124];
-  const float *b1 = (const float *)t[123];
-  float *b2 = (float *)t[125];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k45(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[117];
-  const float *k = (const float *)t[121];
-  const float *v = (const float *)t[125];
-  float *out = (float *)t[126];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k46(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[109];
-  const float *b1 = (const float *)t[129];
-  const float *b2 = (const float *)t[128];
-  float *b3 = (float *)t[130];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k47(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[130];
-  float *y = (float *)t[133];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k48(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[133];
-  const float *b1 = (const float *)t[131];
-  const float *b2 = (const float *)t[132];
-  float *b3 = (float *)t[134];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k49(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[137];
-  const float *b1 = (const float *)t[136];
-  float *b2 = (float *)t[138];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 3072;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 3072;
-    #pragma omp simd
-    for (int64_t j = 0; j < 3072; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k50(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[138];
-  float *b1 = (float *)t[139];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k51(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[130];
-  const float *b1 = (const float *)t[142];
-  const float *b2 = (const float *)t[141];
-  float *b3 = (float *)t[143];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k52(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[143];
-  float *y = (float *)t[146];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k53(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[146];
-  const float *b1 = (const float *)t[144];
-  const float *b2 = (const float *)t[145];
-  float *b3 = (float *)t[147];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k54(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[150];
-  const float *b1 = (const float *)t[149];
-  float *b2 = (float *)t[151];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k55(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[154];
-  const float *b1 = (const float *)t[153];
-  float *b2 = (float *)t[155];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k56(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[158];
-  const float *b1 = (const float *)t[157];
-  float *b2 = (float *)t[159];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k57(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[151];
-  const float *k = (const float *)t[155];
-  const float *v = (const float *)t[159];
-  float *out = (float *)t[160];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k58(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[143];
-  const float *b1 = (const float *)t[163];
-  const float *b2 = (const float *)t[162];
-  float *b3 = (float *)t[164];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k59(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[164];
-  float *y = (float *)t[167];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k60(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[167];
-  const float *b1 = (const float *)t[165];
-  const float *b2 = (const float *)t[166];
-  float *b3 = (float *)t[168];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k61(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[171];
-  const float *b1 = (const float *)t[170];
-  float *b2 = (float *)t[172];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 3072;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 3072;
-    #pragma omp simd
-    for (int64_t j = 0; j < 3072; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k62(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[172];
-  float *b1 = (float *)t[173];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k63(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[164];
-  const float *b1 = (const float *)t[176];
-  const float *b2 = (const float *)t[175];
-  float *b3 = (float *)t[177];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k64(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[177];
-  float *y = (float *)t[180];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k65(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[180];
-  const float *b1 = (const float *)t[178];
-  const float *b2 = (const float *)t[179];
-  float *b3 = (float *)t[181];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k66(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[184];
-  const float *b1 = (const float *)t[183];
-  float *b2 = (float *)t[185];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k67(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[188];
-  const float *b1 = (const float *)t[187];
-  float *b2 = (float *)t[189];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k68(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[192];
-  const float *b1 = (const float *)t[191];
-  float *b2 = (float *)t[193];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k69(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[185];
-  const float *k = (const float *)t[189];
-  const float *v = (const float *)t[193];
-  float *out = (float *)t[194];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k70(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[177];
-  const float *b1 = (const float *)t[197];
-  const float *b2 = (const float *)t[196];
-  float *b3 = (float *)t[198];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k71(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[198];
-  float *y = (float *)t[201];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k72(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[201];
-  const float *b1 = (const float *)t[199];
-  const float *b2 = (const float *)t[200];
-  float *b3 = (float *)t[202];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k73(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[205];
-  const float *b1 = (const float *)t[204];
-  float *b2 = (float *)t[206];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 3072;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 3072;
-    #pragma omp simd
-    for (int64_t j = 0; j < 3072; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k74(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[206];
-  float *b1 = (float *)t[207];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k75(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[198];
-  const float *b1 = (const float *)t[210];
-  const float *b2 = (const float *)t[209];
-  float *b3 = (float *)t[211];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k76(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[211];
-  float *y = (float *)t[214];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k77(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[214];
-  const float *b1 = (const float *)t[212];
-  const float *b2 = (const float *)t[213];
-  float *b3 = (float *)t[215];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k78(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[218];
-  const float *b1 = (const float *)t[217];
-  float *b2 = (float *)t[219];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k79(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[222];
-  const float *b1 = (const float *)t[221];
-  float *b2 = (float *)t[223];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k80(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[226];
-  const float *b1 = (const float *)t[225];
-  float *b2 = (float *)t[227];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k81(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[219];
-  const float *k = (const float *)t[223];
-  const float *v = (const float *)t[227];
-  float *out = (float *)t[228];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k82(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[211];
-  const float *b1 = (const float *)t[231];
-  const float *b2 = (const float *)t[230];
-  float *b3 = (float *)t[232];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k83(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[232];
-  float *y = (float *)t[235];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k84(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[235];
-  const float *b1 = (const float *)t[233];
-  const float *b2 = (const float *)t[234];
-  float *b3 = (float *)t[236];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k85(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[239];
-  const float *b1 = (const float *)t[238];
-  float *b2 = (float *)t[240];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 3072;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 3072;
-    #pragma omp simd
-    for (int64_t j = 0; j < 3072; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k86(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[240];
-  float *b1 = (float *)t[241];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k87(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[232];
-  const float *b1 = (const float *)t[244];
-  const float *b2 = (const float *)t[243];
-  float *b3 = (float *)t[245];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k88(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[245];
-  float *y = (float *)t[248];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k89(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[248];
-  const float *b1 = (const float *)t[246];
-  const float *b2 = (const float *)t[247];
-  float *b3 = (float *)t[249];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k90(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[252];
-  const float *b1 = (const float *)t[251];
-  float *b2 = (float *)t[253];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k91(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[256];
-  const float *b1 = (const float *)t[255];
-  float *b2 = (float *)t[257];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k92(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[260];
-  const float *b1 = (const float *)t[259];
-  float *b2 = (float *)t[261];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k93(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[253];
-  const float *k = (const float *)t[257];
-  const float *v = (const float *)t[261];
-  float *out = (float *)t[262];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k94(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[245];
-  const float *b1 = (const float *)t[265];
-  const float *b2 = (const float *)t[264];
-  float *b3 = (float *)t[266];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k95(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[266];
-  float *y = (float *)t[269];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k96(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[269];
-  const float *b1 = (const float *)t[267];
-  const float *b2 = (const float *)t[268];
-  float *b3 = (float *)t[270];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k97(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[273];
-  const float *b1 = (const float *)t[272];
-  float *b2 = (float *)t[274];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 3072;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 3072;
-    #pragma omp simd
-    for (int64_t j = 0; j < 3072; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k98(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[274];
-  float *b1 = (float *)t[275];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k99(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[266];
-  const float *b1 = (const float *)t[278];
-  const float *b2 = (const float *)t[277];
-  float *b3 = (float *)t[279];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k100(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[279];
-  float *y = (float *)t[282];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k101(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[282];
-  const float *b1 = (const float *)t[280];
-  const float *b2 = (const float *)t[281];
-  float *b3 = (float *)t[283];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k102(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[286];
-  const float *b1 = (const float *)t[285];
-  float *b2 = (float *)t[287];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k103(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[290];
-  const float *b1 = (const float *)t[289];
-  float *b2 = (float *)t[291];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k104(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[294];
-  const float *b1 = (const float *)t[293];
-  float *b2 = (float *)t[295];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k105(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[287];
-  const float *k = (const float *)t[291];
-  const float *v = (const float *)t[295];
-  float *out = (float *)t[296];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k106(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[279];
-  const float *b1 = (const float *)t[299];
-  const float *b2 = (const float *)t[298];
-  float *b3 = (float *)t[300];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k107(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[300];
-  float *y = (float *)t[303];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k108(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[303];
-  const float *b1 = (const float *)t[301];
-  const float *b2 = (const float *)t[302];
-  float *b3 = (float *)t[304];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k109(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[307];
-  const float *b1 = (const float *)t[306];
-  float *b2 = (float *)t[308];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 3072;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 3072;
-    #pragma omp simd
-    for (int64_t j = 0; j < 3072; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k110(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[308];
-  float *b1 = (float *)t[309];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k111(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[300];
-  const float *b1 = (const float *)t[312];
-  const float *b2 = (const float *)t[311];
-  float *b3 = (float *)t[313];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k112(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[313];
-  float *y = (float *)t[316];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k113(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[316];
-  const float *b1 = (const float *)t[314];
-  const float *b2 = (const float *)t[315];
-  float *b3 = (float *)t[317];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k114(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[320];
-  const float *b1 = (const float *)t[319];
-  float *b2 = (float *)t[321];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k115(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[324];
-  const float *b1 = (const float *)t[323];
-  float *b2 = (float *)t[325];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k116(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[328];
-  const float *b1 = (const float *)t[327];
-  float *b2 = (float *)t[329];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k117(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[321];
-  const float *k = (const float *)t[325];
-  const float *v = (const float *)t[329];
-  float *out = (float *)t[330];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k118(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[313];
-  const float *b1 = (const float *)t[333];
-  const float *b2 = (const float *)t[332];
-  float *b3 = (float *)t[334];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k119(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[334];
-  float *y = (float *)t[337];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k120(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[337];
-  const float *b1 = (const float *)t[335];
-  const float *b2 = (const float *)t[336];
-  float *b3 = (float *)t[338];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k121(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[341];
-  const float *b1 = (const float *)t[340];
-  float *b2 = (float *)t[342];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 3072;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 3072;
-    #pragma omp simd
-    for (int64_t j = 0; j < 3072; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k122(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[342];
-  float *b1 = (float *)t[343];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k123(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[334];
-  const float *b1 = (const float *)t[346];
-  const float *b2 = (const float *)t[345];
-  float *b3 = (float *)t[347];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k124(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[347];
-  float *y = (float *)t[350];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k125(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[350];
-  const float *b1 = (const float *)t[348];
-  const float *b2 = (const float *)t[349];
-  float *b3 = (float *)t[351];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k126(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[354];
-  const float *b1 = (const float *)t[353];
-  float *b2 = (float *)t[355];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k127(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[358];
-  const float *b1 = (const float *)t[357];
-  float *b2 = (float *)t[359];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k128(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[362];
-  const float *b1 = (const float *)t[361];
-  float *b2 = (float *)t[363];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k129(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[355];
-  const float *k = (const float *)t[359];
-  const float *v = (const float *)t[363];
-  float *out = (float *)t[364];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k130(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[347];
-  const float *b1 = (const float *)t[367];
-  const float *b2 = (const float *)t[366];
-  float *b3 = (float *)t[368];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k131(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[368];
-  float *y = (float *)t[371];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k132(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[371];
-  const float *b1 = (const float *)t[369];
-  const float *b2 = (const float *)t[370];
-  float *b3 = (float *)t[372];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k133(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[375];
-  const float *b1 = (const float *)t[374];
-  float *b2 = (float *)t[376];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 3072;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 3072;
-    #pragma omp simd
-    for (int64_t j = 0; j < 3072; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k134(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[376];
-  float *b1 = (float *)t[377];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k135(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[368];
-  const float *b1 = (const float *)t[380];
-  const float *b2 = (const float *)t[379];
-  float *b3 = (float *)t[381];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k136(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[381];
-  float *y = (float *)t[384];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k137(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[384];
-  const float *b1 = (const float *)t[382];
-  const float *b2 = (const float *)t[383];
-  float *b3 = (float *)t[385];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k138(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[388];
-  const float *b1 = (const float *)t[387];
-  float *b2 = (float *)t[389];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k139(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[392];
-  const float *b1 = (const float *)t[391];
-  float *b2 = (float *)t[393];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k140(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[396];
-  const float *b1 = (const float *)t[395];
-  float *b2 = (float *)t[397];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k141(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[389];
-  const float *k = (const float *)t[393];
-  const float *v = (const float *)t[397];
-  float *out = (float *)t[398];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k142(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[381];
-  const float *b1 = (const float *)t[401];
-  const float *b2 = (const float *)t[400];
-  float *b3 = (float *)t[402];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k143(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[402];
-  float *y = (float *)t[405];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k144(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[405];
-  const float *b1 = (const float *)t[403];
-  const float *b2 = (const float *)t[404];
-  float *b3 = (float *)t[406];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k145(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[409];
-  const float *b1 = (const float *)t[408];
-  float *b2 = (float *)t[410];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 3072;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 3072;
-    #pragma omp simd
-    for (int64_t j = 0; j < 3072; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k146(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[410];
-  float *b1 = (float *)t[411];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k147(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[402];
-  const float *b1 = (const float *)t[414];
-  const float *b2 = (const float *)t[413];
-  float *b3 = (float *)t[415];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0 + o * 768;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k148(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[415];
-  float *y = (float *)t[418];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 768; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k149(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[418];
-  const float *b1 = (const float *)t[416];
-  const float *b2 = (const float *)t[417];
-  float *b3 = (float *)t[419];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k150(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[420];
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  float *out = (float *)t[421];
+  float *out = (float *)t[2];
   double part[16];
   #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < 16; c++) {
@@ -3335,9 +259,9 @@ void duet_k150(void *const *t, const double *s) {
   out[0] = (float)(tot / 8192);
 }
 
-void duet_k151(void *const *t, const double *s) {
+static void duet_k12(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[422];
+  float *b0 = (float *)t[0];
   #pragma omp simd
   for (int64_t i = 0; i < 1; i++) {
     const float r0 = (float)0x1p+0;
@@ -3345,12 +269,12 @@ void duet_k151(void *const *t, const double *s) {
   }
 }
 
-void duet_k152(void *const *t, const double *s) {
+static void duet_k13(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[420];
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  const float *dl = (const float *)t[422];
-  float *dx = (float *)t[423];
+  const float *dl = (const float *)t[2];
+  float *dx = (float *)t[3];
   const float g = dl[0] / (float)8192;
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < 8192; r++) {
@@ -3365,10 +289,10 @@ void duet_k152(void *const *t, const double *s) {
   }
 }
 
-void duet_k153(void *const *t, const double *s) {
+static void duet_k14(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[424];
-  float *y = (float *)t[426];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   double part[16][768]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < 48; w++) {
@@ -3390,11 +314,11 @@ void duet_k153(void *const *t, const double *s) {
   }
 }
 
-void duet_k154(void *const *t, const double *s) {
+static void duet_k15(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[424];
-  const float *b1 = (const float *)t[416];
-  float *b2 = (float *)t[427];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 8192; o++) {
     const int64_t o0 = 0 + o * 768;
@@ -3410,11 +334,11 @@ void duet_k154(void *const *t, const double *s) {
   }
 }
 
-void duet_k155(void *const *t, const double *s) {
+static void duet_k16(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[424];
-  const float *b1 = (const float *)t[418];
-  float *b2 = (float *)t[428];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 6291456; i++) {
     const float r0 = b0[i];
@@ -3424,36 +348,11 @@ void duet_k155(void *const *t, const double *s) {
   }
 }
 
-void duet_k156(void *const *t, const double *s) {
+static void duet_k17(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[428];
-  float *y = (float *)t[429];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k157(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[415];
-  const float *dy = (const float *)t[427];
-  float *y = (float *)t[430];
+  const float *x = (const float *)t[1];
+  const float *dy = (const float *)t[0];
+  float *y = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < 8192; r++) {
     const float *xr = x + r * 768;
@@ -3474,36 +373,11 @@ void duet_k157(void *const *t, const double *s) {
   }
 }
 
-void duet_k158(void *const *t, const double *s) {
+static void duet_k18(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[430];
-  float *y = (float *)t[431];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k159(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[432];
-  const float *b1 = (const float *)t[410];
-  float *b2 = (float *)t[434];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 25165824; i++) {
     const float r0 = b0[i];
@@ -3513,10 +387,10 @@ void duet_k159(void *const *t, const double *s) {
   }
 }
 
-void duet_k160(void *const *t, const double *s) {
+static void duet_k19(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[434];
-  float *y = (float *)t[435];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < 12; w++) {
     const int64_t blk = w % 12, rc = w / 12;
@@ -3533,120 +407,11 @@ void duet_k160(void *const *t, const double *s) {
   }
 }
 
-void duet_k161(void *const *t, const double *s) {
+static void duet_k20(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[436];
-  float *y = (float *)t[438];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k162(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[436];
-  const float *b1 = (const float *)t[403];
-  float *b2 = (float *)t[439];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k163(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[436];
-  const float *b1 = (const float *)t[405];
-  float *b2 = (float *)t[440];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k164(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[440];
-  float *y = (float *)t[441];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k165(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[402];
-  const float *dy = (const float *)t[439];
-  float *y = (float *)t[442];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k166(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[430];
-  const float *b1 = (const float *)t[442];
-  float *b2 = (float *)t[443];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 6291456; i++) {
     const float r0 = b0[i];
@@ -3656,38 +421,13 @@ void duet_k166(void *const *t, const double *s) {
   }
 }
 
-void duet_k167(void *const *t, const double *s) {
+static void duet_k21(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[443];
-  float *y = (float *)t[444];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k168(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[445];
-  const float *q = (const float *)t[389];
-  const float *k = (const float *)t[393];
-  const float *v = (const float *)t[397];
-  float *out = (float *)t[447];
+  const float *dy = (const float *)t[0];
+  const float *q = (const float *)t[1];
+  const float *k = (const float *)t[2];
+  const float *v = (const float *)t[3];
+  float *out = (float *)t[4];
   const float scale = (float)0x1p-3;
   #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < 96; bh++) {
@@ -3745,10 +485,10 @@ void duet_k168(void *const *t, const double *s) {
   }
 }
 
-void duet_k169(void *const *t, const double *s) {
+static void duet_k22(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[447];
-  float *b1 = (float *)t[448];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 6291456; i++) {
     const float r0 = b0[i];
@@ -3756,10 +496,10 @@ void duet_k169(void *const *t, const double *s) {
   }
 }
 
-void duet_k170(void *const *t, const double *s) {
+static void duet_k23(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[447];
-  float *b1 = (float *)t[449];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 6291456; i++) {
     const float r0 = b0[6291456 + i];
@@ -3767,10 +507,10 @@ void duet_k170(void *const *t, const double *s) {
   }
 }
 
-void duet_k171(void *const *t, const double *s) {
+static void duet_k24(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[447];
-  float *b1 = (float *)t[450];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 6291456; i++) {
     const float r0 = b0[12582912 + i];
@@ -3778,87 +518,12 @@ void duet_k171(void *const *t, const double *s) {
   }
 }
 
-void duet_k172(void *const *t, const double *s) {
+static void duet_k25(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[450];
-  float *y = (float *)t[451];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k173(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[449];
-  float *y = (float *)t[454];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k174(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[448];
-  float *y = (float *)t[457];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k175(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[452];
-  const float *b1 = (const float *)t[455];
-  const float *b2 = (const float *)t[458];
-  float *b3 = (float *)t[459];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  const float *b2 = (const float *)t[2];
+  float *b3 = (float *)t[3];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 6291456; i++) {
     const float r0 = b0[i];
@@ -3870,5842 +535,10 @@ void duet_k175(void *const *t, const double *s) {
   }
 }
 
-void duet_k176(void *const *t, const double *s) {
+static void duet_k26(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[459];
-  float *y = (float *)t[461];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k177(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[459];
-  const float *b1 = (const float *)t[382];
-  float *b2 = (float *)t[462];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k178(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[459];
-  const float *b1 = (const float *)t[384];
-  float *b2 = (float *)t[463];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k179(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[463];
-  float *y = (float *)t[464];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k180(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[381];
-  const float *dy = (const float *)t[462];
-  float *y = (float *)t[465];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k181(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[443];
-  const float *b1 = (const float *)t[465];
-  float *b2 = (float *)t[466];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k182(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[466];
-  float *y = (float *)t[467];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k183(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[468];
-  const float *b1 = (const float *)t[376];
-  float *b2 = (float *)t[470];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k184(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[470];
-  float *y = (float *)t[471];
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 12; w++) {
-    const int64_t blk = w % 12, rc = w / 12;
-    const int64_t o = blk / 12, j0 = blk % 12 * 256;
-    const int64_t jn = 3072 - j0 < 256 ? 3072 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 1; r < 8192 * (rc + 1) / 1; r++) {
-      const float *row = x + (o * 8192 + r) * 3072 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    (void)rc;
-    for (int64_t j = 0; j < jn; j++) y[o * 3072 + j0 + j] = (float)(acc[j] * 1);
-  }
-}
-
-void duet_k185(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[472];
-  float *y = (float *)t[474];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k186(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[472];
-  const float *b1 = (const float *)t[369];
-  float *b2 = (float *)t[475];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k187(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[472];
-  const float *b1 = (const float *)t[371];
-  float *b2 = (float *)t[476];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k188(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[476];
-  float *y = (float *)t[477];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k189(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[368];
-  const float *dy = (const float *)t[475];
-  float *y = (float *)t[478];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k190(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[466];
-  const float *b1 = (const float *)t[478];
-  float *b2 = (float *)t[479];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k191(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[479];
-  float *y = (float *)t[480];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k192(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[481];
-  const float *q = (const float *)t[355];
-  const float *k = (const float *)t[359];
-  const float *v = (const float *)t[363];
-  float *out = (float *)t[483];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    float vt[65536], dp[1024];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-      vt[d * 1024 + j] = v[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 6291456, *dv = out + 12582912;
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-      dv[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 1024 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k193(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[483];
-  float *b1 = (float *)t[484];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k194(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[483];
-  float *b1 = (float *)t[485];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[6291456 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k195(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[483];
-  float *b1 = (float *)t[486];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[12582912 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k196(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[486];
-  float *y = (float *)t[487];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k197(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[485];
-  float *y = (float *)t[490];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k198(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[484];
-  float *y = (float *)t[493];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k199(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[488];
-  const float *b1 = (const float *)t[491];
-  const float *b2 = (const float *)t[494];
-  float *b3 = (float *)t[495];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k200(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[495];
-  float *y = (float *)t[497];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k201(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[495];
-  const float *b1 = (const float *)t[348];
-  float *b2 = (float *)t[498];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k202(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[495];
-  const float *b1 = (const float *)t[350];
-  float *b2 = (float *)t[499];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k203(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[499];
-  float *y = (float *)t[500];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k204(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[347];
-  const float *dy = (const float *)t[498];
-  float *y = (float *)t[501];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k205(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[479];
-  const float *b1 = (const float *)t[501];
-  float *b2 = (float *)t[502];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k206(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[502];
-  float *y = (float *)t[503];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k207(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[504];
-  const float *b1 = (const float *)t[342];
-  float *b2 = (float *)t[506];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k208(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[506];
-  float *y = (float *)t[507];
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 12; w++) {
-    const int64_t blk = w % 12, rc = w / 12;
-    const int64_t o = blk / 12, j0 = blk % 12 * 256;
-    const int64_t jn = 3072 - j0 < 256 ? 3072 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 1; r < 8192 * (rc + 1) / 1; r++) {
-      const float *row = x + (o * 8192 + r) * 3072 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    (void)rc;
-    for (int64_t j = 0; j < jn; j++) y[o * 3072 + j0 + j] = (float)(acc[j] * 1);
-  }
-}
-
-void duet_k209(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[508];
-  float *y = (float *)t[510];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k210(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[508];
-  const float *b1 = (const float *)t[335];
-  float *b2 = (float *)t[511];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k211(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[508];
-  const float *b1 = (const float *)t[337];
-  float *b2 = (float *)t[512];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k212(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[512];
-  float *y = (float *)t[513];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k213(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[334];
-  const float *dy = (const float *)t[511];
-  float *y = (float *)t[514];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k214(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[502];
-  const float *b1 = (const float *)t[514];
-  float *b2 = (float *)t[515];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k215(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[515];
-  float *y = (float *)t[516];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k216(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[517];
-  const float *q = (const float *)t[321];
-  const float *k = (const float *)t[325];
-  const float *v = (const float *)t[329];
-  float *out = (float *)t[519];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    float vt[65536], dp[1024];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-      vt[d * 1024 + j] = v[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 6291456, *dv = out + 12582912;
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-      dv[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 1024 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k217(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[519];
-  float *b1 = (float *)t[520];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k218(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[519];
-  float *b1 = (float *)t[521];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[6291456 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k219(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[519];
-  float *b1 = (float *)t[522];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[12582912 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k220(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[522];
-  float *y = (float *)t[523];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k221(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[521];
-  float *y = (float *)t[526];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k222(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[520];
-  float *y = (float *)t[529];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k223(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[524];
-  const float *b1 = (const float *)t[527];
-  const float *b2 = (const float *)t[530];
-  float *b3 = (float *)t[531];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k224(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[531];
-  float *y = (float *)t[533];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k225(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[531];
-  const float *b1 = (const float *)t[314];
-  float *b2 = (float *)t[534];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k226(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[531];
-  const float *b1 = (const float *)t[316];
-  float *b2 = (float *)t[535];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k227(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[535];
-  float *y = (float *)t[536];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k228(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[313];
-  const float *dy = (const float *)t[534];
-  float *y = (float *)t[537];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k229(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[515];
-  const float *b1 = (const float *)t[537];
-  float *b2 = (float *)t[538];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k230(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[538];
-  float *y = (float *)t[539];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k231(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[540];
-  const float *b1 = (const float *)t[308];
-  float *b2 = (float *)t[542];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k232(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[542];
-  float *y = (float *)t[543];
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 12; w++) {
-    const int64_t blk = w % 12, rc = w / 12;
-    const int64_t o = blk / 12, j0 = blk % 12 * 256;
-    const int64_t jn = 3072 - j0 < 256 ? 3072 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 1; r < 8192 * (rc + 1) / 1; r++) {
-      const float *row = x + (o * 8192 + r) * 3072 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    (void)rc;
-    for (int64_t j = 0; j < jn; j++) y[o * 3072 + j0 + j] = (float)(acc[j] * 1);
-  }
-}
-
-void duet_k233(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[544];
-  float *y = (float *)t[546];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k234(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[544];
-  const float *b1 = (const float *)t[301];
-  float *b2 = (float *)t[547];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k235(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[544];
-  const float *b1 = (const float *)t[303];
-  float *b2 = (float *)t[548];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k236(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[548];
-  float *y = (float *)t[549];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k237(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[300];
-  const float *dy = (const float *)t[547];
-  float *y = (float *)t[550];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k238(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[538];
-  const float *b1 = (const float *)t[550];
-  float *b2 = (float *)t[551];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k239(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[551];
-  float *y = (float *)t[552];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k240(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[553];
-  const float *q = (const float *)t[287];
-  const float *k = (const float *)t[291];
-  const float *v = (const float *)t[295];
-  float *out = (float *)t[555];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    float vt[65536], dp[1024];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-      vt[d * 1024 + j] = v[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 6291456, *dv = out + 12582912;
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-      dv[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 1024 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k241(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[555];
-  float *b1 = (float *)t[556];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k242(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[555];
-  float *b1 = (float *)t[557];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[6291456 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k243(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[555];
-  float *b1 = (float *)t[558];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[12582912 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k244(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[558];
-  float *y = (float *)t[559];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k245(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[557];
-  float *y = (float *)t[562];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k246(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[556];
-  float *y = (float *)t[565];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k247(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[560];
-  const float *b1 = (const float *)t[563];
-  const float *b2 = (const float *)t[566];
-  float *b3 = (float *)t[567];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k248(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[567];
-  float *y = (float *)t[569];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k249(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[567];
-  const float *b1 = (const float *)t[280];
-  float *b2 = (float *)t[570];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k250(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[567];
-  const float *b1 = (const float *)t[282];
-  float *b2 = (float *)t[571];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k251(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[571];
-  float *y = (float *)t[572];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k252(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[279];
-  const float *dy = (const float *)t[570];
-  float *y = (float *)t[573];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k253(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[551];
-  const float *b1 = (const float *)t[573];
-  float *b2 = (float *)t[574];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k254(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[574];
-  float *y = (float *)t[575];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k255(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[576];
-  const float *b1 = (const float *)t[274];
-  float *b2 = (float *)t[578];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k256(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[578];
-  float *y = (float *)t[579];
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 12; w++) {
-    const int64_t blk = w % 12, rc = w / 12;
-    const int64_t o = blk / 12, j0 = blk % 12 * 256;
-    const int64_t jn = 3072 - j0 < 256 ? 3072 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 1; r < 8192 * (rc + 1) / 1; r++) {
-      const float *row = x + (o * 8192 + r) * 3072 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    (void)rc;
-    for (int64_t j = 0; j < jn; j++) y[o * 3072 + j0 + j] = (float)(acc[j] * 1);
-  }
-}
-
-void duet_k257(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[580];
-  float *y = (float *)t[582];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k258(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[580];
-  const float *b1 = (const float *)t[267];
-  float *b2 = (float *)t[583];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k259(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[580];
-  const float *b1 = (const float *)t[269];
-  float *b2 = (float *)t[584];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k260(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[584];
-  float *y = (float *)t[585];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k261(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[266];
-  const float *dy = (const float *)t[583];
-  float *y = (float *)t[586];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k262(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[574];
-  const float *b1 = (const float *)t[586];
-  float *b2 = (float *)t[587];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k263(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[587];
-  float *y = (float *)t[588];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k264(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[589];
-  const float *q = (const float *)t[253];
-  const float *k = (const float *)t[257];
-  const float *v = (const float *)t[261];
-  float *out = (float *)t[591];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    float vt[65536], dp[1024];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-      vt[d * 1024 + j] = v[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 6291456, *dv = out + 12582912;
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-      dv[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 1024 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k265(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[591];
-  float *b1 = (float *)t[592];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k266(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[591];
-  float *b1 = (float *)t[593];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[6291456 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k267(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[591];
-  float *b1 = (float *)t[594];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[12582912 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k268(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[594];
-  float *y = (float *)t[595];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k269(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[593];
-  float *y = (float *)t[598];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k270(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[592];
-  float *y = (float *)t[601];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k271(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[596];
-  const float *b1 = (const float *)t[599];
-  const float *b2 = (const float *)t[602];
-  float *b3 = (float *)t[603];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k272(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[603];
-  float *y = (float *)t[605];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k273(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[603];
-  const float *b1 = (const float *)t[246];
-  float *b2 = (float *)t[606];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k274(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[603];
-  const float *b1 = (const float *)t[248];
-  float *b2 = (float *)t[607];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k275(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[607];
-  float *y = (float *)t[608];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k276(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[245];
-  const float *dy = (const float *)t[606];
-  float *y = (float *)t[609];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k277(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[587];
-  const float *b1 = (const float *)t[609];
-  float *b2 = (float *)t[610];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k278(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[610];
-  float *y = (float *)t[611];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k279(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[612];
-  const float *b1 = (const float *)t[240];
-  float *b2 = (float *)t[614];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k280(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[614];
-  float *y = (float *)t[615];
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 12; w++) {
-    const int64_t blk = w % 12, rc = w / 12;
-    const int64_t o = blk / 12, j0 = blk % 12 * 256;
-    const int64_t jn = 3072 - j0 < 256 ? 3072 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 1; r < 8192 * (rc + 1) / 1; r++) {
-      const float *row = x + (o * 8192 + r) * 3072 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    (void)rc;
-    for (int64_t j = 0; j < jn; j++) y[o * 3072 + j0 + j] = (float)(acc[j] * 1);
-  }
-}
-
-void duet_k281(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[616];
-  float *y = (float *)t[618];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k282(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[616];
-  const float *b1 = (const float *)t[233];
-  float *b2 = (float *)t[619];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k283(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[616];
-  const float *b1 = (const float *)t[235];
-  float *b2 = (float *)t[620];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k284(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[620];
-  float *y = (float *)t[621];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k285(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[232];
-  const float *dy = (const float *)t[619];
-  float *y = (float *)t[622];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k286(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[610];
-  const float *b1 = (const float *)t[622];
-  float *b2 = (float *)t[623];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k287(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[623];
-  float *y = (float *)t[624];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k288(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[625];
-  const float *q = (const float *)t[219];
-  const float *k = (const float *)t[223];
-  const float *v = (const float *)t[227];
-  float *out = (float *)t[627];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    float vt[65536], dp[1024];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-      vt[d * 1024 + j] = v[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 6291456, *dv = out + 12582912;
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-      dv[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 1024 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k289(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[627];
-  float *b1 = (float *)t[628];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k290(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[627];
-  float *b1 = (float *)t[629];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[6291456 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k291(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[627];
-  float *b1 = (float *)t[630];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[12582912 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k292(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[630];
-  float *y = (float *)t[631];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k293(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[629];
-  float *y = (float *)t[634];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k294(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[628];
-  float *y = (float *)t[637];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k295(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[632];
-  const float *b1 = (const float *)t[635];
-  const float *b2 = (const float *)t[638];
-  float *b3 = (float *)t[639];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k296(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[639];
-  float *y = (float *)t[641];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k297(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[639];
-  const float *b1 = (const float *)t[212];
-  float *b2 = (float *)t[642];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k298(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[639];
-  const float *b1 = (const float *)t[214];
-  float *b2 = (float *)t[643];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k299(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[643];
-  float *y = (float *)t[644];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k300(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[211];
-  const float *dy = (const float *)t[642];
-  float *y = (float *)t[645];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k301(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[623];
-  const float *b1 = (const float *)t[645];
-  float *b2 = (float *)t[646];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k302(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[646];
-  float *y = (float *)t[647];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k303(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[648];
-  const float *b1 = (const float *)t[206];
-  float *b2 = (float *)t[650];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k304(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[650];
-  float *y = (float *)t[651];
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 12; w++) {
-    const int64_t blk = w % 12, rc = w / 12;
-    const int64_t o = blk / 12, j0 = blk % 12 * 256;
-    const int64_t jn = 3072 - j0 < 256 ? 3072 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 1; r < 8192 * (rc + 1) / 1; r++) {
-      const float *row = x + (o * 8192 + r) * 3072 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    (void)rc;
-    for (int64_t j = 0; j < jn; j++) y[o * 3072 + j0 + j] = (float)(acc[j] * 1);
-  }
-}
-
-void duet_k305(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[652];
-  float *y = (float *)t[654];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k306(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[652];
-  const float *b1 = (const float *)t[199];
-  float *b2 = (float *)t[655];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k307(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[652];
-  const float *b1 = (const float *)t[201];
-  float *b2 = (float *)t[656];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k308(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[656];
-  float *y = (float *)t[657];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k309(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[198];
-  const float *dy = (const float *)t[655];
-  float *y = (float *)t[658];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k310(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[646];
-  const float *b1 = (const float *)t[658];
-  float *b2 = (float *)t[659];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k311(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[659];
-  float *y = (float *)t[660];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k312(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[661];
-  const float *q = (const float *)t[185];
-  const float *k = (const float *)t[189];
-  const float *v = (const float *)t[193];
-  float *out = (float *)t[663];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    float vt[65536], dp[1024];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-      vt[d * 1024 + j] = v[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 6291456, *dv = out + 12582912;
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-      dv[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 1024 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k313(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[663];
-  float *b1 = (float *)t[664];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k314(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[663];
-  float *b1 = (float *)t[665];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[6291456 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k315(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[663];
-  float *b1 = (float *)t[666];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[12582912 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k316(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[666];
-  float *y = (float *)t[667];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k317(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[665];
-  float *y = (float *)t[670];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k318(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[664];
-  float *y = (float *)t[673];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k319(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[668];
-  const float *b1 = (const float *)t[671];
-  const float *b2 = (const float *)t[674];
-  float *b3 = (float *)t[675];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k320(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[675];
-  float *y = (float *)t[677];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k321(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[675];
-  const float *b1 = (const float *)t[178];
-  float *b2 = (float *)t[678];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k322(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[675];
-  const float *b1 = (const float *)t[180];
-  float *b2 = (float *)t[679];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k323(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[679];
-  float *y = (float *)t[680];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k324(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[177];
-  const float *dy = (const float *)t[678];
-  float *y = (float *)t[681];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k325(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[659];
-  const float *b1 = (const float *)t[681];
-  float *b2 = (float *)t[682];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k326(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[682];
-  float *y = (float *)t[683];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k327(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[684];
-  const float *b1 = (const float *)t[172];
-  float *b2 = (float *)t[686];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k328(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[686];
-  float *y = (float *)t[687];
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 12; w++) {
-    const int64_t blk = w % 12, rc = w / 12;
-    const int64_t o = blk / 12, j0 = blk % 12 * 256;
-    const int64_t jn = 3072 - j0 < 256 ? 3072 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 1; r < 8192 * (rc + 1) / 1; r++) {
-      const float *row = x + (o * 8192 + r) * 3072 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    (void)rc;
-    for (int64_t j = 0; j < jn; j++) y[o * 3072 + j0 + j] = (float)(acc[j] * 1);
-  }
-}
-
-void duet_k329(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[688];
-  float *y = (float *)t[690];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k330(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[688];
-  const float *b1 = (const float *)t[165];
-  float *b2 = (float *)t[691];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k331(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[688];
-  const float *b1 = (const float *)t[167];
-  float *b2 = (float *)t[692];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k332(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[692];
-  float *y = (float *)t[693];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k333(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[164];
-  const float *dy = (const float *)t[691];
-  float *y = (float *)t[694];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k334(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[682];
-  const float *b1 = (const float *)t[694];
-  float *b2 = (float *)t[695];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k335(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[695];
-  float *y = (float *)t[696];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k336(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[697];
-  const float *q = (const float *)t[151];
-  const float *k = (const float *)t[155];
-  const float *v = (const float *)t[159];
-  float *out = (float *)t[699];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    float vt[65536], dp[1024];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-      vt[d * 1024 + j] = v[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 6291456, *dv = out + 12582912;
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-      dv[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 1024 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k337(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[699];
-  float *b1 = (float *)t[700];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k338(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[699];
-  float *b1 = (float *)t[701];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[6291456 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k339(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[699];
-  float *b1 = (float *)t[702];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[12582912 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k340(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[702];
-  float *y = (float *)t[703];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k341(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[701];
-  float *y = (float *)t[706];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k342(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[700];
-  float *y = (float *)t[709];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k343(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[704];
-  const float *b1 = (const float *)t[707];
-  const float *b2 = (const float *)t[710];
-  float *b3 = (float *)t[711];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k344(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[711];
-  float *y = (float *)t[713];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k345(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[711];
-  const float *b1 = (const float *)t[144];
-  float *b2 = (float *)t[714];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k346(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[711];
-  const float *b1 = (const float *)t[146];
-  float *b2 = (float *)t[715];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k347(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[715];
-  float *y = (float *)t[716];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k348(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[143];
-  const float *dy = (const float *)t[714];
-  float *y = (float *)t[717];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k349(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[695];
-  const float *b1 = (const float *)t[717];
-  float *b2 = (float *)t[718];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k350(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[718];
-  float *y = (float *)t[719];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k351(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[720];
-  const float *b1 = (const float *)t[138];
-  float *b2 = (float *)t[722];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k352(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[722];
-  float *y = (float *)t[723];
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 12; w++) {
-    const int64_t blk = w % 12, rc = w / 12;
-    const int64_t o = blk / 12, j0 = blk % 12 * 256;
-    const int64_t jn = 3072 - j0 < 256 ? 3072 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 1; r < 8192 * (rc + 1) / 1; r++) {
-      const float *row = x + (o * 8192 + r) * 3072 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    (void)rc;
-    for (int64_t j = 0; j < jn; j++) y[o * 3072 + j0 + j] = (float)(acc[j] * 1);
-  }
-}
-
-void duet_k353(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[724];
-  float *y = (float *)t[726];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k354(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[724];
-  const float *b1 = (const float *)t[131];
-  float *b2 = (float *)t[727];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k355(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[724];
-  const float *b1 = (const float *)t[133];
-  float *b2 = (float *)t[728];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k356(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[728];
-  float *y = (float *)t[729];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k357(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[130];
-  const float *dy = (const float *)t[727];
-  float *y = (float *)t[730];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k358(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[718];
-  const float *b1 = (const float *)t[730];
-  float *b2 = (float *)t[731];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k359(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[731];
-  float *y = (float *)t[732];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k360(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[733];
-  const float *q = (const float *)t[117];
-  const float *k = (const float *)t[121];
-  const float *v = (const float *)t[125];
-  float *out = (float *)t[735];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    float vt[65536], dp[1024];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-      vt[d * 1024 + j] = v[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 6291456, *dv = out + 12582912;
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-      dv[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 1024 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k361(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[735];
-  float *b1 = (float *)t[736];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k362(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[735];
-  float *b1 = (float *)t[737];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[6291456 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k363(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[735];
-  float *b1 = (float *)t[738];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[12582912 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k364(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[738];
-  float *y = (float *)t[739];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k365(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[737];
-  float *y = (float *)t[742];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k366(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[736];
-  float *y = (float *)t[745];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k367(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[740];
-  const float *b1 = (const float *)t[743];
-  const float *b2 = (const float *)t[746];
-  float *b3 = (float *)t[747];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k368(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[747];
-  float *y = (float *)t[749];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k369(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[747];
-  const float *b1 = (const float *)t[110];
-  float *b2 = (float *)t[750];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k370(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[747];
-  const float *b1 = (const float *)t[112];
-  float *b2 = (float *)t[751];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k371(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[751];
-  float *y = (float *)t[752];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k372(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[109];
-  const float *dy = (const float *)t[750];
-  float *y = (float *)t[753];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k373(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[731];
-  const float *b1 = (const float *)t[753];
-  float *b2 = (float *)t[754];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k374(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[754];
-  float *y = (float *)t[755];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k375(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[756];
-  const float *b1 = (const float *)t[104];
-  float *b2 = (float *)t[758];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k376(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[758];
-  float *y = (float *)t[759];
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 12; w++) {
-    const int64_t blk = w % 12, rc = w / 12;
-    const int64_t o = blk / 12, j0 = blk % 12 * 256;
-    const int64_t jn = 3072 - j0 < 256 ? 3072 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 1; r < 8192 * (rc + 1) / 1; r++) {
-      const float *row = x + (o * 8192 + r) * 3072 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    (void)rc;
-    for (int64_t j = 0; j < jn; j++) y[o * 3072 + j0 + j] = (float)(acc[j] * 1);
-  }
-}
-
-void duet_k377(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[760];
-  float *y = (float *)t[762];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k378(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[760];
-  const float *b1 = (const float *)t[97];
-  float *b2 = (float *)t[763];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k379(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[760];
-  const float *b1 = (const float *)t[99];
-  float *b2 = (float *)t[764];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k380(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[764];
-  float *y = (float *)t[765];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k381(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[96];
-  const float *dy = (const float *)t[763];
-  float *y = (float *)t[766];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k382(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[754];
-  const float *b1 = (const float *)t[766];
-  float *b2 = (float *)t[767];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k383(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[767];
-  float *y = (float *)t[768];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k384(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[769];
-  const float *q = (const float *)t[83];
-  const float *k = (const float *)t[87];
-  const float *v = (const float *)t[91];
-  float *out = (float *)t[771];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    float vt[65536], dp[1024];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-      vt[d * 1024 + j] = v[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 6291456, *dv = out + 12582912;
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-      dv[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 1024 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k385(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[771];
-  float *b1 = (float *)t[772];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k386(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[771];
-  float *b1 = (float *)t[773];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[6291456 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k387(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[771];
-  float *b1 = (float *)t[774];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[12582912 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k388(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[774];
-  float *y = (float *)t[775];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k389(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[773];
-  float *y = (float *)t[778];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k390(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[772];
-  float *y = (float *)t[781];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k391(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[776];
-  const float *b1 = (const float *)t[779];
-  const float *b2 = (const float *)t[782];
-  float *b3 = (float *)t[783];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k392(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[783];
-  float *y = (float *)t[785];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k393(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[783];
-  const float *b1 = (const float *)t[76];
-  float *b2 = (float *)t[786];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k394(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[783];
-  const float *b1 = (const float *)t[78];
-  float *b2 = (float *)t[787];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k395(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[787];
-  float *y = (float *)t[788];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k396(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[75];
-  const float *dy = (const float *)t[786];
-  float *y = (float *)t[789];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k397(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[767];
-  const float *b1 = (const float *)t[789];
-  float *b2 = (float *)t[790];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k398(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[790];
-  float *y = (float *)t[791];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k399(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[792];
-  const float *b1 = (const float *)t[70];
-  float *b2 = (float *)t[794];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k400(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[794];
-  float *y = (float *)t[795];
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 12; w++) {
-    const int64_t blk = w % 12, rc = w / 12;
-    const int64_t o = blk / 12, j0 = blk % 12 * 256;
-    const int64_t jn = 3072 - j0 < 256 ? 3072 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 1; r < 8192 * (rc + 1) / 1; r++) {
-      const float *row = x + (o * 8192 + r) * 3072 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    (void)rc;
-    for (int64_t j = 0; j < jn; j++) y[o * 3072 + j0 + j] = (float)(acc[j] * 1);
-  }
-}
-
-void duet_k401(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[796];
-  float *y = (float *)t[798];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k402(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[796];
-  const float *b1 = (const float *)t[63];
-  float *b2 = (float *)t[799];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k403(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[796];
-  const float *b1 = (const float *)t[65];
-  float *b2 = (float *)t[800];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k404(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[800];
-  float *y = (float *)t[801];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k405(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[62];
-  const float *dy = (const float *)t[799];
-  float *y = (float *)t[802];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k406(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[790];
-  const float *b1 = (const float *)t[802];
-  float *b2 = (float *)t[803];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k407(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[803];
-  float *y = (float *)t[804];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k408(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[805];
-  const float *q = (const float *)t[49];
-  const float *k = (const float *)t[53];
-  const float *v = (const float *)t[57];
-  float *out = (float *)t[807];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    float vt[65536], dp[1024];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-      vt[d * 1024 + j] = v[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 6291456, *dv = out + 12582912;
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-      dv[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 1024 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k409(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[807];
-  float *b1 = (float *)t[808];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k410(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[807];
-  float *b1 = (float *)t[809];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[6291456 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k411(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[807];
-  float *b1 = (float *)t[810];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[12582912 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k412(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[810];
-  float *y = (float *)t[811];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k413(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[809];
-  float *y = (float *)t[814];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k414(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[808];
-  float *y = (float *)t[817];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k415(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[812];
-  const float *b1 = (const float *)t[815];
-  const float *b2 = (const float *)t[818];
-  float *b3 = (float *)t[819];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k416(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[819];
-  float *y = (float *)t[821];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k417(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[819];
-  const float *b1 = (const float *)t[42];
-  float *b2 = (float *)t[822];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k418(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[819];
-  const float *b1 = (const float *)t[44];
-  float *b2 = (float *)t[823];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k419(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[823];
-  float *y = (float *)t[824];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k420(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[41];
-  const float *dy = (const float *)t[822];
-  float *y = (float *)t[825];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k421(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[803];
-  const float *b1 = (const float *)t[825];
-  float *b2 = (float *)t[826];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k422(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[826];
-  float *y = (float *)t[827];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k423(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[828];
-  const float *b1 = (const float *)t[36];
-  float *b2 = (float *)t[830];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 25165824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k424(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[830];
-  float *y = (float *)t[831];
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 12; w++) {
-    const int64_t blk = w % 12, rc = w / 12;
-    const int64_t o = blk / 12, j0 = blk % 12 * 256;
-    const int64_t jn = 3072 - j0 < 256 ? 3072 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 1; r < 8192 * (rc + 1) / 1; r++) {
-      const float *row = x + (o * 8192 + r) * 3072 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    (void)rc;
-    for (int64_t j = 0; j < jn; j++) y[o * 3072 + j0 + j] = (float)(acc[j] * 1);
-  }
-}
-
-void duet_k425(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[832];
-  float *y = (float *)t[834];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k426(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[832];
-  const float *b1 = (const float *)t[29];
-  float *b2 = (float *)t[835];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k427(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[832];
-  const float *b1 = (const float *)t[31];
-  float *b2 = (float *)t[836];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k428(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[836];
-  float *y = (float *)t[837];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k429(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[28];
-  const float *dy = (const float *)t[835];
-  float *y = (float *)t[838];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k430(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[826];
-  const float *b1 = (const float *)t[838];
-  float *b2 = (float *)t[839];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k431(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[839];
-  float *y = (float *)t[840];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k432(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[841];
-  const float *q = (const float *)t[15];
-  const float *k = (const float *)t[19];
-  const float *v = (const float *)t[23];
-  float *out = (float *)t[843];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 96; bh++) {
-    const int64_t b = bh / 12, h = bh % 12;
-    float p[1024], kt[65536];
-    float vt[65536], dp[1024];
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 1024 + j] = k[(b * 1024 + j) * 768 + h * 64 + d];
-      vt[d * 1024 + j] = v[(b * 1024 + j) * 768 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 6291456, *dv = out + 12582912;
-    for (int64_t j = 0; j < 1024; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-      dv[(b * 1024 + j) * 768 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 1024; i++) {
-      const float *qi = q + (b * 1024 + i) * 768 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 1024 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 1024 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 1024 + i) * 768 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 1024 + j) * 768 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k433(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[843];
-  float *b1 = (float *)t[844];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k434(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[843];
-  float *b1 = (float *)t[845];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[6291456 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k435(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[843];
-  float *b1 = (float *)t[846];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[12582912 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k436(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[846];
-  float *y = (float *)t[847];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k437(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[845];
-  float *y = (float *)t[850];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k438(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[844];
-  float *y = (float *)t[853];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k439(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[848];
-  const float *b1 = (const float *)t[851];
-  const float *b2 = (const float *)t[854];
-  float *b3 = (float *)t[855];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k440(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[855];
-  float *y = (float *)t[857];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k441(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[855];
-  const float *b1 = (const float *)t[8];
-  float *b2 = (float *)t[858];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 8192; o++) {
-    const int64_t o0 = 0 + o * 768;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 768;
-    #pragma omp simd
-    for (int64_t j = 0; j < 768; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k442(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[855];
-  const float *b1 = (const float *)t[10];
-  float *b2 = (float *)t[859];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k443(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[859];
-  float *y = (float *)t[860];
-  double part[16][768]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 48; w++) {
-    const int64_t blk = w % 3, rc = w / 3;
-    const int64_t o = blk / 3, j0 = blk % 3 * 256;
-    const int64_t jn = 768 - j0 < 256 ? 768 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 8192 * rc / 16; r < 8192 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 8192 + r) * 768 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 768 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 768; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k444(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[7];
-  const float *dy = (const float *)t[858];
-  float *y = (float *)t[861];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 8192; r++) {
-    const float *xr = x + r * 768;
-    float *yr = y + r * 768;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 768; c++) mean += xr[c];
-    mean /= 768;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 768; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 768) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 768;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 768; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 768), bb = (float)(mdyx / 768);
-    for (int64_t c = 0; c < 768; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k445(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[839];
-  const float *b1 = (const float *)t[861];
-  float *b2 = (float *)t[862];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 6291456; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k446(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[862];
-  float *y = (float *)t[863];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < 3072; w++) {
     const int64_t blk = w % 3072, rc = w / 3072;
@@ -9722,11 +555,11 @@ void duet_k446(void *const *t, const double *s) {
   }
 }
 
-void duet_k447(void *const *t, const double *s) {
+static void duet_k27(void *const *t, const double *s) {
   (void)s;
-  const float *dy = (const float *)t[863];
-  const int32_t *ix = (const int32_t *)t[5];
-  float *out = (float *)t[864];
+  const float *dy = (const float *)t[0];
+  const int32_t *ix = (const int32_t *)t[1];
+  float *out = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t cb = 0; cb < 12; cb++) {
     const int64_t c0 = cb * 64, c1 = c0 + 64 < 768 ? c0 + 64 : 768;
@@ -9739,11 +572,11 @@ void duet_k447(void *const *t, const double *s) {
   }
 }
 
-void duet_k448(void *const *t, const double *s) {
+static void duet_k28(void *const *t, const double *s) {
   (void)s;
-  const float *dy = (const float *)t[862];
-  const int32_t *ix = (const int32_t *)t[0];
-  float *out = (float *)t[865];
+  const float *dy = (const float *)t[0];
+  const int32_t *ix = (const int32_t *)t[1];
+  float *out = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t cb = 0; cb < 12; cb++) {
     const int64_t c0 = cb * 64, c1 = c0 + 64 < 768 ? c0 + 64 : 768;
@@ -9756,11 +589,11 @@ void duet_k448(void *const *t, const double *s) {
   }
 }
 
-void duet_k449(void *const *t, const double *s) {
+static void duet_k29(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[425];
-  const float *b1 = (const float *)t[865];
-  float *b2 = (float *)t[866];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 38633472; i++) {
     const float r0 = b0[i];
@@ -9770,12 +603,12 @@ void duet_k449(void *const *t, const double *s) {
   }
 }
 
-void duet_k450(void *const *t, const double *s) {
+static void duet_k30(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[2];
-  const float *b1 = (const float *)t[866];
-  float *b2 = (float *)t[867];
-  float *b3 = (float *)t[868];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -9816,12 +649,12 @@ void duet_k450(void *const *t, const double *s) {
   }
 }
 
-void duet_k451(void *const *t, const double *s) {
+static void duet_k31(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[3];
-  const float *b1 = (const float *)t[864];
-  float *b2 = (float *)t[869];
-  float *b3 = (float *)t[870];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -9862,12 +695,12 @@ void duet_k451(void *const *t, const double *s) {
   }
 }
 
-void duet_k452(void *const *t, const double *s) {
+static void duet_k32(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[8];
-  const float *b1 = (const float *)t[860];
-  float *b2 = (float *)t[871];
-  float *b3 = (float *)t[872];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -9905,55 +738,12 @@ void duet_k452(void *const *t, const double *s) {
   }
 }
 
-void duet_k453(void *const *t, const double *s) {
+static void duet_k33(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[9];
-  const float *b1 = (const float *)t[857];
-  float *b2 = (float *)t[873];
-  float *b3 = (float *)t[874];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k454(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[12];
-  const float *b1 = (const float *)t[856];
-  float *b2 = (float *)t[875];
-  float *b3 = (float *)t[876];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -9994,408 +784,12 @@ void duet_k454(void *const *t, const double *s) {
   }
 }
 
-void duet_k455(void *const *t, const double *s) {
+static void duet_k34(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[13];
-  const float *b1 = (const float *)t[853];
-  float *b2 = (float *)t[877];
-  float *b3 = (float *)t[878];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k456(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[16];
-  const float *b1 = (const float *)t[852];
-  float *b2 = (float *)t[879];
-  float *b3 = (float *)t[880];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k457(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[17];
-  const float *b1 = (const float *)t[850];
-  float *b2 = (float *)t[881];
-  float *b3 = (float *)t[882];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k458(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[20];
-  const float *b1 = (const float *)t[849];
-  float *b2 = (float *)t[883];
-  float *b3 = (float *)t[884];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k459(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[21];
-  const float *b1 = (const float *)t[847];
-  float *b2 = (float *)t[885];
-  float *b3 = (float *)t[886];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k460(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[25];
-  const float *b1 = (const float *)t[842];
-  float *b2 = (float *)t[887];
-  float *b3 = (float *)t[888];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k461(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[26];
-  const float *b1 = (const float *)t[840];
-  float *b2 = (float *)t[889];
-  float *b3 = (float *)t[890];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k462(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[29];
-  const float *b1 = (const float *)t[837];
-  float *b2 = (float *)t[891];
-  float *b3 = (float *)t[892];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k463(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[30];
-  const float *b1 = (const float *)t[834];
-  float *b2 = (float *)t[893];
-  float *b3 = (float *)t[894];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k464(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[33];
-  const float *b1 = (const float *)t[833];
-  float *b2 = (float *)t[895];
-  float *b3 = (float *)t[896];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -10436,12 +830,12 @@ void duet_k464(void *const *t, const double *s) {
   }
 }
 
-void duet_k465(void *const *t, const double *s) {
+static void duet_k35(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[34];
-  const float *b1 = (const float *)t[831];
-  float *b2 = (float *)t[897];
-  float *b3 = (float *)t[898];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -10479,7951 +873,10 @@ void duet_k465(void *const *t, const double *s) {
   }
 }
 
-void duet_k466(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[38];
-  const float *b1 = (const float *)t[829];
-  float *b2 = (float *)t[899];
-  float *b3 = (float *)t[900];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k467(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[39];
-  const float *b1 = (const float *)t[827];
-  float *b2 = (float *)t[901];
-  float *b3 = (float *)t[902];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k468(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[42];
-  const float *b1 = (const float *)t[824];
-  float *b2 = (float *)t[903];
-  float *b3 = (float *)t[904];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k469(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[43];
-  const float *b1 = (const float *)t[821];
-  float *b2 = (float *)t[905];
-  float *b3 = (float *)t[906];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k470(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[46];
-  const float *b1 = (const float *)t[820];
-  float *b2 = (float *)t[907];
-  float *b3 = (float *)t[908];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k471(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[47];
-  const float *b1 = (const float *)t[817];
-  float *b2 = (float *)t[909];
-  float *b3 = (float *)t[910];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k472(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[50];
-  const float *b1 = (const float *)t[816];
-  float *b2 = (float *)t[911];
-  float *b3 = (float *)t[912];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k473(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[51];
-  const float *b1 = (const float *)t[814];
-  float *b2 = (float *)t[913];
-  float *b3 = (float *)t[914];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k474(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[54];
-  const float *b1 = (const float *)t[813];
-  float *b2 = (float *)t[915];
-  float *b3 = (float *)t[916];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k475(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[55];
-  const float *b1 = (const float *)t[811];
-  float *b2 = (float *)t[917];
-  float *b3 = (float *)t[918];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k476(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[59];
-  const float *b1 = (const float *)t[806];
-  float *b2 = (float *)t[919];
-  float *b3 = (float *)t[920];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k477(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[60];
-  const float *b1 = (const float *)t[804];
-  float *b2 = (float *)t[921];
-  float *b3 = (float *)t[922];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k478(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[63];
-  const float *b1 = (const float *)t[801];
-  float *b2 = (float *)t[923];
-  float *b3 = (float *)t[924];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k479(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[64];
-  const float *b1 = (const float *)t[798];
-  float *b2 = (float *)t[925];
-  float *b3 = (float *)t[926];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k480(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[67];
-  const float *b1 = (const float *)t[797];
-  float *b2 = (float *)t[927];
-  float *b3 = (float *)t[928];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k481(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[68];
-  const float *b1 = (const float *)t[795];
-  float *b2 = (float *)t[929];
-  float *b3 = (float *)t[930];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 3072; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k482(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[72];
-  const float *b1 = (const float *)t[793];
-  float *b2 = (float *)t[931];
-  float *b3 = (float *)t[932];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k483(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[73];
-  const float *b1 = (const float *)t[791];
-  float *b2 = (float *)t[933];
-  float *b3 = (float *)t[934];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k484(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[76];
-  const float *b1 = (const float *)t[788];
-  float *b2 = (float *)t[935];
-  float *b3 = (float *)t[936];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k485(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[77];
-  const float *b1 = (const float *)t[785];
-  float *b2 = (float *)t[937];
-  float *b3 = (float *)t[938];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k486(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[80];
-  const float *b1 = (const float *)t[784];
-  float *b2 = (float *)t[939];
-  float *b3 = (float *)t[940];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k487(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[81];
-  const float *b1 = (const float *)t[781];
-  float *b2 = (float *)t[941];
-  float *b3 = (float *)t[942];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k488(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[84];
-  const float *b1 = (const float *)t[780];
-  float *b2 = (float *)t[943];
-  float *b3 = (float *)t[944];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k489(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[85];
-  const float *b1 = (const float *)t[778];
-  float *b2 = (float *)t[945];
-  float *b3 = (float *)t[946];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k490(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[88];
-  const float *b1 = (const float *)t[777];
-  float *b2 = (float *)t[947];
-  float *b3 = (float *)t[948];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k491(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[89];
-  const float *b1 = (const float *)t[775];
-  float *b2 = (float *)t[949];
-  float *b3 = (float *)t[950];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k492(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[93];
-  const float *b1 = (const float *)t[770];
-  float *b2 = (float *)t[951];
-  float *b3 = (float *)t[952];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k493(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[94];
-  const float *b1 = (const float *)t[768];
-  float *b2 = (float *)t[953];
-  float *b3 = (float *)t[954];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k494(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[97];
-  const float *b1 = (const float *)t[765];
-  float *b2 = (float *)t[955];
-  float *b3 = (float *)t[956];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k495(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[98];
-  const float *b1 = (const float *)t[762];
-  float *b2 = (float *)t[957];
-  float *b3 = (float *)t[958];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k496(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[101];
-  const float *b1 = (const float *)t[761];
-  float *b2 = (float *)t[959];
-  float *b3 = (float *)t[960];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k497(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[102];
-  const float *b1 = (const float *)t[759];
-  float *b2 = (float *)t[961];
-  float *b3 = (float *)t[962];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 3072; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k498(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[106];
-  const float *b1 = (const float *)t[757];
-  float *b2 = (float *)t[963];
-  float *b3 = (float *)t[964];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k499(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[107];
-  const float *b1 = (const float *)t[755];
-  float *b2 = (float *)t[965];
-  float *b3 = (float *)t[966];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k500(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[110];
-  const float *b1 = (const float *)t[752];
-  float *b2 = (float *)t[967];
-  float *b3 = (float *)t[968];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k501(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[111];
-  const float *b1 = (const float *)t[749];
-  float *b2 = (float *)t[969];
-  float *b3 = (float *)t[970];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k502(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[114];
-  const float *b1 = (const float *)t[748];
-  float *b2 = (float *)t[971];
-  float *b3 = (float *)t[972];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k503(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[115];
-  const float *b1 = (const float *)t[745];
-  float *b2 = (float *)t[973];
-  float *b3 = (float *)t[974];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k504(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[118];
-  const float *b1 = (const float *)t[744];
-  float *b2 = (float *)t[975];
-  float *b3 = (float *)t[976];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k505(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[119];
-  const float *b1 = (const float *)t[742];
-  float *b2 = (float *)t[977];
-  float *b3 = (float *)t[978];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k506(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[122];
-  const float *b1 = (const float *)t[741];
-  float *b2 = (float *)t[979];
-  float *b3 = (float *)t[980];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k507(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[123];
-  const float *b1 = (const float *)t[739];
-  float *b2 = (float *)t[981];
-  float *b3 = (float *)t[982];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k508(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[127];
-  const float *b1 = (const float *)t[734];
-  float *b2 = (float *)t[983];
-  float *b3 = (float *)t[984];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k509(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[128];
-  const float *b1 = (const float *)t[732];
-  float *b2 = (float *)t[985];
-  float *b3 = (float *)t[986];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k510(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[131];
-  const float *b1 = (const float *)t[729];
-  float *b2 = (float *)t[987];
-  float *b3 = (float *)t[988];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k511(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[132];
-  const float *b1 = (const float *)t[726];
-  float *b2 = (float *)t[989];
-  float *b3 = (float *)t[990];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k512(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[135];
-  const float *b1 = (const float *)t[725];
-  float *b2 = (float *)t[991];
-  float *b3 = (float *)t[992];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k513(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[136];
-  const float *b1 = (const float *)t[723];
-  float *b2 = (float *)t[993];
-  float *b3 = (float *)t[994];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 3072; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k514(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[140];
-  const float *b1 = (const float *)t[721];
-  float *b2 = (float *)t[995];
-  float *b3 = (float *)t[996];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k515(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[141];
-  const float *b1 = (const float *)t[719];
-  float *b2 = (float *)t[997];
-  float *b3 = (float *)t[998];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k516(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[144];
-  const float *b1 = (const float *)t[716];
-  float *b2 = (float *)t[999];
-  float *b3 = (float *)t[1000];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k517(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[145];
-  const float *b1 = (const float *)t[713];
-  float *b2 = (float *)t[1001];
-  float *b3 = (float *)t[1002];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k518(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[148];
-  const float *b1 = (const float *)t[712];
-  float *b2 = (float *)t[1003];
-  float *b3 = (float *)t[1004];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k519(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[149];
-  const float *b1 = (const float *)t[709];
-  float *b2 = (float *)t[1005];
-  float *b3 = (float *)t[1006];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k520(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[152];
-  const float *b1 = (const float *)t[708];
-  float *b2 = (float *)t[1007];
-  float *b3 = (float *)t[1008];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k521(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[153];
-  const float *b1 = (const float *)t[706];
-  float *b2 = (float *)t[1009];
-  float *b3 = (float *)t[1010];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k522(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[156];
-  const float *b1 = (const float *)t[705];
-  float *b2 = (float *)t[1011];
-  float *b3 = (float *)t[1012];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k523(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[157];
-  const float *b1 = (const float *)t[703];
-  float *b2 = (float *)t[1013];
-  float *b3 = (float *)t[1014];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k524(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[161];
-  const float *b1 = (const float *)t[698];
-  float *b2 = (float *)t[1015];
-  float *b3 = (float *)t[1016];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k525(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[162];
-  const float *b1 = (const float *)t[696];
-  float *b2 = (float *)t[1017];
-  float *b3 = (float *)t[1018];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k526(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[165];
-  const float *b1 = (const float *)t[693];
-  float *b2 = (float *)t[1019];
-  float *b3 = (float *)t[1020];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k527(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[166];
-  const float *b1 = (const float *)t[690];
-  float *b2 = (float *)t[1021];
-  float *b3 = (float *)t[1022];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k528(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[169];
-  const float *b1 = (const float *)t[689];
-  float *b2 = (float *)t[1023];
-  float *b3 = (float *)t[1024];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k529(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[170];
-  const float *b1 = (const float *)t[687];
-  float *b2 = (float *)t[1025];
-  float *b3 = (float *)t[1026];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 3072; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k530(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[174];
-  const float *b1 = (const float *)t[685];
-  float *b2 = (float *)t[1027];
-  float *b3 = (float *)t[1028];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k531(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[175];
-  const float *b1 = (const float *)t[683];
-  float *b2 = (float *)t[1029];
-  float *b3 = (float *)t[1030];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k532(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[178];
-  const float *b1 = (const float *)t[680];
-  float *b2 = (float *)t[1031];
-  float *b3 = (float *)t[1032];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k533(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[179];
-  const float *b1 = (const float *)t[677];
-  float *b2 = (float *)t[1033];
-  float *b3 = (float *)t[1034];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k534(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[182];
-  const float *b1 = (const float *)t[676];
-  float *b2 = (float *)t[1035];
-  float *b3 = (float *)t[1036];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k535(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[183];
-  const float *b1 = (const float *)t[673];
-  float *b2 = (float *)t[1037];
-  float *b3 = (float *)t[1038];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k536(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[186];
-  const float *b1 = (const float *)t[672];
-  float *b2 = (float *)t[1039];
-  float *b3 = (float *)t[1040];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k537(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[187];
-  const float *b1 = (const float *)t[670];
-  float *b2 = (float *)t[1041];
-  float *b3 = (float *)t[1042];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k538(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[190];
-  const float *b1 = (const float *)t[669];
-  float *b2 = (float *)t[1043];
-  float *b3 = (float *)t[1044];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k539(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[191];
-  const float *b1 = (const float *)t[667];
-  float *b2 = (float *)t[1045];
-  float *b3 = (float *)t[1046];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k540(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[195];
-  const float *b1 = (const float *)t[662];
-  float *b2 = (float *)t[1047];
-  float *b3 = (float *)t[1048];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k541(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[196];
-  const float *b1 = (const float *)t[660];
-  float *b2 = (float *)t[1049];
-  float *b3 = (float *)t[1050];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k542(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[199];
-  const float *b1 = (const float *)t[657];
-  float *b2 = (float *)t[1051];
-  float *b3 = (float *)t[1052];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k543(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[200];
-  const float *b1 = (const float *)t[654];
-  float *b2 = (float *)t[1053];
-  float *b3 = (float *)t[1054];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k544(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[203];
-  const float *b1 = (const float *)t[653];
-  float *b2 = (float *)t[1055];
-  float *b3 = (float *)t[1056];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k545(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[204];
-  const float *b1 = (const float *)t[651];
-  float *b2 = (float *)t[1057];
-  float *b3 = (float *)t[1058];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 3072; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k546(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[208];
-  const float *b1 = (const float *)t[649];
-  float *b2 = (float *)t[1059];
-  float *b3 = (float *)t[1060];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k547(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[209];
-  const float *b1 = (const float *)t[647];
-  float *b2 = (float *)t[1061];
-  float *b3 = (float *)t[1062];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k548(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[212];
-  const float *b1 = (const float *)t[644];
-  float *b2 = (float *)t[1063];
-  float *b3 = (float *)t[1064];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k549(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[213];
-  const float *b1 = (const float *)t[641];
-  float *b2 = (float *)t[1065];
-  float *b3 = (float *)t[1066];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k550(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[216];
-  const float *b1 = (const float *)t[640];
-  float *b2 = (float *)t[1067];
-  float *b3 = (float *)t[1068];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k551(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[217];
-  const float *b1 = (const float *)t[637];
-  float *b2 = (float *)t[1069];
-  float *b3 = (float *)t[1070];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k552(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[220];
-  const float *b1 = (const float *)t[636];
-  float *b2 = (float *)t[1071];
-  float *b3 = (float *)t[1072];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k553(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[221];
-  const float *b1 = (const float *)t[634];
-  float *b2 = (float *)t[1073];
-  float *b3 = (float *)t[1074];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k554(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[224];
-  const float *b1 = (const float *)t[633];
-  float *b2 = (float *)t[1075];
-  float *b3 = (float *)t[1076];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k555(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[225];
-  const float *b1 = (const float *)t[631];
-  float *b2 = (float *)t[1077];
-  float *b3 = (float *)t[1078];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k556(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[229];
-  const float *b1 = (const float *)t[626];
-  float *b2 = (float *)t[1079];
-  float *b3 = (float *)t[1080];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k557(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[230];
-  const float *b1 = (const float *)t[624];
-  float *b2 = (float *)t[1081];
-  float *b3 = (float *)t[1082];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k558(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[233];
-  const float *b1 = (const float *)t[621];
-  float *b2 = (float *)t[1083];
-  float *b3 = (float *)t[1084];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k559(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[234];
-  const float *b1 = (const float *)t[618];
-  float *b2 = (float *)t[1085];
-  float *b3 = (float *)t[1086];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k560(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[237];
-  const float *b1 = (const float *)t[617];
-  float *b2 = (float *)t[1087];
-  float *b3 = (float *)t[1088];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k561(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[238];
-  const float *b1 = (const float *)t[615];
-  float *b2 = (float *)t[1089];
-  float *b3 = (float *)t[1090];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 3072; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k562(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[242];
-  const float *b1 = (const float *)t[613];
-  float *b2 = (float *)t[1091];
-  float *b3 = (float *)t[1092];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k563(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[243];
-  const float *b1 = (const float *)t[611];
-  float *b2 = (float *)t[1093];
-  float *b3 = (float *)t[1094];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k564(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[246];
-  const float *b1 = (const float *)t[608];
-  float *b2 = (float *)t[1095];
-  float *b3 = (float *)t[1096];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k565(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[247];
-  const float *b1 = (const float *)t[605];
-  float *b2 = (float *)t[1097];
-  float *b3 = (float *)t[1098];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k566(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[250];
-  const float *b1 = (const float *)t[604];
-  float *b2 = (float *)t[1099];
-  float *b3 = (float *)t[1100];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k567(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[251];
-  const float *b1 = (const float *)t[601];
-  float *b2 = (float *)t[1101];
-  float *b3 = (float *)t[1102];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k568(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[254];
-  const float *b1 = (const float *)t[600];
-  float *b2 = (float *)t[1103];
-  float *b3 = (float *)t[1104];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k569(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[255];
-  const float *b1 = (const float *)t[598];
-  float *b2 = (float *)t[1105];
-  float *b3 = (float *)t[1106];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k570(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[258];
-  const float *b1 = (const float *)t[597];
-  float *b2 = (float *)t[1107];
-  float *b3 = (float *)t[1108];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k571(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[259];
-  const float *b1 = (const float *)t[595];
-  float *b2 = (float *)t[1109];
-  float *b3 = (float *)t[1110];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k572(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[263];
-  const float *b1 = (const float *)t[590];
-  float *b2 = (float *)t[1111];
-  float *b3 = (float *)t[1112];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k573(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[264];
-  const float *b1 = (const float *)t[588];
-  float *b2 = (float *)t[1113];
-  float *b3 = (float *)t[1114];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k574(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[267];
-  const float *b1 = (const float *)t[585];
-  float *b2 = (float *)t[1115];
-  float *b3 = (float *)t[1116];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k575(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[268];
-  const float *b1 = (const float *)t[582];
-  float *b2 = (float *)t[1117];
-  float *b3 = (float *)t[1118];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k576(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[271];
-  const float *b1 = (const float *)t[581];
-  float *b2 = (float *)t[1119];
-  float *b3 = (float *)t[1120];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k577(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[272];
-  const float *b1 = (const float *)t[579];
-  float *b2 = (float *)t[1121];
-  float *b3 = (float *)t[1122];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 3072; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k578(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[276];
-  const float *b1 = (const float *)t[577];
-  float *b2 = (float *)t[1123];
-  float *b3 = (float *)t[1124];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k579(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[277];
-  const float *b1 = (const float *)t[575];
-  float *b2 = (float *)t[1125];
-  float *b3 = (float *)t[1126];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k580(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[280];
-  const float *b1 = (const float *)t[572];
-  float *b2 = (float *)t[1127];
-  float *b3 = (float *)t[1128];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k581(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[281];
-  const float *b1 = (const float *)t[569];
-  float *b2 = (float *)t[1129];
-  float *b3 = (float *)t[1130];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k582(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[284];
-  const float *b1 = (const float *)t[568];
-  float *b2 = (float *)t[1131];
-  float *b3 = (float *)t[1132];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k583(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[285];
-  const float *b1 = (const float *)t[565];
-  float *b2 = (float *)t[1133];
-  float *b3 = (float *)t[1134];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k584(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[288];
-  const float *b1 = (const float *)t[564];
-  float *b2 = (float *)t[1135];
-  float *b3 = (float *)t[1136];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k585(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[289];
-  const float *b1 = (const float *)t[562];
-  float *b2 = (float *)t[1137];
-  float *b3 = (float *)t[1138];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k586(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[292];
-  const float *b1 = (const float *)t[561];
-  float *b2 = (float *)t[1139];
-  float *b3 = (float *)t[1140];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k587(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[293];
-  const float *b1 = (const float *)t[559];
-  float *b2 = (float *)t[1141];
-  float *b3 = (float *)t[1142];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k588(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[297];
-  const float *b1 = (const float *)t[554];
-  float *b2 = (float *)t[1143];
-  float *b3 = (float *)t[1144];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k589(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[298];
-  const float *b1 = (const float *)t[552];
-  float *b2 = (float *)t[1145];
-  float *b3 = (float *)t[1146];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k590(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[301];
-  const float *b1 = (const float *)t[549];
-  float *b2 = (float *)t[1147];
-  float *b3 = (float *)t[1148];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k591(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[302];
-  const float *b1 = (const float *)t[546];
-  float *b2 = (float *)t[1149];
-  float *b3 = (float *)t[1150];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k592(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[305];
-  const float *b1 = (const float *)t[545];
-  float *b2 = (float *)t[1151];
-  float *b3 = (float *)t[1152];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k593(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[306];
-  const float *b1 = (const float *)t[543];
-  float *b2 = (float *)t[1153];
-  float *b3 = (float *)t[1154];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 3072; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k594(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[310];
-  const float *b1 = (const float *)t[541];
-  float *b2 = (float *)t[1155];
-  float *b3 = (float *)t[1156];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k595(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[311];
-  const float *b1 = (const float *)t[539];
-  float *b2 = (float *)t[1157];
-  float *b3 = (float *)t[1158];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k596(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[314];
-  const float *b1 = (const float *)t[536];
-  float *b2 = (float *)t[1159];
-  float *b3 = (float *)t[1160];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k597(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[315];
-  const float *b1 = (const float *)t[533];
-  float *b2 = (float *)t[1161];
-  float *b3 = (float *)t[1162];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k598(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[318];
-  const float *b1 = (const float *)t[532];
-  float *b2 = (float *)t[1163];
-  float *b3 = (float *)t[1164];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k599(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[319];
-  const float *b1 = (const float *)t[529];
-  float *b2 = (float *)t[1165];
-  float *b3 = (float *)t[1166];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k600(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[322];
-  const float *b1 = (const float *)t[528];
-  float *b2 = (float *)t[1167];
-  float *b3 = (float *)t[1168];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k601(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[323];
-  const float *b1 = (const float *)t[526];
-  float *b2 = (float *)t[1169];
-  float *b3 = (float *)t[1170];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k602(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[326];
-  const float *b1 = (const float *)t[525];
-  float *b2 = (float *)t[1171];
-  float *b3 = (float *)t[1172];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k603(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[327];
-  const float *b1 = (const float *)t[523];
-  float *b2 = (float *)t[1173];
-  float *b3 = (float *)t[1174];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k604(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[331];
-  const float *b1 = (const float *)t[518];
-  float *b2 = (float *)t[1175];
-  float *b3 = (float *)t[1176];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k605(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[332];
-  const float *b1 = (const float *)t[516];
-  float *b2 = (float *)t[1177];
-  float *b3 = (float *)t[1178];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k606(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[335];
-  const float *b1 = (const float *)t[513];
-  float *b2 = (float *)t[1179];
-  float *b3 = (float *)t[1180];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k607(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[336];
-  const float *b1 = (const float *)t[510];
-  float *b2 = (float *)t[1181];
-  float *b3 = (float *)t[1182];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k608(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[339];
-  const float *b1 = (const float *)t[509];
-  float *b2 = (float *)t[1183];
-  float *b3 = (float *)t[1184];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k609(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[340];
-  const float *b1 = (const float *)t[507];
-  float *b2 = (float *)t[1185];
-  float *b3 = (float *)t[1186];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 3072; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k610(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[344];
-  const float *b1 = (const float *)t[505];
-  float *b2 = (float *)t[1187];
-  float *b3 = (float *)t[1188];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k611(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[345];
-  const float *b1 = (const float *)t[503];
-  float *b2 = (float *)t[1189];
-  float *b3 = (float *)t[1190];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k612(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[348];
-  const float *b1 = (const float *)t[500];
-  float *b2 = (float *)t[1191];
-  float *b3 = (float *)t[1192];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k613(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[349];
-  const float *b1 = (const float *)t[497];
-  float *b2 = (float *)t[1193];
-  float *b3 = (float *)t[1194];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k614(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[352];
-  const float *b1 = (const float *)t[496];
-  float *b2 = (float *)t[1195];
-  float *b3 = (float *)t[1196];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k615(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[353];
-  const float *b1 = (const float *)t[493];
-  float *b2 = (float *)t[1197];
-  float *b3 = (float *)t[1198];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k616(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[356];
-  const float *b1 = (const float *)t[492];
-  float *b2 = (float *)t[1199];
-  float *b3 = (float *)t[1200];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k617(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[357];
-  const float *b1 = (const float *)t[490];
-  float *b2 = (float *)t[1201];
-  float *b3 = (float *)t[1202];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k618(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[360];
-  const float *b1 = (const float *)t[489];
-  float *b2 = (float *)t[1203];
-  float *b3 = (float *)t[1204];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k619(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[361];
-  const float *b1 = (const float *)t[487];
-  float *b2 = (float *)t[1205];
-  float *b3 = (float *)t[1206];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k620(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[365];
-  const float *b1 = (const float *)t[482];
-  float *b2 = (float *)t[1207];
-  float *b3 = (float *)t[1208];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k621(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[366];
-  const float *b1 = (const float *)t[480];
-  float *b2 = (float *)t[1209];
-  float *b3 = (float *)t[1210];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k622(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[369];
-  const float *b1 = (const float *)t[477];
-  float *b2 = (float *)t[1211];
-  float *b3 = (float *)t[1212];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k623(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[370];
-  const float *b1 = (const float *)t[474];
-  float *b2 = (float *)t[1213];
-  float *b3 = (float *)t[1214];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k624(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[373];
-  const float *b1 = (const float *)t[473];
-  float *b2 = (float *)t[1215];
-  float *b3 = (float *)t[1216];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k625(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[374];
-  const float *b1 = (const float *)t[471];
-  float *b2 = (float *)t[1217];
-  float *b3 = (float *)t[1218];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 3072; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k626(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[378];
-  const float *b1 = (const float *)t[469];
-  float *b2 = (float *)t[1219];
-  float *b3 = (float *)t[1220];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k627(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[379];
-  const float *b1 = (const float *)t[467];
-  float *b2 = (float *)t[1221];
-  float *b3 = (float *)t[1222];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k628(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[382];
-  const float *b1 = (const float *)t[464];
-  float *b2 = (float *)t[1223];
-  float *b3 = (float *)t[1224];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k629(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[383];
-  const float *b1 = (const float *)t[461];
-  float *b2 = (float *)t[1225];
-  float *b3 = (float *)t[1226];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k630(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[386];
-  const float *b1 = (const float *)t[460];
-  float *b2 = (float *)t[1227];
-  float *b3 = (float *)t[1228];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k631(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[387];
-  const float *b1 = (const float *)t[457];
-  float *b2 = (float *)t[1229];
-  float *b3 = (float *)t[1230];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k632(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[390];
-  const float *b1 = (const float *)t[456];
-  float *b2 = (float *)t[1231];
-  float *b3 = (float *)t[1232];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k633(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[391];
-  const float *b1 = (const float *)t[454];
-  float *b2 = (float *)t[1233];
-  float *b3 = (float *)t[1234];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k634(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[394];
-  const float *b1 = (const float *)t[453];
-  float *b2 = (float *)t[1235];
-  float *b3 = (float *)t[1236];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k635(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[395];
-  const float *b1 = (const float *)t[451];
-  float *b2 = (float *)t[1237];
-  float *b3 = (float *)t[1238];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k636(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[399];
-  const float *b1 = (const float *)t[446];
-  float *b2 = (float *)t[1239];
-  float *b3 = (float *)t[1240];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 589824; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k637(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[400];
-  const float *b1 = (const float *)t[444];
-  float *b2 = (float *)t[1241];
-  float *b3 = (float *)t[1242];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k638(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[403];
-  const float *b1 = (const float *)t[441];
-  float *b2 = (float *)t[1243];
-  float *b3 = (float *)t[1244];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k639(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[404];
-  const float *b1 = (const float *)t[438];
-  float *b2 = (float *)t[1245];
-  float *b3 = (float *)t[1246];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k640(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[407];
-  const float *b1 = (const float *)t[437];
-  float *b2 = (float *)t[1247];
-  float *b3 = (float *)t[1248];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k641(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[408];
-  const float *b1 = (const float *)t[435];
-  float *b2 = (float *)t[1249];
-  float *b3 = (float *)t[1250];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 3072; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k642(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[412];
-  const float *b1 = (const float *)t[433];
-  float *b2 = (float *)t[1251];
-  float *b3 = (float *)t[1252];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2359296; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k643(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[413];
-  const float *b1 = (const float *)t[431];
-  float *b2 = (float *)t[1253];
-  float *b3 = (float *)t[1254];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k644(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[416];
-  const float *b1 = (const float *)t[429];
-  float *b2 = (float *)t[1255];
-  float *b3 = (float *)t[1256];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k645(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[417];
-  const float *b1 = (const float *)t[426];
-  float *b2 = (float *)t[1257];
-  float *b3 = (float *)t[1258];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 768; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k646(void *const *t, const double *s) {
-  const float *x = (const float *)t[420];
+static void duet_k36(void *const *t, const double *s) {
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  float *out = (float *)t[1259];
+  float *out = (float *)t[2];
   int64_t nv = (int64_t)s[8];
   if (nv > 8192) nv = 8192;
   double correct = 0, nll = 0;
@@ -18440,653 +893,3243 @@ void duet_k646(void *const *t, const double *s) {
   out[1] = (float)nll;
 }
 
+static void duet_i0(void *const *t, const double *s) {
+  void *const a[] = {t[2], t[0], t[4], };
+  duet_k0(a, s);
+}
+static void duet_i1(void *const *t, const double *s) {
+  void *const a[] = {t[0], t[5], };
+  duet_k1(a, s);
+}
+static void duet_i2(void *const *t, const double *s) {
+  void *const a[] = {t[3], t[5], t[6], };
+  duet_k2(a, s);
+}
+static void duet_i3(void *const *t, const double *s) {
+  void *const a[] = {t[4], t[6], t[7], };
+  duet_k3(a, s);
+}
+static void duet_i4(void *const *t, const double *s) {
+  void *const a[] = {t[7], t[10], };
+  duet_k4(a, s);
+}
+static void duet_i5(void *const *t, const double *s) {
+  void *const a[] = {t[10], t[8], t[9], t[11], };
+  duet_k5(a, s);
+}
+static void duet_i6(void *const *t, const double *s) {
+  void *const a[] = {t[14], t[13], t[15], };
+  duet_k6(a, s);
+}
+static void duet_i7(void *const *t, const double *s) {
+  void *const a[] = {t[18], t[17], t[19], };
+  duet_k6(a, s);
+}
+static void duet_i8(void *const *t, const double *s) {
+  void *const a[] = {t[22], t[21], t[23], };
+  duet_k6(a, s);
+}
+static void duet_i9(void *const *t, const double *s) {
+  void *const a[] = {t[15], t[19], t[23], t[24], };
+  duet_k7(a, s);
+}
+static void duet_i10(void *const *t, const double *s) {
+  void *const a[] = {t[7], t[27], t[26], t[28], };
+  duet_k8(a, s);
+}
+static void duet_i11(void *const *t, const double *s) {
+  void *const a[] = {t[28], t[31], };
+  duet_k4(a, s);
+}
+static void duet_i12(void *const *t, const double *s) {
+  void *const a[] = {t[31], t[29], t[30], t[32], };
+  duet_k5(a, s);
+}
+static void duet_i13(void *const *t, const double *s) {
+  void *const a[] = {t[35], t[34], t[36], };
+  duet_k9(a, s);
+}
+static void duet_i14(void *const *t, const double *s) {
+  void *const a[] = {t[36], t[37], };
+  duet_k10(a, s);
+}
+static void duet_i15(void *const *t, const double *s) {
+  void *const a[] = {t[28], t[40], t[39], t[41], };
+  duet_k8(a, s);
+}
+static void duet_i16(void *const *t, const double *s) {
+  void *const a[] = {t[41], t[44], };
+  duet_k4(a, s);
+}
+static void duet_i17(void *const *t, const double *s) {
+  void *const a[] = {t[44], t[42], t[43], t[45], };
+  duet_k5(a, s);
+}
+static void duet_i18(void *const *t, const double *s) {
+  void *const a[] = {t[48], t[47], t[49], };
+  duet_k6(a, s);
+}
+static void duet_i19(void *const *t, const double *s) {
+  void *const a[] = {t[52], t[51], t[53], };
+  duet_k6(a, s);
+}
+static void duet_i20(void *const *t, const double *s) {
+  void *const a[] = {t[56], t[55], t[57], };
+  duet_k6(a, s);
+}
+static void duet_i21(void *const *t, const double *s) {
+  void *const a[] = {t[49], t[53], t[57], t[58], };
+  duet_k7(a, s);
+}
+static void duet_i22(void *const *t, const double *s) {
+  void *const a[] = {t[41], t[61], t[60], t[62], };
+  duet_k8(a, s);
+}
+static void duet_i23(void *const *t, const double *s) {
+  void *const a[] = {t[62], t[65], };
+  duet_k4(a, s);
+}
+static void duet_i24(void *const *t, const double *s) {
+  void *const a[] = {t[65], t[63], t[64], t[66], };
+  duet_k5(a, s);
+}
+static void duet_i25(void *const *t, const double *s) {
+  void *const a[] = {t[69], t[68], t[70], };
+  duet_k9(a, s);
+}
+static void duet_i26(void *const *t, const double *s) {
+  void *const a[] = {t[70], t[71], };
+  duet_k10(a, s);
+}
+static void duet_i27(void *const *t, const double *s) {
+  void *const a[] = {t[62], t[74], t[73], t[75], };
+  duet_k8(a, s);
+}
+static void duet_i28(void *const *t, const double *s) {
+  void *const a[] = {t[75], t[78], };
+  duet_k4(a, s);
+}
+static void duet_i29(void *const *t, const double *s) {
+  void *const a[] = {t[78], t[76], t[77], t[79], };
+  duet_k5(a, s);
+}
+static void duet_i30(void *const *t, const double *s) {
+  void *const a[] = {t[82], t[81], t[83], };
+  duet_k6(a, s);
+}
+static void duet_i31(void *const *t, const double *s) {
+  void *const a[] = {t[86], t[85], t[87], };
+  duet_k6(a, s);
+}
+static void duet_i32(void *const *t, const double *s) {
+  void *const a[] = {t[90], t[89], t[91], };
+  duet_k6(a, s);
+}
+static void duet_i33(void *const *t, const double *s) {
+  void *const a[] = {t[83], t[87], t[91], t[92], };
+  duet_k7(a, s);
+}
+static void duet_i34(void *const *t, const double *s) {
+  void *const a[] = {t[75], t[95], t[94], t[96], };
+  duet_k8(a, s);
+}
+static void duet_i35(void *const *t, const double *s) {
+  void *const a[] = {t[96], t[99], };
+  duet_k4(a, s);
+}
+static void duet_i36(void *const *t, const double *s) {
+  void *const a[] = {t[99], t[97], t[98], t[100], };
+  duet_k5(a, s);
+}
+static void duet_i37(void *const *t, const double *s) {
+  void *const a[] = {t[103], t[102], t[104], };
+  duet_k9(a, s);
+}
+static void duet_i38(void *const *t, const double *s) {
+  void *const a[] = {t[104], t[105], };
+  duet_k10(a, s);
+}
+static void duet_i39(void *const *t, const double *s) {
+  void *const a[] = {t[96], t[108], t[107], t[109], };
+  duet_k8(a, s);
+}
+static void duet_i40(void *const *t, const double *s) {
+  void *const a[] = {t[109], t[112], };
+  duet_k4(a, s);
+}
+static void duet_i41(void *const *t, const double *s) {
+  void *const a[] = {t[112], t[110], t[111], t[113], };
+  duet_k5(a, s);
+}
+static void duet_i42(void *const *t, const double *s) {
+  void *const a[] = {t[116], t[115], t[117], };
+  duet_k6(a, s);
+}
+static void duet_i43(void *const *t, const double *s) {
+  void *const a[] = {t[120], t[119], t[121], };
+  duet_k6(a, s);
+}
+static void duet_i44(void *const *t, const double *s) {
+  void *const a[] = {t[124], t[123], t[125], };
+  duet_k6(a, s);
+}
+static void duet_i45(void *const *t, const double *s) {
+  void *const a[] = {t[117], t[121], t[125], t[126], };
+  duet_k7(a, s);
+}
+static void duet_i46(void *const *t, const double *s) {
+  void *const a[] = {t[109], t[129], t[128], t[130], };
+  duet_k8(a, s);
+}
+static void duet_i47(void *const *t, const double *s) {
+  void *const a[] = {t[130], t[133], };
+  duet_k4(a, s);
+}
+static void duet_i48(void *const *t, const double *s) {
+  void *const a[] = {t[133], t[131], t[132], t[134], };
+  duet_k5(a, s);
+}
+static void duet_i49(void *const *t, const double *s) {
+  void *const a[] = {t[137], t[136], t[138], };
+  duet_k9(a, s);
+}
+static void duet_i50(void *const *t, const double *s) {
+  void *const a[] = {t[138], t[139], };
+  duet_k10(a, s);
+}
+static void duet_i51(void *const *t, const double *s) {
+  void *const a[] = {t[130], t[142], t[141], t[143], };
+  duet_k8(a, s);
+}
+static void duet_i52(void *const *t, const double *s) {
+  void *const a[] = {t[143], t[146], };
+  duet_k4(a, s);
+}
+static void duet_i53(void *const *t, const double *s) {
+  void *const a[] = {t[146], t[144], t[145], t[147], };
+  duet_k5(a, s);
+}
+static void duet_i54(void *const *t, const double *s) {
+  void *const a[] = {t[150], t[149], t[151], };
+  duet_k6(a, s);
+}
+static void duet_i55(void *const *t, const double *s) {
+  void *const a[] = {t[154], t[153], t[155], };
+  duet_k6(a, s);
+}
+static void duet_i56(void *const *t, const double *s) {
+  void *const a[] = {t[158], t[157], t[159], };
+  duet_k6(a, s);
+}
+static void duet_i57(void *const *t, const double *s) {
+  void *const a[] = {t[151], t[155], t[159], t[160], };
+  duet_k7(a, s);
+}
+static void duet_i58(void *const *t, const double *s) {
+  void *const a[] = {t[143], t[163], t[162], t[164], };
+  duet_k8(a, s);
+}
+static void duet_i59(void *const *t, const double *s) {
+  void *const a[] = {t[164], t[167], };
+  duet_k4(a, s);
+}
+static void duet_i60(void *const *t, const double *s) {
+  void *const a[] = {t[167], t[165], t[166], t[168], };
+  duet_k5(a, s);
+}
+static void duet_i61(void *const *t, const double *s) {
+  void *const a[] = {t[171], t[170], t[172], };
+  duet_k9(a, s);
+}
+static void duet_i62(void *const *t, const double *s) {
+  void *const a[] = {t[172], t[173], };
+  duet_k10(a, s);
+}
+static void duet_i63(void *const *t, const double *s) {
+  void *const a[] = {t[164], t[176], t[175], t[177], };
+  duet_k8(a, s);
+}
+static void duet_i64(void *const *t, const double *s) {
+  void *const a[] = {t[177], t[180], };
+  duet_k4(a, s);
+}
+static void duet_i65(void *const *t, const double *s) {
+  void *const a[] = {t[180], t[178], t[179], t[181], };
+  duet_k5(a, s);
+}
+static void duet_i66(void *const *t, const double *s) {
+  void *const a[] = {t[184], t[183], t[185], };
+  duet_k6(a, s);
+}
+static void duet_i67(void *const *t, const double *s) {
+  void *const a[] = {t[188], t[187], t[189], };
+  duet_k6(a, s);
+}
+static void duet_i68(void *const *t, const double *s) {
+  void *const a[] = {t[192], t[191], t[193], };
+  duet_k6(a, s);
+}
+static void duet_i69(void *const *t, const double *s) {
+  void *const a[] = {t[185], t[189], t[193], t[194], };
+  duet_k7(a, s);
+}
+static void duet_i70(void *const *t, const double *s) {
+  void *const a[] = {t[177], t[197], t[196], t[198], };
+  duet_k8(a, s);
+}
+static void duet_i71(void *const *t, const double *s) {
+  void *const a[] = {t[198], t[201], };
+  duet_k4(a, s);
+}
+static void duet_i72(void *const *t, const double *s) {
+  void *const a[] = {t[201], t[199], t[200], t[202], };
+  duet_k5(a, s);
+}
+static void duet_i73(void *const *t, const double *s) {
+  void *const a[] = {t[205], t[204], t[206], };
+  duet_k9(a, s);
+}
+static void duet_i74(void *const *t, const double *s) {
+  void *const a[] = {t[206], t[207], };
+  duet_k10(a, s);
+}
+static void duet_i75(void *const *t, const double *s) {
+  void *const a[] = {t[198], t[210], t[209], t[211], };
+  duet_k8(a, s);
+}
+static void duet_i76(void *const *t, const double *s) {
+  void *const a[] = {t[211], t[214], };
+  duet_k4(a, s);
+}
+static void duet_i77(void *const *t, const double *s) {
+  void *const a[] = {t[214], t[212], t[213], t[215], };
+  duet_k5(a, s);
+}
+static void duet_i78(void *const *t, const double *s) {
+  void *const a[] = {t[218], t[217], t[219], };
+  duet_k6(a, s);
+}
+static void duet_i79(void *const *t, const double *s) {
+  void *const a[] = {t[222], t[221], t[223], };
+  duet_k6(a, s);
+}
+static void duet_i80(void *const *t, const double *s) {
+  void *const a[] = {t[226], t[225], t[227], };
+  duet_k6(a, s);
+}
+static void duet_i81(void *const *t, const double *s) {
+  void *const a[] = {t[219], t[223], t[227], t[228], };
+  duet_k7(a, s);
+}
+static void duet_i82(void *const *t, const double *s) {
+  void *const a[] = {t[211], t[231], t[230], t[232], };
+  duet_k8(a, s);
+}
+static void duet_i83(void *const *t, const double *s) {
+  void *const a[] = {t[232], t[235], };
+  duet_k4(a, s);
+}
+static void duet_i84(void *const *t, const double *s) {
+  void *const a[] = {t[235], t[233], t[234], t[236], };
+  duet_k5(a, s);
+}
+static void duet_i85(void *const *t, const double *s) {
+  void *const a[] = {t[239], t[238], t[240], };
+  duet_k9(a, s);
+}
+static void duet_i86(void *const *t, const double *s) {
+  void *const a[] = {t[240], t[241], };
+  duet_k10(a, s);
+}
+static void duet_i87(void *const *t, const double *s) {
+  void *const a[] = {t[232], t[244], t[243], t[245], };
+  duet_k8(a, s);
+}
+static void duet_i88(void *const *t, const double *s) {
+  void *const a[] = {t[245], t[248], };
+  duet_k4(a, s);
+}
+static void duet_i89(void *const *t, const double *s) {
+  void *const a[] = {t[248], t[246], t[247], t[249], };
+  duet_k5(a, s);
+}
+static void duet_i90(void *const *t, const double *s) {
+  void *const a[] = {t[252], t[251], t[253], };
+  duet_k6(a, s);
+}
+static void duet_i91(void *const *t, const double *s) {
+  void *const a[] = {t[256], t[255], t[257], };
+  duet_k6(a, s);
+}
+static void duet_i92(void *const *t, const double *s) {
+  void *const a[] = {t[260], t[259], t[261], };
+  duet_k6(a, s);
+}
+static void duet_i93(void *const *t, const double *s) {
+  void *const a[] = {t[253], t[257], t[261], t[262], };
+  duet_k7(a, s);
+}
+static void duet_i94(void *const *t, const double *s) {
+  void *const a[] = {t[245], t[265], t[264], t[266], };
+  duet_k8(a, s);
+}
+static void duet_i95(void *const *t, const double *s) {
+  void *const a[] = {t[266], t[269], };
+  duet_k4(a, s);
+}
+static void duet_i96(void *const *t, const double *s) {
+  void *const a[] = {t[269], t[267], t[268], t[270], };
+  duet_k5(a, s);
+}
+static void duet_i97(void *const *t, const double *s) {
+  void *const a[] = {t[273], t[272], t[274], };
+  duet_k9(a, s);
+}
+static void duet_i98(void *const *t, const double *s) {
+  void *const a[] = {t[274], t[275], };
+  duet_k10(a, s);
+}
+static void duet_i99(void *const *t, const double *s) {
+  void *const a[] = {t[266], t[278], t[277], t[279], };
+  duet_k8(a, s);
+}
+static void duet_i100(void *const *t, const double *s) {
+  void *const a[] = {t[279], t[282], };
+  duet_k4(a, s);
+}
+static void duet_i101(void *const *t, const double *s) {
+  void *const a[] = {t[282], t[280], t[281], t[283], };
+  duet_k5(a, s);
+}
+static void duet_i102(void *const *t, const double *s) {
+  void *const a[] = {t[286], t[285], t[287], };
+  duet_k6(a, s);
+}
+static void duet_i103(void *const *t, const double *s) {
+  void *const a[] = {t[290], t[289], t[291], };
+  duet_k6(a, s);
+}
+static void duet_i104(void *const *t, const double *s) {
+  void *const a[] = {t[294], t[293], t[295], };
+  duet_k6(a, s);
+}
+static void duet_i105(void *const *t, const double *s) {
+  void *const a[] = {t[287], t[291], t[295], t[296], };
+  duet_k7(a, s);
+}
+static void duet_i106(void *const *t, const double *s) {
+  void *const a[] = {t[279], t[299], t[298], t[300], };
+  duet_k8(a, s);
+}
+static void duet_i107(void *const *t, const double *s) {
+  void *const a[] = {t[300], t[303], };
+  duet_k4(a, s);
+}
+static void duet_i108(void *const *t, const double *s) {
+  void *const a[] = {t[303], t[301], t[302], t[304], };
+  duet_k5(a, s);
+}
+static void duet_i109(void *const *t, const double *s) {
+  void *const a[] = {t[307], t[306], t[308], };
+  duet_k9(a, s);
+}
+static void duet_i110(void *const *t, const double *s) {
+  void *const a[] = {t[308], t[309], };
+  duet_k10(a, s);
+}
+static void duet_i111(void *const *t, const double *s) {
+  void *const a[] = {t[300], t[312], t[311], t[313], };
+  duet_k8(a, s);
+}
+static void duet_i112(void *const *t, const double *s) {
+  void *const a[] = {t[313], t[316], };
+  duet_k4(a, s);
+}
+static void duet_i113(void *const *t, const double *s) {
+  void *const a[] = {t[316], t[314], t[315], t[317], };
+  duet_k5(a, s);
+}
+static void duet_i114(void *const *t, const double *s) {
+  void *const a[] = {t[320], t[319], t[321], };
+  duet_k6(a, s);
+}
+static void duet_i115(void *const *t, const double *s) {
+  void *const a[] = {t[324], t[323], t[325], };
+  duet_k6(a, s);
+}
+static void duet_i116(void *const *t, const double *s) {
+  void *const a[] = {t[328], t[327], t[329], };
+  duet_k6(a, s);
+}
+static void duet_i117(void *const *t, const double *s) {
+  void *const a[] = {t[321], t[325], t[329], t[330], };
+  duet_k7(a, s);
+}
+static void duet_i118(void *const *t, const double *s) {
+  void *const a[] = {t[313], t[333], t[332], t[334], };
+  duet_k8(a, s);
+}
+static void duet_i119(void *const *t, const double *s) {
+  void *const a[] = {t[334], t[337], };
+  duet_k4(a, s);
+}
+static void duet_i120(void *const *t, const double *s) {
+  void *const a[] = {t[337], t[335], t[336], t[338], };
+  duet_k5(a, s);
+}
+static void duet_i121(void *const *t, const double *s) {
+  void *const a[] = {t[341], t[340], t[342], };
+  duet_k9(a, s);
+}
+static void duet_i122(void *const *t, const double *s) {
+  void *const a[] = {t[342], t[343], };
+  duet_k10(a, s);
+}
+static void duet_i123(void *const *t, const double *s) {
+  void *const a[] = {t[334], t[346], t[345], t[347], };
+  duet_k8(a, s);
+}
+static void duet_i124(void *const *t, const double *s) {
+  void *const a[] = {t[347], t[350], };
+  duet_k4(a, s);
+}
+static void duet_i125(void *const *t, const double *s) {
+  void *const a[] = {t[350], t[348], t[349], t[351], };
+  duet_k5(a, s);
+}
+static void duet_i126(void *const *t, const double *s) {
+  void *const a[] = {t[354], t[353], t[355], };
+  duet_k6(a, s);
+}
+static void duet_i127(void *const *t, const double *s) {
+  void *const a[] = {t[358], t[357], t[359], };
+  duet_k6(a, s);
+}
+static void duet_i128(void *const *t, const double *s) {
+  void *const a[] = {t[362], t[361], t[363], };
+  duet_k6(a, s);
+}
+static void duet_i129(void *const *t, const double *s) {
+  void *const a[] = {t[355], t[359], t[363], t[364], };
+  duet_k7(a, s);
+}
+static void duet_i130(void *const *t, const double *s) {
+  void *const a[] = {t[347], t[367], t[366], t[368], };
+  duet_k8(a, s);
+}
+static void duet_i131(void *const *t, const double *s) {
+  void *const a[] = {t[368], t[371], };
+  duet_k4(a, s);
+}
+static void duet_i132(void *const *t, const double *s) {
+  void *const a[] = {t[371], t[369], t[370], t[372], };
+  duet_k5(a, s);
+}
+static void duet_i133(void *const *t, const double *s) {
+  void *const a[] = {t[375], t[374], t[376], };
+  duet_k9(a, s);
+}
+static void duet_i134(void *const *t, const double *s) {
+  void *const a[] = {t[376], t[377], };
+  duet_k10(a, s);
+}
+static void duet_i135(void *const *t, const double *s) {
+  void *const a[] = {t[368], t[380], t[379], t[381], };
+  duet_k8(a, s);
+}
+static void duet_i136(void *const *t, const double *s) {
+  void *const a[] = {t[381], t[384], };
+  duet_k4(a, s);
+}
+static void duet_i137(void *const *t, const double *s) {
+  void *const a[] = {t[384], t[382], t[383], t[385], };
+  duet_k5(a, s);
+}
+static void duet_i138(void *const *t, const double *s) {
+  void *const a[] = {t[388], t[387], t[389], };
+  duet_k6(a, s);
+}
+static void duet_i139(void *const *t, const double *s) {
+  void *const a[] = {t[392], t[391], t[393], };
+  duet_k6(a, s);
+}
+static void duet_i140(void *const *t, const double *s) {
+  void *const a[] = {t[396], t[395], t[397], };
+  duet_k6(a, s);
+}
+static void duet_i141(void *const *t, const double *s) {
+  void *const a[] = {t[389], t[393], t[397], t[398], };
+  duet_k7(a, s);
+}
+static void duet_i142(void *const *t, const double *s) {
+  void *const a[] = {t[381], t[401], t[400], t[402], };
+  duet_k8(a, s);
+}
+static void duet_i143(void *const *t, const double *s) {
+  void *const a[] = {t[402], t[405], };
+  duet_k4(a, s);
+}
+static void duet_i144(void *const *t, const double *s) {
+  void *const a[] = {t[405], t[403], t[404], t[406], };
+  duet_k5(a, s);
+}
+static void duet_i145(void *const *t, const double *s) {
+  void *const a[] = {t[409], t[408], t[410], };
+  duet_k9(a, s);
+}
+static void duet_i146(void *const *t, const double *s) {
+  void *const a[] = {t[410], t[411], };
+  duet_k10(a, s);
+}
+static void duet_i147(void *const *t, const double *s) {
+  void *const a[] = {t[402], t[414], t[413], t[415], };
+  duet_k8(a, s);
+}
+static void duet_i148(void *const *t, const double *s) {
+  void *const a[] = {t[415], t[418], };
+  duet_k4(a, s);
+}
+static void duet_i149(void *const *t, const double *s) {
+  void *const a[] = {t[418], t[416], t[417], t[419], };
+  duet_k5(a, s);
+}
+static void duet_i150(void *const *t, const double *s) {
+  void *const a[] = {t[420], t[1], t[421], };
+  duet_k11(a, s);
+}
+static void duet_i151(void *const *t, const double *s) {
+  void *const a[] = {t[422], };
+  duet_k12(a, s);
+}
+static void duet_i152(void *const *t, const double *s) {
+  void *const a[] = {t[420], t[1], t[422], t[423], };
+  duet_k13(a, s);
+}
+static void duet_i153(void *const *t, const double *s) {
+  void *const a[] = {t[424], t[426], };
+  duet_k14(a, s);
+}
+static void duet_i154(void *const *t, const double *s) {
+  void *const a[] = {t[424], t[416], t[427], };
+  duet_k15(a, s);
+}
+static void duet_i155(void *const *t, const double *s) {
+  void *const a[] = {t[424], t[418], t[428], };
+  duet_k16(a, s);
+}
+static void duet_i156(void *const *t, const double *s) {
+  void *const a[] = {t[428], t[429], };
+  duet_k14(a, s);
+}
+static void duet_i157(void *const *t, const double *s) {
+  void *const a[] = {t[427], t[415], t[430], };
+  duet_k17(a, s);
+}
+static void duet_i158(void *const *t, const double *s) {
+  void *const a[] = {t[430], t[431], };
+  duet_k14(a, s);
+}
+static void duet_i159(void *const *t, const double *s) {
+  void *const a[] = {t[432], t[410], t[434], };
+  duet_k18(a, s);
+}
+static void duet_i160(void *const *t, const double *s) {
+  void *const a[] = {t[434], t[435], };
+  duet_k19(a, s);
+}
+static void duet_i161(void *const *t, const double *s) {
+  void *const a[] = {t[436], t[438], };
+  duet_k14(a, s);
+}
+static void duet_i162(void *const *t, const double *s) {
+  void *const a[] = {t[436], t[403], t[439], };
+  duet_k15(a, s);
+}
+static void duet_i163(void *const *t, const double *s) {
+  void *const a[] = {t[436], t[405], t[440], };
+  duet_k16(a, s);
+}
+static void duet_i164(void *const *t, const double *s) {
+  void *const a[] = {t[440], t[441], };
+  duet_k14(a, s);
+}
+static void duet_i165(void *const *t, const double *s) {
+  void *const a[] = {t[439], t[402], t[442], };
+  duet_k17(a, s);
+}
+static void duet_i166(void *const *t, const double *s) {
+  void *const a[] = {t[430], t[442], t[443], };
+  duet_k20(a, s);
+}
+static void duet_i167(void *const *t, const double *s) {
+  void *const a[] = {t[443], t[444], };
+  duet_k14(a, s);
+}
+static void duet_i168(void *const *t, const double *s) {
+  void *const a[] = {t[445], t[389], t[393], t[397], t[447], };
+  duet_k21(a, s);
+}
+static void duet_i169(void *const *t, const double *s) {
+  void *const a[] = {t[447], t[448], };
+  duet_k22(a, s);
+}
+static void duet_i170(void *const *t, const double *s) {
+  void *const a[] = {t[447], t[449], };
+  duet_k23(a, s);
+}
+static void duet_i171(void *const *t, const double *s) {
+  void *const a[] = {t[447], t[450], };
+  duet_k24(a, s);
+}
+static void duet_i172(void *const *t, const double *s) {
+  void *const a[] = {t[450], t[451], };
+  duet_k14(a, s);
+}
+static void duet_i173(void *const *t, const double *s) {
+  void *const a[] = {t[449], t[454], };
+  duet_k14(a, s);
+}
+static void duet_i174(void *const *t, const double *s) {
+  void *const a[] = {t[448], t[457], };
+  duet_k14(a, s);
+}
+static void duet_i175(void *const *t, const double *s) {
+  void *const a[] = {t[452], t[455], t[458], t[459], };
+  duet_k25(a, s);
+}
+static void duet_i176(void *const *t, const double *s) {
+  void *const a[] = {t[459], t[461], };
+  duet_k14(a, s);
+}
+static void duet_i177(void *const *t, const double *s) {
+  void *const a[] = {t[459], t[382], t[462], };
+  duet_k15(a, s);
+}
+static void duet_i178(void *const *t, const double *s) {
+  void *const a[] = {t[459], t[384], t[463], };
+  duet_k16(a, s);
+}
+static void duet_i179(void *const *t, const double *s) {
+  void *const a[] = {t[463], t[464], };
+  duet_k14(a, s);
+}
+static void duet_i180(void *const *t, const double *s) {
+  void *const a[] = {t[462], t[381], t[465], };
+  duet_k17(a, s);
+}
+static void duet_i181(void *const *t, const double *s) {
+  void *const a[] = {t[443], t[465], t[466], };
+  duet_k20(a, s);
+}
+static void duet_i182(void *const *t, const double *s) {
+  void *const a[] = {t[466], t[467], };
+  duet_k14(a, s);
+}
+static void duet_i183(void *const *t, const double *s) {
+  void *const a[] = {t[468], t[376], t[470], };
+  duet_k18(a, s);
+}
+static void duet_i184(void *const *t, const double *s) {
+  void *const a[] = {t[470], t[471], };
+  duet_k19(a, s);
+}
+static void duet_i185(void *const *t, const double *s) {
+  void *const a[] = {t[472], t[474], };
+  duet_k14(a, s);
+}
+static void duet_i186(void *const *t, const double *s) {
+  void *const a[] = {t[472], t[369], t[475], };
+  duet_k15(a, s);
+}
+static void duet_i187(void *const *t, const double *s) {
+  void *const a[] = {t[472], t[371], t[476], };
+  duet_k16(a, s);
+}
+static void duet_i188(void *const *t, const double *s) {
+  void *const a[] = {t[476], t[477], };
+  duet_k14(a, s);
+}
+static void duet_i189(void *const *t, const double *s) {
+  void *const a[] = {t[475], t[368], t[478], };
+  duet_k17(a, s);
+}
+static void duet_i190(void *const *t, const double *s) {
+  void *const a[] = {t[466], t[478], t[479], };
+  duet_k20(a, s);
+}
+static void duet_i191(void *const *t, const double *s) {
+  void *const a[] = {t[479], t[480], };
+  duet_k14(a, s);
+}
+static void duet_i192(void *const *t, const double *s) {
+  void *const a[] = {t[481], t[355], t[359], t[363], t[483], };
+  duet_k21(a, s);
+}
+static void duet_i193(void *const *t, const double *s) {
+  void *const a[] = {t[483], t[484], };
+  duet_k22(a, s);
+}
+static void duet_i194(void *const *t, const double *s) {
+  void *const a[] = {t[483], t[485], };
+  duet_k23(a, s);
+}
+static void duet_i195(void *const *t, const double *s) {
+  void *const a[] = {t[483], t[486], };
+  duet_k24(a, s);
+}
+static void duet_i196(void *const *t, const double *s) {
+  void *const a[] = {t[486], t[487], };
+  duet_k14(a, s);
+}
+static void duet_i197(void *const *t, const double *s) {
+  void *const a[] = {t[485], t[490], };
+  duet_k14(a, s);
+}
+static void duet_i198(void *const *t, const double *s) {
+  void *const a[] = {t[484], t[493], };
+  duet_k14(a, s);
+}
+static void duet_i199(void *const *t, const double *s) {
+  void *const a[] = {t[488], t[491], t[494], t[495], };
+  duet_k25(a, s);
+}
+static void duet_i200(void *const *t, const double *s) {
+  void *const a[] = {t[495], t[497], };
+  duet_k14(a, s);
+}
+static void duet_i201(void *const *t, const double *s) {
+  void *const a[] = {t[495], t[348], t[498], };
+  duet_k15(a, s);
+}
+static void duet_i202(void *const *t, const double *s) {
+  void *const a[] = {t[495], t[350], t[499], };
+  duet_k16(a, s);
+}
+static void duet_i203(void *const *t, const double *s) {
+  void *const a[] = {t[499], t[500], };
+  duet_k14(a, s);
+}
+static void duet_i204(void *const *t, const double *s) {
+  void *const a[] = {t[498], t[347], t[501], };
+  duet_k17(a, s);
+}
+static void duet_i205(void *const *t, const double *s) {
+  void *const a[] = {t[479], t[501], t[502], };
+  duet_k20(a, s);
+}
+static void duet_i206(void *const *t, const double *s) {
+  void *const a[] = {t[502], t[503], };
+  duet_k14(a, s);
+}
+static void duet_i207(void *const *t, const double *s) {
+  void *const a[] = {t[504], t[342], t[506], };
+  duet_k18(a, s);
+}
+static void duet_i208(void *const *t, const double *s) {
+  void *const a[] = {t[506], t[507], };
+  duet_k19(a, s);
+}
+static void duet_i209(void *const *t, const double *s) {
+  void *const a[] = {t[508], t[510], };
+  duet_k14(a, s);
+}
+static void duet_i210(void *const *t, const double *s) {
+  void *const a[] = {t[508], t[335], t[511], };
+  duet_k15(a, s);
+}
+static void duet_i211(void *const *t, const double *s) {
+  void *const a[] = {t[508], t[337], t[512], };
+  duet_k16(a, s);
+}
+static void duet_i212(void *const *t, const double *s) {
+  void *const a[] = {t[512], t[513], };
+  duet_k14(a, s);
+}
+static void duet_i213(void *const *t, const double *s) {
+  void *const a[] = {t[511], t[334], t[514], };
+  duet_k17(a, s);
+}
+static void duet_i214(void *const *t, const double *s) {
+  void *const a[] = {t[502], t[514], t[515], };
+  duet_k20(a, s);
+}
+static void duet_i215(void *const *t, const double *s) {
+  void *const a[] = {t[515], t[516], };
+  duet_k14(a, s);
+}
+static void duet_i216(void *const *t, const double *s) {
+  void *const a[] = {t[517], t[321], t[325], t[329], t[519], };
+  duet_k21(a, s);
+}
+static void duet_i217(void *const *t, const double *s) {
+  void *const a[] = {t[519], t[520], };
+  duet_k22(a, s);
+}
+static void duet_i218(void *const *t, const double *s) {
+  void *const a[] = {t[519], t[521], };
+  duet_k23(a, s);
+}
+static void duet_i219(void *const *t, const double *s) {
+  void *const a[] = {t[519], t[522], };
+  duet_k24(a, s);
+}
+static void duet_i220(void *const *t, const double *s) {
+  void *const a[] = {t[522], t[523], };
+  duet_k14(a, s);
+}
+static void duet_i221(void *const *t, const double *s) {
+  void *const a[] = {t[521], t[526], };
+  duet_k14(a, s);
+}
+static void duet_i222(void *const *t, const double *s) {
+  void *const a[] = {t[520], t[529], };
+  duet_k14(a, s);
+}
+static void duet_i223(void *const *t, const double *s) {
+  void *const a[] = {t[524], t[527], t[530], t[531], };
+  duet_k25(a, s);
+}
+static void duet_i224(void *const *t, const double *s) {
+  void *const a[] = {t[531], t[533], };
+  duet_k14(a, s);
+}
+static void duet_i225(void *const *t, const double *s) {
+  void *const a[] = {t[531], t[314], t[534], };
+  duet_k15(a, s);
+}
+static void duet_i226(void *const *t, const double *s) {
+  void *const a[] = {t[531], t[316], t[535], };
+  duet_k16(a, s);
+}
+static void duet_i227(void *const *t, const double *s) {
+  void *const a[] = {t[535], t[536], };
+  duet_k14(a, s);
+}
+static void duet_i228(void *const *t, const double *s) {
+  void *const a[] = {t[534], t[313], t[537], };
+  duet_k17(a, s);
+}
+static void duet_i229(void *const *t, const double *s) {
+  void *const a[] = {t[515], t[537], t[538], };
+  duet_k20(a, s);
+}
+static void duet_i230(void *const *t, const double *s) {
+  void *const a[] = {t[538], t[539], };
+  duet_k14(a, s);
+}
+static void duet_i231(void *const *t, const double *s) {
+  void *const a[] = {t[540], t[308], t[542], };
+  duet_k18(a, s);
+}
+static void duet_i232(void *const *t, const double *s) {
+  void *const a[] = {t[542], t[543], };
+  duet_k19(a, s);
+}
+static void duet_i233(void *const *t, const double *s) {
+  void *const a[] = {t[544], t[546], };
+  duet_k14(a, s);
+}
+static void duet_i234(void *const *t, const double *s) {
+  void *const a[] = {t[544], t[301], t[547], };
+  duet_k15(a, s);
+}
+static void duet_i235(void *const *t, const double *s) {
+  void *const a[] = {t[544], t[303], t[548], };
+  duet_k16(a, s);
+}
+static void duet_i236(void *const *t, const double *s) {
+  void *const a[] = {t[548], t[549], };
+  duet_k14(a, s);
+}
+static void duet_i237(void *const *t, const double *s) {
+  void *const a[] = {t[547], t[300], t[550], };
+  duet_k17(a, s);
+}
+static void duet_i238(void *const *t, const double *s) {
+  void *const a[] = {t[538], t[550], t[551], };
+  duet_k20(a, s);
+}
+static void duet_i239(void *const *t, const double *s) {
+  void *const a[] = {t[551], t[552], };
+  duet_k14(a, s);
+}
+static void duet_i240(void *const *t, const double *s) {
+  void *const a[] = {t[553], t[287], t[291], t[295], t[555], };
+  duet_k21(a, s);
+}
+static void duet_i241(void *const *t, const double *s) {
+  void *const a[] = {t[555], t[556], };
+  duet_k22(a, s);
+}
+static void duet_i242(void *const *t, const double *s) {
+  void *const a[] = {t[555], t[557], };
+  duet_k23(a, s);
+}
+static void duet_i243(void *const *t, const double *s) {
+  void *const a[] = {t[555], t[558], };
+  duet_k24(a, s);
+}
+static void duet_i244(void *const *t, const double *s) {
+  void *const a[] = {t[558], t[559], };
+  duet_k14(a, s);
+}
+static void duet_i245(void *const *t, const double *s) {
+  void *const a[] = {t[557], t[562], };
+  duet_k14(a, s);
+}
+static void duet_i246(void *const *t, const double *s) {
+  void *const a[] = {t[556], t[565], };
+  duet_k14(a, s);
+}
+static void duet_i247(void *const *t, const double *s) {
+  void *const a[] = {t[560], t[563], t[566], t[567], };
+  duet_k25(a, s);
+}
+static void duet_i248(void *const *t, const double *s) {
+  void *const a[] = {t[567], t[569], };
+  duet_k14(a, s);
+}
+static void duet_i249(void *const *t, const double *s) {
+  void *const a[] = {t[567], t[280], t[570], };
+  duet_k15(a, s);
+}
+static void duet_i250(void *const *t, const double *s) {
+  void *const a[] = {t[567], t[282], t[571], };
+  duet_k16(a, s);
+}
+static void duet_i251(void *const *t, const double *s) {
+  void *const a[] = {t[571], t[572], };
+  duet_k14(a, s);
+}
+static void duet_i252(void *const *t, const double *s) {
+  void *const a[] = {t[570], t[279], t[573], };
+  duet_k17(a, s);
+}
+static void duet_i253(void *const *t, const double *s) {
+  void *const a[] = {t[551], t[573], t[574], };
+  duet_k20(a, s);
+}
+static void duet_i254(void *const *t, const double *s) {
+  void *const a[] = {t[574], t[575], };
+  duet_k14(a, s);
+}
+static void duet_i255(void *const *t, const double *s) {
+  void *const a[] = {t[576], t[274], t[578], };
+  duet_k18(a, s);
+}
+static void duet_i256(void *const *t, const double *s) {
+  void *const a[] = {t[578], t[579], };
+  duet_k19(a, s);
+}
+static void duet_i257(void *const *t, const double *s) {
+  void *const a[] = {t[580], t[582], };
+  duet_k14(a, s);
+}
+static void duet_i258(void *const *t, const double *s) {
+  void *const a[] = {t[580], t[267], t[583], };
+  duet_k15(a, s);
+}
+static void duet_i259(void *const *t, const double *s) {
+  void *const a[] = {t[580], t[269], t[584], };
+  duet_k16(a, s);
+}
+static void duet_i260(void *const *t, const double *s) {
+  void *const a[] = {t[584], t[585], };
+  duet_k14(a, s);
+}
+static void duet_i261(void *const *t, const double *s) {
+  void *const a[] = {t[583], t[266], t[586], };
+  duet_k17(a, s);
+}
+static void duet_i262(void *const *t, const double *s) {
+  void *const a[] = {t[574], t[586], t[587], };
+  duet_k20(a, s);
+}
+static void duet_i263(void *const *t, const double *s) {
+  void *const a[] = {t[587], t[588], };
+  duet_k14(a, s);
+}
+static void duet_i264(void *const *t, const double *s) {
+  void *const a[] = {t[589], t[253], t[257], t[261], t[591], };
+  duet_k21(a, s);
+}
+static void duet_i265(void *const *t, const double *s) {
+  void *const a[] = {t[591], t[592], };
+  duet_k22(a, s);
+}
+static void duet_i266(void *const *t, const double *s) {
+  void *const a[] = {t[591], t[593], };
+  duet_k23(a, s);
+}
+static void duet_i267(void *const *t, const double *s) {
+  void *const a[] = {t[591], t[594], };
+  duet_k24(a, s);
+}
+static void duet_i268(void *const *t, const double *s) {
+  void *const a[] = {t[594], t[595], };
+  duet_k14(a, s);
+}
+static void duet_i269(void *const *t, const double *s) {
+  void *const a[] = {t[593], t[598], };
+  duet_k14(a, s);
+}
+static void duet_i270(void *const *t, const double *s) {
+  void *const a[] = {t[592], t[601], };
+  duet_k14(a, s);
+}
+static void duet_i271(void *const *t, const double *s) {
+  void *const a[] = {t[596], t[599], t[602], t[603], };
+  duet_k25(a, s);
+}
+static void duet_i272(void *const *t, const double *s) {
+  void *const a[] = {t[603], t[605], };
+  duet_k14(a, s);
+}
+static void duet_i273(void *const *t, const double *s) {
+  void *const a[] = {t[603], t[246], t[606], };
+  duet_k15(a, s);
+}
+static void duet_i274(void *const *t, const double *s) {
+  void *const a[] = {t[603], t[248], t[607], };
+  duet_k16(a, s);
+}
+static void duet_i275(void *const *t, const double *s) {
+  void *const a[] = {t[607], t[608], };
+  duet_k14(a, s);
+}
+static void duet_i276(void *const *t, const double *s) {
+  void *const a[] = {t[606], t[245], t[609], };
+  duet_k17(a, s);
+}
+static void duet_i277(void *const *t, const double *s) {
+  void *const a[] = {t[587], t[609], t[610], };
+  duet_k20(a, s);
+}
+static void duet_i278(void *const *t, const double *s) {
+  void *const a[] = {t[610], t[611], };
+  duet_k14(a, s);
+}
+static void duet_i279(void *const *t, const double *s) {
+  void *const a[] = {t[612], t[240], t[614], };
+  duet_k18(a, s);
+}
+static void duet_i280(void *const *t, const double *s) {
+  void *const a[] = {t[614], t[615], };
+  duet_k19(a, s);
+}
+static void duet_i281(void *const *t, const double *s) {
+  void *const a[] = {t[616], t[618], };
+  duet_k14(a, s);
+}
+static void duet_i282(void *const *t, const double *s) {
+  void *const a[] = {t[616], t[233], t[619], };
+  duet_k15(a, s);
+}
+static void duet_i283(void *const *t, const double *s) {
+  void *const a[] = {t[616], t[235], t[620], };
+  duet_k16(a, s);
+}
+static void duet_i284(void *const *t, const double *s) {
+  void *const a[] = {t[620], t[621], };
+  duet_k14(a, s);
+}
+static void duet_i285(void *const *t, const double *s) {
+  void *const a[] = {t[619], t[232], t[622], };
+  duet_k17(a, s);
+}
+static void duet_i286(void *const *t, const double *s) {
+  void *const a[] = {t[610], t[622], t[623], };
+  duet_k20(a, s);
+}
+static void duet_i287(void *const *t, const double *s) {
+  void *const a[] = {t[623], t[624], };
+  duet_k14(a, s);
+}
+static void duet_i288(void *const *t, const double *s) {
+  void *const a[] = {t[625], t[219], t[223], t[227], t[627], };
+  duet_k21(a, s);
+}
+static void duet_i289(void *const *t, const double *s) {
+  void *const a[] = {t[627], t[628], };
+  duet_k22(a, s);
+}
+static void duet_i290(void *const *t, const double *s) {
+  void *const a[] = {t[627], t[629], };
+  duet_k23(a, s);
+}
+static void duet_i291(void *const *t, const double *s) {
+  void *const a[] = {t[627], t[630], };
+  duet_k24(a, s);
+}
+static void duet_i292(void *const *t, const double *s) {
+  void *const a[] = {t[630], t[631], };
+  duet_k14(a, s);
+}
+static void duet_i293(void *const *t, const double *s) {
+  void *const a[] = {t[629], t[634], };
+  duet_k14(a, s);
+}
+static void duet_i294(void *const *t, const double *s) {
+  void *const a[] = {t[628], t[637], };
+  duet_k14(a, s);
+}
+static void duet_i295(void *const *t, const double *s) {
+  void *const a[] = {t[632], t[635], t[638], t[639], };
+  duet_k25(a, s);
+}
+static void duet_i296(void *const *t, const double *s) {
+  void *const a[] = {t[639], t[641], };
+  duet_k14(a, s);
+}
+static void duet_i297(void *const *t, const double *s) {
+  void *const a[] = {t[639], t[212], t[642], };
+  duet_k15(a, s);
+}
+static void duet_i298(void *const *t, const double *s) {
+  void *const a[] = {t[639], t[214], t[643], };
+  duet_k16(a, s);
+}
+static void duet_i299(void *const *t, const double *s) {
+  void *const a[] = {t[643], t[644], };
+  duet_k14(a, s);
+}
+static void duet_i300(void *const *t, const double *s) {
+  void *const a[] = {t[642], t[211], t[645], };
+  duet_k17(a, s);
+}
+static void duet_i301(void *const *t, const double *s) {
+  void *const a[] = {t[623], t[645], t[646], };
+  duet_k20(a, s);
+}
+static void duet_i302(void *const *t, const double *s) {
+  void *const a[] = {t[646], t[647], };
+  duet_k14(a, s);
+}
+static void duet_i303(void *const *t, const double *s) {
+  void *const a[] = {t[648], t[206], t[650], };
+  duet_k18(a, s);
+}
+static void duet_i304(void *const *t, const double *s) {
+  void *const a[] = {t[650], t[651], };
+  duet_k19(a, s);
+}
+static void duet_i305(void *const *t, const double *s) {
+  void *const a[] = {t[652], t[654], };
+  duet_k14(a, s);
+}
+static void duet_i306(void *const *t, const double *s) {
+  void *const a[] = {t[652], t[199], t[655], };
+  duet_k15(a, s);
+}
+static void duet_i307(void *const *t, const double *s) {
+  void *const a[] = {t[652], t[201], t[656], };
+  duet_k16(a, s);
+}
+static void duet_i308(void *const *t, const double *s) {
+  void *const a[] = {t[656], t[657], };
+  duet_k14(a, s);
+}
+static void duet_i309(void *const *t, const double *s) {
+  void *const a[] = {t[655], t[198], t[658], };
+  duet_k17(a, s);
+}
+static void duet_i310(void *const *t, const double *s) {
+  void *const a[] = {t[646], t[658], t[659], };
+  duet_k20(a, s);
+}
+static void duet_i311(void *const *t, const double *s) {
+  void *const a[] = {t[659], t[660], };
+  duet_k14(a, s);
+}
+static void duet_i312(void *const *t, const double *s) {
+  void *const a[] = {t[661], t[185], t[189], t[193], t[663], };
+  duet_k21(a, s);
+}
+static void duet_i313(void *const *t, const double *s) {
+  void *const a[] = {t[663], t[664], };
+  duet_k22(a, s);
+}
+static void duet_i314(void *const *t, const double *s) {
+  void *const a[] = {t[663], t[665], };
+  duet_k23(a, s);
+}
+static void duet_i315(void *const *t, const double *s) {
+  void *const a[] = {t[663], t[666], };
+  duet_k24(a, s);
+}
+static void duet_i316(void *const *t, const double *s) {
+  void *const a[] = {t[666], t[667], };
+  duet_k14(a, s);
+}
+static void duet_i317(void *const *t, const double *s) {
+  void *const a[] = {t[665], t[670], };
+  duet_k14(a, s);
+}
+static void duet_i318(void *const *t, const double *s) {
+  void *const a[] = {t[664], t[673], };
+  duet_k14(a, s);
+}
+static void duet_i319(void *const *t, const double *s) {
+  void *const a[] = {t[668], t[671], t[674], t[675], };
+  duet_k25(a, s);
+}
+static void duet_i320(void *const *t, const double *s) {
+  void *const a[] = {t[675], t[677], };
+  duet_k14(a, s);
+}
+static void duet_i321(void *const *t, const double *s) {
+  void *const a[] = {t[675], t[178], t[678], };
+  duet_k15(a, s);
+}
+static void duet_i322(void *const *t, const double *s) {
+  void *const a[] = {t[675], t[180], t[679], };
+  duet_k16(a, s);
+}
+static void duet_i323(void *const *t, const double *s) {
+  void *const a[] = {t[679], t[680], };
+  duet_k14(a, s);
+}
+static void duet_i324(void *const *t, const double *s) {
+  void *const a[] = {t[678], t[177], t[681], };
+  duet_k17(a, s);
+}
+static void duet_i325(void *const *t, const double *s) {
+  void *const a[] = {t[659], t[681], t[682], };
+  duet_k20(a, s);
+}
+static void duet_i326(void *const *t, const double *s) {
+  void *const a[] = {t[682], t[683], };
+  duet_k14(a, s);
+}
+static void duet_i327(void *const *t, const double *s) {
+  void *const a[] = {t[684], t[172], t[686], };
+  duet_k18(a, s);
+}
+static void duet_i328(void *const *t, const double *s) {
+  void *const a[] = {t[686], t[687], };
+  duet_k19(a, s);
+}
+static void duet_i329(void *const *t, const double *s) {
+  void *const a[] = {t[688], t[690], };
+  duet_k14(a, s);
+}
+static void duet_i330(void *const *t, const double *s) {
+  void *const a[] = {t[688], t[165], t[691], };
+  duet_k15(a, s);
+}
+static void duet_i331(void *const *t, const double *s) {
+  void *const a[] = {t[688], t[167], t[692], };
+  duet_k16(a, s);
+}
+static void duet_i332(void *const *t, const double *s) {
+  void *const a[] = {t[692], t[693], };
+  duet_k14(a, s);
+}
+static void duet_i333(void *const *t, const double *s) {
+  void *const a[] = {t[691], t[164], t[694], };
+  duet_k17(a, s);
+}
+static void duet_i334(void *const *t, const double *s) {
+  void *const a[] = {t[682], t[694], t[695], };
+  duet_k20(a, s);
+}
+static void duet_i335(void *const *t, const double *s) {
+  void *const a[] = {t[695], t[696], };
+  duet_k14(a, s);
+}
+static void duet_i336(void *const *t, const double *s) {
+  void *const a[] = {t[697], t[151], t[155], t[159], t[699], };
+  duet_k21(a, s);
+}
+static void duet_i337(void *const *t, const double *s) {
+  void *const a[] = {t[699], t[700], };
+  duet_k22(a, s);
+}
+static void duet_i338(void *const *t, const double *s) {
+  void *const a[] = {t[699], t[701], };
+  duet_k23(a, s);
+}
+static void duet_i339(void *const *t, const double *s) {
+  void *const a[] = {t[699], t[702], };
+  duet_k24(a, s);
+}
+static void duet_i340(void *const *t, const double *s) {
+  void *const a[] = {t[702], t[703], };
+  duet_k14(a, s);
+}
+static void duet_i341(void *const *t, const double *s) {
+  void *const a[] = {t[701], t[706], };
+  duet_k14(a, s);
+}
+static void duet_i342(void *const *t, const double *s) {
+  void *const a[] = {t[700], t[709], };
+  duet_k14(a, s);
+}
+static void duet_i343(void *const *t, const double *s) {
+  void *const a[] = {t[704], t[707], t[710], t[711], };
+  duet_k25(a, s);
+}
+static void duet_i344(void *const *t, const double *s) {
+  void *const a[] = {t[711], t[713], };
+  duet_k14(a, s);
+}
+static void duet_i345(void *const *t, const double *s) {
+  void *const a[] = {t[711], t[144], t[714], };
+  duet_k15(a, s);
+}
+static void duet_i346(void *const *t, const double *s) {
+  void *const a[] = {t[711], t[146], t[715], };
+  duet_k16(a, s);
+}
+static void duet_i347(void *const *t, const double *s) {
+  void *const a[] = {t[715], t[716], };
+  duet_k14(a, s);
+}
+static void duet_i348(void *const *t, const double *s) {
+  void *const a[] = {t[714], t[143], t[717], };
+  duet_k17(a, s);
+}
+static void duet_i349(void *const *t, const double *s) {
+  void *const a[] = {t[695], t[717], t[718], };
+  duet_k20(a, s);
+}
+static void duet_i350(void *const *t, const double *s) {
+  void *const a[] = {t[718], t[719], };
+  duet_k14(a, s);
+}
+static void duet_i351(void *const *t, const double *s) {
+  void *const a[] = {t[720], t[138], t[722], };
+  duet_k18(a, s);
+}
+static void duet_i352(void *const *t, const double *s) {
+  void *const a[] = {t[722], t[723], };
+  duet_k19(a, s);
+}
+static void duet_i353(void *const *t, const double *s) {
+  void *const a[] = {t[724], t[726], };
+  duet_k14(a, s);
+}
+static void duet_i354(void *const *t, const double *s) {
+  void *const a[] = {t[724], t[131], t[727], };
+  duet_k15(a, s);
+}
+static void duet_i355(void *const *t, const double *s) {
+  void *const a[] = {t[724], t[133], t[728], };
+  duet_k16(a, s);
+}
+static void duet_i356(void *const *t, const double *s) {
+  void *const a[] = {t[728], t[729], };
+  duet_k14(a, s);
+}
+static void duet_i357(void *const *t, const double *s) {
+  void *const a[] = {t[727], t[130], t[730], };
+  duet_k17(a, s);
+}
+static void duet_i358(void *const *t, const double *s) {
+  void *const a[] = {t[718], t[730], t[731], };
+  duet_k20(a, s);
+}
+static void duet_i359(void *const *t, const double *s) {
+  void *const a[] = {t[731], t[732], };
+  duet_k14(a, s);
+}
+static void duet_i360(void *const *t, const double *s) {
+  void *const a[] = {t[733], t[117], t[121], t[125], t[735], };
+  duet_k21(a, s);
+}
+static void duet_i361(void *const *t, const double *s) {
+  void *const a[] = {t[735], t[736], };
+  duet_k22(a, s);
+}
+static void duet_i362(void *const *t, const double *s) {
+  void *const a[] = {t[735], t[737], };
+  duet_k23(a, s);
+}
+static void duet_i363(void *const *t, const double *s) {
+  void *const a[] = {t[735], t[738], };
+  duet_k24(a, s);
+}
+static void duet_i364(void *const *t, const double *s) {
+  void *const a[] = {t[738], t[739], };
+  duet_k14(a, s);
+}
+static void duet_i365(void *const *t, const double *s) {
+  void *const a[] = {t[737], t[742], };
+  duet_k14(a, s);
+}
+static void duet_i366(void *const *t, const double *s) {
+  void *const a[] = {t[736], t[745], };
+  duet_k14(a, s);
+}
+static void duet_i367(void *const *t, const double *s) {
+  void *const a[] = {t[740], t[743], t[746], t[747], };
+  duet_k25(a, s);
+}
+static void duet_i368(void *const *t, const double *s) {
+  void *const a[] = {t[747], t[749], };
+  duet_k14(a, s);
+}
+static void duet_i369(void *const *t, const double *s) {
+  void *const a[] = {t[747], t[110], t[750], };
+  duet_k15(a, s);
+}
+static void duet_i370(void *const *t, const double *s) {
+  void *const a[] = {t[747], t[112], t[751], };
+  duet_k16(a, s);
+}
+static void duet_i371(void *const *t, const double *s) {
+  void *const a[] = {t[751], t[752], };
+  duet_k14(a, s);
+}
+static void duet_i372(void *const *t, const double *s) {
+  void *const a[] = {t[750], t[109], t[753], };
+  duet_k17(a, s);
+}
+static void duet_i373(void *const *t, const double *s) {
+  void *const a[] = {t[731], t[753], t[754], };
+  duet_k20(a, s);
+}
+static void duet_i374(void *const *t, const double *s) {
+  void *const a[] = {t[754], t[755], };
+  duet_k14(a, s);
+}
+static void duet_i375(void *const *t, const double *s) {
+  void *const a[] = {t[756], t[104], t[758], };
+  duet_k18(a, s);
+}
+static void duet_i376(void *const *t, const double *s) {
+  void *const a[] = {t[758], t[759], };
+  duet_k19(a, s);
+}
+static void duet_i377(void *const *t, const double *s) {
+  void *const a[] = {t[760], t[762], };
+  duet_k14(a, s);
+}
+static void duet_i378(void *const *t, const double *s) {
+  void *const a[] = {t[760], t[97], t[763], };
+  duet_k15(a, s);
+}
+static void duet_i379(void *const *t, const double *s) {
+  void *const a[] = {t[760], t[99], t[764], };
+  duet_k16(a, s);
+}
+static void duet_i380(void *const *t, const double *s) {
+  void *const a[] = {t[764], t[765], };
+  duet_k14(a, s);
+}
+static void duet_i381(void *const *t, const double *s) {
+  void *const a[] = {t[763], t[96], t[766], };
+  duet_k17(a, s);
+}
+static void duet_i382(void *const *t, const double *s) {
+  void *const a[] = {t[754], t[766], t[767], };
+  duet_k20(a, s);
+}
+static void duet_i383(void *const *t, const double *s) {
+  void *const a[] = {t[767], t[768], };
+  duet_k14(a, s);
+}
+static void duet_i384(void *const *t, const double *s) {
+  void *const a[] = {t[769], t[83], t[87], t[91], t[771], };
+  duet_k21(a, s);
+}
+static void duet_i385(void *const *t, const double *s) {
+  void *const a[] = {t[771], t[772], };
+  duet_k22(a, s);
+}
+static void duet_i386(void *const *t, const double *s) {
+  void *const a[] = {t[771], t[773], };
+  duet_k23(a, s);
+}
+static void duet_i387(void *const *t, const double *s) {
+  void *const a[] = {t[771], t[774], };
+  duet_k24(a, s);
+}
+static void duet_i388(void *const *t, const double *s) {
+  void *const a[] = {t[774], t[775], };
+  duet_k14(a, s);
+}
+static void duet_i389(void *const *t, const double *s) {
+  void *const a[] = {t[773], t[778], };
+  duet_k14(a, s);
+}
+static void duet_i390(void *const *t, const double *s) {
+  void *const a[] = {t[772], t[781], };
+  duet_k14(a, s);
+}
+static void duet_i391(void *const *t, const double *s) {
+  void *const a[] = {t[776], t[779], t[782], t[783], };
+  duet_k25(a, s);
+}
+static void duet_i392(void *const *t, const double *s) {
+  void *const a[] = {t[783], t[785], };
+  duet_k14(a, s);
+}
+static void duet_i393(void *const *t, const double *s) {
+  void *const a[] = {t[783], t[76], t[786], };
+  duet_k15(a, s);
+}
+static void duet_i394(void *const *t, const double *s) {
+  void *const a[] = {t[783], t[78], t[787], };
+  duet_k16(a, s);
+}
+static void duet_i395(void *const *t, const double *s) {
+  void *const a[] = {t[787], t[788], };
+  duet_k14(a, s);
+}
+static void duet_i396(void *const *t, const double *s) {
+  void *const a[] = {t[786], t[75], t[789], };
+  duet_k17(a, s);
+}
+static void duet_i397(void *const *t, const double *s) {
+  void *const a[] = {t[767], t[789], t[790], };
+  duet_k20(a, s);
+}
+static void duet_i398(void *const *t, const double *s) {
+  void *const a[] = {t[790], t[791], };
+  duet_k14(a, s);
+}
+static void duet_i399(void *const *t, const double *s) {
+  void *const a[] = {t[792], t[70], t[794], };
+  duet_k18(a, s);
+}
+static void duet_i400(void *const *t, const double *s) {
+  void *const a[] = {t[794], t[795], };
+  duet_k19(a, s);
+}
+static void duet_i401(void *const *t, const double *s) {
+  void *const a[] = {t[796], t[798], };
+  duet_k14(a, s);
+}
+static void duet_i402(void *const *t, const double *s) {
+  void *const a[] = {t[796], t[63], t[799], };
+  duet_k15(a, s);
+}
+static void duet_i403(void *const *t, const double *s) {
+  void *const a[] = {t[796], t[65], t[800], };
+  duet_k16(a, s);
+}
+static void duet_i404(void *const *t, const double *s) {
+  void *const a[] = {t[800], t[801], };
+  duet_k14(a, s);
+}
+static void duet_i405(void *const *t, const double *s) {
+  void *const a[] = {t[799], t[62], t[802], };
+  duet_k17(a, s);
+}
+static void duet_i406(void *const *t, const double *s) {
+  void *const a[] = {t[790], t[802], t[803], };
+  duet_k20(a, s);
+}
+static void duet_i407(void *const *t, const double *s) {
+  void *const a[] = {t[803], t[804], };
+  duet_k14(a, s);
+}
+static void duet_i408(void *const *t, const double *s) {
+  void *const a[] = {t[805], t[49], t[53], t[57], t[807], };
+  duet_k21(a, s);
+}
+static void duet_i409(void *const *t, const double *s) {
+  void *const a[] = {t[807], t[808], };
+  duet_k22(a, s);
+}
+static void duet_i410(void *const *t, const double *s) {
+  void *const a[] = {t[807], t[809], };
+  duet_k23(a, s);
+}
+static void duet_i411(void *const *t, const double *s) {
+  void *const a[] = {t[807], t[810], };
+  duet_k24(a, s);
+}
+static void duet_i412(void *const *t, const double *s) {
+  void *const a[] = {t[810], t[811], };
+  duet_k14(a, s);
+}
+static void duet_i413(void *const *t, const double *s) {
+  void *const a[] = {t[809], t[814], };
+  duet_k14(a, s);
+}
+static void duet_i414(void *const *t, const double *s) {
+  void *const a[] = {t[808], t[817], };
+  duet_k14(a, s);
+}
+static void duet_i415(void *const *t, const double *s) {
+  void *const a[] = {t[812], t[815], t[818], t[819], };
+  duet_k25(a, s);
+}
+static void duet_i416(void *const *t, const double *s) {
+  void *const a[] = {t[819], t[821], };
+  duet_k14(a, s);
+}
+static void duet_i417(void *const *t, const double *s) {
+  void *const a[] = {t[819], t[42], t[822], };
+  duet_k15(a, s);
+}
+static void duet_i418(void *const *t, const double *s) {
+  void *const a[] = {t[819], t[44], t[823], };
+  duet_k16(a, s);
+}
+static void duet_i419(void *const *t, const double *s) {
+  void *const a[] = {t[823], t[824], };
+  duet_k14(a, s);
+}
+static void duet_i420(void *const *t, const double *s) {
+  void *const a[] = {t[822], t[41], t[825], };
+  duet_k17(a, s);
+}
+static void duet_i421(void *const *t, const double *s) {
+  void *const a[] = {t[803], t[825], t[826], };
+  duet_k20(a, s);
+}
+static void duet_i422(void *const *t, const double *s) {
+  void *const a[] = {t[826], t[827], };
+  duet_k14(a, s);
+}
+static void duet_i423(void *const *t, const double *s) {
+  void *const a[] = {t[828], t[36], t[830], };
+  duet_k18(a, s);
+}
+static void duet_i424(void *const *t, const double *s) {
+  void *const a[] = {t[830], t[831], };
+  duet_k19(a, s);
+}
+static void duet_i425(void *const *t, const double *s) {
+  void *const a[] = {t[832], t[834], };
+  duet_k14(a, s);
+}
+static void duet_i426(void *const *t, const double *s) {
+  void *const a[] = {t[832], t[29], t[835], };
+  duet_k15(a, s);
+}
+static void duet_i427(void *const *t, const double *s) {
+  void *const a[] = {t[832], t[31], t[836], };
+  duet_k16(a, s);
+}
+static void duet_i428(void *const *t, const double *s) {
+  void *const a[] = {t[836], t[837], };
+  duet_k14(a, s);
+}
+static void duet_i429(void *const *t, const double *s) {
+  void *const a[] = {t[835], t[28], t[838], };
+  duet_k17(a, s);
+}
+static void duet_i430(void *const *t, const double *s) {
+  void *const a[] = {t[826], t[838], t[839], };
+  duet_k20(a, s);
+}
+static void duet_i431(void *const *t, const double *s) {
+  void *const a[] = {t[839], t[840], };
+  duet_k14(a, s);
+}
+static void duet_i432(void *const *t, const double *s) {
+  void *const a[] = {t[841], t[15], t[19], t[23], t[843], };
+  duet_k21(a, s);
+}
+static void duet_i433(void *const *t, const double *s) {
+  void *const a[] = {t[843], t[844], };
+  duet_k22(a, s);
+}
+static void duet_i434(void *const *t, const double *s) {
+  void *const a[] = {t[843], t[845], };
+  duet_k23(a, s);
+}
+static void duet_i435(void *const *t, const double *s) {
+  void *const a[] = {t[843], t[846], };
+  duet_k24(a, s);
+}
+static void duet_i436(void *const *t, const double *s) {
+  void *const a[] = {t[846], t[847], };
+  duet_k14(a, s);
+}
+static void duet_i437(void *const *t, const double *s) {
+  void *const a[] = {t[845], t[850], };
+  duet_k14(a, s);
+}
+static void duet_i438(void *const *t, const double *s) {
+  void *const a[] = {t[844], t[853], };
+  duet_k14(a, s);
+}
+static void duet_i439(void *const *t, const double *s) {
+  void *const a[] = {t[848], t[851], t[854], t[855], };
+  duet_k25(a, s);
+}
+static void duet_i440(void *const *t, const double *s) {
+  void *const a[] = {t[855], t[857], };
+  duet_k14(a, s);
+}
+static void duet_i441(void *const *t, const double *s) {
+  void *const a[] = {t[855], t[8], t[858], };
+  duet_k15(a, s);
+}
+static void duet_i442(void *const *t, const double *s) {
+  void *const a[] = {t[855], t[10], t[859], };
+  duet_k16(a, s);
+}
+static void duet_i443(void *const *t, const double *s) {
+  void *const a[] = {t[859], t[860], };
+  duet_k14(a, s);
+}
+static void duet_i444(void *const *t, const double *s) {
+  void *const a[] = {t[858], t[7], t[861], };
+  duet_k17(a, s);
+}
+static void duet_i445(void *const *t, const double *s) {
+  void *const a[] = {t[839], t[861], t[862], };
+  duet_k20(a, s);
+}
+static void duet_i446(void *const *t, const double *s) {
+  void *const a[] = {t[862], t[863], };
+  duet_k26(a, s);
+}
+static void duet_i447(void *const *t, const double *s) {
+  void *const a[] = {t[863], t[5], t[864], };
+  duet_k27(a, s);
+}
+static void duet_i448(void *const *t, const double *s) {
+  void *const a[] = {t[862], t[0], t[865], };
+  duet_k28(a, s);
+}
+static void duet_i449(void *const *t, const double *s) {
+  void *const a[] = {t[425], t[865], t[866], };
+  duet_k29(a, s);
+}
+static void duet_i450(void *const *t, const double *s) {
+  void *const a[] = {t[2], t[866], t[867], t[868], };
+  duet_k30(a, s);
+}
+static void duet_i451(void *const *t, const double *s) {
+  void *const a[] = {t[3], t[864], t[869], t[870], };
+  duet_k31(a, s);
+}
+static void duet_i452(void *const *t, const double *s) {
+  void *const a[] = {t[8], t[860], t[871], t[872], };
+  duet_k32(a, s);
+}
+static void duet_i453(void *const *t, const double *s) {
+  void *const a[] = {t[9], t[857], t[873], t[874], };
+  duet_k32(a, s);
+}
+static void duet_i454(void *const *t, const double *s) {
+  void *const a[] = {t[12], t[856], t[875], t[876], };
+  duet_k33(a, s);
+}
+static void duet_i455(void *const *t, const double *s) {
+  void *const a[] = {t[13], t[853], t[877], t[878], };
+  duet_k32(a, s);
+}
+static void duet_i456(void *const *t, const double *s) {
+  void *const a[] = {t[16], t[852], t[879], t[880], };
+  duet_k33(a, s);
+}
+static void duet_i457(void *const *t, const double *s) {
+  void *const a[] = {t[17], t[850], t[881], t[882], };
+  duet_k32(a, s);
+}
+static void duet_i458(void *const *t, const double *s) {
+  void *const a[] = {t[20], t[849], t[883], t[884], };
+  duet_k33(a, s);
+}
+static void duet_i459(void *const *t, const double *s) {
+  void *const a[] = {t[21], t[847], t[885], t[886], };
+  duet_k32(a, s);
+}
+static void duet_i460(void *const *t, const double *s) {
+  void *const a[] = {t[25], t[842], t[887], t[888], };
+  duet_k33(a, s);
+}
+static void duet_i461(void *const *t, const double *s) {
+  void *const a[] = {t[26], t[840], t[889], t[890], };
+  duet_k32(a, s);
+}
+static void duet_i462(void *const *t, const double *s) {
+  void *const a[] = {t[29], t[837], t[891], t[892], };
+  duet_k32(a, s);
+}
+static void duet_i463(void *const *t, const double *s) {
+  void *const a[] = {t[30], t[834], t[893], t[894], };
+  duet_k32(a, s);
+}
+static void duet_i464(void *const *t, const double *s) {
+  void *const a[] = {t[33], t[833], t[895], t[896], };
+  duet_k34(a, s);
+}
+static void duet_i465(void *const *t, const double *s) {
+  void *const a[] = {t[34], t[831], t[897], t[898], };
+  duet_k35(a, s);
+}
+static void duet_i466(void *const *t, const double *s) {
+  void *const a[] = {t[38], t[829], t[899], t[900], };
+  duet_k34(a, s);
+}
+static void duet_i467(void *const *t, const double *s) {
+  void *const a[] = {t[39], t[827], t[901], t[902], };
+  duet_k32(a, s);
+}
+static void duet_i468(void *const *t, const double *s) {
+  void *const a[] = {t[42], t[824], t[903], t[904], };
+  duet_k32(a, s);
+}
+static void duet_i469(void *const *t, const double *s) {
+  void *const a[] = {t[43], t[821], t[905], t[906], };
+  duet_k32(a, s);
+}
+static void duet_i470(void *const *t, const double *s) {
+  void *const a[] = {t[46], t[820], t[907], t[908], };
+  duet_k33(a, s);
+}
+static void duet_i471(void *const *t, const double *s) {
+  void *const a[] = {t[47], t[817], t[909], t[910], };
+  duet_k32(a, s);
+}
+static void duet_i472(void *const *t, const double *s) {
+  void *const a[] = {t[50], t[816], t[911], t[912], };
+  duet_k33(a, s);
+}
+static void duet_i473(void *const *t, const double *s) {
+  void *const a[] = {t[51], t[814], t[913], t[914], };
+  duet_k32(a, s);
+}
+static void duet_i474(void *const *t, const double *s) {
+  void *const a[] = {t[54], t[813], t[915], t[916], };
+  duet_k33(a, s);
+}
+static void duet_i475(void *const *t, const double *s) {
+  void *const a[] = {t[55], t[811], t[917], t[918], };
+  duet_k32(a, s);
+}
+static void duet_i476(void *const *t, const double *s) {
+  void *const a[] = {t[59], t[806], t[919], t[920], };
+  duet_k33(a, s);
+}
+static void duet_i477(void *const *t, const double *s) {
+  void *const a[] = {t[60], t[804], t[921], t[922], };
+  duet_k32(a, s);
+}
+static void duet_i478(void *const *t, const double *s) {
+  void *const a[] = {t[63], t[801], t[923], t[924], };
+  duet_k32(a, s);
+}
+static void duet_i479(void *const *t, const double *s) {
+  void *const a[] = {t[64], t[798], t[925], t[926], };
+  duet_k32(a, s);
+}
+static void duet_i480(void *const *t, const double *s) {
+  void *const a[] = {t[67], t[797], t[927], t[928], };
+  duet_k34(a, s);
+}
+static void duet_i481(void *const *t, const double *s) {
+  void *const a[] = {t[68], t[795], t[929], t[930], };
+  duet_k35(a, s);
+}
+static void duet_i482(void *const *t, const double *s) {
+  void *const a[] = {t[72], t[793], t[931], t[932], };
+  duet_k34(a, s);
+}
+static void duet_i483(void *const *t, const double *s) {
+  void *const a[] = {t[73], t[791], t[933], t[934], };
+  duet_k32(a, s);
+}
+static void duet_i484(void *const *t, const double *s) {
+  void *const a[] = {t[76], t[788], t[935], t[936], };
+  duet_k32(a, s);
+}
+static void duet_i485(void *const *t, const double *s) {
+  void *const a[] = {t[77], t[785], t[937], t[938], };
+  duet_k32(a, s);
+}
+static void duet_i486(void *const *t, const double *s) {
+  void *const a[] = {t[80], t[784], t[939], t[940], };
+  duet_k33(a, s);
+}
+static void duet_i487(void *const *t, const double *s) {
+  void *const a[] = {t[81], t[781], t[941], t[942], };
+  duet_k32(a, s);
+}
+static void duet_i488(void *const *t, const double *s) {
+  void *const a[] = {t[84], t[780], t[943], t[944], };
+  duet_k33(a, s);
+}
+static void duet_i489(void *const *t, const double *s) {
+  void *const a[] = {t[85], t[778], t[945], t[946], };
+  duet_k32(a, s);
+}
+static void duet_i490(void *const *t, const double *s) {
+  void *const a[] = {t[88], t[777], t[947], t[948], };
+  duet_k33(a, s);
+}
+static void duet_i491(void *const *t, const double *s) {
+  void *const a[] = {t[89], t[775], t[949], t[950], };
+  duet_k32(a, s);
+}
+static void duet_i492(void *const *t, const double *s) {
+  void *const a[] = {t[93], t[770], t[951], t[952], };
+  duet_k33(a, s);
+}
+static void duet_i493(void *const *t, const double *s) {
+  void *const a[] = {t[94], t[768], t[953], t[954], };
+  duet_k32(a, s);
+}
+static void duet_i494(void *const *t, const double *s) {
+  void *const a[] = {t[97], t[765], t[955], t[956], };
+  duet_k32(a, s);
+}
+static void duet_i495(void *const *t, const double *s) {
+  void *const a[] = {t[98], t[762], t[957], t[958], };
+  duet_k32(a, s);
+}
+static void duet_i496(void *const *t, const double *s) {
+  void *const a[] = {t[101], t[761], t[959], t[960], };
+  duet_k34(a, s);
+}
+static void duet_i497(void *const *t, const double *s) {
+  void *const a[] = {t[102], t[759], t[961], t[962], };
+  duet_k35(a, s);
+}
+static void duet_i498(void *const *t, const double *s) {
+  void *const a[] = {t[106], t[757], t[963], t[964], };
+  duet_k34(a, s);
+}
+static void duet_i499(void *const *t, const double *s) {
+  void *const a[] = {t[107], t[755], t[965], t[966], };
+  duet_k32(a, s);
+}
+static void duet_i500(void *const *t, const double *s) {
+  void *const a[] = {t[110], t[752], t[967], t[968], };
+  duet_k32(a, s);
+}
+static void duet_i501(void *const *t, const double *s) {
+  void *const a[] = {t[111], t[749], t[969], t[970], };
+  duet_k32(a, s);
+}
+static void duet_i502(void *const *t, const double *s) {
+  void *const a[] = {t[114], t[748], t[971], t[972], };
+  duet_k33(a, s);
+}
+static void duet_i503(void *const *t, const double *s) {
+  void *const a[] = {t[115], t[745], t[973], t[974], };
+  duet_k32(a, s);
+}
+static void duet_i504(void *const *t, const double *s) {
+  void *const a[] = {t[118], t[744], t[975], t[976], };
+  duet_k33(a, s);
+}
+static void duet_i505(void *const *t, const double *s) {
+  void *const a[] = {t[119], t[742], t[977], t[978], };
+  duet_k32(a, s);
+}
+static void duet_i506(void *const *t, const double *s) {
+  void *const a[] = {t[122], t[741], t[979], t[980], };
+  duet_k33(a, s);
+}
+static void duet_i507(void *const *t, const double *s) {
+  void *const a[] = {t[123], t[739], t[981], t[982], };
+  duet_k32(a, s);
+}
+static void duet_i508(void *const *t, const double *s) {
+  void *const a[] = {t[127], t[734], t[983], t[984], };
+  duet_k33(a, s);
+}
+static void duet_i509(void *const *t, const double *s) {
+  void *const a[] = {t[128], t[732], t[985], t[986], };
+  duet_k32(a, s);
+}
+static void duet_i510(void *const *t, const double *s) {
+  void *const a[] = {t[131], t[729], t[987], t[988], };
+  duet_k32(a, s);
+}
+static void duet_i511(void *const *t, const double *s) {
+  void *const a[] = {t[132], t[726], t[989], t[990], };
+  duet_k32(a, s);
+}
+static void duet_i512(void *const *t, const double *s) {
+  void *const a[] = {t[135], t[725], t[991], t[992], };
+  duet_k34(a, s);
+}
+static void duet_i513(void *const *t, const double *s) {
+  void *const a[] = {t[136], t[723], t[993], t[994], };
+  duet_k35(a, s);
+}
+static void duet_i514(void *const *t, const double *s) {
+  void *const a[] = {t[140], t[721], t[995], t[996], };
+  duet_k34(a, s);
+}
+static void duet_i515(void *const *t, const double *s) {
+  void *const a[] = {t[141], t[719], t[997], t[998], };
+  duet_k32(a, s);
+}
+static void duet_i516(void *const *t, const double *s) {
+  void *const a[] = {t[144], t[716], t[999], t[1000], };
+  duet_k32(a, s);
+}
+static void duet_i517(void *const *t, const double *s) {
+  void *const a[] = {t[145], t[713], t[1001], t[1002], };
+  duet_k32(a, s);
+}
+static void duet_i518(void *const *t, const double *s) {
+  void *const a[] = {t[148], t[712], t[1003], t[1004], };
+  duet_k33(a, s);
+}
+static void duet_i519(void *const *t, const double *s) {
+  void *const a[] = {t[149], t[709], t[1005], t[1006], };
+  duet_k32(a, s);
+}
+static void duet_i520(void *const *t, const double *s) {
+  void *const a[] = {t[152], t[708], t[1007], t[1008], };
+  duet_k33(a, s);
+}
+static void duet_i521(void *const *t, const double *s) {
+  void *const a[] = {t[153], t[706], t[1009], t[1010], };
+  duet_k32(a, s);
+}
+static void duet_i522(void *const *t, const double *s) {
+  void *const a[] = {t[156], t[705], t[1011], t[1012], };
+  duet_k33(a, s);
+}
+static void duet_i523(void *const *t, const double *s) {
+  void *const a[] = {t[157], t[703], t[1013], t[1014], };
+  duet_k32(a, s);
+}
+static void duet_i524(void *const *t, const double *s) {
+  void *const a[] = {t[161], t[698], t[1015], t[1016], };
+  duet_k33(a, s);
+}
+static void duet_i525(void *const *t, const double *s) {
+  void *const a[] = {t[162], t[696], t[1017], t[1018], };
+  duet_k32(a, s);
+}
+static void duet_i526(void *const *t, const double *s) {
+  void *const a[] = {t[165], t[693], t[1019], t[1020], };
+  duet_k32(a, s);
+}
+static void duet_i527(void *const *t, const double *s) {
+  void *const a[] = {t[166], t[690], t[1021], t[1022], };
+  duet_k32(a, s);
+}
+static void duet_i528(void *const *t, const double *s) {
+  void *const a[] = {t[169], t[689], t[1023], t[1024], };
+  duet_k34(a, s);
+}
+static void duet_i529(void *const *t, const double *s) {
+  void *const a[] = {t[170], t[687], t[1025], t[1026], };
+  duet_k35(a, s);
+}
+static void duet_i530(void *const *t, const double *s) {
+  void *const a[] = {t[174], t[685], t[1027], t[1028], };
+  duet_k34(a, s);
+}
+static void duet_i531(void *const *t, const double *s) {
+  void *const a[] = {t[175], t[683], t[1029], t[1030], };
+  duet_k32(a, s);
+}
+static void duet_i532(void *const *t, const double *s) {
+  void *const a[] = {t[178], t[680], t[1031], t[1032], };
+  duet_k32(a, s);
+}
+static void duet_i533(void *const *t, const double *s) {
+  void *const a[] = {t[179], t[677], t[1033], t[1034], };
+  duet_k32(a, s);
+}
+static void duet_i534(void *const *t, const double *s) {
+  void *const a[] = {t[182], t[676], t[1035], t[1036], };
+  duet_k33(a, s);
+}
+static void duet_i535(void *const *t, const double *s) {
+  void *const a[] = {t[183], t[673], t[1037], t[1038], };
+  duet_k32(a, s);
+}
+static void duet_i536(void *const *t, const double *s) {
+  void *const a[] = {t[186], t[672], t[1039], t[1040], };
+  duet_k33(a, s);
+}
+static void duet_i537(void *const *t, const double *s) {
+  void *const a[] = {t[187], t[670], t[1041], t[1042], };
+  duet_k32(a, s);
+}
+static void duet_i538(void *const *t, const double *s) {
+  void *const a[] = {t[190], t[669], t[1043], t[1044], };
+  duet_k33(a, s);
+}
+static void duet_i539(void *const *t, const double *s) {
+  void *const a[] = {t[191], t[667], t[1045], t[1046], };
+  duet_k32(a, s);
+}
+static void duet_i540(void *const *t, const double *s) {
+  void *const a[] = {t[195], t[662], t[1047], t[1048], };
+  duet_k33(a, s);
+}
+static void duet_i541(void *const *t, const double *s) {
+  void *const a[] = {t[196], t[660], t[1049], t[1050], };
+  duet_k32(a, s);
+}
+static void duet_i542(void *const *t, const double *s) {
+  void *const a[] = {t[199], t[657], t[1051], t[1052], };
+  duet_k32(a, s);
+}
+static void duet_i543(void *const *t, const double *s) {
+  void *const a[] = {t[200], t[654], t[1053], t[1054], };
+  duet_k32(a, s);
+}
+static void duet_i544(void *const *t, const double *s) {
+  void *const a[] = {t[203], t[653], t[1055], t[1056], };
+  duet_k34(a, s);
+}
+static void duet_i545(void *const *t, const double *s) {
+  void *const a[] = {t[204], t[651], t[1057], t[1058], };
+  duet_k35(a, s);
+}
+static void duet_i546(void *const *t, const double *s) {
+  void *const a[] = {t[208], t[649], t[1059], t[1060], };
+  duet_k34(a, s);
+}
+static void duet_i547(void *const *t, const double *s) {
+  void *const a[] = {t[209], t[647], t[1061], t[1062], };
+  duet_k32(a, s);
+}
+static void duet_i548(void *const *t, const double *s) {
+  void *const a[] = {t[212], t[644], t[1063], t[1064], };
+  duet_k32(a, s);
+}
+static void duet_i549(void *const *t, const double *s) {
+  void *const a[] = {t[213], t[641], t[1065], t[1066], };
+  duet_k32(a, s);
+}
+static void duet_i550(void *const *t, const double *s) {
+  void *const a[] = {t[216], t[640], t[1067], t[1068], };
+  duet_k33(a, s);
+}
+static void duet_i551(void *const *t, const double *s) {
+  void *const a[] = {t[217], t[637], t[1069], t[1070], };
+  duet_k32(a, s);
+}
+static void duet_i552(void *const *t, const double *s) {
+  void *const a[] = {t[220], t[636], t[1071], t[1072], };
+  duet_k33(a, s);
+}
+static void duet_i553(void *const *t, const double *s) {
+  void *const a[] = {t[221], t[634], t[1073], t[1074], };
+  duet_k32(a, s);
+}
+static void duet_i554(void *const *t, const double *s) {
+  void *const a[] = {t[224], t[633], t[1075], t[1076], };
+  duet_k33(a, s);
+}
+static void duet_i555(void *const *t, const double *s) {
+  void *const a[] = {t[225], t[631], t[1077], t[1078], };
+  duet_k32(a, s);
+}
+static void duet_i556(void *const *t, const double *s) {
+  void *const a[] = {t[229], t[626], t[1079], t[1080], };
+  duet_k33(a, s);
+}
+static void duet_i557(void *const *t, const double *s) {
+  void *const a[] = {t[230], t[624], t[1081], t[1082], };
+  duet_k32(a, s);
+}
+static void duet_i558(void *const *t, const double *s) {
+  void *const a[] = {t[233], t[621], t[1083], t[1084], };
+  duet_k32(a, s);
+}
+static void duet_i559(void *const *t, const double *s) {
+  void *const a[] = {t[234], t[618], t[1085], t[1086], };
+  duet_k32(a, s);
+}
+static void duet_i560(void *const *t, const double *s) {
+  void *const a[] = {t[237], t[617], t[1087], t[1088], };
+  duet_k34(a, s);
+}
+static void duet_i561(void *const *t, const double *s) {
+  void *const a[] = {t[238], t[615], t[1089], t[1090], };
+  duet_k35(a, s);
+}
+static void duet_i562(void *const *t, const double *s) {
+  void *const a[] = {t[242], t[613], t[1091], t[1092], };
+  duet_k34(a, s);
+}
+static void duet_i563(void *const *t, const double *s) {
+  void *const a[] = {t[243], t[611], t[1093], t[1094], };
+  duet_k32(a, s);
+}
+static void duet_i564(void *const *t, const double *s) {
+  void *const a[] = {t[246], t[608], t[1095], t[1096], };
+  duet_k32(a, s);
+}
+static void duet_i565(void *const *t, const double *s) {
+  void *const a[] = {t[247], t[605], t[1097], t[1098], };
+  duet_k32(a, s);
+}
+static void duet_i566(void *const *t, const double *s) {
+  void *const a[] = {t[250], t[604], t[1099], t[1100], };
+  duet_k33(a, s);
+}
+static void duet_i567(void *const *t, const double *s) {
+  void *const a[] = {t[251], t[601], t[1101], t[1102], };
+  duet_k32(a, s);
+}
+static void duet_i568(void *const *t, const double *s) {
+  void *const a[] = {t[254], t[600], t[1103], t[1104], };
+  duet_k33(a, s);
+}
+static void duet_i569(void *const *t, const double *s) {
+  void *const a[] = {t[255], t[598], t[1105], t[1106], };
+  duet_k32(a, s);
+}
+static void duet_i570(void *const *t, const double *s) {
+  void *const a[] = {t[258], t[597], t[1107], t[1108], };
+  duet_k33(a, s);
+}
+static void duet_i571(void *const *t, const double *s) {
+  void *const a[] = {t[259], t[595], t[1109], t[1110], };
+  duet_k32(a, s);
+}
+static void duet_i572(void *const *t, const double *s) {
+  void *const a[] = {t[263], t[590], t[1111], t[1112], };
+  duet_k33(a, s);
+}
+static void duet_i573(void *const *t, const double *s) {
+  void *const a[] = {t[264], t[588], t[1113], t[1114], };
+  duet_k32(a, s);
+}
+static void duet_i574(void *const *t, const double *s) {
+  void *const a[] = {t[267], t[585], t[1115], t[1116], };
+  duet_k32(a, s);
+}
+static void duet_i575(void *const *t, const double *s) {
+  void *const a[] = {t[268], t[582], t[1117], t[1118], };
+  duet_k32(a, s);
+}
+static void duet_i576(void *const *t, const double *s) {
+  void *const a[] = {t[271], t[581], t[1119], t[1120], };
+  duet_k34(a, s);
+}
+static void duet_i577(void *const *t, const double *s) {
+  void *const a[] = {t[272], t[579], t[1121], t[1122], };
+  duet_k35(a, s);
+}
+static void duet_i578(void *const *t, const double *s) {
+  void *const a[] = {t[276], t[577], t[1123], t[1124], };
+  duet_k34(a, s);
+}
+static void duet_i579(void *const *t, const double *s) {
+  void *const a[] = {t[277], t[575], t[1125], t[1126], };
+  duet_k32(a, s);
+}
+static void duet_i580(void *const *t, const double *s) {
+  void *const a[] = {t[280], t[572], t[1127], t[1128], };
+  duet_k32(a, s);
+}
+static void duet_i581(void *const *t, const double *s) {
+  void *const a[] = {t[281], t[569], t[1129], t[1130], };
+  duet_k32(a, s);
+}
+static void duet_i582(void *const *t, const double *s) {
+  void *const a[] = {t[284], t[568], t[1131], t[1132], };
+  duet_k33(a, s);
+}
+static void duet_i583(void *const *t, const double *s) {
+  void *const a[] = {t[285], t[565], t[1133], t[1134], };
+  duet_k32(a, s);
+}
+static void duet_i584(void *const *t, const double *s) {
+  void *const a[] = {t[288], t[564], t[1135], t[1136], };
+  duet_k33(a, s);
+}
+static void duet_i585(void *const *t, const double *s) {
+  void *const a[] = {t[289], t[562], t[1137], t[1138], };
+  duet_k32(a, s);
+}
+static void duet_i586(void *const *t, const double *s) {
+  void *const a[] = {t[292], t[561], t[1139], t[1140], };
+  duet_k33(a, s);
+}
+static void duet_i587(void *const *t, const double *s) {
+  void *const a[] = {t[293], t[559], t[1141], t[1142], };
+  duet_k32(a, s);
+}
+static void duet_i588(void *const *t, const double *s) {
+  void *const a[] = {t[297], t[554], t[1143], t[1144], };
+  duet_k33(a, s);
+}
+static void duet_i589(void *const *t, const double *s) {
+  void *const a[] = {t[298], t[552], t[1145], t[1146], };
+  duet_k32(a, s);
+}
+static void duet_i590(void *const *t, const double *s) {
+  void *const a[] = {t[301], t[549], t[1147], t[1148], };
+  duet_k32(a, s);
+}
+static void duet_i591(void *const *t, const double *s) {
+  void *const a[] = {t[302], t[546], t[1149], t[1150], };
+  duet_k32(a, s);
+}
+static void duet_i592(void *const *t, const double *s) {
+  void *const a[] = {t[305], t[545], t[1151], t[1152], };
+  duet_k34(a, s);
+}
+static void duet_i593(void *const *t, const double *s) {
+  void *const a[] = {t[306], t[543], t[1153], t[1154], };
+  duet_k35(a, s);
+}
+static void duet_i594(void *const *t, const double *s) {
+  void *const a[] = {t[310], t[541], t[1155], t[1156], };
+  duet_k34(a, s);
+}
+static void duet_i595(void *const *t, const double *s) {
+  void *const a[] = {t[311], t[539], t[1157], t[1158], };
+  duet_k32(a, s);
+}
+static void duet_i596(void *const *t, const double *s) {
+  void *const a[] = {t[314], t[536], t[1159], t[1160], };
+  duet_k32(a, s);
+}
+static void duet_i597(void *const *t, const double *s) {
+  void *const a[] = {t[315], t[533], t[1161], t[1162], };
+  duet_k32(a, s);
+}
+static void duet_i598(void *const *t, const double *s) {
+  void *const a[] = {t[318], t[532], t[1163], t[1164], };
+  duet_k33(a, s);
+}
+static void duet_i599(void *const *t, const double *s) {
+  void *const a[] = {t[319], t[529], t[1165], t[1166], };
+  duet_k32(a, s);
+}
+static void duet_i600(void *const *t, const double *s) {
+  void *const a[] = {t[322], t[528], t[1167], t[1168], };
+  duet_k33(a, s);
+}
+static void duet_i601(void *const *t, const double *s) {
+  void *const a[] = {t[323], t[526], t[1169], t[1170], };
+  duet_k32(a, s);
+}
+static void duet_i602(void *const *t, const double *s) {
+  void *const a[] = {t[326], t[525], t[1171], t[1172], };
+  duet_k33(a, s);
+}
+static void duet_i603(void *const *t, const double *s) {
+  void *const a[] = {t[327], t[523], t[1173], t[1174], };
+  duet_k32(a, s);
+}
+static void duet_i604(void *const *t, const double *s) {
+  void *const a[] = {t[331], t[518], t[1175], t[1176], };
+  duet_k33(a, s);
+}
+static void duet_i605(void *const *t, const double *s) {
+  void *const a[] = {t[332], t[516], t[1177], t[1178], };
+  duet_k32(a, s);
+}
+static void duet_i606(void *const *t, const double *s) {
+  void *const a[] = {t[335], t[513], t[1179], t[1180], };
+  duet_k32(a, s);
+}
+static void duet_i607(void *const *t, const double *s) {
+  void *const a[] = {t[336], t[510], t[1181], t[1182], };
+  duet_k32(a, s);
+}
+static void duet_i608(void *const *t, const double *s) {
+  void *const a[] = {t[339], t[509], t[1183], t[1184], };
+  duet_k34(a, s);
+}
+static void duet_i609(void *const *t, const double *s) {
+  void *const a[] = {t[340], t[507], t[1185], t[1186], };
+  duet_k35(a, s);
+}
+static void duet_i610(void *const *t, const double *s) {
+  void *const a[] = {t[344], t[505], t[1187], t[1188], };
+  duet_k34(a, s);
+}
+static void duet_i611(void *const *t, const double *s) {
+  void *const a[] = {t[345], t[503], t[1189], t[1190], };
+  duet_k32(a, s);
+}
+static void duet_i612(void *const *t, const double *s) {
+  void *const a[] = {t[348], t[500], t[1191], t[1192], };
+  duet_k32(a, s);
+}
+static void duet_i613(void *const *t, const double *s) {
+  void *const a[] = {t[349], t[497], t[1193], t[1194], };
+  duet_k32(a, s);
+}
+static void duet_i614(void *const *t, const double *s) {
+  void *const a[] = {t[352], t[496], t[1195], t[1196], };
+  duet_k33(a, s);
+}
+static void duet_i615(void *const *t, const double *s) {
+  void *const a[] = {t[353], t[493], t[1197], t[1198], };
+  duet_k32(a, s);
+}
+static void duet_i616(void *const *t, const double *s) {
+  void *const a[] = {t[356], t[492], t[1199], t[1200], };
+  duet_k33(a, s);
+}
+static void duet_i617(void *const *t, const double *s) {
+  void *const a[] = {t[357], t[490], t[1201], t[1202], };
+  duet_k32(a, s);
+}
+static void duet_i618(void *const *t, const double *s) {
+  void *const a[] = {t[360], t[489], t[1203], t[1204], };
+  duet_k33(a, s);
+}
+static void duet_i619(void *const *t, const double *s) {
+  void *const a[] = {t[361], t[487], t[1205], t[1206], };
+  duet_k32(a, s);
+}
+static void duet_i620(void *const *t, const double *s) {
+  void *const a[] = {t[365], t[482], t[1207], t[1208], };
+  duet_k33(a, s);
+}
+static void duet_i621(void *const *t, const double *s) {
+  void *const a[] = {t[366], t[480], t[1209], t[1210], };
+  duet_k32(a, s);
+}
+static void duet_i622(void *const *t, const double *s) {
+  void *const a[] = {t[369], t[477], t[1211], t[1212], };
+  duet_k32(a, s);
+}
+static void duet_i623(void *const *t, const double *s) {
+  void *const a[] = {t[370], t[474], t[1213], t[1214], };
+  duet_k32(a, s);
+}
+static void duet_i624(void *const *t, const double *s) {
+  void *const a[] = {t[373], t[473], t[1215], t[1216], };
+  duet_k34(a, s);
+}
+static void duet_i625(void *const *t, const double *s) {
+  void *const a[] = {t[374], t[471], t[1217], t[1218], };
+  duet_k35(a, s);
+}
+static void duet_i626(void *const *t, const double *s) {
+  void *const a[] = {t[378], t[469], t[1219], t[1220], };
+  duet_k34(a, s);
+}
+static void duet_i627(void *const *t, const double *s) {
+  void *const a[] = {t[379], t[467], t[1221], t[1222], };
+  duet_k32(a, s);
+}
+static void duet_i628(void *const *t, const double *s) {
+  void *const a[] = {t[382], t[464], t[1223], t[1224], };
+  duet_k32(a, s);
+}
+static void duet_i629(void *const *t, const double *s) {
+  void *const a[] = {t[383], t[461], t[1225], t[1226], };
+  duet_k32(a, s);
+}
+static void duet_i630(void *const *t, const double *s) {
+  void *const a[] = {t[386], t[460], t[1227], t[1228], };
+  duet_k33(a, s);
+}
+static void duet_i631(void *const *t, const double *s) {
+  void *const a[] = {t[387], t[457], t[1229], t[1230], };
+  duet_k32(a, s);
+}
+static void duet_i632(void *const *t, const double *s) {
+  void *const a[] = {t[390], t[456], t[1231], t[1232], };
+  duet_k33(a, s);
+}
+static void duet_i633(void *const *t, const double *s) {
+  void *const a[] = {t[391], t[454], t[1233], t[1234], };
+  duet_k32(a, s);
+}
+static void duet_i634(void *const *t, const double *s) {
+  void *const a[] = {t[394], t[453], t[1235], t[1236], };
+  duet_k33(a, s);
+}
+static void duet_i635(void *const *t, const double *s) {
+  void *const a[] = {t[395], t[451], t[1237], t[1238], };
+  duet_k32(a, s);
+}
+static void duet_i636(void *const *t, const double *s) {
+  void *const a[] = {t[399], t[446], t[1239], t[1240], };
+  duet_k33(a, s);
+}
+static void duet_i637(void *const *t, const double *s) {
+  void *const a[] = {t[400], t[444], t[1241], t[1242], };
+  duet_k32(a, s);
+}
+static void duet_i638(void *const *t, const double *s) {
+  void *const a[] = {t[403], t[441], t[1243], t[1244], };
+  duet_k32(a, s);
+}
+static void duet_i639(void *const *t, const double *s) {
+  void *const a[] = {t[404], t[438], t[1245], t[1246], };
+  duet_k32(a, s);
+}
+static void duet_i640(void *const *t, const double *s) {
+  void *const a[] = {t[407], t[437], t[1247], t[1248], };
+  duet_k34(a, s);
+}
+static void duet_i641(void *const *t, const double *s) {
+  void *const a[] = {t[408], t[435], t[1249], t[1250], };
+  duet_k35(a, s);
+}
+static void duet_i642(void *const *t, const double *s) {
+  void *const a[] = {t[412], t[433], t[1251], t[1252], };
+  duet_k34(a, s);
+}
+static void duet_i643(void *const *t, const double *s) {
+  void *const a[] = {t[413], t[431], t[1253], t[1254], };
+  duet_k32(a, s);
+}
+static void duet_i644(void *const *t, const double *s) {
+  void *const a[] = {t[416], t[429], t[1255], t[1256], };
+  duet_k32(a, s);
+}
+static void duet_i645(void *const *t, const double *s) {
+  void *const a[] = {t[417], t[426], t[1257], t[1258], };
+  duet_k32(a, s);
+}
+static void duet_i646(void *const *t, const double *s) {
+  void *const a[] = {t[420], t[1], t[1259], };
+  duet_k36(a, s);
+}
+
+const int duet_function_count = 37;
 const int duet_kernel_count = 647;
 const duet_kernel_fn duet_kernel_table[] = {
-  duet_k0,
-  duet_k1,
-  duet_k2,
-  duet_k3,
-  duet_k4,
-  duet_k5,
-  duet_k6,
-  duet_k7,
-  duet_k8,
-  duet_k9,
-  duet_k10,
-  duet_k11,
-  duet_k12,
-  duet_k13,
-  duet_k14,
-  duet_k15,
-  duet_k16,
-  duet_k17,
-  duet_k18,
-  duet_k19,
-  duet_k20,
-  duet_k21,
-  duet_k22,
-  duet_k23,
-  duet_k24,
-  duet_k25,
-  duet_k26,
-  duet_k27,
-  duet_k28,
-  duet_k29,
-  duet_k30,
-  duet_k31,
-  duet_k32,
-  duet_k33,
-  duet_k34,
-  duet_k35,
-  duet_k36,
-  duet_k37,
-  duet_k38,
-  duet_k39,
-  duet_k40,
-  duet_k41,
-  duet_k42,
-  duet_k43,
-  duet_k44,
-  duet_k45,
-  duet_k46,
-  duet_k47,
-  duet_k48,
-  duet_k49,
-  duet_k50,
-  duet_k51,
-  duet_k52,
-  duet_k53,
-  duet_k54,
-  duet_k55,
-  duet_k56,
-  duet_k57,
-  duet_k58,
-  duet_k59,
-  duet_k60,
-  duet_k61,
-  duet_k62,
-  duet_k63,
-  duet_k64,
-  duet_k65,
-  duet_k66,
-  duet_k67,
-  duet_k68,
-  duet_k69,
-  duet_k70,
-  duet_k71,
-  duet_k72,
-  duet_k73,
-  duet_k74,
-  duet_k75,
-  duet_k76,
-  duet_k77,
-  duet_k78,
-  duet_k79,
-  duet_k80,
-  duet_k81,
-  duet_k82,
-  duet_k83,
-  duet_k84,
-  duet_k85,
-  duet_k86,
-  duet_k87,
-  duet_k88,
-  duet_k89,
-  duet_k90,
-  duet_k91,
-  duet_k92,
-  duet_k93,
-  duet_k94,
-  duet_k95,
-  duet_k96,
-  duet_k97,
-  duet_k98,
-  duet_k99,
-  duet_k100,
-  duet_k101,
-  duet_k102,
-  duet_k103,
-  duet_k104,
-  duet_k105,
-  duet_k106,
-  duet_k107,
-  duet_k108,
-  duet_k109,
-  duet_k110,
-  duet_k111,
-  duet_k112,
-  duet_k113,
-  duet_k114,
-  duet_k115,
-  duet_k116,
-  duet_k117,
-  duet_k118,
-  duet_k119,
-  duet_k120,
-  duet_k121,
-  duet_k122,
-  duet_k123,
-  duet_k124,
-  duet_k125,
-  duet_k126,
-  duet_k127,
-  duet_k128,
-  duet_k129,
-  duet_k130,
-  duet_k131,
-  duet_k132,
-  duet_k133,
-  duet_k134,
-  duet_k135,
-  duet_k136,
-  duet_k137,
-  duet_k138,
-  duet_k139,
-  duet_k140,
-  duet_k141,
-  duet_k142,
-  duet_k143,
-  duet_k144,
-  duet_k145,
-  duet_k146,
-  duet_k147,
-  duet_k148,
-  duet_k149,
-  duet_k150,
-  duet_k151,
-  duet_k152,
-  duet_k153,
-  duet_k154,
-  duet_k155,
-  duet_k156,
-  duet_k157,
-  duet_k158,
-  duet_k159,
-  duet_k160,
-  duet_k161,
-  duet_k162,
-  duet_k163,
-  duet_k164,
-  duet_k165,
-  duet_k166,
-  duet_k167,
-  duet_k168,
-  duet_k169,
-  duet_k170,
-  duet_k171,
-  duet_k172,
-  duet_k173,
-  duet_k174,
-  duet_k175,
-  duet_k176,
-  duet_k177,
-  duet_k178,
-  duet_k179,
-  duet_k180,
-  duet_k181,
-  duet_k182,
-  duet_k183,
-  duet_k184,
-  duet_k185,
-  duet_k186,
-  duet_k187,
-  duet_k188,
-  duet_k189,
-  duet_k190,
-  duet_k191,
-  duet_k192,
-  duet_k193,
-  duet_k194,
-  duet_k195,
-  duet_k196,
-  duet_k197,
-  duet_k198,
-  duet_k199,
-  duet_k200,
-  duet_k201,
-  duet_k202,
-  duet_k203,
-  duet_k204,
-  duet_k205,
-  duet_k206,
-  duet_k207,
-  duet_k208,
-  duet_k209,
-  duet_k210,
-  duet_k211,
-  duet_k212,
-  duet_k213,
-  duet_k214,
-  duet_k215,
-  duet_k216,
-  duet_k217,
-  duet_k218,
-  duet_k219,
-  duet_k220,
-  duet_k221,
-  duet_k222,
-  duet_k223,
-  duet_k224,
-  duet_k225,
-  duet_k226,
-  duet_k227,
-  duet_k228,
-  duet_k229,
-  duet_k230,
-  duet_k231,
-  duet_k232,
-  duet_k233,
-  duet_k234,
-  duet_k235,
-  duet_k236,
-  duet_k237,
-  duet_k238,
-  duet_k239,
-  duet_k240,
-  duet_k241,
-  duet_k242,
-  duet_k243,
-  duet_k244,
-  duet_k245,
-  duet_k246,
-  duet_k247,
-  duet_k248,
-  duet_k249,
-  duet_k250,
-  duet_k251,
-  duet_k252,
-  duet_k253,
-  duet_k254,
-  duet_k255,
-  duet_k256,
-  duet_k257,
-  duet_k258,
-  duet_k259,
-  duet_k260,
-  duet_k261,
-  duet_k262,
-  duet_k263,
-  duet_k264,
-  duet_k265,
-  duet_k266,
-  duet_k267,
-  duet_k268,
-  duet_k269,
-  duet_k270,
-  duet_k271,
-  duet_k272,
-  duet_k273,
-  duet_k274,
-  duet_k275,
-  duet_k276,
-  duet_k277,
-  duet_k278,
-  duet_k279,
-  duet_k280,
-  duet_k281,
-  duet_k282,
-  duet_k283,
-  duet_k284,
-  duet_k285,
-  duet_k286,
-  duet_k287,
-  duet_k288,
-  duet_k289,
-  duet_k290,
-  duet_k291,
-  duet_k292,
-  duet_k293,
-  duet_k294,
-  duet_k295,
-  duet_k296,
-  duet_k297,
-  duet_k298,
-  duet_k299,
-  duet_k300,
-  duet_k301,
-  duet_k302,
-  duet_k303,
-  duet_k304,
-  duet_k305,
-  duet_k306,
-  duet_k307,
-  duet_k308,
-  duet_k309,
-  duet_k310,
-  duet_k311,
-  duet_k312,
-  duet_k313,
-  duet_k314,
-  duet_k315,
-  duet_k316,
-  duet_k317,
-  duet_k318,
-  duet_k319,
-  duet_k320,
-  duet_k321,
-  duet_k322,
-  duet_k323,
-  duet_k324,
-  duet_k325,
-  duet_k326,
-  duet_k327,
-  duet_k328,
-  duet_k329,
-  duet_k330,
-  duet_k331,
-  duet_k332,
-  duet_k333,
-  duet_k334,
-  duet_k335,
-  duet_k336,
-  duet_k337,
-  duet_k338,
-  duet_k339,
-  duet_k340,
-  duet_k341,
-  duet_k342,
-  duet_k343,
-  duet_k344,
-  duet_k345,
-  duet_k346,
-  duet_k347,
-  duet_k348,
-  duet_k349,
-  duet_k350,
-  duet_k351,
-  duet_k352,
-  duet_k353,
-  duet_k354,
-  duet_k355,
-  duet_k356,
-  duet_k357,
-  duet_k358,
-  duet_k359,
-  duet_k360,
-  duet_k361,
-  duet_k362,
-  duet_k363,
-  duet_k364,
-  duet_k365,
-  duet_k366,
-  duet_k367,
-  duet_k368,
-  duet_k369,
-  duet_k370,
-  duet_k371,
-  duet_k372,
-  duet_k373,
-  duet_k374,
-  duet_k375,
-  duet_k376,
-  duet_k377,
-  duet_k378,
-  duet_k379,
-  duet_k380,
-  duet_k381,
-  duet_k382,
-  duet_k383,
-  duet_k384,
-  duet_k385,
-  duet_k386,
-  duet_k387,
-  duet_k388,
-  duet_k389,
-  duet_k390,
-  duet_k391,
-  duet_k392,
-  duet_k393,
-  duet_k394,
-  duet_k395,
-  duet_k396,
-  duet_k397,
-  duet_k398,
-  duet_k399,
-  duet_k400,
-  duet_k401,
-  duet_k402,
-  duet_k403,
-  duet_k404,
-  duet_k405,
-  duet_k406,
-  duet_k407,
-  duet_k408,
-  duet_k409,
-  duet_k410,
-  duet_k411,
-  duet_k412,
-  duet_k413,
-  duet_k414,
-  duet_k415,
-  duet_k416,
-  duet_k417,
-  duet_k418,
-  duet_k419,
-  duet_k420,
-  duet_k421,
-  duet_k422,
-  duet_k423,
-  duet_k424,
-  duet_k425,
-  duet_k426,
-  duet_k427,
-  duet_k428,
-  duet_k429,
-  duet_k430,
-  duet_k431,
-  duet_k432,
-  duet_k433,
-  duet_k434,
-  duet_k435,
-  duet_k436,
-  duet_k437,
-  duet_k438,
-  duet_k439,
-  duet_k440,
-  duet_k441,
-  duet_k442,
-  duet_k443,
-  duet_k444,
-  duet_k445,
-  duet_k446,
-  duet_k447,
-  duet_k448,
-  duet_k449,
-  duet_k450,
-  duet_k451,
-  duet_k452,
-  duet_k453,
-  duet_k454,
-  duet_k455,
-  duet_k456,
-  duet_k457,
-  duet_k458,
-  duet_k459,
-  duet_k460,
-  duet_k461,
-  duet_k462,
-  duet_k463,
-  duet_k464,
-  duet_k465,
-  duet_k466,
-  duet_k467,
-  duet_k468,
-  duet_k469,
-  duet_k470,
-  duet_k471,
-  duet_k472,
-  duet_k473,
-  duet_k474,
-  duet_k475,
-  duet_k476,
-  duet_k477,
-  duet_k478,
-  duet_k479,
-  duet_k480,
-  duet_k481,
-  duet_k482,
-  duet_k483,
-  duet_k484,
-  duet_k485,
-  duet_k486,
-  duet_k487,
-  duet_k488,
-  duet_k489,
-  duet_k490,
-  duet_k491,
-  duet_k492,
-  duet_k493,
-  duet_k494,
-  duet_k495,
-  duet_k496,
-  duet_k497,
-  duet_k498,
-  duet_k499,
-  duet_k500,
-  duet_k501,
-  duet_k502,
-  duet_k503,
-  duet_k504,
-  duet_k505,
-  duet_k506,
-  duet_k507,
-  duet_k508,
-  duet_k509,
-  duet_k510,
-  duet_k511,
-  duet_k512,
-  duet_k513,
-  duet_k514,
-  duet_k515,
-  duet_k516,
-  duet_k517,
-  duet_k518,
-  duet_k519,
-  duet_k520,
-  duet_k521,
-  duet_k522,
-  duet_k523,
-  duet_k524,
-  duet_k525,
-  duet_k526,
-  duet_k527,
-  duet_k528,
-  duet_k529,
-  duet_k530,
-  duet_k531,
-  duet_k532,
-  duet_k533,
-  duet_k534,
-  duet_k535,
-  duet_k536,
-  duet_k537,
-  duet_k538,
-  duet_k539,
-  duet_k540,
-  duet_k541,
-  duet_k542,
-  duet_k543,
-  duet_k544,
-  duet_k545,
-  duet_k546,
-  duet_k547,
-  duet_k548,
-  duet_k549,
-  duet_k550,
-  duet_k551,
-  duet_k552,
-  duet_k553,
-  duet_k554,
-  duet_k555,
-  duet_k556,
-  duet_k557,
-  duet_k558,
-  duet_k559,
-  duet_k560,
-  duet_k561,
-  duet_k562,
-  duet_k563,
-  duet_k564,
-  duet_k565,
-  duet_k566,
-  duet_k567,
-  duet_k568,
-  duet_k569,
-  duet_k570,
-  duet_k571,
-  duet_k572,
-  duet_k573,
-  duet_k574,
-  duet_k575,
-  duet_k576,
-  duet_k577,
-  duet_k578,
-  duet_k579,
-  duet_k580,
-  duet_k581,
-  duet_k582,
-  duet_k583,
-  duet_k584,
-  duet_k585,
-  duet_k586,
-  duet_k587,
-  duet_k588,
-  duet_k589,
-  duet_k590,
-  duet_k591,
-  duet_k592,
-  duet_k593,
-  duet_k594,
-  duet_k595,
-  duet_k596,
-  duet_k597,
-  duet_k598,
-  duet_k599,
-  duet_k600,
-  duet_k601,
-  duet_k602,
-  duet_k603,
-  duet_k604,
-  duet_k605,
-  duet_k606,
-  duet_k607,
-  duet_k608,
-  duet_k609,
-  duet_k610,
-  duet_k611,
-  duet_k612,
-  duet_k613,
-  duet_k614,
-  duet_k615,
-  duet_k616,
-  duet_k617,
-  duet_k618,
-  duet_k619,
-  duet_k620,
-  duet_k621,
-  duet_k622,
-  duet_k623,
-  duet_k624,
-  duet_k625,
-  duet_k626,
-  duet_k627,
-  duet_k628,
-  duet_k629,
-  duet_k630,
-  duet_k631,
-  duet_k632,
-  duet_k633,
-  duet_k634,
-  duet_k635,
-  duet_k636,
-  duet_k637,
-  duet_k638,
-  duet_k639,
-  duet_k640,
-  duet_k641,
-  duet_k642,
-  duet_k643,
-  duet_k644,
-  duet_k645,
-  duet_k646,
+  duet_i0,
+  duet_i1,
+  duet_i2,
+  duet_i3,
+  duet_i4,
+  duet_i5,
+  duet_i6,
+  duet_i7,
+  duet_i8,
+  duet_i9,
+  duet_i10,
+  duet_i11,
+  duet_i12,
+  duet_i13,
+  duet_i14,
+  duet_i15,
+  duet_i16,
+  duet_i17,
+  duet_i18,
+  duet_i19,
+  duet_i20,
+  duet_i21,
+  duet_i22,
+  duet_i23,
+  duet_i24,
+  duet_i25,
+  duet_i26,
+  duet_i27,
+  duet_i28,
+  duet_i29,
+  duet_i30,
+  duet_i31,
+  duet_i32,
+  duet_i33,
+  duet_i34,
+  duet_i35,
+  duet_i36,
+  duet_i37,
+  duet_i38,
+  duet_i39,
+  duet_i40,
+  duet_i41,
+  duet_i42,
+  duet_i43,
+  duet_i44,
+  duet_i45,
+  duet_i46,
+  duet_i47,
+  duet_i48,
+  duet_i49,
+  duet_i50,
+  duet_i51,
+  duet_i52,
+  duet_i53,
+  duet_i54,
+  duet_i55,
+  duet_i56,
+  duet_i57,
+  duet_i58,
+  duet_i59,
+  duet_i60,
+  duet_i61,
+  duet_i62,
+  duet_i63,
+  duet_i64,
+  duet_i65,
+  duet_i66,
+  duet_i67,
+  duet_i68,
+  duet_i69,
+  duet_i70,
+  duet_i71,
+  duet_i72,
+  duet_i73,
+  duet_i74,
+  duet_i75,
+  duet_i76,
+  duet_i77,
+  duet_i78,
+  duet_i79,
+  duet_i80,
+  duet_i81,
+  duet_i82,
+  duet_i83,
+  duet_i84,
+  duet_i85,
+  duet_i86,
+  duet_i87,
+  duet_i88,
+  duet_i89,
+  duet_i90,
+  duet_i91,
+  duet_i92,
+  duet_i93,
+  duet_i94,
+  duet_i95,
+  duet_i96,
+  duet_i97,
+  duet_i98,
+  duet_i99,
+  duet_i100,
+  duet_i101,
+  duet_i102,
+  duet_i103,
+  duet_i104,
+  duet_i105,
+  duet_i106,
+  duet_i107,
+  duet_i108,
+  duet_i109,
+  duet_i110,
+  duet_i111,
+  duet_i112,
+  duet_i113,
+  duet_i114,
+  duet_i115,
+  duet_i116,
+  duet_i117,
+  duet_i118,
+  duet_i119,
+  duet_i120,
+  duet_i121,
+  duet_i122,
+  duet_i123,
+  duet_i124,
+  duet_i125,
+  duet_i126,
+  duet_i127,
+  duet_i128,
+  duet_i129,
+  duet_i130,
+  duet_i131,
+  duet_i132,
+  duet_i133,
+  duet_i134,
+  duet_i135,
+  duet_i136,
+  duet_i137,
+  duet_i138,
+  duet_i139,
+  duet_i140,
+  duet_i141,
+  duet_i142,
+  duet_i143,
+  duet_i144,
+  duet_i145,
+  duet_i146,
+  duet_i147,
+  duet_i148,
+  duet_i149,
+  duet_i150,
+  duet_i151,
+  duet_i152,
+  duet_i153,
+  duet_i154,
+  duet_i155,
+  duet_i156,
+  duet_i157,
+  duet_i158,
+  duet_i159,
+  duet_i160,
+  duet_i161,
+  duet_i162,
+  duet_i163,
+  duet_i164,
+  duet_i165,
+  duet_i166,
+  duet_i167,
+  duet_i168,
+  duet_i169,
+  duet_i170,
+  duet_i171,
+  duet_i172,
+  duet_i173,
+  duet_i174,
+  duet_i175,
+  duet_i176,
+  duet_i177,
+  duet_i178,
+  duet_i179,
+  duet_i180,
+  duet_i181,
+  duet_i182,
+  duet_i183,
+  duet_i184,
+  duet_i185,
+  duet_i186,
+  duet_i187,
+  duet_i188,
+  duet_i189,
+  duet_i190,
+  duet_i191,
+  duet_i192,
+  duet_i193,
+  duet_i194,
+  duet_i195,
+  duet_i196,
+  duet_i197,
+  duet_i198,
+  duet_i199,
+  duet_i200,
+  duet_i201,
+  duet_i202,
+  duet_i203,
+  duet_i204,
+  duet_i205,
+  duet_i206,
+  duet_i207,
+  duet_i208,
+  duet_i209,
+  duet_i210,
+  duet_i211,
+  duet_i212,
+  duet_i213,
+  duet_i214,
+  duet_i215,
+  duet_i216,
+  duet_i217,
+  duet_i218,
+  duet_i219,
+  duet_i220,
+  duet_i221,
+  duet_i222,
+  duet_i223,
+  duet_i224,
+  duet_i225,
+  duet_i226,
+  duet_i227,
+  duet_i228,
+  duet_i229,
+  duet_i230,
+  duet_i231,
+  duet_i232,
+  duet_i233,
+  duet_i234,
+  duet_i235,
+  duet_i236,
+  duet_i237,
+  duet_i238,
+  duet_i239,
+  duet_i240,
+  duet_i241,
+  duet_i242,
+  duet_i243,
+  duet_i244,
+  duet_i245,
+  duet_i246,
+  duet_i247,
+  duet_i248,
+  duet_i249,
+  duet_i250,
+  duet_i251,
+  duet_i252,
+  duet_i253,
+  duet_i254,
+  duet_i255,
+  duet_i256,
+  duet_i257,
+  duet_i258,
+  duet_i259,
+  duet_i260,
+  duet_i261,
+  duet_i262,
+  duet_i263,
+  duet_i264,
+  duet_i265,
+  duet_i266,
+  duet_i267,
+  duet_i268,
+  duet_i269,
+  duet_i270,
+  duet_i271,
+  duet_i272,
+  duet_i273,
+  duet_i274,
+  duet_i275,
+  duet_i276,
+  duet_i277,
+  duet_i278,
+  duet_i279,
+  duet_i280,
+  duet_i281,
+  duet_i282,
+  duet_i283,
+  duet_i284,
+  duet_i285,
+  duet_i286,
+  duet_i287,
+  duet_i288,
+  duet_i289,
+  duet_i290,
+  duet_i291,
+  duet_i292,
+  duet_i293,
+  duet_i294,
+  duet_i295,
+  duet_i296,
+  duet_i297,
+  duet_i298,
+  duet_i299,
+  duet_i300,
+  duet_i301,
+  duet_i302,
+  duet_i303,
+  duet_i304,
+  duet_i305,
+  duet_i306,
+  duet_i307,
+  duet_i308,
+  duet_i309,
+  duet_i310,
+  duet_i311,
+  duet_i312,
+  duet_i313,
+  duet_i314,
+  duet_i315,
+  duet_i316,
+  duet_i317,
+  duet_i318,
+  duet_i319,
+  duet_i320,
+  duet_i321,
+  duet_i322,
+  duet_i323,
+  duet_i324,
+  duet_i325,
+  duet_i326,
+  duet_i327,
+  duet_i328,
+  duet_i329,
+  duet_i330,
+  duet_i331,
+  duet_i332,
+  duet_i333,
+  duet_i334,
+  duet_i335,
+  duet_i336,
+  duet_i337,
+  duet_i338,
+  duet_i339,
+  duet_i340,
+  duet_i341,
+  duet_i342,
+  duet_i343,
+  duet_i344,
+  duet_i345,
+  duet_i346,
+  duet_i347,
+  duet_i348,
+  duet_i349,
+  duet_i350,
+  duet_i351,
+  duet_i352,
+  duet_i353,
+  duet_i354,
+  duet_i355,
+  duet_i356,
+  duet_i357,
+  duet_i358,
+  duet_i359,
+  duet_i360,
+  duet_i361,
+  duet_i362,
+  duet_i363,
+  duet_i364,
+  duet_i365,
+  duet_i366,
+  duet_i367,
+  duet_i368,
+  duet_i369,
+  duet_i370,
+  duet_i371,
+  duet_i372,
+  duet_i373,
+  duet_i374,
+  duet_i375,
+  duet_i376,
+  duet_i377,
+  duet_i378,
+  duet_i379,
+  duet_i380,
+  duet_i381,
+  duet_i382,
+  duet_i383,
+  duet_i384,
+  duet_i385,
+  duet_i386,
+  duet_i387,
+  duet_i388,
+  duet_i389,
+  duet_i390,
+  duet_i391,
+  duet_i392,
+  duet_i393,
+  duet_i394,
+  duet_i395,
+  duet_i396,
+  duet_i397,
+  duet_i398,
+  duet_i399,
+  duet_i400,
+  duet_i401,
+  duet_i402,
+  duet_i403,
+  duet_i404,
+  duet_i405,
+  duet_i406,
+  duet_i407,
+  duet_i408,
+  duet_i409,
+  duet_i410,
+  duet_i411,
+  duet_i412,
+  duet_i413,
+  duet_i414,
+  duet_i415,
+  duet_i416,
+  duet_i417,
+  duet_i418,
+  duet_i419,
+  duet_i420,
+  duet_i421,
+  duet_i422,
+  duet_i423,
+  duet_i424,
+  duet_i425,
+  duet_i426,
+  duet_i427,
+  duet_i428,
+  duet_i429,
+  duet_i430,
+  duet_i431,
+  duet_i432,
+  duet_i433,
+  duet_i434,
+  duet_i435,
+  duet_i436,
+  duet_i437,
+  duet_i438,
+  duet_i439,
+  duet_i440,
+  duet_i441,
+  duet_i442,
+  duet_i443,
+  duet_i444,
+  duet_i445,
+  duet_i446,
+  duet_i447,
+  duet_i448,
+  duet_i449,
+  duet_i450,
+  duet_i451,
+  duet_i452,
+  duet_i453,
+  duet_i454,
+  duet_i455,
+  duet_i456,
+  duet_i457,
+  duet_i458,
+  duet_i459,
+  duet_i460,
+  duet_i461,
+  duet_i462,
+  duet_i463,
+  duet_i464,
+  duet_i465,
+  duet_i466,
+  duet_i467,
+  duet_i468,
+  duet_i469,
+  duet_i470,
+  duet_i471,
+  duet_i472,
+  duet_i473,
+  duet_i474,
+  duet_i475,
+  duet_i476,
+  duet_i477,
+  duet_i478,
+  duet_i479,
+  duet_i480,
+  duet_i481,
+  duet_i482,
+  duet_i483,
+  duet_i484,
+  duet_i485,
+  duet_i486,
+  duet_i487,
+  duet_i488,
+  duet_i489,
+  duet_i490,
+  duet_i491,
+  duet_i492,
+  duet_i493,
+  duet_i494,
+  duet_i495,
+  duet_i496,
+  duet_i497,
+  duet_i498,
+  duet_i499,
+  duet_i500,
+  duet_i501,
+  duet_i502,
+  duet_i503,
+  duet_i504,
+  duet_i505,
+  duet_i506,
+  duet_i507,
+  duet_i508,
+  duet_i509,
+  duet_i510,
+  duet_i511,
+  duet_i512,
+  duet_i513,
+  duet_i514,
+  duet_i515,
+  duet_i516,
+  duet_i517,
+  duet_i518,
+  duet_i519,
+  duet_i520,
+  duet_i521,
+  duet_i522,
+  duet_i523,
+  duet_i524,
+  duet_i525,
+  duet_i526,
+  duet_i527,
+  duet_i528,
+  duet_i529,
+  duet_i530,
+  duet_i531,
+  duet_i532,
+  duet_i533,
+  duet_i534,
+  duet_i535,
+  duet_i536,
+  duet_i537,
+  duet_i538,
+  duet_i539,
+  duet_i540,
+  duet_i541,
+  duet_i542,
+  duet_i543,
+  duet_i544,
+  duet_i545,
+  duet_i546,
+  duet_i547,
+  duet_i548,
+  duet_i549,
+  duet_i550,
+  duet_i551,
+  duet_i552,
+  duet_i553,
+  duet_i554,
+  duet_i555,
+  duet_i556,
+  duet_i557,
+  duet_i558,
+  duet_i559,
+  duet_i560,
+  duet_i561,
+  duet_i562,
+  duet_i563,
+  duet_i564,
+  duet_i565,
+  duet_i566,
+  duet_i567,
+  duet_i568,
+  duet_i569,
+  duet_i570,
+  duet_i571,
+  duet_i572,
+  duet_i573,
+  duet_i574,
+  duet_i575,
+  duet_i576,
+  duet_i577,
+  duet_i578,
+  duet_i579,
+  duet_i580,
+  duet_i581,
+  duet_i582,
+  duet_i583,
+  duet_i584,
+  duet_i585,
+  duet_i586,
+  duet_i587,
+  duet_i588,
+  duet_i589,
+  duet_i590,
+  duet_i591,
+  duet_i592,
+  duet_i593,
+  duet_i594,
+  duet_i595,
+  duet_i596,
+  duet_i597,
+  duet_i598,
+  duet_i599,
+  duet_i600,
+  duet_i601,
+  duet_i602,
+  duet_i603,
+  duet_i604,
+  duet_i605,
+  duet_i606,
+  duet_i607,
+  duet_i608,
+  duet_i609,
+  duet_i610,
+  duet_i611,
+  duet_i612,
+  duet_i613,
+  duet_i614,
+  duet_i615,
+  duet_i616,
+  duet_i617,
+  duet_i618,
+  duet_i619,
+  duet_i620,
+  duet_i621,
+  duet_i622,
+  duet_i623,
+  duet_i624,
+  duet_i625,
+  duet_i626,
+  duet_i627,
+  duet_i628,
+  duet_i629,
+  duet_i630,
+  duet_i631,
+  duet_i632,
+  duet_i633,
+  duet_i634,
+  duet_i635,
+  duet_i636,
+  duet_i637,
+  duet_i638,
+  duet_i639,
+  duet_i640,
+  duet_i641,
+  duet_i642,
+  duet_i643,
+  duet_i644,
+  duet_i645,
+  duet_i646,
 };

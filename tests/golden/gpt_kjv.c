@@ -27,11 +27,11 @@ static inline double gelu_grad_double(double dy, double x) {
 
 typedef void (*duet_kernel_fn)(void *const *t, const double *s);
 
-void duet_k0(void *const *t, const double *s) {
+static void duet_k0(void *const *t, const double *s) {
   (void)s;
-  const float *tab = (const float *)t[2];
-  const int32_t *ix = (const int32_t *)t[0];
-  float *out = (float *)t[4];
+  const float *tab = (const float *)t[0];
+  const int32_t *ix = (const int32_t *)t[1];
+  float *out = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < 2048; r++) {
     const uint32_t id = (uint32_t)ix[r];
@@ -39,17 +39,17 @@ void duet_k0(void *const *t, const double *s) {
   }
 }
 
-void duet_k1(void *const *t, const double *s) {
-  int32_t *out = (int32_t *)t[5];
+static void duet_k1(void *const *t, const double *s) {
+  int32_t *out = (int32_t *)t[1];
   const int32_t base = (int32_t)s[12];
   for (int64_t i = 0; i < 128; i++) out[i] = base + (int32_t)i;
 }
 
-void duet_k2(void *const *t, const double *s) {
+static void duet_k2(void *const *t, const double *s) {
   (void)s;
-  const float *tab = (const float *)t[3];
-  const int32_t *ix = (const int32_t *)t[5];
-  float *out = (float *)t[6];
+  const float *tab = (const float *)t[0];
+  const int32_t *ix = (const int32_t *)t[1];
+  float *out = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < 128; r++) {
     const uint32_t id = (uint32_t)ix[r];
@@ -57,11 +57,11 @@ void duet_k2(void *const *t, const double *s) {
   }
 }
 
-void duet_k3(void *const *t, const double *s) {
+static void duet_k3(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[4];
-  const float *b1 = (const float *)t[6];
-  float *b2 = (float *)t[7];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 16; o++) {
     const int64_t o0 = 0 + o * 32768;
@@ -77,10 +77,10 @@ void duet_k3(void *const *t, const double *s) {
   }
 }
 
-void duet_k4(void *const *t, const double *s) {
+static void duet_k4(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[7];
-  float *y = (float *)t[10];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < 2048; r++) {
     const float *xr = x + r * 256;
@@ -96,12 +96,12 @@ void duet_k4(void *const *t, const double *s) {
   }
 }
 
-void duet_k5(void *const *t, const double *s) {
+static void duet_k5(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[10];
-  const float *b1 = (const float *)t[8];
-  const float *b2 = (const float *)t[9];
-  float *b3 = (float *)t[11];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  const float *b2 = (const float *)t[2];
+  float *b3 = (float *)t[3];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 2048; o++) {
     const int64_t o0 = 0 + o * 256;
@@ -120,11 +120,11 @@ void duet_k5(void *const *t, const double *s) {
   }
 }
 
-void duet_k6(void *const *t, const double *s) {
+static void duet_k6(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[14];
-  const float *b1 = (const float *)t[13];
-  float *b2 = (float *)t[15];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 2048; o++) {
     const int64_t o0 = 0 + o * 256;
@@ -140,52 +140,12 @@ void duet_k6(void *const *t, const double *s) {
   }
 }
 
-void duet_k7(void *const *t, const double *s) {
+static void duet_k7(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[18];
-  const float *b1 = (const float *)t[17];
-  float *b2 = (float *)t[19];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k8(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[22];
-  const float *b1 = (const float *)t[21];
-  float *b2 = (float *)t[23];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k9(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[15];
-  const float *k = (const float *)t[19];
-  const float *v = (const float *)t[23];
-  float *out = (float *)t[24];
+  const float *q = (const float *)t[0];
+  const float *k = (const float *)t[1];
+  const float *v = (const float *)t[2];
+  float *out = (float *)t[3];
   const float scale = (float)0x1p-3;
   #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < 64; bh++) {
@@ -220,12 +180,12 @@ void duet_k9(void *const *t, const double *s) {
   }
 }
 
-void duet_k10(void *const *t, const double *s) {
+static void duet_k8(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[7];
-  const float *b1 = (const float *)t[27];
-  const float *b2 = (const float *)t[26];
-  float *b3 = (float *)t[28];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  const float *b2 = (const float *)t[2];
+  float *b3 = (float *)t[3];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 2048; o++) {
     const int64_t o0 = 0 + o * 256;
@@ -244,54 +204,11 @@ void duet_k10(void *const *t, const double *s) {
   }
 }
 
-void duet_k11(void *const *t, const double *s) {
+static void duet_k9(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[28];
-  float *y = (float *)t[31];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k12(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[31];
-  const float *b1 = (const float *)t[29];
-  const float *b2 = (const float *)t[30];
-  float *b3 = (float *)t[32];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k13(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[35];
-  const float *b1 = (const float *)t[34];
-  float *b2 = (float *)t[36];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 2048; o++) {
     const int64_t o0 = 0 + o * 1024;
@@ -307,10 +224,10 @@ void duet_k13(void *const *t, const double *s) {
   }
 }
 
-void duet_k14(void *const *t, const double *s) {
+static void duet_k10(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[36];
-  float *b1 = (float *)t[37];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 2097152; i++) {
     const float r0 = b0[i];
@@ -319,876 +236,11 @@ void duet_k14(void *const *t, const double *s) {
   }
 }
 
-void duet_k15(void *const *t, const double *s) {
+static void duet_k11(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[28];
-  const float *b1 = (const float *)t[40];
-  const float *b2 = (const float *)t[39];
-  float *b3 = (float *)t[41];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0 + o * 256;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k16(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[41];
-  float *y = (float *)t[44];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k17(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[44];
-  const float *b1 = (const float *)t[42];
-  const float *b2 = (const float *)t[43];
-  float *b3 = (float *)t[45];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k18(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[48];
-  const float *b1 = (const float *)t[47];
-  float *b2 = (float *)t[49];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k19(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[52];
-  const float *b1 = (const float *)t[51];
-  float *b2 = (float *)t[53];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k20(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[56];
-  const float *b1 = (const float *)t[55];
-  float *b2 = (float *)t[57];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k21(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[49];
-  const float *k = (const float *)t[53];
-  const float *v = (const float *)t[57];
-  float *out = (float *)t[58];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 64; bh++) {
-    const int64_t b = bh / 4, h = bh % 4;
-    float p[128], kt[8192];
-    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 128; i++) {
-      const float *qi = q + (b * 128 + i) * 256 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 128 + i) * 256 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 128 + j) * 256 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k22(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[41];
-  const float *b1 = (const float *)t[61];
-  const float *b2 = (const float *)t[60];
-  float *b3 = (float *)t[62];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0 + o * 256;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k23(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[62];
-  float *y = (float *)t[65];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k24(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[65];
-  const float *b1 = (const float *)t[63];
-  const float *b2 = (const float *)t[64];
-  float *b3 = (float *)t[66];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k25(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[69];
-  const float *b1 = (const float *)t[68];
-  float *b2 = (float *)t[70];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 1024;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 1024;
-    #pragma omp simd
-    for (int64_t j = 0; j < 1024; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k26(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[70];
-  float *b1 = (float *)t[71];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2097152; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k27(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[62];
-  const float *b1 = (const float *)t[74];
-  const float *b2 = (const float *)t[73];
-  float *b3 = (float *)t[75];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0 + o * 256;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k28(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[75];
-  float *y = (float *)t[78];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k29(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[78];
-  const float *b1 = (const float *)t[76];
-  const float *b2 = (const float *)t[77];
-  float *b3 = (float *)t[79];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k30(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[82];
-  const float *b1 = (const float *)t[81];
-  float *b2 = (float *)t[83];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k31(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[86];
-  const float *b1 = (const float *)t[85];
-  float *b2 = (float *)t[87];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k32(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[90];
-  const float *b1 = (const float *)t[89];
-  float *b2 = (float *)t[91];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k33(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[83];
-  const float *k = (const float *)t[87];
-  const float *v = (const float *)t[91];
-  float *out = (float *)t[92];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 64; bh++) {
-    const int64_t b = bh / 4, h = bh % 4;
-    float p[128], kt[8192];
-    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 128; i++) {
-      const float *qi = q + (b * 128 + i) * 256 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 128 + i) * 256 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 128 + j) * 256 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k34(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[75];
-  const float *b1 = (const float *)t[95];
-  const float *b2 = (const float *)t[94];
-  float *b3 = (float *)t[96];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0 + o * 256;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k35(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[96];
-  float *y = (float *)t[99];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k36(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[99];
-  const float *b1 = (const float *)t[97];
-  const float *b2 = (const float *)t[98];
-  float *b3 = (float *)t[100];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k37(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[103];
-  const float *b1 = (const float *)t[102];
-  float *b2 = (float *)t[104];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 1024;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 1024;
-    #pragma omp simd
-    for (int64_t j = 0; j < 1024; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k38(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[104];
-  float *b1 = (float *)t[105];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2097152; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k39(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[96];
-  const float *b1 = (const float *)t[108];
-  const float *b2 = (const float *)t[107];
-  float *b3 = (float *)t[109];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0 + o * 256;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k40(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[109];
-  float *y = (float *)t[112];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k41(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[112];
-  const float *b1 = (const float *)t[110];
-  const float *b2 = (const float *)t[111];
-  float *b3 = (float *)t[113];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k42(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[116];
-  const float *b1 = (const float *)t[115];
-  float *b2 = (float *)t[117];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k43(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[120];
-  const float *b1 = (const float *)t[119];
-  float *b2 = (float *)t[121];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k44(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[124];
-  const float *b1 = (const float *)t[123];
-  float *b2 = (float *)t[125];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k45(void *const *t, const double *s) {
-  (void)s;
-  const float *q = (const float *)t[117];
-  const float *k = (const float *)t[121];
-  const float *v = (const float *)t[125];
-  float *out = (float *)t[126];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 64; bh++) {
-    const int64_t b = bh / 4, h = bh % 4;
-    float p[128], kt[8192];
-    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
-    }
-    for (int64_t i = 0; i < 128; i++) {
-      const float *qi = q + (b * 128 + i) * 256 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      float *oi = out + (b * 128 + i) * 256 + h * 64;
-      for (int64_t d = 0; d < 64; d++) oi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j], *vj = v + (b * 128 + j) * 256 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) oi[d] += pj * vj[d];
-      }
-    }
-  }
-}
-
-void duet_k46(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[109];
-  const float *b1 = (const float *)t[129];
-  const float *b2 = (const float *)t[128];
-  float *b3 = (float *)t[130];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0 + o * 256;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k47(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[130];
-  float *y = (float *)t[133];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k48(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[133];
-  const float *b1 = (const float *)t[131];
-  const float *b2 = (const float *)t[132];
-  float *b3 = (float *)t[134];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k49(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[137];
-  const float *b1 = (const float *)t[136];
-  float *b2 = (float *)t[138];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 1024;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 1024;
-    #pragma omp simd
-    for (int64_t j = 0; j < 1024; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 + r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k50(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[138];
-  float *b1 = (float *)t[139];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2097152; i++) {
-    const float r0 = b0[i];
-    const float r1 = (float)0.5 * r0 * (1 + tanhf((float)0.7978845608028654 * (r0 + (float)0.044715 * r0 * r0 * r0)));
-    b1[i] = r1;
-  }
-}
-
-void duet_k51(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[130];
-  const float *b1 = (const float *)t[142];
-  const float *b2 = (const float *)t[141];
-  float *b3 = (float *)t[143];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0 + o * 256;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = b2[o2 + j];
-      const float r3 = r1 + r2;
-      const float r4 = r0 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k52(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[143];
-  float *y = (float *)t[146];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    for (int64_t c = 0; c < 256; c++) yr[c] = (xr[c] - m) * rstd;
-  }
-}
-
-void duet_k53(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[146];
-  const float *b1 = (const float *)t[144];
-  const float *b2 = (const float *)t[145];
-  float *b3 = (float *)t[147];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0;
-    const int64_t o3 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      const float r3 = b2[o2 + j];
-      const float r4 = r2 + r3;
-      b3[o3 + j] = r4;
-    }
-  }
-}
-
-void duet_k54(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[148];
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  float *out = (float *)t[149];
+  float *out = (float *)t[2];
   double part[16];
   #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < 16; c++) {
@@ -1207,9 +259,9 @@ void duet_k54(void *const *t, const double *s) {
   out[0] = (float)(tot / 2048);
 }
 
-void duet_k55(void *const *t, const double *s) {
+static void duet_k12(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[150];
+  float *b0 = (float *)t[0];
   #pragma omp simd
   for (int64_t i = 0; i < 1; i++) {
     const float r0 = (float)0x1p+0;
@@ -1217,12 +269,12 @@ void duet_k55(void *const *t, const double *s) {
   }
 }
 
-void duet_k56(void *const *t, const double *s) {
+static void duet_k13(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[148];
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  const float *dl = (const float *)t[150];
-  float *dx = (float *)t[151];
+  const float *dl = (const float *)t[2];
+  float *dx = (float *)t[3];
   const float g = dl[0] / (float)2048;
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < 2048; r++) {
@@ -1237,10 +289,10 @@ void duet_k56(void *const *t, const double *s) {
   }
 }
 
-void duet_k57(void *const *t, const double *s) {
+static void duet_k14(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[152];
-  float *y = (float *)t[154];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   double part[16][256]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < 16; w++) {
@@ -1262,11 +314,11 @@ void duet_k57(void *const *t, const double *s) {
   }
 }
 
-void duet_k58(void *const *t, const double *s) {
+static void duet_k15(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[152];
-  const float *b1 = (const float *)t[144];
-  float *b2 = (float *)t[155];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t o = 0; o < 2048; o++) {
     const int64_t o0 = 0 + o * 256;
@@ -1282,11 +334,11 @@ void duet_k58(void *const *t, const double *s) {
   }
 }
 
-void duet_k59(void *const *t, const double *s) {
+static void duet_k16(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[152];
-  const float *b1 = (const float *)t[146];
-  float *b2 = (float *)t[156];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 524288; i++) {
     const float r0 = b0[i];
@@ -1296,36 +348,11 @@ void duet_k59(void *const *t, const double *s) {
   }
 }
 
-void duet_k60(void *const *t, const double *s) {
+static void duet_k17(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[156];
-  float *y = (float *)t[157];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k61(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[143];
-  const float *dy = (const float *)t[155];
-  float *y = (float *)t[158];
+  const float *x = (const float *)t[1];
+  const float *dy = (const float *)t[0];
+  float *y = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < 2048; r++) {
     const float *xr = x + r * 256;
@@ -1346,36 +373,11 @@ void duet_k61(void *const *t, const double *s) {
   }
 }
 
-void duet_k62(void *const *t, const double *s) {
+static void duet_k18(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[158];
-  float *y = (float *)t[159];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k63(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[160];
-  const float *b1 = (const float *)t[138];
-  float *b2 = (float *)t[162];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 2097152; i++) {
     const float r0 = b0[i];
@@ -1385,10 +387,10 @@ void duet_k63(void *const *t, const double *s) {
   }
 }
 
-void duet_k64(void *const *t, const double *s) {
+static void duet_k19(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[162];
-  float *y = (float *)t[163];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   double part[16][1024]; /* at most 16 x 2048 */
   #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < 64; w++) {
@@ -1410,120 +412,11 @@ void duet_k64(void *const *t, const double *s) {
   }
 }
 
-void duet_k65(void *const *t, const double *s) {
+static void duet_k20(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[164];
-  float *y = (float *)t[166];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k66(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[164];
-  const float *b1 = (const float *)t[131];
-  float *b2 = (float *)t[167];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k67(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[164];
-  const float *b1 = (const float *)t[133];
-  float *b2 = (float *)t[168];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k68(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[168];
-  float *y = (float *)t[169];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k69(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[130];
-  const float *dy = (const float *)t[167];
-  float *y = (float *)t[170];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 256;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
-    for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k70(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[158];
-  const float *b1 = (const float *)t[170];
-  float *b2 = (float *)t[171];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 524288; i++) {
     const float r0 = b0[i];
@@ -1533,38 +426,13 @@ void duet_k70(void *const *t, const double *s) {
   }
 }
 
-void duet_k71(void *const *t, const double *s) {
+static void duet_k21(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[171];
-  float *y = (float *)t[172];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k72(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[173];
-  const float *q = (const float *)t[117];
-  const float *k = (const float *)t[121];
-  const float *v = (const float *)t[125];
-  float *out = (float *)t[175];
+  const float *dy = (const float *)t[0];
+  const float *q = (const float *)t[1];
+  const float *k = (const float *)t[2];
+  const float *v = (const float *)t[3];
+  float *out = (float *)t[4];
   const float scale = (float)0x1p-3;
   #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < 64; bh++) {
@@ -1622,10 +490,10 @@ void duet_k72(void *const *t, const double *s) {
   }
 }
 
-void duet_k73(void *const *t, const double *s) {
+static void duet_k22(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[175];
-  float *b1 = (float *)t[176];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 524288; i++) {
     const float r0 = b0[i];
@@ -1633,10 +501,10 @@ void duet_k73(void *const *t, const double *s) {
   }
 }
 
-void duet_k74(void *const *t, const double *s) {
+static void duet_k23(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[175];
-  float *b1 = (float *)t[177];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 524288; i++) {
     const float r0 = b0[524288 + i];
@@ -1644,10 +512,10 @@ void duet_k74(void *const *t, const double *s) {
   }
 }
 
-void duet_k75(void *const *t, const double *s) {
+static void duet_k24(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[175];
-  float *b1 = (float *)t[178];
+  const float *b0 = (const float *)t[0];
+  float *b1 = (float *)t[1];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 524288; i++) {
     const float r0 = b0[1048576 + i];
@@ -1655,87 +523,12 @@ void duet_k75(void *const *t, const double *s) {
   }
 }
 
-void duet_k76(void *const *t, const double *s) {
+static void duet_k25(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[178];
-  float *y = (float *)t[179];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k77(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[177];
-  float *y = (float *)t[182];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k78(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[176];
-  float *y = (float *)t[185];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k79(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[180];
-  const float *b1 = (const float *)t[183];
-  const float *b2 = (const float *)t[186];
-  float *b3 = (float *)t[187];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  const float *b2 = (const float *)t[2];
+  float *b3 = (float *)t[3];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 524288; i++) {
     const float r0 = b0[i];
@@ -1747,1705 +540,10 @@ void duet_k79(void *const *t, const double *s) {
   }
 }
 
-void duet_k80(void *const *t, const double *s) {
+static void duet_k26(void *const *t, const double *s) {
   (void)s;
-  const float *x = (const float *)t[187];
-  float *y = (float *)t[189];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k81(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[187];
-  const float *b1 = (const float *)t[110];
-  float *b2 = (float *)t[190];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k82(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[187];
-  const float *b1 = (const float *)t[112];
-  float *b2 = (float *)t[191];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k83(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[191];
-  float *y = (float *)t[192];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k84(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[109];
-  const float *dy = (const float *)t[190];
-  float *y = (float *)t[193];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 256;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
-    for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k85(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[171];
-  const float *b1 = (const float *)t[193];
-  float *b2 = (float *)t[194];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k86(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[194];
-  float *y = (float *)t[195];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k87(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[196];
-  const float *b1 = (const float *)t[104];
-  float *b2 = (float *)t[198];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2097152; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k88(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[198];
-  float *y = (float *)t[199];
-  double part[16][1024]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 64; w++) {
-    const int64_t blk = w % 4, rc = w / 4;
-    const int64_t o = blk / 4, j0 = blk % 4 * 256;
-    const int64_t jn = 1024 - j0 < 256 ? 1024 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 1024 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 1024 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 1024; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k89(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[200];
-  float *y = (float *)t[202];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k90(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[200];
-  const float *b1 = (const float *)t[97];
-  float *b2 = (float *)t[203];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k91(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[200];
-  const float *b1 = (const float *)t[99];
-  float *b2 = (float *)t[204];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k92(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[204];
-  float *y = (float *)t[205];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k93(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[96];
-  const float *dy = (const float *)t[203];
-  float *y = (float *)t[206];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 256;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
-    for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k94(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[194];
-  const float *b1 = (const float *)t[206];
-  float *b2 = (float *)t[207];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k95(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[207];
-  float *y = (float *)t[208];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k96(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[209];
-  const float *q = (const float *)t[83];
-  const float *k = (const float *)t[87];
-  const float *v = (const float *)t[91];
-  float *out = (float *)t[211];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 64; bh++) {
-    const int64_t b = bh / 4, h = bh % 4;
-    float p[128], kt[8192];
-    float vt[8192], dp[128];
-    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
-      vt[d * 128 + j] = v[(b * 128 + j) * 256 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 524288, *dv = out + 1048576;
-    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 128 + j) * 256 + h * 64 + d] = 0;
-      dv[(b * 128 + j) * 256 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 128; i++) {
-      const float *qi = q + (b * 128 + i) * 256 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 128 + i) * 256 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 128 + j) * 256 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 128 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 128 + i) * 256 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 128 + j) * 256 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k97(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[211];
-  float *b1 = (float *)t[212];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k98(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[211];
-  float *b1 = (float *)t[213];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[524288 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k99(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[211];
-  float *b1 = (float *)t[214];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[1048576 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k100(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[214];
-  float *y = (float *)t[215];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k101(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[213];
-  float *y = (float *)t[218];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k102(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[212];
-  float *y = (float *)t[221];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k103(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[216];
-  const float *b1 = (const float *)t[219];
-  const float *b2 = (const float *)t[222];
-  float *b3 = (float *)t[223];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k104(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[223];
-  float *y = (float *)t[225];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k105(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[223];
-  const float *b1 = (const float *)t[76];
-  float *b2 = (float *)t[226];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k106(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[223];
-  const float *b1 = (const float *)t[78];
-  float *b2 = (float *)t[227];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k107(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[227];
-  float *y = (float *)t[228];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k108(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[75];
-  const float *dy = (const float *)t[226];
-  float *y = (float *)t[229];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 256;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
-    for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k109(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[207];
-  const float *b1 = (const float *)t[229];
-  float *b2 = (float *)t[230];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k110(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[230];
-  float *y = (float *)t[231];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k111(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[232];
-  const float *b1 = (const float *)t[70];
-  float *b2 = (float *)t[234];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2097152; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k112(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[234];
-  float *y = (float *)t[235];
-  double part[16][1024]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 64; w++) {
-    const int64_t blk = w % 4, rc = w / 4;
-    const int64_t o = blk / 4, j0 = blk % 4 * 256;
-    const int64_t jn = 1024 - j0 < 256 ? 1024 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 1024 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 1024 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 1024; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k113(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[236];
-  float *y = (float *)t[238];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k114(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[236];
-  const float *b1 = (const float *)t[63];
-  float *b2 = (float *)t[239];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k115(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[236];
-  const float *b1 = (const float *)t[65];
-  float *b2 = (float *)t[240];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k116(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[240];
-  float *y = (float *)t[241];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k117(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[62];
-  const float *dy = (const float *)t[239];
-  float *y = (float *)t[242];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 256;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
-    for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k118(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[230];
-  const float *b1 = (const float *)t[242];
-  float *b2 = (float *)t[243];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k119(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[243];
-  float *y = (float *)t[244];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k120(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[245];
-  const float *q = (const float *)t[49];
-  const float *k = (const float *)t[53];
-  const float *v = (const float *)t[57];
-  float *out = (float *)t[247];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 64; bh++) {
-    const int64_t b = bh / 4, h = bh % 4;
-    float p[128], kt[8192];
-    float vt[8192], dp[128];
-    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
-      vt[d * 128 + j] = v[(b * 128 + j) * 256 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 524288, *dv = out + 1048576;
-    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 128 + j) * 256 + h * 64 + d] = 0;
-      dv[(b * 128 + j) * 256 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 128; i++) {
-      const float *qi = q + (b * 128 + i) * 256 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 128 + i) * 256 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 128 + j) * 256 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 128 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 128 + i) * 256 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 128 + j) * 256 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k121(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[247];
-  float *b1 = (float *)t[248];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k122(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[247];
-  float *b1 = (float *)t[249];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[524288 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k123(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[247];
-  float *b1 = (float *)t[250];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[1048576 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k124(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[250];
-  float *y = (float *)t[251];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k125(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[249];
-  float *y = (float *)t[254];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k126(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[248];
-  float *y = (float *)t[257];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k127(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[252];
-  const float *b1 = (const float *)t[255];
-  const float *b2 = (const float *)t[258];
-  float *b3 = (float *)t[259];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k128(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[259];
-  float *y = (float *)t[261];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k129(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[259];
-  const float *b1 = (const float *)t[42];
-  float *b2 = (float *)t[262];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k130(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[259];
-  const float *b1 = (const float *)t[44];
-  float *b2 = (float *)t[263];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k131(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[263];
-  float *y = (float *)t[264];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k132(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[41];
-  const float *dy = (const float *)t[262];
-  float *y = (float *)t[265];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 256;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
-    for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k133(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[243];
-  const float *b1 = (const float *)t[265];
-  float *b2 = (float *)t[266];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k134(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[266];
-  float *y = (float *)t[267];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k135(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[268];
-  const float *b1 = (const float *)t[36];
-  float *b2 = (float *)t[270];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 2097152; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = gelu_grad_float(r0, r1);
-    b2[i] = r2;
-  }
-}
-
-void duet_k136(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[270];
-  float *y = (float *)t[271];
-  double part[16][1024]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 64; w++) {
-    const int64_t blk = w % 4, rc = w / 4;
-    const int64_t o = blk / 4, j0 = blk % 4 * 256;
-    const int64_t jn = 1024 - j0 < 256 ? 1024 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 1024 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 1024 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 1024; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k137(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[272];
-  float *y = (float *)t[274];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k138(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[272];
-  const float *b1 = (const float *)t[29];
-  float *b2 = (float *)t[275];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k139(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[272];
-  const float *b1 = (const float *)t[31];
-  float *b2 = (float *)t[276];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k140(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[276];
-  float *y = (float *)t[277];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k141(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[28];
-  const float *dy = (const float *)t[275];
-  float *y = (float *)t[278];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 256;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
-    for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k142(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[266];
-  const float *b1 = (const float *)t[278];
-  float *b2 = (float *)t[279];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k143(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[279];
-  float *y = (float *)t[280];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k144(void *const *t, const double *s) {
-  (void)s;
-  const float *dy = (const float *)t[281];
-  const float *q = (const float *)t[15];
-  const float *k = (const float *)t[19];
-  const float *v = (const float *)t[23];
-  float *out = (float *)t[283];
-  const float scale = (float)0x1p-3;
-  #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < 64; bh++) {
-    const int64_t b = bh / 4, h = bh % 4;
-    float p[128], kt[8192];
-    float vt[8192], dp[128];
-    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
-      kt[d * 128 + j] = k[(b * 128 + j) * 256 + h * 64 + d];
-      vt[d * 128 + j] = v[(b * 128 + j) * 256 + h * 64 + d];
-    }
-    float *dq = out, *dk = out + 524288, *dv = out + 1048576;
-    for (int64_t j = 0; j < 128; j++) for (int64_t d = 0; d < 64; d++) {
-      dk[(b * 128 + j) * 256 + h * 64 + d] = 0;
-      dv[(b * 128 + j) * 256 + h * 64 + d] = 0;
-    }
-    for (int64_t i = 0; i < 128; i++) {
-      const float *qi = q + (b * 128 + i) * 256 + h * 64;
-      const int64_t n = i + 1;
-      for (int64_t j = 0; j < n; j++) p[j] = 0;
-      for (int64_t d = 0; d < 64; d++) {
-        const float qd = qi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kt[d * 128 + j];
-      }
-      float m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < n; j++) { p[j] *= scale; m = p[j] > m ? p[j] : m; }
-      #pragma omp simd reduction(+:sum)
-      for (int64_t j = 0; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-      const float inv = 1 / sum;
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      const float *dyi = dy + (b * 128 + i) * 256 + h * 64;
-      for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        float *dvj = dv + (b * 128 + j) * 256 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) dvj[d] += pj * dyi[d];
-        dp[j] = 0;
-      }
-      for (int64_t d = 0; d < 64; d++) {
-        const float g = dyi[d];
-        #pragma omp simd
-        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * 128 + j];
-      }
-      float dot = 0;
-      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];
-      float *dqi = dq + (b * 128 + i) * 256 + h * 64;
-      for (int64_t d = 0; d < 64; d++) dqi[d] = 0;
-      for (int64_t j = 0; j < n; j++) {
-        const float ds = p[j] * (dp[j] - dot) * scale;
-        const int64_t o = (b * 128 + j) * 256 + h * 64;
-        #pragma omp simd
-        for (int64_t d = 0; d < 64; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }
-      }
-    }
-  }
-}
-
-void duet_k145(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[283];
-  float *b1 = (float *)t[284];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k146(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[283];
-  float *b1 = (float *)t[285];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[524288 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k147(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[283];
-  float *b1 = (float *)t[286];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[1048576 + i];
-    b1[i] = r0;
-  }
-}
-
-void duet_k148(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[286];
-  float *y = (float *)t[287];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k149(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[285];
-  float *y = (float *)t[290];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k150(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[284];
-  float *y = (float *)t[293];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k151(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[288];
-  const float *b1 = (const float *)t[291];
-  const float *b2 = (const float *)t[294];
-  float *b3 = (float *)t[295];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    const float r3 = b2[i];
-    const float r4 = r2 + r3;
-    b3[i] = r4;
-  }
-}
-
-void duet_k152(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[295];
-  float *y = (float *)t[297];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k153(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[295];
-  const float *b1 = (const float *)t[8];
-  float *b2 = (float *)t[298];
-  #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < 2048; o++) {
-    const int64_t o0 = 0 + o * 256;
-    const int64_t o1 = 0;
-    const int64_t o2 = 0 + o * 256;
-    #pragma omp simd
-    for (int64_t j = 0; j < 256; j++) {
-      const float r0 = b0[o0 + j];
-      const float r1 = b1[o1 + j];
-      const float r2 = r0 * r1;
-      b2[o2 + j] = r2;
-    }
-  }
-}
-
-void duet_k154(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[295];
-  const float *b1 = (const float *)t[10];
-  float *b2 = (float *)t[299];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 * r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k155(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[299];
-  float *y = (float *)t[300];
-  double part[16][256]; /* at most 16 x 2048 */
-  #pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < 16; w++) {
-    const int64_t blk = w % 1, rc = w / 1;
-    const int64_t o = blk / 1, j0 = blk % 1 * 256;
-    const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-    double acc[256] = {0};
-    for (int64_t r = 2048 * rc / 16; r < 2048 * (rc + 1) / 16; r++) {
-      const float *row = x + (o * 2048 + r) * 256 + j0;
-      #pragma omp simd
-      for (int64_t j = 0; j < jn; j++) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < jn; j++) part[rc][o * 256 + j0 + j] = acc[j];
-  }
-  for (int64_t i = 0; i < 256; i++) {
-    double t = 0;
-    for (int64_t c = 0; c < 16; c++) t += part[c][i];
-    y[i] = (float)(t * 1);
-  }
-}
-
-void duet_k156(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[7];
-  const float *dy = (const float *)t[298];
-  float *y = (float *)t[301];
-  #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < 2048; r++) {
-    const float *xr = x + r * 256;
-    float *yr = y + r * 256;
-    double mean = 0, var = 0;
-    #pragma omp simd reduction(+:mean)
-    for (int64_t c = 0; c < 256; c++) mean += xr[c];
-    mean /= 256;
-    #pragma omp simd reduction(+:var)
-    for (int64_t c = 0; c < 256; c++) var += (xr[c] - mean) * (xr[c] - mean);
-    const float m = (float)mean, rstd = (float)(1 / sqrtf((float)(var / 256) + (float)0x1.4f8b588e368f1p-17));
-    const float *dr = dy + r * 256;
-    double mdy = 0, mdyx = 0;
-    #pragma omp simd reduction(+:mdy, mdyx)
-    for (int64_t c = 0; c < 256; c++) { mdy += dr[c]; mdyx += dr[c] * (xr[c] - m) * rstd; }
-    const float a = (float)(mdy / 256), bb = (float)(mdyx / 256);
-    for (int64_t c = 0; c < 256; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);
-  }
-}
-
-void duet_k157(void *const *t, const double *s) {
-  (void)s;
-  const float *b0 = (const float *)t[279];
-  const float *b1 = (const float *)t[301];
-  float *b2 = (float *)t[302];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 524288; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = r0 + r1;
-    b2[i] = r2;
-  }
-}
-
-void duet_k158(void *const *t, const double *s) {
-  (void)s;
-  const float *x = (const float *)t[302];
-  float *y = (float *)t[303];
+  const float *x = (const float *)t[0];
+  float *y = (float *)t[1];
   #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < 128; w++) {
     const int64_t blk = w % 128, rc = w / 128;
@@ -3462,11 +560,11 @@ void duet_k158(void *const *t, const double *s) {
   }
 }
 
-void duet_k159(void *const *t, const double *s) {
+static void duet_k27(void *const *t, const double *s) {
   (void)s;
-  const float *dy = (const float *)t[303];
-  const int32_t *ix = (const int32_t *)t[5];
-  float *out = (float *)t[304];
+  const float *dy = (const float *)t[0];
+  const int32_t *ix = (const int32_t *)t[1];
+  float *out = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t cb = 0; cb < 4; cb++) {
     const int64_t c0 = cb * 64, c1 = c0 + 64 < 256 ? c0 + 64 : 256;
@@ -3479,11 +577,11 @@ void duet_k159(void *const *t, const double *s) {
   }
 }
 
-void duet_k160(void *const *t, const double *s) {
+static void duet_k28(void *const *t, const double *s) {
   (void)s;
-  const float *dy = (const float *)t[302];
-  const int32_t *ix = (const int32_t *)t[0];
-  float *out = (float *)t[305];
+  const float *dy = (const float *)t[0];
+  const int32_t *ix = (const int32_t *)t[1];
+  float *out = (float *)t[2];
   #pragma omp parallel for schedule(static)
   for (int64_t cb = 0; cb < 4; cb++) {
     const int64_t c0 = cb * 64, c1 = c0 + 64 < 256 ? c0 + 64 : 256;
@@ -3496,11 +594,11 @@ void duet_k160(void *const *t, const double *s) {
   }
 }
 
-void duet_k161(void *const *t, const double *s) {
+static void duet_k29(void *const *t, const double *s) {
   (void)s;
-  const float *b0 = (const float *)t[153];
-  const float *b1 = (const float *)t[305];
-  float *b2 = (float *)t[306];
+  const float *b0 = (const float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
   #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < 65536; i++) {
     const float r0 = b0[i];
@@ -3510,12 +608,12 @@ void duet_k161(void *const *t, const double *s) {
   }
 }
 
-void duet_k162(void *const *t, const double *s) {
+static void duet_k30(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[2];
-  const float *b1 = (const float *)t[306];
-  float *b2 = (float *)t[307];
-  float *b3 = (float *)t[308];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -3556,12 +654,12 @@ void duet_k162(void *const *t, const double *s) {
   }
 }
 
-void duet_k163(void *const *t, const double *s) {
+static void duet_k31(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[3];
-  const float *b1 = (const float *)t[304];
-  float *b2 = (float *)t[309];
-  float *b3 = (float *)t[310];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -3602,12 +700,12 @@ void duet_k163(void *const *t, const double *s) {
   }
 }
 
-void duet_k164(void *const *t, const double *s) {
+static void duet_k32(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[8];
-  const float *b1 = (const float *)t[300];
-  float *b2 = (float *)t[311];
-  float *b3 = (float *)t[312];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -3645,497 +743,12 @@ void duet_k164(void *const *t, const double *s) {
   }
 }
 
-void duet_k165(void *const *t, const double *s) {
+static void duet_k33(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[9];
-  const float *b1 = (const float *)t[297];
-  float *b2 = (float *)t[313];
-  float *b3 = (float *)t[314];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k166(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[12];
-  const float *b1 = (const float *)t[296];
-  float *b2 = (float *)t[315];
-  float *b3 = (float *)t[316];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k167(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[13];
-  const float *b1 = (const float *)t[293];
-  float *b2 = (float *)t[317];
-  float *b3 = (float *)t[318];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k168(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[16];
-  const float *b1 = (const float *)t[292];
-  float *b2 = (float *)t[319];
-  float *b3 = (float *)t[320];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k169(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[17];
-  const float *b1 = (const float *)t[290];
-  float *b2 = (float *)t[321];
-  float *b3 = (float *)t[322];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k170(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[20];
-  const float *b1 = (const float *)t[289];
-  float *b2 = (float *)t[323];
-  float *b3 = (float *)t[324];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k171(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[21];
-  const float *b1 = (const float *)t[287];
-  float *b2 = (float *)t[325];
-  float *b3 = (float *)t[326];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k172(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[25];
-  const float *b1 = (const float *)t[282];
-  float *b2 = (float *)t[327];
-  float *b3 = (float *)t[328];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k173(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[26];
-  const float *b1 = (const float *)t[280];
-  float *b2 = (float *)t[329];
-  float *b3 = (float *)t[330];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k174(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[29];
-  const float *b1 = (const float *)t[277];
-  float *b2 = (float *)t[331];
-  float *b3 = (float *)t[332];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k175(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[30];
-  const float *b1 = (const float *)t[274];
-  float *b2 = (float *)t[333];
-  float *b3 = (float *)t[334];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k176(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[33];
-  const float *b1 = (const float *)t[273];
-  float *b2 = (float *)t[335];
-  float *b3 = (float *)t[336];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -4176,12 +789,12 @@ void duet_k176(void *const *t, const double *s) {
   }
 }
 
-void duet_k177(void *const *t, const double *s) {
+static void duet_k34(void *const *t, const double *s) {
   (void)s;
-  float *b0 = (float *)t[34];
-  const float *b1 = (const float *)t[271];
-  float *b2 = (float *)t[337];
-  float *b3 = (float *)t[338];
+  float *b0 = (float *)t[0];
+  const float *b1 = (const float *)t[1];
+  float *b2 = (float *)t[2];
+  float *b3 = (float *)t[3];
   const float s4 = (float)s[3];
   const float s5 = (float)s[4];
   const float s6 = (float)s[9];
@@ -4219,2303 +832,10 @@ void duet_k177(void *const *t, const double *s) {
   }
 }
 
-void duet_k178(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[38];
-  const float *b1 = (const float *)t[269];
-  float *b2 = (float *)t[339];
-  float *b3 = (float *)t[340];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 262144; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k179(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[39];
-  const float *b1 = (const float *)t[267];
-  float *b2 = (float *)t[341];
-  float *b3 = (float *)t[342];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k180(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[42];
-  const float *b1 = (const float *)t[264];
-  float *b2 = (float *)t[343];
-  float *b3 = (float *)t[344];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k181(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[43];
-  const float *b1 = (const float *)t[261];
-  float *b2 = (float *)t[345];
-  float *b3 = (float *)t[346];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k182(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[46];
-  const float *b1 = (const float *)t[260];
-  float *b2 = (float *)t[347];
-  float *b3 = (float *)t[348];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k183(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[47];
-  const float *b1 = (const float *)t[257];
-  float *b2 = (float *)t[349];
-  float *b3 = (float *)t[350];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k184(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[50];
-  const float *b1 = (const float *)t[256];
-  float *b2 = (float *)t[351];
-  float *b3 = (float *)t[352];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k185(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[51];
-  const float *b1 = (const float *)t[254];
-  float *b2 = (float *)t[353];
-  float *b3 = (float *)t[354];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k186(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[54];
-  const float *b1 = (const float *)t[253];
-  float *b2 = (float *)t[355];
-  float *b3 = (float *)t[356];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k187(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[55];
-  const float *b1 = (const float *)t[251];
-  float *b2 = (float *)t[357];
-  float *b3 = (float *)t[358];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k188(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[59];
-  const float *b1 = (const float *)t[246];
-  float *b2 = (float *)t[359];
-  float *b3 = (float *)t[360];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k189(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[60];
-  const float *b1 = (const float *)t[244];
-  float *b2 = (float *)t[361];
-  float *b3 = (float *)t[362];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k190(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[63];
-  const float *b1 = (const float *)t[241];
-  float *b2 = (float *)t[363];
-  float *b3 = (float *)t[364];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k191(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[64];
-  const float *b1 = (const float *)t[238];
-  float *b2 = (float *)t[365];
-  float *b3 = (float *)t[366];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k192(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[67];
-  const float *b1 = (const float *)t[237];
-  float *b2 = (float *)t[367];
-  float *b3 = (float *)t[368];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 262144; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k193(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[68];
-  const float *b1 = (const float *)t[235];
-  float *b2 = (float *)t[369];
-  float *b3 = (float *)t[370];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 1024; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k194(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[72];
-  const float *b1 = (const float *)t[233];
-  float *b2 = (float *)t[371];
-  float *b3 = (float *)t[372];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 262144; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k195(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[73];
-  const float *b1 = (const float *)t[231];
-  float *b2 = (float *)t[373];
-  float *b3 = (float *)t[374];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k196(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[76];
-  const float *b1 = (const float *)t[228];
-  float *b2 = (float *)t[375];
-  float *b3 = (float *)t[376];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k197(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[77];
-  const float *b1 = (const float *)t[225];
-  float *b2 = (float *)t[377];
-  float *b3 = (float *)t[378];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k198(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[80];
-  const float *b1 = (const float *)t[224];
-  float *b2 = (float *)t[379];
-  float *b3 = (float *)t[380];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k199(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[81];
-  const float *b1 = (const float *)t[221];
-  float *b2 = (float *)t[381];
-  float *b3 = (float *)t[382];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k200(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[84];
-  const float *b1 = (const float *)t[220];
-  float *b2 = (float *)t[383];
-  float *b3 = (float *)t[384];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k201(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[85];
-  const float *b1 = (const float *)t[218];
-  float *b2 = (float *)t[385];
-  float *b3 = (float *)t[386];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k202(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[88];
-  const float *b1 = (const float *)t[217];
-  float *b2 = (float *)t[387];
-  float *b3 = (float *)t[388];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k203(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[89];
-  const float *b1 = (const float *)t[215];
-  float *b2 = (float *)t[389];
-  float *b3 = (float *)t[390];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k204(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[93];
-  const float *b1 = (const float *)t[210];
-  float *b2 = (float *)t[391];
-  float *b3 = (float *)t[392];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k205(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[94];
-  const float *b1 = (const float *)t[208];
-  float *b2 = (float *)t[393];
-  float *b3 = (float *)t[394];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k206(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[97];
-  const float *b1 = (const float *)t[205];
-  float *b2 = (float *)t[395];
-  float *b3 = (float *)t[396];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k207(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[98];
-  const float *b1 = (const float *)t[202];
-  float *b2 = (float *)t[397];
-  float *b3 = (float *)t[398];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k208(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[101];
-  const float *b1 = (const float *)t[201];
-  float *b2 = (float *)t[399];
-  float *b3 = (float *)t[400];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 262144; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k209(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[102];
-  const float *b1 = (const float *)t[199];
-  float *b2 = (float *)t[401];
-  float *b3 = (float *)t[402];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 1024; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k210(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[106];
-  const float *b1 = (const float *)t[197];
-  float *b2 = (float *)t[403];
-  float *b3 = (float *)t[404];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 262144; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k211(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[107];
-  const float *b1 = (const float *)t[195];
-  float *b2 = (float *)t[405];
-  float *b3 = (float *)t[406];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k212(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[110];
-  const float *b1 = (const float *)t[192];
-  float *b2 = (float *)t[407];
-  float *b3 = (float *)t[408];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k213(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[111];
-  const float *b1 = (const float *)t[189];
-  float *b2 = (float *)t[409];
-  float *b3 = (float *)t[410];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k214(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[114];
-  const float *b1 = (const float *)t[188];
-  float *b2 = (float *)t[411];
-  float *b3 = (float *)t[412];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k215(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[115];
-  const float *b1 = (const float *)t[185];
-  float *b2 = (float *)t[413];
-  float *b3 = (float *)t[414];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k216(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[118];
-  const float *b1 = (const float *)t[184];
-  float *b2 = (float *)t[415];
-  float *b3 = (float *)t[416];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k217(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[119];
-  const float *b1 = (const float *)t[182];
-  float *b2 = (float *)t[417];
-  float *b3 = (float *)t[418];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k218(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[122];
-  const float *b1 = (const float *)t[181];
-  float *b2 = (float *)t[419];
-  float *b3 = (float *)t[420];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k219(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[123];
-  const float *b1 = (const float *)t[179];
-  float *b2 = (float *)t[421];
-  float *b3 = (float *)t[422];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k220(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[127];
-  const float *b1 = (const float *)t[174];
-  float *b2 = (float *)t[423];
-  float *b3 = (float *)t[424];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 65536; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k221(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[128];
-  const float *b1 = (const float *)t[172];
-  float *b2 = (float *)t[425];
-  float *b3 = (float *)t[426];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k222(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[131];
-  const float *b1 = (const float *)t[169];
-  float *b2 = (float *)t[427];
-  float *b3 = (float *)t[428];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k223(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[132];
-  const float *b1 = (const float *)t[166];
-  float *b2 = (float *)t[429];
-  float *b3 = (float *)t[430];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k224(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[135];
-  const float *b1 = (const float *)t[165];
-  float *b2 = (float *)t[431];
-  float *b3 = (float *)t[432];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 262144; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k225(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[136];
-  const float *b1 = (const float *)t[163];
-  float *b2 = (float *)t[433];
-  float *b3 = (float *)t[434];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 1024; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k226(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[140];
-  const float *b1 = (const float *)t[161];
-  float *b2 = (float *)t[435];
-  float *b3 = (float *)t[436];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
-  #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < 262144; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = s10;
-    const float r11 = r0 * r10;
-    const float r12 = r1 - r2;
-    const float r13 = r12 * r6;
-    const float r14 = r2 + r13;
-    const float r15 = r1 * r1;
-    const float r16 = r7 * r15;
-    const float r17 = r4 * r3;
-    const float r18 = r17 + r16;
-    const float r19 = sqrtf(r18);
-    const float r20 = r19 / r9;
-    const float r21 = r20 + r5;
-    const float r22 = r14 / r21;
-    const float r23 = r8 * r22;
-    const float r24 = r11 - r23;
-    b2[i] = r14;
-    b3[i] = r18;
-    b0[i] = r24;
-  }
-}
-
-void duet_k227(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[141];
-  const float *b1 = (const float *)t[159];
-  float *b2 = (float *)t[437];
-  float *b3 = (float *)t[438];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k228(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[144];
-  const float *b1 = (const float *)t[157];
-  float *b2 = (float *)t[439];
-  float *b3 = (float *)t[440];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k229(void *const *t, const double *s) {
-  (void)s;
-  float *b0 = (float *)t[145];
-  const float *b1 = (const float *)t[154];
-  float *b2 = (float *)t[441];
-  float *b3 = (float *)t[442];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  #pragma omp simd
-  for (int64_t i = 0; i < 256; i++) {
-    const float r0 = b0[i];
-    const float r1 = b1[i];
-    const float r2 = b2[i];
-    const float r3 = b3[i];
-    const float r4 = s4;
-    const float r5 = s5;
-    const float r6 = s6;
-    const float r7 = s7;
-    const float r8 = s8;
-    const float r9 = s9;
-    const float r10 = r1 - r2;
-    const float r11 = r10 * r6;
-    const float r12 = r2 + r11;
-    const float r13 = r1 * r1;
-    const float r14 = r7 * r13;
-    const float r15 = r4 * r3;
-    const float r16 = r15 + r14;
-    const float r17 = sqrtf(r16);
-    const float r18 = r17 / r9;
-    const float r19 = r18 + r5;
-    const float r20 = r12 / r19;
-    const float r21 = r8 * r20;
-    const float r22 = r0 - r21;
-    b2[i] = r12;
-    b3[i] = r16;
-    b0[i] = r22;
-  }
-}
-
-void duet_k230(void *const *t, const double *s) {
-  const float *x = (const float *)t[148];
+static void duet_k35(void *const *t, const double *s) {
+  const float *x = (const float *)t[0];
   const int32_t *y = (const int32_t *)t[1];
-  float *out = (float *)t[443];
+  float *out = (float *)t[2];
   int64_t nv = (int64_t)s[8];
   if (nv > 2048) nv = 2048;
   double correct = 0, nll = 0;
@@ -6532,237 +852,1163 @@ void duet_k230(void *const *t, const double *s) {
   out[1] = (float)nll;
 }
 
+static void duet_i0(void *const *t, const double *s) {
+  void *const a[] = {t[2], t[0], t[4], };
+  duet_k0(a, s);
+}
+static void duet_i1(void *const *t, const double *s) {
+  void *const a[] = {t[0], t[5], };
+  duet_k1(a, s);
+}
+static void duet_i2(void *const *t, const double *s) {
+  void *const a[] = {t[3], t[5], t[6], };
+  duet_k2(a, s);
+}
+static void duet_i3(void *const *t, const double *s) {
+  void *const a[] = {t[4], t[6], t[7], };
+  duet_k3(a, s);
+}
+static void duet_i4(void *const *t, const double *s) {
+  void *const a[] = {t[7], t[10], };
+  duet_k4(a, s);
+}
+static void duet_i5(void *const *t, const double *s) {
+  void *const a[] = {t[10], t[8], t[9], t[11], };
+  duet_k5(a, s);
+}
+static void duet_i6(void *const *t, const double *s) {
+  void *const a[] = {t[14], t[13], t[15], };
+  duet_k6(a, s);
+}
+static void duet_i7(void *const *t, const double *s) {
+  void *const a[] = {t[18], t[17], t[19], };
+  duet_k6(a, s);
+}
+static void duet_i8(void *const *t, const double *s) {
+  void *const a[] = {t[22], t[21], t[23], };
+  duet_k6(a, s);
+}
+static void duet_i9(void *const *t, const double *s) {
+  void *const a[] = {t[15], t[19], t[23], t[24], };
+  duet_k7(a, s);
+}
+static void duet_i10(void *const *t, const double *s) {
+  void *const a[] = {t[7], t[27], t[26], t[28], };
+  duet_k8(a, s);
+}
+static void duet_i11(void *const *t, const double *s) {
+  void *const a[] = {t[28], t[31], };
+  duet_k4(a, s);
+}
+static void duet_i12(void *const *t, const double *s) {
+  void *const a[] = {t[31], t[29], t[30], t[32], };
+  duet_k5(a, s);
+}
+static void duet_i13(void *const *t, const double *s) {
+  void *const a[] = {t[35], t[34], t[36], };
+  duet_k9(a, s);
+}
+static void duet_i14(void *const *t, const double *s) {
+  void *const a[] = {t[36], t[37], };
+  duet_k10(a, s);
+}
+static void duet_i15(void *const *t, const double *s) {
+  void *const a[] = {t[28], t[40], t[39], t[41], };
+  duet_k8(a, s);
+}
+static void duet_i16(void *const *t, const double *s) {
+  void *const a[] = {t[41], t[44], };
+  duet_k4(a, s);
+}
+static void duet_i17(void *const *t, const double *s) {
+  void *const a[] = {t[44], t[42], t[43], t[45], };
+  duet_k5(a, s);
+}
+static void duet_i18(void *const *t, const double *s) {
+  void *const a[] = {t[48], t[47], t[49], };
+  duet_k6(a, s);
+}
+static void duet_i19(void *const *t, const double *s) {
+  void *const a[] = {t[52], t[51], t[53], };
+  duet_k6(a, s);
+}
+static void duet_i20(void *const *t, const double *s) {
+  void *const a[] = {t[56], t[55], t[57], };
+  duet_k6(a, s);
+}
+static void duet_i21(void *const *t, const double *s) {
+  void *const a[] = {t[49], t[53], t[57], t[58], };
+  duet_k7(a, s);
+}
+static void duet_i22(void *const *t, const double *s) {
+  void *const a[] = {t[41], t[61], t[60], t[62], };
+  duet_k8(a, s);
+}
+static void duet_i23(void *const *t, const double *s) {
+  void *const a[] = {t[62], t[65], };
+  duet_k4(a, s);
+}
+static void duet_i24(void *const *t, const double *s) {
+  void *const a[] = {t[65], t[63], t[64], t[66], };
+  duet_k5(a, s);
+}
+static void duet_i25(void *const *t, const double *s) {
+  void *const a[] = {t[69], t[68], t[70], };
+  duet_k9(a, s);
+}
+static void duet_i26(void *const *t, const double *s) {
+  void *const a[] = {t[70], t[71], };
+  duet_k10(a, s);
+}
+static void duet_i27(void *const *t, const double *s) {
+  void *const a[] = {t[62], t[74], t[73], t[75], };
+  duet_k8(a, s);
+}
+static void duet_i28(void *const *t, const double *s) {
+  void *const a[] = {t[75], t[78], };
+  duet_k4(a, s);
+}
+static void duet_i29(void *const *t, const double *s) {
+  void *const a[] = {t[78], t[76], t[77], t[79], };
+  duet_k5(a, s);
+}
+static void duet_i30(void *const *t, const double *s) {
+  void *const a[] = {t[82], t[81], t[83], };
+  duet_k6(a, s);
+}
+static void duet_i31(void *const *t, const double *s) {
+  void *const a[] = {t[86], t[85], t[87], };
+  duet_k6(a, s);
+}
+static void duet_i32(void *const *t, const double *s) {
+  void *const a[] = {t[90], t[89], t[91], };
+  duet_k6(a, s);
+}
+static void duet_i33(void *const *t, const double *s) {
+  void *const a[] = {t[83], t[87], t[91], t[92], };
+  duet_k7(a, s);
+}
+static void duet_i34(void *const *t, const double *s) {
+  void *const a[] = {t[75], t[95], t[94], t[96], };
+  duet_k8(a, s);
+}
+static void duet_i35(void *const *t, const double *s) {
+  void *const a[] = {t[96], t[99], };
+  duet_k4(a, s);
+}
+static void duet_i36(void *const *t, const double *s) {
+  void *const a[] = {t[99], t[97], t[98], t[100], };
+  duet_k5(a, s);
+}
+static void duet_i37(void *const *t, const double *s) {
+  void *const a[] = {t[103], t[102], t[104], };
+  duet_k9(a, s);
+}
+static void duet_i38(void *const *t, const double *s) {
+  void *const a[] = {t[104], t[105], };
+  duet_k10(a, s);
+}
+static void duet_i39(void *const *t, const double *s) {
+  void *const a[] = {t[96], t[108], t[107], t[109], };
+  duet_k8(a, s);
+}
+static void duet_i40(void *const *t, const double *s) {
+  void *const a[] = {t[109], t[112], };
+  duet_k4(a, s);
+}
+static void duet_i41(void *const *t, const double *s) {
+  void *const a[] = {t[112], t[110], t[111], t[113], };
+  duet_k5(a, s);
+}
+static void duet_i42(void *const *t, const double *s) {
+  void *const a[] = {t[116], t[115], t[117], };
+  duet_k6(a, s);
+}
+static void duet_i43(void *const *t, const double *s) {
+  void *const a[] = {t[120], t[119], t[121], };
+  duet_k6(a, s);
+}
+static void duet_i44(void *const *t, const double *s) {
+  void *const a[] = {t[124], t[123], t[125], };
+  duet_k6(a, s);
+}
+static void duet_i45(void *const *t, const double *s) {
+  void *const a[] = {t[117], t[121], t[125], t[126], };
+  duet_k7(a, s);
+}
+static void duet_i46(void *const *t, const double *s) {
+  void *const a[] = {t[109], t[129], t[128], t[130], };
+  duet_k8(a, s);
+}
+static void duet_i47(void *const *t, const double *s) {
+  void *const a[] = {t[130], t[133], };
+  duet_k4(a, s);
+}
+static void duet_i48(void *const *t, const double *s) {
+  void *const a[] = {t[133], t[131], t[132], t[134], };
+  duet_k5(a, s);
+}
+static void duet_i49(void *const *t, const double *s) {
+  void *const a[] = {t[137], t[136], t[138], };
+  duet_k9(a, s);
+}
+static void duet_i50(void *const *t, const double *s) {
+  void *const a[] = {t[138], t[139], };
+  duet_k10(a, s);
+}
+static void duet_i51(void *const *t, const double *s) {
+  void *const a[] = {t[130], t[142], t[141], t[143], };
+  duet_k8(a, s);
+}
+static void duet_i52(void *const *t, const double *s) {
+  void *const a[] = {t[143], t[146], };
+  duet_k4(a, s);
+}
+static void duet_i53(void *const *t, const double *s) {
+  void *const a[] = {t[146], t[144], t[145], t[147], };
+  duet_k5(a, s);
+}
+static void duet_i54(void *const *t, const double *s) {
+  void *const a[] = {t[148], t[1], t[149], };
+  duet_k11(a, s);
+}
+static void duet_i55(void *const *t, const double *s) {
+  void *const a[] = {t[150], };
+  duet_k12(a, s);
+}
+static void duet_i56(void *const *t, const double *s) {
+  void *const a[] = {t[148], t[1], t[150], t[151], };
+  duet_k13(a, s);
+}
+static void duet_i57(void *const *t, const double *s) {
+  void *const a[] = {t[152], t[154], };
+  duet_k14(a, s);
+}
+static void duet_i58(void *const *t, const double *s) {
+  void *const a[] = {t[152], t[144], t[155], };
+  duet_k15(a, s);
+}
+static void duet_i59(void *const *t, const double *s) {
+  void *const a[] = {t[152], t[146], t[156], };
+  duet_k16(a, s);
+}
+static void duet_i60(void *const *t, const double *s) {
+  void *const a[] = {t[156], t[157], };
+  duet_k14(a, s);
+}
+static void duet_i61(void *const *t, const double *s) {
+  void *const a[] = {t[155], t[143], t[158], };
+  duet_k17(a, s);
+}
+static void duet_i62(void *const *t, const double *s) {
+  void *const a[] = {t[158], t[159], };
+  duet_k14(a, s);
+}
+static void duet_i63(void *const *t, const double *s) {
+  void *const a[] = {t[160], t[138], t[162], };
+  duet_k18(a, s);
+}
+static void duet_i64(void *const *t, const double *s) {
+  void *const a[] = {t[162], t[163], };
+  duet_k19(a, s);
+}
+static void duet_i65(void *const *t, const double *s) {
+  void *const a[] = {t[164], t[166], };
+  duet_k14(a, s);
+}
+static void duet_i66(void *const *t, const double *s) {
+  void *const a[] = {t[164], t[131], t[167], };
+  duet_k15(a, s);
+}
+static void duet_i67(void *const *t, const double *s) {
+  void *const a[] = {t[164], t[133], t[168], };
+  duet_k16(a, s);
+}
+static void duet_i68(void *const *t, const double *s) {
+  void *const a[] = {t[168], t[169], };
+  duet_k14(a, s);
+}
+static void duet_i69(void *const *t, const double *s) {
+  void *const a[] = {t[167], t[130], t[170], };
+  duet_k17(a, s);
+}
+static void duet_i70(void *const *t, const double *s) {
+  void *const a[] = {t[158], t[170], t[171], };
+  duet_k20(a, s);
+}
+static void duet_i71(void *const *t, const double *s) {
+  void *const a[] = {t[171], t[172], };
+  duet_k14(a, s);
+}
+static void duet_i72(void *const *t, const double *s) {
+  void *const a[] = {t[173], t[117], t[121], t[125], t[175], };
+  duet_k21(a, s);
+}
+static void duet_i73(void *const *t, const double *s) {
+  void *const a[] = {t[175], t[176], };
+  duet_k22(a, s);
+}
+static void duet_i74(void *const *t, const double *s) {
+  void *const a[] = {t[175], t[177], };
+  duet_k23(a, s);
+}
+static void duet_i75(void *const *t, const double *s) {
+  void *const a[] = {t[175], t[178], };
+  duet_k24(a, s);
+}
+static void duet_i76(void *const *t, const double *s) {
+  void *const a[] = {t[178], t[179], };
+  duet_k14(a, s);
+}
+static void duet_i77(void *const *t, const double *s) {
+  void *const a[] = {t[177], t[182], };
+  duet_k14(a, s);
+}
+static void duet_i78(void *const *t, const double *s) {
+  void *const a[] = {t[176], t[185], };
+  duet_k14(a, s);
+}
+static void duet_i79(void *const *t, const double *s) {
+  void *const a[] = {t[180], t[183], t[186], t[187], };
+  duet_k25(a, s);
+}
+static void duet_i80(void *const *t, const double *s) {
+  void *const a[] = {t[187], t[189], };
+  duet_k14(a, s);
+}
+static void duet_i81(void *const *t, const double *s) {
+  void *const a[] = {t[187], t[110], t[190], };
+  duet_k15(a, s);
+}
+static void duet_i82(void *const *t, const double *s) {
+  void *const a[] = {t[187], t[112], t[191], };
+  duet_k16(a, s);
+}
+static void duet_i83(void *const *t, const double *s) {
+  void *const a[] = {t[191], t[192], };
+  duet_k14(a, s);
+}
+static void duet_i84(void *const *t, const double *s) {
+  void *const a[] = {t[190], t[109], t[193], };
+  duet_k17(a, s);
+}
+static void duet_i85(void *const *t, const double *s) {
+  void *const a[] = {t[171], t[193], t[194], };
+  duet_k20(a, s);
+}
+static void duet_i86(void *const *t, const double *s) {
+  void *const a[] = {t[194], t[195], };
+  duet_k14(a, s);
+}
+static void duet_i87(void *const *t, const double *s) {
+  void *const a[] = {t[196], t[104], t[198], };
+  duet_k18(a, s);
+}
+static void duet_i88(void *const *t, const double *s) {
+  void *const a[] = {t[198], t[199], };
+  duet_k19(a, s);
+}
+static void duet_i89(void *const *t, const double *s) {
+  void *const a[] = {t[200], t[202], };
+  duet_k14(a, s);
+}
+static void duet_i90(void *const *t, const double *s) {
+  void *const a[] = {t[200], t[97], t[203], };
+  duet_k15(a, s);
+}
+static void duet_i91(void *const *t, const double *s) {
+  void *const a[] = {t[200], t[99], t[204], };
+  duet_k16(a, s);
+}
+static void duet_i92(void *const *t, const double *s) {
+  void *const a[] = {t[204], t[205], };
+  duet_k14(a, s);
+}
+static void duet_i93(void *const *t, const double *s) {
+  void *const a[] = {t[203], t[96], t[206], };
+  duet_k17(a, s);
+}
+static void duet_i94(void *const *t, const double *s) {
+  void *const a[] = {t[194], t[206], t[207], };
+  duet_k20(a, s);
+}
+static void duet_i95(void *const *t, const double *s) {
+  void *const a[] = {t[207], t[208], };
+  duet_k14(a, s);
+}
+static void duet_i96(void *const *t, const double *s) {
+  void *const a[] = {t[209], t[83], t[87], t[91], t[211], };
+  duet_k21(a, s);
+}
+static void duet_i97(void *const *t, const double *s) {
+  void *const a[] = {t[211], t[212], };
+  duet_k22(a, s);
+}
+static void duet_i98(void *const *t, const double *s) {
+  void *const a[] = {t[211], t[213], };
+  duet_k23(a, s);
+}
+static void duet_i99(void *const *t, const double *s) {
+  void *const a[] = {t[211], t[214], };
+  duet_k24(a, s);
+}
+static void duet_i100(void *const *t, const double *s) {
+  void *const a[] = {t[214], t[215], };
+  duet_k14(a, s);
+}
+static void duet_i101(void *const *t, const double *s) {
+  void *const a[] = {t[213], t[218], };
+  duet_k14(a, s);
+}
+static void duet_i102(void *const *t, const double *s) {
+  void *const a[] = {t[212], t[221], };
+  duet_k14(a, s);
+}
+static void duet_i103(void *const *t, const double *s) {
+  void *const a[] = {t[216], t[219], t[222], t[223], };
+  duet_k25(a, s);
+}
+static void duet_i104(void *const *t, const double *s) {
+  void *const a[] = {t[223], t[225], };
+  duet_k14(a, s);
+}
+static void duet_i105(void *const *t, const double *s) {
+  void *const a[] = {t[223], t[76], t[226], };
+  duet_k15(a, s);
+}
+static void duet_i106(void *const *t, const double *s) {
+  void *const a[] = {t[223], t[78], t[227], };
+  duet_k16(a, s);
+}
+static void duet_i107(void *const *t, const double *s) {
+  void *const a[] = {t[227], t[228], };
+  duet_k14(a, s);
+}
+static void duet_i108(void *const *t, const double *s) {
+  void *const a[] = {t[226], t[75], t[229], };
+  duet_k17(a, s);
+}
+static void duet_i109(void *const *t, const double *s) {
+  void *const a[] = {t[207], t[229], t[230], };
+  duet_k20(a, s);
+}
+static void duet_i110(void *const *t, const double *s) {
+  void *const a[] = {t[230], t[231], };
+  duet_k14(a, s);
+}
+static void duet_i111(void *const *t, const double *s) {
+  void *const a[] = {t[232], t[70], t[234], };
+  duet_k18(a, s);
+}
+static void duet_i112(void *const *t, const double *s) {
+  void *const a[] = {t[234], t[235], };
+  duet_k19(a, s);
+}
+static void duet_i113(void *const *t, const double *s) {
+  void *const a[] = {t[236], t[238], };
+  duet_k14(a, s);
+}
+static void duet_i114(void *const *t, const double *s) {
+  void *const a[] = {t[236], t[63], t[239], };
+  duet_k15(a, s);
+}
+static void duet_i115(void *const *t, const double *s) {
+  void *const a[] = {t[236], t[65], t[240], };
+  duet_k16(a, s);
+}
+static void duet_i116(void *const *t, const double *s) {
+  void *const a[] = {t[240], t[241], };
+  duet_k14(a, s);
+}
+static void duet_i117(void *const *t, const double *s) {
+  void *const a[] = {t[239], t[62], t[242], };
+  duet_k17(a, s);
+}
+static void duet_i118(void *const *t, const double *s) {
+  void *const a[] = {t[230], t[242], t[243], };
+  duet_k20(a, s);
+}
+static void duet_i119(void *const *t, const double *s) {
+  void *const a[] = {t[243], t[244], };
+  duet_k14(a, s);
+}
+static void duet_i120(void *const *t, const double *s) {
+  void *const a[] = {t[245], t[49], t[53], t[57], t[247], };
+  duet_k21(a, s);
+}
+static void duet_i121(void *const *t, const double *s) {
+  void *const a[] = {t[247], t[248], };
+  duet_k22(a, s);
+}
+static void duet_i122(void *const *t, const double *s) {
+  void *const a[] = {t[247], t[249], };
+  duet_k23(a, s);
+}
+static void duet_i123(void *const *t, const double *s) {
+  void *const a[] = {t[247], t[250], };
+  duet_k24(a, s);
+}
+static void duet_i124(void *const *t, const double *s) {
+  void *const a[] = {t[250], t[251], };
+  duet_k14(a, s);
+}
+static void duet_i125(void *const *t, const double *s) {
+  void *const a[] = {t[249], t[254], };
+  duet_k14(a, s);
+}
+static void duet_i126(void *const *t, const double *s) {
+  void *const a[] = {t[248], t[257], };
+  duet_k14(a, s);
+}
+static void duet_i127(void *const *t, const double *s) {
+  void *const a[] = {t[252], t[255], t[258], t[259], };
+  duet_k25(a, s);
+}
+static void duet_i128(void *const *t, const double *s) {
+  void *const a[] = {t[259], t[261], };
+  duet_k14(a, s);
+}
+static void duet_i129(void *const *t, const double *s) {
+  void *const a[] = {t[259], t[42], t[262], };
+  duet_k15(a, s);
+}
+static void duet_i130(void *const *t, const double *s) {
+  void *const a[] = {t[259], t[44], t[263], };
+  duet_k16(a, s);
+}
+static void duet_i131(void *const *t, const double *s) {
+  void *const a[] = {t[263], t[264], };
+  duet_k14(a, s);
+}
+static void duet_i132(void *const *t, const double *s) {
+  void *const a[] = {t[262], t[41], t[265], };
+  duet_k17(a, s);
+}
+static void duet_i133(void *const *t, const double *s) {
+  void *const a[] = {t[243], t[265], t[266], };
+  duet_k20(a, s);
+}
+static void duet_i134(void *const *t, const double *s) {
+  void *const a[] = {t[266], t[267], };
+  duet_k14(a, s);
+}
+static void duet_i135(void *const *t, const double *s) {
+  void *const a[] = {t[268], t[36], t[270], };
+  duet_k18(a, s);
+}
+static void duet_i136(void *const *t, const double *s) {
+  void *const a[] = {t[270], t[271], };
+  duet_k19(a, s);
+}
+static void duet_i137(void *const *t, const double *s) {
+  void *const a[] = {t[272], t[274], };
+  duet_k14(a, s);
+}
+static void duet_i138(void *const *t, const double *s) {
+  void *const a[] = {t[272], t[29], t[275], };
+  duet_k15(a, s);
+}
+static void duet_i139(void *const *t, const double *s) {
+  void *const a[] = {t[272], t[31], t[276], };
+  duet_k16(a, s);
+}
+static void duet_i140(void *const *t, const double *s) {
+  void *const a[] = {t[276], t[277], };
+  duet_k14(a, s);
+}
+static void duet_i141(void *const *t, const double *s) {
+  void *const a[] = {t[275], t[28], t[278], };
+  duet_k17(a, s);
+}
+static void duet_i142(void *const *t, const double *s) {
+  void *const a[] = {t[266], t[278], t[279], };
+  duet_k20(a, s);
+}
+static void duet_i143(void *const *t, const double *s) {
+  void *const a[] = {t[279], t[280], };
+  duet_k14(a, s);
+}
+static void duet_i144(void *const *t, const double *s) {
+  void *const a[] = {t[281], t[15], t[19], t[23], t[283], };
+  duet_k21(a, s);
+}
+static void duet_i145(void *const *t, const double *s) {
+  void *const a[] = {t[283], t[284], };
+  duet_k22(a, s);
+}
+static void duet_i146(void *const *t, const double *s) {
+  void *const a[] = {t[283], t[285], };
+  duet_k23(a, s);
+}
+static void duet_i147(void *const *t, const double *s) {
+  void *const a[] = {t[283], t[286], };
+  duet_k24(a, s);
+}
+static void duet_i148(void *const *t, const double *s) {
+  void *const a[] = {t[286], t[287], };
+  duet_k14(a, s);
+}
+static void duet_i149(void *const *t, const double *s) {
+  void *const a[] = {t[285], t[290], };
+  duet_k14(a, s);
+}
+static void duet_i150(void *const *t, const double *s) {
+  void *const a[] = {t[284], t[293], };
+  duet_k14(a, s);
+}
+static void duet_i151(void *const *t, const double *s) {
+  void *const a[] = {t[288], t[291], t[294], t[295], };
+  duet_k25(a, s);
+}
+static void duet_i152(void *const *t, const double *s) {
+  void *const a[] = {t[295], t[297], };
+  duet_k14(a, s);
+}
+static void duet_i153(void *const *t, const double *s) {
+  void *const a[] = {t[295], t[8], t[298], };
+  duet_k15(a, s);
+}
+static void duet_i154(void *const *t, const double *s) {
+  void *const a[] = {t[295], t[10], t[299], };
+  duet_k16(a, s);
+}
+static void duet_i155(void *const *t, const double *s) {
+  void *const a[] = {t[299], t[300], };
+  duet_k14(a, s);
+}
+static void duet_i156(void *const *t, const double *s) {
+  void *const a[] = {t[298], t[7], t[301], };
+  duet_k17(a, s);
+}
+static void duet_i157(void *const *t, const double *s) {
+  void *const a[] = {t[279], t[301], t[302], };
+  duet_k20(a, s);
+}
+static void duet_i158(void *const *t, const double *s) {
+  void *const a[] = {t[302], t[303], };
+  duet_k26(a, s);
+}
+static void duet_i159(void *const *t, const double *s) {
+  void *const a[] = {t[303], t[5], t[304], };
+  duet_k27(a, s);
+}
+static void duet_i160(void *const *t, const double *s) {
+  void *const a[] = {t[302], t[0], t[305], };
+  duet_k28(a, s);
+}
+static void duet_i161(void *const *t, const double *s) {
+  void *const a[] = {t[153], t[305], t[306], };
+  duet_k29(a, s);
+}
+static void duet_i162(void *const *t, const double *s) {
+  void *const a[] = {t[2], t[306], t[307], t[308], };
+  duet_k30(a, s);
+}
+static void duet_i163(void *const *t, const double *s) {
+  void *const a[] = {t[3], t[304], t[309], t[310], };
+  duet_k31(a, s);
+}
+static void duet_i164(void *const *t, const double *s) {
+  void *const a[] = {t[8], t[300], t[311], t[312], };
+  duet_k32(a, s);
+}
+static void duet_i165(void *const *t, const double *s) {
+  void *const a[] = {t[9], t[297], t[313], t[314], };
+  duet_k32(a, s);
+}
+static void duet_i166(void *const *t, const double *s) {
+  void *const a[] = {t[12], t[296], t[315], t[316], };
+  duet_k30(a, s);
+}
+static void duet_i167(void *const *t, const double *s) {
+  void *const a[] = {t[13], t[293], t[317], t[318], };
+  duet_k32(a, s);
+}
+static void duet_i168(void *const *t, const double *s) {
+  void *const a[] = {t[16], t[292], t[319], t[320], };
+  duet_k30(a, s);
+}
+static void duet_i169(void *const *t, const double *s) {
+  void *const a[] = {t[17], t[290], t[321], t[322], };
+  duet_k32(a, s);
+}
+static void duet_i170(void *const *t, const double *s) {
+  void *const a[] = {t[20], t[289], t[323], t[324], };
+  duet_k30(a, s);
+}
+static void duet_i171(void *const *t, const double *s) {
+  void *const a[] = {t[21], t[287], t[325], t[326], };
+  duet_k32(a, s);
+}
+static void duet_i172(void *const *t, const double *s) {
+  void *const a[] = {t[25], t[282], t[327], t[328], };
+  duet_k30(a, s);
+}
+static void duet_i173(void *const *t, const double *s) {
+  void *const a[] = {t[26], t[280], t[329], t[330], };
+  duet_k32(a, s);
+}
+static void duet_i174(void *const *t, const double *s) {
+  void *const a[] = {t[29], t[277], t[331], t[332], };
+  duet_k32(a, s);
+}
+static void duet_i175(void *const *t, const double *s) {
+  void *const a[] = {t[30], t[274], t[333], t[334], };
+  duet_k32(a, s);
+}
+static void duet_i176(void *const *t, const double *s) {
+  void *const a[] = {t[33], t[273], t[335], t[336], };
+  duet_k33(a, s);
+}
+static void duet_i177(void *const *t, const double *s) {
+  void *const a[] = {t[34], t[271], t[337], t[338], };
+  duet_k34(a, s);
+}
+static void duet_i178(void *const *t, const double *s) {
+  void *const a[] = {t[38], t[269], t[339], t[340], };
+  duet_k33(a, s);
+}
+static void duet_i179(void *const *t, const double *s) {
+  void *const a[] = {t[39], t[267], t[341], t[342], };
+  duet_k32(a, s);
+}
+static void duet_i180(void *const *t, const double *s) {
+  void *const a[] = {t[42], t[264], t[343], t[344], };
+  duet_k32(a, s);
+}
+static void duet_i181(void *const *t, const double *s) {
+  void *const a[] = {t[43], t[261], t[345], t[346], };
+  duet_k32(a, s);
+}
+static void duet_i182(void *const *t, const double *s) {
+  void *const a[] = {t[46], t[260], t[347], t[348], };
+  duet_k30(a, s);
+}
+static void duet_i183(void *const *t, const double *s) {
+  void *const a[] = {t[47], t[257], t[349], t[350], };
+  duet_k32(a, s);
+}
+static void duet_i184(void *const *t, const double *s) {
+  void *const a[] = {t[50], t[256], t[351], t[352], };
+  duet_k30(a, s);
+}
+static void duet_i185(void *const *t, const double *s) {
+  void *const a[] = {t[51], t[254], t[353], t[354], };
+  duet_k32(a, s);
+}
+static void duet_i186(void *const *t, const double *s) {
+  void *const a[] = {t[54], t[253], t[355], t[356], };
+  duet_k30(a, s);
+}
+static void duet_i187(void *const *t, const double *s) {
+  void *const a[] = {t[55], t[251], t[357], t[358], };
+  duet_k32(a, s);
+}
+static void duet_i188(void *const *t, const double *s) {
+  void *const a[] = {t[59], t[246], t[359], t[360], };
+  duet_k30(a, s);
+}
+static void duet_i189(void *const *t, const double *s) {
+  void *const a[] = {t[60], t[244], t[361], t[362], };
+  duet_k32(a, s);
+}
+static void duet_i190(void *const *t, const double *s) {
+  void *const a[] = {t[63], t[241], t[363], t[364], };
+  duet_k32(a, s);
+}
+static void duet_i191(void *const *t, const double *s) {
+  void *const a[] = {t[64], t[238], t[365], t[366], };
+  duet_k32(a, s);
+}
+static void duet_i192(void *const *t, const double *s) {
+  void *const a[] = {t[67], t[237], t[367], t[368], };
+  duet_k33(a, s);
+}
+static void duet_i193(void *const *t, const double *s) {
+  void *const a[] = {t[68], t[235], t[369], t[370], };
+  duet_k34(a, s);
+}
+static void duet_i194(void *const *t, const double *s) {
+  void *const a[] = {t[72], t[233], t[371], t[372], };
+  duet_k33(a, s);
+}
+static void duet_i195(void *const *t, const double *s) {
+  void *const a[] = {t[73], t[231], t[373], t[374], };
+  duet_k32(a, s);
+}
+static void duet_i196(void *const *t, const double *s) {
+  void *const a[] = {t[76], t[228], t[375], t[376], };
+  duet_k32(a, s);
+}
+static void duet_i197(void *const *t, const double *s) {
+  void *const a[] = {t[77], t[225], t[377], t[378], };
+  duet_k32(a, s);
+}
+static void duet_i198(void *const *t, const double *s) {
+  void *const a[] = {t[80], t[224], t[379], t[380], };
+  duet_k30(a, s);
+}
+static void duet_i199(void *const *t, const double *s) {
+  void *const a[] = {t[81], t[221], t[381], t[382], };
+  duet_k32(a, s);
+}
+static void duet_i200(void *const *t, const double *s) {
+  void *const a[] = {t[84], t[220], t[383], t[384], };
+  duet_k30(a, s);
+}
+static void duet_i201(void *const *t, const double *s) {
+  void *const a[] = {t[85], t[218], t[385], t[386], };
+  duet_k32(a, s);
+}
+static void duet_i202(void *const *t, const double *s) {
+  void *const a[] = {t[88], t[217], t[387], t[388], };
+  duet_k30(a, s);
+}
+static void duet_i203(void *const *t, const double *s) {
+  void *const a[] = {t[89], t[215], t[389], t[390], };
+  duet_k32(a, s);
+}
+static void duet_i204(void *const *t, const double *s) {
+  void *const a[] = {t[93], t[210], t[391], t[392], };
+  duet_k30(a, s);
+}
+static void duet_i205(void *const *t, const double *s) {
+  void *const a[] = {t[94], t[208], t[393], t[394], };
+  duet_k32(a, s);
+}
+static void duet_i206(void *const *t, const double *s) {
+  void *const a[] = {t[97], t[205], t[395], t[396], };
+  duet_k32(a, s);
+}
+static void duet_i207(void *const *t, const double *s) {
+  void *const a[] = {t[98], t[202], t[397], t[398], };
+  duet_k32(a, s);
+}
+static void duet_i208(void *const *t, const double *s) {
+  void *const a[] = {t[101], t[201], t[399], t[400], };
+  duet_k33(a, s);
+}
+static void duet_i209(void *const *t, const double *s) {
+  void *const a[] = {t[102], t[199], t[401], t[402], };
+  duet_k34(a, s);
+}
+static void duet_i210(void *const *t, const double *s) {
+  void *const a[] = {t[106], t[197], t[403], t[404], };
+  duet_k33(a, s);
+}
+static void duet_i211(void *const *t, const double *s) {
+  void *const a[] = {t[107], t[195], t[405], t[406], };
+  duet_k32(a, s);
+}
+static void duet_i212(void *const *t, const double *s) {
+  void *const a[] = {t[110], t[192], t[407], t[408], };
+  duet_k32(a, s);
+}
+static void duet_i213(void *const *t, const double *s) {
+  void *const a[] = {t[111], t[189], t[409], t[410], };
+  duet_k32(a, s);
+}
+static void duet_i214(void *const *t, const double *s) {
+  void *const a[] = {t[114], t[188], t[411], t[412], };
+  duet_k30(a, s);
+}
+static void duet_i215(void *const *t, const double *s) {
+  void *const a[] = {t[115], t[185], t[413], t[414], };
+  duet_k32(a, s);
+}
+static void duet_i216(void *const *t, const double *s) {
+  void *const a[] = {t[118], t[184], t[415], t[416], };
+  duet_k30(a, s);
+}
+static void duet_i217(void *const *t, const double *s) {
+  void *const a[] = {t[119], t[182], t[417], t[418], };
+  duet_k32(a, s);
+}
+static void duet_i218(void *const *t, const double *s) {
+  void *const a[] = {t[122], t[181], t[419], t[420], };
+  duet_k30(a, s);
+}
+static void duet_i219(void *const *t, const double *s) {
+  void *const a[] = {t[123], t[179], t[421], t[422], };
+  duet_k32(a, s);
+}
+static void duet_i220(void *const *t, const double *s) {
+  void *const a[] = {t[127], t[174], t[423], t[424], };
+  duet_k30(a, s);
+}
+static void duet_i221(void *const *t, const double *s) {
+  void *const a[] = {t[128], t[172], t[425], t[426], };
+  duet_k32(a, s);
+}
+static void duet_i222(void *const *t, const double *s) {
+  void *const a[] = {t[131], t[169], t[427], t[428], };
+  duet_k32(a, s);
+}
+static void duet_i223(void *const *t, const double *s) {
+  void *const a[] = {t[132], t[166], t[429], t[430], };
+  duet_k32(a, s);
+}
+static void duet_i224(void *const *t, const double *s) {
+  void *const a[] = {t[135], t[165], t[431], t[432], };
+  duet_k33(a, s);
+}
+static void duet_i225(void *const *t, const double *s) {
+  void *const a[] = {t[136], t[163], t[433], t[434], };
+  duet_k34(a, s);
+}
+static void duet_i226(void *const *t, const double *s) {
+  void *const a[] = {t[140], t[161], t[435], t[436], };
+  duet_k33(a, s);
+}
+static void duet_i227(void *const *t, const double *s) {
+  void *const a[] = {t[141], t[159], t[437], t[438], };
+  duet_k32(a, s);
+}
+static void duet_i228(void *const *t, const double *s) {
+  void *const a[] = {t[144], t[157], t[439], t[440], };
+  duet_k32(a, s);
+}
+static void duet_i229(void *const *t, const double *s) {
+  void *const a[] = {t[145], t[154], t[441], t[442], };
+  duet_k32(a, s);
+}
+static void duet_i230(void *const *t, const double *s) {
+  void *const a[] = {t[148], t[1], t[443], };
+  duet_k35(a, s);
+}
+
+const int duet_function_count = 36;
 const int duet_kernel_count = 231;
 const duet_kernel_fn duet_kernel_table[] = {
-  duet_k0,
-  duet_k1,
-  duet_k2,
-  duet_k3,
-  duet_k4,
-  duet_k5,
-  duet_k6,
-  duet_k7,
-  duet_k8,
-  duet_k9,
-  duet_k10,
-  duet_k11,
-  duet_k12,
-  duet_k13,
-  duet_k14,
-  duet_k15,
-  duet_k16,
-  duet_k17,
-  duet_k18,
-  duet_k19,
-  duet_k20,
-  duet_k21,
-  duet_k22,
-  duet_k23,
-  duet_k24,
-  duet_k25,
-  duet_k26,
-  duet_k27,
-  duet_k28,
-  duet_k29,
-  duet_k30,
-  duet_k31,
-  duet_k32,
-  duet_k33,
-  duet_k34,
-  duet_k35,
-  duet_k36,
-  duet_k37,
-  duet_k38,
-  duet_k39,
-  duet_k40,
-  duet_k41,
-  duet_k42,
-  duet_k43,
-  duet_k44,
-  duet_k45,
-  duet_k46,
-  duet_k47,
-  duet_k48,
-  duet_k49,
-  duet_k50,
-  duet_k51,
-  duet_k52,
-  duet_k53,
-  duet_k54,
-  duet_k55,
-  duet_k56,
-  duet_k57,
-  duet_k58,
-  duet_k59,
-  duet_k60,
-  duet_k61,
-  duet_k62,
-  duet_k63,
-  duet_k64,
-  duet_k65,
-  duet_k66,
-  duet_k67,
-  duet_k68,
-  duet_k69,
-  duet_k70,
-  duet_k71,
-  duet_k72,
-  duet_k73,
-  duet_k74,
-  duet_k75,
-  duet_k76,
-  duet_k77,
-  duet_k78,
-  duet_k79,
-  duet_k80,
-  duet_k81,
-  duet_k82,
-  duet_k83,
-  duet_k84,
-  duet_k85,
-  duet_k86,
-  duet_k87,
-  duet_k88,
-  duet_k89,
-  duet_k90,
-  duet_k91,
-  duet_k92,
-  duet_k93,
-  duet_k94,
-  duet_k95,
-  duet_k96,
-  duet_k97,
-  duet_k98,
-  duet_k99,
-  duet_k100,
-  duet_k101,
-  duet_k102,
-  duet_k103,
-  duet_k104,
-  duet_k105,
-  duet_k106,
-  duet_k107,
-  duet_k108,
-  duet_k109,
-  duet_k110,
-  duet_k111,
-  duet_k112,
-  duet_k113,
-  duet_k114,
-  duet_k115,
-  duet_k116,
-  duet_k117,
-  duet_k118,
-  duet_k119,
-  duet_k120,
-  duet_k121,
-  duet_k122,
-  duet_k123,
-  duet_k124,
-  duet_k125,
-  duet_k126,
-  duet_k127,
-  duet_k128,
-  duet_k129,
-  duet_k130,
-  duet_k131,
-  duet_k132,
-  duet_k133,
-  duet_k134,
-  duet_k135,
-  duet_k136,
-  duet_k137,
-  duet_k138,
-  duet_k139,
-  duet_k140,
-  duet_k141,
-  duet_k142,
-  duet_k143,
-  duet_k144,
-  duet_k145,
-  duet_k146,
-  duet_k147,
-  duet_k148,
-  duet_k149,
-  duet_k150,
-  duet_k151,
-  duet_k152,
-  duet_k153,
-  duet_k154,
-  duet_k155,
-  duet_k156,
-  duet_k157,
-  duet_k158,
-  duet_k159,
-  duet_k160,
-  duet_k161,
-  duet_k162,
-  duet_k163,
-  duet_k164,
-  duet_k165,
-  duet_k166,
-  duet_k167,
-  duet_k168,
-  duet_k169,
-  duet_k170,
-  duet_k171,
-  duet_k172,
-  duet_k173,
-  duet_k174,
-  duet_k175,
-  duet_k176,
-  duet_k177,
-  duet_k178,
-  duet_k179,
-  duet_k180,
-  duet_k181,
-  duet_k182,
-  duet_k183,
-  duet_k184,
-  duet_k185,
-  duet_k186,
-  duet_k187,
-  duet_k188,
-  duet_k189,
-  duet_k190,
-  duet_k191,
-  duet_k192,
-  duet_k193,
-  duet_k194,
-  duet_k195,
-  duet_k196,
-  duet_k197,
-  duet_k198,
-  duet_k199,
-  duet_k200,
-  duet_k201,
-  duet_k202,
-  duet_k203,
-  duet_k204,
-  duet_k205,
-  duet_k206,
-  duet_k207,
-  duet_k208,
-  duet_k209,
-  duet_k210,
-  duet_k211,
-  duet_k212,
-  duet_k213,
-  duet_k214,
-  duet_k215,
-  duet_k216,
-  duet_k217,
-  duet_k218,
-  duet_k219,
-  duet_k220,
-  duet_k221,
-  duet_k222,
-  duet_k223,
-  duet_k224,
-  duet_k225,
-  duet_k226,
-  duet_k227,
-  duet_k228,
-  duet_k229,
-  duet_k230,
+  duet_i0,
+  duet_i1,
+  duet_i2,
+  duet_i3,
+  duet_i4,
+  duet_i5,
+  duet_i6,
+  duet_i7,
+  duet_i8,
+  duet_i9,
+  duet_i10,
+  duet_i11,
+  duet_i12,
+  duet_i13,
+  duet_i14,
+  duet_i15,
+  duet_i16,
+  duet_i17,
+  duet_i18,
+  duet_i19,
+  duet_i20,
+  duet_i21,
+  duet_i22,
+  duet_i23,
+  duet_i24,
+  duet_i25,
+  duet_i26,
+  duet_i27,
+  duet_i28,
+  duet_i29,
+  duet_i30,
+  duet_i31,
+  duet_i32,
+  duet_i33,
+  duet_i34,
+  duet_i35,
+  duet_i36,
+  duet_i37,
+  duet_i38,
+  duet_i39,
+  duet_i40,
+  duet_i41,
+  duet_i42,
+  duet_i43,
+  duet_i44,
+  duet_i45,
+  duet_i46,
+  duet_i47,
+  duet_i48,
+  duet_i49,
+  duet_i50,
+  duet_i51,
+  duet_i52,
+  duet_i53,
+  duet_i54,
+  duet_i55,
+  duet_i56,
+  duet_i57,
+  duet_i58,
+  duet_i59,
+  duet_i60,
+  duet_i61,
+  duet_i62,
+  duet_i63,
+  duet_i64,
+  duet_i65,
+  duet_i66,
+  duet_i67,
+  duet_i68,
+  duet_i69,
+  duet_i70,
+  duet_i71,
+  duet_i72,
+  duet_i73,
+  duet_i74,
+  duet_i75,
+  duet_i76,
+  duet_i77,
+  duet_i78,
+  duet_i79,
+  duet_i80,
+  duet_i81,
+  duet_i82,
+  duet_i83,
+  duet_i84,
+  duet_i85,
+  duet_i86,
+  duet_i87,
+  duet_i88,
+  duet_i89,
+  duet_i90,
+  duet_i91,
+  duet_i92,
+  duet_i93,
+  duet_i94,
+  duet_i95,
+  duet_i96,
+  duet_i97,
+  duet_i98,
+  duet_i99,
+  duet_i100,
+  duet_i101,
+  duet_i102,
+  duet_i103,
+  duet_i104,
+  duet_i105,
+  duet_i106,
+  duet_i107,
+  duet_i108,
+  duet_i109,
+  duet_i110,
+  duet_i111,
+  duet_i112,
+  duet_i113,
+  duet_i114,
+  duet_i115,
+  duet_i116,
+  duet_i117,
+  duet_i118,
+  duet_i119,
+  duet_i120,
+  duet_i121,
+  duet_i122,
+  duet_i123,
+  duet_i124,
+  duet_i125,
+  duet_i126,
+  duet_i127,
+  duet_i128,
+  duet_i129,
+  duet_i130,
+  duet_i131,
+  duet_i132,
+  duet_i133,
+  duet_i134,
+  duet_i135,
+  duet_i136,
+  duet_i137,
+  duet_i138,
+  duet_i139,
+  duet_i140,
+  duet_i141,
+  duet_i142,
+  duet_i143,
+  duet_i144,
+  duet_i145,
+  duet_i146,
+  duet_i147,
+  duet_i148,
+  duet_i149,
+  duet_i150,
+  duet_i151,
+  duet_i152,
+  duet_i153,
+  duet_i154,
+  duet_i155,
+  duet_i156,
+  duet_i157,
+  duet_i158,
+  duet_i159,
+  duet_i160,
+  duet_i161,
+  duet_i162,
+  duet_i163,
+  duet_i164,
+  duet_i165,
+  duet_i166,
+  duet_i167,
+  duet_i168,
+  duet_i169,
+  duet_i170,
+  duet_i171,
+  duet_i172,
+  duet_i173,
+  duet_i174,
+  duet_i175,
+  duet_i176,
+  duet_i177,
+  duet_i178,
+  duet_i179,
+  duet_i180,
+  duet_i181,
+  duet_i182,
+  duet_i183,
+  duet_i184,
+  duet_i185,
+  duet_i186,
+  duet_i187,
+  duet_i188,
+  duet_i189,
+  duet_i190,
+  duet_i191,
+  duet_i192,
+  duet_i193,
+  duet_i194,
+  duet_i195,
+  duet_i196,
+  duet_i197,
+  duet_i198,
+  duet_i199,
+  duet_i200,
+  duet_i201,
+  duet_i202,
+  duet_i203,
+  duet_i204,
+  duet_i205,
+  duet_i206,
+  duet_i207,
+  duet_i208,
+  duet_i209,
+  duet_i210,
+  duet_i211,
+  duet_i212,
+  duet_i213,
+  duet_i214,
+  duet_i215,
+  duet_i216,
+  duet_i217,
+  duet_i218,
+  duet_i219,
+  duet_i220,
+  duet_i221,
+  duet_i222,
+  duet_i223,
+  duet_i224,
+  duet_i225,
+  duet_i226,
+  duet_i227,
+  duet_i228,
+  duet_i229,
+  duet_i230,
 };

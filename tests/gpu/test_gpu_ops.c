@@ -35,8 +35,7 @@ static int run_case(const Case *c, DType dt, const char *precision) {
     return 1;
   }
   DuetProgram *p = &t.cp->prog;
-  p->cuda_source = codegen_emit_cuda(t.cp, t.arena);
-  p->cuda_launch = codegen_cuda_launch_table(t.cp, t.arena);
+  codegen_attach_cuda(t.cp, t.arena);
   DuetDevice *gd = duet_cuda_device(p, 0, 0, err, sizeof err);
   DuetConfig cfg = p->defaults;
   DuetSession *gs = gd ? duet_session_new(p, gd, &cfg, err, sizeof err) : NULL;
