@@ -14,7 +14,7 @@
  * the others by the default run.  Models of more than 400 kernels in f32
  * (GPT-2 small) are compiled by `test_nvrtc --large`: PTX of f32 for the
  * architectures, of fp16 for compute_75 and of bf16 for compute_80 only
- * (about 10 s each on one core).  Exits 77 (ctest SKIP) with a
+ * (about 1 s each since kernels share functions; 10 s before).  Exits 77 (ctest SKIP) with a
  * message only when duet was built without NVRTC.  The one-op models of
  * tests/op_cases.h (every kernel kind, forward and backward) compile in f32,
  * f64, fp16 and bf16 for compute_75. */
