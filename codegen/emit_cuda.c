@@ -86,6 +86,15 @@ static uint32_t xent_grid(int64_t rows) {
   return (uint32_t)(g < 1 ? 1 : g > 256 ? 256 : g);
 }
 
+/* Embedding backward: vocabulary rows split into this many chunks, so
+ * about 64K threads (column, chunk) share the work; each scans every token
+ * id (a broadcast read) and adds only those in its chunk. */
+static int64_t embed_chunks(const Kernel *k) {
+  int64_t J = k->cols > 0 ? 65536 / k->cols : 1;
+  if (J < 1) J = 1;
+  return J < k->outer ? J : k->outer > 0 ? k->outer : 1;
+}
+
 void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   int64_t ts = dsize(k->dtype);
   l->shared = 0;
@@ -103,7 +112,7 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   case KK_NORM_FWD:
   case KK_NORM_BWD: l->grid = grid_for(k->rows, 1), l->block = row_block(k->cols); break;
   case KK_EMBED_FWD: l->grid = grid_for(k->rows * k->cols, EW_BLOCK); break;
-  case KK_EMBED_BWD: l->grid = grid_for(k->cols, EW_BLOCK); break;
+  case KK_EMBED_BWD: l->grid = grid_for(k->cols * embed_chunks(k), EW_BLOCK); break;
   case KK_ATTN_FWD:
     l->grid = (uint32_t)(k->batch * k->heads * k->time), l->block = 128, l->shared = (uint32_t)(k->time * ts);
     break;
@@ -470,10 +479,17 @@ static void emit_embed(Buf *b, const Kernel *k) {
     bprintf(b, "    out[e] = id < " D64 "u ? tab[id * " D64 " + c] : (%s)0;\n  }\n", V, C, T);
     return;
   }
-  GRID_LOOP(b, "c", C);
-  bprintf(b, "    for (duet_i64 v = 0; v < " D64 "; v++) out[v * " D64 " + c] = 0;\n", V, C);
+  /* a thread per (column c, chunk of vocabulary rows): zeroes its rows,
+   * then adds the tokens whose id falls in them, in token order, so each
+   * sum is taken in the CPU's order (no atomics) */
+  int64_t J = embed_chunks(k), W = (V + J - 1) / J;
+  GRID_LOOP(b, "e", C * J);
+  bprintf(b, "    const duet_i64 c = e %% " D64 ", lo = e / " D64 " * " D64 ";\n", C, C, W);
+  bprintf(b, "    const duet_i64 hi = lo + " D64 " < " D64 " ? lo + " D64 " : " D64 ";\n", W, V, W, V);
+  bprintf(b, "    for (duet_i64 v = lo; v < hi; v++) out[v * " D64 " + c] = 0;\n", C);
   bprintf(b, "    for (duet_i64 r = 0; r < " D64 "; r++) {\n      const duet_u32 id = (duet_u32)ix[r];\n", R);
-  bprintf(b, "      if (id < " D64 "u) out[id * " D64 " + c] += dy[r * " D64 " + c];\n    }\n  }\n", V, C, C);
+  bprintf(b, "      if (id >= (duet_u64)lo && id < (duet_u64)hi) out[id * " D64 " + c] += dy[r * " D64 " + c];\n"
+             "    }\n  }\n", C, C);
 }
 
 /* Normalisation over the last axis, a block per row, two-pass statistics

@@ -536,32 +536,36 @@ extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, const do
   }
 }
 
-/* embed_bwd: grid 3, block 256, dynamic shared 0 bytes */
+/* embed_bwd: grid 255, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, const double *s) {
   (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
-  for (duet_i64 c = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; c < 768; c += (duet_i64)blockDim.x * gridDim.x) {
-    for (duet_i64 v = 0; v < 1024; v++) out[v * 768 + c] = 0;
+  for (duet_i64 e = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; e < 65280; e += (duet_i64)blockDim.x * gridDim.x) {
+    const duet_i64 c = e % 768, lo = e / 768 * 13;
+    const duet_i64 hi = lo + 13 < 1024 ? lo + 13 : 1024;
+    for (duet_i64 v = lo; v < hi; v++) out[v * 768 + c] = 0;
     for (duet_i64 r = 0; r < 1024; r++) {
       const duet_u32 id = (duet_u32)ix[r];
-      if (id < 1024u) out[id * 768 + c] += dy[r * 768 + c];
+      if (id >= (duet_u64)lo && id < (duet_u64)hi) out[id * 768 + c] += dy[r * 768 + c];
     }
   }
 }
 
-/* embed_bwd: grid 3, block 256, dynamic shared 0 bytes */
+/* embed_bwd: grid 255, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k28(duet_args t, const double *s) {
   (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
-  for (duet_i64 c = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; c < 768; c += (duet_i64)blockDim.x * gridDim.x) {
-    for (duet_i64 v = 0; v < 50304; v++) out[v * 768 + c] = 0;
+  for (duet_i64 e = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; e < 65280; e += (duet_i64)blockDim.x * gridDim.x) {
+    const duet_i64 c = e % 768, lo = e / 768 * 592;
+    const duet_i64 hi = lo + 592 < 50304 ? lo + 592 : 50304;
+    for (duet_i64 v = lo; v < hi; v++) out[v * 768 + c] = 0;
     for (duet_i64 r = 0; r < 8192; r++) {
       const duet_u32 id = (duet_u32)ix[r];
-      if (id < 50304u) out[id * 768 + c] += dy[r * 768 + c];
+      if (id >= (duet_u64)lo && id < (duet_u64)hi) out[id * 768 + c] += dy[r * 768 + c];
     }
   }
 }

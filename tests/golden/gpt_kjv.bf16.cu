@@ -715,32 +715,36 @@ extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, const do
   }
 }
 
-/* embed_bwd: grid 1, block 256, dynamic shared 0 bytes */
+/* embed_bwd: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, const double *s) {
   (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
-  for (duet_i64 c = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; c < 256; c += (duet_i64)blockDim.x * gridDim.x) {
-    for (duet_i64 v = 0; v < 128; v++) out[v * 256 + c] = 0;
+  for (duet_i64 e = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; e < 32768; e += (duet_i64)blockDim.x * gridDim.x) {
+    const duet_i64 c = e % 256, lo = e / 256 * 1;
+    const duet_i64 hi = lo + 1 < 128 ? lo + 1 : 128;
+    for (duet_i64 v = lo; v < hi; v++) out[v * 256 + c] = 0;
     for (duet_i64 r = 0; r < 128; r++) {
       const duet_u32 id = (duet_u32)ix[r];
-      if (id < 128u) out[id * 256 + c] += dy[r * 256 + c];
+      if (id >= (duet_u64)lo && id < (duet_u64)hi) out[id * 256 + c] += dy[r * 256 + c];
     }
   }
 }
 
-/* embed_bwd: grid 1, block 256, dynamic shared 0 bytes */
+/* embed_bwd: grid 256, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, const double *s) {
   (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
-  for (duet_i64 c = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; c < 256; c += (duet_i64)blockDim.x * gridDim.x) {
-    for (duet_i64 v = 0; v < 256; v++) out[v * 256 + c] = 0;
+  for (duet_i64 e = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; e < 65536; e += (duet_i64)blockDim.x * gridDim.x) {
+    const duet_i64 c = e % 256, lo = e / 256 * 1;
+    const duet_i64 hi = lo + 1 < 256 ? lo + 1 : 256;
+    for (duet_i64 v = lo; v < hi; v++) out[v * 256 + c] = 0;
     for (duet_i64 r = 0; r < 2048; r++) {
       const duet_u32 id = (duet_u32)ix[r];
-      if (id < 256u) out[id * 256 + c] += dy[r * 256 + c];
+      if (id >= (duet_u64)lo && id < (duet_u64)hi) out[id * 256 + c] += dy[r * 256 + c];
     }
   }
 }
