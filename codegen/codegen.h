@@ -89,7 +89,8 @@ typedef enum KernelKind {
   KK_NORM_FWD,    /* bufs: x [rows, cols], out: (x - mean) / sqrt(var + eps) per row */
   KK_NORM_BWD,    /* bufs: dy, x, out = dx */
   KK_ATTN_FWD,    /* bufs: q, k, v [batch, time, cols], out */
-  KK_ATTN_BWD,    /* bufs: dy, q, k, v, out [3, batch, time, cols] = dq, dk, dv */
+  KK_ATTN_BWD,    /* bufs: dy, q, k, v, out [3, batch, time, cols] = dq, dk, dv; CUDA: dq and each
+                   * query row's softmax statistics (after out: ir_workspace_elems) */
   KK_TRANSPOSE,   /* bufs: in [rows, cols], out [cols, rows] */
   KK_POSITIONS,   /* bufs: out i32 [rows]: s[POS] + 0, 1, ... */
   KK_IM2COL,      /* bufs: x [N,C,H,W], cols [N*OH*OW, C*KH*KW] (xs, ys, win) */
@@ -101,6 +102,8 @@ typedef enum KernelKind {
   KK_ATTN_DECODE, /* bufs: q, k, v [batch, 1, cols], kcache, vcache [batch, time, cols], out */
   KK_UNSCALE,     /* bufs: g (any float), out f32 [n] = g / loss scale; overflow flag `slot`
                    * (int32 t[n_tensors][slot]) = 1 when any element is inf or NaN, else 0 */
+  KK_ATTN_BWD_KV, /* after KK_ATTN_BWD, same bufs; CUDA: dk, dv from the statistics, a block
+                   * per key row; C: nothing (KK_ATTN_BWD computed them) */
 } KernelKind;
 
 typedef struct Kernel {

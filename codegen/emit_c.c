@@ -555,6 +555,10 @@ static void emit_attention(Buf *b, const Kernel *k) {
   bprintf(b, "      for (int64_t d = 0; d < %" PRId64 "; d++) {\n        const %s g = dyi[d];\n", D, T);
   bprintf(b, "        #pragma omp simd\n        for (int64_t j = 0; j < n; j++) dp[j] += g * vt[d * %" PRId64 " + j];\n      }\n", N);
   bprintf(b, "      %s dot = 0;\n      for (int64_t j = 0; j < n; j++) dot += p[j] * dp[j];\n", T);
+  /* the row's statistics into the workspace after out (ir_workspace_elems),
+   * as the CUDA backward keeps them for its key-row kernel */
+  bprintf(b, "      %s *st = out + %" PRId64 " + (bh * %" PRId64 " + i) * 3;\n      st[0] = m;\n      st[1] = inv;\n      st[2] = dot;\n",
+          T, 3 * B * N * C, N);
   /* ds_j = p_j (dp_j - dot) / sqrt(D);  dq_i = sum_j ds_j k_j;  dk_j += ds_j q_i */
   bprintf(b, "      %s *dqi = dq + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
   bprintf(b, "      for (int64_t d = 0; d < %" PRId64 "; d++) dqi[d] = 0;\n", D);
@@ -733,6 +737,9 @@ static void emit_kernel_body(Buf *b, const Kernel *k) {
     break;
   case KK_ATTN_DECODE: emit_attn_decode(b, k); break;
   case KK_UNSCALE: emit_unscale(b, k); break;
+  case KK_ATTN_BWD_KV: /* the C attention backward computes dq, dk and dv in one kernel */
+    bprintf(b, "  (void)t; /* dk, dv: written by the attention backward kernel before this one */\n");
+    break;
   default: emit_rows(b, k); break;
   }
 }

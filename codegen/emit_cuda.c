@@ -117,7 +117,8 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
     l->grid = (uint32_t)(k->batch * k->heads * k->time), l->block = 128, l->shared = (uint32_t)(k->time * ts);
     break;
   case KK_ATTN_BWD:
-    l->grid = (uint32_t)(k->batch * k->heads), l->block = 256, l->shared = (uint32_t)(2 * k->time * ts);
+  case KK_ATTN_BWD_KV:
+    l->grid = (uint32_t)(k->batch * k->heads * k->time), l->block = 128, l->shared = (uint32_t)(2 * k->time * ts);
     break;
   case KK_ATTN_DECODE:
     l->grid = (uint32_t)(k->batch * k->heads), l->block = 128, l->shared = (uint32_t)(k->time * ts);
@@ -553,8 +554,6 @@ static void emit_attention(Buf *b, const Kernel *k) {
     bprintf(b, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);
     if (k->causal) bprintf(b, "  const duet_i64 n = i + 1;\n");
     else bprintf(b, "  const duet_i64 n = " D64 ";\n", N);
-  } else {
-    bprintf(b, "  const duet_i64 b = blockIdx.x / " D64 ", h = blockIdx.x %% " D64 ";\n", H, H);
   }
   if (fwd) {
     bprintf(b, "  const %s *qi = q + (b * " D64 " + i) * " D64 " + h * " D64 ";\n", T, N, C, D);
@@ -574,39 +573,60 @@ static void emit_attention(Buf *b, const Kernel *k) {
     bprintf(b, "    oi[d] = acc * inv;\n  }\n");
     return;
   }
+  /* backward in two kernels of a block per row (FlashAttention-2's split,
+   * Dao 2023, without tiling): query row i (this kernel) recomputes its
+   * softmax row p and dp = dy_i . v_j, writes dq_i = sum_j ds_ij k_j and the
+   * row's max, 1 / sum and sum_j p_ij dp_ij into the workspace after out;
+   * key row j (KK_ATTN_BWD_KV) then recomputes p_ij and ds_ij from them and
+   * sums dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dy_i over i in order.
+   * No atomics: each output element has one writer. */
   bprintf(b, "  %s *ds = p + " D64 ";\n", T, N);
-  bprintf(b, "  %s *dq = out, *dk = out + " D64 ", *dv = out + " D64 ";\n", T, B * N * C, 2 * B * N * C);
-  bprintf(b, "  for (duet_i64 e = threadIdx.x; e < " D64 "; e += blockDim.x) {\n", N * D);
-  bprintf(b, "    const duet_i64 o = (b * " D64 " + e / " D64 ") * " D64 " + h * " D64 " + e %% " D64 ";\n", N, D, C, D, D);
-  bprintf(b, "    dk[o] = 0;\n    dv[o] = 0;\n  }\n");
-  bprintf(b, "  for (duet_i64 i = 0; i < " D64 "; i++) {\n", N);
-  if (k->causal) bprintf(b, "    const duet_i64 n = i + 1;\n");
-  else bprintf(b, "    const duet_i64 n = " D64 ";\n", N);
-  bprintf(b, "    const duet_i64 qo = (b * " D64 " + i) * " D64 " + h * " D64 ";\n", N, C, D);
-  bprintf(b, "    const %s *qi = q + qo, *dyi = dy + qo;\n", T);
-  bprintf(b, "    %s lm = -DUET_INF;\n", T);
-  bprintf(b, "    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
-  bprintf(b, "      const duet_i64 jo = (b * " D64 " + j) * " D64 " + h * " D64 ";\n", N, C, D);
-  bprintf(b, "      %s acc = 0, g = 0;\n", T);
-  bprintf(b, "      for (int d = 0; d < " D64 "; d++) { acc += qi[d] * k[jo + d]; g += dyi[d] * v[jo + d]; }\n", D);
-  bprintf(b, "      p[j] = acc * scale;\n      ds[j] = g;\n      lm = duet_max(lm, p[j]);\n    }\n");
-  bprintf(b, "    const %s m = duet_block_max(lm, red);\n    %s ls = 0;\n", T, T);
-  bprintf(b, "    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
-  bprintf(b, "    const %s inv = 1 / duet_block_sum(ls, red);\n    %s ld = 0;\n", T, T);
-  bprintf(b, "    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] *= inv; ld += p[j] * ds[j]; }\n");
-  bprintf(b, "    const %s dot = duet_block_sum(ld, red);\n", T);
-  bprintf(b, "    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) ds[j] = p[j] * (ds[j] - dot) * scale;\n");
-  bprintf(b, "    __syncthreads();\n");
-  bprintf(b, "    for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
-  bprintf(b, "      %s acc = 0;\n", T);
-  bprintf(b, "      for (duet_i64 j = 0; j < n; j++) acc += ds[j] * k[(b * " D64 " + j) * " D64 " + h * " D64 " + d];\n", N,
-          C, D);
-  bprintf(b, "      dq[qo + d] = acc;\n    }\n");
-  bprintf(b, "    for (duet_i64 e = threadIdx.x; e < n * " D64 "; e += blockDim.x) {\n", D);
-  bprintf(b, "      const duet_i64 j = e / " D64 ", d = e %% " D64 ", o = (b * " D64 " + j) * " D64 " + h * " D64 " + d;\n", D,
-          D, N, C, D);
-  bprintf(b, "      dv[o] += p[j] * dyi[d];\n      dk[o] += ds[j] * qi[d];\n    }\n");
-  bprintf(b, "    __syncthreads();\n  }\n");
+  bprintf(b, "  %s *stats = out + " D64 "; /* [batch * heads * time][3]: max, 1 / sum, sum p dp */\n", T, 3 * B * N * C);
+  bprintf(b, "  const duet_i64 rw = blockIdx.x %% " D64 ", bh = blockIdx.x / " D64 ";\n", N, N);
+  bprintf(b, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);
+  bprintf(b, "  const %s *qh = q + b * " D64 " + h * " D64 ", *kh = k + b * " D64 " + h * " D64 ";\n", T, N * C, D, N * C, D);
+  bprintf(b, "  const %s *vh = v + b * " D64 " + h * " D64 ", *dyh = dy + b * " D64 " + h * " D64 ";\n", T, N * C, D, N * C,
+          D);
+  if (k->kind == KK_ATTN_BWD) {
+    if (k->causal) bprintf(b, "  const duet_i64 i = rw, n = i + 1;\n");
+    else bprintf(b, "  const duet_i64 i = rw, n = " D64 ";\n", N);
+    bprintf(b, "  const %s *qi = qh + i * " D64 ", *dyi = dyh + i * " D64 ";\n", T, C, C);
+    bprintf(b, "  %s lm = -DUET_INF;\n", T);
+    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
+    bprintf(b, "    %s acc = 0, g = 0;\n", T);
+    bprintf(b, "    for (int d = 0; d < " D64 "; d++) { acc += qi[d] * kh[j * " D64 " + d]; g += dyi[d] * vh[j * " D64 " + d]; }\n",
+            D, C, C);
+    bprintf(b, "    p[j] = acc * scale;\n    ds[j] = g;\n    lm = duet_max(lm, p[j]);\n  }\n");
+    bprintf(b, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
+    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
+    bprintf(b, "  const %s inv = 1 / duet_block_sum(ls, red);\n  %s ld = 0;\n", T, T);
+    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] *= inv; ld += p[j] * ds[j]; }\n");
+    bprintf(b, "  const %s dot = duet_block_sum(ld, red);\n", T);
+    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) ds[j] = p[j] * (ds[j] - dot) * scale;\n");
+    bprintf(b, "  __syncthreads();\n");
+    bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
+    bprintf(b, "    %s acc = 0;\n    for (duet_i64 j = 0; j < n; j++) acc += ds[j] * kh[j * " D64 " + d];\n", T, C);
+    bprintf(b, "    out[(b * " D64 " + i) * " D64 " + h * " D64 " + d] = acc;\n  }\n", N, C, D);
+    bprintf(b, "  if (threadIdx.x == 0) { %s *st = stats + blockIdx.x * 3; st[0] = m; st[1] = inv; st[2] = dot; }\n", T);
+    return;
+  }
+  /* KK_ATTN_BWD_KV: key row j */
+  bprintf(b, "  const duet_i64 j = rw, i0 = %s;\n", k->causal ? "j" : "0");
+  bprintf(b, "  const %s *st = stats + bh * " D64 ";\n", T, 3 * N);
+  bprintf(b, "  const %s *kj = kh + j * " D64 ", *vj = vh + j * " D64 ";\n", T, C, C);
+  bprintf(b, "  for (duet_i64 i = i0 + threadIdx.x; i < " D64 "; i += blockDim.x) {\n", N);
+  bprintf(b, "    %s acc = 0, g = 0;\n", T);
+  bprintf(b, "    for (int d = 0; d < " D64 "; d++) { acc += qh[i * " D64 " + d] * kj[d]; g += dyh[i * " D64 " + d] * vj[d]; }\n",
+          D, C, C);
+  bprintf(b, "    %s pij = acc * scale;\n    pij = %s(pij - st[i * 3]);\n    pij *= st[i * 3 + 1];\n", T, ex);
+  bprintf(b, "    p[i - i0] = pij;\n    ds[i - i0] = pij * (g - st[i * 3 + 2]) * scale;\n  }\n");
+  bprintf(b, "  __syncthreads();\n");
+  bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
+  bprintf(b, "    %s ak = 0, av = 0;\n", T);
+  bprintf(b, "    for (duet_i64 i = i0; i < " D64 "; i++) { ak += ds[i - i0] * qh[i * " D64 " + d]; av += p[i - i0] * dyh[i * " D64 " + d]; }\n",
+          N, C, C);
+  bprintf(b, "    const duet_i64 o = (b * " D64 " + j) * " D64 " + h * " D64 " + d;\n", N, C, D);
+  bprintf(b, "    out[" D64 " + o] = ak;\n    out[" D64 " + o] = av;\n  }\n", B * N * C, 2 * B * N * C);
 }
 
 /* Generation: the new token's key and value go into row s[POS] of the
@@ -863,7 +883,7 @@ static const char *kind_name(KernelKind k) {
       [KK_ELEMENTWISE] = "elementwise", [KK_REDUCE] = "reduce",         [KK_MAX_GRAD] = "max_grad",
       [KK_XENT_FWD] = "xent_fwd",       [KK_XENT_BWD] = "xent_bwd",     [KK_EVAL_METRICS] = "eval_metrics",
       [KK_EMBED_FWD] = "embed_fwd",     [KK_EMBED_BWD] = "embed_bwd",   [KK_NORM_FWD] = "norm_fwd",
-      [KK_NORM_BWD] = "norm_bwd",       [KK_ATTN_FWD] = "attn_fwd",     [KK_ATTN_BWD] = "attn_bwd",
+      [KK_NORM_BWD] = "norm_bwd",       [KK_ATTN_FWD] = "attn_fwd",     [KK_ATTN_BWD] = "attn_bwd",   [KK_ATTN_BWD_KV] = "attn_bwd_kv",
       [KK_TRANSPOSE] = "transpose",     [KK_POSITIONS] = "positions",   [KK_IM2COL] = "im2col",
       [KK_COL2IM] = "col2im",           [KK_MAXPOOL] = "maxpool",       [KK_MAXPOOL_GRAD] = "maxpool_grad",
       [KK_AVGPOOL] = "avgpool",         [KK_AVGPOOL_GRAD] = "avgpool_grad", [KK_ATTN_DECODE] = "attn_decode",
@@ -907,7 +927,7 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
     case KK_REDUCE: case KK_MAX_GRAD: emit_reduce(&u, k); break;
     case KK_EMBED_FWD: case KK_EMBED_BWD: emit_embed(&u, k); break;
     case KK_NORM_FWD: case KK_NORM_BWD: emit_norm(&u, k); break;
-    case KK_ATTN_FWD: case KK_ATTN_BWD: emit_attention(&u, k); break;
+    case KK_ATTN_FWD: case KK_ATTN_BWD: case KK_ATTN_BWD_KV: emit_attention(&u, k); break;
     case KK_TRANSPOSE: emit_transpose(&u, k); break;
     case KK_POSITIONS: emit_positions(&u, k); break;
     case KK_IM2COL: case KK_COL2IM: case KK_MAXPOOL: case KK_MAXPOOL_GRAD: case KK_AVGPOOL: case KK_AVGPOOL_GRAD:

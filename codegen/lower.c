@@ -269,8 +269,8 @@ static int lower_embedding(Lower *L, Value *v) {
   return k->index;
 }
 
-static int lower_attention(Lower *L, Value *v) {
-  Kernel *k = lower_rows_k(L, v, v->op == OP_ATTENTION ? KK_ATTN_FWD : KK_ATTN_BWD);
+static int lower_attention(Lower *L, Value *v, KernelKind kind) {
+  Kernel *k = lower_rows_k(L, v, kind);
   const Shape *q = &v->in[v->op == OP_ATTENTION ? 0 : 1]->shape;
   k->batch = q->dim[0];
   k->time = q->dim[1];
@@ -512,8 +512,12 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       break;
     }
     case OP_ATTENTION:
-    case OP_ATTENTION_GRAD:
-      st.kernel = lower_attention(&L, v);
+      st.kernel = lower_attention(&L, v, KK_ATTN_FWD);
+      break;
+    case OP_ATTENTION_GRAD: /* query rows (dq, statistics), then key rows (dk, dv) */
+      pre[n_pre] = st;
+      pre[n_pre++].kernel = lower_attention(&L, v, KK_ATTN_BWD);
+      st.kernel = lower_attention(&L, v, KK_ATTN_BWD_KV);
       break;
     case OP_SLICE: {
       int64_t vs[IR_MAX_RANK];

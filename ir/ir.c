@@ -227,6 +227,12 @@ static const size_t dtype_sizes[DT_COUNT] = {0, 4, 8, 4, 2, 2};
 
 const char *dtype_name(DType t) { return (unsigned)t < DT_COUNT ? dtype_names[t] : "?"; }
 size_t dtype_size(DType t) { return (unsigned)t < DT_COUNT ? dtype_sizes[t] : 0; }
+
+int64_t ir_workspace_elems(const Value *v) {
+  if (v->op != OP_ATTENTION_GRAD || v->n_in < 2 || v->in[1]->shape.rank != 3) return 0;
+  const Shape *q = &v->in[1]->shape; /* [batch, time, cols] */
+  return 3 * q->dim[0] * q->dim[1] * v->attr.heads;
+}
 bool dtype_is_float(DType t) { return t == DT_F32 || t == DT_F64 || t == DT_F16 || t == DT_BF16; }
 int dtype_from_name(const char *name) {
   for (int i = 1; i < DT_COUNT; i++)

@@ -274,6 +274,12 @@ typedef struct Graph {
                            * `after NAME`, so a dump knows where to resume */
 } Graph;
 
+/* Elements of v's dtype that the memory plan reserves after v's own for its
+ * kernels' scratch: attention backward keeps each query row's softmax max,
+ * 1 / sum and sum(p * dp) for the CUDA key-row kernel (3 x batch x heads x
+ * time); 0 for every other op. */
+int64_t ir_workspace_elems(const Value *v);
+
 Graph *graph_new(Arena *a, Diag *d);
 /* Appends a value, infers its shape and dtype from the op table's rule
  * (reporting shape errors at `loc` through g->diag), and returns it.  `in` is

@@ -160,7 +160,7 @@ static void plan_device(Graph *g, int dev, const int *last, Block *live, int64_t
     Value *v = g->values[i];
     if ((v->op == OP_INPUT) != (pass == 0)) continue;
     if (dev >= 0 && v->device != dev) continue;
-    int64_t bytes = (int64_t)dtype_size(v->dtype) * shape_numel(&v->shape); /* checked by ir_infer_shape */
+    int64_t bytes = (int64_t)dtype_size(v->dtype) * (shape_numel(&v->shape) + ir_workspace_elems(v)); /* checked by ir_infer_shape */
     v->offset = -1;
     v->region = MEM_NONE;
     if (v->dtype == DT_VOID) continue;

@@ -49,7 +49,7 @@ typedef struct Emu {
  * the loops cover everything with a grid smaller than planned. */
 static unsigned emu_grid(const Kernel *k, unsigned grid) {
   switch (k->kind) {
-  case KK_TRANSPOSE: case KK_ATTN_FWD: case KK_ATTN_BWD: case KK_ATTN_DECODE: return grid;
+  case KK_TRANSPOSE: case KK_ATTN_FWD: case KK_ATTN_BWD: case KK_ATTN_BWD_KV: case KK_ATTN_DECODE: return grid;
   default: return grid < 3 ? grid : 3;
   }
 }
