@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,7 +132,8 @@ static const char *scan_flag(int argc, char **argv, const char *name) {
  * argv; the partition pass sees CPU devices with threads/S cores each and
  * an equal share of the host's memory, CUDA devices as 16 GiB sm_60 (P100, the target; the CUDA plugin
  * reports the real figures), planned capacities as given.  Environment:
- * DUET_CPU_GFLOPS (GFLOP/s per core; default PART_CPU_GFLOPS_PER_CORE).
+ * DUET_CPU_GFLOPS (GFLOP/s per core, a number > 0, else an error; default
+ * PART_CPU_GFLOPS_PER_CORE).
  * 1 after a message. */
 static int par_opts(ParOpts *po, int argc, char **argv) {
   memset(po, 0, sizeof *po);
@@ -164,6 +166,15 @@ static int par_opts(ParOpts *po, int argc, char **argv) {
   long total = th ? atol(th) : cores > 0 ? cores : 1;
   long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
   const char *gf = getenv("DUET_CPU_GFLOPS");
+  double gflops = 0;
+  if (gf) {
+    char *end;
+    gflops = strtod(gf, &end);
+    if (end == gf || *end || !(gflops > 0) || !isfinite(gflops)) {
+      fprintf(stderr, "duet: error: DUET_CPU_GFLOPS must be a number of GFLOP/s per core > 0, got '%s'\n", gf);
+      return 1;
+    }
+  }
   int n_cpu = 0;
   for (int i = 0; i < po->n_dev; i++) n_cpu += spec[i].kind == DUET_DEV_CPU;
   for (int i = 0; i < po->n_dev; i++) {
@@ -176,7 +187,7 @@ static int par_opts(ParOpts *po, int argc, char **argv) {
     d->cpu = spec[i].kind == DUET_DEV_CPU;
     d->planned = spec[i].kind == DUET_DEV_PLANNED;
     d->cores = (int)(total / po->n_dev > 0 ? total / po->n_dev : 1);
-    d->cpu_gflops = gf ? atof(gf) : 0;
+    d->cpu_gflops = gflops;
     d->sm = spec[i].kind == DUET_DEV_PLANNED ? spec[i].sm : 60;
     d->capacity = spec[i].kind == DUET_DEV_PLANNED ? spec[i].capacity
                   : spec[i].kind == DUET_DEV_CUDA  ? (int64_t)16 << 30

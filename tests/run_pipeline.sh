@@ -18,7 +18,8 @@
 #      order, a bad --devices item, a CUDA device without the CUDA backend,
 #      a batch that micro-batches do not divide, a transfer that never comes
 #      (DUET_PIPE_DROP_SEND + DUET_PIPE_TIMEOUT: the timeout names stage,
-#      micro-batch and tensor), a plan that does not fit;
+#      micro-batch and tensor), a plan that does not fit, a bad
+#      DUET_CPU_GFLOPS;
 #   (also: a `duet compile` executable and a resumed run equal the others)
 #   4. `duet plan`: bubble fraction and the stage lines.
 # usage: run_pipeline.sh path/to/duet   (from the repository root)
@@ -143,6 +144,14 @@ expect pin_empties_stage 1 "tests/pipeline/pinned.model:15:16: error: block \`li
   "$DUET" ir tests/pipeline/pinned.model --after partition --devices cpu:0,cpu:1,cpu:2,cpu:3,cpu:4,cpu:5,cpu:6,cpu:7
 expect unknown_sm 1 "duet: error: device 16GiB:sm_52: no rates known for sm_52 (known: sm_60, 61, 70, 75, 80, 86, 89, 90)" \
   "$DUET" plan models/fmnist_mlp.model --devices 2x16GiB:sm_52
+# DUET_CPU_GFLOPS (the partition's CPU rate): a bad value is an error, not the default
+for v in abc -1 0 1e999 ""; do
+  DUET_CPU_GFLOPS=$v expect "cpu_gflops_'$v'" 1 "duet: error: DUET_CPU_GFLOPS must be a number of GFLOP/s per core > 0, got '$v'" \
+    "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1
+done
+if DUET_CPU_GFLOPS=50 "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads 2 > "$d/plan50" 2>&1 &&
+  "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads 2 > "$d/plan100" 2>&1 &&
+  ! cmp -s "$d/plan50" "$d/plan100"; then ok; else bad "DUET_CPU_GFLOPS=50 should change the plan"; cat "$d/plan50"; fi
 expect bad_size 1 "duet: error: --devices: bad item '2x16XB:sm_60' (expected cpu, cpu:N, cuda, cuda:N, or a capacity such as 16GiB:sm_60 or 2x16GiB:sm_60)" \
   "$DUET" plan models/fmnist_mlp.model --devices 2x16XB:sm_60
 if "$DUET" plan models/fmnist_mlp.model --devices 16GiB:sm_60,1.5GB:sm_61 > "$d/plan" 2>&1 &&
