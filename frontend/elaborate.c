@@ -259,7 +259,8 @@ static EVal eval(Elab *e, Scope *s, const Node *n);
 static EVal call_block(Elab *e, Scope *s, const Node *blk, const Node *call);
 static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *set, Loc call_loc,
                          const char *prefix);
-static void set_devices(Elab *e, int from, int device);
+static void set_devices(Elab *e, int from, int device, Loc hint);
+static const char *hinted_block(Elab *e, int from);
 
 static EVal eval_binop(Elab *e, Scope *s, const Node *n) {
   EVal a = eval(e, s, n->a), b = eval(e, s, n->b);
@@ -816,11 +817,15 @@ static EVal eval(Elab *e, Scope *s, const Node *n) {
     if (strcmp(n->name, "device"))
       diag_error(e->d, n->loc, "unknown hint `@%s`; the only hint is @device(N)", n->name);
     EVal dv = eval(e, s, n->b);
-    int64_t dev = want_int(e, dv, "the device of @device", 0);
-    if (dev > 1023) diag_error(e->d, dv.loc, "device %lld is out of range (0..1023)", (long long)dev);
+    double dev = want_num(e, dv, "the device of @device");
     int from = e->g->n_values;
     r = eval(e, s, n->a);
-    set_devices(e, from, (int)dev);
+    if (!(dev >= 0 && dev < IR_MAX_STAGES && dev == floor(dev))) { /* --devices lists at most IR_MAX_STAGES */
+      const char *b = hinted_block(e, from);
+      diag_error(e->d, dv.loc, "@device%s%s%s expects a device index 0..%d, got %.15g", b ? " on block `" : "",
+                 b ? b : "", b ? "`" : "", IR_MAX_STAGES - 1, dev);
+    }
+    set_devices(e, from, (int)dev, n->loc);
     break;
   }
   default:
@@ -830,10 +835,37 @@ static EVal eval(Elab *e, Scope *s, const Node *n) {
   return r;
 }
 
-/* Values created since `from` without a device hint get `device`. */
-static void set_devices(Elab *e, int from, int device) {
+/* Values created since `from` without a device hint get `device` (and the
+ * hint's location, for the partition pass's messages). */
+static void set_devices(Elab *e, int from, int device, Loc hint) {
   for (int i = from; i < e->g->n_values; i++)
-    if (e->g->values[i]->device < 0) e->g->values[i]->device = device;
+    if (e->g->values[i]->device < 0) {
+      e->g->values[i]->device = device;
+      e->g->values[i]->device_loc = hint;
+    }
+}
+
+/* The block whose params were all created since `from` (the longest dotted
+ * prefix they share: "linear2" of linear2.w and linear2.b), or NULL. */
+static const char *hinted_block(Elab *e, int from) {
+  const char *first = NULL;
+  size_t len = 0; /* of the shared prefix, without its final '.' */
+  for (int i = from; i < e->g->n_values; i++) {
+    const Value *v = e->g->values[i];
+    if (v->op != OP_PARAM || !v->attr.name) continue;
+    const char *nm = v->attr.name;
+    if (!first) {
+      const char *dot = strrchr(nm, '.');
+      if (!dot) return NULL;
+      first = nm, len = (size_t)(dot - nm);
+    }
+    while (len > 0 && (strncmp(nm, first, len) || nm[len] != '.')) {
+      while (len > 0 && first[len - 1] != '.') len--;
+      if (len > 0) len--; /* drop the '.' */
+    }
+    if (!len) return NULL;
+  }
+  return first ? arena_printf(e->a, "%.*s", (int)len, first) : NULL;
 }
 
 /* ---------------------------------------------------------- statements */

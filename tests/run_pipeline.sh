@@ -136,11 +136,11 @@ expect() {
   if [ "$rc" = "$code" ] && [ "$got" = "$want" ]; then ok
   else bad "$name: exit $rc (want $code)"; echo "  got:  $got"; echo "  want: $want"; fi
 }
-expect bad_pin 1 "tests/pipeline/bad_pin.model:8:9: error: block \`linear2\` is pinned to device 2 (@device(2)), but --devices gives only 2 devices" \
+expect bad_pin 1 "tests/pipeline/bad_pin.model:14:5: error: block \`linear2\` is pinned to device 2 (@device(2)), but --devices gives only 2 devices" \
   "$DUET" ir tests/pipeline/bad_pin.model --after partition --devices cpu:0,cpu:1
-expect bad_order 1 "tests/pipeline/bad_order.model:10:12: error: block \`linear2\` is pinned to device 0 but comes after block \`linear1\` on device 1: stages run in order, so pinned blocks must follow the device order" \
+expect bad_order 1 "tests/pipeline/bad_order.model:14:5: error: block \`linear2\` is pinned to device 0 but comes after block \`linear1\` on device 1: stages run in order, so pinned blocks must follow the device order" \
   "$DUET" ir tests/pipeline/bad_order.model --after partition --devices cpu:0,cpu:1
-expect pin_empties_stage 1 "tests/pipeline/pinned.model:15:16: error: block \`linear2\` is pinned to device 1, but the 5 ops after it cannot fill devices 2..7 (every stage needs at least one op)" \
+expect pin_empties_stage 1 "tests/pipeline/pinned.model:15:5: error: block \`linear2\` is pinned to device 1, but the 5 ops after it cannot fill devices 2..7 (every stage needs at least one op)" \
   "$DUET" ir tests/pipeline/pinned.model --after partition --devices cpu:0,cpu:1,cpu:2,cpu:3,cpu:4,cpu:5,cpu:6,cpu:7
 expect unknown_sm 1 "duet: error: device 16GiB:sm_52: no rates known for sm_52 (known: sm_60, 61, 70, 75, 80, 86, 89, 90)" \
   "$DUET" plan models/fmnist_mlp.model --devices 2x16GiB:sm_52
