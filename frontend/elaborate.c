@@ -72,6 +72,7 @@ typedef struct Elab {
   int n_inputs;
   Value *inputs[8];
   int64_t n_dropout; /* dropout sites so far */
+  Loc batch_loc;     /* the train section's `batch = N` value (line 0: none) */
 } Elab;
 
 #define MAX_EXPR_DEPTH 2000
@@ -1232,7 +1233,7 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
       } else if (!strcmp(k, "momentum")) {  /* train-section key; sgd(momentum =) is checked below */
         t->momentum = want_num(e, x, "momentum");
         if (t->momentum < 0 || t->momentum >= 1) diag_error(e->d, x.loc, "momentum must be in [0, 1), got %g", t->momentum);
-      } else if (!strcmp(k, "batch")) t->batch = want_int(e, x, "batch", 1);
+      } else if (!strcmp(k, "batch")) t->batch = want_int(e, x, "batch", 1), e->batch_loc = x.loc;
       else if (!strcmp(k, "epochs")) t->epochs = want_int(e, x, "epochs", 1);
       else if (!strcmp(k, "steps")) t->steps = want_int(e, x, "steps", 1);
       else if (!strcmp(k, "seed")) t->seed = (uint64_t)want_int(e, x, "seed", 0);
@@ -1472,9 +1473,13 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
     }
   if (opt && opt->batch > 0) g->train.batch = opt->batch;
   if (opt && opt->micro_batches > 1) { /* `batch` names one micro-batch from here on */
-    if (g->train.batch % opt->micro_batches)
-      diag_error(d, cx.model_loc, "batch %lld is not a multiple of --micro-batches %lld", (long long)g->train.batch,
-                 (long long)opt->micro_batches);
+    long long B = (long long)g->train.batch, M = (long long)opt->micro_batches;
+    if (B % M) { /* point at where the batch was set */
+      if (opt->batch > 0) diag_error_noloc(d, "--batch %lld is not a multiple of --micro-batches %lld", B, M);
+      else if (e.batch_loc.line > 0) diag_error(d, e.batch_loc, "batch %lld is not a multiple of --micro-batches %lld", B, M);
+      else diag_error(d, (Loc){src, 0, 0}, "the default batch %lld is not a multiple of --micro-batches %lld (no "
+                      "`batch = N` in the train section: set one, or use --batch)", B, M);
+    }
     g->train.batch /= opt->micro_batches;
     g->train.micro_batches = opt->micro_batches;
   }

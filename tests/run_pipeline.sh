@@ -173,8 +173,14 @@ expect compile_schedule 1 "duet: error: --schedule expects gpipe or 1f1b, got 'b
 "$DUET" ir tests/pipeline/pinned.model --after partition --devices cpu:0,cpu:1 > "$d/pin.ir" &&
   "$DUET" check "$d/pin.ir" | tail -1 | grep -qx "$d/pin.ir: ok, 106010 parameters" &&
   "$DUET" emit "$d/pin.ir" --target c > /dev/null && ok || bad "check/emit of a partitioned dump"
-expect indivisible 1 "tests/pipeline/pinned.model:3:7: error: batch 32 is not a multiple of --micro-batches 3" \
+# an indivisible batch: the message points at where the batch was set
+expect indivisible 1 "tests/pipeline/pinned.model:22:11: error: batch 32 is not a multiple of --micro-batches 3" \
   "$DUET" ir tests/pipeline/pinned.model --micro-batches 3
+expect indivisible_flag 1 "duet: error: --batch 30 is not a multiple of --micro-batches 4" \
+  "$DUET" ir tests/pipeline/pinned.model --micro-batches 4 --batch 30
+printf 'model nobatch\ninput x: f32[batch, 8]\nparam w: [8, 8]\nloss = mean(x @ w)\n' > "$d/nobatch.model"
+expect indivisible_default 1 "$d/nobatch.model: error: the default batch 32 is not a multiple of --micro-batches 5 (no \`batch = N\` in the train section: set one, or use --batch)" \
+  "$DUET" ir "$d/nobatch.model" --micro-batches 5
 expect too_few_ops 1 "duet: error: the model has 9 forward ops, fewer than the 10 devices: no stage may be empty" \
   "$DUET" ir tests/pipeline/pinned.model --after partition --devices cpu:0,cpu:1,cpu:2,cpu:3,cpu:4,cpu:5,cpu:6,cpu:7,cpu:8,cpu:9
 if [ -r "$FM/train-images-idx3-ubyte.gz" ]; then
