@@ -21,7 +21,8 @@
 #      micro-batch and tensor), a plan that does not fit, a bad
 #      DUET_CPU_GFLOPS;
 #   (also: a `duet compile` executable and a resumed run equal the others)
-#   4. `duet plan`: bubble fraction and the stage lines.
+#   4. `duet plan`: bubble fraction and the stage lines; without --devices
+#      the same estimates as with --devices cpu.
 # usage: run_pipeline.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_pipeline.sh path/to/duet}
 d=$(mktemp -d "${TMPDIR:-/tmp}/duet-pipe.XXXXXX") || exit 2
@@ -216,6 +217,15 @@ if "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --micro-batches 8 
 else
   bad "duet plan fmnist"; cat "$d/err"
 fi
+
+# without --devices, duet plan estimates for duet run's default device
+# (--devices cpu: all cores, or --threads), not for one core
+for th in "" "--threads 1"; do
+  if "$DUET" plan models/fmnist_mlp.model $th > "$d/plan_default" 2>&1 &&
+    "$DUET" plan models/fmnist_mlp.model --devices cpu $th > "$d/plan_cpu" 2>&1 &&
+    cmp -s "$d/plan_default" "$d/plan_cpu"; then ok
+  else bad "plan without --devices ($th) differs from --devices cpu"; diff "$d/plan_default" "$d/plan_cpu"; fi
+done
 
 echo "pipeline: $pass passed, $fail failed"
 [ "$fail" = 0 ]
