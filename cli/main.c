@@ -131,7 +131,8 @@ static const char *scan_flag(int argc, char **argv, const char *name) {
 /* Fills po->dev from the device list `devices` (and --threads in argv):
  * the partition pass sees CPU devices with threads/S cores each and an
  * equal share of the host's memory, CUDA devices as 16 GiB sm_60 (P100, the
- * target; the CUDA plugin reports the real figures), planned capacities as
+ * target; the CUDA plugin reports the real figures) shared equally by the
+ * items that name the same GPU (cuda:0,cuda:0), planned capacities as
  * given.  Environment: DUET_CPU_GFLOPS (GFLOP/s per core, a number > 0, else
  * an error; default PART_CPU_GFLOPS_PER_CORE).  1 after a message. */
 static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) {
@@ -169,8 +170,10 @@ static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) 
     d->cores = (int)(total / po->n_dev > 0 ? total / po->n_dev : 1);
     d->cpu_gflops = gflops;
     d->sm = spec[i].kind == DUET_DEV_PLANNED ? spec[i].sm : 60;
+    int same_gpu = 0; /* cuda:0,cuda:0: two stages on one GPU share its memory */
+    for (int k = 0; k < po->n_dev; k++) same_gpu += spec[k].kind == DUET_DEV_CUDA && spec[k].index == spec[i].index;
     d->capacity = spec[i].kind == DUET_DEV_PLANNED ? spec[i].capacity
-                  : spec[i].kind == DUET_DEV_CUDA  ? (int64_t)16 << 30
+                  : spec[i].kind == DUET_DEV_CUDA  ? ((int64_t)16 << 30) / same_gpu
                   : pages > 0 && psz > 0           ? (int64_t)pages * psz / n_cpu /* virtual devices share it */
                                                    : 0;
   }

@@ -9,7 +9,8 @@
 #      Cases: fmnist_mlp (3 layers on 2 devices: uneven), gpt_tiny (residuals
 #      and the tied embedding cross the cut) on 2 and 3 devices, M = 1, M < S,
 #      both schedules, a skip connection over two cuts (residual.model), a
-#      pinned block (pinned.model); M = 1 on 3 devices also equals the plain
+#      pinned block (pinned.model), a repeated device (cpu:0,cpu:0: two
+#      virtual devices); M = 1 on 3 devices also equals the plain
 #      program without micro-batches;
 #   2. `duet ir --after partition`: transfers of the skip connection and of
 #      its gradient, the pinned block's device; partitioned dumps read back
@@ -64,6 +65,11 @@ if [ -r "$FM/train-images-idx3-ubyte.gz" ]; then
   run pin_ref 1 tests/pipeline/pinned.model --micro-batches 2 --no-eval
   run pin_2 2 tests/pipeline/pinned.model --micro-batches 2 --no-eval --devices cpu:0,cpu:1
   same pin_ref pin_2
+  # a repeated item is another virtual CPU device (the N of cpu:N is a name)
+  run pin_dup 2 tests/pipeline/pinned.model --micro-batches 2 --no-eval --devices cpu:0,cpu:0
+  run pin_dup2 2 tests/pipeline/pinned.model --micro-batches 2 --no-eval --devices cpu,cpu
+  same pin_ref pin_dup
+  same pin_ref pin_dup2
 else
   echo "skip: fashion-mnist not installed ($FM)"
 fi
@@ -217,6 +223,11 @@ if "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --micro-batches 8 
 else
   bad "duet plan fmnist"; cat "$d/err"
 fi
+
+# cuda:0,cuda:0 (one GPU acting as two devices): the stages share its memory
+if "$DUET" plan models/fmnist_mlp.model --devices cuda:0,cuda:0,cuda:1 > "$d/plan" 2>&1 &&
+  [ "$(grep -c ' of 8.00 GiB$' "$d/plan")" = 2 ] && [ "$(grep -c ' of 16.00 GiB$' "$d/plan")" = 1 ]; then ok
+else bad "plan: cuda:0,cuda:0 should share the GPU's 16 GiB"; cat "$d/plan"; fi
 
 # without --devices, duet plan estimates for duet run's default device
 # (--devices cpu: all cores, or --threads), not for one core
