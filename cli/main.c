@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,7 @@ static void usage(FILE *out) {
           "  compile M.model -o EXE       write a standalone training executable\n"
           "  ir M.model [--after PASS] [--format text|dot|json]   print the IR after PASS (default: shape)\n"
           "  emit M.model --target c|cuda print the generated kernel source (C, or CUDA C for NVRTC)\n"
-          "  plan M.model --devices SPEC  stages, estimated times, memory per device, bubble (no run)\n"
+          "  plan M.model [--devices SPEC] stages, estimated times, memory per device, bubble (no run)\n"
           "  devices                      list the CPU and the GPUs duet can use (--devices cpu|cuda:N)\n"
           "  check M.model                parse and verify; print a parameter summary\n"
           "  sample M.model --checkpoint CK [--prompt TEXT]   generate text with a trained model\n"
@@ -127,12 +128,60 @@ static const char *scan_flag(int argc, char **argv, const char *name) {
   return v;
 }
 
-/* Fills po from --devices, --micro-batches, --schedule and --threads in
- * argv; the partition pass sees CPU devices with threads/S cores each and
- * an equal share of the host's memory, CUDA devices as 16 GiB sm_60 (P100, the target; the CUDA plugin
- * reports the real figures), planned capacities as given.  Environment:
- * DUET_CPU_GFLOPS (GFLOP/s per core; default PART_CPU_GFLOPS_PER_CORE).
- * 1 after a message. */
+/* Fills po->dev from the device list `devices` (and --threads in argv):
+ * the partition pass sees CPU devices with threads/S cores each and an
+ * equal share of the host's memory, CUDA devices as 16 GiB sm_60 (P100, the
+ * target; the CUDA plugin reports the real figures) shared equally by the
+ * items that name the same GPU (cuda:0,cuda:0), planned capacities as
+ * given.  Environment: DUET_CPU_GFLOPS (GFLOP/s per core, a number > 0, else
+ * an error; default PART_CPU_GFLOPS_PER_CORE).  1 after a message. */
+static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) {
+  DuetDeviceSpec spec[DUET_MAX_DEVICES];
+  char err[256];
+  if (duet_devices_parse(devices, spec, DUET_MAX_DEVICES, &po->n_dev, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return 1;
+  }
+  const char *th = scan_flag(argc, argv, "--threads");
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  long total = th ? atol(th) : cores > 0 ? cores : 1;
+  long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+  const char *gf = getenv("DUET_CPU_GFLOPS");
+  double gflops = 0;
+  if (gf) {
+    char *end;
+    gflops = strtod(gf, &end);
+    if (end == gf || *end || !(gflops > 0) || !isfinite(gflops)) {
+      fprintf(stderr, "duet: error: DUET_CPU_GFLOPS must be a number of GFLOP/s per core > 0, got '%s'\n", gf);
+      return 1;
+    }
+  }
+  int n_cpu = 0;
+  for (int i = 0; i < po->n_dev; i++) n_cpu += spec[i].kind == DUET_DEV_CPU;
+  for (int i = 0; i < po->n_dev; i++) {
+    PartDevice *d = &po->dev[i];
+    d->name = strdup(spec[i].name);
+    if (!d->name) {
+      fprintf(stderr, "duet: error: out of memory\n");
+      return 1;
+    }
+    d->cpu = spec[i].kind == DUET_DEV_CPU;
+    d->planned = spec[i].kind == DUET_DEV_PLANNED;
+    d->cores = (int)(total / po->n_dev > 0 ? total / po->n_dev : 1);
+    d->cpu_gflops = gflops;
+    d->sm = spec[i].kind == DUET_DEV_PLANNED ? spec[i].sm : 60;
+    int same_gpu = 0; /* cuda:0,cuda:0: two stages on one GPU share its memory */
+    for (int k = 0; k < po->n_dev; k++) same_gpu += spec[k].kind == DUET_DEV_CUDA && spec[k].index == spec[i].index;
+    d->capacity = spec[i].kind == DUET_DEV_PLANNED ? spec[i].capacity
+                  : spec[i].kind == DUET_DEV_CUDA  ? ((int64_t)16 << 30) / same_gpu
+                  : pages > 0 && psz > 0           ? (int64_t)pages * psz / n_cpu /* virtual devices share it */
+                                                   : 0;
+  }
+  return 0;
+}
+
+/* Fills po from --devices (see par_devices), --micro-batches, --schedule
+ * and --threads in argv.  1 after a message. */
 static int par_opts(ParOpts *po, int argc, char **argv) {
   memset(po, 0, sizeof *po);
   po->devices = scan_flag(argc, argv, "--devices");
@@ -152,38 +201,7 @@ static int par_opts(ParOpts *po, int argc, char **argv) {
     }
     po->micro_batches = m;
   }
-  if (!po->devices) return 0;
-  DuetDeviceSpec spec[DUET_MAX_DEVICES];
-  char err[256];
-  if (duet_devices_parse(po->devices, spec, DUET_MAX_DEVICES, &po->n_dev, err, sizeof err)) {
-    fprintf(stderr, "duet: error: %s\n", err);
-    return 1;
-  }
-  const char *th = scan_flag(argc, argv, "--threads");
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  long total = th ? atol(th) : cores > 0 ? cores : 1;
-  long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-  const char *gf = getenv("DUET_CPU_GFLOPS");
-  int n_cpu = 0;
-  for (int i = 0; i < po->n_dev; i++) n_cpu += spec[i].kind == DUET_DEV_CPU;
-  for (int i = 0; i < po->n_dev; i++) {
-    PartDevice *d = &po->dev[i];
-    d->name = strdup(spec[i].name);
-    if (!d->name) {
-      fprintf(stderr, "duet: error: out of memory\n");
-      return 1;
-    }
-    d->cpu = spec[i].kind == DUET_DEV_CPU;
-    d->planned = spec[i].kind == DUET_DEV_PLANNED;
-    d->cores = (int)(total / po->n_dev > 0 ? total / po->n_dev : 1);
-    d->cpu_gflops = gf ? atof(gf) : 0;
-    d->sm = spec[i].kind == DUET_DEV_PLANNED ? spec[i].sm : 60;
-    d->capacity = spec[i].kind == DUET_DEV_PLANNED ? spec[i].capacity
-                  : spec[i].kind == DUET_DEV_CUDA  ? (int64_t)16 << 30
-                  : pages > 0 && psz > 0           ? (int64_t)pages * psz / n_cpu /* virtual devices share it */
-                                                   : 0;
-  }
-  return 0;
+  return po->devices ? par_devices(po, po->devices, argc, argv) : 0;
 }
 
 static void par_free(ParOpts *po) {
@@ -608,11 +626,12 @@ static int cmd_plan(int argc, char **argv) {
   int64_t batch = 0;
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("usage: duet plan M.model --devices SPEC [--micro-batches M] [--schedule gpipe|1f1b] [--batch N]\n"
+      printf("usage: duet plan M.model [--devices SPEC] [--micro-batches M] [--schedule gpipe|1f1b] [--batch N]\n"
              "                [--threads N]\n"
              "Partitions the model without running it and prints each stage's ops, estimated time and memory\n"
              "(weights, grads, optimizer state, activations), the transfer bytes per step and the pipeline\n"
-             "bubble (S-1)/(M+S-1).  SPEC: cpu:0,cpu:1 | cuda:0,cuda:1 | capacities such as 2x16GiB:sm_60.\n"
+             "bubble (S-1)/(M+S-1).  SPEC: cpu:0,cpu:1 | cuda:0,cuda:1 | capacities such as 2x16GiB:sm_60;\n"
+             "default cpu (the one CPU device of duet run, with --threads or all cores).\n"
              "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n");
       return 0;
     } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") || !strcmp(argv[i], "--schedule") ||
@@ -629,16 +648,25 @@ static int cmd_plan(int argc, char **argv) {
     }
   }
   if (!model) {
-    fprintf(stderr, "duet: error: usage: duet plan M.model --devices SPEC\n");
+    fprintf(stderr, "duet: error: usage: duet plan M.model [--devices SPEC]\n");
     return 1;
   }
   ParOpts po; /* checks --devices, --micro-batches and --schedule */
   if (par_opts(&po, argc, argv)) return 1;
+  /* without --devices the program runs on one CPU device, as `duet run`'s
+   * default `--devices cpu`: the estimates are that device's (the model is
+   * still compiled without --devices, so its hints stay annotations) */
+  ParOpts cpu = {0};
+  if (!po.n_dev && par_devices(&cpu, "cpu", argc, argv)) {
+    par_free(&po);
+    par_free(&cpu);
+    return 1;
+  }
   Compiled c;
   int rc = compile_model_par(&c, model, batch, &po, NULL, NULL);
   if (!rc) {
-    PassCtx pc = {.diag = &c.diag, .devices = po.n_dev ? po.dev : NULL, .n_devices = po.n_dev,
-                  .one_f_one_b = po.one_f_one_b};
+    const ParOpts *rp = po.n_dev ? &po : &cpu;
+    PassCtx pc = {.diag = &c.diag, .devices = rp->dev, .n_devices = rp->n_dev, .one_f_one_b = po.one_f_one_b};
     rc = partition_report(c.g, &pc, stdout);
     if (opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16"))
       printf("gemm accumulate: fp16 (--gemm-accumulate fp16: fp16 GEMMs use cuBLAS CUBLAS_COMPUTE_16F, about 2x the "
@@ -647,6 +675,7 @@ static int cmd_plan(int argc, char **argv) {
       printf("gemm accumulate: fp32 (16-bit GEMMs: 16-bit inputs, fp32 accumulation)\n");
   }
   par_free(&po);
+  par_free(&cpu);
   compiled_free(&c);
   return rc;
 }

@@ -72,6 +72,7 @@ typedef struct Elab {
   int n_inputs;
   Value *inputs[8];
   int64_t n_dropout; /* dropout sites so far */
+  Loc batch_loc;     /* the train section's `batch = N` value (line 0: none) */
 } Elab;
 
 #define MAX_EXPR_DEPTH 2000
@@ -259,7 +260,8 @@ static EVal eval(Elab *e, Scope *s, const Node *n);
 static EVal call_block(Elab *e, Scope *s, const Node *blk, const Node *call);
 static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *set, Loc call_loc,
                          const char *prefix);
-static void set_devices(Elab *e, int from, int device);
+static void set_devices(Elab *e, int from, int device, Loc hint);
+static const char *hinted_block(Elab *e, int from);
 
 static EVal eval_binop(Elab *e, Scope *s, const Node *n) {
   EVal a = eval(e, s, n->a), b = eval(e, s, n->b);
@@ -816,11 +818,15 @@ static EVal eval(Elab *e, Scope *s, const Node *n) {
     if (strcmp(n->name, "device"))
       diag_error(e->d, n->loc, "unknown hint `@%s`; the only hint is @device(N)", n->name);
     EVal dv = eval(e, s, n->b);
-    int64_t dev = want_int(e, dv, "the device of @device", 0);
-    if (dev > 1023) diag_error(e->d, dv.loc, "device %lld is out of range (0..1023)", (long long)dev);
+    double dev = want_num(e, dv, "the device of @device");
     int from = e->g->n_values;
     r = eval(e, s, n->a);
-    set_devices(e, from, (int)dev);
+    if (!(dev >= 0 && dev < IR_MAX_STAGES && dev == floor(dev))) { /* --devices lists at most IR_MAX_STAGES */
+      const char *b = hinted_block(e, from);
+      diag_error(e->d, dv.loc, "@device%s%s%s expects a device index 0..%d, got %.15g", b ? " on block `" : "",
+                 b ? b : "", b ? "`" : "", IR_MAX_STAGES - 1, dev);
+    }
+    set_devices(e, from, (int)dev, n->loc);
     break;
   }
   default:
@@ -830,10 +836,37 @@ static EVal eval(Elab *e, Scope *s, const Node *n) {
   return r;
 }
 
-/* Values created since `from` without a device hint get `device`. */
-static void set_devices(Elab *e, int from, int device) {
+/* Values created since `from` without a device hint get `device` (and the
+ * hint's location, for the partition pass's messages). */
+static void set_devices(Elab *e, int from, int device, Loc hint) {
   for (int i = from; i < e->g->n_values; i++)
-    if (e->g->values[i]->device < 0) e->g->values[i]->device = device;
+    if (e->g->values[i]->device < 0) {
+      e->g->values[i]->device = device;
+      e->g->values[i]->device_loc = hint;
+    }
+}
+
+/* The block whose params were all created since `from` (the longest dotted
+ * prefix they share: "linear2" of linear2.w and linear2.b), or NULL. */
+static const char *hinted_block(Elab *e, int from) {
+  const char *first = NULL;
+  size_t len = 0; /* of the shared prefix, without its final '.' */
+  for (int i = from; i < e->g->n_values; i++) {
+    const Value *v = e->g->values[i];
+    if (v->op != OP_PARAM || !v->attr.name) continue;
+    const char *nm = v->attr.name;
+    if (!first) {
+      const char *dot = strrchr(nm, '.');
+      if (!dot) return NULL;
+      first = nm, len = (size_t)(dot - nm);
+    }
+    while (len > 0 && (strncmp(nm, first, len) || nm[len] != '.')) {
+      while (len > 0 && first[len - 1] != '.') len--;
+      if (len > 0) len--; /* drop the '.' */
+    }
+    if (!len) return NULL;
+  }
+  return first ? arena_printf(e->a, "%.*s", (int)len, first) : NULL;
 }
 
 /* ---------------------------------------------------------- statements */
@@ -1200,7 +1233,7 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
       } else if (!strcmp(k, "momentum")) {  /* train-section key; sgd(momentum =) is checked below */
         t->momentum = want_num(e, x, "momentum");
         if (t->momentum < 0 || t->momentum >= 1) diag_error(e->d, x.loc, "momentum must be in [0, 1), got %g", t->momentum);
-      } else if (!strcmp(k, "batch")) t->batch = want_int(e, x, "batch", 1);
+      } else if (!strcmp(k, "batch")) t->batch = want_int(e, x, "batch", 1), e->batch_loc = x.loc;
       else if (!strcmp(k, "epochs")) t->epochs = want_int(e, x, "epochs", 1);
       else if (!strcmp(k, "steps")) t->steps = want_int(e, x, "steps", 1);
       else if (!strcmp(k, "seed")) t->seed = (uint64_t)want_int(e, x, "seed", 0);
@@ -1440,9 +1473,13 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
     }
   if (opt && opt->batch > 0) g->train.batch = opt->batch;
   if (opt && opt->micro_batches > 1) { /* `batch` names one micro-batch from here on */
-    if (g->train.batch % opt->micro_batches)
-      diag_error(d, cx.model_loc, "batch %lld is not a multiple of --micro-batches %lld", (long long)g->train.batch,
-                 (long long)opt->micro_batches);
+    long long B = (long long)g->train.batch, M = (long long)opt->micro_batches;
+    if (B % M) { /* point at where the batch was set */
+      if (opt->batch > 0) diag_error_noloc(d, "--batch %lld is not a multiple of --micro-batches %lld", B, M);
+      else if (e.batch_loc.line > 0) diag_error(d, e.batch_loc, "batch %lld is not a multiple of --micro-batches %lld", B, M);
+      else diag_error(d, (Loc){src, 0, 0}, "the default batch %lld is not a multiple of --micro-batches %lld (no "
+                      "`batch = N` in the train section: set one, or use --batch)", B, M);
+    }
     g->train.batch /= opt->micro_batches;
     g->train.micro_batches = opt->micro_batches;
   }

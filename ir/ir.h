@@ -202,6 +202,7 @@ struct Value {
   Loc loc;      /* for diagnostics */
   Role role;
   int device;   /* -1 until a partition pass assigns one */
+  Loc device_loc; /* the @device(N) hint that set device, for diagnostics (line 0: none) */
   bool requires_grad; /* set by autodiff */
   /* Filled by passes/: */
   int n_uses;   /* in the whole graph */

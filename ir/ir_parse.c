@@ -871,6 +871,7 @@ static void value_line(Parser *P, bool has_result) {
   /* annotations */
   Role role = ROLE_FORWARD;
   int device = -1;
+  Loc device_loc = {0};
   MemRegion region = MEM_NONE;
   int64_t offset = 0;
   bool seen_role = false;
@@ -889,7 +890,8 @@ static void value_line(Parser *P, bool has_result) {
     } else if (aw && !strcmp(aw, "device")) {
       if (device >= 0) FAIL(an, "a second device");
       expect(P, '(', "'(' after @device");
-      device = (int)integer(P, 0, 1023, "a device number");
+      device_loc = loc_at(P, an);
+      device = (int)integer(P, 0, IR_MAX_STAGES - 1, "a device number");
       expect(P, ')', "')'");
     } else if (aw && m < MEM_COUNT) {
       if (region != MEM_NONE) FAIL(an, "a second memory region");
@@ -940,6 +942,7 @@ static void value_line(Parser *P, bool has_result) {
   }
   v->role = role;
   v->device = device;
+  v->device_loc = device_loc;
   v->region = region;
   v->offset = region == MEM_NONE ? 0 : offset;
   if (has_result) {

@@ -116,6 +116,10 @@ static const char *block_text(Graph *g, const Value *v) {
   return b ? arena_printf(g->arena, "block `%s`", b) : "the expression";
 }
 
+/* Where a pinned value's @device(N) hint is written (else the value's own
+ * location): pin errors point at the hint. */
+static Loc pin_loc(const Value *v) { return v->device_loc.line > 0 ? v->device_loc : v->loc; }
+
 /* Forward compute ops: what the dynamic programme places. */
 static bool is_forward_op(const Value *v) {
   return v->role == ROLE_FORWARD && v->op != OP_INPUT && v->op != OP_PARAM && v->op != OP_STATE &&
@@ -214,10 +218,10 @@ static void place_forward(Part *P, int *stage_of_f) {
       int dv = P->F[i]->device;
       if (dv < 0) continue;
       if (dv > i)
-        diag_error(g->diag, P->F[i]->loc, "%s is pinned to device %d, but the %d ops before it cannot fill devices "
+        diag_error(g->diag, pin_loc(P->F[i]), "%s is pinned to device %d, but the %d ops before it cannot fill devices "
                    "0..%d (every stage needs at least one op)", block_text(g, P->F[i]), dv, i, dv - 1);
       if (N - 1 - i < S - 1 - dv)
-        diag_error(g->diag, P->F[i]->loc, "%s is pinned to device %d, but the %d ops after it cannot fill devices "
+        diag_error(g->diag, pin_loc(P->F[i]), "%s is pinned to device %d, but the %d ops after it cannot fill devices "
                    "%d..%d (every stage needs at least one op)", block_text(g, P->F[i]), dv, N - 1 - i, dv + 1, S - 1);
     }
     bool pins = false;
@@ -402,13 +406,13 @@ void pass_partition(Graph *g, PassCtx *cx) {
     if (v->device < 0) continue;
     if (v->device >= S) {
       const char *what = block_text(g, v);
-      diag_error(g->diag, v->loc, "%s is pinned to device %d (@device(%d)), but --devices gives only %d device%s", what,
+      diag_error(g->diag, pin_loc(v), "%s is pinned to device %d (@device(%d)), but --devices gives only %d device%s", what,
                  v->device, v->device, S, S == 1 ? "" : "s");
     }
     if (is_forward_op(v)) {
       if (prev && v->device < prev->device) {
         const char *a = block_text(g, prev), *b = block_text(g, v);
-        diag_error(g->diag, v->loc, "%s is pinned to device %d but comes after %s on device %d: stages run in "
+        diag_error(g->diag, pin_loc(v), "%s is pinned to device %d but comes after %s on device %d: stages run in "
                    "order, so pinned blocks must follow the device order", b, v->device, a, prev->device);
       }
       prev = v;

@@ -242,6 +242,12 @@ static int maybe_resume(DuetSession *s, const DuetConfig *cfg, DuetTrainState *s
     fprintf(stderr, "duet: error: %s\n", err);
     return -1;
   }
+  /* the checkpoint's loss scaler wins over --loss-scale, as GradScaler's
+   * load_state_dict does: resuming stays exact, but say so */
+  DuetScaler sc = duet_session_scaler(s);
+  if (cfg->loss_scale > 0 && duet_session_program(s)->n_unscale && sc.scale != cfg->loss_scale && !cfg->quiet)
+    fprintf(stderr, "duet: warning: --loss-scale %.15g is ignored: resuming from %s restores its loss scale %.15g (and "
+            "growth counter) so that the run continues exactly\n", cfg->loss_scale, cfg->resume_path, sc.scale);
   if (!cfg->quiet) printf("duet: resumed from %s at step %" PRId64 "\n", cfg->resume_path, st->step);
   return 0;
 }

@@ -9,7 +9,8 @@
 #      Cases: fmnist_mlp (3 layers on 2 devices: uneven), gpt_tiny (residuals
 #      and the tied embedding cross the cut) on 2 and 3 devices, M = 1, M < S,
 #      both schedules, a skip connection over two cuts (residual.model), a
-#      pinned block (pinned.model); M = 1 on 3 devices also equals the plain
+#      pinned block (pinned.model), a repeated device (cpu:0,cpu:0: two
+#      virtual devices); M = 1 on 3 devices also equals the plain
 #      program without micro-batches;
 #   2. `duet ir --after partition`: transfers of the skip connection and of
 #      its gradient, the pinned block's device; partitioned dumps read back
@@ -18,9 +19,11 @@
 #      order, a bad --devices item, a CUDA device without the CUDA backend,
 #      a batch that micro-batches do not divide, a transfer that never comes
 #      (DUET_PIPE_DROP_SEND + DUET_PIPE_TIMEOUT: the timeout names stage,
-#      micro-batch and tensor), a plan that does not fit;
+#      micro-batch and tensor), a plan that does not fit, a bad
+#      DUET_CPU_GFLOPS;
 #   (also: a `duet compile` executable and a resumed run equal the others)
-#   4. `duet plan`: bubble fraction and the stage lines.
+#   4. `duet plan`: bubble fraction and the stage lines; without --devices
+#      the same estimates as with --devices cpu.
 # usage: run_pipeline.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_pipeline.sh path/to/duet}
 d=$(mktemp -d "${TMPDIR:-/tmp}/duet-pipe.XXXXXX") || exit 2
@@ -62,6 +65,11 @@ if [ -r "$FM/train-images-idx3-ubyte.gz" ]; then
   run pin_ref 1 tests/pipeline/pinned.model --micro-batches 2 --no-eval
   run pin_2 2 tests/pipeline/pinned.model --micro-batches 2 --no-eval --devices cpu:0,cpu:1
   same pin_ref pin_2
+  # a repeated item is another virtual CPU device (the N of cpu:N is a name)
+  run pin_dup 2 tests/pipeline/pinned.model --micro-batches 2 --no-eval --devices cpu:0,cpu:0
+  run pin_dup2 2 tests/pipeline/pinned.model --micro-batches 2 --no-eval --devices cpu,cpu
+  same pin_ref pin_dup
+  same pin_ref pin_dup2
 else
   echo "skip: fashion-mnist not installed ($FM)"
 fi
@@ -135,14 +143,22 @@ expect() {
   if [ "$rc" = "$code" ] && [ "$got" = "$want" ]; then ok
   else bad "$name: exit $rc (want $code)"; echo "  got:  $got"; echo "  want: $want"; fi
 }
-expect bad_pin 1 "tests/pipeline/bad_pin.model:8:9: error: block \`linear2\` is pinned to device 2 (@device(2)), but --devices gives only 2 devices" \
+expect bad_pin 1 "tests/pipeline/bad_pin.model:14:5: error: block \`linear2\` is pinned to device 2 (@device(2)), but --devices gives only 2 devices" \
   "$DUET" ir tests/pipeline/bad_pin.model --after partition --devices cpu:0,cpu:1
-expect bad_order 1 "tests/pipeline/bad_order.model:10:12: error: block \`linear2\` is pinned to device 0 but comes after block \`linear1\` on device 1: stages run in order, so pinned blocks must follow the device order" \
+expect bad_order 1 "tests/pipeline/bad_order.model:14:5: error: block \`linear2\` is pinned to device 0 but comes after block \`linear1\` on device 1: stages run in order, so pinned blocks must follow the device order" \
   "$DUET" ir tests/pipeline/bad_order.model --after partition --devices cpu:0,cpu:1
-expect pin_empties_stage 1 "tests/pipeline/pinned.model:15:16: error: block \`linear2\` is pinned to device 1, but the 5 ops after it cannot fill devices 2..7 (every stage needs at least one op)" \
+expect pin_empties_stage 1 "tests/pipeline/pinned.model:15:5: error: block \`linear2\` is pinned to device 1, but the 5 ops after it cannot fill devices 2..7 (every stage needs at least one op)" \
   "$DUET" ir tests/pipeline/pinned.model --after partition --devices cpu:0,cpu:1,cpu:2,cpu:3,cpu:4,cpu:5,cpu:6,cpu:7
 expect unknown_sm 1 "duet: error: device 16GiB:sm_52: no rates known for sm_52 (known: sm_60, 61, 70, 75, 80, 86, 89, 90)" \
   "$DUET" plan models/fmnist_mlp.model --devices 2x16GiB:sm_52
+# DUET_CPU_GFLOPS (the partition's CPU rate): a bad value is an error, not the default
+for v in abc -1 0 1e999 ""; do
+  DUET_CPU_GFLOPS=$v expect "cpu_gflops_'$v'" 1 "duet: error: DUET_CPU_GFLOPS must be a number of GFLOP/s per core > 0, got '$v'" \
+    "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1
+done
+if DUET_CPU_GFLOPS=50 "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads 2 > "$d/plan50" 2>&1 &&
+  "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads 2 > "$d/plan100" 2>&1 &&
+  ! cmp -s "$d/plan50" "$d/plan100"; then ok; else bad "DUET_CPU_GFLOPS=50 should change the plan"; cat "$d/plan50"; fi
 expect bad_size 1 "duet: error: --devices: bad item '2x16XB:sm_60' (expected cpu, cpu:N, cuda, cuda:N, or a capacity such as 16GiB:sm_60 or 2x16GiB:sm_60)" \
   "$DUET" plan models/fmnist_mlp.model --devices 2x16XB:sm_60
 if "$DUET" plan models/fmnist_mlp.model --devices 16GiB:sm_60,1.5GB:sm_61 > "$d/plan" 2>&1 &&
@@ -162,8 +178,14 @@ expect compile_schedule 1 "duet: error: --schedule expects gpipe or 1f1b, got 'b
 "$DUET" ir tests/pipeline/pinned.model --after partition --devices cpu:0,cpu:1 > "$d/pin.ir" &&
   "$DUET" check "$d/pin.ir" | tail -1 | grep -qx "$d/pin.ir: ok, 106010 parameters" &&
   "$DUET" emit "$d/pin.ir" --target c > /dev/null && ok || bad "check/emit of a partitioned dump"
-expect indivisible 1 "tests/pipeline/pinned.model:3:7: error: batch 32 is not a multiple of --micro-batches 3" \
+# an indivisible batch: the message points at where the batch was set
+expect indivisible 1 "tests/pipeline/pinned.model:22:11: error: batch 32 is not a multiple of --micro-batches 3" \
   "$DUET" ir tests/pipeline/pinned.model --micro-batches 3
+expect indivisible_flag 1 "duet: error: --batch 30 is not a multiple of --micro-batches 4" \
+  "$DUET" ir tests/pipeline/pinned.model --micro-batches 4 --batch 30
+printf 'model nobatch\ninput x: f32[batch, 8]\nparam w: [8, 8]\nloss = mean(x @ w)\n' > "$d/nobatch.model"
+expect indivisible_default 1 "$d/nobatch.model: error: the default batch 32 is not a multiple of --micro-batches 5 (no \`batch = N\` in the train section: set one, or use --batch)" \
+  "$DUET" ir "$d/nobatch.model" --micro-batches 5
 expect too_few_ops 1 "duet: error: the model has 9 forward ops, fewer than the 10 devices: no stage may be empty" \
   "$DUET" ir tests/pipeline/pinned.model --after partition --devices cpu:0,cpu:1,cpu:2,cpu:3,cpu:4,cpu:5,cpu:6,cpu:7,cpu:8,cpu:9
 if [ -r "$FM/train-images-idx3-ubyte.gz" ]; then
@@ -199,6 +221,20 @@ if "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --micro-batches 8 
 else
   bad "duet plan fmnist"; cat "$d/err"
 fi
+
+# cuda:0,cuda:0 (one GPU acting as two devices): the stages share its memory
+if "$DUET" plan models/fmnist_mlp.model --devices cuda:0,cuda:0,cuda:1 > "$d/plan" 2>&1 &&
+  [ "$(grep -c ' of 8.00 GiB$' "$d/plan")" = 2 ] && [ "$(grep -c ' of 16.00 GiB$' "$d/plan")" = 1 ]; then ok
+else bad "plan: cuda:0,cuda:0 should share the GPU's 16 GiB"; cat "$d/plan"; fi
+
+# without --devices, duet plan estimates for duet run's default device
+# (--devices cpu: all cores, or --threads), not for one core
+for th in "" "--threads 1"; do
+  if "$DUET" plan models/fmnist_mlp.model $th > "$d/plan_default" 2>&1 &&
+    "$DUET" plan models/fmnist_mlp.model --devices cpu $th > "$d/plan_cpu" 2>&1 &&
+    cmp -s "$d/plan_default" "$d/plan_cpu"; then ok
+  else bad "plan without --devices ($th) differs from --devices cpu"; diff "$d/plan_default" "$d/plan_cpu"; fi
+done
 
 echo "pipeline: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -8,7 +8,8 @@
 #      with an error naming the first param whose gradient overflowed;
 #   3. resume: 12 fp16 steps straight vs 5 + --resume (the checkpoint is
 #      taken during the backoff, so the scaler state must travel) give the
-#      same losses; bf16 too;
+#      same losses; bf16 too; --loss-scale with --resume warns that the
+#      checkpoint's scale wins;
 #   4. duet compile --precision fp16: the executable prints duet run's losses;
 #   5. --arch / --precision: auto follows the device table, bf16 below sm_80
 #      is refused naming the card, duet run refuses a GPU --arch;
@@ -50,7 +51,15 @@ for p in fp16 bf16; do
   "$DUET" run $M $R --steps 5 --save "$d/ck.st" > /dev/null &&
   "$DUET" run $M $R --steps 12 --resume "$d/ck.st" --metrics "$d/b.jsonl" > /dev/null &&
   tail -7 "$d/a.jsonl" | diff - "$d/b.jsonl" && ok "resume_$p" || bad "resume_$p"
+  [ $p = fp16 ] && cp "$d/ck.st" "$d/ck16.st" && cp "$d/a.jsonl" "$d/a16.jsonl"
 done
+# --loss-scale with --resume: the checkpoint's scaler wins (resume stays
+# exact, as GradScaler.load_state_dict), with a warning saying so
+R="--train-subset 2560 --threads 2 --precision fp16 --log-every 1 --no-eval"
+want="duet: warning: --loss-scale 1024 is ignored: resuming from $d/ck16.st restores its loss scale 33554432 (and growth counter) so that the run continues exactly"
+"$DUET" run $M $R --steps 12 --loss-scale 1024 --resume "$d/ck16.st" --metrics "$d/c.jsonl" > /dev/null 2> "$d/w.err"
+if [ "$(cat "$d/w.err")" = "$want" ] && tail -7 "$d/a16.jsonl" | cmp -s - "$d/c.jsonl"; then ok resume_loss_scale_warning
+else bad resume_loss_scale_warning; echo "got:  $(cat "$d/w.err")"; echo "want: $want"; fi
 
 # 4. the compiled executable
 C="--steps 12 --log-every 3 --threads 2 --seed 3 --no-eval --train-subset 2560"
