@@ -144,7 +144,16 @@ static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) 
   }
   const char *th = scan_flag(argc, argv, "--threads");
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  long total = th ? atol(th) : cores > 0 ? cores : 1;
+  long total = cores > 0 ? cores : 1;
+  if (th) { /* as duet run's parser says it */
+    char *end;
+    errno = 0;
+    total = strtol(th, &end, 10);
+    if (errno || end == th || *end || total < 1) {
+      fprintf(stderr, "duet: error: --threads expects an integer >= 1, got '%s'\n", th);
+      return 1;
+    }
+  }
   long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
   const char *gf = getenv("DUET_CPU_GFLOPS");
   double gflops = 0;

@@ -522,7 +522,7 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
   q->drop_t = q->drop_m = -1;
   q->timeout = cfg->timeout > 0 ? cfg->timeout : 120.0;
   const char *e = getenv("DUET_PIPE_TIMEOUT");
-  if (e && *e) {
+  if (e) { /* set but empty is an error, as DUET_CPU_GFLOPS */
     char *end;
     double t = strtod(e, &end);
     if (*end || !(t > 0)) {

@@ -156,6 +156,10 @@ for v in abc -1 0 1e999 ""; do
   DUET_CPU_GFLOPS=$v expect "cpu_gflops_'$v'" 1 "duet: error: DUET_CPU_GFLOPS must be a number of GFLOP/s per core > 0, got '$v'" \
     "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1
 done
+expect plan_threads 1 "duet: error: --threads expects an integer >= 1, got 'abc'" \
+  "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads abc
+DUET_PIPE_TIMEOUT= expect empty_pipe_timeout 1 "duet: error: DUET_PIPE_TIMEOUT must be a number of seconds > 0, got ''" \
+  "$DUET" run tests/pipeline/pinned.model --devices cpu:0,cpu:1 --micro-batches 2 --quiet --no-eval
 if DUET_CPU_GFLOPS=50 "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads 2 > "$d/plan50" 2>&1 &&
   "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads 2 > "$d/plan100" 2>&1 &&
   ! cmp -s "$d/plan50" "$d/plan100"; then ok; else bad "DUET_CPU_GFLOPS=50 should change the plan"; cat "$d/plan50"; fi
