@@ -9,7 +9,9 @@
 #     within 0.05 nats/byte of fp32's at every evaluation (every 200 steps),
 #     as the CPU's long test;
 #  3. the speed-up: tokens/s of fp16 and bf16 over fp32 for gpt_kjv and,
-#     when GPT2_STEPS > 0 (default 20), gpt2_124m (printed, not checked).
+#     when GPT2_STEPS > 0 (default 20), gpt2_124m (printed, not checked);
+#  4. fp16 loss scaling with 4 micro-batches on the GPU and on the GPU as
+#     two pipeline stages, against the CPU (below).
 # On a card below sm_80, bf16 must be refused with the error naming the
 # card, and is otherwise skipped.  Exits 77 (ctest SKIP) with a message when
 # there is no GPU.  Environment: FMNIST_DIR, KJV_TEXT, KJV_STEPS,
@@ -93,6 +95,29 @@ else
       echo "speed gpt2_124m $p: $(tps "$tmp/gpt2_$p") tokens/s ($GPT2_STEPS steps, compile and first steps included)"
     done
   fi
+fi
+# 4. fp16 loss scaling with micro-batches: a forced overflow from 2^30 with 4
+#    micro-batches, on the GPU and on the GPU as two pipeline stages
+#    (cuda:0,cuda:0), against the CPU: as many skipped steps (+-1: the step
+#    at the edge of fp16's range may go either way with a different
+#    summation order) and test accuracy within 1.5 points
+skips() { grep -c '^step [0-9]*: gradient overflow' "$1"; }
+if [ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ]; then
+  two=cuda:0,cuda:0
+  [ "$GPU_DEVICE" = cpu ] && two=cpu:0,cpu:1
+  MB="models/fmnist_mlp.model --precision fp16 --micro-batches 4 --loss-scale 1073741824 --steps 60 --data $FMNIST_DIR"
+  for run in ref:cpu one:$GPU_DEVICE two:$two; do
+    r=${run%%:*} dv=${run#*:}
+    "$DUET" run $MB --devices "$dv" --metrics "$tmp/mb_$r.jsonl" > "$tmp/mb_$r" 2>&1 || { bad "fp16 micro-batches on $dv"; tail -5 "$tmp/mb_$r"; }
+  done
+  k0=$(skips "$tmp/mb_ref") a0=$(acc "$tmp/mb_ref.jsonl")
+  for r in one two; do
+    k=$(skips "$tmp/mb_$r") a=$(acc "$tmp/mb_$r.jsonl")
+    echo "fp16, 4 micro-batches, loss scale from 2^30 ($r): $k skipped steps, test accuracy $a; cpu $k0, $a0"
+    if [ -n "$a" ] && [ -n "$a0" ] && [ "$k0" -ge 5 ] && awk -v k="$k" -v k0="$k0" -v a="$a" -v a0="$a0" \
+         'BEGIN { d = a - a0; if (d < 0) d = -d; e = k - k0; if (e < 0) e = -e; exit !(d <= 0.015 && e <= 1) }'
+    then ok "fp16_micro_batches_$r"; else bad "fp16_micro_batches_$r"; fi
+  done
 fi
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
