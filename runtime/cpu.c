@@ -458,6 +458,8 @@ void duet_session_free(DuetSession *s) {
   free(s);
 }
 
+const char *duet_session_transfers(const DuetSession *s) { return s->pipe ? duet_pipe_transfers(s->pipe) : NULL; }
+
 void *duet_session_tensor(DuetSession *s, int id) {
   return id >= 0 && id < s->p->n_tensors ? s->ptr[id] : NULL;
 }

@@ -300,6 +300,12 @@ DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetC
 DuetSession *duet_session_new_pipeline(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
                                        char *err, size_t errlen);
 void duet_session_free(DuetSession *s);
+/* A pipelined session: how transfers move between each ordered pair of
+ * stages ("stage 0 -> 1 copied between arenas (CPU), stage 1 -> 0 ...";
+ * see duet_pipe_transfers in runtime/pipeline.h for the wording); "" when
+ * no tensor crosses a stage; NULL for a session of one device.  Lives as
+ * long as s. */
+const char *duet_session_transfers(const DuetSession *s);
 /* Host-visible pointer to tensor `id` (the CPU device's memory). */
 void *duet_session_tensor(DuetSession *s, int id);
 /* Re-initialises every param (zeros optimizer state, step count). */
