@@ -552,7 +552,8 @@ static int setup_transfers(DuetPipe *q, char *err, size_t errlen) {
       return -1;
     }
     x->path = *pp;
-    x->stride = ((size_t)tr->nbytes + 255) & ~(size_t)255; /* every buffer 256-byte aligned */
+    /* buffers 256 bytes apart: as aligned as the block (device memory: 64 or 256 bytes) */
+    x->stride = ((size_t)tr->nbytes + 255) & ~(size_t)255;
     size_t bytes = x->stride * (size_t)q->M;
     DuetDevice *owner = x->path != DUET_PEER_NONE ? b : staging_owner(a, b);
     if (!owner) x->block = zalloc(bytes);
