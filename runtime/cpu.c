@@ -86,6 +86,24 @@ static int cpu_copy(DuetDevice *d, void *dst, const void *src, size_t bytes) {
   return 0;
 }
 
+/* Two CPU devices share the host's memory: a direct copy is one memcpy
+ * between their arenas. */
+static int cpu_peer_path(DuetDevice *src_dev, DuetDevice *dst_dev) {
+  if (src_dev->ops != dst_dev->ops) {
+    snprintf(src_dev->err, sizeof src_dev->err, "peer_path between a %s and a %s device", src_dev->ops->name,
+             dst_dev->ops->name);
+    return -1;
+  }
+  return DUET_PEER_HOST_MEMORY;
+}
+
+static int cpu_copy_peer(DuetDevice *src_dev, void *dst, DuetDevice *dst_dev, const void *src, size_t bytes) {
+  (void)src_dev;
+  (void)dst_dev;
+  memcpy(dst, src, bytes);
+  return 0;
+}
+
 static int cpu_launch(DuetDevice *d, int kernel, void *const *t, const double *s) {
   CpuCtx *c = d->ctx;
   if (kernel < 0 || kernel >= c->n) {
@@ -188,6 +206,10 @@ static const DuetDeviceOps cpu_ops = {
     .sync = cpu_sync,
     .destroy = cpu_destroy,
     .allreduce = NULL,
+    .peer_path = cpu_peer_path,
+    .copy_peer = cpu_copy_peer,
+    .host_alloc = NULL,
+    .host_free = NULL,
 };
 
 DuetDevice *duet_cpu_device(const DuetKernelFn *kernels, int n, int threads) {
@@ -435,6 +457,8 @@ void duet_session_free(DuetSession *s) {
   free(s->ptr);
   free(s);
 }
+
+const char *duet_session_transfers(const DuetSession *s) { return s->pipe ? duet_pipe_transfers(s->pipe) : NULL; }
 
 void *duet_session_tensor(DuetSession *s, int id) {
   return id >= 0 && id < s->p->n_tensors ? s->ptr[id] : NULL;

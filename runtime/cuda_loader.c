@@ -37,7 +37,7 @@ static void *load_plugin(char *err, size_t errlen) {
       return NULL;
     }
     ApiFn api = (ApiFn)dlsym(h, "duet_cuda_plugin_api");
-    if (api && api() == 1) return h;
+    if (api && api() == DUET_CUDA_PLUGIN_API) return h;
     dlclose(h);
     snprintf(err, errlen, "DUET_CUDA_PLUGIN=%s is not a compatible duet CUDA plugin", env);
     return NULL;
@@ -64,7 +64,7 @@ static void *load_plugin(char *err, size_t errlen) {
     void *h = dlopen(tries[i], RTLD_NOW | RTLD_LOCAL);
     if (h) {
       ApiFn api = (ApiFn)dlsym(h, "duet_cuda_plugin_api");
-      if (api && api() == 1) return h;
+      if (api && api() == DUET_CUDA_PLUGIN_API) return h;
       snprintf(last, sizeof last, "%s is not a compatible duet CUDA plugin", tries[i]);
       dlclose(h);
       continue;

@@ -205,8 +205,24 @@ typedef struct DuetProgram {
 
 /* A device is reached only through this table (ggml's backend interface).
  * Every function returns 0 on success or -1 after writing a message into
- * dev->err. */
+ * dev->err.  Members are only ever appended, never reordered: a change of
+ * the layout bumps DUET_CUDA_PLUGIN_API (below), so a plugin built against
+ * another layout is refused when it is loaded. */
 typedef struct DuetDevice DuetDevice;
+
+/* How copy_peer moves a tensor from one device's memory to another's (the
+ * answer of peer_path; pipelines print it for every pair of stages):
+ *   DUET_PEER_NONE         no direct copy: the caller stages through host
+ *                          memory (copy_to_host, then copy_to_device)
+ *   DUET_PEER_HOST_MEMORY  both devices' memory is host memory (virtual CPU
+ *                          devices): one memcpy between the two arenas
+ *   DUET_PEER_SAME_GPU     two devices on one GPU (cuda:0,cuda:0: one
+ *                          context, separate streams and arenas): a
+ *                          device-to-device copy
+ *   DUET_PEER_P2P          two GPUs with peer access: a peer-to-peer copy
+ *                          over NVLink or PCIe, no host memory involved */
+enum { DUET_PEER_NONE = 0, DUET_PEER_HOST_MEMORY = 1, DUET_PEER_SAME_GPU = 2, DUET_PEER_P2P = 3 };
+
 typedef struct DuetDeviceOps {
   int api_version;
   const char *name;
@@ -219,6 +235,28 @@ typedef struct DuetDeviceOps {
   int (*sync)(DuetDevice *d);
   void (*destroy)(DuetDevice *d);
   int (*allreduce)(DuetDevice *d, void *buf, size_t n, int dtype); /* optional: NULL */
+  /* Optional (NULL: no direct copies; the caller stages through the host).
+   * peer_path says whether and how copy_peer can copy from src_dev's memory
+   * to dst_dev's; both devices must use this ops table (src_dev == dst_dev
+   * is allowed: a copy within one device).  It returns a DUET_PEER_* kind
+   * (DUET_PEER_NONE: no direct copy between these two), or -1 with a
+   * message in src_dev->err; it may set the path up (CUDA: enables peer
+   * access between the two GPUs once), so it is called before any
+   * copy_peer between the pair, from one thread at a time. */
+  int (*peer_path)(DuetDevice *src_dev, DuetDevice *dst_dev);
+  /* Optional, with peer_path: copies `bytes` from src (memory of src_dev)
+   * to dst (memory of dst_dev), ordered after the work already submitted
+   * to src_dev and complete when it returns (dst_dev may read dst at
+   * once).  Only for pairs whose peer_path is not DUET_PEER_NONE.  0, or -1
+   * with a message in src_dev->err. */
+  int (*copy_peer)(DuetDevice *src_dev, void *dst, DuetDevice *dst_dev, const void *src, size_t bytes);
+  /* Optional (NULL: the caller uses malloc): `bytes` of zeroed host memory
+   * that this backend copies to and from fastest, for staging transfers
+   * (CUDA: page-locked, portable to every context; cuMemHostAlloc).  NULL
+   * with a message in d->err.  host_free (non-NULL with host_alloc)
+   * releases it; NULL p is ignored. */
+  void *(*host_alloc)(DuetDevice *d, size_t bytes);
+  void (*host_free)(DuetDevice *d, void *p);
 } DuetDeviceOps;
 
 struct DuetDevice {
@@ -274,6 +312,12 @@ DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetC
 DuetSession *duet_session_new_pipeline(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
                                        char *err, size_t errlen);
 void duet_session_free(DuetSession *s);
+/* A pipelined session: how transfers move between each ordered pair of
+ * stages ("stage 0 -> 1 copied between arenas (CPU), stage 1 -> 0 ...";
+ * see duet_pipe_transfers in runtime/pipeline.h for the wording); "" when
+ * no tensor crosses a stage; NULL for a session of one device.  Lives as
+ * long as s. */
+const char *duet_session_transfers(const DuetSession *s);
 /* Host-visible pointer to tensor `id` (the CPU device's memory). */
 void *duet_session_tensor(DuetSession *s, int id);
 /* Re-initialises every param (zeros optimizer state, step count). */
@@ -473,6 +517,12 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
                    size_t errlen);
 
 /* ------------------------------------------------------------------ CUDA */
+
+/* Interface version of libduet_cuda.so: its duet_cuda_plugin_api() returns
+ * it and the loader accepts only a plugin that returns the same.  Bumped
+ * whenever DuetDeviceOps, DuetDevice or DuetProgram changes its layout
+ * (2: DuetDeviceOps gained peer_path, copy_peer, host_alloc, host_free). */
+#define DUET_CUDA_PLUGIN_API 2
 
 /* The CUDA device `ordinal` for program p: loads libduet_cuda.so
  * ($DUET_CUDA_PLUGIN, else next to the executable, else the build tree's,

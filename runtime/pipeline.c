@@ -1,22 +1,32 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, pthread_cond_timedwait */
 /* runtime/pipeline.c: the micro-batch pipeline.  One worker thread per
  * stage (device) runs the stage's forward and backward schedules over the
- * micro-batches (GPipe or 1F1B); a transfer is copied by the sender into a
- * host staging buffer of its own per micro-batch (the device's
- * copy_to_host) and posted, and copied by the receiver into its arena
- * (copy_to_device) after a wait that times out.  Inputs, the loss and the
- * metrics also move through the device's copies; gradients are summed on
- * the host (in place for the CPU device, whose memory is host memory; a
- * device with memory of its own copies each micro-batch's gradients out).  Gradients are
- * summed into accumulators in micro-batch order on every stage, so a run on
- * S devices performs exactly the arithmetic of the run on one device with
- * the same micro-batches.  fp16 loss scaling: each stage ORs its unscale
- * kernels' overflow flags over the micro-batches; the session runs a step
- * in two jobs (DUET_PIPE_GRADS, then DUET_PIPE_STEP unless the scaler
- * skips it), so every stage takes or skips the same update.
+ * micro-batches (GPipe or 1F1B).  A transfer has a staging buffer of its own
+ * per micro-batch: the sender copies the tensor into it and posts it, the
+ * receiver waits for the post (with a timeout) and copies it into its
+ * arena.  Where the two devices can copy directly (the ops table's
+ * peer_path: two virtual CPU devices, one GPU acting as two, two GPUs with
+ * peer access) the buffer lives on the receiving device and both copies are
+ * copy_peer; otherwise (a CPU and a GPU, GPUs without peer access, or
+ * DUET_PIPE_STAGING=host) it is host memory, page-locked where a device
+ * offers host_alloc, filled by copy_to_host and read by copy_to_device.
+ * Either way a transfer is a byte copy.  Inputs, the loss and the metrics
+ * also move through the device's copies; gradients are summed on the host
+ * (in place for the CPU device, whose memory is host memory; a device with
+ * memory of its own copies each micro-batch's gradients out).  Gradients
+ * are summed into accumulators in micro-batch order on every stage, so a
+ * run on S devices performs exactly the arithmetic of the run on one device
+ * with the same micro-batches.  fp16 loss scaling: each stage ORs its
+ * unscale kernels' overflow flags over the micro-batches; the session runs
+ * a step in two jobs (DUET_PIPE_GRADS, then DUET_PIPE_STEP unless the
+ * scaler skips it), so every stage takes or skips the same update.
  *
  * Environment (documented in README.md):
  *   DUET_PIPE_TIMEOUT=SECONDS   how long a stage waits for a transfer (120)
+ *   DUET_PIPE_STAGING=auto|host host: every transfer staged through host
+ *                               memory, even between devices that can copy
+ *                               directly (auto, the default: direct where
+ *                               possible)
  *   DUET_PROFILE=1              at exit: each stage's computing and waiting
  *                               time per step
  *   DUET_PIPE_DROP_SEND=T:M     test injection: transfer T is never posted
@@ -62,12 +72,22 @@ typedef struct Stage {
   int64_t seen;    /* last job run */
 } Stage;
 
+/* The staging of one transfer: M buffers of `stride` bytes in one block. */
+typedef struct Xfer {
+  int path;           /* DUET_PEER_* of its pair of stages; DUET_PEER_NONE: staged through host memory */
+  char *block;
+  size_t stride;
+  DuetDevice *owner;  /* the device whose alloc (direct path) or host_alloc made block; NULL: calloc */
+} Xfer;
+
 struct DuetPipe {
   const DuetProgram *p;
   int S, M, schedule;
   int phase;         /* the job's part of a training step: DUET_RUN_TRAIN (all), DUET_PIPE_GRADS, DUET_PIPE_STEP */
   Stage *st;
-  void **stage_buf;  /* [transfer * M + m] */
+  Xfer *xfer;        /* [transfer] */
+  bool force_host;   /* DUET_PIPE_STAGING=host */
+  char paths[1024];  /* "stage 0 -> 1 copied between arenas (CPU), ..." */
   int64_t *posted;   /* [transfer * M + m]: job number that posted it */
   pthread_mutex_t mu;
   pthread_cond_t cv;      /* posts, aborts */
@@ -94,6 +114,9 @@ static double now_s(void) {
 }
 
 static int64_t numel(const DuetTensor *t) { return t->nbytes / (t->dtype == DUET_F64 ? 8 : 4); }
+
+/* The staging buffer of transfer tr for micro-batch k. */
+static void *xbuf(const DuetPipe *q, int tr, int k) { return q->xfer[tr].block + (size_t)k * q->xfer[tr].stride; }
 
 /* First error wins; every waiting stage is woken to give up. */
 static void pipe_fail(DuetPipe *q, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -131,7 +154,10 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
     if (x->kind == DUET_STEP_SEND) {
       const DuetTransfer *tr = &p->transfers[x->a];
       int k = train ? m : 0;
-      if (d->ops->copy_to_host(d, q->stage_buf[x->a * q->M + k], t[tr->src], (size_t)tr->nbytes)) {
+      void *buf = xbuf(q, x->a, k);
+      size_t nb = (size_t)tr->nbytes;
+      if (q->xfer[x->a].path != DUET_PEER_NONE ? d->ops->copy_peer(d, buf, q->st[tr->to].dev, t[tr->src], nb)
+                                               : d->ops->copy_to_host(d, buf, t[tr->src], nb)) {
         pipe_fail(q, "stage %d, micro-batch %d: sending %s: %s", st->id, m, p->tensors[tr->src].name, d->err);
         return -1;
       }
@@ -172,7 +198,10 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
           return -1;
         }
       }
-      if (d->ops->copy_to_device(d, t[tr->dst], q->stage_buf[x->a * q->M + k], (size_t)tr->nbytes)) {
+      void *buf = xbuf(q, x->a, k);
+      size_t nb = (size_t)tr->nbytes;
+      if (q->xfer[x->a].path != DUET_PEER_NONE ? d->ops->copy_peer(d, t[tr->dst], d, buf, nb)
+                                               : d->ops->copy_to_device(d, t[tr->dst], buf, nb)) {
         pipe_fail(q, "stage %d, micro-batch %d: receiving %s: %s", st->id, m, p->tensors[tr->src].name, d->err);
         return -1;
       }
@@ -460,9 +489,18 @@ void duet_pipe_free(DuetPipe *q) {
   q->quit = true;
   pthread_cond_broadcast(&q->job_cv);
   pthread_mutex_unlock(&q->mu);
+  for (int k = 0; q->st && k < q->S; k++)
+    if (q->st[k].started) pthread_join(q->st[k].thread, NULL);
+  /* staging blocks before the devices that allocated them */
+  for (int i = 0; q->xfer && i < q->p->n_transfers; i++) {
+    Xfer *x = &q->xfer[i];
+    if (!x->owner) free(x->block);
+    else if (x->path != DUET_PEER_NONE) x->owner->ops->free(x->owner, x->block);
+    else x->owner->ops->host_free(x->owner, x->block);
+  }
+  free(q->xfer);
   for (int k = 0; q->st && k < q->S; k++) {
     Stage *st = &q->st[k];
-    if (st->started) pthread_join(st->thread, NULL);
     for (int r = 1; r < DUET_MEM_COUNT; r++)
       if (st->region[r] && st->dev) st->dev->ops->free(st->dev, st->region[r]);
     for (int i = 0; st->tab && i < st->n_slots; i++) free(st->tab[i]);
@@ -476,8 +514,6 @@ void duet_pipe_free(DuetPipe *q) {
     if (st->dev) st->dev->ops->destroy(st->dev);
   }
   free(q->st);
-  for (int i = 0; q->stage_buf && i < q->p->n_transfers * q->M; i++) free(q->stage_buf[i]);
-  free(q->stage_buf);
   free(q->posted);
   free(q->host_x);
   free(q->host_y);
@@ -494,6 +530,97 @@ void duet_pipe_free(DuetPipe *q) {
 }
 
 static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
+
+static const char *path_name(int path, bool pinned) {
+  switch (path) {
+  case DUET_PEER_HOST_MEMORY: return "copied between arenas (CPU)";
+  case DUET_PEER_SAME_GPU: return "device-to-device (same GPU)";
+  case DUET_PEER_P2P: return "peer-to-peer";
+  default: return pinned ? "staged through pinned host memory" : "staged through host memory";
+  }
+}
+
+/* The device whose host_alloc stages transfers from a to b through host
+ * memory: the sender's, else the receiver's; NULL: neither has one. */
+static DuetDevice *staging_owner(DuetDevice *a, DuetDevice *b) {
+  return a->ops->host_alloc ? a : b->ops->host_alloc ? b : NULL;
+}
+
+/* How transfers go from stage `from` to stage `to` (a DUET_PEER_* kind;
+ * DUET_PEER_NONE: through host memory): direct when both devices share an
+ * ops table whose peer_path allows it between them and within the receiver
+ * (its staging -> arena copy).  -1 with a message in err. */
+static int pair_path(DuetPipe *q, int from, int to, char *err, size_t errlen) {
+  DuetDevice *a = q->st[from].dev, *b = q->st[to].dev;
+  if (q->force_host || a->ops != b->ops || !a->ops->peer_path || !a->ops->copy_peer) return DUET_PEER_NONE;
+  int path = a->ops->peer_path(a, b);
+  int local = path > DUET_PEER_NONE ? b->ops->peer_path(b, b) : DUET_PEER_NONE;
+  if (path < 0 || local < 0) {
+    snprintf(err, errlen, "transfers from stage %d to stage %d: %s", from, to, path < 0 ? a->err : b->err);
+    return -1;
+  }
+  return local == DUET_PEER_NONE ? DUET_PEER_NONE : path;
+}
+
+/* Chooses each transfer's path (one per ordered pair of stages, listed in
+ * q->paths) and allocates its staging block: on the receiving device
+ * (ops->alloc) for a direct path, else host memory from the sender's or
+ * the receiver's host_alloc (page-locked), else calloc.  0, or -1 with a
+ * message in err (the blocks made so far are freed by duet_pipe_free). */
+static int setup_transfers(DuetPipe *q, char *err, size_t errlen) {
+  const DuetProgram *p = q->p;
+  int S = q->S;
+  int *pair = malloc((size_t)S * (size_t)S * sizeof *pair);
+  if (!pair) {
+    snprintf(err, errlen, "out of host memory");
+    return -1;
+  }
+  for (int i = 0; i < S * S; i++) pair[i] = -1;
+  for (int i = 0; i < p->n_transfers; i++) {
+    const DuetTransfer *tr = &p->transfers[i];
+    Xfer *x = &q->xfer[i];
+    if (tr->from < 0 || tr->from >= S || tr->to < 0 || tr->to >= S || tr->from == tr->to || tr->nbytes < 0) {
+      snprintf(err, errlen, "transfer %d goes from stage %d to stage %d of %d", i, tr->from, tr->to, S);
+      free(pair);
+      return -1;
+    }
+    DuetDevice *a = q->st[tr->from].dev, *b = q->st[tr->to].dev;
+    int *pp = &pair[tr->from * S + tr->to];
+    if (*pp < 0 && (*pp = pair_path(q, tr->from, tr->to, err, errlen)) < 0) {
+      free(pair);
+      return -1;
+    }
+    x->path = *pp;
+    /* buffers 256 bytes apart: as aligned as the block (device memory: 64 or 256 bytes) */
+    x->stride = ((size_t)tr->nbytes + 255) & ~(size_t)255;
+    size_t bytes = x->stride * (size_t)q->M;
+    DuetDevice *owner = x->path != DUET_PEER_NONE ? b : staging_owner(a, b);
+    if (!owner) x->block = zalloc(bytes);
+    else if (x->path != DUET_PEER_NONE) x->block = owner->ops->alloc(owner, bytes);
+    else x->block = owner->ops->host_alloc(owner, bytes);
+    if (!x->block) {
+      snprintf(err, errlen, "staging transfer %d (stage %d -> %d, %zu bytes): %s", i, tr->from, tr->to, bytes,
+               owner ? owner->err : "out of host memory");
+      free(pair);
+      return -1;
+    }
+    x->owner = owner;
+  }
+  size_t len = 0;
+  q->paths[0] = 0;
+  for (int i = 0; i < S * S; i++)
+    if (pair[i] >= 0 && len < sizeof q->paths) {
+      bool pinned = pair[i] == DUET_PEER_NONE && staging_owner(q->st[i / S].dev, q->st[i % S].dev);
+      len += (size_t)snprintf(q->paths + len, sizeof q->paths - len, "%sstage %d -> %d %s", len ? ", " : "", i / S,
+                              i % S, path_name(pair[i], pinned));
+    }
+  if (q->force_host && len > 0 && len < sizeof q->paths)
+    snprintf(q->paths + len, sizeof q->paths - len, " (forced by DUET_PIPE_STAGING=host)");
+  free(pair);
+  return 0;
+}
+
+const char *duet_pipe_transfers(const DuetPipe *q) { return q->paths; }
 
 DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, char *err,
                         size_t errlen) {
@@ -532,6 +659,13 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
     }
     q->timeout = t;
   }
+  e = getenv("DUET_PIPE_STAGING");
+  if (e && *e && strcmp(e, "auto") && strcmp(e, "host")) {
+    snprintf(err, errlen, "DUET_PIPE_STAGING must be auto or host, got '%s'", e);
+    free(q);
+    return NULL;
+  }
+  q->force_host = e && !strcmp(e, "host");
   e = getenv("DUET_PROFILE");
   q->profile = e && *e && strcmp(e, "0");
   e = getenv("DUET_PIPE_DROP_SEND");
@@ -555,11 +689,8 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
   if (!(q->losses = zalloc((size_t)q->M * sizeof *q->losses))) goto fail_oom;
   if (p->n_transfers > 0) {
     size_t nb = (size_t)p->n_transfers * (size_t)q->M;
-    if (!(q->stage_buf = zalloc(nb * sizeof *q->stage_buf)) || !(q->posted = zalloc(nb * sizeof *q->posted)))
+    if (!(q->xfer = zalloc((size_t)p->n_transfers * sizeof *q->xfer)) || !(q->posted = zalloc(nb * sizeof *q->posted)))
       goto fail_oom;
-    for (int t = 0; t < p->n_transfers; t++)
-      for (int m = 0; m < q->M; m++)
-        if (!(q->stage_buf[t * q->M + m] = zalloc((size_t)p->transfers[t].nbytes))) goto fail_oom;
   }
   if (p->input_x >= 0 && !(q->host_x = zalloc((size_t)p->tensors[p->input_x].nbytes * (size_t)q->M))) goto fail_oom;
   if (p->input_y >= 0 && !(q->host_y = zalloc((size_t)p->tensors[p->input_y].nbytes * (size_t)q->M))) goto fail_oom;
@@ -628,6 +759,10 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
         st->tab[sl][i] = (char *)st->region[t->region] + base + t->offset;
       }
     }
+  }
+  if (setup_transfers(q, err, errlen)) {
+    duet_pipe_free(q);
+    return NULL;
   }
   openblas_set_num_threads(share);
   for (int k = 0; k < q->S; k++) {

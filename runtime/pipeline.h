@@ -11,9 +11,13 @@ typedef struct DuetPipe DuetPipe;
  * (virtual CPU devices cpu:0 .. cpu:S-1 when NULL), each with its own regions (params, state, and one
  * activation region per micro-batch in flight: M for GPipe, min(M, S - s)
  * for 1F1B), a worker thread with cfg->threads / S cores (at least 1),
- * staging buffers for every transfer and micro-batch, and gradient
+ * staging buffers for every transfer and micro-batch (one block per
+ * transfer: on the receiving device when the pair of devices copies
+ * directly, else in host memory; see runtime/pipeline.c), and gradient
  * accumulators.  NULL with a message in err (bad spec, device count not
- * the program's stages, out of memory, a CUDA device in a CPU-only build). */
+ * the program's stages, DUET_PIPE_TIMEOUT / DUET_PIPE_STAGING /
+ * DUET_PIPE_DROP_SEND malformed, a device's failure to set up a peer path
+ * or to allocate, out of memory, a CUDA device in a CPU-only build). */
 DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, char *err,
                         size_t errlen);
 void duet_pipe_free(DuetPipe *q);
@@ -31,6 +35,14 @@ void *duet_pipe_tensor(DuetPipe *q, int id);
  * runtime scalars (DUET_S_*).  0, or -1 with a message in err naming the
  * stage, micro-batch and tensor of a failed step or a timed-out wait. */
 int duet_pipe_run(DuetPipe *q, int which, const double *s, int64_t n_valid, char *err, size_t errlen);
+/* How transfers move between each ordered pair of stages that has any, as
+ * one line for people: "stage 0 -> 1 copied between arenas (CPU), stage
+ * 1 -> 0 copied between arenas (CPU)"; each pair is one of "copied between
+ * arenas (CPU)", "device-to-device (same GPU)", "peer-to-peer", "staged
+ * through pinned host memory" or "staged through host memory"; the line
+ * ends in " (forced by DUET_PIPE_STAGING=host)" when that variable forced
+ * host staging.  Empty when no tensor crosses a stage.  Lives as long as q. */
+const char *duet_pipe_transfers(const DuetPipe *q);
 
 /* A training step in two parts, for fp16 loss scaling (the decision to
  * skip the update needs every stage's overflow flags): `which` =

@@ -393,8 +393,10 @@ static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kerne
   return s;
 }
 
-/* "duet: pipeline: ..." after the memory line, for pipelined programs. */
-static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg) {
+/* "duet: pipeline: ..." after the memory line, for pipelined programs,
+ * then "duet: pipeline transfers: ..." (the path between each pair of
+ * stages) when tensors cross stages. */
+static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const DuetSession *s) {
   if (p->n_stages < 1 || cfg->quiet) return;
   int S = p->n_stages, M = p->micro_batches > 0 ? p->micro_batches : 1;
   int64_t xfer = 0;
@@ -407,6 +409,8 @@ static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg) {
          M == 1 ? "" : "es", p->defaults.batch / M, cfg->schedule == DUET_SCHEDULE_1F1B ? "1f1b" : "gpipe",
          (double)(S - 1) / (double)(M + S - 1), M < S ? " (fewer micro-batches than stages: a large bubble)" : "",
          (double)xfer / 1048576.0);
+  const char *paths = duet_session_transfers(s);
+  if (paths && *paths) printf("duet: pipeline transfers: %s\n", paths);
   fflush(stdout);
 }
 
@@ -481,7 +485,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
            (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
-  print_pipeline(p, &cfg);
+  print_pipeline(p, &cfg, s);
   perm = malloc((size_t)n_train * sizeof *perm);
   if (!perm) {
     fprintf(stderr, "duet: error: out of host memory\n");
@@ -691,7 +695,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
            (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
-  print_pipeline(p, &cfg);
+  print_pipeline(p, &cfg, s);
   DuetTrainState ts = {0};
   duet_rng_seed(&ts.rng, cfg.seed, 0x74657874ull); /* "text" */
   if (maybe_resume(s, &cfg, &ts)) goto out;

@@ -11,7 +11,11 @@
 #      both schedules, a skip connection over two cuts (residual.model), a
 #      pinned block (pinned.model), a repeated device (cpu:0,cpu:0: two
 #      virtual devices); M = 1 on 3 devices also equals the plain
-#      program without micro-batches;
+#      program without micro-batches; transfers take the direct path
+#      (staging on the receiving device, copy_peer) by default and host
+#      staging under DUET_PIPE_STAGING=host, and both equal the reference;
+#   1b. the transfer path chosen per pair of stages is reported after the
+#      pipeline line (and nothing when no tensor crosses a stage);
 #   2. `duet ir --after partition`: transfers of the skip connection and of
 #      its gradient, the pinned block's device; partitioned dumps read back
 #      (print(parse(print))) and train to the same checkpoint;
@@ -19,8 +23,8 @@
 #      order, a bad --devices item, a CUDA device without the CUDA backend,
 #      a batch that micro-batches do not divide, a transfer that never comes
 #      (DUET_PIPE_DROP_SEND + DUET_PIPE_TIMEOUT: the timeout names stage,
-#      micro-batch and tensor), a plan that does not fit, a bad
-#      DUET_CPU_GFLOPS;
+#      micro-batch and tensor; on both transfer paths), a bad
+#      DUET_PIPE_STAGING, a plan that does not fit, a bad DUET_CPU_GFLOPS;
 #   (also: a `duet compile` executable and a resumed run equal the others)
 #   4. `duet plan`: bubble fraction and the stage lines; without --devices
 #      the same estimates as with --devices cpu.
@@ -70,6 +74,36 @@ if [ -r "$FM/train-images-idx3-ubyte.gz" ]; then
   run pin_dup2 2 tests/pipeline/pinned.model --micro-batches 2 --no-eval --devices cpu,cpu
   same pin_ref pin_dup
   same pin_ref pin_dup2
+  # the fallback: every transfer staged through host memory
+  DUET_PIPE_STAGING=host
+  export DUET_PIPE_STAGING
+  run mlp_gpipe_host 2 $MLP --micro-batches 4 --devices cpu:0,cpu:1
+  run res_3_1f1b_host 3 tests/pipeline/residual.model --micro-batches 2 --no-eval --devices cpu:0,cpu:1,cpu:2 --schedule 1f1b
+  unset DUET_PIPE_STAGING
+  same mlp_ref mlp_gpipe_host
+  same res_ref res_3_1f1b_host
+  # 1b. the path of every pair of stages, after the pipeline line
+  # path NAME "expected transfers line ('' : none)" ARGS...: one step, not quiet
+  path() {
+    n=$1 want=$2
+    shift 2
+    if "$DUET" run tests/pipeline/pinned.model --steps 1 --no-eval --threads 2 "$@" > "$d/$n.out" 2>&1; then
+      got=$(grep '^duet: pipeline transfers: ' "$d/$n.out")
+      if [ "$got" = "$want" ] && grep -q '^duet: pipeline: ' "$d/$n.out"; then ok
+      else bad "$n: transfers line"; echo "  got:  $got"; echo "  want: $want"; fi
+    else bad "$n: duet run $*"; cat "$d/$n.out"; fi
+  }
+  path path_cpu "duet: pipeline transfers: stage 0 -> 1 copied between arenas (CPU), stage 1 -> 0 copied between arenas (CPU)" \
+    --micro-batches 2 --devices cpu:0,cpu:1
+  DUET_PIPE_STAGING=auto
+  export DUET_PIPE_STAGING
+  path path_3 "duet: pipeline transfers: stage 0 -> 1 copied between arenas (CPU), stage 1 -> 0 copied between arenas (CPU), stage 1 -> 2 copied between arenas (CPU), stage 2 -> 1 copied between arenas (CPU)" \
+    --micro-batches 2 --devices cpu:0,cpu:1,cpu:2
+  DUET_PIPE_STAGING=host
+  path path_host "duet: pipeline transfers: stage 0 -> 1 staged through host memory, stage 1 -> 0 staged through host memory (forced by DUET_PIPE_STAGING=host)" \
+    --micro-batches 2 --devices cpu:0,cpu:1
+  unset DUET_PIPE_STAGING
+  path path_one "" --micro-batches 2
 else
   echo "skip: fashion-mnist not installed ($FM)"
 fi
@@ -80,6 +114,12 @@ if [ -r data/kjv.txt ]; then
   run gpt_3_1f1b 3 $GPT --micro-batches 2 --devices cpu:0,cpu:1,cpu:2 --schedule 1f1b
   same gpt_ref2 gpt_2
   same gpt_ref2 gpt_3_1f1b
+  # host staging for the tied embedding, skip transfers over two cuts, evaluation
+  DUET_PIPE_STAGING=host
+  export DUET_PIPE_STAGING
+  run gpt_3_host 3 $GPT --micro-batches 2 --devices cpu:0,cpu:1,cpu:2
+  unset DUET_PIPE_STAGING
+  same gpt_ref2 gpt_3_host
   run gpt_plain 1 $GPT
   run gpt_3_m1 3 $GPT --micro-batches 1 --devices cpu:0,cpu:1,cpu:2
   same gpt_plain gpt_3_m1
@@ -195,6 +235,11 @@ expect too_few_ops 1 "duet: error: the model has 9 forward ops, fewer than the 1
 if [ -r "$FM/train-images-idx3-ubyte.gz" ]; then
   DUET_PIPE_DROP_SEND=0:1 DUET_PIPE_TIMEOUT=0.3 expect timeout 1 \
     "duet: error: stage 1 timed out after 0.3 s waiting for micro-batch 1 of tensor %4 (transfer 0 from stage 0); raise DUET_PIPE_TIMEOUT if a stage is legitimately this slow" \
+    "$DUET" run tests/pipeline/pinned.model --micro-batches 2 --devices cpu:0,cpu:1 --quiet --no-eval
+  DUET_PIPE_STAGING=host DUET_PIPE_DROP_SEND=0:1 DUET_PIPE_TIMEOUT=0.3 expect timeout_host 1 \
+    "duet: error: stage 1 timed out after 0.3 s waiting for micro-batch 1 of tensor %4 (transfer 0 from stage 0); raise DUET_PIPE_TIMEOUT if a stage is legitimately this slow" \
+    "$DUET" run tests/pipeline/pinned.model --micro-batches 2 --devices cpu:0,cpu:1 --quiet --no-eval
+  DUET_PIPE_STAGING=peer expect bad_staging 1 "duet: error: DUET_PIPE_STAGING must be auto or host, got 'peer'" \
     "$DUET" run tests/pipeline/pinned.model --micro-batches 2 --devices cpu:0,cpu:1 --quiet --no-eval
 fi
 expect no_fit 1 "duet: error: the model does not fit the devices: its params with gradients and optimizer state take 28.44 MiB and its activations 4.02 MiB per micro-batch in flight (gpipe: M), against 8.00 MiB on 2 devices; no split into 2 stages keeps every stage within its memory" \

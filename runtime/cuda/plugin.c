@@ -25,7 +25,6 @@
 #include "duet_nvrtc.h"
 
 #define EXPORT __attribute__((visibility("default")))
-#define DUET_CUDA_PLUGIN_API 1
 
 typedef struct Cuda {
   CUdevice dev;
@@ -72,13 +71,16 @@ static void *cu_alloc(DuetDevice *d, size_t bytes) {
   return (void *)(uintptr_t)p; /* 256-byte aligned (CUDA programming guide) */
 }
 
+/* Releases report nothing (void); they run in the device's context. */
 static void cu_free(DuetDevice *d, void *p) {
-  (void)d;
-  if (p) cuMemFree((CUdeviceptr)(uintptr_t)p);
+  Cuda *c = d->ctx;
+  if (!p) return;
+  if (cuCtxSetCurrent(c->ctx) == CUDA_SUCCESS) cuMemFree((CUdeviceptr)(uintptr_t)p);
 }
 
 static int cu_copy_to_device(DuetDevice *d, void *dst, const void *src, size_t bytes) {
   Cuda *c = d->ctx;
+  CK(d, cuCtxSetCurrent(c->ctx));
   CK(d, cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes, c->stream));
   CK(d, cuStreamSynchronize(c->stream));
   return 0;
@@ -86,6 +88,7 @@ static int cu_copy_to_device(DuetDevice *d, void *dst, const void *src, size_t b
 
 static int cu_copy_to_host(DuetDevice *d, void *dst, const void *src, size_t bytes) {
   Cuda *c = d->ctx;
+  CK(d, cuCtxSetCurrent(c->ctx));
   CK(d, cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, c->stream));
   CK(d, cuStreamSynchronize(c->stream));
   return 0;
@@ -96,13 +99,17 @@ static int cu_copy_to_host(DuetDevice *d, void *dst, const void *src, size_t byt
  * overflow flags) and passed by value (duet_args); the scalars s copied to
  * device memory when they change (pageable: cuMemcpyHtoDAsync has copied
  * them when it returns, CUDA driver API "API synchronization behavior",
- * so host_s may change afterwards). */
+ * so host_s may change afterwards).  Every op makes the device's context
+ * current first: a pipeline calls a device from its worker thread (and
+ * evaluation from the main thread), and a thread's current context is its
+ * own. */
 static int cu_launch(DuetDevice *d, int kernel, void *const *t, const double *s) {
   Cuda *c = d->ctx;
   if (kernel < 0 || kernel >= c->n_kernels) {
     snprintf(d->err, sizeof d->err, "kernel %d out of range (0..%d)", kernel, c->n_kernels - 1);
     return -1;
   }
+  CK(d, cuCtxSetCurrent(c->ctx));
   if (!c->have_s || memcmp(c->host_s, s, sizeof c->host_s)) {
     memcpy(c->host_s, s, sizeof c->host_s);
     CK(d, cuMemcpyHtoDAsync(c->dev_s, c->host_s, sizeof c->host_s, c->stream));
@@ -138,6 +145,7 @@ static int cu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
   int lda = st->ta ? m : k, ldb = st->tb ? k : n;
   cublasOperation_t oa = st->ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = st->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasStatus_t r;
+  CK(d, cuCtxSetCurrent(c->ctx)); /* the handle's context */
   if (st->dtype == DUET_F64) {
     const double one = 1, zero = 0;
     r = cublasDgemm(c->blas, ob, oa, n, m, k, &one, t[st->b], ldb, t[st->a], lda, &zero, t[st->c], n);
@@ -165,14 +173,90 @@ static int cu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
 
 static int cu_sync(DuetDevice *d) {
   Cuda *c = d->ctx;
+  CK(d, cuCtxSetCurrent(c->ctx));
   CK(d, cuStreamSynchronize(c->stream));
   return 0;
+}
+
+/* --------------------------------------------------- transfers (pipelines)
+ * Two duet devices on one GPU (--devices cuda:0,cuda:0) share the GPU's
+ * primary context and have a stream and arenas each: a copy between them is
+ * a device-to-device copy.  Two GPUs with peer access (cuDeviceCanAccessPeer:
+ * NVLink, or PCIe where the platform allows it) copy peer to peer
+ * (cuMemcpyPeerAsync) once access is enabled both ways.  Without it (a pair
+ * of P100s on PCIe behind a root complex that does not route P2P is the
+ * common case) peer_path answers DUET_PEER_NONE and the pipeline stages
+ * through page-locked host memory from host_alloc: the sender's DtoH and
+ * the receiver's HtoD are then DMA transfers, not copies through the
+ * driver's pageable bounce buffers. */
+
+/* Enables access from `from`'s context to `to`'s memory (once: an already
+ * enabled pair counts as success).  0, or -1 with a message in d->err. */
+static int enable_peer(DuetDevice *d, const Cuda *from, const Cuda *to) {
+  CK(d, cuCtxSetCurrent(from->ctx));
+  CUresult r = cuCtxEnablePeerAccess(to->ctx, 0);
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
+    snprintf(d->err, sizeof d->err, "cuCtxEnablePeerAccess(to->ctx, 0) failed: %s (CUresult %d)", cu_err(r), (int)r);
+    return -1;
+  }
+  return 0;
+}
+
+static int cu_peer_path(DuetDevice *sd, DuetDevice *dd) {
+  if (sd->ops != dd->ops) {
+    snprintf(sd->err, sizeof sd->err, "peer_path between a %s and a %s device", sd->ops->name, dd->ops->name);
+    return -1;
+  }
+  Cuda *s = sd->ctx, *t = dd->ctx;
+  if (s->dev == t->dev) return DUET_PEER_SAME_GPU;
+  int can = 0, back = 0;
+  CK(sd, cuDeviceCanAccessPeer(&can, s->dev, t->dev));
+  CK(sd, cuDeviceCanAccessPeer(&back, t->dev, s->dev));
+  if (!can || !back) return DUET_PEER_NONE;
+  if (enable_peer(sd, s, t) || enable_peer(sd, t, s)) return -1;
+  return DUET_PEER_P2P;
+}
+
+/* On the sender's stream, so the copy follows the kernels that wrote src;
+ * synchronised, so the receiver (another stream) may read dst at once. */
+static int cu_copy_peer(DuetDevice *sd, void *dst, DuetDevice *dd, const void *src, size_t bytes) {
+  Cuda *s = sd->ctx, *t = dd->ctx;
+  CUdeviceptr to = (CUdeviceptr)(uintptr_t)dst, from = (CUdeviceptr)(uintptr_t)src;
+  CK(sd, cuCtxSetCurrent(s->ctx));
+  if (s->dev == t->dev) CK(sd, cuMemcpyDtoDAsync(to, from, bytes, s->stream));
+  else CK(sd, cuMemcpyPeerAsync(to, t->ctx, from, s->ctx, bytes, s->stream));
+  CK(sd, cuStreamSynchronize(s->stream));
+  return 0;
+}
+
+static void *cu_host_alloc(DuetDevice *d, size_t bytes) {
+  Cuda *c = d->ctx;
+  void *p = NULL;
+  CUresult r = cuCtxSetCurrent(c->ctx);
+  if (r != CUDA_SUCCESS) {
+    snprintf(d->err, sizeof d->err, "cuCtxSetCurrent(c->ctx) failed: %s (CUresult %d)", cu_err(r), (int)r);
+    return NULL;
+  }
+  r = cuMemHostAlloc(&p, bytes ? bytes : 1, CU_MEMHOSTALLOC_PORTABLE);
+  if (r != CUDA_SUCCESS) {
+    snprintf(d->err, sizeof d->err, "cuMemHostAlloc(&p, %zu, CU_MEMHOSTALLOC_PORTABLE) failed: %s (CUresult %d)",
+             bytes, cu_err(r), (int)r);
+    return NULL;
+  }
+  memset(p, 0, bytes ? bytes : 1);
+  return p;
+}
+
+static void cu_host_free(DuetDevice *d, void *p) {
+  Cuda *c = d->ctx;
+  if (p && cuCtxSetCurrent(c->ctx) == CUDA_SUCCESS) cuMemFreeHost(p);
 }
 
 static void cu_destroy(DuetDevice *d) {
   if (!d) return;
   Cuda *c = d->ctx;
   if (c) {
+    if (c->ctx) cuCtxSetCurrent(c->ctx);
     if (c->stream) cuStreamSynchronize(c->stream);
     if (c->blas) cublasDestroy(c->blas);
     if (c->dev_s) cuMemFree(c->dev_s);
@@ -197,6 +281,10 @@ static const DuetDeviceOps cuda_ops = {
     .sync = cu_sync,
     .destroy = cu_destroy,
     .allreduce = NULL,
+    .peer_path = cu_peer_path,
+    .copy_peer = cu_copy_peer,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
 };
 
 static double now(void) {

@@ -2,8 +2,10 @@
 # tests/gpu/run.sh [OUTDIR]: the one command to run on a machine with a GPU.
 # Builds duet with the CUDA backend (DUET_CUDA=ON) into build-gpu/, runs the
 # CUDA tests that need no GPU (nvrtc_compile*, cuda_target, cuda_cli) and
-# the gpu-labelled tests (gpu_ops, gpu_train, gpu_precision), measures the kernel cache
-# (first run compiles with NVRTC, second loads), runs the GPU benchmark
+# the gpu-labelled tests (gpu_ops, gpu_train, gpu_precision, gpu_pipeline),
+# measures the kernel cache (first run compiles with NVRTC, second loads),
+# reports the pipeline's transfer paths and tokens/s on one GPU acting as
+# two devices (cuda:0,cuda:0) and, with two GPUs, on cuda:0,cuda:1, runs the GPU benchmark
 # (bench/gpu_gpt2.sh: duet vs PyTorch on GPT-2 small) and writes
 # OUTDIR/report.md (default build/gpu-report/) with every log next to it.
 #
@@ -98,6 +100,24 @@ say ""; say "## Kernel cache (gpt_kjv, fresh cache directory)"; say ""
 for run in 1 2; do
   line=$(grep 'duet: cuda:' "$OUT/cache-run$run.log" | sed 's/^duet: //')
   say "- run $run: ${line:-$(tail -1 "$OUT/cache-run$run.log")}"
+done
+
+# ------------------------------------------------------ pipeline transfers
+# gpt_kjv, 4 micro-batches: one device, one GPU as two devices (direct and
+# pinned-host staging), and two GPUs where present
+say ""; say "## Pipeline transfers (gpt_kjv, 10 steps, 4 micro-batches)"; say ""
+pipe_devs="cuda:0 cuda:0,cuda:0 host:cuda:0,cuda:0"
+"$BUILD/duet" devices | grep -q '^cuda:1 ' && pipe_devs="$pipe_devs cuda:0,cuda:1 host:cuda:0,cuda:1"
+for dv in $pipe_devs; do
+  staging=auto
+  case $dv in host:*) staging=host dv=${dv#host:} ;; esac
+  log="$OUT/pipe-$(echo "$dv" | tr ':,' '__')-$staging.log"
+  DUET_PIPE_STAGING=$staging "$BUILD/duet" run models/gpt_kjv.model --devices "$dv" --micro-batches 4 --steps 10 \
+    --no-eval --data "$KJV_TEXT" > "$log" 2>&1 || status=1
+  rate=$(sed -n 's/.*trained .* (\([0-9.]*\) tokens\/s).*/\1/p' "$log" | tail -1)
+  paths=$(sed -n 's/^duet: pipeline transfers: //p' "$log")
+  if [ -n "$rate" ]; then say "- $dv (DUET_PIPE_STAGING=$staging): $rate tokens/s; ${paths:-one device, no transfers}"
+  else say "- $dv (DUET_PIPE_STAGING=$staging): FAILED: $(tail -1 "$log")"; fi
 done
 
 # --------------------------------------------------------------- benchmark
