@@ -40,6 +40,7 @@ typedef struct KInstr {
   int a, b;
   double value;
 } KInstr;
+#define KMAX_INS 256 /* instructions of one elementwise kernel */
 
 /* Element index of a buffer for output element i:
  *   sum over terms of ((i / div) % mod) * mul

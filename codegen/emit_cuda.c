@@ -176,14 +176,62 @@ static void index_expr(Buf *b, const KBuf *kb, const char *iv) {
   }
 }
 
-/* The instructions of an elementwise kernel for element `iv` (a variable
- * name), registers r<n><sfx>; with `pairs`, loads of pair buffers take half
- * `h` of the word w<buf> and stores to them are left to the caller. */
-static void emit_ew_body(Buf *b, const Kernel *k, const char *iv, const char *sfx, bool pairs, int h) {
+/* Instruction i of an elementwise kernel (not a load or store) in f32
+ * (or the kernel's float type) for element `iv`, as register r<i><sfx>;
+ * operands are r<a><sfx>, r<b><sfx>. */
+static void emit_ew_op(Buf *b, const Kernel *k, int i, const char *iv, const char *sfx) {
   const DType KD = compute_dtype(k->dtype);
   const char *T = cutype(KD);
   const char *sq = KD == DT_F32 ? "sqrtf" : "sqrt";
   const char *th = KD == DT_F32 ? "tanhf" : "tanh";
+  const KInstr *x = &k->ins[i];
+  bprintf(b, "    const %s r%d%s = ", T, i, sfx);
+#define R(n) (n), sfx
+  switch (x->op) {
+  case KI_CONST: emit_const(b, KD, x->value); break;
+  case KI_CAST: { /* round to the 16-bit dtype, keep computing in f32 (as the C emitter) */
+    DType to = (DType)(int)x->value;
+    if (is16(to)) bprintf(b, "%s(%s(r%d%s))", load_fn(to), store_fn(to), R(x->a));
+    else bprintf(b, "(%s)r%d%s", T, R(x->a));
+    break;
+  }
+  case KI_SCALAR: bprintf(b, "s%d", i); break;
+  case KI_ADD: bprintf(b, "r%d%s + r%d%s", R(x->a), R(x->b)); break;
+  case KI_SUB: bprintf(b, "r%d%s - r%d%s", R(x->a), R(x->b)); break;
+  case KI_MUL: bprintf(b, "r%d%s * r%d%s", R(x->a), R(x->b)); break;
+  case KI_DIV: bprintf(b, "r%d%s / r%d%s", R(x->a), R(x->b)); break;
+  case KI_NEG: bprintf(b, "-r%d%s", R(x->a)); break;
+  case KI_RELU: bprintf(b, "r%d%s < 0 ? (%s)0 : r%d%s", R(x->a), T, R(x->a)); break; /* NaN passes through */
+  case KI_RELU_GRAD: bprintf(b, "r%d%s > 0 ? r%d%s : (%s)0", R(x->b), R(x->a), T); break;
+  case KI_SQRT: bprintf(b, "%s(r%d%s)", sq, R(x->a)); break;
+  /* GELU, tanh approximation (Hendrycks & Gimpel 2016, as GPT-2); the
+   * same formula as the C emitter */
+  case KI_GELU:
+    bprintf(b, "(%s)0.5 * r%d%s * (1 + %s((%s)0.7978845608028654 * (r%d%s + (%s)0.044715 * r%d%s * r%d%s * r%d%s)))",
+            T, R(x->a), th, T, R(x->a), T, R(x->a), R(x->a), R(x->a));
+    break;
+  case KI_GELU_GRAD: bprintf(b, "duet_gelu_grad(r%d%s, r%d%s)", R(x->a), R(x->b)); break;
+  /* dropout: the C emitter's hash of (step seed, site, flat index), so
+   * both backends draw the same mask */
+  case KI_DROPOUT: {
+    double scaled = x->value * 18446744073709551616.0; /* p * 2^64 */
+    uint64_t thr = scaled >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)scaled;
+    bprintf(b, "!training ? r%d%s : duet_dropout_keep(drop_seed, " D64 "ull, (duet_u64)%s, %" PRIu64
+               "ull) ? r%d%s * (%s)%a : (%s)0",
+            R(x->a), (int64_t)x->b, iv, thr, R(x->a), T, 1.0 / (1.0 - x->value), T);
+    break;
+  }
+#undef R
+  default: unreachable();
+  }
+  bprintf(b, ";\n");
+}
+
+/* The instructions of an elementwise kernel for element `iv` (a variable
+ * name), registers r<n><sfx>; with `pairs`, loads of pair buffers take half
+ * `h` of the word w<buf> and stores to them are left to the caller. */
+static void emit_ew_body(Buf *b, const Kernel *k, const char *iv, const char *sfx, bool pairs, int h) {
+  const char *T = cutype(compute_dtype(k->dtype));
   for (int i = 0; i < k->n_ins; i++) {
     const KInstr *x = &k->ins[i];
     if (x->op == KI_STORE || x->op == KI_LOAD) {
@@ -201,46 +249,7 @@ static void emit_ew_body(Buf *b, const Kernel *k, const char *iv, const char *sf
       else bprintf(b, "]%s;\n", is16(kb->dtype) ? ")" : "");
       continue;
     }
-    bprintf(b, "    const %s r%d%s = ", T, i, sfx);
-#define R(n) (n), sfx
-    switch (x->op) {
-    case KI_CONST: emit_const(b, KD, x->value); break;
-    case KI_CAST: { /* round to the 16-bit dtype, keep computing in f32 (as the C emitter) */
-      DType to = (DType)(int)x->value;
-      if (is16(to)) bprintf(b, "%s(%s(r%d%s))", load_fn(to), store_fn(to), R(x->a));
-      else bprintf(b, "(%s)r%d%s", T, R(x->a));
-      break;
-    }
-    case KI_SCALAR: bprintf(b, "s%d", i); break;
-    case KI_ADD: bprintf(b, "r%d%s + r%d%s", R(x->a), R(x->b)); break;
-    case KI_SUB: bprintf(b, "r%d%s - r%d%s", R(x->a), R(x->b)); break;
-    case KI_MUL: bprintf(b, "r%d%s * r%d%s", R(x->a), R(x->b)); break;
-    case KI_DIV: bprintf(b, "r%d%s / r%d%s", R(x->a), R(x->b)); break;
-    case KI_NEG: bprintf(b, "-r%d%s", R(x->a)); break;
-    case KI_RELU: bprintf(b, "r%d%s < 0 ? (%s)0 : r%d%s", R(x->a), T, R(x->a)); break; /* NaN passes through */
-    case KI_RELU_GRAD: bprintf(b, "r%d%s > 0 ? r%d%s : (%s)0", R(x->b), R(x->a), T); break;
-    case KI_SQRT: bprintf(b, "%s(r%d%s)", sq, R(x->a)); break;
-    /* GELU, tanh approximation (Hendrycks & Gimpel 2016, as GPT-2); the
-     * same formula as the C emitter */
-    case KI_GELU:
-      bprintf(b, "(%s)0.5 * r%d%s * (1 + %s((%s)0.7978845608028654 * (r%d%s + (%s)0.044715 * r%d%s * r%d%s * r%d%s)))",
-              T, R(x->a), th, T, R(x->a), T, R(x->a), R(x->a), R(x->a));
-      break;
-    case KI_GELU_GRAD: bprintf(b, "duet_gelu_grad(r%d%s, r%d%s)", R(x->a), R(x->b)); break;
-    /* dropout: the C emitter's hash of (step seed, site, flat index), so
-     * both backends draw the same mask */
-    case KI_DROPOUT: {
-      double scaled = x->value * 18446744073709551616.0; /* p * 2^64 */
-      uint64_t thr = scaled >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)scaled;
-      bprintf(b, "!training ? r%d%s : duet_dropout_keep(drop_seed, " D64 "ull, (duet_u64)%s, %" PRIu64
-                 "ull) ? r%d%s * (%s)%a : (%s)0",
-              R(x->a), (int64_t)x->b, iv, thr, R(x->a), T, 1.0 / (1.0 - x->value), T);
-      break;
-    }
-#undef R
-    default: unreachable();
-    }
-    bprintf(b, ";\n");
+    emit_ew_op(b, k, i, iv, sfx);
   }
 }
 
