@@ -149,10 +149,11 @@ enum { CG_HALF2_NONE, CG_HALF2_BITS, CG_HALF2_ARITH };
 int codegen_cuda_half2(const Kernel *k);
 /* The half2 helpers (duet_h2add, duet_h2sub, duet_h2mul, duet_h2quiet,
  * duet_h2relu, duet_h2relu_grad) printed after codegen_cuda_half_prelude()
- * when a kernel takes the half2 path.  On sm_53 and later the arithmetic
- * is PTX add/sub/mul.rn.f16x2; below, two f32 lanes rounded once each; on
- * a host compiler (tests/cuda_emu) it calls duet_emu_f16x2(a, b, op),
- * which the includer defines.  Static text, for tests. */
+ * when a kernel takes the half2 path.  On sm_53 and later but sm_61 the
+ * arithmetic is PTX add/sub/mul.rn.f16x2; below and on sm_61 (fp16 at 1/64
+ * rate), two f32 lanes rounded once each; on a host compiler
+ * (tests/cuda_emu) it calls duet_emu_f16x2(a, b, op), which the includer
+ * defines.  Static text, for tests. */
 const char *codegen_cuda_half2_prelude(void);
 
 /* A whole training executable's C source: the kernels, the program tables

@@ -1141,15 +1141,17 @@ const char *codegen_cuda_half_prelude(void) { return PRELUDE_HALF; }
 
 /* The half2 helpers ("half2" above), printed after PRELUDE_HALF when a
  * kernel takes the half2 path.  The arithmetic has three versions:
- * sm_53 and later (f16x2 arithmetic exists from sm_53: PTX ISA), the
- * f16x2 instructions with an explicit .rn; older targets, two f32 lanes
+ * sm_53 and later (f16x2 arithmetic exists from sm_53: PTX ISA) except
+ * sm_61, the f16x2 instructions with an explicit .rn; older targets and
+ * sm_61 (P40, GTX 10xx: fp16 at 1/64 of the fp32 rate, shared/FACTS.md;
+ * ggml also treats only cc >= 600, != 610 as fast fp16), two f32 lanes
  * each rounded once (the same results, by the double-rounding argument);
  * a host compiler (no __CUDA_ARCH__: tests/cuda_emu), the includer's
  * duet_emu_f16x2.  The bit operations are the same everywhere. */
 static const char *PRELUDE_HALF2 =
     "/* half2: two binary16 values in a 32-bit word, element 2p in the low half;\n"
     " * add/sub/mul round once to nearest even, as f32 arithmetic rounded to f16 */\n"
-    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 530\n"
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 530 && __CUDA_ARCH__ != 610\n"
     "__device__ __forceinline__ duet_u32 duet_h2add(duet_u32 a, duet_u32 b) {\n"
     "  duet_u32 d;\n  asm(\"add.rn.f16x2 %0, %1, %2;\" : \"=r\"(d) : \"r\"(a), \"r\"(b));\n  return d;\n}\n"
     "__device__ __forceinline__ duet_u32 duet_h2sub(duet_u32 a, duet_u32 b) {\n"
@@ -1157,7 +1159,8 @@ static const char *PRELUDE_HALF2 =
     "__device__ __forceinline__ duet_u32 duet_h2mul(duet_u32 a, duet_u32 b) {\n"
     "  duet_u32 d;\n  asm(\"mul.rn.f16x2 %0, %1, %2;\" : \"=r\"(d) : \"r\"(a), \"r\"(b));\n  return d;\n}\n"
     "#elif defined(__CUDA_ARCH__)\n"
-    "/* no f16x2 arithmetic before sm_53: f32 lanes, each rounded once to f16 */\n"
+    "/* no f16x2 arithmetic before sm_53, and sm_61's runs at 1/64 of f32's:\n"
+    " * f32 lanes, each rounded once to f16 */\n"
     "__device__ __forceinline__ duet_u32 duet_h2f32(duet_u32 a, duet_u32 b, int op) {\n"
     "  duet_u32 d = 0;\n"
     "  for (int l = 0; l < 32; l += 16) {\n"

@@ -21,7 +21,8 @@
  * (check_half2_kernels; half2_ops covers each half2 operation).  First,
  * the CUDA prelude's fp16/bf16 conversions against runtime/duet_half.h,
  * bit for bit, and its half2 helpers (emulated f16x2 instructions, and
- * the f32-lane version below sm_53) against the C kernels' arithmetic.  This checks the kernels' logic (indices, reductions, barriers), not the CUDA driver path or the real hardware's scheduling:
+ * the f32-lane version of sm_61 and below sm_53) against the C kernels'
+ * arithmetic.  This checks the kernels' logic (indices, reductions, barriers), not the CUDA driver path or the real hardware's scheduling:
  * the gpu-labelled tests do that.  Exits 77 when no C++ compiler is
  * installed. */
 #define _GNU_SOURCE
@@ -285,9 +286,9 @@ static bool f16_nan(uint16_t h) { return (h & 0x7fffu) > 0x7c00u; }
 
 /* The half2 helpers of the CUDA prelude (codegen_cuda_half2_prelude)
  * compiled for the host twice: as the emulated kernels use them
- * (cuda_emu.h's duet_emu_f16x2 for the f16x2 instructions) and as a
- * target below sm_53 compiles them (-D__CUDA_ARCH__=520: two f32 lanes
- * each rounded once).  Each must give the C kernels' fp16 results (c_kernel_f16)
+ * (cuda_emu.h's duet_emu_f16x2 for the f16x2 instructions) and as sm_61
+ * and targets below sm_53 compile them (-D__CUDA_ARCH__=610: two f32
+ * lanes each rounded once).  Each must give the C kernels' fp16 results (c_kernel_f16)
  * for every fp16 pattern against 64 chosen partners (zeros, subnormals,
  * the normal boundary, 1 and its neighbours, 2048's (where the ulp
  * reaches 2), the largest finite, infinities, quiet and signalling NaNs)
@@ -296,8 +297,8 @@ static bool f16_nan(uint16_t h) { return (h & 0x7fffu) > 0x7c00u; }
  * payload unspecified); the bit operations, NaN quieting included,
  * exactly. */
 static int check_half2_helpers(const char *dir) {
-  static const char *const variants[] = {"", "-D__CUDA_ARCH__=520"};
-  static const char *const names[] = {"emulated f16x2", "f32 lanes (below sm_53)"};
+  static const char *const variants[] = {"", "-D__CUDA_ARCH__=610"};
+  static const char *const names[] = {"emulated f16x2", "f32 lanes (sm_61, below sm_53)"};
   int bad = 0;
   for (int v = 0; v < 2 && !bad; v++) {
     char src[1200], so[1200], log[16384];

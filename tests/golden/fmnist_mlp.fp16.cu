@@ -80,7 +80,7 @@ __device__ __forceinline__ float duet_f32_from_bf16(duet_u16 h) { return __uint_
 
 /* half2: two binary16 values in a 32-bit word, element 2p in the low half;
  * add/sub/mul round once to nearest even, as f32 arithmetic rounded to f16 */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 530
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 530 && __CUDA_ARCH__ != 610
 __device__ __forceinline__ duet_u32 duet_h2add(duet_u32 a, duet_u32 b) {
   duet_u32 d;
   asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
@@ -97,7 +97,8 @@ __device__ __forceinline__ duet_u32 duet_h2mul(duet_u32 a, duet_u32 b) {
   return d;
 }
 #elif defined(__CUDA_ARCH__)
-/* no f16x2 arithmetic before sm_53: f32 lanes, each rounded once to f16 */
+/* no f16x2 arithmetic before sm_53, and sm_61's runs at 1/64 of f32's:
+ * f32 lanes, each rounded once to f16 */
 __device__ __forceinline__ duet_u32 duet_h2f32(duet_u32 a, duet_u32 b, int op) {
   duet_u32 d = 0;
   for (int l = 0; l < 32; l += 16) {
