@@ -60,6 +60,7 @@ typedef struct KInstr {
   int a, b;
   double value;
 } KInstr;
+#define KMAX_INS 256 /* instructions of one elementwise kernel */
 
 /* Element index of a buffer for output element i:
  *   sum over terms of ((i / div) % mod) * mul
@@ -171,6 +172,22 @@ void codegen_attach_cuda(CgProgram *cp, Arena *a);
  * duet_bf16_from_f32, duet_f32_from_bf16: runtime/duet_half.h's
  * conversions); it needs the prelude's duet_u32.  Static text, for tests. */
 const char *codegen_cuda_half_prelude(void);
+/* Whether the CUDA emitter computes elementwise kernel k with paired fp16
+ * values in 32-bit words (half2) instead of two f32 lanes, where that is
+ * bit-identical to the C kernel (emit_cuda.c, "half2"):
+ * CG_HALF2_NONE (f32 lanes), CG_HALF2_BITS (exact bit operations on the
+ * pairs: relu, its gradient, negation, copies) or CG_HALF2_ARITH (also
+ * f16x2 add/sub/mul, each rounding once). */
+enum { CG_HALF2_NONE, CG_HALF2_BITS, CG_HALF2_ARITH };
+int codegen_cuda_half2(const Kernel *k);
+/* The half2 helpers (duet_h2add, duet_h2sub, duet_h2mul, duet_h2quiet,
+ * duet_h2relu, duet_h2relu_grad) printed after codegen_cuda_half_prelude()
+ * when a kernel takes the half2 path.  On sm_53 and later but sm_61 the
+ * arithmetic is PTX add/sub/mul.rn.f16x2; below and on sm_61 (fp16 at 1/64
+ * rate), two f32 lanes rounded once each; on a host compiler
+ * (tests/cuda_emu) it calls duet_emu_f16x2(a, b, op), which the includer
+ * defines.  Static text, for tests. */
+const char *codegen_cuda_half2_prelude(void);
 
 /* A whole training executable's C source: the kernels, the program tables
  * (strings written as byte arrays) and main() calling duet_main(). */

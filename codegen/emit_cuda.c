@@ -188,14 +188,62 @@ static void index_expr(Buf *b, const KBuf *kb, const char *iv) {
   }
 }
 
-/* The instructions of an elementwise kernel for element `iv` (a variable
- * name), registers r<n><sfx>; with `pairs`, loads of pair buffers take half
- * `h` of the word w<buf> and stores to them are left to the caller. */
-static void emit_ew_body(Buf *b, const Kernel *k, const char *iv, const char *sfx, bool pairs, int h) {
+/* Instruction i of an elementwise kernel (not a load or store) in f32
+ * (or the kernel's float type) for element `iv`, as register r<i><sfx>;
+ * operands are r<a><sfx>, r<b><sfx>. */
+static void emit_ew_op(Buf *b, const Kernel *k, int i, const char *iv, const char *sfx) {
   const DType KD = compute_dtype(k->dtype);
   const char *T = cutype(KD);
   const char *sq = KD == DT_F32 ? "sqrtf" : "sqrt";
   const char *th = KD == DT_F32 ? "tanhf" : "tanh";
+  const KInstr *x = &k->ins[i];
+  bprintf(b, "    const %s r%d%s = ", T, i, sfx);
+#define R(n) (n), sfx
+  switch (x->op) {
+  case KI_CONST: emit_const(b, KD, x->value); break;
+  case KI_CAST: { /* round to the 16-bit dtype, keep computing in f32 (as the C emitter) */
+    DType to = (DType)(int)x->value;
+    if (is16(to)) bprintf(b, "%s(%s(r%d%s))", load_fn(to), store_fn(to), R(x->a));
+    else bprintf(b, "(%s)r%d%s", T, R(x->a));
+    break;
+  }
+  case KI_SCALAR: bprintf(b, "s%d", i); break;
+  case KI_ADD: bprintf(b, "r%d%s + r%d%s", R(x->a), R(x->b)); break;
+  case KI_SUB: bprintf(b, "r%d%s - r%d%s", R(x->a), R(x->b)); break;
+  case KI_MUL: bprintf(b, "r%d%s * r%d%s", R(x->a), R(x->b)); break;
+  case KI_DIV: bprintf(b, "r%d%s / r%d%s", R(x->a), R(x->b)); break;
+  case KI_NEG: bprintf(b, "-r%d%s", R(x->a)); break;
+  case KI_RELU: bprintf(b, "r%d%s < 0 ? (%s)0 : r%d%s", R(x->a), T, R(x->a)); break; /* NaN passes through */
+  case KI_RELU_GRAD: bprintf(b, "r%d%s > 0 ? r%d%s : (%s)0", R(x->b), R(x->a), T); break;
+  case KI_SQRT: bprintf(b, "%s(r%d%s)", sq, R(x->a)); break;
+  /* GELU, tanh approximation (Hendrycks & Gimpel 2016, as GPT-2); the
+   * same formula as the C emitter */
+  case KI_GELU:
+    bprintf(b, "(%s)0.5 * r%d%s * (1 + %s((%s)0.7978845608028654 * (r%d%s + (%s)0.044715 * r%d%s * r%d%s * r%d%s)))",
+            T, R(x->a), th, T, R(x->a), T, R(x->a), R(x->a), R(x->a));
+    break;
+  case KI_GELU_GRAD: bprintf(b, "duet_gelu_grad(r%d%s, r%d%s)", R(x->a), R(x->b)); break;
+  /* dropout: the C emitter's hash of (step seed, site, flat index), so
+   * both backends draw the same mask */
+  case KI_DROPOUT: {
+    double scaled = x->value * 18446744073709551616.0; /* p * 2^64 */
+    uint64_t thr = scaled >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)scaled;
+    bprintf(b, "!training ? r%d%s : duet_dropout_keep(drop_seed, " D64 "ull, (duet_u64)%s, %" PRIu64
+               "ull) ? r%d%s * (%s)%a : (%s)0",
+            R(x->a), (int64_t)x->b, iv, thr, R(x->a), T, 1.0 / (1.0 - x->value), T);
+    break;
+  }
+#undef R
+  default: unreachable();
+  }
+  bprintf(b, ";\n");
+}
+
+/* The instructions of an elementwise kernel for element `iv` (a variable
+ * name), registers r<n><sfx>; with `pairs`, loads of pair buffers take half
+ * `h` of the word w<buf> and stores to them are left to the caller. */
+static void emit_ew_body(Buf *b, const Kernel *k, const char *iv, const char *sfx, bool pairs, int h) {
+  const char *T = cutype(compute_dtype(k->dtype));
   for (int i = 0; i < k->n_ins; i++) {
     const KInstr *x = &k->ins[i];
     if (x->op == KI_STORE || x->op == KI_LOAD) {
@@ -213,46 +261,289 @@ static void emit_ew_body(Buf *b, const Kernel *k, const char *iv, const char *sf
       else bprintf(b, "]%s;\n", is16(kb->dtype) ? ")" : "");
       continue;
     }
-    bprintf(b, "    const %s r%d%s = ", T, i, sfx);
-#define R(n) (n), sfx
+    emit_ew_op(b, k, i, iv, sfx);
+  }
+}
+
+/* ---------------------------------------------------------------- half2
+ *
+ * fp16 elementwise kernels computed on paired binary16 values (two
+ * elements in one 32-bit word, element 2p in the low half) wherever that
+ * gives the C kernel's results bit for bit.  The C kernel widens every
+ * fp16 operand to f32, computes in f32 and rounds to fp16 at each cast and
+ * at the store.  For binary16 a and b, RNE16(RNE32(a op b)) equals
+ * RNE16(a op b) for op in + - * (binary32 has 24 >= 2 * 11 + 2 significand
+ * bits, so double rounding is innocuous: Figueroa, "When is double rounding
+ * innocuous?", SIGNUM Newsletter 30(3), 1995; checked by
+ * tests/test_half2_rounding.c), so an f32 add/sub/mul of two fp16 values
+ * whose every use rounds it to fp16 is one PTX add/sub/mul.rn.f16x2 per
+ * pair.  The explicit .rn keeps ptxas from contracting a mul and an add
+ * into an fma, which rounds once where the C kernel rounds twice.
+ *
+ * Forms of an instruction's value (H2Plan.form):
+ *   HF_H  an fp16 value: the C kernel's f32 register holds exactly
+ *         widen(h) for the bits h kept in the pair word (loads of fp16
+ *         buffers, fp16-exact constants, casts to fp16, and these through
+ *         negation, relu, relu's gradient and casts to f32);
+ *   HF_P  add/sub/mul of two HF_H values, every use of which rounds it to
+ *         fp16 (a cast to fp16 or a store to an fp16 buffer, possibly
+ *         through casts to f32): the pair word holds the rounded result;
+ *   HF_F  anything else, in two f32 lanes as emit_ew_body.
+ * Negation (sign bit), relu (x < 0 ? +0 : x) and its gradient (x > 0 ? dy :
+ * +0) are bit operations on the pair, exact as the C kernel's f32 code on
+ * every input, -0 and NaN included; PTX max.f16x2 (sm_80 and later only)
+ * returns the other operand for a NaN and neg.f16x2 an unspecified NaN,
+ * so neither is used.  A NaN loaded from memory and stored again comes
+ * out quiet (duet_h2quiet), as widening and narrowing makes it.  NaN
+ * results of add/sub/mul are a NaN of unspecified sign and payload, as
+ * from the f32 path on a GPU (whose canonical NaN already differs from the
+ * CPU's propagated payloads).  bf16 has no arithmetic before sm_80: its
+ * values are HF_F. */
+
+typedef enum HForm { HF_F, HF_H, HF_P } HForm;
+
+typedef struct H2Plan {
+  unsigned char form[KMAX_INS];
+  bool need_h[KMAX_INS]; /* the value is needed as a pair word h<i> */
+  bool need_f[KMAX_INS]; /* ... and as two f32 lanes r<i>_0, r<i>_1 */
+  bool quiet[KMAX_INS];  /* the word holds no signalling NaN */
+  int level;             /* CG_HALF2_* */
+} H2Plan;
+
+/* The instruction operands of x (not buffers, scalar slots or sites). */
+static int ew_operands(const KInstr *x, int op[2]) {
+  switch (x->op) {
+  case KI_ADD: case KI_SUB: case KI_MUL: case KI_DIV: case KI_RELU_GRAD: case KI_GELU_GRAD:
+    op[0] = x->a, op[1] = x->b;
+    return 2;
+  case KI_NEG: case KI_RELU: case KI_SQRT: case KI_GELU: case KI_DROPOUT: case KI_CAST: op[0] = x->a; return 1;
+  case KI_STORE: op[0] = x->b; return 1;
+  default: return 0;
+  }
+}
+
+static bool cast_to(const KInstr *x, DType t) { return x->op == KI_CAST && (DType)(int)x->value == t; }
+
+/* Every use of instruction i rounds it to fp16: a cast to f16 or a store
+ * to an f16 buffer, or a cast to f32 (an identity in f32 kernels) whose
+ * every use does; and it has a use. */
+static bool only_rounded(const Kernel *k, int i) {
+  bool used = false;
+  for (int j = i + 1; j < k->n_ins; j++) {
+    const KInstr *x = &k->ins[j];
+    int op[2], n = ew_operands(x, op);
+    for (int o = 0; o < n; o++) {
+      if (op[o] != i) continue;
+      used = true;
+      if (cast_to(x, DT_F16) || (x->op == KI_STORE && k->bufs[x->a].dtype == DT_F16)) continue;
+      if (cast_to(x, DT_F32) && only_rounded(k, j)) continue;
+      return false;
+    }
+  }
+  return used;
+}
+
+/* The fp16 bits of constant v when (float)v (the C kernel's value) is
+ * exactly an fp16 value: +-0, +-inf, or m * 2^e with an 11-bit m. */
+static bool f16_const(double v, uint16_t *bits) {
+  float f = (float)v;
+  uint16_t sign = signbit(f) ? 0x8000u : 0;
+  double a = fabs((double)f);
+  if (isnan(f) || a > 65504 || (a > 0 && a < 0x1p-24)) return false;
+  if (a == 0 || isinf(f)) {
+    *bits = sign | (a == 0 ? 0 : 0x7c00u);
+    return true;
+  }
+  int e;
+  frexp(a, &e); /* a in [2^(e-1), 2^e) */
+  e -= 1;
+  if (e < -14) { /* subnormal: a multiple of 2^-24 */
+    double m = ldexp(a, 24);
+    if (m != floor(m)) return false;
+    *bits = sign | (uint16_t)m;
+    return true;
+  }
+  double m = ldexp(a, 10 - e); /* in [1024, 2048) */
+  if (m != floor(m)) return false;
+  *bits = sign | (uint16_t)((e + 15) << 10) | (uint16_t)((int)m - 1024);
+  return true;
+}
+
+/* Forms, needs and level of kernel k (level CG_HALF2_NONE when the half2
+ * path does not apply: not a paired f32-computed kernel, or nothing to do
+ * on pairs). */
+static void h2_plan(const Kernel *k, H2Plan *pl) {
+  memset(pl, 0, sizeof *pl);
+  pl->level = CG_HALF2_NONE;
+  if (k->kind != KK_ELEMENTWISE || compute_dtype(k->dtype) != DT_F32 || !ew_paired(k)) return;
+  DUET_ASSERT(k->n_ins <= KMAX_INS);
+  unsigned char *F = pl->form;
+  for (int i = 0; i < k->n_ins; i++) {
+    const KInstr *x = &k->ins[i];
+    uint16_t bits;
+    F[i] = HF_F;
     switch (x->op) {
-    case KI_CONST: emit_const(b, KD, x->value); break;
-    case KI_CAST: { /* round to the 16-bit dtype, keep computing in f32 (as the C emitter) */
-      DType to = (DType)(int)x->value;
-      if (is16(to)) bprintf(b, "%s(%s(r%d%s))", load_fn(to), store_fn(to), R(x->a));
-      else bprintf(b, "(%s)r%d%s", T, R(x->a));
+    case KI_LOAD: F[i] = k->bufs[x->a].dtype == DT_F16 ? HF_H : HF_F; break;
+    case KI_CONST:
+      if (f16_const(x->value, &bits)) F[i] = HF_H, pl->quiet[i] = true;
+      break;
+    case KI_CAST:
+      if (cast_to(x, DT_F32)) F[i] = F[x->a], pl->quiet[i] = pl->quiet[x->a];
+      else if (cast_to(x, DT_F16)) F[i] = HF_H, pl->quiet[i] = true; /* rounding quiets a NaN */
+      break;
+    case KI_ADD: case KI_SUB: case KI_MUL:
+      if (F[x->a] == HF_H && F[x->b] == HF_H && only_rounded(k, i)) F[i] = HF_P, pl->quiet[i] = true;
+      break;
+    case KI_NEG: case KI_RELU:
+      if (F[x->a] == HF_H) F[i] = HF_H, pl->quiet[i] = pl->quiet[x->a];
+      break;
+    case KI_RELU_GRAD:
+      if (F[x->a] == HF_H && F[x->b] == HF_H) F[i] = HF_H, pl->quiet[i] = pl->quiet[x->a];
+      break;
+    default: break;
+    }
+  }
+  /* needs, from the stores back */
+  bool bits_work = false;
+  for (int i = k->n_ins - 1; i >= 0; i--) {
+    const KInstr *x = &k->ins[i];
+    if (x->op == KI_STORE) {
+      bool f16 = k->bufs[x->a].dtype == DT_F16;
+      if (f16 && F[x->b] != HF_F) pl->need_h[x->b] = true;
+      else pl->need_f[x->b] = true;
+      /* an fp16 value moved to fp16 memory without an f32 round trip */
+      if (f16 && F[x->b] == HF_H && k->ins[x->b].op == KI_LOAD) bits_work = true;
+      continue;
+    }
+    if (pl->need_f[i] && F[i] != HF_F) pl->need_h[i] = true; /* lanes widened from the word */
+    DUET_ASSERT(!pl->need_f[i] || F[i] != HF_P);
+    if (!pl->need_h[i] && !pl->need_f[i]) continue;
+    int op[2], n = ew_operands(x, op);
+    for (int o = 0; o < n; o++) {
+      bool word = F[i] != HF_F && !(cast_to(x, DT_F16) && F[op[o]] == HF_F); /* a cast of lanes narrows them */
+      if (word) pl->need_h[op[o]] = true;
+      else pl->need_f[op[o]] = true;
+    }
+    if (F[i] == HF_P) pl->level = CG_HALF2_ARITH;
+    if (F[i] == HF_H && (x->op == KI_NEG || x->op == KI_RELU || x->op == KI_RELU_GRAD ||
+                         (cast_to(x, DT_F16) && F[x->a] == HF_H && !pl->quiet[x->a])))
+      bits_work = true;
+  }
+  if (pl->level == CG_HALF2_NONE && bits_work) pl->level = CG_HALF2_BITS;
+}
+
+int codegen_cuda_half2(const Kernel *k) {
+  H2Plan pl;
+  h2_plan(k, &pl);
+  return pl.level;
+}
+
+/* The word of a value in HF_H/HF_P form as it is stored to fp16 memory. */
+static void h2_word_out(Buf *b, const H2Plan *pl, int v) {
+  if (pl->form[v] == HF_H && !pl->quiet[v]) bprintf(b, "duet_h2quiet(h%d)", v);
+  else bprintf(b, "h%d", v);
+}
+
+/* The loop body of a half2 kernel for pair p (elements i0, i1): the words
+ * of the pair buffers it loads are w<buf>; pair words h<i>, f32 lanes
+ * r<i>_0 and r<i>_1; every store at the end (as the paired f32 path). */
+static void emit_h2_body(Buf *b, const Kernel *k, const H2Plan *pl) {
+  for (int i = 0; i < k->n_ins; i++) {
+    const KInstr *x = &k->ins[i];
+    if (x->op == KI_STORE || (!pl->need_h[i] && !pl->need_f[i])) continue;
+    if (pl->form[i] == HF_F) {
+      if (x->op == KI_LOAD) { /* f32 (or bf16) memory, element by element */
+        const KBuf *kb = &k->bufs[x->a];
+        for (int h = 0; h < 2; h++) {
+          const char *iv = h ? "i1" : "i0";
+          if (pair_buf(kb)) {
+            bprintf(b, "    const float r%d_%d = %s((duet_u16)(w%d >> %d));\n", i, h, load_fn(kb->dtype), x->a, 16 * h);
+            continue;
+          }
+          bprintf(b, "    const float r%d_%d = %s%sb%d[", i, h, load_fn(kb->dtype), is16(kb->dtype) ? "(" : "", x->a);
+          index_expr(b, kb, iv);
+          bprintf(b, "]%s;\n", is16(kb->dtype) ? ")" : "");
+        }
+      } else {
+        emit_ew_op(b, k, i, "i0", "_0");
+        emit_ew_op(b, k, i, "i1", "_1");
+      }
+      continue;
+    }
+    bprintf(b, "    const duet_u32 h%d = ", i);
+    uint16_t bits;
+    switch (x->op) {
+    case KI_LOAD: {
+      const KBuf *kb = &k->bufs[x->a];
+      if (pair_buf(kb)) {
+        bprintf(b, "w%d", x->a);
+        break;
+      }
+      const KIndexTerm *t0 = &kb->terms[0];
+      if (kb->n_terms == 1 && t0->div == 1 && t0->mul == 1 && t0->mod % 2 == 0 && kb->base % 2 == 0) {
+        /* i % mod with an even mod (a bias along the last axis): i0 and i1
+         * are neighbours in one aligned word */
+        bprintf(b, "((const duet_u32 *)(b%d + " D64 "))[p %% " D64 "]", x->a, kb->base, t0->mod / 2);
+        break;
+      }
+      bprintf(b, "(duet_u32)b%d[", x->a);
+      index_expr(b, kb, "i0");
+      bprintf(b, "] | (duet_u32)b%d[", x->a);
+      index_expr(b, kb, "i1");
+      bprintf(b, "] << 16");
       break;
     }
-    case KI_SCALAR: bprintf(b, "s%d", i); break;
-    case KI_ADD: bprintf(b, "r%d%s + r%d%s", R(x->a), R(x->b)); break;
-    case KI_SUB: bprintf(b, "r%d%s - r%d%s", R(x->a), R(x->b)); break;
-    case KI_MUL: bprintf(b, "r%d%s * r%d%s", R(x->a), R(x->b)); break;
-    case KI_DIV: bprintf(b, "r%d%s / r%d%s", R(x->a), R(x->b)); break;
-    case KI_NEG: bprintf(b, "-r%d%s", R(x->a)); break;
-    case KI_RELU: bprintf(b, "r%d%s < 0 ? (%s)0 : r%d%s", R(x->a), T, R(x->a)); break; /* NaN passes through */
-    case KI_RELU_GRAD: bprintf(b, "r%d%s > 0 ? r%d%s : (%s)0", R(x->b), R(x->a), T); break;
-    case KI_SQRT: bprintf(b, "%s(r%d%s)", sq, R(x->a)); break;
-    /* GELU, tanh approximation (Hendrycks & Gimpel 2016, as GPT-2); the
-     * same formula as the C emitter */
-    case KI_GELU:
-      bprintf(b, "(%s)0.5 * r%d%s * (1 + %s((%s)0.7978845608028654 * (r%d%s + (%s)0.044715 * r%d%s * r%d%s * r%d%s)))",
-              T, R(x->a), th, T, R(x->a), T, R(x->a), R(x->a), R(x->a));
+    case KI_CONST:
+      DUET_ASSERT(f16_const(x->value, &bits));
+      bprintf(b, "0x%08xu", (unsigned)bits * 0x10001u);
       break;
-    case KI_GELU_GRAD: bprintf(b, "duet_gelu_grad(r%d%s, r%d%s)", R(x->a), R(x->b)); break;
-    /* dropout: the C emitter's hash of (step seed, site, flat index), so
-     * both backends draw the same mask */
-    case KI_DROPOUT: {
-      double scaled = x->value * 18446744073709551616.0; /* p * 2^64 */
-      uint64_t thr = scaled >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)scaled;
-      bprintf(b, "!training ? r%d%s : duet_dropout_keep(drop_seed, " D64 "ull, (duet_u64)%s, %" PRIu64
-                 "ull) ? r%d%s * (%s)%a : (%s)0",
-              R(x->a), (int64_t)x->b, iv, thr, R(x->a), T, 1.0 / (1.0 - x->value), T);
+    case KI_CAST:
+      if (cast_to(x, DT_F16) && pl->form[x->a] == HF_F) /* lanes narrowed: the C kernel's rounding */
+        bprintf(b, "(duet_u32)duet_f16_from_f32(r%d_0) | (duet_u32)duet_f16_from_f32(r%d_1) << 16", x->a, x->a);
+      else if (cast_to(x, DT_F16))
+        h2_word_out(b, pl, x->a);
+      else
+        bprintf(b, "h%d", x->a); /* to f32: the same value */
       break;
-    }
-#undef R
+    case KI_ADD: bprintf(b, "duet_h2add(h%d, h%d)", x->a, x->b); break;
+    case KI_SUB: bprintf(b, "duet_h2sub(h%d, h%d)", x->a, x->b); break;
+    case KI_MUL: bprintf(b, "duet_h2mul(h%d, h%d)", x->a, x->b); break;
+    case KI_NEG: bprintf(b, "h%d ^ 0x80008000u", x->a); break;
+    case KI_RELU: bprintf(b, "duet_h2relu(h%d)", x->a); break;
+    case KI_RELU_GRAD: bprintf(b, "duet_h2relu_grad(h%d, h%d)", x->a, x->b); break;
     default: unreachable();
     }
     bprintf(b, ";\n");
+    if (pl->need_f[i])
+      bprintf(b, "    const float r%d_0 = duet_f32_from_f16((duet_u16)h%d), r%d_1 = duet_f32_from_f16((duet_u16)(h%d >> 16));\n",
+              i, i, i, i);
+  }
+  for (int i = 0; i < k->n_ins; i++) {
+    const KInstr *x = &k->ins[i];
+    if (x->op != KI_STORE) continue;
+    const KBuf *kb = &k->bufs[x->a];
+    int v = x->b;
+    if (!is16(kb->dtype)) {
+      for (int h = 0; h < 2; h++) {
+        bprintf(b, "    b%d[", x->a);
+        index_expr(b, kb, h ? "i1" : "i0");
+        bprintf(b, "] = r%d_%d;\n", v, h);
+      }
+      continue;
+    }
+    bprintf(b, "    const duet_u32 o%d = ", i);
+    if (kb->dtype == DT_F16 && pl->form[v] != HF_F) h2_word_out(b, pl, v);
+    else bprintf(b, "(duet_u32)%s(r%d_0) | (duet_u32)%s(r%d_1) << 16", store_fn(kb->dtype), v, store_fn(kb->dtype), v);
+    bprintf(b, ";\n");
+    if (pair_buf(kb)) {
+      bprintf(b, "    ((duet_u32 *)(b%d + " D64 "))[p] = o%d;\n", x->a, kb->base, i);
+      continue;
+    }
+    bprintf(b, "    b%d[", x->a);
+    index_expr(b, kb, "i0");
+    bprintf(b, "] = (duet_u16)o%d;\n    b%d[", i, x->a);
+    index_expr(b, kb, "i1");
+    bprintf(b, "] = (duet_u16)(o%d >> 16);\n", i);
   }
 }
 
@@ -265,10 +556,13 @@ static void emit_ew_body(Buf *b, const Kernel *k, const char *iv, const char *sf
  * element count is even and some 16-bit buffer is read or written at i
  * itself (pair_buf), each thread takes two neighbouring elements: those
  * buffers move as one 32-bit word per pair (the paired `half2` access),
- * the other buffers element by element.  The arithmetic stays two f32
- * lanes, not half2 instructions: HADD2/HFMA2 would round every step to
- * fp16 and break agreement with the CPU. */
-static void emit_elementwise(Buf *b, const Kernel *k, const DuetLaunch *l) {
+ * the other buffers element by element.  The arithmetic is two f32
+ * lanes, except in fp16 kernels that take the half2 path (h2, from
+ * h2_plan; "half2" above): there the pairs stay in their words wherever
+ * that is bit-identical (f16x2 add/sub/mul each rounding once, exact bit
+ * operations), and only the rest runs in f32 lanes.  No fma is formed:
+ * a fused a*b+c rounds once where the C kernel rounds twice. */
+static void emit_elementwise(Buf *b, const Kernel *k, const DuetLaunch *l, const H2Plan *h2) {
   const char *T = cutype(compute_dtype(k->dtype));
   bool stored[KMAX_BUFS] = {0};
   for (int i = 0; i < k->n_ins; i++)
@@ -307,6 +601,11 @@ static void emit_elementwise(Buf *b, const Kernel *k, const DuetLaunch *l) {
   for (int i = 0; i < k->n_bufs; i++)
     if (loaded[i] && pair_buf(&k->bufs[i]))
       bprintf(b, "    const duet_u32 w%d = ((const duet_u32 *)(b%d + " D64 "))[p];\n", i, i, k->bufs[i].base);
+  if (h2->level != CG_HALF2_NONE) {
+    emit_h2_body(b, k, h2);
+    bprintf(b, "  }\n");
+    return;
+  }
   emit_ew_body(b, k, "i0", "_0", true, 0);
   emit_ew_body(b, k, "i1", "_1", true, 1);
   for (int i = 0; i < k->n_ins; i++) {
@@ -878,6 +1177,61 @@ static const char *PRELUDE_HALF =
 
 const char *codegen_cuda_half_prelude(void) { return PRELUDE_HALF; }
 
+/* The half2 helpers ("half2" above), printed after PRELUDE_HALF when a
+ * kernel takes the half2 path.  The arithmetic has three versions:
+ * sm_53 and later (f16x2 arithmetic exists from sm_53: PTX ISA) except
+ * sm_61, the f16x2 instructions with an explicit .rn; older targets and
+ * sm_61 (P40, GTX 10xx: fp16 at 1/64 of the fp32 rate, shared/FACTS.md;
+ * ggml also treats only cc >= 600, != 610 as fast fp16), two f32 lanes
+ * each rounded once (the same results, by the double-rounding argument);
+ * a host compiler (no __CUDA_ARCH__: tests/cuda_emu), the includer's
+ * duet_emu_f16x2.  The bit operations are the same everywhere. */
+static const char *PRELUDE_HALF2 =
+    "/* half2: two binary16 values in a 32-bit word, element 2p in the low half;\n"
+    " * add/sub/mul round once to nearest even, as f32 arithmetic rounded to f16 */\n"
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 530 && __CUDA_ARCH__ != 610\n"
+    "__device__ __forceinline__ duet_u32 duet_h2add(duet_u32 a, duet_u32 b) {\n"
+    "  duet_u32 d;\n  asm(\"add.rn.f16x2 %0, %1, %2;\" : \"=r\"(d) : \"r\"(a), \"r\"(b));\n  return d;\n}\n"
+    "__device__ __forceinline__ duet_u32 duet_h2sub(duet_u32 a, duet_u32 b) {\n"
+    "  duet_u32 d;\n  asm(\"sub.rn.f16x2 %0, %1, %2;\" : \"=r\"(d) : \"r\"(a), \"r\"(b));\n  return d;\n}\n"
+    "__device__ __forceinline__ duet_u32 duet_h2mul(duet_u32 a, duet_u32 b) {\n"
+    "  duet_u32 d;\n  asm(\"mul.rn.f16x2 %0, %1, %2;\" : \"=r\"(d) : \"r\"(a), \"r\"(b));\n  return d;\n}\n"
+    "#elif defined(__CUDA_ARCH__)\n"
+    "/* no f16x2 arithmetic before sm_53, and sm_61's runs at 1/64 of f32's:\n"
+    " * f32 lanes, each rounded once to f16 */\n"
+    "__device__ __forceinline__ duet_u32 duet_h2f32(duet_u32 a, duet_u32 b, int op) {\n"
+    "  duet_u32 d = 0;\n"
+    "  for (int l = 0; l < 32; l += 16) {\n"
+    "    const float x = duet_f32_from_f16((duet_u16)(a >> l)), y = duet_f32_from_f16((duet_u16)(b >> l));\n"
+    "    d |= (duet_u32)duet_f16_from_f32(op == 0 ? __fadd_rn(x, y) : op == 1 ? __fsub_rn(x, y) : __fmul_rn(x, y)) << l;\n"
+    "  }\n"
+    "  return d;\n}\n"
+    "__device__ __forceinline__ duet_u32 duet_h2add(duet_u32 a, duet_u32 b) { return duet_h2f32(a, b, 0); }\n"
+    "__device__ __forceinline__ duet_u32 duet_h2sub(duet_u32 a, duet_u32 b) { return duet_h2f32(a, b, 1); }\n"
+    "__device__ __forceinline__ duet_u32 duet_h2mul(duet_u32 a, duet_u32 b) { return duet_h2f32(a, b, 2); }\n"
+    "#else /* a host compiler (tests/cuda_emu): the includer emulates the f16x2 instructions */\n"
+    "__device__ __forceinline__ duet_u32 duet_h2add(duet_u32 a, duet_u32 b) { return duet_emu_f16x2(a, b, '+'); }\n"
+    "__device__ __forceinline__ duet_u32 duet_h2sub(duet_u32 a, duet_u32 b) { return duet_emu_f16x2(a, b, '-'); }\n"
+    "__device__ __forceinline__ duet_u32 duet_h2mul(duet_u32 a, duet_u32 b) { return duet_emu_f16x2(a, b, '*'); }\n"
+    "#endif\n"
+    "/* exact bit operations, as the C kernels' f32 code on widened values:\n"
+    " * a NaN lane gets the quiet bit (widening and rounding back sets it) */\n"
+    "__device__ __forceinline__ duet_u32 duet_h2quiet(duet_u32 h) {\n"
+    "  return h | ((h & 0x7fffu) > 0x7c00u ? 0x0200u : 0u) | ((h >> 16 & 0x7fffu) > 0x7c00u ? 0x02000000u : 0u);\n}\n"
+    "/* 0xffff in each lane holding a value below (sign 1) or above (sign 0)\n"
+    " * zero: a nonzero magnitude up to inf's, so never -0, +0 or NaN */\n"
+    "__device__ __forceinline__ duet_u32 duet_h2sgn(duet_u32 h, duet_u32 sign) {\n"
+    "  duet_u32 m = 0;\n"
+    "  if ((h & 0x8000u) == sign && (h & 0x7fffu) - 1u < 0x7c00u) m |= 0xffffu;\n"
+    "  if ((h >> 16 & 0x8000u) == sign && (h >> 16 & 0x7fffu) - 1u < 0x7c00u) m |= 0xffff0000u;\n"
+    "  return m;\n}\n"
+    "/* relu: x < 0 ? +0 : x (-0 and NaN pass) */\n"
+    "__device__ __forceinline__ duet_u32 duet_h2relu(duet_u32 x) { return x & ~duet_h2sgn(x, 0x8000u); }\n"
+    "/* its gradient: x > 0 ? dy : +0 */\n"
+    "__device__ __forceinline__ duet_u32 duet_h2relu_grad(duet_u32 dy, duet_u32 x) { return dy & duet_h2sgn(x, 0u); }\n\n";
+
+const char *codegen_cuda_half2_prelude(void) { return PRELUDE_HALF2; }
+
 static const char *kind_name(KernelKind k) {
   static const char *const names[] = {
       [KK_ELEMENTWISE] = "elementwise", [KK_REDUCE] = "reduce",         [KK_MAX_GRAD] = "max_grad",
@@ -905,6 +1259,8 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
     DUET_ASSERT(!h || k->kind == KK_ELEMENTWISE || k->kind == KK_UNSCALE || k->kind == KK_TRANSPOSE);
     half |= h;
   }
+  bool half2 = false;
+  for (int i = 0; i < cp->n_kernels; i++) half2 |= codegen_cuda_half2(&cp->kernels[i]) != CG_HALF2_NONE;
   /* one function per distinct kernel text (module-scope partial sums and
    * flags belong to the function: launches on one stream never overlap) */
   KernelFuncs funcs = {.a = a};
@@ -912,9 +1268,12 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
     const Kernel *k = &cp->kernels[i];
     DuetLaunch l;
     codegen_cuda_launch(k, &l);
+    H2Plan h2;
+    h2_plan(k, &h2);
     Buf u = {.a = a};
-    bprintf(&u, "/* %s: grid %u, block %u, dynamic shared %u bytes */\n", kind_name(k->kind), l.grid, l.block,
-            l.shared);
+    bprintf(&u, "/* %s%s: grid %u, block %u, dynamic shared %u bytes */\n", kind_name(k->kind),
+            h2.level == CG_HALF2_ARITH ? ", half2 arithmetic" : h2.level == CG_HALF2_BITS ? ", half2" : "", l.grid,
+            l.block, l.shared);
     if (k->kind == KK_XENT_FWD || k->kind == KK_EVAL_METRICS) /* the blocks' partial sums */
       bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", 2 * l.grid);
     if (k->kind == KK_UNSCALE) /* the blocks' overflow verdicts */
@@ -923,7 +1282,7 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
             l.block);
     bprintf(&u, "  (void)s;\n");
     switch (k->kind) {
-    case KK_ELEMENTWISE: emit_elementwise(&u, k, &l); break;
+    case KK_ELEMENTWISE: emit_elementwise(&u, k, &l, &h2); break;
     case KK_REDUCE: case KK_MAX_GRAD: emit_reduce(&u, k); break;
     case KK_EMBED_FWD: case KK_EMBED_BWD: emit_embed(&u, k); break;
     case KK_NORM_FWD: case KK_NORM_BWD: emit_norm(&u, k); break;
@@ -949,6 +1308,7 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
   bprintf(&b, "typedef struct { void *p[%d]; } duet_args; /* a kernel's tensors, by value */\n\n",
           DUET_MAX_KERNEL_ARGS);
   if (half) bprintf(&b, "%s", PRELUDE_HALF);
+  if (half2) bprintf(&b, "%s", PRELUDE_HALF2);
   kfuncs_write(&funcs, &b);
   return b.s;
 }

@@ -64,12 +64,12 @@ static int add_buf(Kernel *k, int tensor, DType dt, const Shape *shape, const Sh
 }
 
 typedef struct InsBuf {
-  KInstr ins[256];
+  KInstr ins[KMAX_INS];
   int n;
 } InsBuf;
 
 static int ins(InsBuf *b, KOp op, int x, int y, double value) {
-  DUET_ASSERT(b->n < 256);
+  DUET_ASSERT(b->n < KMAX_INS);
   b->ins[b->n] = (KInstr){op, x, y, value};
   return b->n++;
 }

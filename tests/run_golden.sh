@@ -37,8 +37,10 @@ check fmnist_mlp.fp16.precision.ir "$DUET" ir models/fmnist_mlp.model --precisio
 check fmnist_mlp.fp16.c "$DUET" emit models/fmnist_mlp.model --precision fp16 --target c
 check gpt_kjv.bf16.fuse.ir "$DUET" ir models/gpt_kjv.model --precision bf16 --after fuse
 # 16-bit CUDA C: raw-bit storage, the prelude's conversions, paired
-# elementwise access, unscale kernels with their overflow flags (fp16)
+# elementwise access, unscale kernels with their overflow flags (fp16),
+# half2 kernels (fp16: f16x2 arithmetic and bit operations on pairs)
 check fmnist_mlp.fp16.cu "$DUET" emit models/fmnist_mlp.model --precision fp16 --target cuda
+check gpt_kjv.fp16.cu "$DUET" emit models/gpt_kjv.model --precision fp16 --target cuda
 check gpt_kjv.bf16.cu "$DUET" emit models/gpt_kjv.model --precision bf16 --target cuda
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -15,9 +15,14 @@
  * overflow with 16-bit storage (--precision fp16 with loss scaling, bf16),
  * where GEMMs are emulated as the CPU computes them (16-bit operands, a
  * wide sum, one rounding) and the loss scale and skipped steps must match;
- * it prints how many 16-bit elements are bit-identical.  First, the CUDA
- * prelude's fp16/bf16 conversions against runtime/duet_half.h, bit for
- * bit.  This checks the kernels' logic (indices, reductions, barriers), not the CUDA driver path or the real hardware's scheduling:
+ * it prints how many 16-bit elements are bit-identical.  In fp16, every
+ * kernel that takes the half2 path also runs alone on random bits
+ * (specials included) on both backends and must write the same bits
+ * (check_half2_kernels; half2_ops covers each half2 operation).  First,
+ * the CUDA prelude's fp16/bf16 conversions against runtime/duet_half.h,
+ * bit for bit, and its half2 helpers (emulated f16x2 instructions, and
+ * the f32-lane version of sm_61 and below sm_53) against the C kernels'
+ * arithmetic.  This checks the kernels' logic (indices, reductions, barriers), not the CUDA driver path or the real hardware's scheduling:
  * the gpu-labelled tests do that.  Exits 77 when no C++ compiler is
  * installed. */
 #define _GNU_SOURCE
@@ -273,8 +278,225 @@ static int check_conversions(const char *dir) {
   return bad;
 }
 
+/* The C kernels' fp16 arithmetic for one element: widen, the f32
+ * operation, round to fp16 (runtime/duet_half.h).  op: 0 add, 1 sub,
+ * 2 mul, 3 relu(a), 4 relu'(dy = a, x = b), 5 a itself (a copy),
+ * 6 negation. */
+static uint16_t c_kernel_f16(uint16_t a, uint16_t b, int op) {
+  float x = duet_f32_from_f16(a), y = duet_f32_from_f16(b);
+  volatile float z; /* one f32 operation, rounded, then narrowed */
+  switch (op) {
+  case 0: z = x + y; break;
+  case 1: z = x - y; break;
+  case 2: z = x * y; break;
+  case 3: z = x < 0 ? 0 : x; break;
+  case 4: z = y > 0 ? x : 0; break;
+  case 5: z = x; break;
+  default: z = -x; break;
+  }
+  return duet_f16_from_f32(z);
+}
+
+static bool f16_nan(uint16_t h) { return (h & 0x7fffu) > 0x7c00u; }
+
+/* The half2 helpers of the CUDA prelude (codegen_cuda_half2_prelude)
+ * compiled for the host twice: as the emulated kernels use them
+ * (cuda_emu.h's duet_emu_f16x2 for the f16x2 instructions) and as sm_61
+ * and targets below sm_53 compile them (-D__CUDA_ARCH__=610: two f32
+ * lanes each rounded once).  Each must give the C kernels' fp16 results (c_kernel_f16)
+ * for every fp16 pattern against 64 chosen partners (zeros, subnormals,
+ * the normal boundary, 1 and its neighbours, 2048's (where the ulp
+ * reaches 2), the largest finite, infinities, quiet and signalling NaNs)
+ * in both lanes and both orders, and for 2^20 random pairs: bit for bit,
+ * except that a NaN from add/sub/mul need only be a NaN (PTX leaves its
+ * payload unspecified); the bit operations, NaN quieting included,
+ * exactly. */
+static int check_half2_helpers(const char *dir) {
+  static const char *const variants[] = {"", "-D__CUDA_ARCH__=610"};
+  static const char *const names[] = {"emulated f16x2", "f32 lanes (sm_61, below sm_53)"};
+  int bad = 0;
+  for (int v = 0; v < 2 && !bad; v++) {
+    char src[1200], so[1200], log[16384];
+    snprintf(src, sizeof src, "%s/h2_%d.cpp", dir, v);
+    snprintf(so, sizeof so, "%s/h2_%d.so", dir, v);
+    FILE *f = fopen(src, "w");
+    if (!f) return 1;
+    fprintf(f, "#include \"cuda_emu.h\"\ntypedef unsigned int duet_u32;\n%s\n%s\n", codegen_cuda_half_prelude(),
+            codegen_cuda_half2_prelude());
+    fprintf(f, "extern \"C\" unsigned h2(unsigned a, unsigned b, int op) {\n"
+               "  switch (op) {\n  case 0: return duet_h2add(a, b);\n  case 1: return duet_h2sub(a, b);\n"
+               "  case 2: return duet_h2mul(a, b);\n  case 3: return duet_h2quiet(duet_h2relu(a));\n"
+               "  case 4: return duet_h2quiet(duet_h2relu_grad(a, b));\n  case 5: return duet_h2quiet(a);\n"
+               "  default: return duet_h2quiet(a ^ 0x80008000u);\n  }\n}\n"
+               "thread_local EmuDim threadIdx;\nEmuDim blockIdx, blockDim, gridDim;\n"
+               "pthread_barrier_t emu_block_barrier;\nint emu_sync_or_word;\n");
+    if (fclose(f)) return 1;
+    char inc[1200];
+    snprintf(inc, sizeof inc, "-I%s/tests/cuda_emu", DUET_SOURCE_DIR);
+    char *argv[16] = {(char *)cxx, "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-pthread", inc};
+    int na = 8;
+    if (*variants[v]) argv[na++] = (char *)variants[v];
+    argv[na++] = "-o", argv[na++] = so, argv[na++] = src, argv[na] = NULL;
+    if (jit_run(argv, log, sizeof log)) {
+      fprintf(stderr, "FAIL half2 helpers (%s): %s failed:\n%s\n", names[v], cxx, log);
+      return 1;
+    }
+    void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      fprintf(stderr, "FAIL half2 helpers: dlopen %s: %s\n", so, dlerror());
+      return 1;
+    }
+    unsigned (*h2)(unsigned, unsigned, int) = (unsigned (*)(unsigned, unsigned, int))dlsym(h, "h2");
+    if (!h2) {
+      fprintf(stderr, "FAIL half2 helpers: no h2 in %s\n", so);
+      dlclose(h);
+      return 1;
+    }
+    uint16_t partners[64] = {0x0000, 0x8000, 0x0001, 0x8001, 0x0002, 0x03ff, 0x83ff, 0x0400, 0x8400, 0x0401,
+                             0x07ff, 0x3c00, 0xbc00, 0x3c01, 0x3bff, 0xbbff, 0x3800, 0x4000, 0x6800, 0x6801,
+                             0xe800, 0x67ff, 0x7bff, 0xfbff, 0x7bfe, 0x7800, 0x7c00, 0xfc00, 0x7e00, 0xfe00,
+                             0x7c01, 0xfc01, 0x7d55, 0x1400, 0x1401, 0x9400, 0x0200, 0x5640, 0xd640, 0x2e66};
+    DuetRng r;
+    duet_rng_seed(&r, 2024, 7);
+    for (int i = 40; i < 64; i++) partners[i] = (uint16_t)duet_rng_next(&r);
+    long long n = 0;
+    for (int op = 0; op < 7 && !bad; op++) {
+      bool arith = op < 3;
+      for (uint32_t a = 0; a < 65536 && !bad; a++)
+        for (int j = 0; j < 64 + 16 && !bad; j++) {
+          /* the 64 partners, then random ones */
+          uint16_t b = j < 64 ? partners[j] : (uint16_t)duet_rng_next(&r);
+          uint32_t got = h2(a | (uint32_t)b << 16, b | a << 16, op);
+          uint16_t want[2] = {c_kernel_f16((uint16_t)a, b, op), c_kernel_f16(b, (uint16_t)a, op)};
+          for (int l = 0; l < 2; l++) {
+            uint16_t g = (uint16_t)(got >> 16 * l);
+            n++;
+            if (g == want[l] || (arith && f16_nan(g) && f16_nan(want[l]))) continue;
+            fprintf(stderr, "FAIL half2 helpers (%s): op %d of 0x%04x and 0x%04x: 0x%04x, the C kernel's 0x%04x\n",
+                    names[v], op, l ? b : a, l ? a : b, g, want[l]);
+            bad = 1;
+          }
+        }
+    }
+    dlclose(h);
+    printf("%s half2 helpers, %s: %lld lanes (add, sub, mul, relu, relu', copy, neg) as the C kernels\n",
+           bad ? "FAIL" : "ok", names[v], n);
+  }
+  return bad;
+}
+
 /* The 16-bit elements compared over all cases and those bit-identical. */
 static CompareStats stats16;
+
+/* Random bits for a tensor of dtype dt: fp16 one of 16 specials (+-0,
+ * the smallest subnormal, the largest finite, +-inf, quiet and
+ * signalling NaNs) one time in eight, else any pattern (NaNs and
+ * subnormals included); f32 N(0, 4), and one time in 16 +-0, +-inf or a
+ * NaN; other dtypes zeros. */
+static void fill_bits(void *p, int64_t bytes, int dtype, DuetRng *r) {
+  static const uint16_t sp16[16] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x0400, 0x7bff, 0xfbff,
+                                    0x7c00, 0xfc00, 0x7e00, 0xfe00, 0x7c01, 0xfd55, 0x3c00, 0xbc00};
+  static const float sp32[5] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN};
+  if (dtype == DUET_F16) {
+    for (int64_t j = 0; j < bytes / 2; j++) {
+      uint64_t x = duet_rng_next(r);
+      ((uint16_t *)p)[j] = (x & 7) == 0 ? sp16[(x >> 3) & 15] : (uint16_t)(x >> 16);
+    }
+  } else if (dtype == DUET_F32) {
+    for (int64_t j = 0; j < bytes / 4; j++) {
+      uint64_t x = duet_rng_next(r);
+      ((float *)p)[j] = (x & 15) == 0 ? sp32[(x >> 4) % 5] : (float)(4 * duet_rng_normal(r));
+    }
+  } else {
+    memset(p, 0, (size_t)bytes);
+  }
+}
+
+/* The instructions seen in kernels that take the half2 path. */
+static bool half2_ops_seen[KI_STORE + 1];
+
+/* Every kernel of the program that takes the half2 path
+ * (codegen_cuda_half2), run alone on the same random bits (fill_bits) by
+ * the CPU backend's C kernel and by the emulated CUDA kernel: every
+ * element either writes must have the same bits; only in a kernel with
+ * f16x2 arithmetic may a NaN differ from a NaN (PTX leaves the NaN of
+ * add/sub/mul unspecified).  Counts the kernels checked. */
+static int check_half2_kernels(const TModel *t, const Emu *e, const char *what, int *checked) {
+  const DuetProgram *p = &t->cp->prog;
+  int bad = 0;
+  DuetRng r;
+  duet_rng_seed(&r, 99, 3);
+  for (int ki = 0; ki < t->cp->n_kernels && !bad; ki++) {
+    const Kernel *k = &t->cp->kernels[ki];
+    int level = codegen_cuda_half2(k);
+    if (level == CG_HALF2_NONE) continue;
+    void **ta = calloc((size_t)p->n_tensors + 1, sizeof *ta), **tb = calloc((size_t)p->n_tensors + 1, sizeof *tb);
+    if (!ta || !tb) {
+      fprintf(stderr, "FAIL %s: out of memory\n", what);
+      free(ta);
+      free(tb);
+      return 1;
+    }
+    for (int i = 0; i < k->n_bufs && !bad; i++) {
+      int id = k->bufs[i].tensor;
+      if (ta[id]) continue;
+      const DuetTensor *tt = &p->tensors[id];
+      size_t n = ((size_t)tt->nbytes + 63) / 64 * 64;
+      ta[id] = aligned_alloc(64, n ? n : 64);
+      tb[id] = aligned_alloc(64, n ? n : 64);
+      if (!ta[id] || !tb[id]) {
+        fprintf(stderr, "FAIL %s: out of memory\n", what);
+        bad = 1;
+        break;
+      }
+      fill_bits(ta[id], tt->nbytes, tt->dtype, &r);
+      memcpy(tb[id], ta[id], (size_t)tt->nbytes);
+    }
+    double sc[DUET_S_COUNT];
+    for (int i = 0; i < DUET_S_COUNT; i++) sc[i] = 0.75;
+    sc[DUET_S_TRAINING] = 1;
+    sc[DUET_S_DROP_SEED] = 12345;
+    unsigned block = e->cfg[ki].block < 64 ? e->cfg[ki].block : 64;
+    if (!bad) {
+      t->jit.fns[ki](ta, sc); /* the C kernel picks its arguments from the table */
+      void *args[DUET_MAX_KERNEL_ARGS] = {0}; /* the emulated one takes them, as the plugin passes them */
+      for (int j = p->kernel_arg_off[ki]; j < p->kernel_arg_off[ki + 1]; j++) args[j - p->kernel_arg_off[ki]] = tb[p->kernel_args[j]];
+      if (e->launch(e->fn[ki], emu_grid(k, e->cfg[ki].grid), block, args, sc)) {
+        fprintf(stderr, "FAIL %s: emulated launch of kernel %d failed\n", what, ki);
+        bad = 1;
+      }
+    }
+    for (int i = 0; i < k->n_ins && !bad; i++) {
+      if (k->ins[i].op != KI_STORE) continue;
+      int id = k->bufs[k->ins[i].a].tensor;
+      const DuetTensor *tt = &p->tensors[id];
+      bool f16 = tt->dtype == DUET_F16;
+      int64_t n = tt->nbytes / (f16 ? 2 : 4);
+      for (int64_t j = 0; j < n && !bad; j++) {
+        uint32_t x = f16 ? ((uint16_t *)ta[id])[j] : ((uint32_t *)ta[id])[j];
+        uint32_t y = f16 ? ((uint16_t *)tb[id])[j] : ((uint32_t *)tb[id])[j];
+        bool nx = f16 ? f16_nan((uint16_t)x) : (x & 0x7fffffffu) > 0x7f800000u;
+        bool ny = f16 ? f16_nan((uint16_t)y) : (y & 0x7fffffffu) > 0x7f800000u;
+        if (x == y || (level == CG_HALF2_ARITH && nx && ny)) continue;
+        fprintf(stderr, "FAIL %s: half2 kernel %d, tensor %s[%lld]: emulated 0x%x, C kernel 0x%x\n", what, ki,
+                tt->name, (long long)j, y, x);
+        bad = 1;
+      }
+    }
+    for (int i = 0; i < p->n_tensors; i++) {
+      free(ta[i]);
+      free(tb[i]);
+    }
+    free(ta);
+    free(tb);
+    (*checked)++;
+    for (int i = 0; i < k->n_ins; i++) half2_ops_seen[k->ins[i].op] = true;
+  }
+  return bad;
+}
+
+/* Kernels checked by check_half2_kernels over all cases. */
+static int half2_checked;
 
 /* precision: NULL (f32 or f64 as dt), "fp16" or "bf16" */
 static int run_case(const Case *c, DType dt, const char *precision, const char *dir) {
@@ -301,6 +523,10 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
     goto out;
   }
   e.kernels = t.cp->kernels;
+  if (precision && !strcmp(precision, "fp16") && check_half2_kernels(&t, &e, what, &half2_checked)) {
+    fails = 1;
+    goto out;
+  }
   d->ops = &emu_ops;
   d->ctx = &e;
   DuetConfig cfg = p->defaults;
@@ -343,7 +569,10 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
       fails++;
     }
   }
-  printf("%s %s: %d kernels, %d functions\n", fails ? "FAIL" : "ok", what, t.cp->n_kernels, n_fns);
+  int nh2 = 0;
+  for (int i = 0; i < t.cp->n_kernels; i++) nh2 += codegen_cuda_half2(&t.cp->kernels[i]) != CG_HALF2_NONE;
+  if (nh2) printf("%s %s: %d kernels, %d functions, %d half2\n", fails ? "FAIL" : "ok", what, t.cp->n_kernels, n_fns, nh2);
+  else printf("%s %s: %d kernels, %d functions\n", fails ? "FAIL" : "ok", what, t.cp->n_kernels, n_fns);
 out:
   duet_session_free(es);
   free(d);
@@ -378,6 +607,10 @@ int main(int argc, char **argv) {
   int failed = 0, ran = 0;
   if (argc == 1 || !strcmp(argv[1], "conversions")) {
     failed += check_conversions(dir);
+    ran++;
+  }
+  if (argc == 1 || !strcmp(argv[1], "half2")) {
+    failed += check_half2_helpers(dir);
     ran++;
   }
   for (int i = 0; i < N_OP_CASES; i++)
@@ -443,11 +676,35 @@ int main(int argc, char **argv) {
     failed += run_case(&c, DT_F32, "bf16", dir);
     ran += 2;
   }
+  /* the half2 path's operations (fp16): f16x2 mul, sub and add, an fp16
+   * constant, negation, relu, copies (reshape, permute), a bias word and
+   * a half2 chain ending in f32 arithmetic; bf16 keeps f32 lanes */
+  if (argc == 1 || !strcmp(argv[1], "half2_ops")) {
+    Case c = {"half2_ops",
+              "model half2_ops\nparam w: [6, 8]\nparam v: [6, 8]\nparam b: [8]\ninput x: f32[4, 6]\n"
+              "input r: f32[4, 8]\np = x @ w\nq = x @ v\nh = relu(p * q - p) - q * 0.5 + -p + b\n"
+              "loss = mean((h + permute(reshape(p, 8, 4), 1, 0)) * r)\n",
+              0};
+    failed += run_case(&c, DT_F32, "fp16", dir);
+    failed += run_case(&c, DT_F32, "bf16", dir);
+    ran += 2;
+  }
   if (argc == 1 || !strcmp(argv[1], "overflow")) {
     Case c = {"overflow", "model t\nparam a: [4,300]\nparam b: [300,8]\ninput r: f32[4,8]\n"
                           "loss = mean((a @ b) * r) * 1000000\n", 0};
     failed += run_case(&c, DT_F32, "fp16", dir);
     ran++;
+  }
+  if (half2_checked)
+    printf("half2 kernels run alone on random bits against the C kernels: %d\n", half2_checked);
+  if (argc == 1) { /* the whole run must have covered every half2 operation */
+    static const KOp want[] = {KI_ADD, KI_SUB, KI_MUL, KI_NEG, KI_RELU, KI_RELU_GRAD, KI_CONST, KI_CAST};
+    static const char *const names[] = {"add", "sub", "mul", "neg", "relu", "relu_grad", "const", "cast"};
+    for (int i = 0; i < (int)(sizeof want / sizeof *want); i++)
+      if (!half2_ops_seen[want[i]]) {
+        fprintf(stderr, "FAIL no half2 kernel with a %s was checked\n", names[i]);
+        failed++;
+      }
   }
   if (stats16.n16)
     printf("16-bit elements: %lld of %lld bit-identical (%.2f%%)\n", stats16.same16, stats16.n16,

@@ -5,7 +5,11 @@
  * training programs for compute_60 (when the installed NVRTC still
  * supports it; not bf16), compute_75 (not bf16, which needs sm_80),
  * compute_80 and compute_90 (PTX), plus a CUBIN of f32 for sm_80 (which
- * runs ptxas: register and shared-memory limits); the f64 training
+ * runs ptxas: register and shared-memory limits) and, for models of at
+ * most 100 kernels, of fp16 for the oldest architecture the NVRTC has
+ * (sm_75 for NVRTC 13: ptxas assembles the half2 helpers' inline f16x2
+ * PTX); the PTX of an fp16 program with half2 arithmetic must hold an
+ * f16x2 instruction (the __CUDA_ARCH__ >= 530 branch); the f64 training
  * program and, for models with attention, the decoding program (f32, and
  * with --precision fp16, which leaves decoding in f32) for compute_75.  The
  * PTX must hold an entry point duet_k<f> for every function f (kernels
@@ -43,6 +47,10 @@ static bool large_mode;
  * programs of the non-large models and op cases, the default run the f32,
  * f64 and decoding ones: two tests of under a minute each. */
 static bool half_mode;
+/* fp16 programs of at most this many kernels are also compiled to a CUBIN
+ * (fmnist_mlp, fmnist_cnn); half2_cubins counts them */
+#define HALF2_CUBIN_KERNELS 100
+static int half2_cubins;
 /* Under AddressSanitizer (make test-asan) NVRTC's many allocations run
  * about 4x slower, and the release suite already covers every
  * architecture: there only f32 for compute_75 is compiled. */
@@ -65,7 +73,8 @@ static int check_entries(const char *what, const char *ptx, int n) {
   return 0;
 }
 
-static int compile_one(const char *what, const char *src, const char *arch, int cubin, int n_fns) {
+/* `need` (may be NULL): text the PTX must contain */
+static int compile_one(const char *what, const char *src, const char *arch, int cubin, int n_fns, const char *need) {
   void *img;
   size_t len;
   char err[65536];
@@ -77,6 +86,10 @@ static int compile_one(const char *what, const char *src, const char *arch, int 
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);
   int rc = cubin ? 0 : check_entries(what, img, n_fns);
+  if (!cubin && need && !strstr(img, need)) {
+    fprintf(stderr, "FAIL %s %s: the PTX has no %s\n", what, arch, need);
+    rc = 1;
+  }
   printf("%s %s: %zu bytes of %s, %d functions, %.2f s%s\n", what, arch, len, cubin ? "CUBIN" : "PTX", n_fns,
          (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), rc ? " FAILED" : "");
   free(img);
@@ -105,6 +118,16 @@ static CgProgram *lower_model(Arena *a, const char *path, const char *text, DTyp
   PassCtx pc = {.diag = &d, .verify = true, .precision = precision};
   if (passes_run(g, &pc)) return NULL;
   return codegen_lower(g, a);
+}
+
+/* What the PTX of a program must contain: the f16x2 arithmetic of the
+ * prelude's __CUDA_ARCH__ >= 530 branch ("add.rn.f16x2", "sub.rn.f16x2",
+ * "mul.rn.f16x2") when a kernel takes the half2 path with arithmetic;
+ * NULL otherwise. */
+static const char *half2_need(const CgProgram *cp) {
+  for (int i = 0; i < cp->n_kernels; i++)
+    if (codegen_cuda_half2(&cp->kernels[i]) == CG_HALF2_ARITH) return ".rn.f16x2 ";
+  return NULL;
 }
 
 static void test_model(const char *path, const int *archs, int n_archs) {
@@ -143,6 +166,7 @@ static void test_model(const char *path, const int *archs, int n_archs) {
     }
     int n_fns = 0;
     char *src = codegen_emit_cuda(cp, a, NULL, &n_fns);
+    const char *h2need = half2_need(cp);
     bool half = v == 1 || v == 2;
     if (half && !strstr(src, "duet_u16")) {
       fprintf(stderr, "FAIL %s: no 16-bit tensors in the CUDA source\n", what);
@@ -163,13 +187,23 @@ static void test_model(const char *path, const int *archs, int n_archs) {
           printf("%s %s: not supported by this NVRTC, skipped\n", what, want[i]);
           continue;
         }
-        failures += compile_one(what, src, want[i], 0, n_fns);
+        failures += compile_one(what, src, want[i], 0, n_fns, h2need);
       }
       if (large_mode || quick) continue; /* PTX for the architectures only */
       /* CUBIN (ptxas: registers, shared memory): f32 on sm_80 (16 bits adds no shared memory) */
-      if (v == 0) failures += compile_one(what, src, "-arch=sm_80", 1, n_fns);
+      if (v == 0) failures += compile_one(what, src, "-arch=sm_80", 1, n_fns, NULL);
+      /* fp16: a CUBIN for the oldest architecture this NVRTC has (sm_75
+       * for NVRTC 13) assembles the half2 helpers' inline PTX (f16x2
+       * arithmetic), which PTX output only copies; the small models only
+       * (the GPTs' take 10-20 s) */
+      if (v == 1 && h2need && cp->n_kernels <= HALF2_CUBIN_KERNELS) {
+        char arch[32];
+        snprintf(arch, sizeof arch, "-arch=sm_%d", archs[0]);
+        failures += compile_one(what, src, arch, 1, n_fns, NULL);
+        half2_cubins++;
+      }
     } else if (!large_mode) {
-      failures += compile_one(what, src, "-arch=compute_75", 0, n_fns);
+      failures += compile_one(what, src, "-arch=compute_75", 0, n_fns, h2need);
     }
   }
   arena_free(a);
@@ -193,7 +227,7 @@ static void test_op_cases(void) {
       } else {
         int n_fns = 0;
         char *src = codegen_emit_cuda(cp, a, NULL, &n_fns);
-        failures += compile_one(what, src, "-arch=compute_75", 0, n_fns);
+        failures += compile_one(what, src, "-arch=compute_75", 0, n_fns, half2_need(cp));
       }
       arena_free(a);
     }
@@ -260,6 +294,10 @@ int main(int argc, char **argv) {
     test_dir(DUET_SOURCE_DIR "/models", archs, n);
     test_dir(DUET_SOURCE_DIR "/tests/models", archs, n);
     if (!large_mode) test_op_cases();
+    if (half_mode && half2_cubins == 0) {
+      fprintf(stderr, "FAIL no fp16 program with half2 arithmetic was compiled to a CUBIN\n");
+      failures++;
+    }
   }
   if (failures) fprintf(stderr, "%d failures\n", failures);
   else printf("ok\n");

@@ -47,9 +47,62 @@ static inline float __uint_as_float(unsigned u) {
   memcpy(&f, &u, sizeof f);
   return f;
 }
-/* round-to-nearest f32 add and multiply (the host's default rounding) */
+/* round-to-nearest f32 add, subtract and multiply (the host's default rounding) */
 static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
+
+/* The PTX f16x2 instructions add/sub/mul.rn.f16x2 that the half2 helpers
+ * of the generated prelude use on sm_53 and later (they call
+ * duet_emu_f16x2 on a host compiler).  Written apart from the C kernels'
+ * f32-then-round path: each lane's exact result is formed from integer
+ * significands (a sum of two binary16 values is an integer multiple of
+ * 2^-24 below 2^17; a product, of two 11-bit significands) and rounded
+ * to binary16 once, to nearest even, with subnormals and overflow to inf.
+ * A NaN operand or an invalid operation (inf - inf, 0 * inf) gives the
+ * NaN 0x7fff: PTX leaves it unspecified, and duet claims no NaN payload. */
+static inline unsigned short emu_f16_round(unsigned sign, unsigned long long m, int e) {
+  /* sign, m * 2^e */
+  if (m == 0) return (unsigned short)(sign << 15);
+  int q = 64 - __builtin_clzll(m) - 11 + e; /* exponent of the 11th significant bit */
+  if (q < -24) q = -24;                     /* the subnormals' fixed quantum */
+  unsigned long long r;
+  if (q <= e) {
+    r = m << (e - q);
+  } else {
+    int sh = q - e;
+    unsigned long long rem = m & ((1ull << sh) - 1), half = 1ull << (sh - 1);
+    r = (m >> sh) + (rem > half || (rem == half && ((m >> sh) & 1)));
+  }
+  if (r == 0x800) r = 0x400, q++; /* rounding carried into the next binade */
+  if (r < 0x400) return (unsigned short)(sign << 15 | r); /* subnormal (q == -24) or zero */
+  if (q + 25 >= 31) return (unsigned short)(sign << 15 | 0x7c00u);
+  return (unsigned short)(sign << 15 | (unsigned)(q + 25) << 10 | (r & 0x3ffu));
+}
+static inline unsigned short emu_f16_op(unsigned short a, unsigned short b, char op) {
+  if (op == '-') b ^= 0x8000u;
+  unsigned sa = a >> 15, sb = b >> 15, ea = a >> 10 & 31u, eb = b >> 10 & 31u;
+  unsigned long long ma = a & 0x3ffu, mb = b & 0x3ffu;
+  if ((ea == 31 && ma) || (eb == 31 && mb)) return 0x7fffu;
+  bool za = (a & 0x7fffu) == 0, zb = (b & 0x7fffu) == 0;
+  if (op == '*') {
+    if (ea == 31 || eb == 31) return (unsigned short)((ea == 31 && zb) || (eb == 31 && za) ? 0x7fffu : (sa ^ sb) << 15 | 0x7c00u);
+    /* value = (ma | implicit 1) * 2^(max(ea, 1) - 25) */
+    return emu_f16_round(sa ^ sb, (ea ? ma | 0x400u : ma) * (eb ? mb | 0x400u : mb),
+                         (int)(ea ? ea : 1) - 25 + (int)(eb ? eb : 1) - 25);
+  }
+  if (ea == 31 || eb == 31) return ea == 31 && eb == 31 && sa != sb ? 0x7fffu : ea == 31 ? a : b;
+  /* in units of 2^-24 */
+  long long x = (long long)((ea ? ma | 0x400u : ma) << ((ea ? ea : 1) - 1));
+  long long y = (long long)((eb ? mb | 0x400u : mb) << ((eb ? eb : 1) - 1));
+  long long sum = (sa ? -x : x) + (sb ? -y : y);
+  if (sum == 0) return (unsigned short)(za && zb && sa && sb ? 0x8000u : 0); /* exact zero: +0 unless -0 + -0 */
+  return emu_f16_round(sum < 0, (unsigned long long)(sum < 0 ? -sum : sum), -24);
+}
+static inline unsigned duet_emu_f16x2(unsigned a, unsigned b, char op) {
+  return emu_f16_op((unsigned short)a, (unsigned short)b, op) |
+         (unsigned)emu_f16_op((unsigned short)(a >> 16), (unsigned short)(b >> 16), op) << 16;
+}
 static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline int atomicOr(int *p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
 static inline int atomicExch(int *p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }

@@ -80,6 +80,61 @@ __device__ __forceinline__ duet_u16 duet_bf16_from_f32(float f) {
 }
 __device__ __forceinline__ float duet_f32_from_bf16(duet_u16 h) { return __uint_as_float((duet_u32)h << 16); }
 
+/* half2: two binary16 values in a 32-bit word, element 2p in the low half;
+ * add/sub/mul round once to nearest even, as f32 arithmetic rounded to f16 */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 530 && __CUDA_ARCH__ != 610
+__device__ __forceinline__ duet_u32 duet_h2add(duet_u32 a, duet_u32 b) {
+  duet_u32 d;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ duet_u32 duet_h2sub(duet_u32 a, duet_u32 b) {
+  duet_u32 d;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ duet_u32 duet_h2mul(duet_u32 a, duet_u32 b) {
+  duet_u32 d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+#elif defined(__CUDA_ARCH__)
+/* no f16x2 arithmetic before sm_53, and sm_61's runs at 1/64 of f32's:
+ * f32 lanes, each rounded once to f16 */
+__device__ __forceinline__ duet_u32 duet_h2f32(duet_u32 a, duet_u32 b, int op) {
+  duet_u32 d = 0;
+  for (int l = 0; l < 32; l += 16) {
+    const float x = duet_f32_from_f16((duet_u16)(a >> l)), y = duet_f32_from_f16((duet_u16)(b >> l));
+    d |= (duet_u32)duet_f16_from_f32(op == 0 ? __fadd_rn(x, y) : op == 1 ? __fsub_rn(x, y) : __fmul_rn(x, y)) << l;
+  }
+  return d;
+}
+__device__ __forceinline__ duet_u32 duet_h2add(duet_u32 a, duet_u32 b) { return duet_h2f32(a, b, 0); }
+__device__ __forceinline__ duet_u32 duet_h2sub(duet_u32 a, duet_u32 b) { return duet_h2f32(a, b, 1); }
+__device__ __forceinline__ duet_u32 duet_h2mul(duet_u32 a, duet_u32 b) { return duet_h2f32(a, b, 2); }
+#else /* a host compiler (tests/cuda_emu): the includer emulates the f16x2 instructions */
+__device__ __forceinline__ duet_u32 duet_h2add(duet_u32 a, duet_u32 b) { return duet_emu_f16x2(a, b, '+'); }
+__device__ __forceinline__ duet_u32 duet_h2sub(duet_u32 a, duet_u32 b) { return duet_emu_f16x2(a, b, '-'); }
+__device__ __forceinline__ duet_u32 duet_h2mul(duet_u32 a, duet_u32 b) { return duet_emu_f16x2(a, b, '*'); }
+#endif
+/* exact bit operations, as the C kernels' f32 code on widened values:
+ * a NaN lane gets the quiet bit (widening and rounding back sets it) */
+__device__ __forceinline__ duet_u32 duet_h2quiet(duet_u32 h) {
+  return h | ((h & 0x7fffu) > 0x7c00u ? 0x0200u : 0u) | ((h >> 16 & 0x7fffu) > 0x7c00u ? 0x02000000u : 0u);
+}
+/* 0xffff in each lane holding a value below (sign 1) or above (sign 0)
+ * zero: a nonzero magnitude up to inf's, so never -0, +0 or NaN */
+__device__ __forceinline__ duet_u32 duet_h2sgn(duet_u32 h, duet_u32 sign) {
+  duet_u32 m = 0;
+  if ((h & 0x8000u) == sign && (h & 0x7fffu) - 1u < 0x7c00u) m |= 0xffffu;
+  if ((h >> 16 & 0x8000u) == sign && (h >> 16 & 0x7fffu) - 1u < 0x7c00u) m |= 0xffff0000u;
+  return m;
+}
+/* relu: x < 0 ? +0 : x (-0 and NaN pass) */
+__device__ __forceinline__ duet_u32 duet_h2relu(duet_u32 x) { return x & ~duet_h2sgn(x, 0x8000u); }
+/* its gradient: x > 0 ? dy : +0 */
+__device__ __forceinline__ duet_u32 duet_h2relu_grad(duet_u32 dy, duet_u32 x) { return dy & duet_h2sgn(x, 0u); }
+
 /* elementwise: grid 392, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, const double *s) {
   (void)s;
@@ -119,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, const dou
   }
 }
 
-/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
+/* elementwise, half2 arithmetic: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
@@ -128,17 +183,13 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const dou
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 131072; p += (int)blockDim.x * gridDim.x) {
     const int i0 = 2 * p, i1 = 2 * p + 1;
     const duet_u32 w0 = ((const duet_u32 *)(b0 + 0))[p];
-    const float r0_0 = duet_f32_from_f16((duet_u16)(w0 >> 0));
-    const float r1_0 = duet_f32_from_f16(b1[i0 % 1024]);
-    const float r2_0 = r0_0 + r1_0;
-    const float r3_0 = duet_f32_from_f16(duet_f16_from_f32(r2_0));
-    const float r4_0 = r3_0 < 0 ? (float)0 : r3_0;
-    const float r0_1 = duet_f32_from_f16((duet_u16)(w0 >> 16));
-    const float r1_1 = duet_f32_from_f16(b1[i1 % 1024]);
-    const float r2_1 = r0_1 + r1_1;
-    const float r3_1 = duet_f32_from_f16(duet_f16_from_f32(r2_1));
-    const float r4_1 = r3_1 < 0 ? (float)0 : r3_1;
-    ((duet_u32 *)(b2 + 0))[p] = (duet_u32)duet_f16_from_f32(r4_0) | (duet_u32)duet_f16_from_f32(r4_1) << 16;
+    const duet_u32 h0 = w0;
+    const duet_u32 h1 = ((const duet_u32 *)(b1 + 0))[p % 512];
+    const duet_u32 h2 = duet_h2add(h0, h1);
+    const duet_u32 h3 = h2;
+    const duet_u32 h4 = duet_h2relu(h3);
+    const duet_u32 o5 = h4;
+    ((duet_u32 *)(b2 + 0))[p] = o5;
   }
 }
 
@@ -181,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, const dou
   }
 }
 
-/* elementwise: grid 5, block 256, dynamic shared 0 bytes */
+/* elementwise, half2 arithmetic: grid 5, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
@@ -190,15 +241,12 @@ extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, const dou
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 1280; p += (int)blockDim.x * gridDim.x) {
     const int i0 = 2 * p, i1 = 2 * p + 1;
     const duet_u32 w0 = ((const duet_u32 *)(b0 + 0))[p];
-    const float r0_0 = duet_f32_from_f16((duet_u16)(w0 >> 0));
-    const float r1_0 = duet_f32_from_f16(b1[i0 % 10]);
-    const float r2_0 = r0_0 + r1_0;
-    const float r3_0 = duet_f32_from_f16(duet_f16_from_f32(r2_0));
+    const duet_u32 h0 = w0;
+    const duet_u32 h1 = ((const duet_u32 *)(b1 + 0))[p % 5];
+    const duet_u32 h2 = duet_h2add(h0, h1);
+    const duet_u32 h3 = h2;
+    const float r3_0 = duet_f32_from_f16((duet_u16)h3), r3_1 = duet_f32_from_f16((duet_u16)(h3 >> 16));
     b2[i0] = r3_0;
-    const float r0_1 = duet_f32_from_f16((duet_u16)(w0 >> 16));
-    const float r1_1 = duet_f32_from_f16(b1[i1 % 10]);
-    const float r2_1 = r0_1 + r1_1;
-    const float r3_1 = duet_f32_from_f16(duet_f16_from_f32(r2_1));
     b2[i1] = r3_1;
   }
 }
@@ -305,7 +353,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, const do
   }
 }
 
-/* elementwise: grid 512, block 256, dynamic shared 0 bytes */
+/* elementwise, half2: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, const double *s) {
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
@@ -315,13 +363,11 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, const do
     const int i0 = 2 * p, i1 = 2 * p + 1;
     const duet_u32 w0 = ((const duet_u32 *)(b0 + 0))[p];
     const duet_u32 w1 = ((const duet_u32 *)(b1 + 0))[p];
-    const float r0_0 = duet_f32_from_f16((duet_u16)(w0 >> 0));
-    const float r1_0 = duet_f32_from_f16((duet_u16)(w1 >> 0));
-    const float r2_0 = r1_0 > 0 ? r0_0 : (float)0;
-    const float r0_1 = duet_f32_from_f16((duet_u16)(w0 >> 16));
-    const float r1_1 = duet_f32_from_f16((duet_u16)(w1 >> 16));
-    const float r2_1 = r1_1 > 0 ? r0_1 : (float)0;
-    ((duet_u32 *)(b2 + 0))[p] = (duet_u32)duet_f16_from_f32(r2_0) | (duet_u32)duet_f16_from_f32(r2_1) << 16;
+    const duet_u32 h0 = w0;
+    const duet_u32 h1 = w1;
+    const duet_u32 h2 = duet_h2relu_grad(h0, h1);
+    const duet_u32 o3 = duet_h2quiet(h2);
+    ((duet_u32 *)(b2 + 0))[p] = o3;
   }
 }
 
