@@ -11,9 +11,10 @@
 # libnvrtc-builtins), include/nvrtc.h and WHEEL (the wheel's name and
 # sha256).  Only the pinned wheels below are accepted: pip checks each
 # download against its sha256 (--require-hashes) and this script checks it
-# again.  A version already present with the same sha256 is not downloaded
-# again.  Needs python3 with pip (Debian: python3-pip) and the network
-# (PyPI); exits 1 with a message when either is missing.  x86_64 only.
+# again (tools/fetch-wheel.sh).  A version already present with the same
+# sha256 is not downloaded again.  Needs python3 with pip (Debian:
+# python3-pip) and the network (PyPI); exits 1 with a message when either is
+# missing.  x86_64 only.
 # Download sizes: 12.9.86 about 90 MB, 12.4.127 25 MB, 11.8.89 23 MB;
 # unpacked about 114, 66 and 62 MB.
 set -eu
@@ -50,11 +51,7 @@ pinned() {
   esac
 }
 
-[ "$(uname -m)" = x86_64 ] || die "the pinned wheels are for x86_64 Linux, this machine is $(uname -m)"
-command -v python3 > /dev/null 2>&1 || die "python3 not found (Debian: apt-get install python3-pip)"
-python3 -m pip --version > /dev/null 2>&1 || die "python3 has no pip (Debian: apt-get install python3-pip)"
-command -v sha256sum > /dev/null 2>&1 || die "sha256sum not found (coreutils)"
-
+here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$dir"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/fetch-nvrtc.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT INT TERM
@@ -66,17 +63,8 @@ for v in "$@"; do
     echo "tools/fetch-nvrtc.sh: NVRTC $v already in $out"
     continue
   fi
-  echo "$pkg==$v --hash=sha256:$sha" > "$tmp/req.txt"
-  # short timeouts: offline, pip would otherwise retry for minutes
-  if ! python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
-    --python-version 3 --implementation py --require-hashes -r "$tmp/req.txt" --timeout 20 --retries 1 \
-    --dest "$tmp/dl" > "$tmp/pip.log" 2>&1; then
-    cat "$tmp/pip.log" >&2
-    die "pip download of $pkg==$v failed (offline, or PyPI unreachable?): the sm_60 NVRTC test will be skipped"
-  fi
-  [ -f "$tmp/dl/$whl" ] || die "pip download of $pkg==$v gave no $whl (got: $(ls "$tmp/dl"))"
-  got=$(sha256sum "$tmp/dl/$whl" | cut -d' ' -f1)
-  [ "$got" = "$sha" ] || die "$whl: sha256 $got, expected $sha"
+  sh "$here/fetch-wheel.sh" "$pkg" "$v" "$sha" "$whl" "$tmp/dl" ||
+    die "NVRTC $v not fetched: the sm_60 NVRTC test will be skipped"
   # only the library, its builtins and nvrtc.h (12.9's alternative .alt. libraries are not used)
   rm -rf "$out" "$out.tmp"
   python3 - "$tmp/dl/$whl" "$out.tmp" << 'EOF' || die "cannot unpack $whl"
