@@ -22,6 +22,8 @@
  * pointer is set (duet_nvrtc_open fails otherwise). */
 typedef struct DuetNvrtc {
   void *dl; /* dlopen handle; NULL for the linked library */
+  void *builtins[4]; /* libnvrtc-builtins.so.* loaded from dl's directory */
+  int n_builtins;
   char path[1024];
   int (*version)(int *major, int *minor);
   int (*num_archs)(int *n);
@@ -40,8 +42,11 @@ typedef struct DuetNvrtc {
 } DuetNvrtc;
 
 /* Loads the NVRTC library at `path` (dlopen, RTLD_LOCAL) and every entry
- * point above (dlsym).  NULL with a message naming the failed call in err;
- * duet_nvrtc_close releases it. */
+ * point above (dlsym), after the libnvrtc-builtins.so.* of the same
+ * directory, so that NVRTC's own dlopen of its builtins finds them by
+ * name wherever its RUNPATH ($ORIGIN) is not honoured (AddressSanitizer's
+ * dlopen interceptor).  NULL with a message naming the failed call in err;
+ * duet_nvrtc_close releases it (the libraries stay mapped: RTLD_NODELETE). */
 DuetNvrtc *duet_nvrtc_open(const char *path, char *err, size_t errlen);
 void duet_nvrtc_close(DuetNvrtc *nv);
 

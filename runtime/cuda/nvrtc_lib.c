@@ -3,6 +3,7 @@
  * one loaded by path here with dlopen).  No CUDA header: builds without a
  * toolkit. */
 #define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,45 @@
     memcpy(&nv->field, &p_, sizeof p_);                                                                 \
   } while (0)
 
+/* RTLD_LOCAL: this NVRTC's symbols stay out of the global scope, so another
+ * NVRTC in the process is not shadowed.  RTLD_NODELETE: NVRTC is C++ with
+ * static state and is never unloaded (nor are the blocks it keeps, which
+ * LeakSanitizer would otherwise report once their module is gone). */
+#ifdef RTLD_NODELETE
+#define NV_DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
+#else
+#define NV_DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL)
+#endif
+
+/* dlopen of every libnvrtc-builtins.so.* (not the .alt. variants) in the
+ * directory of `path`; 0, or -1 with the failed call in err */
+static int open_builtins(DuetNvrtc *nv, const char *path, char *err, size_t errlen) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash) return 0; /* a bare name: the dynamic loader's search path */
+  *slash = 0;
+  DIR *d = opendir(dir[0] ? dir : "/");
+  if (!d) return 0; /* dlopen of the library will say what is wrong */
+  struct dirent *e;
+  int rc = 0;
+  while ((e = readdir(d)) && nv->n_builtins < (int)(sizeof nv->builtins / sizeof *nv->builtins)) {
+    if (strncmp(e->d_name, "libnvrtc-builtins.so.", 21) || strstr(e->d_name, ".alt.")) continue;
+    char lib[2048];
+    snprintf(lib, sizeof lib, "%s/%s", dir, e->d_name);
+    void *h = dlopen(lib, NV_DLOPEN_FLAGS);
+    if (!h) {
+      const char *m = dlerror();
+      snprintf(err, errlen, "dlopen(%s) failed: %s", lib, m ? m : "unknown error");
+      rc = -1;
+      break;
+    }
+    nv->builtins[nv->n_builtins++] = h;
+  }
+  closedir(d);
+  return rc;
+}
+
 DuetNvrtc *duet_nvrtc_open(const char *path, char *err, size_t errlen) {
   DuetNvrtc *nv = calloc(1, sizeof *nv);
   if (!nv) {
@@ -32,13 +72,15 @@ DuetNvrtc *duet_nvrtc_open(const char *path, char *err, size_t errlen) {
     return NULL;
   }
   snprintf(nv->path, sizeof nv->path, "%s", path);
-  /* RTLD_LOCAL: this NVRTC's symbols stay out of the global scope, so
-   * another NVRTC in the same process is not shadowed */
-  nv->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (open_builtins(nv, path, err, errlen)) {
+    duet_nvrtc_close(nv);
+    return NULL;
+  }
+  nv->dl = dlopen(path, NV_DLOPEN_FLAGS);
   if (!nv->dl) {
     const char *e = dlerror();
     snprintf(err, errlen, "dlopen(%s) failed: %s", path, e ? e : "unknown error");
-    free(nv);
+    duet_nvrtc_close(nv);
     return NULL;
   }
   SYM(version, "nvrtcVersion");
@@ -57,12 +99,17 @@ DuetNvrtc *duet_nvrtc_open(const char *path, char *err, size_t errlen) {
   return nv;
 }
 
+static void close_one(void *h, const char *what) {
+  if (h && dlclose(h)) {
+    const char *e = dlerror();
+    fprintf(stderr, "duet: warning: dlclose(%s) failed: %s\n", what, e ? e : "unknown error");
+  }
+}
+
 void duet_nvrtc_close(DuetNvrtc *nv) {
   if (!nv) return;
-  if (nv->dl && dlclose(nv->dl)) {
-    const char *e = dlerror();
-    fprintf(stderr, "duet: warning: dlclose(%s) failed: %s\n", nv->path, e ? e : "unknown error");
-  }
+  close_one(nv->dl, nv->path);
+  for (int i = 0; i < nv->n_builtins; i++) close_one(nv->builtins[i], "libnvrtc-builtins");
   free(nv);
 }
 
