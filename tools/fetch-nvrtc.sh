@@ -6,7 +6,8 @@
 #
 # usage: tools/fetch-nvrtc.sh DIR [VERSION...]
 #   default VERSIONs: 12.9.86 (CUDA 12.9, the last toolkit for Pascal) and
-#   11.8.89 (CUDA 11.8, Debian 12's non-free toolkit); 12.4.127 also known.
+#   11.8.89 (CUDA 11.8, Debian 12's non-free toolkit); 12.4.127 and 12.0.76
+#   (the oldest 12.x) are known too.
 # Each version ends up in DIR/VERSION/ as lib/libnvrtc.so.* (with its
 # libnvrtc-builtins), include/nvrtc.h and WHEEL (the wheel's name and
 # sha256).  Only the pinned wheels below are accepted: pip checks each
@@ -15,8 +16,8 @@
 # sha256 is not downloaded again.  Needs python3 with pip (Debian:
 # python3-pip) and the network (PyPI); exits 1 with a message when either is
 # missing.  x86_64 only.
-# Download sizes: 12.9.86 about 90 MB, 12.4.127 25 MB, 11.8.89 23 MB;
-# unpacked about 114, 66 and 62 MB.
+# Download sizes: 12.9.86 about 90 MB, 12.4.127, 12.0.76 and 11.8.89 about
+# 23-25 MB each; unpacked about 114 MB and 60-66 MB.
 set -eu
 
 die() {
@@ -42,12 +43,17 @@ pinned() {
     whl=nvidia_cuda_nvrtc_cu12-12.4.127-py3-none-manylinux2014_x86_64.whl
     sha=a178759ebb095827bd30ef56598ec182b85547f1508941a3d560eb7ea1fbf338
     ;;
+  12.0.76)
+    pkg=nvidia-cuda-nvrtc-cu12
+    whl=nvidia_cuda_nvrtc_cu12-12.0.76-py3-none-manylinux1_x86_64.whl
+    sha=8dd4458a7d8bf8fd2b01a34a9069856d53a9b4c0af2037b77c12b270daf9c828
+    ;;
   11.8.89)
     pkg=nvidia-cuda-nvrtc-cu11
     whl=nvidia_cuda_nvrtc_cu11-11.8.89-py3-none-manylinux2014_x86_64.whl
     sha=a8d02f3cba345be56b1ffc3e74d8f61f02bb758dd31b0f20e12277a5a244f756
     ;;
-  *) die "no pinned wheel for NVRTC $1 (known: 12.9.86 12.4.127 11.8.89); add its sha256 to this script" ;;
+  *) die "no pinned wheel for NVRTC $1 (known: 12.9.86 12.4.127 12.0.76 11.8.89); add its sha256 to this script" ;;
   esac
 }
 
