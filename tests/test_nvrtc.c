@@ -14,7 +14,9 @@
  * (GPT-2 small) are compiled by `test_nvrtc --large`: PTX of f32 for the
  * architectures, of fp16 for compute_75 and of bf16 for compute_80 only
  * (about 10 s each on one core).  Exits 77 (ctest SKIP) with a
- * message only when duet was built without NVRTC.  The one-op models of
+ * message only when duet was built without NVRTC.  For sm_60, which CUDA
+ * 13's NVRTC no longer targets, see tests/test_nvrtc_sm60.c (CUDA 12.9 and
+ * 11.8 NVRTC, loaded by path).  The one-op models of
  * tests/op_cases.h (every kernel kind, forward and backward) compile in f32,
  * f64, fp16 and bf16 for compute_75. */
 #define _POSIX_C_SOURCE 200809L
