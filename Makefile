@@ -4,8 +4,10 @@ JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 PACKAGES  = cmake make gcc libc6-dev flex bison libopenblas-openmp-dev libcjson-dev zlib1g-dev \
             dataset-fashion-mnist gzip bible-kjv clang libclang-rt-14-dev
 BENCH_PACKAGES = python3-torch python3-numpy
+# NVRTC 12.9 and 11.8 for the sm_60 compile tests (make nvrtc; git-ignored)
+NVRTC_DIR ?= .nvrtc
 
-.PHONY: all deps build train test test-asan test-gpu fuzz bench clean data gpt
+.PHONY: all deps build train test test-asan test-gpu fuzz bench clean data gpt nvrtc
 
 all: build
 
@@ -13,7 +15,7 @@ deps:
 	@sh tools/deps.sh $(PACKAGES)
 
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDUET_NVRTC_DIR=$(abspath $(NVRTC_DIR)) > /dev/null
 	@cmake --build $(BUILD) -j$(JOBS)
 
 # Trains the default model on real data (Fashion-MNIST) on the CPU.
@@ -26,11 +28,21 @@ data/kjv.txt:
 	@sh tools/deps.sh bible-kjv
 	sh tools/kjv.sh data/kjv.txt
 
+# NVRTC of CUDA 12.9 and 11.8 (the P100's toolkits; CUDA 13 dropped sm_60)
+# from NVIDIA's PyPI wheels, pinned by sha256: about 113 MB downloaded once
+# into $(NVRTC_DIR) (git-ignored), for tests/test_nvrtc_sm60.c.
+nvrtc:
+	@python3 -m pip --version > /dev/null 2>&1 || sh tools/deps.sh python3-pip
+	@sh tools/fetch-nvrtc.sh $(NVRTC_DIR)
+
 # Trains the byte-level GPT of models/gpt_kjv.model (1,000 steps).
 gpt: build data
 	$(BUILD)/duet run models/gpt_kjv.model
 
+# Before ctest: NVRTC 12.9 and 11.8 for the sm_60 compile tests
+# (nvrtc_sm60_*); offline (or without pip) those tests are skipped.
 test: build data
+	@$(MAKE) --no-print-directory nvrtc || echo "duet: warning: NVRTC 12.9/11.8 not fetched: the nvrtc_sm60_* tests will be skipped"
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE long
 	@$(MAKE) --no-print-directory fuzz
 
@@ -50,7 +62,7 @@ test-gpu: build
 
 # The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer.
 test-asan: deps data
-	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=ON > /dev/null
+	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=ON -DDUET_NVRTC_DIR=$(abspath $(NVRTC_DIR)) > /dev/null
 	@cmake --build $(BUILD)-asan -j$(JOBS)
 	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS) -LE long
 

@@ -19,20 +19,19 @@
  * (GPT-2 small) are compiled by `test_nvrtc --large`: PTX of f32 for the
  * architectures, of fp16 for compute_75 and of bf16 for compute_80 only
  * (about 1 s each since kernels share functions; 10 s before).  Exits 77 (ctest SKIP) with a
- * message only when duet was built without NVRTC.  The one-op models of
+ * message only when duet was built without NVRTC.  For sm_60, which CUDA
+ * 13's NVRTC no longer targets, see tests/test_nvrtc_sm60.c (CUDA 12.9 and
+ * 11.8 NVRTC, loaded by path).  The one-op models of
  * tests/op_cases.h (every kernel kind, forward and backward) compile in f32,
  * f64, fp16 and bf16 for compute_75. */
 #define _POSIX_C_SOURCE 200809L
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "../codegen/codegen.h"
-#include "../frontend/frontend.h"
-#include "../passes/passes.h"
 #include "op_cases.h"
+#include "test_util.h"
 
 #ifdef DUET_HAVE_NVRTC
 #include "../runtime/cuda/duet_nvrtc.h"
@@ -60,19 +59,6 @@ static const bool quick = true;
 static const bool quick = false;
 #endif
 
-/* PTX `.entry duet_k<f>(` for every function */
-static int check_entries(const char *what, const char *ptx, int n) {
-  for (int i = 0; i < n; i++) {
-    char want[48];
-    snprintf(want, sizeof want, ".entry duet_k%d(", i);
-    if (!strstr(ptx, want)) {
-      fprintf(stderr, "FAIL %s: PTX has no entry point duet_k%d\n", what, i);
-      return 1;
-    }
-  }
-  return 0;
-}
-
 /* `need` (may be NULL): text the PTX must contain */
 static int compile_one(const char *what, const char *src, const char *arch, int cubin, int n_fns, const char *need) {
   void *img;
@@ -85,7 +71,7 @@ static int compile_one(const char *what, const char *src, const char *arch, int 
     return 1;
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);
-  int rc = cubin ? 0 : check_entries(what, img, n_fns);
+  int rc = cubin ? 0 : check_ptx_entries(what, img, n_fns);
   if (!cubin && need && !strstr(img, need)) {
     fprintf(stderr, "FAIL %s %s: the PTX has no %s\n", what, arch, need);
     rc = 1;
@@ -94,30 +80,6 @@ static int compile_one(const char *what, const char *src, const char *arch, int 
          (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), rc ? " FAILED" : "");
   free(img);
   return rc;
-}
-
-/* Compiles the model at `path` (or the text `text` when not NULL) through
- * every pass; NULL on failure. */
-static CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, bool decode,
-                              const char *precision) {
-  Diag d = {.out = stderr};
-  Source *src;
-  if (text) {
-    src = arena_alloc(a, sizeof *src);
-    memset(src, 0, sizeof *src);
-    src->name = path;
-    src->text = text;
-    src->len = strlen(text);
-  } else {
-    src = frontend_read_file(a, &d, path);
-  }
-  if (!src) return NULL;
-  FrontendOptions fo = {.float_dtype = dt, .decode = decode, .batch = decode ? 1 : 0};
-  Graph *g = frontend_compile(a, &d, src, &fo);
-  if (!g) return NULL;
-  PassCtx pc = {.diag = &d, .verify = true, .precision = precision};
-  if (passes_run(g, &pc)) return NULL;
-  return codegen_lower(g, a);
 }
 
 /* What the PTX of a program must contain: the f16x2 arithmetic of the
@@ -233,30 +195,21 @@ static void test_op_cases(void) {
     }
 }
 
-static int cmp_str(const void *x, const void *y) { return strcmp(*(char *const *)x, *(char *const *)y); }
-
 static void test_dir(const char *dir, const int *archs, int n_archs) {
-  DIR *d = opendir(dir);
-  if (!d) {
+  char **names;
+  int n = list_models(dir, &names);
+  if (n < 0) {
     fprintf(stderr, "FAIL cannot open %s\n", dir);
     failures++;
     return;
   }
-  char *names[256];
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) && n < 256) {
-    size_t l = strlen(e->d_name);
-    if (l > 6 && !strcmp(e->d_name + l - 6, ".model")) names[n++] = strdup(e->d_name);
-  }
-  closedir(d);
-  qsort(names, (size_t)n, sizeof *names, cmp_str);
   for (int i = 0; i < n; i++) {
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", dir, names[i]);
     test_model(path, archs, n_archs);
     free(names[i]);
   }
+  free(names);
   if (n == 0) {
     fprintf(stderr, "FAIL no models in %s\n", dir);
     failures++;

@@ -1,6 +1,8 @@
 /* tests/test_util.c */
+#define _POSIX_C_SOURCE 200809L
 #include "test_util.h"
 
+#include <dirent.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,3 +175,61 @@ int compare_sessions_stats(const char *what, const DuetProgram *p, DuetSession *
   return bad;
 }
 
+
+CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, bool decode, const char *precision) {
+  Diag d = {.out = stderr};
+  Source *src;
+  if (text) {
+    src = arena_alloc(a, sizeof *src);
+    memset(src, 0, sizeof *src);
+    src->name = path;
+    src->text = text;
+    src->len = strlen(text);
+  } else {
+    src = frontend_read_file(a, &d, path);
+  }
+  if (!src) return NULL;
+  FrontendOptions fo = {.float_dtype = dt, .decode = decode, .batch = decode ? 1 : 0};
+  Graph *g = frontend_compile(a, &d, src, &fo);
+  if (!g) return NULL;
+  PassCtx pc = {.diag = &d, .verify = true, .precision = precision};
+  if (passes_run(g, &pc)) return NULL;
+  return codegen_lower(g, a);
+}
+
+static int cmp_str(const void *x, const void *y) { return strcmp(*(char *const *)x, *(char *const *)y); }
+
+int list_models(const char *dir, char ***names) {
+  *names = NULL;
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  int n = 0, cap = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    size_t l = strlen(e->d_name);
+    if (l <= 6 || strcmp(e->d_name + l - 6, ".model")) continue;
+    if (n == cap) {
+      cap = cap ? 2 * cap : 16;
+      char **grown = realloc(*names, sizeof *grown * (size_t)cap);
+      if (!grown) break;
+      *names = grown;
+    }
+    if (!((*names)[n] = strdup(e->d_name))) break;
+    n++;
+  }
+  closedir(d);
+  if (n) qsort(*names, (size_t)n, sizeof **names, cmp_str);
+  return n;
+}
+
+int check_ptx_entries(const char *what, const char *ptx, int n) {
+  for (int i = 0; i < n; i++) {
+    char want[48];
+    snprintf(want, sizeof want, ".entry duet_k%d(", i);
+    if (!strstr(ptx, want)) {
+      fprintf(stderr, "FAIL %s: PTX has no entry point duet_k%d\n", what, i);
+      return 1;
+    }
+  }
+  return 0;
+}

@@ -37,6 +37,20 @@ int tmodel_tensor(const TModel *t, const Value *v);
 /* The PARAM value called `name`, or NULL. */
 Value *tmodel_param(const TModel *t, const char *name);
 
+/* The model at `path` (or the text `text` when not NULL, named `path`)
+ * through the frontend (with `dt` floats; `decode`: the batch-1 decoding
+ * program) and every pass (verifier on, --precision `precision`), lowered
+ * to kernels; NULL after printing why. */
+CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, bool decode, const char *precision);
+/* The names of the *.model files in `dir`, sorted, in a malloc'ed array of
+ * malloc'ed strings (free each and the array); the count, or -1 when the
+ * directory cannot be read. */
+int list_models(const char *dir, char ***names);
+/* 0 when the PTX holds an entry point `.entry duet_k<f>(` for every
+ * function f < n (kernels share functions), else 1 after printing the
+ * first one missing. */
+int check_ptx_entries(const char *what, const char *ptx, int n);
+
 /* A whole file as a NUL-terminated string (malloc'ed), or NULL. */
 char *slurp(const char *path);
 

@@ -1,104 +1,68 @@
-/* runtime/cuda/nvrtc.c: generated CUDA C -> PTX or CUBIN with NVRTC. */
-#include "duet_nvrtc.h"
-
+/* runtime/cuda/nvrtc.c: the NVRTC the build links (the toolkit's libnvrtc),
+ * as a DuetNvrtc table for nvrtc_lib.c's compile routine.  Each entry is a
+ * wrapper with NVRTC's own types, so the linked path calls nothing through
+ * a converted function pointer. */
 #include <cuda.h> /* CUDA_VERSION */
 #include <nvrtc.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-int duet_nvrtc_version(int *major, int *minor) {
-  return nvrtcVersion(major, minor) == NVRTC_SUCCESS ? 0 : -1;
-}
+#include "duet_nvrtc.h"
 
-int duet_nvrtc_archs(int *archs, int max) {
-#if CUDA_VERSION >= 11020
-  int n = 0;
-  if (nvrtcGetNumSupportedArchs(&n) != NVRTC_SUCCESS || n < 0) return -1;
-  int *all = malloc(sizeof *all * (size_t)(n ? n : 1));
-  if (!all) return -1;
-  if (nvrtcGetSupportedArchs(all) != NVRTC_SUCCESS) {
-    free(all);
-    return -1;
-  }
-  int k = 0;
-  for (int i = 0; i < n && k < max; i++) archs[k++] = all[i];
-  free(all);
-  /* ascending (the documented order, enforced) */
-  for (int i = 1; i < k; i++)
-    for (int j = i; j > 0 && archs[j - 1] > archs[j]; j--) {
-      int t = archs[j];
-      archs[j] = archs[j - 1];
-      archs[j - 1] = t;
-    }
-  return k;
-#else
-  (void)archs;
-  (void)max;
-  return -1;
+/* nvrtcGetSupportedArchs (11.2) and nvrtcGetCUBIN (11.1): CMake requires
+ * CUDA 11.2 or later */
+#if CUDA_VERSION < 11020
+#error "duet's CUDA backend needs CUDA 11.2 or later (nvrtcGetSupportedArchs)"
 #endif
+
+static int l_version(int *major, int *minor) { return (int)nvrtcVersion(major, minor); }
+static int l_num_archs(int *n) { return (int)nvrtcGetNumSupportedArchs(n); }
+static int l_archs(int *archs) { return (int)nvrtcGetSupportedArchs(archs); }
+static const char *l_error_string(int r) { return nvrtcGetErrorString((nvrtcResult)r); }
+static int l_create(void **prog, const char *src, const char *name, int n_headers, const char *const *headers,
+                    const char *const *include_names) {
+  nvrtcProgram p = NULL;
+  nvrtcResult r = nvrtcCreateProgram(&p, src, name, n_headers, headers, include_names);
+  *prog = p;
+  return (int)r;
 }
+static int l_compile(void *prog, int n, const char *const *opts) {
+  return (int)nvrtcCompileProgram((nvrtcProgram)prog, n, opts);
+}
+static int l_log_size(void *prog, size_t *n) { return (int)nvrtcGetProgramLogSize((nvrtcProgram)prog, n); }
+static int l_log(void *prog, char *log) { return (int)nvrtcGetProgramLog((nvrtcProgram)prog, log); }
+static int l_ptx_size(void *prog, size_t *n) { return (int)nvrtcGetPTXSize((nvrtcProgram)prog, n); }
+static int l_ptx(void *prog, char *ptx) { return (int)nvrtcGetPTX((nvrtcProgram)prog, ptx); }
+static int l_cubin_size(void *prog, size_t *n) { return (int)nvrtcGetCUBINSize((nvrtcProgram)prog, n); }
+static int l_cubin(void *prog, char *cubin) { return (int)nvrtcGetCUBIN((nvrtcProgram)prog, cubin); }
+static int l_destroy(void **prog) {
+  nvrtcProgram p = *prog;
+  nvrtcResult r = nvrtcDestroyProgram(&p);
+  *prog = p;
+  return (int)r;
+}
+
+static const DuetNvrtc linked = {
+    .dl = NULL,
+    .path = "(linked libnvrtc)",
+    .version = l_version,
+    .num_archs = l_num_archs,
+    .archs = l_archs,
+    .error_string = l_error_string,
+    .create = l_create,
+    .compile = l_compile,
+    .log_size = l_log_size,
+    .log = l_log,
+    .ptx_size = l_ptx_size,
+    .ptx = l_ptx,
+    .cubin_size = l_cubin_size,
+    .cubin = l_cubin,
+    .destroy = l_destroy,
+};
+
+int duet_nvrtc_version(int *major, int *minor) { return duet_nvrtc_lib_version(&linked, major, minor); }
+
+int duet_nvrtc_archs(int *archs, int max) { return duet_nvrtc_lib_archs(&linked, archs, max); }
 
 int duet_nvrtc_compile(const char *src, const char *arch_opt, int cubin, void **image, size_t *len, char *err,
                        size_t errlen) {
-  *image = NULL;
-  *len = 0;
-  nvrtcProgram prog;
-  nvrtcResult r = nvrtcCreateProgram(&prog, src, "duet.cu", 0, NULL, NULL);
-  if (r != NVRTC_SUCCESS) {
-    snprintf(err, errlen, "nvrtcCreateProgram failed: %s", nvrtcGetErrorString(r));
-    return -1;
-  }
-  const char *opts[] = {DUET_NVRTC_OPTIONS, arch_opt};
-  int rc = -1;
-  r = nvrtcCompileProgram(prog, 2, opts);
-  if (r != NVRTC_SUCCESS) {
-    size_t loglen = 0;
-    char *log = NULL;
-    if (nvrtcGetProgramLogSize(prog, &loglen) == NVRTC_SUCCESS && (log = malloc(loglen + 1)) &&
-        nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS)
-      log[loglen] = 0;
-    else if (log)
-      log[0] = 0;
-    snprintf(err, errlen, "NVRTC compile (%s %s) failed: %s\n%s", DUET_NVRTC_OPTIONS, arch_opt,
-             nvrtcGetErrorString(r), log ? log : "");
-    free(log);
-    goto out;
-  }
-  size_t n = 0;
-  if (cubin) {
-#if CUDA_VERSION >= 11010
-    r = nvrtcGetCUBINSize(prog, &n);
-#else
-    r = NVRTC_ERROR_INVALID_INPUT; /* no CUBIN before CUDA 11.1 */
-#endif
-  } else {
-    r = nvrtcGetPTXSize(prog, &n);
-  }
-  if (r != NVRTC_SUCCESS || n == 0) {
-    snprintf(err, errlen, "NVRTC gave no %s for %s: %s", cubin ? "CUBIN" : "PTX", arch_opt, nvrtcGetErrorString(r));
-    goto out;
-  }
-  char *img = malloc(n + 1);
-  if (!img) {
-    snprintf(err, errlen, "out of host memory");
-    goto out;
-  }
-#if CUDA_VERSION >= 11010
-  r = cubin ? nvrtcGetCUBIN(prog, img) : nvrtcGetPTX(prog, img);
-#else
-  r = nvrtcGetPTX(prog, img);
-#endif
-  if (r != NVRTC_SUCCESS) {
-    snprintf(err, errlen, "NVRTC: reading the %s failed: %s", cubin ? "CUBIN" : "PTX", nvrtcGetErrorString(r));
-    free(img);
-    goto out;
-  }
-  img[n] = 0;
-  *image = img;
-  *len = n;
-  rc = 0;
-out:
-  nvrtcDestroyProgram(&prog);
-  return rc;
+  return duet_nvrtc_lib_compile(&linked, src, arch_opt, cubin, image, len, err, errlen);
 }
