@@ -433,6 +433,22 @@ static int cmd_run(int argc, char **argv) {
   return rc;
 }
 
+/* The error for argv[i], which `duet CMD` did not take: a flag of a value
+ * given last, without its value, or an argument it does not know. */
+static int bad_argument(const char *cmd, int argc, char **argv, int i) {
+  static const char *const with_value[] = {"-o", "--target", "--batch", "--devices", "--micro-batches", "--schedule",
+                                           "--threads", "--precision", "--arch", "--after", "--format", "--checkpoint",
+                                           "--prompt", "--tokens", "--temperature", "--top-k", "--seed",
+                                           "--gemm-accumulate", "--start-after"};
+  for (size_t k = 0; k < sizeof with_value / sizeof *with_value && i + 1 == argc; k++)
+    if (!strcmp(argv[i], with_value[k])) {
+      fprintf(stderr, "duet: error: %s needs a value (see duet %s --help)\n", argv[i], cmd);
+      return 1;
+    }
+  fprintf(stderr, "duet: error: unexpected argument '%s' (see duet %s --help)\n", argv[i], cmd);
+  return 1;
+}
+
 static int cmd_compile(int argc, char **argv) {
   const char *model = NULL, *out = NULL;
   int64_t batch = 0;
@@ -455,12 +471,17 @@ static int cmd_compile(int argc, char **argv) {
     } else if (argv[i][0] != '-' && !model) {
       model = argv[i];
     } else {
-      fprintf(stderr, "duet: error: unexpected argument '%s' (see duet compile --help)\n", argv[i]);
-      return 1;
+      return bad_argument("compile", argc, argv, i);
     }
   }
   if (!model || !out) {
-    fprintf(stderr, "duet: error: usage: duet compile M.model -o EXE\n");
+    fprintf(stderr, "duet: error: %s (usage: duet compile M.model -o EXE)\n",
+            !model ? "no model file given" : "no -o EXE given (the executable to write)");
+    return 1;
+  }
+  struct stat out_st;
+  if (!stat(out, &out_st) && S_ISDIR(out_st.st_mode)) {
+    fprintf(stderr, "duet: error: -o %s is a directory; give the path of the executable to write\n", out);
     return 1;
   }
   struct stat sm, so;
@@ -512,8 +533,8 @@ static int cmd_compile(int argc, char **argv) {
   snprintf(cpath, sizeof cpath, "%s.duet-XXXXXX.c", out);
   int fd = mkstemps(cpath, 2);
   FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-  if (!f) {
-    fprintf(stderr, "duet: error: cannot write %s: %s\n", cpath, strerror(errno));
+  if (!f) { /* the executable's directory: missing or not writable */
+    fprintf(stderr, "duet: error: cannot write %s: %s\n", out, strerror(errno));
     compiled_free(&c);
     return 1;
   }
@@ -587,8 +608,7 @@ static int cmd_ir(int argc, char **argv) {
     } else if (argv[i][0] != '-' && !model) {
       model = argv[i];
     } else {
-      fprintf(stderr, "duet: error: unexpected argument '%s' (see duet ir --help)\n", argv[i]);
-      return 1;
+      return bad_argument("ir", argc, argv, i);
     }
   }
   if (!model) {
@@ -652,8 +672,7 @@ static int cmd_plan(int argc, char **argv) {
     } else if (argv[i][0] != '-' && !model) {
       model = argv[i];
     } else {
-      fprintf(stderr, "duet: error: unexpected argument '%s' (see duet plan --help)\n", argv[i]);
-      return 1;
+      return bad_argument("plan", argc, argv, i);
     }
   }
   if (!model) {
@@ -701,8 +720,7 @@ static int cmd_emit(int argc, char **argv) {
     } else if (argv[i][0] != '-' && !model) {
       model = argv[i];
     } else {
-      fprintf(stderr, "duet: error: unexpected argument '%s' (see duet emit --help)\n", argv[i]);
-      return 1;
+      return bad_argument("emit", argc, argv, i);
     }
   }
   if (!model) {
@@ -766,7 +784,8 @@ static int cmd_sample(int argc, char **argv) {
     }
   }
   if (!model || !ckpt) {
-    fprintf(stderr, "duet: error: usage: duet sample M.model --checkpoint CK [--prompt TEXT]\n");
+    fprintf(stderr, "duet: error: %s (usage: duet sample M.model --checkpoint CK [--prompt TEXT])\n",
+            !model ? "no model file given" : "no --checkpoint CK given (the trained weights)");
     return 1;
   }
   Compiled c;

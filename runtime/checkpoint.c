@@ -45,10 +45,17 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
   snprintf(scale, sizeof scale, "%a", sc.scale);
   snprintf(growth, sizeof growth, "%" PRId64, sc.growth);
   snprintf(skipped, sizeof skipped, "%" PRId64, sc.skipped);
-  const char *meta[] = {"format", CKPT_FORMAT, "model", p->model_name, "step", step,
-                        "epoch",  epoch,       "batch", batch,          "rng",  rng,
+  /* what decides the data order: checked (a warning) on resume */
+  const DuetConfig *cfg = duet_session_config(s);
+  char seed[32], bsz[32], subset[32];
+  snprintf(seed, sizeof seed, "%" PRIu64, cfg->seed);
+  snprintf(bsz, sizeof bsz, "%" PRId64, cfg->batch);
+  snprintf(subset, sizeof subset, "%" PRId64, cfg->train_subset);
+  const char *meta[] = {"format", CKPT_FORMAT, "model",      p->model_name, "step",          step,
+                        "epoch",  epoch,       "batch",      batch,         "rng",           rng,
+                        "seed",   seed,        "batch_size", bsz,           "train_subset",  subset,
                         "loss_scale", scale, "loss_scale_growth", growth, "skipped_steps", skipped};
-  rc = duet_st_save(path, t, n, meta, p->n_unscale ? 9 : 6, err, errlen);
+  rc = duet_st_save(path, t, n, meta, p->n_unscale ? 12 : 9, err, errlen);
 out:
   for (int i = 0; i < n; i++) free(host[i]);
   free(host);
@@ -151,6 +158,21 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   }
   if (!weights_only) duet_session_set_step(s, ns.step);
   if (!weights_only) duet_session_set_scaler(s, &sc);
+  /* settings that change the data order: the run goes on, but not as the
+   * uninterrupted one would have (checkpoints of older duet lack them) */
+  const DuetConfig *cfg = duet_session_config(s);
+  struct {
+    const char *key, *flag;
+    int64_t now;
+  } same[] = {{"seed", "--seed", (int64_t)cfg->seed}, {"batch_size", "--batch", cfg->batch},
+              {"train_subset", "--train-subset", cfg->train_subset}};
+  for (size_t k = 0; k < sizeof same / sizeof *same && !weights_only && !cfg->quiet; k++) {
+    int64_t was;
+    if (!meta_i64(f, same[k].key, &was) && was != same[k].now)
+      fprintf(stderr, "duet: warning: %s %" PRId64 " differs from the checkpoint's %" PRId64 " (%s): the resumed run "
+                      "does not continue the original one exactly\n",
+              same[k].flag, same[k].now, was, path);
+  }
   *st = ns;
   rc = 0;
 out:

@@ -475,6 +475,7 @@ int64_t duet_session_step(const DuetSession *s) { return s->step; }
 void duet_session_set_step(DuetSession *s, int64_t step) { s->step = step; }
 DuetScaler duet_session_scaler(const DuetSession *s) { return s->scaler; }
 int duet_session_config_quiet(const DuetSession *s) { return s->cfg.quiet; }
+const DuetConfig *duet_session_config(const DuetSession *s) { return &s->cfg; }
 void duet_session_set_scaler(DuetSession *s, const DuetScaler *sc) {
   if (!s->p->n_unscale) return;
   s->scaler = *sc;

@@ -352,6 +352,8 @@ DuetScaler duet_session_scaler(const DuetSession *s);
 void duet_session_set_scaler(DuetSession *s, const DuetScaler *sc);
 /* The session's config has --quiet set. */
 int duet_session_config_quiet(const DuetSession *s);
+/* The session's config (seed, batch, subsets, ... as the run was started). */
+const DuetConfig *duet_session_config(const DuetSession *s);
 /* Decoding: the position of the token the next run processes. */
 void duet_session_set_pos(DuetSession *s, int64_t pos);
 /* Number of rows of the current batch that hold real samples (eval). */

@@ -3,6 +3,7 @@
  * training executables: flags, data, the step loop, logging, evaluation. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
@@ -73,6 +74,7 @@ static int parse_f64(const char *flag, const char *s, double lo, double *out) {
 }
 
 int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **argv) {
+  int steps_given = 0;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 2;
@@ -115,8 +117,10 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     }
     int64_t iv;
     int rc = 0;
-    if (!strcmp(flag, "--epochs")) rc = parse_i64(flag, val, 1, &c->epochs), c->steps = rc ? c->steps : 0;
-    else if (!strcmp(flag, "--steps")) rc = parse_i64(flag, val, 1, &c->steps);
+    /* --steps wins over --epochs in either order; --epochs alone replaces
+     * the model's `steps` */
+    if (!strcmp(flag, "--epochs")) rc = parse_i64(flag, val, 1, &c->epochs), c->steps = rc || steps_given ? c->steps : 0;
+    else if (!strcmp(flag, "--steps")) rc = parse_i64(flag, val, 1, &c->steps), steps_given = 1;
     else if (!strcmp(flag, "--lr")) rc = parse_f64(flag, val, 0, &c->lr);
     else if (!strcmp(flag, "--weight-decay")) rc = parse_f64(flag, val, 0, &c->weight_decay);
     else if (!strcmp(flag, "--seed")) rc = parse_i64(flag, val, 0, &iv), c->seed = (uint64_t)iv;
@@ -132,10 +136,13 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     else if (!strcmp(flag, "--resume")) c->resume_path = val;
     else if (!strcmp(flag, "--metrics")) c->metrics_path = val;
     else if (!strcmp(flag, "--loss-scale") || !strcmp(flag, "--min-loss-scale")) {
-      double x;
-      rc = parse_f64(flag, val, 0, &x);
-      if (!rc && !(x > 0)) {
-        fprintf(stderr, "duet: error: %s expects a number > 0, got '%s'\n", flag, val);
+      /* the kernels multiply by the scale in f32: at most FLT_MAX */
+      char *end;
+      errno = 0;
+      double x = strtod(val, &end);
+      if (errno || end == val || *end || !(x > 0) || x > FLT_MAX) {
+        fprintf(stderr, "duet: error: %s expects a number > 0 and at most %g (the largest float), got '%s'\n", flag,
+                (double)FLT_MAX, val);
         rc = 1;
       }
       if (!rc) *(flag[2] == 'l' ? &c->loss_scale : &c->min_loss_scale) = x;
@@ -174,6 +181,15 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
   if (c->loss_scale > 0 && c->loss_scale < floor) {
     fprintf(stderr, "duet: error: --loss-scale %g is below the floor %g (--min-loss-scale) at which training stops\n",
             c->loss_scale, floor);
+    return 1;
+  }
+  if (c->loss_scale <= 0 && floor > 65536) {
+    fprintf(stderr, "duet: error: --min-loss-scale %g is above the default initial loss scale 65536; give "
+                    "--loss-scale too\n", floor);
+    return 1;
+  }
+  if (c->save_every > 0 && !c->save_path) {
+    fprintf(stderr, "duet: error: --save-every needs --save PATH (where to write the checkpoints)\n");
     return 1;
   }
   return 0;
@@ -561,7 +577,8 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     }
   }
   double elapsed = now_seconds() - t_start - t_eval;
-  printf("duet: trained %" PRId64 " steps in %.1f s (%.0f samples/s)", total - first_step, elapsed,
+  printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f samples/s)", total - first_step,
+         total - first_step == 1 ? "" : "s", elapsed,
          (double)((total - first_step) * B) / elapsed);
   if (evaluated)
     printf("; test accuracy %.2f%%", 100.0 * (double)last.correct / (double)last.n);
@@ -749,7 +766,8 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     if (maybe_save(s, &cfg, &ts, total)) goto out;
   }
   double elapsed = now_seconds() - t_start - t_eval;
-  printf("duet: trained %" PRId64 " steps in %.1f s (%.0f tokens/s)", total - first_step, elapsed,
+  printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f tokens/s)", total - first_step,
+         total - first_step == 1 ? "" : "s", elapsed,
          (double)((total - first_step) * B * T) / elapsed);
   if (!isnan(val)) printf("; val loss %.4f nats/byte", val);
   printf("\n");

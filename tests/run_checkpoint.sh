@@ -61,5 +61,15 @@ echo "$out" | grep -q "duet: error: cannot resume: corrupt safetensors file $d/t
   && ok resume_truncated || { bad resume_truncated; echo "$out"; }
 out=$("$DUET" run $M $F --steps 3 --save /nonexistent/dir/ck.st 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -qx "duet: error: --save /nonexistent/dir/ck.st: cannot write into /nonexistent/dir: No such file or directory" && ok save_unwritable || { bad save_unwritable; echo "$out"; }
+# resuming with another seed or train subset: a warning (the data order changes), none when they agree
+R="--train-subset 2560 --log-every 1 --no-eval --threads 2"
+w=$("$DUET" run $M $R --steps 14 --resume "$d/ck.st" --seed 7 2>&1 >/dev/null | grep warning)
+[ "$w" = "duet: warning: --seed 7 differs from the checkpoint's 1 ($d/ck.st): the resumed run does not continue the original one exactly" ] &&
+  ok resume_other_seed || { bad resume_other_seed; echo "got: $w"; }
+w=$("$DUET" run $M --train-subset 1280 --log-every 1 --no-eval --threads 2 --steps 14 --resume "$d/ck.st" 2>&1 >/dev/null | grep warning)
+[ "$w" = "duet: warning: --train-subset 1280 differs from the checkpoint's 2560 ($d/ck.st): the resumed run does not continue the original one exactly" ] &&
+  ok resume_other_subset || { bad resume_other_subset; echo "got: $w"; }
+w=$("$DUET" run $M $R --steps 14 --resume "$d/ck.st" 2>&1 >/dev/null | grep -c warning)
+[ "$w" = 0 ] && ok resume_same_settings_no_warning || bad resume_same_settings_no_warning
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

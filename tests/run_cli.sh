@@ -80,5 +80,28 @@ expect compile_onto_input 1 "duet: error: -o $d/self.model names the input file;
   "$DUET" compile "$d/self.model" -o "$d/self.model"
 cmp -s $M "$d/self.model" && { echo "ok compile_onto_input_kept"; pass=$((pass + 1)); } ||
   { echo "FAIL compile_onto_input_kept: the input changed"; fail=$((fail + 1)); }
+# flags without their value, missing required arguments, bad output paths
+expect compile_o_no_value 1 "duet: error: -o needs a value (see duet compile --help)" "$DUET" compile $M -o
+expect emit_target_no_value 1 "duet: error: --target needs a value (see duet emit --help)" "$DUET" emit $M --target
+expect compile_no_o 1 "duet: error: no -o EXE given (the executable to write) (usage: duet compile M.model -o EXE)" \
+  "$DUET" compile $M
+expect sample_no_checkpoint 1 \
+  "duet: error: no --checkpoint CK given (the trained weights) (usage: duet sample M.model --checkpoint CK [--prompt TEXT])" \
+  "$DUET" sample models/gpt_kjv.model
+expect compile_o_directory 1 "duet: error: -o $d is a directory; give the path of the executable to write" \
+  "$DUET" compile $M -o "$d"
+expect compile_o_missing_dir 1 "duet: error: cannot write $d/no/such/exe: No such file or directory" \
+  "$DUET" compile $M -o "$d/no/such/exe"
+# duet run's flags: --steps wins over --epochs in either order; checked values
+"$DUET" run $M --steps 2 --epochs 3 --no-eval --train-subset 1024 > "$d/se.out" 2>&1 &&
+  grep -q '^duet: trained 2 steps' "$d/se.out" && { echo "ok steps_then_epochs"; pass=$((pass + 1)); } ||
+  { echo "FAIL steps_then_epochs: $(tail -1 "$d/se.out")"; fail=$((fail + 1)); }
+expect save_every_without_save 1 "duet: error: --save-every needs --save PATH (where to write the checkpoints)" \
+  "$DUET" run $M --save-every 2 --steps 1
+expect loss_scale_huge 1 "duet: error: --loss-scale expects a number > 0 and at most 3.40282e+38 (the largest float), got '1e300'" \
+  "$DUET" run $M --precision fp16 --loss-scale 1e300
+expect min_loss_scale_above_default 1 \
+  "duet: error: --min-loss-scale 1e+09 is above the default initial loss scale 65536; give --loss-scale too" \
+  "$DUET" run $M --precision fp16 --min-loss-scale 1e9
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
