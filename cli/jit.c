@@ -146,7 +146,21 @@ int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
              jit_cc());
     return -1;
   }
-  if (duet_cache_dir(dir, sizeof dir, err, errlen)) return -1;
+  /* no usable cache directory (HOME unset or read-only, ...): compile in a
+   * private temporary directory, removed once the kernels are loaded */
+  bool temp = false;
+  if (duet_cache_dir(dir, sizeof dir, err, errlen)) {
+    char why[600];
+    snprintf(why, sizeof why, "%s", err);
+    const char *td = getenv("TMPDIR");
+    if ((size_t)snprintf(dir, sizeof dir, "%s/duet-kernels-XXXXXX", td && *td ? td : "/tmp") >= sizeof dir ||
+        !mkdtemp(dir)) {
+      snprintf(err, errlen, "%s; no temporary directory either (%s)", why, strerror(errno));
+      return -1;
+    }
+    fprintf(stderr, "duet: warning: %s; compiling the kernels in %s without caching them\n", why, dir);
+    temp = true;
+  }
   cpu_signature(cpu, sizeof cpu);
   /* the full key: everything that changes the object code */
   const char *flags[] = {DUET_KERNEL_CFLAGS, "-fPIC", "-shared"};
@@ -155,7 +169,7 @@ int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
   char *key = malloc(klen), *old = NULL;
   char so[1200], keyf[1200], base[1200], c_path[1300], so_tmp[1300], key_tmp[1300];
   int rc = -1;
-  c_path[0] = so_tmp[0] = key_tmp[0] = 0;
+  c_path[0] = so_tmp[0] = key_tmp[0] = so[0] = keyf[0] = 0;
   if (!key) {
     snprintf(err, errlen, "out of host memory");
     return -1;
@@ -229,6 +243,11 @@ out:
   if (c_path[0]) unlink(c_path);
   if (so_tmp[0]) unlink(so_tmp);
   if (key_tmp[0]) unlink(key_tmp);
+  if (temp) { /* a loaded module stays mapped after its file is removed */
+    if (so[0]) unlink(so);
+    if (keyf[0]) unlink(keyf);
+    rmdir(dir);
+  }
   free(old);
   free(key);
   return rc;

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "ast.h"
 
@@ -1360,6 +1361,12 @@ Source *frontend_read_file(Arena *a, Diag *d, const char *path) {
   Loc file_loc = {src, 0, 0};
   jmp_buf *saved = d->jmp;
   d->jmp = NULL;
+  struct stat fst;
+  if (!stat(path, &fst) && S_ISDIR(fst.st_mode)) {
+    diag_error(d, file_loc, "this is a directory, not a .model file");
+    d->jmp = saved;
+    return NULL;
+  }
   FILE *f = fopen(path, "rb");
   if (!f) {
     diag_error(d, file_loc, "cannot open file: %s", strerror(errno));

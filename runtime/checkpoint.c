@@ -90,26 +90,26 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   char e2[512];
   DuetStFile *f = duet_st_open(path, e2, sizeof e2);
   if (!f) {
-    snprintf(err, errlen, "cannot resume: %s", e2);
+    snprintf(err, errlen, "cannot %s: %s", weights_only ? "load the checkpoint" : "resume", e2);
     return -1;
   }
   int rc = -1, n_saved = 0;
   const char *fmt = duet_st_meta(f, "format"), *model = duet_st_meta(f, "model"), *rng = duet_st_meta(f, "rng");
   DuetTrainState ns = {0};
   if (!fmt || strcmp(fmt, CKPT_FORMAT)) {
-    snprintf(err, errlen, "cannot resume from %s: not a duet checkpoint (metadata format is %s%s%s, expected %s)", path,
+    snprintf(err, errlen, "cannot %s %s: not a duet checkpoint (metadata format is %s%s%s, expected %s)", weights_only ? "load" : "resume from", path,
              fmt ? "\"" : "", fmt ? fmt : "missing", fmt ? "\"" : "", CKPT_FORMAT);
     goto out;
   }
   if (!model || strcmp(model, p->model_name)) {
-    snprintf(err, errlen, "cannot resume from %s: it is a checkpoint of model `%s`, not `%s`", path,
+    snprintf(err, errlen, "cannot %s %s: it is a checkpoint of model `%s`, not `%s`", weights_only ? "load" : "resume from", path,
              model ? model : "?", p->model_name);
     goto out;
   }
   if (meta_i64(f, "step", &ns.step) || meta_i64(f, "epoch", &ns.epoch) || meta_i64(f, "batch", &ns.batch) || !rng ||
       sscanf(rng, "%" SCNx64 " %" SCNx64 " %" SCNx64 " %" SCNx64, &ns.rng.s[0], &ns.rng.s[1], &ns.rng.s[2],
              &ns.rng.s[3]) != 4) {
-    snprintf(err, errlen, "cannot resume from %s: corrupt training state in its metadata", path);
+    snprintf(err, errlen, "cannot %s %s: corrupt training state in its metadata", weights_only ? "load" : "resume from", path);
     goto out;
   }
   /* fp16 programs: the loss scaler; a checkpoint of an fp32 run starts it afresh */
@@ -120,7 +120,7 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
     sc.scale = strtod(scale, &end);
     if (end == scale || *end || !(sc.scale > 0) || meta_i64(f, "loss_scale_growth", &sc.growth) ||
         meta_i64(f, "skipped_steps", &sc.skipped) || sc.skipped > ns.step) {
-      snprintf(err, errlen, "cannot resume from %s: corrupt loss scaler state in its metadata", path);
+      snprintf(err, errlen, "cannot %s %s: corrupt loss scaler state in its metadata", weights_only ? "load" : "resume from", path);
       goto out;
     }
   }
@@ -131,19 +131,19 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
     n_saved++;
     const DuetStTensor *y = duet_st_find(f, x->name);
     if (!y) {
-      snprintf(err, errlen, "cannot resume from %s: it has no tensor `%s`", path, x->name);
+      snprintf(err, errlen, "cannot %s %s: it has no tensor `%s`", weights_only ? "load" : "resume from", path, x->name);
       goto out;
     }
     int same = y->dtype == x->dtype && y->rank == x->rank && y->nbytes == x->nbytes;
     for (int k = 0; same && k < x->rank; k++) same = y->shape[k] == x->shape[k];
     if (!same) {
-      snprintf(err, errlen, "cannot resume from %s: tensor `%s` has another dtype or shape than the model's", path,
+      snprintf(err, errlen, "cannot %s %s: tensor `%s` has another dtype or shape than the model's", weights_only ? "load" : "resume from", path,
                x->name);
       goto out;
     }
   }
   if (!weights_only && duet_st_count(f) != n_saved) {
-    snprintf(err, errlen, "cannot resume from %s: it holds %d tensors, the model has %d params and state tensors", path,
+    snprintf(err, errlen, "cannot %s %s: it holds %d tensors, the model has %d params and state tensors", weights_only ? "load" : "resume from", path,
              duet_st_count(f), n_saved);
     goto out;
   }
@@ -152,7 +152,7 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
     if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM)) continue;
     const DuetStTensor *y = duet_st_find(f, x->name);
     if (d->ops->copy_to_device(d, duet_session_tensor(s, i), y->data, (size_t)y->nbytes)) {
-      snprintf(err, errlen, "cannot resume from %s: copying %s to the device failed: %s", path, x->name, d->err);
+      snprintf(err, errlen, "cannot %s %s: copying %s to the device failed: %s", weights_only ? "load" : "resume from", path, x->name, d->err);
       goto out;
     }
   }

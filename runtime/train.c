@@ -27,7 +27,8 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --seed N           seed of initialisation and shuffling\n"
           "  --threads N        CPU threads for kernels and BLAS (default: all cores)\n"
           "  --data PATH        data directory or text file (default: the train section's)\n"
-          "  --metrics FILE     write JSON lines: {\"step\",\"loss\"} and {\"epoch\",\"test_accuracy\"}\n"
+          "  --metrics FILE     write JSON lines: {\"step\",\"loss\"}, and {\"epoch\",\"test_accuracy\"\n"
+          "                     (a fraction),\"test_loss\"} or, text models, {\"step\",\"val_loss\"}\n"
           "  --log-every N      progress line every N steps\n"
           "  --eval-every N     text: validation loss every N steps\n"
           "  --eval-batches N   text: number of fixed validation batches\n"
@@ -45,7 +46,11 @@ void duet_usage(const char *argv0, FILE *out) {
           "                     with its own arena and threads/S cores), cuda:N; one stage each\n"
           "  --micro-batches M  split each batch into M micro-batches, gradients summed (loss / M)\n"
           "  --schedule S       pipeline schedule: gpipe (fill-drain, default) or 1f1b\n"
-          "  --help             this text\n",
+          "  --help             this text\n"
+          "Results depend on --threads (OpenBLAS sums in an order set by its thread count).\n"
+          "Environment (README.md): DUET_CACHE_DIR (kernel cache), DUET_CC (C compiler),\n"
+          "DUET_PROFILE=1 (time per kernel), DUET_PIPE_TIMEOUT, DUET_PIPE_STAGING=host,\n"
+          "DUET_CPU_GFLOPS (the partition's CPU rate).\n",
           argv0);
 }
 
@@ -81,6 +86,10 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     if (!strcmp(a, "--no-eval")) {
       c->eval = 0;
       continue;
+    }
+    if (!strncmp(a, "--no-eval=", 10) || !strncmp(a, "--quiet=", 8)) {
+      fprintf(stderr, "duet: error: %.*s takes no value\n", (int)(strchr(a, '=') - a), a);
+      return 1;
     }
     if (!strcmp(a, "--quiet")) {
       c->quiet = 1;
@@ -207,7 +216,7 @@ static int metrics_write(FILE *f, cJSON *obj) {
   int bad = !s || fprintf(f, "%s\n", s) < 0 || fflush(f) != 0;
   if (s) cJSON_free(s);
   cJSON_Delete(obj);
-  if (bad) fprintf(stderr, "duet: error: writing the metrics file failed\n");
+  if (bad) fprintf(stderr, "duet: error: writing the metrics file failed: %s\n", strerror(errno));
   return bad ? -1 : 0;
 }
 

@@ -103,5 +103,12 @@ expect loss_scale_huge 1 "duet: error: --loss-scale expects a number > 0 and at 
 expect min_loss_scale_above_default 1 \
   "duet: error: --min-loss-scale 1e+09 is above the default initial loss scale 65536; give --loss-scale too" \
   "$DUET" run $M --precision fp16 --min-loss-scale 1e9
+expect run_directory 1 "$d: error: this is a directory, not a .model file" "$DUET" run "$d"
+expect no_eval_value 1 "duet: error: --no-eval takes no value" "$DUET" run $M --no-eval=1
+# an unusable kernel cache directory: a warning, the kernels compiled in a temporary directory
+if DUET_CACHE_DIR=/proc/duet-cache "$DUET" run $M --steps 1 --no-eval --train-subset 512 > "$d/nc.out" 2>&1 &&
+   grep -q "^duet: warning: cannot create kernel cache directory /proc/duet-cache: .*; compiling the kernels in .* without caching them$" "$d/nc.out" &&
+   grep -q '^duet: trained 1 step ' "$d/nc.out"; then echo "ok cache_unusable_falls_back"; pass=$((pass + 1))
+else echo "FAIL cache_unusable_falls_back"; cat "$d/nc.out"; fail=$((fail + 1)); fi
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
