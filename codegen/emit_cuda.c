@@ -1307,6 +1307,13 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
   bprintf(&b, "%s", PRELUDE);
   bprintf(&b, "typedef struct { void *p[%d]; } duet_args; /* a kernel's tensors, by value */\n\n",
           DUET_MAX_KERNEL_ARGS);
+  /* the runtime's gradient accumulation over micro-batches (the device's
+   * accumulate op): a = b (first) or a += b, one add per element */
+  for (int w = 0; w < 2; w++)
+    bprintf(&b, "extern \"C\" __global__ void duet_accumulate_%s(%s *a, const %s *b, duet_i64 n, int first) {\n"
+                "  for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < n; i += (duet_i64)blockDim.x * gridDim.x)\n"
+                "    a[i] = first ? b[i] : a[i] + b[i];\n}\n\n",
+            w ? "f64" : "f32", w ? "double" : "float", w ? "double" : "float");
   if (half) bprintf(&b, "%s", PRELUDE_HALF);
   if (half2) bprintf(&b, "%s", PRELUDE_HALF2);
   kfuncs_write(&funcs, &b);

@@ -182,6 +182,28 @@ static int cpu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
   return 0;
 }
 
+/* elementwise, so the threads may split it without changing a bit */
+static int cpu_accumulate(DuetDevice *d, void *dst, const void *src, int64_t n, int dtype, int first) {
+  if (dtype != DUET_F32 && dtype != DUET_F64) {
+    snprintf(d->err, sizeof d->err, "accumulate: dtype %d is not f32 or f64", dtype);
+    return -1;
+  }
+  if (first) {
+    memcpy(dst, src, (size_t)n * (dtype == DUET_F64 ? 8 : 4));
+  } else if (dtype == DUET_F64) {
+    double *a = dst;
+    const double *b = src;
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+    for (int64_t k = 0; k < n; k++) a[k] += b[k];
+  } else {
+    float *a = dst;
+    const float *b = src;
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+    for (int64_t k = 0; k < n; k++) a[k] += b[k];
+  }
+  return 0;
+}
+
 static int cpu_sync(DuetDevice *d) {
   (void)d;
   return 0;
@@ -210,6 +232,7 @@ static const DuetDeviceOps cpu_ops = {
     .copy_peer = cpu_copy_peer,
     .host_alloc = NULL,
     .host_free = NULL,
+    .accumulate = cpu_accumulate,
 };
 
 DuetDevice *duet_cpu_device(const DuetKernelFn *kernels, int n, int threads) {

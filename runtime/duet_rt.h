@@ -257,6 +257,13 @@ typedef struct DuetDeviceOps {
    * releases it; NULL p is ignored. */
   void *(*host_alloc)(DuetDevice *d, size_t bytes);
   void (*host_free)(DuetDevice *d, void *p);
+  /* Optional (NULL: the caller sums on the host): in d's memory, dst[k] =
+   * src[k] (first) or dst[k] += src[k], k < n, for n elements of dtype
+   * DUET_F32 or DUET_F64; each element one add, so the order of the calls
+   * is the order of the sums.  Ordered after the work submitted to d.  0,
+   * or -1 with a message in d->err.  (Gradient accumulation over
+   * micro-batches, kept on the device.) */
+  int (*accumulate)(DuetDevice *d, void *dst, const void *src, int64_t n, int dtype, int first);
 } DuetDeviceOps;
 
 struct DuetDevice {
@@ -524,7 +531,7 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
  * it and the loader accepts only a plugin that returns the same.  Bumped
  * whenever DuetDeviceOps, DuetDevice or DuetProgram changes its layout
  * (2: DuetDeviceOps gained peer_path, copy_peer, host_alloc, host_free). */
-#define DUET_CUDA_PLUGIN_API 2
+#define DUET_CUDA_PLUGIN_API 3
 
 /* The CUDA device `ordinal` for program p: loads libduet_cuda.so
  * ($DUET_CUDA_PLUGIN, else next to the executable, else the build tree's,

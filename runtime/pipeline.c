@@ -27,6 +27,10 @@
  *                               memory, even between devices that can copy
  *                               directly (auto, the default: direct where
  *                               possible)
+ *   DUET_PIPE_SUMS=auto|host    host: gradients summed over the micro-batches
+ *                               on the host (copied out of each device)
+ *                               instead of on the device (auto, the default:
+ *                               the device's accumulate op where it has one)
  *   DUET_PROFILE=1              at exit: each stage's computing and waiting
  *                               time per step
  *   DUET_PIPE_DROP_SEND=T:M     test injection: transfer T is never posted
@@ -58,9 +62,10 @@ typedef struct Stage {
   void *region[DUET_MEM_COUNT]; /* DUET_MEM_ARENA: n_slots activation regions */
   int n_slots;
   void ***tab;     /* tab[slot][tensor id]: addresses (NULL: another stage's) */
-  void *acc;       /* gradient accumulators (host memory) */
-  void *tmp;       /* !host_mem: one gradient copied to the host */
+  void *acc;       /* gradient accumulators: device memory (dev_acc), else host memory */
+  void *tmp;       /* host sums, !host_mem: one gradient copied to the host */
   bool host_mem;   /* the device's memory is host memory (the CPU device) */
+  bool dev_acc;    /* the device sums (ops->accumulate): the gradients stay on it */
   int64_t *acc_off; /* tensor id -> offset in acc, -1 */
   int32_t *overflow; /* device memory: the unscale kernels' flags (fp16 loss scaling), t[n_tensors] */
   int32_t *flags;    /* host: the flags OR-ed over this step's micro-batches */
@@ -87,6 +92,7 @@ struct DuetPipe {
   Stage *st;
   Xfer *xfer;        /* [transfer] */
   bool force_host;   /* DUET_PIPE_STAGING=host */
+  bool host_sums;    /* DUET_PIPE_SUMS=host */
   char paths[1024];  /* "stage 0 -> 1 copied between arenas (CPU), ..." */
   int64_t *posted;   /* [transfer * M + m]: job number that posted it */
   pthread_mutex_t mu;
@@ -296,6 +302,13 @@ static int backward(Stage *st, int m) {
     void *acc = (char *)st->acc + st->acc_off[i];
     const void *g = st->tab[slot][i];
     int64_t n = numel(t);
+    if (st->dev_acc) {
+      if (st->dev->ops->accumulate(st->dev, acc, g, n, t->dtype, m == 0)) {
+        pipe_fail(q, "stage %d, micro-batch %d: summing gradient %s: %s", st->id, m, t->name, st->dev->err);
+        return -1;
+      }
+      continue;
+    }
     if (!st->host_mem) { /* a device of its own memory: sum on the host */
       if (st->dev->ops->copy_to_host(st->dev, m == 0 ? acc : st->tmp, g, (size_t)t->nbytes)) {
         pipe_fail(q, "stage %d, micro-batch %d: reading gradient %s: %s", st->id, m, t->name, st->dev->err);
@@ -343,13 +356,16 @@ static int stage_grads(Stage *st) {
     for (int m = 0; m < M; m++)
       if (backward(st, m)) return -1;
   }
-  for (int i = 0; i < p->n_tensors; i++)
-    if (st->acc_off[i] >= 0 &&
-        st->dev->ops->copy_to_device(st->dev, st->tab[0][i], (char *)st->acc + st->acc_off[i],
-                                     (size_t)p->tensors[i].nbytes)) {
-      pipe_fail(q, "stage %d: writing gradient %s: %s", s, p->tensors[i].name, st->dev->err);
+  for (int i = 0; i < p->n_tensors; i++) {
+    if (st->acc_off[i] < 0) continue;
+    const DuetTensor *t = &p->tensors[i];
+    const void *acc = (char *)st->acc + st->acc_off[i];
+    if (st->dev_acc ? st->dev->ops->accumulate(st->dev, st->tab[0][i], acc, numel(t), t->dtype, 1)
+                    : st->dev->ops->copy_to_device(st->dev, st->tab[0][i], acc, (size_t)t->nbytes)) {
+      pipe_fail(q, "stage %d: writing gradient %s: %s", s, t->name, st->dev->err);
       return -1;
     }
+  }
   return 0;
 }
 
@@ -505,7 +521,11 @@ void duet_pipe_free(DuetPipe *q) {
       if (st->region[r] && st->dev) st->dev->ops->free(st->dev, st->region[r]);
     for (int i = 0; st->tab && i < st->n_slots; i++) free(st->tab[i]);
     free(st->tab);
-    free(st->acc);
+    if (st->dev_acc) {
+      if (st->acc) st->dev->ops->free(st->dev, st->acc);
+    } else {
+      free(st->acc);
+    }
     free(st->tmp);
     free(st->acc_off);
     free(st->flags);
@@ -666,6 +686,13 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
     return NULL;
   }
   q->force_host = e && !strcmp(e, "host");
+  e = getenv("DUET_PIPE_SUMS");
+  if (e && *e && strcmp(e, "auto") && strcmp(e, "host")) {
+    snprintf(err, errlen, "DUET_PIPE_SUMS must be auto or host, got '%s'", e);
+    free(q);
+    return NULL;
+  }
+  q->host_sums = e && !strcmp(e, "host");
   e = getenv("DUET_PROFILE");
   q->profile = e && *e && strcmp(e, "0");
   e = getenv("DUET_PIPE_DROP_SEND");
@@ -734,12 +761,21 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
         acc_bytes += (t->nbytes + 63) & ~(int64_t)63;
       }
     }
-    if (!(st->acc = zalloc((size_t)acc_bytes))) goto fail_oom;
     st->host_mem = !strcmp(st->dev->ops->name, "cpu");
+    st->dev_acc = st->dev->ops->accumulate != NULL && !q->host_sums;
+    if (st->dev_acc) {
+      if (!(st->acc = st->dev->ops->alloc(st->dev, (size_t)acc_bytes))) {
+        snprintf(err, errlen, "stage %d: gradient accumulators: %s", k, st->dev->err);
+        duet_pipe_free(q);
+        return NULL;
+      }
+    } else if (!(st->acc = zalloc((size_t)acc_bytes))) {
+      goto fail_oom;
+    }
     int64_t max_grad = 0;
     for (int i = 0; i < p->n_tensors; i++)
       if (st->acc_off[i] >= 0 && p->tensors[i].nbytes > max_grad) max_grad = p->tensors[i].nbytes;
-    if (!st->host_mem && !(st->tmp = zalloc((size_t)max_grad))) goto fail_oom;
+    if (!st->dev_acc && !st->host_mem && !(st->tmp = zalloc((size_t)max_grad))) goto fail_oom;
     if (p->n_unscale > 0) { /* zeroed: flags of another stage's params stay 0 */
       size_t fb = (size_t)p->n_unscale * sizeof(int32_t);
       if (!(st->flags = zalloc(fb)) || !(st->flags_mb = zalloc(fb))) goto fail_oom;

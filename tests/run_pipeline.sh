@@ -81,6 +81,12 @@ if [ -r "$FM/train-images-idx3-ubyte.gz" ]; then
   run res_3_1f1b_host 3 tests/pipeline/residual.model --micro-batches 2 --no-eval --devices cpu:0,cpu:1,cpu:2 --schedule 1f1b
   unset DUET_PIPE_STAGING
   same mlp_ref mlp_gpipe_host
+  # gradients summed on the host instead of by the device's accumulate op: the same bits
+  DUET_PIPE_SUMS=host
+  export DUET_PIPE_SUMS
+  run mlp_gpipe_hostsums 2 $MLP --micro-batches 4 --devices cpu:0,cpu:1
+  unset DUET_PIPE_SUMS
+  same mlp_ref mlp_gpipe_hostsums
   same res_ref res_3_1f1b_host
   # 1b. the path of every pair of stages, after the pipeline line
   # path NAME "expected transfers line ('' : none)" ARGS...: one step, not quiet
@@ -196,6 +202,8 @@ for v in abc -1 0 1e999 ""; do
   DUET_CPU_GFLOPS=$v expect "cpu_gflops_'$v'" 1 "duet: error: DUET_CPU_GFLOPS must be a number of GFLOP/s per core > 0, got '$v'" \
     "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1
 done
+DUET_PIPE_SUMS=gpu expect bad_pipe_sums 1 "duet: error: DUET_PIPE_SUMS must be auto or host, got 'gpu'" \
+  "$DUET" run tests/pipeline/pinned.model --devices cpu:0,cpu:1 --micro-batches 2 --quiet --no-eval
 expect plan_threads 1 "duet: error: --threads expects an integer >= 1, got 'abc'" \
   "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads abc
 DUET_PIPE_TIMEOUT= expect empty_pipe_timeout 1 "duet: error: DUET_PIPE_TIMEOUT must be a number of seconds > 0, got ''" \

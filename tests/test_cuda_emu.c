@@ -42,6 +42,7 @@ typedef struct Emu {
   void *handle;
   EmuLaunch launch;
   EmuKernel *fn; /* per kernel: its function, called with the kernel's arguments */
+  EmuKernel acc; /* duet_accumulate_f32 */
   const DuetLaunch *cfg;
   const Kernel *kernels;
   const DuetProgram *p;
@@ -172,6 +173,9 @@ static int emu_build(Emu *e, const char *cuda, const int32_t *fn_of, int n_fns, 
     fputs("double *duet_smem = emu_smem;", f);
     p = q + strlen(dyn);
   }
+  /* the runtime's accumulate kernels: t = {a, b}, s = {n, first} */
+  fprintf(f, "extern \"C\" void emu_call_acc(void *const *t, const double *s) {\n"
+             "  duet_accumulate_f32((float *)t[0], (const float *)t[1], (duet_i64)s[0], (int)s[1]);\n}\n");
   for (int i = 0; i < n_fns; i++)
     fprintf(f, "extern \"C\" void emu_call_k%d(void *const *t, const double *s) {\n"
                "  duet_args a;\n  for (int j = 0; j < %d; j++) a.p[j] = t[j];\n  duet_k%d(a, s);\n}\n",
@@ -191,6 +195,7 @@ static int emu_build(Emu *e, const char *cuda, const int32_t *fn_of, int n_fns, 
     return -1;
   }
   e->launch = (EmuLaunch)dlsym(e->handle, "emu_launch");
+  e->acc = (EmuKernel)dlsym(e->handle, "emu_call_acc");
   e->fn = calloc((size_t)(n ? n : 1), sizeof *e->fn);
   e->cfg = cfg;
   e->n = n;
@@ -385,6 +390,27 @@ static int check_half2_helpers(const char *dir) {
   return bad;
 }
 
+/* The accumulate kernel (gradient sums over micro-batches on a GPU) on 3
+ * blocks of 64 threads over 1000 elements: a = b, then a += b twice, as
+ * the CPU device's loop computes it, bit for bit. */
+static int check_accumulate(const Emu *e) {
+  enum { N = 1000 };
+  static float a[N], b[N], want[N];
+  DuetRng r;
+  duet_rng_seed(&r, 5, 1);
+  for (int i = 0; i < N; i++) a[i] = -1, b[i] = (float)duet_rng_normal(&r);
+  void *t[2] = {a, b};
+  int bad = !e->acc;
+  for (int k = 0; k < 3 && !bad; k++) {
+    double s[2] = {N, k == 0};
+    bad = e->launch(e->acc, 3, 64, t, s) != 0;
+    for (int i = 0; i < N; i++) want[i] = k == 0 ? b[i] : want[i] + b[i];
+  }
+  bad = bad || memcmp(a, want, sizeof a) != 0;
+  printf("%s accumulate kernel: a = b, a += b, a += b over %d elements as the CPU sums\n", bad ? "FAIL" : "ok", N);
+  return bad;
+}
+
 /* The 16-bit elements compared over all cases and those bit-identical. */
 static CompareStats stats16;
 
@@ -523,6 +549,8 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
     goto out;
   }
   e.kernels = t.cp->kernels;
+  static int acc_checked; /* once: every module has the same accumulate kernel */
+  if (!acc_checked++ && check_accumulate(&e)) fails++;
   if (precision && !strcmp(precision, "fp16") && check_half2_kernels(&t, &e, what, &half2_checked)) {
     fails = 1;
     goto out;

@@ -32,6 +32,7 @@ typedef struct Cuda {
   CUstream stream;
   CUmodule mod;
   CUfunction *fn;
+  CUfunction acc[2]; /* duet_accumulate_f32, _f64 (the accumulate op) */
   int n_kernels, n_tensors;
   const DuetLaunch *launch;
   cublasHandle_t blas;
@@ -171,6 +172,27 @@ static int cu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
   return 0;
 }
 
+/* dst = src (first) or dst += src on the device's stream: the generated
+ * duet_accumulate_f32/_f64, a grid-stride loop (at most 65535 blocks of
+ * 256); asynchronous, ordered with the stream's other work. */
+static int cu_accumulate(DuetDevice *d, void *dst, const void *src, int64_t n, int dtype, int first) {
+  Cuda *c = d->ctx;
+  if (dtype != DUET_F32 && dtype != DUET_F64) {
+    snprintf(d->err, sizeof d->err, "accumulate: dtype %d is not f32 or f64", dtype);
+    return -1;
+  }
+  if (n <= 0) return 0;
+  CK(d, cuCtxSetCurrent(c->ctx));
+  CUdeviceptr a = (CUdeviceptr)(uintptr_t)dst, b = (CUdeviceptr)(uintptr_t)src;
+  long long nn = (long long)n;
+  int f = first != 0;
+  void *params[] = {&a, &b, &nn, &f};
+  int64_t blocks = (n + 255) / 256;
+  CK(d, cuLaunchKernel(c->acc[dtype == DUET_F64], (unsigned)(blocks < 65535 ? blocks : 65535), 1, 1, 256, 1, 1, 0,
+                       c->stream, params, NULL));
+  return 0;
+}
+
 static int cu_sync(DuetDevice *d) {
   Cuda *c = d->ctx;
   CK(d, cuCtxSetCurrent(c->ctx));
@@ -285,6 +307,7 @@ static const DuetDeviceOps cuda_ops = {
     .copy_peer = cu_copy_peer,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
+    .accumulate = cu_accumulate,
 };
 
 static double now(void) {
@@ -439,6 +462,8 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
                              (int)p->cuda_launch[i].shared));
     }
   }
+  CKO(cuModuleGetFunction(&c->acc[0], c->mod, "duet_accumulate_f32"));
+  CKO(cuModuleGetFunction(&c->acc[1], c->mod, "duet_accumulate_f64"));
   CKO(cuMemAlloc(&c->dev_s, sizeof c->host_s));
   if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(c->blas, (cudaStream_t)c->stream) != CUBLAS_STATUS_SUCCESS) {
     snprintf(err, errlen, "cuBLAS initialisation failed on %s", name);

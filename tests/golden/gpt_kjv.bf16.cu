@@ -56,6 +56,16 @@ __device__ __forceinline__ int duet_dropout_keep(duet_u64 seed, duet_u64 site, d
 
 typedef struct { void *p[40]; } duet_args; /* a kernel's tensors, by value */
 
+extern "C" __global__ void duet_accumulate_f32(float *a, const float *b, duet_i64 n, int first) {
+  for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < n; i += (duet_i64)blockDim.x * gridDim.x)
+    a[i] = first ? b[i] : a[i] + b[i];
+}
+
+extern "C" __global__ void duet_accumulate_f64(double *a, const double *b, duet_i64 n, int first) {
+  for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < n; i += (duet_i64)blockDim.x * gridDim.x)
+    a[i] = first ? b[i] : a[i] + b[i];
+}
+
 typedef unsigned short duet_u16;
 /* binary16 and bfloat16 <-> binary32, round to nearest even: runtime/duet_half.h */
 __device__ __forceinline__ duet_u16 duet_f16_from_f32(float f) {
