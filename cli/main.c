@@ -695,8 +695,16 @@ static int cmd_plan(int argc, char **argv) {
   if (!rc) {
     const ParOpts *rp = po.n_dev ? &po : &cpu;
     PassCtx pc = {.diag = &c.diag, .devices = rp->dev, .n_devices = rp->n_dev, .one_f_one_b = po.one_f_one_b};
-    rc = partition_report(c.g, &pc, stdout);
-    if (opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16"))
+    bool f16_gemm = false;
+    for (int i = 0; i < c.g->n_values; i++) f16_gemm |= c.g->values[i]->op == OP_MATMUL && c.g->values[i]->dtype == DT_F16;
+    if (opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16") && !f16_gemm) { /* as duet run and duet compile say it */
+      fprintf(stderr, "duet: error: --gemm-accumulate fp16 needs fp16 GEMMs (--precision fp16); this program has none\n");
+      rc = 1;
+    } else {
+      rc = partition_report(c.g, &pc, stdout);
+    }
+    if (rc) {
+    } else if (opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16"))
       printf("gemm accumulate: fp16 (--gemm-accumulate fp16: fp16 GEMMs use cuBLAS CUBLAS_COMPUTE_16F, about 2x the "
              "fp32-accumulate rate on sm_60, partial sums rounded to fp16; CUDA devices only)\n");
     else

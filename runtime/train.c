@@ -476,6 +476,12 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     goto out;
   int64_t n_train = cfg.train_subset && cfg.train_subset < train.n ? cfg.train_subset : train.n;
   int64_t n_test = cfg.test_subset && cfg.test_subset < test.n ? cfg.test_subset : test.n;
+  if (cfg.train_subset > train.n && !cfg.quiet)
+    fprintf(stderr, "duet: warning: --train-subset %" PRId64 " exceeds the %" PRId64 " training samples; using all\n",
+            cfg.train_subset, train.n);
+  if (cfg.test_subset > test.n && !cfg.quiet)
+    fprintf(stderr, "duet: warning: --test-subset %" PRId64 " exceeds the %" PRId64 " test samples; using all\n",
+            cfg.test_subset, test.n);
   int64_t B = p->defaults.batch;
   int64_t per_epoch = n_train / B;
   if (per_epoch < 1) {

@@ -105,6 +105,9 @@ expect min_loss_scale_above_default 1 \
   "$DUET" run $M --precision fp16 --min-loss-scale 1e9
 expect run_directory 1 "$d: error: this is a directory, not a .model file" "$DUET" run "$d"
 expect no_eval_value 1 "duet: error: --no-eval takes no value" "$DUET" run $M --no-eval=1
+w=$("$DUET" run $M --train-subset 1000000 --steps 1 --no-eval 2>&1 >/dev/null | grep warning)
+[ "$w" = "duet: warning: --train-subset 1000000 exceeds the 60000 training samples; using all" ] &&
+  { echo "ok train_subset_too_large"; pass=$((pass + 1)); } || { echo "FAIL train_subset_too_large: $w"; fail=$((fail + 1)); }
 # an unusable kernel cache directory: a warning, the kernels compiled in a temporary directory
 if DUET_CACHE_DIR=/proc/duet-cache "$DUET" run $M --steps 1 --no-eval --train-subset 512 > "$d/nc.out" 2>&1 &&
    grep -q "^duet: warning: cannot create kernel cache directory /proc/duet-cache: .*; compiling the kernels in .* without caching them$" "$d/nc.out" &&

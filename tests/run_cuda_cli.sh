@@ -30,7 +30,9 @@ expect gemm_acc_no_fp16 1 "duet: error: --gemm-accumulate fp16 needs fp16 GEMMs 
 expect gemm_acc_cpu 1 "duet: error: --gemm-accumulate fp16 runs on CUDA devices only (cuBLAS CUBLAS_COMPUTE_16F); the cpu backend accumulates fp16 GEMMs in fp32" \
   "$DUET" run $M --gemm-accumulate fp16 --precision fp16 --steps 1
 expect gemm_acc_plan 0 "gemm accumulate: fp16 (--gemm-accumulate fp16: fp16 GEMMs use cuBLAS CUBLAS_COMPUTE_16F, about 2x the fp32-accumulate rate on sm_60, partial sums rounded to fp16; CUDA devices only)" \
-  "$DUET" plan $M --devices 16GiB:sm_60 --gemm-accumulate fp16
+  "$DUET" plan $M --devices 16GiB:sm_60 --precision fp16 --gemm-accumulate fp16
+expect gemm_acc_plan_no_fp16 1 "duet: error: --gemm-accumulate fp16 needs fp16 GEMMs (--precision fp16); this program has none" \
+  "$DUET" plan $M --gemm-accumulate fp16
 expect gemm_acc_plan_default 0 "gemm accumulate: fp32 (16-bit GEMMs: 16-bit inputs, fp32 accumulation)" \
   "$DUET" plan $M --devices 16GiB:sm_60
 
