@@ -806,7 +806,20 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
     return 0;
   }
   if (rc) return 1;
-  if (cfg.data == DUET_DATA_TEXT) return train_text(p, kernels, cfg);
+  /* flags that do not apply to this program: said, not silently dropped */
+  bool text = cfg.data == DUET_DATA_TEXT;
+  if (!cfg.quiet) {
+    if (!text && (cfg.eval_every != p->defaults.eval_every || cfg.eval_batches != p->defaults.eval_batches))
+      fprintf(stderr, "duet: warning: --eval-every and --eval-batches apply to text models; this one evaluates on "
+                      "its test split after every epoch\n");
+    if (text && (cfg.train_subset || cfg.test_subset))
+      fprintf(stderr, "duet: warning: --train-subset and --test-subset apply to image data sets; a text model "
+                      "trains on its whole text\n");
+    if (cfg.schedule != p->defaults.schedule && p->n_stages < 1)
+      fprintf(stderr, "duet: warning: --schedule has no effect without a pipeline (--devices with several items, "
+                      "or --micro-batches)\n");
+  }
+  if (text) return train_text(p, kernels, cfg);
   if (cfg.data != DUET_DATA_FASHION_MNIST || p->input_x < 0 || p->input_y < 0) {
     fprintf(stderr, "duet: error: model `%s` has no data source: add `data = fashion_mnist(\"DIR\")` or "
                     "`data = text(\"FILE\", block = T)` to its train section\n", p->model_name);

@@ -108,6 +108,13 @@ expect no_eval_value 1 "duet: error: --no-eval takes no value" "$DUET" run $M --
 w=$("$DUET" run $M --train-subset 1000000 --steps 1 --no-eval 2>&1 >/dev/null | grep warning)
 [ "$w" = "duet: warning: --train-subset 1000000 exceeds the 60000 training samples; using all" ] &&
   { echo "ok train_subset_too_large"; pass=$((pass + 1)); } || { echo "FAIL train_subset_too_large: $w"; fail=$((fail + 1)); }
+# flags that do not apply to the program: a warning
+w=$("$DUET" run $M --eval-every 5 --steps 1 --no-eval --train-subset 512 2>&1 >/dev/null | grep warning)
+[ "$w" = "duet: warning: --eval-every and --eval-batches apply to text models; this one evaluates on its test split after every epoch" ] &&
+  { echo "ok eval_every_on_images"; pass=$((pass + 1)); } || { echo "FAIL eval_every_on_images: $w"; fail=$((fail + 1)); }
+w=$("$DUET" run $M --schedule 1f1b --steps 1 --no-eval --train-subset 512 2>&1 >/dev/null | grep warning)
+[ "$w" = "duet: warning: --schedule has no effect without a pipeline (--devices with several items, or --micro-batches)" ] &&
+  { echo "ok schedule_without_pipeline"; pass=$((pass + 1)); } || { echo "FAIL schedule_without_pipeline: $w"; fail=$((fail + 1)); }
 # an unusable kernel cache directory: a warning, the kernels compiled in a temporary directory
 if DUET_CACHE_DIR=/proc/duet-cache "$DUET" run $M --steps 1 --no-eval --train-subset 512 > "$d/nc.out" 2>&1 &&
    grep -q "^duet: warning: cannot create kernel cache directory /proc/duet-cache: .*; compiling the kernels in .* without caching them$" "$d/nc.out" &&
