@@ -66,10 +66,18 @@ int jit_self_dir(char *out, size_t n) {
   return 0;
 }
 
-static int compiler_version(char *out, size_t n) {
+/* The first line `CC --version` prints, or -1 with the compiler's exit
+ * status and what it printed (or why it did not run) in `why`. */
+static int compiler_version(char *out, size_t n, char *why, size_t whylen) {
   char *argv[] = {(char *)jit_cc(), "--version", NULL};
   char log[1024];
-  if (jit_run(argv, log, sizeof log) != 0) return -1;
+  int st = jit_run(argv, log, sizeof log);
+  if (st != 0) {
+    char *e = log + strlen(log);
+    while (e > log && (e[-1] == '\n' || e[-1] == ' ')) *--e = 0;
+    snprintf(why, whylen, "exit status %d%s%.300s", st, *log ? ": " : "", log);
+    return -1;
+  }
   char *nl = strchr(log, '\n');
   if (nl) *nl = 0;
   size_t len = strlen(log);
@@ -141,9 +149,10 @@ static int file_digest(const char *path, size_t *size, uint64_t *h) {
 int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
   char ver[512], dir[1024], cpu[4096];
-  if (compiler_version(ver, sizeof ver)) {
-    snprintf(err, errlen, "cannot run the C compiler '%s' (set DUET_CC, or install gcc: apt-get install gcc)",
-             jit_cc());
+  char why[400];
+  if (compiler_version(ver, sizeof ver, why, sizeof why)) {
+    snprintf(err, errlen, "cannot run the C compiler '%s' (%s; set DUET_CC, or install gcc: apt-get install gcc)",
+             jit_cc(), why);
     return -1;
   }
   /* no usable cache directory (HOME unset or read-only, ...): compile in a

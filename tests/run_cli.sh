@@ -115,6 +115,12 @@ w=$("$DUET" run $M --eval-every 5 --steps 1 --no-eval --train-subset 512 2>&1 >/
 w=$("$DUET" run $M --schedule 1f1b --steps 1 --no-eval --train-subset 512 2>&1 >/dev/null | grep warning)
 [ "$w" = "duet: warning: --schedule has no effect without a pipeline (--devices with several items, or --micro-batches)" ] &&
   { echo "ok schedule_without_pipeline"; pass=$((pass + 1)); } || { echo "FAIL schedule_without_pipeline: $w"; fail=$((fail + 1)); }
+# a C compiler that fails: its exit status and message in the error
+printf '#!/bin/sh\necho "badcc: broken installation" >&2\nexit 3\n' > "$d/badcc"
+chmod +x "$d/badcc"
+DUET_CC="$d/badcc" DUET_CACHE_DIR="$d/cc-cache" expect bad_cc 1 \
+  "duet: error: cannot run the C compiler '$d/badcc' (exit status 3: badcc: broken installation; set DUET_CC, or install gcc: apt-get install gcc)" \
+  "$DUET" run $M --steps 1
 # an unusable kernel cache directory: a warning, the kernels compiled in a temporary directory
 if DUET_CACHE_DIR=/proc/duet-cache "$DUET" run $M --steps 1 --no-eval --train-subset 512 > "$d/nc.out" 2>&1 &&
    grep -q "^duet: warning: cannot create kernel cache directory /proc/duet-cache: .*; compiling the kernels in .* without caching them$" "$d/nc.out" &&
