@@ -1,5 +1,6 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, fsync, fdopen */
 /* runtime/sample.c: text generation from a trained byte-level model. */
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,8 +54,9 @@ int duet_sample(DuetSession *s, const char *prompt, int64_t n_tokens, double tem
   float *logits = malloc((size_t)V * sizeof *logits);
   double *prob = malloc((size_t)V * sizeof *prob);
   int rc = -1;
-  if (!ctx || !logits || !prob) {
-    snprintf(err, errlen, "out of host memory");
+  if (!ctx || !logits || !prob) { /* the text is kept whole: prompt + tokens bytes */
+    snprintf(err, errlen, "out of host memory for %zu bytes of text (%" PRId64 " tokens after a %zu-byte prompt)",
+             plen + (size_t)n_tokens + 2, n_tokens, plen);
     goto out;
   }
   size_t n = plen;
