@@ -799,6 +799,9 @@ out:
 }
 
 int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *argv0, int argc, char **argv) {
+  /* progress lines (stdout) and errors (stderr) in the order they happen,
+   * also when both go to one pipe or file */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   DuetConfig cfg = p->defaults;
   int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
   if (rc == 2) {

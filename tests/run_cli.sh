@@ -121,6 +121,11 @@ chmod +x "$d/badcc"
 DUET_CC="$d/badcc" DUET_CACHE_DIR="$d/cc-cache" expect bad_cc 1 \
   "duet: error: cannot run the C compiler '$d/badcc' (exit status 3: badcc: broken installation; set DUET_CC, or install gcc: apt-get install gcc)" \
   "$DUET" run $M --steps 1
+# progress (stdout) and the error (stderr) in the order they happened, through one pipe
+"$DUET" run $M --precision fp16 --loss-scale 1073741824 --min-loss-scale 536870912 --steps 5 --train-subset 2560 \
+  --no-eval 2>&1 | grep -E '^step 1: gradient overflow|^duet: error: the loss scale fell' | cut -c1-20 > "$d/order"
+printf 'step 1: gradient ove\nduet: error: the los\n' | cmp -s - "$d/order" && { echo "ok output_order"; pass=$((pass + 1)); } ||
+  { echo "FAIL output_order: $(cat "$d/order")"; fail=$((fail + 1)); }
 # an unusable kernel cache directory: a warning, the kernels compiled in a temporary directory
 if DUET_CACHE_DIR=/proc/duet-cache "$DUET" run $M --steps 1 --no-eval --train-subset 512 > "$d/nc.out" 2>&1 &&
    grep -q "^duet: warning: cannot create kernel cache directory /proc/duet-cache: .*; compiling the kernels in .* without caching them$" "$d/nc.out" &&
