@@ -346,16 +346,21 @@ static int gemm_f16_steps(const DuetProgram *p) {
   return n;
 }
 
+/* 1 after the error when --gemm-accumulate fp16 is asked of a program with
+ * no fp16 GEMM (n_f16: how many it has), else 0. */
+static int check_gemm_acc(int n_f16) {
+  if (!opt_gemm_acc || strcmp(opt_gemm_acc, "fp16") || n_f16 > 0) return 0;
+  fprintf(stderr, "duet: error: --gemm-accumulate fp16 needs fp16 GEMMs (--precision fp16); this program has none\n");
+  return 1;
+}
+
 /* Sets --gemm-accumulate on the program and, when `cuda` (a GPU may run it:
  * --devices names one, or a compiled executable), attaches the CUDA C of the
  * kernels and their launch table.  1 after a message when --gemm-accumulate
  * fp16 has no fp16 GEMM to act on. */
 static int with_cuda(CgProgram *cp, Arena *a, bool cuda) {
   cp->prog.gemm_accumulate_f16 = opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16");
-  if (cp->prog.gemm_accumulate_f16 && !gemm_f16_steps(&cp->prog)) {
-    fprintf(stderr, "duet: error: --gemm-accumulate fp16 needs fp16 GEMMs (--precision fp16); this program has none\n");
-    return 1;
-  }
+  if (check_gemm_acc(gemm_f16_steps(&cp->prog))) return 1;
   if (!cuda) return 0;
   codegen_attach_cuda(cp, a);
   return 0;
@@ -695,20 +700,18 @@ static int cmd_plan(int argc, char **argv) {
   if (!rc) {
     const ParOpts *rp = po.n_dev ? &po : &cpu;
     PassCtx pc = {.diag = &c.diag, .devices = rp->dev, .n_devices = rp->n_dev, .one_f_one_b = po.one_f_one_b};
-    bool f16_gemm = false;
-    for (int i = 0; i < c.g->n_values; i++) f16_gemm |= c.g->values[i]->op == OP_MATMUL && c.g->values[i]->dtype == DT_F16;
-    if (opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16") && !f16_gemm) { /* as duet run and duet compile say it */
-      fprintf(stderr, "duet: error: --gemm-accumulate fp16 needs fp16 GEMMs (--precision fp16); this program has none\n");
+    int n_f16 = 0;
+    for (int i = 0; i < c.g->n_values; i++) n_f16 += c.g->values[i]->op == OP_MATMUL && c.g->values[i]->dtype == DT_F16;
+    if (check_gemm_acc(n_f16)) {
       rc = 1;
     } else {
-      rc = partition_report(c.g, &pc, stdout);
+      rc = partition_report(c.g, &pc, stdout); /* 1 when the model does not fit: the report is still printed */
+      if (opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16"))
+        printf("gemm accumulate: fp16 (--gemm-accumulate fp16: fp16 GEMMs use cuBLAS CUBLAS_COMPUTE_16F, about 2x the "
+               "fp32-accumulate rate on sm_60, partial sums rounded to fp16; CUDA devices only)\n");
+      else
+        printf("gemm accumulate: fp32 (16-bit GEMMs: 16-bit inputs, fp32 accumulation)\n");
     }
-    if (rc) {
-    } else if (opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16"))
-      printf("gemm accumulate: fp16 (--gemm-accumulate fp16: fp16 GEMMs use cuBLAS CUBLAS_COMPUTE_16F, about 2x the "
-             "fp32-accumulate rate on sm_60, partial sums rounded to fp16; CUDA devices only)\n");
-    else
-      printf("gemm accumulate: fp32 (16-bit GEMMs: 16-bit inputs, fp32 accumulation)\n");
   }
   par_free(&po);
   par_free(&cpu);

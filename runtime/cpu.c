@@ -183,11 +183,7 @@ static int cpu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
 }
 
 /* elementwise, so the threads may split it without changing a bit */
-static int cpu_accumulate(DuetDevice *d, void *dst, const void *src, int64_t n, int dtype, int first) {
-  if (dtype != DUET_F32 && dtype != DUET_F64) {
-    snprintf(d->err, sizeof d->err, "accumulate: dtype %d is not f32 or f64", dtype);
-    return -1;
-  }
+void duet_host_accumulate(void *dst, const void *src, int64_t n, int dtype, int first) {
   if (first) {
     memcpy(dst, src, (size_t)n * (dtype == DUET_F64 ? 8 : 4));
   } else if (dtype == DUET_F64) {
@@ -201,6 +197,14 @@ static int cpu_accumulate(DuetDevice *d, void *dst, const void *src, int64_t n, 
 #pragma omp parallel for simd schedule(static) if (n >= 65536)
     for (int64_t k = 0; k < n; k++) a[k] += b[k];
   }
+}
+
+static int cpu_accumulate(DuetDevice *d, void *dst, const void *src, int64_t n, int dtype, int first) {
+  if (dtype != DUET_F32 && dtype != DUET_F64) {
+    snprintf(d->err, sizeof d->err, "accumulate: dtype %d is not f32 or f64", dtype);
+    return -1;
+  }
+  duet_host_accumulate(dst, src, n, dtype, first);
   return 0;
 }
 

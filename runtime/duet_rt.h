@@ -201,6 +201,19 @@ typedef struct DuetProgram {
 
 #define DUET_MAX_KERNEL_ARGS 40
 
+/* Kernel k's arguments picked from the tensor table t into a[0..): t[id]
+ * for a tensor id, (int32_t *)t[n_tensors] + j for overflow flag j (see
+ * DuetProgram.kernel_args).  Returns their number (at most
+ * DUET_MAX_KERNEL_ARGS).  For launchers that pass arguments, not the table
+ * (the CUDA plugin, the CUDA emulator of the tests). */
+static inline int duet_kernel_argv(const int32_t *arg_off, const int32_t *args, int n_tensors, int k, void *const *t,
+                                   void **a) {
+  int n = 0;
+  for (int j = arg_off[k]; j < arg_off[k + 1]; j++, n++)
+    a[n] = args[j] < n_tensors ? t[args[j]] : (void *)((int32_t *)t[n_tensors] + (args[j] - n_tensors));
+  return n;
+}
+
 /* -------------------------------------------------------------- devices */
 
 /* A device is reached only through this table (ggml's backend interface).

@@ -317,19 +317,7 @@ static int backward(Stage *st, int m) {
       g = st->tmp;
       if (m == 0) continue;
     }
-    /* elementwise, so the stage's threads may split it without changing a bit */
-    if (m == 0) memcpy(acc, g, (size_t)t->nbytes);
-    else if (t->dtype == DUET_F64) {
-      double *a = acc;
-      const double *b = g;
-#pragma omp parallel for simd schedule(static) if (n >= 65536)
-      for (int64_t k = 0; k < n; k++) a[k] += b[k];
-    } else {
-      float *a = acc;
-      const float *b = g;
-#pragma omp parallel for simd schedule(static) if (n >= 65536)
-      for (int64_t k = 0; k < n; k++) a[k] += b[k];
-    }
+    duet_host_accumulate(acc, g, n, t->dtype == DUET_F64 ? DUET_F64 : DUET_F32, m == 0);
   }
   return 0;
 }

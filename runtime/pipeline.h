@@ -55,4 +55,10 @@ enum { DUET_PIPE_GRADS = 100, DUET_PIPE_STEP = 101 };
  * micro-batch (an index into DuetProgram.unscale_names), or -1. */
 int duet_pipe_first_overflow(const DuetPipe *q);
 
+/* In host memory: dst[k] = src[k] (first) or dst[k] += src[k], k < n, for
+ * dtype DUET_F32 or DUET_F64 (any other is taken as f32); elementwise, so
+ * split over the OpenMP threads without changing a bit.  The CPU device's
+ * accumulate op, and the pipeline's host-side gradient sums. */
+void duet_host_accumulate(void *dst, const void *src, int64_t n, int dtype, int first);
+
 #endif

@@ -88,10 +88,7 @@ static int emu_launch_op(DuetDevice *d, int k, void *const *t, const double *s) 
   /* the kernel's arguments from the tensor table, as the CUDA plugin picks them */
   const DuetProgram *p = e->p;
   void *a[DUET_MAX_KERNEL_ARGS] = {0};
-  for (int j = p->kernel_arg_off[k]; j < p->kernel_arg_off[k + 1]; j++) {
-    int id = p->kernel_args[j];
-    a[j - p->kernel_arg_off[k]] = id < p->n_tensors ? t[id] : (void *)((int32_t *)t[p->n_tensors] + (id - p->n_tensors));
-  }
+  duet_kernel_argv(p->kernel_arg_off, p->kernel_args, p->n_tensors, k, t, a);
   if (e->launch(e->fn[k], emu_grid(&e->kernels[k], e->cfg[k].grid), block, a, s)) {
     snprintf(d->err, sizeof d->err, "emulated launch of kernel %d failed", k);
     return -1;
@@ -486,7 +483,7 @@ static int check_half2_kernels(const TModel *t, const Emu *e, const char *what, 
     if (!bad) {
       t->jit.fns[ki](ta, sc); /* the C kernel picks its arguments from the table */
       void *args[DUET_MAX_KERNEL_ARGS] = {0}; /* the emulated one takes them, as the plugin passes them */
-      for (int j = p->kernel_arg_off[ki]; j < p->kernel_arg_off[ki + 1]; j++) args[j - p->kernel_arg_off[ki]] = tb[p->kernel_args[j]];
+      duet_kernel_argv(p->kernel_arg_off, p->kernel_args, p->n_tensors, ki, tb, args);
       if (e->launch(e->fn[ki], emu_grid(k, e->cfg[ki].grid), block, args, sc)) {
         fprintf(stderr, "FAIL %s: emulated launch of kernel %d failed\n", what, ki);
         bad = 1;

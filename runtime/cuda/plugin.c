@@ -117,10 +117,7 @@ static int cu_launch(DuetDevice *d, int kernel, void *const *t, const double *s)
     c->have_s = 1;
   }
   void *a[DUET_MAX_KERNEL_ARGS] = {0};
-  for (int j = c->arg_off[kernel]; j < c->arg_off[kernel + 1]; j++) {
-    int id = c->args[j];
-    a[j - c->arg_off[kernel]] = id < c->n_tensors ? t[id] : (void *)((int32_t *)t[c->n_tensors] + (id - c->n_tensors));
-  }
+  duet_kernel_argv(c->arg_off, c->args, c->n_tensors, kernel, t, a);
   const DuetLaunch *l = &c->launch[kernel];
   void *params[] = {a, &c->dev_s}; /* a: the bytes of duet_args */
   CK(d, cuLaunchKernel(c->fn[kernel], l->grid, 1, 1, l->block, 1, 1, l->shared, c->stream, params, NULL));
