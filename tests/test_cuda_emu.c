@@ -1,8 +1,7 @@
 /* tests/test_cuda_emu.c: the generated CUDA C runs correctly, checked
  * without a GPU.  Each program's CUDA source is compiled as C++ for the host
- * behind tests/cuda_emu/cuda_emu.h (blocks in turn on a pool of POSIX
- * threads, one per CUDA thread; __syncthreads and warp shuffles as
- * barriers), launched with the emitter's grid (at most 3 blocks for
+ * behind tests/cuda_emu/cuda_emu.h (blocks in turn, a fiber per CUDA
+ * thread; __syncthreads and warp shuffles as barriers), launched with the emitter's grid (at most 3 blocks for
  * grid-stride kernels, which checks their loops with a smaller grid) and
  * blocks of min(block, 64) threads (the kernels are written for any
  * multiple of 32; 64 keeps two warps, so the cross-warp paths of the block
@@ -225,7 +224,7 @@ static int check_conversions(const char *dir) {
              "extern \"C\" float wide_f16(unsigned short h) { return duet_f32_from_f16(h); }\n"
              "extern \"C\" float wide_bf16(unsigned short h) { return duet_f32_from_bf16(h); }\n"
              "thread_local EmuDim threadIdx;\nEmuDim blockIdx, blockDim, gridDim;\n"
-             "pthread_barrier_t emu_block_barrier;\nint emu_sync_or_word;\n");
+             "int emu_sync_or_word;\n");
   if (fclose(f)) return 1;
   char inc[1200];
   snprintf(inc, sizeof inc, "-I%s/tests/cuda_emu", DUET_SOURCE_DIR);
@@ -331,7 +330,7 @@ static int check_half2_helpers(const char *dir) {
                "  case 4: return duet_h2quiet(duet_h2relu_grad(a, b));\n  case 5: return duet_h2quiet(a);\n"
                "  default: return duet_h2quiet(a ^ 0x80008000u);\n  }\n}\n"
                "thread_local EmuDim threadIdx;\nEmuDim blockIdx, blockDim, gridDim;\n"
-               "pthread_barrier_t emu_block_barrier;\nint emu_sync_or_word;\n");
+               "int emu_sync_or_word;\n");
     if (fclose(f)) return 1;
     char inc[1200];
     snprintf(inc, sizeof inc, "-I%s/tests/cuda_emu", DUET_SOURCE_DIR);

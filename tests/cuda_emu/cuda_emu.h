@@ -1,13 +1,13 @@
 /* tests/cuda_emu/cuda_emu.h: just enough of CUDA to run duet's generated
- * CUDA C on the host, for tests/test_cuda_emu.c.  Compiled as C++ in front
- * of the generated source.  Blocks run one after another; the threads of a
- * block are POSIX threads, so __syncthreads is a barrier over the block and
+ * CUDA C on the host, for tests/test_cuda_emu.c and the fake GPU
+ * (tests/fakegpu).  Compiled as C++ in front of the generated source.
+ * Blocks run one after another; the threads of a block are fibers
+ * (cuda_emu_rt.cpp), so __syncthreads is a barrier over the block and
  * __shfl_xor_sync a two-phase exchange over the warp's 32 threads.
  * __shared__ variables become function-level statics: one copy, which is
  * what a block shares, as only one block runs at a time.  Dynamic shared
  * memory is the buffer emu_smem. */
 #include <math.h>
-#include <pthread.h>
 #include <string.h>
 
 struct EmuDim {
@@ -15,8 +15,8 @@ struct EmuDim {
 };
 extern thread_local EmuDim threadIdx;
 extern EmuDim blockIdx, blockDim, gridDim;
-extern pthread_barrier_t emu_block_barrier;
-extern pthread_barrier_t emu_warp_barrier[32];
+void emu_sync_block(void);      /* every thread of the block */
+void emu_sync_warp(unsigned w); /* every thread of warp w */
 extern unsigned char emu_slots[1024][8];
 extern double emu_smem[1 << 17];
 
@@ -25,7 +25,7 @@ extern double emu_smem[1 << 17];
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __shared__ static
-#define __syncthreads() pthread_barrier_wait(&emu_block_barrier)
+#define __syncthreads() emu_sync_block()
 
 static inline float __int_as_float(int i) {
   float f;
@@ -111,11 +111,11 @@ static inline int atomicExch(int *p, int v) { return __atomic_exchange_n(p, v, _
  * can reach the next call's first. */
 extern int emu_sync_or_word;
 static inline int __syncthreads_or(int pred) {
-  pthread_barrier_wait(&emu_block_barrier);
+  emu_sync_block();
   if (pred) __atomic_store_n(&emu_sync_or_word, 1, __ATOMIC_SEQ_CST);
-  pthread_barrier_wait(&emu_block_barrier);
+  emu_sync_block();
   int r = __atomic_load_n(&emu_sync_or_word, __ATOMIC_SEQ_CST);
-  pthread_barrier_wait(&emu_block_barrier);
+  emu_sync_block();
   if (threadIdx.x == 0) __atomic_store_n(&emu_sync_or_word, 0, __ATOMIC_SEQ_CST);
   return r;
 }
@@ -125,9 +125,9 @@ template <typename T> static T __shfl_xor_sync(unsigned mask, T v, int o) {
   static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
   unsigned tid = threadIdx.x, w = tid >> 5;
   memcpy(emu_slots[tid], &v, sizeof v);
-  pthread_barrier_wait(&emu_warp_barrier[w]);
+  emu_sync_warp(w);
   T r;
   memcpy(&r, emu_slots[(w << 5) | ((tid & 31) ^ (unsigned)o)], sizeof r);
-  pthread_barrier_wait(&emu_warp_barrier[w]);
+  emu_sync_warp(w);
   return r;
 }
