@@ -16,12 +16,20 @@
 # card, and is otherwise skipped.  Exits 77 (ctest SKIP) with a message when
 # there is no GPU.  Environment: FMNIST_DIR, KJV_TEXT, KJV_STEPS,
 # GPT2_STEPS, GPU_DEVICE (as run_train_gpu.sh; GPU_DEVICE=cpu dry-runs the
-# script's parsing on the CPU).
+# script's parsing on the CPU), GPU_QUICK=1 (the fake GPU of
+# tests/run_fakegpu.sh: fmnist_mlp on 2,560 training and 1,000 test images,
+# tests/models/gpt_tiny.model for KJV_STEPS (default 40) steps evaluated
+# every 20 on 2 batches, no gpt2_124m).
 # usage: run_precision_gpu.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_precision_gpu.sh path/to/duet}
 GPU_DEVICE=${GPU_DEVICE:-cuda}
-KJV_STEPS=${KJV_STEPS:-400}
-GPT2_STEPS=${GPT2_STEPS:-20}
+if [ "${GPU_QUICK:-0}" = 1 ]; then
+  KJV_STEPS=${KJV_STEPS:-40} GPT2_STEPS=0 GPT_MODEL=tests/models/gpt_tiny.model EVAL="--eval-every 20 --eval-batches 2"
+  FMNIST_ARGS="--train-subset 2560 --test-subset 1000"
+else
+  KJV_STEPS=${KJV_STEPS:-400} GPT2_STEPS=${GPT2_STEPS:-20} GPT_MODEL=models/gpt_kjv.model EVAL="--eval-every 200"
+  FMNIST_ARGS=
+fi
 if [ "$GPU_DEVICE" != cpu ] && ! "$DUET" devices | grep -q '^cuda:0 '; then
   why=$("$DUET" devices | grep '^cuda')
   case "$why" in
@@ -56,7 +64,7 @@ if [ ! -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ]; then
   bad "fmnist: no Fashion-MNIST in $FMNIST_DIR (set FMNIST_DIR)"
 else
   for p in fp32 $precs; do
-    "$DUET" run models/fmnist_mlp.model --devices "$GPU_DEVICE" --precision $p --epochs 1 --data "$FMNIST_DIR" \
+    "$DUET" run models/fmnist_mlp.model --devices "$GPU_DEVICE" --precision $p --epochs 1 $FMNIST_ARGS --data "$FMNIST_DIR" \
       --quiet --metrics "$tmp/mlp_$p.jsonl" > "$tmp/mlp_$p.out" 2>&1 || { bad "fmnist $p run"; cat "$tmp/mlp_$p.out"; }
   done
   a32=$(acc "$tmp/mlp_fp32.jsonl")
@@ -75,7 +83,7 @@ if [ ! -f "$KJV_TEXT" ]; then
   bad "kjv: no text at $KJV_TEXT (make data, or set KJV_TEXT)"
 else
   for p in fp32 $precs; do
-    "$DUET" run models/gpt_kjv.model --devices "$GPU_DEVICE" --precision $p --steps "$KJV_STEPS" --eval-every 200 \
+    "$DUET" run $GPT_MODEL --devices "$GPU_DEVICE" --precision $p --steps "$KJV_STEPS" $EVAL \
       --log-every 200 --data "$KJV_TEXT" > "$tmp/gpt_$p" 2>&1 || { bad "gpt_kjv $p run"; tail -5 "$tmp/gpt_$p"; }
     val "$tmp/gpt_$p" > "$tmp/val_$p"
   done
@@ -105,7 +113,7 @@ skips() { grep -c '^step [0-9]*: gradient overflow' "$1"; }
 if [ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ]; then
   two=cuda:0,cuda:0
   [ "$GPU_DEVICE" = cpu ] && two=cpu:0,cpu:1
-  MB="models/fmnist_mlp.model --precision fp16 --micro-batches 4 --loss-scale 1073741824 --steps 60 --data $FMNIST_DIR"
+  MB="models/fmnist_mlp.model --precision fp16 --micro-batches 4 --loss-scale 1073741824 --steps 60 $FMNIST_ARGS --data $FMNIST_DIR"
   for run in ref:cpu one:$GPU_DEVICE two:$two; do
     r=${run%%:*} dv=${run#*:}
     "$DUET" run $MB --devices "$dv" --metrics "$tmp/mb_$r.jsonl" > "$tmp/mb_$r" 2>&1 || { bad "fp16 micro-batches on $dv"; tail -5 "$tmp/mb_$r"; }

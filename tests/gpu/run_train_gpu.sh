@@ -11,11 +11,20 @@
 # set is a failure (tests/gpu/run.sh provides them).
 # Environment: FMNIST_DIR (default /usr/share/datasets/fashion-mnist),
 # KJV_TEXT (default data/kjv.txt), KJV_STEPS (default 200), GPU_DEVICE
-# (default cuda; `GPU_DEVICE=cpu` dry-runs this script's parsing on the CPU).
+# (default cuda; `GPU_DEVICE=cpu` dry-runs this script's parsing on the CPU),
+# GPU_QUICK=1 (the fake GPU of tests/run_fakegpu.sh, which emulates kernels
+# on the host: the same checks on small work: fmnist_mlp on 2,560 training
+# and 1,000 test images, tests/models/gpt_tiny.model for KJV_STEPS
+# (default 30) steps instead of gpt_kjv).
 # usage: run_train_gpu.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_train_gpu.sh path/to/duet}
 GPU_DEVICE=${GPU_DEVICE:-cuda}
-KJV_STEPS=${KJV_STEPS:-200}
+if [ "${GPU_QUICK:-0}" = 1 ]; then
+  KJV_STEPS=${KJV_STEPS:-30} GPT_MODEL=tests/models/gpt_tiny.model
+  FMNIST_ARGS="--train-subset 2560 --test-subset 1000" GPT_ARGS="--eval-batches 1"
+else
+  KJV_STEPS=${KJV_STEPS:-200} GPT_MODEL=models/gpt_kjv.model FMNIST_ARGS= GPT_ARGS=
+fi
 if [ "$GPU_DEVICE" != cpu ] && ! "$DUET" devices | grep -q '^cuda:0 '; then
   why=$("$DUET" devices | grep '^cuda')
   case "$why" in
@@ -36,7 +45,7 @@ if [ ! -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ]; then
 else
   for run in ref:cpu dev:$GPU_DEVICE; do
     r=${run%%:*} d=${run#*:}
-    "$DUET" run models/fmnist_mlp.model --devices $d --epochs 1 --data "$FMNIST_DIR" --quiet \
+    "$DUET" run models/fmnist_mlp.model --devices $d --epochs 1 $FMNIST_ARGS --data "$FMNIST_DIR" --quiet \
       --metrics "$tmp/mlp_$r.jsonl" > "$tmp/mlp_$r.out" 2>&1 || { echo "FAIL fmnist on $d:"; cat "$tmp/mlp_$r.out"; }
   done
   a_cpu=$(grep test_accuracy "$tmp/mlp_ref.jsonl" 2>/dev/null | tail -1 | sed 's/.*"test_accuracy":\([0-9.e-]*\).*/\1/')
@@ -55,7 +64,7 @@ if [ ! -f "$KJV_TEXT" ]; then
 else
   for run in ref:cpu dev:$GPU_DEVICE; do
     r=${run%%:*} d=${run#*:}
-    "$DUET" run models/gpt_kjv.model --devices $d --steps $KJV_STEPS --log-every 10 --eval-every 100000 \
+    "$DUET" run $GPT_MODEL --devices $d --steps $KJV_STEPS --log-every 10 --eval-every 100000 $GPT_ARGS \
       --data "$KJV_TEXT" --quiet --metrics "$tmp/kjv_$r.jsonl" > "$tmp/kjv_$r.out" 2>&1 ||
       { echo "FAIL kjv on $d:"; cat "$tmp/kjv_$r.out"; }
     grep '"loss"' "$tmp/kjv_$r.jsonl" 2>/dev/null | sed 's/.*"step":\([0-9]*\).*"loss":\([0-9.e+-]*\).*/\1 \2/' > "$tmp/kjv_$r.txt"

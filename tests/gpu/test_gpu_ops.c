@@ -24,11 +24,15 @@
 #include "../op_cases.h"
 
 
-/* precision: NULL (f32 or f64 as dt), "fp16" or "bf16" */
+/* precision: NULL (f32 or f64 as dt), "fp16" or "bf16".  With
+ * $GPU_OPS_ONLY set (f32, f64, fp16 or bf16), only cases of that one run
+ * (tests/run_fakegpu.sh: bf16 again on a fake sm_80). */
 static int run_case(const Case *c, DType dt, const char *precision) {
   TModel t;
   char what[128], err[4096];
-  snprintf(what, sizeof what, "%s (%s)", c->name, precision ? precision : dt == DT_F64 ? "f64" : "f32");
+  const char *kind = precision ? precision : dt == DT_F64 ? "f64" : "f32", *only = getenv("GPU_OPS_ONLY");
+  if (only && *only && strcmp(only, kind)) return 0;
+  snprintf(what, sizeof what, "%s (%s)", c->name, kind);
   FrontendOptions fo = {.float_dtype = dt};
   if (tmodel_open_prec(&t, c->name, c->src, &fo, precision ? precision : "fp32")) {
     fprintf(stderr, "FAIL %s: does not compile\n", what);

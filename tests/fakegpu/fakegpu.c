@@ -1,0 +1,1301 @@
+/* tests/fakegpu/fakegpu.c: libduet_fakegpu.so, a fake GPU for running the
+ * real CUDA plugin (libduet_cuda.so) end to end on a machine without one.
+ *
+ * One library stands in for the three the plugin links: the CUDA driver
+ * (libcuda.so.1), cuBLAS and NVRTC.  tests/run_fakegpu.sh puts it on
+ * LD_LIBRARY_PATH under those names (the plugin's RUNPATH does not override
+ * LD_LIBRARY_PATH), so the plugin binary that a GPU machine loads is the one
+ * under test: its driver calls, context handling on worker threads, stream
+ * ordering, cuBLAS argument mapping (row-major C as column-major C^T) and the
+ * kernel cache all run, and so do the gpu-labelled tests and scripts.
+ *
+ * What it models, after the CUDA driver API reference and the cuBLAS
+ * documentation:
+ *  - NVRTC: nvrtcCompileProgram accepts -std=c++17 and one -arch= that must
+ *    be in nvrtcGetSupportedArchs (lists modelled on NVRTC 11.8, 12.x and
+ *    13.0 per $DUET_FAKE_NVRTC, default 12.9); the "image" is the source
+ *    compiled as C++ for the host behind tests/cuda_emu/cuda_emu.h (a block's
+ *    threads are POSIX threads) plus a trampoline per kernel, as a shared
+ *    object with a small header.  CUBIN is refused for a compute_XX target.
+ *  - Devices: $DUET_FAKE_GPUS (default 1) GPUs of compute capability
+ *    $DUET_FAKE_CC (default 6.0, a P100), $DUET_FAKE_MEM bytes each (default
+ *    16 GiB: allocations beyond it fail with CUDA_ERROR_OUT_OF_MEMORY), peer
+ *    access between them only when $DUET_FAKE_P2P=1 (a PCIe pair without P2P
+ *    is the default).
+ *  - Contexts: a primary context per GPU; every call that needs one fails
+ *    with CUDA_ERROR_INVALID_CONTEXT when the calling thread has none
+ *    current, and a stream, module or function used under another GPU's
+ *    context fails with CUDA_ERROR_INVALID_HANDLE.
+ *  - Memory: cuMemAlloc returns addresses in a range the host cannot read
+ *    (PROT_NONE): a host dereference of device memory crashes as on a real
+ *    GPU.  Each allocation has a host shadow that kernels, copies and GEMMs
+ *    use after translation.  Managed (cuMemAllocManaged) and page-locked
+ *    (cuMemHostAlloc) memory is host memory.  Kernel pointer arguments and
+ *    copy ranges must lie inside one live allocation (else
+ *    CUDA_ERROR_ILLEGAL_ADDRESS, sticky, with a message naming the kernel).
+ *  - Streams: work is queued and runs only when the stream is synchronised
+ *    (or by a copy to pageable host memory, which is synchronous): host code
+ *    that reads results without a sync reads stale memory.  A copy from
+ *    pageable host memory takes its bytes when called; from page-locked
+ *    memory, when it runs (CUDA driver API, "API synchronization
+ *    behavior").
+ *  - Launches: block size at most 1024 and at most the kernel's
+ *    __launch_bounds__, dynamic shared memory above 48 KiB only after
+ *    cuFuncSetAttribute raised the kernel's limit, never above the card's
+ *    opt-in maximum (49152 bytes on sm_6x).  Kernels run with blocks of
+ *    min(block, 64) threads; kernels that loop over gridDim (grid-stride)
+ *    run with at most 4 blocks, the rest with their whole grid.
+ *  - cuBLAS: Sgemm, Dgemm and GemmEx (16F and 16BF operands with 32F
+ *    compute, 16F with 16F compute and __half alpha/beta) in column-major
+ *    order with the documented argument checks; alpha and beta read when
+ *    called (host pointer mode), the product computed when the stream runs.
+ *
+ * Not modelled: concurrency between streams (queues run one at a time),
+ * events, timing, the hardware's rounding of fused multiply-adds.  This is
+ * test scaffolding, so it keeps process-wide state as a driver does. */
+#define _GNU_SOURCE
+#include <cblas.h>
+#include <cublas_v2.h>
+#include <cuda.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <nvrtc.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../runtime/duet_half.h"
+
+extern char **environ;
+
+#define MAX_GPUS 8
+#define EMU_BLOCK 64 /* threads per emulated block (tests/cuda_emu: EMU_POOL) */
+#define SHRINK_GRID 4
+#define MAGIC "DUETFAKEGPU1"
+
+/* ------------------------------------------------------------ bookkeeping */
+
+enum { MEM_DEVICE, MEM_MANAGED, MEM_PINNED };
+
+typedef struct Alloc {
+  uintptr_t addr; /* what the caller sees */
+  size_t bytes;
+  char *host;     /* where the bytes are */
+  int kind, gpu, live;
+} Alloc;
+
+struct CUctx_st {
+  int gpu;
+  int peer[MAX_GPUS]; /* peer access enabled to GPU j */
+};
+
+typedef struct Op Op;
+
+struct CUstream_st {
+  struct CUctx_st *ctx;
+  Op *head, *tail;
+};
+
+typedef struct Kern { /* one kernel of a module, from the trampoline table */
+  const char *name;
+  int (*prep)(void *const *params);
+  void (*run)(void *const *t, const double *s);
+  const unsigned *sizes; /* bytes of each parameter, 0-terminated */
+  int n_params, bounds, grid_stride;
+} Kern;
+
+struct CUmod_st {
+  struct CUctx_st *ctx;
+  void *dl;
+  int (*launch)(void (*fn)(void *const *, const double *), unsigned grid, unsigned block, void *const *t,
+                const double *s);
+  void (*shutdown)(void);
+  struct CUfunc_st *fns;
+  int n;
+  char path[512];
+};
+
+struct CUfunc_st {
+  struct CUmod_st *mod;
+  Kern k;
+  int max_dynamic_shared;
+};
+
+enum { OP_LAUNCH, OP_COPY, OP_MEMSET, OP_GEMM };
+
+typedef struct Gemm {
+  int ta, tb, m, n, k, lda, ldb, ldc;
+  cudaDataType_t type;
+  int compute16; /* CUBLAS_COMPUTE_16F */
+  double alpha, beta;
+  uintptr_t a, b, c;
+} Gemm;
+
+struct Op {
+  Op *next;
+  int kind;
+  /* launch */
+  struct CUfunc_st *fn;
+  unsigned grid, block;
+  void *params[64];
+  char *param_bytes;
+  /* copy / memset: dst and src as the caller gave them (translated when
+   * run); src_copy holds pageable host bytes taken at the call */
+  uintptr_t dst, src;
+  int dst_dev, src_dev; /* translate through the allocation table */
+  char *src_copy;
+  size_t bytes;
+  unsigned char value;
+  Gemm g;
+};
+
+static struct {
+  pthread_mutex_t lock; /* the tables below */
+  pthread_mutex_t exec; /* running queued work (one emulated kernel at a time) */
+  int init, n_gpus, cc, p2p, nv_major, nv_minor;
+  size_t mem;
+  size_t used[MAX_GPUS];
+  struct CUctx_st ctx[MAX_GPUS];
+  int ctx_refs[MAX_GPUS];
+  Alloc *allocs;
+  int n_allocs, cap_allocs;
+  char *dev_base; /* reserved PROT_NONE range for cuMemAlloc addresses */
+  size_t dev_off, dev_span;
+  CUresult sticky; /* an error raised while running queued work */
+  struct CUstream_st *streams[256]; /* live streams (cuMemFree waits for them all) */
+  int n_streams;
+} G = {.lock = PTHREAD_MUTEX_INITIALIZER, .exec = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local struct CUctx_st *current;
+
+static void fake_say(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "fakegpu: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+}
+
+static size_t env_size(const char *name, size_t dflt) {
+  const char *s = getenv(name);
+  if (!s || !*s) return dflt;
+  char *end;
+  double v = strtod(s, &end);
+  size_t mul = 1;
+  if (!strcmp(end, "KiB")) mul = 1024;
+  else if (!strcmp(end, "MiB")) mul = 1024 * 1024;
+  else if (!strcmp(end, "GiB")) mul = 1024ull * 1024 * 1024;
+  return (size_t)(v * (double)mul);
+}
+
+/* ------------------------------------------------------------ allocations */
+
+/* The allocation containing [p, p + n), or NULL; under G.lock. */
+static Alloc *find_alloc(uintptr_t p, size_t n) {
+  for (int i = G.n_allocs - 1; i >= 0; i--) {
+    Alloc *a = &G.allocs[i];
+    if (a->live && p >= a->addr && p - a->addr < a->bytes && n <= a->bytes - (p - a->addr)) return a;
+  }
+  return NULL;
+}
+
+static int add_alloc(uintptr_t addr, size_t bytes, char *host, int kind, int gpu) {
+  if (G.n_allocs == G.cap_allocs) {
+    int cap = G.cap_allocs ? 2 * G.cap_allocs : 256;
+    Alloc *a = realloc(G.allocs, (size_t)cap * sizeof *a);
+    if (!a) return -1;
+    G.allocs = a;
+    G.cap_allocs = cap;
+  }
+  G.allocs[G.n_allocs++] = (Alloc){addr, bytes, host, kind, gpu, 1};
+  return 0;
+}
+
+/* Host address of device-side address p for n bytes, or NULL (and a
+ * message) when [p, p + n) is not inside one live allocation. */
+static char *xlate(uintptr_t p, size_t n, const char *what) {
+  pthread_mutex_lock(&G.lock);
+  Alloc *a = find_alloc(p, n ? n : 1);
+  char *h = a ? a->host + (p - a->addr) : NULL;
+  pthread_mutex_unlock(&G.lock);
+  if (!h) fake_say("%s: [0x%llx, +%zu) is not inside GPU memory", what, (unsigned long long)p, n);
+  return h;
+}
+
+/* for the emulated kernels: a pointer argument; NULL stays NULL (a
+ * kernel's unused argument slots) */
+static int bad_kernel_pointer;
+static const char *kernel_name;
+static void *xlate_kernel_pointer(const void *p) {
+  if (!p) return NULL;
+  char what[160];
+  snprintf(what, sizeof what, "kernel %s: pointer argument", kernel_name);
+  char *h = xlate((uintptr_t)p, 1, what);
+  if (!h) bad_kernel_pointer = 1;
+  return h;
+}
+
+/* ------------------------------------------------------------ driver API */
+
+static CUresult need_ctx(void) {
+  if (!G.init) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+  return G.sticky;
+}
+
+CUresult cuGetErrorString(CUresult r, const char **s) {
+  switch (r) {
+  case CUDA_SUCCESS: *s = "no error"; break;
+  case CUDA_ERROR_INVALID_VALUE: *s = "invalid argument"; break;
+  case CUDA_ERROR_OUT_OF_MEMORY: *s = "out of memory"; break;
+  case CUDA_ERROR_NOT_INITIALIZED: *s = "initialization error"; break;
+  case CUDA_ERROR_NO_DEVICE: *s = "no CUDA-capable device is detected"; break;
+  case CUDA_ERROR_INVALID_DEVICE: *s = "invalid device ordinal"; break;
+  case CUDA_ERROR_INVALID_IMAGE: *s = "device kernel image is invalid"; break;
+  case CUDA_ERROR_INVALID_CONTEXT: *s = "invalid device context"; break;
+  case CUDA_ERROR_INVALID_HANDLE: *s = "invalid resource handle"; break;
+  case CUDA_ERROR_NOT_FOUND: *s = "named symbol not found"; break;
+  case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered"; break;
+  case CUDA_ERROR_LAUNCH_FAILED: *s = "unspecified launch failure"; break;
+  case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: *s = "too many resources requested for launch"; break;
+  case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: *s = "peer access is not supported between these two devices"; break;
+  case CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: *s = "peer access is already enabled"; break;
+  default: *s = NULL; return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuInit(unsigned flags) {
+  if (flags) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&G.lock);
+  if (!G.init) {
+    const char *s = getenv("DUET_FAKE_GPUS");
+    G.n_gpus = s && *s ? atoi(s) : 1;
+    if (G.n_gpus < 0 || G.n_gpus > MAX_GPUS) G.n_gpus = 1;
+    s = getenv("DUET_FAKE_CC");
+    int ma = 6, mi = 0;
+    if (s && *s) sscanf(s, "%d.%d", &ma, &mi);
+    G.cc = 10 * ma + mi;
+    G.p2p = getenv("DUET_FAKE_P2P") && !strcmp(getenv("DUET_FAKE_P2P"), "1");
+    G.mem = env_size("DUET_FAKE_MEM", 16ull << 30);
+    for (int i = 0; i < MAX_GPUS; i++) G.ctx[i].gpu = i;
+    G.dev_span = 1ull << 40;
+    void *r = mmap(NULL, G.dev_span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) {
+      pthread_mutex_unlock(&G.lock);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    G.dev_base = r;
+    G.init = 1;
+  }
+  pthread_mutex_unlock(&G.lock);
+  return G.n_gpus ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+CUresult cuDriverGetVersion(int *v) {
+  const char *s = getenv("DUET_FAKE_DRIVER");
+  *v = s && *s ? atoi(s) : 12080;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *n) {
+  if (!G.init) return CUDA_ERROR_NOT_INITIALIZED;
+  *n = G.n_gpus;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+  if (!G.init) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ordinal < 0 || ordinal >= G.n_gpus) return CUDA_ERROR_INVALID_DEVICE;
+  *d = ordinal;
+  return CUDA_SUCCESS;
+}
+
+static int bad_dev(CUdevice d) { return !G.init || d < 0 || d >= G.n_gpus; }
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+  if (bad_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(name, (size_t)len, "fakegpu sm_%d (host emulation)", G.cc);
+  return CUDA_SUCCESS;
+}
+
+/* opt-in dynamic shared memory per block (CUDA C Programming Guide,
+ * "Compute Capabilities", table of technical specifications) */
+static int optin_shared(void) {
+  return G.cc >= 90 ? 232448 : G.cc >= 80 ? 166912 : G.cc >= 75 ? 65536 : G.cc >= 70 ? 98304 : 49152;
+}
+
+CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
+  if (bad_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
+  switch (a) {
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = G.cc / 10; break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = G.cc % 10; break;
+  case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *v = optin_shared(); break;
+  case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+  case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 56; break;
+  case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
+  default: fake_say("cuDeviceGetAttribute: attribute %d is not modelled", (int)a); return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem(size_t *bytes, CUdevice d) {
+  if (bad_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = G.mem;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+  if (bad_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&G.lock);
+  G.ctx_refs[d]++;
+  pthread_mutex_unlock(&G.lock);
+  *c = &G.ctx[d];
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice d) {
+  if (bad_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&G.lock);
+  CUresult r = G.ctx_refs[d] > 0 ? (G.ctx_refs[d]--, CUDA_SUCCESS) : CUDA_ERROR_INVALID_CONTEXT;
+  pthread_mutex_unlock(&G.lock);
+  return r;
+}
+
+CUresult cuCtxSetCurrent(CUcontext c) {
+  if (!G.init) return CUDA_ERROR_NOT_INITIALIZED;
+  if (c && (c < &G.ctx[0] || c >= &G.ctx[G.n_gpus] || !G.ctx_refs[c->gpu])) return CUDA_ERROR_INVALID_CONTEXT;
+  current = c;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamCreate(CUstream *s, unsigned flags) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (flags != CU_STREAM_DEFAULT && flags != CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
+  struct CUstream_st *st = calloc(1, sizeof *st);
+  if (!st) return CUDA_ERROR_OUT_OF_MEMORY;
+  st->ctx = current;
+  pthread_mutex_lock(&G.exec);
+  int full = G.n_streams == (int)(sizeof G.streams / sizeof *G.streams);
+  if (!full) G.streams[G.n_streams++] = st;
+  pthread_mutex_unlock(&G.exec);
+  if (full) {
+    free(st);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *s = st;
+  return CUDA_SUCCESS;
+}
+
+static CUresult check_stream(CUstream s) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (!s) {
+    fake_say("the legacy default stream is not modelled (use the stream the plugin created)");
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  if (s->ctx != current) {
+    fake_say("a stream of GPU %d used with GPU %d's context current", s->ctx->gpu, current->gpu);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  return CUDA_SUCCESS;
+}
+
+static void free_op(Op *o) {
+  free(o->param_bytes);
+  free(o->src_copy);
+  free(o);
+}
+
+static void run_op(Op *o); /* below, with the kernels and GEMMs */
+
+/* Runs the stream's queue in order; the first error becomes sticky.
+ * Under G.exec. */
+static void run_queue(CUstream s) {
+  while (s->head) {
+    Op *o = s->head;
+    s->head = o->next;
+    if (!s->head) s->tail = NULL;
+    if (!G.sticky) run_op(o);
+    free_op(o);
+  }
+}
+
+static CUresult flush(CUstream s) {
+  pthread_mutex_lock(&G.exec);
+  run_queue(s);
+  CUresult r = G.sticky;
+  pthread_mutex_unlock(&G.exec);
+  return r;
+}
+
+/* every stream's work (cuMemFree and cuMemFreeHost synchronise the device) */
+static void flush_all(void) {
+  pthread_mutex_lock(&G.exec);
+  for (int i = 0; i < G.n_streams; i++) run_queue(G.streams[i]);
+  pthread_mutex_unlock(&G.exec);
+}
+
+/* queues are changed under G.exec: another thread's cuMemFree may run
+ * them */
+static CUresult enqueue(CUstream s, Op *o) {
+  o->next = NULL;
+  pthread_mutex_lock(&G.exec);
+  if (s->tail) s->tail->next = o;
+  else s->head = o;
+  s->tail = o;
+  pthread_mutex_unlock(&G.exec);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamSynchronize(CUstream s) {
+  CUresult r = check_stream(s);
+  if (r) return r;
+  return flush(s);
+}
+
+CUresult cuStreamDestroy(CUstream s) {
+  CUresult r = check_stream(s);
+  if (r) return r;
+  flush(s); /* pending work completes first (cuStreamDestroy's documentation) */
+  pthread_mutex_lock(&G.exec);
+  for (int i = 0; i < G.n_streams; i++)
+    if (G.streams[i] == s) G.streams[i] = G.streams[--G.n_streams];
+  pthread_mutex_unlock(&G.exec);
+  free(s);
+  return CUDA_SUCCESS;
+}
+
+static CUresult alloc_mem(CUdeviceptr *p, size_t bytes, int kind) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  int gpu = current->gpu;
+  pthread_mutex_lock(&G.lock);
+  if (kind != MEM_PINNED && G.used[gpu] + bytes > G.mem) {
+    pthread_mutex_unlock(&G.lock);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  size_t span = (bytes + 4095) & ~(size_t)4095;
+  char *host = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  uintptr_t addr = (uintptr_t)host;
+  if (host != MAP_FAILED && kind == MEM_DEVICE) {
+    if (G.dev_off + span + 65536 > G.dev_span) {
+      munmap(host, span);
+      host = MAP_FAILED;
+    } else {
+      addr = (uintptr_t)G.dev_base + G.dev_off;
+      G.dev_off += span + 65536; /* a gap: neighbours never touch */
+    }
+  }
+  if (host == MAP_FAILED || add_alloc(addr, bytes, host, kind, gpu)) {
+    if (host != MAP_FAILED) munmap(host, span);
+    pthread_mutex_unlock(&G.lock);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (kind != MEM_PINNED) G.used[gpu] += bytes;
+  pthread_mutex_unlock(&G.lock);
+  /* fresh memory is garbage on a GPU: make it visibly so */
+  memset(host, 0xa5, bytes);
+  *p = (CUdeviceptr)addr;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAlloc(CUdeviceptr *p, size_t bytes) { return alloc_mem(p, bytes, MEM_DEVICE); }
+
+CUresult cuMemAllocManaged(CUdeviceptr *p, size_t bytes, unsigned flags) {
+  if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+  return alloc_mem(p, bytes, MEM_MANAGED);
+}
+
+CUresult cuMemHostAlloc(void **p, size_t bytes, unsigned flags) {
+  (void)flags;
+  CUdeviceptr d;
+  CUresult r = alloc_mem(&d, bytes, MEM_PINNED);
+  *p = r ? NULL : (void *)(uintptr_t)d;
+  return r;
+}
+
+static CUresult free_mem(uintptr_t p, int pinned) {
+  CUresult r = need_ctx();
+  if (r && r != G.sticky) return r;
+  flush_all();
+  pthread_mutex_lock(&G.lock);
+  Alloc *a = find_alloc(p, 1);
+  if (!a || a->addr != p || (a->kind == MEM_PINNED) != pinned) {
+    pthread_mutex_unlock(&G.lock);
+    fake_say("%s of 0x%llx, which is not the start of a live allocation", pinned ? "cuMemFreeHost" : "cuMemFree",
+             (unsigned long long)p);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  a->live = 0;
+  if (a->kind != MEM_PINNED) G.used[a->gpu] -= a->bytes;
+  /* keep the mapping but poison it: a queued op that still uses it reads
+   * garbage rather than someone else's data */
+  memset(a->host, 0x5a, a->bytes);
+  pthread_mutex_unlock(&G.lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemFree(CUdeviceptr p) { return free_mem((uintptr_t)p, 0); }
+CUresult cuMemFreeHost(void *p) { return free_mem((uintptr_t)p, 1); }
+
+static int is_pinned(const void *p, size_t n) {
+  pthread_mutex_lock(&G.lock);
+  Alloc *a = find_alloc((uintptr_t)p, n);
+  int r = a && a->kind != MEM_DEVICE;
+  pthread_mutex_unlock(&G.lock);
+  return r;
+}
+
+static CUresult queue_copy(CUstream s, uintptr_t dst, int dst_dev, uintptr_t src, int src_dev, size_t bytes,
+                           int snapshot) {
+  CUresult r = check_stream(s);
+  if (r) return r;
+  if (dst_dev && !xlate(dst, bytes, "copy destination")) return CUDA_ERROR_INVALID_VALUE;
+  if (src_dev && !xlate(src, bytes, "copy source")) return CUDA_ERROR_INVALID_VALUE;
+  Op *o = calloc(1, sizeof *o);
+  if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
+  o->kind = OP_COPY;
+  o->dst = dst, o->dst_dev = dst_dev, o->src = src, o->src_dev = src_dev, o->bytes = bytes;
+  if (snapshot) {
+    if (!(o->src_copy = malloc(bytes ? bytes : 1))) {
+      free(o);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    memcpy(o->src_copy, (const void *)src, bytes);
+  }
+  return enqueue(s, o);
+}
+
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t bytes, CUstream s) {
+  return queue_copy(s, (uintptr_t)dst, 1, (uintptr_t)src, 0, bytes, !is_pinned(src, bytes));
+}
+
+CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t bytes, CUstream s) {
+  CUresult r = queue_copy(s, (uintptr_t)dst, 0, (uintptr_t)src, 1, bytes, 0);
+  if (r) return r;
+  return is_pinned(dst, bytes) ? CUDA_SUCCESS : flush(s); /* to pageable memory: synchronous */
+}
+
+CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s) {
+  return queue_copy(s, (uintptr_t)dst, 1, (uintptr_t)src, 1, bytes, 0);
+}
+
+CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t bytes,
+                           CUstream s) {
+  if (!dctx || !sctx) return CUDA_ERROR_INVALID_CONTEXT;
+  return queue_copy(s, (uintptr_t)dst, 1, (uintptr_t)src, 1, bytes, 0);
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
+  CUresult r = check_stream(s);
+  if (r) return r;
+  if (!xlate((uintptr_t)dst, n, "cuMemsetD8Async")) return CUDA_ERROR_INVALID_VALUE;
+  Op *o = calloc(1, sizeof *o);
+  if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
+  o->kind = OP_MEMSET;
+  o->dst = (uintptr_t)dst, o->dst_dev = 1, o->bytes = n, o->value = v;
+  return enqueue(s, o);
+}
+
+CUresult cuDeviceCanAccessPeer(int *can, CUdevice d, CUdevice peer) {
+  if (bad_dev(d) || bad_dev(peer)) return CUDA_ERROR_INVALID_DEVICE;
+  *can = G.p2p && d != peer;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (flags || !peer) return CUDA_ERROR_INVALID_VALUE;
+  if (!G.p2p || peer == current) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+  if (current->peer[peer->gpu]) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  current->peer[peer->gpu] = 1;
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------ modules */
+
+/* a module image: MAGIC, the shared object's size (8 bytes), the shared
+ * object */
+CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (memcmp(image, MAGIC, sizeof MAGIC - 1)) {
+    fake_say("cuModuleLoadData: not an image from the fake NVRTC");
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  uint64_t n;
+  memcpy(&n, (const char *)image + sizeof MAGIC - 1, sizeof n);
+  struct CUmod_st *mod = calloc(1, sizeof *mod);
+  if (!mod) return CUDA_ERROR_OUT_OF_MEMORY;
+  const char *tmp = getenv("TMPDIR");
+  snprintf(mod->path, sizeof mod->path, "%s/fakegpu-module-XXXXXX.so", tmp && *tmp ? tmp : "/tmp");
+  int fd = mkstemps(mod->path, 3);
+  const char *so = (const char *)image + sizeof MAGIC - 1 + sizeof n;
+  if (fd < 0 || write(fd, so, n) != (ssize_t)n || close(fd)) {
+    fake_say("cuModuleLoadData: writing %s: %s", mod->path, strerror(errno));
+    free(mod);
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  mod->dl = dlopen(mod->path, RTLD_NOW | RTLD_LOCAL);
+  unlink(mod->path);
+  if (!mod->dl) {
+    fake_say("cuModuleLoadData: %s", dlerror());
+    free(mod);
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  const Kern *table = dlsym(mod->dl, "fake_kernels");
+  const int *count = dlsym(mod->dl, "fake_n_kernels");
+  void *(**hook)(const void *) = dlsym(mod->dl, "fake_xlate");
+  mod->launch = (int (*)(void (*)(void *const *, const double *), unsigned, unsigned, void *const *,
+                         const double *))dlsym(mod->dl, "emu_launch");
+  mod->shutdown = (void (*)(void))dlsym(mod->dl, "emu_shutdown");
+  if (!table || !count || !hook || !mod->launch || !mod->shutdown ||
+      !(mod->fns = calloc((size_t)(*count ? *count : 1), sizeof *mod->fns))) {
+    fake_say("cuModuleLoadData: the image lacks its kernel table");
+    dlclose(mod->dl);
+    free(mod);
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  *hook = xlate_kernel_pointer;
+  mod->n = *count;
+  mod->ctx = current;
+  for (int i = 0; i < mod->n; i++) {
+    mod->fns[i].mod = mod;
+    mod->fns[i].k = table[i];
+    mod->fns[i].max_dynamic_shared = 48 * 1024;
+  }
+  *m = mod;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule m) {
+  CUresult r = need_ctx();
+  if (r && r != G.sticky) return r;
+  if (!m) return CUDA_ERROR_INVALID_HANDLE;
+  m->shutdown();
+  dlclose(m->dl);
+  free(m->fns);
+  free(m);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (!m || m->ctx != current) return CUDA_ERROR_INVALID_HANDLE;
+  for (int i = 0; i < m->n; i++)
+    if (!strcmp(m->fns[i].k.name, name)) {
+      *f = &m->fns[i];
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  if (a != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+    fake_say("cuFuncSetAttribute: attribute %d is not modelled", (int)a);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (v < 0 || v > optin_shared()) return CUDA_ERROR_INVALID_VALUE;
+  f->max_dynamic_shared = v;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, CUstream s, void **params, void **extra) {
+  CUresult r = check_stream(s);
+  if (r) return r;
+  if (!f || f->mod->ctx != current) {
+    fake_say("cuLaunchKernel: a function of another GPU's module");
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  const Kern *k = &f->k;
+  if (extra || !params || gy != 1 || gz != 1 || by != 1 || bz != 1 || gx == 0 || gx > 0x7fffffffu || bx == 0) {
+    fake_say("cuLaunchKernel %s: grid (%u,%u,%u) block (%u,%u,%u): only 1-D launches with params are modelled",
+             k->name, gx, gy, gz, bx, by, bz);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (bx > 1024 || (int)bx > k->bounds) {
+    fake_say("cuLaunchKernel %s: block of %u threads; __launch_bounds__ allows %d", k->name, bx, k->bounds);
+    return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+  }
+  if ((int)shared > f->max_dynamic_shared) {
+    fake_say("cuLaunchKernel %s: %u bytes of dynamic shared memory; the limit is %d", k->name, shared,
+             f->max_dynamic_shared);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (bx % 32) {
+    fake_say("cuLaunchKernel %s: block of %u threads is not a multiple of 32 (duet's kernels assume whole warps)",
+             k->name, bx);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (shared > (1u << 20)) {
+    fake_say("cuLaunchKernel %s: the emulation has 1 MiB of shared memory", k->name);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Op *o = calloc(1, sizeof *o);
+  size_t total = 0;
+  for (int i = 0; i < k->n_params; i++) total += (k->sizes[i] + 15) & ~15u;
+  if (!o || !(o->param_bytes = malloc(total ? total : 1)) || k->n_params > 64) {
+    if (o) free_op(o);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  /* the driver copies the arguments at the launch */
+  char *q = o->param_bytes;
+  for (int i = 0; i < k->n_params; i++) {
+    memcpy(q, params[i], k->sizes[i]);
+    o->params[i] = q;
+    q += (k->sizes[i] + 15) & ~15u;
+  }
+  o->kind = OP_LAUNCH;
+  o->fn = f;
+  o->grid = gx;
+  o->block = bx;
+  return enqueue(s, o);
+}
+
+/* ------------------------------------------------------------ running work */
+
+static void gemm_run(const Gemm *g);
+
+static void run_op(Op *o) {
+  if (o->kind == OP_LAUNCH) {
+    const Kern *k = &o->fn->k;
+    kernel_name = k->name;
+    bad_kernel_pointer = 0;
+    if (k->prep(o->params) || bad_kernel_pointer) {
+      G.sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+      return;
+    }
+    unsigned grid = k->grid_stride && o->grid > SHRINK_GRID ? SHRINK_GRID : o->grid;
+    const char *eb = getenv("DUET_FAKE_BLOCK");
+    unsigned cap = eb && *eb ? (unsigned)atoi(eb) : EMU_BLOCK;
+    unsigned block = o->block < cap ? o->block : cap;
+    if (o->fn->mod->launch(k->run, grid, block, NULL, NULL)) {
+      fake_say("kernel %s: the emulator could not launch it", k->name);
+      G.sticky = CUDA_ERROR_LAUNCH_FAILED;
+    }
+  } else if (o->kind == OP_COPY || o->kind == OP_MEMSET) {
+    char *d = o->dst_dev ? xlate(o->dst, o->bytes, "queued copy destination") : (char *)o->dst;
+    const char *s = o->kind == OP_MEMSET ? NULL
+                    : o->src_copy      ? o->src_copy
+                    : o->src_dev       ? xlate(o->src, o->bytes, "queued copy source")
+                                       : (const char *)o->src;
+    if (!d || (o->kind == OP_COPY && !s)) {
+      G.sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+      return;
+    }
+    if (o->kind == OP_MEMSET) memset(d, o->value, o->bytes);
+    else memmove(d, s, o->bytes);
+  } else {
+    gemm_run(&o->g);
+  }
+}
+
+/* ------------------------------------------------------------ cuBLAS */
+
+struct cublasContext {
+  struct CUctx_st *ctx;
+  CUstream stream;
+};
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t *h) {
+  if (!current) return CUBLAS_STATUS_NOT_INITIALIZED;
+  struct cublasContext *c = calloc(1, sizeof *c);
+  if (!c) return CUBLAS_STATUS_ALLOC_FAILED;
+  c->ctx = current;
+  *h = c;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  free(h);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  h->stream = (CUstream)s;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+static float load_elem(const char *p, cudaDataType_t t, size_t i) {
+  uint16_t h;
+  switch (t) {
+  case CUDA_R_32F: return ((const float *)p)[i];
+  case CUDA_R_16F: memcpy(&h, p + 2 * i, 2); return duet_f32_from_f16(h);
+  default: memcpy(&h, p + 2 * i, 2); return duet_f32_from_bf16(h);
+  }
+}
+
+/* column-major C = alpha op(A) op(B) + beta C (cuBLAS's definition) */
+static void gemm_run(const Gemm *g) {
+  size_t es = g->type == CUDA_R_64F ? 8 : g->type == CUDA_R_32F ? 4 : 2;
+  size_t ar = g->ta ? (size_t)g->k : (size_t)g->m, ac = g->ta ? (size_t)g->m : (size_t)g->k;
+  size_t br = g->tb ? (size_t)g->n : (size_t)g->k, bc = g->tb ? (size_t)g->k : (size_t)g->n;
+  char *a = xlate(g->a, es * ((ac - 1) * (size_t)g->lda + ar), "GEMM A");
+  char *b = xlate(g->b, es * ((bc - 1) * (size_t)g->ldb + br), "GEMM B");
+  char *c = xlate(g->c, es * (((size_t)g->n - 1) * (size_t)g->ldc + (size_t)g->m), "GEMM C");
+  if (!a || !b || !c) {
+    G.sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+    return;
+  }
+  CBLAS_TRANSPOSE ta = g->ta ? CblasTrans : CblasNoTrans, tb = g->tb ? CblasTrans : CblasNoTrans;
+  if (g->type == CUDA_R_64F) {
+    cblas_dgemm(CblasColMajor, ta, tb, g->m, g->n, g->k, g->alpha, (double *)a, g->lda, (double *)b, g->ldb, g->beta,
+                (double *)c, g->ldc);
+    return;
+  }
+  if (g->type == CUDA_R_32F) {
+    cblas_sgemm(CblasColMajor, ta, tb, g->m, g->n, g->k, (float)g->alpha, (float *)a, g->lda, (float *)b, g->ldb,
+                (float)g->beta, (float *)c, g->ldc);
+    return;
+  }
+  /* 16-bit with COMPUTE_32F: products and sums in f32, one rounding of
+   * the result (operands widened, SGEMM, narrowed) */
+  if (!g->compute16) {
+    size_t na = ac * (size_t)g->lda, nb = bc * (size_t)g->ldb, nc = (size_t)g->n * (size_t)g->ldc;
+    float *fa = malloc(na * sizeof *fa), *fb = malloc(nb * sizeof *fb), *fc = malloc(nc * sizeof *fc);
+    if (!fa || !fb || !fc) {
+      free(fa), free(fb), free(fc);
+      G.sticky = CUDA_ERROR_OUT_OF_MEMORY;
+      return;
+    }
+    /* the last column holds only its rows: widen just those */
+    for (size_t i = 0; i < (ac - 1) * (size_t)g->lda + ar; i++) fa[i] = load_elem(a, g->type, i);
+    for (size_t i = 0; i < (bc - 1) * (size_t)g->ldb + br; i++) fb[i] = load_elem(b, g->type, i);
+    for (size_t i = 0; i < ((size_t)g->n - 1) * (size_t)g->ldc + (size_t)g->m; i++)
+      fc[i] = g->beta != 0 ? load_elem(c, g->type, i) : 0.0f;
+    cblas_sgemm(CblasColMajor, ta, tb, g->m, g->n, g->k, (float)g->alpha, fa, g->lda, fb, g->ldb, (float)g->beta, fc,
+                g->ldc);
+    for (int j = 0; j < g->n; j++)
+      for (int i = 0; i < g->m; i++) {
+        size_t ci = (size_t)j * (size_t)g->ldc + (size_t)i;
+        uint16_t h = g->type == CUDA_R_16F ? duet_f16_from_f32(fc[ci]) : duet_bf16_from_f32(fc[ci]);
+        memcpy(c + 2 * ci, &h, 2);
+      }
+    free(fa), free(fb), free(fc);
+    return;
+  }
+  /* COMPUTE_16F: every partial sum rounded to f16 */
+  for (int j = 0; j < g->n; j++)
+    for (int i = 0; i < g->m; i++) {
+      float acc = 0;
+      for (int p = 0; p < g->k; p++) {
+        float x = load_elem(a, g->type, g->ta ? (size_t)i * (size_t)g->lda + (size_t)p : (size_t)p * (size_t)g->lda + (size_t)i);
+        float y = load_elem(b, g->type, g->tb ? (size_t)p * (size_t)g->ldb + (size_t)j : (size_t)j * (size_t)g->ldb + (size_t)p);
+        acc += x * y;
+        if (g->compute16) acc = duet_f32_from_f16(duet_f16_from_f32(acc));
+      }
+      size_t ci = (size_t)j * (size_t)g->ldc + (size_t)i;
+      float v = (float)g->alpha * acc + (g->beta != 0 ? (float)g->beta * load_elem(c, g->type, ci) : 0.0f);
+      uint16_t h = g->type == CUDA_R_16F ? duet_f16_from_f32(v) : duet_bf16_from_f32(v);
+      memcpy(c + 2 * ci, &h, 2);
+    }
+}
+
+/* the checks cuBLAS documents for ?gemm: CUBLAS_STATUS_INVALID_VALUE when
+ * m, n, k < 0 or a leading dimension is below the rows it must hold */
+static cublasStatus_t gemm_queue(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                 double alpha, double beta, const void *A, int lda, const void *B, int ldb, void *C,
+                                 int ldc, cudaDataType_t type, int compute16) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (current != h->ctx) {
+    fake_say("cuBLAS handle of GPU %d used with %s current", h->ctx->gpu, current ? "another GPU's context" : "no context");
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T) || m < 0 || n < 0 ||
+      k < 0 || lda < (ta == CUBLAS_OP_N ? (m > 1 ? m : 1) : (k > 1 ? k : 1)) ||
+      ldb < (tb == CUBLAS_OP_N ? (k > 1 ? k : 1) : (n > 1 ? n : 1)) || ldc < (m > 1 ? m : 1)) {
+    fake_say("GEMM arguments rejected: op %d %d, m %d n %d k %d, lda %d ldb %d ldc %d", (int)ta, (int)tb, m, n, k, lda,
+             ldb, ldc);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  if (k == 0) {
+    fake_say("GEMM with k = 0 is not modelled");
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (!h->stream || check_stream(h->stream)) return CUBLAS_STATUS_EXECUTION_FAILED;
+  Op *o = calloc(1, sizeof *o);
+  if (!o) return CUBLAS_STATUS_ALLOC_FAILED;
+  o->kind = OP_GEMM;
+  o->g = (Gemm){ta == CUBLAS_OP_T, tb == CUBLAS_OP_T, m, n, k, lda, ldb, ldc, type, compute16, alpha, beta,
+                (uintptr_t)A, (uintptr_t)B, (uintptr_t)C};
+  enqueue(h->stream, o);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                              const float *alpha, const float *A, int lda, const float *B, int ldb, const float *beta,
+                              float *C, int ldc) {
+  return gemm_queue(h, ta, tb, m, n, k, *alpha, *beta, A, lda, B, ldb, C, ldc, CUDA_R_32F, 0);
+}
+
+cublasStatus_t cublasDgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                              const double *alpha, const double *A, int lda, const double *B, int ldb,
+                              const double *beta, double *C, int ldc) {
+  return gemm_queue(h, ta, tb, m, n, k, *alpha, *beta, A, lda, B, ldb, C, ldc, CUDA_R_64F, 0);
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *A, cudaDataType_t at, int lda, const void *B,
+                            cudaDataType_t bt, int ldb, const void *beta, void *C, cudaDataType_t ct, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+  (void)algo;
+  int c16 = compute == CUBLAS_COMPUTE_16F;
+  if (at != bt || at != ct || (at != CUDA_R_16F && at != CUDA_R_16BF && at != CUDA_R_32F) ||
+      (compute != CUBLAS_COMPUTE_32F && !(c16 && at == CUDA_R_16F))) {
+    fake_say("cublasGemmEx: types %d %d %d with compute type %d are not modelled", (int)at, (int)bt, (int)ct,
+             (int)compute);
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  double al, be;
+  if (c16) { /* alpha and beta are __half with CUBLAS_COMPUTE_16F */
+    uint16_t x, y;
+    memcpy(&x, alpha, 2);
+    memcpy(&y, beta, 2);
+    al = duet_f32_from_f16(x), be = duet_f32_from_f16(y);
+  } else {
+    float x, y;
+    memcpy(&x, alpha, 4);
+    memcpy(&y, beta, 4);
+    al = x, be = y;
+  }
+  return gemm_queue(h, ta, tb, m, n, k, al, be, A, lda, B, ldb, C, ldc, at, c16);
+}
+
+/* ------------------------------------------------------------ NVRTC */
+
+struct _nvrtcProgram {
+  char *src;
+  char *log;
+  char *image; /* MAGIC, size, shared object */
+  size_t image_len;
+  int is_sass;
+};
+
+/* the architectures NVRTC reports: 11.8 from sm_35, 12.x from sm_50, 13.0
+ * from sm_75 (NVIDIA's release notes; shared/FACTS.md) */
+static int fake_archs(int *out) {
+  static const int all[] = {35, 37, 50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90, 100, 103, 120};
+  const char *s = getenv("DUET_FAKE_NVRTC");
+  int ma = 12, mi = 9, n = 0;
+  if (s && *s) sscanf(s, "%d.%d", &ma, &mi);
+  int lo = ma >= 13 ? 75 : ma == 12 ? 50 : 35, hi = ma >= 12 && mi >= 8 ? 120 : ma == 12 ? 90 : 90;
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+    if (all[i] >= lo && all[i] <= hi) {
+      if (out) out[n] = all[i];
+      n++;
+    }
+  return n;
+}
+
+nvrtcResult nvrtcVersion(int *major, int *minor) {
+  const char *s = getenv("DUET_FAKE_NVRTC");
+  *major = 12, *minor = 9;
+  if (s && *s) sscanf(s, "%d.%d", major, minor);
+  return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcGetNumSupportedArchs(int *n) {
+  *n = fake_archs(NULL);
+  return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcGetSupportedArchs(int *a) {
+  fake_archs(a);
+  return NVRTC_SUCCESS;
+}
+
+const char *nvrtcGetErrorString(nvrtcResult r) {
+  switch (r) {
+  case NVRTC_SUCCESS: return "NVRTC_SUCCESS";
+  case NVRTC_ERROR_OUT_OF_MEMORY: return "NVRTC_ERROR_OUT_OF_MEMORY";
+  case NVRTC_ERROR_INVALID_INPUT: return "NVRTC_ERROR_INVALID_INPUT";
+  case NVRTC_ERROR_INVALID_PROGRAM: return "NVRTC_ERROR_INVALID_PROGRAM";
+  case NVRTC_ERROR_INVALID_OPTION: return "NVRTC_ERROR_INVALID_OPTION";
+  case NVRTC_ERROR_COMPILATION: return "NVRTC_ERROR_COMPILATION";
+  default: return "NVRTC_ERROR (fake)";
+  }
+}
+
+nvrtcResult nvrtcCreateProgram(nvrtcProgram *p, const char *src, const char *name, int n_headers,
+                               const char *const *headers, const char *const *include_names) {
+  (void)name, (void)headers, (void)include_names;
+  if (!p || !src || n_headers) return NVRTC_ERROR_INVALID_INPUT;
+  struct _nvrtcProgram *q = calloc(1, sizeof *q);
+  if (!q || !(q->src = strdup(src))) {
+    free(q);
+    return NVRTC_ERROR_OUT_OF_MEMORY;
+  }
+  *p = q;
+  return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcDestroyProgram(nvrtcProgram *p) {
+  if (!p || !*p) return NVRTC_ERROR_INVALID_PROGRAM;
+  free((*p)->src);
+  free((*p)->log);
+  free((*p)->image);
+  free(*p);
+  *p = NULL;
+  return NVRTC_SUCCESS;
+}
+
+typedef struct Buf {
+  char *s;
+  size_t n, cap;
+} Buf;
+
+static void bput(Buf *b, const char *s, size_t n) {
+  if (b->n + n + 1 > b->cap) {
+    size_t cap = (b->n + n + 1) * 2;
+    char *t = realloc(b->s, cap);
+    if (!t) abort(); /* test scaffolding: out of host memory is fatal */
+    b->s = t, b->cap = cap;
+  }
+  memcpy(b->s + b->n, s, n);
+  b->n += n;
+  b->s[b->n] = 0;
+}
+
+/* formatted output of at most 4 KiB */
+static void bprint(Buf *b, const char *fmt, ...) {
+  char tmp[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  bput(b, tmp, (size_t)(n < (int)sizeof tmp ? n : (int)sizeof tmp - 1));
+}
+
+/* Appends a trampoline per `extern "C" __global__` function of src: a
+ * parameter struct fake_a_<name>, fake_prep_<name>(params) that loads the
+ * launch's argument bytes into it (pointer arguments, and the pointers of
+ * a duet_args, translated to host addresses), fake_run_<name> that calls
+ * the kernel with them; then the table fake_kernels.  -1 when a signature
+ * cannot be parsed. */
+static int trampolines(const char *src, Buf *out) {
+  Buf table = {0};
+  int n = 0;
+  const char *key = "extern \"C\" __global__ void ";
+  for (const char *p = strstr(src, key); p; p = strstr(p, key)) {
+    p += strlen(key);
+    int bounds = 1024;
+    if (!strncmp(p, "__launch_bounds__(", 18)) {
+      bounds = atoi(p + 18);
+      p = strchr(p, ')') + 1;
+      while (*p == ' ') p++;
+    }
+    const char *lp = strchr(p, '(');
+    if (!lp) return -1;
+    char name[128];
+    snprintf(name, sizeof name, "%.*s", (int)(lp - p), p);
+    const char *rp = strchr(lp, ')');
+    const char *next = strstr(rp, key);
+    const char *body_end = next ? next : rp + strlen(rp);
+    int grid_stride = 0;
+    for (const char *g = strstr(rp, "gridDim"); g && g < body_end; g = NULL) grid_stride = 1;
+    /* parameters: "type name" separated by commas */
+    char types[16][128];
+    int np = 0;
+    for (const char *a = lp + 1; a < rp && np < 16;) {
+      const char *e = memchr(a, ',', (size_t)(rp - a));
+      if (!e) e = rp;
+      const char *t = e;
+      while (t > a && (t[-1] == ' ')) t--;
+      const char *id = t;
+      while (id > a && (id[-1] == '_' || (id[-1] >= '0' && id[-1] <= '9') || (id[-1] >= 'a' && id[-1] <= 'z') ||
+                        (id[-1] >= 'A' && id[-1] <= 'Z')))
+        id--;
+      while (*a == ' ') a++;
+      if (id <= a) return -1;
+      snprintf(types[np++], sizeof types[0], "%.*s", (int)(id - a), a);
+      a = e + 1;
+    }
+    bprint(out, "struct fake_a_%s {", name);
+    for (int i = 0; i < np; i++) bprint(out, " %s a%d;", types[i], i);
+    bprint(out, " };\nstatic fake_a_%s fake_v_%s;\nstatic const unsigned fake_s_%s[] = {", name, name, name);
+    for (int i = 0; i < np; i++) bprint(out, "sizeof(%s), ", types[i]);
+    bprint(out, "0};\nextern \"C\" int fake_prep_%s(void *const *pp) {\n", name);
+    for (int i = 0; i < np; i++)
+      bprint(out, "  memcpy(&fake_v_%s.a%d, pp[%d], sizeof fake_v_%s.a%d); fake_fix(fake_v_%s.a%d);\n", name, i, i,
+             name, i, name, i);
+    bprint(out, "  return 0;\n}\nextern \"C\" void fake_run_%s(void *const *t, const double *s) {\n  (void)t; (void)s;\n"
+                "  %s(", name, name);
+    for (int i = 0; i < np; i++) bprint(out, "%sfake_v_%s.a%d", i ? ", " : "", name, i);
+    bprint(out, ");\n}\n");
+    bprint(&table, "  {\"%s\", fake_prep_%s, fake_run_%s, fake_s_%s, %d, %d, %d},\n", name, name, name, name, np,
+           bounds, grid_stride);
+    n++;
+    p = rp;
+  }
+  bprint(out, "struct FakeKern { const char *name; int (*prep)(void *const *); void (*run)(void *const *, const double *);"
+              " const unsigned *sizes; int n_params, bounds, grid_stride; };\n"
+              "extern \"C\" const FakeKern fake_kernels[] = {\n");
+  if (table.s) bput(out, table.s, table.n);
+  bprint(out, "};\nextern \"C\" const int fake_n_kernels = %d;\n", n);
+  free(table.s);
+  return n ? 0 : -1;
+}
+
+static int run_cmd(char *const argv[], const char *log_path) {
+  posix_spawn_file_actions_t fa;
+  if (posix_spawn_file_actions_init(&fa)) return -1;
+  posix_spawn_file_actions_addopen(&fa, 1, log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid;
+  int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc) return -1;
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char *read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  Buf b = {0};
+  char tmp[65536];
+  size_t k;
+  while ((k = fread(tmp, 1, sizeof tmp, f)) > 0) bput(&b, tmp, k);
+  fclose(f);
+  *len = b.n;
+  return b.s;
+}
+
+nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int n, const char *const *opts) {
+  if (!p) return NVRTC_ERROR_INVALID_PROGRAM;
+  const char *arch = NULL;
+  for (int i = 0; i < n; i++) {
+    if (!strncmp(opts[i], "-arch=", 6) && !arch) arch = opts[i] + 6;
+    else if (strcmp(opts[i], "-std=c++17")) {
+      fake_say("nvrtcCompileProgram: option %s is not modelled", opts[i]);
+      return NVRTC_ERROR_INVALID_OPTION;
+    }
+  }
+  int cc = 0, archs[64], na = fake_archs(archs), ok = 0;
+  if (!arch || (sscanf(arch, "sm_%d", &cc) != 1 && sscanf(arch, "compute_%d", &cc) != 1)) return NVRTC_ERROR_INVALID_OPTION;
+  for (int i = 0; i < na; i++) ok |= archs[i] == cc;
+  if (!ok) return NVRTC_ERROR_INVALID_OPTION;
+  p->is_sass = arch[0] == 's';
+  /* the source behind the emulation header, dynamic shared memory mapped
+   * to the emulator's buffer, then the trampolines */
+  Buf src = {0};
+  bprint(&src, "#include <type_traits>\n#include \"cuda_emu.h\"\n#include \"cuda_emu_rt.cpp\"\n");
+  const char *dyn = "extern __shared__ double duet_smem[];";
+  for (const char *s = p->src; *s;) {
+    const char *q = strstr(s, dyn);
+    if (!q) {
+      bput(&src, s, strlen(s));
+      break;
+    }
+    bput(&src, s, (size_t)(q - s));
+    bprint(&src, "double *duet_smem = emu_smem;");
+    s = q + strlen(dyn);
+  }
+  bprint(&src, "\nextern \"C\" { void *(*fake_xlate)(const void *); }\n"
+               "template <typename T> static void fake_fix(T &v) {\n"
+               "  if constexpr (std::is_pointer<T>::value) v = (T)fake_xlate((const void *)v);\n}\n");
+  if (strstr(p->src, "duet_args"))
+    bprint(&src, "static void fake_fix(duet_args &a) { for (auto &q : a.p) q = fake_xlate(q); }\n");
+  if (trampolines(p->src, &src)) {
+    free(src.s);
+    free(p->log);
+    p->log = strdup("fakegpu: no extern \"C\" __global__ function could be parsed\n");
+    return NVRTC_ERROR_COMPILATION;
+  }
+  const char *tmp = getenv("TMPDIR");
+  char dir[512], cpp[600], so[600], logp[600], inc[600];
+  snprintf(dir, sizeof dir, "%s/fakegpu-nvrtc-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(dir)) {
+    free(src.s);
+    return NVRTC_ERROR_OUT_OF_MEMORY;
+  }
+  snprintf(cpp, sizeof cpp, "%s/k.cpp", dir);
+  snprintf(so, sizeof so, "%s/k.so", dir);
+  snprintf(logp, sizeof logp, "%s/log", dir);
+  snprintf(inc, sizeof inc, "-I%s", FAKEGPU_EMU_DIR);
+  FILE *f = fopen(cpp, "w");
+  int bad = !f || fwrite(src.s, 1, src.n, f) != src.n;
+  if (f && fclose(f)) bad = 1;
+  free(src.s);
+  const char *cxx = getenv("CXX");
+  char *argv[] = {(char *)(cxx && *cxx ? cxx : "c++"), "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-pthread",
+                  inc, "-o", so, cpp, NULL};
+  int rc = bad ? -1 : run_cmd(argv, logp);
+  size_t loglen = 0;
+  free(p->log);
+  p->log = read_file(logp, &loglen);
+  nvrtcResult r = NVRTC_SUCCESS;
+  size_t solen = 0;
+  char *img = rc == 0 ? read_file(so, &solen) : NULL;
+  if (!img) {
+    r = NVRTC_ERROR_COMPILATION;
+  } else {
+    uint64_t n64 = solen;
+    p->image_len = sizeof MAGIC - 1 + sizeof n64 + solen;
+    if (!(p->image = malloc(p->image_len))) {
+      r = NVRTC_ERROR_OUT_OF_MEMORY;
+    } else {
+      memcpy(p->image, MAGIC, sizeof MAGIC - 1);
+      memcpy(p->image + sizeof MAGIC - 1, &n64, sizeof n64);
+      memcpy(p->image + sizeof MAGIC - 1 + sizeof n64, img, solen);
+    }
+    free(img);
+  }
+  unlink(cpp), unlink(so), unlink(logp), rmdir(dir);
+  return r;
+}
+
+nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram p, size_t *n) {
+  if (!p) return NVRTC_ERROR_INVALID_PROGRAM;
+  *n = (p->log ? strlen(p->log) : 0) + 1;
+  return NVRTC_SUCCESS;
+}
+
+nvrtcResult nvrtcGetProgramLog(nvrtcProgram p, char *log) {
+  if (!p) return NVRTC_ERROR_INVALID_PROGRAM;
+  strcpy(log, p->log ? p->log : "");
+  return NVRTC_SUCCESS;
+}
+
+static nvrtcResult image_size(nvrtcProgram p, size_t *n, int want_sass) {
+  if (!p || !p->image) return NVRTC_ERROR_INVALID_PROGRAM;
+  if (want_sass && !p->is_sass) return NVRTC_ERROR_INVALID_INPUT; /* no CUBIN for a virtual architecture */
+  *n = p->image_len;
+  return NVRTC_SUCCESS;
+}
+
+static nvrtcResult image_copy(nvrtcProgram p, char *out, int want_sass) {
+  size_t n;
+  nvrtcResult r = image_size(p, &n, want_sass);
+  if (r == NVRTC_SUCCESS) memcpy(out, p->image, n);
+  return r;
+}
+
+nvrtcResult nvrtcGetPTXSize(nvrtcProgram p, size_t *n) { return image_size(p, n, 0); }
+nvrtcResult nvrtcGetPTX(nvrtcProgram p, char *ptx) { return image_copy(p, ptx, 0); }
+nvrtcResult nvrtcGetCUBINSize(nvrtcProgram p, size_t *n) { return image_size(p, n, 1); }
+nvrtcResult nvrtcGetCUBIN(nvrtcProgram p, char *cubin) { return image_copy(p, cubin, 1); }
