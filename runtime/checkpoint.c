@@ -12,7 +12,6 @@ static int is_saved(const DuetTensor *t) { return t->region == DUET_MEM_PARAM ||
 
 int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState *st, char *err, size_t errlen) {
   const DuetProgram *p = duet_session_program(s);
-  DuetDevice *d = duet_session_device(s);
   DuetStTensor *t = calloc((size_t)p->n_tensors + 1, sizeof *t);
   void **host = calloc((size_t)p->n_tensors + 1, sizeof *host);
   int n = 0, rc = -1;
@@ -23,9 +22,9 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *x = &p->tensors[i];
     if (!is_saved(x)) continue;
-    if (!(host[n] = malloc((size_t)x->nbytes + 1)) ||
-        d->ops->copy_to_host(d, host[n], duet_session_tensor(s, i), (size_t)x->nbytes)) {
-      snprintf(err, errlen, "cannot save %s: copying %s from the device failed", path, x->name);
+    if (!(host[n] = malloc((size_t)x->nbytes + 1)) || duet_session_read(s, i, 0, host[n], (size_t)x->nbytes)) {
+      snprintf(err, errlen, "cannot save %s: copying %s from the device failed%s%s", path, x->name,
+               host[n] ? ": " : "", host[n] ? duet_session_error(s) : " (out of host memory)");
       n++;
       goto out;
     }
@@ -86,7 +85,6 @@ int duet_checkpoint_load_weights(DuetSession *s, const char *path, char *err, si
 
 static int load(DuetSession *s, const char *path, DuetTrainState *st, int weights_only, char *err, size_t errlen) {
   const DuetProgram *p = duet_session_program(s);
-  DuetDevice *d = duet_session_device(s);
   char e2[512];
   DuetStFile *f = duet_st_open(path, e2, sizeof e2);
   if (!f) {
@@ -151,8 +149,8 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
     const DuetTensor *x = &p->tensors[i];
     if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM)) continue;
     const DuetStTensor *y = duet_st_find(f, x->name);
-    if (d->ops->copy_to_device(d, duet_session_tensor(s, i), y->data, (size_t)y->nbytes)) {
-      snprintf(err, errlen, "cannot %s %s: copying %s to the device failed: %s", weights_only ? "load" : "resume from", path, x->name, d->err);
+    if (duet_session_write(s, i, 0, y->data, (size_t)y->nbytes)) {
+      snprintf(err, errlen, "cannot %s %s: copying %s to the device failed: %s", weights_only ? "load" : "resume from", path, x->name, duet_session_error(s));
       goto out;
     }
   }

@@ -278,6 +278,8 @@ struct DuetSession {
                    * CPU device of its own for host copies (checkpoints) */
   int64_t n_valid;
   bool own_dev; /* the pipeline's host-copy device, freed with the session */
+  void *staging; /* duet_session_staging */
+  size_t staging_bytes;
   char err[800];
 };
 
@@ -328,18 +330,23 @@ static void init_tensor(const DuetTensor *t, void *mem, uint64_t seed, uint64_t 
   }
 }
 
-void duet_session_init_params(DuetSession *s, uint64_t seed) {
+int duet_session_init_params(DuetSession *s, uint64_t seed) {
   const DuetProgram *p = s->p;
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *t = &p->tensors[i];
-    if (t->region == DUET_MEM_PARAM) init_tensor(t, s->ptr[i], seed, (uint64_t)i + 1);
-    if (t->region == DUET_MEM_STATE) memset(s->ptr[i], 0, (size_t)t->nbytes);
+    if (t->region != DUET_MEM_PARAM && t->region != DUET_MEM_STATE) continue;
+    void *h = duet_session_staging(s, (size_t)t->nbytes);
+    if (!h) return -1;
+    if (t->region == DUET_MEM_PARAM) init_tensor(t, h, seed, (uint64_t)i + 1);
+    else memset(h, 0, (size_t)t->nbytes);
+    if (duet_session_write(s, i, 0, h, (size_t)t->nbytes)) return -1;
   }
   s->step = 0;
   /* GradScaler(init_scale=2**16) unless --loss-scale says otherwise */
   s->scaler = (DuetScaler){.scale = p->n_unscale ? (s->cfg.loss_scale > 0 ? s->cfg.loss_scale : 65536.0) : 0};
   s->s[DUET_S_LOSS_SCALE] = p->n_unscale ? s->scaler.scale : 1.0;
   s->s[DUET_S_INV_LOSS_SCALE] = 1.0 / s->s[DUET_S_LOSS_SCALE];
+  return 0;
 }
 
 DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetConfig *cfg, char *err,
@@ -397,7 +404,11 @@ DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetC
     }
     s->ptr[p->n_tensors] = s->overflow;
   }
-  duet_session_init_params(s, cfg->seed);
+  if (duet_session_init_params(s, cfg->seed)) {
+    snprintf(err, errlen, "initialising the params: %s", s->err);
+    duet_session_free(s);
+    return NULL;
+  }
   const char *prof = getenv("DUET_PROFILE");
   if (prof && *prof && strcmp(prof, "0")) s->prof = calloc((size_t)p->n_train + 1, sizeof *s->prof);
   return s;
@@ -463,7 +474,11 @@ DuetSession *duet_session_new_pipeline(const DuetProgram *p, const DuetKernelFn 
     return NULL;
   }
   for (int i = 0; i < p->n_tensors; i++) s->ptr[i] = duet_pipe_tensor(s->pipe, i);
-  duet_session_init_params(s, cfg->seed);
+  if (duet_session_init_params(s, cfg->seed)) {
+    snprintf(err, errlen, "initialising the params: %s", s->err);
+    duet_session_free(s);
+    return NULL;
+  }
   return s;
 }
 
@@ -481,6 +496,7 @@ void duet_session_free(DuetSession *s) {
   for (int r = 1; r < DUET_MEM_COUNT; r++)
     if (s->region[r] && s->dev) s->dev->ops->free(s->dev, s->region[r]);
   if (s->overflow && s->dev) s->dev->ops->free(s->dev, s->overflow);
+  free(s->staging);
   free(s->ptr);
   free(s);
 }
@@ -489,6 +505,56 @@ const char *duet_session_transfers(const DuetSession *s) { return s->pipe ? duet
 
 void *duet_session_tensor(DuetSession *s, int id) {
   return id >= 0 && id < s->p->n_tensors ? s->ptr[id] : NULL;
+}
+
+void *duet_session_staging(DuetSession *s, size_t bytes) {
+  if (bytes > s->staging_bytes) {
+    void *b = realloc(s->staging, bytes);
+    if (!b) {
+      snprintf(s->err, sizeof s->err, "out of host memory (a staging buffer of %zu bytes)", bytes);
+      return NULL;
+    }
+    s->staging = b;
+    s->staging_bytes = bytes;
+  }
+  return s->staging ? s->staging : (s->staging = malloc(1));
+}
+
+/* One copy between tensor id's memory and the host: the device that holds
+ * the tensor (a pipeline's stage device), or memcpy for a pipeline's host
+ * buffers. */
+static int session_copy(DuetSession *s, int id, size_t off, void *host, size_t n, bool to_device) {
+  const DuetProgram *p = s->p;
+  /* a pipeline's data inputs hold the whole batch: micro_batches times the
+   * tensor (duet_pipe_tensor) */
+  size_t cap = id >= 0 && id < p->n_tensors ? (size_t)p->tensors[id].nbytes : 0;
+  if (s->pipe && (id == p->input_x || id == p->input_y) && p->micro_batches > 1) cap *= (size_t)p->micro_batches;
+  if (id < 0 || id >= p->n_tensors || off > cap || n > cap - off) {
+    snprintf(s->err, sizeof s->err, "%s of %zu bytes at %zu outside tensor %d", to_device ? "write" : "read", n, off,
+             id);
+    return -1;
+  }
+  if (n == 0) return 0;
+  char *mem = (char *)s->ptr[id] + off;
+  DuetDevice *d = s->pipe ? duet_pipe_tensor_device(s->pipe, id) : s->dev;
+  if (!d) {
+    if (to_device) memcpy(mem, host, n);
+    else memcpy(host, mem, n);
+    return 0;
+  }
+  if (to_device ? d->ops->copy_to_device(d, mem, host, n) : d->ops->copy_to_host(d, host, mem, n)) {
+    snprintf(s->err, sizeof s->err, "%s tensor %s: %s", to_device ? "writing" : "reading", p->tensors[id].name, d->err);
+    return -1;
+  }
+  return 0;
+}
+
+int duet_session_read(DuetSession *s, int id, size_t off, void *dst, size_t n) {
+  return session_copy(s, id, off, dst, n, false);
+}
+
+int duet_session_write(DuetSession *s, int id, size_t off, const void *src, size_t n) {
+  return session_copy(s, id, off, (void *)src, n, true);
 }
 
 void duet_session_set_valid(DuetSession *s, int64_t n_valid) {

@@ -338,10 +338,29 @@ void duet_session_free(DuetSession *s);
  * no tensor crosses a stage; NULL for a session of one device.  Lives as
  * long as s. */
 const char *duet_session_transfers(const DuetSession *s);
-/* Host-visible pointer to tensor `id` (the CPU device's memory). */
+/* Device address of tensor `id` (NULL for an id out of range).  Host
+ * code may dereference it only on a CPU device; everything else goes
+ * through duet_session_read / duet_session_write (CUDA regions are device
+ * memory, which the host cannot address). */
 void *duet_session_tensor(DuetSession *s, int id);
-/* Re-initialises every param (zeros optimizer state, step count). */
-void duet_session_init_params(DuetSession *s, uint64_t seed);
+/* Copies n bytes at byte offset off of tensor `id` to host memory dst
+ * (read) or from host memory src (write), through the copy ops of the
+ * device that holds the tensor (a pipeline stage's device for a pipelined
+ * session; host staging for a pipeline's inputs, loss and metrics).  The
+ * copy follows the work already submitted and is complete on return.  0,
+ * or -1 with a message in duet_session_error (id or range outside the
+ * tensor, a device's copy failure). */
+int duet_session_read(DuetSession *s, int id, size_t off, void *dst, size_t n);
+int duet_session_write(DuetSession *s, int id, size_t off, const void *src, size_t n);
+/* A host buffer of at least `bytes` bytes owned by the session (reused and
+ * grown; valid until the next call or duet_session_free), for filling
+ * inputs before duet_session_write.  NULL with a message in
+ * duet_session_error when out of memory. */
+void *duet_session_staging(DuetSession *s, size_t bytes);
+/* Re-initialises every param (zeros optimizer state, step count): values
+ * drawn on the host, written with duet_session_write.  0, or -1 with a
+ * message in duet_session_error. */
+int duet_session_init_params(DuetSession *s, uint64_t seed);
 /* Runs a schedule: DUET_RUN_TRAIN (one optimizer step; increments the step
  * count), DUET_RUN_EVAL, DUET_RUN_GRAD.  0 on success, -1 with a message. */
 enum { DUET_RUN_TRAIN, DUET_RUN_EVAL, DUET_RUN_GRAD };

@@ -481,6 +481,13 @@ void *duet_pipe_tensor(DuetPipe *q, int id) {
   return q->st[p->tensors[id].stage].tab[0][id];
 }
 
+DuetDevice *duet_pipe_tensor_device(DuetPipe *q, int id) {
+  const DuetProgram *p = q->p;
+  if (id < 0 || id >= p->n_tensors || id == p->input_x || id == p->input_y || id == p->loss || id == p->metrics)
+    return NULL;
+  return q->st[p->tensors[id].stage].dev;
+}
+
 void duet_pipe_free(DuetPipe *q) {
   if (!q) return;
   if (q->profile && q->runs > 0) {

@@ -28,6 +28,10 @@ void duet_pipe_free(DuetPipe *q);
  * their sums over the micro-batches after an evaluation; anything else: the
  * first activation region of its stage. */
 void *duet_pipe_tensor(DuetPipe *q, int id);
+/* The device whose memory holds duet_pipe_tensor(q, id): its stage's
+ * device; NULL for the host buffers (data inputs, loss, metrics) and for
+ * an id out of range. */
+DuetDevice *duet_pipe_tensor_device(DuetPipe *q, int id);
 /* Runs DUET_RUN_TRAIN (forward and backward of every micro-batch in the
  * configured schedule, gradients summed in micro-batch order, then each
  * stage's optimizer update) or DUET_RUN_EVAL (the micro-batches one after

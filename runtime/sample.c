@@ -10,11 +10,10 @@
 /* Runs the decoding program on byte `tok` at position `pos` (its key and
  * value enter the caches at row pos). */
 static int decode_step(DuetSession *s, const DuetProgram *p, int tok, int64_t pos, char *err, size_t errlen) {
-  DuetDevice *d = duet_session_device(s);
   int32_t x = tok, zero = 0;
-  if (d->ops->copy_to_device(d, duet_session_tensor(s, p->input_x), &x, sizeof x) ||
-      (p->input_y >= 0 && d->ops->copy_to_device(d, duet_session_tensor(s, p->input_y), &zero, sizeof zero))) {
-    snprintf(err, errlen, "device copy failed: %s", d->err);
+  if (duet_session_write(s, p->input_x, 0, &x, sizeof x) ||
+      (p->input_y >= 0 && duet_session_write(s, p->input_y, 0, &zero, sizeof zero))) {
+    snprintf(err, errlen, "device copy failed: %s", duet_session_error(s));
     return -1;
   }
   duet_session_set_pos(s, pos);
@@ -46,7 +45,6 @@ int duet_sample_check(const DuetProgram *p, char *err, size_t errlen) {
 int duet_sample(DuetSession *s, const char *prompt, int64_t n_tokens, double temperature, int64_t top_k,
                 uint64_t seed, FILE *out, char *err, size_t errlen) {
   const DuetProgram *p = duet_session_program(s);
-  DuetDevice *d = duet_session_device(s);
   if (duet_sample_check(p, err, errlen)) return -1;
   int64_t V = p->n_classes, T = p->context;
   size_t plen = strlen(prompt);
@@ -71,8 +69,8 @@ int duet_sample(DuetSession *s, const char *prompt, int64_t n_tokens, double tem
   for (size_t i = first; i < n; i++, pos++)
     if (decode_step(s, p, ctx[i], pos, err, errlen)) goto out;
   for (int64_t k = 0; k < n_tokens; k++) {
-    if (d->ops->copy_to_host(d, logits, duet_session_tensor(s, p->logits), (size_t)V * sizeof *logits)) {
-      snprintf(err, errlen, "device copy failed: %s", d->err);
+    if (duet_session_read(s, p->logits, 0, logits, (size_t)V * sizeof *logits)) {
+      snprintf(err, errlen, "device copy failed: %s", duet_session_error(s));
       goto out;
     }
     int64_t best = 0, pick;

@@ -221,13 +221,18 @@ static int metrics_write(FILE *f, cJSON *obj) {
 }
 
 /* Copies samples idx[0..n) of ds into the x/y input tensors (zero rows and
- * label 0 pad a short final batch). */
-static void fill_batch(DuetSession *s, const DuetProgram *p, const DuetDataset *ds, const int64_t *idx, int64_t n,
-                       int64_t batch) {
+ * label 0 pad a short final batch), filled on the host and written to the
+ * device.  0, or -1 with a message in duet_session_error. */
+static int fill_batch(DuetSession *s, const DuetProgram *p, const DuetDataset *ds, const int64_t *idx, int64_t n,
+                      int64_t batch) {
   const DuetTensor *tx = &p->tensors[p->input_x];
   int64_t px = (int64_t)ds->rows * ds->cols;
-  void *x = duet_session_tensor(s, p->input_x);
-  int32_t *y = duet_session_tensor(s, p->input_y);
+  size_t bx = (size_t)(batch * px) * (tx->dtype == DUET_F64 ? sizeof(double) : sizeof(float));
+  size_t by = (size_t)batch * sizeof(int32_t);
+  char *buf = duet_session_staging(s, bx + by);
+  if (!buf) return -1;
+  void *x = buf;
+  int32_t *y = (int32_t *)(buf + bx); /* bx: a multiple of 4 bytes */
   for (int64_t r = 0; r < batch; r++) {
     const float *src = r < n ? ds->images + idx[r] * px : NULL;
     if (tx->dtype == DUET_F64) {
@@ -240,11 +245,19 @@ static void fill_batch(DuetSession *s, const DuetProgram *p, const DuetDataset *
     }
     y[r] = r < n ? ds->labels[idx[r]] : 0;
   }
+  return duet_session_write(s, p->input_x, 0, x, bx) || duet_session_write(s, p->input_y, 0, y, by) ? -1 : 0;
 }
 
-static double read_scalar(DuetSession *s, const DuetProgram *p, int id, int k) {
-  const void *m = duet_session_tensor(s, id);
-  return p->tensors[id].dtype == DUET_F64 ? ((const double *)m)[k] : ((const float *)m)[k];
+/* Element k of f32/f64 tensor id, read from the device.  0, or -1 with a
+ * message in duet_session_error. */
+static int read_scalar(DuetSession *s, const DuetProgram *p, int id, int k, double *out) {
+  bool f64 = p->tensors[id].dtype == DUET_F64;
+  double d = 0;
+  float f = 0;
+  size_t sz = f64 ? sizeof d : sizeof f;
+  if (duet_session_read(s, id, (size_t)k * sz, f64 ? (void *)&d : (void *)&f, sz)) return -1;
+  *out = f64 ? d : f;
+  return 0;
 }
 
 /* Writes a checkpoint when one is due after `step`. */
@@ -285,7 +298,10 @@ static int train_step(DuetSession *s, const DuetProgram *p, int64_t step, double
     fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
     return -1;
   }
-  *loss = read_scalar(s, p, p->loss, 0);
+  if (read_scalar(s, p, p->loss, 0, loss)) {
+    fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
+    return -1;
+  }
   if (!isfinite(*loss)) {
     fprintf(stderr, "duet: error: loss is %s at step %" PRId64 ": training diverged (try a lower --lr)\n",
             isnan(*loss) ? "NaN" : "infinite", step);
@@ -328,14 +344,15 @@ static int evaluate(DuetSession *s, const DuetProgram *p, const DuetDataset *ds,
   for (int64_t start = 0; start < n; start += batch) {
     int64_t m = n - start < batch ? n - start : batch;
     for (int64_t r = 0; r < m; r++) idx[r] = start + r;
-    fill_batch(s, p, ds, idx, m, batch);
     duet_session_set_valid(s, m);
-    if (duet_session_run(s, DUET_RUN_EVAL)) {
+    double c, l;
+    if (fill_batch(s, p, ds, idx, m, batch) || duet_session_run(s, DUET_RUN_EVAL) ||
+        read_scalar(s, p, p->metrics, 0, &c) || read_scalar(s, p, p->metrics, 1, &l)) {
       free(idx);
       return -1;
     }
-    correct += read_scalar(s, p, p->metrics, 0);
-    nll += read_scalar(s, p, p->metrics, 1);
+    correct += c;
+    nll += l;
   }
   free(idx);
   res->correct = (int64_t)(correct + 0.5);
@@ -544,7 +561,10 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
       perm[j] = t;
     }
     for (int64_t b = epoch == ts.epoch ? ts.batch : 0; b < per_epoch && step < total; b++) {
-      fill_batch(s, p, &train, perm + b * B, B, B);
+      if (fill_batch(s, p, &train, perm + b * B, B, B)) {
+        fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
+        goto out;
+      }
       double loss;
       if (train_step(s, p, ++step, &loss)) goto out;
       since_log++;
@@ -651,10 +671,13 @@ static int load_text(TextData *td, const char *path, int64_t block, char *err, s
 }
 
 /* Fills x and y (i32 [batch, block]) with windows at offsets drawn from r
- * in [lo, hi - block - 1]. */
-static void text_batch(DuetSession *s, const DuetProgram *p, const TextData *td, DuetRng *r, int64_t lo, int64_t hi,
-                       int64_t batch, int64_t block) {
-  int32_t *x = duet_session_tensor(s, p->input_x), *y = duet_session_tensor(s, p->input_y);
+ * in [lo, hi - block - 1], on the host, then writes them to the device.
+ * 0, or -1 with a message in duet_session_error. */
+static int text_batch(DuetSession *s, const DuetProgram *p, const TextData *td, DuetRng *r, int64_t lo, int64_t hi,
+                      int64_t batch, int64_t block) {
+  size_t n = (size_t)(batch * block);
+  int32_t *x = duet_session_staging(s, 2 * n * sizeof *x), *y = x ? x + n : NULL;
+  if (!x) return -1;
   uint64_t span = (uint64_t)(hi - lo - block - 1) + 1;
   for (int64_t b = 0; b < batch; b++) {
     int64_t off = lo + (int64_t)(duet_rng_next(r) % span);
@@ -663,6 +686,9 @@ static void text_batch(DuetSession *s, const DuetProgram *p, const TextData *td,
       y[b * block + t] = td->bytes[off + t + 1];
     }
   }
+  return duet_session_write(s, p->input_x, 0, x, n * sizeof *x) || duet_session_write(s, p->input_y, 0, y, n * sizeof *y)
+             ? -1
+             : 0;
 }
 
 static int text_validate(DuetSession *s, const DuetProgram *p, const TextData *td, const DuetConfig *cfg,
@@ -673,9 +699,11 @@ static int text_validate(DuetSession *s, const DuetProgram *p, const TextData *t
   double nll = 0;
   duet_session_set_valid(s, B * T);
   for (int64_t i = 0; i < cfg->eval_batches; i++) {
-    text_batch(s, p, td, &r, td->n_train, td->n, B, T);
-    if (duet_session_run(s, DUET_RUN_EVAL)) return -1;
-    nll += read_scalar(s, p, p->metrics, 1) / (double)(B * T);
+    double l;
+    if (text_batch(s, p, td, &r, td->n_train, td->n, B, T) || duet_session_run(s, DUET_RUN_EVAL) ||
+        read_scalar(s, p, p->metrics, 1, &l))
+      return -1;
+    nll += l / (double)(B * T);
   }
   *val = nll / (double)cfg->eval_batches;
   return 0;
@@ -739,7 +767,10 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   double t_log = now_seconds(), t_start = t_log, t_eval = 0, val = NAN;
   int64_t since_log = 0, first_step = ts.step;
   for (int64_t step = ts.step + 1; step <= total; step++) {
-    text_batch(s, p, &td, &ts.rng, 0, td.n_train, B, T);
+    if (text_batch(s, p, &td, &ts.rng, 0, td.n_train, B, T)) {
+      fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
+      goto out;
+    }
     double loss;
     if (train_step(s, p, step, &loss)) goto out;
     since_log++;

@@ -90,7 +90,12 @@ void tmodel_fill(TModel *t, DuetSession *s, DuetRng *r, int classes) {
     int id = tmodel_tensor(t, v);
     if (id < 0 || (v->op != OP_INPUT && v->op != OP_PARAM)) continue;
     int64_t n = shape_numel(&v->shape);
-    void *p = duet_session_tensor(s, id);
+    size_t bytes = (size_t)n * (v->dtype == DT_F64 ? 8 : 4);
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+      fprintf(stderr, "tmodel_fill: out of memory\n");
+      exit(1);
+    }
     for (int64_t j = 0; j < n; j++) {
       if (v->dtype == DT_I32) {
         ((int32_t *)p)[j] = (int32_t)(duet_rng_next(r) % (uint64_t)(classes ? classes : 1));
@@ -101,6 +106,12 @@ void tmodel_fill(TModel *t, DuetSession *s, DuetRng *r, int classes) {
       if (v->dtype == DT_F64) ((double *)p)[j] = x;
       else ((float *)p)[j] = (float)x;
     }
+    /* through the device's copy: a GPU session's memory is not the host's */
+    if (duet_session_write(s, id, 0, p, bytes)) {
+      fprintf(stderr, "tmodel_fill: %s\n", duet_session_error(s));
+      exit(1);
+    }
+    free(p);
   }
 }
 
@@ -143,7 +154,15 @@ int compare_sessions_stats(const char *what, const DuetProgram *p, DuetSession *
     if (t->dtype == DUET_F16) atol = 1e-3, rtol = 4e-3;  /* 2^-10 ulp at 1: about 4 ulps */
     if (t->dtype == DUET_BF16) atol = 1e-3, rtol = 3e-2; /* 2^-7 ulp at 1: about 4 ulps */
     int64_t n = t->nbytes / (f64 ? 8 : h16 ? 2 : 4);
-    const void *a = duet_session_tensor(cpu, i), *b = duet_session_tensor(gpu, i);
+    void *a = malloc((size_t)t->nbytes + 1), *b = malloc((size_t)t->nbytes + 1);
+    if (!a || !b || duet_session_read(cpu, i, 0, a, (size_t)t->nbytes) ||
+        duet_session_read(gpu, i, 0, b, (size_t)t->nbytes)) {
+      fprintf(stderr, "FAIL %s: reading tensor %s: %s%s\n", what, t->name, duet_session_error(cpu),
+              duet_session_error(gpu));
+      free(a), free(b);
+      bad++;
+      break;
+    }
     /* programs with 16-bit tensors: an element may also differ by a
      * fraction of the tensor's largest magnitude (one-ulp flips of 16-bit
      * intermediates, from f32 sums in another order, travel through the
@@ -171,6 +190,7 @@ int compare_sessions_stats(const char *what, const DuetProgram *p, DuetSession *
         break;
       }
     }
+    free(a), free(b);
   }
   return bad;
 }

@@ -3,10 +3,13 @@
  * runtime/cuda_loader.c with dlopen only when libcuda.so.1 loads, so the
  * duet binary never links CUDA.
  *
- * Memory: every region is CUDA managed memory (cuMemAllocManaged), so the
- * runtime's host-side code (batch filling, loss reads, parameter
- * initialisation) works unchanged after duet_session_run's final sync;
- * pages migrate on demand.  Kernels: the program's CUDA C
+ * Memory: every region is device memory (cuMemAlloc): the runtime fills
+ * inputs, reads losses and metrics, initialises params and saves
+ * checkpoints through copy_to_device / copy_to_host (duet_session_read and
+ * _write), so no page migrates between host and GPU during training, as
+ * managed memory's demand paging would (on Pascal, a fault per page the
+ * host touched).  tests/fakegpu maps device memory where the host cannot
+ * read it, so a host dereference fails there as on a GPU.  Kernels: the program's CUDA C
  * (DuetProgram.cuda_source) compiled by NVRTC for the card (see
  * duet_cuda_pick_target) or taken from the kernel cache, launched on one
  * stream with the emitter's launch table.  The tensor pointer table and the
@@ -62,7 +65,7 @@ static void *cu_alloc(DuetDevice *d, size_t bytes) {
   Cuda *c = d->ctx;
   CUdeviceptr p;
   CUresult r = cuCtxSetCurrent(c->ctx);
-  if (r == CUDA_SUCCESS) r = cuMemAllocManaged(&p, bytes ? bytes : 1, CU_MEM_ATTACH_GLOBAL);
+  if (r == CUDA_SUCCESS) r = cuMemAlloc(&p, bytes ? bytes : 1);
   if (r == CUDA_SUCCESS) r = cuMemsetD8Async(p, 0, bytes ? bytes : 1, c->stream);
   if (r == CUDA_SUCCESS) r = cuStreamSynchronize(c->stream);
   if (r != CUDA_SUCCESS) {
