@@ -148,8 +148,8 @@ static const DuetDeviceOps emu_ops = {
 };
 
 /* writes the CUDA source behind the emulation header, with a host entry
- * point emu_call_k<f>(args, s) per function that passes the arguments by
- * value as duet_args; compiles, loads; kernel i calls function fn_of[i] */
+ * point emu_call_k<f>(args, s) per function that passes the arguments and
+ * the scalars by value as duet_args and duet_scalars; compiles, loads; kernel i calls function fn_of[i] */
 static int emu_build(Emu *e, const char *cuda, const int32_t *fn_of, int n_fns, const DuetLaunch *cfg, int n,
                      const char *dir) {
   char src[1200], so[1200], log[16384];
@@ -174,8 +174,9 @@ static int emu_build(Emu *e, const char *cuda, const int32_t *fn_of, int n_fns, 
              "  duet_accumulate_f32((float *)t[0], (const float *)t[1], (duet_i64)s[0], (int)s[1]);\n}\n");
   for (int i = 0; i < n_fns; i++)
     fprintf(f, "extern \"C\" void emu_call_k%d(void *const *t, const double *s) {\n"
-               "  duet_args a;\n  for (int j = 0; j < %d; j++) a.p[j] = t[j];\n  duet_k%d(a, s);\n}\n",
-            i, DUET_MAX_KERNEL_ARGS, i);
+               "  duet_args a;\n  for (int j = 0; j < %d; j++) a.p[j] = t[j];\n"
+               "  duet_scalars sv;\n  for (int j = 0; j < %d; j++) sv.v[j] = s[j];\n  duet_k%d(a, sv);\n}\n",
+            i, DUET_MAX_KERNEL_ARGS, DUET_S_COUNT, i);
   if (fclose(f)) return -1;
   char inc[1200];
   snprintf(inc, sizeof inc, "-I%s/tests/cuda_emu", DUET_SOURCE_DIR);

@@ -12,8 +12,8 @@
  * read it, so a host dereference fails there as on a GPU.  Kernels: the program's CUDA C
  * (DuetProgram.cuda_source) compiled by NVRTC for the card (see
  * duet_cuda_pick_target) or taken from the kernel cache, launched on one
- * stream with the emitter's launch table.  The tensor pointer table and the
- * runtime scalars are copied to device memory when they change. */
+ * stream with the emitter's launch table, each kernel's tensors and the
+ * runtime scalars passed by value. */
 #define _POSIX_C_SOURCE 200809L
 #include <cublas_v2.h>
 #include <cuda.h>
@@ -39,10 +39,7 @@ typedef struct Cuda {
   int n_kernels, n_tensors;
   const DuetLaunch *launch;
   cublasHandle_t blas;
-  CUdeviceptr dev_s;        /* device copy of the runtime scalars */
   const int32_t *arg_off, *args; /* each kernel's arguments (DuetProgram.kernel_args) */
-  double host_s[DUET_S_COUNT];
-  int have_s;
   int acc16; /* --gemm-accumulate fp16 */
 } Cuda;
 
@@ -52,11 +49,20 @@ static const char *cu_err(CUresult r) {
   return s;
 }
 
+/* Errors 700-719 (illegal address, launch failure, ...) are sticky and
+ * reported by whichever call comes next, not by the kernel that caused
+ * them (CUDA driver API, CUresult) */
+static const char *async_hint(CUresult r) {
+  return r >= 700 && r < 720 ? "; an earlier kernel may have caused it: CUDA_LAUNCH_BLOCKING=1 makes the failing "
+                               "launch report it"
+                             : "";
+}
+
 #define CK(d, call)                                                                            \
   do {                                                                                         \
     CUresult r_ = (call);                                                                      \
     if (r_ != CUDA_SUCCESS) {                                                                  \
-      snprintf((d)->err, sizeof (d)->err, "%s failed: %s (CUresult %d)", #call, cu_err(r_), (int)r_);               \
+      snprintf((d)->err, sizeof (d)->err, "%s failed: %s (CUresult %d)%s", #call, cu_err(r_), (int)r_, async_hint(r_)); \
       return -1;                                                                               \
     }                                                                                          \
   } while (0)
@@ -79,7 +85,12 @@ static void *cu_alloc(DuetDevice *d, size_t bytes) {
 static void cu_free(DuetDevice *d, void *p) {
   Cuda *c = d->ctx;
   if (!p) return;
-  if (cuCtxSetCurrent(c->ctx) == CUDA_SUCCESS) cuMemFree((CUdeviceptr)(uintptr_t)p);
+  /* the stream's queued work may still use p (a failed pipeline stage
+   * returns with work queued); cuMemFree promises no synchronisation */
+  if (cuCtxSetCurrent(c->ctx) == CUDA_SUCCESS) {
+    cuStreamSynchronize(c->stream);
+    cuMemFree((CUdeviceptr)(uintptr_t)p);
+  }
 }
 
 static int cu_copy_to_device(DuetDevice *d, void *dst, const void *src, size_t bytes) {
@@ -100,10 +111,9 @@ static int cu_copy_to_host(DuetDevice *d, void *dst, const void *src, size_t byt
 
 /* Kernel `kernel` (its function c->fn[kernel]) on the device's stream:
  * its arguments picked from the tensor table t (t[n_tensors]: the
- * overflow flags) and passed by value (duet_args); the scalars s copied to
- * device memory when they change (pageable: cuMemcpyHtoDAsync has copied
- * them when it returns, CUDA driver API "API synchronization behavior",
- * so host_s may change afterwards).  Every op makes the device's context
+ * overflow flags) and the scalars s, both passed by value (duet_args,
+ * duet_scalars): cuLaunchKernel copies them at the launch (CUDA driver API,
+ * cuLaunchKernel), so s may change for the next launch at once.  Every op makes the device's context
  * current first: a pipeline calls a device from its worker thread (and
  * evaluation from the main thread), and a thread's current context is its
  * own. */
@@ -114,15 +124,11 @@ static int cu_launch(DuetDevice *d, int kernel, void *const *t, const double *s)
     return -1;
   }
   CK(d, cuCtxSetCurrent(c->ctx));
-  if (!c->have_s || memcmp(c->host_s, s, sizeof c->host_s)) {
-    memcpy(c->host_s, s, sizeof c->host_s);
-    CK(d, cuMemcpyHtoDAsync(c->dev_s, c->host_s, sizeof c->host_s, c->stream));
-    c->have_s = 1;
-  }
   void *a[DUET_MAX_KERNEL_ARGS] = {0};
   duet_kernel_argv(c->arg_off, c->args, c->n_tensors, kernel, t, a);
   const DuetLaunch *l = &c->launch[kernel];
-  void *params[] = {a, &c->dev_s}; /* a: the bytes of duet_args */
+  /* a: the bytes of duet_args; s: of duet_scalars (DUET_S_COUNT doubles) */
+  void *params[] = {a, (void *)s};
   CK(d, cuLaunchKernel(c->fn[kernel], l->grid, 1, 1, l->block, 1, 1, l->shared, c->stream, params, NULL));
   return 0;
 }
@@ -166,7 +172,7 @@ static int cu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
     return -1;
   }
   if (r != CUBLAS_STATUS_SUCCESS) {
-    snprintf(d->err, sizeof d->err, "cuBLAS GEMM m=%d n=%d k=%d failed with status %d", m, n, k, (int)r);
+    snprintf(d->err, sizeof d->err, "cuBLAS GEMM m=%d n=%d k=%d failed (cublasStatus_t %d)", m, n, k, (int)r);
     return -1;
   }
   return 0;
@@ -271,7 +277,10 @@ static void *cu_host_alloc(DuetDevice *d, size_t bytes) {
 
 static void cu_host_free(DuetDevice *d, void *p) {
   Cuda *c = d->ctx;
-  if (p && cuCtxSetCurrent(c->ctx) == CUDA_SUCCESS) cuMemFreeHost(p);
+  if (p && cuCtxSetCurrent(c->ctx) == CUDA_SUCCESS) {
+    cuStreamSynchronize(c->stream); /* as cu_free */
+    cuMemFreeHost(p);
+  }
 }
 
 static void cu_destroy(DuetDevice *d) {
@@ -281,7 +290,6 @@ static void cu_destroy(DuetDevice *d) {
     if (c->ctx) cuCtxSetCurrent(c->ctx);
     if (c->stream) cuStreamSynchronize(c->stream);
     if (c->blas) cublasDestroy(c->blas);
-    if (c->dev_s) cuMemFree(c->dev_s);
     if (c->mod) cuModuleUnload(c->mod);
     if (c->stream) cuStreamDestroy(c->stream);
     if (c->ctx) cuDevicePrimaryCtxRelease(c->dev);
@@ -442,31 +450,63 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
     snprintf(err, errlen, "out of host memory");
     goto fail;
   }
+  /* Shared memory per block: the function's static __shared__ bytes plus
+   * the launch's dynamic bytes must stay within 48 KiB, or within the
+   * card's opt-in maximum once CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+   * allows the dynamic part (CUDA C Programming Guide, "Shared Memory";
+   * cuFuncSetAttribute).  Kernels sharing a function may ask different
+   * sizes: the attribute, which belongs to the function, is the largest. */
   int max_optin = 0;
   CKO(cuDeviceGetAttribute(&max_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, c->dev));
+  unsigned *dyn_max = calloc((size_t)(p->cuda_n_fns > 0 ? p->cuda_n_fns : 1), sizeof *dyn_max);
+  if (!dyn_max) {
+    snprintf(err, errlen, "out of host memory");
+    goto fail;
+  }
   for (int i = 0; i < p->n_kernels; i++) {
     char fname[32];
     if (!p->cuda_fn || p->cuda_fn[i] < 0 || p->cuda_fn[i] >= p->cuda_n_fns) {
       snprintf(err, errlen, "kernel %d has no CUDA function", i);
+      free(dyn_max);
       goto fail;
     }
     snprintf(fname, sizeof fname, "duet_k%d", p->cuda_fn[i]); /* kernels may share it */
-    CKO(cuModuleGetFunction(&c->fn[i], c->mod, fname));
-    if (p->cuda_launch[i].shared > 48 * 1024) {
-      if ((int)p->cuda_launch[i].shared > max_optin) {
-        snprintf(err, errlen, "kernel %d needs %u bytes of shared memory; %s allows %d", i,
-                 p->cuda_launch[i].shared, name, max_optin);
-        goto fail;
-      }
-      CKO(cuFuncSetAttribute(c->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                             (int)p->cuda_launch[i].shared));
+    CUresult r = cuModuleGetFunction(&c->fn[i], c->mod, fname);
+    int stat = 0;
+    if (r == CUDA_SUCCESS) r = cuFuncGetAttribute(&stat, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, c->fn[i]);
+    if (r != CUDA_SUCCESS) {
+      snprintf(err, errlen, "%s: cuModuleGetFunction / cuFuncGetAttribute failed: %s (CUresult %d)", fname, cu_err(r),
+               (int)r);
+      free(dyn_max);
+      goto fail;
+    }
+    unsigned dyn = p->cuda_launch[i].shared;
+    if ((long long)dyn + stat > max_optin) {
+      snprintf(err, errlen, "kernel %d needs %u bytes of dynamic and %d of static shared memory; %s allows %d in all", i,
+               dyn, stat, name, max_optin);
+      free(dyn_max);
+      goto fail;
+    }
+    if (dyn + (unsigned)stat > 48 * 1024 && dyn > dyn_max[p->cuda_fn[i]]) dyn_max[p->cuda_fn[i]] = dyn;
+  }
+  for (int i = 0; i < p->n_kernels; i++) {
+    unsigned dyn = dyn_max[p->cuda_fn[i]];
+    if (!dyn) continue;
+    CUresult r = cuFuncSetAttribute(c->fn[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)dyn);
+    if (r != CUDA_SUCCESS) {
+      snprintf(err, errlen, "cuFuncSetAttribute(duet_k%d, MAX_DYNAMIC_SHARED_SIZE_BYTES, %u) failed: %s (CUresult %d)",
+               p->cuda_fn[i], dyn, cu_err(r), (int)r);
+      free(dyn_max);
+      goto fail;
     }
   }
+  free(dyn_max);
   CKO(cuModuleGetFunction(&c->acc[0], c->mod, "duet_accumulate_f32"));
   CKO(cuModuleGetFunction(&c->acc[1], c->mod, "duet_accumulate_f64"));
-  CKO(cuMemAlloc(&c->dev_s, sizeof c->host_s));
-  if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(c->blas, (cudaStream_t)c->stream) != CUBLAS_STATUS_SUCCESS) {
-    snprintf(err, errlen, "cuBLAS initialisation failed on %s", name);
+  cublasStatus_t bs = cublasCreate(&c->blas);
+  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(c->blas, (cudaStream_t)c->stream);
+  if (bs != CUBLAS_STATUS_SUCCESS) {
+    snprintf(err, errlen, "cuBLAS initialisation failed on %s (cublasStatus_t %d)", name, (int)bs);
     goto fail;
   }
   if (verbose)

@@ -15,7 +15,7 @@
  *    be in nvrtcGetSupportedArchs (lists modelled on NVRTC 11.8, 12.x and
  *    13.0 per $DUET_FAKE_NVRTC, default 12.9); the "image" is the source
  *    compiled as C++ for the host behind tests/cuda_emu/cuda_emu.h (a block's
- *    threads are POSIX threads) plus a trampoline per kernel, as a shared
+ *    threads are fibers) plus a trampoline per kernel, as a shared
  *    object with a small header.  CUBIN is refused for a compute_XX target.
  *  - Devices: $DUET_FAKE_GPUS (default 1) GPUs of compute capability
  *    $DUET_FAKE_CC (default 6.0, a P100), $DUET_FAKE_MEM bytes each (default
@@ -36,13 +36,15 @@
  *  - Streams: work is queued and runs only when the stream is synchronised
  *    (or by a copy to pageable host memory, which is synchronous): host code
  *    that reads results without a sync reads stale memory.  A copy from
- *    pageable host memory takes its bytes when called; from page-locked
- *    memory, when it runs (CUDA driver API, "API synchronization
- *    behavior").
+ *    host memory, pageable or page-locked, takes its bytes when it runs
+ *    (the latest the CUDA driver API's "API synchronization behavior"
+ *    allows for cuMemcpyHtoDAsync).
  *  - Launches: block size at most 1024 and at most the kernel's
- *    __launch_bounds__, dynamic shared memory above 48 KiB only after
- *    cuFuncSetAttribute raised the kernel's limit, never above the card's
- *    opt-in maximum (49152 bytes on sm_6x).  Kernels run with blocks of
+ *    __launch_bounds__; dynamic shared memory at most 48 KiB minus the
+ *    function's static __shared__ bytes (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+ *    summed from its __shared__ declarations) unless cuFuncSetAttribute
+ *    raised the limit, which may not pass the card's opt-in maximum minus
+ *    the static bytes (49152 bytes on sm_6x).  Kernels run with blocks of
  *    min(block, 64) threads; kernels that loop over gridDim (grid-stride)
  *    run with at most 4 blocks, the rest with their whole grid.
  *  - cuBLAS: Sgemm, Dgemm and GemmEx (16F and 16BF operands with 32F
@@ -110,7 +112,7 @@ typedef struct Kern { /* one kernel of a module, from the trampoline table */
   int (*prep)(void *const *params);
   void (*run)(void *const *t, const double *s);
   const unsigned *sizes; /* bytes of each parameter, 0-terminated */
-  int n_params, bounds, grid_stride;
+  int n_params, bounds, grid_stride, static_shared;
 } Kern;
 
 struct CUmod_st {
@@ -149,10 +151,9 @@ struct Op {
   void *params[64];
   char *param_bytes;
   /* copy / memset: dst and src as the caller gave them (translated when
-   * run); src_copy holds pageable host bytes taken at the call */
+   * run) */
   uintptr_t dst, src;
   int dst_dev, src_dev; /* translate through the allocation table */
-  char *src_copy;
   size_t bytes;
   unsigned char value;
   Gemm g;
@@ -332,7 +333,10 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
 /* opt-in dynamic shared memory per block (CUDA C Programming Guide,
  * "Compute Capabilities", table of technical specifications) */
 static int optin_shared(void) {
-  return G.cc >= 90 ? 232448 : G.cc >= 80 ? 166912 : G.cc >= 75 ? 65536 : G.cc >= 70 ? 98304 : 49152;
+  if (G.cc == 80 || G.cc == 87) return 166912;
+  if (G.cc == 90 || G.cc == 100 || G.cc == 103) return 232448;
+  if (G.cc >= 80) return 101376; /* 8.6, 8.9, 12.x */
+  return G.cc >= 75 ? 65536 : G.cc >= 70 ? 98304 : 49152;
 }
 
 CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
@@ -414,7 +418,6 @@ static CUresult check_stream(CUstream s) {
 
 static void free_op(Op *o) {
   free(o->param_bytes);
-  free(o->src_copy);
   free(o);
 }
 
@@ -559,8 +562,7 @@ static int is_pinned(const void *p, size_t n) {
   return r;
 }
 
-static CUresult queue_copy(CUstream s, uintptr_t dst, int dst_dev, uintptr_t src, int src_dev, size_t bytes,
-                           int snapshot) {
+static CUresult queue_copy(CUstream s, uintptr_t dst, int dst_dev, uintptr_t src, int src_dev, size_t bytes) {
   CUresult r = check_stream(s);
   if (r) return r;
   if (dst_dev && !xlate(dst, bytes, "copy destination")) return CUDA_ERROR_INVALID_VALUE;
@@ -569,34 +571,31 @@ static CUresult queue_copy(CUstream s, uintptr_t dst, int dst_dev, uintptr_t src
   if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
   o->kind = OP_COPY;
   o->dst = dst, o->dst_dev = dst_dev, o->src = src, o->src_dev = src_dev, o->bytes = bytes;
-  if (snapshot) {
-    if (!(o->src_copy = malloc(bytes ? bytes : 1))) {
-      free(o);
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    memcpy(o->src_copy, (const void *)src, bytes);
-  }
   return enqueue(s, o);
 }
 
+/* The driver may read even a pageable source after returning (CUDA 11.x
+ * "API synchronization behavior": staged by a worker thread; 12.x: "might
+ * be synchronous"): the fake takes the bytes when the copy runs, the
+ * latest the documentation allows. */
 CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t bytes, CUstream s) {
-  return queue_copy(s, (uintptr_t)dst, 1, (uintptr_t)src, 0, bytes, !is_pinned(src, bytes));
+  return queue_copy(s, (uintptr_t)dst, 1, (uintptr_t)src, 0, bytes);
 }
 
 CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t bytes, CUstream s) {
-  CUresult r = queue_copy(s, (uintptr_t)dst, 0, (uintptr_t)src, 1, bytes, 0);
+  CUresult r = queue_copy(s, (uintptr_t)dst, 0, (uintptr_t)src, 1, bytes);
   if (r) return r;
   return is_pinned(dst, bytes) ? CUDA_SUCCESS : flush(s); /* to pageable memory: synchronous */
 }
 
 CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s) {
-  return queue_copy(s, (uintptr_t)dst, 1, (uintptr_t)src, 1, bytes, 0);
+  return queue_copy(s, (uintptr_t)dst, 1, (uintptr_t)src, 1, bytes);
 }
 
 CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t bytes,
                            CUstream s) {
   if (!dctx || !sctx) return CUDA_ERROR_INVALID_CONTEXT;
-  return queue_copy(s, (uintptr_t)dst, 1, (uintptr_t)src, 1, bytes, 0);
+  return queue_copy(s, (uintptr_t)dst, 1, (uintptr_t)src, 1, bytes);
 }
 
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
@@ -676,7 +675,7 @@ CUresult cuModuleLoadData(CUmodule *m, const void *image) {
   for (int i = 0; i < mod->n; i++) {
     mod->fns[i].mod = mod;
     mod->fns[i].k = table[i];
-    mod->fns[i].max_dynamic_shared = 48 * 1024;
+    mod->fns[i].max_dynamic_shared = 48 * 1024 - table[i].static_shared;
   }
   *m = mod;
   return CUDA_SUCCESS;
@@ -713,8 +712,25 @@ CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
     fake_say("cuFuncSetAttribute: attribute %d is not modelled", (int)a);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  if (v < 0 || v > optin_shared()) return CUDA_ERROR_INVALID_VALUE;
+  if (v < 0 || v > optin_shared() - f->k.static_shared) {
+    fake_say("cuFuncSetAttribute %s: %d dynamic bytes with %d static exceed the card's %d", f->k.name, v,
+             f->k.static_shared, optin_shared());
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   f->max_dynamic_shared = v;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  switch (a) {
+  case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *v = f->k.static_shared; break;
+  case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *v = f->max_dynamic_shared; break;
+  case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = f->k.bounds; break;
+  default: fake_say("cuFuncGetAttribute: attribute %d is not modelled", (int)a); return CUDA_ERROR_INVALID_VALUE;
+  }
   return CUDA_SUCCESS;
 }
 
@@ -795,7 +811,6 @@ static void run_op(Op *o) {
   } else if (o->kind == OP_COPY || o->kind == OP_MEMSET) {
     char *d = o->dst_dev ? xlate(o->dst, o->bytes, "queued copy destination") : (char *)o->dst;
     const char *s = o->kind == OP_MEMSET ? NULL
-                    : o->src_copy      ? o->src_copy
                     : o->src_dev       ? xlate(o->src, o->bytes, "queued copy source")
                                        : (const char *)o->src;
     if (!d || (o->kind == OP_COPY && !s)) {
@@ -1000,7 +1015,7 @@ static int fake_archs(int *out) {
   const char *s = getenv("DUET_FAKE_NVRTC");
   int ma = 12, mi = 9, n = 0;
   if (s && *s) sscanf(s, "%d.%d", &ma, &mi);
-  int lo = ma >= 13 ? 75 : ma == 12 ? 50 : 35, hi = ma >= 12 && mi >= 8 ? 120 : ma == 12 ? 90 : 90;
+  int lo = ma >= 13 ? 75 : ma == 12 ? 50 : 35, hi = ma >= 13 || (ma == 12 && mi >= 8) ? 120 : 90;
   for (size_t i = 0; i < sizeof all / sizeof *all; i++)
     if (all[i] >= lo && all[i] <= hi) {
       if (out) out[n] = all[i];
@@ -1132,6 +1147,23 @@ static int trampolines(const char *src, Buf *out) {
       snprintf(types[np++], sizeof types[0], "%.*s", (int)(id - a), a);
       a = e + 1;
     }
+    /* static shared memory: the function's __shared__ declarations as the
+     * members of a struct whose size the compiler works out */
+    Buf sh = {0};
+    for (const char *q = strstr(rp, "__shared__ "); q && q < body_end; q = strstr(q + 1, "__shared__ ")) {
+      const char *semi = strchr(q, ';');
+      if (!semi || semi > body_end) break;
+      if (q - rp >= 7 && !strncmp(q - 7, "extern ", 7)) continue; /* the dynamic buffer */
+      bprint(&sh, " %.*s;", (int)(semi - q - 11), q + 11);
+    }
+    char shexpr[200] = "0";
+    if (sh.n) {
+      bprint(out, "struct fake_sh_%s {", name);
+      bput(out, sh.s, sh.n);
+      bprint(out, " };\n");
+      snprintf(shexpr, sizeof shexpr, "(int)sizeof(fake_sh_%s)", name);
+    }
+    free(sh.s);
     bprint(out, "struct fake_a_%s {", name);
     for (int i = 0; i < np; i++) bprint(out, " %s a%d;", types[i], i);
     bprint(out, " };\nstatic fake_a_%s fake_v_%s;\nstatic const unsigned fake_s_%s[] = {", name, name, name);
@@ -1144,13 +1176,13 @@ static int trampolines(const char *src, Buf *out) {
                 "  %s(", name, name);
     for (int i = 0; i < np; i++) bprint(out, "%sfake_v_%s.a%d", i ? ", " : "", name, i);
     bprint(out, ");\n}\n");
-    bprint(&table, "  {\"%s\", fake_prep_%s, fake_run_%s, fake_s_%s, %d, %d, %d},\n", name, name, name, name, np,
-           bounds, grid_stride);
+    bprint(&table, "  {\"%s\", fake_prep_%s, fake_run_%s, fake_s_%s, %d, %d, %d, %s},\n", name, name, name, name, np,
+           bounds, grid_stride, shexpr);
     n++;
     p = rp;
   }
   bprint(out, "struct FakeKern { const char *name; int (*prep)(void *const *); void (*run)(void *const *, const double *);"
-              " const unsigned *sizes; int n_params, bounds, grid_stride; };\n"
+              " const unsigned *sizes; int n_params, bounds, grid_stride, static_shared; };\n"
               "extern \"C\" const FakeKern fake_kernels[] = {\n");
   if (table.s) bput(out, table.s, table.n);
   bprint(out, "};\nextern \"C\" const int fake_n_kernels = %d;\n", n);
