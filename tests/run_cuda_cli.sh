@@ -33,6 +33,17 @@ expect gemm_acc_plan 0 "gemm accumulate: fp16 (--gemm-accumulate fp16: fp16 GEMM
   "$DUET" plan $M --devices 16GiB:sm_60 --precision fp16 --gemm-accumulate fp16
 expect gemm_acc_plan_no_fp16 1 "duet: error: --gemm-accumulate fp16 needs fp16 GEMMs (--precision fp16); this program has none" \
   "$DUET" plan $M --gemm-accumulate fp16
+# ir, emit and check refuse it the same way (before printing anything); ir also after a pass before precision
+for cmd in "emit $M" "emit $M --target cuda" "ir $M" "ir $M --after memplan" "check $M"; do
+  # shellcheck disable=SC2086 # $cmd is words
+  expect "gemm_acc_no_fp16 ($cmd)" 1 "duet: error: --gemm-accumulate fp16 needs fp16 GEMMs (--precision fp16); this program has none" \
+    "$DUET" $cmd --gemm-accumulate fp16
+  # shellcheck disable=SC2086
+  if [ -z "$("$DUET" $cmd --gemm-accumulate fp16 2>/dev/null)" ]; then echo "ok gemm_acc_no_output ($cmd)"; pass=$((pass + 1))
+  else echo "FAIL gemm_acc_no_output ($cmd): printed on stdout before the error"; fail=$((fail + 1)); fi
+done
+expect gemm_acc_ir_fp16 0 "after shape" "$DUET" ir $M --precision fp16 --gemm-accumulate fp16
+expect gemm_acc_emit_fp16 0 "#include <math.h>" "$DUET" emit $M --precision fp16 --gemm-accumulate fp16
 expect gemm_acc_plan_default 0 "gemm accumulate: fp32 (16-bit GEMMs: 16-bit inputs, fp32 accumulation)" \
   "$DUET" plan $M --devices 16GiB:sm_60
 
