@@ -150,8 +150,8 @@ static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) 
     char *end;
     errno = 0;
     total = strtol(th, &end, 10);
-    if (errno || end == th || *end || total < 1) {
-      fprintf(stderr, "duet: error: --threads expects an integer >= 1, got '%s'\n", th);
+    if (errno || end == th || *end || total < 1 || total > DUET_MAX_THREADS) {
+      fprintf(stderr, "duet: error: --threads expects an integer from 1 to %d, got '%s'\n", DUET_MAX_THREADS, th);
       return 1;
     }
   }

@@ -87,6 +87,10 @@ typedef void (*DuetKernelFn)(void *const *t, const double *s);
 enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1, DUET_DATA_TEXT = 2 };
 enum { DUET_OPTIM_ADAMW = 0, DUET_OPTIM_SGD = 1 };
 
+/* The most threads --threads may ask for (a larger value is an error, not
+ * silently lowered). */
+#define DUET_MAX_THREADS 1024
+
 /* Training settings: the program's defaults (from the train section),
  * overridden by command-line flags. */
 typedef struct DuetConfig {
@@ -97,7 +101,7 @@ typedef struct DuetConfig {
   int64_t batch, epochs, steps, log_every;
   uint64_t seed;
   int eval;
-  int threads;             /* 0: all cores */
+  int threads;             /* 0: all cores; at most DUET_MAX_THREADS */
   const char *metrics_path;
   int64_t train_subset, test_subset; /* 0: whole split */
   int quiet;

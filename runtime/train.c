@@ -25,7 +25,7 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --weight-decay X   decoupled (AdamW) or L2 (SGD) weight decay\n"
           "  --batch N          batch size (fixed when the model was compiled)\n"
           "  --seed N           seed of initialisation and shuffling\n"
-          "  --threads N        CPU threads for kernels and BLAS (default: all cores)\n"
+          "  --threads N        CPU threads for kernels and BLAS, 1 to 1024 (default: all cores)\n"
           "  --data PATH        data directory or text file (default: the train section's)\n"
           "  --metrics FILE     write JSON lines: {\"step\",\"loss\"}, and {\"epoch\",\"test_accuracy\"\n"
           "                     (a fraction),\"test_loss\"} or, text models, {\"step\",\"val_loss\"}\n"
@@ -124,7 +124,7 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
       }
       val = argv[++i];
     }
-    int64_t iv;
+    int64_t iv = 0;
     int rc = 0;
     /* --steps wins over --epochs in either order; --epochs alone replaces
      * the model's `steps` */
@@ -133,7 +133,17 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     else if (!strcmp(flag, "--lr")) rc = parse_f64(flag, val, 0, &c->lr);
     else if (!strcmp(flag, "--weight-decay")) rc = parse_f64(flag, val, 0, &c->weight_decay);
     else if (!strcmp(flag, "--seed")) rc = parse_i64(flag, val, 0, &iv), c->seed = (uint64_t)iv;
-    else if (!strcmp(flag, "--threads")) rc = parse_i64(flag, val, 1, &iv), c->threads = (int)(iv > 1024 ? 1024 : iv);
+    else if (!strcmp(flag, "--threads")) {
+      char *end;
+      errno = 0;
+      long long t = strtoll(val, &end, 10);
+      if (errno || end == val || *end || t < 1 || t > DUET_MAX_THREADS) {
+        fprintf(stderr, "duet: error: --threads expects an integer from 1 to %d, got '%s'\n", DUET_MAX_THREADS, val);
+        rc = 1;
+      } else {
+        c->threads = (int)t;
+      }
+    }
     else if (!strcmp(flag, "--log-every")) rc = parse_i64(flag, val, 1, &c->log_every);
     else if (!strcmp(flag, "--eval-every")) rc = parse_i64(flag, val, 1, &c->eval_every);
     else if (!strcmp(flag, "--eval-batches")) rc = parse_i64(flag, val, 1, &c->eval_batches);

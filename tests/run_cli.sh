@@ -104,6 +104,10 @@ expect min_loss_scale_above_default 1 \
   "duet: error: --min-loss-scale 1e+09 is above the default initial loss scale 65536; give --loss-scale too" \
   "$DUET" run $M --precision fp16 --min-loss-scale 1e9
 expect run_directory 1 "$d: error: this is a directory, not a .model file" "$DUET" run "$d"
+# --threads above the cap is an error that names it, in duet run and in the commands that plan
+expect threads_above_cap 1 "duet: error: --threads expects an integer from 1 to 1024, got '1025'" "$DUET" run $M --threads 1025 --steps 1
+expect threads_above_cap_plan 1 "duet: error: --threads expects an integer from 1 to 1024, got '5000'" "$DUET" plan $M --devices cpu:0,cpu:1 --threads 5000
+expect threads_at_cap 0 "duet: trained 1 step" sh -c "'$DUET' run $M --threads 1024 --steps 1 --no-eval --train-subset 512 --quiet | sed 's/ in .*//'"
 expect no_eval_value 1 "duet: error: --no-eval takes no value" "$DUET" run $M --no-eval=1
 w=$("$DUET" run $M --train-subset 1000000 --steps 1 --no-eval 2>&1 >/dev/null | grep warning)
 [ "$w" = "duet: warning: --train-subset 1000000 exceeds the 60000 training samples; using all" ] &&

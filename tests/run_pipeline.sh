@@ -204,7 +204,7 @@ for v in abc -1 0 1e999 ""; do
 done
 DUET_PIPE_SUMS=gpu expect bad_pipe_sums 1 "duet: error: DUET_PIPE_SUMS must be auto or host, got 'gpu'" \
   "$DUET" run tests/pipeline/pinned.model --devices cpu:0,cpu:1 --micro-batches 2 --quiet --no-eval
-expect plan_threads 1 "duet: error: --threads expects an integer >= 1, got 'abc'" \
+expect plan_threads 1 "duet: error: --threads expects an integer from 1 to 1024, got 'abc'" \
   "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads abc
 DUET_PIPE_TIMEOUT= expect empty_pipe_timeout 1 "duet: error: DUET_PIPE_TIMEOUT must be a number of seconds > 0, got ''" \
   "$DUET" run tests/pipeline/pinned.model --devices cpu:0,cpu:1 --micro-batches 2 --quiet --no-eval
