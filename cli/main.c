@@ -401,23 +401,33 @@ static int with_cuda(CgProgram *cp, Arena *a, bool cuda) {
   return 0;
 }
 
-/* Lowers a compiled graph and loads its kernels (compiled now or taken from
- * the cache) into m; `cuda`: attach the CUDA kernels too (with_cuda).  NULL
- * after printing the error. */
-static CgProgram *jit_program(Compiled *c, JitModule *m, bool cuda) {
+/* Lowers a compiled graph; `cuda`: attach the CUDA kernels too
+ * (with_cuda).  NULL after printing the error. */
+static CgProgram *lower_program(Compiled *c, bool cuda) {
   CgProgram *cp = codegen_lower(c->g, c->arena);
-  if (with_cuda(cp, c->arena, cuda)) return NULL;
+  return with_cuda(cp, c->arena, cuda) ? NULL : cp;
+}
+
+/* Loads the C kernels of cp (compiled now or taken from the cache) into m.
+ * 1 after printing the error. */
+static int load_kernels(Compiled *c, CgProgram *cp, JitModule *m) {
   char err[8192];
   if (jit_load(codegen_emit_c(cp, c->arena), m, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
-    return NULL;
+    return 1;
   }
   if (m->n != cp->n_kernels) {
     fprintf(stderr, "duet: error: compiled module has %d kernels, expected %d\n", m->n, cp->n_kernels);
     jit_unload(m);
-    return NULL;
+    return 1;
   }
-  return cp;
+  return 0;
+}
+
+/* lower_program, then load_kernels.  NULL after printing the error. */
+static CgProgram *jit_program(Compiled *c, JitModule *m, bool cuda) {
+  CgProgram *cp = lower_program(c, cuda);
+  return cp && !load_kernels(c, cp, m) ? cp : NULL;
 }
 
 static int cmd_run(int argc, char **argv) {
@@ -448,17 +458,13 @@ static int cmd_run(int argc, char **argv) {
     compiled_free(&c);
     return 1;
   }
+  /* the GPU runs the CUDA C; the C kernels are needed only for CPU devices */
+  bool all_cuda = duet_devices_all_cuda(probe.devices);
+  CgProgram *cp = lower_program(&c, all_cuda || (probe.devices && strstr(probe.devices, "cuda")));
   JitModule m;
-  CgProgram *cp;
-  if (duet_devices_all_cuda(probe.devices)) {
-    /* the GPU runs the CUDA C; the C kernels are not needed */
-    memset(&m, 0, sizeof m);
-    cp = codegen_lower(c.g, c.arena);
-    if (with_cuda(cp, c.arena, true)) {
-      compiled_free(&c);
-      return 1;
-    }
-  } else if (!(cp = jit_program(&c, &m, probe.devices && strstr(probe.devices, "cuda")))) {
+  memset(&m, 0, sizeof m);
+  /* duet_main's checks of data files, devices and --save before seconds of compiling */
+  if (!cp || duet_preflight(&cp->prog, argc - 1, argv + 1) || (!all_cuda && load_kernels(&c, cp, &m))) {
     compiled_free(&c);
     return 1;
   }

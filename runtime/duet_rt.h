@@ -319,6 +319,11 @@ DuetDevice *duet_device_open(const DuetDeviceSpec *d, const DuetProgram *p, cons
 /* 1 when spec parses and names only CUDA devices (the C kernels are then
  * not needed), else 0. */
 int duet_devices_all_cuda(const char *spec);
+/* Whether the devices of spec (NULL: the CPU) can be opened, without opening
+ * them: a CUDA item needs the CUDA driver and plugin to load and its GPU to
+ * exist (duet_cuda_gpu_count); a planned capacity is refused.  The messages
+ * are duet_device_open's.  0, or -1 with a message in err. */
+int duet_devices_check(const char *spec, char *err, size_t errlen);
 
 /* ------------------------------------------------------------- sessions */
 
@@ -402,6 +407,13 @@ int duet_sample(DuetSession *s, const char *prompt, int64_t n_tokens, double tem
 /* 0 when p can generate text (see duet_sample), else -1 with the reason. */
 int duet_sample_check(const DuetProgram *p, char *err, size_t errlen);
 
+/* The checks of duet_main that need neither kernels nor a device, for a
+ * caller about to spend seconds compiling the kernels (duet run): the flags
+ * parse, the data files open (fashion_mnist: both IDX headers of each split
+ * read; text: the file reads), --save's directory is writable, and the
+ * devices (duet_devices_check) can be opened.  Prints nothing when all is
+ * well; else prints the error duet_main would print and returns 1. */
+int duet_preflight(const DuetProgram *p, int argc, char **argv);
 /* Applies command-line flags to cfg; returns 0, 1 on a bad flag (printed),
  * 2 when --help was printed. */
 int duet_parse_flags(DuetConfig *cfg, int64_t compiled_batch, int argc, char **argv);
@@ -458,6 +470,9 @@ typedef struct DuetDataset {
  * DATABASE", file formats section).  Returns 0, or -1 with a message naming
  * the file in err. */
 int duet_load_idx(DuetDataset *ds, const char *images_path, const char *labels_path, char *err, size_t errlen);
+/* The first checks of duet_load_idx, with its messages: both files open and
+ * start with the right IDX header.  Returns 0, or -1 with a message in err. */
+int duet_check_idx(const char *images_path, const char *labels_path, char *err, size_t errlen);
 void duet_dataset_free(DuetDataset *ds);
 
 /* The whole file at `path` in one malloc'ed buffer, NUL-terminated after its
