@@ -896,6 +896,16 @@ static void print_layers(const Graph *g, const char *parent, int depth) {
   }
 }
 
+/* n bytes (at least 1024) for people: "7.1 MiB" (binary units up to EiB). */
+static const char *bytes_human(int64_t n, char *b, size_t len) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double x = (double)n;
+  int u = 0;
+  while (x >= 1024 && u < 6) x /= 1024, u++;
+  snprintf(b, len, "%.1f %s", x, unit[u]);
+  return b;
+}
+
 static int cmd_check(int argc, char **argv) {
   if (argc != 1 || wants_help(argc, argv)) {
     printf("usage: duet check M.model\nParses and verifies the model; prints its parameters.\n"
@@ -905,8 +915,23 @@ static int cmd_check(int argc, char **argv) {
   Compiled c;
   int rc = compile_model(&c, argv[0], 0, NULL, "optimizer"); /* through autodiff: its warnings too */
   if (!rc && check_gemm_acc_graph(&c, argv[0], 0, NULL)) rc = 1;
+  /* parameters and their bytes in all; shape rules keep each one's bytes
+   * within 64 bits, their sum is checked here */
+  int64_t total = 0, bytes = 0;
+  for (int i = 0; !rc && i < c.g->n_values; i++) {
+    const Value *v = c.g->values[i];
+    if (v->op != OP_PARAM) continue;
+    int64_t n = shape_numel(&v->shape), nb = n * (int64_t)dtype_size(v->dtype);
+    if (nb > INT64_MAX - bytes) {
+      diag_error(&c.diag, v->loc, "the parameters up to `%s` are too large: their size in bytes overflows 64 bits",
+                 v->attr.name);
+      rc = 1;
+      break;
+    }
+    total += n;
+    bytes += nb;
+  }
   if (!rc) {
-    int64_t total = 0;
     char b[160];
     /* the model summary: every block call (outermost first, nested ones
      * indented) with its output shape and the parameters under its prefix */
@@ -919,11 +944,11 @@ static int cmd_check(int argc, char **argv) {
     for (int i = 0; i < c.g->n_values; i++) {
       Value *v = c.g->values[i];
       if (v->op != OP_PARAM) continue;
-      int64_t n = shape_numel(&v->shape);
-      total = n > INT64_MAX - total ? INT64_MAX : total + n; /* saturating */
-      printf("%-32s %-16s %12" PRId64 "\n", v->attr.name, shape_str(&v->shape, b, sizeof b), n);
+      printf("%-32s %-16s %12" PRId64 "\n", v->attr.name, shape_str(&v->shape, b, sizeof b), shape_numel(&v->shape));
     }
-    printf("%s: ok, %" PRId64 " parameters\n", argv[0], total);
+    printf("%s: ok, %" PRId64 " parameters, %" PRId64 " bytes", argv[0], total, bytes);
+    if (bytes >= 1024) printf(" (%s)", bytes_human(bytes, b, sizeof b));
+    printf("\n");
   }
   compiled_free(&c);
   return rc;
