@@ -441,14 +441,18 @@ typedef struct DuetTrainState {
 } DuetTrainState;
 
 /* Writes every param and optimizer-state tensor of s under its
- * hierarchical name, plus the train state and the model name as metadata,
+ * hierarchical name, plus the train state, the model name and the settings
+ * a resume compares (seed, batch size, train subset, precision) as metadata,
  * to a safetensors file, atomically (see duet_st_save).  0, or -1 with a
  * message in err. */
 int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState *st, char *err, size_t errlen);
 /* Loads a checkpoint written by duet_checkpoint_save for the same model:
  * every param and state tensor must be present with the exact dtype and
- * shape, and no other tensor may be; sets the session's step.  0, or -1 with
- * a message naming the file and the tensor (nothing is changed then). */
+ * shape, and no other tensor may be; sets the session's step.  A seed,
+ * batch size, train subset or precision other than the checkpoint's is a
+ * warning on stderr (unless quiet): the run goes on, not exactly as the
+ * uninterrupted one.  0, or -1 with a message naming the file and the
+ * tensor (nothing is changed then). */
 int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, char *err, size_t errlen);
 /* Loads only the params of a checkpoint of the same model (exact dtype and
  * shape each); optimizer state and training position are ignored.  For
