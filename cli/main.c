@@ -30,7 +30,8 @@ static void usage(FILE *out) {
           "run, compile, ir, emit and check take --precision auto|fp32|fp16|bf16 (default auto: fp32\n"
           "on the CPU) and ir and check --arch cpu|sm_60|sm_61|sm_70|sm_75|sm_80|sm_86|sm_89|sm_90 (the\n"
           "device whose capabilities `auto` follows); run, compile and plan take --gemm-accumulate\n"
-          "fp32|fp16 (fp16: opt-in fp16 accumulation of fp16 GEMMs on CUDA devices).\n\n"
+          "fp32|fp16 (fp16: opt-in fp16 accumulation of fp16 GEMMs on CUDA devices; ir, emit and check\n"
+          "refuse fp16 too when the program has no fp16 GEMM).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
           "M.model: it resumes after the pass it was printed after.\n\n"
           "Every command takes --help.  Environment: DUET_CC (C compiler, default cc),\n"
@@ -149,8 +150,8 @@ static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) 
     char *end;
     errno = 0;
     total = strtol(th, &end, 10);
-    if (errno || end == th || *end || total < 1) {
-      fprintf(stderr, "duet: error: --threads expects an integer >= 1, got '%s'\n", th);
+    if (errno || end == th || *end || total < 1 || total > DUET_MAX_THREADS) {
+      fprintf(stderr, "duet: error: --threads expects an integer from 1 to %d, got '%s'\n", DUET_MAX_THREADS, th);
       return 1;
     }
   }
@@ -287,11 +288,12 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
   return g;
 }
 
-static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const ParOpts *po,
-                             const char *dump_after, const char *stop_after) {
+/* compile_model_opt with the diagnostics written to diag_out. */
+static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const FrontendOptions *fo,
+                            const ParOpts *po, const char *dump_after, const char *stop_after) {
   memset(c, 0, sizeof *c);
   c->arena = arena_new(1 << 20);
-  c->diag.out = stderr;
+  c->diag.out = diag_out;
   Source *src = frontend_read_file(c->arena, &c->diag, path);
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
@@ -310,6 +312,11 @@ static int compile_model_opt(Compiled *c, const char *path, const FrontendOption
     }
   }
   return passes_run(c->g, &pc);
+}
+
+static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const ParOpts *po,
+                             const char *dump_after, const char *stop_after) {
+  return compile_model_to(c, stderr, path, fo, po, dump_after, stop_after);
 }
 
 static void compiled_free(Compiled *c) { arena_free(c->arena); }
@@ -354,6 +361,34 @@ static int check_gemm_acc(int n_f16) {
   return 1;
 }
 
+/* Number of fp16 matmuls (GEMMs) in a graph. */
+static int graph_f16_gemms(const Graph *g) {
+  int n = 0;
+  for (int i = 0; i < g->n_values; i++) n += g->values[i]->op == OP_MATMUL && g->values[i]->dtype == DT_F16;
+  return n;
+}
+
+/* check_gemm_acc for commands that show a graph (duet ir, duet check),
+ * which may have stopped before the precision pass gives matmuls their
+ * dtype: then `model` is compiled again through that pass, its diagnostics
+ * dropped (the caller's compilation showed them), and the check skipped
+ * when that compilation fails (duet run would report why).  1 after the
+ * error, else 0. */
+static int check_gemm_acc_graph(const Compiled *c, const char *model, int64_t batch, const ParOpts *po) {
+  if (!opt_gemm_acc || strcmp(opt_gemm_acc, "fp16")) return 0;
+  if (c->g->after_pass && passes_find(c->g->after_pass) >= passes_find("precision"))
+    return check_gemm_acc(graph_f16_gemms(c->g));
+  FILE *null = fopen("/dev/null", "w");
+  if (!null) return 0;
+  Compiled p;
+  FrontendOptions fo = {.batch = batch, .micro_batches = po ? po->micro_batches : 0};
+  int rc = compile_model_to(&p, null, model, &fo, po, NULL, "precision");
+  rc = rc ? 0 : check_gemm_acc(graph_f16_gemms(p.g));
+  compiled_free(&p);
+  fclose(null);
+  return rc;
+}
+
 /* Sets --gemm-accumulate on the program and, when `cuda` (a GPU may run it:
  * --devices names one, or a compiled executable), attaches the CUDA C of the
  * kernels and their launch table.  1 after a message when --gemm-accumulate
@@ -366,23 +401,33 @@ static int with_cuda(CgProgram *cp, Arena *a, bool cuda) {
   return 0;
 }
 
-/* Lowers a compiled graph and loads its kernels (compiled now or taken from
- * the cache) into m; `cuda`: attach the CUDA kernels too (with_cuda).  NULL
- * after printing the error. */
-static CgProgram *jit_program(Compiled *c, JitModule *m, bool cuda) {
+/* Lowers a compiled graph; `cuda`: attach the CUDA kernels too
+ * (with_cuda).  NULL after printing the error. */
+static CgProgram *lower_program(Compiled *c, bool cuda) {
   CgProgram *cp = codegen_lower(c->g, c->arena);
-  if (with_cuda(cp, c->arena, cuda)) return NULL;
+  return with_cuda(cp, c->arena, cuda) ? NULL : cp;
+}
+
+/* Loads the C kernels of cp (compiled now or taken from the cache) into m.
+ * 1 after printing the error. */
+static int load_kernels(Compiled *c, CgProgram *cp, JitModule *m) {
   char err[8192];
   if (jit_load(codegen_emit_c(cp, c->arena), m, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
-    return NULL;
+    return 1;
   }
   if (m->n != cp->n_kernels) {
     fprintf(stderr, "duet: error: compiled module has %d kernels, expected %d\n", m->n, cp->n_kernels);
     jit_unload(m);
-    return NULL;
+    return 1;
   }
-  return cp;
+  return 0;
+}
+
+/* lower_program, then load_kernels.  NULL after printing the error. */
+static CgProgram *jit_program(Compiled *c, JitModule *m, bool cuda) {
+  CgProgram *cp = lower_program(c, cuda);
+  return cp && !load_kernels(c, cp, m) ? cp : NULL;
 }
 
 static int cmd_run(int argc, char **argv) {
@@ -413,17 +458,13 @@ static int cmd_run(int argc, char **argv) {
     compiled_free(&c);
     return 1;
   }
+  /* the GPU runs the CUDA C; the C kernels are needed only for CPU devices */
+  bool all_cuda = duet_devices_all_cuda(probe.devices);
+  CgProgram *cp = lower_program(&c, all_cuda || (probe.devices && strstr(probe.devices, "cuda")));
   JitModule m;
-  CgProgram *cp;
-  if (duet_devices_all_cuda(probe.devices)) {
-    /* the GPU runs the CUDA C; the C kernels are not needed */
-    memset(&m, 0, sizeof m);
-    cp = codegen_lower(c.g, c.arena);
-    if (with_cuda(cp, c.arena, true)) {
-      compiled_free(&c);
-      return 1;
-    }
-  } else if (!(cp = jit_program(&c, &m, probe.devices && strstr(probe.devices, "cuda")))) {
+  memset(&m, 0, sizeof m);
+  /* duet_main's checks of data files, devices and --save before seconds of compiling */
+  if (!cp || duet_preflight(&cp->prog, argc - 1, argv + 1) || (!all_cuda && load_kernels(&c, cp, &m))) {
     compiled_free(&c);
     return 1;
   }
@@ -635,12 +676,13 @@ static int cmd_ir(int argc, char **argv) {
   if (par_opts(&po, argc, argv)) return 1;
   Compiled c;
   int rc = compile_model_par(&c, model, batch, &po, NULL, after ? after : "shape");
-  par_free(&po);
   if (!rc && after && (!c.g->after_pass || strcmp(c.g->after_pass, after))) {
     fprintf(stderr, "duet: error: %s was printed after %s; it cannot be shown after the earlier pass %s\n", model,
             c.g->after_pass ? c.g->after_pass : "no pass", after);
     rc = 1;
   }
+  if (!rc && check_gemm_acc_graph(&c, model, batch, &po)) rc = 1;
+  par_free(&po);
   if (!rc && !strcmp(format, "text")) ir_print(c.g, stdout);
   if (!rc && !strcmp(format, "dot")) ir_print_dot(c.g, stdout);
   if (!rc && !strcmp(format, "json") && ir_print_json(c.g, stdout)) {
@@ -700,9 +742,7 @@ static int cmd_plan(int argc, char **argv) {
   if (!rc) {
     const ParOpts *rp = po.n_dev ? &po : &cpu;
     PassCtx pc = {.diag = &c.diag, .devices = rp->dev, .n_devices = rp->n_dev, .one_f_one_b = po.one_f_one_b};
-    int n_f16 = 0;
-    for (int i = 0; i < c.g->n_values; i++) n_f16 += c.g->values[i]->op == OP_MATMUL && c.g->values[i]->dtype == DT_F16;
-    if (check_gemm_acc(n_f16)) {
+    if (check_gemm_acc(graph_f16_gemms(c.g))) {
       rc = 1;
     } else {
       rc = partition_report(c.g, &pc, stdout); /* 1 when the model does not fit: the report is still printed */
@@ -744,8 +784,9 @@ static int cmd_emit(int argc, char **argv) {
   }
   Compiled c;
   int rc = compile_model(&c, model, 0, NULL, NULL);
+  CgProgram *cp = rc ? NULL : codegen_lower(c.g, c.arena);
+  if (cp && check_gemm_acc(gemm_f16_steps(&cp->prog))) rc = 1;
   if (!rc) {
-    CgProgram *cp = codegen_lower(c.g, c.arena);
     fputs(strcmp(target, "cuda") ? codegen_emit_c(cp, c.arena) : codegen_emit_cuda(cp, c.arena, NULL, NULL), stdout);
   }
   compiled_free(&c);
@@ -855,6 +896,16 @@ static void print_layers(const Graph *g, const char *parent, int depth) {
   }
 }
 
+/* n bytes (at least 1024) for people: "7.1 MiB" (binary units up to EiB). */
+static const char *bytes_human(int64_t n, char *b, size_t len) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double x = (double)n;
+  int u = 0;
+  while (x >= 1024 && u < 6) x /= 1024, u++;
+  snprintf(b, len, "%.1f %s", x, unit[u]);
+  return b;
+}
+
 static int cmd_check(int argc, char **argv) {
   if (argc != 1 || wants_help(argc, argv)) {
     printf("usage: duet check M.model\nParses and verifies the model; prints its parameters.\n"
@@ -863,8 +914,24 @@ static int cmd_check(int argc, char **argv) {
   }
   Compiled c;
   int rc = compile_model(&c, argv[0], 0, NULL, "optimizer"); /* through autodiff: its warnings too */
+  if (!rc && check_gemm_acc_graph(&c, argv[0], 0, NULL)) rc = 1;
+  /* parameters and their bytes in all; shape rules keep each one's bytes
+   * within 64 bits, their sum is checked here */
+  int64_t total = 0, bytes = 0;
+  for (int i = 0; !rc && i < c.g->n_values; i++) {
+    const Value *v = c.g->values[i];
+    if (v->op != OP_PARAM) continue;
+    int64_t n = shape_numel(&v->shape), nb = n * (int64_t)dtype_size(v->dtype);
+    if (nb > INT64_MAX - bytes) {
+      diag_error(&c.diag, v->loc, "the parameters up to `%s` are too large: their size in bytes overflows 64 bits",
+                 v->attr.name);
+      rc = 1;
+      break;
+    }
+    total += n;
+    bytes += nb;
+  }
   if (!rc) {
-    int64_t total = 0;
     char b[160];
     /* the model summary: every block call (outermost first, nested ones
      * indented) with its output shape and the parameters under its prefix */
@@ -877,11 +944,11 @@ static int cmd_check(int argc, char **argv) {
     for (int i = 0; i < c.g->n_values; i++) {
       Value *v = c.g->values[i];
       if (v->op != OP_PARAM) continue;
-      int64_t n = shape_numel(&v->shape);
-      total = n > INT64_MAX - total ? INT64_MAX : total + n; /* saturating */
-      printf("%-32s %-16s %12" PRId64 "\n", v->attr.name, shape_str(&v->shape, b, sizeof b), n);
+      printf("%-32s %-16s %12" PRId64 "\n", v->attr.name, shape_str(&v->shape, b, sizeof b), shape_numel(&v->shape));
     }
-    printf("%s: ok, %" PRId64 " parameters\n", argv[0], total);
+    printf("%s: ok, %" PRId64 " parameters, %" PRId64 " bytes", argv[0], total, bytes);
+    if (bytes >= 1024) printf(" (%s)", bytes_human(bytes, b, sizeof b));
+    printf("\n");
   }
   compiled_free(&c);
   return rc;

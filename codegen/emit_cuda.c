@@ -14,6 +14,7 @@
  * typedef'd here and the math functions are NVRTC built-ins.  GPU-only
  * constructs live in the few helpers of the prelude (warp and block
  * reductions). */
+#include <ctype.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -551,6 +552,17 @@ static void emit_h2_body(Buf *b, const Kernel *k, const H2Plan *pl) {
   }
 }
 
+/* Whether the C text s (NULL: none) names the identifier `name`. */
+static bool uses_name(const char *s, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = s; p && (p = strstr(p, name)); p += n) {
+    bool before = p > s && (isalnum((unsigned char)p[-1]) || p[-1] == '_');
+    bool after = isalnum((unsigned char)p[n]) || p[n] == '_';
+    if (!before && !after) return true;
+  }
+  return false;
+}
+
 /* One thread per element, grid-stride.  The element index is 32-bit when
  * every index it produces (and the loop's stride past the end) fits.
  *
@@ -598,28 +610,33 @@ static void emit_elementwise(Buf *b, const Kernel *k, const DuetLaunch *l, const
   }
   bprintf(b, "  for (%s p = blockIdx.x * (%s)blockDim.x + threadIdx.x; p < " D64 "; p += (%s)blockDim.x * gridDim.x) {\n",
           I, I, k->n / 2, I);
-  bprintf(b, "    const %s i0 = 2 * p, i1 = 2 * p + 1;\n", I);
+  /* the body first: the element indices i0, i1 are declared only when it
+   * uses them (word-only kernels address pairs by p; NVRTC warns about an
+   * unused variable) */
+  Buf body = {.a = b->a};
   bool loaded[KMAX_BUFS] = {0};
   for (int i = 0; i < k->n_ins; i++)
     if (k->ins[i].op == KI_LOAD) loaded[k->ins[i].a] = true;
   for (int i = 0; i < k->n_bufs; i++)
     if (loaded[i] && pair_buf(&k->bufs[i]))
-      bprintf(b, "    const duet_u32 w%d = ((const duet_u32 *)(b%d + " D64 "))[p];\n", i, i, k->bufs[i].base);
+      bprintf(&body, "    const duet_u32 w%d = ((const duet_u32 *)(b%d + " D64 "))[p];\n", i, i, k->bufs[i].base);
   if (h2->level != CG_HALF2_NONE) {
-    emit_h2_body(b, k, h2);
-    bprintf(b, "  }\n");
-    return;
+    emit_h2_body(&body, k, h2);
+  } else {
+    emit_ew_body(&body, k, "i0", "_0", true, 0);
+    emit_ew_body(&body, k, "i1", "_1", true, 1);
+    for (int i = 0; i < k->n_ins; i++) {
+      const KInstr *x = &k->ins[i];
+      const KBuf *kb = &k->bufs[x->a];
+      if (x->op == KI_STORE && pair_buf(kb))
+        bprintf(&body, "    ((duet_u32 *)(b%d + " D64 "))[p] = (duet_u32)%s(r%d_0) | (duet_u32)%s(r%d_1) << 16;\n",
+                x->a, kb->base, store_fn(kb->dtype), x->b, store_fn(kb->dtype), x->b);
+    }
   }
-  emit_ew_body(b, k, "i0", "_0", true, 0);
-  emit_ew_body(b, k, "i1", "_1", true, 1);
-  for (int i = 0; i < k->n_ins; i++) {
-    const KInstr *x = &k->ins[i];
-    const KBuf *kb = &k->bufs[x->a];
-    if (x->op == KI_STORE && pair_buf(kb))
-      bprintf(b, "    ((duet_u32 *)(b%d + " D64 "))[p] = (duet_u32)%s(r%d_0) | (duet_u32)%s(r%d_1) << 16;\n", x->a,
-              kb->base, store_fn(kb->dtype), x->b, store_fn(kb->dtype), x->b);
-  }
-  bprintf(b, "  }\n");
+  bool u0 = uses_name(body.s, "i0"), u1 = uses_name(body.s, "i1");
+  if (u0 && u1) bprintf(b, "    const %s i0 = 2 * p, i1 = 2 * p + 1;\n", I);
+  else if (u0 || u1) bprintf(b, "    const %s %s;\n", I, u0 ? "i0 = 2 * p" : "i1 = 2 * p + 1");
+  bprintf(b, "%s  }\n", body.s ? body.s : "");
 }
 
 /* Unscale and overflow check in one pass, as the C emitter (torch's
@@ -661,9 +678,9 @@ static void emit_reduce(Buf *b, const Kernel *k) {
     GRID_LOOP(b, "oj", O * I);
     bprintf(b, "    const duet_i64 o = oj / " D64 ", j = oj %% " D64 ";\n", I, I);
     bprintf(b, "    const %s *xr = x + o * " D64 " + j;\n", T, R * I);
-    bprintf(b, "    %s m = xr[0];\n    duet_i64 am = 0;\n", T);
+    bprintf(b, "    %s m = xr[0];\n%s", T, grad ? "    duet_i64 am = 0;\n" : ""); /* the max: only its value */
     bprintf(b, "    for (duet_i64 r = 1; r < " D64 "; r++) if (xr[r * " D64 "] > m || m != m) { m = xr[r * " D64
-               "]; am = r; }\n", R, I, I);
+               "];%s }\n", R, I, I, grad ? " am = r;" : "");
     if (!grad) bprintf(b, "    y[oj] = m;\n  }\n");
     else
       bprintf(b, "    for (duet_i64 r = 0; r < " D64 "; r++) y[o * " D64 " + r * " D64 " + j] = r == am ? dy[oj] : (%s)0;\n  }\n",
@@ -755,13 +772,13 @@ static void emit_rows(Buf *b, const Kernel *k) {
   bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done" FN ", 1u) == gridDim.x - 1;\n  }\n");
   bprintf(b, "  __syncthreads();\n  if (!last || threadIdx.x != 0) return;\n");
   bprintf(b, "  __threadfence();\n");
-  bprintf(b, "  const volatile double *part = duet_part" FN ";\n  double tot = 0, tc = 0;\n");
+  bprintf(b, "  const volatile double *part = duet_part" FN ";\n  double tot = 0;\n");
   bprintf(b, "  for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];\n");
   if (metrics) {
-    bprintf(b, "  for (unsigned g = 0; g < gridDim.x; g++) tc += part[gridDim.x + g];\n");
+    bprintf(b, "  double tc = 0;\n  for (unsigned g = 0; g < gridDim.x; g++) tc += part[gridDim.x + g];\n");
     bprintf(b, "  out[0] = (%s)tc;\n  out[1] = (%s)tot;\n", T, T);
   } else {
-    bprintf(b, "  (void)tc;\n  out[0] = (%s)(tot / " D64 ");\n", T, R);
+    bprintf(b, "  out[0] = (%s)(tot / " D64 ");\n", T, R);
   }
   bprintf(b, "  duet_done" FN " = 0; /* ready for the next launch */\n");
 }
@@ -851,7 +868,7 @@ static void emit_attention(Buf *b, const Kernel *k) {
   bprintf(b, "  %s%s *out = (%s%s *)t.p[%d];\n", BUF(o + 3, ""));
   bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
   bprintf(b, "  extern __shared__ double duet_smem[];\n  %s *p = (%s *)duet_smem;\n", T, T);
-  bprintf(b, "  __shared__ %s red[32];\n", T);
+  if (k->kind != KK_ATTN_BWD_KV) bprintf(b, "  __shared__ %s red[32];\n", T); /* key rows reduce nothing */
   if (fwd) {
     bprintf(b, "  const duet_i64 i = blockIdx.x %% " D64 ", bh = blockIdx.x / " D64 ";\n", N, N);
     bprintf(b, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);

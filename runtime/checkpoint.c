@@ -10,6 +10,19 @@
 
 static int is_saved(const DuetTensor *t) { return t->region == DUET_MEM_PARAM || t->region == DUET_MEM_STATE; }
 
+/* The precision p was compiled for, as --precision names it: the 16-bit
+ * storage dtype of its activations when it has one (fp16, bf16), else the
+ * dtype of its floats (fp32, or f64 for an f64 model). */
+static const char *program_precision(const DuetProgram *p) {
+  const char *name = "fp32";
+  for (int i = 0; i < p->n_tensors; i++) {
+    int dt = p->tensors[i].dtype;
+    if (dt == DUET_F16 || dt == DUET_BF16) return dt == DUET_F16 ? "fp16" : "bf16";
+    if (dt == DUET_F64) name = "f64";
+  }
+  return name;
+}
+
 int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState *st, char *err, size_t errlen) {
   const DuetProgram *p = duet_session_program(s);
   DuetStTensor *t = calloc((size_t)p->n_tensors + 1, sizeof *t);
@@ -53,8 +66,9 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
   const char *meta[] = {"format", CKPT_FORMAT, "model",      p->model_name, "step",          step,
                         "epoch",  epoch,       "batch",      batch,         "rng",           rng,
                         "seed",   seed,        "batch_size", bsz,           "train_subset",  subset,
+                        "precision", program_precision(p),
                         "loss_scale", scale, "loss_scale_growth", growth, "skipped_steps", skipped};
-  rc = duet_st_save(path, t, n, meta, p->n_unscale ? 12 : 9, err, errlen);
+  rc = duet_st_save(path, t, n, meta, p->n_unscale ? 13 : 10, err, errlen);
 out:
   for (int i = 0; i < n; i++) free(host[i]);
   free(host);
@@ -156,8 +170,11 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   }
   if (!weights_only) duet_session_set_step(s, ns.step);
   if (!weights_only) duet_session_set_scaler(s, &sc);
-  /* settings that change the data order: the run goes on, but not as the
-   * uninterrupted one would have (checkpoints of older duet lack them) */
+  /* settings that change the data order or the arithmetic: the run goes on
+   * (the params are f32 master weights, with their optimizer state, in every
+   * precision; an fp16 run without the checkpoint's loss scaler starts it
+   * afresh), but not as the uninterrupted one would have (checkpoints of
+   * older duet lack them) */
   const DuetConfig *cfg = duet_session_config(s);
   struct {
     const char *key, *flag;
@@ -171,6 +188,10 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
                       "does not continue the original one exactly\n",
               same[k].flag, same[k].now, was, path);
   }
+  const char *prec = duet_st_meta(f, "precision");
+  if (!weights_only && !cfg->quiet && prec && strcmp(prec, program_precision(p)))
+    fprintf(stderr, "duet: warning: --precision %s differs from the checkpoint's %s (%s): the resumed run does not "
+                    "continue the original one exactly\n", program_precision(p), prec, path);
   *st = ns;
   rc = 0;
 out:

@@ -126,6 +126,17 @@ done:
   return rc;
 }
 
+int duet_check_idx(const char *images_path, const char *labels_path, char *err, size_t errlen) {
+  uint32_t di[3], dl[1];
+  gzFile fi = open_idx(images_path, 0x00000803, 3, di, err, errlen);
+  if (!fi) return -1;
+  gzclose(fi);
+  gzFile fl = open_idx(labels_path, 0x00000801, 1, dl, err, errlen);
+  if (!fl) return -1;
+  gzclose(fl);
+  return 0;
+}
+
 void duet_dataset_free(DuetDataset *ds) {
   free(ds->images);
   free(ds->labels);

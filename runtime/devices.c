@@ -102,6 +102,12 @@ int duet_devices_parse(const char *spec, DuetDeviceSpec *out, int max, int *n, c
   return 0;
 }
 
+/* The error for a planned capacity named where a device to run on is due. */
+static void planned_error(const DuetDeviceSpec *d, char *err, size_t errlen) {
+  snprintf(err, errlen, "device %s is a capacity for `duet plan`, not a device to run on (use cpu:N or cuda:N)",
+           d->name);
+}
+
 DuetDevice *duet_device_open(const DuetDeviceSpec *d, const DuetProgram *p, const DuetKernelFn *kernels, int threads,
                              int verbose, char *err, size_t errlen) {
   switch (d->kind) {
@@ -117,10 +123,29 @@ DuetDevice *duet_device_open(const DuetDeviceSpec *d, const DuetProgram *p, cons
   case DUET_DEV_CUDA:
     return duet_cuda_device(p, d->index, verbose, err, errlen);
   default:
-    snprintf(err, errlen, "device %s is a capacity for `duet plan`, not a device to run on (use cpu:N or cuda:N)",
-             d->name);
+    planned_error(d, err, errlen);
     return NULL;
   }
+}
+
+int duet_devices_check(const char *spec, char *err, size_t errlen) {
+  DuetDeviceSpec d[DUET_MAX_DEVICES];
+  int n = 0, n_gpu = -1;
+  if (!spec) return 0;
+  if (duet_devices_parse(spec, d, DUET_MAX_DEVICES, &n, err, errlen)) return -1;
+  for (int k = 0; k < n; k++) {
+    if (d[k].kind == DUET_DEV_PLANNED) {
+      planned_error(&d[k], err, errlen);
+      return -1;
+    }
+    if (d[k].kind != DUET_DEV_CUDA) continue;
+    if (n_gpu < 0 && (n_gpu = duet_cuda_gpu_count(err, errlen)) < 0) return -1;
+    if (d[k].index >= n_gpu) {
+      snprintf(err, errlen, "no GPU cuda:%d (this machine has %d)", d[k].index, n_gpu);
+      return -1;
+    }
+  }
+  return 0;
 }
 
 int duet_devices_all_cuda(const char *spec) {

@@ -87,6 +87,10 @@ typedef void (*DuetKernelFn)(void *const *t, const double *s);
 enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1, DUET_DATA_TEXT = 2 };
 enum { DUET_OPTIM_ADAMW = 0, DUET_OPTIM_SGD = 1 };
 
+/* The most threads --threads may ask for (a larger value is an error, not
+ * silently lowered). */
+#define DUET_MAX_THREADS 1024
+
 /* Training settings: the program's defaults (from the train section),
  * overridden by command-line flags. */
 typedef struct DuetConfig {
@@ -97,7 +101,7 @@ typedef struct DuetConfig {
   int64_t batch, epochs, steps, log_every;
   uint64_t seed;
   int eval;
-  int threads;             /* 0: all cores */
+  int threads;             /* 0: all cores; at most DUET_MAX_THREADS */
   const char *metrics_path;
   int64_t train_subset, test_subset; /* 0: whole split */
   int quiet;
@@ -315,6 +319,11 @@ DuetDevice *duet_device_open(const DuetDeviceSpec *d, const DuetProgram *p, cons
 /* 1 when spec parses and names only CUDA devices (the C kernels are then
  * not needed), else 0. */
 int duet_devices_all_cuda(const char *spec);
+/* Whether the devices of spec (NULL: the CPU) can be opened, without opening
+ * them: a CUDA item needs the CUDA driver and plugin to load and its GPU to
+ * exist (duet_cuda_gpu_count); a planned capacity is refused.  The messages
+ * are duet_device_open's.  0, or -1 with a message in err. */
+int duet_devices_check(const char *spec, char *err, size_t errlen);
 
 /* ------------------------------------------------------------- sessions */
 
@@ -417,6 +426,13 @@ int duet_sample(DuetSession *s, const char *prompt, int64_t n_tokens, double tem
 /* 0 when p can generate text (see duet_sample), else -1 with the reason. */
 int duet_sample_check(const DuetProgram *p, char *err, size_t errlen);
 
+/* The checks of duet_main that need neither kernels nor a device, for a
+ * caller about to spend seconds compiling the kernels (duet run): the flags
+ * parse, the data files open (fashion_mnist: both IDX headers of each split
+ * read; text: the file reads), --save's directory is writable, and the
+ * devices (duet_devices_check) can be opened.  Prints nothing when all is
+ * well; else prints the error duet_main would print and returns 1. */
+int duet_preflight(const DuetProgram *p, int argc, char **argv);
 /* Applies command-line flags to cfg; returns 0, 1 on a bad flag (printed),
  * 2 when --help was printed. */
 int duet_parse_flags(DuetConfig *cfg, int64_t compiled_batch, int argc, char **argv);
@@ -444,14 +460,18 @@ typedef struct DuetTrainState {
 } DuetTrainState;
 
 /* Writes every param and optimizer-state tensor of s under its
- * hierarchical name, plus the train state and the model name as metadata,
+ * hierarchical name, plus the train state, the model name and the settings
+ * a resume compares (seed, batch size, train subset, precision) as metadata,
  * to a safetensors file, atomically (see duet_st_save).  0, or -1 with a
  * message in err. */
 int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState *st, char *err, size_t errlen);
 /* Loads a checkpoint written by duet_checkpoint_save for the same model:
  * every param and state tensor must be present with the exact dtype and
- * shape, and no other tensor may be; sets the session's step.  0, or -1 with
- * a message naming the file and the tensor (nothing is changed then). */
+ * shape, and no other tensor may be; sets the session's step.  A seed,
+ * batch size, train subset or precision other than the checkpoint's is a
+ * warning on stderr (unless quiet): the run goes on, not exactly as the
+ * uninterrupted one.  0, or -1 with a message naming the file and the
+ * tensor (nothing is changed then). */
 int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, char *err, size_t errlen);
 /* Loads only the params of a checkpoint of the same model (exact dtype and
  * shape each); optimizer state and training position are ignored.  For
@@ -473,6 +493,9 @@ typedef struct DuetDataset {
  * DATABASE", file formats section).  Returns 0, or -1 with a message naming
  * the file in err. */
 int duet_load_idx(DuetDataset *ds, const char *images_path, const char *labels_path, char *err, size_t errlen);
+/* The first checks of duet_load_idx, with its messages: both files open and
+ * start with the right IDX header.  Returns 0, or -1 with a message in err. */
+int duet_check_idx(const char *images_path, const char *labels_path, char *err, size_t errlen);
 void duet_dataset_free(DuetDataset *ds);
 
 /* The whole file at `path` in one malloc'ed buffer, NUL-terminated after its

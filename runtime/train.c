@@ -25,7 +25,7 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --weight-decay X   decoupled (AdamW) or L2 (SGD) weight decay\n"
           "  --batch N          batch size (fixed when the model was compiled)\n"
           "  --seed N           seed of initialisation and shuffling\n"
-          "  --threads N        CPU threads for kernels and BLAS (default: all cores)\n"
+          "  --threads N        CPU threads for kernels and BLAS, 1 to 1024 (default: all cores)\n"
           "  --data PATH        data directory or text file (default: the train section's)\n"
           "  --metrics FILE     write JSON lines: {\"step\",\"loss\"}, and {\"epoch\",\"test_accuracy\"\n"
           "                     (a fraction),\"test_loss\"} or, text models, {\"step\",\"val_loss\"}\n"
@@ -124,7 +124,7 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
       }
       val = argv[++i];
     }
-    int64_t iv;
+    int64_t iv = 0;
     int rc = 0;
     /* --steps wins over --epochs in either order; --epochs alone replaces
      * the model's `steps` */
@@ -133,7 +133,17 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     else if (!strcmp(flag, "--lr")) rc = parse_f64(flag, val, 0, &c->lr);
     else if (!strcmp(flag, "--weight-decay")) rc = parse_f64(flag, val, 0, &c->weight_decay);
     else if (!strcmp(flag, "--seed")) rc = parse_i64(flag, val, 0, &iv), c->seed = (uint64_t)iv;
-    else if (!strcmp(flag, "--threads")) rc = parse_i64(flag, val, 1, &iv), c->threads = (int)(iv > 1024 ? 1024 : iv);
+    else if (!strcmp(flag, "--threads")) {
+      char *end;
+      errno = 0;
+      long long t = strtoll(val, &end, 10);
+      if (errno || end == val || *end || t < 1 || t > DUET_MAX_THREADS) {
+        fprintf(stderr, "duet: error: --threads expects an integer from 1 to %d, got '%s'\n", DUET_MAX_THREADS, val);
+        rc = 1;
+      } else {
+        c->threads = (int)t;
+      }
+    }
     else if (!strcmp(flag, "--log-every")) rc = parse_i64(flag, val, 1, &c->log_every);
     else if (!strcmp(flag, "--eval-every")) rc = parse_i64(flag, val, 1, &c->eval_every);
     else if (!strcmp(flag, "--eval-batches")) rc = parse_i64(flag, val, 1, &c->eval_batches);
@@ -456,20 +466,25 @@ static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const Du
   fflush(stdout);
 }
 
+/* The IDX files of the training (0) and test (1) splits in a data directory:
+ * images, then labels. */
+static const char *const idx_files[2][2] = {{"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"},
+                                            {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}};
+
 static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg) {
   int rc;
   char err[1024];
   DuetDataset train = {0}, test = {0};
   char ip[1024], lp[1024];
-  snprintf(ip, sizeof ip, "%s/train-images-idx3-ubyte.gz", cfg.data_path);
-  snprintf(lp, sizeof lp, "%s/train-labels-idx1-ubyte.gz", cfg.data_path);
+  snprintf(ip, sizeof ip, "%s/%s", cfg.data_path, idx_files[0][0]);
+  snprintf(lp, sizeof lp, "%s/%s", cfg.data_path, idx_files[0][1]);
   if (duet_load_idx(&train, ip, lp, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
   }
   if (cfg.eval) {
-    snprintf(ip, sizeof ip, "%s/t10k-images-idx3-ubyte.gz", cfg.data_path);
-    snprintf(lp, sizeof lp, "%s/t10k-labels-idx1-ubyte.gz", cfg.data_path);
+    snprintf(ip, sizeof ip, "%s/%s", cfg.data_path, idx_files[1][0]);
+    snprintf(lp, sizeof lp, "%s/%s", cfg.data_path, idx_files[1][1]);
     if (duet_load_idx(&test, ip, lp, err, sizeof err)) {
       fprintf(stderr, "duet: error: %s\n", err);
       duet_dataset_free(&train);
@@ -647,14 +662,20 @@ typedef struct TextData {
   int64_t n, n_train; /* train: [0, n_train), validation: [n_train, n) */
 } TextData;
 
+/* The message for a text file that did not open (errno: why) or read
+ * (EIO, ENOMEM). */
+static void text_open_error(const char *path, int e, char *err, size_t errlen) {
+  if (e == EIO || e == ENOMEM) snprintf(err, errlen, "cannot read %s", path);
+  else snprintf(err, errlen, "cannot open %s: %s (make data builds data/kjv.txt from Debian's bible-kjv)", path,
+                strerror(e));
+}
+
 static int load_text(TextData *td, const char *path, int64_t block, char *err, size_t errlen) {
   memset(td, 0, sizeof *td);
   size_t n;
   unsigned char *b = duet_read_file(path, &n);
   if (!b) {
-    if (errno == EIO || errno == ENOMEM) snprintf(err, errlen, "cannot read %s", path);
-    else snprintf(err, errlen, "cannot open %s: %s (make data builds data/kjv.txt from Debian's bible-kjv)", path,
-                  strerror(errno));
+    text_open_error(path, errno, err, errlen);
     return -1;
   }
   td->bytes = b;
@@ -829,6 +850,15 @@ out:
   return rc;
 }
 
+/* 1 after the error when an image model has no data source (no data =, or
+ * no x/y inputs), else 0. */
+static int no_data_source(const DuetProgram *p, const DuetConfig *cfg) {
+  if (cfg->data == DUET_DATA_FASHION_MNIST && p->input_x >= 0 && p->input_y >= 0) return 0;
+  fprintf(stderr, "duet: error: model `%s` has no data source: add `data = fashion_mnist(\"DIR\")` or "
+                  "`data = text(\"FILE\", block = T)` to its train section\n", p->model_name);
+  return 1;
+}
+
 int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *argv0, int argc, char **argv) {
   /* progress lines (stdout) and errors (stderr) in the order they happen,
    * also when both go to one pipe or file */
@@ -854,10 +884,41 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
                       "or --micro-batches)\n");
   }
   if (text) return train_text(p, kernels, cfg);
-  if (cfg.data != DUET_DATA_FASHION_MNIST || p->input_x < 0 || p->input_y < 0) {
-    fprintf(stderr, "duet: error: model `%s` has no data source: add `data = fashion_mnist(\"DIR\")` or "
-                    "`data = text(\"FILE\", block = T)` to its train section\n", p->model_name);
+  if (no_data_source(p, &cfg)) return 1;
+  return train_images(p, kernels, cfg);
+}
+
+int duet_preflight(const DuetProgram *p, int argc, char **argv) {
+  DuetConfig cfg = p->defaults;
+  char err[1024];
+  int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
+  if (rc) return rc == 2 ? 0 : 1; /* --help: duet_main prints it */
+  if (cfg.data == DUET_DATA_TEXT) {
+    FILE *f = fopen(cfg.data_path, "rb");
+    int e = f ? 0 : errno;
+    if (f && getc(f) == EOF && ferror(f)) e = EIO; /* a directory opens, then fails to read */
+    if (f) fclose(f);
+    if (e) {
+      text_open_error(cfg.data_path, e, err, sizeof err);
+      fprintf(stderr, "duet: error: %s\n", err);
+      return 1;
+    }
+  } else {
+    if (no_data_source(p, &cfg)) return 1;
+    for (int k = 0; k < (cfg.eval ? 2 : 1); k++) {
+      char ip[1024], lp[1024];
+      snprintf(ip, sizeof ip, "%s/%s", cfg.data_path, idx_files[k][0]);
+      snprintf(lp, sizeof lp, "%s/%s", cfg.data_path, idx_files[k][1]);
+      if (duet_check_idx(ip, lp, err, sizeof err)) {
+        fprintf(stderr, "duet: error: %s\n", err);
+        return 1;
+      }
+    }
+  }
+  if (cfg.save_path && check_save_path(cfg.save_path)) return 1;
+  if (duet_devices_check(cfg.devices, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
     return 1;
   }
-  return train_images(p, kernels, cfg);
+  return 0;
 }

@@ -2,7 +2,8 @@
 # Checkpoints: --resume continues with exactly the losses of an
 # uninterrupted run (images and text); SIGKILL at random moments during
 # --save-every 1 never leaves a corrupt or missing checkpoint; bad
-# checkpoints are refused with a clear message.
+# checkpoints are refused with a clear message; another seed, train subset
+# or precision than the checkpoint's is a warning.
 # usage: run_checkpoint.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_checkpoint.sh path/to/duet}
 d=${TMPDIR:-/tmp}/duet-ck.$$
@@ -71,5 +72,20 @@ w=$("$DUET" run $M --train-subset 1280 --log-every 1 --no-eval --threads 2 --ste
   ok resume_other_subset || { bad resume_other_subset; echo "got: $w"; }
 w=$("$DUET" run $M $R --steps 14 --resume "$d/ck.st" 2>&1 >/dev/null | grep -c warning)
 [ "$w" = 0 ] && ok resume_same_settings_no_warning || bad resume_same_settings_no_warning
+# resuming in another precision: it trains on (f32 master weights and optimizer state carry over) with a warning
+"$DUET" run $M $R --steps 5 --precision fp16 --save "$d/f16.st" --quiet > /dev/null || bad precision_setup
+"$DUET" run $M $R --steps 14 --resume "$d/ck.st" --precision fp16 > "$d/p.out" 2> "$d/p.err" &&
+  grep -q '^duet: trained 2 steps' "$d/p.out" &&
+  [ "$(grep warning "$d/p.err")" = "duet: warning: --precision fp16 differs from the checkpoint's fp32 ($d/ck.st): the resumed run does not continue the original one exactly" ] &&
+  ok resume_fp32_as_fp16 || { bad resume_fp32_as_fp16; cat "$d/p.err"; tail -1 "$d/p.out"; }
+"$DUET" run $M $R --steps 8 --resume "$d/f16.st" > "$d/p.out" 2> "$d/p.err" &&
+  grep -q '^duet: trained 3 steps' "$d/p.out" &&
+  [ "$(grep warning "$d/p.err")" = "duet: warning: --precision fp32 differs from the checkpoint's fp16 ($d/f16.st): the resumed run does not continue the original one exactly" ] &&
+  ok resume_fp16_as_fp32 || { bad resume_fp16_as_fp32; cat "$d/p.err"; tail -1 "$d/p.out"; }
+w=$("$DUET" run $M $R --steps 8 --resume "$d/f16.st" --precision bf16 2>&1 >/dev/null | grep warning)
+[ "$w" = "duet: warning: --precision bf16 differs from the checkpoint's fp16 ($d/f16.st): the resumed run does not continue the original one exactly" ] &&
+  ok resume_fp16_as_bf16 || { bad resume_fp16_as_bf16; echo "got: $w"; }
+w=$("$DUET" run $M $R --steps 8 --resume "$d/f16.st" --precision fp16 2>&1 >/dev/null | grep -c warning)
+[ "$w" = 0 ] && ok resume_same_precision_no_warning || bad resume_same_precision_no_warning
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -37,6 +37,34 @@ expect unknown_flag 1 "duet: error: unknown flag '--frob' (see --help)" "$DUET" 
 expect missing_value 1 "duet: error: --epochs needs a value (see --help)" "$DUET" run $M --epochs
 expect missing_data 1 "duet: error: cannot open /nonexistent/train-images-idx3-ubyte.gz: No such file or directory (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
   "$DUET" run $M --data /nonexistent --steps 1
+# cheap checks come before the kernels are compiled: no "duet: kernels" line, nothing in a fresh kernel cache
+# before_compile NAME "the error line" command...
+before_compile() {
+  name=$1 want=$2; shift 2
+  out=$(DUET_CACHE_DIR="$d/cache-$name" "$@" 2>&1); rc=$?
+  if [ "$rc" -eq 1 ] && printf '%s\n' "$out" | grep -Fxq -- "$want" && ! printf '%s\n' "$out" | grep -q '^duet: kernels' &&
+     [ -z "$(ls -A "$d/cache-$name" 2>/dev/null)" ]; then
+    echo "ok $name"; pass=$((pass + 1))
+  else
+    echo "FAIL $name: exit $rc, output:"; printf '%s\n' "$out" | head -5; echo "  want (before compiling): $want"
+    ls -A "$d/cache-$name" 2>/dev/null | head -3; fail=$((fail + 1))
+  fi
+}
+before_compile missing_data_before_compile "duet: error: cannot open /nonexistent/train-images-idx3-ubyte.gz: No such file or directory (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
+  "$DUET" run $M --data /nonexistent --steps 1
+mkdir -p "$d/train-only"
+cp /usr/share/datasets/fashion-mnist/train-*.gz "$d/train-only/"
+before_compile missing_test_split_before_compile "duet: error: cannot open $d/train-only/t10k-images-idx3-ubyte.gz: No such file or directory (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
+  "$DUET" run $M --data "$d/train-only" --steps 1
+before_compile missing_text_before_compile "duet: error: cannot open /nonexistent/kjv.txt: No such file or directory (make data builds data/kjv.txt from Debian's bible-kjv)" \
+  "$DUET" run models/gpt_kjv.model --data /nonexistent/kjv.txt --steps 1
+before_compile text_is_dir_before_compile "duet: error: cannot read $d" "$DUET" run models/gpt_kjv.model --data "$d" --steps 1
+before_compile save_no_dir_before_compile "duet: error: --save /nonexistent/x.ck: cannot write into /nonexistent: No such file or directory" \
+  "$DUET" run $M --steps 1 --save /nonexistent/x.ck
+before_compile planned_device_before_compile "duet: error: device 16GiB:sm_60 is a capacity for \`duet plan\`, not a device to run on (use cpu:N or cuda:N)" \
+  "$DUET" run $M --steps 1 --devices 16GiB:sm_60
+# the data is still loaded whole after the compile: --no-eval needs no test split, and training runs
+expect train_split_only 0 "duet: trained 1 step" sh -c "'$DUET' run $M --data '$d/train-only' --no-eval --train-subset 512 --steps 1 --quiet | sed 's/ in .*//'"
 # corrupt data: wrong magic, then a truncated file
 mkdir -p "$d/bad" "$d/short"
 printf 'not an idx file at all' | gzip > "$d/bad/train-images-idx3-ubyte.gz"
@@ -44,7 +72,7 @@ cp /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz "$d/bad/"
 expect corrupt_magic 1 "duet: error: corrupt IDX file $d/bad/train-images-idx3-ubyte.gz: magic 0x6e6f7420, expected 0x00000803 (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
   "$DUET" run $M --data "$d/bad" --steps 1
 gzip -dc /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz | head -c 100000 | gzip > "$d/short/train-images-idx3-ubyte.gz"
-cp /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz "$d/short/"
+cp /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz /usr/share/datasets/fashion-mnist/t10k-*.gz "$d/short/"
 expect truncated 1 "duet: error: corrupt IDX file $d/short/train-images-idx3-ubyte.gz: file ends early (truncated) (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
   "$DUET" run $M --data "$d/short" --steps 1
 # a damaged gzip (CRC-32 of the trailer) is an error, not silently wrong labels
@@ -104,6 +132,10 @@ expect min_loss_scale_above_default 1 \
   "duet: error: --min-loss-scale 1e+09 is above the default initial loss scale 65536; give --loss-scale too" \
   "$DUET" run $M --precision fp16 --min-loss-scale 1e9
 expect run_directory 1 "$d: error: this is a directory, not a .model file" "$DUET" run "$d"
+# --threads above the cap is an error that names it, in duet run and in the commands that plan
+expect threads_above_cap 1 "duet: error: --threads expects an integer from 1 to 1024, got '1025'" "$DUET" run $M --threads 1025 --steps 1
+expect threads_above_cap_plan 1 "duet: error: --threads expects an integer from 1 to 1024, got '5000'" "$DUET" plan $M --devices cpu:0,cpu:1 --threads 5000
+expect threads_at_cap 0 "duet: trained 1 step" sh -c "'$DUET' run $M --threads 1024 --steps 1 --no-eval --train-subset 512 --quiet | sed 's/ in .*//'"
 expect no_eval_value 1 "duet: error: --no-eval takes no value" "$DUET" run $M --no-eval=1
 w=$("$DUET" run $M --train-subset 1000000 --steps 1 --no-eval 2>&1 >/dev/null | grep warning)
 [ "$w" = "duet: warning: --train-subset 1000000 exceeds the 60000 training samples; using all" ] &&

@@ -33,6 +33,17 @@ expect gemm_acc_plan 0 "gemm accumulate: fp16 (--gemm-accumulate fp16: fp16 GEMM
   "$DUET" plan $M --devices 16GiB:sm_60 --precision fp16 --gemm-accumulate fp16
 expect gemm_acc_plan_no_fp16 1 "duet: error: --gemm-accumulate fp16 needs fp16 GEMMs (--precision fp16); this program has none" \
   "$DUET" plan $M --gemm-accumulate fp16
+# ir, emit and check refuse it the same way (before printing anything); ir also after a pass before precision
+for cmd in "emit $M" "emit $M --target cuda" "ir $M" "ir $M --after memplan" "check $M"; do
+  # shellcheck disable=SC2086 # $cmd is words
+  expect "gemm_acc_no_fp16 ($cmd)" 1 "duet: error: --gemm-accumulate fp16 needs fp16 GEMMs (--precision fp16); this program has none" \
+    "$DUET" $cmd --gemm-accumulate fp16
+  # shellcheck disable=SC2086
+  if [ -z "$("$DUET" $cmd --gemm-accumulate fp16 2>/dev/null)" ]; then echo "ok gemm_acc_no_output ($cmd)"; pass=$((pass + 1))
+  else echo "FAIL gemm_acc_no_output ($cmd): printed on stdout before the error"; fail=$((fail + 1)); fi
+done
+expect gemm_acc_ir_fp16 0 "after shape" "$DUET" ir $M --precision fp16 --gemm-accumulate fp16
+expect gemm_acc_emit_fp16 0 "#include <math.h>" "$DUET" emit $M --precision fp16 --gemm-accumulate fp16
 expect gemm_acc_plan_default 0 "gemm accumulate: fp32 (16-bit GEMMs: 16-bit inputs, fp32 accumulation)" \
   "$DUET" plan $M --devices 16GiB:sm_60
 
@@ -41,6 +52,12 @@ if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
 else
   expect no_driver 1 "duet: error: no CUDA driver on this machine (libcuda.so.1: cannot open shared object file: No such file or directory)" \
     "$DUET" run $M --devices cuda --steps 1
+  # checked before the C kernels of the CPU stage are compiled: no "duet: kernels" line
+  expect no_driver_mixed 1 "duet: error: no CUDA driver on this machine (libcuda.so.1: cannot open shared object file: No such file or directory)" \
+    "$DUET" run $M --devices cpu:0,cuda:0 --steps 1
+  if "$DUET" run $M --devices cpu:0,cuda:0 --steps 1 2>&1 | grep -q '^duet: kernels'; then
+    echo "FAIL no_driver_before_compile: the kernels were compiled first"; fail=$((fail + 1))
+  else echo "ok no_driver_before_compile"; pass=$((pass + 1)); fi
   expect devices_no_driver 0 "cuda    none: no CUDA driver on this machine (libcuda.so.1: cannot open shared object file: No such file or directory)" \
     "$DUET" devices
   # an executable compiled for GPUs keeps them as its default devices
@@ -63,6 +80,11 @@ else
       env LD_LIBRARY_PATH="$tmp" "$DUET" run $M --devices cuda:0 --precision fp16 --gemm-accumulate fp16 --steps 1
     expect stub_run_bf16 1 "duet: error: cuInit(0) failed: unknown CUDA error (CUresult 34)" \
       env LD_LIBRARY_PATH="$tmp" "$DUET" run $M --devices cuda:0 --precision bf16 --steps 1
+    expect stub_run_mixed 1 "duet: error: cuInit(0) failed: unknown CUDA error (CUresult 34)" \
+      env LD_LIBRARY_PATH="$tmp" "$DUET" run $M --devices cpu:0,cuda:0 --steps 1
+    if env LD_LIBRARY_PATH="$tmp" "$DUET" run $M --devices cpu:0,cuda:0 --steps 1 2>&1 | grep -q '^duet: kernels'; then
+      echo "FAIL stub_before_compile: the kernels were compiled first"; fail=$((fail + 1))
+    else echo "ok stub_before_compile"; pass=$((pass + 1)); fi
     expect stub_devices 0 "cuda    none: cuInit failed: unknown CUDA error (CUresult 34)" \
       env LD_LIBRARY_PATH="$tmp" "$DUET" devices
     expect plugin_env_missing 1 "duet: error: DUET_CUDA_PLUGIN=$tmp/nosuch.so cannot be loaded: $tmp/nosuch.so: cannot open shared object file: No such file or directory" \

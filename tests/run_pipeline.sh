@@ -204,7 +204,7 @@ for v in abc -1 0 1e999 ""; do
 done
 DUET_PIPE_SUMS=gpu expect bad_pipe_sums 1 "duet: error: DUET_PIPE_SUMS must be auto or host, got 'gpu'" \
   "$DUET" run tests/pipeline/pinned.model --devices cpu:0,cpu:1 --micro-batches 2 --quiet --no-eval
-expect plan_threads 1 "duet: error: --threads expects an integer >= 1, got 'abc'" \
+expect plan_threads 1 "duet: error: --threads expects an integer from 1 to 1024, got 'abc'" \
   "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads abc
 DUET_PIPE_TIMEOUT= expect empty_pipe_timeout 1 "duet: error: DUET_PIPE_TIMEOUT must be a number of seconds > 0, got ''" \
   "$DUET" run tests/pipeline/pinned.model --devices cpu:0,cpu:1 --micro-batches 2 --quiet --no-eval
@@ -228,7 +228,7 @@ expect compile_schedule 1 "duet: error: --schedule expects gpipe or 1f1b, got 'b
   "$DUET" compile models/fmnist_mlp.model -o "$d/sch" --devices cpu:0,cpu:1 --schedule bogus
 # a partitioned dump without --devices keeps its own partition (check, emit, run)
 "$DUET" ir tests/pipeline/pinned.model --after partition --devices cpu:0,cpu:1 > "$d/pin.ir" &&
-  "$DUET" check "$d/pin.ir" | tail -1 | grep -qx "$d/pin.ir: ok, 106010 parameters" &&
+  "$DUET" check "$d/pin.ir" | tail -1 | grep -qx "$d/pin.ir: ok, 106010 parameters, 424040 bytes (414.1 KiB)" &&
   "$DUET" emit "$d/pin.ir" --target c > /dev/null && ok || bad "check/emit of a partitioned dump"
 # an indivisible batch: the message points at where the batch was set
 expect indivisible 1 "tests/pipeline/pinned.model:22:11: error: batch 32 is not a multiple of --micro-batches 3" \

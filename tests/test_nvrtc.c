@@ -13,7 +13,8 @@
  * program and, for models with attention, the decoding program (f32, and
  * with --precision fp16, which leaves decoding in f32) for compute_75.  The
  * PTX must hold an entry point duet_k<f> for every function f (kernels
- * that differ only in their tensors share one).  The 16-bit
+ * that differ only in their tensors share one), and NVRTC's log must be
+ * empty: a warning (an unused variable, ...) fails the compile.  The 16-bit
  * programs are compiled by `test_nvrtc --half` (ctest nvrtc_compile_half),
  * the others by the default run.  Models of more than 400 kernels in f32
  * (GPT-2 small) are compiled by `test_nvrtc --large`: PTX of f32 for the
@@ -72,6 +73,10 @@ static int compile_one(const char *what, const char *src, const char *arch, int 
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);
   int rc = cubin ? 0 : check_ptx_entries(what, img, n_fns);
+  if (err[0]) {
+    fprintf(stderr, "FAIL %s %s: NVRTC's log is not empty:\n%s\n", what, arch, err);
+    rc = 1;
+  }
   if (!cubin && need && !strstr(img, need)) {
     fprintf(stderr, "FAIL %s %s: the PTX has no %s\n", what, arch, need);
     rc = 1;

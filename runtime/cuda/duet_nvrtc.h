@@ -62,7 +62,8 @@ int duet_nvrtc_lib_archs(const DuetNvrtc *nv, int *archs, int max);
  * kernel uses (DUET_NVRTC_OPTIONS) plus `arch_opt` ("-arch=sm_90": SASS,
  * the image is a CUBIN from nvrtcGetCUBIN; "-arch=compute_75": PTX,
  * NUL-terminated).  Returns 0 with a malloc'ed image in *image (*len
- * bytes), or -1 with the failed call, NVRTC's message and its log in err. */
+ * bytes) and NVRTC's log in err (its warnings; empty when it has none), or
+ * -1 with the failed call, NVRTC's message and its log in err. */
 int duet_nvrtc_lib_compile(const DuetNvrtc *nv, const char *src, const char *arch_opt, int cubin, void **image,
                            size_t *len, char *err, size_t errlen);
 

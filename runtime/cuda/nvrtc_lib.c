@@ -157,18 +157,20 @@ int duet_nvrtc_lib_compile(const DuetNvrtc *nv, const char *src, const char *arc
   const char *opts[] = {DUET_NVRTC_OPTIONS, arch_opt};
   int rc = -1;
   r = nv->compile(prog, 2, opts);
+  size_t loglen = 0;
+  char *log = NULL;
+  if (nv->log_size(prog, &loglen) == 0 && (log = malloc(loglen + 1)) && nv->log(prog, log) == 0)
+    log[loglen] = 0;
+  else if (log)
+    log[0] = 0;
   if (r != 0) {
-    size_t loglen = 0;
-    char *log = NULL;
-    if (nv->log_size(prog, &loglen) == 0 && (log = malloc(loglen + 1)) && nv->log(prog, log) == 0)
-      log[loglen] = 0;
-    else if (log)
-      log[0] = 0;
     snprintf(err, errlen, "nvrtcCompileProgram (%s %s) failed: %s\n%s", DUET_NVRTC_OPTIONS, arch_opt,
              nv_err(nv, r), log ? log : "");
     free(log);
     goto out;
   }
+  if (errlen) snprintf(err, errlen, "%s", log ? log : ""); /* warnings, if any */
+  free(log);
   size_t n = 0;
   r = cubin ? nv->cubin_size(prog, &n) : nv->ptx_size(prog, &n);
   if (r != 0 || n == 0) {

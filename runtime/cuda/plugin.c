@@ -521,14 +521,18 @@ fail:
 }
 
 /* Number of GPUs the driver reports (0 when cuInit finds no device), or -1
- * with a message. */
+ * with a message, worded as duet_cuda_plugin_open's for the same failure
+ * (duet_devices_check reports it before the device is opened). */
 EXPORT int duet_cuda_plugin_count(char *err, size_t errlen) {
   CUresult r = cuInit(0);
   if (r == CUDA_ERROR_NO_DEVICE) return 0;
-  int count = 0;
-  if (r == CUDA_SUCCESS) r = cuDeviceGetCount(&count);
   if (r != CUDA_SUCCESS) {
-    snprintf(err, errlen, "cuInit failed: %s (CUresult %d)", cu_err(r), (int)r);
+    snprintf(err, errlen, "cuInit(0) failed: %s (CUresult %d)", cu_err(r), (int)r);
+    return -1;
+  }
+  int count = 0;
+  if ((r = cuDeviceGetCount(&count)) != CUDA_SUCCESS) {
+    snprintf(err, errlen, "cuDeviceGetCount(&count) failed: %s (CUresult %d)", cu_err(r), (int)r);
     return -1;
   }
   return count;

@@ -130,9 +130,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k2(duet_args t, const do
   if (!last || threadIdx.x != 0) return;
   __threadfence();
   const volatile double *part = duet_part2;
-  double tot = 0, tc = 0;
+  double tot = 0;
   for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];
-  (void)tc;
   out[0] = (float)(tot / 256);
   duet_done2 = 0; /* ready for the next launch */
 }
@@ -480,8 +479,9 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k13(duet_args t, const d
   if (!last || threadIdx.x != 0) return;
   __threadfence();
   const volatile double *part = duet_part13;
-  double tot = 0, tc = 0;
+  double tot = 0;
   for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];
+  double tc = 0;
   for (unsigned g = 0; g < gridDim.x; g++) tc += part[gridDim.x + g];
   out[0] = (float)tc;
   out[1] = (float)tot;

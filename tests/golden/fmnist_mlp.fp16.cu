@@ -191,7 +191,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const dou
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   duet_u16 *b2 = (duet_u16 *)t.p[2];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 131072; p += (int)blockDim.x * gridDim.x) {
-    const int i0 = 2 * p, i1 = 2 * p + 1;
     const duet_u32 w0 = ((const duet_u32 *)(b0 + 0))[p];
     const duet_u32 h0 = w0;
     const duet_u32 h1 = ((const duet_u32 *)(b1 + 0))[p % 512];
@@ -296,9 +295,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k8(duet_args t, const do
   if (!last || threadIdx.x != 0) return;
   __threadfence();
   const volatile double *part = duet_part8;
-  double tot = 0, tc = 0;
+  double tot = 0;
   for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];
-  (void)tc;
   out[0] = (float)(tot / 256);
   duet_done8 = 0; /* ready for the next launch */
 }
@@ -370,7 +368,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, const do
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   duet_u16 *b2 = (duet_u16 *)t.p[2];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 131072; p += (int)blockDim.x * gridDim.x) {
-    const int i0 = 2 * p, i1 = 2 * p + 1;
     const duet_u32 w0 = ((const duet_u32 *)(b0 + 0))[p];
     const duet_u32 w1 = ((const duet_u32 *)(b1 + 0))[p];
     const duet_u32 h0 = w0;
@@ -449,8 +446,9 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k16(duet_args t, const d
   if (!last || threadIdx.x != 0) return;
   __threadfence();
   const volatile double *part = duet_part16;
-  double tot = 0, tc = 0;
+  double tot = 0;
   for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];
+  double tc = 0;
   for (unsigned g = 0; g < gridDim.x; g++) tc += part[gridDim.x + g];
   out[0] = (float)tc;
   out[1] = (float)tot;

@@ -280,9 +280,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k11(duet_args t, const d
   if (!last || threadIdx.x != 0) return;
   __threadfence();
   const volatile double *part = duet_part11;
-  double tot = 0, tc = 0;
+  double tot = 0;
   for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];
-  (void)tc;
   out[0] = (float)(tot / 2048);
   duet_done11 = 0; /* ready for the next launch */
 }
@@ -483,7 +482,6 @@ extern "C" __global__ void __launch_bounds__(128) duet_k22(duet_args t, const do
   const float scale = (float)0x1p-3;
   extern __shared__ double duet_smem[];
   float *p = (float *)duet_smem;
-  __shared__ float red[32];
   float *ds = p + 128;
   float *stats = out + 1572864; /* [batch * heads * time][3]: max, 1 / sum, sum p dp */
   const duet_i64 rw = blockIdx.x % 128, bh = blockIdx.x / 128;
@@ -887,8 +885,9 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k36(duet_args t, const d
   if (!last || threadIdx.x != 0) return;
   __threadfence();
   const volatile double *part = duet_part36;
-  double tot = 0, tc = 0;
+  double tot = 0;
   for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];
+  double tc = 0;
   for (unsigned g = 0; g < gridDim.x; g++) tc += part[gridDim.x + g];
   out[0] = (float)tc;
   out[1] = (float)tot;

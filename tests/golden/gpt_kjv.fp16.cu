@@ -389,7 +389,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, const do
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   duet_u16 *b2 = (duet_u16 *)t.p[2];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 1048576; p += (int)blockDim.x * gridDim.x) {
-    const int i0 = 2 * p, i1 = 2 * p + 1;
     const duet_u32 w0 = ((const duet_u32 *)(b0 + 0))[p];
     const duet_u32 h0 = w0;
     const duet_u32 h1 = ((const duet_u32 *)(b1 + 0))[p % 512];
@@ -405,7 +404,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, const do
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 1048576; p += (int)blockDim.x * gridDim.x) {
-    const int i0 = 2 * p, i1 = 2 * p + 1;
     const duet_u32 w0 = ((const duet_u32 *)(b0 + 0))[p];
     const float r0_0 = duet_f32_from_f16((duet_u16)(w0 >> 0));
     const float r1_0 = (float)0.5 * r0_0 * (1 + tanhf((float)0.7978845608028654 * (r0_0 + (float)0.044715 * r0_0 * r0_0 * r0_0)));
@@ -465,9 +463,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k17(duet_args t, const d
   if (!last || threadIdx.x != 0) return;
   __threadfence();
   const volatile double *part = duet_part17;
-  double tot = 0, tc = 0;
+  double tot = 0;
   for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];
-  (void)tc;
   out[0] = (float)(tot / 2048);
   duet_done17 = 0; /* ready for the next launch */
 }
@@ -584,7 +581,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, const do
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   duet_u16 *b2 = (duet_u16 *)t.p[2];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 1048576; p += (int)blockDim.x * gridDim.x) {
-    const int i0 = 2 * p, i1 = 2 * p + 1;
     const duet_u32 w0 = ((const duet_u32 *)(b0 + 0))[p];
     const duet_u32 w1 = ((const duet_u32 *)(b1 + 0))[p];
     const float r0_0 = duet_f32_from_f16((duet_u16)(w0 >> 0));
@@ -695,7 +691,6 @@ extern "C" __global__ void __launch_bounds__(128) duet_k29(duet_args t, const do
   const float scale = (float)0x1p-3;
   extern __shared__ double duet_smem[];
   float *p = (float *)duet_smem;
-  __shared__ float red[32];
   float *ds = p + 128;
   float *stats = out + 1572864; /* [batch * heads * time][3]: max, 1 / sum, sum p dp */
   const duet_i64 rw = blockIdx.x % 128, bh = blockIdx.x / 128;
@@ -765,7 +760,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, const do
   const duet_u16 *b2 = (const duet_u16 *)t.p[2];
   duet_u16 *b3 = (duet_u16 *)t.p[3];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 262144; p += (int)blockDim.x * gridDim.x) {
-    const int i0 = 2 * p, i1 = 2 * p + 1;
     const duet_u32 w0 = ((const duet_u32 *)(b0 + 0))[p];
     const duet_u32 w1 = ((const duet_u32 *)(b1 + 0))[p];
     const duet_u32 w2 = ((const duet_u32 *)(b2 + 0))[p];
@@ -889,8 +883,9 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k38(duet_args t, const d
   if (!last || threadIdx.x != 0) return;
   __threadfence();
   const volatile double *part = duet_part38;
-  double tot = 0, tc = 0;
+  double tot = 0;
   for (unsigned g = 0; g < gridDim.x; g++) tot += part[g];
+  double tc = 0;
   for (unsigned g = 0; g < gridDim.x; g++) tc += part[gridDim.x + g];
   out[0] = (float)tc;
   out[1] = (float)tot;
