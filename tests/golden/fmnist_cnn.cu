@@ -55,6 +55,7 @@ __device__ __forceinline__ int duet_dropout_keep(duet_u64 seed, duet_u64 site, d
 }
 
 typedef struct { void *p[40]; } duet_args; /* a kernel's tensors, by value */
+typedef struct { double v[17]; } duet_scalars; /* the runtime scalars, by value */
 
 extern "C" __global__ void duet_accumulate_f32(float *a, const float *b, duet_i64 n, int first) {
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < n; i += (duet_i64)blockDim.x * gridDim.x)
@@ -67,7 +68,8 @@ extern "C" __global__ void duet_accumulate_f64(double *a, const double *b, duet_
 }
 
 /* elementwise: grid 392, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -78,7 +80,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, const dou
 }
 
 /* im2col: grid 3528, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_i64 N_ = 128, C_ = 1, H_ = 28, W_ = 28, OH = 28, OW = 28;
   const duet_i64 KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1;
@@ -96,7 +99,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, const dou
 }
 
 /* elementwise: grid 2, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -107,7 +111,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, const dou
 }
 
 /* elementwise: grid 12544, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -118,7 +123,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const dou
 }
 
 /* elementwise: grid 12544, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -129,7 +135,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, const dou
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -140,7 +147,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, const dou
 }
 
 /* elementwise: grid 12544, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -155,7 +163,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, const dou
 }
 
 /* maxpool: grid 3136, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_i64 N_ = 128, C_ = 32, H_ = 28, W_ = 28, OH = 14, OW = 14;
   const duet_i64 KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1;
@@ -182,7 +191,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, const dou
 }
 
 /* im2col: grid 28224, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_i64 N_ = 128, C_ = 32, H_ = 14, W_ = 14, OH = 14, OW = 14;
   const duet_i64 KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1;
@@ -200,7 +210,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, const dou
 }
 
 /* elementwise: grid 72, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -211,7 +222,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, const dou
 }
 
 /* elementwise: grid 6272, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -222,7 +234,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, const do
 }
 
 /* elementwise: grid 6272, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -233,7 +246,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, const do
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -244,7 +258,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, const do
 }
 
 /* elementwise: grid 6272, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -259,7 +274,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, const do
 }
 
 /* maxpool: grid 1568, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_i64 N_ = 128, C_ = 64, H_ = 14, W_ = 14, OH = 7, OW = 7;
   const duet_i64 KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1;
@@ -286,7 +302,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, const do
 }
 
 /* elementwise: grid 1568, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -297,7 +314,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, const do
 }
 
 /* elementwise: grid 64, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -312,7 +330,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, const do
 }
 
 /* elementwise: grid 5, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -328,7 +347,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, const do
 /* xent_fwd: grid 4, block 1024, dynamic shared 0 bytes */
 __device__ double duet_part18[8];
 __device__ unsigned int duet_done18;
-extern "C" __global__ void __launch_bounds__(1024) duet_k18(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(1024) duet_k18(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -367,7 +387,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k18(duet_args t, const d
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1; i += (int)blockDim.x * gridDim.x) {
@@ -377,7 +398,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, const do
 }
 
 /* xent_bwd: grid 128, block 32, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(32) duet_k20(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(32) duet_k20(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -400,7 +422,8 @@ extern "C" __global__ void __launch_bounds__(32) duet_k20(duet_args t, const dou
 }
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -413,7 +436,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, const do
 }
 
 /* elementwise: grid 64, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -427,7 +451,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, const do
 }
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -440,7 +465,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, const do
 }
 
 /* maxpool_grad: grid 6272, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_i64 N_ = 128, C_ = 64, H_ = 14, W_ = 14, OH = 7, OW = 7;
   const duet_i64 KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1;
@@ -481,7 +507,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, const do
 }
 
 /* elementwise: grid 6272, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -495,7 +522,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, const do
 }
 
 /* reduce: grid 8192, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -509,7 +537,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, const do
 }
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -522,7 +551,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, const do
 }
 
 /* elementwise: grid 6272, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k28(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k28(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -533,7 +563,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k28(duet_args t, const do
 }
 
 /* col2im: grid 3136, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k29(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k29(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_i64 N_ = 128, C_ = 32, H_ = 14, W_ = 14, OH = 14, OW = 14;
   const duet_i64 KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1;
@@ -561,7 +592,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k29(duet_args t, const do
 }
 
 /* maxpool_grad: grid 12544, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_i64 N_ = 128, C_ = 32, H_ = 28, W_ = 28, OH = 14, OW = 14;
   const duet_i64 KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1;
@@ -602,7 +634,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, const do
 }
 
 /* elementwise: grid 12544, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -616,7 +649,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, const do
 }
 
 /* reduce: grid 4096, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -630,7 +664,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, const do
 }
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -643,7 +678,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, const do
 }
 
 /* elementwise: grid 12544, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -654,7 +690,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, const do
 }
 
 /* elementwise: grid 2, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -700,7 +737,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, const do
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -746,7 +784,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, const do
 }
 
 /* elementwise: grid 72, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -792,7 +831,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, const do
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k38(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k38(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -838,7 +878,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k38(duet_args t, const do
 }
 
 /* elementwise: grid 1568, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -884,7 +925,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, const do
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -930,7 +972,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, const do
 }
 
 /* elementwise: grid 5, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -976,7 +1019,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, const do
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -1024,7 +1068,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, const do
 /* eval_metrics: grid 4, block 1024, dynamic shared 0 bytes */
 __device__ double duet_part43[8];
 __device__ unsigned int duet_done43;
-extern "C" __global__ void __launch_bounds__(1024) duet_k43(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(1024) duet_k43(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];

@@ -55,6 +55,7 @@ __device__ __forceinline__ int duet_dropout_keep(duet_u64 seed, duet_u64 site, d
 }
 
 typedef struct { void *p[40]; } duet_args; /* a kernel's tensors, by value */
+typedef struct { double v[17]; } duet_scalars; /* the runtime scalars, by value */
 
 extern "C" __global__ void duet_accumulate_f32(float *a, const float *b, duet_i64 n, int first) {
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < n; i += (duet_i64)blockDim.x * gridDim.x)
@@ -67,7 +68,8 @@ extern "C" __global__ void duet_accumulate_f64(double *a, const double *b, duet_
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -82,7 +84,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, const dou
 }
 
 /* elementwise: grid 10, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -98,7 +101,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, const dou
 /* xent_fwd: grid 8, block 1024, dynamic shared 0 bytes */
 __device__ double duet_part2[16];
 __device__ unsigned int duet_done2;
-extern "C" __global__ void __launch_bounds__(1024) duet_k2(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(1024) duet_k2(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -137,7 +141,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k2(duet_args t, const do
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1; i += (int)blockDim.x * gridDim.x) {
@@ -147,7 +152,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const dou
 }
 
 /* xent_bwd: grid 256, block 32, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(32) duet_k4(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(32) duet_k4(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -170,7 +176,8 @@ extern "C" __global__ void __launch_bounds__(32) duet_k4(duet_args t, const doub
 }
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -183,7 +190,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, const dou
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -197,7 +205,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, const dou
 }
 
 /* reduce: grid 4, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -210,7 +219,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, const dou
 }
 
 /* elementwise: grid 3136, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -256,7 +266,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, const dou
 }
 
 /* elementwise: grid 4, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -302,7 +313,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, const dou
 }
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -348,7 +360,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, const do
 }
 
 /* elementwise: grid 40, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -394,7 +407,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, const do
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -442,7 +456,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, const do
 /* eval_metrics: grid 8, block 1024, dynamic shared 0 bytes */
 __device__ double duet_part13[16];
 __device__ unsigned int duet_done13;
-extern "C" __global__ void __launch_bounds__(1024) duet_k13(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(1024) duet_k13(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];

@@ -55,6 +55,7 @@ __device__ __forceinline__ int duet_dropout_keep(duet_u64 seed, duet_u64 site, d
 }
 
 typedef struct { void *p[40]; } duet_args; /* a kernel's tensors, by value */
+typedef struct { double v[17]; } duet_scalars; /* the runtime scalars, by value */
 
 extern "C" __global__ void duet_accumulate_f32(float *a, const float *b, duet_i64 n, int first) {
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < n; i += (duet_i64)blockDim.x * gridDim.x)
@@ -146,7 +147,8 @@ __device__ __forceinline__ duet_u32 duet_h2relu(duet_u32 x) { return x & ~duet_h
 __device__ __forceinline__ duet_u32 duet_h2relu_grad(duet_u32 dy, duet_u32 x) { return dy & duet_h2sgn(x, 0u); }
 
 /* elementwise: grid 392, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -159,7 +161,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, const dou
 }
 
 /* elementwise: grid 1568, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -172,7 +175,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, const dou
 }
 
 /* elementwise: grid 2, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -185,7 +189,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, const dou
 }
 
 /* elementwise, half2 arithmetic: grid 512, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -203,7 +208,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const dou
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -216,7 +222,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, const dou
 }
 
 /* elementwise: grid 20, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -229,7 +236,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, const dou
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -242,7 +250,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, const dou
 }
 
 /* elementwise, half2 arithmetic: grid 5, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -263,7 +272,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, const dou
 /* xent_fwd: grid 8, block 1024, dynamic shared 0 bytes */
 __device__ double duet_part8[16];
 __device__ unsigned int duet_done8;
-extern "C" __global__ void __launch_bounds__(1024) duet_k8(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(1024) duet_k8(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -302,7 +312,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k8(duet_args t, const do
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float s0 = (float)s[15];
@@ -313,7 +324,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, const dou
 }
 
 /* xent_bwd: grid 256, block 32, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(32) duet_k10(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(32) duet_k10(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -336,7 +348,8 @@ extern "C" __global__ void __launch_bounds__(32) duet_k10(duet_args t, const dou
 }
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -349,7 +362,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, const do
 }
 
 /* elementwise: grid 5, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -362,7 +376,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, const do
 }
 
 /* elementwise, half2: grid 512, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -379,7 +394,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, const do
 }
 
 /* elementwise: grid 512, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -394,7 +410,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, const do
 }
 
 /* reduce: grid 4, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -409,7 +426,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, const do
 /* eval_metrics: grid 8, block 1024, dynamic shared 0 bytes */
 __device__ double duet_part16[16];
 __device__ unsigned int duet_done16;
-extern "C" __global__ void __launch_bounds__(1024) duet_k16(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(1024) duet_k16(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -458,7 +476,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k16(duet_args t, const d
 /* unscale: grid 3136, block 256, dynamic shared 0 bytes */
 __device__ int duet_flag17;
 __device__ unsigned int duet_done17;
-extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *x = (const duet_u16 *)t.p[0];
   float *y = (float *)t.p[1];
@@ -487,7 +506,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, const do
 /* unscale: grid 4, block 256, dynamic shared 0 bytes */
 __device__ int duet_flag18;
 __device__ unsigned int duet_done18;
-extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -516,7 +536,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, const do
 /* unscale: grid 4096, block 256, dynamic shared 0 bytes */
 __device__ int duet_flag19;
 __device__ unsigned int duet_done19;
-extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *x = (const duet_u16 *)t.p[0];
   float *y = (float *)t.p[1];
@@ -545,7 +566,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, const do
 /* unscale: grid 40, block 256, dynamic shared 0 bytes */
 __device__ int duet_flag20;
 __device__ unsigned int duet_done20;
-extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *x = (const duet_u16 *)t.p[0];
   float *y = (float *)t.p[1];
@@ -574,7 +596,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, const do
 /* unscale: grid 1, block 256, dynamic shared 0 bytes */
 __device__ int duet_flag21;
 __device__ unsigned int duet_done21;
-extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -601,7 +624,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, const do
 }
 
 /* elementwise: grid 3136, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -647,7 +671,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, const do
 }
 
 /* elementwise: grid 4, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -693,7 +718,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, const do
 }
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -739,7 +765,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, const do
 }
 
 /* elementwise: grid 40, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -785,7 +812,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, const do
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];

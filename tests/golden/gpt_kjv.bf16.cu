@@ -55,6 +55,7 @@ __device__ __forceinline__ int duet_dropout_keep(duet_u64 seed, duet_u64 site, d
 }
 
 typedef struct { void *p[40]; } duet_args; /* a kernel's tensors, by value */
+typedef struct { double v[17]; } duet_scalars; /* the runtime scalars, by value */
 
 extern "C" __global__ void duet_accumulate_f32(float *a, const float *b, duet_i64 n, int first) {
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < n; i += (duet_i64)blockDim.x * gridDim.x)
@@ -91,7 +92,8 @@ __device__ __forceinline__ duet_u16 duet_bf16_from_f32(float f) {
 __device__ __forceinline__ float duet_f32_from_bf16(duet_u16 h) { return __uint_as_float((duet_u32)h << 16); }
 
 /* embed_fwd: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *tab = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
@@ -104,7 +106,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, const dou
 }
 
 /* positions: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   duet_i32 *out = (duet_i32 *)t.p[1];
   const duet_i32 base = (duet_i32)s[12];
@@ -114,7 +117,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, const dou
 }
 
 /* embed_fwd: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *tab = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
@@ -127,7 +131,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, const dou
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -141,7 +146,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const dou
 }
 
 /* norm_fwd: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -160,7 +166,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, const dou
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -183,7 +190,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, const dou
 }
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -196,7 +204,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, const dou
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -209,7 +218,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, const dou
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -231,7 +241,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, const dou
 }
 
 /* attn_fwd: grid 8192, block 128, dynamic shared 512 bytes */
-extern "C" __global__ void __launch_bounds__(128) duet_k9(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(128) duet_k9(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *q = (const float *)t.p[0];
   const float *k = (const float *)t.p[1];
@@ -267,7 +278,8 @@ extern "C" __global__ void __launch_bounds__(128) duet_k9(duet_args t, const dou
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -280,7 +292,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, const do
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -309,7 +322,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, const do
 }
 
 /* elementwise: grid 512, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -322,7 +336,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, const do
 }
 
 /* elementwise: grid 2, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -335,7 +350,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, const do
 }
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -354,7 +370,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, const do
 }
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -369,7 +386,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, const do
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -386,7 +404,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, const do
 /* xent_fwd: grid 64, block 1024, dynamic shared 0 bytes */
 __device__ double duet_part17[128];
 __device__ unsigned int duet_done17;
-extern "C" __global__ void __launch_bounds__(1024) duet_k17(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(1024) duet_k17(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -425,7 +444,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k17(duet_args t, const d
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1; i += (int)blockDim.x * gridDim.x) {
@@ -435,7 +455,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, const do
 }
 
 /* xent_bwd: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -458,7 +479,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, const do
 }
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -471,7 +493,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -485,7 +508,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, const do
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -507,7 +531,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, const do
 }
 
 /* norm_bwd: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[1];
   const float *dy = (const float *)t.p[0];
@@ -532,7 +557,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, const do
 }
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -551,7 +577,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, const do
 }
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -566,7 +593,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, const do
 }
 
 /* reduce: grid 4, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -579,7 +607,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -593,7 +622,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, const do
 }
 
 /* attn_bwd: grid 8192, block 128, dynamic shared 1024 bytes */
-extern "C" __global__ void __launch_bounds__(128) duet_k28(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(128) duet_k28(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *dy = (const float *)t.p[0];
   const float *q = (const float *)t.p[1];
@@ -638,7 +668,8 @@ extern "C" __global__ void __launch_bounds__(128) duet_k28(duet_args t, const do
 }
 
 /* attn_bwd_kv: grid 8192, block 128, dynamic shared 1024 bytes */
-extern "C" __global__ void __launch_bounds__(128) duet_k29(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(128) duet_k29(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *dy = (const float *)t.p[0];
   const float *q = (const float *)t.p[1];
@@ -677,7 +708,8 @@ extern "C" __global__ void __launch_bounds__(128) duet_k29(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -688,7 +720,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -699,7 +732,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -710,7 +744,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, const do
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -737,7 +772,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, const do
 }
 
 /* reduce: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -750,7 +786,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, const do
 }
 
 /* embed_bwd: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
@@ -767,7 +804,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, const do
 }
 
 /* embed_bwd: grid 256, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
@@ -784,7 +822,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, const do
 }
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -808,7 +847,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, const do
 /* eval_metrics: grid 64, block 1024, dynamic shared 0 bytes */
 __device__ double duet_part38[128];
 __device__ unsigned int duet_done38;
-extern "C" __global__ void __launch_bounds__(1024) duet_k38(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(1024) duet_k38(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -855,7 +895,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k38(duet_args t, const d
 }
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -870,7 +911,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, const do
 }
 
 /* elementwise: grid 512, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -885,7 +927,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, const do
 }
 
 /* elementwise: grid 256, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -931,7 +974,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, const do
 }
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -977,7 +1021,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, const do
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k43(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k43(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -1020,7 +1065,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k43(duet_args t, const do
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k44(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k44(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -1066,7 +1112,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k44(duet_args t, const do
 }
 
 /* elementwise: grid 4, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k45(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k45(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];

@@ -55,6 +55,7 @@ __device__ __forceinline__ int duet_dropout_keep(duet_u64 seed, duet_u64 site, d
 }
 
 typedef struct { void *p[40]; } duet_args; /* a kernel's tensors, by value */
+typedef struct { double v[17]; } duet_scalars; /* the runtime scalars, by value */
 
 extern "C" __global__ void duet_accumulate_f32(float *a, const float *b, duet_i64 n, int first) {
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < n; i += (duet_i64)blockDim.x * gridDim.x)
@@ -67,7 +68,8 @@ extern "C" __global__ void duet_accumulate_f64(double *a, const double *b, duet_
 }
 
 /* embed_fwd: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *tab = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
@@ -80,7 +82,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, const dou
 }
 
 /* positions: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   duet_i32 *out = (duet_i32 *)t.p[1];
   const duet_i32 base = (duet_i32)s[12];
@@ -90,7 +93,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, const dou
 }
 
 /* embed_fwd: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *tab = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
@@ -103,7 +107,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, const dou
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -117,7 +122,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const dou
 }
 
 /* norm_fwd: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -136,7 +142,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, const dou
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -153,7 +160,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, const dou
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -167,7 +175,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, const dou
 }
 
 /* attn_fwd: grid 8192, block 128, dynamic shared 512 bytes */
-extern "C" __global__ void __launch_bounds__(128) duet_k7(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(128) duet_k7(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *q = (const float *)t.p[0];
   const float *k = (const float *)t.p[1];
@@ -203,7 +212,8 @@ extern "C" __global__ void __launch_bounds__(128) duet_k7(duet_args t, const dou
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -220,7 +230,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, const dou
 }
 
 /* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -234,7 +245,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, const dou
 }
 
 /* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -248,7 +260,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, const do
 /* xent_fwd: grid 64, block 1024, dynamic shared 0 bytes */
 __device__ double duet_part11[128];
 __device__ unsigned int duet_done11;
-extern "C" __global__ void __launch_bounds__(1024) duet_k11(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(1024) duet_k11(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -287,7 +300,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k11(duet_args t, const d
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1; i += (int)blockDim.x * gridDim.x) {
@@ -297,7 +311,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, const do
 }
 
 /* xent_bwd: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -320,7 +335,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, const do
 }
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -333,7 +349,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -347,7 +364,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -361,7 +379,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, const do
 }
 
 /* norm_bwd: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[1];
   const float *dy = (const float *)t.p[0];
@@ -386,7 +405,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, const do
 }
 
 /* elementwise: grid 8192, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -400,7 +420,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, const do
 }
 
 /* reduce: grid 4, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -413,7 +434,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -427,7 +449,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, const do
 }
 
 /* attn_bwd: grid 8192, block 128, dynamic shared 1024 bytes */
-extern "C" __global__ void __launch_bounds__(128) duet_k21(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(128) duet_k21(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *dy = (const float *)t.p[0];
   const float *q = (const float *)t.p[1];
@@ -472,7 +495,8 @@ extern "C" __global__ void __launch_bounds__(128) duet_k21(duet_args t, const do
 }
 
 /* attn_bwd_kv: grid 8192, block 128, dynamic shared 1024 bytes */
-extern "C" __global__ void __launch_bounds__(128) duet_k22(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(128) duet_k22(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *dy = (const float *)t.p[0];
   const float *q = (const float *)t.p[1];
@@ -511,7 +535,8 @@ extern "C" __global__ void __launch_bounds__(128) duet_k22(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -522,7 +547,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -533,7 +559,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -544,7 +571,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -561,7 +589,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, const do
 }
 
 /* reduce: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -574,7 +603,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, const do
 }
 
 /* embed_bwd: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k28(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k28(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
@@ -591,7 +621,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k28(duet_args t, const do
 }
 
 /* embed_bwd: grid 256, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k29(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k29(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
@@ -608,7 +639,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k29(duet_args t, const do
 }
 
 /* elementwise: grid 256, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -622,7 +654,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, const do
 }
 
 /* elementwise: grid 256, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -668,7 +701,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, const do
 }
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -714,7 +748,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, const do
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -757,7 +792,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, const do
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -803,7 +839,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, const do
 }
 
 /* elementwise: grid 4, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -848,7 +885,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, const do
 /* eval_metrics: grid 64, block 1024, dynamic shared 0 bytes */
 __device__ double duet_part36[128];
 __device__ unsigned int duet_done36;
-extern "C" __global__ void __launch_bounds__(1024) duet_k36(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(1024) duet_k36(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];

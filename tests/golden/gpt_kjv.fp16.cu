@@ -55,6 +55,7 @@ __device__ __forceinline__ int duet_dropout_keep(duet_u64 seed, duet_u64 site, d
 }
 
 typedef struct { void *p[40]; } duet_args; /* a kernel's tensors, by value */
+typedef struct { double v[17]; } duet_scalars; /* the runtime scalars, by value */
 
 extern "C" __global__ void duet_accumulate_f32(float *a, const float *b, duet_i64 n, int first) {
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < n; i += (duet_i64)blockDim.x * gridDim.x)
@@ -146,7 +147,8 @@ __device__ __forceinline__ duet_u32 duet_h2relu(duet_u32 x) { return x & ~duet_h
 __device__ __forceinline__ duet_u32 duet_h2relu_grad(duet_u32 dy, duet_u32 x) { return dy & duet_h2sgn(x, 0u); }
 
 /* embed_fwd: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *tab = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
@@ -159,7 +161,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, const dou
 }
 
 /* positions: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   duet_i32 *out = (duet_i32 *)t.p[1];
   const duet_i32 base = (duet_i32)s[12];
@@ -169,7 +172,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, const dou
 }
 
 /* embed_fwd: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *tab = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
@@ -182,7 +186,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, const dou
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -196,7 +201,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, const dou
 }
 
 /* norm_fwd: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -215,7 +221,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, const dou
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -238,7 +245,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, const dou
 }
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -251,7 +259,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, const dou
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -264,7 +273,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, const dou
 }
 
 /* elementwise, half2 arithmetic: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -283,7 +293,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, const dou
 }
 
 /* attn_fwd: grid 8192, block 128, dynamic shared 512 bytes */
-extern "C" __global__ void __launch_bounds__(128) duet_k9(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(128) duet_k9(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *q = (const float *)t.p[0];
   const float *k = (const float *)t.p[1];
@@ -319,7 +330,8 @@ extern "C" __global__ void __launch_bounds__(128) duet_k9(duet_args t, const dou
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -332,7 +344,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, const do
 }
 
 /* elementwise, half2 arithmetic: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -357,7 +370,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, const do
 }
 
 /* elementwise: grid 512, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -370,7 +384,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, const do
 }
 
 /* elementwise: grid 2, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -383,7 +398,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, const do
 }
 
 /* elementwise, half2 arithmetic: grid 4096, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -399,7 +415,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, const do
 }
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
@@ -414,7 +431,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, const do
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -431,7 +449,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, const do
 /* xent_fwd: grid 64, block 1024, dynamic shared 0 bytes */
 __device__ double duet_part17[128];
 __device__ unsigned int duet_done17;
-extern "C" __global__ void __launch_bounds__(1024) duet_k17(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(1024) duet_k17(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -470,7 +489,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k17(duet_args t, const d
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float s0 = (float)s[15];
@@ -481,7 +501,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, const do
 }
 
 /* xent_bwd: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -504,7 +525,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, const do
 }
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -517,7 +539,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -531,7 +554,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, const do
 }
 
 /* elementwise, half2 arithmetic: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -550,7 +574,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, const do
 }
 
 /* norm_bwd: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[1];
   const float *dy = (const float *)t.p[0];
@@ -575,7 +600,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, const do
 }
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -594,7 +620,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, const do
 }
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -609,7 +636,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, const do
 }
 
 /* reduce: grid 4, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -622,7 +650,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -636,7 +665,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, const do
 }
 
 /* attn_bwd: grid 8192, block 128, dynamic shared 1024 bytes */
-extern "C" __global__ void __launch_bounds__(128) duet_k28(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(128) duet_k28(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *dy = (const float *)t.p[0];
   const float *q = (const float *)t.p[1];
@@ -681,7 +711,8 @@ extern "C" __global__ void __launch_bounds__(128) duet_k28(duet_args t, const do
 }
 
 /* attn_bwd_kv: grid 8192, block 128, dynamic shared 1024 bytes */
-extern "C" __global__ void __launch_bounds__(128) duet_k29(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(128) duet_k29(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *dy = (const float *)t.p[0];
   const float *q = (const float *)t.p[1];
@@ -720,7 +751,8 @@ extern "C" __global__ void __launch_bounds__(128) duet_k29(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -731,7 +763,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -742,7 +775,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, const do
 }
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
@@ -753,7 +787,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, const do
 }
 
 /* elementwise, half2 arithmetic: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
@@ -775,7 +810,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, const do
 }
 
 /* reduce: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -788,7 +824,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, const do
 }
 
 /* embed_bwd: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
@@ -805,7 +842,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, const do
 }
 
 /* embed_bwd: grid 256, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
@@ -822,7 +860,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, const do
 }
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -846,7 +885,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, const do
 /* eval_metrics: grid 64, block 1024, dynamic shared 0 bytes */
 __device__ double duet_part38[128];
 __device__ unsigned int duet_done38;
-extern "C" __global__ void __launch_bounds__(1024) duet_k38(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(1024) duet_k38(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
@@ -895,7 +935,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k38(duet_args t, const d
 /* unscale: grid 256, block 256, dynamic shared 0 bytes */
 __device__ int duet_flag39;
 __device__ unsigned int duet_done39;
-extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -924,7 +965,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, const do
 /* unscale: grid 128, block 256, dynamic shared 0 bytes */
 __device__ int duet_flag40;
 __device__ unsigned int duet_done40;
-extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -953,7 +995,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, const do
 /* unscale: grid 1, block 256, dynamic shared 0 bytes */
 __device__ int duet_flag41;
 __device__ unsigned int duet_done41;
-extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -982,7 +1025,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, const do
 /* unscale: grid 256, block 256, dynamic shared 0 bytes */
 __device__ int duet_flag42;
 __device__ unsigned int duet_done42;
-extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *x = (const duet_u16 *)t.p[0];
   float *y = (float *)t.p[1];
@@ -1011,7 +1055,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, const do
 /* unscale: grid 1024, block 256, dynamic shared 0 bytes */
 __device__ int duet_flag43;
 __device__ unsigned int duet_done43;
-extern "C" __global__ void __launch_bounds__(256) duet_k43(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k43(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const duet_u16 *x = (const duet_u16 *)t.p[0];
   float *y = (float *)t.p[1];
@@ -1040,7 +1085,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k43(duet_args t, const do
 /* unscale: grid 4, block 256, dynamic shared 0 bytes */
 __device__ int duet_flag44;
 __device__ unsigned int duet_done44;
-extern "C" __global__ void __launch_bounds__(256) duet_k44(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k44(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
@@ -1067,7 +1113,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k44(duet_args t, const do
 }
 
 /* elementwise: grid 256, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k45(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k45(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -1113,7 +1160,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k45(duet_args t, const do
 }
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k46(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k46(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -1159,7 +1207,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k46(duet_args t, const do
 }
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k47(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k47(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -1202,7 +1251,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k47(duet_args t, const do
 }
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k48(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k48(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
@@ -1248,7 +1298,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k48(duet_args t, const do
 }
 
 /* elementwise: grid 4, block 256, dynamic shared 0 bytes */
-extern "C" __global__ void __launch_bounds__(256) duet_k49(duet_args t, const double *s) {
+extern "C" __global__ void __launch_bounds__(256) duet_k49(duet_args t, duet_scalars sv) {
+  const double *s = sv.v;
   (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
