@@ -3,7 +3,7 @@
  *
  * Every function is `extern "C" __global__ void duet_k<f>(duet_args t,
  * duet_scalars sv)`: t.p[j] is the kernel's argument j (a tensor's
- * address), sv.v the runtime scalars (DUET_S_*, read through `s`), both
+ * address), sv.v the runtime scalars (DUET_S_*), both
  * passed by value: cuLaunchKernel copies parameters at the launch, so a
  * queued kernel keeps the scalars of its launch while the host changes
  * them for the next micro-batch (a copy from pageable host memory to a
@@ -588,10 +588,10 @@ static void emit_elementwise(Buf *b, const Kernel *k, const DuetLaunch *l, const
     bprintf(b, "  %s%s *b%d = (%s%s *)t.p[%d];\n", stored[i] ? "" : "const ", cutype(k->bufs[i].dtype), i,
             stored[i] ? "" : "const ", cutype(k->bufs[i].dtype), i);
   for (int i = 0; i < k->n_ins; i++)
-    if (k->ins[i].op == KI_SCALAR) bprintf(b, "  const %s s%d = (%s)s[%d];\n", T, i, T, k->ins[i].a);
+    if (k->ins[i].op == KI_SCALAR) bprintf(b, "  const %s s%d = (%s)sv.v[%d];\n", T, i, T, k->ins[i].a);
   for (int i = 0; i < k->n_ins; i++)
     if (k->ins[i].op == KI_DROPOUT) {
-      bprintf(b, "  const int training = s[%d] != 0;\n  const duet_u64 drop_seed = (duet_u64)s[%d];\n",
+      bprintf(b, "  const int training = sv.v[%d] != 0;\n  const duet_u64 drop_seed = (duet_u64)sv.v[%d];\n",
               DUET_S_TRAINING, DUET_S_DROP_SEED);
       break;
     }
@@ -652,7 +652,7 @@ static void emit_unscale(Buf *b, const Kernel *k) {
   const char *G = cutype(g->dtype);
   bprintf(b, "  const %s *x = (const %s *)t.p[0];\n  float *y = (float *)t.p[1];\n", G, G);
   bprintf(b, "  duet_i32 *overflow = (duet_i32 *)t.p[2]; /* this param's flag */\n");
-  bprintf(b, "  const float inv = (float)s[%d];\n  __shared__ int last;\n  int bad = 0;\n", DUET_S_INV_LOSS_SCALE);
+  bprintf(b, "  const float inv = (float)sv.v[%d];\n  __shared__ int last;\n  int bad = 0;\n", DUET_S_INV_LOSS_SCALE);
   GRID_LOOP(b, "i", k->n);
   bprintf(b, "    const float v = %s%sx[i]%s * inv;\n", load_fn(g->dtype), is16(g->dtype) ? "(" : "",
           is16(g->dtype) ? ")" : "");
@@ -739,7 +739,7 @@ static void emit_rows(Buf *b, const Kernel *k) {
   bool metrics = k->kind == KK_EVAL_METRICS;
   bprintf(b, "  %s *out = (%s *)t.p[%d];\n", T, T, 2);
   bprintf(b, "  __shared__ double red[32];\n  __shared__ int last;\n");
-  if (metrics) bprintf(b, "  duet_i64 nv = (duet_i64)s[%d];\n  if (nv > " D64 ") nv = " D64 ";\n", DUET_S_N_VALID, R, R);
+  if (metrics) bprintf(b, "  duet_i64 nv = (duet_i64)sv.v[%d];\n  if (nv > " D64 ") nv = " D64 ";\n", DUET_S_N_VALID, R, R);
   else bprintf(b, "  const duet_i64 nv = " D64 ";\n", R);
   bprintf(b, "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;\n");
   bprintf(b, metrics ? "  double nll = 0, correct = 0;\n" : "  double nll = 0;\n");
@@ -962,7 +962,7 @@ static void emit_attn_decode(Buf *b, const Kernel *k) {
   bprintf(b, "  %s%s *kc = (%s%s *)t.p[%d];\n", BUF(3, ""));
   bprintf(b, "  %s%s *vc = (%s%s *)t.p[%d];\n", BUF(4, ""));
   bprintf(b, "  %s%s *out = (%s%s *)t.p[%d];\n", BUF(5, ""));
-  bprintf(b, "  const duet_i64 pos = (duet_i64)s[%d];\n  if (pos < 0 || pos >= " D64 ") return;\n", DUET_S_POS, N);
+  bprintf(b, "  const duet_i64 pos = (duet_i64)sv.v[%d];\n  if (pos < 0 || pos >= " D64 ") return;\n", DUET_S_POS, N);
   bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
   bprintf(b, "  extern __shared__ double duet_smem[];\n  %s *p = (%s *)duet_smem;\n", T, T);
   bprintf(b, "  __shared__ %s red[32];\n", T);
@@ -1004,7 +1004,7 @@ static void emit_transpose(Buf *b, const Kernel *k) {
 
 static void emit_positions(Buf *b, const Kernel *k) {
   bprintf(b, "  duet_i32 *out = (duet_i32 *)t.p[%d];\n", 1);
-  bprintf(b, "  const duet_i32 base = (duet_i32)s[%d];\n", DUET_S_POS);
+  bprintf(b, "  const duet_i32 base = (duet_i32)sv.v[%d];\n", DUET_S_POS);
   GRID_LOOP(b, "i", k->rows);
   bprintf(b, "    out[i] = base + (duet_i32)i;\n  }\n");
 }
@@ -1301,7 +1301,6 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
       bprintf(&u, "__device__ int duet_flag" FN ";\n__device__ unsigned int duet_done" FN ";\n");
     bprintf(&u, "extern \"C\" __global__ void __launch_bounds__(%u) duet_k" FN "(duet_args t, duet_scalars sv) {\n",
             l.block);
-    bprintf(&u, "  const double *s = sv.v;\n  (void)s;\n");
     switch (k->kind) {
     case KK_ELEMENTWISE: emit_elementwise(&u, k, &l, &h2); break;
     case KK_REDUCE: case KK_MAX_GRAD: emit_reduce(&u, k); break;

@@ -69,8 +69,6 @@ extern "C" __global__ void duet_accumulate_f64(double *a, const double *b, duet_
 
 /* elementwise: grid 392, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 100352; i += (int)blockDim.x * gridDim.x) {
@@ -81,8 +79,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scal
 
 /* im2col: grid 3528, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_i64 N_ = 128, C_ = 1, H_ = 28, W_ = 28, OH = 28, OW = 28;
   const duet_i64 KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1;
   (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
@@ -100,8 +96,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scal
 
 /* elementwise: grid 2, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 288; i += (int)blockDim.x * gridDim.x) {
@@ -112,8 +106,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scal
 
 /* elementwise: grid 12544, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 3211264; i += (int)blockDim.x * gridDim.x) {
@@ -124,8 +116,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scal
 
 /* elementwise: grid 12544, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 3211264; i += (int)blockDim.x * gridDim.x) {
@@ -136,8 +126,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scal
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 32; i += (int)blockDim.x * gridDim.x) {
@@ -148,8 +136,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scal
 
 /* elementwise: grid 12544, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -164,8 +150,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scal
 
 /* maxpool: grid 3136, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_i64 N_ = 128, C_ = 32, H_ = 28, W_ = 28, OH = 14, OW = 14;
   const duet_i64 KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1;
   (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
@@ -192,8 +176,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, duet_scal
 
 /* im2col: grid 28224, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_i64 N_ = 128, C_ = 32, H_ = 14, W_ = 14, OH = 14, OW = 14;
   const duet_i64 KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1;
   (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
@@ -211,8 +193,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, duet_scal
 
 /* elementwise: grid 72, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 18432; i += (int)blockDim.x * gridDim.x) {
@@ -223,8 +203,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, duet_scal
 
 /* elementwise: grid 6272, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1605632; i += (int)blockDim.x * gridDim.x) {
@@ -235,8 +213,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, duet_sca
 
 /* elementwise: grid 6272, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1605632; i += (int)blockDim.x * gridDim.x) {
@@ -247,8 +223,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_sca
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 64; i += (int)blockDim.x * gridDim.x) {
@@ -259,8 +233,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_sca
 
 /* elementwise: grid 6272, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -275,8 +247,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_sca
 
 /* maxpool: grid 1568, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_i64 N_ = 128, C_ = 64, H_ = 14, W_ = 14, OH = 7, OW = 7;
   const duet_i64 KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1;
   (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
@@ -303,8 +273,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_sca
 
 /* elementwise: grid 1568, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 401408; i += (int)blockDim.x * gridDim.x) {
@@ -315,8 +283,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_sca
 
 /* elementwise: grid 64, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -331,8 +297,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, duet_sca
 
 /* elementwise: grid 5, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -348,8 +312,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, duet_sca
 __device__ double duet_part18[8];
 __device__ unsigned int duet_done18;
 extern "C" __global__ void __launch_bounds__(1024) duet_k18(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -388,8 +350,6 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k18(duet_args t, duet_sc
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1; i += (int)blockDim.x * gridDim.x) {
     const float r0 = (float)0x1p+0;
@@ -399,8 +359,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_sca
 
 /* xent_bwd: grid 128, block 32, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(32) duet_k20(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   const float *dl = (const float *)t.p[2];
@@ -423,8 +381,6 @@ extern "C" __global__ void __launch_bounds__(32) duet_k20(duet_args t, duet_scal
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 10; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -437,8 +393,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, duet_sca
 
 /* elementwise: grid 64, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -452,8 +406,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, duet_sca
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 128; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -466,8 +418,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_sca
 
 /* maxpool_grad: grid 6272, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_i64 N_ = 128, C_ = 64, H_ = 14, W_ = 14, OH = 7, OW = 7;
   const duet_i64 KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1;
   (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
@@ -508,8 +458,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_sca
 
 /* elementwise: grid 6272, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -523,8 +471,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_sca
 
 /* reduce: grid 8192, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   __shared__ float red[32];
@@ -538,8 +484,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_sca
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 64; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -552,8 +496,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_sca
 
 /* elementwise: grid 6272, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k28(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1605632; i += (int)blockDim.x * gridDim.x) {
@@ -564,8 +506,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k28(duet_args t, duet_sca
 
 /* col2im: grid 3136, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k29(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_i64 N_ = 128, C_ = 32, H_ = 14, W_ = 14, OH = 14, OW = 14;
   const duet_i64 KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1;
   (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
@@ -593,8 +533,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k29(duet_args t, duet_sca
 
 /* maxpool_grad: grid 12544, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_i64 N_ = 128, C_ = 32, H_ = 28, W_ = 28, OH = 14, OW = 14;
   const duet_i64 KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1;
   (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
@@ -635,8 +573,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, duet_sca
 
 /* elementwise: grid 12544, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -650,8 +586,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, duet_sca
 
 /* reduce: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   __shared__ float red[32];
@@ -665,8 +599,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, duet_sca
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 32; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -679,8 +611,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, duet_sca
 
 /* elementwise: grid 12544, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 3211264; i += (int)blockDim.x * gridDim.x) {
@@ -691,19 +621,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, duet_sca
 
 /* elementwise: grid 2, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 288; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -738,19 +666,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, duet_sca
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 32; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -785,19 +711,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, duet_sca
 
 /* elementwise: grid 72, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 18432; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -832,19 +756,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, duet_sca
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k38(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 64; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -879,19 +801,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k38(duet_args t, duet_sca
 
 /* elementwise: grid 1568, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 401408; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -926,19 +846,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, duet_sca
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 128; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -973,19 +891,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, duet_sca
 
 /* elementwise: grid 5, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1280; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -1020,19 +936,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, duet_sca
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 10; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -1069,14 +983,12 @@ extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, duet_sca
 __device__ double duet_part43[8];
 __device__ unsigned int duet_done43;
 extern "C" __global__ void __launch_bounds__(1024) duet_k43(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
   __shared__ double red[32];
   __shared__ int last;
-  duet_i64 nv = (duet_i64)s[8];
+  duet_i64 nv = (duet_i64)sv.v[8];
   if (nv > 128) nv = 128;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   double nll = 0, correct = 0;

@@ -148,8 +148,6 @@ __device__ __forceinline__ duet_u32 duet_h2relu_grad(duet_u32 dy, duet_u32 x) { 
 
 /* elementwise: grid 392, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 100352; p += (int)blockDim.x * gridDim.x) {
@@ -162,8 +160,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scal
 
 /* elementwise: grid 1568, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 401408; p += (int)blockDim.x * gridDim.x) {
@@ -176,8 +172,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scal
 
 /* elementwise: grid 2, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 512; p += (int)blockDim.x * gridDim.x) {
@@ -190,8 +184,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scal
 
 /* elementwise, half2 arithmetic: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   duet_u16 *b2 = (duet_u16 *)t.p[2];
@@ -209,8 +201,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scal
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 524288; p += (int)blockDim.x * gridDim.x) {
@@ -223,8 +213,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scal
 
 /* elementwise: grid 20, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 5120; p += (int)blockDim.x * gridDim.x) {
@@ -237,8 +225,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scal
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 5; p += (int)blockDim.x * gridDim.x) {
@@ -251,8 +237,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scal
 
 /* elementwise, half2 arithmetic: grid 5, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -273,8 +257,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, duet_scal
 __device__ double duet_part8[16];
 __device__ unsigned int duet_done8;
 extern "C" __global__ void __launch_bounds__(1024) duet_k8(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -313,10 +295,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k8(duet_args t, duet_sca
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
-  const float s0 = (float)s[15];
+  const float s0 = (float)sv.v[15];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1; i += (int)blockDim.x * gridDim.x) {
     const float r0 = s0;
     b0[0] = r0;
@@ -325,8 +305,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, duet_scal
 
 /* xent_bwd: grid 256, block 32, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(32) duet_k10(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   const float *dl = (const float *)t.p[2];
@@ -349,8 +327,6 @@ extern "C" __global__ void __launch_bounds__(32) duet_k10(duet_args t, duet_scal
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 10; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -363,8 +339,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_sca
 
 /* elementwise: grid 5, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 1280; p += (int)blockDim.x * gridDim.x) {
@@ -377,8 +351,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_sca
 
 /* elementwise, half2: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   duet_u16 *b2 = (duet_u16 *)t.p[2];
@@ -395,8 +367,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_sca
 
 /* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 131072; p += (int)blockDim.x * gridDim.x) {
@@ -411,8 +381,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_sca
 
 /* reduce: grid 4, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 1024; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -427,14 +395,12 @@ extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_sca
 __device__ double duet_part16[16];
 __device__ unsigned int duet_done16;
 extern "C" __global__ void __launch_bounds__(1024) duet_k16(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
   __shared__ double red[32];
   __shared__ int last;
-  duet_i64 nv = (duet_i64)s[8];
+  duet_i64 nv = (duet_i64)sv.v[8];
   if (nv > 256) nv = 256;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   double nll = 0, correct = 0;
@@ -477,12 +443,10 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k16(duet_args t, duet_sc
 __device__ int duet_flag17;
 __device__ unsigned int duet_done17;
 extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *x = (const duet_u16 *)t.p[0];
   float *y = (float *)t.p[1];
   duet_i32 *overflow = (duet_i32 *)t.p[2]; /* this param's flag */
-  const float inv = (float)s[16];
+  const float inv = (float)sv.v[16];
   __shared__ int last;
   int bad = 0;
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 802816; i += (duet_i64)blockDim.x * gridDim.x) {
@@ -507,12 +471,10 @@ extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, duet_sca
 __device__ int duet_flag18;
 __device__ unsigned int duet_done18;
 extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   duet_i32 *overflow = (duet_i32 *)t.p[2]; /* this param's flag */
-  const float inv = (float)s[16];
+  const float inv = (float)sv.v[16];
   __shared__ int last;
   int bad = 0;
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 1024; i += (duet_i64)blockDim.x * gridDim.x) {
@@ -537,12 +499,10 @@ extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, duet_sca
 __device__ int duet_flag19;
 __device__ unsigned int duet_done19;
 extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *x = (const duet_u16 *)t.p[0];
   float *y = (float *)t.p[1];
   duet_i32 *overflow = (duet_i32 *)t.p[2]; /* this param's flag */
-  const float inv = (float)s[16];
+  const float inv = (float)sv.v[16];
   __shared__ int last;
   int bad = 0;
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 1048576; i += (duet_i64)blockDim.x * gridDim.x) {
@@ -567,12 +527,10 @@ extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_sca
 __device__ int duet_flag20;
 __device__ unsigned int duet_done20;
 extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *x = (const duet_u16 *)t.p[0];
   float *y = (float *)t.p[1];
   duet_i32 *overflow = (duet_i32 *)t.p[2]; /* this param's flag */
-  const float inv = (float)s[16];
+  const float inv = (float)sv.v[16];
   __shared__ int last;
   int bad = 0;
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 10240; i += (duet_i64)blockDim.x * gridDim.x) {
@@ -597,12 +555,10 @@ extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, duet_sca
 __device__ int duet_flag21;
 __device__ unsigned int duet_done21;
 extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   duet_i32 *overflow = (duet_i32 *)t.p[2]; /* this param's flag */
-  const float inv = (float)s[16];
+  const float inv = (float)sv.v[16];
   __shared__ int last;
   int bad = 0;
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 10; i += (duet_i64)blockDim.x * gridDim.x) {
@@ -625,19 +581,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, duet_sca
 
 /* elementwise: grid 3136, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 802816; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -672,19 +626,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, duet_sca
 
 /* elementwise: grid 4, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1024; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -719,19 +671,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_sca
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1048576; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -766,19 +716,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_sca
 
 /* elementwise: grid 40, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 10240; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -813,19 +761,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_sca
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 10; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];

@@ -69,8 +69,6 @@ extern "C" __global__ void duet_accumulate_f64(double *a, const double *b, duet_
 
 /* embed_fwd: grid 24576, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *tab = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -83,10 +81,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scal
 
 /* positions: grid 4, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   duet_i32 *out = (duet_i32 *)t.p[1];
-  const duet_i32 base = (duet_i32)s[12];
+  const duet_i32 base = (duet_i32)sv.v[12];
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 1024; i += (duet_i64)blockDim.x * gridDim.x) {
     out[i] = base + (duet_i32)i;
   }
@@ -94,8 +90,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scal
 
 /* embed_fwd: grid 3072, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *tab = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -108,8 +102,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scal
 
 /* elementwise: grid 24576, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -123,8 +115,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scal
 
 /* norm_fwd: grid 8192, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   __shared__ float red[32];
@@ -143,8 +133,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scal
 
 /* elementwise: grid 24576, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   const float *b2 = (const float *)t.p[2];
@@ -161,8 +149,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scal
 
 /* elementwise: grid 24576, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -176,8 +162,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scal
 
 /* attn_fwd: grid 98304, block 128, dynamic shared 4096 bytes */
 extern "C" __global__ void __launch_bounds__(128) duet_k7(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *q = (const float *)t.p[0];
   const float *k = (const float *)t.p[1];
   const float *v = (const float *)t.p[2];
@@ -213,8 +197,6 @@ extern "C" __global__ void __launch_bounds__(128) duet_k7(duet_args t, duet_scal
 
 /* elementwise: grid 24576, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   const float *b2 = (const float *)t.p[2];
@@ -231,8 +213,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, duet_scal
 
 /* elementwise: grid 65535, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -246,8 +226,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k9(duet_args t, duet_scal
 
 /* elementwise: grid 65535, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 25165824; i += (int)blockDim.x * gridDim.x) {
@@ -261,8 +239,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, duet_sca
 __device__ double duet_part11[512];
 __device__ unsigned int duet_done11;
 extern "C" __global__ void __launch_bounds__(1024) duet_k11(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -301,8 +277,6 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k11(duet_args t, duet_sc
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1; i += (int)blockDim.x * gridDim.x) {
     const float r0 = (float)0x1p+0;
@@ -312,8 +286,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_sca
 
 /* xent_bwd: grid 8192, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   const float *dl = (const float *)t.p[2];
@@ -336,8 +308,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_sca
 
 /* reduce: grid 3, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 768; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -350,8 +320,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_sca
 
 /* elementwise: grid 24576, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -365,8 +333,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_sca
 
 /* elementwise: grid 24576, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -380,8 +346,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, duet_sca
 
 /* norm_bwd: grid 8192, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[1];
   const float *dy = (const float *)t.p[0];
   float *y = (float *)t.p[2];
@@ -406,8 +370,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k17(duet_args t, duet_sca
 
 /* elementwise: grid 65535, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -421,8 +383,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, duet_sca
 
 /* reduce: grid 12, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 3072; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -435,8 +395,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_sca
 
 /* elementwise: grid 24576, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -450,8 +408,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, duet_sca
 
 /* attn_bwd: grid 98304, block 128, dynamic shared 8192 bytes */
 extern "C" __global__ void __launch_bounds__(128) duet_k21(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *dy = (const float *)t.p[0];
   const float *q = (const float *)t.p[1];
   const float *k = (const float *)t.p[2];
@@ -496,8 +452,6 @@ extern "C" __global__ void __launch_bounds__(128) duet_k21(duet_args t, duet_sca
 
 /* attn_bwd_kv: grid 98304, block 128, dynamic shared 8192 bytes */
 extern "C" __global__ void __launch_bounds__(128) duet_k22(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *dy = (const float *)t.p[0];
   const float *q = (const float *)t.p[1];
   const float *k = (const float *)t.p[2];
@@ -536,8 +490,6 @@ extern "C" __global__ void __launch_bounds__(128) duet_k22(duet_args t, duet_sca
 
 /* elementwise: grid 24576, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 6291456; i += (int)blockDim.x * gridDim.x) {
@@ -548,8 +500,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_sca
 
 /* elementwise: grid 24576, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 6291456; i += (int)blockDim.x * gridDim.x) {
@@ -560,8 +510,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_sca
 
 /* elementwise: grid 24576, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 6291456; i += (int)blockDim.x * gridDim.x) {
@@ -572,8 +520,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_sca
 
 /* elementwise: grid 24576, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   const float *b2 = (const float *)t.p[2];
@@ -590,8 +536,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_sca
 
 /* reduce: grid 3072, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 786432; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -604,8 +548,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_sca
 
 /* embed_bwd: grid 255, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k28(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -622,8 +564,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k28(duet_args t, duet_sca
 
 /* embed_bwd: grid 255, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k29(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -640,8 +580,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k29(duet_args t, duet_sca
 
 /* elementwise: grid 65535, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -655,19 +593,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, duet_sca
 
 /* elementwise: grid 65535, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 38633472; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -702,19 +638,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, duet_sca
 
 /* elementwise: grid 3072, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 786432; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -749,18 +683,16 @@ extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, duet_sca
 
 /* elementwise: grid 3, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 768; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -793,19 +725,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, duet_sca
 
 /* elementwise: grid 2304, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 589824; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -840,19 +770,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, duet_sca
 
 /* elementwise: grid 9216, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 2359296; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -887,18 +815,16 @@ extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, duet_sca
 
 /* elementwise: grid 12, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 3072; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -933,14 +859,12 @@ extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, duet_sca
 __device__ double duet_part37[512];
 __device__ unsigned int duet_done37;
 extern "C" __global__ void __launch_bounds__(1024) duet_k37(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
   __shared__ double red[32];
   __shared__ int last;
-  duet_i64 nv = (duet_i64)s[8];
+  duet_i64 nv = (duet_i64)sv.v[8];
   if (nv > 8192) nv = 8192;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   double nll = 0, correct = 0;

@@ -93,8 +93,6 @@ __device__ __forceinline__ float duet_f32_from_bf16(duet_u16 h) { return __uint_
 
 /* embed_fwd: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *tab = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -107,10 +105,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scal
 
 /* positions: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   duet_i32 *out = (duet_i32 *)t.p[1];
-  const duet_i32 base = (duet_i32)s[12];
+  const duet_i32 base = (duet_i32)sv.v[12];
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 128; i += (duet_i64)blockDim.x * gridDim.x) {
     out[i] = base + (duet_i32)i;
   }
@@ -118,8 +114,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scal
 
 /* embed_fwd: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *tab = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -132,8 +126,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scal
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -147,8 +139,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scal
 
 /* norm_fwd: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   __shared__ float red[32];
@@ -167,8 +157,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scal
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   const float *b2 = (const float *)t.p[2];
@@ -191,8 +179,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scal
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 32768; p += (int)blockDim.x * gridDim.x) {
@@ -205,8 +191,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scal
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 128; p += (int)blockDim.x * gridDim.x) {
@@ -219,8 +203,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, duet_scal
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -242,8 +224,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, duet_scal
 
 /* attn_fwd: grid 8192, block 128, dynamic shared 512 bytes */
 extern "C" __global__ void __launch_bounds__(128) duet_k9(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *q = (const float *)t.p[0];
   const float *k = (const float *)t.p[1];
   const float *v = (const float *)t.p[2];
@@ -279,8 +259,6 @@ extern "C" __global__ void __launch_bounds__(128) duet_k9(duet_args t, duet_scal
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 262144; p += (int)blockDim.x * gridDim.x) {
@@ -293,8 +271,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, duet_sca
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   const duet_u16 *b2 = (const duet_u16 *)t.p[2];
@@ -323,8 +299,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_sca
 
 /* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 131072; p += (int)blockDim.x * gridDim.x) {
@@ -337,8 +311,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_sca
 
 /* elementwise: grid 2, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 512; p += (int)blockDim.x * gridDim.x) {
@@ -351,8 +323,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_sca
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   duet_u16 *b2 = (duet_u16 *)t.p[2];
@@ -371,8 +341,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_sca
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 1048576; p += (int)blockDim.x * gridDim.x) {
@@ -387,8 +355,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_sca
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 262144; p += (int)blockDim.x * gridDim.x) {
@@ -405,8 +371,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, duet_sca
 __device__ double duet_part17[128];
 __device__ unsigned int duet_done17;
 extern "C" __global__ void __launch_bounds__(1024) duet_k17(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -445,8 +409,6 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k17(duet_args t, duet_sc
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1; i += (int)blockDim.x * gridDim.x) {
     const float r0 = (float)0x1p+0;
@@ -456,8 +418,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, duet_sca
 
 /* xent_bwd: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   const float *dl = (const float *)t.p[2];
@@ -480,8 +440,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_sca
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 256; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -494,8 +452,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, duet_sca
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -509,8 +465,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, duet_sca
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -532,8 +486,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, duet_sca
 
 /* norm_bwd: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[1];
   const float *dy = (const float *)t.p[0];
   float *y = (float *)t.p[2];
@@ -558,8 +510,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_sca
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   duet_u16 *b2 = (duet_u16 *)t.p[2];
@@ -578,8 +528,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_sca
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 1048576; p += (int)blockDim.x * gridDim.x) {
@@ -594,8 +542,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_sca
 
 /* reduce: grid 4, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 1024; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -608,8 +554,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_sca
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -623,8 +567,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_sca
 
 /* attn_bwd: grid 8192, block 128, dynamic shared 1024 bytes */
 extern "C" __global__ void __launch_bounds__(128) duet_k28(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *dy = (const float *)t.p[0];
   const float *q = (const float *)t.p[1];
   const float *k = (const float *)t.p[2];
@@ -669,8 +611,6 @@ extern "C" __global__ void __launch_bounds__(128) duet_k28(duet_args t, duet_sca
 
 /* attn_bwd_kv: grid 8192, block 128, dynamic shared 1024 bytes */
 extern "C" __global__ void __launch_bounds__(128) duet_k29(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *dy = (const float *)t.p[0];
   const float *q = (const float *)t.p[1];
   const float *k = (const float *)t.p[2];
@@ -709,8 +649,6 @@ extern "C" __global__ void __launch_bounds__(128) duet_k29(duet_args t, duet_sca
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 524288; i += (int)blockDim.x * gridDim.x) {
@@ -721,8 +659,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, duet_sca
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 524288; i += (int)blockDim.x * gridDim.x) {
@@ -733,8 +669,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, duet_sca
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 524288; i += (int)blockDim.x * gridDim.x) {
@@ -745,8 +679,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, duet_sca
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   const duet_u16 *b2 = (const duet_u16 *)t.p[2];
@@ -773,8 +705,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, duet_sca
 
 /* reduce: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 32768; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -787,8 +717,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, duet_sca
 
 /* embed_bwd: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -805,8 +733,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, duet_sca
 
 /* embed_bwd: grid 256, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -823,8 +749,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, duet_sca
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -848,14 +772,12 @@ extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, duet_sca
 __device__ double duet_part38[128];
 __device__ unsigned int duet_done38;
 extern "C" __global__ void __launch_bounds__(1024) duet_k38(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
   __shared__ double red[32];
   __shared__ int last;
-  duet_i64 nv = (duet_i64)s[8];
+  duet_i64 nv = (duet_i64)sv.v[8];
   if (nv > 2048) nv = 2048;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   double nll = 0, correct = 0;
@@ -896,8 +818,6 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k38(duet_args t, duet_sc
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 32768; p += (int)blockDim.x * gridDim.x) {
@@ -912,8 +832,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, duet_sca
 
 /* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 131072; p += (int)blockDim.x * gridDim.x) {
@@ -928,19 +846,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, duet_sca
 
 /* elementwise: grid 256, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 65536; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -975,19 +891,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, duet_sca
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 32768; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -1022,18 +936,16 @@ extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, duet_sca
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k43(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 256; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -1066,19 +978,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k43(duet_args t, duet_sca
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k44(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 262144; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -1113,18 +1023,16 @@ extern "C" __global__ void __launch_bounds__(256) duet_k44(duet_args t, duet_sca
 
 /* elementwise: grid 4, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k45(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1024; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];

@@ -148,8 +148,6 @@ __device__ __forceinline__ duet_u32 duet_h2relu_grad(duet_u32 dy, duet_u32 x) { 
 
 /* embed_fwd: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *tab = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -162,10 +160,8 @@ extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scal
 
 /* positions: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   duet_i32 *out = (duet_i32 *)t.p[1];
-  const duet_i32 base = (duet_i32)s[12];
+  const duet_i32 base = (duet_i32)sv.v[12];
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 128; i += (duet_i64)blockDim.x * gridDim.x) {
     out[i] = base + (duet_i32)i;
   }
@@ -173,8 +169,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k1(duet_args t, duet_scal
 
 /* embed_fwd: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *tab = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -187,8 +181,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scal
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -202,8 +194,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k3(duet_args t, duet_scal
 
 /* norm_fwd: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   __shared__ float red[32];
@@ -222,8 +212,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k4(duet_args t, duet_scal
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   const float *b2 = (const float *)t.p[2];
@@ -246,8 +234,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k5(duet_args t, duet_scal
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 32768; p += (int)blockDim.x * gridDim.x) {
@@ -260,8 +246,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k6(duet_args t, duet_scal
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 128; p += (int)blockDim.x * gridDim.x) {
@@ -274,8 +258,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k7(duet_args t, duet_scal
 
 /* elementwise, half2 arithmetic: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -294,8 +276,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k8(duet_args t, duet_scal
 
 /* attn_fwd: grid 8192, block 128, dynamic shared 512 bytes */
 extern "C" __global__ void __launch_bounds__(128) duet_k9(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *q = (const float *)t.p[0];
   const float *k = (const float *)t.p[1];
   const float *v = (const float *)t.p[2];
@@ -331,8 +311,6 @@ extern "C" __global__ void __launch_bounds__(128) duet_k9(duet_args t, duet_scal
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 262144; p += (int)blockDim.x * gridDim.x) {
@@ -345,8 +323,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k10(duet_args t, duet_sca
 
 /* elementwise, half2 arithmetic: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   const duet_u16 *b2 = (const duet_u16 *)t.p[2];
@@ -371,8 +347,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_sca
 
 /* elementwise: grid 512, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 131072; p += (int)blockDim.x * gridDim.x) {
@@ -385,8 +359,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k12(duet_args t, duet_sca
 
 /* elementwise: grid 2, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 512; p += (int)blockDim.x * gridDim.x) {
@@ -399,8 +371,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k13(duet_args t, duet_sca
 
 /* elementwise, half2 arithmetic: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   duet_u16 *b2 = (duet_u16 *)t.p[2];
@@ -416,8 +386,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_sca
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   duet_u16 *b1 = (duet_u16 *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 1048576; p += (int)blockDim.x * gridDim.x) {
@@ -432,8 +400,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_sca
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 262144; p += (int)blockDim.x * gridDim.x) {
@@ -450,8 +416,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k16(duet_args t, duet_sca
 __device__ double duet_part17[128];
 __device__ unsigned int duet_done17;
 extern "C" __global__ void __launch_bounds__(1024) duet_k17(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -490,10 +454,8 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k17(duet_args t, duet_sc
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
-  const float s0 = (float)s[15];
+  const float s0 = (float)sv.v[15];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1; i += (int)blockDim.x * gridDim.x) {
     const float r0 = s0;
     b0[0] = r0;
@@ -502,8 +464,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k18(duet_args t, duet_sca
 
 /* xent_bwd: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   const float *dl = (const float *)t.p[2];
@@ -526,8 +486,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_sca
 
 /* reduce: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 256; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -540,8 +498,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, duet_sca
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -555,8 +511,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, duet_sca
 
 /* elementwise, half2 arithmetic: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -575,8 +529,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k22(duet_args t, duet_sca
 
 /* norm_bwd: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[1];
   const float *dy = (const float *)t.p[0];
   float *y = (float *)t.p[2];
@@ -601,8 +553,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_sca
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   duet_u16 *b2 = (duet_u16 *)t.p[2];
@@ -621,8 +571,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k24(duet_args t, duet_sca
 
 /* elementwise: grid 4096, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int p = blockIdx.x * (int)blockDim.x + threadIdx.x; p < 1048576; p += (int)blockDim.x * gridDim.x) {
@@ -637,8 +585,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_sca
 
 /* reduce: grid 4, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 1024; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -651,8 +597,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_sca
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -666,8 +610,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_sca
 
 /* attn_bwd: grid 8192, block 128, dynamic shared 1024 bytes */
 extern "C" __global__ void __launch_bounds__(128) duet_k28(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *dy = (const float *)t.p[0];
   const float *q = (const float *)t.p[1];
   const float *k = (const float *)t.p[2];
@@ -712,8 +654,6 @@ extern "C" __global__ void __launch_bounds__(128) duet_k28(duet_args t, duet_sca
 
 /* attn_bwd_kv: grid 8192, block 128, dynamic shared 1024 bytes */
 extern "C" __global__ void __launch_bounds__(128) duet_k29(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *dy = (const float *)t.p[0];
   const float *q = (const float *)t.p[1];
   const float *k = (const float *)t.p[2];
@@ -752,8 +692,6 @@ extern "C" __global__ void __launch_bounds__(128) duet_k29(duet_args t, duet_sca
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 524288; i += (int)blockDim.x * gridDim.x) {
@@ -764,8 +702,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k30(duet_args t, duet_sca
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 524288; i += (int)blockDim.x * gridDim.x) {
@@ -776,8 +712,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, duet_sca
 
 /* elementwise: grid 2048, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *b0 = (const float *)t.p[0];
   float *b1 = (float *)t.p[1];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 524288; i += (int)blockDim.x * gridDim.x) {
@@ -788,8 +722,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, duet_sca
 
 /* elementwise, half2 arithmetic: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const duet_u16 *b1 = (const duet_u16 *)t.p[1];
   const duet_u16 *b2 = (const duet_u16 *)t.p[2];
@@ -811,8 +743,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, duet_sca
 
 /* reduce: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 32768; oj += (duet_i64)blockDim.x * gridDim.x) {
@@ -825,8 +755,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, duet_sca
 
 /* embed_bwd: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -843,8 +771,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k35(duet_args t, duet_sca
 
 /* embed_bwd: grid 256, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *dy = (const float *)t.p[0];
   const duet_i32 *ix = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
@@ -861,8 +787,6 @@ extern "C" __global__ void __launch_bounds__(256) duet_k36(duet_args t, duet_sca
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *b0 = (const duet_u16 *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
@@ -886,14 +810,12 @@ extern "C" __global__ void __launch_bounds__(256) duet_k37(duet_args t, duet_sca
 __device__ double duet_part38[128];
 __device__ unsigned int duet_done38;
 extern "C" __global__ void __launch_bounds__(1024) duet_k38(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   const duet_i32 *y = (const duet_i32 *)t.p[1];
   float *out = (float *)t.p[2];
   __shared__ double red[32];
   __shared__ int last;
-  duet_i64 nv = (duet_i64)s[8];
+  duet_i64 nv = (duet_i64)sv.v[8];
   if (nv > 2048) nv = 2048;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   double nll = 0, correct = 0;
@@ -936,12 +858,10 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k38(duet_args t, duet_sc
 __device__ int duet_flag39;
 __device__ unsigned int duet_done39;
 extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   duet_i32 *overflow = (duet_i32 *)t.p[2]; /* this param's flag */
-  const float inv = (float)s[16];
+  const float inv = (float)sv.v[16];
   __shared__ int last;
   int bad = 0;
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 65536; i += (duet_i64)blockDim.x * gridDim.x) {
@@ -966,12 +886,10 @@ extern "C" __global__ void __launch_bounds__(256) duet_k39(duet_args t, duet_sca
 __device__ int duet_flag40;
 __device__ unsigned int duet_done40;
 extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   duet_i32 *overflow = (duet_i32 *)t.p[2]; /* this param's flag */
-  const float inv = (float)s[16];
+  const float inv = (float)sv.v[16];
   __shared__ int last;
   int bad = 0;
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 32768; i += (duet_i64)blockDim.x * gridDim.x) {
@@ -996,12 +914,10 @@ extern "C" __global__ void __launch_bounds__(256) duet_k40(duet_args t, duet_sca
 __device__ int duet_flag41;
 __device__ unsigned int duet_done41;
 extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   duet_i32 *overflow = (duet_i32 *)t.p[2]; /* this param's flag */
-  const float inv = (float)s[16];
+  const float inv = (float)sv.v[16];
   __shared__ int last;
   int bad = 0;
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 256; i += (duet_i64)blockDim.x * gridDim.x) {
@@ -1026,12 +942,10 @@ extern "C" __global__ void __launch_bounds__(256) duet_k41(duet_args t, duet_sca
 __device__ int duet_flag42;
 __device__ unsigned int duet_done42;
 extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *x = (const duet_u16 *)t.p[0];
   float *y = (float *)t.p[1];
   duet_i32 *overflow = (duet_i32 *)t.p[2]; /* this param's flag */
-  const float inv = (float)s[16];
+  const float inv = (float)sv.v[16];
   __shared__ int last;
   int bad = 0;
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 65536; i += (duet_i64)blockDim.x * gridDim.x) {
@@ -1056,12 +970,10 @@ extern "C" __global__ void __launch_bounds__(256) duet_k42(duet_args t, duet_sca
 __device__ int duet_flag43;
 __device__ unsigned int duet_done43;
 extern "C" __global__ void __launch_bounds__(256) duet_k43(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const duet_u16 *x = (const duet_u16 *)t.p[0];
   float *y = (float *)t.p[1];
   duet_i32 *overflow = (duet_i32 *)t.p[2]; /* this param's flag */
-  const float inv = (float)s[16];
+  const float inv = (float)sv.v[16];
   __shared__ int last;
   int bad = 0;
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 262144; i += (duet_i64)blockDim.x * gridDim.x) {
@@ -1086,12 +998,10 @@ extern "C" __global__ void __launch_bounds__(256) duet_k43(duet_args t, duet_sca
 __device__ int duet_flag44;
 __device__ unsigned int duet_done44;
 extern "C" __global__ void __launch_bounds__(256) duet_k44(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
   duet_i32 *overflow = (duet_i32 *)t.p[2]; /* this param's flag */
-  const float inv = (float)s[16];
+  const float inv = (float)sv.v[16];
   __shared__ int last;
   int bad = 0;
   for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < 1024; i += (duet_i64)blockDim.x * gridDim.x) {
@@ -1114,19 +1024,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k44(duet_args t, duet_sca
 
 /* elementwise: grid 256, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k45(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 65536; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -1161,19 +1069,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k45(duet_args t, duet_sca
 
 /* elementwise: grid 128, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k46(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 32768; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -1208,18 +1114,16 @@ extern "C" __global__ void __launch_bounds__(256) duet_k46(duet_args t, duet_sca
 
 /* elementwise: grid 1, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k47(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 256; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -1252,19 +1156,17 @@ extern "C" __global__ void __launch_bounds__(256) duet_k47(duet_args t, duet_sca
 
 /* elementwise: grid 1024, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k48(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
-  const float s10 = (float)s[11];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
+  const float s10 = (float)sv.v[11];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 262144; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
@@ -1299,18 +1201,16 @@ extern "C" __global__ void __launch_bounds__(256) duet_k48(duet_args t, duet_sca
 
 /* elementwise: grid 4, block 256, dynamic shared 0 bytes */
 extern "C" __global__ void __launch_bounds__(256) duet_k49(duet_args t, duet_scalars sv) {
-  const double *s = sv.v;
-  (void)s;
   float *b0 = (float *)t.p[0];
   const float *b1 = (const float *)t.p[1];
   float *b2 = (float *)t.p[2];
   float *b3 = (float *)t.p[3];
-  const float s4 = (float)s[3];
-  const float s5 = (float)s[4];
-  const float s6 = (float)s[9];
-  const float s7 = (float)s[10];
-  const float s8 = (float)s[6];
-  const float s9 = (float)s[7];
+  const float s4 = (float)sv.v[3];
+  const float s5 = (float)sv.v[4];
+  const float s6 = (float)sv.v[9];
+  const float s7 = (float)sv.v[10];
+  const float s8 = (float)sv.v[6];
+  const float s9 = (float)sv.v[7];
   for (int i = blockIdx.x * (int)blockDim.x + threadIdx.x; i < 1024; i += (int)blockDim.x * gridDim.x) {
     const float r0 = b0[i];
     const float r1 = b1[i];
