@@ -45,16 +45,24 @@
  *    summed from its __shared__ declarations) unless cuFuncSetAttribute
  *    raised the limit, which may not pass the card's opt-in maximum minus
  *    the static bytes (49152 bytes on sm_6x).  Kernels run with blocks of
- *    min(block, 64) threads; kernels that loop over gridDim (grid-stride)
- *    run with at most 4 blocks, the rest with their whole grid.
+ *    min(block, 64) threads ($DUET_FAKE_BLOCK=32: 32); kernels that loop
+ *    over gridDim (grid-stride) run with at most 4 blocks, the rest with
+ *    their whole grid.
  *  - cuBLAS: Sgemm, Dgemm and GemmEx (16F and 16BF operands with 32F
  *    compute, 16F with 16F compute and __half alpha/beta) in column-major
  *    order with the documented argument checks; alpha and beta read when
  *    called (host pointer mode), the product computed when the stream runs.
  *
- * Not modelled: concurrency between streams (queues run one at a time),
- * events, timing, the hardware's rounding of fused multiply-adds.  This is
- * test scaffolding, so it keeps process-wide state as a driver does. */
+ * Not modelled: concurrency between streams (queues run one at a time)
+ * and between blocks, events, timing, the hardware's rounding (fused
+ * multiply-adds), device-only compile errors (the source is compiled as
+ * host C++), the range a kernel touches behind each pointer argument (only
+ * the pointer itself is checked), accesses past the dynamic shared memory
+ * a launch asked for.  Stricter than CUDA: the legacy default stream,
+ * GEMMs with k = 0 or mixed types, NVRTC options other than -std and
+ * -arch, and unmodelled attributes are refused; an error is sticky for the
+ * whole process, not one context.  This is test scaffolding, so it keeps
+ * process-wide state as a driver does. */
 #define _GNU_SOURCE
 #include <cblas.h>
 #include <cublas_v2.h>
@@ -82,7 +90,7 @@ extern char **environ;
 #define MAX_GPUS 8
 #define EMU_BLOCK 64 /* threads per emulated block (tests/cuda_emu: EMU_POOL) */
 #define SHRINK_GRID 4
-#define MAGIC "DUETFAKEGPU1"
+#define MAGIC "DUETFAKEGPU2"
 
 /* ------------------------------------------------------------ bookkeeping */
 
@@ -263,6 +271,7 @@ CUresult cuGetErrorString(CUresult r, const char **s) {
   case CUDA_ERROR_NO_DEVICE: *s = "no CUDA-capable device is detected"; break;
   case CUDA_ERROR_INVALID_DEVICE: *s = "invalid device ordinal"; break;
   case CUDA_ERROR_INVALID_IMAGE: *s = "device kernel image is invalid"; break;
+  case CUDA_ERROR_NO_BINARY_FOR_GPU: *s = "no kernel image is available for execution on the device"; break;
   case CUDA_ERROR_INVALID_CONTEXT: *s = "invalid device context"; break;
   case CUDA_ERROR_INVALID_HANDLE: *s = "invalid resource handle"; break;
   case CUDA_ERROR_NOT_FOUND: *s = "named symbol not found"; break;
@@ -595,6 +604,15 @@ CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstr
 CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t bytes,
                            CUstream s) {
   if (!dctx || !sctx) return CUDA_ERROR_INVALID_CONTEXT;
+  pthread_mutex_lock(&G.lock);
+  Alloc *d = find_alloc((uintptr_t)dst, bytes ? bytes : 1), *a = find_alloc((uintptr_t)src, bytes ? bytes : 1);
+  int ok = d && a && (d->kind != MEM_DEVICE || d->gpu == dctx->gpu) && (a->kind != MEM_DEVICE || a->gpu == sctx->gpu);
+  pthread_mutex_unlock(&G.lock);
+  if (!ok) {
+    fake_say("cuMemcpyPeerAsync: the destination is not GPU %d's memory or the source not GPU %d's", dctx->gpu,
+             sctx->gpu);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   return queue_copy(s, (uintptr_t)dst, 1, (uintptr_t)src, 1, bytes);
 }
 
@@ -627,8 +645,13 @@ CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
 
 /* ------------------------------------------------------------ modules */
 
-/* a module image: MAGIC, the shared object's size (8 bytes), the shared
- * object */
+/* a module image: MAGIC, the target (4 bytes: 10 x major + minor), 1 for
+ * SASS or 0 for PTX (4 bytes), the shared object's size (8 bytes), the
+ * shared object.  Loads as the driver loads a real image: SASS for sm_XY
+ * on a card of the same major version and a minor version of at least Y;
+ * PTX for compute_XY on a card of compute capability XY or later (CUDA C
+ * Programming Guide, "Binary Compatibility" and "PTX Compatibility");
+ * otherwise CUDA_ERROR_NO_BINARY_FOR_GPU. */
 CUresult cuModuleLoadData(CUmodule *m, const void *image) {
   CUresult r = need_ctx();
   if (r) return r;
@@ -636,14 +659,23 @@ CUresult cuModuleLoadData(CUmodule *m, const void *image) {
     fake_say("cuModuleLoadData: not an image from the fake NVRTC");
     return CUDA_ERROR_INVALID_IMAGE;
   }
+  uint32_t arch, sass;
   uint64_t n;
-  memcpy(&n, (const char *)image + sizeof MAGIC - 1, sizeof n);
+  const char *h = (const char *)image + sizeof MAGIC - 1;
+  memcpy(&arch, h, 4);
+  memcpy(&sass, h + 4, 4);
+  memcpy(&n, h + 8, sizeof n);
+  if (sass ? !((int)arch / 10 == G.cc / 10 && (int)arch % 10 <= G.cc % 10) : (int)arch > G.cc) {
+    fake_say("cuModuleLoadData: a %s image for %s_%u does not run on sm_%d", sass ? "SASS" : "PTX",
+             sass ? "sm" : "compute", arch, G.cc);
+    return CUDA_ERROR_NO_BINARY_FOR_GPU;
+  }
   struct CUmod_st *mod = calloc(1, sizeof *mod);
   if (!mod) return CUDA_ERROR_OUT_OF_MEMORY;
   const char *tmp = getenv("TMPDIR");
   snprintf(mod->path, sizeof mod->path, "%s/fakegpu-module-XXXXXX.so", tmp && *tmp ? tmp : "/tmp");
   int fd = mkstemps(mod->path, 3);
-  const char *so = (const char *)image + sizeof MAGIC - 1 + sizeof n;
+  const char *so = h + 8 + sizeof n;
   if (fd < 0 || write(fd, so, n) != (ssize_t)n || close(fd)) {
     fake_say("cuModuleLoadData: writing %s: %s", mod->path, strerror(errno));
     free(mod);
@@ -802,7 +834,8 @@ static void run_op(Op *o) {
     }
     unsigned grid = k->grid_stride && o->grid > SHRINK_GRID ? SHRINK_GRID : o->grid;
     const char *eb = getenv("DUET_FAKE_BLOCK");
-    unsigned cap = eb && *eb ? (unsigned)atoi(eb) : EMU_BLOCK;
+    unsigned cap = eb && *eb ? (unsigned)atoi(eb) : EMU_BLOCK; /* 32 or 64: the emulator's pool */
+    if (cap != 32) cap = EMU_BLOCK;
     unsigned block = o->block < cap ? o->block : cap;
     if (o->fn->mod->launch(k->run, grid, block, NULL, NULL)) {
       fake_say("kernel %s: the emulator could not launch it", k->name);
@@ -1005,7 +1038,7 @@ struct _nvrtcProgram {
   char *log;
   char *image; /* MAGIC, size, shared object */
   size_t image_len;
-  int is_sass;
+  int is_sass, arch;
 };
 
 /* the architectures NVRTC reports: 11.8 from sm_35, 12.x from sm_50, 13.0
@@ -1232,6 +1265,7 @@ nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int n, const char *const *opts) 
   for (int i = 0; i < na; i++) ok |= archs[i] == cc;
   if (!ok) return NVRTC_ERROR_INVALID_OPTION;
   p->is_sass = arch[0] == 's';
+  p->arch = cc;
   /* the source behind the emulation header, dynamic shared memory mapped
    * to the emulator's buffer, then the trampolines */
   Buf src = {0};
@@ -1287,13 +1321,17 @@ nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int n, const char *const *opts) 
     r = NVRTC_ERROR_COMPILATION;
   } else {
     uint64_t n64 = solen;
-    p->image_len = sizeof MAGIC - 1 + sizeof n64 + solen;
+    uint32_t a32 = (uint32_t)p->arch, s32 = (uint32_t)p->is_sass;
+    size_t hl = sizeof MAGIC - 1 + 8 + sizeof n64;
+    p->image_len = hl + solen;
     if (!(p->image = malloc(p->image_len))) {
       r = NVRTC_ERROR_OUT_OF_MEMORY;
     } else {
       memcpy(p->image, MAGIC, sizeof MAGIC - 1);
-      memcpy(p->image + sizeof MAGIC - 1, &n64, sizeof n64);
-      memcpy(p->image + sizeof MAGIC - 1 + sizeof n64, img, solen);
+      memcpy(p->image + sizeof MAGIC - 1, &a32, 4);
+      memcpy(p->image + sizeof MAGIC + 3, &s32, 4);
+      memcpy(p->image + sizeof MAGIC + 7, &n64, sizeof n64);
+      memcpy(p->image + hl, img, solen);
     }
     free(img);
   }
