@@ -29,7 +29,7 @@ static void usage(FILE *out) {
           "  help                         this text\n\n"
           "run, compile, ir, emit and check take --precision auto|fp32|fp16|bf16 (default auto: fp32\n"
           "on the CPU) and ir and check --arch cpu|sm_60|sm_61|sm_70|sm_75|sm_80|sm_86|sm_89|sm_90 (the\n"
-          "device whose capabilities `auto` follows); run, compile and plan take --gemm-accumulate\n"
+          "device whose capabilities `auto` follows); run, compile, plan, ir, emit and check take --gemm-accumulate\n"
           "fp32|fp16 (fp16: opt-in fp16 accumulation of fp16 GEMMs on CUDA devices; ir, emit and check\n"
           "refuse fp16 too when the program has no fp16 GEMM).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
@@ -129,6 +129,20 @@ static const char *scan_flag(int argc, char **argv, const char *name) {
   return v;
 }
 
+/* --threads N: an integer from 1 to DUET_MAX_THREADS, as duet run's parser
+ * says it.  1 after the error. */
+static int parse_threads(const char *th, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(th, &end, 10);
+  if (errno || end == th || *end || v < 1 || v > DUET_MAX_THREADS) {
+    fprintf(stderr, "duet: error: --threads expects an integer from 1 to %d, got '%s'\n", DUET_MAX_THREADS, th);
+    return 1;
+  }
+  *out = v;
+  return 0;
+}
+
 /* Fills po->dev from the device list `devices` (and --threads in argv):
  * the partition pass sees CPU devices with threads/S cores each and an
  * equal share of the host's memory, CUDA devices as 16 GiB sm_60 (P100, the
@@ -146,15 +160,7 @@ static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) 
   const char *th = scan_flag(argc, argv, "--threads");
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   long total = cores > 0 ? cores : 1;
-  if (th) { /* as duet run's parser says it */
-    char *end;
-    errno = 0;
-    total = strtol(th, &end, 10);
-    if (errno || end == th || *end || total < 1 || total > DUET_MAX_THREADS) {
-      fprintf(stderr, "duet: error: --threads expects an integer from 1 to %d, got '%s'\n", DUET_MAX_THREADS, th);
-      return 1;
-    }
-  }
+  if (th && parse_threads(th, &total)) return 1;
   long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
   const char *gf = getenv("DUET_CPU_GFLOPS");
   double gflops = 0;
@@ -525,6 +531,9 @@ static int cmd_compile(int argc, char **argv) {
             !model ? "no model file given" : "no -o EXE given (the executable to write)");
     return 1;
   }
+  const char *th = scan_flag(argc, argv, "--threads");
+  long th_v;
+  if (th && parse_threads(th, &th_v)) return 1; /* checked with or without --devices */
   struct stat out_st;
   if (!stat(out, &out_st) && S_ISDIR(out_st.st_mode)) {
     fprintf(stderr, "duet: error: -o %s is a directory; give the path of the executable to write\n", out);

@@ -185,8 +185,11 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
     int64_t was;
     if (!meta_i64(f, same[k].key, &was) && was != same[k].now)
       fprintf(stderr, "duet: warning: %s %" PRId64 " differs from the checkpoint's %" PRId64 " (%s): the resumed run "
-                      "does not continue the original one exactly\n",
-              same[k].flag, same[k].now, was, path);
+                      "does not continue the original one exactly%s\n",
+              same[k].flag, same[k].now, was, path,
+              k == 0 ? " where the seed still matters (the shuffle of later epochs, dropout masks; a text model's "
+                       "window stream is restored from the checkpoint)"
+                     : "");
   }
   const char *prec = duet_st_meta(f, "precision");
   if (!weights_only && !cfg->quiet && prec && strcmp(prec, program_precision(p)))

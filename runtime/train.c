@@ -388,6 +388,10 @@ static int check_labels(const DuetDataset *ds, int n_classes, const char *what) 
  * the error. */
 static int check_save_path(const char *path) {
   struct stat st;
+  if (!*path) {
+    fprintf(stderr, "duet: error: --save needs a file path, got an empty one\n");
+    return 1;
+  }
   if (!stat(path, &st) && S_ISDIR(st.st_mode)) {
     fprintf(stderr, "duet: error: --save %s is a directory; give a file path\n", path);
     return 1;
@@ -397,6 +401,10 @@ static int check_save_path(const char *path) {
   if (!slash) snprintf(dir, sizeof dir, ".");
   else if (slash == path) snprintf(dir, sizeof dir, "/");
   else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  if (!stat(dir, &st) && !S_ISDIR(st.st_mode)) {
+    fprintf(stderr, "duet: error: --save %s: %s is not a directory\n", path, dir);
+    return 1;
+  }
   if (access(dir, W_OK | X_OK)) {
     fprintf(stderr, "duet: error: --save %s: cannot write into %s: %s\n", path, dir, strerror(errno));
     return 1;

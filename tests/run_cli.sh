@@ -61,6 +61,11 @@ before_compile missing_text_before_compile "duet: error: cannot open /nonexisten
 before_compile text_is_dir_before_compile "duet: error: cannot read $d" "$DUET" run models/gpt_kjv.model --data "$d" --steps 1
 before_compile save_no_dir_before_compile "duet: error: --save /nonexistent/x.ck: cannot write into /nonexistent: No such file or directory" \
   "$DUET" run $M --steps 1 --save /nonexistent/x.ck
+before_compile save_empty_before_compile "duet: error: --save needs a file path, got an empty one" \
+  "$DUET" run $M --steps 1 --save ""
+: > "$d/a_file"
+before_compile save_under_file_before_compile "duet: error: --save $d/a_file/x.ck: $d/a_file is not a directory" \
+  "$DUET" run $M --steps 1 --save "$d/a_file/x.ck"
 before_compile planned_device_before_compile "duet: error: device 16GiB:sm_60 is a capacity for \`duet plan\`, not a device to run on (use cpu:N or cuda:N)" \
   "$DUET" run $M --steps 1 --devices 16GiB:sm_60
 # the data is still loaded whole after the compile: --no-eval needs no test split, and training runs
@@ -135,6 +140,7 @@ expect run_directory 1 "$d: error: this is a directory, not a .model file" "$DUE
 # --threads above the cap is an error that names it, in duet run and in the commands that plan
 expect threads_above_cap 1 "duet: error: --threads expects an integer from 1 to 1024, got '1025'" "$DUET" run $M --threads 1025 --steps 1
 expect threads_above_cap_plan 1 "duet: error: --threads expects an integer from 1 to 1024, got '5000'" "$DUET" plan $M --devices cpu:0,cpu:1 --threads 5000
+expect threads_compile_no_devices 1 "duet: error: --threads expects an integer from 1 to 1024, got 'abc'" "$DUET" compile $M -o "$d/exe_threads" --threads abc
 expect threads_at_cap 0 "duet: trained 1 step" sh -c "'$DUET' run $M --threads 1024 --steps 1 --no-eval --train-subset 512 --quiet | sed 's/ in .*//'"
 expect no_eval_value 1 "duet: error: --no-eval takes no value" "$DUET" run $M --no-eval=1
 w=$("$DUET" run $M --train-subset 1000000 --steps 1 --no-eval 2>&1 >/dev/null | grep warning)
