@@ -17,7 +17,7 @@
 #     fake GPUs without and with peer access).
 # Parts (ctest runs each as its own test): cli (1-4), ops, train,
 # precision, pipeline (5).  Skips (77) when the plugin or the fake was not
-# built (no CUDA toolkit).
+# built (no CUDA toolkit) or there is no C++ compiler.
 # usage: run_fakegpu.sh BUILD_DIR PART   (from the repository root)
 B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline}
 PART=${2:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline}
@@ -26,6 +26,11 @@ PLUGIN=$B/libduet_cuda.so
 FAKE=$B/fakegpu/libduet_fakegpu.so
 if [ ! -f "$PLUGIN" ] || [ ! -f "$FAKE" ]; then
   echo "SKIP: no CUDA plugin or fake GPU in $B (built only with a CUDA toolkit)"
+  exit 77
+fi
+# the fake NVRTC compiles kernels with $CXX or c++ (as test_cuda_emu)
+if ! command -v "${CXX:-c++}" > /dev/null 2>&1; then
+  echo "SKIP: no C++ compiler (${CXX:-c++}) for the fake NVRTC"
   exit 77
 fi
 tmp=$(mktemp -d) || exit 1
