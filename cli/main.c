@@ -129,20 +129,6 @@ static const char *scan_flag(int argc, char **argv, const char *name) {
   return v;
 }
 
-/* --threads N: an integer from 1 to DUET_MAX_THREADS, as duet run's parser
- * says it.  1 after the error. */
-static int parse_threads(const char *th, long *out) {
-  char *end;
-  errno = 0;
-  long v = strtol(th, &end, 10);
-  if (errno || end == th || *end || v < 1 || v > DUET_MAX_THREADS) {
-    fprintf(stderr, "duet: error: --threads expects an integer from 1 to %d, got '%s'\n", DUET_MAX_THREADS, th);
-    return 1;
-  }
-  *out = v;
-  return 0;
-}
-
 /* Fills po->dev from the device list `devices` (and --threads in argv):
  * the partition pass sees CPU devices with threads/S cores each and an
  * equal share of the host's memory, CUDA devices as 16 GiB sm_60 (P100, the
@@ -160,7 +146,11 @@ static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) 
   const char *th = scan_flag(argc, argv, "--threads");
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   long total = cores > 0 ? cores : 1;
-  if (th && parse_threads(th, &total)) return 1;
+  if (th) {
+    int n;
+    if (duet_parse_threads(th, &n)) return 1;
+    total = n;
+  }
   long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
   const char *gf = getenv("DUET_CPU_GFLOPS");
   double gflops = 0;
@@ -532,8 +522,8 @@ static int cmd_compile(int argc, char **argv) {
     return 1;
   }
   const char *th = scan_flag(argc, argv, "--threads");
-  long th_v;
-  if (th && parse_threads(th, &th_v)) return 1; /* checked with or without --devices */
+  int th_v;
+  if (th && duet_parse_threads(th, &th_v)) return 1; /* checked with or without --devices */
   struct stat out_st;
   if (!stat(out, &out_st) && S_ISDIR(out_st.st_mode)) {
     fprintf(stderr, "duet: error: -o %s is a directory; give the path of the executable to write\n", out);

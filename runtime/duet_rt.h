@@ -90,6 +90,11 @@ enum { DUET_OPTIM_ADAMW = 0, DUET_OPTIM_SGD = 1 };
 /* The most threads --threads may ask for (a larger value is an error, not
  * silently lowered). */
 #define DUET_MAX_THREADS 1024
+/* --threads N: *out = N for an integer 1..DUET_MAX_THREADS; else prints
+ * "duet: error: --threads expects an integer from 1 to 1024, got 'X'" to
+ * stderr and returns 1 (duet run, compiled executables and the commands
+ * that plan all parse it here). */
+int duet_parse_threads(const char *val, int *out);
 
 /* Training settings: the program's defaults (from the train section),
  * overridden by command-line flags. */

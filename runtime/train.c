@@ -66,6 +66,18 @@ static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) 
   return 0;
 }
 
+int duet_parse_threads(const char *val, int *out) {
+  char *end;
+  errno = 0;
+  long long t = strtoll(val, &end, 10);
+  if (errno || end == val || *end || t < 1 || t > DUET_MAX_THREADS) {
+    fprintf(stderr, "duet: error: --threads expects an integer from 1 to %d, got '%s'\n", DUET_MAX_THREADS, val);
+    return 1;
+  }
+  *out = (int)t;
+  return 0;
+}
+
 static int parse_f64(const char *flag, const char *s, double lo, double *out) {
   char *end;
   errno = 0;
@@ -133,17 +145,7 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     else if (!strcmp(flag, "--lr")) rc = parse_f64(flag, val, 0, &c->lr);
     else if (!strcmp(flag, "--weight-decay")) rc = parse_f64(flag, val, 0, &c->weight_decay);
     else if (!strcmp(flag, "--seed")) rc = parse_i64(flag, val, 0, &iv), c->seed = (uint64_t)iv;
-    else if (!strcmp(flag, "--threads")) {
-      char *end;
-      errno = 0;
-      long long t = strtoll(val, &end, 10);
-      if (errno || end == val || *end || t < 1 || t > DUET_MAX_THREADS) {
-        fprintf(stderr, "duet: error: --threads expects an integer from 1 to %d, got '%s'\n", DUET_MAX_THREADS, val);
-        rc = 1;
-      } else {
-        c->threads = (int)t;
-      }
-    }
+    else if (!strcmp(flag, "--threads")) rc = duet_parse_threads(val, &c->threads);
     else if (!strcmp(flag, "--log-every")) rc = parse_i64(flag, val, 1, &c->log_every);
     else if (!strcmp(flag, "--eval-every")) rc = parse_i64(flag, val, 1, &c->eval_every);
     else if (!strcmp(flag, "--eval-batches")) rc = parse_i64(flag, val, 1, &c->eval_batches);
