@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "../runtime/duet_half.h"
+#include "cuda_emu/cuda_emu_source.h"
 #include "op_cases.h"
 #include "test_util.h"
 
@@ -157,17 +158,9 @@ static int emu_build(Emu *e, const char *cuda, const int32_t *fn_of, int n_fns, 
   snprintf(so, sizeof so, "%s/k.so", dir);
   FILE *f = fopen(src, "w");
   if (!f) return -1;
-  fprintf(f, "#include \"cuda_emu.h\"\n#include \"cuda_emu_rt.cpp\"\n");
-  const char *dyn = "extern __shared__ double duet_smem[];";
-  for (const char *p = cuda; *p;) {
-    const char *q = strstr(p, dyn);
-    if (!q) {
-      fputs(p, f);
-      break;
-    }
-    fwrite(p, 1, (size_t)(q - p), f);
-    fputs("double *duet_smem = emu_smem;", f);
-    p = q + strlen(dyn);
+  if (cuda_emu_write_source(f, cuda)) {
+    fclose(f);
+    return -1;
   }
   /* the runtime's accumulate kernels: t = {a, b}, s = {n, first} */
   fprintf(f, "extern \"C\" void emu_call_acc(void *const *t, const double *s) {\n"

@@ -84,6 +84,7 @@
 #include <unistd.h>
 
 #include "../../runtime/duet_half.h"
+#include "../cuda_emu/cuda_emu_source.h"
 
 extern char **environ;
 
@@ -1266,22 +1267,10 @@ nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int n, const char *const *opts) 
   if (!ok) return NVRTC_ERROR_INVALID_OPTION;
   p->is_sass = arch[0] == 's';
   p->arch = cc;
-  /* the source behind the emulation header, dynamic shared memory mapped
-   * to the emulator's buffer, then the trampolines */
+  /* the source as tests/cuda_emu builds it, then the pointer translation
+   * and the trampolines */
   Buf src = {0};
-  bprint(&src, "#include <type_traits>\n#include \"cuda_emu.h\"\n#include \"cuda_emu_rt.cpp\"\n");
-  const char *dyn = "extern __shared__ double duet_smem[];";
-  for (const char *s = p->src; *s;) {
-    const char *q = strstr(s, dyn);
-    if (!q) {
-      bput(&src, s, strlen(s));
-      break;
-    }
-    bput(&src, s, (size_t)(q - s));
-    bprint(&src, "double *duet_smem = emu_smem;");
-    s = q + strlen(dyn);
-  }
-  bprint(&src, "\nextern \"C\" { void *(*fake_xlate)(const void *); }\n"
+  bprint(&src, "#include <type_traits>\nextern \"C\" { void *(*fake_xlate)(const void *); }\n"
                "template <typename T> static void fake_fix(T &v) {\n"
                "  if constexpr (std::is_pointer<T>::value) v = (T)fake_xlate((const void *)v);\n}\n");
   if (strstr(p->src, "duet_args"))
@@ -1304,7 +1293,7 @@ nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int n, const char *const *opts) 
   snprintf(logp, sizeof logp, "%s/log", dir);
   snprintf(inc, sizeof inc, "-I%s", FAKEGPU_EMU_DIR);
   FILE *f = fopen(cpp, "w");
-  int bad = !f || fwrite(src.s, 1, src.n, f) != src.n;
+  int bad = !f || cuda_emu_write_source(f, p->src) || fwrite(src.s, 1, src.n, f) != src.n;
   if (f && fclose(f)) bad = 1;
   free(src.s);
   const char *cxx = getenv("CXX");
