@@ -388,6 +388,7 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
   DuetDevice *d = calloc(1, sizeof *d);
   Cuda *c = calloc(1, sizeof *c);
   void *img = NULL;
+  unsigned *dyn_max = NULL; /* per function: the dynamic shared bytes to allow */
   if (!d || !c) {
     free(d);
     free(c);
@@ -458,7 +459,7 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
    * sizes: the attribute, which belongs to the function, is the largest. */
   int max_optin = 0;
   CKO(cuDeviceGetAttribute(&max_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, c->dev));
-  unsigned *dyn_max = calloc((size_t)(p->cuda_n_fns > 0 ? p->cuda_n_fns : 1), sizeof *dyn_max);
+  dyn_max = calloc((size_t)(p->cuda_n_fns > 0 ? p->cuda_n_fns : 1), sizeof *dyn_max);
   if (!dyn_max) {
     snprintf(err, errlen, "out of host memory");
     goto fail;
@@ -467,7 +468,6 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
     char fname[32];
     if (!p->cuda_fn || p->cuda_fn[i] < 0 || p->cuda_fn[i] >= p->cuda_n_fns) {
       snprintf(err, errlen, "kernel %d has no CUDA function", i);
-      free(dyn_max);
       goto fail;
     }
     snprintf(fname, sizeof fname, "duet_k%d", p->cuda_fn[i]); /* kernels may share it */
@@ -477,14 +477,12 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
     if (r != CUDA_SUCCESS) {
       snprintf(err, errlen, "%s: cuModuleGetFunction / cuFuncGetAttribute failed: %s (CUresult %d)", fname, cu_err(r),
                (int)r);
-      free(dyn_max);
       goto fail;
     }
     unsigned dyn = p->cuda_launch[i].shared;
     if ((long long)dyn + stat > max_optin) {
       snprintf(err, errlen, "kernel %d needs %u bytes of dynamic and %d of static shared memory; %s allows %d in all", i,
                dyn, stat, name, max_optin);
-      free(dyn_max);
       goto fail;
     }
     if (dyn + (unsigned)stat > 48 * 1024 && dyn > dyn_max[p->cuda_fn[i]]) dyn_max[p->cuda_fn[i]] = dyn;
@@ -496,11 +494,11 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
     if (r != CUDA_SUCCESS) {
       snprintf(err, errlen, "cuFuncSetAttribute(duet_k%d, MAX_DYNAMIC_SHARED_SIZE_BYTES, %u) failed: %s (CUresult %d)",
                p->cuda_fn[i], dyn, cu_err(r), (int)r);
-      free(dyn_max);
       goto fail;
     }
   }
   free(dyn_max);
+  dyn_max = NULL;
   CKO(cuModuleGetFunction(&c->acc[0], c->mod, "duet_accumulate_f32"));
   CKO(cuModuleGetFunction(&c->acc[1], c->mod, "duet_accumulate_f64"));
   cublasStatus_t bs = cublasCreate(&c->blas);
@@ -516,6 +514,7 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
   return d;
 fail:
   free(img);
+  free(dyn_max);
   cu_destroy(d);
   return NULL;
 }
