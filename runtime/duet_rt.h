@@ -329,6 +329,26 @@ int duet_devices_all_cuda(const char *spec);
  * exist (duet_cuda_gpu_count); a planned capacity is refused.  The messages
  * are duet_device_open's.  0, or -1 with a message in err. */
 int duet_devices_check(const char *spec, char *err, size_t errlen);
+/* duet_devices_check of cfg->devices, and what else about the devices needs
+ * neither kernels nor a device: --gemm-accumulate fp16 (in p) asks only
+ * CUDA devices (duet_gemm_acc_check for each item, default cpu), and a
+ * pipelined program's environment parses (duet_pipe_env: DUET_PIPE_TIMEOUT,
+ * DUET_PIPE_STAGING, ...).  0, or -1 with the message the later failure
+ * would give. */
+int duet_devices_preflight(const DuetProgram *p, const DuetConfig *cfg, char *err, size_t errlen);
+/* -1 with the message when p asks for fp16 GEMM accumulation
+ * (--gemm-accumulate fp16) of a device whose backend ("cpu", "cuda") is
+ * not CUDA, else 0. */
+int duet_gemm_acc_check(const DuetProgram *p, const char *backend, char *err, size_t errlen);
+/* The host memory a CPU device may plan to use, in bytes: DUET_HOST_MEMORY
+ * when set (a size: 8GiB, 512MiB, 1.5GB, bytes; anything else is an error),
+ * else MemAvailable from /proc/meminfo (free pages with sysconf where the
+ * kernel has no MemAvailable), lowered to the lowest cgroup memory limit
+ * that applies (v2 memory.max, v1 memory.limit_in_bytes, from the mounted
+ * root to the process's own cgroup).  `from` names the figure used
+ * ("MemAvailable in /proc/meminfo", "the cgroup limit in /sys/fs/...",
+ * "DUET_HOST_MEMORY").  0, or -1 with a message in err. */
+int duet_host_memory(int64_t *bytes, char *from, size_t fromlen, char *err, size_t errlen);
 
 /* ------------------------------------------------------------- sessions */
 
@@ -498,9 +518,20 @@ typedef struct DuetDataset {
  * DATABASE", file formats section).  Returns 0, or -1 with a message naming
  * the file in err. */
 int duet_load_idx(DuetDataset *ds, const char *images_path, const char *labels_path, char *err, size_t errlen);
-/* The first checks of duet_load_idx, with its messages: both files open and
- * start with the right IDX header.  Returns 0, or -1 with a message in err. */
-int duet_check_idx(const char *images_path, const char *labels_path, char *err, size_t errlen);
+/* What duet_check_idx learns from an IDX pair's headers. */
+typedef struct DuetIdxInfo {
+  int64_t n;      /* images (= labels) */
+  int rows, cols; /* pixels of one image */
+} DuetIdxInfo;
+/* The checks of duet_load_idx that need not decompress the images, with its
+ * messages: both files open and start with the right IDX header, they hold
+ * as many images as labels, the image sizes are plausible, and each file's
+ * data has the length its header declares (from the gzip trailer or the
+ * file size; a file whose trailer disagrees is read through, so a
+ * truncated file is reported as duet_load_idx reports it).  A damaged gzip
+ * body with an intact trailer is left to duet_load_idx (its CRC check).
+ * Fills *info (may be NULL).  Returns 0, or -1 with a message in err. */
+int duet_check_idx(const char *images_path, const char *labels_path, DuetIdxInfo *info, char *err, size_t errlen);
 void duet_dataset_free(DuetDataset *ds);
 
 /* The whole file at `path` in one malloc'ed buffer, NUL-terminated after its
