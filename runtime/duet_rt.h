@@ -592,10 +592,48 @@ void duet_st_close(DuetStFile *f);
 /* ---------------------------------------------------------- kernel cache */
 
 /* The per-user kernel cache (used by the C JIT and the CUDA backend):
- * $DUET_CACHE_DIR, else $XDG_CACHE_HOME/duet, else ~/.cache/duet, created
- * with mode 0700 and checked to be a directory owned by the user with no
- * group or other permissions.  0, or -1 with a message in err. */
+ * $DUET_CACHE_DIR (created with its missing parents), else
+ * $XDG_CACHE_HOME/duet, else $HOME/.cache/duet (HOME must exist: a missing
+ * home is an error, never created), else, without HOME,
+ * ${TMPDIR:-/tmp}/duet-cache-UID/duet.  Directories are created with mode
+ * 0700, and the cache directory must be owned by the user with no group or
+ * other permissions; the temporary-directory default must pass
+ * duet_dir_private as a whole path.  0, or -1 with a message in err (the
+ * callers then compile without caching). */
 int duet_cache_dir(char *out, size_t n, char *err, size_t errlen);
+/* dir is private: a directory owned by the user with no group or other
+ * permissions, and every directory above its real path is owned by root or
+ * the user and writable by no one else unless sticky (as /tmp), so nobody
+ * else can rename or replace it.  0, or -1 with a message in err. */
+int duet_dir_private(const char *dir, char *err, size_t errlen);
+/* A fresh private directory ${TMPDIR:-/tmp}/PREFIX-XXXXXX (mkdtemp, mode
+ * 0700), checked with duet_dir_private (removed again when it fails), else
+ * one in /tmp.  0, or -1 with a message in err. */
+int duet_private_tmpdir(char *out, size_t n, const char *prefix, char *err, size_t errlen);
+/* Creates BASE.PID.XXXXXX<suffix> (unique, mode 0600, close-on-exec) and
+ * holds an exclusive flock on it until the returned fd is closed, so that
+ * duet_cache_clean can tell a live writer's temporary from a dead one's.
+ * The fd, or -1 with errno. */
+int duet_cache_tmp(char *path, size_t n, const char *base, const char *suffix);
+/* Removes the kernel cache's temporaries in dir (names of 16 hex digits, a
+ * dot, and ending in .tmp or .c) that a dead run left: regular files of the
+ * user, older than DUET_CACHE_STALE_SECONDS and not locked by a live
+ * writer; a JIT source (.c) goes with its compiler output (.so.tmp) and key
+ * (.key.tmp), which are kept while their .c exists.  Best effort, silent. */
+#define DUET_CACHE_STALE_SECONDS 60
+void duet_cache_clean(const char *dir);
+/* Reads an open file to its end into one malloc'ed buffer, NUL-terminated
+ * after its *len bytes.  NULL with errno (EIO, ENOMEM) on failure. */
+void *duet_read_fd(int fd, size_t *len);
+/* A cache entry's object checked and kept open: the key file's text
+ * (keytext, keytext_len bytes) must be `key` followed by the object line,
+ * and the object at path obj (a regular file of the user, not a symlink)
+ * must have the size and FNV-1a hash that line records.  Returns the open
+ * fd of the very file whose bytes (*bytes, malloc'ed, *len) were hashed, so
+ * the caller loads what was checked (dlopen of /proc/self/fd/N); -1 on a
+ * miss. */
+int duet_cache_open_verified(const char *obj, const char *key, size_t keylen, const char *keytext, size_t keytext_len,
+                             void **bytes, size_t *len);
 /* FNV-1a, 64 bits (Fowler, Noll, Vo; constants from the FNV reference);
  * start with h = DUET_FNV_OFFSET. */
 #define DUET_FNV_OFFSET 0xcbf29ce484222325ull

@@ -139,6 +139,12 @@ if "$DUET" compile $M -o "$d/exe" > /dev/null 2>&1; then
   DUET_HOST_MEMORY=16MiB expect exe_memory_no_fit 1 "duet: error: the program does not fit the memory of cpu: its memory takes 34.16 MiB (params 7.11, optimizer state 14.22, activations 12.83 MiB), and 16.00 MiB are available (DUET_HOST_MEMORY)" \
     "$d/exe" --steps 1
 else echo "FAIL exe: duet compile failed"; fail=$((fail + 1)); fi
+# a missing HOME is not created: the kernels are compiled without a cache, with a warning
+out=$(env -u DUET_CACHE_DIR -u XDG_CACHE_HOME HOME="$no" "$DUET" run $M --steps 1 --no-eval --train-subset 512 --quiet 2>&1); rc=$?
+if [ $rc -eq 0 ] && [ ! -e "$no" ] &&
+   printf '%s\n' "$out" | grep -q "^duet: warning: HOME $no is not a directory (duet does not create it; set DUET_CACHE_DIR for a kernel cache); compiling the kernels in .* without caching them$"; then
+  echo "ok home_missing_not_created"; pass=$((pass + 1))
+else echo "FAIL home_missing_not_created: exit $rc, $no $( [ -e "$no" ] && echo exists || echo absent)"; printf '%s\n' "$out" | head -3; fail=$((fail + 1)); fi
 # a damaged gzip (CRC-32 of the trailer) is an error, not silently wrong labels
 mkdir -p "$d/crc"
 cp /usr/share/datasets/fashion-mnist/*.gz "$d/crc/"
