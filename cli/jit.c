@@ -164,8 +164,16 @@ static int compiler_version(char *out, size_t n, char *why, size_t whylen) {
 static int open_module(int fd, const void *bytes, size_t len, const char *name, JitModule *m, char *err,
                        size_t errlen) {
   char path[1200], tmpdir[1024] = "";
+  m->fd = -1;
   if (!access("/proc/self/fd", X_OK)) {
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    /* the loader takes a name it has loaded before for that module: this
+     * descriptor stays open with the module (jit_unload closes it), so no
+     * other module loads under the same name meanwhile */
+    if ((m->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
+      snprintf(err, errlen, "cannot load compiled kernels %s: %s", name, strerror(errno));
+      return -1;
+    }
+    snprintf(path, sizeof path, "/proc/self/fd/%d", m->fd);
   } else {
     char e2[600];
     if (duet_private_tmpdir(tmpdir, sizeof tmpdir, "duet-load", e2, sizeof e2)) {
@@ -187,14 +195,15 @@ static int open_module(int fd, const void *bytes, size_t len, const char *name, 
   }
   if (!m->handle) {
     snprintf(err, errlen, "cannot load compiled kernels %s: %s", name, dlerror());
+    if (m->fd >= 0) close(m->fd);
+    m->fd = -1;
     return -1;
   }
   const int *count = dlsym(m->handle, "duet_kernel_count");
   const DuetKernelFn *table = dlsym(m->handle, "duet_kernel_table");
   if (!count || !table) {
     snprintf(err, errlen, "compiled kernels %s lack duet_kernel_table", name);
-    dlclose(m->handle);
-    m->handle = NULL;
+    jit_unload(m);
     return -1;
   }
   const int *n_fns = dlsym(m->handle, "duet_function_count");
@@ -352,6 +361,7 @@ out:
 
 int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
+  m->fd = -1;
   char ver[512], dir[1024], cpu[4096];
   char why[1400];
   if (compiler_version(ver, sizeof ver, why, sizeof why)) {
@@ -415,6 +425,10 @@ int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
 }
 
 void jit_unload(JitModule *m) {
-  if (m->handle) dlclose(m->handle);
+  if (m->handle) {
+    dlclose(m->handle);
+    if (m->fd >= 0) close(m->fd);
+  }
   memset(m, 0, sizeof *m);
+  m->fd = -1;
 }
