@@ -231,20 +231,6 @@ static void cpu_signature(char *out, size_t n) {
   fclose(f);
 }
 
-/* Writes n bytes through fd and fsyncs them; 0, or -1 with errno. */
-static int write_all_sync(int fd, const void *data, size_t n) {
-  size_t off = 0;
-  while (off < n) {
-    ssize_t w = write(fd, (const char *)data + off, n - off);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    off += (size_t)w;
-  }
-  return fsync(fd);
-}
-
 /* `p` with its last `cut` characters replaced by `add`, into out[n]. */
 static int swap_suffix(char *out, size_t n, const char *p, size_t cut, const char *add) {
   return (size_t)snprintf(out, n, "%.*s%s", (int)(strlen(p) - cut), p, add) >= n ? -1 : 0;
@@ -300,7 +286,7 @@ static int compile_in(const char *dir, bool cache, const char *src, const char *
   size_t len = 0;
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  if (write_all_sync(fc, src, strlen(src))) {
+  if (duet_write_fd_sync(fc, src, strlen(src))) {
     snprintf(err, errlen, "cannot write %s: %s", c_path, strerror(errno));
     goto out;
   }
@@ -333,13 +319,21 @@ static int compile_in(const char *dir, bool cache, const char *src, const char *
     goto out;
   }
   if (cache) {
-    char tail[96];
-    int tn = snprintf(tail, sizeof tail, "\nobject: %zu %016llx\n", len,
-                      (unsigned long long)duet_fnv1a(bytes, len, DUET_FNV_OFFSET));
+    /* the key file: the full key, then the object's size and hash */
+    char *full = malloc(k + 96);
+    if (!full) {
+      snprintf(err, errlen, "out of host memory");
+      goto out;
+    }
+    memcpy(full, key, k);
+    size_t fn = k + (size_t)snprintf(full + k, 96, "\nobject: %zu %016llx\n", len,
+                                     (unsigned long long)duet_fnv1a(bytes, len, DUET_FNV_OFFSET));
     fk = open(key_tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fk < 0 || write(fk, key, k) != (ssize_t)k || write_all_sync(fk, tail, (size_t)tn) || rename(so_tmp, so) ||
-        (so_tmp[0] = 0, rename(key_tmp, keyf))) {
-      snprintf(err, errlen, "cannot write the kernel cache in %s: %s", dir, strerror(errno));
+    int bad = fk < 0 || duet_write_fd_sync(fk, full, fn) || rename(so_tmp, so) || (so_tmp[0] = 0, rename(key_tmp, keyf));
+    int e = errno;
+    free(full);
+    if (bad) {
+      snprintf(err, errlen, "cannot write the kernel cache in %s: %s", dir, strerror(e));
       if (!so_tmp[0]) unlink(so); /* the object without its key is no entry */
       goto out;
     }

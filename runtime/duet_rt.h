@@ -640,6 +640,9 @@ int duet_cache_open_verified(const char *obj, const char *key, size_t keylen, co
 uint64_t duet_fnv1a(const void *p, size_t n, uint64_t h);
 /* Writes n bytes to path (created 0600) and fsyncs it.  0, or -1 with errno. */
 int duet_write_file_sync(const char *path, const void *data, size_t n);
+/* Writes n bytes through fd (retrying short writes and EINTR) and fsyncs
+ * it.  0, or -1 with errno. */
+int duet_write_fd_sync(int fd, const void *data, size_t n);
 /* fsync of an existing file or directory.  0, or -1 with errno. */
 int duet_fsync_path(const char *path);
 /* Cache entries: <hash of key>.<ext> holds the object, <hash>.<ext>.key the

@@ -283,21 +283,26 @@ void duet_cache_clean(const char *dir) {
   closedir(dd);
 }
 
-int duet_write_file_sync(const char *path, const void *data, size_t n) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0) return -1;
+int duet_write_fd_sync(int fd, const void *data, size_t n) {
   size_t off = 0;
   while (off < n) {
     ssize_t w = write(fd, (const char *)data + off, n - off);
     if (w < 0) {
       if (errno == EINTR) continue;
-      close(fd);
       return -1;
     }
     off += (size_t)w;
   }
-  if (fsync(fd)) {
+  return fsync(fd);
+}
+
+int duet_write_file_sync(const char *path, const void *data, size_t n) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  if (duet_write_fd_sync(fd, data, n)) {
+    int e = errno;
     close(fd);
+    errno = e;
     return -1;
   }
   return close(fd);
@@ -365,21 +370,6 @@ void *duet_cache_get(const char *key, size_t keylen, const char *ext, size_t *le
   return blob;
 }
 
-/* Writes n bytes through fd (from duet_cache_tmp) and fsyncs them; 0, or -1
- * with errno. */
-static int write_fd_sync(int fd, const void *data, size_t n) {
-  size_t off = 0;
-  while (off < n) {
-    ssize_t w = write(fd, (const char *)data + off, n - off);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    off += (size_t)w;
-  }
-  return fsync(fd);
-}
-
 int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *blob, size_t len, char *err,
                    size_t errlen) {
   char dir[1200], obj[1200], keyf[1200], obj_tmp[1300] = "", key_tmp[1300] = "";
@@ -399,9 +389,9 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
    * each temporary is locked while written (duet_cache_tmp), so a run that
    * dies leaves it to duet_cache_clean */
   int rc = 0, fo = -1, fk = -1;
-  if ((fo = duet_cache_tmp(obj_tmp, sizeof obj_tmp, obj, ".tmp")) < 0 || write_fd_sync(fo, blob, len) ||
+  if ((fo = duet_cache_tmp(obj_tmp, sizeof obj_tmp, obj, ".tmp")) < 0 || duet_write_fd_sync(fo, blob, len) ||
       rename(obj_tmp, obj) || (obj_tmp[0] = 0, (fk = duet_cache_tmp(key_tmp, sizeof key_tmp, keyf, ".tmp")) < 0) ||
-      write_fd_sync(fk, full, keylen + (size_t)tn) || rename(key_tmp, keyf)) {
+      duet_write_fd_sync(fk, full, keylen + (size_t)tn) || rename(key_tmp, keyf)) {
     snprintf(err, errlen, "cannot write the kernel cache entry %s: %s", obj, strerror(errno));
     if (obj_tmp[0] && fo >= 0) unlink(obj_tmp);
     if (fk >= 0) unlink(key_tmp);
