@@ -452,11 +452,15 @@ int duet_sample(DuetSession *s, const char *prompt, int64_t n_tokens, double tem
 int duet_sample_check(const DuetProgram *p, char *err, size_t errlen);
 
 /* The checks of duet_main that need neither kernels nor a device, for a
- * caller about to spend seconds compiling the kernels (duet run): the flags
- * parse, the data files open (fashion_mnist: both IDX headers of each split
- * read; text: the file reads), --save's directory is writable, and the
- * devices (duet_devices_check) can be opened.  Prints nothing when all is
- * well; else prints the error duet_main would print and returns 1. */
+ * caller about to spend seconds compiling the kernels (duet run) or, in a
+ * compiled executable, loading data and opening devices: the flags parse,
+ * the data (fashion_mnist: duet_check_idx on each split read, and the image
+ * size against the model's input x; text: the file reads and, when it is
+ * a regular file, is long enough for one window in both splits), --save's
+ * directory is writable, and duet_devices_preflight (the devices open,
+ * --gemm-accumulate fp16 only on CUDA, a pipeline's environment, one CPU
+ * device's memory).  Prints nothing when all is well; else prints the
+ * error duet_main would print and returns 1. */
 int duet_preflight(const DuetProgram *p, int argc, char **argv);
 /* Applies command-line flags to cfg; returns 0, 1 on a bad flag (printed),
  * 2 when --help was printed. */
