@@ -15,6 +15,9 @@ typedef struct JitModule {
   int n_functions;          /* duet_function_count: distinct kernel functions (kernels share them) */
   bool cache_hit;
   double compile_seconds;   /* 0 on a cache hit */
+  int fd;                   /* the loaded file, open while the module is: its /proc/self/fd/N name, which
+                             * the dynamic loader matches by string, stays unique among loaded modules
+                             * (-1: none) */
 } JitModule;
 
 /* Flags every kernel is compiled with, by `duet run` and `duet compile`

@@ -35,7 +35,8 @@ static void usage(FILE *out) {
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
           "M.model: it resumes after the pass it was printed after.\n\n"
           "Every command takes --help.  Environment: DUET_CC (C compiler, default cc),\n"
-          "DUET_CACHE_DIR (kernel cache, default ~/.cache/duet).\n");
+          "DUET_CACHE_DIR (kernel cache, default ~/.cache/duet), DUET_HOST_MEMORY (the memory a CPU\n"
+          "device may use, default MemAvailable or the cgroup limit).\n");
 }
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
@@ -101,6 +102,7 @@ typedef struct ParOpts {
   int64_t micro_batches;
   PartDevice dev[DUET_MAX_DEVICES];
   int n_dev;
+  char mem_from[1700]; /* where the CPU devices' capacity came from (duet_host_memory) */
   bool one_f_one_b; /* --schedule 1f1b: fewer activations in flight */
 } ParOpts;
 
@@ -131,7 +133,8 @@ static const char *scan_flag(int argc, char **argv, const char *name) {
 
 /* Fills po->dev from the device list `devices` (and --threads in argv):
  * the partition pass sees CPU devices with threads/S cores each and an
- * equal share of the host's memory, CUDA devices as 16 GiB sm_60 (P100, the
+ * equal share of the host memory available (duet_host_memory:
+ * MemAvailable, a cgroup limit, DUET_HOST_MEMORY), CUDA devices as 16 GiB sm_60 (P100, the
  * target; the CUDA plugin reports the real figures) shared equally by the
  * items that name the same GPU (cuda:0,cuda:0), planned capacities as
  * given.  Environment: DUET_CPU_GFLOPS (GFLOP/s per core, a number > 0, else
@@ -151,7 +154,6 @@ static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) 
     if (duet_parse_threads(th, &n)) return 1;
     total = n;
   }
-  long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
   const char *gf = getenv("DUET_CPU_GFLOPS");
   double gflops = 0;
   if (gf) {
@@ -164,6 +166,16 @@ static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) 
   }
   int n_cpu = 0;
   for (int i = 0; i < po->n_dev; i++) n_cpu += spec[i].kind == DUET_DEV_CPU;
+  int64_t host = 0; /* virtual CPU devices share it */
+  if (n_cpu) {
+    char from[1600];
+    if (duet_host_memory(&host, from, sizeof from, err, sizeof err)) {
+      fprintf(stderr, "duet: error: %s\n", err);
+      return 1;
+    }
+    if (n_cpu > 1) snprintf(po->mem_from, sizeof po->mem_from, "%s, shared by %d CPU devices", from, n_cpu);
+    else snprintf(po->mem_from, sizeof po->mem_from, "%s", from);
+  }
   for (int i = 0; i < po->n_dev; i++) {
     PartDevice *d = &po->dev[i];
     d->name = strdup(spec[i].name);
@@ -180,8 +192,8 @@ static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) 
     for (int k = 0; k < po->n_dev; k++) same_gpu += spec[k].kind == DUET_DEV_CUDA && spec[k].index == spec[i].index;
     d->capacity = spec[i].kind == DUET_DEV_PLANNED ? spec[i].capacity
                   : spec[i].kind == DUET_DEV_CUDA  ? ((int64_t)16 << 30) / same_gpu
-                  : pages > 0 && psz > 0           ? (int64_t)pages * psz / n_cpu /* virtual devices share it */
-                                                   : 0;
+                                                   : host / n_cpu;
+    d->capacity_from = spec[i].kind == DUET_DEV_CPU ? po->mem_from : NULL;
   }
   return 0;
 }
@@ -449,6 +461,17 @@ static int cmd_run(int argc, char **argv) {
   if (par_opts(&po, argc - 1, argv + 1)) return 1;
   Compiled c;
   int rc = compile_model_par(&c, argv[0], batch, &po, NULL, NULL);
+  /* one CPU device (the default, or --devices cpu), whose memory the
+   * partition pass checks only when it splits the model: the memory duet
+   * plan counts must be available, or the kernel kills the run mid-way */
+  if (!rc && c.g->n_stages <= 1 && (!po.n_dev || (po.n_dev == 1 && po.dev[0].cpu))) {
+    ParOpts cpu = {0};
+    rc = po.n_dev ? 0 : par_devices(&cpu, "cpu", argc - 1, argv + 1);
+    const ParOpts *one = po.n_dev ? &po : &cpu;
+    PassCtx pc = {.diag = &c.diag, .devices = one->dev, .n_devices = one->n_dev};
+    if (!rc) rc = partition_check_memory(c.g, &pc);
+    par_free(&cpu);
+  }
   par_free(&po);
   if (rc) {
     compiled_free(&c);
@@ -874,24 +897,44 @@ static int cmd_sample(int argc, char **argv) {
   return rc;
 }
 
+/* Column widths of duet check's layer table: at least the header's, wide
+ * enough for the longest indented name, shape and parameter count. */
+typedef struct LayerCols {
+  int name, shape, params;
+} LayerCols;
+
+/* The parameters under layer l's prefix (saturating at INT64_MAX). */
+static int64_t layer_params(const Graph *g, const LayerInfo *l) {
+  int64_t params = 0;
+  size_t nl = strlen(l->name);
+  for (int j = 0; j < g->n_values; j++) {
+    const Value *v = g->values[j];
+    if (v->op == OP_PARAM && !strncmp(v->attr.name, l->name, nl) && v->attr.name[nl] == '.')
+      params = shape_numel(&v->shape) > INT64_MAX - params ? INT64_MAX : params + shape_numel(&v->shape);
+  }
+  return params;
+}
+
 /* Layers whose name extends `parent` by one level, in the order the calls
- * started (a call is recorded when it ends, after the calls inside it). */
-static void print_layers(const Graph *g, const char *parent, int depth) {
+ * started (a call is recorded when it ends, after the calls inside it);
+ * printed when `cols` is set, else only measured into `measure`. */
+static void print_layers(const Graph *g, const char *parent, int depth, const LayerCols *cols, LayerCols *measure) {
   size_t pl = parent ? strlen(parent) : 0;
   for (int i = 0; i < g->n_layers; i++) {
     const LayerInfo *l = &g->layers[i];
     if (l->depth != depth || (parent && (strncmp(l->name, parent, pl) || l->name[pl] != '.'))) continue;
-    int64_t params = 0;
-    size_t nl = strlen(l->name);
-    for (int j = 0; j < g->n_values; j++) {
-      const Value *v = g->values[j];
-      if (v->op == OP_PARAM && !strncmp(v->attr.name, l->name, nl) && v->attr.name[nl] == '.')
-        params = shape_numel(&v->shape) > INT64_MAX - params ? INT64_MAX : params + shape_numel(&v->shape);
+    int64_t params = layer_params(g, l);
+    char b[160], n[32];
+    const char *name = parent ? l->name + pl + 1 : l->name, *shape = shape_str(&l->out, b, sizeof b);
+    int nw = 2 * depth + (int)strlen(name), sw = (int)strlen(shape), cw = snprintf(n, sizeof n, "%" PRId64, params);
+    if (cols) printf("%*s%-*s %-*s %*s\n", 2 * depth, "", cols->name - 2 * depth, name, cols->shape, shape,
+                     cols->params, n);
+    else {
+      if (nw > measure->name) measure->name = nw;
+      if (sw > measure->shape) measure->shape = sw;
+      if (cw > measure->params) measure->params = cw;
     }
-    char b[160], indented[160];
-    snprintf(indented, sizeof indented, "%*s%s", 2 * depth, "", parent ? l->name + pl + 1 : l->name);
-    printf("%-36s %-20s %12" PRId64 "\n", indented, shape_str(&l->out, b, sizeof b), params);
-    print_layers(g, l->name, depth + 1);
+    print_layers(g, l->name, depth + 1, cols, measure);
   }
 }
 
@@ -907,7 +950,9 @@ static const char *bytes_human(int64_t n, char *b, size_t len) {
 
 static int cmd_check(int argc, char **argv) {
   if (argc != 1 || wants_help(argc, argv)) {
-    printf("usage: duet check M.model\nParses and verifies the model; prints its parameters.\n"
+    printf("usage: duet check M.model\nParses and verifies the model; prints its parameters and the bytes of\n"
+           "their weights as trained (f32: in fp16/bf16 these are the master weights, the 16-bit copies come\n"
+           "on top; gradients, optimizer state and activations: duet plan).\n"
            "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90.\n");
     return argc == 1 ? 0 : 1;
   }
@@ -917,6 +962,9 @@ static int cmd_check(int argc, char **argv) {
   /* parameters and their bytes in all; shape rules keep each one's bytes
    * within 64 bits, their sum is checked here */
   int64_t total = 0, bytes = 0;
+  int w_name = 32, w_shape = 16, w_elems = 12; /* at least these: the table's usual look */
+  DType dt = DT_F32;
+  bool mixed = false, any = false;
   for (int i = 0; !rc && i < c.g->n_values; i++) {
     const Value *v = c.g->values[i];
     if (v->op != OP_PARAM) continue;
@@ -929,24 +977,46 @@ static int cmd_check(int argc, char **argv) {
     }
     total += n;
     bytes += nb;
+    mixed |= any && v->dtype != dt;
+    dt = v->dtype;
+    any = true;
+    char b[160], e[32];
+    int nw = (int)strlen(v->attr.name), sw = (int)strlen(shape_str(&v->shape, b, sizeof b)),
+        ew = snprintf(e, sizeof e, "%" PRId64, n);
+    /* a name or shape that fills its column keeps one space before the next */
+    if (nw > w_name) w_name = nw;
+    if (sw > w_shape) w_shape = sw;
+    if (ew > w_elems) w_elems = ew;
   }
   if (!rc) {
     char b[160];
     /* the model summary: every block call (outermost first, nested ones
      * indented) with its output shape and the parameters under its prefix */
     if (c.g->n_layers) {
-      printf("%-36s %-20s %12s\n", "layer", "output shape", "params");
-      print_layers(c.g, NULL, 0);
+      LayerCols lc = {36, 20, 12};
+      print_layers(c.g, NULL, 0, NULL, &lc);
+      printf("%-*s %-*s %*s\n", lc.name, "layer", lc.shape, "output shape", lc.params, "params");
+      print_layers(c.g, NULL, 0, &lc, NULL);
       printf("\n");
     }
-    printf("%-32s %-16s %12s\n", "parameter", "shape", "elements");
+    printf("%-*s %-*s %*s\n", w_name, "parameter", w_shape, "shape", w_elems, "elements");
     for (int i = 0; i < c.g->n_values; i++) {
       Value *v = c.g->values[i];
       if (v->op != OP_PARAM) continue;
-      printf("%-32s %-16s %12" PRId64 "\n", v->attr.name, shape_str(&v->shape, b, sizeof b), shape_numel(&v->shape));
+      printf("%-*s %-*s %*" PRId64 "\n", w_name, v->attr.name, w_shape, shape_str(&v->shape, b, sizeof b), w_elems,
+             shape_numel(&v->shape));
     }
+    /* what the bytes are: the weights as the optimizer keeps them (f32),
+     * which 16-bit training keeps as master weights beside its copies */
+    PrecisionChoice pc;
+    char perr[256];
+    bool half = !precision_resolve(opt_arch, opt_precision ? opt_precision : c.g->train.precision, &pc, perr,
+                                   sizeof perr) && pc.storage != DT_F32 && pc.storage != DT_F64;
     printf("%s: ok, %" PRId64 " parameters, %" PRId64 " bytes", argv[0], total, bytes);
     if (bytes >= 1024) printf(" (%s)", bytes_human(bytes, b, sizeof b));
+    if (any) printf(" of %s %sweights%s", mixed ? "f32/f64" : dtype_name(dt), half ? "master " : "",
+                    half ? (pc.storage == DT_F16 ? " (their fp16 copies not counted)" : " (their bf16 copies not counted)")
+                         : "");
     printf("\n");
   }
   compiled_free(&c);

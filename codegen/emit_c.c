@@ -944,6 +944,9 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   fprintf(out, "    .seed = %" PRIu64 "u, .eval = %d, .block = %" PRId64 ", .eval_every = %" PRId64
                ", .eval_batches = %" PRId64 "},\n};\n\n",
           c->seed, c->eval, c->block, c->eval_every, c->eval_batches);
+  /* the checks duet run makes before compiling, before loading data or
+   * opening a device (a CUDA device compiles its kernels when opened) */
   fprintf(out, "int main(int argc, char **argv) {\n");
+  fprintf(out, "  if (duet_preflight(&program, argc - 1, argv + 1)) return 1;\n");
   fprintf(out, "  return duet_main(&program, (const DuetKernelFn *)duet_kernel_table, argv[0], argc - 1, argv + 1);\n}\n");
 }

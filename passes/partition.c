@@ -230,11 +230,16 @@ static void place_forward(Part *P, int *stage_of_f) {
       diag_error_noloc(g->diag, "no split into %d stages puts every pinned op on its @device, leaves no stage empty "
                        "and keeps every stage within its memory", S);
     double cap = 0;
-    for (int k = 0; k < S; k++) cap += (double)P->cx->devices[k].capacity;
+    const char *from = NULL; /* where a CPU device's figure came from */
+    for (int k = 0; k < S; k++) {
+      cap += (double)P->cx->devices[k].capacity;
+      if (!from) from = P->cx->devices[k].capacity_from;
+    }
     diag_error_noloc(g->diag, "the model does not fit the devices: its params with gradients and optimizer state take "
                      "%.2f MiB and its activations %.2f MiB per micro-batch in flight (%s), against %.2f MiB on %d "
-                     "devices; no split into %d stages keeps every stage within its memory", par[N] / 1048576.0,
-                     act[N] / 1048576.0, P->cx->one_f_one_b ? "1f1b: up to S - s" : "gpipe: M", cap / 1048576.0, S, S);
+                     "device%s%s%s%s; no split into %d stage%s keeps every stage within its memory", par[N] / 1048576.0,
+                     act[N] / 1048576.0, P->cx->one_f_one_b ? "1f1b: up to S - s" : "gpipe: M", cap / 1048576.0, S,
+                     S == 1 ? "" : "s", from ? " (" : "", from ? from : "", from ? ")" : "", S, S == 1 ? "" : "s");
   }
   for (int s = S - 1, b = N; s >= 0; s--) {
     int aa = arg[s * (N + 1) + b];
@@ -446,6 +451,44 @@ void pass_partition(Graph *g, PassCtx *cx) {
 
 /* ------------------------------------------------------------ the report */
 
+/* The memory stage s needs, as `duet plan` counts it. */
+typedef struct StageMemory {
+  int64_t weights, grads, state, act, slots, need;
+} StageMemory;
+
+static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
+  int S = g->n_stages > 1 ? g->n_stages : 1;
+  int64_t M = g->train.micro_batches > 1 ? g->train.micro_batches : 1;
+  StageMemory m = {0};
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if ((v->device < 0 ? 0 : v->device) == s && (v->op == OP_ADAMW || v->op == OP_SGD)) m.grads += value_bytes(v->in[1]);
+  }
+  const int64_t *rb = g->n_stages > 1 ? g->stage_bytes[s] : g->region_bytes;
+  m.slots = cx->one_f_one_b ? (M < S - s ? M : S - s) : M;
+  m.weights = rb[MEM_PARAM];
+  m.state = rb[MEM_STATE];
+  m.act = rb[MEM_ARENA];
+  m.need = rb[MEM_PARAM] + rb[MEM_STATE] + rb[MEM_CACHE] + rb[MEM_ARENA] * m.slots + m.grads;
+  return m;
+}
+
+int partition_check_memory(const Graph *g, const PassCtx *cx) {
+  int S = g->n_stages > 1 ? g->n_stages : 1, rc = 0;
+  for (int s = 0; s < S && s < cx->n_devices; s++) {
+    const PartDevice *d = &cx->devices[s];
+    StageMemory m = stage_memory(g, cx, s);
+    if (d->capacity <= 0 || m.need <= d->capacity) continue;
+    diag_error_noloc(cx->diag, "the model does not fit the memory of %s: it needs %.2f MiB (weights %.2f, grads %.2f, "
+                     "optimizer state %.2f, activations %.2f MiB), and %.2f MiB are available (%s); see duet plan",
+                     d->name, m.need / 1048576.0, m.weights / 1048576.0, m.grads / 1048576.0, m.state / 1048576.0,
+                     (double)(m.act * m.slots) / 1048576.0, d->capacity / 1048576.0,
+                     d->capacity_from ? d->capacity_from : "its capacity");
+    rc = 1;
+  }
+  return rc;
+}
+
 int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
   bool one_f_one_b = cx->one_f_one_b;
   int S = g->n_stages > 1 ? g->n_stages : 1;
@@ -461,7 +504,7 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
     PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};
     if (d) part_device_rates(d, &r);
     double t_f = 0, t_b = 0, t_o = 0;
-    int64_t grads = 0, xfer = 0, n_ops = 0;
+    int64_t xfer = 0, n_ops = 0;
     const char *first = NULL, *last = NULL;
     for (int i = 0; i < g->n_values; i++) {
       const Value *v = g->values[i];
@@ -475,32 +518,31 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
       if (v->role == ROLE_FORWARD) t_f += t;
       else if (v->role == ROLE_BACKWARD) t_b += t;
       else if (v->role == ROLE_OPTIMIZER) t_o += t;
-      if ((v->op == OP_ADAMW || v->op == OP_SGD)) grads += value_bytes(v->in[1]);
       if (v->op == OP_PARAM && v->attr.name) {
         if (!first) first = v->attr.name;
         last = v->attr.name;
       }
       n_ops += is_forward_op(v);
     }
-    const int64_t *rb = g->n_stages > 1 ? g->stage_bytes[s] : g->region_bytes;
-    int64_t slots = one_f_one_b ? (M < S - s ? M : S - s) : M;
+    StageMemory mem = stage_memory(g, cx, s);
+    int64_t slots = mem.slots, need = mem.need, grads = mem.grads;
     double step = (double)M * (t_f + t_b) + t_o;
     if (step > slowest) slowest = step;
     total += step;
     xfer_total += xfer;
-    int64_t need = rb[MEM_PARAM] + rb[MEM_STATE] + rb[MEM_CACHE] + rb[MEM_ARENA] * slots + grads;
     fprintf(out, "stage %d on %s: %" PRId64 " forward ops, params %s .. %s\n", s, d ? d->name : "cpu", n_ops,
             first ? first : "-", last ? last : "-");
     fprintf(out, "  estimated time: forward %.3f ms + backward %.3f ms per micro-batch, optimizer %.3f ms; %.3f ms per "
             "step\n", 1e3 * t_f, 1e3 * t_b, 1e3 * t_o, 1e3 * step);
     fprintf(out, "  memory: weights %.2f MiB, grads %.2f MiB (summed over the micro-batches), optimizer state %.2f "
             "MiB, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB, with their gradients): %.2f MiB",
-            rb[MEM_PARAM] / 1048576.0, grads / 1048576.0, rb[MEM_STATE] / 1048576.0,
-            (double)(rb[MEM_ARENA] * slots) / 1048576.0, slots, slots == 1 ? "" : "es", rb[MEM_ARENA] / 1048576.0,
+            mem.weights / 1048576.0, grads / 1048576.0, mem.state / 1048576.0,
+            (double)(mem.act * slots) / 1048576.0, slots, slots == 1 ? "" : "es", mem.act / 1048576.0,
             need / 1048576.0);
     if (d && d->capacity > 0) {
       if (d->capacity >= (int64_t)1 << 30) fprintf(out, " of %.2f GiB", (double)d->capacity / 1073741824.0);
       else fprintf(out, " of %.2f MiB", (double)d->capacity / 1048576.0);
+      if (d->capacity_from) fprintf(out, " (%s)", d->capacity_from);
       if (need > d->capacity) {
         fprintf(out, "  DOES NOT FIT");
         rc = 1;

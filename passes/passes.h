@@ -12,6 +12,8 @@ typedef struct PartDevice {
   bool planned;      /* a capacity such as 16GiB:sm_60: for duet plan, not a device to run on */
   int sm;            /* GPUs: compute capability x 10 (60 = sm_60) */
   int64_t capacity;  /* bytes of memory; 0: unlimited */
+  const char *capacity_from; /* CPU: where the capacity came from, for messages ("MemAvailable in
+                              * /proc/meminfo"); NULL: as given (a planned capacity, a GPU) */
   int cores;         /* CPU: cores of this (virtual) device */
   double cpu_gflops; /* CPU: configured GFLOP/s per core (0: the default) */
 } PartDevice;
@@ -94,6 +96,13 @@ void pass_memplan(Graph *g, PassCtx *cx);   /* offsets in param/state/arena, per
  * when a device's memory is exceeded (the report marks it; the error goes
  * through cx->diag), else 0. */
 int partition_report(const Graph *g, const PassCtx *cx, FILE *out);
+/* The memory check of partition_report without the report: for each stage
+ * on a device of known capacity, the memory `duet plan` counts (weights,
+ * grads, optimizer state, activations x in-flight micro-batches) must fit
+ * it.  For `duet run` on its default single CPU device, which the
+ * partition pass never sees.  1 after an error through cx->diag naming the
+ * device, the breakdown and the capacity's source, else 0. */
+int partition_check_memory(const Graph *g, const PassCtx *cx);
 
 /* ------------------------------------------------------------ precision */
 

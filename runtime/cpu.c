@@ -356,13 +356,7 @@ DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetC
              DUET_RT_API_VERSION);
     return NULL;
   }
-  if (p->gemm_accumulate_f16 && strcmp(dev->ops->name, "cuda")) {
-    snprintf(err, errlen,
-             "--gemm-accumulate fp16 runs on CUDA devices only (cuBLAS CUBLAS_COMPUTE_16F); the %s backend "
-             "accumulates fp16 GEMMs in fp32",
-             dev->ops->name);
-    return NULL;
-  }
+  if (duet_gemm_acc_check(p, dev->ops->name, err, errlen)) return NULL;
   DuetSession *s = calloc(1, sizeof *s);
   if (!s || !(s->ptr = calloc((size_t)p->n_tensors + 1, sizeof *s->ptr))) {
     free(s);

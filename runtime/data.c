@@ -4,14 +4,31 @@
  * magic 0x00000803 (images: u8, 3 dims) or 0x00000801 (labels: u8, 1 dim),
  * then one u32 per dimension, then the bytes. */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "duet_rt.h"
 
-#define PKG_HINT "(Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)"
+/* Where Debian's dataset-fashion-mnist puts the files, and what to say when
+ * they are missing or damaged there (and only there: a user's own IDX
+ * files have nothing to do with the package). */
+#define PKG_DIR "/usr/share/datasets/fashion-mnist"
+#define PKG_HINT " (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)"
+
+/* PKG_HINT when path is a file directly in PKG_DIR, else "". */
+static const char *pkg_hint(const char *path) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) return "";
+  size_t n = (size_t)(slash - path);
+  while (n > 1 && path[n - 1] == '/') n--;
+  return n == strlen(PKG_DIR) && !strncmp(path, PKG_DIR, n) ? PKG_HINT : "";
+}
 
 /* zlib's message without the "path: " prefix gzerror puts before it. */
 static const char *zmsg(gzFile f, const char *path) {
@@ -30,8 +47,8 @@ static int read_exact(gzFile f, void *buf, size_t n, const char *path, char *err
     int got = gzread(f, p, chunk);
     if (got <= 0) {
       const char *msg = zmsg(f, path);
-      snprintf(err, errlen, "corrupt IDX file %s: %s %s", path,
-               got == 0 ? "file ends early (truncated)" : (msg ? msg : "read error"), PKG_HINT);
+      snprintf(err, errlen, "corrupt IDX file %s: %s%s", path,
+               got == 0 ? "file ends early (truncated)" : (msg ? msg : "read error"), pkg_hint(path));
       return -1;
     }
     p += got;
@@ -48,8 +65,8 @@ static int read_end(gzFile f, const char *path, char *err, size_t errlen) {
   int got = gzread(f, &extra, 1);
   if (got == 0 && gzeof(f)) return 0;
   const char *msg = zmsg(f, path);
-  snprintf(err, errlen, "corrupt IDX file %s: %s %s", path,
-           got > 0 ? "data continues after the declared size" : (msg ? msg : "read error"), PKG_HINT);
+  snprintf(err, errlen, "corrupt IDX file %s: %s%s", path,
+           got > 0 ? "data continues after the declared size" : (msg ? msg : "read error"), pkg_hint(path));
   return -1;
 }
 
@@ -61,7 +78,7 @@ static uint32_t be32(const unsigned char *b) {
 static gzFile open_idx(const char *path, uint32_t magic, int ndim, uint32_t *dims, char *err, size_t errlen) {
   gzFile f = gzopen(path, "rb");
   if (!f) {
-    snprintf(err, errlen, "cannot open %s: %s %s", path, errno ? strerror(errno) : "gzopen failed", PKG_HINT);
+    snprintf(err, errlen, "cannot open %s: %s%s", path, errno ? strerror(errno) : "gzopen failed", pkg_hint(path));
     return NULL;
   }
   unsigned char h[16];
@@ -70,12 +87,29 @@ static gzFile open_idx(const char *path, uint32_t magic, int ndim, uint32_t *dim
     return NULL;
   }
   if (be32(h) != magic) {
-    snprintf(err, errlen, "corrupt IDX file %s: magic 0x%08x, expected 0x%08x %s", path, be32(h), magic, PKG_HINT);
+    snprintf(err, errlen, "corrupt IDX file %s: magic 0x%08x, expected 0x%08x%s", path, be32(h), magic,
+             pkg_hint(path));
     gzclose(f);
     return NULL;
   }
   for (int i = 0; i < ndim; i++) dims[i] = be32(h + 4 + 4 * i);
   return f;
+}
+
+/* The checks on the two headers: as many labels as images, plausible image
+ * sizes.  0, or -1 with the message in err. */
+static int check_dims(const char *images_path, const uint32_t *di, const char *labels_path, const uint32_t *dl,
+                      char *err, size_t errlen) {
+  if (di[0] != dl[0]) {
+    snprintf(err, errlen, "%s has %u images but %s has %u labels", images_path, di[0], labels_path, dl[0]);
+    return -1;
+  }
+  if (di[0] == 0 || di[1] == 0 || di[2] == 0 || di[1] > 4096 || di[2] > 4096 || di[0] > 100000000u) {
+    snprintf(err, errlen, "corrupt IDX file %s: implausible sizes %ux%ux%u%s", images_path, di[0], di[1], di[2],
+             pkg_hint(images_path));
+    return -1;
+  }
+  return 0;
 }
 
 int duet_load_idx(DuetDataset *ds, const char *images_path, const char *labels_path, char *err, size_t errlen) {
@@ -90,15 +124,7 @@ int duet_load_idx(DuetDataset *ds, const char *images_path, const char *labels_p
   }
   int rc = -1;
   unsigned char *pix = NULL, *lab = NULL;
-  if (di[0] != dl[0]) {
-    snprintf(err, errlen, "%s has %u images but %s has %u labels", images_path, di[0], labels_path, dl[0]);
-    goto done;
-  }
-  if (di[0] == 0 || di[1] == 0 || di[2] == 0 || di[1] > 4096 || di[2] > 4096 || di[0] > 100000000u) {
-    snprintf(err, errlen, "corrupt IDX file %s: implausible sizes %ux%ux%u %s", images_path, di[0], di[1], di[2],
-             PKG_HINT);
-    goto done;
-  }
+  if (check_dims(images_path, di, labels_path, dl, err, errlen)) goto done;
   size_t n = di[0], px = (size_t)di[1] * di[2];
   pix = malloc(n * px);
   lab = malloc(n);
@@ -126,15 +152,55 @@ done:
   return rc;
 }
 
-int duet_check_idx(const char *images_path, const char *labels_path, char *err, size_t errlen) {
+/* The data of the IDX file at path (opened: f, its header read) is exactly
+ * `data` bytes long: cheaply where the file says its length — a gzip
+ * member's ISIZE trailer (RFC 1952: the uncompressed length mod 2^32), or
+ * the size of an uncompressed file — and otherwise (or when that differs:
+ * a truncated file, several gzip members) by reading it through, as
+ * duet_load_idx does, for its exact message.  0, or -1 with the message. */
+static int check_length(gzFile f, const char *path, int ndim, uint64_t data, char *err, size_t errlen) {
+  uint64_t whole = 4 + 4 * (uint64_t)ndim + data;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  unsigned char m[4];
+  bool known = false;
+  if (fd >= 0 && !fstat(fd, &st) && S_ISREG(st.st_mode) && pread(fd, m, 2, 0) == 2) {
+    if (m[0] == 0x1f && m[1] == 0x8b)
+      known = st.st_size >= 18 && pread(fd, m, 4, st.st_size - 4) == 4 &&
+              ((uint32_t)m[0] | (uint32_t)m[1] << 8 | (uint32_t)m[2] << 16 | (uint32_t)m[3] << 24) ==
+                  (uint32_t)whole;
+    else
+      known = (uint64_t)st.st_size == whole;
+  }
+  if (fd >= 0) close(fd);
+  if (known) return 0;
+  unsigned char buf[1 << 16];
+  for (uint64_t left = data; left > 0;) {
+    size_t chunk = left > sizeof buf ? sizeof buf : (size_t)left;
+    if (read_exact(f, buf, chunk, path, err, errlen)) return -1;
+    left -= chunk;
+  }
+  return read_end(f, path, err, errlen);
+}
+
+int duet_check_idx(const char *images_path, const char *labels_path, DuetIdxInfo *info, char *err, size_t errlen) {
   uint32_t di[3], dl[1];
   gzFile fi = open_idx(images_path, 0x00000803, 3, di, err, errlen);
   if (!fi) return -1;
-  gzclose(fi);
   gzFile fl = open_idx(labels_path, 0x00000801, 1, dl, err, errlen);
-  if (!fl) return -1;
+  if (!fl) {
+    gzclose(fi);
+    return -1;
+  }
+  int rc = check_dims(images_path, di, labels_path, dl, err, errlen) ||
+                   check_length(fi, images_path, 3, (uint64_t)di[0] * di[1] * di[2], err, errlen) ||
+                   check_length(fl, labels_path, 1, dl[0], err, errlen)
+               ? -1
+               : 0;
+  gzclose(fi);
   gzclose(fl);
-  return 0;
+  if (!rc && info) *info = (DuetIdxInfo){.n = di[0], .rows = (int)di[1], .cols = (int)di[2]};
+  return rc;
 }
 
 void duet_dataset_free(DuetDataset *ds) {

@@ -329,6 +329,26 @@ int duet_devices_all_cuda(const char *spec);
  * exist (duet_cuda_gpu_count); a planned capacity is refused.  The messages
  * are duet_device_open's.  0, or -1 with a message in err. */
 int duet_devices_check(const char *spec, char *err, size_t errlen);
+/* duet_devices_check of cfg->devices, and what else about the devices needs
+ * neither kernels nor a device: --gemm-accumulate fp16 (in p) asks only
+ * CUDA devices (duet_gemm_acc_check for each item, default cpu), and a
+ * pipelined program's environment parses (duet_pipe_env: DUET_PIPE_TIMEOUT,
+ * DUET_PIPE_STAGING, ...).  0, or -1 with the message the later failure
+ * would give. */
+int duet_devices_preflight(const DuetProgram *p, const DuetConfig *cfg, char *err, size_t errlen);
+/* -1 with the message when p asks for fp16 GEMM accumulation
+ * (--gemm-accumulate fp16) of a device whose backend ("cpu", "cuda") is
+ * not CUDA, else 0. */
+int duet_gemm_acc_check(const DuetProgram *p, const char *backend, char *err, size_t errlen);
+/* The host memory a CPU device may plan to use, in bytes: DUET_HOST_MEMORY
+ * when set (a size: 8GiB, 512MiB, 1.5GB, bytes; anything else is an error),
+ * else MemAvailable from /proc/meminfo (free pages with sysconf where the
+ * kernel has no MemAvailable), lowered to the lowest cgroup memory limit
+ * that applies (v2 memory.max, v1 memory.limit_in_bytes, from the mounted
+ * root to the process's own cgroup).  `from` names the figure used
+ * ("MemAvailable in /proc/meminfo", "the cgroup limit in /sys/fs/...",
+ * "DUET_HOST_MEMORY").  0, or -1 with a message in err. */
+int duet_host_memory(int64_t *bytes, char *from, size_t fromlen, char *err, size_t errlen);
 
 /* ------------------------------------------------------------- sessions */
 
@@ -432,11 +452,15 @@ int duet_sample(DuetSession *s, const char *prompt, int64_t n_tokens, double tem
 int duet_sample_check(const DuetProgram *p, char *err, size_t errlen);
 
 /* The checks of duet_main that need neither kernels nor a device, for a
- * caller about to spend seconds compiling the kernels (duet run): the flags
- * parse, the data files open (fashion_mnist: both IDX headers of each split
- * read; text: the file reads), --save's directory is writable, and the
- * devices (duet_devices_check) can be opened.  Prints nothing when all is
- * well; else prints the error duet_main would print and returns 1. */
+ * caller about to spend seconds compiling the kernels (duet run) or, in a
+ * compiled executable, loading data and opening devices: the flags parse,
+ * the data (fashion_mnist: duet_check_idx on each split read, and the image
+ * size against the model's input x; text: the file reads and, when it is
+ * a regular file, is long enough for one window in both splits), --save's
+ * directory is writable, and duet_devices_preflight (the devices open,
+ * --gemm-accumulate fp16 only on CUDA, a pipeline's environment, one CPU
+ * device's memory).  Prints nothing when all is well; else prints the
+ * error duet_main would print and returns 1. */
 int duet_preflight(const DuetProgram *p, int argc, char **argv);
 /* Applies command-line flags to cfg; returns 0, 1 on a bad flag (printed),
  * 2 when --help was printed. */
@@ -498,9 +522,20 @@ typedef struct DuetDataset {
  * DATABASE", file formats section).  Returns 0, or -1 with a message naming
  * the file in err. */
 int duet_load_idx(DuetDataset *ds, const char *images_path, const char *labels_path, char *err, size_t errlen);
-/* The first checks of duet_load_idx, with its messages: both files open and
- * start with the right IDX header.  Returns 0, or -1 with a message in err. */
-int duet_check_idx(const char *images_path, const char *labels_path, char *err, size_t errlen);
+/* What duet_check_idx learns from an IDX pair's headers. */
+typedef struct DuetIdxInfo {
+  int64_t n;      /* images (= labels) */
+  int rows, cols; /* pixels of one image */
+} DuetIdxInfo;
+/* The checks of duet_load_idx that need not decompress the images, with its
+ * messages: both files open and start with the right IDX header, they hold
+ * as many images as labels, the image sizes are plausible, and each file's
+ * data has the length its header declares (from the gzip trailer or the
+ * file size; a file whose trailer disagrees is read through, so a
+ * truncated file is reported as duet_load_idx reports it).  A damaged gzip
+ * body with an intact trailer is left to duet_load_idx (its CRC check).
+ * Fills *info (may be NULL).  Returns 0, or -1 with a message in err. */
+int duet_check_idx(const char *images_path, const char *labels_path, DuetIdxInfo *info, char *err, size_t errlen);
 void duet_dataset_free(DuetDataset *ds);
 
 /* The whole file at `path` in one malloc'ed buffer, NUL-terminated after its
@@ -561,16 +596,57 @@ void duet_st_close(DuetStFile *f);
 /* ---------------------------------------------------------- kernel cache */
 
 /* The per-user kernel cache (used by the C JIT and the CUDA backend):
- * $DUET_CACHE_DIR, else $XDG_CACHE_HOME/duet, else ~/.cache/duet, created
- * with mode 0700 and checked to be a directory owned by the user with no
- * group or other permissions.  0, or -1 with a message in err. */
+ * $DUET_CACHE_DIR (created with its missing parents), else
+ * $XDG_CACHE_HOME/duet, else $HOME/.cache/duet (HOME must exist: a missing
+ * home is an error, never created), else, without HOME,
+ * ${TMPDIR:-/tmp}/duet-cache-UID/duet.  Directories are created with mode
+ * 0700, and the cache directory must be owned by the user with no group or
+ * other permissions; the temporary-directory default must pass
+ * duet_dir_private as a whole path.  0, or -1 with a message in err (the
+ * callers then compile without caching). */
 int duet_cache_dir(char *out, size_t n, char *err, size_t errlen);
+/* dir is private: a directory owned by the user with no group or other
+ * permissions, and every directory above its real path is owned by root or
+ * the user and writable by no one else unless sticky (as /tmp), so nobody
+ * else can rename or replace it.  0, or -1 with a message in err. */
+int duet_dir_private(const char *dir, char *err, size_t errlen);
+/* A fresh private directory ${TMPDIR:-/tmp}/PREFIX-XXXXXX (mkdtemp, mode
+ * 0700), checked with duet_dir_private (removed again when it fails), else
+ * one in /tmp.  0, or -1 with a message in err. */
+int duet_private_tmpdir(char *out, size_t n, const char *prefix, char *err, size_t errlen);
+/* Creates BASE.PID.XXXXXX<suffix> (unique, mode 0600, close-on-exec) and
+ * holds an exclusive flock on it until the returned fd is closed, so that
+ * duet_cache_clean can tell a live writer's temporary from a dead one's.
+ * The fd, or -1 with errno. */
+int duet_cache_tmp(char *path, size_t n, const char *base, const char *suffix);
+/* Removes the kernel cache's temporaries in dir (names of 16 hex digits, a
+ * dot, and ending in .tmp or .c) that a dead run left: regular files of the
+ * user, older than DUET_CACHE_STALE_SECONDS and not locked by a live
+ * writer; a JIT source (.c) goes with its compiler output (.so.tmp) and key
+ * (.key.tmp), which are kept while their .c exists.  Best effort, silent. */
+#define DUET_CACHE_STALE_SECONDS 60
+void duet_cache_clean(const char *dir);
+/* Reads an open file to its end into one malloc'ed buffer, NUL-terminated
+ * after its *len bytes.  NULL with errno (EIO, ENOMEM) on failure. */
+void *duet_read_fd(int fd, size_t *len);
+/* A cache entry's object checked and kept open: the key file's text
+ * (keytext, keytext_len bytes) must be `key` followed by the object line,
+ * and the object at path obj (a regular file of the user, not a symlink)
+ * must have the size and FNV-1a hash that line records.  Returns the open
+ * fd of the very file whose bytes (*bytes, malloc'ed, *len) were hashed, so
+ * the caller loads what was checked (dlopen of /proc/self/fd/N); -1 on a
+ * miss. */
+int duet_cache_open_verified(const char *obj, const char *key, size_t keylen, const char *keytext, size_t keytext_len,
+                             void **bytes, size_t *len);
 /* FNV-1a, 64 bits (Fowler, Noll, Vo; constants from the FNV reference);
  * start with h = DUET_FNV_OFFSET. */
 #define DUET_FNV_OFFSET 0xcbf29ce484222325ull
 uint64_t duet_fnv1a(const void *p, size_t n, uint64_t h);
 /* Writes n bytes to path (created 0600) and fsyncs it.  0, or -1 with errno. */
 int duet_write_file_sync(const char *path, const void *data, size_t n);
+/* Writes n bytes through fd (retrying short writes and EINTR) and fsyncs
+ * it.  0, or -1 with errno. */
+int duet_write_fd_sync(int fd, const void *data, size_t n);
 /* fsync of an existing file or directory.  0, or -1 with errno. */
 int duet_fsync_path(const char *path);
 /* Cache entries: <hash of key>.<ext> holds the object, <hash>.<ext>.key the

@@ -637,6 +637,42 @@ static int setup_transfers(DuetPipe *q, char *err, size_t errlen) {
 
 const char *duet_pipe_transfers(const DuetPipe *q) { return q->paths; }
 
+int duet_pipe_env(DuetPipeEnv *e, double timeout, char *err, size_t errlen) {
+  *e = (DuetPipeEnv){.timeout = timeout > 0 ? timeout : 120.0, .drop_t = -1, .drop_m = -1};
+  const char *v = getenv("DUET_PIPE_TIMEOUT");
+  if (v) { /* set but empty is an error, as DUET_CPU_GFLOPS; bounded so the deadline is a valid timespec */
+    char *end;
+    errno = 0;
+    double t = strtod(v, &end);
+    if (end == v || *end || errno || !(t > 0) || !(t <= DUET_PIPE_TIMEOUT_MAX)) {
+      snprintf(err, errlen, "DUET_PIPE_TIMEOUT must be a number of seconds > 0 and at most %.0f (%.1f days), got '%s'",
+               DUET_PIPE_TIMEOUT_MAX, DUET_PIPE_TIMEOUT_MAX / 86400, v);
+      return -1;
+    }
+    e->timeout = t;
+  }
+  v = getenv("DUET_PIPE_STAGING");
+  if (v && *v && strcmp(v, "auto") && strcmp(v, "host")) {
+    snprintf(err, errlen, "DUET_PIPE_STAGING must be auto or host, got '%s'", v);
+    return -1;
+  }
+  e->force_host = v && !strcmp(v, "host");
+  v = getenv("DUET_PIPE_SUMS");
+  if (v && *v && strcmp(v, "auto") && strcmp(v, "host")) {
+    snprintf(err, errlen, "DUET_PIPE_SUMS must be auto or host, got '%s'", v);
+    return -1;
+  }
+  e->host_sums = v && !strcmp(v, "host");
+  v = getenv("DUET_PROFILE");
+  e->profile = v && *v && strcmp(v, "0");
+  v = getenv("DUET_PIPE_DROP_SEND");
+  if (v && *v && sscanf(v, "%d:%d", &e->drop_t, &e->drop_m) != 2) {
+    snprintf(err, errlen, "DUET_PIPE_DROP_SEND must be TRANSFER:MICROBATCH, got '%s'", v);
+    return -1;
+  }
+  return 0;
+}
+
 DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, char *err,
                         size_t errlen) {
   DuetDeviceSpec specs[DUET_MAX_DEVICES];
@@ -662,40 +698,17 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
   q->M = p->micro_batches > 0 ? p->micro_batches : 1;
   q->schedule = cfg->schedule;
   q->drop_t = q->drop_m = -1;
-  q->timeout = cfg->timeout > 0 ? cfg->timeout : 120.0;
-  const char *e = getenv("DUET_PIPE_TIMEOUT");
-  if (e) { /* set but empty is an error, as DUET_CPU_GFLOPS */
-    char *end;
-    double t = strtod(e, &end);
-    if (*end || !(t > 0)) {
-      snprintf(err, errlen, "DUET_PIPE_TIMEOUT must be a number of seconds > 0, got '%s'", e);
-      free(q);
-      return NULL;
-    }
-    q->timeout = t;
-  }
-  e = getenv("DUET_PIPE_STAGING");
-  if (e && *e && strcmp(e, "auto") && strcmp(e, "host")) {
-    snprintf(err, errlen, "DUET_PIPE_STAGING must be auto or host, got '%s'", e);
+  DuetPipeEnv env;
+  if (duet_pipe_env(&env, cfg->timeout, err, errlen)) {
     free(q);
     return NULL;
   }
-  q->force_host = e && !strcmp(e, "host");
-  e = getenv("DUET_PIPE_SUMS");
-  if (e && *e && strcmp(e, "auto") && strcmp(e, "host")) {
-    snprintf(err, errlen, "DUET_PIPE_SUMS must be auto or host, got '%s'", e);
-    free(q);
-    return NULL;
-  }
-  q->host_sums = e && !strcmp(e, "host");
-  e = getenv("DUET_PROFILE");
-  q->profile = e && *e && strcmp(e, "0");
-  e = getenv("DUET_PIPE_DROP_SEND");
-  if (e && *e && sscanf(e, "%d:%d", &q->drop_t, &q->drop_m) != 2) {
-    snprintf(err, errlen, "DUET_PIPE_DROP_SEND must be TRANSFER:MICROBATCH, got '%s'", e);
-    free(q);
-    return NULL;
-  }
+  q->timeout = env.timeout;
+  q->force_host = env.force_host;
+  q->host_sums = env.host_sums;
+  q->profile = env.profile;
+  q->drop_t = env.drop_t;
+  q->drop_m = env.drop_m;
   if (pthread_mutex_init(&q->mu, NULL) || pthread_cond_init(&q->cv, NULL) || pthread_cond_init(&q->job_cv, NULL) ||
       pthread_cond_init(&q->done_cv, NULL)) {
     snprintf(err, errlen, "cannot create the pipeline's locks");

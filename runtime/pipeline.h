@@ -18,6 +18,24 @@ typedef struct DuetPipe DuetPipe;
  * the program's stages, DUET_PIPE_TIMEOUT / DUET_PIPE_STAGING /
  * DUET_PIPE_DROP_SEND malformed, a device's failure to set up a peer path
  * or to allocate, out of memory, a CUDA device in a CPU-only build). */
+/* The pipeline's environment, read and checked in one place (by
+ * duet_pipe_new, and by duet_devices_preflight before any kernel is
+ * compiled):
+ *   DUET_PIPE_TIMEOUT   seconds, > 0 and at most DUET_PIPE_TIMEOUT_MAX
+ *                       (default: `timeout` when > 0, else 120); bounded so
+ *                       that a deadline is always a valid timespec
+ *   DUET_PIPE_STAGING   auto | host      DUET_PIPE_SUMS   auto | host
+ *   DUET_PROFILE        set, not 0: per-stage times
+ *   DUET_PIPE_DROP_SEND T:M (tests)
+ * 0, or -1 with the message in err. */
+#define DUET_PIPE_TIMEOUT_MAX 1e6
+typedef struct DuetPipeEnv {
+  double timeout;
+  bool force_host, host_sums, profile;
+  int drop_t, drop_m; /* -1: none */
+} DuetPipeEnv;
+int duet_pipe_env(DuetPipeEnv *e, double timeout, char *err, size_t errlen);
+
 DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, char *err,
                         size_t errlen);
 void duet_pipe_free(DuetPipe *q);

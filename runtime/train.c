@@ -481,6 +481,17 @@ static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const Du
 static const char *const idx_files[2][2] = {{"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"},
                                             {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}};
 
+/* 1 after the error when images of rows x cols pixels do not fit the
+ * model's input x, else 0. */
+static int check_pixels(const DuetProgram *p, int rows, int cols) {
+  int64_t px = (int64_t)rows * cols, want_px = 1;
+  for (int d = 1; d < p->tensors[p->input_x].rank; d++) want_px *= p->tensors[p->input_x].shape[d];
+  if (px == want_px) return 0;
+  fprintf(stderr, "duet: error: data has %" PRId64 " pixels per image, the model's input takes %" PRId64 "\n", px,
+          want_px);
+  return 1;
+}
+
 static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg) {
   int rc;
   char err[1024];
@@ -501,19 +512,12 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
       return 1;
     }
   }
-  int64_t px = (int64_t)train.rows * train.cols;
-  int64_t want_px = 1;
-  for (int d = 1; d < p->tensors[p->input_x].rank; d++) want_px *= p->tensors[p->input_x].shape[d];
   rc = 1;
   DuetDevice *dev = NULL;
   DuetSession *s = NULL;
   FILE *mf = NULL;
   int64_t *perm = NULL;
-  if (px != want_px) {
-    fprintf(stderr, "duet: error: data has %" PRId64 " pixels per image, the model's input takes %" PRId64 "\n", px,
-            want_px);
-    goto out;
-  }
+  if (check_pixels(p, train.rows, train.cols)) goto out;
   if (p->n_classes && (check_labels(&train, p->n_classes, "training") || check_labels(&test, p->n_classes, "test")))
     goto out;
   int64_t n_train = cfg.train_subset && cfg.train_subset < train.n ? cfg.train_subset : train.n;
@@ -680,6 +684,16 @@ static void text_open_error(const char *path, int e, char *err, size_t errlen) {
                 strerror(e));
 }
 
+/* -1 with the message when a text of n bytes is too short for one window
+ * of block+1 bytes in the training (first 90%) or validation split. */
+static int text_too_short(const char *path, int64_t n, int64_t block, char *err, size_t errlen) {
+  int64_t n_train = n * 9 / 10;
+  if (n_train >= block + 2 && n - n_train >= block + 2) return 0;
+  snprintf(err, errlen, "%s has %" PRId64 " bytes: too short for windows of %" PRId64 " bytes in both the 90%% "
+           "training and the 10%% validation split", path, n, block + 1);
+  return -1;
+}
+
 static int load_text(TextData *td, const char *path, int64_t block, char *err, size_t errlen) {
   memset(td, 0, sizeof *td);
   size_t n;
@@ -691,9 +705,7 @@ static int load_text(TextData *td, const char *path, int64_t block, char *err, s
   td->bytes = b;
   td->n = (int64_t)n;
   td->n_train = td->n * 9 / 10;
-  if (td->n_train < block + 2 || td->n - td->n_train < block + 2) {
-    snprintf(err, errlen, "%s has %" PRId64 " bytes: too short for windows of %" PRId64 " bytes in both the 90%% "
-             "training and the 10%% validation split", path, td->n, block + 1);
+  if (text_too_short(path, td->n, block, err, errlen)) {
     free(b);
     td->bytes = NULL;
     return -1;
@@ -907,9 +919,12 @@ int duet_preflight(const DuetProgram *p, int argc, char **argv) {
     FILE *f = fopen(cfg.data_path, "rb");
     int e = f ? 0 : errno;
     if (f && getc(f) == EOF && ferror(f)) e = EIO; /* a directory opens, then fails to read */
+    struct stat st; /* a regular file's size: long enough for a window? */
+    int short_text = !e && !fstat(fileno(f), &st) && S_ISREG(st.st_mode) &&
+                     text_too_short(cfg.data_path, (int64_t)st.st_size, cfg.block, err, sizeof err);
     if (f) fclose(f);
-    if (e) {
-      text_open_error(cfg.data_path, e, err, sizeof err);
+    if (e) text_open_error(cfg.data_path, e, err, sizeof err);
+    if (e || short_text) {
       fprintf(stderr, "duet: error: %s\n", err);
       return 1;
     }
@@ -919,14 +934,16 @@ int duet_preflight(const DuetProgram *p, int argc, char **argv) {
       char ip[1024], lp[1024];
       snprintf(ip, sizeof ip, "%s/%s", cfg.data_path, idx_files[k][0]);
       snprintf(lp, sizeof lp, "%s/%s", cfg.data_path, idx_files[k][1]);
-      if (duet_check_idx(ip, lp, err, sizeof err)) {
+      DuetIdxInfo info;
+      if (duet_check_idx(ip, lp, &info, err, sizeof err)) {
         fprintf(stderr, "duet: error: %s\n", err);
         return 1;
       }
+      if (check_pixels(p, info.rows, info.cols)) return 1;
     }
   }
   if (cfg.save_path && check_save_path(cfg.save_path)) return 1;
-  if (duet_devices_check(cfg.devices, err, sizeof err)) {
+  if (duet_devices_preflight(p, &cfg, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
   }

@@ -3,9 +3,10 @@
 # codes and exact messages.
 # usage: run_cli.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_cli.sh path/to/duet}
-d=${TMPDIR:-/tmp}/duet-cli.$$
-mkdir -p "$d" || exit 1
+d=$(mktemp -d "${TMPDIR:-/tmp}/duet-cli.XXXXXX") || exit 2
 trap 'rm -rf "$d"' EXIT
+# a path that provably does not exist: inside the fresh directory above
+no=$d/no-such-dir
 pass=0 fail=0
 # expect NAME RC "a whole line of the output" command...
 expect() {
@@ -35,8 +36,9 @@ expect bad_lr 1 "duet: error: --lr expects a number >= 0, got 'abc'" "$DUET" run
 expect bad_steps 1 "duet: error: --steps expects an integer >= 1, got '0'" "$DUET" run $M --steps 0
 expect unknown_flag 1 "duet: error: unknown flag '--frob' (see --help)" "$DUET" run $M --frob 1
 expect missing_value 1 "duet: error: --epochs needs a value (see --help)" "$DUET" run $M --epochs
-expect missing_data 1 "duet: error: cannot open /nonexistent/train-images-idx3-ubyte.gz: No such file or directory (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
-  "$DUET" run $M --data /nonexistent --steps 1
+# the package hint only for the package's own directory (tests/run_mounts.sh hides it to see the hint)
+expect missing_data 1 "duet: error: cannot open $no/train-images-idx3-ubyte.gz: No such file or directory" \
+  "$DUET" run $M --data "$no" --steps 1
 # cheap checks come before the kernels are compiled: no "duet: kernels" line, nothing in a fresh kernel cache
 # before_compile NAME "the error line" command...
 before_compile() {
@@ -50,17 +52,17 @@ before_compile() {
     ls -A "$d/cache-$name" 2>/dev/null | head -3; fail=$((fail + 1))
   fi
 }
-before_compile missing_data_before_compile "duet: error: cannot open /nonexistent/train-images-idx3-ubyte.gz: No such file or directory (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
-  "$DUET" run $M --data /nonexistent --steps 1
+before_compile missing_data_before_compile "duet: error: cannot open $no/train-images-idx3-ubyte.gz: No such file or directory" \
+  "$DUET" run $M --data "$no" --steps 1
 mkdir -p "$d/train-only"
 cp /usr/share/datasets/fashion-mnist/train-*.gz "$d/train-only/"
-before_compile missing_test_split_before_compile "duet: error: cannot open $d/train-only/t10k-images-idx3-ubyte.gz: No such file or directory (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
+before_compile missing_test_split_before_compile "duet: error: cannot open $d/train-only/t10k-images-idx3-ubyte.gz: No such file or directory" \
   "$DUET" run $M --data "$d/train-only" --steps 1
-before_compile missing_text_before_compile "duet: error: cannot open /nonexistent/kjv.txt: No such file or directory (make data builds data/kjv.txt from Debian's bible-kjv)" \
-  "$DUET" run models/gpt_kjv.model --data /nonexistent/kjv.txt --steps 1
+before_compile missing_text_before_compile "duet: error: cannot open $no/kjv.txt: No such file or directory (make data builds data/kjv.txt from Debian's bible-kjv)" \
+  "$DUET" run models/gpt_kjv.model --data "$no/kjv.txt" --steps 1
 before_compile text_is_dir_before_compile "duet: error: cannot read $d" "$DUET" run models/gpt_kjv.model --data "$d" --steps 1
-before_compile save_no_dir_before_compile "duet: error: --save /nonexistent/x.ck: cannot write into /nonexistent: No such file or directory" \
-  "$DUET" run $M --steps 1 --save /nonexistent/x.ck
+before_compile save_no_dir_before_compile "duet: error: --save $no/x.ck: cannot write into $no: No such file or directory" \
+  "$DUET" run $M --steps 1 --save "$no/x.ck"
 before_compile save_empty_before_compile "duet: error: --save needs a file path, got an empty one" \
   "$DUET" run $M --steps 1 --save ""
 : > "$d/a_file"
@@ -74,30 +76,93 @@ expect train_split_only 0 "duet: trained 1 step" sh -c "'$DUET' run $M --data '$
 mkdir -p "$d/bad" "$d/short"
 printf 'not an idx file at all' | gzip > "$d/bad/train-images-idx3-ubyte.gz"
 cp /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz "$d/bad/"
-expect corrupt_magic 1 "duet: error: corrupt IDX file $d/bad/train-images-idx3-ubyte.gz: magic 0x6e6f7420, expected 0x00000803 (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
+before_compile corrupt_magic "duet: error: corrupt IDX file $d/bad/train-images-idx3-ubyte.gz: magic 0x6e6f7420, expected 0x00000803" \
   "$DUET" run $M --data "$d/bad" --steps 1
 gzip -dc /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz | head -c 100000 | gzip > "$d/short/train-images-idx3-ubyte.gz"
 cp /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz /usr/share/datasets/fashion-mnist/t10k-*.gz "$d/short/"
-expect truncated 1 "duet: error: corrupt IDX file $d/short/train-images-idx3-ubyte.gz: file ends early (truncated) (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
+before_compile truncated "duet: error: corrupt IDX file $d/short/train-images-idx3-ubyte.gz: file ends early (truncated)" \
   "$DUET" run $M --data "$d/short" --steps 1
+# inconsistent IDX files, found before compiling from their headers and lengths:
+# test labels with training images
+mkdir -p "$d/mixed" "$d/long" "$d/plain" "$d/small"
+cp /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz /usr/share/datasets/fashion-mnist/t10k-*.gz "$d/mixed/"
+cp /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz "$d/mixed/train-labels-idx1-ubyte.gz"
+before_compile idx_count_mismatch "duet: error: $d/mixed/train-images-idx3-ubyte.gz has 60000 images but $d/mixed/train-labels-idx1-ubyte.gz has 10000 labels" \
+  "$DUET" run $M --data "$d/mixed" --steps 1
+# bytes after the declared data (the gzip trailer's length disagrees)
+cp /usr/share/datasets/fashion-mnist/*.gz "$d/long/"
+{ gzip -dc /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz; printf 'x'; } | gzip > "$d/long/t10k-labels-idx1-ubyte.gz"
+before_compile idx_trailing_data "duet: error: corrupt IDX file $d/long/t10k-labels-idx1-ubyte.gz: data continues after the declared size" \
+  "$DUET" run $M --data "$d/long" --steps 1
+# an uncompressed IDX file (zlib reads it as it is) cut short: its size disagrees
+cp /usr/share/datasets/fashion-mnist/*.gz "$d/plain/"
+gzip -dc /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz | head -c 5000000 > "$d/plain/t10k-images-idx3-ubyte.gz"
+before_compile idx_plain_truncated "duet: error: corrupt IDX file $d/plain/t10k-images-idx3-ubyte.gz: file ends early (truncated)" \
+  "$DUET" run $M --data "$d/plain" --steps 1
+# images of another size than the model's input (512 images of 10x10)
+{ printf '\000\000\010\003\000\000\002\000\000\000\000\012\000\000\000\012'; head -c 51200 /dev/zero; } | gzip > "$d/small/train-images-idx3-ubyte.gz"
+{ printf '\000\000\010\001\000\000\002\000'; head -c 512 /dev/zero; } | gzip > "$d/small/train-labels-idx1-ubyte.gz"
+cp "$d/small/train-images-idx3-ubyte.gz" "$d/small/t10k-images-idx3-ubyte.gz"
+cp "$d/small/train-labels-idx1-ubyte.gz" "$d/small/t10k-labels-idx1-ubyte.gz"
+before_compile idx_pixels_mismatch "duet: error: data has 100 pixels per image, the model's input takes 784" \
+  "$DUET" run $M --data "$d/small" --steps 1
+# a text too short for one window of block + 1 bytes (gpt_kjv: block 128)
+head -c 200 data/kjv.txt > "$d/short.txt" 2>/dev/null || printf '%0200d' 0 > "$d/short.txt"
+before_compile text_too_short "duet: error: $d/short.txt has 200 bytes: too short for windows of 129 bytes in both the 90% training and the 10% validation split" \
+  "$DUET" run models/gpt_kjv.model --data "$d/short.txt" --steps 1
+# fp16 accumulation is for CUDA devices: refused for the CPU before compiling
+before_compile gemm_acc_cpu_before_compile "duet: error: --gemm-accumulate fp16 runs on CUDA devices only (cuBLAS CUBLAS_COMPUTE_16F); the cpu backend accumulates fp16 GEMMs in fp32" \
+  "$DUET" run $M --gemm-accumulate fp16 --precision fp16 --steps 1
+before_compile gemm_acc_cpu_stage_before_compile "duet: error: --gemm-accumulate fp16 runs on CUDA devices only (cuBLAS CUBLAS_COMPUTE_16F); the cpu backend accumulates fp16 GEMMs in fp32" \
+  "$DUET" run $M --gemm-accumulate fp16 --precision fp16 --steps 1 --devices cpu:0,cpu:1
+# memory: duet run on its default CPU device checks what duet plan counts against the memory available
+# (DUET_HOST_MEMORY makes it machine-independent; without it, MemAvailable or the cgroup limit)
+DUET_HOST_MEMORY=16MiB before_compile memory_no_fit "duet: error: the model does not fit the memory of cpu: it needs 41.27 MiB (weights 7.11, grads 7.11, optimizer state 14.22, activations 12.83 MiB), and 16.00 MiB are available (DUET_HOST_MEMORY); see duet plan" \
+  "$DUET" run $M --steps 1
+DUET_HOST_MEMORY=16MiB before_compile memory_no_fit_devices_cpu "duet: error: the model does not fit the memory of cpu: it needs 41.27 MiB (weights 7.11, grads 7.11, optimizer state 14.22, activations 12.83 MiB), and 16.00 MiB are available (DUET_HOST_MEMORY); see duet plan" \
+  "$DUET" run $M --steps 1 --devices cpu
+DUET_HOST_MEMORY=16MiB expect memory_no_fit_plan 1 "  memory: weights 7.11 MiB, grads 7.11 MiB (summed over the micro-batches), optimizer state 14.22 MiB, activations 12.83 MiB (1 micro-batch in flight x 12.83 MiB, with their gradients): 41.27 MiB of 16.00 MiB (DUET_HOST_MEMORY)  DOES NOT FIT" \
+  "$DUET" plan $M
+DUET_HOST_MEMORY=lots before_compile memory_bad_override "duet: error: DUET_HOST_MEMORY must be a size such as 8GiB, 512MiB or 1000000 (bytes), got 'lots'" \
+  "$DUET" run $M --steps 1
+DUET_HOST_MEMORY=64MiB expect memory_fits 0 "duet: trained 1 step" sh -c "'$DUET' run $M --steps 1 --no-eval --train-subset 512 --quiet | sed 's/ in .*//'"
+# a model no machine holds (about 4 TiB: 0.8 TiB of weights, their gradients, Adam state, activations), against the real figure
+{ printf 'model huge\ninput x: f32[batch, 784]\ninput y: i32[batch]\nparam w1: [784, 268435456] = zeros\n'
+  printf 'param w2: [268435456, 10] = zeros\nloss = cross_entropy((x @ w1) @ w2, y)\ntrain {\n  batch = 8\n}\n'; } > "$d/huge.model"
+out=$(DUET_CACHE_DIR="$d/cache-huge" "$DUET" run "$d/huge.model" --data /usr/share/datasets/fashion-mnist --steps 1 2>&1); rc=$?
+if [ $rc -eq 1 ] && printf '%s\n' "$out" | grep -Eq '^duet: error: the model does not fit the memory of cpu: it needs 4081664.02 MiB \(.*\), and [0-9.]+ MiB are available \((MemAvailable in /proc/meminfo|the cgroup limit in /sys/fs/cgroup/.*)\); see duet plan$' &&
+   ! printf '%s\n' "$out" | grep -q '^duet: kernels' && [ -z "$(ls -A "$d/cache-huge" 2>/dev/null)" ]; then
+  echo "ok memory_huge_model"; pass=$((pass + 1))
+else echo "FAIL memory_huge_model: exit $rc"; printf '%s\n' "$out" | head -3; fail=$((fail + 1)); fi
+# a compiled executable runs duet run's checks before loading data (DUET_HOST_MEMORY: only those check it)
+if "$DUET" compile $M -o "$d/exe" > /dev/null 2>&1; then
+  DUET_HOST_MEMORY=16MiB expect exe_memory_no_fit 1 "duet: error: the program does not fit the memory of cpu: its memory takes 34.16 MiB (params 7.11, optimizer state 14.22, activations 12.83 MiB), and 16.00 MiB are available (DUET_HOST_MEMORY)" \
+    "$d/exe" --steps 1
+else echo "FAIL exe: duet compile failed"; fail=$((fail + 1)); fi
+# a missing HOME is not created: the kernels are compiled without a cache, with a warning
+out=$(env -u DUET_CACHE_DIR -u XDG_CACHE_HOME HOME="$no" "$DUET" run $M --steps 1 --no-eval --train-subset 512 --quiet 2>&1); rc=$?
+if [ $rc -eq 0 ] && [ ! -e "$no" ] &&
+   printf '%s\n' "$out" | grep -q "^duet: warning: HOME $no is not a directory (duet does not create it; set DUET_CACHE_DIR for a kernel cache); compiling the kernels in .* without caching them$"; then
+  echo "ok home_missing_not_created"; pass=$((pass + 1))
+else echo "FAIL home_missing_not_created: exit $rc, $no $( [ -e "$no" ] && echo exists || echo absent)"; printf '%s\n' "$out" | head -3; fail=$((fail + 1)); fi
 # a damaged gzip (CRC-32 of the trailer) is an error, not silently wrong labels
 mkdir -p "$d/crc"
 cp /usr/share/datasets/fashion-mnist/*.gz "$d/crc/"
 gzip -dc /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz | gzip > "$d/crc/l.gz"
 n=$(wc -c < "$d/crc/l.gz")
 { head -c $((n - 8)) "$d/crc/l.gz"; printf '\336\255\276\357'; tail -c 4 "$d/crc/l.gz"; } > "$d/crc/train-labels-idx1-ubyte.gz"
-expect corrupt_crc 1 "duet: error: corrupt IDX file $d/crc/train-labels-idx1-ubyte.gz: incorrect data check (Debian package dataset-fashion-mnist: apt-get install dataset-fashion-mnist)" \
+expect corrupt_crc 1 "duet: error: corrupt IDX file $d/crc/train-labels-idx1-ubyte.gz: incorrect data check" \
   "$DUET" run $M --data "$d/crc" --steps 1
 # a chain of 60 elementwise ops is split across fused kernels, never overflows one
 { printf 'model chain\ninput x: f32[batch, 784]\ninput y: i32[batch]\nparam w: [784, 10] = normal(0.01)\nh = x @ w\n'
   i=0; while [ $i -lt 60 ]; do echo 'h = relu(h * 1.001 + 0.001)'; i=$((i + 1)); done
   printf 'loss = cross_entropy(h, y)\ntrain {\n  data = fashion_mnist("/usr/share/datasets/fashion-mnist")\n  batch = 8\n}\n'; } > "$d/chain.model"
 expect long_chain 0 "duet: trained 2 steps" sh -c "'$DUET' run '$d/chain.model' --steps 2 --no-eval --quiet | sed 's/ in .*//'"
-expect metrics_unwritable 1 "duet: error: cannot write metrics file /nonexistent/m.jsonl: No such file or directory" \
-  "$DUET" run $M --steps 1 --metrics /nonexistent/m.jsonl
+expect metrics_unwritable 1 "duet: error: cannot write metrics file $no/m.jsonl: No such file or directory" \
+  "$DUET" run $M --steps 1 --metrics "$no/m.jsonl"
 # --save is checked before training, not after it
-expect save_no_dir 1 "duet: error: --save /nonexistent/x.ck: cannot write into /nonexistent: No such file or directory" \
-  "$DUET" run $M --steps 1 --save /nonexistent/x.ck
+expect save_no_dir 1 "duet: error: --save $no/x.ck: cannot write into $no: No such file or directory" \
+  "$DUET" run $M --steps 1 --save "$no/x.ck"
 expect save_is_dir 1 "duet: error: --save $d is a directory; give a file path" "$DUET" run $M --steps 1 --save "$d"
 expect loss_scale_below_floor 1 "duet: error: --loss-scale 4 is below the floor 8 (--min-loss-scale) at which training stops" \
   "$DUET" run $M --precision fp16 --loss-scale 4 --min-loss-scale 8 --steps 1

@@ -206,10 +206,24 @@ DUET_PIPE_SUMS=gpu expect bad_pipe_sums 1 "duet: error: DUET_PIPE_SUMS must be a
   "$DUET" run tests/pipeline/pinned.model --devices cpu:0,cpu:1 --micro-batches 2 --quiet --no-eval
 expect plan_threads 1 "duet: error: --threads expects an integer from 1 to 1024, got 'abc'" \
   "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads abc
-DUET_PIPE_TIMEOUT= expect empty_pipe_timeout 1 "duet: error: DUET_PIPE_TIMEOUT must be a number of seconds > 0, got ''" \
-  "$DUET" run tests/pipeline/pinned.model --devices cpu:0,cpu:1 --micro-batches 2 --quiet --no-eval
-if DUET_CPU_GFLOPS=50 "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads 2 > "$d/plan50" 2>&1 &&
-  "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads 2 > "$d/plan100" 2>&1 &&
+# DUET_PIPE_TIMEOUT: a number of seconds > 0 and at most 1e6, checked before the kernels are compiled
+# (inf made an invalid deadline that hung the pipeline, 1e19 one that had passed already)
+for v in "" inf nan 1e19 1000001 -1 0 abc; do
+  DUET_PIPE_TIMEOUT=$v expect "pipe_timeout_'$v'" 1 "duet: error: DUET_PIPE_TIMEOUT must be a number of seconds > 0 and at most 1000000 (11.6 days), got '$v'" \
+    timeout 60 "$DUET" run tests/pipeline/pinned.model --devices cpu:0,cpu:1 --micro-batches 2 --no-eval
+  grep -q '^duet: kernels' "$d/out" && bad "pipe_timeout_'$v': checked only after compiling"
+done
+if [ -r "$FM/train-images-idx3-ubyte.gz" ]; then
+  # the largest timeout works: a run that waits on transfers does not time out at once
+  DUET_PIPE_TIMEOUT=1000000 expect pipe_timeout_max 0 "" timeout 120 "$DUET" run tests/pipeline/pinned.model \
+    --devices cpu:0,cpu:1 --micro-batches 2 --steps 2 --train-subset 64 --quiet --no-eval
+  # with a dropped transfer, the other waits get 100x the timeout: still a valid deadline
+  DUET_PIPE_DROP_SEND=0:1 DUET_PIPE_TIMEOUT=0.5 expect pipe_timeout_drop_short 1 \
+    "duet: error: stage 1 timed out after 0.5 s waiting for micro-batch 1 of tensor %4 (transfer 0 from stage 0); raise DUET_PIPE_TIMEOUT if a stage is legitimately this slow" \
+    timeout 60 "$DUET" run tests/pipeline/pinned.model --micro-batches 2 --devices cpu:0,cpu:1 --quiet --no-eval
+fi
+if DUET_HOST_MEMORY=8GiB DUET_CPU_GFLOPS=50 "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads 2 > "$d/plan50" 2>&1 &&
+  DUET_HOST_MEMORY=8GiB "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 --threads 2 > "$d/plan100" 2>&1 &&
   ! cmp -s "$d/plan50" "$d/plan100"; then ok; else bad "DUET_CPU_GFLOPS=50 should change the plan"; cat "$d/plan50"; fi
 expect bad_size 1 "duet: error: --devices: bad item '2x16XB:sm_60' (expected cpu, cpu:N, cuda, cuda:N, or a capacity such as 16GiB:sm_60 or 2x16GiB:sm_60)" \
   "$DUET" plan models/fmnist_mlp.model --devices 2x16XB:sm_60
@@ -228,7 +242,7 @@ expect compile_schedule 1 "duet: error: --schedule expects gpipe or 1f1b, got 'b
   "$DUET" compile models/fmnist_mlp.model -o "$d/sch" --devices cpu:0,cpu:1 --schedule bogus
 # a partitioned dump without --devices keeps its own partition (check, emit, run)
 "$DUET" ir tests/pipeline/pinned.model --after partition --devices cpu:0,cpu:1 > "$d/pin.ir" &&
-  "$DUET" check "$d/pin.ir" | tail -1 | grep -qx "$d/pin.ir: ok, 106010 parameters, 424040 bytes (414.1 KiB)" &&
+  "$DUET" check "$d/pin.ir" | tail -1 | grep -qx "$d/pin.ir: ok, 106010 parameters, 424040 bytes (414.1 KiB) of f32 weights" &&
   "$DUET" emit "$d/pin.ir" --target c > /dev/null && ok || bad "check/emit of a partitioned dump"
 # an indivisible batch: the message points at where the batch was set
 expect indivisible 1 "tests/pipeline/pinned.model:22:11: error: batch 32 is not a multiple of --micro-batches 3" \
@@ -250,6 +264,13 @@ if [ -r "$FM/train-images-idx3-ubyte.gz" ]; then
   DUET_PIPE_STAGING=peer expect bad_staging 1 "duet: error: DUET_PIPE_STAGING must be auto or host, got 'peer'" \
     "$DUET" run tests/pipeline/pinned.model --micro-batches 2 --devices cpu:0,cpu:1 --quiet --no-eval
 fi
+# virtual CPU devices share the host memory available (DUET_HOST_MEMORY here; else MemAvailable or a cgroup limit)
+DUET_HOST_MEMORY=20MiB expect no_fit_cpu 1 "duet: error: the model does not fit the devices: its params with gradients and optimizer state take 28.44 MiB and its activations 4.02 MiB per micro-batch in flight (gpipe: M), against 20.00 MiB on 2 devices (DUET_HOST_MEMORY, shared by 2 CPU devices); no split into 2 stages keeps every stage within its memory" \
+  "$DUET" run models/fmnist_mlp.model --devices cpu:0,cpu:1 --steps 1
+grep -q '^duet: kernels' "$d/out" && bad "no_fit_cpu: checked only after compiling"
+if DUET_HOST_MEMORY=1GiB "$DUET" plan models/fmnist_mlp.model --devices cpu:0,cpu:1 > "$d/plan" 2>&1 &&
+  [ "$(grep -c ' of 512.00 MiB (DUET_HOST_MEMORY, shared by 2 CPU devices)$' "$d/plan")" = 2 ]; then ok
+else bad "plan: two CPU devices should share DUET_HOST_MEMORY"; cat "$d/plan"; fi
 expect no_fit 1 "duet: error: the model does not fit the devices: its params with gradients and optimizer state take 28.44 MiB and its activations 4.02 MiB per micro-batch in flight (gpipe: M), against 8.00 MiB on 2 devices; no split into 2 stages keeps every stage within its memory" \
   "$DUET" plan models/fmnist_mlp.model --devices 2x4MiB:sm_60
 # gpipe keeps 16 micro-batches of activations per stage, 1f1b at most 2
@@ -287,8 +308,8 @@ else bad "plan: cuda:0,cuda:0 should share the GPU's 16 GiB"; cat "$d/plan"; fi
 # without --devices, duet plan estimates for duet run's default device
 # (--devices cpu: all cores, or --threads), not for one core
 for th in "" "--threads 1"; do
-  if "$DUET" plan models/fmnist_mlp.model $th > "$d/plan_default" 2>&1 &&
-    "$DUET" plan models/fmnist_mlp.model --devices cpu $th > "$d/plan_cpu" 2>&1 &&
+  if DUET_HOST_MEMORY=8GiB "$DUET" plan models/fmnist_mlp.model $th > "$d/plan_default" 2>&1 &&
+    DUET_HOST_MEMORY=8GiB "$DUET" plan models/fmnist_mlp.model --devices cpu $th > "$d/plan_cpu" 2>&1 &&
     cmp -s "$d/plan_default" "$d/plan_cpu"; then ok
   else bad "plan without --devices ($th) differs from --devices cpu"; diff "$d/plan_default" "$d/plan_cpu"; fi
 done
