@@ -76,6 +76,16 @@ static uint32_t grid_for(int64_t work, int64_t per_block) {
   return (uint32_t)g;
 }
 
+/* Blocks of a kernel with one block per item (block_loop): one per item,
+ * at most CUDA's 2^31 - 1 (gridDim.x); the kernel loops over the rest. */
+static uint32_t block_grid(int64_t items) {
+  return (uint32_t)(items < 1 ? 1 : items > INT32_MAX ? INT32_MAX : items);
+}
+
+/* Dynamic shared memory bytes, saturated: a size past 32 bits stays past
+ * every card's limit, which the runtime checks, instead of wrapping. */
+static uint32_t shared_bytes(int64_t bytes) { return (uint32_t)(bytes > UINT32_MAX ? UINT32_MAX : bytes); }
+
 /* threads of a row kernel: a multiple of 32 (the reduction helpers use
  * full-warp shuffles), at most 256 */
 static uint32_t row_block(int64_t cols) {
@@ -119,16 +129,16 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   case KK_EMBED_FWD: l->grid = grid_for(k->rows * k->cols, EW_BLOCK); break;
   case KK_EMBED_BWD: l->grid = grid_for(k->cols * embed_chunks(k), EW_BLOCK); break;
   case KK_ATTN_FWD:
-    l->grid = (uint32_t)(k->batch * k->heads * k->time), l->block = 128, l->shared = (uint32_t)(k->time * ts);
+    l->grid = block_grid(k->batch * k->heads * k->time), l->block = 128, l->shared = shared_bytes(k->time * ts);
     break;
   case KK_ATTN_BWD:
   case KK_ATTN_BWD_KV:
-    l->grid = (uint32_t)(k->batch * k->heads * k->time), l->block = 128, l->shared = (uint32_t)(2 * k->time * ts);
+    l->grid = block_grid(k->batch * k->heads * k->time), l->block = 128, l->shared = shared_bytes(2 * k->time * ts);
     break;
   case KK_ATTN_DECODE:
-    l->grid = (uint32_t)(k->batch * k->heads), l->block = 128, l->shared = (uint32_t)(k->time * ts);
+    l->grid = block_grid(k->batch * k->heads), l->block = 128, l->shared = shared_bytes(k->time * ts);
     break;
-  case KK_TRANSPOSE: l->grid = (uint32_t)(((k->rows + 31) / 32) * ((k->cols + 31) / 32)); break;
+  case KK_TRANSPOSE: l->grid = block_grid(((k->rows + 31) / 32) * ((k->cols + 31) / 32)); break;
   case KK_POSITIONS: l->grid = grid_for(k->rows, EW_BLOCK); break;
   case KK_UNSCALE: l->grid = grid_for(k->n, EW_BLOCK); break;
   case KK_IM2COL: {
@@ -785,7 +795,9 @@ static void emit_rows(Buf *b, const Kernel *k) {
 
 /* Embedding lookup (ids outside the table read zeros), and its gradient as
  * a deterministic scatter-add: a thread per column visits the rows in
- * order, so no atomics and the C emitter's summation order. */
+ * order, so no atomics and the C emitter's summation order.  The row
+ * offset id * C is 64-bit (a table may hold 2^32 or more elements; ids
+ * are 32-bit), as every other index here. */
 static void emit_embed(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   int64_t R = k->rows, C = k->cols, V = k->outer;
@@ -797,7 +809,7 @@ static void emit_embed(Buf *b, const Kernel *k) {
     GRID_LOOP(b, "e", R * C);
     bprintf(b, "    const duet_i64 r = e / " D64 ", c = e %% " D64 ";\n", C, C);
     bprintf(b, "    const duet_u32 id = (duet_u32)ix[r];\n");
-    bprintf(b, "    out[e] = id < " D64 "u ? tab[id * " D64 " + c] : (%s)0;\n  }\n", V, C, T);
+    bprintf(b, "    out[e] = id < " D64 "u ? tab[(duet_i64)id * " D64 " + c] : (%s)0;\n  }\n", V, C, T);
     return;
   }
   /* a thread per (column c, chunk of vocabulary rows): zeroes its rows,
@@ -809,7 +821,7 @@ static void emit_embed(Buf *b, const Kernel *k) {
   bprintf(b, "    const duet_i64 hi = lo + " D64 " < " D64 " ? lo + " D64 " : " D64 ";\n", W, V, W, V);
   bprintf(b, "    for (duet_i64 v = lo; v < hi; v++) out[v * " D64 " + c] = 0;\n", C);
   bprintf(b, "    for (duet_i64 r = 0; r < " D64 "; r++) {\n      const duet_u32 id = (duet_u32)ix[r];\n", R);
-  bprintf(b, "      if (id >= (duet_u64)lo && id < (duet_u64)hi) out[id * " D64 " + c] += dy[r * " D64 " + c];\n"
+  bprintf(b, "      if (id >= (duet_u64)lo && id < (duet_u64)hi) out[(duet_i64)id * " D64 " + c] += dy[r * " D64 " + c];\n"
              "    }\n  }\n", C, C);
 }
 
@@ -846,19 +858,39 @@ static void emit_norm(Buf *b, const Kernel *k) {
           C);
 }
 
+/* A kernel that gives each block one item (a query row, a key row, a
+ * (batch, head) pair, a tile) loops over the items with the block index
+ * blk, so that any grid covers them: codegen_cuda_launch gives one block
+ * per item, capped at CUDA's 2^31 - 1 blocks (block_grid).  `body` is the
+ * code of one item, indented by two spaces, naming the item `blk`; a
+ * barrier ends each item, as the next one reuses the shared memory. */
+static void block_loop(Buf *b, int64_t items, const char *body) {
+  bprintf(b, "  for (duet_i64 blk = blockIdx.x; blk < " D64 "; blk += gridDim.x) {\n", items);
+  for (const char *p = body; p && *p;) {
+    const char *e = strchr(p, '\n');
+    size_t len = e ? (size_t)(e - p) + 1 : strlen(p);
+    bprintf(b, "  %.*s", (int)len, p);
+    p += len;
+  }
+  bprintf(b, "    __syncthreads(); /* the next item reuses the shared memory */\n  }\n");
+}
+
+/* The type of a loop index below `bound`: int when every value fits. */
+static const char *index_type(int64_t bound) { return bound < INT32_MAX ? "int" : "duet_i64"; }
+
 /* Causal multi-head attention (formulas as the C emitter):
  *   out_i = sum_j softmax_j(q_i . k_j / sqrt(D)) v_j,  j <= i when causal.
  * Forward: a block per (batch, head, query row), the probabilities of the
- * row in shared memory.  Backward: a block per (batch, head) walking the
- * query rows in order, recomputing P; for each row i the threads own
- * distinct (j, d) of dk and dv, so the accumulation needs no atomics and is
- * deterministic:
+ * row in shared memory.  Backward: two kernels of a block per row (below),
+ * so each output element has one writer: no atomics, deterministic:
  *   dv_j += P_ij dy_i;  dP_ij = dy_i . v_j;  dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij)
- *   dq_i = sum_j dS_ij k_j / sqrt(D);  dk_j += dS_ij q_i / sqrt(D) */
+ *   dq_i = sum_j dS_ij k_j / sqrt(D);  dk_j += dS_ij q_i / sqrt(D)
+ * Rows are items of block_loop; channel indices d < D are int when D fits. */
 static void emit_attention(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
   int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H;
+  const char *DI = index_type(D);
   bool fwd = k->kind == KK_ATTN_FWD;
   int o = fwd ? 0 : 1;
   if (!fwd) bprintf(b, "  %s%s *dy = (%s%s *)t.p[%d];\n", BUF(0, "const "));
@@ -869,28 +901,28 @@ static void emit_attention(Buf *b, const Kernel *k) {
   bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
   bprintf(b, "  extern __shared__ double duet_smem[];\n  %s *p = (%s *)duet_smem;\n", T, T);
   if (k->kind != KK_ATTN_BWD_KV) bprintf(b, "  __shared__ %s red[32];\n", T); /* key rows reduce nothing */
+  Buf body = {.a = b->a}, *u = &body; /* one row */
   if (fwd) {
-    bprintf(b, "  const duet_i64 i = blockIdx.x %% " D64 ", bh = blockIdx.x / " D64 ";\n", N, N);
-    bprintf(b, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);
-    if (k->causal) bprintf(b, "  const duet_i64 n = i + 1;\n");
-    else bprintf(b, "  const duet_i64 n = " D64 ";\n", N);
-  }
-  if (fwd) {
-    bprintf(b, "  const %s *qi = q + (b * " D64 " + i) * " D64 " + h * " D64 ";\n", T, N, C, D);
-    bprintf(b, "  %s lm = -DUET_INF;\n", T);
-    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
-    bprintf(b, "    const %s *kj = k + (b * " D64 " + j) * " D64 " + h * " D64 ";\n", T, N, C, D);
-    bprintf(b, "    %s acc = 0;\n    for (int d = 0; d < " D64 "; d++) acc += qi[d] * kj[d];\n", T, D);
-    bprintf(b, "    p[j] = acc * scale;\n    lm = duet_max(lm, p[j]);\n  }\n");
-    bprintf(b, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
-    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
-    bprintf(b, "  const %s inv = 1 / duet_block_sum(ls, red);\n  __syncthreads();\n", T);
-    bprintf(b, "  %s *oi = out + (b * " D64 " + i) * " D64 " + h * " D64 ";\n", T, N, C, D);
-    bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
-    bprintf(b, "    %s acc = 0;\n", T);
-    bprintf(b, "    for (duet_i64 j = 0; j < n; j++) acc += p[j] * v[(b * " D64 " + j) * " D64 " + h * " D64 " + d];\n",
+    bprintf(u, "  const duet_i64 i = blk %% " D64 ", bh = blk / " D64 ";\n", N, N);
+    bprintf(u, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);
+    if (k->causal) bprintf(u, "  const duet_i64 n = i + 1;\n");
+    else bprintf(u, "  const duet_i64 n = " D64 ";\n", N);
+    bprintf(u, "  const %s *qi = q + (b * " D64 " + i) * " D64 " + h * " D64 ";\n", T, N, C, D);
+    bprintf(u, "  %s lm = -DUET_INF;\n", T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
+    bprintf(u, "    const %s *kj = k + (b * " D64 " + j) * " D64 " + h * " D64 ";\n", T, N, C, D);
+    bprintf(u, "    %s acc = 0;\n    for (%s d = 0; d < " D64 "; d++) acc += qi[d] * kj[d];\n", T, DI, D);
+    bprintf(u, "    p[j] = acc * scale;\n    lm = duet_max(lm, p[j]);\n  }\n");
+    bprintf(u, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
+    bprintf(u, "  const %s inv = 1 / duet_block_sum(ls, red);\n  __syncthreads();\n", T);
+    bprintf(u, "  %s *oi = out + (b * " D64 " + i) * " D64 " + h * " D64 ";\n", T, N, C, D);
+    bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", DI, D);
+    bprintf(u, "    %s acc = 0;\n", T);
+    bprintf(u, "    for (duet_i64 j = 0; j < n; j++) acc += p[j] * v[(b * " D64 " + j) * " D64 " + h * " D64 " + d];\n",
             N, C, D);
-    bprintf(b, "    oi[d] = acc * inv;\n  }\n");
+    bprintf(u, "    oi[d] = acc * inv;\n  }\n");
+    block_loop(b, B * H * N, body.s);
     return;
   }
   /* backward in two kernels of a block per row (FlashAttention-2's split,
@@ -902,60 +934,63 @@ static void emit_attention(Buf *b, const Kernel *k) {
    * No atomics: each output element has one writer. */
   bprintf(b, "  %s *ds = p + " D64 ";\n", T, N);
   bprintf(b, "  %s *stats = out + " D64 "; /* [batch * heads * time][3]: max, 1 / sum, sum p dp */\n", T, 3 * B * N * C);
-  bprintf(b, "  const duet_i64 rw = blockIdx.x %% " D64 ", bh = blockIdx.x / " D64 ";\n", N, N);
-  bprintf(b, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);
-  bprintf(b, "  const %s *qh = q + b * " D64 " + h * " D64 ", *kh = k + b * " D64 " + h * " D64 ";\n", T, N * C, D, N * C, D);
-  bprintf(b, "  const %s *vh = v + b * " D64 " + h * " D64 ", *dyh = dy + b * " D64 " + h * " D64 ";\n", T, N * C, D, N * C,
+  bprintf(u, "  const duet_i64 rw = blk %% " D64 ", bh = blk / " D64 ";\n", N, N);
+  bprintf(u, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);
+  bprintf(u, "  const %s *qh = q + b * " D64 " + h * " D64 ", *kh = k + b * " D64 " + h * " D64 ";\n", T, N * C, D, N * C, D);
+  bprintf(u, "  const %s *vh = v + b * " D64 " + h * " D64 ", *dyh = dy + b * " D64 " + h * " D64 ";\n", T, N * C, D, N * C,
           D);
   if (k->kind == KK_ATTN_BWD) {
-    if (k->causal) bprintf(b, "  const duet_i64 i = rw, n = i + 1;\n");
-    else bprintf(b, "  const duet_i64 i = rw, n = " D64 ";\n", N);
-    bprintf(b, "  const %s *qi = qh + i * " D64 ", *dyi = dyh + i * " D64 ";\n", T, C, C);
-    bprintf(b, "  %s lm = -DUET_INF;\n", T);
-    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
-    bprintf(b, "    %s acc = 0, g = 0;\n", T);
-    bprintf(b, "    for (int d = 0; d < " D64 "; d++) { acc += qi[d] * kh[j * " D64 " + d]; g += dyi[d] * vh[j * " D64 " + d]; }\n",
-            D, C, C);
-    bprintf(b, "    p[j] = acc * scale;\n    ds[j] = g;\n    lm = duet_max(lm, p[j]);\n  }\n");
-    bprintf(b, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
-    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
-    bprintf(b, "  const %s inv = 1 / duet_block_sum(ls, red);\n  %s ld = 0;\n", T, T);
-    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] *= inv; ld += p[j] * ds[j]; }\n");
-    bprintf(b, "  const %s dot = duet_block_sum(ld, red);\n", T);
-    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) ds[j] = p[j] * (ds[j] - dot) * scale;\n");
-    bprintf(b, "  __syncthreads();\n");
-    bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
-    bprintf(b, "    %s acc = 0;\n    for (duet_i64 j = 0; j < n; j++) acc += ds[j] * kh[j * " D64 " + d];\n", T, C);
-    bprintf(b, "    out[(b * " D64 " + i) * " D64 " + h * " D64 " + d] = acc;\n  }\n", N, C, D);
-    bprintf(b, "  if (threadIdx.x == 0) { %s *st = stats + blockIdx.x * 3; st[0] = m; st[1] = inv; st[2] = dot; }\n", T);
+    if (k->causal) bprintf(u, "  const duet_i64 i = rw, n = i + 1;\n");
+    else bprintf(u, "  const duet_i64 i = rw, n = " D64 ";\n", N);
+    bprintf(u, "  const %s *qi = qh + i * " D64 ", *dyi = dyh + i * " D64 ";\n", T, C, C);
+    bprintf(u, "  %s lm = -DUET_INF;\n", T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
+    bprintf(u, "    %s acc = 0, g = 0;\n", T);
+    bprintf(u, "    for (%s d = 0; d < " D64 "; d++) { acc += qi[d] * kh[j * " D64 " + d]; g += dyi[d] * vh[j * " D64 " + d]; }\n",
+            DI, D, C, C);
+    bprintf(u, "    p[j] = acc * scale;\n    ds[j] = g;\n    lm = duet_max(lm, p[j]);\n  }\n");
+    bprintf(u, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
+    bprintf(u, "  const %s inv = 1 / duet_block_sum(ls, red);\n  %s ld = 0;\n", T, T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] *= inv; ld += p[j] * ds[j]; }\n");
+    bprintf(u, "  const %s dot = duet_block_sum(ld, red);\n", T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) ds[j] = p[j] * (ds[j] - dot) * scale;\n");
+    bprintf(u, "  __syncthreads();\n");
+    bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", DI, D);
+    bprintf(u, "    %s acc = 0;\n    for (duet_i64 j = 0; j < n; j++) acc += ds[j] * kh[j * " D64 " + d];\n", T, C);
+    bprintf(u, "    out[(b * " D64 " + i) * " D64 " + h * " D64 " + d] = acc;\n  }\n", N, C, D);
+    bprintf(u, "  if (threadIdx.x == 0) { %s *st = stats + blk * 3; st[0] = m; st[1] = inv; st[2] = dot; }\n", T);
+    block_loop(b, B * H * N, body.s);
     return;
   }
   /* KK_ATTN_BWD_KV: key row j */
-  bprintf(b, "  const duet_i64 j = rw, i0 = %s;\n", k->causal ? "j" : "0");
-  bprintf(b, "  const %s *st = stats + bh * " D64 ";\n", T, 3 * N);
-  bprintf(b, "  const %s *kj = kh + j * " D64 ", *vj = vh + j * " D64 ";\n", T, C, C);
-  bprintf(b, "  for (duet_i64 i = i0 + threadIdx.x; i < " D64 "; i += blockDim.x) {\n", N);
-  bprintf(b, "    %s acc = 0, g = 0;\n", T);
-  bprintf(b, "    for (int d = 0; d < " D64 "; d++) { acc += qh[i * " D64 " + d] * kj[d]; g += dyh[i * " D64 " + d] * vj[d]; }\n",
-          D, C, C);
-  bprintf(b, "    %s pij = acc * scale;\n    pij = %s(pij - st[i * 3]);\n    pij *= st[i * 3 + 1];\n", T, ex);
-  bprintf(b, "    p[i - i0] = pij;\n    ds[i - i0] = pij * (g - st[i * 3 + 2]) * scale;\n  }\n");
-  bprintf(b, "  __syncthreads();\n");
-  bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
-  bprintf(b, "    %s ak = 0, av = 0;\n", T);
-  bprintf(b, "    for (duet_i64 i = i0; i < " D64 "; i++) { ak += ds[i - i0] * qh[i * " D64 " + d]; av += p[i - i0] * dyh[i * " D64 " + d]; }\n",
+  bprintf(u, "  const duet_i64 j = rw, i0 = %s;\n", k->causal ? "j" : "0");
+  bprintf(u, "  const %s *st = stats + bh * " D64 ";\n", T, 3 * N);
+  bprintf(u, "  const %s *kj = kh + j * " D64 ", *vj = vh + j * " D64 ";\n", T, C, C);
+  bprintf(u, "  for (duet_i64 i = i0 + threadIdx.x; i < " D64 "; i += blockDim.x) {\n", N);
+  bprintf(u, "    %s acc = 0, g = 0;\n", T);
+  bprintf(u, "    for (%s d = 0; d < " D64 "; d++) { acc += qh[i * " D64 " + d] * kj[d]; g += dyh[i * " D64 " + d] * vj[d]; }\n",
+          DI, D, C, C);
+  bprintf(u, "    %s pij = acc * scale;\n    pij = %s(pij - st[i * 3]);\n    pij *= st[i * 3 + 1];\n", T, ex);
+  bprintf(u, "    p[i - i0] = pij;\n    ds[i - i0] = pij * (g - st[i * 3 + 2]) * scale;\n  }\n");
+  bprintf(u, "  __syncthreads();\n");
+  bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", DI, D);
+  bprintf(u, "    %s ak = 0, av = 0;\n", T);
+  bprintf(u, "    for (duet_i64 i = i0; i < " D64 "; i++) { ak += ds[i - i0] * qh[i * " D64 " + d]; av += p[i - i0] * dyh[i * " D64 " + d]; }\n",
           N, C, C);
-  bprintf(b, "    const duet_i64 o = (b * " D64 " + j) * " D64 " + h * " D64 " + d;\n", N, C, D);
-  bprintf(b, "    out[" D64 " + o] = ak;\n    out[" D64 " + o] = av;\n  }\n", B * N * C, 2 * B * N * C);
+  bprintf(u, "    const duet_i64 o = (b * " D64 " + j) * " D64 " + h * " D64 " + d;\n", N, C, D);
+  bprintf(u, "    out[" D64 " + o] = ak;\n    out[" D64 " + o] = av;\n  }\n", B * N * C, 2 * B * N * C);
+  block_loop(b, B * H * N, body.s);
 }
 
 /* Generation: the new token's key and value go into row s[POS] of the
  * caches (each block writes its head's slice), then its query attends to
- * rows 0..s[POS]; a block per (batch, head). */
+ * rows 0..s[POS]; a block per (batch, head) (items of block_loop). */
 static void emit_attn_decode(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
-  int64_t N = k->time, C = k->cols, H = k->heads, D = C / H;
+  int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H;
+  const char *DI = index_type(D);
   bprintf(b, "  %s%s *q = (%s%s *)t.p[%d];\n", BUF(0, "const "));
   bprintf(b, "  %s%s *k = (%s%s *)t.p[%d];\n", BUF(1, "const "));
   bprintf(b, "  %s%s *v = (%s%s *)t.p[%d];\n", BUF(2, "const "));
@@ -966,40 +1001,44 @@ static void emit_attn_decode(Buf *b, const Kernel *k) {
   bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
   bprintf(b, "  extern __shared__ double duet_smem[];\n  %s *p = (%s *)duet_smem;\n", T, T);
   bprintf(b, "  __shared__ %s red[32];\n", T);
-  bprintf(b, "  const duet_i64 bb = blockIdx.x / " D64 ", h = blockIdx.x %% " D64 ";\n", H, H);
-  bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
-  bprintf(b, "    kc[(bb * " D64 " + pos) * " D64 " + h * " D64 " + d] = k[bb * " D64 " + h * " D64 " + d];\n", N, C, D, C, D);
-  bprintf(b, "    vc[(bb * " D64 " + pos) * " D64 " + h * " D64 " + d] = v[bb * " D64 " + h * " D64 " + d];\n  }\n", N, C, D, C,
+  Buf body = {.a = b->a}, *u = &body; /* one (batch, head) */
+  bprintf(u, "  const duet_i64 bb = blk / " D64 ", h = blk %% " D64 ";\n", H, H);
+  bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", DI, D);
+  bprintf(u, "    kc[(bb * " D64 " + pos) * " D64 " + h * " D64 " + d] = k[bb * " D64 " + h * " D64 " + d];\n", N, C, D, C, D);
+  bprintf(u, "    vc[(bb * " D64 " + pos) * " D64 " + h * " D64 " + d] = v[bb * " D64 " + h * " D64 " + d];\n  }\n", N, C, D, C,
           D);
-  bprintf(b, "  __syncthreads();\n");
-  bprintf(b, "  const %s *qi = q + bb * " D64 " + h * " D64 ";\n  %s lm = -DUET_INF;\n", T, C, D, T);
-  bprintf(b, "  for (duet_i64 j = threadIdx.x; j <= pos; j += blockDim.x) {\n");
-  bprintf(b, "    const %s *kj = kc + (bb * " D64 " + j) * " D64 " + h * " D64 ";\n", T, N, C, D);
-  bprintf(b, "    %s acc = 0;\n    for (int d = 0; d < " D64 "; d++) acc += qi[d] * kj[d];\n", T, D);
-  bprintf(b, "    p[j] = acc * scale;\n    lm = duet_max(lm, p[j]);\n  }\n");
-  bprintf(b, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
-  bprintf(b, "  for (duet_i64 j = threadIdx.x; j <= pos; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
-  bprintf(b, "  const %s sum = duet_block_sum(ls, red);\n  __syncthreads();\n", T);
-  bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n    %s acc = 0;\n", D, T);
-  bprintf(b, "    for (duet_i64 j = 0; j <= pos; j++) acc += p[j] / sum * vc[(bb * " D64 " + j) * " D64 " + h * " D64 " + d];\n",
+  bprintf(u, "  __syncthreads();\n");
+  bprintf(u, "  const %s *qi = q + bb * " D64 " + h * " D64 ";\n  %s lm = -DUET_INF;\n", T, C, D, T);
+  bprintf(u, "  for (duet_i64 j = threadIdx.x; j <= pos; j += blockDim.x) {\n");
+  bprintf(u, "    const %s *kj = kc + (bb * " D64 " + j) * " D64 " + h * " D64 ";\n", T, N, C, D);
+  bprintf(u, "    %s acc = 0;\n    for (%s d = 0; d < " D64 "; d++) acc += qi[d] * kj[d];\n", T, DI, D);
+  bprintf(u, "    p[j] = acc * scale;\n    lm = duet_max(lm, p[j]);\n  }\n");
+  bprintf(u, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
+  bprintf(u, "  for (duet_i64 j = threadIdx.x; j <= pos; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
+  bprintf(u, "  const %s sum = duet_block_sum(ls, red);\n  __syncthreads();\n", T);
+  bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n    %s acc = 0;\n", DI, D, T);
+  bprintf(u, "    for (duet_i64 j = 0; j <= pos; j++) acc += p[j] / sum * vc[(bb * " D64 " + j) * " D64 " + h * " D64 " + d];\n",
           N, C, D);
-  bprintf(b, "    out[bb * " D64 " + h * " D64 " + d] = acc;\n  }\n", C, D);
+  bprintf(u, "    out[bb * " D64 " + h * " D64 " + d] = acc;\n  }\n", C, D);
+  block_loop(b, B * H, body.s);
 }
 
+/* A block per 32 x 32 tile (items of block_loop), through shared memory. */
 static void emit_transpose(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   int64_t R = k->rows, C = k->cols, nct = (C + 31) / 32;
   bprintf(b, "  %s%s *x = (%s%s *)t.p[%d];\n", BUF(0, "const "));
   bprintf(b, "  %s%s *y = (%s%s *)t.p[%d];\n", BUF(1, ""));
   bprintf(b, "  __shared__ %s tile[32][33];\n", T);
-  bprintf(b, "  const duet_i64 r0 = (duet_i64)(blockIdx.x / " D64 ") * 32, c0 = (duet_i64)(blockIdx.x %% " D64 ") * 32;\n",
-          nct, nct);
   bprintf(b, "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n");
-  bprintf(b, "  for (int e = ty; e < 32; e += blockDim.x >> 5)\n");
-  bprintf(b, "    if (r0 + e < " D64 " && c0 + tx < " D64 ") tile[e][tx] = x[(r0 + e) * " D64 " + c0 + tx];\n", R, C, C);
-  bprintf(b, "  __syncthreads();\n");
-  bprintf(b, "  for (int e = ty; e < 32; e += blockDim.x >> 5)\n");
-  bprintf(b, "    if (c0 + e < " D64 " && r0 + tx < " D64 ") y[(c0 + e) * " D64 " + r0 + tx] = tile[tx][e];\n", C, R, R);
+  Buf body = {.a = b->a}, *u = &body; /* one tile */
+  bprintf(u, "  const duet_i64 r0 = blk / " D64 " * 32, c0 = blk %% " D64 " * 32;\n", nct, nct);
+  bprintf(u, "  for (int e = ty; e < 32; e += blockDim.x >> 5)\n");
+  bprintf(u, "    if (r0 + e < " D64 " && c0 + tx < " D64 ") tile[e][tx] = x[(r0 + e) * " D64 " + c0 + tx];\n", R, C, C);
+  bprintf(u, "  __syncthreads();\n");
+  bprintf(u, "  for (int e = ty; e < 32; e += blockDim.x >> 5)\n");
+  bprintf(u, "    if (c0 + e < " D64 " && r0 + tx < " D64 ") y[(c0 + e) * " D64 " + r0 + tx] = tile[tx][e];\n", C, R, R);
+  block_loop(b, ((R + 31) / 32) * nct, body.s);
 }
 
 static void emit_positions(Buf *b, const Kernel *k) {
