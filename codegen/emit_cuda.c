@@ -101,6 +101,18 @@ static uint32_t xent_grid(int64_t rows) {
   return (uint32_t)(g < 1 ? 1 : g > 256 ? 256 : g);
 }
 
+/* A sum of a whole tensor (see emit_reduce): a grid of up to 1024 blocks
+ * of 256 threads, at least 16 elements per thread, the blocks' partial
+ * sums in a module-scope array of that size. */
+static bool reduce_whole(const Kernel *k) {
+  return k->kind == KK_REDUCE && !k->reduce_max && k->outer == 1 && k->inner == 1;
+}
+
+static uint32_t whole_grid(int64_t n) {
+  uint32_t g = grid_for(n, 16 * EW_BLOCK);
+  return g < 1024 ? g : 1024;
+}
+
 /* Embedding backward: vocabulary rows split into this many chunks, so
  * about 64K threads (column, chunk) share the work; each scans every token
  * id (a broadcast read) and adds only those in its chunk. */
@@ -118,7 +130,8 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   case KK_ELEMENTWISE: l->grid = grid_for(ew_paired(k) ? k->n / 2 : k->n, EW_BLOCK); break;
   case KK_REDUCE:
   case KK_MAX_GRAD:
-    if (k->kind == KK_REDUCE && !k->reduce_max && k->inner == 1) l->grid = grid_for(k->outer, 1);
+    if (reduce_whole(k)) l->grid = whole_grid(k->red);
+    else if (k->kind == KK_REDUCE && !k->reduce_max && k->inner == 1) l->grid = grid_for(k->outer, 1);
     else l->grid = grid_for(k->outer * k->inner, EW_BLOCK);
     break;
   case KK_XENT_FWD:
@@ -676,7 +689,20 @@ static void emit_unscale(Buf *b, const Kernel *k) {
 }
 
 /* out[o, j] = scale * sum_r in[o, r, j]; max_r when reduce_max; the max
- * gradient routes dy to the first maximum (NaN propagates as on the CPU). */
+ * gradient routes dy to the first maximum (NaN propagates as on the CPU).
+ * Sums accumulate in double, as the C emitter's, and are rounded once.
+ * The sum of a whole tensor (sum or mean of everything: reduce_whole)
+ * spreads over the grid: each thread sums its grid-stride elements, each
+ * block its threads' sums (warp shuffles, then across warps), and the last
+ * block to finish the blocks' partial sums, in a tree fixed by the launch
+ * (so the result is deterministic).  A summation of n terms in any order
+ * errs by at most gamma_{n-1} * sum |x_i|, gamma_k = k u / (1 - k u) with
+ * u = 2^-53 in double (Higham, "Accuracy and Stability of Numerical
+ * Algorithms", 2nd ed., sec. 4.2), and the rounding to f32 adds 2^-24 of
+ * the result: |y - s| <= 2^-24 |s| + gamma_{n-1} sum |x_i| (at n = 2^24,
+ * gamma = 1.9e-9), whatever the grid; tests/test_cuda_emu.c checks it
+ * at 2^24 elements.  (One block summing serially in f32, as before, was
+ * 0.25% off for 2^24 copies of 0.1f.) */
 static void emit_reduce(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   int64_t O = k->outer, R = k->red, I = k->inner;
@@ -699,21 +725,39 @@ static void emit_reduce(Buf *b, const Kernel *k) {
   }
   bprintf(b, "  const %s *x = (const %s *)t.p[%d];\n  %s *y = (%s *)t.p[%d];\n", T, T, 0, T, T,
           1);
+  /* the scale (1/n for a mean) multiplies in double; one rounding to T */
+  if (reduce_whole(k)) { /* every block, then the last one */
+    bprintf(b, "  __shared__ double red[32];\n  __shared__ int last;\n  double acc = 0;\n");
+    GRID_LOOP(b, "r", R);
+    bprintf(b, "    acc += x[r];\n  }\n");
+    bprintf(b, "  acc = duet_block_sum(acc, red);\n");
+    /* per-block partials; the last block to finish sums them, a fixed
+     * tree for a given grid (threadFenceReduction, as the loss kernels) */
+    bprintf(b, "  if (threadIdx.x == 0) {\n    duet_part" FN "[blockIdx.x] = acc;\n");
+    bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done" FN ", 1u) == gridDim.x - 1;\n  }\n");
+    bprintf(b, "  __syncthreads();\n  if (!last) return;\n  __threadfence();\n");
+    bprintf(b, "  const volatile double *part = duet_part" FN ";\n  double tot = 0;\n");
+    bprintf(b, "  for (unsigned g = threadIdx.x; g < gridDim.x; g += blockDim.x) tot += part[g];\n");
+    bprintf(b, "  tot = duet_block_sum(tot, red);\n");
+    bprintf(b, "  if (threadIdx.x == 0) {\n    y[0] = (%s)(tot * %a);\n", T, k->scale);
+    bprintf(b, "    duet_done" FN " = 0; /* ready for the next launch */\n  }\n");
+    return;
+  }
   if (I == 1) { /* a block per output row, reduced across the block */
-    bprintf(b, "  __shared__ %s red[32];\n", T);
+    bprintf(b, "  __shared__ double red[32];\n");
     bprintf(b, "  for (duet_i64 o = blockIdx.x; o < " D64 "; o += gridDim.x) {\n", O);
-    bprintf(b, "    %s acc = 0;\n", T);
+    bprintf(b, "    double acc = 0;\n");
     bprintf(b, "    for (duet_i64 r = threadIdx.x; r < " D64 "; r += blockDim.x) acc += x[o * " D64 " + r];\n", R, R);
     bprintf(b, "    acc = duet_block_sum(acc, red);\n");
-    bprintf(b, "    if (threadIdx.x == 0) y[o] = (%s)(acc * (%s)%a);\n  }\n", T, T, k->scale);
+    bprintf(b, "    if (threadIdx.x == 0) y[o] = (%s)(acc * %a);\n  }\n", T, k->scale);
     return;
   }
   /* a thread per output, the reduced axis in order (coalesced over j) */
   GRID_LOOP(b, "oj", O * I);
   bprintf(b, "    const duet_i64 o = oj / " D64 ", j = oj %% " D64 ";\n", I, I);
-  bprintf(b, "    %s acc = 0;\n", T);
+  bprintf(b, "    double acc = 0;\n");
   bprintf(b, "    for (duet_i64 r = 0; r < " D64 "; r++) acc += x[(o * " D64 " + r) * " D64 " + j];\n", R, R, I);
-  bprintf(b, "    y[oj] = (%s)(acc * (%s)%a);\n  }\n", T, T, k->scale);
+  bprintf(b, "    y[oj] = (%s)(acc * %a);\n  }\n", T, k->scale);
 }
 
 /* Softmax cross-entropy with integer labels, stabilised by the row maximum
@@ -1336,6 +1380,8 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
             l.block, l.shared);
     if (k->kind == KK_XENT_FWD || k->kind == KK_EVAL_METRICS) /* the blocks' partial sums */
       bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", 2 * l.grid);
+    if (reduce_whole(k))
+      bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", l.grid);
     if (k->kind == KK_UNSCALE) /* the blocks' overflow verdicts */
       bprintf(&u, "__device__ int duet_flag" FN ";\n__device__ unsigned int duet_done" FN ";\n");
     bprintf(&u, "extern \"C\" __global__ void __launch_bounds__(%u) duet_k" FN "(duet_args t, duet_scalars sv) {\n",

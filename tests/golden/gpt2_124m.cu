@@ -315,9 +315,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 768; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 768, j = oj % 768;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 8192; r++) acc += x[(o * 8192 + r) * 768 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -390,9 +390,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 3072; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 3072, j = oj % 3072;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 8192; r++) acc += x[(o * 8192 + r) * 3072 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -549,9 +549,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 786432; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 786432, j = oj % 786432;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 8; r++) acc += x[(o * 8 + r) * 786432 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 

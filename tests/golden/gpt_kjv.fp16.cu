@@ -493,9 +493,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k20(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 256; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 256, j = oj % 256;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 2048; r++) acc += x[(o * 2048 + r) * 256 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -592,9 +592,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 1024; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 1024, j = oj % 1024;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 2048; r++) acc += x[(o * 2048 + r) * 1024 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -756,9 +756,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k34(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 32768; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 32768, j = oj % 32768;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 16; r++) acc += x[(o * 16 + r) * 32768 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
