@@ -374,7 +374,13 @@ static void emit_reduce(Buf *b, const Kernel *k) {
 }
 
 /* Softmax cross-entropy with integer labels, stabilised by subtracting the
- * row maximum (log-sum-exp):  loss = mean_r (log sum_c exp(x_rc - m_r) + m_r - x_r,y_r). */
+ * row maximum (log-sum-exp):
+ *   loss = mean_r (log sum_c exp(x_rc - m_r) - (x_r,y_r - m_r)).
+ * The shifted label logit x_r,y_r - m_r is formed first: log(se) + m_r -
+ * x_r,y_r would lose log(se) (at most log C) in m_r's rounding once |m_r|
+ * is large (10 equal logits of 1e15 gave 2.25 instead of ln 10, of 1e17
+ * gave 0).  x_r,y_r - m_r is exact in double for f32 logits within 2^29
+ * of each other, and is 0 for the label at the maximum. */
 static void emit_rows(Buf *b, const Kernel *k) {
   const char *T = ctype(k->dtype);
   const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
@@ -391,7 +397,7 @@ static void emit_rows(Buf *b, const Kernel *k) {
     bprintf(b, "      const %s *row = x + r * %" PRId64 ";\n      double m = row[0], se = 0;\n", T, C);
     bprintf(b, "      for (int64_t j = 1; j < %" PRId64 "; j++) m = row[j] > m ? row[j] : m;\n", C);
     bprintf(b, "      for (int64_t j = 0; j < %" PRId64 "; j++) se += exp((double)row[j] - m);\n", C);
-    bprintf(b, "      acc += log(se) + m - row[y[r]];\n    }\n    part[c] = acc;\n  }\n");
+    bprintf(b, "      acc += log(se) - (row[y[r]] - m);\n    }\n    part[c] = acc;\n  }\n");
     bprintf(b, "  double tot = 0;\n  for (int64_t c = 0; c < %" PRId64 "; c++) tot += part[c];\n", nch);
     bprintf(b, "  out[0] = (%s)(tot / %" PRId64 ");\n", T, R);
   } else if (k->kind == KK_XENT_BWD) {
@@ -416,7 +422,7 @@ static void emit_rows(Buf *b, const Kernel *k) {
     bprintf(b, "    const %s *row = x + r * %" PRId64 ";\n    int64_t am = 0;\n    double m = row[0], se = 0;\n", T, C);
     bprintf(b, "    for (int64_t j = 1; j < %" PRId64 "; j++) if (row[j] > m) { m = row[j]; am = j; }\n", C);
     bprintf(b, "    for (int64_t j = 0; j < %" PRId64 "; j++) se += exp((double)row[j] - m);\n", C);
-    bprintf(b, "    nll += log(se) + m - row[y[r]];\n    correct += am == y[r];\n  }\n");
+    bprintf(b, "    nll += log(se) - (row[y[r]] - m);\n    correct += am == y[r];\n  }\n");
     bprintf(b, "  out[0] = (%s)correct;\n  out[1] = (%s)nll;\n", T, T);
   }
 }

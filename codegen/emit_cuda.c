@@ -762,7 +762,9 @@ static void emit_reduce(Buf *b, const Kernel *k) {
 
 /* Softmax cross-entropy with integer labels, stabilised by the row maximum
  * (log-sum-exp), as the C emitter:
- *   loss = mean_r (log sum_c exp(x_rc - m_r) + m_r - x_r,y_r)
+ *   loss = mean_r (log sum_c exp(x_rc - m_r) - (x_r,y_r - m_r))
+ * (the shifted label logit first, in double: adding log(se) to a large m_r
+ * would round it away; see the C emitter)
  *   dx_rc = (softmax_rc - [c == y_r]) * dloss / R
  * Forward and metrics: one block, a warp per row, partial sums in double
  * combined in a fixed order.  Backward: a block per row. */
@@ -813,7 +815,7 @@ static void emit_rows(Buf *b, const Kernel *k) {
   bprintf(b, "    %s se = 0;\n", T);
   bprintf(b, "    for (duet_i64 j = lane; j < " D64 "; j += 32) se += %s(row[j] - m);\n", C, ex);
   bprintf(b, "    se = duet_warp_sum(se);\n");
-  bprintf(b, "    if (lane == 0) {\n      nll += log((double)se) + (double)m - (double)row[y[r]];\n");
+  bprintf(b, "    if (lane == 0) {\n      nll += log((double)se) - ((double)row[y[r]] - (double)m);\n");
   if (metrics) bprintf(b, "      correct += am == y[r];\n");
   bprintf(b, "    }\n  }\n");
   /* per-block partials; the last block to finish adds them in block order

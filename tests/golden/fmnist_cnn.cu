@@ -329,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k18(duet_args t, duet_sc
     for (duet_i64 j = lane; j < 10; j += 32) se += expf(row[j] - m);
     se = duet_warp_sum(se);
     if (lane == 0) {
-      nll += log((double)se) + (double)m - (double)row[y[r]];
+      nll += log((double)se) - ((double)row[y[r]] - (double)m);
     }
   }
   nll = duet_block_sum(nll, red);
@@ -1002,7 +1002,7 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k43(duet_args t, duet_sc
     for (duet_i64 j = lane; j < 10; j += 32) se += expf(row[j] - m);
     se = duet_warp_sum(se);
     if (lane == 0) {
-      nll += log((double)se) + (double)m - (double)row[y[r]];
+      nll += log((double)se) - ((double)row[y[r]] - (double)m);
       correct += am == y[r];
     }
   }

@@ -274,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k8(duet_args t, duet_sca
     for (duet_i64 j = lane; j < 10; j += 32) se += expf(row[j] - m);
     se = duet_warp_sum(se);
     if (lane == 0) {
-      nll += log((double)se) + (double)m - (double)row[y[r]];
+      nll += log((double)se) - ((double)row[y[r]] - (double)m);
     }
   }
   nll = duet_block_sum(nll, red);
@@ -414,7 +414,7 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k16(duet_args t, duet_sc
     for (duet_i64 j = lane; j < 10; j += 32) se += expf(row[j] - m);
     se = duet_warp_sum(se);
     if (lane == 0) {
-      nll += log((double)se) + (double)m - (double)row[y[r]];
+      nll += log((double)se) - ((double)row[y[r]] - (double)m);
       correct += am == y[r];
     }
   }
