@@ -158,9 +158,11 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a);
  * number of functions.  Includes no header and no user text. */
 char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fns);
 /* Launch configuration of kernel k (grid-stride kernels cap the grid at
- * 65535 blocks; row kernels use blocks of 32..1024 threads, multiples of
- * 32; attention uses dynamic shared memory of time (forward, decode) or
- * 2 * time (backward) elements). */
+ * 65535 blocks, the sum of a whole tensor at 1024; kernels of a block per
+ * row or tile get one block per item up to 2^31 - 1 and loop over the
+ * rest; row kernels use blocks of 32..1024 threads, multiples of 32;
+ * attention uses dynamic shared memory of time (forward, decode) or
+ * 2 * time (backward) elements, saturated at UINT32_MAX bytes). */
 void codegen_cuda_launch(const Kernel *k, DuetLaunch *l);
 /* codegen_cuda_launch for every kernel, in the arena. */
 DuetLaunch *codegen_cuda_launch_table(const CgProgram *cp, Arena *a);

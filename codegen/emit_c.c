@@ -374,7 +374,13 @@ static void emit_reduce(Buf *b, const Kernel *k) {
 }
 
 /* Softmax cross-entropy with integer labels, stabilised by subtracting the
- * row maximum (log-sum-exp):  loss = mean_r (log sum_c exp(x_rc - m_r) + m_r - x_r,y_r). */
+ * row maximum (log-sum-exp):
+ *   loss = mean_r (log sum_c exp(x_rc - m_r) - (x_r,y_r - m_r)).
+ * The shifted label logit x_r,y_r - m_r is formed first: log(se) + m_r -
+ * x_r,y_r would lose log(se) (at most log C) in m_r's rounding once |m_r|
+ * is large (10 equal logits of 1e15 gave 2.25 instead of ln 10, of 1e17
+ * gave 0).  x_r,y_r - m_r is exact in double for f32 logits within 2^29
+ * of each other, and is 0 for the label at the maximum. */
 static void emit_rows(Buf *b, const Kernel *k) {
   const char *T = ctype(k->dtype);
   const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
@@ -391,7 +397,7 @@ static void emit_rows(Buf *b, const Kernel *k) {
     bprintf(b, "      const %s *row = x + r * %" PRId64 ";\n      double m = row[0], se = 0;\n", T, C);
     bprintf(b, "      for (int64_t j = 1; j < %" PRId64 "; j++) m = row[j] > m ? row[j] : m;\n", C);
     bprintf(b, "      for (int64_t j = 0; j < %" PRId64 "; j++) se += exp((double)row[j] - m);\n", C);
-    bprintf(b, "      acc += log(se) + m - row[y[r]];\n    }\n    part[c] = acc;\n  }\n");
+    bprintf(b, "      acc += log(se) - (row[y[r]] - m);\n    }\n    part[c] = acc;\n  }\n");
     bprintf(b, "  double tot = 0;\n  for (int64_t c = 0; c < %" PRId64 "; c++) tot += part[c];\n", nch);
     bprintf(b, "  out[0] = (%s)(tot / %" PRId64 ");\n", T, R);
   } else if (k->kind == KK_XENT_BWD) {
@@ -416,12 +422,15 @@ static void emit_rows(Buf *b, const Kernel *k) {
     bprintf(b, "    const %s *row = x + r * %" PRId64 ";\n    int64_t am = 0;\n    double m = row[0], se = 0;\n", T, C);
     bprintf(b, "    for (int64_t j = 1; j < %" PRId64 "; j++) if (row[j] > m) { m = row[j]; am = j; }\n", C);
     bprintf(b, "    for (int64_t j = 0; j < %" PRId64 "; j++) se += exp((double)row[j] - m);\n", C);
-    bprintf(b, "    nll += log(se) + m - row[y[r]];\n    correct += am == y[r];\n  }\n");
+    bprintf(b, "    nll += log(se) - (row[y[r]] - m);\n    correct += am == y[r];\n  }\n");
     bprintf(b, "  out[0] = (%s)correct;\n  out[1] = (%s)nll;\n", T, T);
   }
 }
 
-
+/* Embedding lookup (ids outside the table read zeros) and its gradient, a
+ * deterministic scatter-add.  Every index is 64-bit: the row offset id * C
+ * is formed as int64_t, as a table may hold 2^32 or more elements (16 GiB
+ * of f32) while ids are 32-bit. */
 static void emit_embed(Buf *b, const Kernel *k) {
   const char *T = ctype(k->dtype);
   int64_t R = k->rows, C = k->cols, V = k->outer;
@@ -433,7 +442,7 @@ static void emit_embed(Buf *b, const Kernel *k) {
     bprintf(b, "  for (int64_t r = 0; r < %" PRId64 "; r++) {\n", R);
     bprintf(b, "    const uint32_t id = (uint32_t)ix[r];\n");
     bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) out[r * %" PRId64 " + c] = id < %" PRId64
-               "u ? tab[id * %" PRId64 " + c] : 0;\n  }\n", C, C, V, C);
+               "u ? tab[(int64_t)id * %" PRId64 " + c] : 0;\n  }\n", C, C, V, C);
     return;
   }
   /* scatter-add, deterministic: each thread owns a block of columns and
@@ -450,7 +459,7 @@ static void emit_embed(Buf *b, const Kernel *k) {
           V, C);
   bprintf(b, "    for (int64_t r = 0; r < %" PRId64 "; r++) {\n      const uint32_t id = (uint32_t)ix[r];\n", R);
   bprintf(b, "      if (id >= %" PRId64 "u) continue;\n", V);
-  bprintf(b, "      for (int64_t c = c0; c < c1; c++) out[id * %" PRId64 " + c] += dy[r * %" PRId64 " + c];\n    }\n  }\n",
+  bprintf(b, "      for (int64_t c = c0; c < c1; c++) out[(int64_t)id * %" PRId64 " + c] += dy[r * %" PRId64 " + c];\n    }\n  }\n",
           C, C);
 }
 
@@ -617,18 +626,22 @@ static void emit_window(Buf *b, const Kernel *k) {
   int64_t OH = k->ys.dim[2], OW = k->ys.dim[3];
   int64_t KH = k->win[0], KW = k->win[1], SH = k->win[2], SW = k->win[3], PH = k->win[4], PW = k->win[5];
   int64_t DH = k->win[6], DW = k->win[7];
-  bprintf(b, "  enum { N_ = %" PRId64 ", C_ = %" PRId64 ", H_ = %" PRId64 ", W_ = %" PRId64 ", OH = %" PRId64
-             ", OW = %" PRId64 " };\n", N, C, H, W, OH, OW);
-  bprintf(b, "  enum { KH = %" PRId64 ", KW = %" PRId64 ", SH = %" PRId64 ", SW = %" PRId64 ", PH = %" PRId64
-             ", PW = %" PRId64 ", DH = %" PRId64 ", DW = %" PRId64 " };\n", KH, KW, SH, SW, PH, PW, DH, DW);
+  /* the sizes as int64_t, not enum constants (int): every product of
+   * them (a plane H_ * W_, an im2col row C_ * KH * KW) is 64-bit */
+  bprintf(b, "  const int64_t N_ = %" PRId64 ", C_ = %" PRId64 ", H_ = %" PRId64 ", W_ = %" PRId64 ", OH = %" PRId64
+             ", OW = %" PRId64 ";\n", N, C, H, W, OH, OW);
+  bprintf(b, "  const int64_t KH = %" PRId64 ", KW = %" PRId64 ", SH = %" PRId64 ", SW = %" PRId64 ", PH = %" PRId64
+             ", PW = %" PRId64 ", DH = %" PRId64 ", DW = %" PRId64 ";\n", KH, KW, SH, SW, PH, PW, DH, DW);
+  bprintf(b, "  (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;\n");
+  bprintf(b, "  (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW;\n");
   switch (k->kind) {
   case KK_IM2COL:
     bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(0, "const "));
     bprintf(b, "  %s%s *cols = (%s%s *)t[%d];\n", BUF(1, ""));
     bprintf(b, "  #pragma omp parallel for schedule(static)\n");
-    bprintf(b, "  for (int64_t r = 0; r < (int64_t)N_ * OH * OW; r++) {\n");
+    bprintf(b, "  for (int64_t r = 0; r < N_ * OH * OW; r++) {\n");
     bprintf(b, "    const int64_t n = r / (OH * OW), oh = r / OW %% OH, ow = r %% OW;\n");
-    bprintf(b, "    %s *row = cols + r * (int64_t)(C_ * KH * KW);\n", T);
+    bprintf(b, "    %s *row = cols + r * (C_ * KH * KW);\n", T);
     bprintf(b, "    for (int64_t c = 0; c < C_; c++)\n      for (int64_t ki = 0; ki < KH; ki++) {\n");
     bprintf(b, "        const int64_t ih = oh * SH - PH + ki * DH;\n");
     bprintf(b, "        for (int64_t kj = 0; kj < KW; kj++) {\n");
@@ -640,11 +653,11 @@ static void emit_window(Buf *b, const Kernel *k) {
     bprintf(b, "  %s%s *cols = (%s%s *)t[%d];\n", BUF(0, "const "));
     bprintf(b, "  %s%s *dx = (%s%s *)t[%d];\n", BUF(1, ""));
     bprintf(b, "  #pragma omp parallel for schedule(static)\n");
-    bprintf(b, "  for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {\n");
-    bprintf(b, "    const int64_t n = nc / C_, c = nc %% C_;\n    %s *plane = dx + nc * (int64_t)(H_ * W_);\n", T);
+    bprintf(b, "  for (int64_t nc = 0; nc < N_ * C_; nc++) {\n");
+    bprintf(b, "    const int64_t n = nc / C_, c = nc %% C_;\n    %s *plane = dx + nc * (H_ * W_);\n", T);
     bprintf(b, "    for (int64_t i = 0; i < H_ * W_; i++) plane[i] = 0;\n");
     bprintf(b, "    for (int64_t oh = 0; oh < OH; oh++)\n      for (int64_t ow = 0; ow < OW; ow++) {\n");
-    bprintf(b, "        const %s *row = cols + ((n * OH + oh) * OW + ow) * (int64_t)(C_ * KH * KW) + c * KH * KW;\n", T);
+    bprintf(b, "        const %s *row = cols + ((n * OH + oh) * OW + ow) * (C_ * KH * KW) + c * KH * KW;\n", T);
     bprintf(b, "        for (int64_t ki = 0; ki < KH; ki++) {\n          const int64_t ih = oh * SH - PH + ki * DH;\n");
     bprintf(b, "          if (ih < 0 || ih >= H_) continue;\n");
     bprintf(b, "          for (int64_t kj = 0; kj < KW; kj++) {\n            const int64_t iw = ow * SW - PW + kj * DW;\n");
@@ -664,9 +677,9 @@ static void emit_window(Buf *b, const Kernel *k) {
     bprintf(b, "  %s%s *dx = (%s%s *)t[%d];\n", BUF(mx ? 2 : 1, ""));
   }
   bprintf(b, "  #pragma omp parallel for schedule(static)\n");
-  bprintf(b, "  for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {\n");
-  if (!fwd) bprintf(b, "    %s *dp = dx + nc * (int64_t)(H_ * W_);\n    for (int64_t i = 0; i < H_ * W_; i++) dp[i] = 0;\n", T);
-  if (fwd || mx) bprintf(b, "    const %s *xp = x + nc * (int64_t)(H_ * W_);\n", T);
+  bprintf(b, "  for (int64_t nc = 0; nc < N_ * C_; nc++) {\n");
+  if (!fwd) bprintf(b, "    %s *dp = dx + nc * (H_ * W_);\n    for (int64_t i = 0; i < H_ * W_; i++) dp[i] = 0;\n", T);
+  if (fwd || mx) bprintf(b, "    const %s *xp = x + nc * (H_ * W_);\n", T);
   bprintf(b, "    for (int64_t oh = 0; oh < OH; oh++)\n      for (int64_t ow = 0; ow < OW; ow++) {\n");
   bprintf(b, "        const int64_t o = (nc * OH + oh) * OW + ow;\n");
   if (mx) bprintf(b, "        %s m = -INFINITY;\n        int64_t am = -1;\n", T);

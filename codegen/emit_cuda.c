@@ -76,6 +76,16 @@ static uint32_t grid_for(int64_t work, int64_t per_block) {
   return (uint32_t)g;
 }
 
+/* Blocks of a kernel with one block per item (block_loop): one per item,
+ * at most CUDA's 2^31 - 1 (gridDim.x); the kernel loops over the rest. */
+static uint32_t block_grid(int64_t items) {
+  return (uint32_t)(items < 1 ? 1 : items > INT32_MAX ? INT32_MAX : items);
+}
+
+/* Dynamic shared memory bytes, saturated: a size past 32 bits stays past
+ * every card's limit, which the runtime checks, instead of wrapping. */
+static uint32_t shared_bytes(int64_t bytes) { return (uint32_t)(bytes > UINT32_MAX ? UINT32_MAX : bytes); }
+
 /* threads of a row kernel: a multiple of 32 (the reduction helpers use
  * full-warp shuffles), at most 256 */
 static uint32_t row_block(int64_t cols) {
@@ -89,6 +99,18 @@ static uint32_t row_block(int64_t cols) {
 static uint32_t xent_grid(int64_t rows) {
   int64_t g = (rows + 31) / 32;
   return (uint32_t)(g < 1 ? 1 : g > 256 ? 256 : g);
+}
+
+/* A sum of a whole tensor (see emit_reduce): a grid of up to 1024 blocks
+ * of 256 threads, at least 16 elements per thread, the blocks' partial
+ * sums in a module-scope array of that size. */
+static bool reduce_whole(const Kernel *k) {
+  return k->kind == KK_REDUCE && !k->reduce_max && k->outer == 1 && k->inner == 1;
+}
+
+static uint32_t whole_grid(int64_t n) {
+  uint32_t g = grid_for(n, 16 * EW_BLOCK);
+  return g < 1024 ? g : 1024;
 }
 
 /* Embedding backward: vocabulary rows split into this many chunks, so
@@ -108,7 +130,8 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   case KK_ELEMENTWISE: l->grid = grid_for(ew_paired(k) ? k->n / 2 : k->n, EW_BLOCK); break;
   case KK_REDUCE:
   case KK_MAX_GRAD:
-    if (k->kind == KK_REDUCE && !k->reduce_max && k->inner == 1) l->grid = grid_for(k->outer, 1);
+    if (reduce_whole(k)) l->grid = whole_grid(k->red);
+    else if (k->kind == KK_REDUCE && !k->reduce_max && k->inner == 1) l->grid = grid_for(k->outer, 1);
     else l->grid = grid_for(k->outer * k->inner, EW_BLOCK);
     break;
   case KK_XENT_FWD:
@@ -119,16 +142,16 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   case KK_EMBED_FWD: l->grid = grid_for(k->rows * k->cols, EW_BLOCK); break;
   case KK_EMBED_BWD: l->grid = grid_for(k->cols * embed_chunks(k), EW_BLOCK); break;
   case KK_ATTN_FWD:
-    l->grid = (uint32_t)(k->batch * k->heads * k->time), l->block = 128, l->shared = (uint32_t)(k->time * ts);
+    l->grid = block_grid(k->batch * k->heads * k->time), l->block = 128, l->shared = shared_bytes(k->time * ts);
     break;
   case KK_ATTN_BWD:
   case KK_ATTN_BWD_KV:
-    l->grid = (uint32_t)(k->batch * k->heads * k->time), l->block = 128, l->shared = (uint32_t)(2 * k->time * ts);
+    l->grid = block_grid(k->batch * k->heads * k->time), l->block = 128, l->shared = shared_bytes(2 * k->time * ts);
     break;
   case KK_ATTN_DECODE:
-    l->grid = (uint32_t)(k->batch * k->heads), l->block = 128, l->shared = (uint32_t)(k->time * ts);
+    l->grid = block_grid(k->batch * k->heads), l->block = 128, l->shared = shared_bytes(k->time * ts);
     break;
-  case KK_TRANSPOSE: l->grid = (uint32_t)(((k->rows + 31) / 32) * ((k->cols + 31) / 32)); break;
+  case KK_TRANSPOSE: l->grid = block_grid(((k->rows + 31) / 32) * ((k->cols + 31) / 32)); break;
   case KK_POSITIONS: l->grid = grid_for(k->rows, EW_BLOCK); break;
   case KK_UNSCALE: l->grid = grid_for(k->n, EW_BLOCK); break;
   case KK_IM2COL: {
@@ -666,7 +689,20 @@ static void emit_unscale(Buf *b, const Kernel *k) {
 }
 
 /* out[o, j] = scale * sum_r in[o, r, j]; max_r when reduce_max; the max
- * gradient routes dy to the first maximum (NaN propagates as on the CPU). */
+ * gradient routes dy to the first maximum (NaN propagates as on the CPU).
+ * Sums accumulate in double, as the C emitter's, and are rounded once.
+ * The sum of a whole tensor (sum or mean of everything: reduce_whole)
+ * spreads over the grid: each thread sums its grid-stride elements, each
+ * block its threads' sums (warp shuffles, then across warps), and the last
+ * block to finish the blocks' partial sums, in a tree fixed by the launch
+ * (so the result is deterministic).  A summation of n terms in any order
+ * errs by at most gamma_{n-1} * sum |x_i|, gamma_k = k u / (1 - k u) with
+ * u = 2^-53 in double (Higham, "Accuracy and Stability of Numerical
+ * Algorithms", 2nd ed., sec. 4.2), and the rounding to f32 adds 2^-24 of
+ * the result: |y - s| <= 2^-24 |s| + gamma_{n-1} sum |x_i| (at n = 2^24,
+ * gamma = 1.9e-9), whatever the grid; tests/test_cuda_emu.c checks it
+ * at 2^24 elements.  (One block summing serially in f32, as before, was
+ * 0.25% off for 2^24 copies of 0.1f.) */
 static void emit_reduce(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   int64_t O = k->outer, R = k->red, I = k->inner;
@@ -689,26 +725,46 @@ static void emit_reduce(Buf *b, const Kernel *k) {
   }
   bprintf(b, "  const %s *x = (const %s *)t.p[%d];\n  %s *y = (%s *)t.p[%d];\n", T, T, 0, T, T,
           1);
+  /* the scale (1/n for a mean) multiplies in double; one rounding to T */
+  if (reduce_whole(k)) { /* every block, then the last one */
+    bprintf(b, "  __shared__ double red[32];\n  __shared__ int last;\n  double acc = 0;\n");
+    GRID_LOOP(b, "r", R);
+    bprintf(b, "    acc += x[r];\n  }\n");
+    bprintf(b, "  acc = duet_block_sum(acc, red);\n");
+    /* per-block partials; the last block to finish sums them, a fixed
+     * tree for a given grid (threadFenceReduction, as the loss kernels) */
+    bprintf(b, "  if (threadIdx.x == 0) {\n    duet_part" FN "[blockIdx.x] = acc;\n");
+    bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done" FN ", 1u) == gridDim.x - 1;\n  }\n");
+    bprintf(b, "  __syncthreads();\n  if (!last) return;\n  __threadfence();\n");
+    bprintf(b, "  const volatile double *part = duet_part" FN ";\n  double tot = 0;\n");
+    bprintf(b, "  for (unsigned g = threadIdx.x; g < gridDim.x; g += blockDim.x) tot += part[g];\n");
+    bprintf(b, "  tot = duet_block_sum(tot, red);\n");
+    bprintf(b, "  if (threadIdx.x == 0) {\n    y[0] = (%s)(tot * %a);\n", T, k->scale);
+    bprintf(b, "    duet_done" FN " = 0; /* ready for the next launch */\n  }\n");
+    return;
+  }
   if (I == 1) { /* a block per output row, reduced across the block */
-    bprintf(b, "  __shared__ %s red[32];\n", T);
+    bprintf(b, "  __shared__ double red[32];\n");
     bprintf(b, "  for (duet_i64 o = blockIdx.x; o < " D64 "; o += gridDim.x) {\n", O);
-    bprintf(b, "    %s acc = 0;\n", T);
+    bprintf(b, "    double acc = 0;\n");
     bprintf(b, "    for (duet_i64 r = threadIdx.x; r < " D64 "; r += blockDim.x) acc += x[o * " D64 " + r];\n", R, R);
     bprintf(b, "    acc = duet_block_sum(acc, red);\n");
-    bprintf(b, "    if (threadIdx.x == 0) y[o] = (%s)(acc * (%s)%a);\n  }\n", T, T, k->scale);
+    bprintf(b, "    if (threadIdx.x == 0) y[o] = (%s)(acc * %a);\n  }\n", T, k->scale);
     return;
   }
   /* a thread per output, the reduced axis in order (coalesced over j) */
   GRID_LOOP(b, "oj", O * I);
   bprintf(b, "    const duet_i64 o = oj / " D64 ", j = oj %% " D64 ";\n", I, I);
-  bprintf(b, "    %s acc = 0;\n", T);
+  bprintf(b, "    double acc = 0;\n");
   bprintf(b, "    for (duet_i64 r = 0; r < " D64 "; r++) acc += x[(o * " D64 " + r) * " D64 " + j];\n", R, R, I);
-  bprintf(b, "    y[oj] = (%s)(acc * (%s)%a);\n  }\n", T, T, k->scale);
+  bprintf(b, "    y[oj] = (%s)(acc * %a);\n  }\n", T, k->scale);
 }
 
 /* Softmax cross-entropy with integer labels, stabilised by the row maximum
  * (log-sum-exp), as the C emitter:
- *   loss = mean_r (log sum_c exp(x_rc - m_r) + m_r - x_r,y_r)
+ *   loss = mean_r (log sum_c exp(x_rc - m_r) - (x_r,y_r - m_r))
+ * (the shifted label logit first, in double: adding log(se) to a large m_r
+ * would round it away; see the C emitter)
  *   dx_rc = (softmax_rc - [c == y_r]) * dloss / R
  * Forward and metrics: one block, a warp per row, partial sums in double
  * combined in a fixed order.  Backward: a block per row. */
@@ -759,7 +815,7 @@ static void emit_rows(Buf *b, const Kernel *k) {
   bprintf(b, "    %s se = 0;\n", T);
   bprintf(b, "    for (duet_i64 j = lane; j < " D64 "; j += 32) se += %s(row[j] - m);\n", C, ex);
   bprintf(b, "    se = duet_warp_sum(se);\n");
-  bprintf(b, "    if (lane == 0) {\n      nll += log((double)se) + (double)m - (double)row[y[r]];\n");
+  bprintf(b, "    if (lane == 0) {\n      nll += log((double)se) - ((double)row[y[r]] - (double)m);\n");
   if (metrics) bprintf(b, "      correct += am == y[r];\n");
   bprintf(b, "    }\n  }\n");
   /* per-block partials; the last block to finish adds them in block order
@@ -785,7 +841,9 @@ static void emit_rows(Buf *b, const Kernel *k) {
 
 /* Embedding lookup (ids outside the table read zeros), and its gradient as
  * a deterministic scatter-add: a thread per column visits the rows in
- * order, so no atomics and the C emitter's summation order. */
+ * order, so no atomics and the C emitter's summation order.  The row
+ * offset id * C is 64-bit (a table may hold 2^32 or more elements; ids
+ * are 32-bit), as every other index here. */
 static void emit_embed(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   int64_t R = k->rows, C = k->cols, V = k->outer;
@@ -797,7 +855,7 @@ static void emit_embed(Buf *b, const Kernel *k) {
     GRID_LOOP(b, "e", R * C);
     bprintf(b, "    const duet_i64 r = e / " D64 ", c = e %% " D64 ";\n", C, C);
     bprintf(b, "    const duet_u32 id = (duet_u32)ix[r];\n");
-    bprintf(b, "    out[e] = id < " D64 "u ? tab[id * " D64 " + c] : (%s)0;\n  }\n", V, C, T);
+    bprintf(b, "    out[e] = id < " D64 "u ? tab[(duet_i64)id * " D64 " + c] : (%s)0;\n  }\n", V, C, T);
     return;
   }
   /* a thread per (column c, chunk of vocabulary rows): zeroes its rows,
@@ -809,7 +867,7 @@ static void emit_embed(Buf *b, const Kernel *k) {
   bprintf(b, "    const duet_i64 hi = lo + " D64 " < " D64 " ? lo + " D64 " : " D64 ";\n", W, V, W, V);
   bprintf(b, "    for (duet_i64 v = lo; v < hi; v++) out[v * " D64 " + c] = 0;\n", C);
   bprintf(b, "    for (duet_i64 r = 0; r < " D64 "; r++) {\n      const duet_u32 id = (duet_u32)ix[r];\n", R);
-  bprintf(b, "      if (id >= (duet_u64)lo && id < (duet_u64)hi) out[id * " D64 " + c] += dy[r * " D64 " + c];\n"
+  bprintf(b, "      if (id >= (duet_u64)lo && id < (duet_u64)hi) out[(duet_i64)id * " D64 " + c] += dy[r * " D64 " + c];\n"
              "    }\n  }\n", C, C);
 }
 
@@ -846,19 +904,39 @@ static void emit_norm(Buf *b, const Kernel *k) {
           C);
 }
 
+/* A kernel that gives each block one item (a query row, a key row, a
+ * (batch, head) pair, a tile) loops over the items with the block index
+ * blk, so that any grid covers them: codegen_cuda_launch gives one block
+ * per item, capped at CUDA's 2^31 - 1 blocks (block_grid).  `body` is the
+ * code of one item, indented by two spaces, naming the item `blk`; a
+ * barrier ends each item, as the next one reuses the shared memory. */
+static void block_loop(Buf *b, int64_t items, const char *body) {
+  bprintf(b, "  for (duet_i64 blk = blockIdx.x; blk < " D64 "; blk += gridDim.x) {\n", items);
+  for (const char *p = body; p && *p;) {
+    const char *e = strchr(p, '\n');
+    size_t len = e ? (size_t)(e - p) + 1 : strlen(p);
+    bprintf(b, "  %.*s", (int)len, p);
+    p += len;
+  }
+  bprintf(b, "    __syncthreads(); /* the next item reuses the shared memory */\n  }\n");
+}
+
+/* The type of a loop index below `bound`: int when every value fits. */
+static const char *index_type(int64_t bound) { return bound < INT32_MAX ? "int" : "duet_i64"; }
+
 /* Causal multi-head attention (formulas as the C emitter):
  *   out_i = sum_j softmax_j(q_i . k_j / sqrt(D)) v_j,  j <= i when causal.
  * Forward: a block per (batch, head, query row), the probabilities of the
- * row in shared memory.  Backward: a block per (batch, head) walking the
- * query rows in order, recomputing P; for each row i the threads own
- * distinct (j, d) of dk and dv, so the accumulation needs no atomics and is
- * deterministic:
+ * row in shared memory.  Backward: two kernels of a block per row (below),
+ * so each output element has one writer: no atomics, deterministic:
  *   dv_j += P_ij dy_i;  dP_ij = dy_i . v_j;  dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij)
- *   dq_i = sum_j dS_ij k_j / sqrt(D);  dk_j += dS_ij q_i / sqrt(D) */
+ *   dq_i = sum_j dS_ij k_j / sqrt(D);  dk_j += dS_ij q_i / sqrt(D)
+ * Rows are items of block_loop; channel indices d < D are int when D fits. */
 static void emit_attention(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
   int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H;
+  const char *DI = index_type(D);
   bool fwd = k->kind == KK_ATTN_FWD;
   int o = fwd ? 0 : 1;
   if (!fwd) bprintf(b, "  %s%s *dy = (%s%s *)t.p[%d];\n", BUF(0, "const "));
@@ -869,28 +947,28 @@ static void emit_attention(Buf *b, const Kernel *k) {
   bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
   bprintf(b, "  extern __shared__ double duet_smem[];\n  %s *p = (%s *)duet_smem;\n", T, T);
   if (k->kind != KK_ATTN_BWD_KV) bprintf(b, "  __shared__ %s red[32];\n", T); /* key rows reduce nothing */
+  Buf body = {.a = b->a}, *u = &body; /* one row */
   if (fwd) {
-    bprintf(b, "  const duet_i64 i = blockIdx.x %% " D64 ", bh = blockIdx.x / " D64 ";\n", N, N);
-    bprintf(b, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);
-    if (k->causal) bprintf(b, "  const duet_i64 n = i + 1;\n");
-    else bprintf(b, "  const duet_i64 n = " D64 ";\n", N);
-  }
-  if (fwd) {
-    bprintf(b, "  const %s *qi = q + (b * " D64 " + i) * " D64 " + h * " D64 ";\n", T, N, C, D);
-    bprintf(b, "  %s lm = -DUET_INF;\n", T);
-    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
-    bprintf(b, "    const %s *kj = k + (b * " D64 " + j) * " D64 " + h * " D64 ";\n", T, N, C, D);
-    bprintf(b, "    %s acc = 0;\n    for (int d = 0; d < " D64 "; d++) acc += qi[d] * kj[d];\n", T, D);
-    bprintf(b, "    p[j] = acc * scale;\n    lm = duet_max(lm, p[j]);\n  }\n");
-    bprintf(b, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
-    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
-    bprintf(b, "  const %s inv = 1 / duet_block_sum(ls, red);\n  __syncthreads();\n", T);
-    bprintf(b, "  %s *oi = out + (b * " D64 " + i) * " D64 " + h * " D64 ";\n", T, N, C, D);
-    bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
-    bprintf(b, "    %s acc = 0;\n", T);
-    bprintf(b, "    for (duet_i64 j = 0; j < n; j++) acc += p[j] * v[(b * " D64 " + j) * " D64 " + h * " D64 " + d];\n",
+    bprintf(u, "  const duet_i64 i = blk %% " D64 ", bh = blk / " D64 ";\n", N, N);
+    bprintf(u, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);
+    if (k->causal) bprintf(u, "  const duet_i64 n = i + 1;\n");
+    else bprintf(u, "  const duet_i64 n = " D64 ";\n", N);
+    bprintf(u, "  const %s *qi = q + (b * " D64 " + i) * " D64 " + h * " D64 ";\n", T, N, C, D);
+    bprintf(u, "  %s lm = -DUET_INF;\n", T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
+    bprintf(u, "    const %s *kj = k + (b * " D64 " + j) * " D64 " + h * " D64 ";\n", T, N, C, D);
+    bprintf(u, "    %s acc = 0;\n    for (%s d = 0; d < " D64 "; d++) acc += qi[d] * kj[d];\n", T, DI, D);
+    bprintf(u, "    p[j] = acc * scale;\n    lm = duet_max(lm, p[j]);\n  }\n");
+    bprintf(u, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
+    bprintf(u, "  const %s inv = 1 / duet_block_sum(ls, red);\n  __syncthreads();\n", T);
+    bprintf(u, "  %s *oi = out + (b * " D64 " + i) * " D64 " + h * " D64 ";\n", T, N, C, D);
+    bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", DI, D);
+    bprintf(u, "    %s acc = 0;\n", T);
+    bprintf(u, "    for (duet_i64 j = 0; j < n; j++) acc += p[j] * v[(b * " D64 " + j) * " D64 " + h * " D64 " + d];\n",
             N, C, D);
-    bprintf(b, "    oi[d] = acc * inv;\n  }\n");
+    bprintf(u, "    oi[d] = acc * inv;\n  }\n");
+    block_loop(b, B * H * N, body.s);
     return;
   }
   /* backward in two kernels of a block per row (FlashAttention-2's split,
@@ -902,60 +980,63 @@ static void emit_attention(Buf *b, const Kernel *k) {
    * No atomics: each output element has one writer. */
   bprintf(b, "  %s *ds = p + " D64 ";\n", T, N);
   bprintf(b, "  %s *stats = out + " D64 "; /* [batch * heads * time][3]: max, 1 / sum, sum p dp */\n", T, 3 * B * N * C);
-  bprintf(b, "  const duet_i64 rw = blockIdx.x %% " D64 ", bh = blockIdx.x / " D64 ";\n", N, N);
-  bprintf(b, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);
-  bprintf(b, "  const %s *qh = q + b * " D64 " + h * " D64 ", *kh = k + b * " D64 " + h * " D64 ";\n", T, N * C, D, N * C, D);
-  bprintf(b, "  const %s *vh = v + b * " D64 " + h * " D64 ", *dyh = dy + b * " D64 " + h * " D64 ";\n", T, N * C, D, N * C,
+  bprintf(u, "  const duet_i64 rw = blk %% " D64 ", bh = blk / " D64 ";\n", N, N);
+  bprintf(u, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);
+  bprintf(u, "  const %s *qh = q + b * " D64 " + h * " D64 ", *kh = k + b * " D64 " + h * " D64 ";\n", T, N * C, D, N * C, D);
+  bprintf(u, "  const %s *vh = v + b * " D64 " + h * " D64 ", *dyh = dy + b * " D64 " + h * " D64 ";\n", T, N * C, D, N * C,
           D);
   if (k->kind == KK_ATTN_BWD) {
-    if (k->causal) bprintf(b, "  const duet_i64 i = rw, n = i + 1;\n");
-    else bprintf(b, "  const duet_i64 i = rw, n = " D64 ";\n", N);
-    bprintf(b, "  const %s *qi = qh + i * " D64 ", *dyi = dyh + i * " D64 ";\n", T, C, C);
-    bprintf(b, "  %s lm = -DUET_INF;\n", T);
-    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
-    bprintf(b, "    %s acc = 0, g = 0;\n", T);
-    bprintf(b, "    for (int d = 0; d < " D64 "; d++) { acc += qi[d] * kh[j * " D64 " + d]; g += dyi[d] * vh[j * " D64 " + d]; }\n",
-            D, C, C);
-    bprintf(b, "    p[j] = acc * scale;\n    ds[j] = g;\n    lm = duet_max(lm, p[j]);\n  }\n");
-    bprintf(b, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
-    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
-    bprintf(b, "  const %s inv = 1 / duet_block_sum(ls, red);\n  %s ld = 0;\n", T, T);
-    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] *= inv; ld += p[j] * ds[j]; }\n");
-    bprintf(b, "  const %s dot = duet_block_sum(ld, red);\n", T);
-    bprintf(b, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) ds[j] = p[j] * (ds[j] - dot) * scale;\n");
-    bprintf(b, "  __syncthreads();\n");
-    bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
-    bprintf(b, "    %s acc = 0;\n    for (duet_i64 j = 0; j < n; j++) acc += ds[j] * kh[j * " D64 " + d];\n", T, C);
-    bprintf(b, "    out[(b * " D64 " + i) * " D64 " + h * " D64 " + d] = acc;\n  }\n", N, C, D);
-    bprintf(b, "  if (threadIdx.x == 0) { %s *st = stats + blockIdx.x * 3; st[0] = m; st[1] = inv; st[2] = dot; }\n", T);
+    if (k->causal) bprintf(u, "  const duet_i64 i = rw, n = i + 1;\n");
+    else bprintf(u, "  const duet_i64 i = rw, n = " D64 ";\n", N);
+    bprintf(u, "  const %s *qi = qh + i * " D64 ", *dyi = dyh + i * " D64 ";\n", T, C, C);
+    bprintf(u, "  %s lm = -DUET_INF;\n", T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
+    bprintf(u, "    %s acc = 0, g = 0;\n", T);
+    bprintf(u, "    for (%s d = 0; d < " D64 "; d++) { acc += qi[d] * kh[j * " D64 " + d]; g += dyi[d] * vh[j * " D64 " + d]; }\n",
+            DI, D, C, C);
+    bprintf(u, "    p[j] = acc * scale;\n    ds[j] = g;\n    lm = duet_max(lm, p[j]);\n  }\n");
+    bprintf(u, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
+    bprintf(u, "  const %s inv = 1 / duet_block_sum(ls, red);\n  %s ld = 0;\n", T, T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] *= inv; ld += p[j] * ds[j]; }\n");
+    bprintf(u, "  const %s dot = duet_block_sum(ld, red);\n", T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) ds[j] = p[j] * (ds[j] - dot) * scale;\n");
+    bprintf(u, "  __syncthreads();\n");
+    bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", DI, D);
+    bprintf(u, "    %s acc = 0;\n    for (duet_i64 j = 0; j < n; j++) acc += ds[j] * kh[j * " D64 " + d];\n", T, C);
+    bprintf(u, "    out[(b * " D64 " + i) * " D64 " + h * " D64 " + d] = acc;\n  }\n", N, C, D);
+    bprintf(u, "  if (threadIdx.x == 0) { %s *st = stats + blk * 3; st[0] = m; st[1] = inv; st[2] = dot; }\n", T);
+    block_loop(b, B * H * N, body.s);
     return;
   }
   /* KK_ATTN_BWD_KV: key row j */
-  bprintf(b, "  const duet_i64 j = rw, i0 = %s;\n", k->causal ? "j" : "0");
-  bprintf(b, "  const %s *st = stats + bh * " D64 ";\n", T, 3 * N);
-  bprintf(b, "  const %s *kj = kh + j * " D64 ", *vj = vh + j * " D64 ";\n", T, C, C);
-  bprintf(b, "  for (duet_i64 i = i0 + threadIdx.x; i < " D64 "; i += blockDim.x) {\n", N);
-  bprintf(b, "    %s acc = 0, g = 0;\n", T);
-  bprintf(b, "    for (int d = 0; d < " D64 "; d++) { acc += qh[i * " D64 " + d] * kj[d]; g += dyh[i * " D64 " + d] * vj[d]; }\n",
-          D, C, C);
-  bprintf(b, "    %s pij = acc * scale;\n    pij = %s(pij - st[i * 3]);\n    pij *= st[i * 3 + 1];\n", T, ex);
-  bprintf(b, "    p[i - i0] = pij;\n    ds[i - i0] = pij * (g - st[i * 3 + 2]) * scale;\n  }\n");
-  bprintf(b, "  __syncthreads();\n");
-  bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
-  bprintf(b, "    %s ak = 0, av = 0;\n", T);
-  bprintf(b, "    for (duet_i64 i = i0; i < " D64 "; i++) { ak += ds[i - i0] * qh[i * " D64 " + d]; av += p[i - i0] * dyh[i * " D64 " + d]; }\n",
+  bprintf(u, "  const duet_i64 j = rw, i0 = %s;\n", k->causal ? "j" : "0");
+  bprintf(u, "  const %s *st = stats + bh * " D64 ";\n", T, 3 * N);
+  bprintf(u, "  const %s *kj = kh + j * " D64 ", *vj = vh + j * " D64 ";\n", T, C, C);
+  bprintf(u, "  for (duet_i64 i = i0 + threadIdx.x; i < " D64 "; i += blockDim.x) {\n", N);
+  bprintf(u, "    %s acc = 0, g = 0;\n", T);
+  bprintf(u, "    for (%s d = 0; d < " D64 "; d++) { acc += qh[i * " D64 " + d] * kj[d]; g += dyh[i * " D64 " + d] * vj[d]; }\n",
+          DI, D, C, C);
+  bprintf(u, "    %s pij = acc * scale;\n    pij = %s(pij - st[i * 3]);\n    pij *= st[i * 3 + 1];\n", T, ex);
+  bprintf(u, "    p[i - i0] = pij;\n    ds[i - i0] = pij * (g - st[i * 3 + 2]) * scale;\n  }\n");
+  bprintf(u, "  __syncthreads();\n");
+  bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", DI, D);
+  bprintf(u, "    %s ak = 0, av = 0;\n", T);
+  bprintf(u, "    for (duet_i64 i = i0; i < " D64 "; i++) { ak += ds[i - i0] * qh[i * " D64 " + d]; av += p[i - i0] * dyh[i * " D64 " + d]; }\n",
           N, C, C);
-  bprintf(b, "    const duet_i64 o = (b * " D64 " + j) * " D64 " + h * " D64 " + d;\n", N, C, D);
-  bprintf(b, "    out[" D64 " + o] = ak;\n    out[" D64 " + o] = av;\n  }\n", B * N * C, 2 * B * N * C);
+  bprintf(u, "    const duet_i64 o = (b * " D64 " + j) * " D64 " + h * " D64 " + d;\n", N, C, D);
+  bprintf(u, "    out[" D64 " + o] = ak;\n    out[" D64 " + o] = av;\n  }\n", B * N * C, 2 * B * N * C);
+  block_loop(b, B * H * N, body.s);
 }
 
 /* Generation: the new token's key and value go into row s[POS] of the
  * caches (each block writes its head's slice), then its query attends to
- * rows 0..s[POS]; a block per (batch, head). */
+ * rows 0..s[POS]; a block per (batch, head) (items of block_loop). */
 static void emit_attn_decode(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
-  int64_t N = k->time, C = k->cols, H = k->heads, D = C / H;
+  int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H;
+  const char *DI = index_type(D);
   bprintf(b, "  %s%s *q = (%s%s *)t.p[%d];\n", BUF(0, "const "));
   bprintf(b, "  %s%s *k = (%s%s *)t.p[%d];\n", BUF(1, "const "));
   bprintf(b, "  %s%s *v = (%s%s *)t.p[%d];\n", BUF(2, "const "));
@@ -966,40 +1047,44 @@ static void emit_attn_decode(Buf *b, const Kernel *k) {
   bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
   bprintf(b, "  extern __shared__ double duet_smem[];\n  %s *p = (%s *)duet_smem;\n", T, T);
   bprintf(b, "  __shared__ %s red[32];\n", T);
-  bprintf(b, "  const duet_i64 bb = blockIdx.x / " D64 ", h = blockIdx.x %% " D64 ";\n", H, H);
-  bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", D);
-  bprintf(b, "    kc[(bb * " D64 " + pos) * " D64 " + h * " D64 " + d] = k[bb * " D64 " + h * " D64 " + d];\n", N, C, D, C, D);
-  bprintf(b, "    vc[(bb * " D64 " + pos) * " D64 " + h * " D64 " + d] = v[bb * " D64 " + h * " D64 " + d];\n  }\n", N, C, D, C,
+  Buf body = {.a = b->a}, *u = &body; /* one (batch, head) */
+  bprintf(u, "  const duet_i64 bb = blk / " D64 ", h = blk %% " D64 ";\n", H, H);
+  bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", DI, D);
+  bprintf(u, "    kc[(bb * " D64 " + pos) * " D64 " + h * " D64 " + d] = k[bb * " D64 " + h * " D64 " + d];\n", N, C, D, C, D);
+  bprintf(u, "    vc[(bb * " D64 " + pos) * " D64 " + h * " D64 " + d] = v[bb * " D64 " + h * " D64 " + d];\n  }\n", N, C, D, C,
           D);
-  bprintf(b, "  __syncthreads();\n");
-  bprintf(b, "  const %s *qi = q + bb * " D64 " + h * " D64 ";\n  %s lm = -DUET_INF;\n", T, C, D, T);
-  bprintf(b, "  for (duet_i64 j = threadIdx.x; j <= pos; j += blockDim.x) {\n");
-  bprintf(b, "    const %s *kj = kc + (bb * " D64 " + j) * " D64 " + h * " D64 ";\n", T, N, C, D);
-  bprintf(b, "    %s acc = 0;\n    for (int d = 0; d < " D64 "; d++) acc += qi[d] * kj[d];\n", T, D);
-  bprintf(b, "    p[j] = acc * scale;\n    lm = duet_max(lm, p[j]);\n  }\n");
-  bprintf(b, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
-  bprintf(b, "  for (duet_i64 j = threadIdx.x; j <= pos; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
-  bprintf(b, "  const %s sum = duet_block_sum(ls, red);\n  __syncthreads();\n", T);
-  bprintf(b, "  for (int d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n    %s acc = 0;\n", D, T);
-  bprintf(b, "    for (duet_i64 j = 0; j <= pos; j++) acc += p[j] / sum * vc[(bb * " D64 " + j) * " D64 " + h * " D64 " + d];\n",
+  bprintf(u, "  __syncthreads();\n");
+  bprintf(u, "  const %s *qi = q + bb * " D64 " + h * " D64 ";\n  %s lm = -DUET_INF;\n", T, C, D, T);
+  bprintf(u, "  for (duet_i64 j = threadIdx.x; j <= pos; j += blockDim.x) {\n");
+  bprintf(u, "    const %s *kj = kc + (bb * " D64 " + j) * " D64 " + h * " D64 ";\n", T, N, C, D);
+  bprintf(u, "    %s acc = 0;\n    for (%s d = 0; d < " D64 "; d++) acc += qi[d] * kj[d];\n", T, DI, D);
+  bprintf(u, "    p[j] = acc * scale;\n    lm = duet_max(lm, p[j]);\n  }\n");
+  bprintf(u, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
+  bprintf(u, "  for (duet_i64 j = threadIdx.x; j <= pos; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
+  bprintf(u, "  const %s sum = duet_block_sum(ls, red);\n  __syncthreads();\n", T);
+  bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n    %s acc = 0;\n", DI, D, T);
+  bprintf(u, "    for (duet_i64 j = 0; j <= pos; j++) acc += p[j] / sum * vc[(bb * " D64 " + j) * " D64 " + h * " D64 " + d];\n",
           N, C, D);
-  bprintf(b, "    out[bb * " D64 " + h * " D64 " + d] = acc;\n  }\n", C, D);
+  bprintf(u, "    out[bb * " D64 " + h * " D64 " + d] = acc;\n  }\n", C, D);
+  block_loop(b, B * H, body.s);
 }
 
+/* A block per 32 x 32 tile (items of block_loop), through shared memory. */
 static void emit_transpose(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   int64_t R = k->rows, C = k->cols, nct = (C + 31) / 32;
   bprintf(b, "  %s%s *x = (%s%s *)t.p[%d];\n", BUF(0, "const "));
   bprintf(b, "  %s%s *y = (%s%s *)t.p[%d];\n", BUF(1, ""));
   bprintf(b, "  __shared__ %s tile[32][33];\n", T);
-  bprintf(b, "  const duet_i64 r0 = (duet_i64)(blockIdx.x / " D64 ") * 32, c0 = (duet_i64)(blockIdx.x %% " D64 ") * 32;\n",
-          nct, nct);
   bprintf(b, "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n");
-  bprintf(b, "  for (int e = ty; e < 32; e += blockDim.x >> 5)\n");
-  bprintf(b, "    if (r0 + e < " D64 " && c0 + tx < " D64 ") tile[e][tx] = x[(r0 + e) * " D64 " + c0 + tx];\n", R, C, C);
-  bprintf(b, "  __syncthreads();\n");
-  bprintf(b, "  for (int e = ty; e < 32; e += blockDim.x >> 5)\n");
-  bprintf(b, "    if (c0 + e < " D64 " && r0 + tx < " D64 ") y[(c0 + e) * " D64 " + r0 + tx] = tile[tx][e];\n", C, R, R);
+  Buf body = {.a = b->a}, *u = &body; /* one tile */
+  bprintf(u, "  const duet_i64 r0 = blk / " D64 " * 32, c0 = blk %% " D64 " * 32;\n", nct, nct);
+  bprintf(u, "  for (int e = ty; e < 32; e += blockDim.x >> 5)\n");
+  bprintf(u, "    if (r0 + e < " D64 " && c0 + tx < " D64 ") tile[e][tx] = x[(r0 + e) * " D64 " + c0 + tx];\n", R, C, C);
+  bprintf(u, "  __syncthreads();\n");
+  bprintf(u, "  for (int e = ty; e < 32; e += blockDim.x >> 5)\n");
+  bprintf(u, "    if (c0 + e < " D64 " && r0 + tx < " D64 ") y[(c0 + e) * " D64 " + r0 + tx] = tile[tx][e];\n", C, R, R);
+  block_loop(b, ((R + 31) / 32) * nct, body.s);
 }
 
 static void emit_positions(Buf *b, const Kernel *k) {
@@ -1297,6 +1382,8 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
             l.block, l.shared);
     if (k->kind == KK_XENT_FWD || k->kind == KK_EVAL_METRICS) /* the blocks' partial sums */
       bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", 2 * l.grid);
+    if (reduce_whole(k))
+      bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", l.grid);
     if (k->kind == KK_UNSCALE) /* the blocks' overflow verdicts */
       bprintf(&u, "__device__ int duet_flag" FN ";\n__device__ unsigned int duet_done" FN ";\n");
     bprintf(&u, "extern \"C\" __global__ void __launch_bounds__(%u) duet_k" FN "(duet_args t, duet_scalars sv) {\n",

@@ -598,7 +598,10 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_EVAL_METRICS:
       st.kernel = lower_rows(&L, v, KK_EVAL_METRICS);
       p->metrics = tid(&L, v);
-      p->n_classes = (int)v->in[0]->shape.dim[v->in[0]->shape.rank - 1];
+      { /* saturated, not wrapped: labels are i32, so a count past INT32_MAX only misjudges the label INT32_MAX */
+        int64_t nc = v->in[0]->shape.dim[v->in[0]->shape.rank - 1];
+        p->n_classes = nc > INT32_MAX ? INT32_MAX : (int)nc;
+      }
       break;
     case OP_ADAMW:
     case OP_SGD:

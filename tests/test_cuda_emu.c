@@ -33,6 +33,7 @@
 #include "../runtime/duet_half.h"
 #include "cuda_emu/cuda_emu_source.h"
 #include "op_cases.h"
+#include "scale_cases.h"
 #include "test_util.h"
 
 typedef void (*EmuKernel)(void *const *t, const double *s);
@@ -604,6 +605,319 @@ out:
   return fails != 0;
 }
 
+/* ------------------------------------------------------------------
+ * Results that go wrong only at scale (tests/scale_cases.h; the C kernels
+ * run the same cases in tests/test_scale.c), on the emulated CUDA
+ * kernels, each against an independent reference. */
+
+/* The CUDA C of a lowered program built for the emulator (e->cfg: the
+ * emitter's launches, e->kernels, e->p); 0, or 1 after printing why. */
+static int scale_emu_build(Emu *e, const CgProgram *cp, Arena *a, const char *dir, const char *what) {
+  memset(e, 0, sizeof *e);
+  if (!cp) {
+    fprintf(stderr, "FAIL %s: does not compile\n", what);
+    return 1;
+  }
+  int32_t *fn_of = arena_alloc(a, (size_t)(cp->n_kernels + 1) * sizeof *fn_of);
+  int n_fns = 0;
+  const char *cuda = codegen_emit_cuda(cp, a, fn_of, &n_fns);
+  e->p = &cp->prog;
+  e->kernels = cp->kernels;
+  if (emu_build(e, cuda, fn_of, n_fns, codegen_cuda_launch_table(cp, a), cp->n_kernels, dir)) {
+    fprintf(stderr, "FAIL %s: building the emulated kernels\n", what);
+    return 1;
+  }
+  return 0;
+}
+
+static void scale_emu_close(Emu *e) {
+  free(e->fn);
+  if (e->handle) {
+    void (*stop)(void) = (void (*)(void))dlsym(e->handle, "emu_shutdown");
+    if (stop) stop();
+    dlclose(e->handle);
+  }
+  memset(e, 0, sizeof *e);
+}
+
+/* Kernel ki alone, its arguments from the tensor table t, on `grid`
+ * blocks of `block` threads (0: the emitter's grid; blocks of at most 64
+ * threads, as emu_launch_op runs them). */
+static int scale_emu_run(const Emu *e, int ki, void *const *t, const double *s, unsigned grid, unsigned block) {
+  void *args[DUET_MAX_KERNEL_ARGS] = {0};
+  duet_kernel_argv(e->p->kernel_arg_off, e->p->kernel_args, e->p->n_tensors, ki, t, args);
+  if (!block) block = e->cfg[ki].block < 64 ? e->cfg[ki].block : 64;
+  return e->launch(e->fn[ki], grid ? grid : e->cfg[ki].grid, block, args, s);
+}
+
+/* The embedding kernels over a table of 2^32 + 320 elements in sink
+ * memory (scale_sink_map), with the emitter's grids: every looked-up
+ * row gathered, every gradient row the sum of its tokens. */
+static int scale_embedding_emu(const char *dir) {
+  const char *what = "emulated embedding over a table of 2^32 + 320 elements";
+  Arena *a = arena_new(1 << 20);
+  Emu e;
+  const CgProgram *cp = lower_model(a, "huge_embedding", emb_src, DT_F32, false, NULL);
+  int bad = scale_emu_build(&e, cp, a, dir, what);
+  int kf = -1, kb = -1;
+  void **t = NULL;
+  float *dy = calloc(EMB_R * EMB_C, sizeof *dy), *out = calloc(EMB_R * EMB_C, sizeof *out);
+  int32_t ids[EMB_R];
+  memcpy(ids, emb_ids, sizeof ids);
+  double s[DUET_S_COUNT] = {0};
+  ScaleMap m = {0};
+  if (!bad) {
+    kf = scale_find_kernel(cp, KK_EMBED_FWD, 0, 0), kb = scale_find_kernel(cp, KK_EMBED_BWD, 0, 0);
+    t = calloc((size_t)e.p->n_tensors + 1, sizeof *t);
+    bad = kf < 0 || kb < 0 || !t || !dy || !out;
+    if (bad) fprintf(stderr, "FAIL %s: no embedding kernels or no memory\n", what);
+  }
+  bool broken = bad;
+  for (int pass = 0; pass < 2 && !broken; pass++) { /* forward, backward */
+    if (emb_map(&m)) {
+      perror("FAIL emulated embedding: mapping 16 GiB");
+      bad = broken = true;
+      break;
+    }
+    int ki = pass ? kb : kf;
+    const Kernel *k = &cp->kernels[ki];
+    memset(t, 0, ((size_t)e.p->n_tensors + 1) * sizeof *t);
+    if (!pass) emb_fill((float *)m.base, dy);
+    t[k->bufs[0].tensor] = pass ? (void *)dy : m.base, t[k->bufs[1].tensor] = ids;
+    t[k->bufs[2].tensor] = pass ? m.base : (void *)out;
+    if (scale_emu_run(&e, ki, t, s, 0, 0)) {
+      fprintf(stderr, "FAIL %s: emulated launch failed\n", what);
+      bad = broken = true;
+    } else if (pass) {
+      bad |= emb_check_bwd("emulated embedding backward, table of 2^32 + 320 elements", (const float *)m.base);
+    } else {
+      bad |= emb_check_fwd("emulated embedding forward, table of 2^32 + 320 elements", out);
+    }
+    scale_unmap(&m);
+  }
+  printf("%s %s: forward and backward (rows 2^26.. wrap at 32 bits)\n", bad ? "FAIL" : "ok", what);
+  free(t), free(dy), free(out);
+  scale_emu_close(&e);
+  arena_free(a);
+  return bad;
+}
+
+/* The whole-tensor mean (three data sets) and sum of 2^24 elements within
+ * the summation bound of scale_cases.h, with the emitter's launch and
+ * with 3 blocks of 64 threads (the bound holds for any grid). */
+static int scale_sum_emu(const char *dir) {
+  const char *what = "emulated sum of 2^24 elements";
+  Arena *a = arena_new(1 << 20);
+  Emu e;
+  const CgProgram *cp = lower_model(a, "sum24", sum_src, DT_F32, false, NULL);
+  int bad = scale_emu_build(&e, cp, a, dir, what);
+  float *x = malloc(SUM_N * sizeof *x), y[16];
+  void **t = NULL;
+  double s[DUET_S_COUNT] = {0};
+  int km = -1, ks = -1;
+  if (!bad) {
+    km = scale_find_kernel(cp, KK_REDUCE, SUM_N, 0), ks = scale_find_kernel(cp, KK_REDUCE, SUM_N, 1);
+    t = calloc((size_t)e.p->n_tensors + 1, sizeof *t);
+    bad = km < 0 || ks < 0 || !x || !t;
+    if (bad) fprintf(stderr, "FAIL %s: no whole-tensor reductions or no memory\n", what);
+    else if (e.kernels[km].scale == 1) { /* the mean is the one scaled by 2^-24 */
+      int tmp = km;
+      km = ks, ks = tmp;
+    }
+  }
+  static const char *const sets[] = {"uniform [0, 1)", "mixed signs and magnitudes", "0.1f everywhere"};
+  bool broken = bad;
+  for (int run = 0; run < 4 && !broken; run++) {
+    int set = run < 3 ? run : 0, ki = run < 3 ? km : ks;
+    const Kernel *k = &e.kernels[ki];
+    __int128 exact;
+    double abs_sum;
+    sum_fill(x, set, &exact, &abs_sum);
+    t[k->bufs[0].tensor] = x, t[k->bufs[1].tensor] = y;
+    for (int cfg = 0; cfg < 2 && !broken; cfg++) {
+      unsigned grid = cfg ? 3 : e.cfg[ki].grid, block = 64;
+      y[0] = NAN;
+      if (scale_emu_run(&e, ki, t, s, grid, block)) {
+        fprintf(stderr, "FAIL %s: emulated launch failed\n", what);
+        bad = broken = true;
+        break;
+      }
+      char w[200];
+      double rel;
+      snprintf(w, sizeof w, "emulated %s of 2^24 elements, %s, %u blocks of %u", run < 3 ? "mean" : "sum", sets[set],
+               grid, block);
+      int f = sum_check(w, y[0], exact, abs_sum, k->scale, &rel);
+      printf("%s %s: relative error %.2g\n", f ? "FAIL" : "ok", w, rel);
+      bad |= f;
+    }
+  }
+  free(x), free(t);
+  scale_emu_close(&e);
+  arena_free(a);
+  return bad;
+}
+
+/* The loss and evaluation NLL of huge logits (xent_cases) in f32, f64,
+ * fp16 and bf16 programs on an emulated session. */
+static int scale_xent_emu(const char *dir) {
+  static const char *const precs[] = {"fp32", "fp32", "fp16", "bf16"};
+  int bad = 0;
+  for (int pi = 0; pi < 4; pi++) {
+    bool f64 = pi == 1;
+    const char *prec = precs[pi], *name = f64 ? "f64" : prec;
+    char what[200], err[1024];
+    snprintf(what, sizeof what, "emulated cross-entropy of huge logits (%s)", name);
+    Arena *a = arena_new(1 << 20);
+    Emu e;
+    DuetSession *es = NULL;
+    DuetDevice *d = calloc(1, sizeof *d);
+    int fails = scale_emu_build(&e, lower_model(a, "xent_huge", xent_src, f64 ? DT_F64 : DT_F32, false, prec), a, dir,
+                                what);
+    int n_run = 0, wrong = 0;
+    if (!fails && d) {
+      d->ops = &emu_ops;
+      d->ctx = &e;
+      DuetConfig cfg = e.p->defaults;
+      if (!(es = duet_session_new(e.p, d, &cfg, err, sizeof err))) {
+        fprintf(stderr, "FAIL %s: %s\n", what, err);
+        fails = 1;
+      }
+    }
+    const DuetProgram *p = e.p;
+    size_t es_b = f64 ? 8 : 4;
+    int wid = -1;
+    for (int i = 0; es && i < p->n_tensors; i++)
+      if (!strcmp(p->tensors[i].name, "w")) wid = i;
+    double w[XENT_C * XENT_C];
+    float wf[XENT_C * XENT_C];
+    for (int i = 0; i < XENT_C * XENT_C; i++) w[i] = wf[i] = i / XENT_C == i % XENT_C;
+    if (es && (wid < 0 || duet_session_write(es, wid, 0, f64 ? (void *)w : (void *)wf, XENT_C * XENT_C * es_b))) {
+      fprintf(stderr, "FAIL %s: cannot set w\n", what);
+      fails = 1;
+    }
+    for (int c = 0; c < N_XENT_CASES && es && fails == 0; c++) {
+      const XentCase *xc = &xent_cases[c];
+      if (!xent_case_runs(xc, prec, f64)) continue;
+      double z[XENT_C], zs[XENT_C];
+      float zf[XENT_C];
+      for (int j = 0; j < XENT_C; j++) {
+        z[j] = xc->z[j], zf[j] = (float)xc->z[j];
+        /* the logits the program stores: z through its 16-bit GEMM, or z */
+        zs[j] = f64 ? z[j] : !strcmp(prec, "fp16") ? duet_f32_from_f16(duet_f16_from_f32(zf[j]))
+              : !strcmp(prec, "bf16")              ? duet_f32_from_bf16(duet_bf16_from_f32(zf[j]))
+                                                   : zf[j];
+      }
+      int32_t y = xc->y;
+      double loss = NAN, met[2] = {NAN, NAN};
+      float lf = NAN, mf[2] = {NAN, NAN};
+      duet_session_set_valid(es, 1);
+      if (duet_session_write(es, p->input_x, 0, f64 ? (void *)z : (void *)zf, XENT_C * es_b) ||
+          duet_session_write(es, p->input_y, 0, &y, sizeof y) || duet_session_run(es, DUET_RUN_GRAD) ||
+          duet_session_read(es, p->loss, 0, f64 ? (void *)&loss : (void *)&lf, es_b) ||
+          duet_session_run(es, DUET_RUN_EVAL) ||
+          duet_session_read(es, p->metrics, 0, f64 ? (void *)met : (void *)mf, 2 * es_b)) {
+        fprintf(stderr, "FAIL %s, %s: %s\n", what, xc->name, duet_session_error(es));
+        fails++;
+        break;
+      }
+      if (!f64) loss = lf, met[0] = mf[0], met[1] = mf[1];
+      long double ref = xent_ref(zs, y);
+      char w2[300];
+      snprintf(w2, sizeof w2, "%s, %s: loss", what, xc->name);
+      int f = xent_check(w2, loss, ref, f64);
+      snprintf(w2, sizeof w2, "%s, %s: evaluation NLL", what, xc->name);
+      f += xent_check(w2, met[1], ref, f64);
+      n_run++;
+      wrong += f != 0; /* and on with the other cases */
+    }
+    printf("%s %s: %d cases, loss and evaluation NLL%s\n", fails || wrong ? "FAIL" : "ok", what, n_run,
+           wrong ? " (some wrong)" : "");
+    bad |= fails || wrong;
+    duet_session_free(es);
+    free(d);
+    scale_emu_close(&e);
+    arena_free(a);
+  }
+  return bad;
+}
+
+/* Kernels of a block per item (attention rows, decoding heads, transpose
+ * tiles: block_loop) cover every item on any grid: each such kernel, in
+ * program order, from the same random state, on the emitter's grid and on
+ * 3 blocks (of min(block, 64) threads as the other cases), must write the
+ * same bits everywhere. */
+static int scale_block_loops_emu(const char *dir) {
+  int bad = 0, checked = 0;
+  for (int prog = 0; prog < 2 && !bad; prog++) {
+    const char *what = prog ? "block loops (gpt_tiny decoding)" : "block loops (attention, transpose)";
+    Arena *a = arena_new(1 << 20);
+    Emu e;
+    const CgProgram *cp =
+        prog ? lower_model(a, DUET_SOURCE_DIR "/tests/models/gpt_tiny.model", NULL, DT_F32, true, NULL)
+             : lower_model(a, "loops",
+                           "model t\nparam q: [2,33,16]\nparam k: [2,33,16]\nparam v: [2,33,16]\nparam w: [37,45]\n"
+                           "input r: f32[2,33,16]\ninput u: f32[45,37]\n"
+                           "loss = mean(attention(q, k, v, heads = 2, causal = true) * r) + "
+                           "mean(attention(q, k, v, heads = 4, causal = false) * r) + mean(transpose(w) * u)\n",
+                           DT_F32, false, NULL);
+    if (scale_emu_build(&e, cp, a, dir, what)) {
+      arena_free(a);
+      return 1;
+    }
+    /* the program's regions (attention's statistics live after its
+     * gradient, in bytes the memory plan reserves), N(0, 1) floats */
+    const DuetProgram *p = e.p;
+    void **ta = calloc((size_t)p->n_tensors + 1, sizeof *ta), **tb = calloc((size_t)p->n_tensors + 1, sizeof *tb);
+    char *ra[DUET_MEM_COUNT] = {0}, *rb[DUET_MEM_COUNT] = {0};
+    DuetRng r;
+    duet_rng_seed(&r, 17, 4);
+    bad = !ta || !tb;
+    for (int g = 0; g < DUET_MEM_COUNT && !bad; g++) {
+      size_t n = ((size_t)p->region_bytes[g] + 127) / 64 * 64;
+      ra[g] = aligned_alloc(64, n), rb[g] = aligned_alloc(64, n);
+      bad = !ra[g] || !rb[g];
+      for (size_t j = 0; j < n / 4 && !bad; j++) ((float *)ra[g])[j] = (float)duet_rng_normal(&r);
+      if (!bad) memcpy(rb[g], ra[g], n);
+    }
+    for (int i = 0; i < p->n_tensors && !bad; i++) {
+      ta[i] = ra[p->tensors[i].region] + p->tensors[i].offset;
+      tb[i] = rb[p->tensors[i].region] + p->tensors[i].offset;
+    }
+    double s[DUET_S_COUNT] = {0};
+    s[DUET_S_POS] = 5;
+    for (int ki = 0; ki < cp->n_kernels && !bad; ki++) {
+      KernelKind kk = cp->kernels[ki].kind;
+      if (kk != KK_ATTN_FWD && kk != KK_ATTN_BWD && kk != KK_ATTN_BWD_KV && kk != KK_ATTN_DECODE && kk != KK_TRANSPOSE)
+        continue;
+      if (scale_emu_run(&e, ki, ta, s, 0, 0) || scale_emu_run(&e, ki, tb, s, 3, 0)) {
+        fprintf(stderr, "FAIL %s: emulated launch of kernel %d failed\n", what, ki);
+        bad = 1;
+      }
+      checked++;
+    }
+    for (int g = 0; g < DUET_MEM_COUNT && !bad; g++)
+      if (memcmp(ra[g], rb[g], (size_t)p->region_bytes[g])) {
+        fprintf(stderr, "FAIL %s: region %d differs between the emitter's grids and 3 blocks\n", what, g);
+        bad = 1;
+      }
+    for (int g = 0; g < DUET_MEM_COUNT; g++) free(ra[g]), free(rb[g]);
+    free(ta), free(tb);
+    scale_emu_close(&e);
+    arena_free(a);
+  }
+  printf("%s block loops: %d attention, decoding and transpose kernels write the same bits on 3 blocks as on their grids\n",
+         bad ? "FAIL" : "ok", checked);
+  return bad;
+}
+
+static int check_scale(const char *dir) {
+  int bad = scale_embedding_emu(dir);
+  bad += scale_sum_emu(dir);
+  bad += scale_xent_emu(dir);
+  bad += scale_block_loops_emu(dir);
+  return bad;
+}
+
 int main(int argc, char **argv) {
   const char *env = getenv("CXX");
   static const char *cands[] = {"c++", "g++", "clang++"};
@@ -623,6 +937,10 @@ int main(int argc, char **argv) {
     return 1;
   }
   int failed = 0, ran = 0;
+  if (argc == 1 || !strcmp(argv[1], "scale")) { /* tests/scale_cases.h */
+    failed += check_scale(dir) != 0;
+    ran++;
+  }
   if (argc == 1 || !strcmp(argv[1], "conversions")) {
     failed += check_conversions(dir);
     ran++;

@@ -148,6 +148,11 @@ static int cu_launch(DuetDevice *d, int kernel, void *const *t, const double *s)
  * partial sum. */
 static int cu_gemm(DuetDevice *d, const DuetStep *st, void *const *t) {
   Cuda *c = d->ctx;
+  if (st->m > INT32_MAX || st->n > INT32_MAX || st->k > INT32_MAX) { /* cuBLAS takes int dimensions */
+    snprintf(d->err, sizeof d->err, "GEMM %lldx%lldx%lld exceeds cuBLAS's int dimensions", (long long)st->m,
+             (long long)st->n, (long long)st->k);
+    return -1;
+  }
   int m = (int)st->m, n = (int)st->n, k = (int)st->k;
   int lda = st->ta ? m : k, ldb = st->tb ? k : n;
   cublasOperation_t oa = st->ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = st->tb ? CUBLAS_OP_T : CUBLAS_OP_N;

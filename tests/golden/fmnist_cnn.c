@@ -40,14 +40,16 @@ static void duet_k0(void *const *t, const double *s) {
 
 static void duet_k1(void *const *t, const double *s) {
   (void)s;
-  enum { N_ = 128, C_ = 1, H_ = 28, W_ = 28, OH = 28, OW = 28 };
-  enum { KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1 };
+  const int64_t N_ = 128, C_ = 1, H_ = 28, W_ = 28, OH = 28, OW = 28;
+  const int64_t KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1;
+  (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
+  (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW;
   const float *x = (const float *)t[0];
   float *cols = (float *)t[1];
   #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < (int64_t)N_ * OH * OW; r++) {
+  for (int64_t r = 0; r < N_ * OH * OW; r++) {
     const int64_t n = r / (OH * OW), oh = r / OW % OH, ow = r % OW;
-    float *row = cols + r * (int64_t)(C_ * KH * KW);
+    float *row = cols + r * (C_ * KH * KW);
     for (int64_t c = 0; c < C_; c++)
       for (int64_t ki = 0; ki < KH; ki++) {
         const int64_t ih = oh * SH - PH + ki * DH;
@@ -131,13 +133,15 @@ static void duet_k6(void *const *t, const double *s) {
 
 static void duet_k7(void *const *t, const double *s) {
   (void)s;
-  enum { N_ = 128, C_ = 32, H_ = 28, W_ = 28, OH = 14, OW = 14 };
-  enum { KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1 };
+  const int64_t N_ = 128, C_ = 32, H_ = 28, W_ = 28, OH = 14, OW = 14;
+  const int64_t KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1;
+  (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
+  (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW;
   const float *x = (const float *)t[0];
   float *y = (float *)t[1];
   #pragma omp parallel for schedule(static)
-  for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {
-    const float *xp = x + nc * (int64_t)(H_ * W_);
+  for (int64_t nc = 0; nc < N_ * C_; nc++) {
+    const float *xp = x + nc * (H_ * W_);
     for (int64_t oh = 0; oh < OH; oh++)
       for (int64_t ow = 0; ow < OW; ow++) {
         const int64_t o = (nc * OH + oh) * OW + ow;
@@ -159,14 +163,16 @@ static void duet_k7(void *const *t, const double *s) {
 
 static void duet_k8(void *const *t, const double *s) {
   (void)s;
-  enum { N_ = 128, C_ = 32, H_ = 14, W_ = 14, OH = 14, OW = 14 };
-  enum { KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1 };
+  const int64_t N_ = 128, C_ = 32, H_ = 14, W_ = 14, OH = 14, OW = 14;
+  const int64_t KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1;
+  (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
+  (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW;
   const float *x = (const float *)t[0];
   float *cols = (float *)t[1];
   #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < (int64_t)N_ * OH * OW; r++) {
+  for (int64_t r = 0; r < N_ * OH * OW; r++) {
     const int64_t n = r / (OH * OW), oh = r / OW % OH, ow = r % OW;
-    float *row = cols + r * (int64_t)(C_ * KH * KW);
+    float *row = cols + r * (C_ * KH * KW);
     for (int64_t c = 0; c < C_; c++)
       for (int64_t ki = 0; ki < KH; ki++) {
         const int64_t ih = oh * SH - PH + ki * DH;
@@ -250,13 +256,15 @@ static void duet_k13(void *const *t, const double *s) {
 
 static void duet_k14(void *const *t, const double *s) {
   (void)s;
-  enum { N_ = 128, C_ = 64, H_ = 14, W_ = 14, OH = 7, OW = 7 };
-  enum { KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1 };
+  const int64_t N_ = 128, C_ = 64, H_ = 14, W_ = 14, OH = 7, OW = 7;
+  const int64_t KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1;
+  (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
+  (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW;
   const float *x = (const float *)t[0];
   float *y = (float *)t[1];
   #pragma omp parallel for schedule(static)
-  for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {
-    const float *xp = x + nc * (int64_t)(H_ * W_);
+  for (int64_t nc = 0; nc < N_ * C_; nc++) {
+    const float *xp = x + nc * (H_ * W_);
     for (int64_t oh = 0; oh < OH; oh++)
       for (int64_t ow = 0; ow < OW; ow++) {
         const int64_t o = (nc * OH + oh) * OW + ow;
@@ -339,7 +347,7 @@ static void duet_k18(void *const *t, const double *s) {
       double m = row[0], se = 0;
       for (int64_t j = 1; j < 10; j++) m = row[j] > m ? row[j] : m;
       for (int64_t j = 0; j < 10; j++) se += exp((double)row[j] - m);
-      acc += log(se) + m - row[y[r]];
+      acc += log(se) - (row[y[r]] - m);
     }
     part[c] = acc;
   }
@@ -431,16 +439,18 @@ static void duet_k23(void *const *t, const double *s) {
 
 static void duet_k24(void *const *t, const double *s) {
   (void)s;
-  enum { N_ = 128, C_ = 64, H_ = 14, W_ = 14, OH = 7, OW = 7 };
-  enum { KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1 };
+  const int64_t N_ = 128, C_ = 64, H_ = 14, W_ = 14, OH = 7, OW = 7;
+  const int64_t KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1;
+  (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
+  (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW;
   const float *dy = (const float *)t[0];
   const float *x = (const float *)t[1];
   float *dx = (float *)t[2];
   #pragma omp parallel for schedule(static)
-  for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {
-    float *dp = dx + nc * (int64_t)(H_ * W_);
+  for (int64_t nc = 0; nc < N_ * C_; nc++) {
+    float *dp = dx + nc * (H_ * W_);
     for (int64_t i = 0; i < H_ * W_; i++) dp[i] = 0;
-    const float *xp = x + nc * (int64_t)(H_ * W_);
+    const float *xp = x + nc * (H_ * W_);
     for (int64_t oh = 0; oh < OH; oh++)
       for (int64_t ow = 0; ow < OW; ow++) {
         const int64_t o = (nc * OH + oh) * OW + ow;
@@ -531,18 +541,20 @@ static void duet_k28(void *const *t, const double *s) {
 
 static void duet_k29(void *const *t, const double *s) {
   (void)s;
-  enum { N_ = 128, C_ = 32, H_ = 14, W_ = 14, OH = 14, OW = 14 };
-  enum { KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1 };
+  const int64_t N_ = 128, C_ = 32, H_ = 14, W_ = 14, OH = 14, OW = 14;
+  const int64_t KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1, DH = 1, DW = 1;
+  (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
+  (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW;
   const float *cols = (const float *)t[0];
   float *dx = (float *)t[1];
   #pragma omp parallel for schedule(static)
-  for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {
+  for (int64_t nc = 0; nc < N_ * C_; nc++) {
     const int64_t n = nc / C_, c = nc % C_;
-    float *plane = dx + nc * (int64_t)(H_ * W_);
+    float *plane = dx + nc * (H_ * W_);
     for (int64_t i = 0; i < H_ * W_; i++) plane[i] = 0;
     for (int64_t oh = 0; oh < OH; oh++)
       for (int64_t ow = 0; ow < OW; ow++) {
-        const float *row = cols + ((n * OH + oh) * OW + ow) * (int64_t)(C_ * KH * KW) + c * KH * KW;
+        const float *row = cols + ((n * OH + oh) * OW + ow) * (C_ * KH * KW) + c * KH * KW;
         for (int64_t ki = 0; ki < KH; ki++) {
           const int64_t ih = oh * SH - PH + ki * DH;
           if (ih < 0 || ih >= H_) continue;
@@ -557,16 +569,18 @@ static void duet_k29(void *const *t, const double *s) {
 
 static void duet_k30(void *const *t, const double *s) {
   (void)s;
-  enum { N_ = 128, C_ = 32, H_ = 28, W_ = 28, OH = 14, OW = 14 };
-  enum { KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1 };
+  const int64_t N_ = 128, C_ = 32, H_ = 28, W_ = 28, OH = 14, OW = 14;
+  const int64_t KH = 2, KW = 2, SH = 2, SW = 2, PH = 0, PW = 0, DH = 1, DW = 1;
+  (void)N_; (void)C_; (void)H_; (void)W_; (void)OH; (void)OW; (void)KH; (void)KW;
+  (void)SH; (void)SW; (void)PH; (void)PW; (void)DH; (void)DW;
   const float *dy = (const float *)t[0];
   const float *x = (const float *)t[1];
   float *dx = (float *)t[2];
   #pragma omp parallel for schedule(static)
-  for (int64_t nc = 0; nc < (int64_t)N_ * C_; nc++) {
-    float *dp = dx + nc * (int64_t)(H_ * W_);
+  for (int64_t nc = 0; nc < N_ * C_; nc++) {
+    float *dp = dx + nc * (H_ * W_);
     for (int64_t i = 0; i < H_ * W_; i++) dp[i] = 0;
-    const float *xp = x + nc * (int64_t)(H_ * W_);
+    const float *xp = x + nc * (H_ * W_);
     for (int64_t oh = 0; oh < OH; oh++)
       for (int64_t ow = 0; ow < OW; ow++) {
         const int64_t o = (nc * OH + oh) * OW + ow;
@@ -1036,7 +1050,7 @@ static void duet_k43(void *const *t, const double *s) {
     double m = row[0], se = 0;
     for (int64_t j = 1; j < 10; j++) if (row[j] > m) { m = row[j]; am = j; }
     for (int64_t j = 0; j < 10; j++) se += exp((double)row[j] - m);
-    nll += log(se) + m - row[y[r]];
+    nll += log(se) - (row[y[r]] - m);
     correct += am == y[r];
   }
   out[0] = (float)correct;

@@ -329,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k18(duet_args t, duet_sc
     for (duet_i64 j = lane; j < 10; j += 32) se += expf(row[j] - m);
     se = duet_warp_sum(se);
     if (lane == 0) {
-      nll += log((double)se) + (double)m - (double)row[y[r]];
+      nll += log((double)se) - ((double)row[y[r]] - (double)m);
     }
   }
   nll = duet_block_sum(nll, red);
@@ -385,9 +385,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k21(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 10; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 10, j = oj % 10;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 128; r++) acc += x[(o * 128 + r) * 10 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -410,9 +410,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k23(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 128; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 128, j = oj % 128;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 128; r++) acc += x[(o * 128 + r) * 128 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -473,12 +473,12 @@ extern "C" __global__ void __launch_bounds__(256) duet_k25(duet_args t, duet_sca
 extern "C" __global__ void __launch_bounds__(256) duet_k26(duet_args t, duet_scalars sv) {
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
-  __shared__ float red[32];
+  __shared__ double red[32];
   for (duet_i64 o = blockIdx.x; o < 8192; o += gridDim.x) {
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = threadIdx.x; r < 196; r += blockDim.x) acc += x[o * 196 + r];
     acc = duet_block_sum(acc, red);
-    if (threadIdx.x == 0) y[o] = (float)(acc * (float)0x1p+0);
+    if (threadIdx.x == 0) y[o] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -488,9 +488,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 64; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 64, j = oj % 64;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 128; r++) acc += x[(o * 128 + r) * 64 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -588,12 +588,12 @@ extern "C" __global__ void __launch_bounds__(256) duet_k31(duet_args t, duet_sca
 extern "C" __global__ void __launch_bounds__(256) duet_k32(duet_args t, duet_scalars sv) {
   const float *x = (const float *)t.p[0];
   float *y = (float *)t.p[1];
-  __shared__ float red[32];
+  __shared__ double red[32];
   for (duet_i64 o = blockIdx.x; o < 4096; o += gridDim.x) {
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = threadIdx.x; r < 784; r += blockDim.x) acc += x[o * 784 + r];
     acc = duet_block_sum(acc, red);
-    if (threadIdx.x == 0) y[o] = (float)(acc * (float)0x1p+0);
+    if (threadIdx.x == 0) y[o] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -603,9 +603,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k33(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 32; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 32, j = oj % 32;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 128; r++) acc += x[(o * 128 + r) * 32 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -1002,7 +1002,7 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k43(duet_args t, duet_sc
     for (duet_i64 j = lane; j < 10; j += 32) se += expf(row[j] - m);
     se = duet_warp_sum(se);
     if (lane == 0) {
-      nll += log((double)se) + (double)m - (double)row[y[r]];
+      nll += log((double)se) - ((double)row[y[r]] - (double)m);
       correct += am == y[r];
     }
   }

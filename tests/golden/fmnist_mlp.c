@@ -80,7 +80,7 @@ static void duet_k2(void *const *t, const double *s) {
       double m = row[0], se = 0;
       for (int64_t j = 1; j < 10; j++) m = row[j] > m ? row[j] : m;
       for (int64_t j = 0; j < 10; j++) se += exp((double)row[j] - m);
-      acc += log(se) + m - row[y[r]];
+      acc += log(se) - (row[y[r]] - m);
     }
     part[c] = acc;
   }
@@ -424,7 +424,7 @@ static void duet_k13(void *const *t, const double *s) {
     double m = row[0], se = 0;
     for (int64_t j = 1; j < 10; j++) if (row[j] > m) { m = row[j]; am = j; }
     for (int64_t j = 0; j < 10; j++) se += exp((double)row[j] - m);
-    nll += log(se) + m - row[y[r]];
+    nll += log(se) - (row[y[r]] - m);
     correct += am == y[r];
   }
   out[0] = (float)correct;

@@ -274,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k8(duet_args t, duet_sca
     for (duet_i64 j = lane; j < 10; j += 32) se += expf(row[j] - m);
     se = duet_warp_sum(se);
     if (lane == 0) {
-      nll += log((double)se) + (double)m - (double)row[y[r]];
+      nll += log((double)se) - ((double)row[y[r]] - (double)m);
     }
   }
   nll = duet_block_sum(nll, red);
@@ -331,9 +331,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k11(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 10; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 10, j = oj % 10;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 256; r++) acc += x[(o * 256 + r) * 10 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -385,9 +385,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k15(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 1024; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 1024, j = oj % 1024;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 256; r++) acc += x[(o * 256 + r) * 1024 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -414,7 +414,7 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k16(duet_args t, duet_sc
     for (duet_i64 j = lane; j < 10; j += 32) se += expf(row[j] - m);
     se = duet_warp_sum(se);
     if (lane == 0) {
-      nll += log((double)se) + (double)m - (double)row[y[r]];
+      nll += log((double)se) - ((double)row[y[r]] - (double)m);
       correct += am == y[r];
     }
   }

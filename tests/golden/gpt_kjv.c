@@ -35,7 +35,7 @@ static void duet_k0(void *const *t, const double *s) {
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < 2048; r++) {
     const uint32_t id = (uint32_t)ix[r];
-    for (int64_t c = 0; c < 256; c++) out[r * 256 + c] = id < 256u ? tab[id * 256 + c] : 0;
+    for (int64_t c = 0; c < 256; c++) out[r * 256 + c] = id < 256u ? tab[(int64_t)id * 256 + c] : 0;
   }
 }
 
@@ -53,7 +53,7 @@ static void duet_k2(void *const *t, const double *s) {
   #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < 128; r++) {
     const uint32_t id = (uint32_t)ix[r];
-    for (int64_t c = 0; c < 256; c++) out[r * 256 + c] = id < 128u ? tab[id * 256 + c] : 0;
+    for (int64_t c = 0; c < 256; c++) out[r * 256 + c] = id < 128u ? tab[(int64_t)id * 256 + c] : 0;
   }
 }
 
@@ -250,7 +250,7 @@ static void duet_k11(void *const *t, const double *s) {
       double m = row[0], se = 0;
       for (int64_t j = 1; j < 256; j++) m = row[j] > m ? row[j] : m;
       for (int64_t j = 0; j < 256; j++) se += exp((double)row[j] - m);
-      acc += log(se) + m - row[y[r]];
+      acc += log(se) - (row[y[r]] - m);
     }
     part[c] = acc;
   }
@@ -581,7 +581,7 @@ static void duet_k28(void *const *t, const double *s) {
     for (int64_t r = 0; r < 128; r++) {
       const uint32_t id = (uint32_t)ix[r];
       if (id >= 128u) continue;
-      for (int64_t c = c0; c < c1; c++) out[id * 256 + c] += dy[r * 256 + c];
+      for (int64_t c = c0; c < c1; c++) out[(int64_t)id * 256 + c] += dy[r * 256 + c];
     }
   }
 }
@@ -598,7 +598,7 @@ static void duet_k29(void *const *t, const double *s) {
     for (int64_t r = 0; r < 2048; r++) {
       const uint32_t id = (uint32_t)ix[r];
       if (id >= 256u) continue;
-      for (int64_t c = c0; c < c1; c++) out[id * 256 + c] += dy[r * 256 + c];
+      for (int64_t c = c0; c < c1; c++) out[(int64_t)id * 256 + c] += dy[r * 256 + c];
     }
   }
 }
@@ -854,7 +854,7 @@ static void duet_k36(void *const *t, const double *s) {
     double m = row[0], se = 0;
     for (int64_t j = 1; j < 256; j++) if (row[j] > m) { m = row[j]; am = j; }
     for (int64_t j = 0; j < 256; j++) se += exp((double)row[j] - m);
-    nll += log(se) + m - row[y[r]];
+    nll += log(se) - (row[y[r]] - m);
     correct += am == y[r];
   }
   out[0] = (float)correct;

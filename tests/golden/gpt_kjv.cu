@@ -75,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k0(duet_args t, duet_scal
   for (duet_i64 e = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; e < 524288; e += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 r = e / 256, c = e % 256;
     const duet_u32 id = (duet_u32)ix[r];
-    out[e] = id < 256u ? tab[id * 256 + c] : (float)0;
+    out[e] = id < 256u ? tab[(duet_i64)id * 256 + c] : (float)0;
   }
 }
 
@@ -96,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k2(duet_args t, duet_scal
   for (duet_i64 e = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; e < 32768; e += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 r = e / 256, c = e % 256;
     const duet_u32 id = (duet_u32)ix[r];
-    out[e] = id < 128u ? tab[id * 256 + c] : (float)0;
+    out[e] = id < 128u ? tab[(duet_i64)id * 256 + c] : (float)0;
   }
 }
 
@@ -170,28 +170,31 @@ extern "C" __global__ void __launch_bounds__(128) duet_k7(duet_args t, duet_scal
   extern __shared__ double duet_smem[];
   float *p = (float *)duet_smem;
   __shared__ float red[32];
-  const duet_i64 i = blockIdx.x % 128, bh = blockIdx.x / 128;
-  const duet_i64 b = bh / 4, h = bh % 4;
-  const duet_i64 n = i + 1;
-  const float *qi = q + (b * 128 + i) * 256 + h * 64;
-  float lm = -DUET_INF;
-  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {
-    const float *kj = k + (b * 128 + j) * 256 + h * 64;
-    float acc = 0;
-    for (int d = 0; d < 64; d++) acc += qi[d] * kj[d];
-    p[j] = acc * scale;
-    lm = duet_max(lm, p[j]);
-  }
-  const float m = duet_block_max(lm, red);
-  float ls = 0;
-  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = expf(p[j] - m); ls += p[j]; }
-  const float inv = 1 / duet_block_sum(ls, red);
-  __syncthreads();
-  float *oi = out + (b * 128 + i) * 256 + h * 64;
-  for (int d = threadIdx.x; d < 64; d += blockDim.x) {
-    float acc = 0;
-    for (duet_i64 j = 0; j < n; j++) acc += p[j] * v[(b * 128 + j) * 256 + h * 64 + d];
-    oi[d] = acc * inv;
+  for (duet_i64 blk = blockIdx.x; blk < 8192; blk += gridDim.x) {
+    const duet_i64 i = blk % 128, bh = blk / 128;
+    const duet_i64 b = bh / 4, h = bh % 4;
+    const duet_i64 n = i + 1;
+    const float *qi = q + (b * 128 + i) * 256 + h * 64;
+    float lm = -DUET_INF;
+    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {
+      const float *kj = k + (b * 128 + j) * 256 + h * 64;
+      float acc = 0;
+      for (int d = 0; d < 64; d++) acc += qi[d] * kj[d];
+      p[j] = acc * scale;
+      lm = duet_max(lm, p[j]);
+    }
+    const float m = duet_block_max(lm, red);
+    float ls = 0;
+    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = expf(p[j] - m); ls += p[j]; }
+    const float inv = 1 / duet_block_sum(ls, red);
+    __syncthreads();
+    float *oi = out + (b * 128 + i) * 256 + h * 64;
+    for (int d = threadIdx.x; d < 64; d += blockDim.x) {
+      float acc = 0;
+      for (duet_i64 j = 0; j < n; j++) acc += p[j] * v[(b * 128 + j) * 256 + h * 64 + d];
+      oi[d] = acc * inv;
+    }
+    __syncthreads(); /* the next item reuses the shared memory */
   }
 }
 
@@ -256,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k11(duet_args t, duet_sc
     for (duet_i64 j = lane; j < 256; j += 32) se += expf(row[j] - m);
     se = duet_warp_sum(se);
     if (lane == 0) {
-      nll += log((double)se) + (double)m - (double)row[y[r]];
+      nll += log((double)se) - ((double)row[y[r]] - (double)m);
     }
   }
   nll = duet_block_sum(nll, red);
@@ -312,9 +315,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k14(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 256; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 256, j = oj % 256;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 2048; r++) acc += x[(o * 2048 + r) * 256 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -387,9 +390,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k19(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 1024; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 1024, j = oj % 1024;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 2048; r++) acc += x[(o * 2048 + r) * 1024 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -419,35 +422,38 @@ extern "C" __global__ void __launch_bounds__(128) duet_k21(duet_args t, duet_sca
   __shared__ float red[32];
   float *ds = p + 128;
   float *stats = out + 1572864; /* [batch * heads * time][3]: max, 1 / sum, sum p dp */
-  const duet_i64 rw = blockIdx.x % 128, bh = blockIdx.x / 128;
-  const duet_i64 b = bh / 4, h = bh % 4;
-  const float *qh = q + b * 32768 + h * 64, *kh = k + b * 32768 + h * 64;
-  const float *vh = v + b * 32768 + h * 64, *dyh = dy + b * 32768 + h * 64;
-  const duet_i64 i = rw, n = i + 1;
-  const float *qi = qh + i * 256, *dyi = dyh + i * 256;
-  float lm = -DUET_INF;
-  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {
-    float acc = 0, g = 0;
-    for (int d = 0; d < 64; d++) { acc += qi[d] * kh[j * 256 + d]; g += dyi[d] * vh[j * 256 + d]; }
-    p[j] = acc * scale;
-    ds[j] = g;
-    lm = duet_max(lm, p[j]);
+  for (duet_i64 blk = blockIdx.x; blk < 8192; blk += gridDim.x) {
+    const duet_i64 rw = blk % 128, bh = blk / 128;
+    const duet_i64 b = bh / 4, h = bh % 4;
+    const float *qh = q + b * 32768 + h * 64, *kh = k + b * 32768 + h * 64;
+    const float *vh = v + b * 32768 + h * 64, *dyh = dy + b * 32768 + h * 64;
+    const duet_i64 i = rw, n = i + 1;
+    const float *qi = qh + i * 256, *dyi = dyh + i * 256;
+    float lm = -DUET_INF;
+    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {
+      float acc = 0, g = 0;
+      for (int d = 0; d < 64; d++) { acc += qi[d] * kh[j * 256 + d]; g += dyi[d] * vh[j * 256 + d]; }
+      p[j] = acc * scale;
+      ds[j] = g;
+      lm = duet_max(lm, p[j]);
+    }
+    const float m = duet_block_max(lm, red);
+    float ls = 0;
+    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = expf(p[j] - m); ls += p[j]; }
+    const float inv = 1 / duet_block_sum(ls, red);
+    float ld = 0;
+    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] *= inv; ld += p[j] * ds[j]; }
+    const float dot = duet_block_sum(ld, red);
+    for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) ds[j] = p[j] * (ds[j] - dot) * scale;
+    __syncthreads();
+    for (int d = threadIdx.x; d < 64; d += blockDim.x) {
+      float acc = 0;
+      for (duet_i64 j = 0; j < n; j++) acc += ds[j] * kh[j * 256 + d];
+      out[(b * 128 + i) * 256 + h * 64 + d] = acc;
+    }
+    if (threadIdx.x == 0) { float *st = stats + blk * 3; st[0] = m; st[1] = inv; st[2] = dot; }
+    __syncthreads(); /* the next item reuses the shared memory */
   }
-  const float m = duet_block_max(lm, red);
-  float ls = 0;
-  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = expf(p[j] - m); ls += p[j]; }
-  const float inv = 1 / duet_block_sum(ls, red);
-  float ld = 0;
-  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] *= inv; ld += p[j] * ds[j]; }
-  const float dot = duet_block_sum(ld, red);
-  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) ds[j] = p[j] * (ds[j] - dot) * scale;
-  __syncthreads();
-  for (int d = threadIdx.x; d < 64; d += blockDim.x) {
-    float acc = 0;
-    for (duet_i64 j = 0; j < n; j++) acc += ds[j] * kh[j * 256 + d];
-    out[(b * 128 + i) * 256 + h * 64 + d] = acc;
-  }
-  if (threadIdx.x == 0) { float *st = stats + blockIdx.x * 3; st[0] = m; st[1] = inv; st[2] = dot; }
 }
 
 /* attn_bwd_kv: grid 8192, block 128, dynamic shared 1024 bytes */
@@ -462,29 +468,32 @@ extern "C" __global__ void __launch_bounds__(128) duet_k22(duet_args t, duet_sca
   float *p = (float *)duet_smem;
   float *ds = p + 128;
   float *stats = out + 1572864; /* [batch * heads * time][3]: max, 1 / sum, sum p dp */
-  const duet_i64 rw = blockIdx.x % 128, bh = blockIdx.x / 128;
-  const duet_i64 b = bh / 4, h = bh % 4;
-  const float *qh = q + b * 32768 + h * 64, *kh = k + b * 32768 + h * 64;
-  const float *vh = v + b * 32768 + h * 64, *dyh = dy + b * 32768 + h * 64;
-  const duet_i64 j = rw, i0 = j;
-  const float *st = stats + bh * 384;
-  const float *kj = kh + j * 256, *vj = vh + j * 256;
-  for (duet_i64 i = i0 + threadIdx.x; i < 128; i += blockDim.x) {
-    float acc = 0, g = 0;
-    for (int d = 0; d < 64; d++) { acc += qh[i * 256 + d] * kj[d]; g += dyh[i * 256 + d] * vj[d]; }
-    float pij = acc * scale;
-    pij = expf(pij - st[i * 3]);
-    pij *= st[i * 3 + 1];
-    p[i - i0] = pij;
-    ds[i - i0] = pij * (g - st[i * 3 + 2]) * scale;
-  }
-  __syncthreads();
-  for (int d = threadIdx.x; d < 64; d += blockDim.x) {
-    float ak = 0, av = 0;
-    for (duet_i64 i = i0; i < 128; i++) { ak += ds[i - i0] * qh[i * 256 + d]; av += p[i - i0] * dyh[i * 256 + d]; }
-    const duet_i64 o = (b * 128 + j) * 256 + h * 64 + d;
-    out[524288 + o] = ak;
-    out[1048576 + o] = av;
+  for (duet_i64 blk = blockIdx.x; blk < 8192; blk += gridDim.x) {
+    const duet_i64 rw = blk % 128, bh = blk / 128;
+    const duet_i64 b = bh / 4, h = bh % 4;
+    const float *qh = q + b * 32768 + h * 64, *kh = k + b * 32768 + h * 64;
+    const float *vh = v + b * 32768 + h * 64, *dyh = dy + b * 32768 + h * 64;
+    const duet_i64 j = rw, i0 = j;
+    const float *st = stats + bh * 384;
+    const float *kj = kh + j * 256, *vj = vh + j * 256;
+    for (duet_i64 i = i0 + threadIdx.x; i < 128; i += blockDim.x) {
+      float acc = 0, g = 0;
+      for (int d = 0; d < 64; d++) { acc += qh[i * 256 + d] * kj[d]; g += dyh[i * 256 + d] * vj[d]; }
+      float pij = acc * scale;
+      pij = expf(pij - st[i * 3]);
+      pij *= st[i * 3 + 1];
+      p[i - i0] = pij;
+      ds[i - i0] = pij * (g - st[i * 3 + 2]) * scale;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < 64; d += blockDim.x) {
+      float ak = 0, av = 0;
+      for (duet_i64 i = i0; i < 128; i++) { ak += ds[i - i0] * qh[i * 256 + d]; av += p[i - i0] * dyh[i * 256 + d]; }
+      const duet_i64 o = (b * 128 + j) * 256 + h * 64 + d;
+      out[524288 + o] = ak;
+      out[1048576 + o] = av;
+    }
+    __syncthreads(); /* the next item reuses the shared memory */
   }
 }
 
@@ -540,9 +549,9 @@ extern "C" __global__ void __launch_bounds__(256) duet_k27(duet_args t, duet_sca
   float *y = (float *)t.p[1];
   for (duet_i64 oj = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; oj < 32768; oj += (duet_i64)blockDim.x * gridDim.x) {
     const duet_i64 o = oj / 32768, j = oj % 32768;
-    float acc = 0;
+    double acc = 0;
     for (duet_i64 r = 0; r < 16; r++) acc += x[(o * 16 + r) * 32768 + j];
-    y[oj] = (float)(acc * (float)0x1p+0);
+    y[oj] = (float)(acc * 0x1p+0);
   }
 }
 
@@ -557,7 +566,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k28(duet_args t, duet_sca
     for (duet_i64 v = lo; v < hi; v++) out[v * 256 + c] = 0;
     for (duet_i64 r = 0; r < 128; r++) {
       const duet_u32 id = (duet_u32)ix[r];
-      if (id >= (duet_u64)lo && id < (duet_u64)hi) out[id * 256 + c] += dy[r * 256 + c];
+      if (id >= (duet_u64)lo && id < (duet_u64)hi) out[(duet_i64)id * 256 + c] += dy[r * 256 + c];
     }
   }
 }
@@ -573,7 +582,7 @@ extern "C" __global__ void __launch_bounds__(256) duet_k29(duet_args t, duet_sca
     for (duet_i64 v = lo; v < hi; v++) out[v * 256 + c] = 0;
     for (duet_i64 r = 0; r < 2048; r++) {
       const duet_u32 id = (duet_u32)ix[r];
-      if (id >= (duet_u64)lo && id < (duet_u64)hi) out[id * 256 + c] += dy[r * 256 + c];
+      if (id >= (duet_u64)lo && id < (duet_u64)hi) out[(duet_i64)id * 256 + c] += dy[r * 256 + c];
     }
   }
 }
@@ -833,7 +842,7 @@ extern "C" __global__ void __launch_bounds__(1024) duet_k36(duet_args t, duet_sc
     for (duet_i64 j = lane; j < 256; j += 32) se += expf(row[j] - m);
     se = duet_warp_sum(se);
     if (lane == 0) {
-      nll += log((double)se) + (double)m - (double)row[y[r]];
+      nll += log((double)se) - ((double)row[y[r]] - (double)m);
       correct += am == y[r];
     }
   }
