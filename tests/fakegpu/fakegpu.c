@@ -51,7 +51,9 @@
  *  - cuBLAS: Sgemm, Dgemm and GemmEx (16F and 16BF operands with 32F
  *    compute, 16F with 16F compute and __half alpha/beta) in column-major
  *    order with the documented argument checks; alpha and beta read when
- *    called (host pointer mode), the product computed when the stream runs.
+ *    called (host pointer mode), the product computed when the stream runs,
+ *    by OpenBLAS on one thread, so that a result depends on neither the
+ *    host's threads nor how many devices share them (blas_one_thread).
  *
  * Not modelled: concurrency between streams (queues run one at a time)
  * and between blocks, events, timing, the hardware's rounding (fused
@@ -71,6 +73,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <nvrtc.h>
+#include <omp.h>
 #include <pthread.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -895,8 +898,44 @@ static float load_elem(const char *p, cudaDataType_t t, size_t i) {
   }
 }
 
-/* column-major C = alpha op(A) op(B) + beta C (cuBLAS's definition) */
+/* A cuBLAS result does not depend on the host's threads, but OpenBLAS's
+ * summation order follows how many threads it splits a GEMM into, and
+ * that count follows --threads and how many pipeline stages share the
+ * host: every GEMM of the fake runs on one OpenBLAS thread, so that
+ * `--devices cuda:0,cuda:0` computes exactly what `cuda:0` does.  The
+ * OpenMP build of OpenBLAS takes the count from the calling thread's
+ * OpenMP setting, which is changed for the call and restored; other
+ * builds from a process-wide one (openblas_set_num_threads), also
+ * restored: the fake's GEMMs run one at a time under G.exec, but a CPU
+ * stage's GEMM at the same moment also runs on one thread.  Returns what
+ * to restore. */
+static int blas_one_thread(void) {
+  int n;
+  if (openblas_get_parallel() == 2) {
+    n = omp_get_max_threads();
+    omp_set_num_threads(1);
+  } else {
+    n = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+  }
+  return n;
+}
+static void blas_restore(int n) {
+  if (openblas_get_parallel() == 2) omp_set_num_threads(n);
+  else openblas_set_num_threads(n);
+}
+
+static void gemm_compute(const Gemm *g);
+
+/* column-major C = alpha op(A) op(B) + beta C (cuBLAS's definition), on
+ * one OpenBLAS thread (blas_one_thread) */
 static void gemm_run(const Gemm *g) {
+  int n = blas_one_thread();
+  gemm_compute(g);
+  blas_restore(n);
+}
+
+static void gemm_compute(const Gemm *g) {
   size_t es = g->type == CUDA_R_64F ? 8 : g->type == CUDA_R_32F ? 4 : 2;
   size_t ar = g->ta ? (size_t)g->k : (size_t)g->m, ac = g->ta ? (size_t)g->m : (size_t)g->k;
   size_t br = g->tb ? (size_t)g->n : (size_t)g->k, bc = g->tb ? (size_t)g->k : (size_t)g->n;
