@@ -125,6 +125,11 @@ int main(int argc, char **argv) {
     cu(cuMemcpyDtoHAsync(o, d, sizeof o, stream), "cuMemcpyDtoHAsync");
     for (int b = 0; b < 64; b++) printf("%u ", o[1 + b]);
     printf("count %u\n", o[0]);
+    fflush(stdout);
+    cu(cuMemFree(d), "cuMemFree");
+    cu(cuModuleUnload(m), "cuModuleUnload");
+    cu(cuStreamDestroy(stream), "cuStreamDestroy");
+    cu(cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease");
     return 0;
   }
 
@@ -227,6 +232,8 @@ int main(int argc, char **argv) {
   while (p && fgets(buf, sizeof buf, p)) msg |= strstr(buf, "DUET_EMU_SEED='12x' is not a decimal integer") != NULL;
   int rc = p ? pclose(p) : -1;
   check(msg && WIFEXITED(rc) && WEXITSTATUS(rc) == 3, "DUET_EMU_SEED=12x: cuInit fails with a message");
+  cu(cuStreamDestroy(stream), "cuStreamDestroy");
+  cu(cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease");
   if (fails) fprintf(stderr, "%d checks failed\n", fails);
   else printf("ok: the fake GPU's emulator checks bite\n");
   return fails ? 1 : 0;
