@@ -16,7 +16,8 @@
 #     run_pipeline_gpu.sh (one fake GPU as two devices, cpu + GPU, and two
 #     fake GPUs without and with peer access).
 # Parts (ctest runs each as its own test): cli (1-4), ops, train,
-# precision, pipeline (5).  Skips (77) when the plugin or the fake was not
+# precision, pipeline (5).  The emulator's seed (DUET_EMU_SEED, README
+# "The emulator") is printed first, one for the whole part.  Skips (77) when the plugin or the fake was not
 # built (no CUDA toolkit) or there is no C++ compiler.
 # usage: run_fakegpu.sh BUILD_DIR PART   (from the repository root)
 B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline}
@@ -40,6 +41,12 @@ mkdir "$tmp/lib" "$tmp/tmp"
 for n in libcuda.so.1 $(objdump -p "$PLUGIN" | sed -n 's/^ *NEEDED *\(lib\(cuda\|cublas\|nvrtc\)[^ ]*\)$/\1/p'); do
   ln -sf "$(cd "$(dirname "$FAKE")" && pwd)/$(basename "$FAKE")" "$tmp/lib/$n"
 done
+# the emulator's schedule (tests/cuda_emu: block and thread orders): one
+# seed for every process of this part, printed first, so that a failure
+# is replayed with DUET_EMU_SEED=N
+if [ -z "${DUET_EMU_SEED:-}" ]; then DUET_EMU_SEED=$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); fi
+export DUET_EMU_SEED
+echo "emulator seed: DUET_EMU_SEED=$DUET_EMU_SEED replays this run's block and thread orders"
 LD_LIBRARY_PATH=$tmp/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 DUET_CACHE_DIR=$tmp/cache
 TMPDIR=$tmp/tmp

@@ -1,30 +1,31 @@
 /* tests/cuda_emu/cuda_emu.h: just enough of CUDA to run duet's generated
  * CUDA C on the host, for tests/test_cuda_emu.c and the fake GPU
  * (tests/fakegpu).  Compiled as C++ in front of the generated source.
- * Blocks run one after another; the threads of a block are fibers
- * (cuda_emu_rt.cpp), so __syncthreads is a barrier over the block and
- * __shfl_xor_sync a two-phase exchange over the warp's 32 threads.
- * __shared__ variables become function-level statics: one copy, which is
- * what a block shares, as only one block runs at a time.  Dynamic shared
- * memory is the buffer emu_smem. */
+ * Blocks run one after another in a seeded random order; the threads of a
+ * block (up to 1024) are fibers (cuda_emu_rt.cpp), so __syncthreads is a
+ * barrier over the block and __shfl_xor_sync an exchange through a
+ * barrier over the warp's 32 threads.  __shared__ variables become function-level
+ * statics in the section emu_shared: one copy, which is what a block
+ * shares, as only one block runs at a time, filled with a NaN pattern
+ * before each block.  Dynamic shared memory is the buffer emu_smem. */
 #include <math.h>
 #include <string.h>
 
 struct EmuDim {
   unsigned x, y, z;
 };
-extern thread_local EmuDim threadIdx;
-extern EmuDim blockIdx, blockDim, gridDim;
+extern EmuDim threadIdx, blockIdx, blockDim, gridDim; /* threadIdx: set before each fiber resumes */
 void emu_sync_block(void);      /* every thread of the block */
 void emu_sync_warp(unsigned w); /* every thread of warp w */
-extern unsigned char emu_slots[1024][8];
+extern unsigned char emu_slots[2][1024][8]; /* the shuffles' exchange: two banks, used in turn */
+extern unsigned char emu_slot_bank[1024];   /* per thread: the bank of its next shuffle */
 extern double emu_smem[1 << 17];
 
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(n)
-#define __shared__ static
+#define __shared__ static __attribute__((section("emu_shared")))
 #define __syncthreads() emu_sync_block()
 
 static inline float __int_as_float(int i) {
@@ -120,14 +121,19 @@ static inline int __syncthreads_or(int pred) {
   return r;
 }
 static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+/* Every lane writes its value, the warp meets, every lane reads its
+ * partner's.  One barrier suffices because consecutive shuffles use the
+ * two banks in turn: a lane can write a bank again only two shuffles
+ * later, after the whole warp has met at the shuffle in between, so after
+ * every lane has read it. */
 template <typename T> static T __shfl_xor_sync(unsigned mask, T v, int o) {
   (void)mask;
   static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
-  unsigned tid = threadIdx.x, w = tid >> 5;
-  memcpy(emu_slots[tid], &v, sizeof v);
+  unsigned tid = threadIdx.x, w = tid >> 5, k = emu_slot_bank[tid];
+  emu_slot_bank[tid] = (unsigned char)(k ^ 1);
+  memcpy(emu_slots[k][tid], &v, sizeof v);
   emu_sync_warp(w);
   T r;
-  memcpy(&r, emu_slots[(w << 5) | ((tid & 31) ^ (unsigned)o)], sizeof r);
-  emu_sync_warp(w);
+  memcpy(&r, emu_slots[k][(w << 5) | ((tid & 31) ^ (unsigned)o)], sizeof r);
   return r;
 }

@@ -29,10 +29,13 @@
  *  - Memory: cuMemAlloc returns addresses in a range the host cannot read
  *    (PROT_NONE): a host dereference of device memory crashes as on a real
  *    GPU.  Each allocation has a host shadow that kernels, copies and GEMMs
- *    use after translation.  Managed (cuMemAllocManaged) and page-locked
- *    (cuMemHostAlloc) memory is host memory.  Kernel pointer arguments and
- *    copy ranges must lie inside one live allocation (else
- *    CUDA_ERROR_ILLEGAL_ADDRESS, sticky, with a message naming the kernel).
+ *    use after translation; fresh memory (device, managed and page-locked)
+ *    holds bytes 0xff, a NaN in every float type, so that a result that
+ *    depends on memory nobody wrote shows.  Managed (cuMemAllocManaged)
+ *    and page-locked (cuMemHostAlloc) memory is host memory.  Kernel
+ *    pointer arguments and copy ranges must lie inside one live allocation
+ *    (else CUDA_ERROR_ILLEGAL_ADDRESS, sticky, with a message naming the
+ *    kernel).
  *  - Streams: work is queued and runs only when the stream is synchronised
  *    (or by a copy to pageable host memory, which is synchronous): host code
  *    that reads results without a sync reads stale memory.  A copy from
@@ -44,21 +47,32 @@
  *    function's static __shared__ bytes (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
  *    summed from its __shared__ declarations) unless cuFuncSetAttribute
  *    raised the limit, which may not pass the card's opt-in maximum minus
- *    the static bytes (49152 bytes on sm_6x).  Kernels run with blocks of
- *    min(block, 64) threads ($DUET_FAKE_BLOCK=32: 32); kernels that loop
- *    over gridDim (grid-stride) run with at most 4 blocks, the rest with
- *    their whole grid.
+ *    the static bytes (49152 bytes on sm_6x).  Kernels run through
+ *    tests/cuda_emu's launcher with the block size of the launch, a fiber
+ *    per thread; kernels that loop over gridDim (grid-stride) with their
+ *    whole grid up to 65,536 threads and 65,536 / block blocks beyond, the
+ *    rest with their whole grid (cuda_emu_grid); blocks in a random order
+ *    and the threads a barrier releases in a random order, from a seed
+ *    printed at the first launch ($DUET_EMU_SEED replays it; each launch's
+ *    schedule follows from the seed, the kernel's name and its earlier
+ *    launches, not from how streams interleave); shared memory, static and
+ *    the launch's dynamic bytes, filled with 0xff before every block.
  *  - cuBLAS: Sgemm, Dgemm and GemmEx (16F and 16BF operands with 32F
  *    compute, 16F with 16F compute and __half alpha/beta) in column-major
  *    order with the documented argument checks; alpha and beta read when
- *    called (host pointer mode), the product computed when the stream runs.
+ *    called (host pointer mode), the product computed when the stream runs,
+ *    by OpenBLAS on one thread, so that a result depends on neither the
+ *    host's threads nor how many devices share them (blas_one_thread).
  *
  * Not modelled: concurrency between streams (queues run one at a time)
- * and between blocks, events, timing, the hardware's rounding (fused
- * multiply-adds), device-only compile errors (the source is compiled as
- * host C++), the range a kernel touches behind each pointer argument (only
- * the pointer itself is checked), accesses past the dynamic shared memory
- * a launch asked for.  Stricter than CUDA: the legacy default stream,
+ * and between blocks (one block runs to its end before the next starts,
+ * so memory ordering between blocks cannot fail), warp-synchronous
+ * execution (threads switch only at barriers), events, timing, the
+ * hardware's rounding (fused multiply-adds) and math library, device-only
+ * compile errors (the source is compiled as host C++), the range a kernel
+ * touches behind each pointer argument (only the pointer itself is
+ * checked), accesses past the dynamic shared memory a launch asked for
+ * (README, "CUDA backend", has the emulator's whole list).  Stricter than CUDA: the legacy default stream,
  * GEMMs with k = 0 or mixed types, NVRTC options other than -std and
  * -arch, and unmodelled attributes are refused; an error is sticky for the
  * whole process, not one context.  This is test scaffolding, so it keeps
@@ -71,6 +85,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <nvrtc.h>
+#include <omp.h>
 #include <pthread.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -89,8 +104,6 @@
 extern char **environ;
 
 #define MAX_GPUS 8
-#define EMU_BLOCK 64 /* threads per emulated block (tests/cuda_emu: EMU_POOL) */
-#define SHRINK_GRID 4
 #define MAGIC "DUETFAKEGPU2"
 
 /* ------------------------------------------------------------ bookkeeping */
@@ -127,8 +140,9 @@ typedef struct Kern { /* one kernel of a module, from the trampoline table */
 struct CUmod_st {
   struct CUctx_st *ctx;
   void *dl;
-  int (*launch)(void (*fn)(void *const *, const double *), unsigned grid, unsigned block, void *const *t,
-                const double *s);
+  int (*launch)(void (*fn)(void *const *, const double *), unsigned grid, unsigned block, unsigned shared,
+                void *const *t, const double *s); /* emu_launch_ex */
+  void (*seed)(unsigned long long);                /* emu_seed */
   void (*shutdown)(void);
   struct CUfunc_st *fns;
   int n;
@@ -139,6 +153,7 @@ struct CUfunc_st {
   struct CUmod_st *mod;
   Kern k;
   int max_dynamic_shared;
+  unsigned long long launches; /* run so far (under G.exec): with the name, the seed of the next one's schedule */
 };
 
 enum { OP_LAUNCH, OP_COPY, OP_MEMSET, OP_GEMM };
@@ -156,7 +171,7 @@ struct Op {
   int kind;
   /* launch */
   struct CUfunc_st *fn;
-  unsigned grid, block;
+  unsigned grid, block, shared;
   void *params[64];
   char *param_bytes;
   /* copy / memset: dst and src as the caller gave them (translated when
@@ -181,6 +196,8 @@ static struct {
   char *dev_base; /* reserved PROT_NONE range for cuMemAlloc addresses */
   size_t dev_off, dev_span;
   CUresult sticky; /* an error raised while running queued work */
+  unsigned long long seed; /* of the emulator's schedules (cuda_emu_seed) */
+  int seed_said;           /* printed, at the first launch */
   struct CUstream_st *streams[256]; /* live streams (cuMemFree waits for them all) */
   int n_streams;
 } G = {.lock = PTHREAD_MUTEX_INITIALIZER, .exec = PTHREAD_MUTEX_INITIALIZER};
@@ -299,6 +316,11 @@ CUresult cuInit(unsigned flags) {
     G.cc = 10 * ma + mi;
     G.p2p = getenv("DUET_FAKE_P2P") && !strcmp(getenv("DUET_FAKE_P2P"), "1");
     G.mem = env_size("DUET_FAKE_MEM", 16ull << 30);
+    if (cuda_emu_seed(&G.seed)) {
+      pthread_mutex_unlock(&G.lock);
+      fake_say("DUET_EMU_SEED='%s' is not a decimal integer below 2^64", getenv("DUET_EMU_SEED"));
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     for (int i = 0; i < MAX_GPUS; i++) G.ctx[i].gpu = i;
     G.dev_span = 1ull << 40;
     void *r = mmap(NULL, G.dev_span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -519,8 +541,9 @@ static CUresult alloc_mem(CUdeviceptr *p, size_t bytes, int kind) {
   }
   if (kind != MEM_PINNED) G.used[gpu] += bytes;
   pthread_mutex_unlock(&G.lock);
-  /* fresh memory is garbage on a GPU: make it visibly so */
-  memset(host, 0xa5, bytes);
+  /* fresh memory is garbage on a GPU: make it visibly so, bytes 0xff (a
+   * NaN in every float type), so that an output computed from it shows */
+  memset(host, 0xff, bytes);
   *p = (CUdeviceptr)addr;
   return CUDA_SUCCESS;
 }
@@ -692,10 +715,11 @@ CUresult cuModuleLoadData(CUmodule *m, const void *image) {
   const Kern *table = dlsym(mod->dl, "fake_kernels");
   const int *count = dlsym(mod->dl, "fake_n_kernels");
   void *(**hook)(const void *) = dlsym(mod->dl, "fake_xlate");
-  mod->launch = (int (*)(void (*)(void *const *, const double *), unsigned, unsigned, void *const *,
-                         const double *))dlsym(mod->dl, "emu_launch");
+  mod->launch = (int (*)(void (*)(void *const *, const double *), unsigned, unsigned, unsigned, void *const *,
+                         const double *))dlsym(mod->dl, "emu_launch_ex");
+  mod->seed = (void (*)(unsigned long long))dlsym(mod->dl, "emu_seed");
   mod->shutdown = (void (*)(void))dlsym(mod->dl, "emu_shutdown");
-  if (!table || !count || !hook || !mod->launch || !mod->shutdown ||
+  if (!table || !count || !hook || !mod->launch || !mod->seed || !mod->shutdown ||
       !(mod->fns = calloc((size_t)(*count ? *count : 1), sizeof *mod->fns))) {
     fake_say("cuModuleLoadData: the image lacks its kernel table");
     dlclose(mod->dl);
@@ -817,6 +841,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   o->fn = f;
   o->grid = gx;
   o->block = bx;
+  o->shared = shared;
   return enqueue(s, o);
 }
 
@@ -833,12 +858,20 @@ static void run_op(Op *o) {
       G.sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
       return;
     }
-    unsigned grid = k->grid_stride && o->grid > SHRINK_GRID ? SHRINK_GRID : o->grid;
-    const char *eb = getenv("DUET_FAKE_BLOCK");
-    unsigned cap = eb && *eb ? (unsigned)atoi(eb) : EMU_BLOCK; /* 32 or 64: the emulator's pool */
-    if (cap != 32) cap = EMU_BLOCK;
-    unsigned block = o->block < cap ? o->block : cap;
-    if (o->fn->mod->launch(k->run, grid, block, NULL, NULL)) {
+    if (!G.seed_said) {
+      G.seed_said = 1;
+      fake_say("blocks and released threads run in a random order: seed %llu (DUET_EMU_SEED=%llu replays it)",
+               G.seed, G.seed);
+    }
+    /* the schedule of this launch: from the seed, the kernel's name and
+     * how many launches of it ran before, so that it does not depend on
+     * how other streams' work interleaves (FNV-1a, then splitmix64's
+     * increment) */
+    unsigned long long h = 0xcbf29ce484222325ull;
+    for (const char *c = k->name; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
+    o->fn->mod->seed(G.seed ^ h ^ o->fn->launches++ * 0x9E3779B97F4A7C15ull);
+    unsigned grid = cuda_emu_grid(o->grid, o->block, k->grid_stride);
+    if (o->fn->mod->launch(k->run, grid, o->block, o->shared, NULL, NULL)) {
       fake_say("kernel %s: the emulator could not launch it", k->name);
       G.sticky = CUDA_ERROR_LAUNCH_FAILED;
     }
@@ -895,8 +928,44 @@ static float load_elem(const char *p, cudaDataType_t t, size_t i) {
   }
 }
 
-/* column-major C = alpha op(A) op(B) + beta C (cuBLAS's definition) */
+/* A cuBLAS result does not depend on the host's threads, but OpenBLAS's
+ * summation order follows how many threads it splits a GEMM into, and
+ * that count follows --threads and how many pipeline stages share the
+ * host: every GEMM of the fake runs on one OpenBLAS thread, so that
+ * `--devices cuda:0,cuda:0` computes exactly what `cuda:0` does.  The
+ * OpenMP build of OpenBLAS takes the count from the calling thread's
+ * OpenMP setting, which is changed for the call and restored; other
+ * builds from a process-wide one (openblas_set_num_threads), also
+ * restored: the fake's GEMMs run one at a time under G.exec, but a CPU
+ * stage's GEMM at the same moment also runs on one thread.  Returns what
+ * to restore. */
+static int blas_one_thread(void) {
+  int n;
+  if (openblas_get_parallel() == 2) {
+    n = omp_get_max_threads();
+    omp_set_num_threads(1);
+  } else {
+    n = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+  }
+  return n;
+}
+static void blas_restore(int n) {
+  if (openblas_get_parallel() == 2) omp_set_num_threads(n);
+  else openblas_set_num_threads(n);
+}
+
+static void gemm_compute(const Gemm *g);
+
+/* column-major C = alpha op(A) op(B) + beta C (cuBLAS's definition), on
+ * one OpenBLAS thread (blas_one_thread) */
 static void gemm_run(const Gemm *g) {
+  int n = blas_one_thread();
+  gemm_compute(g);
+  blas_restore(n);
+}
+
+static void gemm_compute(const Gemm *g) {
   size_t es = g->type == CUDA_R_64F ? 8 : g->type == CUDA_R_32F ? 4 : 2;
   size_t ar = g->ta ? (size_t)g->k : (size_t)g->m, ac = g->ta ? (size_t)g->m : (size_t)g->k;
   size_t br = g->tb ? (size_t)g->n : (size_t)g->k, bc = g->tb ? (size_t)g->k : (size_t)g->n;
