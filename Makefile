@@ -91,3 +91,10 @@ bench-gpt: build data
 .PHONY: bench-pipeline
 bench-pipeline: build data
 	sh bench/run_pipeline.sh
+
+# Compile time against model size: elaboration, each pass, memplan and the
+# IR reader for growing N (not a test; bench/compile_scaling.c). MAX_N caps N.
+.PHONY: bench-compile
+bench-compile: build
+	@cmake --build $(BUILD) --target compile_scaling > /dev/null
+	$(BUILD)/compile_scaling $(MAX_N)

@@ -83,6 +83,163 @@ void arena_free(Arena *a) {
   free(a);
 }
 
+/* ------------------------------------------------------------ name maps */
+
+static uint64_t name_hash(const char *s) {
+  uint64_t h = 14695981039346656037u; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211u;
+  return h;
+}
+
+void **namemap_slot(Arena *a, NameMap *m, const char *key) {
+  if (2 * (m->used + 1) > m->cap) { /* at most half full */
+    size_t cap = m->cap ? 2 * m->cap : 64;
+    const char **k = arena_alloc(a, cap * sizeof *k);
+    void **v = arena_alloc(a, cap * sizeof *v);
+    for (size_t i = 0; i < m->cap; i++) {
+      if (!m->key[i]) continue;
+      size_t j = name_hash(m->key[i]) & (cap - 1);
+      while (k[j]) j = (j + 1) & (cap - 1);
+      k[j] = m->key[i];
+      v[j] = m->val[i];
+    }
+    m->key = k;
+    m->val = v;
+    m->cap = cap;
+  }
+  size_t j = name_hash(key) & (m->cap - 1);
+  while (m->key[j] && strcmp(m->key[j], key)) j = (j + 1) & (m->cap - 1);
+  if (!m->key[j]) {
+    m->key[j] = key;
+    m->used++;
+  }
+  return &m->val[j];
+}
+
+void *namemap_get(const NameMap *m, const char *key) {
+  if (!m->cap) return NULL;
+  size_t j = name_hash(key) & (m->cap - 1);
+  while (m->key[j] && strcmp(m->key[j], key)) j = (j + 1) & (m->cap - 1);
+  return m->key[j] ? m->val[j] : NULL;
+}
+
+/* ----------------------------------------------------- byte range sets */
+
+struct RangeNode {
+  int64_t off, size;
+  int64_t gap;     /* free bytes before this range: off less the end of the previous range (0 for the first) */
+  int64_t max_gap; /* the largest gap in this subtree */
+  uint64_t prio;
+  int tag;
+  RangeNode *l, *r;
+};
+
+static void range_pull(RangeNode *t) {
+  t->max_gap = t->gap;
+  if (t->l && t->l->max_gap > t->max_gap) t->max_gap = t->l->max_gap;
+  if (t->r && t->r->max_gap > t->max_gap) t->max_gap = t->r->max_gap;
+}
+
+/* t split into the ranges starting below `key` (*lo) and the others (*hi). */
+static void range_split(RangeNode *t, int64_t key, RangeNode **lo, RangeNode **hi) {
+  if (!t) {
+    *lo = *hi = NULL;
+  } else if (t->off < key) {
+    range_split(t->r, key, &t->r, hi);
+    range_pull(t);
+    *lo = t;
+  } else {
+    range_split(t->l, key, lo, &t->l);
+    range_pull(t);
+    *hi = t;
+  }
+}
+
+/* Every range of a before every range of b. */
+static RangeNode *range_merge(RangeNode *a, RangeNode *b) {
+  if (!a) return b;
+  if (!b) return a;
+  if (a->prio > b->prio) {
+    a->r = range_merge(a->r, b);
+    range_pull(a);
+    return a;
+  }
+  b->l = range_merge(a, b->l);
+  range_pull(b);
+  return b;
+}
+
+static int64_t range_end_of_last(const RangeNode *t) {
+  if (!t) return 0;
+  while (t->r) t = t->r;
+  return t->off + t->size;
+}
+
+/* Sets the gap of the first range of t after a range ending at
+ * `end_before` (0: none); returns that gap. */
+static int64_t range_set_first_gap(RangeNode *t, int64_t end_before) {
+  int64_t gap;
+  if (t->l) gap = range_set_first_gap(t->l, end_before);
+  else gap = t->gap = t->off - end_before;
+  range_pull(t);
+  return gap;
+}
+
+void rangeset_insert(RangeSet *s, int64_t off, int64_t size, int tag) {
+  DUET_ASSERT(off >= 0 && size >= 1 && off <= INT64_MAX - size);
+  RangeNode *lo, *hi, *n = s->spare;
+  if (n) s->spare = n->l;
+  else n = arena_alloc(s->arena, sizeof *n);
+  s->rng += 0x9E3779B97F4A7C15u; /* splitmix64 */
+  uint64_t z = s->rng;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
+  *n = (RangeNode){.off = off, .size = size, .prio = z ^ (z >> 31), .tag = tag};
+  range_split(s->root, off, &lo, &hi);
+  n->gap = off - range_end_of_last(lo);
+  DUET_ASSERT(n->gap >= 0);
+  range_pull(n);
+  if (hi) {
+    int64_t next_gap = range_set_first_gap(hi, off + size);
+    DUET_ASSERT(next_gap >= 0);
+  }
+  s->root = range_merge(range_merge(lo, n), hi);
+}
+
+void rangeset_remove(RangeSet *s, int64_t off) {
+  RangeNode *lo, *mid, *hi;
+  range_split(s->root, off, &lo, &hi);
+  range_split(hi, off == INT64_MAX ? off : off + 1, &mid, &hi);
+  DUET_ASSERT(mid && mid->off == off && !mid->l && !mid->r);
+  if (hi) range_set_first_gap(hi, range_end_of_last(lo));
+  mid->l = s->spare;
+  s->spare = mid;
+  s->root = range_merge(lo, hi);
+}
+
+int rangeset_overlap(const RangeSet *s, int64_t off, int64_t size, int64_t *o_off, int64_t *o_size) {
+  /* the ranges are disjoint and sorted, so the last one starting before
+   * off + size ends last among those: it overlaps if any does */
+  const RangeNode *best = NULL;
+  for (const RangeNode *t = s->root; t;) {
+    if (t->off < off + size) best = t, t = t->r;
+    else t = t->l;
+  }
+  if (!best || best->off + best->size <= off) return -1;
+  *o_off = best->off;
+  *o_size = best->size;
+  return best->tag;
+}
+
+int64_t rangeset_first_fit(const RangeSet *s, int64_t size) {
+  for (const RangeNode *t = s->root; t;) {
+    if (t->l && t->l->max_gap >= size) t = t->l;
+    else if (t->gap >= size) return t->off - t->gap;
+    else t = t->r;
+  }
+  return range_end_of_last(s->root);
+}
+
 /* ---------------------------------------------------------- diagnostics */
 
 /* Lines end at "\n", "\r\n" or a lone "\r", as in the lexer. */

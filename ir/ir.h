@@ -30,6 +30,49 @@ void arena_free(Arena *a);
 #define unreachable() duet_fatal(__FILE__, __LINE__, "unreachable")
 _Noreturn void duet_fatal(const char *file, int line, const char *fmt, ...);
 
+/* ------------------------------------------------------------ name maps */
+
+/* A hash map from NUL-terminated names to pointers (open addressing over
+ * FNV-1a hashes; expected O(1) per operation).  Keys are not copied: they
+ * must live as long as the map (arena strings do).  Zero-initialise it; its
+ * tables come from the arena given to namemap_slot. */
+typedef struct NameMap {
+  const char **key;
+  void **val;
+  size_t cap, used;
+} NameMap;
+/* The value slot of `key`, inserted holding NULL when absent. */
+void **namemap_slot(Arena *a, NameMap *m, const char *key);
+/* The value of `key`; NULL when absent. */
+void *namemap_get(const NameMap *m, const char *key);
+
+/* ----------------------------------------------------- byte range sets */
+
+/* A set of disjoint byte ranges [off, off + size) of one memory region,
+ * ordered by offset (a treap with deterministic priorities: O(log n)
+ * expected per operation), that also finds the lowest gap holding a given
+ * size.  The memory plan allocates with it (first fit) and the verifier
+ * checks with it that values live at the same time share no byte.
+ * Zero-initialise it and set `arena`; nodes come from there and are reused
+ * after removal. */
+typedef struct RangeNode RangeNode;
+typedef struct RangeSet {
+  Arena *arena;
+  RangeNode *root, *spare;
+  uint64_t rng; /* priority stream */
+} RangeSet;
+/* Adds [off, off + size), size >= 1, tagged `tag` (the caller's id); it
+ * must not overlap a range of the set (an internal error otherwise). */
+void rangeset_insert(RangeSet *s, int64_t off, int64_t size, int tag);
+/* Removes the range that starts at `off` (it must be in the set). */
+void rangeset_remove(RangeSet *s, int64_t off);
+/* The tag of a range of the set that shares a byte with [off, off + size)
+ * (size >= 1), its bounds in *o_off and *o_size; -1 when none does. */
+int rangeset_overlap(const RangeSet *s, int64_t off, int64_t size, int64_t *o_off, int64_t *o_size);
+/* The lowest offset >= 0 where `size` bytes fit between the ranges of the
+ * set (first fit), or the end of the last range when no gap holds them. */
+int64_t rangeset_first_fit(const RangeSet *s, int64_t size);
+
 /* ---------------------------------------------------------- diagnostics */
 
 typedef struct Source {

@@ -1325,14 +1325,13 @@ static void check_inputs(Parser *P) {
 /* Params, state and inputs are named tensors (checkpoint keys): unique. */
 static void check_names(Parser *P) {
   Graph *g = P->g;
+  NameMap seen = {0};
   for (int i = 0; i < g->n_values; i++) {
     Value *v = g->values[i];
     if (v->op != OP_PARAM && v->op != OP_STATE && v->op != OP_INPUT) continue;
-    for (int j = 0; j < i; j++) {
-      Value *u = g->values[j];
-      if ((u->op == OP_PARAM || u->op == OP_STATE || u->op == OP_INPUT) && !strcmp(u->attr.name, v->attr.name))
-        fail_loc(P, v->loc, "tensor name \"%s\" is already used by %%%d", v->attr.name, u->id);
-    }
+    void **slot = namemap_slot(P->a, &seen, v->attr.name);
+    if (*slot) fail_loc(P, v->loc, "tensor name \"%s\" is already used by %%%d", v->attr.name, ((Value *)*slot)->id);
+    *slot = v;
   }
 }
 

@@ -2,7 +2,8 @@
  * independently of it on real models: (1) every tensor lies inside its
  * region; (2) two arena values whose live ranges overlap (definition to last
  * use in graph order; inputs, loss and metrics live throughout) never share
- * bytes; (3) reuse happens: the arena is smaller than the sum of its values. */
+ * bytes; (3) reuse happens: the arena is smaller than the sum of its values.
+ * Then memplan's RangeSet against a plain sorted array. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,6 +90,58 @@ static int check_too_big(void) {
   return 0;
 }
 
+/* RangeSet (memplan's first fit, the verifier's overlap query) against a
+ * plain sorted array under random inserts and removals: first fit as the
+ * greedy scan memplan used before (lowest gap from 0 between the ranges in
+ * offset order, else after the last), overlap by comparing every range. */
+static int check_rangeset(void) {
+  enum { CAP = 400 };
+  int64_t off[CAP], size[CAP];
+  int n = 0, fails = 0;
+  Arena *a = arena_new(1 << 16);
+  RangeSet s = {.arena = a};
+  uint64_t r = 42;
+  for (int step = 0; step < 20000 && fails < 5; step++) {
+    r = r * 6364136223846793005u + 1442695040888963407u;
+    int64_t want_size = 1 + (int64_t)((r >> 33) % 300);
+    /* reference first fit: off[] is kept sorted */
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+      if (off[i] - at >= want_size) break;
+      at = off[i] + size[i];
+    }
+    int64_t got = rangeset_first_fit(&s, want_size);
+    if (got != at) {
+      fprintf(stderr, "FAIL rangeset step %d: first fit of %lld at %lld, expected %lld\n", step, (long long)want_size,
+              (long long)got, (long long)at);
+      fails++;
+    }
+    /* an overlap query at a random place */
+    int64_t qo = (int64_t)((r >> 12) % 60000), qs = 1 + (int64_t)((r >> 5) % 500), oo = -1, os = -1;
+    int tag = rangeset_overlap(&s, qo, qs, &oo, &os);
+    bool any = false;
+    for (int i = 0; i < n; i++) any |= off[i] < qo + qs && qo < off[i] + size[i];
+    if ((tag >= 0) != any || (tag >= 0 && !(oo < qo + qs && qo < oo + os && tag == (int)(oo % 100000)))) {
+      fprintf(stderr, "FAIL rangeset step %d: overlap of [%lld, +%lld) gave %d\n", step, (long long)qo, (long long)qs, tag);
+      fails++;
+    }
+    bool grow = n == 0 || (n < CAP && ((r >> 50) % 8) < (step % 4000 < 2000 ? 5 : 3));
+    if (grow) {
+      rangeset_insert(&s, got, want_size, (int)(got % 100000));
+      int i = n++;
+      while (i > 0 && off[i - 1] > got) off[i] = off[i - 1], size[i] = size[i - 1], i--;
+      off[i] = got, size[i] = want_size;
+    } else {
+      int i = (int)((r >> 20) % (uint64_t)n);
+      rangeset_remove(&s, off[i]);
+      for (n--; i < n; i++) off[i] = off[i + 1], size[i] = size[i + 1];
+    }
+  }
+  arena_free(a);
+  printf("%s rangeset: 20000 random inserts/removals, first fit and overlap as a plain scan\n", fails ? "FAIL" : "ok");
+  return fails != 0;
+}
+
 int main(void) {
   int failed = 0, n = 0;
   char *mlp = slurp(DUET_SOURCE_DIR "/models/fmnist_mlp.model");
@@ -105,6 +158,7 @@ int main(void) {
       n++;
   free(mlp);
   failed += check_too_big(), n++;
+  failed += check_rangeset(), n++;
   printf("%d passed, %d failed\n", n - failed, failed);
   return failed != 0;
 }
