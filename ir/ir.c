@@ -793,7 +793,96 @@ int ir_verify(const Graph *g, const char *after_pass, FILE *err) {
     if (shape_numel(&v->shape) < 0) VFAIL("element count overflows");
   }
 #undef VFAIL
+  MemConflict mc;
+  if (!bad && ir_check_memory(g, &mc)) {
+    char buf[512];
+    fprintf(err, "duet: IR verifier (after %s): %s\n", after_pass, ir_memconflict_str(g, &mc, buf, sizeof buf));
+    bad++;
+  }
   return bad;
+}
+
+/* Never freed by memplan: written or read by the host around a step. */
+static bool mem_pinned(const Graph *g, const Value *v) {
+  return v->op == OP_INPUT || v == g->loss || v->op == OP_EVAL_METRICS || v->region != MEM_ARENA;
+}
+
+int ir_check_memory(const Graph *g, MemConflict *c) {
+  int n = g->n_values, S = g->n_stages > 1 ? g->n_stages : 1;
+  bool planned = false;
+  for (int i = 0; i < n && !planned; i++) planned = g->values[i]->region != MEM_NONE;
+  if (!planned) return 0;
+  Arena *a = arena_new(1 << 16);
+  int *last = arena_alloc(a, ((size_t)n + 1) * sizeof *last);
+  int *head = arena_alloc(a, ((size_t)n + 1) * sizeof *head);
+  int *next = arena_alloc(a, ((size_t)n + 1) * sizeof *next);
+  int *group = arena_alloc(a, ((size_t)n + 1) * sizeof *group);
+  RangeSet *sets = arena_alloc(a, (size_t)S * MEM_COUNT * sizeof *sets);
+  for (int k = 0; k < S * MEM_COUNT; k++) sets[k].arena = a;
+  for (int i = 0; i < n; i++) {
+    const Value *v = g->values[i];
+    last[i] = i;
+    head[i] = -1;
+    for (int j = 0; j < v->n_in; j++) {
+      const Value *x = v->in[j];
+      if (x && x->id >= 0 && x->id < i && g->values[x->id] == x && last[x->id] < i) last[x->id] = i;
+    }
+  }
+  int found = 0;
+  /* first what lives from the start (inputs, params, state, caches), then
+   * the others in graph order, each after the blocks it outlives are gone */
+  for (int pass = 0; pass < 2 && !found; pass++) {
+    int freed = 0;
+    for (int i = 0; i < n && !found; i++) {
+      const Value *v = g->values[i];
+      bool from_start = v->op == OP_INPUT || (v->region != MEM_NONE && v->region != MEM_ARENA);
+      if (from_start != (pass == 0) || v->region <= MEM_NONE || v->region >= MEM_COUNT || v->dtype == DT_VOID) continue;
+      int dev = S > 1 ? v->device : 0;
+      int64_t numel = shape_numel(&v->shape), ws = ir_workspace_elems(v);
+      if (dev < 0 || dev >= S || numel < 0 || ws < 0 || numel > INT64_MAX / 16 - ws) continue; /* reported elsewhere */
+      int64_t bytes = (int64_t)dtype_size(v->dtype) * (numel + ws);
+      if (bytes < 1 || v->offset < 0 || v->offset > INT64_MAX - bytes) continue;
+      for (; pass == 1 && freed < i; freed++)
+        for (int j = head[freed]; j >= 0; j = next[j]) rangeset_remove(&sets[group[j]], g->values[j]->offset);
+      group[i] = dev * MEM_COUNT + (int)v->region;
+      int64_t o_off, o_size;
+      int other = rangeset_overlap(&sets[group[i]], v->offset, bytes, &o_off, &o_size);
+      if (other >= 0) {
+        c->a = g->values[other];
+        c->b = v;
+        c->a_last = mem_pinned(g, c->a) ? -1 : last[other];
+        found = 1;
+        break;
+      }
+      rangeset_insert(&sets[group[i]], v->offset, bytes, i);
+      if (!mem_pinned(g, v)) {
+        next[i] = head[last[i]];
+        head[last[i]] = i;
+      }
+    }
+  }
+  arena_free(a);
+  return found;
+}
+
+char *ir_memconflict_str(const Graph *g, const MemConflict *c, char *buf, size_t n) {
+  const Value *a = c->a, *b = c->b;
+  int64_t ab = (int64_t)dtype_size(a->dtype) * (shape_numel(&a->shape) + ir_workspace_elems(a));
+  int64_t bb = (int64_t)dtype_size(b->dtype) * (shape_numel(&b->shape) + ir_workspace_elems(b));
+  char dev[40] = "";
+  if (g->n_stages > 1) snprintf(dev, sizeof dev, " on device %d", b->device);
+  char why[120];
+  if (c->a_last >= 0 && c->a_last == b->id)
+    snprintf(why, sizeof why, "which it reads (no kernel runs in place: operands keep their own bytes)");
+  else if (c->a_last >= 0)
+    snprintf(why, sizeof why, "which is still live (its last use is %%%d)", c->a_last);
+  else if (a->region == MEM_ARENA)
+    snprintf(why, sizeof why, "which is live for the whole step (inputs, the loss and eval metrics are never reused)");
+  else
+    snprintf(why, sizeof why, "which is never freed (params, optimizer state and caches)");
+  snprintf(buf, n, "%%%d: %" PRId64 " bytes at @%s+%" PRId64 "%s overlap %%%d (%" PRId64 " bytes at @%s+%" PRId64 "), %s",
+           b->id, bb, mem_region_name(b->region), b->offset, dev, a->id, ab, mem_region_name(a->region), a->offset, why);
+  return buf;
 }
 
 /* -------------------------------------------------------------- printer */

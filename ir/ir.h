@@ -337,9 +337,32 @@ void graph_count_uses(Graph *g);
 void ir_infer_shape(Graph *g, Value *v);
 
 /* Checks SSA form, operand order, arities, dtypes and shapes against the op
- * rules.  Violations are internal errors: prints them naming `after_pass`
- * and returns the count (0 = ok). */
+ * rules, and in a planned graph (values with memory regions) that values
+ * live at the same time share no byte (ir_check_memory).  Violations are
+ * internal errors: prints them naming `after_pass` and returns the count
+ * (0 = ok). */
 int ir_verify(const Graph *g, const char *after_pass, FILE *err);
+
+/* A memory-plan conflict: two values live at the same time that share
+ * bytes of one region of one device. */
+typedef struct MemConflict {
+  const Value *a, *b; /* a is live when b is placed (a first in the check's order) */
+  int a_last;         /* the position of a's last use; -1: a is never freed
+                       * (inputs, the loss, eval metrics, params, state, caches) */
+} MemConflict;
+/* Checks the memory plan of a graph whose values have regions (after
+ * memplan, or a dump of it): no two values live at the same time share a
+ * byte of a region of a device.  Liveness is memplan's: a value from its
+ * definition to its last use in graph order; inputs from the start of the
+ * step and, like the loss and the eval metrics, to its end; params, state
+ * and caches always.  A value occupies dtype size x (elements + workspace)
+ * bytes from its offset.  Sweeps the values in order with a RangeSet per
+ * region and device: O(n log n).  Returns 0 (also for an unplanned graph),
+ * or 1 with the first conflict found in *c. */
+int ir_check_memory(const Graph *g, MemConflict *c);
+/* One line describing c: "%5: 64 bytes at @arena+0 overlap %3 (64 bytes at
+ * @arena+0), which is still live (its last use is %6)"; returns buf. */
+char *ir_memconflict_str(const Graph *g, const MemConflict *c, char *buf, size_t n);
 
 /* Text form (docs/ir.md): a header (`model`, `after`, the `train { }`
  * section, `regions`), one value a line
