@@ -21,13 +21,12 @@ static int compare(const char *what, const float *got, const DuetStTensor *want,
     return 1;
   }
   const float *w = want->data;
-  double worst = 0;
-  int64_t at = 0, bad = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double err = fabs((double)got[i] - w[i]), lim = atol + rtol * fabs(w[i]);
-    if (err > lim) bad++;
-    if (err - lim > worst - (atol + rtol * fabs(w[at]))) worst = err, at = i;
-  }
+  int64_t at = -1, bad = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (!close_enough(got[i], w[i], atol, rtol)) { /* a NaN or an infinity fails */
+      if (at < 0) at = i;
+      bad++;
+    }
   if (bad) {
     fprintf(stderr, "FAIL %s: %lld of %lld values off; e.g. [%lld] got %.9g want %.9g\n", what, (long long)bad,
             (long long)n, (long long)at, got[at], w[at]);
