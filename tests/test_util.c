@@ -126,6 +126,36 @@ int check_normwise_f64(const char *what, const double *got, const double *want, 
   return normwise(what, got, want, n, tol, scale, ratio, get_f64);
 }
 
+static bool is16(int dt) { return dt == DT_F16 || dt == DT_BF16; }
+
+int *tmodel_round16_depth(const TModel *t) {
+  const Graph *g = t->g;
+  int *depth = arena_alloc(t->arena, ((size_t)g->n_values + 1) * sizeof *depth);
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    int d = 0;
+    if (v->op == OP_FUSED) {
+      const FusedProg *fp = v->attr.prog;
+      int *k = arena_alloc(t->arena, (size_t)fp->n * sizeof *k);
+      for (int j = 0; j < fp->n; j++) {
+        const FusedInstr *fi = &fp->ins[j];
+        int ar = fi->op == OP_COUNT ? 0 : op_info[fi->op].arity;
+        if (fi->op == OP_COUNT) k[j] = depth[v->in[fi->a]->id];
+        else k[j] = (ar >= 1 ? k[fi->a] : 0) > (ar >= 2 ? k[fi->b] : 0) ? k[fi->a] : ar >= 2 ? k[fi->b] : 0;
+        if (fi->op == OP_CAST && is16((int)fi->site)) k[j]++;
+      }
+      const FusedInstr *last = &fp->ins[fp->n - 1];
+      d = k[fp->n - 1] + (is16(v->dtype) && !(last->op == OP_CAST && (int)last->site == (int)v->dtype));
+    } else {
+      for (int j = 0; j < v->n_in; j++)
+        if (depth[v->in[j]->id] > d) d = depth[v->in[j]->id];
+      d += is16(v->dtype);
+    }
+    depth[i] = d;
+  }
+  return depth;
+}
+
 char *slurp(const char *path) {
   size_t n;
   return duet_read_file(path, &n);

@@ -51,6 +51,18 @@ int list_models(const char *dir, char ***names);
  * first one missing. */
 int check_ptx_entries(const char *what, const char *ptx, int n);
 
+/* For every value of t's graph (by id), the number of roundings to a 16-bit
+ * format (f16, bf16) on the longest chain of operations that ends at it: a
+ * value stored in 16 bits counts one more than the most among its operands;
+ * in a fused op, each cast to 16 bits inside its program counts, and the
+ * store when it rounds; f32 values (GEMM results with f32 accumulation,
+ * gradients for the optimizer, master weights) add none.  To first order,
+ * a value of a 16-bit program differs from the same value computed in f32
+ * by at most this depth x the format's unit roundoff (2^-11 for f16, 2^-8
+ * for bf16) relative to its tensor's scale, when the operations between the
+ * roundings do not amplify errors.  Arena memory of t. */
+int *tmodel_round16_depth(const TModel *t);
+
 /* A whole file as a NUL-terminated string (malloc'ed), or NULL. */
 char *slurp(const char *path);
 
