@@ -93,7 +93,7 @@ static uint64_t name_hash(const char *s) {
 
 void **namemap_slot(Arena *a, NameMap *m, const char *key) {
   if (2 * (m->used + 1) > m->cap) { /* at most half full */
-    size_t cap = m->cap ? 2 * m->cap : 64;
+    size_t cap = m->cap ? 2 * m->cap : 8; /* small: a block call's scope holds a few names */
     const char **k = arena_alloc(a, cap * sizeof *k);
     void **v = arena_alloc(a, cap * sizeof *v);
     for (size_t i = 0; i < m->cap; i++) {
