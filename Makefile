@@ -2,7 +2,7 @@
 BUILD    ?= build
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 PACKAGES  = cmake make gcc libc6-dev flex bison libopenblas-openmp-dev libcjson-dev zlib1g-dev \
-            dataset-fashion-mnist gzip bible-kjv clang libclang-rt-14-dev
+            dataset-fashion-mnist gzip bible-kjv clang libclang-rt-14-dev graphviz
 BENCH_PACKAGES = python3-torch python3-numpy
 # NVRTC 12.9 and 11.8 for the sm_60 compile tests (make nvrtc; git-ignored)
 NVRTC_DIR ?= .nvrtc
@@ -91,3 +91,10 @@ bench-gpt: build data
 .PHONY: bench-pipeline
 bench-pipeline: build data
 	sh bench/run_pipeline.sh
+
+# Compile time against model size: elaboration, each pass, memplan and the
+# IR reader for growing N (not a test; bench/compile_scaling.c). MAX_N caps N.
+.PHONY: bench-compile
+bench-compile: build
+	@cmake --build $(BUILD) --target compile_scaling > /dev/null
+	$(BUILD)/compile_scaling $(MAX_N)

@@ -40,20 +40,15 @@ typedef struct Binding {
   struct Binding *next;
 } Binding;
 
+/* Names are looked up in hash maps (NameMap), never in lists: a list
+ * scanned per name made elaboration quadratic in the model's size. */
 typedef struct Scope {
-  Binding *vars;
+  Binding *vars;      /* newest first (for hints) */
+  NameMap index;      /* name -> its Binding in vars */
   struct Scope *parent;
   const char *prefix; /* "" at top level, "mlp1." inside a call of mlp */
-  Binding *params;    /* parameter names declared in this scope */
+  NameMap params;     /* parameter names declared in this scope (-> their Node) */
 } Scope;
-
-/* Names with a count each (open addressing): block calls per scope prefix,
- * parameter names.  A list scanned per call made elaboration quadratic. */
-typedef struct NameTab {
-  const char **key;
-  int *n;
-  size_t cap, used;
-} NameTab;
 
 typedef struct Active {
   const Node *block;
@@ -65,8 +60,10 @@ typedef struct Elab {
   Diag *d;
   Graph *g;
   List stmts;
-  NameTab counters;    /* calls of each block, keyed by scope prefix + block */
-  NameTab param_names; /* full names of the parameters so far */
+  NameMap blocks;      /* block name -> its first definition (a Node) */
+  NameMap imported;    /* real paths of the imported files (-> their marker Node) */
+  NameMap counters;    /* calls of each block, keyed by scope prefix + block (-> int) */
+  NameMap param_names; /* full names of the parameters so far (-> their Value) */
   int64_t n_calls;     /* block calls so far */
   Active *active; /* blocks being expanded, innermost first */
   int depth;      /* expression nesting */
@@ -82,36 +79,11 @@ typedef struct Elab {
 #define MAX_BLOCK_CALLS (1 << 18)
 #define MAX_PREFIX 256 /* of the names inside a block call, "layer3.attn1." */
 
-static uint64_t name_hash(const char *s) {
-  uint64_t h = 14695981039346656037u; /* FNV-1a */
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211u;
-  return h;
-}
-
-/* The count of `key` in t (inserted with count 0 when absent). */
-static int *name_count(Arena *a, NameTab *t, const char *key) {
-  if (2 * (t->used + 1) > t->cap) {
-    size_t cap = t->cap ? 2 * t->cap : 64;
-    const char **k = arena_alloc(a, cap * sizeof *k);
-    int *n = arena_alloc(a, cap * sizeof *n);
-    for (size_t i = 0; i < t->cap; i++) {
-      if (!t->key[i]) continue;
-      size_t j = name_hash(t->key[i]) & (cap - 1);
-      while (k[j]) j = (j + 1) & (cap - 1);
-      k[j] = t->key[i];
-      n[j] = t->n[i];
-    }
-    t->key = k;
-    t->n = n;
-    t->cap = cap;
-  }
-  size_t j = name_hash(key) & (t->cap - 1);
-  while (t->key[j] && strcmp(t->key[j], key)) j = (j + 1) & (t->cap - 1);
-  if (!t->key[j]) {
-    t->key[j] = key;
-    t->used++;
-  }
-  return &t->n[j];
+/* The count of `key` in m (inserted with count 0 when absent). */
+static int *name_count(Arena *a, NameMap *m, const char *key) {
+  void **slot = namemap_slot(a, m, key);
+  if (!*slot) *slot = arena_alloc(a, sizeof(int));
+  return *slot;
 }
 
 /* ---------------------------------------------------------------- hints */
@@ -168,29 +140,29 @@ static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_deca
 
 /* -------------------------------------------------------------- helpers */
 
-static const Node *find_block(Elab *e, const char *name) {
-  for (Node *s = e->stmts.head; s; s = s->next)
-    if (s->kind == N_BLOCK && !strcmp(s->name, name)) return s;
-  return NULL;
-}
+/* The first definition of block `name` (e->blocks is filled before
+ * elaboration starts, so a block may be called above its definition). */
+static const Node *find_block(Elab *e, const char *name) { return namemap_get(&e->blocks, name); }
 
 static Binding *lookup(Scope *s, const char *name) {
-  for (; s; s = s->parent)
-    for (Binding *b = s->vars; b; b = b->next)
-      if (!strcmp(b->name, name)) return b;
+  for (; s; s = s->parent) {
+    Binding *b = namemap_get(&s->index, name);
+    if (b) return b;
+  }
   return NULL;
 }
 
 static void bind(Elab *e, Scope *s, const char *name, EVal v, Loc loc, bool is_const) {
-  for (Binding *b = s->vars; b; b = b->next)
-    if (!strcmp(b->name, name)) {
-      if (b->is_const || is_const)
-        diag_error(e->d, loc, "`%s` is already defined%s", name, b->is_const ? " as a const" : "");
-      b->val = v;
-      b->loc = loc;
-      return;
-    }
-  Binding *b = arena_alloc(e->a, sizeof *b);
+  void **slot = namemap_slot(e->a, &s->index, name);
+  if (*slot) {
+    Binding *b = *slot;
+    if (b->is_const || is_const)
+      diag_error(e->d, loc, "`%s` is already defined%s", name, b->is_const ? " as a const" : "");
+    b->val = v;
+    b->loc = loc;
+    return;
+  }
+  Binding *b = *slot = arena_alloc(e->a, sizeof *b);
   b->name = name;
   b->val = v;
   b->loc = loc;
@@ -949,20 +921,17 @@ static void read_init(Elab *e, Scope *s, const Node *init, Attr *at) {
 }
 
 static void declare_param(Elab *e, Scope *s, const Node *n) {
-  for (Binding *b = s->params; b; b = b->next)
-    if (!strcmp(b->name, n->name)) diag_error(e->d, n->loc, "parameter `%s` is already defined", n->name);
+  void **declared = namemap_slot(e->a, &s->params, n->name);
+  if (*declared) diag_error(e->d, n->loc, "parameter `%s` is already defined", n->name);
+  *declared = (void *)n;
   Attr at = {0};
   read_dims(e, s, n, &at.shape);
   at.dtype = read_dtype(e, n, false);
   at.name = arena_printf(e->a, "%s%s", s->prefix, n->name);
   read_init(e, s, n->a, &at);
-  if ((*name_count(e->a, &e->param_names, at.name))++)
-    diag_error(e->d, n->loc, "parameter name `%s` collides with another parameter", at.name);
-  Value *v = graph_add(e->g, OP_PARAM, NULL, 0, &at, n->loc);
-  Binding *p = arena_alloc(e->a, sizeof *p);
-  p->name = n->name;
-  p->next = s->params;
-  s->params = p;
+  void **named = namemap_slot(e->a, &e->param_names, at.name);
+  if (*named) diag_error(e->d, n->loc, "parameter name `%s` collides with another parameter", at.name);
+  Value *v = *named = graph_add(e->g, OP_PARAM, NULL, 0, &at, n->loc);
   EVal ev = {.kind = EV_TENSOR, .v = v, .loc = n->loc};
   bind(e, s, n->name, ev, n->loc, false);
 }
@@ -1019,9 +988,16 @@ static void exec_stmt(Elab *e, Scope *s, const Node *n, bool top) {
   }
   case N_BLOCK:
     if (!top) diag_error(e->d, n->loc, "blocks must be defined at the top level");
-    for (Node *o = e->stmts.head; o && o != n; o = o->next)
-      if (o->kind == N_BLOCK && !strcmp(o->name, n->name))
-        diag_error(e->d, n->loc, "block `%s` is already defined (first at line %d)", n->name, o->loc.line);
+    {
+      const Node *o = find_block(e, n->name);
+      if (o != n) diag_error(e->d, n->loc, "block `%s` is already defined (first at line %d)", n->name, o->loc.line);
+      NameMap args = {0};
+      for (Node *p = n->args.head; p; p = p->next) {
+        void **seen = namemap_slot(e->a, &args, p->name);
+        if (*seen) diag_error(e->d, p->loc, "duplicate argument name `%s`", p->name);
+        *seen = p;
+      }
+    }
     for (int i = 0; i < N_BUILTINS; i++)
       if (!strcmp(builtins[i].name, n->name))
         diag_error(e->d, n->loc, "block `%s` has the name of a built-in op", n->name);
@@ -1099,8 +1075,6 @@ static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *s
         diag_error(e->d, call_loc, "block `%s` is missing argument `%s`", blk->name, p->name);
       vals[i] = eval(e, &inner, p->a);
     }
-    for (Node *q = blk->args.head; q != p; q = q->next)
-      if (!strcmp(q->name, p->name)) diag_error(e->d, p->loc, "duplicate argument name `%s`", p->name);
     bind(e, &inner, p->name, vals[i], p->loc, false);
   }
   for (Node *st = blk->body.head; st; st = st->next) exec_stmt(e, &inner, st, false);
@@ -1326,8 +1300,7 @@ static void gather_imports(Elab *e, const Source *from, List stmts, ImportFrame 
                  strerror(errno));
     for (ImportFrame *f = up; f; f = f->up)
       if (!strcmp(f->real, real)) diag_error(e->d, st->loc, "import cycle: \"%s\" is already being imported by a file that imports this one", st->str);
-    for (Node *o = out->head; o; o = o->next) /* imported twice (a diamond): once is enough */
-      if (o->kind == N_IMPORT && !strcmp(o->str, real)) goto next;
+    if (namemap_get(&e->imported, real)) goto next; /* imported twice (a diamond): once is enough */
     Source *src = frontend_read_file(e->a, e->d, path);
     if (!src) diag_error(e->d, st->loc, "cannot import \"%s\"", st->str);
     ParseCtx cx = {.arena = e->a, .diag = e->d, .src = src};
@@ -1341,6 +1314,7 @@ static void gather_imports(Elab *e, const Source *from, List stmts, ImportFrame 
     Node *mark = ast_new(&cx, N_IMPORT, st->loc); /* remembers the file (real path) */
     mark->str = frame.real;
     *out = list_push(*out, mark);
+    *namemap_slot(e->a, &e->imported, frame.real) = mark;
     for (Node *x = cx.stmts.head, *nx; x; x = nx) {
       nx = x->next;
       if (x->kind == N_IMPORT) continue;
@@ -1447,6 +1421,11 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
       e.stmts = cx.stmts = all;
     }
   }
+  for (Node *st = cx.stmts.head; st; st = st->next)
+    if (st->kind == N_BLOCK) {
+      void **first = namemap_slot(a, &e.blocks, st->name);
+      if (!*first) *first = st;
+    }
   g = graph_new(a, d);
   e.g = g;
   g->model_name = cx.model_name;
@@ -1495,9 +1474,7 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
   for (Node *st = cx.stmts.head; st; st = st->next)
     if (st->kind != N_CONST) exec_stmt(&e, &global, st, true);
 
-  Binding *lb = NULL;
-  for (Binding *b = global.vars; b; b = b->next)
-    if (!strcmp(b->name, "loss")) lb = b;
+  Binding *lb = namemap_get(&global.index, "loss");
   if (!lb)
     diag_error(d, cx.model_loc, "model `%s` defines no `loss`: assign the training objective to `loss`",
                cx.model_name);

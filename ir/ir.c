@@ -83,6 +83,163 @@ void arena_free(Arena *a) {
   free(a);
 }
 
+/* ------------------------------------------------------------ name maps */
+
+static uint64_t name_hash(const char *s) {
+  uint64_t h = 14695981039346656037u; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211u;
+  return h;
+}
+
+void **namemap_slot(Arena *a, NameMap *m, const char *key) {
+  if (2 * (m->used + 1) > m->cap) { /* at most half full */
+    size_t cap = m->cap ? 2 * m->cap : 8; /* small: a block call's scope holds a few names */
+    const char **k = arena_alloc(a, cap * sizeof *k);
+    void **v = arena_alloc(a, cap * sizeof *v);
+    for (size_t i = 0; i < m->cap; i++) {
+      if (!m->key[i]) continue;
+      size_t j = name_hash(m->key[i]) & (cap - 1);
+      while (k[j]) j = (j + 1) & (cap - 1);
+      k[j] = m->key[i];
+      v[j] = m->val[i];
+    }
+    m->key = k;
+    m->val = v;
+    m->cap = cap;
+  }
+  size_t j = name_hash(key) & (m->cap - 1);
+  while (m->key[j] && strcmp(m->key[j], key)) j = (j + 1) & (m->cap - 1);
+  if (!m->key[j]) {
+    m->key[j] = key;
+    m->used++;
+  }
+  return &m->val[j];
+}
+
+void *namemap_get(const NameMap *m, const char *key) {
+  if (!m->cap) return NULL;
+  size_t j = name_hash(key) & (m->cap - 1);
+  while (m->key[j] && strcmp(m->key[j], key)) j = (j + 1) & (m->cap - 1);
+  return m->key[j] ? m->val[j] : NULL;
+}
+
+/* ----------------------------------------------------- byte range sets */
+
+struct RangeNode {
+  int64_t off, size;
+  int64_t gap;     /* free bytes before this range: off less the end of the previous range (0 for the first) */
+  int64_t max_gap; /* the largest gap in this subtree */
+  uint64_t prio;
+  int tag;
+  RangeNode *l, *r;
+};
+
+static void range_pull(RangeNode *t) {
+  t->max_gap = t->gap;
+  if (t->l && t->l->max_gap > t->max_gap) t->max_gap = t->l->max_gap;
+  if (t->r && t->r->max_gap > t->max_gap) t->max_gap = t->r->max_gap;
+}
+
+/* t split into the ranges starting below `key` (*lo) and the others (*hi). */
+static void range_split(RangeNode *t, int64_t key, RangeNode **lo, RangeNode **hi) {
+  if (!t) {
+    *lo = *hi = NULL;
+  } else if (t->off < key) {
+    range_split(t->r, key, &t->r, hi);
+    range_pull(t);
+    *lo = t;
+  } else {
+    range_split(t->l, key, lo, &t->l);
+    range_pull(t);
+    *hi = t;
+  }
+}
+
+/* Every range of a before every range of b. */
+static RangeNode *range_merge(RangeNode *a, RangeNode *b) {
+  if (!a) return b;
+  if (!b) return a;
+  if (a->prio > b->prio) {
+    a->r = range_merge(a->r, b);
+    range_pull(a);
+    return a;
+  }
+  b->l = range_merge(a, b->l);
+  range_pull(b);
+  return b;
+}
+
+static int64_t range_end_of_last(const RangeNode *t) {
+  if (!t) return 0;
+  while (t->r) t = t->r;
+  return t->off + t->size;
+}
+
+/* Sets the gap of the first range of t after a range ending at
+ * `end_before` (0: none); returns that gap. */
+static int64_t range_set_first_gap(RangeNode *t, int64_t end_before) {
+  int64_t gap;
+  if (t->l) gap = range_set_first_gap(t->l, end_before);
+  else gap = t->gap = t->off - end_before;
+  range_pull(t);
+  return gap;
+}
+
+void rangeset_insert(RangeSet *s, int64_t off, int64_t size, int tag) {
+  DUET_ASSERT(off >= 0 && size >= 1 && off <= INT64_MAX - size);
+  RangeNode *lo, *hi, *n = s->spare;
+  if (n) s->spare = n->l;
+  else n = arena_alloc(s->arena, sizeof *n);
+  s->rng += 0x9E3779B97F4A7C15u; /* splitmix64 */
+  uint64_t z = s->rng;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
+  *n = (RangeNode){.off = off, .size = size, .prio = z ^ (z >> 31), .tag = tag};
+  range_split(s->root, off, &lo, &hi);
+  n->gap = off - range_end_of_last(lo);
+  DUET_ASSERT(n->gap >= 0);
+  range_pull(n);
+  if (hi) {
+    int64_t next_gap = range_set_first_gap(hi, off + size);
+    DUET_ASSERT(next_gap >= 0);
+  }
+  s->root = range_merge(range_merge(lo, n), hi);
+}
+
+void rangeset_remove(RangeSet *s, int64_t off) {
+  RangeNode *lo, *mid, *hi;
+  range_split(s->root, off, &lo, &hi);
+  range_split(hi, off == INT64_MAX ? off : off + 1, &mid, &hi);
+  DUET_ASSERT(mid && mid->off == off && !mid->l && !mid->r);
+  if (hi) range_set_first_gap(hi, range_end_of_last(lo));
+  mid->l = s->spare;
+  s->spare = mid;
+  s->root = range_merge(lo, hi);
+}
+
+int rangeset_overlap(const RangeSet *s, int64_t off, int64_t size, int64_t *o_off, int64_t *o_size) {
+  /* the ranges are disjoint and sorted, so the last one starting before
+   * off + size ends last among those: it overlaps if any does */
+  const RangeNode *best = NULL;
+  for (const RangeNode *t = s->root; t;) {
+    if (t->off < off + size) best = t, t = t->r;
+    else t = t->l;
+  }
+  if (!best || best->off + best->size <= off) return -1;
+  *o_off = best->off;
+  *o_size = best->size;
+  return best->tag;
+}
+
+int64_t rangeset_first_fit(const RangeSet *s, int64_t size) {
+  for (const RangeNode *t = s->root; t;) {
+    if (t->l && t->l->max_gap >= size) t = t->l;
+    else if (t->gap >= size) return t->off - t->gap;
+    else t = t->r;
+  }
+  return range_end_of_last(s->root);
+}
+
 /* ---------------------------------------------------------- diagnostics */
 
 /* Lines end at "\n", "\r\n" or a lone "\r", as in the lexer. */
@@ -636,7 +793,96 @@ int ir_verify(const Graph *g, const char *after_pass, FILE *err) {
     if (shape_numel(&v->shape) < 0) VFAIL("element count overflows");
   }
 #undef VFAIL
+  MemConflict mc;
+  if (!bad && ir_check_memory(g, &mc)) {
+    char buf[512];
+    fprintf(err, "duet: IR verifier (after %s): %s\n", after_pass, ir_memconflict_str(g, &mc, buf, sizeof buf));
+    bad++;
+  }
   return bad;
+}
+
+/* Never freed by memplan: written or read by the host around a step. */
+static bool mem_pinned(const Graph *g, const Value *v) {
+  return v->op == OP_INPUT || v == g->loss || v->op == OP_EVAL_METRICS || v->region != MEM_ARENA;
+}
+
+int ir_check_memory(const Graph *g, MemConflict *c) {
+  int n = g->n_values, S = g->n_stages > 1 ? g->n_stages : 1;
+  bool planned = false;
+  for (int i = 0; i < n && !planned; i++) planned = g->values[i]->region != MEM_NONE;
+  if (!planned) return 0;
+  Arena *a = arena_new(1 << 16);
+  int *last = arena_alloc(a, ((size_t)n + 1) * sizeof *last);
+  int *head = arena_alloc(a, ((size_t)n + 1) * sizeof *head);
+  int *next = arena_alloc(a, ((size_t)n + 1) * sizeof *next);
+  int *group = arena_alloc(a, ((size_t)n + 1) * sizeof *group);
+  RangeSet *sets = arena_alloc(a, (size_t)S * MEM_COUNT * sizeof *sets);
+  for (int k = 0; k < S * MEM_COUNT; k++) sets[k].arena = a;
+  for (int i = 0; i < n; i++) {
+    const Value *v = g->values[i];
+    last[i] = i;
+    head[i] = -1;
+    for (int j = 0; j < v->n_in; j++) {
+      const Value *x = v->in[j];
+      if (x && x->id >= 0 && x->id < i && g->values[x->id] == x && last[x->id] < i) last[x->id] = i;
+    }
+  }
+  int found = 0;
+  /* first what lives from the start (inputs, params, state, caches), then
+   * the others in graph order, each after the blocks it outlives are gone */
+  for (int pass = 0; pass < 2 && !found; pass++) {
+    int freed = 0;
+    for (int i = 0; i < n && !found; i++) {
+      const Value *v = g->values[i];
+      bool from_start = v->op == OP_INPUT || (v->region != MEM_NONE && v->region != MEM_ARENA);
+      if (from_start != (pass == 0) || v->region <= MEM_NONE || v->region >= MEM_COUNT || v->dtype == DT_VOID) continue;
+      int dev = S > 1 ? v->device : 0;
+      int64_t numel = shape_numel(&v->shape), ws = ir_workspace_elems(v);
+      if (dev < 0 || dev >= S || numel < 0 || ws < 0 || numel > INT64_MAX / 16 - ws) continue; /* reported elsewhere */
+      int64_t bytes = (int64_t)dtype_size(v->dtype) * (numel + ws);
+      if (bytes < 1 || v->offset < 0 || v->offset > INT64_MAX - bytes) continue;
+      for (; pass == 1 && freed < i; freed++)
+        for (int j = head[freed]; j >= 0; j = next[j]) rangeset_remove(&sets[group[j]], g->values[j]->offset);
+      group[i] = dev * MEM_COUNT + (int)v->region;
+      int64_t o_off, o_size;
+      int other = rangeset_overlap(&sets[group[i]], v->offset, bytes, &o_off, &o_size);
+      if (other >= 0) {
+        c->a = g->values[other];
+        c->b = v;
+        c->a_last = mem_pinned(g, c->a) ? -1 : last[other];
+        found = 1;
+        break;
+      }
+      rangeset_insert(&sets[group[i]], v->offset, bytes, i);
+      if (!mem_pinned(g, v)) {
+        next[i] = head[last[i]];
+        head[last[i]] = i;
+      }
+    }
+  }
+  arena_free(a);
+  return found;
+}
+
+char *ir_memconflict_str(const Graph *g, const MemConflict *c, char *buf, size_t n) {
+  const Value *a = c->a, *b = c->b;
+  int64_t ab = (int64_t)dtype_size(a->dtype) * (shape_numel(&a->shape) + ir_workspace_elems(a));
+  int64_t bb = (int64_t)dtype_size(b->dtype) * (shape_numel(&b->shape) + ir_workspace_elems(b));
+  char dev[40] = "";
+  if (g->n_stages > 1) snprintf(dev, sizeof dev, " on device %d", b->device);
+  char why[120];
+  if (c->a_last >= 0 && c->a_last == b->id)
+    snprintf(why, sizeof why, "which it reads (no kernel runs in place: operands keep their own bytes)");
+  else if (c->a_last >= 0)
+    snprintf(why, sizeof why, "which is still live (its last use is %%%d)", c->a_last);
+  else if (a->region == MEM_ARENA)
+    snprintf(why, sizeof why, "which is live for the whole step (inputs, the loss and eval metrics are never reused)");
+  else
+    snprintf(why, sizeof why, "which is never freed (params, optimizer state and caches)");
+  snprintf(buf, n, "%%%d: %" PRId64 " bytes at @%s+%" PRId64 "%s overlap %%%d (%" PRId64 " bytes at @%s+%" PRId64 "), %s",
+           b->id, bb, mem_region_name(b->region), b->offset, dev, a->id, ab, mem_region_name(a->region), a->offset, why);
+  return buf;
 }
 
 /* -------------------------------------------------------------- printer */

@@ -30,6 +30,49 @@ void arena_free(Arena *a);
 #define unreachable() duet_fatal(__FILE__, __LINE__, "unreachable")
 _Noreturn void duet_fatal(const char *file, int line, const char *fmt, ...);
 
+/* ------------------------------------------------------------ name maps */
+
+/* A hash map from NUL-terminated names to pointers (open addressing over
+ * FNV-1a hashes; expected O(1) per operation).  Keys are not copied: they
+ * must live as long as the map (arena strings do).  Zero-initialise it; its
+ * tables come from the arena given to namemap_slot. */
+typedef struct NameMap {
+  const char **key;
+  void **val;
+  size_t cap, used;
+} NameMap;
+/* The value slot of `key`, inserted holding NULL when absent. */
+void **namemap_slot(Arena *a, NameMap *m, const char *key);
+/* The value of `key`; NULL when absent. */
+void *namemap_get(const NameMap *m, const char *key);
+
+/* ----------------------------------------------------- byte range sets */
+
+/* A set of disjoint byte ranges [off, off + size) of one memory region,
+ * ordered by offset (a treap with deterministic priorities: O(log n)
+ * expected per operation), that also finds the lowest gap holding a given
+ * size.  The memory plan allocates with it (first fit) and the verifier
+ * checks with it that values live at the same time share no byte.
+ * Zero-initialise it and set `arena`; nodes come from there and are reused
+ * after removal. */
+typedef struct RangeNode RangeNode;
+typedef struct RangeSet {
+  Arena *arena;
+  RangeNode *root, *spare;
+  uint64_t rng; /* priority stream */
+} RangeSet;
+/* Adds [off, off + size), size >= 1, tagged `tag` (the caller's id); it
+ * must not overlap a range of the set (an internal error otherwise). */
+void rangeset_insert(RangeSet *s, int64_t off, int64_t size, int tag);
+/* Removes the range that starts at `off` (it must be in the set). */
+void rangeset_remove(RangeSet *s, int64_t off);
+/* The tag of a range of the set that shares a byte with [off, off + size)
+ * (size >= 1), its bounds in *o_off and *o_size; -1 when none does. */
+int rangeset_overlap(const RangeSet *s, int64_t off, int64_t size, int64_t *o_off, int64_t *o_size);
+/* The lowest offset >= 0 where `size` bytes fit between the ranges of the
+ * set (first fit), or the end of the last range when no gap holds them. */
+int64_t rangeset_first_fit(const RangeSet *s, int64_t size);
+
 /* ---------------------------------------------------------- diagnostics */
 
 typedef struct Source {
@@ -294,9 +337,32 @@ void graph_count_uses(Graph *g);
 void ir_infer_shape(Graph *g, Value *v);
 
 /* Checks SSA form, operand order, arities, dtypes and shapes against the op
- * rules.  Violations are internal errors: prints them naming `after_pass`
- * and returns the count (0 = ok). */
+ * rules, and in a planned graph (values with memory regions) that values
+ * live at the same time share no byte (ir_check_memory).  Violations are
+ * internal errors: prints them naming `after_pass` and returns the count
+ * (0 = ok). */
 int ir_verify(const Graph *g, const char *after_pass, FILE *err);
+
+/* A memory-plan conflict: two values live at the same time that share
+ * bytes of one region of one device. */
+typedef struct MemConflict {
+  const Value *a, *b; /* a is live when b is placed (a first in the check's order) */
+  int a_last;         /* the position of a's last use; -1: a is never freed
+                       * (inputs, the loss, eval metrics, params, state, caches) */
+} MemConflict;
+/* Checks the memory plan of a graph whose values have regions (after
+ * memplan, or a dump of it): no two values live at the same time share a
+ * byte of a region of a device.  Liveness is memplan's: a value from its
+ * definition to its last use in graph order; inputs from the start of the
+ * step and, like the loss and the eval metrics, to its end; params, state
+ * and caches always.  A value occupies dtype size x (elements + workspace)
+ * bytes from its offset.  Sweeps the values in order with a RangeSet per
+ * region and device: O(n log n).  Returns 0 (also for an unplanned graph),
+ * or 1 with the first conflict found in *c. */
+int ir_check_memory(const Graph *g, MemConflict *c);
+/* One line describing c: "%5: 64 bytes at @arena+0 overlap %3 (64 bytes at
+ * @arena+0), which is still live (its last use is %6)"; returns buf. */
+char *ir_memconflict_str(const Graph *g, const MemConflict *c, char *buf, size_t n);
 
 /* Text form (docs/ir.md): a header (`model`, `after`, the `train { }`
  * section, `regions`), one value a line

@@ -1221,7 +1221,8 @@ static void parse_line(Parser *P) {
 
 /* Memory regions: all values with a result have one, or none has; each lies
  * inside its region, aligned to its element size; params and state where
- * the runtime expects them. */
+ * the runtime expects them; no two values live at the same time share a
+ * byte (ir_check_memory). */
 static void check_regions(Parser *P) {
   Graph *g = P->g;
   int with = 0, without = 0;
@@ -1256,6 +1257,12 @@ static void check_regions(Parser *P) {
   if (with && without)
     fail_loc(P, first_without->loc, "%%%d has no memory region while others have one (a planned graph places every value)",
              first_without->id);
+  /* a hand-edited plan that puts a value on the bytes of one still in use */
+  MemConflict mc;
+  if (with && ir_check_memory(g, &mc)) {
+    char buf[512];
+    fail_loc(P, mc.b->loc, "%s", ir_memconflict_str(g, &mc, buf, sizeof buf));
+  }
 }
 
 /* A partitioned graph (`stages N`): every value on a device 0..N-1, every
@@ -1325,14 +1332,13 @@ static void check_inputs(Parser *P) {
 /* Params, state and inputs are named tensors (checkpoint keys): unique. */
 static void check_names(Parser *P) {
   Graph *g = P->g;
+  NameMap seen = {0};
   for (int i = 0; i < g->n_values; i++) {
     Value *v = g->values[i];
     if (v->op != OP_PARAM && v->op != OP_STATE && v->op != OP_INPUT) continue;
-    for (int j = 0; j < i; j++) {
-      Value *u = g->values[j];
-      if ((u->op == OP_PARAM || u->op == OP_STATE || u->op == OP_INPUT) && !strcmp(u->attr.name, v->attr.name))
-        fail_loc(P, v->loc, "tensor name \"%s\" is already used by %%%d", v->attr.name, u->id);
-    }
+    void **slot = namemap_slot(P->a, &seen, v->attr.name);
+    if (*slot) fail_loc(P, v->loc, "tensor name \"%s\" is already used by %%%d", v->attr.name, ((Value *)*slot)->id);
+    *slot = v;
   }
 }
 

@@ -130,11 +130,6 @@ void pass_fuse(Graph *g, PassCtx *cx) {
 
 /* ------------------------------------------------------------- memplan */
 
-typedef struct Block {
-  int64_t off, size;
-  int last; /* position of the last use; INT32_MAX: never freed */
-} Block;
-
 static int64_t align64(int64_t x) { return (x + 63) & ~(int64_t)63; }
 
 /* Every offset and region size stays below 2^62 bytes (no overflow). */
@@ -144,53 +139,52 @@ static void too_big(Graph *g, const Value *v, MemRegion r) {
   diag_error(g->diag, v->loc, "the %s memory of the model would exceed 2^62 bytes", names[r]);
 }
 
-static int cmp_block(const void *a, const void *b) {
-  const Block *x = a, *y = b;
-  return x->off < y->off ? -1 : x->off > y->off;
-}
-
-/* Plans the values of one device (dev < 0: all) into bytes[]. */
-static void plan_device(Graph *g, int dev, const int *last, Block *live, int64_t *bytes_of) {
+/* Plans the values of one device (dev < 0: all) into bytes_of[].  The
+ * activation blocks live at a value's position are a RangeSet (first fit in
+ * O(log n)); a block leaves it at the first allocation after its last use
+ * (free_head[t] lists the blocks whose last use is t, through free_next).
+ * n values take O(n log n). */
+static void plan_device(Graph *g, int dev, const int *last, int *free_head, int *free_next, int64_t *bytes_of) {
   int n = g->n_values;
   for (int r = 0; r < MEM_COUNT; r++) bytes_of[r] = 0;
-  int n_live = 0;
+  for (int t = 0; t < n; t++) free_head[t] = -1;
+  RangeSet live = {.arena = g->arena};
   /* inputs first: the host writes them before the step's first kernel */
-  for (int pass = 0; pass < 2; pass++)
-  for (int i = 0; i < n; i++) {
-    Value *v = g->values[i];
-    if ((v->op == OP_INPUT) != (pass == 0)) continue;
-    if (dev >= 0 && v->device != dev) continue;
-    int64_t bytes = (int64_t)dtype_size(v->dtype) * (shape_numel(&v->shape) + ir_workspace_elems(v)); /* checked by ir_infer_shape */
-    v->offset = -1;
-    v->region = MEM_NONE;
-    if (v->dtype == DT_VOID) continue;
-    MemRegion r = v->op == OP_PARAM ? MEM_PARAM : v->op != OP_STATE ? MEM_ARENA : v->attr.kv_cache ? MEM_CACHE : MEM_STATE;
-    if (bytes > MEMPLAN_MAX_BYTES - 64) too_big(g, v, r);
-    bytes = align64(bytes);
-    if (v->op == OP_PARAM || v->op == OP_STATE) {
-      v->region = r;
-      if (bytes > MEMPLAN_MAX_BYTES - bytes_of[r]) too_big(g, v, r);
-      v->offset = bytes_of[v->region];
-      bytes_of[v->region] += bytes;
-      continue;
+  for (int pass = 0; pass < 2; pass++) {
+    int freed = 0; /* the blocks whose last use is before this are out of `live` */
+    for (int i = 0; i < n; i++) {
+      Value *v = g->values[i];
+      if ((v->op == OP_INPUT) != (pass == 0)) continue;
+      if (dev >= 0 && v->device != dev) continue;
+      int64_t bytes = (int64_t)dtype_size(v->dtype) * (shape_numel(&v->shape) + ir_workspace_elems(v)); /* checked by ir_infer_shape */
+      v->offset = -1;
+      v->region = MEM_NONE;
+      if (v->dtype == DT_VOID) continue;
+      MemRegion r = v->op == OP_PARAM ? MEM_PARAM : v->op != OP_STATE ? MEM_ARENA : v->attr.kv_cache ? MEM_CACHE : MEM_STATE;
+      if (bytes > MEMPLAN_MAX_BYTES - 64) too_big(g, v, r);
+      bytes = align64(bytes);
+      if (v->op == OP_PARAM || v->op == OP_STATE) {
+        v->region = r;
+        if (bytes > MEMPLAN_MAX_BYTES - bytes_of[r]) too_big(g, v, r);
+        v->offset = bytes_of[v->region];
+        bytes_of[v->region] += bytes;
+        continue;
+      }
+      /* free blocks whose last use came strictly before this value */
+      for (; freed < i; freed++)
+        for (int j = free_head[freed]; j >= 0; j = free_next[j]) rangeset_remove(&live, g->values[j]->offset);
+      int64_t off = rangeset_first_fit(&live, bytes);
+      if (off > MEMPLAN_MAX_BYTES - bytes) too_big(g, v, MEM_ARENA);
+      rangeset_insert(&live, off, bytes, i);
+      bool pinned = v->op == OP_INPUT || v == g->loss || v->op == OP_EVAL_METRICS;
+      if (!pinned) {
+        free_next[i] = free_head[last[i]];
+        free_head[last[i]] = i;
+      }
+      v->region = MEM_ARENA;
+      v->offset = off;
+      if (off + bytes > bytes_of[MEM_ARENA]) bytes_of[MEM_ARENA] = off + bytes;
     }
-    /* free blocks whose last use came strictly before this value */
-    int k = 0;
-    for (int j = 0; j < n_live; j++)
-      if (live[j].last >= i) live[k++] = live[j];
-    n_live = k;
-    qsort(live, (size_t)n_live, sizeof *live, cmp_block);
-    int64_t off = 0;
-    for (int j = 0; j < n_live; j++) {
-      if (live[j].off - off >= bytes) break;
-      if (live[j].off + live[j].size > off) off = live[j].off + live[j].size;
-    }
-    if (off > MEMPLAN_MAX_BYTES - bytes) too_big(g, v, MEM_ARENA);
-    bool pinned = v->op == OP_INPUT || v == g->loss || v->op == OP_EVAL_METRICS;
-    live[n_live++] = (Block){off, bytes, pinned ? INT32_MAX : last[i]};
-    v->region = MEM_ARENA;
-    v->offset = off;
-    if (off + bytes > bytes_of[MEM_ARENA]) bytes_of[MEM_ARENA] = off + bytes;
   }
 }
 
@@ -202,7 +196,8 @@ void pass_memplan(Graph *g, PassCtx *cx) {
   int n = g->n_values;
   /* in the arena: too_big() unwinds */
   int *last = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *last);
-  Block *live = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *live);
+  int *free_head = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *free_head);
+  int *free_next = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *free_next);
   for (int i = 0; i < n; i++) {
     Value *v = g->values[i];
     last[i] = i;
@@ -210,9 +205,9 @@ void pass_memplan(Graph *g, PassCtx *cx) {
       if (last[v->in[j]->id] < i) last[v->in[j]->id] = i;
   }
   if (g->n_stages <= 1) {
-    plan_device(g, -1, last, live, g->region_bytes);
+    plan_device(g, -1, last, free_head, free_next, g->region_bytes);
     return;
   }
-  for (int d = 0; d < g->n_stages; d++) plan_device(g, d, last, live, g->stage_bytes[d]);
+  for (int d = 0; d < g->n_stages; d++) plan_device(g, d, last, free_head, free_next, g->stage_bytes[d]);
   memcpy(g->region_bytes, g->stage_bytes[0], sizeof g->region_bytes);
 }

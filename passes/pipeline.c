@@ -80,18 +80,38 @@ void pass_shape(Graph *g, PassCtx *cx) {
   graph_count_uses(g);
 }
 
-/* State tensors are named like PyTorch's optimizer state keys. */
-static Value *state(Graph *g, Value *p, const char *suffix) {
+/* State tensors are named like PyTorch's optimizer state keys: the param's
+ * name, a dot, the key.  Checkpoints store params and state under these
+ * names, so a state must not take the name of another tensor: a block
+ * param `exp_avg` in the first call of a block `w` is `w1.exp_avg`, which
+ * is also the AdamW state of a param `w1`.  That is a user error at the
+ * param that holds the name (`names`: the graph's named tensors). */
+static Value *state(Graph *g, PassCtx *cx, NameMap *names, Value *p, const char *suffix) {
   Attr at = {.shape = p->shape, .dtype = p->dtype, .init = INIT_ZEROS};
   at.name = arena_printf(g->arena, "%s.%s", p->attr.name, suffix);
+  void **slot = namemap_slot(g->arena, names, at.name);
+  if (*slot) {
+    const Value *o = *slot;
+    const char *opt = g->train.optimizer == OPTIM_ADAMW ? "AdamW" : "SGD";
+    diag_error(cx->diag, o->loc,
+               "%s `%s` has the checkpoint name of the %s state `%s` of parameter `%s` (line %d): rename one of them",
+               o->op == OP_PARAM ? "parameter" : o->op == OP_INPUT ? "input" : "tensor", at.name, opt, suffix,
+               p->attr.name, p->loc.line);
+  }
   Value *v = graph_add(g, OP_STATE, NULL, 0, &at, p->loc);
   v->role = ROLE_OPTIMIZER;
+  *slot = v;
   return v;
 }
 
 void pass_optimizer(Graph *g, PassCtx *cx) {
-  (void)cx;
   int n = g->n_values;
+  NameMap names = {0};
+  for (int i = 0; i < n; i++) {
+    Value *v = g->values[i];
+    if ((v->op == OP_PARAM || v->op == OP_STATE || v->op == OP_INPUT) && v->attr.name)
+      *namemap_slot(g->arena, &names, v->attr.name) = v;
+  }
   for (int i = 0; i < n && !g->decode; i++) {
     Value *p = g->values[i];
     if (p->op != OP_PARAM || !p->grad) continue;
@@ -100,10 +120,10 @@ void pass_optimizer(Graph *g, PassCtx *cx) {
      * (nanoGPT's parameter groups) */
     Attr at = {.no_decay = g->train.decay_matrices_only && p->shape.rank < 2};
     if (g->train.optimizer == OPTIM_ADAMW) {
-      Value *in[4] = {p, p->grad, state(g, p, "exp_avg"), state(g, p, "exp_avg_sq")};
+      Value *in[4] = {p, p->grad, state(g, cx, &names, p, "exp_avg"), state(g, cx, &names, p, "exp_avg_sq")};
       u = graph_add(g, OP_ADAMW, in, 4, &at, p->loc);
     } else {
-      Value *in[3] = {p, p->grad, state(g, p, "momentum_buffer")};
+      Value *in[3] = {p, p->grad, state(g, cx, &names, p, "momentum_buffer")};
       u = graph_add(g, OP_SGD, in, 3, &at, p->loc);
     }
     u->role = ROLE_OPTIMIZER;

@@ -2,7 +2,8 @@
 # Golden files: the IR printer after chosen passes, the C emitter and the
 # CUDA emitter, for
 # every model in models/.  UPDATE_GOLDEN=1 rewrites them (for deliberate
-# changes; review the diff before committing).
+# changes; review the diff before committing) from commands that succeed: a
+# command that fails is reported and its golden left as it was.
 # usage: run_golden.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_golden.sh path/to/duet}
 pass=0 fail=0
@@ -10,7 +11,12 @@ check() { # name command...
   name=$1; shift
   out=$("$@" 2>&1); rc=$?
   file=tests/golden/$name
-  if [ "$UPDATE_GOLDEN" = 1 ]; then
+  if [ "${UPDATE_GOLDEN:-}" = 1 ]; then
+    # a golden records a successful command's output: never an error's
+    if [ $rc -ne 0 ]; then
+      echo "FAIL $name: not updated: the command exited $rc (a golden records the output of a successful run)"
+      printf '%s\n' "$out" | head -20; fail=$((fail + 1)); return
+    fi
     printf '%s\n' "$out" > "$file"; echo "updated $file"; pass=$((pass + 1)); return
   fi
   if [ $rc -ne 0 ]; then

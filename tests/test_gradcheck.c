@@ -123,7 +123,7 @@ static int dropout_stats(void) {
   int64_t zeros = 0, bad = 0;
   for (int j = 0; j < 20000; j++) {
     if (g[j] == 0) zeros++;
-    else if (fabs(g[j] - 1.0 / (0.75 * 20000)) > 1e-15) bad++;
+    else if (!close_enough(g[j], 1.0 / (0.75 * 20000), 1e-15, 0)) bad++; /* a NaN is bad too */
   }
   fails += check_close("dropped fraction", (double)zeros / 20000, 0.25, 0.02, 0);
   fails += check_close("kept gradients equal to 1/((1-p) n)", (double)bad, 0, 0, 0);

@@ -72,10 +72,88 @@ Value *tmodel_param(const TModel *t, const char *name) {
   return NULL;
 }
 
+bool close_enough(double got, double want, double atol, double rtol) {
+  if (isinf(got) || isinf(want)) return got == want;
+  return fabs(got - want) <= atol + rtol * fabs(want); /* false on a NaN */
+}
+
 int check_close(const char *what, double got, double want, double atol, double rtol) {
-  if (fabs(got - want) <= atol + rtol * fabs(want)) return 0;
+  if (close_enough(got, want, atol, rtol)) return 0;
   fprintf(stderr, "FAIL %s: got %.17g, want %.17g (atol %g, rtol %g)\n", what, got, want, atol, rtol);
   return 1;
+}
+
+/* check_normwise over values read by get(base, i). */
+static int normwise(const char *what, const void *got, const void *want, int64_t n, double tol, double scale,
+                    double *ratio, double (*get)(const void *, int64_t)) {
+  int64_t at = -1, bad_at = -1;
+  double s = 0, worst = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double w = get(want, i), g = get(got, i);
+    if (!isfinite(w) || !isfinite(g)) {
+      if (bad_at < 0) bad_at = i;
+      continue;
+    }
+    if (fabs(w) > s) s = fabs(w);
+    if (at < 0 || fabs(g - w) > worst) worst = fabs(g - w), at = i;
+  }
+  if (scale <= 0) scale = s;
+  double bound = tol * scale;
+  if (ratio) *ratio = bad_at >= 0 ? INFINITY : worst == 0 ? 0 : worst / bound;
+  if (bad_at >= 0) {
+    fprintf(stderr, "FAIL %s: [%lld] got %.9g, want %.9g: not a finite number\n", what, (long long)bad_at,
+            get(got, bad_at), get(want, bad_at));
+    return 1;
+  }
+  if (n > 0 && !(worst <= bound)) {
+    fprintf(stderr, "FAIL %s: [%lld] got %.9g, want %.9g: error %.3g > %.3g (tol %.3g x scale %.3g)\n", what,
+            (long long)at, get(got, at), get(want, at), worst, bound, tol, scale);
+    return 1;
+  }
+  return 0;
+}
+
+static double get_f32(const void *p, int64_t i) { return ((const float *)p)[i]; }
+static double get_f64(const void *p, int64_t i) { return ((const double *)p)[i]; }
+
+int check_normwise(const char *what, const float *got, const float *want, int64_t n, double tol, double scale,
+                   double *ratio) {
+  return normwise(what, got, want, n, tol, scale, ratio, get_f32);
+}
+
+int check_normwise_f64(const char *what, const double *got, const double *want, int64_t n, double tol, double scale,
+                       double *ratio) {
+  return normwise(what, got, want, n, tol, scale, ratio, get_f64);
+}
+
+static bool is16(int dt) { return dt == DT_F16 || dt == DT_BF16; }
+
+int *tmodel_round16_depth(const TModel *t) {
+  const Graph *g = t->g;
+  int *depth = arena_alloc(t->arena, ((size_t)g->n_values + 1) * sizeof *depth);
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    int d = 0;
+    if (v->op == OP_FUSED) {
+      const FusedProg *fp = v->attr.prog;
+      int *k = arena_alloc(t->arena, (size_t)fp->n * sizeof *k);
+      for (int j = 0; j < fp->n; j++) {
+        const FusedInstr *fi = &fp->ins[j];
+        int ar = fi->op == OP_COUNT ? 0 : op_info[fi->op].arity;
+        if (fi->op == OP_COUNT) k[j] = depth[v->in[fi->a]->id];
+        else k[j] = (ar >= 1 ? k[fi->a] : 0) > (ar >= 2 ? k[fi->b] : 0) ? k[fi->a] : ar >= 2 ? k[fi->b] : 0;
+        if (fi->op == OP_CAST && is16((int)fi->site)) k[j]++;
+      }
+      const FusedInstr *last = &fp->ins[fp->n - 1];
+      d = k[fp->n - 1] + (is16(v->dtype) && !(last->op == OP_CAST && (int)last->site == (int)v->dtype));
+    } else {
+      for (int j = 0; j < v->n_in; j++)
+        if (depth[v->in[j]->id] > d) d = depth[v->in[j]->id];
+      d += is16(v->dtype);
+    }
+    depth[i] = d;
+  }
+  return depth;
 }
 
 char *slurp(const char *path) {
@@ -183,8 +261,8 @@ int compare_sessions_stats(const char *what, const DuetProgram *p, DuetSession *
         st->n16++;
         st->same16 += ((const uint16_t *)a)[j] == ((const uint16_t *)b)[j];
       }
-      if (x == y || (x != x && y != y)) continue;
-      if (!(fabs(x - y) <= atol + rtol * fabs(x)) && !(fabs(x - y) <= scale_tol)) {
+      if (x == y || (x != x && y != y && p->n_unscale > 0)) continue;
+      if (!close_enough(y, x, atol, rtol) && !(isfinite(x) && isfinite(y) && fabs(x - y) <= scale_tol)) {
         fprintf(stderr, "FAIL %s: tensor %s[%lld]: gpu %.9g, cpu %.9g\n", what, t->name, (long long)j, y, x);
         bad++;
         break;

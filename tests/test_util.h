@@ -51,11 +51,48 @@ int list_models(const char *dir, char ***names);
  * first one missing. */
 int check_ptx_entries(const char *what, const char *ptx, int n);
 
+/* For every value of t's graph (by id), the number of roundings to a 16-bit
+ * format (f16, bf16) on the longest chain of operations that ends at it: a
+ * value stored in 16 bits counts one more than the most among its operands;
+ * in a fused op, each cast to 16 bits inside its program counts, and the
+ * store when it rounds; f32 values (GEMM results with f32 accumulation,
+ * gradients for the optimizer, master weights) add none.  To first order,
+ * a value of a 16-bit program differs from the same value computed in f32
+ * by at most this depth x the format's unit roundoff (2^-11 for f16, 2^-8
+ * for bf16) relative to its tensor's scale, when the operations between the
+ * roundings do not amplify errors.  Arena memory of t. */
+int *tmodel_round16_depth(const TModel *t);
+
 /* A whole file as a NUL-terminated string (malloc'ed), or NULL. */
 char *slurp(const char *path);
 
-/* |got - want| <= atol + rtol * |want|, else prints and counts a failure. */
+/* The comparisons every numeric test makes go through these helpers, and
+ * none passes on a value that is not a number: a NaN in either operand
+ * fails, and an infinity matches only the same infinity (a tolerance
+ * relative to an infinite reference would accept anything).  test_compare
+ * checks that a NaN, an infinity and a value just beyond the tolerance each
+ * fail every helper. */
+
+/* |got - want| <= atol + rtol * |want|, both finite, or got and want the
+ * same infinity. */
+bool close_enough(double got, double want, double atol, double rtol);
+/* close_enough, else prints and counts a failure (returns 1). */
 int check_close(const char *what, double got, double want, double atol, double rtol);
+
+/* Normwise comparison of a tensor (n values): max_i |got_i - want_i|
+ * against tol * scale, where scale is max_i |want_i| when the scale given
+ * is 0 (a gradient is judged against its tensor's largest entry: rounding
+ * errors scale with the magnitude of the terms summed, not with each
+ * result, which cancellation can make arbitrarily small).  Fails on any
+ * NaN or infinity in got or want, and when the error exceeds the bound;
+ * prints the worst element then.  Returns 0 or 1; *ratio (may be NULL)
+ * receives max error / (tol * scale), the fraction of the bound used
+ * (infinite on a non-finite value). */
+int check_normwise(const char *what, const float *got, const float *want, int64_t n, double tol, double scale,
+                   double *ratio);
+/* The same for double arrays. */
+int check_normwise_f64(const char *what, const double *got, const double *want, int64_t n, double tol, double scale,
+                       double *ratio);
 
 /* Fills every input and param of t's graph in session s (a session of
  * t's program, on any device) from r: params (0.2 + 0.8 U) * (+-1), float
@@ -63,9 +100,11 @@ int check_close(const char *what, double got, double want, double atol, double r
 void tmodel_fill(TModel *t, DuetSession *s, DuetRng *r, int classes);
 /* Every f32/f64/f16/bf16 tensor of p in sessions a (the reference) and b,
  * element by element: |b - a| <= 1e-4 + 2e-3 |a| (f32), 1e-11 + 1e-9 |a|
- * (f64), 16 bits as compare_sessions_stats;
- * NaN matches NaN.  Prints the first mismatch of up to 5 tensors; returns
- * the number of tensors that differ. */
+ * (f64), 16 bits as compare_sessions_stats.  A NaN fails, except against a
+ * NaN in programs with dynamic loss scaling (fp16), whose overflowing
+ * steps make non-finite gradients by design; an infinity matches only the
+ * same infinity.  Prints the first mismatch of up to 5 tensors; returns the
+ * number of tensors that differ. */
 int compare_sessions(const char *what, const DuetProgram *p, DuetSession *a, DuetSession *b);
 /* Same, and f16/bf16 tensors too: |b - a| <= 1e-3 + 4e-3 |a| (f16),
  * 1e-3 + 3e-2 |a| (bf16), both about 4 ulps of the format.  In a program
