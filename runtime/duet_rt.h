@@ -526,15 +526,40 @@ typedef struct DuetStTensor {
 /* Writes the n tensors t[0..n-1] (in that order, contiguous, the header
  * padded with spaces so the data start at a multiple of 8 bytes) and n_meta
  * metadata pairs meta_kv[2i] = key, meta_kv[2i+1] = value to `path`.
- * Atomic: writes `path`.tmp.<pid>, fflush + fsync, renames it over `path`,
- * fsyncs the directory.  Returns 0, or -1 with a message in err naming the
- * path and the failing call (bad arguments: duplicate or reserved names,
- * nbytes not matching the shape, unsupported dtype).  On failure the temp
- * file is removed and an existing `path` is left as it was, except when only
- * the final directory fsync fails: then `path` holds the new file and err
- * says its durability is not assured. */
+ * Atomic: writes a temporary file `path`.tmp.<pid>.<16 hex digits> (a new
+ * name for every attempt, created exclusively), fflush + fsync, renames it
+ * over `path`, fsyncs the directory.  Only a regular file is replaced: when
+ * `path` exists as anything else (a directory, a symbolic link, a FIFO, a
+ * device, a socket; see duet_st_target_kind), checked before writing and
+ * again just before the rename, the save fails and leaves it alone.
+ * Returns 0, or -1 with a message in err naming the path and the failing
+ * call (bad arguments: duplicate or reserved names, nbytes not matching the
+ * shape, unsupported dtype).  On failure the temp file is removed and an
+ * existing `path` is left as it was, except when only the final directory
+ * fsync fails: then `path` holds the new file and err says its durability is
+ * not assured. */
 int duet_st_save(const char *path, const DuetStTensor *t, int n, const char *const *meta_kv, int n_meta,
                  char *err, size_t errlen);
+/* What `path` is when it exists and is not a regular file, as lstat(2)
+ * says, for messages: "a directory", "a symbolic link", "a FIFO", "a
+ * character device", "a block device", "a socket"; NULL when it is a
+ * regular file or does not exist (or cannot be examined). */
+const char *duet_st_target_kind(const char *path);
+/* How long (seconds) a temporary file of duet_st_save must have gone
+ * unmodified before duet_st_remove_stale_temps may remove it. */
+#define DUET_ST_STALE_SECONDS 900
+/* Removes the temporary files that interrupted saves to `path` left in its
+ * directory, and only those that are provably stale: named
+ * `<name of path>.tmp.<pid>` or `<name of path>.tmp.<pid>.<16 hex digits>`,
+ * a regular file (not followed through a link) owned by this user, not
+ * modified for min_age_s seconds (a save being written modifies its file
+ * continuously; this also covers writers in another PID namespace or on
+ * another host sharing the directory), and whose pid is no live process
+ * here (kill(pid, 0) fails with ESRCH) or is this process (whose saves to
+ * `path` do not overlap: a PID reused by the container that left the file).
+ * Returns the number removed; `first` receives the path of the first (""
+ * when none).  Best effort: a file that cannot be examined is kept. */
+int duet_st_remove_stale_temps(const char *path, int64_t min_age_s, char *first, size_t firstlen);
 
 /* A loaded file: every tensor's bytes copied, 8-byte aligned, into memory
  * that lives until duet_st_close. */
@@ -547,6 +572,10 @@ typedef struct DuetStFile DuetStFile;
  * data section, a byte size (elements * dtype size) different from
  * end - begin, overlapping ranges, duplicate names, non-string metadata. */
 DuetStFile *duet_st_open(const char *path, char *err, size_t errlen);
+/* duet_st_open reading only the header (the 8-byte length and the JSON):
+ * the same checks against the file's size, no tensor data (every
+ * DuetStTensor.data is NULL).  For checking a large file before using it. */
+DuetStFile *duet_st_open_header(const char *path, char *err, size_t errlen);
 /* Number of tensors (not counting __metadata__). */
 int duet_st_count(const DuetStFile *f);
 /* Tensor i in header order (0 <= i < count), NULL outside. */
