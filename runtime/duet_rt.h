@@ -466,22 +466,42 @@ typedef struct DuetTrainState {
 
 /* Writes every param and optimizer-state tensor of s under its
  * hierarchical name, plus the train state, the model name and the settings
- * a resume compares (seed, batch size, train subset, precision) as metadata,
- * to a safetensors file, atomically (see duet_st_save).  0, or -1 with a
+ * a resume compares (seed, batch size, train subset, precision, and, unless
+ * every device is a GPU, threads per device) as metadata, to a safetensors file, atomically (see
+ * duet_st_save).  A state holding a NaN or an infinity is never written:
+ * -2, with err naming the first such tensor ("tensor `w` holds 3 non-finite
+ * values (element 7 is NaN)"), and `path` left as it was.  0, or -1 with a
  * message in err. */
 int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState *st, char *err, size_t errlen);
 /* Loads a checkpoint written by duet_checkpoint_save for the same model:
  * every param and state tensor must be present with the exact dtype and
- * shape, and no other tensor may be; sets the session's step.  A seed,
- * batch size, train subset or precision other than the checkpoint's is a
- * warning on stderr (unless quiet): the run goes on, not exactly as the
+ * shape, and no other tensor may be, and every value must be finite; sets
+ * the session's step.  A seed, batch size, train subset, precision or
+ * number of threads per CPU device other than the checkpoint's is a warning
+ * on stderr (unless quiet): the run goes on, not exactly as the
  * uninterrupted one.  0, or -1 with a message naming the file and the
  * tensor (nothing is changed then). */
 int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, char *err, size_t errlen);
 /* Loads only the params of a checkpoint of the same model (exact dtype and
- * shape each); optimizer state and training position are ignored.  For
- * inference (duet sample). */
+ * shape each, finite values); optimizer state and training position are
+ * ignored.  For inference (duet sample). */
 int duet_checkpoint_load_weights(DuetSession *s, const char *path, char *err, size_t errlen);
+/* The checks of duet_checkpoint_load that need only the file's header, with
+ * its messages ("cannot resume from PATH: ..."), without a session: the
+ * file opens, its header fits the file (a truncated file fails), it is a
+ * checkpoint of program p with p's params and state tensors; *step receives
+ * its step.  Reads the header only (cheap for a large file).  0, or -1 with
+ * a message in err. */
+int duet_checkpoint_check(const DuetProgram *p, const char *path, int64_t *step, char *err, size_t errlen);
+/* Number of NaNs and infinities among the nbytes bytes of dtype elements at
+ * data (DUET_F32, F64, F16, BF16; 0 for other dtypes); *first (if not NULL)
+ * receives the index of the first (-1 when none), *first_nan (if not NULL)
+ * whether it is a NaN. */
+int64_t duet_count_nonfinite(int dtype, const void *data, int64_t nbytes, int64_t *first, int *first_nan);
+/* The CPU threads each device of a run uses: --threads (0: the online
+ * cores, sysconf) split evenly among n_stages pipeline stages (at least 1
+ * each); OpenBLAS's summation order follows it. */
+int duet_threads_per_device(const DuetConfig *cfg, int n_stages);
 
 /* ----------------------------------------------------------------- data */
 
