@@ -435,9 +435,15 @@ int duet_sample_check(const DuetProgram *p, char *err, size_t errlen);
  * caller about to spend seconds compiling the kernels (duet run): the flags
  * parse, the data files open (fashion_mnist: both IDX headers of each split
  * read; text: the file reads), --save's directory is writable, and the
- * devices (duet_devices_check) can be opened.  Prints nothing when all is
- * well; else prints the error duet_main would print and returns 1. */
-int duet_preflight(const DuetProgram *p, int argc, char **argv);
+ * devices (duet_devices_check) can be opened; and the run's files, as
+ * duet_main checks them (runtime/train.c, check_run_files): --save is no
+ * existing directory, symbolic link, FIFO, device or socket; no output
+ * (--save, --metrics) is the same file as an input (the model source
+ * model_path, which `duet run` compiled (NULL: none), --resume, the data
+ * files, the running program); --resume is a checkpoint of p before the
+ * run's last step.  Prints nothing when all is well; else prints the error
+ * duet_main would print and returns 1. */
+int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char **argv);
 /* Applies command-line flags to cfg; returns 0, 1 on a bad flag (printed),
  * 2 when --help was printed. */
 int duet_parse_flags(DuetConfig *cfg, int64_t compiled_batch, int argc, char **argv);
