@@ -483,7 +483,7 @@ static int cmd_run(int argc, char **argv) {
   JitModule m;
   memset(&m, 0, sizeof m);
   /* duet_main's checks of data files, devices and --save before seconds of compiling */
-  if (!cp || duet_preflight(&cp->prog, argc - 1, argv + 1) || (!all_cuda && load_kernels(&c, cp, &m))) {
+  if (!cp || duet_preflight(&cp->prog, argv[0], argc - 1, argv + 1) || (!all_cuda && load_kernels(&c, cp, &m))) {
     compiled_free(&c);
     return 1;
   }

@@ -960,6 +960,6 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   /* the checks duet run makes before compiling, before loading data or
    * opening a device (a CUDA device compiles its kernels when opened) */
   fprintf(out, "int main(int argc, char **argv) {\n");
-  fprintf(out, "  if (duet_preflight(&program, argc - 1, argv + 1)) return 1;\n");
+  fprintf(out, "  if (duet_preflight(&program, NULL, argc - 1, argv + 1)) return 1;\n");
   fprintf(out, "  return duet_main(&program, (const DuetKernelFn *)duet_kernel_table, argv[0], argc - 1, argv + 1);\n}\n");
 }

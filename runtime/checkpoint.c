@@ -1,8 +1,10 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, fsync, fdopen */
 /* runtime/checkpoint.c: training checkpoints as safetensors files. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "duet_rt.h"
 
@@ -21,6 +23,48 @@ static const char *program_precision(const DuetProgram *p) {
     if (dt == DUET_F64) name = "f64";
   }
   return name;
+}
+
+int64_t duet_count_nonfinite(int dtype, const void *data, int64_t nbytes, int64_t *first, int *first_nan) {
+  int64_t n = 0, at = -1;
+  int nan = 0;
+  const unsigned char *b = data;
+  if (dtype == DUET_F32) {
+    for (int64_t i = 0; i < nbytes / 4; i++) {
+      float v;
+      memcpy(&v, b + 4 * i, 4);
+      if (!isfinite(v) && n++ == 0) at = i, nan = isnan(v);
+    }
+  } else if (dtype == DUET_F64) {
+    for (int64_t i = 0; i < nbytes / 8; i++) {
+      double v;
+      memcpy(&v, b + 8 * i, 8);
+      if (!isfinite(v) && n++ == 0) at = i, nan = isnan(v);
+    }
+  } else if (dtype == DUET_F16 || dtype == DUET_BF16) {
+    /* all exponent bits set: an infinity (fraction 0) or a NaN */
+    uint16_t exp = dtype == DUET_F16 ? 0x7c00 : 0x7f80, frac = dtype == DUET_F16 ? 0x03ff : 0x007f;
+    for (int64_t i = 0; i < nbytes / 2; i++) {
+      uint16_t h = (uint16_t)(b[2 * i] | b[2 * i + 1] << 8);
+      if ((h & exp) == exp && n++ == 0) at = i, nan = (h & frac) != 0;
+    }
+  }
+  if (first) *first = at;
+  if (first_nan) *first_nan = nan;
+  return n;
+}
+
+/* "tensor `w` holds 3 non-finite values (element 7 is NaN)" into buf. */
+static void nonfinite_note(char *buf, size_t n, const char *name, int64_t count, int64_t first, int nan) {
+  snprintf(buf, n, "tensor `%s` holds %" PRId64 " non-finite value%s (element %" PRId64 " is %s)", name, count,
+           count == 1 ? "" : "s", first, nan ? "NaN" : "infinite");
+}
+
+int duet_threads_per_device(const DuetConfig *cfg, int n_stages) {
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int total = cfg->threads > 0 ? cfg->threads : cores > 0 ? (int)cores : 1;
+  int S = n_stages > 1 ? n_stages : 1;
+  return total / S > 0 ? total / S : 1;
 }
 
 int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState *st, char *err, size_t errlen) {
@@ -44,6 +88,14 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
     t[n] = (DuetStTensor){.name = x->name, .dtype = x->dtype, .rank = x->rank, .data = host[n], .nbytes = x->nbytes};
     memcpy(t[n].shape, x->shape, sizeof x->shape);
     n++;
+    int64_t first;
+    int nan;
+    int64_t bad = duet_count_nonfinite(x->dtype, host[n - 1], x->nbytes, &first, &nan);
+    if (bad) { /* a diverged state: never written over a good checkpoint */
+      nonfinite_note(err, errlen, x->name, bad, first, nan);
+      rc = -2;
+      goto out;
+    }
   }
   char step[32], epoch[32], batch[32], rng[80];
   snprintf(step, sizeof step, "%" PRId64, st->step);
@@ -59,16 +111,23 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
   snprintf(skipped, sizeof skipped, "%" PRId64, sc.skipped);
   /* what decides the data order: checked (a warning) on resume */
   const DuetConfig *cfg = duet_session_config(s);
-  char seed[32], bsz[32], subset[32];
+  char seed[32], bsz[32], subset[32], threads[32];
+  snprintf(threads, sizeof threads, "%d", duet_threads_per_device(cfg, p->n_stages));
   snprintf(seed, sizeof seed, "%" PRIu64, cfg->seed);
   snprintf(bsz, sizeof bsz, "%" PRId64, cfg->batch);
   snprintf(subset, sizeof subset, "%" PRId64, cfg->train_subset);
-  const char *meta[] = {"format", CKPT_FORMAT, "model",      p->model_name, "step",          step,
-                        "epoch",  epoch,       "batch",      batch,         "rng",           rng,
-                        "seed",   seed,        "batch_size", bsz,           "train_subset",  subset,
-                        "precision", program_precision(p),
-                        "loss_scale", scale, "loss_scale_growth", growth, "skipped_steps", skipped};
-  rc = duet_st_save(path, t, n, meta, p->n_unscale ? 13 : 10, err, errlen);
+  const char *meta[32] = {"format", CKPT_FORMAT, "model",      p->model_name, "step",          step,
+                           "epoch",  epoch,       "batch",      batch,         "rng",           rng,
+                           "seed",   seed,        "batch_size", bsz,           "train_subset",  subset,
+                           "precision", program_precision(p)};
+  int n_meta = 10;
+  /* CPU devices: OpenBLAS's summation order follows the threads per device
+   * (a GPU's cuBLAS does not depend on them: not recorded) */
+  if (!duet_devices_all_cuda(cfg->devices)) meta[2 * n_meta] = "threads", meta[2 * n_meta + 1] = threads, n_meta++;
+  const char *scaler[] = {"loss_scale", scale, "loss_scale_growth", growth, "skipped_steps", skipped};
+  for (int k = 0; p->n_unscale && k < 3; k++, n_meta++)
+    meta[2 * n_meta] = scaler[2 * k], meta[2 * n_meta + 1] = scaler[2 * k + 1];
+  rc = duet_st_save(path, t, n, meta, n_meta, err, errlen);
 out:
   for (int i = 0; i < n; i++) free(host[i]);
   free(host);
@@ -86,6 +145,72 @@ static int meta_i64(const DuetStFile *f, const char *key, int64_t *out) {
   return 0;
 }
 
+/* The checks of a checkpoint that need only its header, against program p:
+ * the format, the model, the training state in the metadata (into *ns),
+ * every param (and, unless weights_only, state) tensor present with the
+ * model's dtype and shape, and (unless weights_only) no other tensor.  0, or
+ * -1 with a message naming the file and the tensor. */
+static int check_header(const DuetProgram *p, const DuetStFile *f, const char *path, int weights_only,
+                        DuetTrainState *ns, char *err, size_t errlen) {
+  const char *verb = weights_only ? "load" : "resume from";
+  const char *fmt = duet_st_meta(f, "format"), *model = duet_st_meta(f, "model"), *rng = duet_st_meta(f, "rng");
+  int n_saved = 0;
+  memset(ns, 0, sizeof *ns);
+  if (!fmt || strcmp(fmt, CKPT_FORMAT)) {
+    snprintf(err, errlen, "cannot %s %s: not a duet checkpoint (metadata format is %s%s%s, expected %s)", verb, path,
+             fmt ? "\"" : "", fmt ? fmt : "missing", fmt ? "\"" : "", CKPT_FORMAT);
+    return -1;
+  }
+  if (!model || strcmp(model, p->model_name)) {
+    snprintf(err, errlen, "cannot %s %s: it is a checkpoint of model `%s`, not `%s`", verb, path, model ? model : "?",
+             p->model_name);
+    return -1;
+  }
+  if (meta_i64(f, "step", &ns->step) || meta_i64(f, "epoch", &ns->epoch) || meta_i64(f, "batch", &ns->batch) || !rng ||
+      sscanf(rng, "%" SCNx64 " %" SCNx64 " %" SCNx64 " %" SCNx64, &ns->rng.s[0], &ns->rng.s[1], &ns->rng.s[2],
+             &ns->rng.s[3]) != 4) {
+    snprintf(err, errlen, "cannot %s %s: corrupt training state in its metadata", verb, path);
+    return -1;
+  }
+  for (int i = 0; i < p->n_tensors; i++) {
+    const DuetTensor *x = &p->tensors[i];
+    if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM)) continue;
+    n_saved++;
+    const DuetStTensor *y = duet_st_find(f, x->name);
+    if (!y) {
+      snprintf(err, errlen, "cannot %s %s: it has no tensor `%s`", verb, path, x->name);
+      return -1;
+    }
+    int same = y->dtype == x->dtype && y->rank == x->rank && y->nbytes == x->nbytes;
+    for (int k = 0; same && k < x->rank; k++) same = y->shape[k] == x->shape[k];
+    if (!same) {
+      snprintf(err, errlen, "cannot %s %s: tensor `%s` has another dtype or shape than the model's", verb, path,
+               x->name);
+      return -1;
+    }
+  }
+  if (!weights_only && duet_st_count(f) != n_saved) {
+    snprintf(err, errlen, "cannot %s %s: it holds %d tensors, the model has %d params and state tensors", verb, path,
+             duet_st_count(f), n_saved);
+    return -1;
+  }
+  return 0;
+}
+
+int duet_checkpoint_check(const DuetProgram *p, const char *path, int64_t *step, char *err, size_t errlen) {
+  char e2[512];
+  DuetStFile *f = duet_st_open_header(path, e2, sizeof e2);
+  if (!f) {
+    snprintf(err, errlen, "cannot resume: %s", e2);
+    return -1;
+  }
+  DuetTrainState ns;
+  int rc = check_header(p, f, path, 0, &ns, err, errlen);
+  if (!rc) *step = ns.step;
+  duet_st_close(f);
+  return rc;
+}
+
 static int load(DuetSession *s, const char *path, DuetTrainState *st, int weights_only, char *err, size_t errlen);
 
 int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, char *err, size_t errlen) {
@@ -99,31 +224,17 @@ int duet_checkpoint_load_weights(DuetSession *s, const char *path, char *err, si
 
 static int load(DuetSession *s, const char *path, DuetTrainState *st, int weights_only, char *err, size_t errlen) {
   const DuetProgram *p = duet_session_program(s);
+  const char *verb = weights_only ? "load" : "resume from";
   char e2[512];
   DuetStFile *f = duet_st_open(path, e2, sizeof e2);
   if (!f) {
     snprintf(err, errlen, "cannot %s: %s", weights_only ? "load the checkpoint" : "resume", e2);
     return -1;
   }
-  int rc = -1, n_saved = 0;
-  const char *fmt = duet_st_meta(f, "format"), *model = duet_st_meta(f, "model"), *rng = duet_st_meta(f, "rng");
-  DuetTrainState ns = {0};
-  if (!fmt || strcmp(fmt, CKPT_FORMAT)) {
-    snprintf(err, errlen, "cannot %s %s: not a duet checkpoint (metadata format is %s%s%s, expected %s)", weights_only ? "load" : "resume from", path,
-             fmt ? "\"" : "", fmt ? fmt : "missing", fmt ? "\"" : "", CKPT_FORMAT);
-    goto out;
-  }
-  if (!model || strcmp(model, p->model_name)) {
-    snprintf(err, errlen, "cannot %s %s: it is a checkpoint of model `%s`, not `%s`", weights_only ? "load" : "resume from", path,
-             model ? model : "?", p->model_name);
-    goto out;
-  }
-  if (meta_i64(f, "step", &ns.step) || meta_i64(f, "epoch", &ns.epoch) || meta_i64(f, "batch", &ns.batch) || !rng ||
-      sscanf(rng, "%" SCNx64 " %" SCNx64 " %" SCNx64 " %" SCNx64, &ns.rng.s[0], &ns.rng.s[1], &ns.rng.s[2],
-             &ns.rng.s[3]) != 4) {
-    snprintf(err, errlen, "cannot %s %s: corrupt training state in its metadata", weights_only ? "load" : "resume from", path);
-    goto out;
-  }
+  int rc = -1;
+  DuetTrainState ns;
+  /* check everything before changing anything */
+  if (check_header(p, f, path, weights_only, &ns, err, errlen)) goto out;
   /* fp16 programs: the loss scaler; a checkpoint of an fp32 run starts it afresh */
   DuetScaler sc = duet_session_scaler(s);
   const char *scale = duet_st_meta(f, "loss_scale");
@@ -132,39 +243,33 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
     sc.scale = strtod(scale, &end);
     if (end == scale || *end || !(sc.scale > 0) || meta_i64(f, "loss_scale_growth", &sc.growth) ||
         meta_i64(f, "skipped_steps", &sc.skipped) || sc.skipped > ns.step) {
-      snprintf(err, errlen, "cannot %s %s: corrupt loss scaler state in its metadata", weights_only ? "load" : "resume from", path);
+      snprintf(err, errlen, "cannot %s %s: corrupt loss scaler state in its metadata", verb, path);
       goto out;
     }
   }
-  /* check everything before changing anything */
+  /* a NaN or an infinity in the weights or optimizer state cannot train on
+   * (nor sample): refused, naming the tensor */
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *x = &p->tensors[i];
     if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM)) continue;
-    n_saved++;
     const DuetStTensor *y = duet_st_find(f, x->name);
-    if (!y) {
-      snprintf(err, errlen, "cannot %s %s: it has no tensor `%s`", weights_only ? "load" : "resume from", path, x->name);
+    int64_t first;
+    int nan;
+    int64_t bad = duet_count_nonfinite(y->dtype, y->data, y->nbytes, &first, &nan);
+    if (bad) {
+      char note[400];
+      nonfinite_note(note, sizeof note, x->name, bad, first, nan);
+      snprintf(err, errlen, "cannot %s %s: %s; the state it holds has diverged", verb, path, note);
       goto out;
     }
-    int same = y->dtype == x->dtype && y->rank == x->rank && y->nbytes == x->nbytes;
-    for (int k = 0; same && k < x->rank; k++) same = y->shape[k] == x->shape[k];
-    if (!same) {
-      snprintf(err, errlen, "cannot %s %s: tensor `%s` has another dtype or shape than the model's", weights_only ? "load" : "resume from", path,
-               x->name);
-      goto out;
-    }
-  }
-  if (!weights_only && duet_st_count(f) != n_saved) {
-    snprintf(err, errlen, "cannot %s %s: it holds %d tensors, the model has %d params and state tensors", weights_only ? "load" : "resume from", path,
-             duet_st_count(f), n_saved);
-    goto out;
   }
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *x = &p->tensors[i];
     if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM)) continue;
     const DuetStTensor *y = duet_st_find(f, x->name);
     if (duet_session_write(s, i, 0, y->data, (size_t)y->nbytes)) {
-      snprintf(err, errlen, "cannot %s %s: copying %s to the device failed: %s", weights_only ? "load" : "resume from", path, x->name, duet_session_error(s));
+      snprintf(err, errlen, "cannot %s %s: copying %s to the device failed: %s", verb, path, x->name,
+               duet_session_error(s));
       goto out;
     }
   }
@@ -195,6 +300,22 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   if (!weights_only && !cfg->quiet && prec && strcmp(prec, program_precision(p)))
     fprintf(stderr, "duet: warning: --precision %s differs from the checkpoint's %s (%s): the resumed run does not "
                     "continue the original one exactly\n", program_precision(p), prec, path);
+  /* CPU devices: OpenBLAS sums in an order set by its thread count (per
+   * device: a pipeline splits --threads among its stages) */
+  int64_t was_threads;
+  int now_threads = duet_threads_per_device(cfg, p->n_stages);
+  if (!weights_only && !cfg->quiet && !duet_devices_all_cuda(cfg->devices) &&
+      !meta_i64(f, "threads", &was_threads) && was_threads != now_threads) {
+    char flag[96];
+    int S = p->n_stages > 1 ? p->n_stages : 1;
+    if (cfg->threads > 0 && S == 1) snprintf(flag, sizeof flag, "--threads %d", cfg->threads);
+    else if (cfg->threads > 0) snprintf(flag, sizeof flag, "--threads %d (%d per device)", cfg->threads, now_threads);
+    else if (S == 1) snprintf(flag, sizeof flag, "--threads (default: all %d cores)", now_threads);
+    else snprintf(flag, sizeof flag, "--threads (default: all cores, %d per device)", now_threads);
+    fprintf(stderr, "duet: warning: %s differs from the checkpoint's %" PRId64 "%s (%s): the resumed run does not "
+                    "continue the original one exactly (OpenBLAS's summation order follows its thread count)\n",
+            flag, was_threads, S > 1 ? " per device" : "", path);
+  }
   *st = ns;
   rc = 0;
 out:

@@ -456,12 +456,17 @@ int duet_sample_check(const DuetProgram *p, char *err, size_t errlen);
  * compiled executable, loading data and opening devices: the flags parse,
  * the data (fashion_mnist: duet_check_idx on each split read, and the image
  * size against the model's input x; text: the file reads and, when it is
- * a regular file, is long enough for one window in both splits), --save's
- * directory is writable, and duet_devices_preflight (the devices open,
- * --gemm-accumulate fp16 only on CUDA, a pipeline's environment, one CPU
- * device's memory).  Prints nothing when all is well; else prints the
- * error duet_main would print and returns 1. */
-int duet_preflight(const DuetProgram *p, int argc, char **argv);
+ * a regular file, is long enough for one window in both splits), the run's
+ * files as duet_main checks them (runtime/train.c, check_run_files: --save
+ * is no existing directory, symbolic link, FIFO, device or socket and its
+ * directory is writable; no output (--save, --metrics) is the same file as
+ * an input (the model source model_path, which `duet run` compiled (NULL:
+ * none), --resume, the data files, the running program); --resume is a
+ * checkpoint of p before the run's last step), and duet_devices_preflight
+ * (the devices open, --gemm-accumulate fp16 only on CUDA, a pipeline's
+ * environment, one CPU device's memory).  Prints nothing when all is well;
+ * else prints the error duet_main would print and returns 1. */
+int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char **argv);
 /* Applies command-line flags to cfg; returns 0, 1 on a bad flag (printed),
  * 2 when --help was printed. */
 int duet_parse_flags(DuetConfig *cfg, int64_t compiled_batch, int argc, char **argv);
@@ -490,22 +495,42 @@ typedef struct DuetTrainState {
 
 /* Writes every param and optimizer-state tensor of s under its
  * hierarchical name, plus the train state, the model name and the settings
- * a resume compares (seed, batch size, train subset, precision) as metadata,
- * to a safetensors file, atomically (see duet_st_save).  0, or -1 with a
+ * a resume compares (seed, batch size, train subset, precision, and, unless
+ * every device is a GPU, threads per device) as metadata, to a safetensors file, atomically (see
+ * duet_st_save).  A state holding a NaN or an infinity is never written:
+ * -2, with err naming the first such tensor ("tensor `w` holds 3 non-finite
+ * values (element 7 is NaN)"), and `path` left as it was.  0, or -1 with a
  * message in err. */
 int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState *st, char *err, size_t errlen);
 /* Loads a checkpoint written by duet_checkpoint_save for the same model:
  * every param and state tensor must be present with the exact dtype and
- * shape, and no other tensor may be; sets the session's step.  A seed,
- * batch size, train subset or precision other than the checkpoint's is a
- * warning on stderr (unless quiet): the run goes on, not exactly as the
+ * shape, and no other tensor may be, and every value must be finite; sets
+ * the session's step.  A seed, batch size, train subset, precision or
+ * number of threads per CPU device other than the checkpoint's is a warning
+ * on stderr (unless quiet): the run goes on, not exactly as the
  * uninterrupted one.  0, or -1 with a message naming the file and the
  * tensor (nothing is changed then). */
 int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, char *err, size_t errlen);
 /* Loads only the params of a checkpoint of the same model (exact dtype and
- * shape each); optimizer state and training position are ignored.  For
- * inference (duet sample). */
+ * shape each, finite values); optimizer state and training position are
+ * ignored.  For inference (duet sample). */
 int duet_checkpoint_load_weights(DuetSession *s, const char *path, char *err, size_t errlen);
+/* The checks of duet_checkpoint_load that need only the file's header, with
+ * its messages ("cannot resume from PATH: ..."), without a session: the
+ * file opens, its header fits the file (a truncated file fails), it is a
+ * checkpoint of program p with p's params and state tensors; *step receives
+ * its step.  Reads the header only (cheap for a large file).  0, or -1 with
+ * a message in err. */
+int duet_checkpoint_check(const DuetProgram *p, const char *path, int64_t *step, char *err, size_t errlen);
+/* Number of NaNs and infinities among the nbytes bytes of dtype elements at
+ * data (DUET_F32, F64, F16, BF16; 0 for other dtypes); *first (if not NULL)
+ * receives the index of the first (-1 when none), *first_nan (if not NULL)
+ * whether it is a NaN. */
+int64_t duet_count_nonfinite(int dtype, const void *data, int64_t nbytes, int64_t *first, int *first_nan);
+/* The CPU threads each device of a run uses: --threads (0: the online
+ * cores, sysconf) split evenly among n_stages pipeline stages (at least 1
+ * each); OpenBLAS's summation order follows it. */
+int duet_threads_per_device(const DuetConfig *cfg, int n_stages);
 
 /* ----------------------------------------------------------------- data */
 
@@ -561,15 +586,40 @@ typedef struct DuetStTensor {
 /* Writes the n tensors t[0..n-1] (in that order, contiguous, the header
  * padded with spaces so the data start at a multiple of 8 bytes) and n_meta
  * metadata pairs meta_kv[2i] = key, meta_kv[2i+1] = value to `path`.
- * Atomic: writes `path`.tmp.<pid>, fflush + fsync, renames it over `path`,
- * fsyncs the directory.  Returns 0, or -1 with a message in err naming the
- * path and the failing call (bad arguments: duplicate or reserved names,
- * nbytes not matching the shape, unsupported dtype).  On failure the temp
- * file is removed and an existing `path` is left as it was, except when only
- * the final directory fsync fails: then `path` holds the new file and err
- * says its durability is not assured. */
+ * Atomic: writes a temporary file `path`.tmp.<pid>.<16 hex digits> (a new
+ * name for every attempt, created exclusively), fflush + fsync, renames it
+ * over `path`, fsyncs the directory.  Only a regular file is replaced: when
+ * `path` exists as anything else (a directory, a symbolic link, a FIFO, a
+ * device, a socket; see duet_st_target_kind), checked before writing and
+ * again just before the rename, the save fails and leaves it alone.
+ * Returns 0, or -1 with a message in err naming the path and the failing
+ * call (bad arguments: duplicate or reserved names, nbytes not matching the
+ * shape, unsupported dtype).  On failure the temp file is removed and an
+ * existing `path` is left as it was, except when only the final directory
+ * fsync fails: then `path` holds the new file and err says its durability is
+ * not assured. */
 int duet_st_save(const char *path, const DuetStTensor *t, int n, const char *const *meta_kv, int n_meta,
                  char *err, size_t errlen);
+/* What `path` is when it exists and is not a regular file, as lstat(2)
+ * says, for messages: "a directory", "a symbolic link", "a FIFO", "a
+ * character device", "a block device", "a socket"; NULL when it is a
+ * regular file or does not exist (or cannot be examined). */
+const char *duet_st_target_kind(const char *path);
+/* How long (seconds) a temporary file of duet_st_save must have gone
+ * unmodified before duet_st_remove_stale_temps may remove it. */
+#define DUET_ST_STALE_SECONDS 900
+/* Removes the temporary files that interrupted saves to `path` left in its
+ * directory, and only those that are provably stale: named
+ * `<name of path>.tmp.<pid>` or `<name of path>.tmp.<pid>.<16 hex digits>`,
+ * a regular file (not followed through a link) owned by this user, not
+ * modified for min_age_s seconds (a save being written modifies its file
+ * continuously; this also covers writers in another PID namespace or on
+ * another host sharing the directory), and whose pid is no live process
+ * here (kill(pid, 0) fails with ESRCH) or is this process (whose saves to
+ * `path` do not overlap: a PID reused by the container that left the file).
+ * Returns the number removed; `first` receives the path of the first (""
+ * when none).  Best effort: a file that cannot be examined is kept. */
+int duet_st_remove_stale_temps(const char *path, int64_t min_age_s, char *first, size_t firstlen);
 
 /* A loaded file: every tensor's bytes copied, 8-byte aligned, into memory
  * that lives until duet_st_close. */
@@ -582,6 +632,10 @@ typedef struct DuetStFile DuetStFile;
  * data section, a byte size (elements * dtype size) different from
  * end - begin, overlapping ranges, duplicate names, non-string metadata. */
 DuetStFile *duet_st_open(const char *path, char *err, size_t errlen);
+/* duet_st_open reading only the header (the 8-byte length and the JSON):
+ * the same checks against the file's size, no tensor data (every
+ * DuetStTensor.data is NULL).  For checking a large file before using it. */
+DuetStFile *duet_st_open_header(const char *path, char *err, size_t errlen);
 /* Number of tensors (not counting __metadata__). */
 int duet_st_count(const DuetStFile *f);
 /* Tensor i in header order (0 <= i < count), NULL outside. */

@@ -716,9 +716,7 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
     return NULL;
   }
   q->sync_ok = true;
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int total = cfg->threads > 0 ? cfg->threads : cores > 0 ? (int)cores : 1;
-  int share = total / q->S > 0 ? total / q->S : 1;
+  int share = duet_threads_per_device(cfg, q->S); /* recorded in checkpoints */
   const char *oom = "out of host memory";
   if (!(q->st = zalloc((size_t)q->S * sizeof *q->st))) goto fail_oom;
   if (!(q->losses = zalloc((size_t)q->M * sizeof *q->losses))) goto fail_oom;

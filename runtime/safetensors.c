@@ -15,13 +15,16 @@
  * 8-byte aligned place in one block. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "duet_rt.h"
@@ -217,6 +220,37 @@ static int st_fsync_dir(const char *path) {
   return rc;
 }
 
+/* What lstat says `path` is, for messages: "a directory", "a FIFO", ...;
+ * NULL for a regular file. */
+static const char *st_file_kind(mode_t m) {
+  if (S_ISREG(m)) return NULL;
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISLNK(m)) return "a symbolic link";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+const char *duet_st_target_kind(const char *path) {
+  struct stat sb;
+  if (lstat(path, &sb) != 0) return NULL; /* absent (or unreachable: the save reports why) */
+  return st_file_kind(sb.st_mode);
+}
+
+/* The temporary name of one save attempt: PATH.tmp.<pid>.<16 hex digits>,
+ * the digits mixed from the clock, the attempt and an address (the name is
+ * unique per attempt; O_EXCL settles any collision).  Written into tmp. */
+static void st_temp_name(char *tmp, size_t tlen, const char *path, unsigned attempt) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t x = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+  x ^= (uint64_t)attempt * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)&ts;
+  x ^= x >> 30, x *= 0xbf58476d1ce4e5b9ull, x ^= x >> 27, x *= 0x94d049bb133111ebull, x ^= x >> 31; /* splitmix64 */
+  snprintf(tmp, tlen, "%s.tmp.%ld.%016" PRIx64, path, (long)getpid(), x);
+}
+
 int duet_st_save(const char *path, const DuetStTensor *t, int n, const char *const *meta_kv, int n_meta, char *err,
                  size_t errlen) {
   if (!path || !*path) {
@@ -224,6 +258,11 @@ int duet_st_save(const char *path, const DuetStTensor *t, int n, const char *con
     return -1;
   }
   if (st_save_check(path, t, n, meta_kv, n_meta, err, errlen)) return -1;
+  const char *kind = duet_st_target_kind(path);
+  if (kind) {
+    snprintf(err, errlen, "cannot save %s: it exists and is %s, not a regular file; not replacing it", path, kind);
+    return -1;
+  }
   char *header = st_header_build(path, t, n, meta_kv, n_meta, err, errlen);
   if (!header) return -1;
   size_t hlen = strlen(header), pad = (8 - (8 + hlen) % 8) % 8;
@@ -232,25 +271,38 @@ int duet_st_save(const char *path, const DuetStTensor *t, int n, const char *con
   for (int i = 0; i < 8; i++) len8[i] = (unsigned char)(total_h >> (8 * i));
   static const char spaces[] = "        ";
 
-  size_t tlen = strlen(path) + 32;
+  size_t tlen = strlen(path) + 48;
   char *tmp = malloc(tlen);
   if (!tmp) {
     snprintf(err, errlen, "cannot save %s: out of memory", path);
     free(header);
     return -1;
   }
-  snprintf(tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
 
   const char *call = NULL;
   int e = 0;
   bool created = false;
-  FILE *f = fopen(tmp, "wbx"); /* C11 exclusive mode: never clobbers a file */
-  if (!f) {
-    call = "fopen";
+  FILE *f = NULL;
+  int fd = -1;
+  /* a fresh name per attempt, created exclusively (never clobbers a file);
+   * another name when one exists already */
+  for (unsigned attempt = 0; fd < 0 && attempt < 16; attempt++) {
+    st_temp_name(tmp, tlen, path, attempt);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) {
+    call = "open";
     e = errno;
     goto fail;
   }
   created = true;
+  if (!(f = fdopen(fd, "wb"))) {
+    call = "fdopen";
+    e = errno;
+    close(fd);
+    goto fail;
+  }
   if (fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, hlen, f) != hlen || fwrite(spaces, 1, pad, f) != pad) {
     call = "fwrite";
     e = errno;
@@ -279,6 +331,12 @@ int duet_st_save(const char *path, const DuetStTensor *t, int n, const char *con
     e = errno;
     goto fail;
   }
+  /* again just before the rename: the target may have changed meanwhile */
+  if ((kind = duet_st_target_kind(path))) {
+    snprintf(err, errlen, "cannot save %s: it exists and is %s, not a regular file; not replacing it", path, kind);
+    call = "";
+    goto fail;
+  }
   if (rename(tmp, path) != 0) {
     call = "rename";
     e = errno;
@@ -300,7 +358,7 @@ fail:
   if (f) fclose(f); /* already failing: its result adds nothing */
   if (!strcmp(call, "rename"))
     snprintf(err, errlen, "cannot save %s: rename(%s, %s): %s", path, tmp, path, e ? strerror(e) : "failed");
-  else
+  else if (*call)
     snprintf(err, errlen, "cannot save %s: %s(%s): %s", path, call, tmp, e ? strerror(e) : "failed");
   if (created && remove(tmp) != 0) {
     size_t used = strlen(err);
@@ -310,6 +368,64 @@ fail:
   free(tmp);
   free(header);
   return -1;
+}
+
+/* ------------------------------------------------------- stale temporaries */
+
+/* The pid of a temporary name of `base` (the target's last path
+ * component): "<base>.tmp.<pid>" (duet before unique names) or
+ * "<base>.tmp.<pid>.<16 lowercase hex digits>"; 0 when `name` is neither. */
+static long st_temp_pid(const char *name, const char *base) {
+  size_t bn = strlen(base);
+  if (strncmp(name, base, bn) || strncmp(name + bn, ".tmp.", 5)) return 0;
+  const char *s = name + bn + 5, *q = s;
+  long pid = 0;
+  while (*q >= '0' && *q <= '9' && q - s < 10) pid = pid * 10 + (*q++ - '0');
+  if (q == s || *s == '0' || pid <= 0) return 0;
+  if (!*q) return pid;
+  if (*q++ != '.') return 0;
+  for (int i = 0; i < 16; i++, q++)
+    if (!((*q >= '0' && *q <= '9') || (*q >= 'a' && *q <= 'f'))) return 0;
+  return *q ? 0 : pid;
+}
+
+int duet_st_remove_stale_temps(const char *path, int64_t min_age_s, char *first, size_t firstlen) {
+  if (firstlen) first[0] = 0;
+  if (!path || !*path) return 0;
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  size_t dn = slash ? (slash == path ? 1 : (size_t)(slash - path)) : 1;
+  char *dir = malloc(dn + 1);
+  if (!*base || !dir) {
+    free(dir);
+    return 0;
+  }
+  memcpy(dir, slash ? path : ".", dn);
+  dir[dn] = 0;
+  DIR *d = opendir(dir);
+  if (!d) {
+    free(dir);
+    return 0;
+  }
+  int fd = dirfd(d), removed = 0;
+  time_t now = time(NULL);
+  long self = (long)getpid();
+  struct dirent *ent;
+  while ((ent = readdir(d))) {
+    long pid = st_temp_pid(ent->d_name, base);
+    struct stat sb;
+    if (!pid || fstatat(fd, ent->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISREG(sb.st_mode) || sb.st_uid != geteuid()) continue;     /* a regular file of ours */
+    if (now < sb.st_mtime || (int64_t)(now - sb.st_mtime) < min_age_s) continue; /* untouched for long */
+    if (pid != self && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue; /* its writer is gone */
+    if (unlinkat(fd, ent->d_name, 0) == 0) {
+      if (!removed && firstlen) snprintf(first, firstlen, "%s/%s", dir, ent->d_name);
+      removed++;
+    }
+  }
+  closedir(d);
+  free(dir);
+  return removed;
 }
 
 /* -------------------------------------------------------------- loading */
@@ -350,8 +466,12 @@ const char *duet_st_meta(const DuetStFile *f, const char *key) {
   return NULL;
 }
 
-/* Reads the whole regular file `path` into a malloc'd buffer. */
-static unsigned char *st_read_file(const char *path, size_t *size, char *err, size_t errlen) {
+/* Reads the regular file `path` into a malloc'd buffer: all of it, or
+ * (header_only) its first 8 + N bytes when its first 8 hold a header length
+ * N that fits the file and the limit (else its first min(size, 8) bytes,
+ * for duet_st_open's messages).  *fsize: the file's size. */
+static unsigned char *st_read_file(const char *path, bool header_only, size_t *size, size_t *fsize, char *err,
+                                   size_t errlen) {
   FILE *f = fopen(path, "rb");
   if (!f) {
     snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
@@ -369,13 +489,26 @@ static unsigned char *st_read_file(const char *path, size_t *size, char *err, si
     return NULL;
   }
   size_t n = (size_t)st.st_size;
+  unsigned char len8[8];
+  if (header_only && n >= 8) {
+    if (fread(len8, 1, 8, f) != 8) {
+      snprintf(err, errlen, "cannot read %s: %s", path, ferror(f) ? strerror(errno) : "file shrank while reading");
+      fclose(f);
+      return NULL;
+    }
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];
+    n = hlen <= n - 8 && hlen <= ST_MAX_HEADER ? (size_t)(8 + hlen) : 8;
+  }
   unsigned char *buf = malloc(n ? n : 1);
   if (!buf) {
     snprintf(err, errlen, "cannot read %s: out of memory for %zu bytes", path, n);
     fclose(f);
     return NULL;
   }
-  if (fread(buf, 1, n, f) != n) {
+  size_t at = header_only && n >= 8 ? 8 : 0;
+  if (at) memcpy(buf, len8, 8);
+  if (fread(buf + at, 1, n - at, f) != n - at) {
     snprintf(err, errlen, "cannot read %s: %s", path, ferror(f) ? strerror(errno) : "file shrank while reading");
     free(buf);
     fclose(f);
@@ -387,6 +520,7 @@ static unsigned char *st_read_file(const char *path, size_t *size, char *err, si
     return NULL;
   }
   *size = n;
+  *fsize = (size_t)st.st_size;
   return buf;
 }
 
@@ -466,9 +600,10 @@ fail:
   return -1;
 }
 
-DuetStFile *duet_st_open(const char *path, char *err, size_t errlen) {
-  size_t fsize = 0;
-  unsigned char *buf = st_read_file(path, &fsize, err, errlen);
+/* duet_st_open, or (header_only) duet_st_open_header. */
+static DuetStFile *st_open(const char *path, bool header_only, char *err, size_t errlen) {
+  size_t fsize = 0, got = 0;
+  unsigned char *buf = st_read_file(path, header_only, &got, &fsize, err, errlen);
   if (!buf) return NULL;
   cJSON *root = NULL;
   StRange *ranges = NULL;
@@ -544,6 +679,7 @@ DuetStFile *duet_st_open(const char *path, char *err, size_t errlen) {
     prev = i;
   }
 
+  if (header_only) goto done;
   /* copy each tensor to an 8-byte aligned place in one block */
   int64_t total = 0;
   for (int i = 0; i < f->n; i++) total += (f->t[i].nbytes + 7) / 8 * 8;
@@ -558,6 +694,7 @@ DuetStFile *duet_st_open(const char *path, char *err, size_t errlen) {
     x->data = f->data + at;
     at += (x->nbytes + 7) / 8 * 8;
   }
+done:
   cJSON_Delete(root);
   free(ranges);
   free(buf);
@@ -569,4 +706,10 @@ fail:
   free(buf);
   duet_st_close(f);
   return NULL;
+}
+
+DuetStFile *duet_st_open(const char *path, char *err, size_t errlen) { return st_open(path, false, err, errlen); }
+
+DuetStFile *duet_st_open_header(const char *path, char *err, size_t errlen) {
+  return st_open(path, true, err, errlen);
 }

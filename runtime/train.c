@@ -6,12 +6,14 @@
 #include <float.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "duet_rt.h"
 
@@ -27,13 +29,17 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --seed N           seed of initialisation and shuffling\n"
           "  --threads N        CPU threads for kernels and BLAS, 1 to 1024 (default: all cores)\n"
           "  --data PATH        data directory or text file (default: the train section's)\n"
-          "  --metrics FILE     write JSON lines: {\"step\",\"loss\"}, and {\"epoch\",\"test_accuracy\"\n"
-          "                     (a fraction),\"test_loss\"} or, text models, {\"step\",\"val_loss\"}\n"
+          "  --metrics FILE     write JSON lines: {\"step\",\"loss\"}, and {\"step\",\"epoch\",\"test_accuracy\"\n"
+          "                     (a fraction),\"test_loss\"} or, text models, {\"step\",\"val_loss\"}; with\n"
+          "                     --resume, the file's lines up to the checkpoint's step are kept and\n"
+          "                     the run appends to them\n"
           "  --log-every N      progress line every N steps\n"
           "  --eval-every N     text: validation loss every N steps\n"
           "  --eval-batches N   text: number of fixed validation batches\n"
           "  --save PATH        write a checkpoint (safetensors: params, optimizer state, step, data\n"
-          "                     position, RNG) at the end and every --save-every steps; atomic\n"
+          "                     position, RNG) at the end, every --save-every steps and on SIGINT or\n"
+          "                     SIGTERM (after the current step; a second signal aborts); atomic;\n"
+          "                     never with non-finite values; replaces only a regular file\n"
           "  --save-every N     checkpoint every N steps (needs --save)\n"
           "  --resume PATH      continue from a checkpoint with the losses of an uninterrupted run\n"
           "  --train-subset N   train on the first N training samples\n"
@@ -272,17 +278,140 @@ static int read_scalar(DuetSession *s, const DuetProgram *p, int id, int k, doub
   return 0;
 }
 
-/* Writes a checkpoint when one is due after `step`. */
-static int maybe_save(DuetSession *s, const DuetConfig *cfg, const DuetTrainState *st, int64_t total) {
-  if (!cfg->save_path) return 0;
-  if (st->step != total && !(cfg->save_every > 0 && st->step % cfg->save_every == 0)) return 0;
-  char err[1024];
-  if (duet_checkpoint_save(s, cfg->save_path, st, err, sizeof err)) {
+/* ---------------------------------------------------------- stop signals */
+
+/* SIGINT and SIGTERM during training.  The one piece of mutable process
+ * state of the runtime: the number of the first such signal of the running
+ * training loop (0: none), written only by on_stop_signal, read by the loop
+ * after each step (check_stop), reset when the handlers are installed.  The
+ * loop then finishes the step, writes a checkpoint when --save was given,
+ * says where, and returns 128 + the signal's number.  A second signal
+ * restores the default action and raises itself: the process ends at once.
+ * The handler only stores the number (async-signal-safe); any thread may run
+ * it (pipeline stages included: they finish the step with the main thread,
+ * then stop when the session is freed). */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) {
+  if (stop_signal) {
+    signal(sig, SIG_DFL);
+    raise(sig); /* pending until the handler returns (the signal is blocked in it) */
+    return;
+  }
+  stop_signal = sig;
+}
+
+/* The dispositions the training loop replaced, restored when it ends. */
+typedef struct StopHandlers {
+  struct sigaction old[2];
+  bool set[2];
+} StopHandlers;
+static const int stop_signals[2] = {SIGINT, SIGTERM};
+
+/* Installs on_stop_signal for SIGINT and SIGTERM, except for a signal that
+ * is ignored (a background job's SIGINT, nohup): it stays ignored. */
+static void stop_handlers_install(StopHandlers *h) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  memset(h, 0, sizeof *h);
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;
+  stop_signal = 0;
+  /* both blocked while the handler runs (they fail only for invalid signals:
+   * then the default dispositions stay) */
+  if (sigemptyset(&sa.sa_mask) || sigaddset(&sa.sa_mask, SIGINT) || sigaddset(&sa.sa_mask, SIGTERM)) return;
+  for (int k = 0; k < 2; k++) {
+    if (sigaction(stop_signals[k], NULL, &h->old[k]) != 0) continue; /* cannot fail for these signals */
+    if (h->old[k].sa_handler == SIG_IGN) continue;
+    h->set[k] = sigaction(stop_signals[k], &sa, NULL) == 0;
+  }
+}
+
+static void stop_handlers_restore(StopHandlers *h) {
+  for (int k = 0; k < 2; k++)
+    if (h->set[k] && sigaction(stop_signals[k], &h->old[k], NULL) != 0)
+      fprintf(stderr, "duet: warning: cannot restore the handler of signal %d: %s\n", stop_signals[k], strerror(errno));
+  memset(h, 0, sizeof *h);
+}
+
+/* ------------------------------------------------------------- the run */
+
+/* What a training loop knows besides its config: for checkpoints, the
+ * divergence messages and interruptions. */
+typedef struct Run {
+  const DuetProgram *p;
+  const DuetConfig *cfg;
+  DuetSession *s;
+  int64_t first_step;  /* the step the run started after: the checkpoint's, or 0 */
+  int64_t total;       /* the last step */
+  int64_t saved_step;  /* the step of the last checkpoint this run wrote; -1: none yet */
+  bool save_existed;   /* --save's file existed when the run started */
+} Run;
+
+static void run_init(Run *r, const DuetProgram *p, const DuetConfig *cfg, DuetSession *s) {
+  struct stat sb;
+  *r = (Run){.p = p, .cfg = cfg, .s = s, .saved_step = -1};
+  r->save_existed = cfg->save_path && !lstat(cfg->save_path, &sb);
+}
+
+/* "k.st keeps the checkpoint of step 12" and the like: what --save's file
+ * holds after a checkpoint was not written. */
+static const char *kept_note(const Run *r, char *buf, size_t n) {
+  if (r->saved_step >= 0)
+    snprintf(buf, n, "%s keeps the checkpoint of step %" PRId64, r->cfg->save_path, r->saved_step);
+  else if (r->save_existed)
+    snprintf(buf, n, "%s is left as it was", r->cfg->save_path);
+  else
+    snprintf(buf, n, "no checkpoint was written");
+  return buf;
+}
+
+/* Writes a checkpoint of state st when one is due (the last step, every
+ * --save-every steps, or `now`) and not written already.  A state with
+ * non-finite values is not written: the error says which tensor and what
+ * the file keeps.  0, or -1 after the error. */
+static int maybe_save(Run *r, const DuetTrainState *st, bool now) {
+  const DuetConfig *cfg = r->cfg;
+  if (!cfg->save_path || r->saved_step == st->step) return 0;
+  if (!now && st->step != r->total && !(cfg->save_every > 0 && st->step % cfg->save_every == 0)) return 0;
+  char err[1024], kept[1200];
+  int n_stale = duet_st_remove_stale_temps(cfg->save_path, DUET_ST_STALE_SECONDS, err, sizeof err);
+  if (n_stale && !cfg->quiet)
+    fprintf(stderr, "duet: removed %d stale temporary file%s of saves to %s that were interrupted (%s%s)\n", n_stale,
+            n_stale == 1 ? "" : "s", cfg->save_path, err, n_stale > 1 ? ", ..." : "");
+  int rc = duet_checkpoint_save(r->s, cfg->save_path, st, err, sizeof err);
+  if (rc == -2) {
+    fprintf(stderr, "duet: error: not saving step %" PRId64 " to %s: %s: training diverged (try a lower --lr); %s\n",
+            st->step, cfg->save_path, err, kept_note(r, kept, sizeof kept));
+    return -1;
+  }
+  if (rc) {
     fprintf(stderr, "duet: error: %s\n", err);
     return -1;
   }
+  r->saved_step = st->step;
   if (!cfg->quiet) printf("duet: saved checkpoint %s at step %" PRId64 "\n", cfg->save_path, st->step);
   return 0;
+}
+
+/* After a step (and its evaluation and checkpoint): 0 to go on, or, when
+ * SIGINT or SIGTERM arrived, the process's exit code (128 + the signal's
+ * number) after writing the checkpoint of st (with --save) and saying
+ * what happened. */
+static int check_stop(Run *r, const DuetTrainState *st) {
+  int sig = stop_signal;
+  if (!sig) return 0;
+  const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  const char *path = r->cfg->save_path;
+  if (!path)
+    fprintf(stderr, "duet: interrupted by %s after step %" PRId64 " of %" PRId64 "; no checkpoint written (--save PATH "
+                    "writes one when a run is interrupted)\n", name, st->step, r->total);
+  else if (!maybe_save(r, st, true))
+    fprintf(stderr, "duet: interrupted by %s after step %" PRId64 " of %" PRId64 "; checkpoint of step %" PRId64
+                    " saved to %s (continue with --resume %s)\n", name, st->step, r->total, st->step, path, path);
+  else
+    fprintf(stderr, "duet: interrupted by %s after step %" PRId64 " of %" PRId64 "\n", name, st->step, r->total);
+  return 128 + sig;
 }
 
 static int maybe_resume(DuetSession *s, const DuetConfig *cfg, DuetTrainState *st) {
@@ -304,19 +433,36 @@ static int maybe_resume(DuetSession *s, const DuetConfig *cfg, DuetTrainState *s
 
 /* One optimizer step on the batch already in the inputs; the loss goes to
  * *loss.  -1 (after a message) when the step fails or the loss is not
- * finite. */
-static int train_step(DuetSession *s, const DuetProgram *p, int64_t step, double *loss) {
+ * finite.  The loss of step S is that of the weights after step S - 1, so
+ * a non-finite loss at the first step of a run is not the learning rate's
+ * doing: the message says which case it is. */
+static int train_step(Run *r, int64_t step, double *loss) {
+  DuetSession *s = r->s;
   if (duet_session_run(s, DUET_RUN_TRAIN)) {
     fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
     return -1;
   }
-  if (read_scalar(s, p, p->loss, 0, loss)) {
+  if (read_scalar(s, r->p, r->p->loss, 0, loss)) {
     fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
     return -1;
   }
   if (!isfinite(*loss)) {
-    fprintf(stderr, "duet: error: loss is %s at step %" PRId64 ": training diverged (try a lower --lr)\n",
-            isnan(*loss) ? "NaN" : "infinite", step);
+    const char *what = isnan(*loss) ? "NaN" : "infinite";
+    int64_t finite = step - 1 - r->first_step; /* finite steps of this run before it */
+    char kept[1200] = "";
+    if (r->cfg->save_path && r->saved_step >= 0)
+      snprintf(kept, sizeof kept, "; %s keeps the checkpoint of step %" PRId64, r->cfg->save_path, r->saved_step);
+    if (finite > 0)
+      fprintf(stderr, "duet: error: loss is %s at step %" PRId64 ", after %" PRId64 " finite step%s: training diverged "
+                      "(try a lower --lr)%s\n", what, step, finite, finite == 1 ? "" : "s", kept);
+    else if (r->cfg->resume_path)
+      fprintf(stderr, "duet: error: loss is %s at step %" PRId64 ", the first after resuming from %s (whose values "
+                      "are finite), before any update of this run: the model computes it from that state and this "
+                      "batch\n", what, step, r->cfg->resume_path);
+    else
+      fprintf(stderr, "duet: error: loss is %s at step %" PRId64 ", the first step, before any update: the model "
+                      "computes it from its initial weights and the first batch (not a learning-rate problem; check "
+                      "the initialisation and the data)\n", what, step);
     return -1;
   }
   DuetScaler sc = duet_session_scaler(s);
@@ -383,11 +529,10 @@ static int check_labels(const DuetDataset *ds, int n_classes, const char *what) 
   return 0;
 }
 
-/* The device and session for p: a pipeline (its own devices; *dev stays
- * NULL) when p has stages, else one CPU device.  NULL after a message. */
-/* --save PATH is checked before training, not after it: the path must not be
- * a directory and its directory must be writable.  0, or 1 after printing
- * the error. */
+/* --save PATH is checked before training, not after it: not empty, not an
+ * existing directory or anything else but a regular file (a checkpoint is
+ * renamed over it: as root, --save /dev/null would replace the device), and
+ * its directory writable.  0, or 1 after printing the error. */
 static int check_save_path(const char *path) {
   struct stat st;
   if (!*path) {
@@ -396,6 +541,12 @@ static int check_save_path(const char *path) {
   }
   if (!stat(path, &st) && S_ISDIR(st.st_mode)) {
     fprintf(stderr, "duet: error: --save %s is a directory; give a file path\n", path);
+    return 1;
+  }
+  const char *kind = duet_st_target_kind(path);
+  if (kind) {
+    fprintf(stderr, "duet: error: --save %s exists and is %s, not a regular file: a checkpoint replaces only a "
+                    "regular file\n", path, kind);
     return 1;
   }
   char dir[4096];
@@ -414,15 +565,218 @@ static int check_save_path(const char *path) {
   return 0;
 }
 
-/* The session of a training run, after the checks that must not wait for
- * the end of training (--save's path; --loss-scale without loss scaling
- * only warns).  NULL after printing the error. */
+/* The IDX files of the training (0) and test (1) splits in a data directory:
+ * images, then labels. */
+static const char *const idx_files[2][2] = {{"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"},
+                                            {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}};
+
+/* Which file a path names, for comparing files: its device and inode when
+ * it exists, else its directory's and its last component (an output not yet
+ * written). */
+typedef struct FileKey {
+  bool exists, known;
+  dev_t dev;
+  ino_t ino;
+  const char *base;
+} FileKey;
+
+static FileKey file_key(const char *path) {
+  FileKey k = {0};
+  struct stat sb;
+  if (!stat(path, &sb)) return (FileKey){.exists = true, .known = true, .dev = sb.st_dev, .ino = sb.st_ino};
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  if (stat(dir, &sb)) return k;
+  return (FileKey){.known = true, .dev = sb.st_dev, .ino = sb.st_ino, .base = slash ? slash + 1 : path};
+}
+
+static bool same_key(const FileKey *a, const FileKey *b) {
+  if (!a->known || !b->known || a->exists != b->exists || a->dev != b->dev || a->ino != b->ino) return false;
+  return a->exists || !strcmp(a->base, b->base);
+}
+
+/* Outputs that would destroy an input: each output (--save, --metrics) is
+ * compared by device and inode with each input that exists (the model
+ * source, --resume, the data files, the running program itself) and with
+ * the other output.  --save may be --resume: the checkpoint is read whole
+ * before the first save renames a new one over it.  0, or 1 after the
+ * error. */
+typedef struct RunInput {
+  const char *what, *path;
+} RunInput;
+
+static int check_outputs(const DuetConfig *cfg, const char *model_path) {
+  RunInput in[8];
+  int n_in = 0;
+  char data[4][4096], exe[4096];
+  if (model_path) in[n_in++] = (RunInput){"the model source", model_path};
+  if (cfg->resume_path) in[n_in++] = (RunInput){"--resume", cfg->resume_path};
+  if (cfg->data == DUET_DATA_TEXT && cfg->data_path) {
+    in[n_in++] = (RunInput){"the training text", cfg->data_path};
+  } else if (cfg->data_path) {
+    for (int k = 0; k < 4; k++) {
+      snprintf(data[k], sizeof data[k], "%s/%s", cfg->data_path, idx_files[k / 2][k % 2]);
+      in[n_in++] = (RunInput){"the data file", data[k]};
+    }
+  }
+  ssize_t n_exe = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n_exe > 0) {
+    exe[n_exe] = 0;
+    in[n_in++] = (RunInput){"the running program", exe};
+  }
+  const char *out[2] = {cfg->save_path, cfg->metrics_path}, *out_flag[2] = {"--save", "--metrics"};
+  FileKey ok[2] = {{0}};
+  for (int o = 0; o < 2; o++) {
+    if (!out[o]) continue;
+    ok[o] = file_key(out[o]);
+    if (!ok[o].exists) continue;
+    for (int i = 0; i < n_in; i++) {
+      if (o == 0 && in[i].path == cfg->resume_path) continue;
+      FileKey ik = file_key(in[i].path);
+      if (ik.exists && same_key(&ok[o], &ik)) {
+        fprintf(stderr, "duet: error: %s %s is the same file as %s %s: writing it would destroy that input\n",
+                out_flag[o], out[o], in[i].what, in[i].path);
+        return 1;
+      }
+    }
+  }
+  if (out[0] && out[1] && same_key(&ok[0], &ok[1])) {
+    fprintf(stderr, "duet: error: --metrics %s is the same file as --save %s: each output needs its own file\n", out[1],
+            out[0]);
+    return 1;
+  }
+  return 0;
+}
+
+/* The number of samples of an IDX labels file (its header), or -1. */
+static int64_t idx_count(const char *path) {
+  gzFile f = gzopen(path, "rb");
+  if (!f) return -1;
+  unsigned char h[8];
+  int got = gzread(f, h, sizeof h);
+  gzclose(f);
+  if (got != (int)sizeof h || h[0] || h[1] || h[2] != 8 || h[3] != 1) return -1; /* magic 0x00000801 */
+  return (int64_t)((uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 | (uint32_t)h[6] << 8 | h[7]);
+}
+
+/* The last step of a run as train_images and train_text work it out, from
+ * the data files' sizes only; -1 when it cannot be told here (those
+ * functions then report why). */
+static int64_t planned_total(const DuetProgram *p, const DuetConfig *cfg) {
+  if (cfg->steps > 0) return cfg->steps;
+  int64_t B = p->defaults.batch, per_epoch;
+  if (!cfg->data_path || B < 1) return -1;
+  if (cfg->data == DUET_DATA_TEXT) {
+    struct stat sb;
+    if (stat(cfg->data_path, &sb) || !S_ISREG(sb.st_mode) || cfg->block < 1) return -1;
+    per_epoch = (int64_t)sb.st_size * 9 / 10 / (B * cfg->block);
+    if (per_epoch < 1) per_epoch = 1;
+  } else {
+    char lp[4096];
+    snprintf(lp, sizeof lp, "%s/%s", cfg->data_path, idx_files[0][1]);
+    int64_t n = idx_count(lp);
+    if (n < 0) return -1;
+    int64_t n_train = cfg->train_subset && cfg->train_subset < n ? cfg->train_subset : n;
+    per_epoch = n_train / B;
+    if (per_epoch < 1) return -1;
+  }
+  return cfg->epochs > INT64_MAX / per_epoch ? -1 : cfg->epochs * per_epoch;
+}
+
+/* The checks of a run's files that duet_main and duet_preflight both make,
+ * before data is loaded or kernels compiled: --save (check_save_path), the
+ * outputs against the inputs (check_outputs), and --resume: the checkpoint
+ * opens, is whole, belongs to this model and is before the run's last
+ * step (duet_checkpoint_check reads its header only).  0, or 1 after
+ * printing the error. */
+static int check_run_files(const DuetProgram *p, const DuetConfig *cfg, const char *model_path) {
+  char err[1024];
+  if (cfg->save_path && check_save_path(cfg->save_path)) return 1;
+  if (check_outputs(cfg, model_path)) return 1;
+  if (cfg->resume_path) {
+    int64_t step, total = planned_total(p, cfg);
+    if (duet_checkpoint_check(p, cfg->resume_path, &step, err, sizeof err)) {
+      fprintf(stderr, "duet: error: %s\n", err);
+      return 1;
+    }
+    if (total >= 0 && step >= total) {
+      fprintf(stderr, "duet: error: the checkpoint is at step %" PRId64 ", not before the last step %" PRId64 "\n",
+              step, total);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* The metrics file: a new history, or, resuming from a checkpoint of step
+ * `from` (-1: not resuming), the history of the run that wrote it: the
+ * lines up to that step are kept, later ones (the run had gone further than
+ * its last checkpoint) and an incomplete last line dropped, and the new
+ * lines appended.  A file that is not regular (a FIFO, /dev/stdout) is
+ * appended to.  NULL after the error. */
+static FILE *open_metrics(const DuetConfig *cfg, int64_t from) {
+  const char *path = cfg->metrics_path;
+  struct stat sb;
+  FILE *f;
+  if (from < 0 || stat(path, &sb) || !S_ISREG(sb.st_mode)) {
+    if (!(f = fopen(path, from < 0 ? "w" : "a")))
+      fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", path, strerror(errno));
+    return f;
+  }
+  size_t n;
+  char *text = duet_read_file(path, &n);
+  if (!text) {
+    fprintf(stderr, "duet: error: cannot read metrics file %s: %s\n", path, strerror(errno));
+    return NULL;
+  }
+  size_t keep = 0, kept = 0, dropped = 0, line = 0;
+  bool cut = false;
+  for (size_t at = 0; at < n; line++) {
+    char *nl = memchr(text + at, '\n', n - at);
+    if (!nl) { /* a line cut short by a killed run */
+      dropped++;
+      break;
+    }
+    cJSON *o = cJSON_ParseWithLength(text + at, (size_t)(nl - (text + at)));
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "step");
+    bool is_obj = cJSON_IsObject(o);
+    bool later = cJSON_IsNumber(st) && st->valuedouble > (double)from;
+    cJSON_Delete(o);
+    if (!is_obj) {
+      fprintf(stderr, "duet: error: metrics file %s: line %zu is not a JSON object; not appending to a file duet did "
+                      "not write (give another --metrics)\n", path, line + 1);
+      free(text);
+      return NULL;
+    }
+    if (later) cut = true;
+    if (cut) dropped++;
+    else kept++, keep = (size_t)(nl - text) + 1;
+    at = (size_t)(nl - text) + 1;
+  }
+  free(text);
+  if (keep < n && truncate(path, (off_t)keep)) {
+    fprintf(stderr, "duet: error: cannot truncate metrics file %s after step %" PRId64 ": %s\n", path, from,
+            strerror(errno));
+    return NULL;
+  }
+  if (dropped && !cfg->quiet)
+    fprintf(stderr, "duet: metrics: %s keeps its %zu line%s up to step %" PRId64 " (the checkpoint's); dropped %zu "
+                    "after it\n", path, kept, kept == 1 ? "" : "s", from, dropped);
+  if (!(f = fopen(path, "a"))) fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", path, strerror(errno));
+  return f;
+}
+
+/* The session of a training run (--loss-scale without loss scaling only
+ * warns; duet_main has checked --save and the other files).  NULL after
+ * printing the error. */
 static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
                                  DuetDevice **dev) {
   char err[1024];
   DuetSession *s;
   *dev = NULL;
-  if (cfg->save_path && check_save_path(cfg->save_path)) return NULL;
   if ((cfg->loss_scale > 0 || cfg->min_loss_scale > 0) && p->n_unscale == 0 && !cfg->quiet)
     fprintf(stderr, "duet: warning: --loss-scale and --min-loss-scale have no effect: this program has no fp16 loss "
                     "scaling\n");
@@ -476,11 +830,6 @@ static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const Du
   fflush(stdout);
 }
 
-/* The IDX files of the training (0) and test (1) splits in a data directory:
- * images, then labels. */
-static const char *const idx_files[2][2] = {{"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"},
-                                            {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}};
-
 /* 1 after the error when images of rows x cols pixels do not fit the
  * model's input x, else 0. */
 static int check_pixels(const DuetProgram *p, int rows, int cols) {
@@ -517,6 +866,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   DuetSession *s = NULL;
   FILE *mf = NULL;
   int64_t *perm = NULL;
+  StopHandlers stops = {0};
   if (check_pixels(p, train.rows, train.cols)) goto out;
   if (p->n_classes && (check_labels(&train, p->n_classes, "training") || check_labels(&test, p->n_classes, "test")))
     goto out;
@@ -541,10 +891,6 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
   if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
-  if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
-    fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));
-    goto out;
-  }
   int64_t n_params = 0;
   for (int i = 0; i < p->n_tensors; i++)
     if (p->tensors[i].region == DUET_MEM_PARAM) {
@@ -575,6 +921,13 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
             ts.step, total);
     goto out;
   }
+  if (cfg.metrics_path && !(mf = open_metrics(&cfg, cfg.resume_path ? ts.step : -1))) goto out;
+  Run run;
+  run_init(&run, p, &cfg, s);
+  run.first_step = ts.step;
+  run.total = total;
+  DuetTrainState cur = ts;
+  stop_handlers_install(&stops);
   double t_log = now_seconds(), t_start = t_log, t_eval = 0;
   int64_t since_log = 0, first_step = ts.step;
   EvalResult last = {0};
@@ -595,7 +948,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
         goto out;
       }
       double loss;
-      if (train_step(s, p, ++step, &loss)) goto out;
+      if (train_step(&run, ++step, &loss)) goto out;
       since_log++;
       if (step % cfg.log_every == 0 || step == total) {
         double t = now_seconds();
@@ -607,9 +960,11 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
         t_log = now_seconds();
         since_log = 0;
       }
-      DuetTrainState now = {.step = step, .epoch = b + 1 < per_epoch ? epoch : epoch + 1,
-                            .batch = b + 1 < per_epoch ? b + 1 : 0};
-      if (maybe_save(s, &cfg, &now, total)) goto out;
+      cur = (DuetTrainState){.step = step, .epoch = b + 1 < per_epoch ? epoch : epoch + 1,
+                             .batch = b + 1 < per_epoch ? b + 1 : 0};
+      if (maybe_save(&run, &cur, false)) goto out;
+      if ((rc = check_stop(&run, &cur))) goto out;
+      rc = 1;
     }
     bool epoch_done = step % per_epoch == 0 || step == total;
     if (cfg.eval && epoch_done && p->metrics >= 0) {
@@ -630,6 +985,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
       fflush(stdout);
       if (mf) {
         cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "step", (double)step);
         cJSON_AddNumberToObject(o, "epoch", (double)epoch);
         cJSON_AddNumberToObject(o, "test_accuracy", (double)last.correct / (double)last.n);
         cJSON_AddNumberToObject(o, "test_loss", last.loss);
@@ -638,6 +994,8 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
       double dt = now_seconds() - te;
       t_eval += dt;
       t_log += dt;
+      if ((rc = check_stop(&run, &cur))) goto out;
+      rc = 1;
     }
   }
   double elapsed = now_seconds() - t_start - t_eval;
@@ -649,6 +1007,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   printf("\n");
   rc = 0;
 out:
+  stop_handlers_restore(&stops);
   if (mf && fclose(mf)) {
     fprintf(stderr, "duet: error: writing metrics file %s failed\n", cfg.metrics_path);
     rc = 1;
@@ -767,6 +1126,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   DuetDevice *dev = NULL;
   DuetSession *s = NULL;
   FILE *mf = NULL;
+  StopHandlers stops = {0};
   int64_t B = p->defaults.batch, T = cfg.block;
   if (p->n_classes < 256) {
     fprintf(stderr, "duet: error: byte-level text needs 256 classes, the model's logits have %d\n", p->n_classes);
@@ -781,10 +1141,6 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
   if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
-  if (cfg.metrics_path && !(mf = fopen(cfg.metrics_path, "w"))) {
-    fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg.metrics_path, strerror(errno));
-    goto out;
-  }
   if (!cfg.quiet) {
     int64_t n_params = 0;
     for (int i = 0; i < p->n_tensors; i++)
@@ -807,6 +1163,12 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
             ts.step, total);
     goto out;
   }
+  if (cfg.metrics_path && !(mf = open_metrics(&cfg, cfg.resume_path ? ts.step : -1))) goto out;
+  Run run;
+  run_init(&run, p, &cfg, s);
+  run.first_step = ts.step;
+  run.total = total;
+  stop_handlers_install(&stops);
   double t_log = now_seconds(), t_start = t_log, t_eval = 0, val = NAN;
   int64_t since_log = 0, first_step = ts.step;
   for (int64_t step = ts.step + 1; step <= total; step++) {
@@ -815,7 +1177,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
       goto out;
     }
     double loss;
-    if (train_step(s, p, step, &loss)) goto out;
+    if (train_step(&run, step, &loss)) goto out;
     since_log++;
     if (step % cfg.log_every == 0 || step == total) {
       double t = now_seconds();
@@ -852,7 +1214,9 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
       t_log += dt;
     }
     ts.step = step;
-    if (maybe_save(s, &cfg, &ts, total)) goto out;
+    if (maybe_save(&run, &ts, false)) goto out;
+    if ((rc = check_stop(&run, &ts))) goto out;
+    rc = 1;
   }
   double elapsed = now_seconds() - t_start - t_eval;
   printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f tokens/s)", total - first_step,
@@ -862,6 +1226,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   printf("\n");
   rc = 0;
 out:
+  stop_handlers_restore(&stops);
   if (mf && fclose(mf)) {
     fprintf(stderr, "duet: error: writing metrics file %s failed\n", cfg.metrics_path);
     rc = 1;
@@ -905,12 +1270,12 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
       fprintf(stderr, "duet: warning: --schedule has no effect without a pipeline (--devices with several items, "
                       "or --micro-batches)\n");
   }
-  if (text) return train_text(p, kernels, cfg);
-  if (no_data_source(p, &cfg)) return 1;
-  return train_images(p, kernels, cfg);
+  if (!text && no_data_source(p, &cfg)) return 1;
+  if (check_run_files(p, &cfg, NULL)) return 1;
+  return text ? train_text(p, kernels, cfg) : train_images(p, kernels, cfg);
 }
 
-int duet_preflight(const DuetProgram *p, int argc, char **argv) {
+int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char **argv) {
   DuetConfig cfg = p->defaults;
   char err[1024];
   int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
@@ -942,7 +1307,7 @@ int duet_preflight(const DuetProgram *p, int argc, char **argv) {
       if (check_pixels(p, info.rows, info.cols)) return 1;
     }
   }
-  if (cfg.save_path && check_save_path(cfg.save_path)) return 1;
+  if (check_run_files(p, &cfg, model_path)) return 1;
   if (duet_devices_preflight(p, &cfg, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;

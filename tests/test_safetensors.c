@@ -1,13 +1,19 @@
 /* tests/test_safetensors.c: the runtime's safetensors reader and writer.
  * Round trips, exact bytes, a file laid out as the Python reference writer
  * lays it out, corrupt files (each with its exact message) and atomic
- * saving (a failed save leaves the old file byte-identical, no temp file).
+ * saving (a failed save leaves the old file byte-identical, no temp file;
+ * a temp name is new for each attempt, so a stale temp of an earlier
+ * process with the same pid does not block a save; only a regular file is
+ * replaced), and which stale temps duet_st_remove_stale_temps removes.
  * Files go to a fresh directory under $TMPDIR (default /tmp), removed at the
  * end. */
 #define _POSIX_C_SOURCE 200809L
+#include <time.h>
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <fnmatch.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdint.h>
@@ -38,7 +44,7 @@ static const char *in_dir(const char *name) {
   static char buf[8][768];
   static int k;
   char *p = buf[k++ % 8];
-  snprintf(p, sizeof buf[0], "%s/%s", dir, name);
+  snprintf(p, sizeof buf[0], "%s/%.255s", dir, name);
   return p;
 }
 
@@ -285,6 +291,13 @@ static void expect_open_error(const char *what, const char *name, const char *wa
   check(ok, what);
   if (!ok) printf("  got:  %s\n  want: %s\n", f ? "(opened)" : err, want);
   duet_st_close(f);
+  /* every check is one of the header's: reading the header only finds it too */
+  char err2[512] = "";
+  f = duet_st_open_header(p, err2, sizeof err2);
+  ok = f == NULL && !strcmp(err2, want);
+  check(ok, "header only: same error");
+  if (!ok) printf("  %s, header only:\n  got:  %s\n  want: %s\n", what, f ? "(opened)" : err2, want);
+  duet_st_close(f);
 }
 
 static void corrupt(const char *what, const char *json, size_t data_bytes, const char *want_tail) {
@@ -400,10 +413,13 @@ static void test_corrupt(void) {
 
 /* ------------------------------------------------------------ atomicity */
 
+/* want: the exact message, where `*` matches the 16 hex digits of a temp
+ * name (fnmatch; the paths of these tests hold no other pattern
+ * characters). */
 static void expect_save_error(const char *what, const char *path, const DuetStTensor *t, int n, const char *want) {
   char err[1024] = "";
   int rc = duet_st_save(path, t, n, NULL, 0, err, sizeof err);
-  int ok = rc == -1 && !strcmp(err, want);
+  int ok = rc == -1 && fnmatch(want, err, 0) == 0;
   check(ok, what);
   if (!ok) printf("  got:  %s\n  want: %s\n", rc ? err : "(saved)", want);
 }
@@ -419,7 +435,7 @@ static void unwritable_case(const DuetStTensor *small, const DuetStTensor *large
   size_t on;
   unsigned char *old = read_bytes(p, &on);
   check(old && chmod(ro, 0555) == 0, "atomic: chmod ro/ 0555");
-  snprintf(want, sizeof want, "cannot save %s: fopen(%s.tmp.%ld): Permission denied", p, p, (long)getpid());
+  snprintf(want, sizeof want, "cannot save %s: open(%s.tmp.%ld.*): Permission denied", p, p, (long)getpid());
   expect_save_error("atomic: unwritable directory", p, large, 1, want);
   check(old && same_file(p, old, on), "atomic: old file intact in unwritable directory");
   check(chmod(ro, 0700) == 0, "atomic: chmod ro/ back");
@@ -438,7 +454,7 @@ static void test_atomic(void) {
   DuetStTensor large = mk("w", DUET_F32, 1, (int64_t[]){16384}, big, sizeof big);
   char p[768], err[1024] = "", want[4096], tmp[1024];
   snprintf(p, sizeof p, "%s", in_dir("model.safetensors"));
-  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", p, (long)getpid());
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld.*", p, (long)getpid());
   check(duet_st_save(p, &small, 1, NULL, 0, err, sizeof err) == 0, "atomic: first save");
   size_t on;
   unsigned char *old = read_bytes(p, &on);
@@ -453,12 +469,21 @@ static void test_atomic(void) {
   check(duet_st_save(p, &small, 1, NULL, 0, err, sizeof err) == 0 && same_file(p, old, on),
         "atomic: overwrite back");
 
-  /* the temp cannot be created: a directory already has its name */
-  check(mkdir(tmp, 0700) == 0, "atomic: mkdir the temp name");
-  snprintf(want, sizeof want, "cannot save %s: fopen(%s): File exists", p, tmp);
-  expect_save_error("atomic: temp cannot be created", p, &large, 1, want);
-  check(same_file(p, old, on), "atomic: old file intact after failed fopen");
-  check(rmdir(tmp) == 0, "atomic: the blocking directory was left alone");
+  /* a stale temp of an earlier process with this pid (a run killed while
+   * saving, in a container whose PIDs repeat) does not block the save: the
+   * temp name is new for every attempt; the stale file is left alone (it is
+   * not older than DUET_ST_STALE_SECONDS) */
+  char stale[1024], stale_dir[1024];
+  snprintf(stale, sizeof stale, "%s.tmp.%ld", p, (long)getpid());
+  snprintf(stale_dir, sizeof stale_dir, "%s.tmp.%ld.0123456789abcdef", p, (long)getpid());
+  check(write_bytes(stale, "partial", 7) == 0 && mkdir(stale_dir, 0700) == 0, "atomic: make stale temps");
+  check(duet_st_save(p, &large, 1, NULL, 0, err, sizeof err) == 0, "atomic: a stale temp of this pid does not block");
+  f = duet_st_open(p, err, sizeof err);
+  check(f && duet_st_find(f, "w") && duet_st_find(f, "w")->nbytes == (int64_t)sizeof big, "atomic: saved past the stale temp");
+  duet_st_close(f);
+  check(same_file(stale, (const unsigned char *)"partial", 7), "atomic: the stale temp was left alone");
+  check(remove(stale) == 0 && rmdir(stale_dir) == 0, "atomic: remove the stale temps");
+  check(duet_st_save(p, &small, 1, NULL, 0, err, sizeof err) == 0 && same_file(p, old, on), "atomic: back to small");
 
   /* a directory that becomes unwritable (root writes anyway: as root the
    * case runs in a child process under uid/gid 65534) */
@@ -506,15 +531,70 @@ static void test_atomic(void) {
     signal(SIGXFSZ, old_handler);
   }
 
-  /* the rename fails: the target is a non-empty directory */
+  /* only a regular file is replaced: a directory, a FIFO, a symbolic link
+   * (to a regular file) at the path are refused before anything is written
+   * and left as they were */
   const char *dp = in_dir("adir");
   check(mkdir(dp, 0700) == 0 && write_bytes(in_dir("adir/keep"), "x", 1) == 0, "atomic: make a directory target");
-  snprintf(want, sizeof want, "cannot save %s: rename(%s.tmp.%ld, %s): Is a directory", dp, dp, (long)getpid(), dp);
-  expect_save_error("atomic: rename fails", dp, &small, 1, want);
-  check(count_temps() == 0, "atomic: temp removed after failed rename");
+  snprintf(want, sizeof want, "cannot save %s: it exists and is a directory, not a regular file; not replacing it", dp);
+  expect_save_error("atomic: directory target refused", dp, &small, 1, want);
   check(same_file(in_dir("adir/keep"), (const unsigned char *)"x", 1), "atomic: directory target untouched");
   remove(in_dir("adir/keep"));
   rmdir(dp);
+  const char *fifo = in_dir("fifo");
+  check(mkfifo(fifo, 0600) == 0, "atomic: mkfifo");
+  snprintf(want, sizeof want, "cannot save %s: it exists and is a FIFO, not a regular file; not replacing it", fifo);
+  expect_save_error("atomic: FIFO target refused", fifo, &small, 1, want);
+  struct stat sb;
+  check(lstat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode), "atomic: the FIFO is still a FIFO");
+  check(!strcmp(duet_st_target_kind(fifo), "a FIFO") && duet_st_target_kind(p) == NULL &&
+            duet_st_target_kind(in_dir("absent")) == NULL && !strcmp(duet_st_target_kind("/dev/null"), "a character device"),
+        "duet_st_target_kind: FIFO, regular file, absent, /dev/null");
+  remove(fifo);
+  const char *link = in_dir("link.safetensors");
+  check(symlink(p, link) == 0, "atomic: symlink to the old file");
+  snprintf(want, sizeof want, "cannot save %s: it exists and is a symbolic link, not a regular file; not replacing it",
+           link);
+  expect_save_error("atomic: symbolic link target refused", link, &large, 1, want);
+  check(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode) && same_file(p, old, on), "atomic: the link and its file untouched");
+  remove(link);
+  check(count_temps() == 0, "atomic: no temp after refused targets");
+
+  /* the rename fails: in a sticky directory, a file of another user cannot
+   * be replaced (root can: as root the case runs as uid 65534) */
+  if (geteuid() == 0) {
+    const char *sd = in_dir("sticky");
+    char sp[1024];
+    snprintf(sp, sizeof sp, "%s/theirs.safetensors", sd);
+    check(chmod(dir, 0711) == 0 && mkdir(sd, 0700) == 0 && chmod(sd, 01777) == 0 &&
+              write_bytes(sp, "x", 1) == 0, "atomic: sticky directory with a file of root");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+      if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+      char e2[1024] = "", w2[4096];
+      int rc = duet_st_save(sp, &small, 1, NULL, 0, e2, sizeof e2);
+      snprintf(w2, sizeof w2, "cannot save %s: rename(%s.tmp.%ld.*, %s): Operation not permitted", sp, sp,
+               (long)getpid(), sp);
+      if (rc != -1 || fnmatch(w2, e2, 0)) printf("  got:  %s\n  want: %s\n", e2, w2);
+      fflush(stdout);
+      _exit(rc == -1 && !fnmatch(w2, e2, 0) ? 0 : 1);
+    }
+    int st = 0;
+    check(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+          "atomic: rename fails (uid 65534, sticky directory)");
+    DIR *dd = opendir(sd);
+    int n_left = 0;
+    struct dirent *e;
+    while (dd && (e = readdir(dd))) n_left += e->d_name[0] != '.';
+    if (dd) closedir(dd);
+    check(n_left == 1 && same_file(sp, (const unsigned char *)"x", 1), "atomic: temp removed after failed rename");
+    remove(sp);
+    rmdir(sd);
+    chmod(dir, 0700);
+  } else {
+    printf("note: the failed-rename case needs root (a file of another user in a sticky directory); not run\n");
+  }
 
   /* bad arguments write nothing */
   DuetStTensor two[2] = {small, small};
@@ -533,12 +613,100 @@ static void test_atomic(void) {
   snprintf(want, sizeof want, "cannot save %s: tensor 0 has the reserved name", p);
   expect_save_error("save: reserved name", p, &wrong, 1, want);
   const char *missing = in_dir("no/such/dir/x.safetensors");
-  snprintf(want, sizeof want, "cannot save %s: fopen(%s.tmp.%ld): No such file or directory", missing, missing,
+  snprintf(want, sizeof want, "cannot save %s: open(%s.tmp.%ld.*): No such file or directory", missing, missing,
            (long)getpid());
   expect_save_error("save: missing directory", missing, &small, 1, want);
   check(same_file(p, old, on), "save: old file intact after argument errors");
   check(count_temps() == 0, "save: no temp files after argument errors");
   free(old);
+}
+
+/* -------------------------------------------------------- stale temps */
+
+/* Creates dir/name as a regular file (or, kind 'd', a directory; 'l', a
+ * symbolic link to dir/target.safetensors) last modified age seconds ago. */
+static void make_aged(const char *name, int kind, long age) {
+  const char *p = in_dir(name);
+  int ok = kind == 'd' ? mkdir(p, 0700) == 0
+           : kind == 'l' ? symlink(in_dir("target.safetensors"), p) == 0
+                         : write_bytes(p, "partial", 7) == 0;
+  struct timespec t[2];
+  clock_gettime(CLOCK_REALTIME, &t[0]);
+  t[0].tv_sec -= age;
+  t[1] = t[0];
+  ok = ok && utimensat(AT_FDCWD, p, t, AT_SYMLINK_NOFOLLOW) == 0;
+  if (!ok) printf("FAIL: make %s: %s\n", p, strerror(errno));
+  n_fail += !ok;
+}
+
+static int exists(const char *name) {
+  struct stat sb;
+  return lstat(in_dir(name), &sb) == 0;
+}
+
+/* duet_st_remove_stale_temps removes exactly the temps of this target that
+ * are regular files of this user, old enough, whose process is gone (or is
+ * this one), in both name forms; nothing else. */
+static void test_stale_temps(void) {
+  const long old = DUET_ST_STALE_SECONDS + 60, fresh = 10;
+  pid_t dead = fork(); /* a process that has exited: its pid names no process (until reused) */
+  if (dead == 0) _exit(0);
+  check(dead > 0 && waitpid(dead, NULL, 0) == dead, "stale: a dead pid");
+  long me = (long)getpid(), live = (long)getppid();
+  char n[40][128];
+  int k = 0;
+  const char *H = "0123456789abcdef";
+  check(write_bytes(in_dir("target.safetensors"), "x", 1) == 0, "stale: target");
+  /* removed */
+  snprintf(n[k++], 128, "target.safetensors.tmp.%ld.%s", (long)dead, H);
+  snprintf(n[k++], 128, "target.safetensors.tmp.%ld", (long)dead); /* the name before unique names */
+  snprintf(n[k++], 128, "target.safetensors.tmp.%ld.fedcba9876543210", me);
+  int n_removed = k;
+  for (int i = 0; i < k; i++) make_aged(n[i], 'f', old);
+  /* kept */
+  int kept_from = k;
+  snprintf(n[k], 128, "target.safetensors.tmp.%ld.%s", (long)dead, "00000000000000aa"), make_aged(n[k++], 'f', fresh);
+  snprintf(n[k], 128, "target.safetensors.tmp.%ld.%s", live, H), make_aged(n[k++], 'f', old); /* its writer lives */
+  snprintf(n[k], 128, "target.safetensors.tmp.%ld.%s", (long)dead, "0123456789ABCDEF"), make_aged(n[k++], 'f', old);
+  snprintf(n[k], 128, "target.safetensors.tmp.%ld.%s0", (long)dead, H), make_aged(n[k++], 'f', old);
+  snprintf(n[k], 128, "target.safetensors.tmp.%ld.%.15s", (long)dead, H), make_aged(n[k++], 'f', old);
+  snprintf(n[k], 128, "target.safetensors.tmp.0%ld", (long)dead), make_aged(n[k++], 'f', old);
+  snprintf(n[k], 128, "target.safetensors.tmp.%ld.x", (long)dead), make_aged(n[k++], 'f', old);
+  snprintf(n[k], 128, "other.safetensors.tmp.%ld.%s", (long)dead, H), make_aged(n[k++], 'f', old);
+  snprintf(n[k], 128, "xtarget.safetensors.tmp.%ld", (long)dead), make_aged(n[k++], 'f', old);
+  snprintf(n[k], 128, "target.safetensors.tmp.%ld.%s", (long)dead, "1111111111111111"), make_aged(n[k++], 'd', old);
+  snprintf(n[k], 128, "target.safetensors.tmp.%ld.%s", (long)dead, "2222222222222222"), make_aged(n[k++], 'l', old);
+  if (geteuid() == 0) { /* a file of another user */
+    snprintf(n[k], 128, "target.safetensors.tmp.%ld.%s", (long)dead, "3333333333333333"), make_aged(n[k], 'f', old);
+    check(chown(in_dir(n[k++]), 65534, 65534) == 0, "stale: chown");
+  }
+  char first[1024];
+  int got = duet_st_remove_stale_temps(in_dir("target.safetensors"), DUET_ST_STALE_SECONDS, first, sizeof first);
+  check(got == n_removed, "stale: the three stale temps removed");
+  if (got != n_removed) printf("  removed %d, want %d\n", got, n_removed);
+  int ok = 1;
+  for (int i = 0; i < k; i++)
+    if (exists(n[i]) != (i >= kept_from)) {
+      printf("  %s: %s, want %s\n", n[i], exists(n[i]) ? "kept" : "removed", i >= kept_from ? "kept" : "removed");
+      ok = 0;
+    }
+  check(ok, "stale: exactly the stale temps of this target removed");
+  int first_ok = 0;
+  for (int i = 0; i < n_removed; i++) first_ok |= !strcmp(first, in_dir(n[i]));
+  check(first_ok, "stale: the first removed is named");
+  check(exists("target.safetensors") && same_file(in_dir("target.safetensors"), (const unsigned char *)"x", 1),
+        "stale: the target and the link's target untouched");
+  check(duet_st_remove_stale_temps(in_dir("target.safetensors"), DUET_ST_STALE_SECONDS, first, sizeof first) == 0 &&
+            first[0] == 0,
+        "stale: a second pass removes nothing");
+  /* a younger bound removes the fresh one too */
+  check(duet_st_remove_stale_temps(in_dir("target.safetensors"), 0, first, sizeof first) == 1 && !exists(n[kept_from]),
+        "stale: min_age 0 removes the fresh temp of a dead pid");
+  for (int i = kept_from; i < k; i++) {
+    const char *p = in_dir(n[i]);
+    if (exists(n[i]) && remove(p) != 0) printf("cleanup: %s: %s\n", p, strerror(errno));
+  }
+  remove(in_dir("target.safetensors"));
 }
 
 /* ------------------------------------------- the committed PyTorch fixture */
@@ -665,6 +833,7 @@ int main(void) {
   test_reference_layout();
   test_corrupt();
   test_atomic();
+  test_stale_temps();
   test_fixture();
   cleanup();
   printf("%d passed, %d failed\n", n_pass, n_fail);
