@@ -21,32 +21,12 @@
 /* duet_read_file (duet_rt.h) lives here rather than in data.c: the CUDA
  * plugin links this file without data.c (and zlib). */
 void *duet_read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  size_t cap = 1 << 16, n = 0, got;
-  char *b = malloc(cap + 1);
-  while (b && (got = fread(b + n, 1, cap - n, f)) > 0) {
-    n += got;
-    if (n == cap) {
-      char *nb = cap > SIZE_MAX / 4 ? NULL : realloc(b, cap * 2 + 1);
-      if (!nb) {
-        free(b);
-        b = NULL;
-        break;
-      }
-      b = nb;
-      cap *= 2;
-    }
-  }
-  int bad = ferror(f);
-  fclose(f);
-  if (!b || bad) {
-    free(b);
-    errno = b ? EIO : ENOMEM;
-    return NULL;
-  }
-  b[n] = 0;
-  *len = n;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  void *b = duet_read_fd(fd, len);
+  int e = errno;
+  close(fd);
+  errno = e;
   return b;
 }
 
