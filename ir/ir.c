@@ -753,7 +753,8 @@ int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
   if (!any) return 0;
   Arena *a = arena_new(1 << 12);
   int *upd = arena_alloc(a, ((size_t)nv + 1) * sizeof *upd), *in_bucket = arena_alloc(a, ((size_t)nv + 1) * sizeof *in_bucket);
-  for (int i = 0; i < nv; i++) upd[i] = in_bucket[i] = -1;
+  int *at = arena_alloc(a, ((size_t)nv + 1) * sizeof *at); /* gradient -> position of its bucket */
+  for (int i = 0; i < nv; i++) upd[i] = in_bucket[i] = at[i] = -1;
   for (int i = 0; i < nv; i++) {
     const Value *u = g->values[i];
     if ((u->op == OP_ADAMW || u->op == OP_SGD) && u->n_in > 1 && u->in[1] && u->in[1]->id >= 0 && u->in[1]->id < nv)
@@ -772,10 +773,12 @@ int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
       if (!x || x->id < 0 || x->id >= nv || g->values[x->id] != x) continue; /* the SSA checks report it */
       bytes += (int64_t)dtype_size(x->dtype) * shape_numel(&x->shape);
       if (upd[x->id] < 0) BAD(v, "%%%d is not the gradient an optimizer update reads", x->id);
-      if (upd[x->id] < i) BAD(v, "bucket %d comes after %%%d, the update that reads its gradient %%%d", v->attr.bucket,
-                              upd[x->id], x->id);
+      if (upd[x->id] < i)
+        BAD(v, "bucket %d comes after the update of param %%%d, which reads its gradient %%%d", v->attr.bucket,
+            g->values[upd[x->id]]->in[0]->id, x->id);
       if (in_bucket[x->id] >= 0) BAD(v, "gradient %%%d is in bucket %d already", x->id, in_bucket[x->id]);
       in_bucket[x->id] = v->attr.bucket;
+      at[x->id] = i;
     }
     if (v->attr.bytes != bytes) BAD(v, "bucket %d says %" PRId64 " bytes, its gradients have %" PRId64, v->attr.bucket,
                                     v->attr.bytes, bytes);
@@ -785,6 +788,13 @@ int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
     if ((v->op == OP_ADAMW || v->op == OP_SGD) && v->n_in > 1 && v->in[1] && v->in[1]->id >= 0 && v->in[1]->id < nv &&
         in_bucket[v->in[1]->id] < 0)
       BAD(v, "the gradient %%%d this update reads is in no all-reduce bucket", v->in[1]->id);
+    if (v->op == OP_ADAMW || v->op == OP_SGD || v->op == OP_ALLREDUCE) continue;
+    for (int j = 0; j < v->n_in; j++) { /* the sum replaces a bucket's gradients in place */
+      const Value *x = v->in[j];
+      if (x && x->id >= 0 && x->id < nv && at[x->id] >= 0 && at[x->id] < i)
+        BAD(v, "reads gradient %%%d after its all-reduce (bucket %d) has replaced it by the replicas' sum", x->id,
+            in_bucket[x->id]);
+    }
   }
 #undef BAD
 out:

@@ -355,8 +355,10 @@ int ir_verify(const Graph *g, const char *after_pass, FILE *err);
 /* The all-reduce buckets of data parallelism (passes/data_parallel.c): only
  * in a graph of several replicas; each operand the gradient an optimizer
  * update reads (its in[1]), in exactly one bucket, the bucket before that
- * update; buckets numbered 0, 1, ... in graph order, `bytes` the bytes of
- * their gradients; and once there is a bucket, every such gradient in one.
+ * update and after every other op that reads the gradient (the sum
+ * replaces it in place); buckets numbered 0, 1, ... in graph order, `bytes`
+ * the bytes of their gradients; and once there is a bucket, every such
+ * gradient in one.
  * Returns 0 (also for a graph without buckets), or 1 with the first
  * violation's value in *bad and a message ("%5 is not the gradient an
  * optimizer update reads") in msg.  ir_verify and ir_parse check it. */

@@ -13,7 +13,8 @@
  * Distributed", VLDB 2020), filled in the order the backward pass
  * produces the gradients, one bucket per device (pipeline stage) at a
  * time, and inserts for each an `allreduce` op right after the op that
- * produces its last gradient, so that the bucket's communication can start
+ * produces its last gradient (or reads one, but for the updates: the sum
+ * replaces the gradients in place), so that the bucket's communication can start
  * while the rest of the backward pass runs.  A gradient larger than the cap
  * is a bucket of its own.  With R = 1 the pass changes nothing. */
 #include <inttypes.h>
@@ -27,7 +28,7 @@ typedef struct Bucket {
   int n, cap;
   int64_t bytes;
   int device;  /* the grads' device (-1: an unpartitioned graph) */
-  int last;    /* position of the value that produces its last gradient */
+  int last;    /* the position after which all its gradients are final (made, and read but by the updates) */
 } Bucket;
 
 static int64_t grad_bytes(const Value *v) { return (int64_t)dtype_size(v->dtype) * shape_numel(&v->shape); }
@@ -63,6 +64,16 @@ void pass_data_parallel(Graph *g, PassCtx *cx) {
   }
   if (ng == 0) return;
   qsort(grads, (size_t)ng, sizeof *grads, by_position);
+  /* a gradient is ready when it is made and read by all but the updates
+   * (the sum overwrites it in place) */
+  int *ready = arena_alloc(a, ((size_t)n + 1) * sizeof *ready);
+  for (int i = 0; i < n; i++) ready[i] = i;
+  for (int i = 0; i < n; i++) {
+    Value *u = g->values[i];
+    if (u->op == OP_ADAMW || u->op == OP_SGD) continue;
+    for (int j = 0; j < u->n_in; j++)
+      if (ready[u->in[j]->id] < i) ready[u->in[j]->id] = i;
+  }
   Bucket *b = arena_alloc(a, (size_t)ng * sizeof *b);
   int nb = 0;
   int open[IR_MAX_STAGES + 1]; /* the open bucket of each device (index 0: device -1) */
@@ -85,7 +96,7 @@ void pass_data_parallel(Graph *g, PassCtx *cx) {
     }
     c->grads[c->n++] = x;
     c->bytes += xb;
-    c->last = x->id; /* the gradients come in position order */
+    if (ready[x->id] > c->last) c->last = ready[x->id];
   }
   qsort(b, (size_t)nb, sizeof *b, by_last);
   /* the buckets, each placed right after its last gradient */
