@@ -119,7 +119,6 @@ static int compile_model_par(Compiled *c, const char *path, int64_t batch, const
   return compile_model_opt(c, path, &fo, po, dump_after, stop_after);
 }
 
-
 /* The value of `--NAME V` or `--NAME=V` in argv (the last one), or NULL. */
 static const char *scan_flag(int argc, char **argv, const char *name) {
   const char *v = NULL;

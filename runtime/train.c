@@ -814,8 +814,8 @@ static int check_compiled(const DuetProgram *p, const DuetConfig *cfg) {
     return 1;
   }
   if (p->n_stages >= 1 && cfg->micro_batches && cfg->micro_batches != M) {
-    fprintf(stderr, "duet: error: this program was compiled for %d micro-batches%s, not %" PRId64 "\n", M,
-            R > 1 ? " per replica" : "", cfg->micro_batches);
+    fprintf(stderr, "duet: error: this program was compiled for %d micro-batch%s%s, not %" PRId64 "\n", M,
+            M == 1 ? "" : "es", R > 1 ? " per replica" : "", cfg->micro_batches);
     return 1;
   }
   double want = p->bucket_mb > 0 ? p->bucket_mb : 25.0;

@@ -185,7 +185,7 @@ mlp)
       "$d/exe" --steps 1 --data-parallel 3
     expect exe_bucket "duet: error: this program's all-reduce buckets were made for --bucket-mb 1, not 25 (fixed at compile time: duet compile M.model --bucket-mb 25)" \
       "$d/exe" --steps 1 --bucket-mb 25
-    expect exe_micro "duet: error: this program was compiled for 1 micro-batches per replica, not 2" \
+    expect exe_micro "duet: error: this program was compiled for 1 micro-batch per replica, not 2" \
       "$d/exe" --steps 1 --micro-batches 2
   fi
   ;;
