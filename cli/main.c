@@ -96,10 +96,13 @@ typedef struct Compiled {
   Graph *g;
 } Compiled;
 
-/* Model-parallel settings of a compilation: --devices, --micro-batches. */
+/* Model- and data-parallel settings of a compilation: --devices,
+ * --micro-batches, --data-parallel, --bucket-mb. */
 typedef struct ParOpts {
-  const char *devices; /* NULL: one CPU device */
+  const char *devices; /* NULL: one CPU device (per replica) */
   int64_t micro_batches;
+  int64_t replicas;    /* --data-parallel (0: not given, 1 replica) */
+  double bucket_mb;    /* --bucket-mb (0: the default) */
   PartDevice dev[DUET_MAX_DEVICES];
   int n_dev;
   char mem_from[1700]; /* where the CPU devices' capacity came from (duet_host_memory) */
@@ -111,13 +114,9 @@ static int compile_model_opt(Compiled *c, const char *path, const FrontendOption
 
 static int compile_model_par(Compiled *c, const char *path, int64_t batch, const ParOpts *po, const char *dump_after,
                              const char *stop_after) {
-  FrontendOptions fo = {.batch = batch, .micro_batches = po ? po->micro_batches : 0};
+  FrontendOptions fo = {.batch = batch, .micro_batches = po ? po->micro_batches : 0,
+                        .replicas = po ? po->replicas : 0};
   return compile_model_opt(c, path, &fo, po, dump_after, stop_after);
-}
-
-static int compile_model(Compiled *c, const char *path, int64_t batch, const char *dump_after,
-                         const char *stop_after) {
-  return compile_model_par(c, path, batch, NULL, dump_after, stop_after);
 }
 
 /* The value of `--NAME V` or `--NAME=V` in argv (the last one), or NULL. */
@@ -129,6 +128,12 @@ static const char *scan_flag(int argc, char **argv, const char *name) {
     else if (!strncmp(argv[i], name, n) && argv[i][n] == '=') v = argv[i] + n + 1;
   }
   return v;
+}
+
+/* A flag of a value that par_opts reads (the commands skip it and its value). */
+static bool par_flag(const char *a) {
+  return !strcmp(a, "--devices") || !strcmp(a, "--micro-batches") || !strcmp(a, "--schedule") ||
+         !strcmp(a, "--threads") || !strcmp(a, "--data-parallel") || !strcmp(a, "--bucket-mb");
 }
 
 /* Fills po->dev from the device list `devices` (and --threads in argv):
@@ -198,11 +203,38 @@ static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) 
   return 0;
 }
 
-/* Fills po from --devices (see par_devices), --micro-batches, --schedule
- * and --threads in argv.  1 after a message. */
+/* The devices of one replica: the first of the --data-parallel groups
+ * (all of --devices without data parallelism). */
+static int par_group(const ParOpts *po) { return po->replicas > 1 ? po->n_dev / (int)po->replicas : po->n_dev; }
+
+/* "cpu", or "cpu:0,cpu:1,...,cpu:R-1": the default devices of R replicas. */
+static const char *default_cpus(int64_t R, char *buf, size_t n) {
+  if (R <= 1) return "cpu";
+  size_t len = 0;
+  buf[0] = 0;
+  for (int64_t r = 0; r < R && len < n; r++)
+    len += (size_t)snprintf(buf + len, n - len, "%scpu:%" PRId64, r ? "," : "", r);
+  return buf;
+}
+
+/* Fills po from --devices (see par_devices), --micro-batches, --schedule,
+ * --data-parallel (the device list split into equal groups, one per
+ * replica: duet_devices_groups), --bucket-mb and --threads in argv.  1
+ * after a message. */
 static int par_opts(ParOpts *po, int argc, char **argv) {
   memset(po, 0, sizeof *po);
   po->devices = scan_flag(argc, argv, "--devices");
+  const char *dp = scan_flag(argc, argv, "--data-parallel"), *bm = scan_flag(argc, argv, "--bucket-mb");
+  if (dp && duet_parse_data_parallel(dp, &po->replicas)) return 1;
+  if (bm && duet_parse_bucket_mb(bm, &po->bucket_mb)) return 1;
+  if (po->replicas > 1 && po->devices) {
+    char err[512];
+    int G;
+    if (duet_devices_groups(po->devices, (int)po->replicas, &G, err, sizeof err)) {
+      fprintf(stderr, "duet: error: %s\n", err);
+      return 1;
+    }
+  }
   const char *sch = scan_flag(argc, argv, "--schedule");
   if (sch && strcmp(sch, "gpipe") && strcmp(sch, "1f1b")) {
     fprintf(stderr, "duet: error: --schedule expects gpipe or 1f1b, got '%s'\n", sch);
@@ -266,9 +298,26 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
     diag_error(&c->diag, ir_after_loc(src), "unknown pass `%s`; passes:%s", g->after_pass, list);
     return NULL;
   }
-  if (fo->micro_batches > 1 && g->train.micro_batches != fo->micro_batches) {
+  int R = g->replicas > 1 ? g->replicas : 1;
+  if (fo->replicas > 0 && fo->replicas != R) {
+    diag_error(&c->diag, (Loc){src, 0, 0}, "the dump was built for %d data-parallel replica%s; --data-parallel %" PRId64
+               " needs the .model (an IR dump's batch is split among its replicas)", R, R == 1 ? "" : "s", fo->replicas);
+    return NULL;
+  }
+  if (fo->micro_batches > 1 && g->train.micro_batches != fo->micro_batches * R) {
     diag_error(&c->diag, (Loc){src, 0, 0}, "--micro-batches needs the .model (an IR dump's batch is fixed)");
     return NULL;
+  }
+  if (R > 1 && g->after_pass && passes_find(g->after_pass) >= passes_find("data_parallel")) {
+    bool any = false; /* a hand-edited dump that lost its buckets would train replicas apart */
+    for (int i = 0; i < g->n_values && !any; i++) any = g->values[i]->op == OP_ALLREDUCE;
+    bool grads = false;
+    for (int i = 0; i < g->n_values && !grads; i++) grads = g->values[i]->op == OP_ADAMW || g->values[i]->op == OP_SGD;
+    if (grads && !any) {
+      diag_error(&c->diag, ir_after_loc(src), "the dump of %d replicas was printed after `%s` but has no `allreduce` "
+                 "buckets: its replicas would train apart", R, g->after_pass);
+      return NULL;
+    }
   }
   if (fo->batch && fo->batch != g->train.batch) {
     diag_error(&c->diag, (Loc){src, 0, 0},
@@ -306,13 +355,24 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
                 .precision = opt_precision, .target = opt_arch,
-                .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? po->n_dev : 0,
-                .one_f_one_b = po && po->one_f_one_b};
+                .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
+                .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
   if (!c->g) return 1;
+  if (pc.start_after && c->g->replicas > 1 && po && po->n_dev && !po->replicas) {
+    /* --devices for a dump of several replicas: split as the dump's --data-parallel */
+    char err[512];
+    int G;
+    if (duet_devices_groups(po->devices, c->g->replicas, &G, err, sizeof err)) {
+      diag_error_noloc(&c->diag, "%s", err);
+      return 1;
+    }
+    pc.n_devices = G;
+  }
   if (pc.start_after && passes_find(pc.start_after) >= passes_find("partition")) {
     int S = c->g->n_stages > 1 ? c->g->n_stages : 1, want = pc.n_devices > 0 ? pc.n_devices : S; /* no --devices: the dump's own */
-    int64_t m = c->g->train.micro_batches, want_m = fo->micro_batches > 0 ? fo->micro_batches : m;
+    int R = c->g->replicas > 1 ? c->g->replicas : 1;
+    int64_t m = c->g->train.micro_batches / R, want_m = fo->micro_batches > 0 ? fo->micro_batches : m;
     if (S != want || m != want_m) {
       diag_error_noloc(&c->diag, "the dump was partitioned for %d device%s and %" PRId64 " micro-batch%s; --devices "
                        "and --micro-batches must match (or use the .model)", S, S == 1 ? "" : "s", m, m == 1 ? "" : "es");
@@ -389,7 +449,8 @@ static int check_gemm_acc_graph(const Compiled *c, const char *model, int64_t ba
   FILE *null = fopen("/dev/null", "w");
   if (!null) return 0;
   Compiled p;
-  FrontendOptions fo = {.batch = batch, .micro_batches = po ? po->micro_batches : 0};
+  FrontendOptions fo = {.batch = batch, .micro_batches = po ? po->micro_batches : 0,
+                        .replicas = po ? po->replicas : 0};
   int rc = compile_model_to(&p, null, model, &fo, po, NULL, "precision");
   rc = rc ? 0 : check_gemm_acc(graph_f16_gemms(p.g));
   compiled_free(&p);
@@ -461,17 +522,20 @@ static int cmd_run(int argc, char **argv) {
   if (par_opts(&po, argc - 1, argv + 1)) return 1;
   Compiled c;
   int rc = compile_model_par(&c, argv[0], batch, &po, NULL, NULL);
-  /* one CPU device (the default, or --devices cpu), whose memory the
-   * partition pass checks only when it splits the model: the memory duet
-   * plan counts must be available, or the kernel kills the run mid-way */
-  if (!rc && c.g->n_stages <= 1 && (!po.n_dev || (po.n_dev == 1 && po.dev[0].cpu))) {
+  /* one CPU device (the default, or --devices cpu; per replica), whose
+   * memory the partition pass checks only when it splits the model: the
+   * memory duet plan counts must be available, or the kernel kills the run
+   * mid-way */
+  if (!rc && c.g->n_stages <= 1 && (!po.n_dev || (par_group(&po) == 1 && po.dev[0].cpu))) {
     ParOpts cpu = {0};
-    rc = po.n_dev ? 0 : par_devices(&cpu, "cpu", argc - 1, argv + 1);
+    char cpus[1024];
+    rc = po.n_dev ? 0 : par_devices(&cpu, default_cpus(po.replicas, cpus, sizeof cpus), argc - 1, argv + 1);
     const ParOpts *one = po.n_dev ? &po : &cpu;
-    PassCtx pc = {.diag = &c.diag, .devices = one->dev, .n_devices = one->n_dev};
+    PassCtx pc = {.diag = &c.diag, .devices = one->dev, .n_devices = 1};
     if (!rc) rc = partition_check_memory(c.g, &pc);
     par_free(&cpu);
   }
+  double bucket_mb = po.bucket_mb;
   par_free(&po);
   if (rc) {
     compiled_free(&c);
@@ -480,6 +544,7 @@ static int cmd_run(int argc, char **argv) {
   /* the GPU runs the CUDA C; the C kernels are needed only for CPU devices */
   bool all_cuda = duet_devices_all_cuda(probe.devices);
   CgProgram *cp = lower_program(&c, all_cuda || (probe.devices && strstr(probe.devices, "cuda")));
+  if (cp) cp->prog.bucket_mb = bucket_mb;
   JitModule m;
   memset(&m, 0, sizeof m);
   /* duet_main's checks of data files, devices and --save before seconds of compiling */
@@ -504,7 +569,7 @@ static int bad_argument(const char *cmd, int argc, char **argv, int i) {
   static const char *const with_value[] = {"-o", "--target", "--batch", "--devices", "--micro-batches", "--schedule",
                                            "--threads", "--precision", "--arch", "--after", "--format", "--checkpoint",
                                            "--prompt", "--tokens", "--temperature", "--top-k", "--seed",
-                                           "--gemm-accumulate", "--start-after"};
+                                           "--gemm-accumulate", "--start-after", "--data-parallel", "--bucket-mb"};
   for (size_t k = 0; k < sizeof with_value / sizeof *with_value && i + 1 == argc; k++)
     if (!strcmp(argv[i], with_value[k])) {
       fprintf(stderr, "duet: error: %s needs a value (see duet %s --help)\n", argv[i], cmd);
@@ -520,15 +585,16 @@ static int cmd_compile(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]\n"
+             "                    [--data-parallel N] [--bucket-mb X]\n"
              "Writes a standalone training executable (generated C compiled and linked\n"
              "against the duet runtime).  EXE takes the same flags as `duet run`.\n"
              "Also: --schedule gpipe|1f1b, --threads N (for the partition's cost model),\n"
-             "--precision auto|fp32|fp16|bf16 (fixed in the executable).\n");
+             "--precision auto|fp32|fp16|bf16 (fixed in the executable, as are the batch, the\n"
+             "micro-batches, --data-parallel and --bucket-mb).\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
-    } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") || !strcmp(argv[i], "--schedule") ||
-                !strcmp(argv[i], "--threads")) && i + 1 < argc) {
+    } else if (par_flag(argv[i]) && i + 1 < argc) {
       i++; /* read by par_opts */
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
       batch = scan_batch(2, argv + i);
@@ -591,6 +657,7 @@ static int cmd_compile(int argc, char **argv) {
   CgProgram *cp = codegen_lower(c.g, c.arena);
   /* the executable runs on the devices it was compiled for unless given --devices */
   if (po.devices) cp->prog.defaults.devices = arena_printf(c.arena, "%s", po.devices);
+  cp->prog.bucket_mb = po.bucket_mb;
   par_free(&po);
   if (with_cuda(cp, c.arena, true)) {
     compiled_free(&c);
@@ -652,19 +719,19 @@ static int cmd_ir(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet ir M.model [--after PASS] [--format text|dot|json] [--devices SPEC] [--micro-batches M] [--batch N]\n"
+             "               [--data-parallel N] [--bucket-mb X]\n"
              "Prints the IR after PASS (default: shape; for a G.ir dump, the pass it was printed after).\n"
              "Formats: text (the default; `duet run G.ir` and `duet ir G.ir` read it back), dot (Graphviz:\n"
              "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Also: --schedule gpipe|1f1b,\n"
              "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes).\n"
              "Passes, in order:\n");
-      for (int p = 0; p < duet_n_passes; p++) printf("  %-10s %s\n", duet_passes[p].name, duet_passes[p].what);
+      for (int p = 0; p < duet_n_passes; p++) printf("  %-13s %s\n", duet_passes[p].name, duet_passes[p].what);
       return 0;
     } else if (!strcmp(argv[i], "--after") && i + 1 < argc) {
       after = argv[++i];
     } else if (!strncmp(argv[i], "--after=", 8)) {
       after = argv[i] + 8;
-    } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") || !strcmp(argv[i], "--schedule") ||
-                !strcmp(argv[i], "--threads")) && i + 1 < argc) {
+    } else if (par_flag(argv[i]) && i + 1 < argc) {
       i++; /* read by par_opts */
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
       batch = scan_batch(2, argv + i);
@@ -725,15 +792,16 @@ static int cmd_plan(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet plan M.model [--devices SPEC] [--micro-batches M] [--schedule gpipe|1f1b] [--batch N]\n"
-             "                [--threads N]\n"
+             "                [--threads N] [--data-parallel N] [--bucket-mb X]\n"
              "Partitions the model without running it and prints each stage's ops, estimated time and memory\n"
              "(weights, grads, optimizer state, activations), the transfer bytes per step and the pipeline\n"
              "bubble (S-1)/(M+S-1).  SPEC: cpu:0,cpu:1 | cuda:0,cuda:1 | capacities such as 2x16GiB:sm_60;\n"
-             "default cpu (the one CPU device of duet run, with --threads or all cores).\n"
+             "default cpu (the one CPU device of duet run, with --threads or all cores).  With\n"
+             "--data-parallel N (SPEC split into N groups, one per replica), the ring all-reduce of the\n"
+             "gradients per step, how much of it the buckets hide behind the backward pass, the step time.\n"
              "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n");
       return 0;
-    } else if ((!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--micro-batches") || !strcmp(argv[i], "--schedule") ||
-                !strcmp(argv[i], "--threads")) && i + 1 < argc) {
+    } else if (par_flag(argv[i]) && i + 1 < argc) {
       i++;
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
       batch = scan_batch(2, argv + i);
@@ -754,7 +822,8 @@ static int cmd_plan(int argc, char **argv) {
    * default `--devices cpu`: the estimates are that device's (the model is
    * still compiled without --devices, so its hints stay annotations) */
   ParOpts cpu = {0};
-  if (!po.n_dev && par_devices(&cpu, "cpu", argc, argv)) {
+  char cpus[1024];
+  if (!po.n_dev && par_devices(&cpu, default_cpus(po.replicas, cpus, sizeof cpus), argc, argv)) {
     par_free(&po);
     par_free(&cpu);
     return 1;
@@ -763,7 +832,8 @@ static int cmd_plan(int argc, char **argv) {
   int rc = compile_model_par(&c, model, batch, &po, NULL, NULL);
   if (!rc) {
     const ParOpts *rp = po.n_dev ? &po : &cpu;
-    PassCtx pc = {.diag = &c.diag, .devices = rp->dev, .n_devices = rp->n_dev, .one_f_one_b = po.one_f_one_b};
+    PassCtx pc = {.diag = &c.diag, .devices = rp->dev, .n_devices = po.n_dev ? par_group(&po) : 1,
+                  .one_f_one_b = po.one_f_one_b, .bucket_mb = po.bucket_mb};
     if (check_gemm_acc(graph_f16_gemms(c.g))) {
       rc = 1;
     } else {
@@ -786,10 +856,13 @@ static int cmd_emit(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n"
-             "Also: --precision auto|fp32|fp16|bf16.\n");
+             "Also: --precision auto|fp32|fp16|bf16, --data-parallel N and --bucket-mb X (the kernels of\n"
+             "one replica).\n");
       return 0;
     } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
       target = argv[++i];
+    } else if ((!strcmp(argv[i], "--data-parallel") || !strcmp(argv[i], "--bucket-mb")) && i + 1 < argc) {
+      i++; /* read by par_opts */
     } else if (argv[i][0] != '-' && !model) {
       model = argv[i];
     } else {
@@ -804,8 +877,11 @@ static int cmd_emit(int argc, char **argv) {
     fprintf(stderr, "duet: error: unknown target '%s' (available: c, cuda)\n", target);
     return 1;
   }
+  ParOpts po;
+  if (par_opts(&po, argc, argv)) return 1;
   Compiled c;
-  int rc = compile_model(&c, model, 0, NULL, NULL);
+  int rc = compile_model_par(&c, model, 0, &po, NULL, NULL);
+  par_free(&po);
   CgProgram *cp = rc ? NULL : codegen_lower(c.g, c.arena);
   if (cp && check_gemm_acc(gemm_f16_steps(&cp->prog))) rc = 1;
   if (!rc) {
@@ -1008,15 +1084,23 @@ static const char *bytes_human(int64_t n, char *b, size_t len) {
 }
 
 static int cmd_check(int argc, char **argv) {
-  if (argc != 1 || wants_help(argc, argv)) {
-    printf("usage: duet check M.model\nParses and verifies the model; prints its parameters and the bytes of\n"
+  /* M.model, then only --data-parallel N and --bucket-mb X */
+  bool args_ok = argc >= 1 && argv[0][0] != '-';
+  for (int i = 1; i < argc && args_ok; i += 2)
+    args_ok = (!strcmp(argv[i], "--data-parallel") || !strcmp(argv[i], "--bucket-mb")) && i + 1 < argc;
+  if (!args_ok || wants_help(argc, argv)) {
+    printf("usage: duet check M.model [--data-parallel N] [--bucket-mb X]\nParses and verifies the model; prints its "
+           "parameters and the bytes of\n"
            "their weights as trained (f32: in fp16/bf16 these are the master weights, the 16-bit copies come\n"
            "on top; gradients, optimizer state and activations: duet plan).\n"
            "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90.\n");
-    return argc == 1 ? 0 : 1;
+    return args_ok || (argc == 1 && wants_help(argc, argv)) ? 0 : 1;
   }
+  ParOpts po;
+  if (par_opts(&po, argc, argv)) return 1;
   Compiled c;
-  int rc = compile_model(&c, argv[0], 0, NULL, "optimizer"); /* through autodiff: its warnings too */
+  int rc = compile_model_par(&c, argv[0], 0, &po, NULL, "optimizer"); /* through autodiff: its warnings too */
+  par_free(&po);
   if (!rc && check_gemm_acc_graph(&c, argv[0], 0, NULL)) rc = 1;
   /* parameters and their bytes in all; shape rules keep each one's bytes
    * within 64 bits, their sum is checked here */

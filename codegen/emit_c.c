@@ -923,6 +923,10 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
     }
     if (!p->n_transfers) fprintf(out, "  {0},\n");
     fprintf(out, "};\n");
+    if (p->n_buckets > 0) { /* data parallelism: the all-reduce buckets */
+      write_ints(out, "bucket_off", p->bucket_off, p->n_buckets + 1);
+      write_ints(out, "bucket_tensors", p->bucket_tensors, p->bucket_off[p->n_buckets]);
+    }
   }
   const DuetConfig *c = &p->defaults;
   fprintf(out, "static const DuetProgram program = {\n");
@@ -943,6 +947,10 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   if (p->n_stages > 0)
     fprintf(out, "  .n_stages = %d, .stages = stages, .n_transfers = %d, .transfers = transfers, .micro_batches = %d,\n",
             p->n_stages, p->n_transfers, p->micro_batches);
+  if (p->n_stages > 0 && p->replicas > 1)
+    fprintf(out, "  .replicas = %d, .n_buckets = %d, .bucket_off = %s, .bucket_tensors = %s, .bucket_mb = %.17g,\n",
+            p->replicas, p->n_buckets, p->n_buckets ? "bucket_off" : "0", p->n_buckets ? "bucket_tensors" : "0",
+            p->bucket_mb);
   fprintf(out, "  .kernel_arg_off = kernel_arg_off, .kernel_args = kernel_args,\n");
   if (p->cuda_source)
     fprintf(out, "  .cuda_source = cuda_source, .cuda_launch = cuda_launch, .cuda_fn = cuda_fn, .cuda_n_fns = %d,\n",

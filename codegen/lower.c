@@ -410,10 +410,11 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     t->stage = v->device > 0 && g->n_stages > 1 ? v->device : 0;
     cp->tensor_of[i] = nt++;
   }
+  int n_grads = 0;
   for (int i = 0; i < g->n_values; i++) {
     Value *v = g->values[i];
     if ((v->op == OP_ADAMW || v->op == OP_SGD) && cp->tensor_of[v->in[1]->id] >= 0)
-      tensors[cp->tensor_of[v->in[1]->id]].is_grad = 1;
+      tensors[cp->tensor_of[v->in[1]->id]].is_grad = 1, n_grads++;
   }
   p->n_tensors = nt;
   p->tensors = tensors;
@@ -435,6 +436,10 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   for (int k = 0; piped && k < 4 * S; k++) sl[k].s = arena_alloc(a, cap * sizeof(DuetStep));
   DuetTransfer *xfers = arena_alloc(a, ((size_t)g->n_values + 1) * sizeof *xfers);
   int n_xfers = 0;
+  /* data parallelism: each bucket's gradient tensors */
+  int32_t *bucket_off = arena_alloc(a, ((size_t)g->n_values + 1) * sizeof *bucket_off);
+  int32_t *bucket_tensors = arena_alloc(a, ((size_t)g->n_values + 1) * sizeof *bucket_tensors);
+  int n_buckets = 0, n_btensors = 0;
   for (int i = 0; i < g->n_values; i++) {
     Value *v = g->values[i];
     DuetStep pre[KMAX_BUFS + 1];
@@ -452,6 +457,16 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_STATE:
       has_step = false;
       break;
+    case OP_ALLREDUCE: { /* the stage's backward posts its bucket (a pipelined program: replicas > 1) */
+      DUET_ASSERT(piped && v->attr.bucket == n_buckets);
+      int stg = v->device > 0 && g->n_stages > 1 ? v->device : 0;
+      bucket_off[n_buckets] = n_btensors;
+      for (int j = 0; j < v->n_in; j++) bucket_tensors[n_btensors++] = tid(&L, v->in[j]);
+      DuetStep ar = {.kind = DUET_STEP_ALLREDUCE, .a = n_buckets++};
+      push_step(&L, &sl[stg * 4 + 1], ar);
+      has_step = false;
+      break;
+    }
     case OP_TRANSFER: { /* a send on the source's stage, a receive on this one */
       DuetTransfer *x = &xfers[n_xfers];
       x->src = tid(&L, v->in[0]);
@@ -688,7 +703,15 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     p->n_transfers = n_xfers;
     p->transfers = xfers;
     p->micro_batches = g->train.micro_batches > 1 ? (int)g->train.micro_batches : 1;
+    p->replicas = g->replicas > 1 ? g->replicas : 1;
+    bucket_off[n_buckets] = n_btensors;
+    p->n_buckets = n_buckets;
+    p->bucket_off = bucket_off;
+    p->bucket_tensors = bucket_tensors;
   }
+  /* every gradient in a bucket (the verifier's rule for graphs with buckets;
+   * a graph of several replicas without any is refused before lowering) */
+  DUET_ASSERT(g->replicas <= 1 || n_btensors == n_grads);
 
   const TrainSpec *t = &g->train;
   DuetConfig *c = &p->defaults;

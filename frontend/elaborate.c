@@ -1458,16 +1458,26 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
       read_eval(&e, &global, st, &g->train);
     }
   if (opt && opt->batch > 0) g->train.batch = opt->batch;
-  if (opt && opt->micro_batches > 1) { /* `batch` names one micro-batch from here on */
-    long long B = (long long)g->train.batch, M = (long long)opt->micro_batches;
+  /* data parallelism: R replicas, each M micro-batches, R x M micro-batches
+   * of one global batch in all (replica r computes r*M .. r*M+M-1) */
+  long long R = opt && opt->replicas > 1 ? (long long)opt->replicas : 1;
+  long long Ml = opt && opt->micro_batches > 1 ? (long long)opt->micro_batches : 1;
+  if (R * Ml > 1) { /* `batch` names one micro-batch from here on */
+    long long B = (long long)g->train.batch, M = R * Ml;
+    char by[160];
+    if (R == 1) snprintf(by, sizeof by, "--micro-batches %lld", M);
+    else if (Ml == 1) snprintf(by, sizeof by, "--data-parallel %lld (the replicas split each global batch)", R);
+    else snprintf(by, sizeof by, "--data-parallel %lld x --micro-batches %lld = %lld (the replicas' micro-batches split "
+                  "each global batch)", R, Ml, M);
     if (B % M) { /* point at where the batch was set */
-      if (opt->batch > 0) diag_error_noloc(d, "--batch %lld is not a multiple of --micro-batches %lld", B, M);
-      else if (e.batch_loc.line > 0) diag_error(d, e.batch_loc, "batch %lld is not a multiple of --micro-batches %lld", B, M);
-      else diag_error(d, (Loc){src, 0, 0}, "the default batch %lld is not a multiple of --micro-batches %lld (no "
-                      "`batch = N` in the train section: set one, or use --batch)", B, M);
+      if (opt->batch > 0) diag_error_noloc(d, "--batch %lld is not a multiple of %s", B, by);
+      else if (e.batch_loc.line > 0) diag_error(d, e.batch_loc, "batch %lld is not a multiple of %s", B, by);
+      else diag_error(d, (Loc){src, 0, 0}, "the default batch %lld is not a multiple of %s (no `batch = N` in the "
+                      "train section: set one, or use --batch)", B, by);
     }
-    g->train.batch /= opt->micro_batches;
-    g->train.micro_batches = opt->micro_batches;
+    g->train.batch /= M;
+    g->train.micro_batches = M;
+    g->replicas = (int)R;
   }
   EVal bv = {.kind = EV_NUM, .num = (double)g->train.batch, .is_int = true, .loc = cx.model_loc};
   bind(&e, &global, "batch", bv, cx.model_loc, true);

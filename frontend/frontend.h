@@ -10,6 +10,9 @@ typedef struct FrontendOptions {
   int64_t batch;      /* binds the name `batch` */
   int64_t micro_batches; /* > 1: the batch is split into this many micro-batches;
                           * `batch` then binds batch / micro_batches */
+  int64_t replicas;      /* > 1: data parallelism: this many replicas, each with
+                          * micro_batches (at least 1) of the global batch;
+                          * `batch` binds batch / (replicas x micro_batches) */
   DType float_dtype;  /* dtype of params and float inputs; DT_VOID = f32 */
   bool decode;        /* generation: axis 1 of every input (time) becomes 1,
                        * attention keeps key/value caches, no backward */

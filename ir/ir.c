@@ -719,6 +719,11 @@ void ir_infer_shape(Graph *g, Value *v) {
       diag_error(g->diag, v->loc, "%s to %s: the target must be a float dtype", op_info[v->op].name,
                  dtype_name(v->dtype));
     break;
+  case SHAPE_NONE:
+    if (v->n_in < 1) diag_error(g->diag, v->loc, "%s takes at least one operand", op_info[v->op].name);
+    for (int i = 0; i < v->n_in; i++) need_float(g, v, i);
+    v->dtype = DT_VOID;
+    break;
   case SHAPE_VOID:
     for (int i = 1; i < v->n_in; i++)
       if (!shape_eq(&v->in[i]->shape, &v->in[0]->shape))
@@ -740,6 +745,62 @@ void ir_infer_shape(Graph *g, Value *v) {
 }
 
 /* ------------------------------------------------------------- verifier */
+
+int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
+  int nv = g->n_values, buckets = 0, found = 0;
+  bool any = false;
+  for (int i = 0; i < nv && !any; i++) any = g->values[i]->op == OP_ALLREDUCE;
+  if (!any) return 0;
+  Arena *a = arena_new(1 << 12);
+  int *upd = arena_alloc(a, ((size_t)nv + 1) * sizeof *upd), *in_bucket = arena_alloc(a, ((size_t)nv + 1) * sizeof *in_bucket);
+  int *at = arena_alloc(a, ((size_t)nv + 1) * sizeof *at); /* gradient -> position of its bucket */
+  for (int i = 0; i < nv; i++) upd[i] = in_bucket[i] = at[i] = -1;
+  for (int i = 0; i < nv; i++) {
+    const Value *u = g->values[i];
+    if ((u->op == OP_ADAMW || u->op == OP_SGD) && u->n_in > 1 && u->in[1] && u->in[1]->id >= 0 && u->in[1]->id < nv)
+      upd[u->in[1]->id] = i;
+  }
+#define BAD(v, ...) do { *bad = (v); snprintf(msg, n, __VA_ARGS__); found = 1; goto out; } while (0)
+  for (int i = 0; i < nv; i++) {
+    const Value *v = g->values[i];
+    if (v->op != OP_ALLREDUCE) continue;
+    if (g->replicas <= 1) BAD(v, "an all-reduce in a graph of one replica (there is no `replicas N` line)");
+    if (v->attr.bucket != buckets) BAD(v, "bucket %d, expected %d (buckets are numbered in graph order)", v->attr.bucket, buckets);
+    buckets++;
+    int64_t bytes = 0;
+    for (int j = 0; j < v->n_in; j++) {
+      const Value *x = v->in[j];
+      if (!x || x->id < 0 || x->id >= nv || g->values[x->id] != x) continue; /* the SSA checks report it */
+      bytes += (int64_t)dtype_size(x->dtype) * shape_numel(&x->shape);
+      if (upd[x->id] < 0) BAD(v, "%%%d is not the gradient an optimizer update reads", x->id);
+      if (upd[x->id] < i)
+        BAD(v, "bucket %d comes after the update of param %%%d, which reads its gradient %%%d", v->attr.bucket,
+            g->values[upd[x->id]]->in[0]->id, x->id);
+      if (in_bucket[x->id] >= 0) BAD(v, "gradient %%%d is in bucket %d already", x->id, in_bucket[x->id]);
+      in_bucket[x->id] = v->attr.bucket;
+      at[x->id] = i;
+    }
+    if (v->attr.bytes != bytes) BAD(v, "bucket %d says %" PRId64 " bytes, its gradients have %" PRId64, v->attr.bucket,
+                                    v->attr.bytes, bytes);
+  }
+  for (int i = 0; i < nv; i++) {
+    const Value *v = g->values[i];
+    if ((v->op == OP_ADAMW || v->op == OP_SGD) && v->n_in > 1 && v->in[1] && v->in[1]->id >= 0 && v->in[1]->id < nv &&
+        in_bucket[v->in[1]->id] < 0)
+      BAD(v, "the gradient %%%d this update reads is in no all-reduce bucket", v->in[1]->id);
+    if (v->op == OP_ADAMW || v->op == OP_SGD || v->op == OP_ALLREDUCE) continue;
+    for (int j = 0; j < v->n_in; j++) { /* the sum replaces a bucket's gradients in place */
+      const Value *x = v->in[j];
+      if (x && x->id >= 0 && x->id < nv && at[x->id] >= 0 && at[x->id] < i)
+        BAD(v, "reads gradient %%%d after its all-reduce (bucket %d) has replaced it by the replicas' sum", x->id,
+            in_bucket[x->id]);
+    }
+  }
+#undef BAD
+out:
+  arena_free(a);
+  return found;
+}
 
 int ir_verify(const Graph *g, const char *after_pass, FILE *err) {
   int bad = 0;
@@ -793,6 +854,12 @@ int ir_verify(const Graph *g, const char *after_pass, FILE *err) {
     if (shape_numel(&v->shape) < 0) VFAIL("element count overflows");
   }
 #undef VFAIL
+  const Value *ab;
+  char abuf[256];
+  if (ir_check_allreduce(g, &ab, abuf, sizeof abuf)) {
+    fprintf(err, "duet: IR verifier (after %s): %%%d %s: %s\n", after_pass, ab->id, op_info[ab->op].name, abuf);
+    bad++;
+  }
   MemConflict mc;
   if (!bad && ir_check_memory(g, &mc)) {
     char buf[512];
@@ -987,6 +1054,9 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   case OP_UNSCALE:
     fprintf(out, "[slot=%d]", v->attr.slot);
     break;
+  case OP_ALLREDUCE:
+    fprintf(out, "[bucket=%d,bytes=%" PRId64 "]", v->attr.bucket, v->attr.bytes);
+    break;
   case OP_NORM:
   case OP_NORM_GRAD:
     fprintf(out, "[eps=%s]", NUM(v->attr.eps));
@@ -1068,6 +1138,7 @@ void ir_print(const Graph *g, FILE *out) {
   if (g->float_dtype != DT_F32) fprintf(out, "float_dtype %s\n", dtype_name(g->float_dtype));
   if (g->decode) fprintf(out, "decode context=%" PRId64 "\n", g->context);
   if (g->n_stages > 1) fprintf(out, "stages %d\n", g->n_stages);
+  if (g->replicas > 1) fprintf(out, "replicas %d\n", g->replicas);
   print_train(&g->train, out);
   bool planned = false;
   for (int r = 1; r < MEM_COUNT; r++) planned |= g->region_bytes[r] != 0;

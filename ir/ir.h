@@ -151,6 +151,7 @@ typedef enum ShapeRule {
   SHAPE_TRANSPOSE, /* [m,n] -> [n,m] */
   SHAPE_POSITIONS, /* idx [..., T] -> i32 [T] */
   SHAPE_CAST,      /* shape of in[0], dtype attr.dtype (a float dtype) */
+  SHAPE_NONE,      /* no result; float operands of any shapes (a collective) */
 } ShapeRule;
 
 enum { OPF_EW = 1, OPF_SIDE = 2 };
@@ -224,6 +225,8 @@ typedef struct Attr {
   int64_t site;     /* DROPOUT: which dropout of the model (decorrelates masks) */
   FusedProg *prog;  /* FUSED */
   int slot;         /* UNSCALE: index of its overflow flag (param order) */
+  int bucket;       /* ALLREDUCE: the bucket's index (0, 1, ... in graph order) */
+  int64_t bytes;    /* ALLREDUCE: the bytes of its gradients */
 } Attr;
 
 typedef enum Role { ROLE_FORWARD, ROLE_BACKWARD, ROLE_OPTIMIZER, ROLE_EVAL } Role;
@@ -295,6 +298,8 @@ typedef struct LayerInfo {
 
 /* At most this many pipeline stages (devices) per graph. */
 #define IR_MAX_STAGES 64
+/* At most this many data-parallel replicas (--data-parallel). */
+#define IR_MAX_REPLICAS 64
 
 typedef struct Graph {
   Arena *arena;
@@ -316,6 +321,10 @@ typedef struct Graph {
   int64_t context;   /* decode: positions the key/value caches hold */
   const char *after_pass; /* the last pass run on it (NULL: none); printed as
                            * `after NAME`, so a dump knows where to resume */
+  int replicas;      /* data parallelism: replicas of the model (0 or 1: none);
+                      * train.micro_batches counts all replicas' micro-batches,
+                      * replica r computing micro-batches r*M .. r*M+M-1,
+                      * M = micro_batches / replicas; printed `replicas N` */
 } Graph;
 
 /* Elements of v's dtype that the memory plan reserves after v's own for its
@@ -342,6 +351,18 @@ void ir_infer_shape(Graph *g, Value *v);
  * internal errors: prints them naming `after_pass` and returns the count
  * (0 = ok). */
 int ir_verify(const Graph *g, const char *after_pass, FILE *err);
+
+/* The all-reduce buckets of data parallelism (passes/data_parallel.c): only
+ * in a graph of several replicas; each operand the gradient an optimizer
+ * update reads (its in[1]), in exactly one bucket, the bucket before that
+ * update and after every other op that reads the gradient (the sum
+ * replaces it in place); buckets numbered 0, 1, ... in graph order, `bytes`
+ * the bytes of their gradients; and once there is a bucket, every such
+ * gradient in one.
+ * Returns 0 (also for a graph without buckets), or 1 with the first
+ * violation's value in *bad and a message ("%5 is not the gradient an
+ * optimizer update reads") in msg.  ir_verify and ir_parse check it. */
+int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n);
 
 /* A memory-plan conflict: two values live at the same time that share
  * bytes of one region of one device. */

@@ -95,6 +95,9 @@ static void dot_attrs(const Value *v, Buf *out) {
   case OP_UNSCALE:
     bput(out, "flag %d", a->slot);
     break;
+  case OP_ALLREDUCE:
+    bput(out, "bucket %d, %" PRId64 " bytes", a->bucket, a->bytes);
+    break;
   case OP_FUSED: { /* the ops of the program; loads and constants left out */
     int shown = 0;
     for (int k = 0; k < a->prog->n; k++) {
@@ -135,6 +138,7 @@ static void dot_node(const Graph *g, const Value *v, FILE *out, const char *inde
   case OP_PARAM: fputs(", shape=ellipse, fillcolor=\"#cfe2ff\"", out); break;
   case OP_STATE: fprintf(out, ", shape=ellipse, fillcolor=\"%s\"", v->attr.kv_cache ? "#e2d9f3" : "#ffe5b4"); break;
   case OP_CONST: fputs(", shape=plain", out); break;
+  case OP_ALLREDUCE: fputs(", shape=box3d, fillcolor=\"#cff4fc\"", out); break;
   default:
     fprintf(out, ", fillcolor=\"%s\"", role_fill[(unsigned)v->role < 4 ? v->role : 0]);
     if (op_info[v->op].flags & OPF_SIDE) fputs(", shape=box3d", out);
@@ -150,6 +154,7 @@ void ir_print_dot(const Graph *g, FILE *out) {
   fputs("\" {\n  graph [rankdir=TB, labelloc=t, fontname=\"Helvetica\", label=\"", out);
   dot_text(g->model_name ? g->model_name : "?", out);
   if (g->after_pass) fprintf(out, " after %s", g->after_pass);
+  if (g->replicas > 1) fprintf(out, ", %d replicas", g->replicas);
   fputs("\"", out);
   /* large graphs: bounded crossing minimisation and network simplex keep dot
    * to seconds (gpt_kjv: minutes otherwise) */
@@ -287,6 +292,10 @@ static void json_attrs(J *j, cJSON *o, const Value *v) {
   case OP_UNSCALE:
     jnum(j, o, "slot", a->slot);
     break;
+  case OP_ALLREDUCE:
+    jnum(j, o, "bucket", a->bucket);
+    jint(j, o, "bytes", a->bytes);
+    break;
   case OP_FUSED: {
     cJSON *prog = jchk(j, cJSON_AddArrayToObject(o, "program"));
     for (int k = 0; prog && k < a->prog->n; k++) {
@@ -370,6 +379,8 @@ int ir_print_json(const Graph *g, FILE *out) {
   else jnull(&j, root, "after");
   jstr(&j, root, "float_dtype", dtype_name(g->float_dtype));
   jbool(&j, root, "decode", g->decode);
+  jnum(&j, root, "stages", g->n_stages > 1 ? g->n_stages : 1);
+  jnum(&j, root, "replicas", g->replicas > 1 ? g->replicas : 1);
   if (g->decode) jint(&j, root, "context", g->context);
   cJSON *train = jchk(&j, cJSON_AddObjectToObject(root, "train"));
   if (train) json_train(&j, train, &g->train);

@@ -2,7 +2,7 @@
  * parser's input (docs/ir.md has the grammar):
  *
  *   file    -> header* line*
- *   header  -> `model` NAME | `after` PASS | `float_dtype` DTYPE
+ *   header  -> `model` NAME | `after` PASS | `float_dtype` DTYPE | `stages` N | `replicas` N
  *            | `decode context=`N | `train {` (KEY `=` VALUE)* `}`
  *            | `regions` (REGION `=` N)*
  *   line    -> [`%`ID `=`] OP [ATTRS] [`%`ID (`,` `%`ID)*] `:` TYPE ANNOT*
@@ -42,7 +42,7 @@ typedef struct Parser {
   int line;
   IdSlot *slots; /* %id -> value, open addressing */
   size_t cap;
-  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line;
+  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line;
   uint64_t device_regions[IR_MAX_STAGES / 64 + 1]; /* `regions device N` lines seen */
   int loss_line, logits_line, labels_line;
   bool in_train; /* inside the lines of `train { ... }` */
@@ -645,6 +645,15 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
   case OP_FUSED:
     at->prog = fused_prog(P, loads, n_loads);
     break;
+  case OP_ALLREDUCE: {
+    static const AKey keys[] = {{"bucket", AK_INT, true}, {"bytes", AK_INT, true}};
+    attr_list(P, name, keys, 2, &v);
+    if (v.i[0][0] < 0 || v.i[0][0] > INT32_MAX) FAIL(start, "allreduce: bucket must be in [0, 2^31), got %" PRId64, v.i[0][0]);
+    if (v.i[1][0] < 1) FAIL(start, "allreduce: bytes must be at least 1, got %" PRId64, v.i[1][0]);
+    at->bucket = (int)v.i[0][0];
+    at->bytes = v.i[1][0];
+    break;
+  }
   case OP_UNSCALE: {
     static const AKey keys[] = {{"slot", AK_INT, true}};
     attr_list(P, name, keys, 1, &v);
@@ -1141,6 +1150,10 @@ static void parse_line(Parser *P) {
     once(P, at, &P->stages_line, "stages");
     g->n_stages = (int)integer(P, 2, IR_MAX_STAGES, "the number of stages");
     want_eol(P, "the number of stages");
+  } else if (!strcmp(w, "replicas")) {
+    once(P, at, &P->replicas_line, "replicas");
+    g->replicas = (int)integer(P, 2, IR_MAX_REPLICAS, "the number of replicas");
+    want_eol(P, "the number of replicas");
   } else if (!strcmp(w, "regions")) {
     int64_t *bytes = g->region_bytes;
     ws(P);
@@ -1207,8 +1220,8 @@ static void parse_line(Parser *P) {
     int op = op_from_name(w);
     if (op < 0) {
       static const char *const kw[] = {"model", "after", "float_dtype", "decode", "train", "regions", "loss", "logits",
-                                       "labels", "grad", "stages"};
-      const char *h = hint(P, w, kw, 11);
+                                       "labels", "grad", "stages", "replicas"};
+      const char *h = hint(P, w, kw, 12);
       FAIL(at, "unknown op `%s`%s", w, *h ? h : op_hint(P, w));
     }
     if (!(op_info[op].flags & OPF_SIDE)) FAIL(at, "%s has a result: the line must start with `%%N =`", w);
@@ -1385,7 +1398,13 @@ static void parse_all(Parser *P) {
   if (!P->model_line) fail_loc(P, (Loc){src, 0, 0}, "no `model NAME` line: not an IR file");
   if (P->g->n_values == 0) fail_loc(P, (Loc){src, P->model_line, 1}, "the graph has no values");
   check_trailer(P);
+  if (P->g->replicas > 1 && P->g->train.micro_batches % P->g->replicas)
+    fail_loc(P, (Loc){src, P->replicas_line, 1}, "%d replicas do not share %" PRId64 " micro-batches equally (the train "
+             "section's micro_batches counts every replica's)", P->g->replicas, P->g->train.micro_batches);
   check_devices(P);
+  const Value *ab;
+  char abuf[256];
+  if (ir_check_allreduce(P->g, &ab, abuf, sizeof abuf)) fail_loc(P, ab->loc, "%s", abuf);
   check_regions(P);
   check_inputs(P);
   check_names(P);

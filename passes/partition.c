@@ -137,10 +137,17 @@ typedef struct Part {
 
 /* Stages of the forward ops by dynamic programming: best[s][b] is the
  * smallest possible slowest-stage time when stages 0..s hold F[0..b). */
+/* Micro-batches per replica: those a stage's activations are kept for
+ * (data parallelism splits train.micro_batches among the replicas). */
+static int64_t local_micro_batches(const Graph *g) {
+  int64_t M = g->train.micro_batches > 1 ? g->train.micro_batches : 1;
+  return g->replicas > 1 && M % g->replicas == 0 ? M / g->replicas : M;
+}
+
 static void place_forward(Part *P, int *stage_of_f) {
   Graph *g = P->g;
   int S = P->S, N = P->N;
-  int64_t M = g->train.micro_batches > 1 ? g->train.micro_batches : 1;
+  int64_t M = local_micro_batches(g);
   Arena *a = g->arena;
   /* per-device prefix sums of op time (forward + backward ~ 3x forward,
    * Narayanan et al. 2021), of activation and of param bytes */
@@ -458,7 +465,7 @@ typedef struct StageMemory {
 
 static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
   int S = g->n_stages > 1 ? g->n_stages : 1;
-  int64_t M = g->train.micro_batches > 1 ? g->train.micro_batches : 1;
+  int64_t M = local_micro_batches(g);
   StageMemory m = {0};
   for (int i = 0; i < g->n_values; i++) {
     const Value *v = g->values[i];
@@ -491,12 +498,18 @@ int partition_check_memory(const Graph *g, const PassCtx *cx) {
 
 int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
   bool one_f_one_b = cx->one_f_one_b;
-  int S = g->n_stages > 1 ? g->n_stages : 1;
-  int64_t M = g->train.micro_batches > 1 ? g->train.micro_batches : 1;
+  int S = g->n_stages > 1 ? g->n_stages : 1, R = g->replicas > 1 ? g->replicas : 1;
+  int64_t M = local_micro_batches(g);
   int rc = 0;
-  fprintf(out, "plan: %s on %d device%s, %" PRId64 " micro-batch%s of %" PRId64 " (batch %" PRId64 "), schedule %s\n",
-          g->model_name ? g->model_name : "?", S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", g->train.batch,
-          g->train.batch * M, one_f_one_b ? "1f1b" : "gpipe");
+  if (R > 1)
+    fprintf(out, "plan: %s, %d replicas on %d device%s each, %" PRId64 " micro-batch%s of %" PRId64 " per replica "
+            "(global batch %" PRId64 "), schedule %s; the stages below are every replica's\n",
+            g->model_name ? g->model_name : "?", R, S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", g->train.batch,
+            g->train.batch * M * R, one_f_one_b ? "1f1b" : "gpipe");
+  else
+    fprintf(out, "plan: %s on %d device%s, %" PRId64 " micro-batch%s of %" PRId64 " (batch %" PRId64 "), schedule %s\n",
+            g->model_name ? g->model_name : "?", S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", g->train.batch,
+            g->train.batch * M, one_f_one_b ? "1f1b" : "gpipe");
   double slowest = 0, total = 0;
   int64_t xfer_total = 0;
   for (int s = 0; s < S; s++) {
@@ -555,8 +568,10 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
   fprintf(out, "bubble fraction (S-1)/(M+S-1) = %d/%" PRId64 " = %.3f%s\n", S - 1, M + S - 1, bubble,
           M < S ? " (fewer micro-batches than stages: a large bubble)" : "");
   double est = slowest * (double)(M + S - 1) / (double)M;
-  fprintf(out, "estimated step time: %.3f ms (slowest stage %.3f ms, with the bubble); balance %.2f\n", 1e3 * est,
-          1e3 * slowest, S > 1 && slowest > 0 ? total / ((double)S * slowest) : 1.0);
+  fprintf(out, "estimated step time: %.3f ms (slowest stage %.3f ms, with the bubble); balance %.2f%s\n", 1e3 * est,
+          1e3 * slowest, S > 1 && slowest > 0 ? total / ((double)S * slowest) : 1.0,
+          R > 1 ? ", before the all-reduce" : "");
+  if (R > 1) data_parallel_report(g, cx, est, out);
   if (rc) {
     fflush(out);
     diag_error_noloc(cx->diag, "the model does not fit: a device needs more memory than it has (DOES NOT FIT above)");

@@ -56,6 +56,8 @@ typedef struct PassCtx {
   int n_devices;
   bool one_f_one_b;          /* partition: 1F1B keeps min(M, S - s) micro-batches'
                               * activations on stage s (GPipe: M) */
+  double bucket_mb;          /* data_parallel: --bucket-mb, MiB per all-reduce bucket
+                              * (0: DP_BUCKET_MB_DEFAULT) */
 } PassCtx;
 
 typedef void (*PassFn)(Graph *g, PassCtx *cx);
@@ -66,7 +68,7 @@ typedef struct Pass {
 } Pass;
 
 /* The pipeline, in order: shape, autodiff, optimizer, eval, precision, fuse, partition,
- * memplan. */
+ * data_parallel, memplan. */
 extern const Pass duet_passes[];
 extern const int duet_n_passes;
 
@@ -85,6 +87,7 @@ void pass_eval(Graph *g, PassCtx *cx);      /* append accuracy metrics */
 void pass_precision(Graph *g, PassCtx *cx); /* 16-bit storage, f32 master weights, casts */
 void pass_fuse(Graph *g, PassCtx *cx);      /* fuse elementwise chains */
 void pass_partition(Graph *g, PassCtx *cx); /* devices/stages + transfer ops */
+void pass_data_parallel(Graph *g, PassCtx *cx); /* all-reduce buckets of the gradients */
 void pass_memplan(Graph *g, PassCtx *cx);   /* offsets in param/state/arena, per device */
 
 /* `duet plan`: prints the stage assignment of a graph that went through
@@ -137,5 +140,22 @@ typedef struct PrecisionChoice {
  * in err: an unknown target or precision, or bf16 below sm_80 (naming the
  * card). */
 int precision_resolve(const char *target, const char *request, PrecisionChoice *out, char *err, size_t errlen);
+
+/* ------------------------------------------------------- data parallel */
+
+/* The default all-reduce bucket size, MiB (PyTorch DDP's bucket_cap_mb). */
+#define DP_BUCKET_MB_DEFAULT 25.0
+/* The bucket cap of cx in bytes (--bucket-mb x 2^20, at least 1). */
+int64_t data_parallel_bucket_cap(const PassCtx *cx);
+/* `duet plan` for a graph of several replicas (after every pass), after
+ * partition_report, whose estimated step time is step_s: per stage, its
+ * buckets' gradient bytes, the ring all-reduce time 2(N-1)/N x bytes /
+ * link (Patarasuk & Yuan 2009; the link of the stage's device: the copy
+ * rate assumed between virtual CPU devices, or the partition table's PCIe
+ * figure), how much of it the buckets hide behind the rest of the backward
+ * pass (each bucket sent in order on the link from when its last gradient
+ * is made in the last micro-batch's backward pass, part_op_seconds per
+ * op), and the step time with what is exposed. */
+void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE *out);
 
 #endif

@@ -60,6 +60,11 @@ static void nonfinite_note(char *buf, size_t n, const char *name, int64_t count,
            count == 1 ? "" : "s", first, nan ? "NaN" : "infinite");
 }
 
+/* The CPU workers of p: its stages times its data-parallel replicas. */
+static int workers(const DuetProgram *p) {
+  return (p->n_stages > 1 ? p->n_stages : 1) * (p->n_stages >= 1 && p->replicas > 1 ? p->replicas : 1);
+}
+
 int duet_threads_per_device(const DuetConfig *cfg, int n_stages) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   int total = cfg->threads > 0 ? cfg->threads : cores > 0 ? (int)cores : 1;
@@ -112,7 +117,7 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
   /* what decides the data order: checked (a warning) on resume */
   const DuetConfig *cfg = duet_session_config(s);
   char seed[32], bsz[32], subset[32], threads[32];
-  snprintf(threads, sizeof threads, "%d", duet_threads_per_device(cfg, p->n_stages));
+  snprintf(threads, sizeof threads, "%d", duet_threads_per_device(cfg, workers(p)));
   snprintf(seed, sizeof seed, "%" PRIu64, cfg->seed);
   snprintf(bsz, sizeof bsz, "%" PRId64, cfg->batch);
   snprintf(subset, sizeof subset, "%" PRId64, cfg->train_subset);
@@ -303,11 +308,11 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   /* CPU devices: OpenBLAS sums in an order set by its thread count (per
    * device: a pipeline splits --threads among its stages) */
   int64_t was_threads;
-  int now_threads = duet_threads_per_device(cfg, p->n_stages);
+  int now_threads = duet_threads_per_device(cfg, workers(p));
   if (!weights_only && !cfg->quiet && !duet_devices_all_cuda(cfg->devices) &&
       !meta_i64(f, "threads", &was_threads) && was_threads != now_threads) {
     char flag[96];
-    int S = p->n_stages > 1 ? p->n_stages : 1;
+    int S = workers(p);
     if (cfg->threads > 0 && S == 1) snprintf(flag, sizeof flag, "--threads %d", cfg->threads);
     else if (cfg->threads > 0) snprintf(flag, sizeof flag, "--threads %d (%d per device)", cfg->threads, now_threads);
     else if (S == 1) snprintf(flag, sizeof flag, "--threads (default: all %d cores)", now_threads);

@@ -2,6 +2,7 @@
 /* runtime/cpu.c: the CPU device (kernels as C function pointers, GEMM
  * through CBLAS), the RNG, and sessions (a program loaded on a device). */
 #include <cblas.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdarg.h>
@@ -280,6 +281,8 @@ struct DuetSession {
   bool own_dev; /* the pipeline's host-copy device, freed with the session */
   void *staging; /* duet_session_staging */
   size_t staging_bytes;
+  bool dp_check;      /* DUET_DP_CHECK=1: replicas compared after every training step */
+  int64_t dp_checked; /* steps compared so far */
   char err[800];
 };
 
@@ -468,6 +471,8 @@ DuetSession *duet_session_new_pipeline(const DuetProgram *p, const DuetKernelFn 
     return NULL;
   }
   for (int i = 0; i < p->n_tensors; i++) s->ptr[i] = duet_pipe_tensor(s->pipe, i);
+  DuetPipeEnv env;
+  s->dp_check = !duet_pipe_env(&env, cfg->timeout, err, errlen) && env.dp_check && duet_pipe_replicas(s->pipe) > 1;
   if (duet_session_init_params(s, cfg->seed)) {
     snprintf(err, errlen, "initialising the params: %s", s->err);
     duet_session_free(s);
@@ -478,6 +483,15 @@ DuetSession *duet_session_new_pipeline(const DuetProgram *p, const DuetKernelFn 
 
 void duet_session_free(DuetSession *s) {
   if (!s) return;
+  if (s->dp_checked > 0) {
+    int64_t asym = duet_pipe_asym_overflows(s->pipe);
+    fprintf(stderr, "duet: data-parallel check: the params and optimizer state of the %d replicas were bit-identical "
+            "after each of %" PRId64 " training steps", duet_pipe_replicas(s->pipe), s->dp_checked);
+    if (s->p->n_unscale > 0)
+      fprintf(stderr, "; %" PRId64 " replica-stage%s found no overflow of its own in a step another replica "
+              "overflowed (and skipped it too)", asym, asym == 1 ? "" : "s");
+    fprintf(stderr, "\n");
+  }
   if (s->own_dev) {
     duet_pipe_free(s->pipe);
     if (s->dev) s->dev->ops->destroy(s->dev);
@@ -516,8 +530,9 @@ void *duet_session_staging(DuetSession *s, size_t bytes) {
 
 /* One copy between tensor id's memory and the host: the device that holds
  * the tensor (a pipeline's stage device), or memcpy for a pipeline's host
- * buffers. */
-static int session_copy(DuetSession *s, int id, size_t off, void *host, size_t n, bool to_device) {
+ * buffers.  Data parallelism: a write goes to every replica (replica -1),
+ * a read comes from `replica`. */
+static int session_copy(DuetSession *s, int replica, int id, size_t off, void *host, size_t n, bool to_device) {
   const DuetProgram *p = s->p;
   /* a pipeline's data inputs hold the whole batch: micro_batches times the
    * tensor (duet_pipe_tensor) */
@@ -529,27 +544,49 @@ static int session_copy(DuetSession *s, int id, size_t off, void *host, size_t n
     return -1;
   }
   if (n == 0) return 0;
-  char *mem = (char *)s->ptr[id] + off;
-  DuetDevice *d = s->pipe ? duet_pipe_tensor_device(s->pipe, id) : s->dev;
-  if (!d) {
-    if (to_device) memcpy(mem, host, n);
-    else memcpy(host, mem, n);
-    return 0;
-  }
-  if (to_device ? d->ops->copy_to_device(d, mem, host, n) : d->ops->copy_to_host(d, host, mem, n)) {
-    snprintf(s->err, sizeof s->err, "%s tensor %s: %s", to_device ? "writing" : "reading", p->tensors[id].name, d->err);
+  int R = s->pipe ? duet_pipe_replicas(s->pipe) : 1;
+  if (replica >= R) {
+    snprintf(s->err, sizeof s->err, "replica %d of a program of %d", replica, R);
     return -1;
+  }
+  for (int r = replica < 0 ? 0 : replica; r < (replica < 0 ? R : replica + 1); r++) {
+    char *mem = (char *)(s->pipe ? duet_pipe_tensor_at(s->pipe, r, id) : s->ptr[id]) + off;
+    DuetDevice *d = s->pipe ? duet_pipe_tensor_device_at(s->pipe, r, id) : s->dev;
+    if (!d) { /* a pipeline's host buffer: one for all replicas */
+      if (to_device) memcpy(mem, host, n);
+      else memcpy(host, mem, n);
+      return 0;
+    }
+    if (to_device ? d->ops->copy_to_device(d, mem, host, n) : d->ops->copy_to_host(d, host, mem, n)) {
+      if (R > 1)
+        snprintf(s->err, sizeof s->err, "%s tensor %s of replica %d: %s", to_device ? "writing" : "reading",
+                 p->tensors[id].name, r, d->err);
+      else
+        snprintf(s->err, sizeof s->err, "%s tensor %s: %s", to_device ? "writing" : "reading", p->tensors[id].name,
+                 d->err);
+      return -1;
+    }
   }
   return 0;
 }
 
 int duet_session_read(DuetSession *s, int id, size_t off, void *dst, size_t n) {
-  return session_copy(s, id, off, dst, n, false);
+  return session_copy(s, 0, id, off, dst, n, false);
+}
+
+int duet_session_read_replica(DuetSession *s, int replica, int id, size_t off, void *dst, size_t n) {
+  if (replica < 0) {
+    snprintf(s->err, sizeof s->err, "replica %d", replica);
+    return -1;
+  }
+  return session_copy(s, replica, id, off, dst, n, false);
 }
 
 int duet_session_write(DuetSession *s, int id, size_t off, const void *src, size_t n) {
-  return session_copy(s, id, off, (void *)src, n, true);
+  return session_copy(s, -1, id, off, (void *)src, n, true);
 }
+
+int duet_session_replicas(const DuetSession *s) { return s->pipe ? duet_pipe_replicas(s->pipe) : 1; }
 
 void duet_session_set_valid(DuetSession *s, int64_t n_valid) {
   s->s[DUET_S_N_VALID] = (double)n_valid;
@@ -646,12 +683,25 @@ int duet_session_run(DuetSession *s, int which) {
     s->s[DUET_S_DECAY] = 1.0 - c->lr * c->weight_decay;
   }
   if (s->pipe) {
-    if (which != DUET_RUN_TRAIN || !p->n_unscale) return duet_pipe_run(s->pipe, which, s->s, s->n_valid, s->err, sizeof s->err);
-    /* fp16: every stage's gradients and flags, then one verdict for all */
-    if (duet_pipe_run(s->pipe, DUET_PIPE_GRADS, s->s, s->n_valid, s->err, sizeof s->err)) return -1;
-    int rc = scaler_update(s, duet_pipe_first_overflow(s->pipe));
-    if (rc) return rc < 0 ? -1 : 0;
-    return duet_pipe_run(s->pipe, DUET_PIPE_STEP, s->s, s->n_valid, s->err, sizeof s->err);
+    if (which != DUET_RUN_TRAIN || !p->n_unscale) {
+      if (duet_pipe_run(s->pipe, which, s->s, s->n_valid, s->err, sizeof s->err)) return -1;
+    } else {
+      /* fp16: every stage's gradients and flags (OR-ed over the replicas),
+       * then one verdict for all */
+      if (duet_pipe_run(s->pipe, DUET_PIPE_GRADS, s->s, s->n_valid, s->err, sizeof s->err)) return -1;
+      int rc = scaler_update(s, duet_pipe_first_overflow(s->pipe));
+      if (rc < 0) return -1;
+      if (!rc && duet_pipe_run(s->pipe, DUET_PIPE_STEP, s->s, s->n_valid, s->err, sizeof s->err)) return -1;
+    }
+    if (which == DUET_RUN_TRAIN && s->dp_check) { /* DUET_DP_CHECK=1 */
+      char err[600];
+      if (duet_pipe_compare_replicas(s->pipe, err, sizeof err)) {
+        snprintf(s->err, sizeof s->err, "data-parallel check after step %" PRId64 ": %s", s->step, err);
+        return -1;
+      }
+      s->dp_checked++;
+    }
+    return 0;
   }
   DuetDevice *d = s->dev;
   bool prof = s->prof && which == DUET_RUN_TRAIN;

@@ -152,6 +152,31 @@ int duet_devices_check(const char *spec, char *err, size_t errlen) {
   return 0;
 }
 
+int duet_devices_groups(const char *spec, int replicas, int *per_group, char *err, size_t errlen) {
+  DuetDeviceSpec d[DUET_MAX_DEVICES];
+  int n = 0, R = replicas > 1 ? replicas : 1;
+  *per_group = 1;
+  if (!spec) return 0; /* R virtual CPU devices */
+  if (duet_devices_parse(spec, d, DUET_MAX_DEVICES, &n, err, errlen)) return -1;
+  if (n % R) {
+    snprintf(err, errlen, "--data-parallel %d does not divide the %d device%s of --devices %s into equal groups (one "
+             "group of devices per replica)", R, n, n == 1 ? "" : "s", spec);
+    return -1;
+  }
+  int G = n / R;
+  for (int r = 1; r < R; r++)
+    for (int k = 0; k < G; k++) {
+      const DuetDeviceSpec *a = &d[k], *b = &d[r * G + k];
+      if (a->kind != b->kind || (a->kind == DUET_DEV_PLANNED && (a->sm != b->sm || a->capacity != b->capacity))) {
+        snprintf(err, errlen, "--data-parallel %d: replica %d's stage %d is on %s, replica 0's on %s; every replica "
+                 "needs devices of the same kinds, stage by stage", R, r, k, b->name, a->name);
+        return -1;
+      }
+    }
+  *per_group = G;
+  return 0;
+}
+
 int duet_devices_all_cuda(const char *spec) {
   DuetDeviceSpec d[DUET_MAX_DEVICES];
   int n = 0;
@@ -181,7 +206,9 @@ int duet_devices_preflight(const DuetProgram *p, const DuetConfig *cfg, char *er
     if (duet_gemm_acc_check(p, d[k].kind == DUET_DEV_CUDA ? "cuda" : "cpu", err, errlen)) return -1;
   if (p->n_stages >= 1) {
     DuetPipeEnv e;
+    int G;
     if (duet_pipe_env(&e, cfg->timeout, err, errlen)) return -1;
+    if (p->replicas > 1 && duet_devices_groups(cfg->devices, p->replicas, &G, err, errlen)) return -1;
   } else if (n == 1 && d[0].kind == DUET_DEV_CPU) {
     /* one CPU device: its regions must fit the memory available (duet run
      * has checked duet plan's larger count already; this is for compiled

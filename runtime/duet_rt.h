@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 2
+#define DUET_RT_API_VERSION 3
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -55,8 +55,12 @@ typedef struct DuetTensor {
  * when the trans flag is set (cblas_sgemm semantics, alpha 1, beta 0). */
 /* Pipelines add DUET_STEP_SEND (a: transfer index; the sending stage copies
  * the source tensor out) and DUET_STEP_RECV (a: transfer index; the
- * receiving stage waits for it and copies it into the destination tensor). */
-enum { DUET_STEP_KERNEL = 0, DUET_STEP_GEMM = 1, DUET_STEP_SEND = 2, DUET_STEP_RECV = 3 };
+ * receiving stage waits for it and copies it into the destination tensor).
+ * Data parallelism adds DUET_STEP_ALLREDUCE (a: bucket index, in a stage's
+ * backward schedule after the bucket's last gradient: on a replica's last
+ * micro-batch its gradients are final there and the bucket starts its sum
+ * over the replicas; see DuetProgram.bucket_off). */
+enum { DUET_STEP_KERNEL = 0, DUET_STEP_GEMM = 1, DUET_STEP_SEND = 2, DUET_STEP_RECV = 3, DUET_STEP_ALLREDUCE = 4 };
 typedef struct DuetStep {
   int kind;
   int kernel;           /* DUET_STEP_KERNEL: index into the kernel table */
@@ -95,6 +99,14 @@ enum { DUET_OPTIM_ADAMW = 0, DUET_OPTIM_SGD = 1 };
  * stderr and returns 1 (duet run, compiled executables and the commands
  * that plan all parse it here). */
 int duet_parse_threads(const char *val, int *out);
+/* --data-parallel N: an integer 1..DUET_MAX_DEVICES, else "duet: error:
+ * --data-parallel expects an integer from 1 to 64 (replicas), got 'X'";
+ * --bucket-mb X: a number > 0 and at most 1e9, else "duet: error:
+ * --bucket-mb expects a number of MiB > 0 (and at most 1e9), got 'X'".
+ * Printed to stderr, returning 1 (duet run, compiled executables and the
+ * compiling commands all parse them here). */
+int duet_parse_data_parallel(const char *val, int64_t *out);
+int duet_parse_bucket_mb(const char *val, double *out);
 
 /* Training settings: the program's defaults (from the train section),
  * overridden by command-line flags. */
@@ -122,6 +134,8 @@ typedef struct DuetConfig {
   int schedule;            /* DUET_SCHEDULE_*: pipeline schedule */
   int64_t micro_batches;   /* --micro-batches M (0: the program's) */
   double timeout;          /* pipeline: seconds a stage waits for a transfer (0: default) */
+  int64_t data_parallel;   /* --data-parallel N (0: the program's; compile-time) */
+  double bucket_mb;        /* --bucket-mb X (0: the program's; compile-time) */
 } DuetConfig;
 
 /* Pipeline schedules: GPipe fill-drain (all forwards, then all backwards;
@@ -206,6 +220,19 @@ typedef struct DuetProgram {
   const int32_t *kernel_args;
   const int32_t *cuda_fn;
   int cuda_n_fns;
+  /* Data parallelism (replicas > 1; a pipelined program): `replicas`
+   * copies of the stages, each on its own devices, replica r computing
+   * micro-batches r*M .. r*M+M-1 of micro_batches = replicas x M in all.
+   * Bucket b (b < n_buckets) is the gradient tensors
+   * bucket_tensors[bucket_off[b] .. bucket_off[b + 1]), all of one stage,
+   * summed over the replicas in replica order at its DUET_STEP_ALLREDUCE;
+   * every is_grad tensor is in exactly one bucket.  bucket_mb: the
+   * --bucket-mb the buckets were made for (0: the default, 25). */
+  int replicas;
+  int n_buckets;
+  const int32_t *bucket_off;
+  const int32_t *bucket_tensors;
+  double bucket_mb;
 } DuetProgram;
 
 #define DUET_MAX_KERNEL_ARGS 40
@@ -321,6 +348,14 @@ int duet_devices_parse(const char *spec, DuetDeviceSpec *out, int max, int *n, c
  * with a message in err (no CPU kernels, CUDA errors, planned capacities). */
 DuetDevice *duet_device_open(const DuetDeviceSpec *d, const DuetProgram *p, const DuetKernelFn *kernels, int threads,
                              int verbose, char *err, size_t errlen);
+/* --data-parallel R over the device list spec (NULL: R virtual CPU
+ * devices, which is fine): the list must split into R equal consecutive
+ * groups, one per replica, of the same kinds stage by stage (planned
+ * capacities: the same size and sm); *per_group receives the group's size.
+ * 0, or -1 with the message ("--data-parallel 3 does not divide the 4
+ * devices of --devices ... into equal groups ...", "--data-parallel 2:
+ * replica 1's stage 0 is on cuda:0, replica 0's on cpu:0; ..."). */
+int duet_devices_groups(const char *spec, int replicas, int *per_group, char *err, size_t errlen);
 /* 1 when spec parses and names only CUDA devices (the C kernels are then
  * not needed), else 0. */
 int duet_devices_all_cuda(const char *spec);
@@ -372,6 +407,15 @@ void duet_session_free(DuetSession *s);
  * no tensor crosses a stage; NULL for a session of one device.  Lives as
  * long as s. */
 const char *duet_session_transfers(const DuetSession *s);
+/* Data parallelism: the number of replicas of s's program (1 for a program
+ * without data parallelism).  duet_session_write writes a param, optimizer
+ * state or any other device tensor into every replica; duet_session_read
+ * reads replica 0's; duet_session_read_replica reads replica r's
+ * (0 <= r < replicas; the data inputs, loss and metrics are the session's
+ * own host buffers, the same for every r).  0, or -1 with a message in
+ * duet_session_error. */
+int duet_session_replicas(const DuetSession *s);
+int duet_session_read_replica(DuetSession *s, int replica, int id, size_t off, void *dst, size_t n);
 /* Device address of tensor `id` (NULL for an id out of range).  Host
  * code may dereference it only on a CPU device; everything else goes
  * through duet_session_read / duet_session_write (CUDA regions are device
@@ -528,8 +572,9 @@ int duet_checkpoint_check(const DuetProgram *p, const char *path, int64_t *step,
  * whether it is a NaN. */
 int64_t duet_count_nonfinite(int dtype, const void *data, int64_t nbytes, int64_t *first, int *first_nan);
 /* The CPU threads each device of a run uses: --threads (0: the online
- * cores, sysconf) split evenly among n_stages pipeline stages (at least 1
- * each); OpenBLAS's summation order follows it. */
+ * cores, sysconf) split evenly among n_stages workers: pipeline stages, of
+ * every data-parallel replica (at least 1 each); OpenBLAS's summation order
+ * follows it. */
 int duet_threads_per_device(const DuetConfig *cfg, int n_stages);
 
 /* ----------------------------------------------------------------- data */
@@ -720,8 +765,9 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
 /* Interface version of libduet_cuda.so: its duet_cuda_plugin_api() returns
  * it and the loader accepts only a plugin that returns the same.  Bumped
  * whenever DuetDeviceOps, DuetDevice or DuetProgram changes its layout
- * (2: DuetDeviceOps gained peer_path, copy_peer, host_alloc, host_free). */
-#define DUET_CUDA_PLUGIN_API 3
+ * (2: DuetDeviceOps gained peer_path, copy_peer, host_alloc, host_free; 4:
+ * DuetProgram and DuetConfig gained the data-parallel fields). */
+#define DUET_CUDA_PLUGIN_API 4
 
 /* The CUDA device `ordinal` for program p: loads libduet_cuda.so
  * ($DUET_CUDA_PLUGIN, else next to the executable, else the build tree's,

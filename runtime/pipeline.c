@@ -21,6 +21,22 @@
  * a step in two jobs (DUET_PIPE_GRADS, then DUET_PIPE_STEP unless the
  * scaler skips it), so every stage takes or skips the same update.
  *
+ * Data parallelism (DuetProgram.replicas R > 1): R copies of the stages,
+ * R x S workers, each replica on its own devices with its own params,
+ * optimizer state, accumulators, activation slots and transfer staging;
+ * the host staging buffers hold the global batch of R x M micro-batches,
+ * of which replica r computes r*M .. r*M+M-1 (M local micro-batches).  At
+ * a bucket's DUET_STEP_ALLREDUCE on its last local micro-batch a replica
+ * sums the bucket's gradients over its micro-batches (so they are final)
+ * and posts them to the collective (runtime/collective.h), which sums the
+ * replicas' sums in replica order; before its optimizer update each stage
+ * waits for its buckets, then ORs its overflow flags over the replicas and
+ * the loss stage gathers every replica's losses (both through the
+ * collective: sums of flags, and of loss vectors that are zero but for the
+ * replica's own micro-batches, which is exact).  Every replica thus
+ * applies the same update to the same bytes.  Evaluation runs replica 0
+ * alone over all R x M micro-batches (the replicas' params are identical).
+ *
  * Environment (documented in README.md):
  *   DUET_PIPE_TIMEOUT=SECONDS   how long a stage waits for a transfer (120)
  *   DUET_PIPE_STAGING=auto|host host: every transfer staged through host
@@ -51,13 +67,16 @@
 #include <omp.h>
 #endif
 
+#include "collective.h"
 #include "pipeline.h"
 
 void openblas_set_num_threads(int n);
 
 typedef struct Stage {
   struct DuetPipe *q;
-  int id;
+  int id;          /* the stage (0 .. S-1) */
+  int rep;         /* the replica (0 .. R-1) */
+  char who[40];    /* "stage 1", or "replica 1, stage 0", for messages */
   DuetDevice *dev;
   void *region[DUET_MEM_COUNT]; /* DUET_MEM_ARENA: n_slots activation regions */
   int n_slots;
@@ -75,6 +94,8 @@ typedef struct Stage {
   pthread_t thread;
   bool started;
   int64_t seen;    /* last job run */
+  int *buckets, n_buckets; /* data parallelism: this stage's buckets, in order */
+  DuetCollBuf *cbuf;       /* a bucket's buffers, for the collective */
 } Stage;
 
 /* The staging of one transfer: M buffers of `stride` bytes in one block. */
@@ -87,14 +108,15 @@ typedef struct Xfer {
 
 struct DuetPipe {
   const DuetProgram *p;
-  int S, M, schedule;
+  int S, M, schedule; /* M: micro-batches per replica */
+  int R, Mt;          /* replicas; micro-batches of the global batch, R x M */
   int phase;         /* the job's part of a training step: DUET_RUN_TRAIN (all), DUET_PIPE_GRADS, DUET_PIPE_STEP */
-  Stage *st;
-  Xfer *xfer;        /* [transfer] */
+  Stage *st;         /* [replica * S + stage] */
+  Xfer *xfer;        /* [replica * n_transfers + transfer] */
   bool force_host;   /* DUET_PIPE_STAGING=host */
   bool host_sums;    /* DUET_PIPE_SUMS=host */
   char paths[1024];  /* "stage 0 -> 1 copied between arenas (CPU), ..." */
-  int64_t *posted;   /* [transfer * M + m]: job number that posted it */
+  int64_t *posted;   /* [(replica * n_transfers + transfer) * M + m]: job number that posted it */
   pthread_mutex_t mu;
   pthread_cond_t cv;      /* posts, aborts */
   pthread_cond_t job_cv;  /* a new job, or quit */
@@ -108,9 +130,14 @@ struct DuetPipe {
   double timeout;
   int drop_t, drop_m;     /* DUET_PIPE_DROP_SEND, -1: none */
   void *host_x, *host_y, *host_loss, *host_metrics;
-  double *losses;         /* per micro-batch */
+  double *losses;         /* [replica * Mt + global micro-batch]: a replica's row holds its own micro-batches'
+                           * losses (zeros elsewhere) until the collective sums the rows */
   bool profile;           /* DUET_PROFILE=1: per-stage busy and waiting time */
   int64_t runs;
+  DuetColl *coll;         /* R > 1: the collective between the replicas */
+  int *bucket_of;         /* tensor id -> bucket, -1 */
+  int drop_bucket;        /* DUET_DP_DROP (tests): this bucket is never all-reduced; -1: none */
+  int64_t asym_steps;     /* steps whose overflow some replicas saw and others did not */
 };
 
 static double now_s(void) {
@@ -121,14 +148,22 @@ static double now_s(void) {
 
 static int64_t numel(const DuetTensor *t) { return t->nbytes / (t->dtype == DUET_F64 ? 8 : 4); }
 
-/* The staging buffer of transfer tr for micro-batch k. */
-static void *xbuf(const DuetPipe *q, int tr, int k) { return q->xfer[tr].block + (size_t)k * q->xfer[tr].stride; }
+/* The transfer tr of replica r. */
+static Xfer *xf(const DuetPipe *q, int r, int tr) { return &q->xfer[(size_t)r * (size_t)q->p->n_transfers + (size_t)tr]; }
+/* The staging buffer of transfer tr of replica r for micro-batch k. */
+static void *xbuf(const DuetPipe *q, int r, int tr, int k) { return xf(q, r, tr)->block + (size_t)k * xf(q, r, tr)->stride; }
+/* Where replica r posts transfer tr of micro-batch k. */
+static int64_t *posted_at(const DuetPipe *q, int r, int tr, int k) {
+  return &q->posted[((size_t)r * (size_t)q->p->n_transfers + (size_t)tr) * (size_t)q->M + (size_t)k];
+}
 
-/* First error wins; every waiting stage is woken to give up. */
+/* First error wins; every waiting stage is woken to give up, the other
+ * replicas' collectives too. */
 static void pipe_fail(DuetPipe *q, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void pipe_fail(DuetPipe *q, const char *fmt, ...) {
   pthread_mutex_lock(&q->mu);
-  if (!q->abort) {
+  bool first = !q->abort;
+  if (first) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(q->err, sizeof q->err, fmt, ap);
@@ -137,6 +172,7 @@ static void pipe_fail(DuetPipe *q, const char *fmt, ...) {
   }
   pthread_cond_broadcast(&q->cv);
   pthread_mutex_unlock(&q->mu);
+  if (first && q->coll) q->coll->ops->abort(q->coll, "another replica failed");
 }
 
 static bool aborted(DuetPipe *q) {
@@ -146,30 +182,39 @@ static bool aborted(DuetPipe *q) {
   return a;
 }
 
-/* Runs one schedule of stage st on micro-batch m in activation slot `slot`.
- * train: transfers are posted and awaited; eval: stages run in order on one
- * thread, so a receive finds its data staged.  0, or -1 after pipe_fail. */
+static int bucket_post(Stage *st, int b, int m, int slot);
+
+/* Runs one schedule of stage st on (local) micro-batch m in activation slot
+ * `slot`.  train: transfers are posted and awaited, buckets posted on the
+ * last micro-batch; eval: stages run in order on one thread, so a receive
+ * finds its data staged.  0, or -1 after pipe_fail. */
 static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, const double *s, bool train) {
   DuetPipe *q = st->q;
   const DuetProgram *p = q->p;
   void **t = st->tab[slot];
   DuetDevice *d = st->dev;
+  int r = st->rep, gm = r * q->M + m; /* the micro-batch's place in the global batch */
   for (int i = 0; i < n; i++) {
     const DuetStep *x = &steps[i];
     int rc = 0;
+    if (x->kind == DUET_STEP_ALLREDUCE) {
+      if (train && m == q->M - 1 && bucket_post(st, x->a, m, slot)) return -1;
+      continue;
+    }
     if (x->kind == DUET_STEP_SEND) {
       const DuetTransfer *tr = &p->transfers[x->a];
       int k = train ? m : 0;
-      void *buf = xbuf(q, x->a, k);
+      void *buf = xbuf(q, r, x->a, k);
       size_t nb = (size_t)tr->nbytes;
-      if (q->xfer[x->a].path != DUET_PEER_NONE ? d->ops->copy_peer(d, buf, q->st[tr->to].dev, t[tr->src], nb)
-                                               : d->ops->copy_to_host(d, buf, t[tr->src], nb)) {
-        pipe_fail(q, "stage %d, micro-batch %d: sending %s: %s", st->id, m, p->tensors[tr->src].name, d->err);
+      if (xf(q, r, x->a)->path != DUET_PEER_NONE
+              ? d->ops->copy_peer(d, buf, q->st[r * q->S + tr->to].dev, t[tr->src], nb)
+              : d->ops->copy_to_host(d, buf, t[tr->src], nb)) {
+        pipe_fail(q, "%s, micro-batch %d: sending %s: %s", st->who, gm, p->tensors[tr->src].name, d->err);
         return -1;
       }
-      if (train && !(x->a == q->drop_t && m == q->drop_m)) {
+      if (train && !(x->a == q->drop_t && gm == q->drop_m)) {
         pthread_mutex_lock(&q->mu);
-        q->posted[x->a * q->M + k] = q->job;
+        *posted_at(q, r, x->a, k) = q->job;
         pthread_cond_broadcast(&q->cv);
         pthread_mutex_unlock(&q->mu);
       }
@@ -183,7 +228,7 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
         clock_gettime(CLOCK_REALTIME, &dl);
         /* with a dropped send injected, only the wait for it has the short
          * timeout, so the failure reported is always that one */
-        double to = q->drop_t >= 0 && !(x->a == q->drop_t && m == q->drop_m) ? 100 * q->timeout : q->timeout;
+        double to = q->drop_t >= 0 && !(x->a == q->drop_t && gm == q->drop_m) ? 100 * q->timeout : q->timeout;
         double secs = floor(to), frac = to - secs;
         dl.tv_sec += (time_t)secs;
         dl.tv_nsec += (long)(frac * 1e9);
@@ -191,40 +236,41 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
         double t0 = q->profile ? now_s() : 0;
         pthread_mutex_lock(&q->mu);
         int w = 0;
-        while (q->posted[x->a * q->M + k] != q->job && !q->abort && w != ETIMEDOUT)
-          w = pthread_cond_timedwait(&q->cv, &q->mu, &dl);
-        bool ok = q->posted[x->a * q->M + k] == q->job, ab = q->abort;
+        int64_t *post = posted_at(q, r, x->a, k);
+        while (*post != q->job && !q->abort && w != ETIMEDOUT) w = pthread_cond_timedwait(&q->cv, &q->mu, &dl);
+        bool ok = *post == q->job, ab = q->abort;
         pthread_mutex_unlock(&q->mu);
         if (q->profile) st->wait += now_s() - t0;
         if (!ok) {
           if (!ab)
-            pipe_fail(q, "stage %d timed out after %.3g s waiting for micro-batch %d of tensor %s (transfer %d from "
-                      "stage %d); raise DUET_PIPE_TIMEOUT if a stage is legitimately this slow", st->id, q->timeout, m,
+            pipe_fail(q, "%s timed out after %.3g s waiting for micro-batch %d of tensor %s (transfer %d from "
+                      "stage %d); raise DUET_PIPE_TIMEOUT if a stage is legitimately this slow", st->who, q->timeout, gm,
                       p->tensors[tr->src].name, x->a, tr->from);
           return -1;
         }
       }
-      void *buf = xbuf(q, x->a, k);
+      void *buf = xbuf(q, r, x->a, k);
       size_t nb = (size_t)tr->nbytes;
-      if (q->xfer[x->a].path != DUET_PEER_NONE ? d->ops->copy_peer(d, t[tr->dst], d, buf, nb)
-                                               : d->ops->copy_to_device(d, t[tr->dst], buf, nb)) {
-        pipe_fail(q, "stage %d, micro-batch %d: receiving %s: %s", st->id, m, p->tensors[tr->src].name, d->err);
+      if (xf(q, r, x->a)->path != DUET_PEER_NONE ? d->ops->copy_peer(d, t[tr->dst], d, buf, nb)
+                                                 : d->ops->copy_to_device(d, t[tr->dst], buf, nb)) {
+        pipe_fail(q, "%s, micro-batch %d: receiving %s: %s", st->who, gm, p->tensors[tr->src].name, d->err);
         return -1;
       }
       continue;
     }
     rc = x->kind == DUET_STEP_GEMM ? d->ops->gemm(d, x, t) : d->ops->launch(d, x->kernel, t, s);
     if (rc) {
-      pipe_fail(q, "stage %d, micro-batch %d, step %d: %s", st->id, m, i, d->err);
+      pipe_fail(q, "%s, micro-batch %d, step %d: %s", st->who, gm, i, d->err);
       return -1;
     }
   }
   return 0;
 }
 
-/* Micro-batch m of the data inputs this stage owns, from the host staging
- * buffers into activation slot `slot`.  0, or -1 after pipe_fail. */
-static int copy_inputs(Stage *st, int m, int slot) {
+/* Micro-batch gm of the global batch, of the data inputs this stage owns,
+ * from the host staging buffers into activation slot `slot`.  0, or -1
+ * after pipe_fail. */
+static int copy_inputs(Stage *st, int gm, int slot) {
   DuetPipe *q = st->q;
   const DuetProgram *p = q->p;
   int ids[2] = {p->input_x, p->input_y};
@@ -232,8 +278,8 @@ static int copy_inputs(Stage *st, int m, int slot) {
   for (int k = 0; k < 2; k++) {
     if (ids[k] < 0 || p->tensors[ids[k]].stage != st->id) continue;
     size_t b = (size_t)p->tensors[ids[k]].nbytes;
-    if (st->dev->ops->copy_to_device(st->dev, st->tab[slot][ids[k]], (char *)host[k] + (size_t)m * b, b)) {
-      pipe_fail(q, "stage %d, micro-batch %d: copying input %s: %s", st->id, m, p->tensors[ids[k]].name, st->dev->err);
+    if (st->dev->ops->copy_to_device(st->dev, st->tab[slot][ids[k]], (char *)host[k] + (size_t)gm * b, b)) {
+      pipe_fail(q, "%s, micro-batch %d: copying input %s: %s", st->who, gm, p->tensors[ids[k]].name, st->dev->err);
       return -1;
     }
   }
@@ -248,7 +294,7 @@ static double fetch_elem(Stage *st, const DuetTensor *t, const void *mem, int k)
   size_t sz = t->dtype == DUET_F64 ? sizeof d : sizeof f;
   if (st->dev->ops->copy_to_host(st->dev, t->dtype == DUET_F64 ? (void *)&d : (void *)&f, (const char *)mem + k * sz,
                                  sz)) {
-    pipe_fail(st->q, "stage %d: reading %s: %s", st->id, t->name, st->dev->err);
+    pipe_fail(st->q, "%s: reading %s: %s", st->who, t->name, st->dev->err);
     return NAN;
   }
   return t->dtype == DUET_F64 ? d : (double)f;
@@ -259,77 +305,175 @@ static void write_elem(const DuetTensor *t, void *mem, int k, double x) {
   else ((float *)mem)[k] = (float)x;
 }
 
-/* Dropout masks differ per micro-batch: the step's seed mixed with m. */
-static void micro_scalars(const DuetPipe *q, int m, double *s) {
+/* Dropout masks differ per micro-batch: the step's seed mixed with gm (the
+ * micro-batch's place in the global batch: the same masks on any number of
+ * replicas). */
+static void micro_scalars(const DuetPipe *q, int gm, double *s) {
   memcpy(s, q->s, sizeof q->s);
   uint64_t base = (uint64_t)q->s[DUET_S_DROP_SEED];
-  s[DUET_S_DROP_SEED] = (double)((base ^ (((uint64_t)m * 0x9E3779B97F4A7C15ull) >> 12)) & ((1ull << 52) - 1));
+  s[DUET_S_DROP_SEED] = (double)((base ^ (((uint64_t)gm * 0x9E3779B97F4A7C15ull) >> 12)) & ((1ull << 52) - 1));
 }
 
 static int forward(Stage *st, int m) {
   DuetPipe *q = st->q;
   const DuetProgram *p = q->p;
   const DuetStage *ps = &p->stages[st->id];
-  int slot = m % st->n_slots;
+  int slot = m % st->n_slots, gm = st->rep * q->M + m;
   double s[DUET_S_COUNT];
-  micro_scalars(q, m, s);
-  if (copy_inputs(st, m, slot) || run_steps(st, ps->fwd, ps->n_fwd, m, slot, s, true)) return -1;
+  micro_scalars(q, gm, s);
+  if (copy_inputs(st, gm, slot) || run_steps(st, ps->fwd, ps->n_fwd, m, slot, s, true)) return -1;
   if (p->loss >= 0 && p->tensors[p->loss].stage == st->id)
-    q->losses[m] = fetch_elem(st, &p->tensors[p->loss], st->tab[slot][p->loss], 0);
+    q->losses[(size_t)st->rep * (size_t)q->Mt + (size_t)gm] = fetch_elem(st, &p->tensors[p->loss], st->tab[slot][p->loss], 0);
+  return 0;
+}
+
+/* Gradient tensor i of (local) micro-batch m, in slot `slot`, added to its
+ * accumulator (m = 0 copies): the same order on every stage, device and
+ * replica count.  0, or -1 after pipe_fail. */
+static int sum_grad(Stage *st, int i, int m, int slot) {
+  DuetPipe *q = st->q;
+  const DuetTensor *t = &q->p->tensors[i];
+  void *acc = (char *)st->acc + st->acc_off[i];
+  const void *g = st->tab[slot][i];
+  int64_t n = numel(t);
+  int gm = st->rep * q->M + m;
+  if (st->dev_acc) {
+    if (st->dev->ops->accumulate(st->dev, acc, g, n, t->dtype, m == 0)) {
+      pipe_fail(q, "%s, micro-batch %d: summing gradient %s: %s", st->who, gm, t->name, st->dev->err);
+      return -1;
+    }
+    return 0;
+  }
+  if (!st->host_mem) { /* a device of its own memory: sum on the host */
+    if (st->dev->ops->copy_to_host(st->dev, m == 0 ? acc : st->tmp, g, (size_t)t->nbytes)) {
+      pipe_fail(q, "%s, micro-batch %d: reading gradient %s: %s", st->who, gm, t->name, st->dev->err);
+      return -1;
+    }
+    g = st->tmp;
+    if (m == 0) return 0;
+  }
+  duet_host_accumulate(acc, g, n, t->dtype == DUET_F64 ? DUET_F64 : DUET_F32, m == 0);
+  return 0;
+}
+
+/* The summed gradient i written to the stage's gradient tensor (in slot 0,
+ * where the optimizer reads it).  0, or -1 after pipe_fail. */
+static int final_grad(Stage *st, int i) {
+  const DuetTensor *t = &st->q->p->tensors[i];
+  const void *acc = (char *)st->acc + st->acc_off[i];
+  if (st->dev_acc ? st->dev->ops->accumulate(st->dev, st->tab[0][i], acc, numel(t), t->dtype, 1)
+                  : st->dev->ops->copy_to_device(st->dev, st->tab[0][i], acc, (size_t)t->nbytes)) {
+    pipe_fail(st->q, "%s: writing gradient %s: %s", st->who, t->name, st->dev->err);
+    return -1;
+  }
+  return 0;
+}
+
+/* Data parallelism, at bucket b's step in the backward pass of the last
+ * local micro-batch m: the bucket's gradients summed over the replica's
+ * micro-batches (with one micro-batch per replica they are final where
+ * they are: slot 0), then the bucket posted to the collective.  0, or -1
+ * after pipe_fail. */
+static int bucket_post(Stage *st, int b, int m, int slot) {
+  DuetPipe *q = st->q;
+  const DuetProgram *p = q->p;
+  int n = 0;
+  for (int j = p->bucket_off[b]; j < p->bucket_off[b + 1]; j++) {
+    int i = p->bucket_tensors[j];
+    if (st->acc_off[i] >= 0 && (sum_grad(st, i, m, slot) || final_grad(st, i))) return -1;
+    st->cbuf[n++] = (DuetCollBuf){.ptr = st->tab[0][i], .n = numel(&p->tensors[i]), .dtype = p->tensors[i].dtype};
+  }
+  if (b == q->drop_bucket) return 0;
+  char err[600];
+  if (q->coll->ops->allreduce_start(q->coll, st->rep, b, st->host_mem ? NULL : st->dev, st->cbuf, n, err, sizeof err)) {
+    pipe_fail(q, "%s: all-reduce of bucket %d: %s", st->who, b, err);
+    return -1;
+  }
   return 0;
 }
 
 /* Backward of micro-batch m, then its gradients added to the accumulators
- * (m = 0 copies): the same order on every stage and device count. */
+ * (m = 0 copies): the same order on every stage and device count.  With
+ * replicas, the last micro-batch's gradients were summed by their buckets. */
 static int backward(Stage *st, int m) {
   DuetPipe *q = st->q;
   const DuetProgram *p = q->p;
   const DuetStage *ps = &p->stages[st->id];
-  int slot = m % st->n_slots;
+  int slot = m % st->n_slots, gm = st->rep * q->M + m;
   double s[DUET_S_COUNT];
-  micro_scalars(q, m, s);
+  micro_scalars(q, gm, s);
   if (run_steps(st, ps->bwd, ps->n_bwd, m, slot, s, true)) return -1;
   if (p->n_unscale > 0) { /* a micro-batch's overflow spoils the whole step */
     if (st->dev->ops->copy_to_host(st->dev, st->flags_mb, st->overflow, (size_t)p->n_unscale * sizeof *st->flags_mb)) {
-      pipe_fail(q, "stage %d, micro-batch %d: reading the overflow flags: %s", st->id, m, st->dev->err);
+      pipe_fail(q, "%s, micro-batch %d: reading the overflow flags: %s", st->who, gm, st->dev->err);
       return -1;
     }
     for (int j = 0; j < p->n_unscale; j++) st->flags[j] |= st->flags_mb[j];
   }
-  for (int i = 0; i < p->n_tensors; i++) {
-    if (st->acc_off[i] < 0) continue;
-    const DuetTensor *t = &p->tensors[i];
-    void *acc = (char *)st->acc + st->acc_off[i];
-    const void *g = st->tab[slot][i];
-    int64_t n = numel(t);
-    if (st->dev_acc) {
-      if (st->dev->ops->accumulate(st->dev, acc, g, n, t->dtype, m == 0)) {
-        pipe_fail(q, "stage %d, micro-batch %d: summing gradient %s: %s", st->id, m, t->name, st->dev->err);
-        return -1;
-      }
-      continue;
+  if (q->R > 1 && m == q->M - 1) return 0;
+  for (int i = 0; i < p->n_tensors; i++)
+    if (st->acc_off[i] >= 0 && sum_grad(st, i, m, slot)) return -1;
+  return 0;
+}
+
+/* Data parallelism, after the stage's backward passes: waits for its
+ * buckets, ORs its overflow flags over the replicas (a sum of 0/1 flags)
+ * and, on the loss's stage, gathers every replica's losses (a sum of rows
+ * that are zero but for each replica's own micro-batches: exact).  0, or -1
+ * after pipe_fail. */
+static int replicas_meet(Stage *st) {
+  DuetPipe *q = st->q;
+  const DuetProgram *p = q->p;
+  char err[600];
+  for (int k = 0; k < st->n_buckets; k++) {
+    int b = st->buckets[k];
+    if (b == q->drop_bucket) continue;
+    double t0 = q->profile ? now_s() : 0;
+    int rc = q->coll->ops->allreduce_wait(q->coll, st->rep, b, err, sizeof err);
+    if (q->profile) st->wait += now_s() - t0;
+    if (rc) {
+      pipe_fail(q, "%s: all-reduce of bucket %d: %s", st->who, b, err);
+      return -1;
     }
-    if (!st->host_mem) { /* a device of its own memory: sum on the host */
-      if (st->dev->ops->copy_to_host(st->dev, m == 0 ? acc : st->tmp, g, (size_t)t->nbytes)) {
-        pipe_fail(q, "stage %d, micro-batch %d: reading gradient %s: %s", st->id, m, t->name, st->dev->err);
-        return -1;
-      }
-      g = st->tmp;
-      if (m == 0) continue;
+  }
+  int B = p->n_buckets;
+  if (p->n_unscale > 0) {
+    int local = 0, global = 0;
+    for (int j = 0; j < p->n_unscale; j++) local |= st->flags[j] != 0;
+    DuetCollBuf f = {.ptr = st->flags, .n = p->n_unscale, .dtype = DUET_I32};
+    if (q->coll->ops->allreduce_start(q->coll, st->rep, B + st->id, NULL, &f, 1, err, sizeof err) ||
+        q->coll->ops->allreduce_wait(q->coll, st->rep, B + st->id, err, sizeof err)) {
+      pipe_fail(q, "%s: the overflow flags over the replicas: %s", st->who, err);
+      return -1;
     }
-    duet_host_accumulate(acc, g, n, t->dtype == DUET_F64 ? DUET_F64 : DUET_F32, m == 0);
+    for (int j = 0; j < p->n_unscale; j++) global |= st->flags[j] != 0;
+    if (local != global) {
+      pthread_mutex_lock(&q->mu);
+      q->asym_steps++; /* counted by each replica and stage that saw none of it */
+      pthread_mutex_unlock(&q->mu);
+    }
+  }
+  if (p->loss >= 0 && p->tensors[p->loss].stage == st->id) {
+    DuetCollBuf l = {.ptr = q->losses + (size_t)st->rep * (size_t)q->Mt, .n = q->Mt, .dtype = DUET_F64};
+    if (q->coll->ops->allreduce_start(q->coll, st->rep, B + q->S, NULL, &l, 1, err, sizeof err) ||
+        q->coll->ops->allreduce_wait(q->coll, st->rep, B + q->S, err, sizeof err)) {
+      pipe_fail(q, "%s: the losses over the replicas: %s", st->who, err);
+      return -1;
+    }
   }
   return 0;
 }
 
 /* Forward and backward of every micro-batch in the schedule, then the
- * summed gradients written to the stage's gradient tensors.  0, or -1
- * after pipe_fail. */
+ * summed gradients written to the stage's gradient tensors (with replicas:
+ * summed over the replicas).  0, or -1 after pipe_fail. */
 static int stage_grads(Stage *st) {
   DuetPipe *q = st->q;
   const DuetProgram *p = q->p;
   int M = q->M, S = q->S, s = st->id;
   if (p->n_unscale > 0) memset(st->flags, 0, (size_t)p->n_unscale * sizeof *st->flags);
+  if (p->loss >= 0 && p->tensors[p->loss].stage == s)
+    memset(q->losses + (size_t)st->rep * (size_t)q->Mt, 0, (size_t)q->Mt * sizeof *q->losses);
   if (q->schedule == DUET_SCHEDULE_1F1B) {
     int w = S - s - 1 < M ? S - s - 1 : M; /* warm-up forwards */
     for (int m = 0; m < w; m++)
@@ -344,16 +488,9 @@ static int stage_grads(Stage *st) {
     for (int m = 0; m < M; m++)
       if (backward(st, m)) return -1;
   }
-  for (int i = 0; i < p->n_tensors; i++) {
-    if (st->acc_off[i] < 0) continue;
-    const DuetTensor *t = &p->tensors[i];
-    const void *acc = (char *)st->acc + st->acc_off[i];
-    if (st->dev_acc ? st->dev->ops->accumulate(st->dev, st->tab[0][i], acc, numel(t), t->dtype, 1)
-                    : st->dev->ops->copy_to_device(st->dev, st->tab[0][i], acc, (size_t)t->nbytes)) {
-      pipe_fail(q, "stage %d: writing gradient %s: %s", s, t->name, st->dev->err);
-      return -1;
-    }
-  }
+  if (q->R > 1) return replicas_meet(st);
+  for (int i = 0; i < p->n_tensors; i++)
+    if (st->acc_off[i] >= 0 && final_grad(st, i)) return -1;
   return 0;
 }
 
@@ -366,7 +503,7 @@ static int train_stage(Stage *st) {
   const DuetStage *ps = &p->stages[s];
   if (q->phase != DUET_PIPE_GRADS && run_steps(st, ps->opt, ps->n_opt, 0, 0, q->s, true)) return -1;
   if (st->dev->ops->sync(st->dev)) {
-    pipe_fail(q, "stage %d: %s", s, st->dev->err);
+    pipe_fail(q, "%s: %s", st->who, st->dev->err);
     return -1;
   }
   return 0;
@@ -398,6 +535,8 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+/* Evaluation: replica 0 alone, over every micro-batch of the global batch
+ * (the replicas hold the same params). */
 static int eval_run(DuetPipe *q, int64_t n_valid) {
   const DuetProgram *p = q->p;
   const DuetTensor *mt = p->metrics >= 0 ? &p->tensors[p->metrics] : NULL;
@@ -405,7 +544,7 @@ static int eval_run(DuetPipe *q, int64_t n_valid) {
   /* rows of the logits per micro-batch: n_valid counts those rows */
   int64_t rows = 0;
   if (p->logits >= 0 && p->n_classes > 0) rows = numel(&p->tensors[p->logits]) / p->n_classes;
-  for (int m = 0; m < q->M; m++) {
+  for (int m = 0; m < q->Mt; m++) {
     int64_t v = rows ? n_valid - (int64_t)m * rows : 1;
     if (rows && v <= 0) break;
     double s[DUET_S_COUNT];
@@ -448,69 +587,130 @@ int duet_pipe_run(DuetPipe *q, int which, const double *s, int64_t n_valid, char
   if (which != DUET_PIPE_STEP) q->runs++;
   q->n_done = 0;
   pthread_cond_broadcast(&q->job_cv);
-  while (q->n_done < q->S) pthread_cond_wait(&q->done_cv, &q->mu);
+  while (q->n_done < q->R * q->S) pthread_cond_wait(&q->done_cv, &q->mu);
   bool bad = q->abort;
   pthread_mutex_unlock(&q->mu);
   if (bad) {
     snprintf(err, errlen, "%s", q->err);
     return -1;
   }
-  if (p->loss >= 0 && which != DUET_PIPE_STEP) {
+  if (p->loss >= 0 && which != DUET_PIPE_STEP) { /* the mean over the global batch's micro-batches, in order */
     double l = 0;
-    for (int m = 0; m < q->M; m++) l += q->losses[m];
-    write_elem(&p->tensors[p->loss], q->host_loss, 0, l / (double)q->M);
+    for (int m = 0; m < q->Mt; m++) l += q->losses[m];
+    write_elem(&p->tensors[p->loss], q->host_loss, 0, l / (double)q->Mt);
   }
   return 0;
 }
 
 int duet_pipe_first_overflow(const DuetPipe *q) {
-  int first = -1;
+  int first = -1; /* replica 0's flags: OR-ed over the replicas */
   for (int k = 0; k < q->S; k++)
     for (int j = 0; j < q->p->n_unscale && (first < 0 || j < first); j++)
       if (q->st[k].flags[j]) first = j;
   return first;
 }
 
-void *duet_pipe_tensor(DuetPipe *q, int id) {
+int duet_pipe_replicas(const DuetPipe *q) { return q->R; }
+
+int64_t duet_pipe_asym_overflows(const DuetPipe *q) { return q->asym_steps; }
+
+static bool host_buffer(const DuetProgram *p, int id) {
+  return id == p->input_x || id == p->input_y || id == p->loss || id == p->metrics;
+}
+
+void *duet_pipe_tensor_at(DuetPipe *q, int replica, int id) {
   const DuetProgram *p = q->p;
-  if (id < 0 || id >= p->n_tensors) return NULL;
+  if (id < 0 || id >= p->n_tensors || replica < 0 || replica >= q->R) return NULL;
   if (id == p->input_x) return q->host_x;
   if (id == p->input_y) return q->host_y;
   if (id == p->loss) return q->host_loss;
   if (id == p->metrics) return q->host_metrics;
-  return q->st[p->tensors[id].stage].tab[0][id];
+  return q->st[replica * q->S + p->tensors[id].stage].tab[0][id];
 }
 
-DuetDevice *duet_pipe_tensor_device(DuetPipe *q, int id) {
+DuetDevice *duet_pipe_tensor_device_at(DuetPipe *q, int replica, int id) {
   const DuetProgram *p = q->p;
-  if (id < 0 || id >= p->n_tensors || id == p->input_x || id == p->input_y || id == p->loss || id == p->metrics)
-    return NULL;
-  return q->st[p->tensors[id].stage].dev;
+  if (id < 0 || id >= p->n_tensors || replica < 0 || replica >= q->R || host_buffer(p, id)) return NULL;
+  return q->st[replica * q->S + p->tensors[id].stage].dev;
+}
+
+void *duet_pipe_tensor(DuetPipe *q, int id) { return duet_pipe_tensor_at(q, 0, id); }
+
+DuetDevice *duet_pipe_tensor_device(DuetPipe *q, int id) { return duet_pipe_tensor_device_at(q, 0, id); }
+
+int duet_pipe_compare_replicas(DuetPipe *q, char *err, size_t errlen) {
+  const DuetProgram *p = q->p;
+  int rc = 0;
+  void *a = NULL, *b = NULL;
+  for (int s = 0; s < q->S && !rc; s++)
+    for (int reg = DUET_MEM_PARAM; reg <= DUET_MEM_STATE && !rc; reg++) {
+      size_t bytes = (size_t)p->stages[s].region_bytes[reg];
+      if (!bytes) continue;
+      free(a), free(b);
+      if (!(a = malloc(bytes)) || !(b = malloc(bytes))) {
+        snprintf(err, errlen, "out of host memory");
+        rc = -1;
+        break;
+      }
+      Stage *s0 = &q->st[s];
+      if (s0->dev->ops->copy_to_host(s0->dev, a, s0->region[reg], bytes)) {
+        snprintf(err, errlen, "%s: reading its %s: %s", s0->who, reg == DUET_MEM_PARAM ? "params" : "optimizer state",
+                 s0->dev->err);
+        rc = -1;
+        break;
+      }
+      for (int r = 1; r < q->R && !rc; r++) {
+        Stage *sr = &q->st[r * q->S + s];
+        if (sr->dev->ops->copy_to_host(sr->dev, b, sr->region[reg], bytes)) {
+          snprintf(err, errlen, "%s: reading its %s: %s", sr->who, reg == DUET_MEM_PARAM ? "params" : "optimizer state",
+                   sr->dev->err);
+          rc = -1;
+          break;
+        }
+        if (!memcmp(a, b, bytes)) continue;
+        size_t at = 0;
+        while (((const char *)a)[at] == ((const char *)b)[at]) at++;
+        const char *name = "padding";
+        for (int i = 0; i < p->n_tensors; i++) {
+          const DuetTensor *t = &p->tensors[i];
+          if (t->stage == s && t->region == reg && (int64_t)at >= t->offset && (int64_t)at < t->offset + t->nbytes)
+            name = t->name;
+        }
+        snprintf(err, errlen, "replica %d's %s differ from replica 0's: tensor %s, byte %zu of the stage %d region", r,
+                 reg == DUET_MEM_PARAM ? "params" : "optimizer state", name, at, s);
+        rc = -1;
+      }
+    }
+  free(a);
+  free(b);
+  return rc;
 }
 
 void duet_pipe_free(DuetPipe *q) {
   if (!q) return;
   if (q->profile && q->runs > 0) {
     fprintf(stderr, "duet: pipeline profile of %lld training steps (ms per step):\n", (long long)q->runs);
-    for (int k = 0; k < q->S; k++)
-      fprintf(stderr, "  stage %d: computing %.2f, waiting for transfers %.2f\n", k,
-              1e3 * (q->st[k].busy - q->st[k].wait) / (double)q->runs, 1e3 * q->st[k].wait / (double)q->runs);
+    for (int k = 0; q->st && k < q->R * q->S; k++)
+      fprintf(stderr, "  %s: computing %.2f, waiting for transfers%s %.2f\n", q->st[k].who,
+              1e3 * (q->st[k].busy - q->st[k].wait) / (double)q->runs, q->R > 1 ? " and all-reduces" : "",
+              1e3 * q->st[k].wait / (double)q->runs);
   }
   pthread_mutex_lock(&q->mu);
   q->quit = true;
   pthread_cond_broadcast(&q->job_cv);
   pthread_mutex_unlock(&q->mu);
-  for (int k = 0; q->st && k < q->S; k++)
+  for (int k = 0; q->st && k < q->R * q->S; k++)
     if (q->st[k].started) pthread_join(q->st[k].thread, NULL);
+  if (q->coll) q->coll->ops->destroy(q->coll);
   /* staging blocks before the devices that allocated them */
-  for (int i = 0; q->xfer && i < q->p->n_transfers; i++) {
+  for (int i = 0; q->xfer && i < q->R * q->p->n_transfers; i++) {
     Xfer *x = &q->xfer[i];
     if (!x->owner) free(x->block);
     else if (x->path != DUET_PEER_NONE) x->owner->ops->free(x->owner, x->block);
     else x->owner->ops->host_free(x->owner, x->block);
   }
   free(q->xfer);
-  for (int k = 0; q->st && k < q->S; k++) {
+  for (int k = 0; q->st && k < q->R * q->S; k++) {
     Stage *st = &q->st[k];
     for (int r = 1; r < DUET_MEM_COUNT; r++)
       if (st->region[r] && st->dev) st->dev->ops->free(st->dev, st->region[r]);
@@ -525,6 +725,8 @@ void duet_pipe_free(DuetPipe *q) {
     free(st->acc_off);
     free(st->flags);
     free(st->flags_mb);
+    free(st->buckets);
+    free(st->cbuf);
     if (st->overflow && st->dev) st->dev->ops->free(st->dev, st->overflow);
     if (st->dev) st->dev->ops->destroy(st->dev);
   }
@@ -535,6 +737,7 @@ void duet_pipe_free(DuetPipe *q) {
   free(q->host_loss);
   free(q->host_metrics);
   free(q->losses);
+  free(q->bucket_of);
   if (q->sync_ok) {
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);
@@ -561,27 +764,33 @@ static DuetDevice *staging_owner(DuetDevice *a, DuetDevice *b) {
   return a->ops->host_alloc ? a : b->ops->host_alloc ? b : NULL;
 }
 
-/* How transfers go from stage `from` to stage `to` (a DUET_PEER_* kind;
- * DUET_PEER_NONE: through host memory): direct when both devices share an
- * ops table whose peer_path allows it between them and within the receiver
- * (its staging -> arena copy).  -1 with a message in err. */
-static int pair_path(DuetPipe *q, int from, int to, char *err, size_t errlen) {
-  DuetDevice *a = q->st[from].dev, *b = q->st[to].dev;
+/* How replica r's transfers go from stage `from` to stage `to` (a
+ * DUET_PEER_* kind; DUET_PEER_NONE: through host memory): direct when both
+ * devices share an ops table whose peer_path allows it between them and
+ * within the receiver (its staging -> arena copy).  -1 with a message in
+ * err. */
+static int pair_path(DuetPipe *q, int r, int from, int to, char *err, size_t errlen) {
+  DuetDevice *a = q->st[r * q->S + from].dev, *b = q->st[r * q->S + to].dev;
   if (q->force_host || a->ops != b->ops || !a->ops->peer_path || !a->ops->copy_peer) return DUET_PEER_NONE;
   int path = a->ops->peer_path(a, b);
   int local = path > DUET_PEER_NONE ? b->ops->peer_path(b, b) : DUET_PEER_NONE;
   if (path < 0 || local < 0) {
-    snprintf(err, errlen, "transfers from stage %d to stage %d: %s", from, to, path < 0 ? a->err : b->err);
+    if (q->R > 1)
+      snprintf(err, errlen, "replica %d, transfers from stage %d to stage %d: %s", r, from, to,
+               path < 0 ? a->err : b->err);
+    else
+      snprintf(err, errlen, "transfers from stage %d to stage %d: %s", from, to, path < 0 ? a->err : b->err);
     return -1;
   }
   return local == DUET_PEER_NONE ? DUET_PEER_NONE : path;
 }
 
-/* Chooses each transfer's path (one per ordered pair of stages, listed in
- * q->paths) and allocates its staging block: on the receiving device
- * (ops->alloc) for a direct path, else host memory from the sender's or
- * the receiver's host_alloc (page-locked), else calloc.  0, or -1 with a
- * message in err (the blocks made so far are freed by duet_pipe_free). */
+/* Chooses each transfer's path (one per ordered pair of stages; replica
+ * 0's are listed in q->paths) and allocates its staging block, for every
+ * replica: on the receiving device (ops->alloc) for a direct path, else
+ * host memory from the sender's or the receiver's host_alloc (page-locked),
+ * else calloc.  0, or -1 with a message in err (the blocks made so far are
+ * freed by duet_pipe_free). */
 static int setup_transfers(DuetPipe *q, char *err, size_t errlen) {
   const DuetProgram *p = q->p;
   int S = q->S;
@@ -590,36 +799,38 @@ static int setup_transfers(DuetPipe *q, char *err, size_t errlen) {
     snprintf(err, errlen, "out of host memory");
     return -1;
   }
-  for (int i = 0; i < S * S; i++) pair[i] = -1;
-  for (int i = 0; i < p->n_transfers; i++) {
-    const DuetTransfer *tr = &p->transfers[i];
-    Xfer *x = &q->xfer[i];
-    if (tr->from < 0 || tr->from >= S || tr->to < 0 || tr->to >= S || tr->from == tr->to || tr->nbytes < 0) {
-      snprintf(err, errlen, "transfer %d goes from stage %d to stage %d of %d", i, tr->from, tr->to, S);
-      free(pair);
-      return -1;
+  for (int r = q->R - 1; r >= 0; r--) { /* replica 0 last: its paths are listed */
+    for (int i = 0; i < S * S; i++) pair[i] = -1;
+    for (int i = 0; i < p->n_transfers; i++) {
+      const DuetTransfer *tr = &p->transfers[i];
+      Xfer *x = xf(q, r, i);
+      if (tr->from < 0 || tr->from >= S || tr->to < 0 || tr->to >= S || tr->from == tr->to || tr->nbytes < 0) {
+        snprintf(err, errlen, "transfer %d goes from stage %d to stage %d of %d", i, tr->from, tr->to, S);
+        free(pair);
+        return -1;
+      }
+      DuetDevice *a = q->st[r * S + tr->from].dev, *b = q->st[r * S + tr->to].dev;
+      int *pp = &pair[tr->from * S + tr->to];
+      if (*pp < 0 && (*pp = pair_path(q, r, tr->from, tr->to, err, errlen)) < 0) {
+        free(pair);
+        return -1;
+      }
+      x->path = *pp;
+      /* buffers 256 bytes apart: as aligned as the block (device memory: 64 or 256 bytes) */
+      x->stride = ((size_t)tr->nbytes + 255) & ~(size_t)255;
+      size_t bytes = x->stride * (size_t)q->M;
+      DuetDevice *owner = x->path != DUET_PEER_NONE ? b : staging_owner(a, b);
+      if (!owner) x->block = zalloc(bytes);
+      else if (x->path != DUET_PEER_NONE) x->block = owner->ops->alloc(owner, bytes);
+      else x->block = owner->ops->host_alloc(owner, bytes);
+      if (!x->block) {
+        snprintf(err, errlen, "staging transfer %d (stage %d -> %d, %zu bytes): %s", i, tr->from, tr->to, bytes,
+                 owner ? owner->err : "out of host memory");
+        free(pair);
+        return -1;
+      }
+      x->owner = owner;
     }
-    DuetDevice *a = q->st[tr->from].dev, *b = q->st[tr->to].dev;
-    int *pp = &pair[tr->from * S + tr->to];
-    if (*pp < 0 && (*pp = pair_path(q, tr->from, tr->to, err, errlen)) < 0) {
-      free(pair);
-      return -1;
-    }
-    x->path = *pp;
-    /* buffers 256 bytes apart: as aligned as the block (device memory: 64 or 256 bytes) */
-    x->stride = ((size_t)tr->nbytes + 255) & ~(size_t)255;
-    size_t bytes = x->stride * (size_t)q->M;
-    DuetDevice *owner = x->path != DUET_PEER_NONE ? b : staging_owner(a, b);
-    if (!owner) x->block = zalloc(bytes);
-    else if (x->path != DUET_PEER_NONE) x->block = owner->ops->alloc(owner, bytes);
-    else x->block = owner->ops->host_alloc(owner, bytes);
-    if (!x->block) {
-      snprintf(err, errlen, "staging transfer %d (stage %d -> %d, %zu bytes): %s", i, tr->from, tr->to, bytes,
-               owner ? owner->err : "out of host memory");
-      free(pair);
-      return -1;
-    }
-    x->owner = owner;
   }
   size_t len = 0;
   q->paths[0] = 0;
@@ -638,7 +849,7 @@ static int setup_transfers(DuetPipe *q, char *err, size_t errlen) {
 const char *duet_pipe_transfers(const DuetPipe *q) { return q->paths; }
 
 int duet_pipe_env(DuetPipeEnv *e, double timeout, char *err, size_t errlen) {
-  *e = (DuetPipeEnv){.timeout = timeout > 0 ? timeout : 120.0, .drop_t = -1, .drop_m = -1};
+  *e = (DuetPipeEnv){.timeout = timeout > 0 ? timeout : 120.0, .drop_t = -1, .drop_m = -1, .drop_bucket = -1};
   const char *v = getenv("DUET_PIPE_TIMEOUT");
   if (v) { /* set but empty is an error, as DUET_CPU_GFLOPS; bounded so the deadline is a valid timespec */
     char *end;
@@ -670,24 +881,182 @@ int duet_pipe_env(DuetPipeEnv *e, double timeout, char *err, size_t errlen) {
     snprintf(err, errlen, "DUET_PIPE_DROP_SEND must be TRANSFER:MICROBATCH, got '%s'", v);
     return -1;
   }
+  v = getenv("DUET_DP_CHECK");
+  if (v && *v && strcmp(v, "0") && strcmp(v, "1")) {
+    snprintf(err, errlen, "DUET_DP_CHECK must be 0 or 1, got '%s'", v);
+    return -1;
+  }
+  e->dp_check = v && !strcmp(v, "1");
+  v = getenv("DUET_DP_DROP");
+  if (v && *v) {
+    char *end;
+    long b = strtol(v, &end, 10);
+    if (*end || b < 0 || b > INT32_MAX) {
+      snprintf(err, errlen, "DUET_DP_DROP must be a bucket number, got '%s'", v);
+      return -1;
+    }
+    e->drop_bucket = (int)b;
+  }
+  return 0;
+}
+
+/* The devices of the R x S workers: cfg->devices (replica r's stages are
+ * items r*S .. r*S+S-1), else virtual CPU devices cpu:0 .. cpu:R*S-1.  0,
+ * or -1 with a message. */
+static int worker_devices(const DuetProgram *p, const DuetConfig *cfg, int R, DuetDeviceSpec *specs, char *err,
+                          size_t errlen) {
+  int want = p->n_stages * R, n_specs = want < DUET_MAX_DEVICES ? want : DUET_MAX_DEVICES;
+  memset(specs, 0, DUET_MAX_DEVICES * sizeof *specs);
+  for (int k = 0; k < n_specs; k++) { /* default: virtual CPU devices */
+    specs[k].index = k;
+    snprintf(specs[k].name, sizeof specs[k].name, "cpu:%d", k);
+  }
+  if (cfg->devices && duet_devices_parse(cfg->devices, specs, DUET_MAX_DEVICES, &n_specs, err, errlen)) return -1;
+  int G;
+  if (R > 1 && cfg->devices && n_specs == want && duet_devices_groups(cfg->devices, R, &G, err, errlen)) return -1;
+  if (n_specs != want && R > 1) {
+    snprintf(err, errlen, "the program has %d replica%s of %d pipeline stage%s (%d devices), --devices names %d "
+             "device%s", R, R == 1 ? "" : "s", p->n_stages, p->n_stages == 1 ? "" : "s", want, n_specs,
+             n_specs == 1 ? "" : "s");
+    return -1;
+  }
+  if (n_specs != want) {
+    snprintf(err, errlen, "the program has %d pipeline stage%s, --devices names %d device%s", p->n_stages,
+             p->n_stages == 1 ? "" : "s", n_specs, n_specs == 1 ? "" : "s");
+    return -1;
+  }
+  return 0;
+}
+
+/* Loads stage `s` of replica `r` into q->st[r * S + s]: its device, regions,
+ * tensor tables, accumulators and flags.  0, or -1 with a message. */
+static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, const DuetKernelFn *kernels,
+                     const DuetConfig *cfg, int share, char *err, size_t errlen) {
+  const DuetProgram *p = q->p;
+  Stage *st = &q->st[r * q->S + k];
+  const DuetStage *ps = &p->stages[k];
+  st->q = q;
+  st->id = k;
+  st->rep = r;
+  if (q->R > 1) snprintf(st->who, sizeof st->who, "replica %d, stage %d", r, k);
+  else snprintf(st->who, sizeof st->who, "stage %d", k);
+  st->threads = share;
+  st->n_slots = q->schedule == DUET_SCHEDULE_1F1B ? (q->M < q->S - k ? q->M : q->S - k) : q->M;
+  if (!(st->dev = duet_device_open(spec, p, kernels, 0, !cfg->quiet, err, errlen))) return -1;
+  for (int g = 1; g < DUET_MEM_COUNT; g++) {
+    size_t b = (size_t)ps->region_bytes[g] * (g == DUET_MEM_ARENA ? (size_t)st->n_slots : 1);
+    if (!(st->region[g] = st->dev->ops->alloc(st->dev, b))) {
+      snprintf(err, errlen, "%s: %s", st->who, st->dev->err);
+      return -1;
+    }
+  }
+  if (!(st->tab = zalloc((size_t)st->n_slots * sizeof *st->tab)) ||
+      !(st->acc_off = zalloc((size_t)(p->n_tensors + 1) * sizeof *st->acc_off)))
+    goto oom;
+  int64_t acc_bytes = 0;
+  for (int i = 0; i < p->n_tensors; i++) {
+    const DuetTensor *t = &p->tensors[i];
+    st->acc_off[i] = -1;
+    if (t->stage != k) continue;
+    if (t->region <= 0 || t->region >= DUET_MEM_COUNT || t->offset < 0 ||
+        t->offset + t->nbytes > ps->region_bytes[t->region]) {
+      snprintf(err, errlen, "tensor %s lies outside its planned region on stage %d", t->name, k);
+      return -1;
+    }
+    /* one micro-batch per replica: its gradients are final where they are */
+    if (t->is_grad && !(q->R > 1 && q->M == 1)) {
+      st->acc_off[i] = acc_bytes;
+      acc_bytes += (t->nbytes + 63) & ~(int64_t)63;
+    }
+  }
+  st->host_mem = !strcmp(st->dev->ops->name, "cpu");
+  st->dev_acc = st->dev->ops->accumulate != NULL && !q->host_sums;
+  if (st->dev_acc) {
+    if (!(st->acc = st->dev->ops->alloc(st->dev, (size_t)acc_bytes))) {
+      snprintf(err, errlen, "%s: gradient accumulators: %s", st->who, st->dev->err);
+      return -1;
+    }
+  } else if (!(st->acc = zalloc((size_t)acc_bytes))) {
+    goto oom;
+  }
+  int64_t max_grad = 0;
+  for (int i = 0; i < p->n_tensors; i++)
+    if (st->acc_off[i] >= 0 && p->tensors[i].nbytes > max_grad) max_grad = p->tensors[i].nbytes;
+  if (!st->dev_acc && !st->host_mem && !(st->tmp = zalloc((size_t)max_grad))) goto oom;
+  if (p->n_unscale > 0) { /* zeroed: flags of another stage's params stay 0 */
+    size_t fb = (size_t)p->n_unscale * sizeof(int32_t);
+    if (!(st->flags = zalloc(fb)) || !(st->flags_mb = zalloc(fb))) goto oom;
+    if (!(st->overflow = st->dev->ops->alloc(st->dev, fb))) {
+      snprintf(err, errlen, "%s: %s", st->who, st->dev->err);
+      return -1;
+    }
+  }
+  for (int sl = 0; sl < st->n_slots; sl++) {
+    if (!(st->tab[sl] = zalloc((size_t)(p->n_tensors + 1) * sizeof **st->tab))) goto oom;
+    st->tab[sl][p->n_tensors] = st->overflow;
+    for (int i = 0; i < p->n_tensors; i++) {
+      const DuetTensor *t = &p->tensors[i];
+      if (t->stage != k) continue;
+      size_t base = t->region == DUET_MEM_ARENA ? (size_t)sl * (size_t)ps->region_bytes[DUET_MEM_ARENA] : 0;
+      st->tab[sl][i] = (char *)st->region[t->region] + base + t->offset;
+    }
+  }
+  if (q->R > 1) { /* the stage's buckets, in order */
+    if (!(st->buckets = zalloc((size_t)p->n_buckets * sizeof *st->buckets))) goto oom;
+    int most = 0;
+    for (int b = 0; b < p->n_buckets; b++) {
+      int n = p->bucket_off[b + 1] - p->bucket_off[b];
+      if (n > 0 && p->tensors[p->bucket_tensors[p->bucket_off[b]]].stage == k) st->buckets[st->n_buckets++] = b;
+      if (n > most) most = n;
+    }
+    if (!(st->cbuf = zalloc((size_t)most * sizeof *st->cbuf))) goto oom;
+  }
+  return 0;
+oom:
+  snprintf(err, errlen, "out of host memory");
+  return -1;
+}
+
+/* A data-parallel program's bucket table: each bucket non-empty, of
+ * gradient tensors of one stage, every gradient in exactly one.  0, or -1
+ * with a message (a program made by another duet). */
+static int check_buckets(DuetPipe *q, char *err, size_t errlen) {
+  const DuetProgram *p = q->p;
+  if (!(q->bucket_of = zalloc((size_t)(p->n_tensors + 1) * sizeof *q->bucket_of))) {
+    snprintf(err, errlen, "out of host memory");
+    return -1;
+  }
+  for (int i = 0; i < p->n_tensors; i++) q->bucket_of[i] = -1;
+  for (int b = 0; b < p->n_buckets; b++) {
+    if (p->bucket_off[b + 1] <= p->bucket_off[b]) {
+      snprintf(err, errlen, "all-reduce bucket %d is empty", b);
+      return -1;
+    }
+    for (int j = p->bucket_off[b]; j < p->bucket_off[b + 1]; j++) {
+      int i = p->bucket_tensors[j];
+      if (i < 0 || i >= p->n_tensors || !p->tensors[i].is_grad || q->bucket_of[i] >= 0 ||
+          p->tensors[i].stage != p->tensors[p->bucket_tensors[p->bucket_off[b]]].stage) {
+        snprintf(err, errlen, "all-reduce bucket %d holds tensor %d, which is no gradient of its stage or is in bucket %d "
+                 "too", b, i, i >= 0 && i < p->n_tensors ? q->bucket_of[i] : -1);
+        return -1;
+      }
+      q->bucket_of[i] = b;
+    }
+  }
+  for (int i = 0; i < p->n_tensors; i++)
+    if (p->tensors[i].is_grad && q->bucket_of[i] < 0) {
+      snprintf(err, errlen, "gradient %s is in no all-reduce bucket of this %d-replica program", p->tensors[i].name,
+               q->R);
+      return -1;
+    }
   return 0;
 }
 
 DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, char *err,
                         size_t errlen) {
   DuetDeviceSpec specs[DUET_MAX_DEVICES];
-  int n_specs = p->n_stages < DUET_MAX_DEVICES ? p->n_stages : DUET_MAX_DEVICES;
-  memset(specs, 0, sizeof specs);
-  for (int k = 0; k < n_specs; k++) { /* default: virtual CPU devices cpu:0 .. cpu:S-1 */
-    specs[k].index = k;
-    snprintf(specs[k].name, sizeof specs[k].name, "cpu:%d", k);
-  }
-  if (cfg->devices && duet_devices_parse(cfg->devices, specs, DUET_MAX_DEVICES, &n_specs, err, errlen)) return NULL;
-  if (n_specs != p->n_stages) {
-    snprintf(err, errlen, "the program has %d pipeline stage%s, --devices names %d device%s", p->n_stages,
-             p->n_stages == 1 ? "" : "s", n_specs, n_specs == 1 ? "" : "s");
-    return NULL;
-  }
+  int R = p->replicas > 1 ? p->replicas : 1;
+  if (worker_devices(p, cfg, R, specs, err, errlen)) return NULL;
   DuetPipe *q = zalloc(sizeof *q);
   if (!q) {
     snprintf(err, errlen, "out of host memory");
@@ -695,9 +1064,16 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
   }
   q->p = p;
   q->S = p->n_stages;
-  q->M = p->micro_batches > 0 ? p->micro_batches : 1;
+  q->R = R;
+  q->Mt = p->micro_batches > 0 ? p->micro_batches : 1;
+  q->M = q->Mt / R;
   q->schedule = cfg->schedule;
   q->drop_t = q->drop_m = -1;
+  if (q->M < 1 || q->M * R != q->Mt) {
+    snprintf(err, errlen, "%d micro-batches do not split among %d replicas", q->Mt, R);
+    free(q);
+    return NULL;
+  }
   DuetPipeEnv env;
   if (duet_pipe_env(&env, cfg->timeout, err, errlen)) {
     free(q);
@@ -709,6 +1085,7 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
   q->profile = env.profile;
   q->drop_t = env.drop_t;
   q->drop_m = env.drop_m;
+  q->drop_bucket = env.drop_bucket;
   if (pthread_mutex_init(&q->mu, NULL) || pthread_cond_init(&q->cv, NULL) || pthread_cond_init(&q->job_cv, NULL) ||
       pthread_cond_init(&q->done_cv, NULL)) {
     snprintf(err, errlen, "cannot create the pipeline's locks");
@@ -716,100 +1093,45 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
     return NULL;
   }
   q->sync_ok = true;
-  int share = duet_threads_per_device(cfg, q->S); /* recorded in checkpoints */
+  int W = R * q->S;
+  int share = duet_threads_per_device(cfg, W); /* recorded in checkpoints */
   const char *oom = "out of host memory";
-  if (!(q->st = zalloc((size_t)q->S * sizeof *q->st))) goto fail_oom;
-  if (!(q->losses = zalloc((size_t)q->M * sizeof *q->losses))) goto fail_oom;
+  if (!(q->st = zalloc((size_t)W * sizeof *q->st))) goto fail_oom;
+  if (!(q->losses = zalloc((size_t)R * (size_t)q->Mt * sizeof *q->losses))) goto fail_oom;
   if (p->n_transfers > 0) {
-    size_t nb = (size_t)p->n_transfers * (size_t)q->M;
-    if (!(q->xfer = zalloc((size_t)p->n_transfers * sizeof *q->xfer)) || !(q->posted = zalloc(nb * sizeof *q->posted)))
+    size_t nb = (size_t)R * (size_t)p->n_transfers * (size_t)q->M;
+    if (!(q->xfer = zalloc((size_t)R * (size_t)p->n_transfers * sizeof *q->xfer)) ||
+        !(q->posted = zalloc(nb * sizeof *q->posted)))
       goto fail_oom;
   }
-  if (p->input_x >= 0 && !(q->host_x = zalloc((size_t)p->tensors[p->input_x].nbytes * (size_t)q->M))) goto fail_oom;
-  if (p->input_y >= 0 && !(q->host_y = zalloc((size_t)p->tensors[p->input_y].nbytes * (size_t)q->M))) goto fail_oom;
+  /* the global batch: Mt micro-batches */
+  if (p->input_x >= 0 && !(q->host_x = zalloc((size_t)p->tensors[p->input_x].nbytes * (size_t)q->Mt))) goto fail_oom;
+  if (p->input_y >= 0 && !(q->host_y = zalloc((size_t)p->tensors[p->input_y].nbytes * (size_t)q->Mt))) goto fail_oom;
   if (p->loss >= 0 && !(q->host_loss = zalloc((size_t)p->tensors[p->loss].nbytes))) goto fail_oom;
   if (p->metrics >= 0 && !(q->host_metrics = zalloc((size_t)p->tensors[p->metrics].nbytes))) goto fail_oom;
-  for (int k = 0; k < q->S; k++) {
-    Stage *st = &q->st[k];
-    const DuetStage *ps = &p->stages[k];
-    st->q = q;
-    st->id = k;
-    st->threads = share;
-    st->n_slots = q->schedule == DUET_SCHEDULE_1F1B ? (q->M < q->S - k ? q->M : q->S - k) : q->M;
-    if (!(st->dev = duet_device_open(&specs[k], p, kernels, 0, !cfg->quiet, err, errlen))) {
-      duet_pipe_free(q);
-      return NULL;
-    }
-    for (int r = 1; r < DUET_MEM_COUNT; r++) {
-      size_t b = (size_t)ps->region_bytes[r] * (r == DUET_MEM_ARENA ? (size_t)st->n_slots : 1);
-      if (!(st->region[r] = st->dev->ops->alloc(st->dev, b))) {
-        snprintf(err, errlen, "stage %d: %s", k, st->dev->err);
-        duet_pipe_free(q);
-        return NULL;
-      }
-    }
-    if (!(st->tab = zalloc((size_t)st->n_slots * sizeof *st->tab)) ||
-        !(st->acc_off = zalloc((size_t)(p->n_tensors + 1) * sizeof *st->acc_off)))
-      goto fail_oom;
-    int64_t acc_bytes = 0;
-    for (int i = 0; i < p->n_tensors; i++) {
-      const DuetTensor *t = &p->tensors[i];
-      st->acc_off[i] = -1;
-      if (t->stage != k) continue;
-      if (t->region <= 0 || t->region >= DUET_MEM_COUNT || t->offset < 0 ||
-          t->offset + t->nbytes > ps->region_bytes[t->region]) {
-        snprintf(err, errlen, "tensor %s lies outside its planned region on stage %d", t->name, k);
-        duet_pipe_free(q);
-        return NULL;
-      }
-      if (t->is_grad) {
-        st->acc_off[i] = acc_bytes;
-        acc_bytes += (t->nbytes + 63) & ~(int64_t)63;
-      }
-    }
-    st->host_mem = !strcmp(st->dev->ops->name, "cpu");
-    st->dev_acc = st->dev->ops->accumulate != NULL && !q->host_sums;
-    if (st->dev_acc) {
-      if (!(st->acc = st->dev->ops->alloc(st->dev, (size_t)acc_bytes))) {
-        snprintf(err, errlen, "stage %d: gradient accumulators: %s", k, st->dev->err);
-        duet_pipe_free(q);
-        return NULL;
-      }
-    } else if (!(st->acc = zalloc((size_t)acc_bytes))) {
-      goto fail_oom;
-    }
-    int64_t max_grad = 0;
-    for (int i = 0; i < p->n_tensors; i++)
-      if (st->acc_off[i] >= 0 && p->tensors[i].nbytes > max_grad) max_grad = p->tensors[i].nbytes;
-    if (!st->dev_acc && !st->host_mem && !(st->tmp = zalloc((size_t)max_grad))) goto fail_oom;
-    if (p->n_unscale > 0) { /* zeroed: flags of another stage's params stay 0 */
-      size_t fb = (size_t)p->n_unscale * sizeof(int32_t);
-      if (!(st->flags = zalloc(fb)) || !(st->flags_mb = zalloc(fb))) goto fail_oom;
-      if (!(st->overflow = st->dev->ops->alloc(st->dev, fb))) {
-        snprintf(err, errlen, "stage %d: %s", k, st->dev->err);
-        duet_pipe_free(q);
-        return NULL;
-      }
-    }
-    for (int sl = 0; sl < st->n_slots; sl++) {
-      if (!(st->tab[sl] = zalloc((size_t)(p->n_tensors + 1) * sizeof **st->tab))) goto fail_oom;
-      st->tab[sl][p->n_tensors] = st->overflow;
-      for (int i = 0; i < p->n_tensors; i++) {
-        const DuetTensor *t = &p->tensors[i];
-        if (t->stage != k) continue;
-        size_t base = t->region == DUET_MEM_ARENA ? (size_t)sl * (size_t)ps->region_bytes[DUET_MEM_ARENA] : 0;
-        st->tab[sl][i] = (char *)st->region[t->region] + base + t->offset;
-      }
-    }
+  if (R > 1 && check_buckets(q, err, errlen)) {
+    duet_pipe_free(q);
+    return NULL;
   }
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < q->S; k++)
+      if (stage_new(q, r, k, &specs[r * q->S + k], kernels, cfg, share, err, errlen)) {
+        duet_pipe_free(q);
+        return NULL;
+      }
   if (setup_transfers(q, err, errlen)) {
     duet_pipe_free(q);
     return NULL;
   }
+  /* tags: the buckets, each stage's overflow flags, the losses */
+  if (R > 1 && !(q->coll = duet_coll_shm_new(R, p->n_buckets + q->S + 1, q->timeout, err, errlen))) {
+    duet_pipe_free(q);
+    return NULL;
+  }
   openblas_set_num_threads(share);
-  for (int k = 0; k < q->S; k++) {
+  for (int k = 0; k < W; k++) {
     if (pthread_create(&q->st[k].thread, NULL, worker, &q->st[k])) {
-      snprintf(err, errlen, "cannot start the worker thread of stage %d", k);
+      snprintf(err, errlen, "cannot start the worker thread of %s", q->st[k].who);
       duet_pipe_free(q);
       return NULL;
     }

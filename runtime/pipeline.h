@@ -7,10 +7,11 @@
 
 typedef struct DuetPipe DuetPipe;
 
-/* Loads a pipelined program: one device per stage from cfg->devices
- * (virtual CPU devices cpu:0 .. cpu:S-1 when NULL), each with its own regions (params, state, and one
+/* Loads a pipelined program: one device per stage and replica from
+ * cfg->devices (replica r's stages are items r*S .. r*S+S-1; virtual CPU
+ * devices cpu:0 .. cpu:R*S-1 when NULL), each with its own regions (params, state, and one
  * activation region per micro-batch in flight: M for GPipe, min(M, S - s)
- * for 1F1B), a worker thread with cfg->threads / S cores (at least 1),
+ * for 1F1B), a worker thread with cfg->threads / (R x S) cores (at least 1),
  * staging buffers for every transfer and micro-batch (one block per
  * transfer: on the receiving device when the pair of devices copies
  * directly, else in host memory; see runtime/pipeline.c), and gradient
@@ -27,12 +28,18 @@ typedef struct DuetPipe DuetPipe;
  *   DUET_PIPE_STAGING   auto | host      DUET_PIPE_SUMS   auto | host
  *   DUET_PROFILE        set, not 0: per-stage times
  *   DUET_PIPE_DROP_SEND T:M (tests)
+ *   DUET_DP_CHECK       0 | 1: data parallelism: after every training step,
+ *                       every replica's params and optimizer state are
+ *                       compared with replica 0's (duet_pipe_compare_replicas)
+ *   DUET_DP_DROP        B (tests): bucket B is never all-reduced, so the
+ *                       replicas drift apart (DUET_DP_CHECK must see it)
  * 0, or -1 with the message in err. */
 #define DUET_PIPE_TIMEOUT_MAX 1e6
 typedef struct DuetPipeEnv {
   double timeout;
-  bool force_host, host_sums, profile;
-  int drop_t, drop_m; /* -1: none */
+  bool force_host, host_sums, profile, dp_check;
+  int drop_t, drop_m; /* -1: none; drop_m counts micro-batches of the global batch */
+  int drop_bucket;    /* -1: none */
 } DuetPipeEnv;
 int duet_pipe_env(DuetPipeEnv *e, double timeout, char *err, size_t errlen);
 
@@ -76,6 +83,21 @@ enum { DUET_PIPE_GRADS = 100, DUET_PIPE_STEP = 101 };
 /* After DUET_PIPE_GRADS: the lowest overflow flag set by any stage in any
  * micro-batch (an index into DuetProgram.unscale_names), or -1. */
 int duet_pipe_first_overflow(const DuetPipe *q);
+
+/* Data parallelism: the number of replicas R (1 without). */
+int duet_pipe_replicas(const DuetPipe *q);
+/* duet_pipe_tensor and duet_pipe_tensor_device of replica r (the host
+ * buffers are the same for every replica); NULL out of range. */
+void *duet_pipe_tensor_at(DuetPipe *q, int replica, int id);
+DuetDevice *duet_pipe_tensor_device_at(DuetPipe *q, int replica, int id);
+/* Compares every replica's param and optimizer-state regions with replica
+ * 0's, byte for byte.  0 when identical, else -1 with a message naming the
+ * replica and the first tensor that differs (or a device's copy error). */
+int duet_pipe_compare_replicas(DuetPipe *q, char *err, size_t errlen);
+/* Replica-stage pairs, summed over the training steps so far, that found
+ * no overflow in their own gradients when another replica's overflowed
+ * (the OR over the replicas made them skip the step too). */
+int64_t duet_pipe_asym_overflows(const DuetPipe *q);
 
 /* In host memory: dst[k] = src[k] (first) or dst[k] += src[k], k < n, for
  * dtype DUET_F32 or DUET_F64 (any other is taken as f32); elementwise, so

@@ -52,11 +52,15 @@ void duet_usage(const char *argv0, FILE *out) {
           "                     with its own arena and threads/S cores), cuda:N; one stage each\n"
           "  --micro-batches M  split each batch into M micro-batches, gradients summed (loss / M)\n"
           "  --schedule S       pipeline schedule: gpipe (fill-drain, default) or 1f1b\n"
+          "  --data-parallel N  N replicas, each on an equal group of the --devices list (default: N\n"
+          "                     virtual CPU devices), each computing 1/N of every batch; gradients\n"
+          "                     summed over the replicas (fixed when the model was compiled)\n"
+          "  --bucket-mb X      all-reduce buckets of at most X MiB of gradients (default 25)\n"
           "  --help             this text\n"
           "Results depend on --threads (OpenBLAS sums in an order set by its thread count).\n"
           "Environment (README.md): DUET_CACHE_DIR (kernel cache), DUET_CC (C compiler),\n"
           "DUET_PROFILE=1 (time per kernel), DUET_PIPE_TIMEOUT, DUET_PIPE_STAGING=host,\n"
-          "DUET_CPU_GFLOPS (the partition's CPU rate).\n",
+          "DUET_CPU_GFLOPS (the partition's CPU rate), DUET_DP_CHECK=1 (replicas compared every step).\n",
           argv0);
 }
 
@@ -81,6 +85,31 @@ int duet_parse_threads(const char *val, int *out) {
     return 1;
   }
   *out = (int)t;
+  return 0;
+}
+
+int duet_parse_data_parallel(const char *val, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long n = strtoll(val, &end, 10);
+  if (errno || end == val || *end || n < 1 || n > DUET_MAX_DEVICES) {
+    fprintf(stderr, "duet: error: --data-parallel expects an integer from 1 to %d (replicas), got '%s'\n",
+            DUET_MAX_DEVICES, val);
+    return 1;
+  }
+  *out = n;
+  return 0;
+}
+
+int duet_parse_bucket_mb(const char *val, double *out) {
+  char *end;
+  errno = 0;
+  double x = strtod(val, &end);
+  if (errno || end == val || *end || !(x > 0) || !(x <= 1e9)) {
+    fprintf(stderr, "duet: error: --bucket-mb expects a number of MiB > 0 (and at most 1e9), got '%s'\n", val);
+    return 1;
+  }
+  *out = x;
   return 0;
 }
 
@@ -124,7 +153,8 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
                                         "--log-every", "--eval-every", "--eval-batches", "--train-subset",
                                         "--test-subset", "--data", "--save", "--save-every", "--resume",
                                         "--metrics", "--batch", "--loss-scale", "--min-loss-scale",
-                                        "--devices", "--micro-batches", "--schedule"};
+                                        "--devices", "--micro-batches", "--schedule", "--data-parallel",
+                                        "--bucket-mb"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
     int is_known = 0;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
@@ -181,6 +211,8 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
       if (rc) fprintf(stderr, "duet: error: %s\n", err);
       c->devices = val;
     } else if (!strcmp(flag, "--micro-batches")) rc = parse_i64(flag, val, 1, &c->micro_batches);
+    else if (!strcmp(flag, "--data-parallel")) rc = duet_parse_data_parallel(val, &c->data_parallel);
+    else if (!strcmp(flag, "--bucket-mb")) rc = duet_parse_bucket_mb(val, &c->bucket_mb);
     else if (!strcmp(flag, "--schedule")) {
       if (!strcmp(val, "gpipe")) c->schedule = DUET_SCHEDULE_GPIPE;
       else if (!strcmp(val, "1f1b")) c->schedule = DUET_SCHEDULE_1F1B;
@@ -769,6 +801,32 @@ static FILE *open_metrics(const DuetConfig *cfg, int64_t from) {
   return f;
 }
 
+/* The settings fixed when p was compiled against cfg's flags: the
+ * micro-batches (per replica), the replicas, the bucket size.  1 after
+ * the error, else 0. */
+static int check_compiled(const DuetProgram *p, const DuetConfig *cfg) {
+  int R = p->n_stages >= 1 && p->replicas > 1 ? p->replicas : 1;
+  int M = p->n_stages >= 1 && p->micro_batches > 0 ? p->micro_batches / R : 1;
+  if (cfg->data_parallel && cfg->data_parallel != R) {
+    fprintf(stderr, "duet: error: this program was compiled for %d data-parallel replica%s, not %" PRId64
+            " (--data-parallel is fixed at compile time: duet compile M.model --data-parallel %" PRId64 ")\n", R,
+            R == 1 ? "" : "s", cfg->data_parallel, cfg->data_parallel);
+    return 1;
+  }
+  if (p->n_stages >= 1 && cfg->micro_batches && cfg->micro_batches != M) {
+    fprintf(stderr, "duet: error: this program was compiled for %d micro-batch%s%s, not %" PRId64 "\n", M,
+            M == 1 ? "" : "es", R > 1 ? " per replica" : "", cfg->micro_batches);
+    return 1;
+  }
+  double want = p->bucket_mb > 0 ? p->bucket_mb : 25.0;
+  if (R > 1 && cfg->bucket_mb > 0 && cfg->bucket_mb != want) {
+    fprintf(stderr, "duet: error: this program's all-reduce buckets were made for --bucket-mb %g, not %g (fixed at "
+            "compile time: duet compile M.model --bucket-mb %g)\n", want, cfg->bucket_mb, cfg->bucket_mb);
+    return 1;
+  }
+  return 0;
+}
+
 /* The session of a training run (--loss-scale without loss scaling only
  * warns; duet_main has checked --save and the other files).  NULL after
  * printing the error. */
@@ -780,12 +838,8 @@ static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kerne
   if ((cfg->loss_scale > 0 || cfg->min_loss_scale > 0) && p->n_unscale == 0 && !cfg->quiet)
     fprintf(stderr, "duet: warning: --loss-scale and --min-loss-scale have no effect: this program has no fp16 loss "
                     "scaling\n");
+  if (check_compiled(p, cfg)) return NULL;
   if (p->n_stages >= 1) {
-    if (cfg->micro_batches && cfg->micro_batches != (p->micro_batches > 0 ? p->micro_batches : 1)) {
-      fprintf(stderr, "duet: error: this program was compiled for %d micro-batches, not %" PRId64 "\n",
-              p->micro_batches, cfg->micro_batches);
-      return NULL;
-    }
     if (!(s = duet_session_new_pipeline(p, kernels, cfg, err, sizeof err))) fprintf(stderr, "duet: error: %s\n", err);
     return s;
   }
@@ -811,22 +865,44 @@ static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kerne
 
 /* "duet: pipeline: ..." after the memory line, for pipelined programs,
  * then "duet: pipeline transfers: ..." (the path between each pair of
- * stages) when tensors cross stages. */
+ * stages) when tensors cross stages, and "duet: data parallel: ..." for
+ * data-parallel ones. */
 static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const DuetSession *s) {
   if (p->n_stages < 1 || cfg->quiet) return;
-  int S = p->n_stages, M = p->micro_batches > 0 ? p->micro_batches : 1;
+  int R = p->replicas > 1 ? p->replicas : 1;
+  int S = p->n_stages, Mt = p->micro_batches > 0 ? p->micro_batches : 1, M = Mt / R;
   int64_t xfer = 0;
   for (int t = 0; t < p->n_transfers; t++) xfer += p->transfers[t].nbytes;
-  char devs[64];
-  if (S == 1) snprintf(devs, sizeof devs, "cpu:0");
-  else snprintf(devs, sizeof devs, "cpu:0..cpu:%d", S - 1);
-  printf("duet: pipeline: %d stage%s on %s, %d micro-batch%s of %" PRId64 ", %s; bubble (S-1)/(M+S-1) = %.3f%s; "
-         "transfers %.2f MiB per micro-batch\n", S, S == 1 ? "" : "s", cfg->devices ? cfg->devices : devs, M,
-         M == 1 ? "" : "es", p->defaults.batch / M, cfg->schedule == DUET_SCHEDULE_1F1B ? "1f1b" : "gpipe",
-         (double)(S - 1) / (double)(M + S - 1), M < S ? " (fewer micro-batches than stages: a large bubble)" : "",
-         (double)xfer / 1048576.0);
+  char devs[1024];
+  if (S * R == 1) snprintf(devs, sizeof devs, "cpu:0");
+  else if (R == 1) snprintf(devs, sizeof devs, "cpu:0..cpu:%d", S - 1);
+  else if (S == 1) snprintf(devs, sizeof devs, "each of cpu:0 | .. | cpu:%d", R - 1);
+  else snprintf(devs, sizeof devs, "each of cpu:0..cpu:%d | .. | cpu:%d..cpu:%d", S - 1, (R - 1) * S, R * S - 1);
+  if (R > 1 && cfg->devices) { /* the groups: "each of cpu:0,cpu:1 | cpu:2,cpu:3" */
+    size_t len = (size_t)snprintf(devs, sizeof devs, "each of ");
+    int item = 0;
+    for (const char *c = cfg->devices; *c && len + 4 < sizeof devs; c++) {
+      if (*c == ',' && ++item % S == 0) len += (size_t)snprintf(devs + len, sizeof devs - len, " | ");
+      else devs[len++] = *c, devs[len] = 0;
+    }
+  }
+  printf("duet: pipeline: %d stage%s on %s, %d micro-batch%s of %" PRId64 "%s, %s; bubble (S-1)/(M+S-1) = %.3f%s; "
+         "transfers %.2f MiB per micro-batch\n", S, S == 1 ? "" : "s", cfg->devices && R == 1 ? cfg->devices : devs, M,
+         M == 1 ? "" : "es", p->defaults.batch / Mt, R > 1 ? " per replica" : "",
+         cfg->schedule == DUET_SCHEDULE_1F1B ? "1f1b" : "gpipe", (double)(S - 1) / (double)(M + S - 1),
+         M < S ? " (fewer micro-batches than stages: a large bubble)" : "", (double)xfer / 1048576.0);
   const char *paths = duet_session_transfers(s);
   if (paths && *paths) printf("duet: pipeline transfers: %s\n", paths);
+  if (R > 1) {
+    int64_t grads = 0;
+    for (int i = 0; i < p->n_tensors; i++)
+      if (p->tensors[i].is_grad) grads += p->tensors[i].nbytes;
+    printf("duet: data parallel: %d replicas of %d stage%s, each %d micro-batch%s of the global batch of %" PRId64
+           "; %d all-reduce bucket%s (%.2f MiB of gradients, --bucket-mb %g) summed in replica order over shared "
+           "memory%s\n", R, S, S == 1 ? "" : "s", M, M == 1 ? "" : "es", p->defaults.batch, p->n_buckets,
+           p->n_buckets == 1 ? "" : "s", (double)grads / 1048576.0, p->bucket_mb > 0 ? p->bucket_mb : 25.0,
+           cfg->devices && strstr(cfg->devices, "cuda") ? " (GPU buffers staged through host memory)" : "");
+  }
   fflush(stdout);
 }
 
@@ -1269,6 +1345,8 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
     if (cfg.schedule != p->defaults.schedule && p->n_stages < 1)
       fprintf(stderr, "duet: warning: --schedule has no effect without a pipeline (--devices with several items, "
                       "or --micro-batches)\n");
+    if (cfg.bucket_mb > 0 && !(p->n_stages >= 1 && p->replicas > 1))
+      fprintf(stderr, "duet: warning: --bucket-mb has no effect without data parallelism (--data-parallel N, N > 1)\n");
   }
   if (!text && no_data_source(p, &cfg)) return 1;
   if (check_run_files(p, &cfg, NULL)) return 1;
@@ -1307,7 +1385,7 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
       if (check_pixels(p, info.rows, info.cols)) return 1;
     }
   }
-  if (check_run_files(p, &cfg, model_path)) return 1;
+  if (check_run_files(p, &cfg, model_path) || check_compiled(p, &cfg)) return 1;
   if (duet_devices_preflight(p, &cfg, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;

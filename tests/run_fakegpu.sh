@@ -14,14 +14,15 @@
 #     (GPU_QUICK=1): test_gpu_ops (every op case on sm_60 and, with bf16,
 #     on sm_80), run_train_gpu.sh, run_precision_gpu.sh and
 #     run_pipeline_gpu.sh (one fake GPU as two devices, cpu + GPU, and two
-#     fake GPUs without and with peer access).
+#     fake GPUs without and with peer access), run_data_parallel_gpu.sh
+#     (one fake GPU as two replicas, and two fake GPUs).
 # Parts (ctest runs each as its own test): cli (1-4), ops, train,
-# precision, pipeline (5).  The emulator's seed (DUET_EMU_SEED, README
+# precision, pipeline, dataparallel (5).  The emulator's seed (DUET_EMU_SEED, README
 # "The emulator") is printed first, one for the whole part.  Skips (77) when the plugin or the fake was not
 # built (no CUDA toolkit) or there is no C++ compiler.
 # usage: run_fakegpu.sh BUILD_DIR PART   (from the repository root)
-B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline}
-PART=${2:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline}
+B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|dataparallel}
+PART=${2:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|dataparallel}
 DUET=$B/duet
 PLUGIN=$B/libduet_cuda.so
 FAKE=$B/fakegpu/libduet_fakegpu.so
@@ -101,6 +102,11 @@ pipeline)
   has "$tmp/gpu_pipeline_staged.log" "ok pair path (duet: pipeline transfers: stage 0 -> 1 staged through pinned host memory" pair_staged
   DUET_FAKE_GPUS=2 DUET_FAKE_P2P=1 t gpu_pipeline_p2p sh tests/gpu/run_pipeline_gpu.sh "$DUET"
   has "$tmp/gpu_pipeline_p2p.log" "ok pair path (duet: pipeline transfers: stage 0 -> 1 peer-to-peer" pair_p2p
+  ;;
+dataparallel)
+  DUET_FAKE_GPUS=2 t gpu_data_parallel sh tests/gpu/run_data_parallel_gpu.sh "$DUET"
+  has "$tmp/gpu_data_parallel.log" "ok dp equals ref" same_gpu_replicas
+  has "$tmp/gpu_data_parallel.log" "ok pair equals ref" two_gpu_replicas
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

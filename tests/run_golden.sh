@@ -48,5 +48,7 @@ check gpt_kjv.bf16.fuse.ir "$DUET" ir models/gpt_kjv.model --precision bf16 --af
 check fmnist_mlp.fp16.cu "$DUET" emit models/fmnist_mlp.model --precision fp16 --target cuda
 check gpt_kjv.fp16.cu "$DUET" emit models/gpt_kjv.model --precision fp16 --target cuda
 check gpt_kjv.bf16.cu "$DUET" emit models/gpt_kjv.model --precision bf16 --target cuda
+# data parallelism: the all-reduce buckets (small, so that there are four)
+check fmnist_mlp.data_parallel.ir "$DUET" ir models/fmnist_mlp.model --data-parallel 2 --bucket-mb 1 --after data_parallel
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -14,6 +14,10 @@
  *      with ir_print; then, if step 1 succeeded,
  *   2. elaborated again with --batch 3 in float64 (as the tests do), and
  *   3. elaborated for generation (decode = true), as `duet sample` does,
+ *   4. with 2 micro-batches on 3 devices (the partition pass), and
+ *   5. as 2 data-parallel replicas of a 2-stage pipeline with 2
+ *      micro-batches each and buckets of about 1 KiB (the data_parallel
+ *      pass and its checks in the verifier),
  *      each run through the passes again.
  * User errors (diagnostics) are expected and go to /dev/null.  Findings are:
  * a sanitizer report, duet_fatal (an internal assertion -> abort), an
@@ -59,7 +63,9 @@ static int run_passes(Graph *g, Diag *d, int n_devices) {
   static const PartDevice cpus[3] = {{.name = "cpu:0", .cpu = true, .cores = 1},
                                      {.name = "cpu:1", .cpu = true, .cores = 1},
                                      {.name = "cpu:2", .cpu = true, .cores = 1}};
-  PassCtx pc = {.diag = d, .verify = true, .devices = n_devices ? cpus : NULL, .n_devices = n_devices};
+  /* small all-reduce buckets (about 1 KiB) when there are replicas: many of them */
+  PassCtx pc = {.diag = d, .verify = true, .devices = n_devices ? cpus : NULL, .n_devices = n_devices,
+                .bucket_mb = 0.001};
   d->jmp = &jb;
   if (setjmp(jb)) {
     d->jmp = saved;
@@ -119,6 +125,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* the partition pass on three devices, micro-batches where they divide */
     FrontendOptions mb = {.micro_batches = 2};
     if (compile_once(&src, &mb, 3)) compile_once(&src, &plain, 3);
+    /* data parallelism: 2 replicas of a 2-stage pipeline, 2 micro-batches each */
+    FrontendOptions dp = {.micro_batches = 2, .replicas = 2};
+    compile_once(&src, &dp, 2);
   }
   free(text);
   return 0;

@@ -1,0 +1,81 @@
+/* runtime/collective.h: collectives between the replicas of a data-parallel
+ * run (private to runtime/).
+ *
+ * A collective is a table of function pointers over the R ranks (replicas)
+ * of a run, as a device is (ggml's backend interface).  Each rank calls
+ * every operation once, with the same tag, buffer count, element counts
+ * and dtypes as the other ranks, in the same order per tag; operations on
+ * different tags may interleave (each stage of a pipelined replica reduces
+ * its own buckets).  One implementation exists: shared memory between the
+ * replicas of one process (duet_coll_shm_new).  MPI (between processes and
+ * machines) and NCCL (between GPUs) are to be further implementations of
+ * this table; reduce_scatter_start and all_gather_start are the slots
+ * ZeRO stage 1 (optimizer-state sharding) will need, NULL until then.
+ *
+ * Every function returns 0, or -1 with a message in err (a timeout naming
+ * the rank waited for, an abort, mismatched buffers, a device's copy
+ * failure). */
+#ifndef DUET_COLLECTIVE_H
+#define DUET_COLLECTIVE_H
+
+#include <stdbool.h>
+
+#include "duet_rt.h"
+
+/* One buffer of an operation: n elements of dtype (DUET_F32, DUET_F64 or
+ * DUET_I32) at ptr, in the memory of the device passed with the list (NULL:
+ * host memory, which the collective reads and writes directly). */
+typedef struct DuetCollBuf {
+  void *ptr;
+  int64_t n;
+  int dtype;
+} DuetCollBuf;
+
+typedef struct DuetColl DuetColl;
+typedef struct DuetCollOps {
+  const char *name; /* "shared memory" */
+  /* Starts the sum over the ranks of the n buffers b (on dev) under tag:
+   * when it completes, every rank's buffers hold, element by element, the
+   * sum of the ranks' values taken in rank order 0, 1, ..., R-1 (one
+   * rounding per add, so the result does not depend on timing).  The
+   * buffers must not be written until allreduce_wait returns. */
+  int (*allreduce_start)(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
+                         size_t errlen);
+  /* Waits for the sum started under tag by this rank (the buffers hold it
+   * on return). */
+  int (*allreduce_wait)(DuetColl *c, int rank, int tag, char *err, size_t errlen);
+  /* Every rank's buffers receive rank root's (blocking). */
+  int (*broadcast)(DuetColl *c, int rank, int root, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
+                   size_t errlen);
+  /* Returns once every rank has called it. */
+  int (*barrier)(DuetColl *c, int rank, char *err, size_t errlen);
+  /* Makes every waiting and later call fail (a rank's failure must not
+   * leave the others waiting); `why` is told to them.  Any thread. */
+  void (*abort)(DuetColl *c, const char *why);
+  /* ZeRO stage 1 (later): reduce-scatter of gradients, all-gather of
+   * params.  NULL: not provided. */
+  int (*reduce_scatter_start)(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
+                              size_t errlen);
+  int (*all_gather_start)(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
+                          size_t errlen);
+  void (*destroy)(DuetColl *c);
+} DuetCollOps;
+
+struct DuetColl {
+  const DuetCollOps *ops;
+  int n_ranks;
+  void *ctx;
+};
+
+/* The shared-memory collective of n_ranks replicas in this process (each
+ * rank a thread, or several: one per tag), for tags 0 .. n_tags-1.
+ * Deterministic: each element of a sum is added in rank order 0..R-1,
+ * the work split among the ranks' threads by contiguous chunks of the
+ * elements (rank k sums chunk k for everyone), the result written to every
+ * rank.  Buffers on a device whose memory is not host memory (a GPU) go
+ * through host staging: copy_to_host when the rank starts, copy_to_device
+ * when it has waited.  A wait gives up after `timeout` seconds naming a
+ * rank that has not arrived.  NULL with a message in err. */
+DuetColl *duet_coll_shm_new(int n_ranks, int n_tags, double timeout, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,189 @@
+/* tests/test_collective.c: the shared-memory collective of data
+ * parallelism (runtime/collective.c), with one thread per rank:
+ *  1. all-reduce of f32 buffers (three of them, 100,003 elements in all, so
+ *     the ranks' chunks straddle buffers) over 3 ranks: every rank receives
+ *     x0 + x1 + x2 added in rank order, bit for bit (the reference is that
+ *     sum in plain C, and the reversed order x2 + x1 + x0 must differ
+ *     somewhere: the test can tell the orders apart); f64 and i32 buffers;
+ *     ten calls in a row on one tag (generations), two tags interleaved;
+ *  2. broadcast from rank 1; a barrier;
+ *  3. errors: buffers of another length on one rank; a rank that never
+ *     comes (the others time out naming it, within the timeout); abort
+ *     (a waiting rank returns at once with the reason).
+ * Exits 1 on any failure. */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../runtime/collective.h"
+
+enum { R = 3, N0 = 40000, N1 = 7, N2 = 59996, NT = N0 + N1 + N2 };
+
+static int fails;
+#define CHECK(c, ...)                      \
+  do {                                     \
+    if (!(c)) {                            \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__);                 \
+      printf("\n");                        \
+      fails++;                             \
+    }                                      \
+  } while (0)
+
+typedef struct Rank {
+  DuetColl *c;
+  int rank, mode;
+  float *f;          /* NT values */
+  double d[5];
+  int32_t k[4];
+  float bc[3];
+  int rc;
+  char err[600];
+} Rank;
+
+/* Rank 0 and 1 nearly cancel and rank 2 is small: (x0 + x1) + x2 keeps
+ * bits of x2 that (x2 + x1) + x0 rounds away, so the order shows. */
+static float value(int rank, int64_t e, int call) {
+  uint64_t x = ((uint64_t)e + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(rank * 131 + call * 7919);
+  x ^= x >> 29;
+  float u = (float)(x % 1000003) / 1000003.0f;
+  return rank == 0 ? 1.0f + u : rank == 1 ? -1.0f - u * 0.999f : 1e-6f * (u - 0.5f);
+}
+
+static void *job(void *arg) {
+  Rank *r = arg;
+  DuetColl *c = r->c;
+  char *e = r->err;
+  size_t el = sizeof r->err;
+  r->rc = 0;
+  if (r->mode == 0) { /* 10 generations on tag 0, interleaved with tag 1 */
+    for (int call = 0; call < 10 && !r->rc; call++) {
+      for (int64_t i = 0; i < NT; i++) r->f[i] = value(r->rank, i, call);
+      for (int i = 0; i < 5; i++) r->d[i] = (double)(r->rank + 1) * (i + 0.1);
+      for (int i = 0; i < 4; i++) r->k[i] = r->rank == 1 && i == 2;
+      DuetCollBuf b[3] = {{r->f, N0, DUET_F32}, {r->f + N0, N1, DUET_F32}, {r->f + N0 + N1, N2, DUET_F32}};
+      DuetCollBuf o[2] = {{r->d, 5, DUET_F64}, {r->k, 4, DUET_I32}};
+      if (c->ops->allreduce_start(c, r->rank, 0, NULL, b, 3, e, el) || c->ops->allreduce_start(c, r->rank, 1, NULL, o, 2, e, el) ||
+          c->ops->allreduce_wait(c, r->rank, 1, e, el) || c->ops->allreduce_wait(c, r->rank, 0, e, el)) {
+        r->rc = -1;
+        break;
+      }
+      for (int64_t i = 0; i < NT; i++) {
+        float want = value(0, i, call);
+        want += value(1, i, call);
+        want += value(2, i, call);
+        if (memcmp(&want, &r->f[i], sizeof want)) {
+          snprintf(e, el, "call %d, element %lld: %.9g, want %.9g", call, (long long)i, r->f[i], want);
+          r->rc = -2;
+          break;
+        }
+      }
+      for (int i = 0; i < 5 && !r->rc; i++)
+        if (r->d[i] != ((1 * (i + 0.1)) + 2 * (i + 0.1)) + 3 * (i + 0.1)) r->rc = -3;
+      for (int i = 0; i < 4 && !r->rc; i++)
+        if (r->k[i] != (i == 2)) r->rc = -4;
+    }
+    if (!r->rc) { /* broadcast of rank 1's three values, then a barrier */
+      for (int i = 0; i < 3; i++) r->bc[i] = (float)(10 * r->rank + i);
+      DuetCollBuf b = {r->bc, 3, DUET_F32};
+      if (c->ops->broadcast(c, r->rank, 1, NULL, &b, 1, e, el) || c->ops->barrier(c, r->rank, e, el)) r->rc = -1;
+      for (int i = 0; i < 3 && !r->rc; i++)
+        if (r->bc[i] != (float)(10 + i)) r->rc = -5;
+    }
+  } else if (r->mode == 1) { /* rank 2 passes another length */
+    DuetCollBuf b = {r->f, r->rank == 2 ? 5 : 4, DUET_F32};
+    if (c->ops->allreduce_start(c, r->rank, 0, NULL, &b, 1, e, el) || c->ops->allreduce_wait(c, r->rank, 0, e, el)) r->rc = -1;
+  } else if (r->mode == 2) { /* rank 2 never comes */
+    DuetCollBuf b = {r->f, 4, DUET_F32};
+    if (r->rank != 2 &&
+        (c->ops->allreduce_start(c, r->rank, 0, NULL, &b, 1, e, el) || c->ops->allreduce_wait(c, r->rank, 0, e, el)))
+      r->rc = -1;
+  } else { /* rank 2 aborts; the others wait */
+    DuetCollBuf b = {r->f, 4, DUET_F32};
+    if (r->rank == 2) {
+      struct timespec ts = {0, 50 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+      c->ops->abort(c, "rank 2 failed");
+    } else if (c->ops->allreduce_start(c, r->rank, 0, NULL, &b, 1, e, el) ||
+               c->ops->allreduce_wait(c, r->rank, 0, e, el)) {
+      r->rc = -1;
+    }
+  }
+  return NULL;
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Runs mode on R threads over a fresh collective (timeout seconds). */
+static void run(int mode, double timeout, Rank *rk, double *secs) {
+  char err[300];
+  DuetColl *c = duet_coll_shm_new(R, 2, timeout, err, sizeof err);
+  if (!c) {
+    printf("FAIL duet_coll_shm_new: %s\n", err);
+    exit(1);
+  }
+  pthread_t th[R];
+  double t0 = now();
+  for (int i = 0; i < R; i++) {
+    rk[i].c = c;
+    rk[i].rank = i;
+    rk[i].mode = mode;
+    rk[i].err[0] = 0;
+    if (pthread_create(&th[i], NULL, job, &rk[i])) {
+      printf("FAIL pthread_create\n");
+      exit(1);
+    }
+  }
+  for (int i = 0; i < R; i++) pthread_join(th[i], NULL);
+  *secs = now() - t0;
+  c->ops->destroy(c);
+}
+
+int main(void) {
+  Rank rk[R];
+  memset(rk, 0, sizeof rk);
+  for (int i = 0; i < R; i++)
+    if (!(rk[i].f = malloc(NT * sizeof(float)))) return 1;
+  /* the orders can be told apart: x0 + x1 + x2 differs from x2 + x1 + x0 */
+  int differ = 0;
+  for (int64_t i = 0; i < NT; i++) {
+    float a = value(0, i, 0), b = value(2, i, 0);
+    a += value(1, i, 0), a += value(2, i, 0);
+    b += value(1, i, 0), b += value(0, i, 0);
+    differ += memcmp(&a, &b, sizeof a) != 0;
+  }
+  CHECK(differ > 1000, "rank order and reversed order agree on all but %d elements: the test cannot see the order",
+        differ);
+  double secs;
+  run(0, 30, rk, &secs);
+  for (int i = 0; i < R; i++) CHECK(rk[i].rc == 0, "rank %d: all-reduce, broadcast, barrier: rc %d: %s", i, rk[i].rc, rk[i].err);
+  printf("ok all-reduce of f32 (%d elements in 3 buffers, 10 calls), f64 and i32 over %d ranks in rank order, bit for "
+         "bit; broadcast; barrier (%d elements of the %d checked summed differently in reversed order)\n", NT, R, differ,
+         NT);
+  run(1, 30, rk, &secs);
+  CHECK(rk[0].rc && strstr(rk[0].err, "buffer 0: replica 2 has 5 elements of dtype 1, replica 0 4 of dtype 1"),
+        "mismatch: rank 0: %s", rk[0].err);
+  printf("ok mismatched buffers: %s\n", rk[0].err);
+  run(2, 0.3, rk, &secs);
+  for (int i = 0; i < 2; i++)
+    CHECK(rk[i].rc && strstr(rk[i].err, "timed out after 0.3 s waiting for replica 2"), "timeout: rank %d: %s", i,
+          rk[i].err);
+  CHECK(secs < 5, "the timeout took %.1f s", secs);
+  printf("ok a missing rank: %s (%.2f s)\n", rk[0].err, secs);
+  run(3, 30, rk, &secs);
+  for (int i = 0; i < 2; i++)
+    CHECK(rk[i].rc && !strcmp(rk[i].err, "aborted: rank 2 failed"), "abort: rank %d: %s", i, rk[i].err);
+  CHECK(secs < 5, "the abort took %.1f s", secs);
+  printf("ok abort: %s (%.2f s)\n", rk[0].err, secs);
+  for (int i = 0; i < R; i++) free(rk[i].f);
+  printf("%s\n", fails ? "FAILED" : "all passed");
+  return fails != 0;
+}
