@@ -14,11 +14,21 @@
  * wrong kernels (check_emulator).  (The emulated device's allocations are
  * zeroed, as DuetDeviceOps.alloc promises and the CUDA plugin does over
  * the fake GPU's NaN-filled cuMemAlloc.)  The same program runs on the CPU
- * backend; after forward + backward, after evaluation (metrics) and after
- * one AdamW step (with eps = lr: see run_case) every f32/f64 tensor must
- * agree (compare_sessions' tolerances).  Covers every op case of
- * tests/op_cases.h in f32 and f64, tests/models/gpt_tiny.model and four of
- * the larger cases (multi-block paths) in f32; five op cases, a one-layer
+ * backend.  Every kernel and GEMM is checked alone: the device is wrapped
+ * by lockstep_device (tests/test_util.h), which runs the C kernel of the
+ * same index on a copy of the memory the emulated kernel started from and
+ * bounds the difference by what the two evaluations' f32 order (and, for
+ * a 16-bit result, one flip) allows, and the GEMMs against the exact
+ * product.  After forward + backward, after evaluation (metrics) and after
+ * one AdamW step (with eps = lr: see run_case) every tensor must agree
+ * (compare_sessions_stats: f32 and f64 elementwise; in 16-bit programs
+ * normwise within 2 (D u16 + 2^-17) of the tensor's largest magnitude, D
+ * its roundings to 16 bits: tmodel_session_tol16); each case prints the
+ * largest fraction of its bounds used.  --perturb KIND REL multiplies one
+ * kernel's outputs by 1 + REL (ctest cuda_emu_catches_*: must fail).
+ * Covers every op case of tests/op_cases.h in f32 and f64,
+ * tests/models/gpt_tiny.model and four of the larger cases (multi-block
+ * paths) in f32; five op cases, a one-layer
  * GPT and a forced gradient overflow with 16-bit storage (--precision fp16
  * with loss scaling, bf16), where GEMMs are emulated as the CPU computes
  * them (16-bit operands, a wide sum, one rounding) and the loss scale and
@@ -62,7 +72,49 @@ typedef struct Emu {
   const Kernel *kernels;
   const DuetProgram *p;
   int n;
+  int perturb_k; /* --perturb: this kernel's outputs times 1 + perturb_rel after every launch (-1: none) */
+  double perturb_rel;
 } Emu;
+
+/* --perturb KIND REL: the first kernel of KIND (tests/test_util.c's
+ * kernel_kind_name; KIND/16: the first of them with a 16-bit buffer among
+ * its outputs) in each program, its outputs multiplied by 1 + REL after
+ * every launch (16-bit outputs rounded again): the checks must catch it
+ * (ctest cuda_emu_catches_*). */
+static const char *perturb_kind;
+static double perturb_rel;
+
+/* Whether kernel K writes its buffer b: a stored buffer (elementwise), or
+ * its last one. */
+static bool kernel_writes(const Kernel *K, int b) {
+  bool out = K->kind != KK_ELEMENTWISE && b == K->n_bufs - 1;
+  for (int i = 0; K->kind == KK_ELEMENTWISE && i < K->n_ins; i++) out |= K->ins[i].op == KI_STORE && K->ins[i].a == b;
+  return out;
+}
+
+/* Multiplies the tensors kernel k wrote by 1 + perturb_rel. */
+static void perturb_outputs(const Emu *e, int k, void *const *t) {
+  const Kernel *K = &e->kernels[k];
+  for (int b = 0; b < K->n_bufs; b++) {
+    bool out = kernel_writes(K, b);
+    bool dup = false; /* a buffer listed twice */
+    for (int c = 0; c < b; c++) dup |= K->bufs[c].tensor == K->bufs[b].tensor;
+    if (!out || dup) continue;
+    const DuetTensor *tt = &e->p->tensors[K->bufs[b].tensor];
+    void *x = t[K->bufs[b].tensor];
+    double f = 1 + e->perturb_rel;
+    if (tt->dtype == DUET_F32)
+      for (int64_t i = 0; i < tt->nbytes / 4; i++) ((float *)x)[i] = (float)(((float *)x)[i] * f);
+    else if (tt->dtype == DUET_F64)
+      for (int64_t i = 0; i < tt->nbytes / 8; i++) ((double *)x)[i] *= f;
+    else if (tt->dtype == DUET_F16)
+      for (int64_t i = 0; i < tt->nbytes / 2; i++)
+        ((uint16_t *)x)[i] = duet_f16_from_f32((float)(duet_f32_from_f16(((uint16_t *)x)[i]) * f));
+    else if (tt->dtype == DUET_BF16)
+      for (int64_t i = 0; i < tt->nbytes / 2; i++)
+        ((uint16_t *)x)[i] = duet_bf16_from_f32((float)(duet_f32_from_bf16(((uint16_t *)x)[i]) * f));
+  }
+}
 
 /* Kernels whose grid is part of their indexing (a block per tile, per
  * query row, per (batch, head)) get the emitter's grid; every other kind
@@ -112,6 +164,7 @@ static int emu_launch_op(DuetDevice *d, int k, void *const *t, const double *s) 
     snprintf(d->err, sizeof d->err, "emulated launch of kernel %d failed", k);
     return -1;
   }
+  if (k == e->perturb_k) perturb_outputs(e, k, t);
   return 0;
 }
 static double emu_ld(const void *p, int64_t i, int dtype) {
@@ -660,7 +713,7 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
   }
   const DuetProgram *p = &t.cp->prog;
   Emu e = {0};
-  DuetDevice *d = calloc(1, sizeof *d);
+  DuetDevice *d = calloc(1, sizeof *d), *ld = NULL; /* the emulator, and lockstep over it */
   DuetSession *es = NULL;
   int fails = 0;
   int32_t *fn_of = arena_alloc(t.arena, (size_t)(t.cp->n_kernels + 1) * sizeof *fn_of);
@@ -673,6 +726,24 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
     goto out;
   }
   e.kernels = t.cp->kernels;
+  e.perturb_k = -1;
+  char kind[32] = "";
+  bool want16 = false;
+  if (perturb_kind) {
+    snprintf(kind, sizeof kind, "%s", perturb_kind);
+    char *slash = strchr(kind, '/');
+    if (slash) want16 = !strcmp(slash, "/16"), *slash = 0;
+  }
+  for (int i = 0; perturb_kind && i < t.cp->n_kernels && e.perturb_k < 0; i++) {
+    const Kernel *K = &t.cp->kernels[i];
+    bool out16 = false; /* writes a 16-bit tensor */
+    for (int b = 0; b < K->n_bufs; b++)
+      out16 |= (K->bufs[b].dtype == DT_F16 || K->bufs[b].dtype == DT_BF16) && kernel_writes(K, b);
+    if (!strcmp(kernel_kind_name(K->kind), kind) && (!want16 || out16)) e.perturb_k = i;
+  }
+  e.perturb_rel = perturb_rel;
+  if (perturb_kind)
+    printf("%s: kernel %d (%s) perturbed by %g\n", what, e.perturb_k, perturb_kind, perturb_rel);
   static int acc_checked; /* once: every module has the same accumulate kernel */
   if (!acc_checked++ && check_accumulate(&e)) fails++;
   if (precision && !strcmp(precision, "fp16") && check_half2_kernels(&t, &e, what, &half2_checked)) {
@@ -681,6 +752,13 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
   }
   d->ops = &emu_ops;
   d->ctx = &e;
+  /* every kernel and GEMM also checked alone against the C kernel from
+   * the same inputs (lockstep_device); it owns d from here */
+  if (!(ld = lockstep_device(d, &t, what))) {
+    fprintf(stderr, "FAIL %s: out of memory\n", what);
+    fails = 1;
+    goto out;
+  }
   /* Parameters are compared after one training step.  AdamW's first
    * update is lr g / (|g| + eps) per element (m and v are g and g^2 after
    * bias correction), whose slope in g is at most lr / eps: with the
@@ -707,7 +785,7 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
       goto out;
     }
   }
-  if (!(es = duet_session_new(p, d, &cfg, err, sizeof err))) {
+  if (!(es = duet_session_new(p, ld, &cfg, err, sizeof err))) {
     fprintf(stderr, "FAIL %s: %s\n", what, err);
     fails = 1;
     goto out;
@@ -724,6 +802,8 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
    * gradient's size, so a near-zero gradient of the other sign moves a
    * param by 2 lr, which a later forward pass amplifies */
   static const int runs[] = {DUET_RUN_GRAD, DUET_RUN_EVAL, DUET_RUN_TRAIN};
+  const SessionTol tol16 = tmodel_session_tol16(&t); /* 16-bit programs: per tensor */
+  CompareStats cs = {0};
   for (int k = 0; k < 3 && !fails; k++) {
     if (runs[k] == DUET_RUN_EVAL && p->n_eval == 0) continue;
     if (duet_session_run(t.s, runs[k]) || duet_session_run(es, runs[k])) {
@@ -734,7 +814,7 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
     }
     char w2[200];
     snprintf(w2, sizeof w2, "%s after %s", what, k == 1 ? "evaluation" : k ? "a training step" : "forward + backward");
-    fails += compare_sessions_stats(w2, p, t.s, es, &stats16);
+    fails += compare_sessions_stats(w2, p, t.s, es, &tol16, &cs);
     DuetScaler a = duet_session_scaler(t.s), b = duet_session_scaler(es);
     if (!strcmp(c->name, "overflow") && runs[k] == DUET_RUN_TRAIN && b.skipped != 1) {
       fprintf(stderr, "FAIL %s: the overflow was not detected (%lld skipped steps)\n", w2, (long long)b.skipped);
@@ -746,13 +826,19 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
       fails++;
     }
   }
+  const LockstepStats *ls = lockstep_stats(ld);
+  fails += ls->fails;
+  stats16.n16 += cs.n16, stats16.same16 += cs.same16;
   int nh2 = 0;
   for (int i = 0; i < t.cp->n_kernels; i++) nh2 += codegen_cuda_half2(&t.cp->kernels[i]) != CG_HALF2_NONE;
-  if (nh2) printf("%s %s: %d kernels, %d functions, %d half2\n", fails ? "FAIL" : "ok", what, t.cp->n_kernels, n_fns, nh2);
-  else printf("%s %s: %d kernels, %d functions\n", fails ? "FAIL" : "ok", what, t.cp->n_kernels, n_fns);
+  char h2[32] = "";
+  if (nh2) snprintf(h2, sizeof h2, ", %d half2", nh2);
+  printf("%s %s: %d kernels, %d functions%s\n", fails ? "FAIL" : "ok", what, t.cp->n_kernels, n_fns, h2);
+  lockstep_print(what, ls, &cs);
 out:
   duet_session_free(es);
-  free(d);
+  if (ld) ld->ops->destroy(ld); /* and d */
+  else free(d);
   free(e.fn);
   if (e.handle) {
     void (*stop)(void) = (void (*)(void))dlsym(e.handle, "emu_shutdown");
@@ -1088,6 +1174,11 @@ int main(int argc, char **argv) {
   if (!cxx) {
     printf("SKIP: no C++ compiler (c++, g++, clang++) to build the emulated kernels\n");
     return 77;
+  }
+  if (argc >= 4 && !strcmp(argv[1], "--perturb")) {
+    perturb_kind = argv[2];
+    perturb_rel = atof(argv[3]);
+    argv += 3, argc -= 3;
   }
   if (cuda_emu_seed(&emu_seed_value)) {
     fprintf(stderr, "FAIL DUET_EMU_SEED='%s' is not a decimal integer below 2^64\n", getenv("DUET_EMU_SEED"));

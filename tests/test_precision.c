@@ -11,7 +11,7 @@
  *     params): loss and every param gradient, max |g16 - g32| <= tol *
  *     max |g32| with tol = D u16 + 2^-17, D the 16-bit roundings on the
  *     longest chain computing that gradient, u16 = 2^-11 (fp16) or 2^-8
- *     (bf16) (tol16 below);
+ *     (bf16) (round16_tol, tests/test_util.c);
  *  4. numerical faults: long sums and GEMMs accumulate in f32; Adam's
  *     second moments of tiny gradients stay f32 (and fp16 gradients that
  *     small need the loss scale); softmax / cross-entropy with logits near
@@ -156,31 +156,17 @@ static int run_grad(TModel *t) {
 
 static float loss_of(TModel *t) { return *(float *)duet_session_tensor(t->s, tmodel_tensor(t, t->g->loss)); }
 
-/* The tolerance of a value of a 16-bit program against the same value in
- * fp32, relative to its tensor's largest fp32 magnitude: each of the D
- * roundings to 16 bits on the longest chain that computes it
- * (tmodel_round16_depth) errs by at most the format's unit roundoff u16
- * (2^-11 for fp16, 2^-8 for bf16; round to nearest), and, to first order
- * through operations that do not amplify errors, these add up: D x u16.
- * Added: the f32 arithmetic both programs share, 2 x 64 x 2^-24 = 2^-17
- * (two evaluations of sums of at most 64 terms in these models, the
- * first-order bound n u of a sum; it is the whole tolerance of a value
- * computed without 16-bit roundings, D = 0).  Measured: at most 0.74 of
+/* Every param's gradient normwise (max |g - g32| <= round16_tol x max
+ * |g32|, its own depth: D x u16 + 2^-17, tests/test_util.c), and the loss
+ * (|l - l32| <= round16_tol x max(|l32|, 1)).  Measured: at most 0.74 of
  * the bound (the attention case's query weights in fp16, where the
  * softmax's backward amplifies most), 0.1 to 0.4 elsewhere. */
-static double tol16(const char *prec, int depth) {
-  double u16 = !strcmp(prec, "fp16") ? 0x1p-11 : !strcmp(prec, "bf16") ? 0x1p-8 : 0;
-  return depth * u16 + 0x1p-17;
-}
-
-/* Every param's gradient normwise (max |g - g32| <= tol16 x max |g32|, its
- * own depth), and the loss (|l - l32| <= tol16 x max(|l32|, 1)). */
 static void compare(const char *name, const char *prec, TModel *t, TModel *t32) {
   double worst = 0; /* the largest fraction of its tolerance a tensor used */
   int before = fails;
   const char *worst_p = "loss";
   const int *depth = tmodel_round16_depth(t);
-  double tl = tol16(prec, depth[t->g->loss->id]);
+  double tl = round16_tol(prec, depth[t->g->loss->id]);
   double dl = fabs(loss_of(t) - loss_of(t32)) / fmax(fabs(loss_of(t32)), 1);
   if (!(dl <= tl)) {
     fprintf(stderr, "FAIL %s %s: loss %.7g, fp32 %.7g (tolerance %.3g relative, depth %d)\n", name, prec, loss_of(t),
@@ -202,7 +188,7 @@ static void compare(const char *name, const char *prec, TModel *t, TModel *t32) 
     int64_t n = shape_numel(&p->shape);
     char what[200];
     snprintf(what, sizeof what, "%s %s: d loss / d %s", name, prec, p32->attr.name);
-    double tol = tol16(prec, depth[p->grad->id]);
+    double tol = round16_tol(prec, depth[p->grad->id]);
     double used; /* of the bound: max |g - g32| / (tol max |g32|); NaN and infinity fail */
     if (check_normwise(what, g, g32, n, tol, 0, &used)) fails++;
     if (used > worst) worst = used, worst_p = p32->attr.name;
@@ -505,8 +491,8 @@ static void scaler_steps(void) {
  * step (lr 0.5, no momentum or decay) of the pipelined session with M
  * micro-batches recovers the gradient as (w0 - w1) / lr, which must match
  * the fp32 gradient of the whole batch in one piece (normwise within
- * tol16 of its depth, and the f32 rounding of the recovery); a factor of M
- * or S anywhere misses by orders of magnitude.  Then an overflow in any
+ * round16_tol of its depth, and the f32 rounding of the recovery); a
+ * factor of M or S anywhere misses by orders of magnitude.  Then an overflow in any
  * micro-batch skips the whole step once, naming the param. */
 static void micro_batches(void) {
   const char *src = HEAD "input x: f32[batch,12]\ninput y: i32[batch]\n"
@@ -558,7 +544,8 @@ static void micro_batches(void) {
     } else {
       double worst = 0; /* the largest fraction of its tolerance a tensor used */
       const int *depth = tmodel_round16_depth(&t);
-      if (check_close("micro-batches: mean loss", loss_of(&t), loss_of(&ref), 0, tol16(runs[r].prec, depth[t.g->loss->id])))
+      if (check_close("micro-batches: mean loss", loss_of(&t), loss_of(&ref), 0,
+                      round16_tol(runs[r].prec, depth[t.g->loss->id])))
         fails++;
       np = 0;
       for (int i = 0; i < ref.g->n_values && np < 8; i++) {
@@ -575,9 +562,9 @@ static void micro_batches(void) {
           big_w = fmax(big_w, fabs(w[j]));
           big_g = fmax(big_g, fabs(g32[j])); /* a NaN here fails check_normwise below */
         }
-        /* tol16 of the gradient, and the recovery (w0 - w1) / lr: w1 is
+        /* round16_tol of the gradient, and the recovery (w0 - w1) / lr: w1 is
          * rounded to f32, an error of up to 2^-24 |w| each side, over lr */
-        double tol = tol16(runs[r].prec, depth[tmodel_param(&t, p->attr.name)->grad->id]) +
+        double tol = round16_tol(runs[r].prec, depth[tmodel_param(&t, p->attr.name)->grad->id]) +
                      (big_g > 0 ? 0x1p-24 * 2 * big_w / lr / big_g : 0);
         char what[200];
         snprintf(what, sizeof what, "micro-batches %s M=%d: d loss / d %s", runs[r].prec, runs[r].M, p->attr.name);

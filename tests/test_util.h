@@ -63,6 +63,52 @@ int check_ptx_entries(const char *what, const char *ptx, int n);
  * roundings do not amplify errors.  Arena memory of t. */
 int *tmodel_round16_depth(const TModel *t);
 
+/* The tolerance of a value of a 16-bit program against the same value
+ * computed in fp32, relative to its tensor's largest fp32 magnitude, for a
+ * value at depth D (tmodel_round16_depth) of a program of precision `prec`
+ * ("fp16", "bf16"; any other: no 16-bit rounding): each of the D roundings
+ * to 16 bits on the longest chain that computes it errs by at most the
+ * format's unit roundoff u16 (2^-11 for fp16, 2^-8 for bf16; round to
+ * nearest), and, to first order through operations that do not amplify
+ * errors, these add up: D x u16.  Added: the f32 arithmetic, 2 x 64 x 2^-24
+ * = 2^-17 (two evaluations of sums of at most 64 terms, the first-order
+ * bound n u of a sum; the whole tolerance of a value computed without
+ * 16-bit roundings, D = 0). */
+double round16_tol(const char *prec, int depth);
+/* Per tensor of t's program (by tensor id; arena memory of t): the largest
+ * tmodel_round16_depth among the values it holds at some time: its own
+ * value, the param and state tensors an optimizer update writes in place
+ * (the update's depth), and the tensors sharing its bytes (views, reused
+ * arena memory), whose values it may hold at the end of a run. */
+int *tmodel_tensor_depth16(const TModel *t);
+
+/* The tolerances of compare_sessions_stats for two runs of one 16-bit
+ * program on two backends (the CUDA kernels and the C kernels), per tensor
+ * of t's program (arena memory of t): rel[i] = 2 round16_tol(D_i) =
+ * 2 (D_i u16 + 2^-17) of the tensor's largest |a|, D_i its
+ * tmodel_tensor_depth16.  Each run is within round16_tol of the exact
+ * value (the rule `precision` checks against fp32), so the two within
+ * twice that.  Equivalently, since both round to 16 bits at the same
+ * points and differ only in the order of f32 sums: a rounding lands on the
+ * same value or, where the f32 values before it straddle a rounding
+ * boundary, on its neighbour (a flip: one ulp, at most 2 u16 of the
+ * value), which travels on; at most D flips on the longest chain.  This is
+ * the worst case, and for deep tensors looser than the 1% (fp16) / 2%
+ * (bf16) of a tensor's largest magnitude it replaces (2 D u16 exceeds
+ * them from D = 11 in fp16 and D = 3 in bf16); flips are rare in practice
+ * and the tight check is that of each kernel alone (lockstep_device).
+ * group[i] >= 0: optimizer states share one scale per block instance (the
+ * param's name up to its last '.') and state.  A state whose gradient is
+ * zero in exact arithmetic (a key projection's bias: softmax ignores a
+ * constant added to every key) holds rounding noise, judged against the
+ * block's largest state of its kind (the key weight's), whose sums have
+ * terms of the same size (as gpt_parity judges the key biases). */
+typedef struct SessionTol {
+  double *rel; /* per tensor: its tolerance relative to its scale */
+  int *group;  /* per tensor: -1 (its scale is its own largest |a|), or a scale group */
+} SessionTol;
+SessionTol tmodel_session_tol16(const TModel *t);
+
 /* A whole file as a NUL-terminated string (malloc'ed), or NULL. */
 char *slurp(const char *path);
 
@@ -100,22 +146,83 @@ int check_normwise_f64(const char *what, const double *got, const double *want, 
 void tmodel_fill(TModel *t, DuetSession *s, DuetRng *r, int classes);
 /* Every f32/f64/f16/bf16 tensor of p in sessions a (the reference) and b,
  * element by element: |b - a| <= 1e-4 + 2e-3 |a| (f32), 1e-11 + 1e-9 |a|
- * (f64), 16 bits as compare_sessions_stats.  A NaN fails, except against a
- * NaN in programs with dynamic loss scaling (fp16), whose overflowing
- * steps make non-finite gradients by design; an infinity matches only the
- * same infinity.  Prints the first mismatch of up to 5 tensors; returns the
- * number of tensors that differ. */
+ * (f64).  A NaN fails; an infinity matches only the same infinity.  Prints
+ * the first mismatch of up to 5 tensors; returns the number of tensors
+ * that differ.  A program with 16-bit tensors fails here: it needs
+ * compare_sessions_stats with per-tensor tolerances. */
 int compare_sessions(const char *what, const DuetProgram *p, DuetSession *a, DuetSession *b);
-/* Same, and f16/bf16 tensors too: |b - a| <= 1e-3 + 4e-3 |a| (f16),
- * 1e-3 + 3e-2 |a| (bf16), both about 4 ulps of the format.  In a program
- * with 16-bit tensors every tensor's element may instead differ by up to
- * 1% (fp16) or 2% (bf16) of the tensor's largest magnitude.  Arena tensors
- * sharing bytes with a tensor of another dtype are skipped (their final
- * bits may be the other's).  st (may be NULL) counts the 16-bit elements
- * compared and those bit-identical. */
+/* st: the 16-bit elements compared and those bit-identical, and the
+ * largest fraction of its bound a tensor used (worst) and that tensor. */
 typedef struct CompareStats {
   long long n16, same16;
+  double worst;
+  char worst_tensor[64];
+  double tol_min, tol_max; /* 16-bit programs: the range of the tolerances applied (0: none yet) */
 } CompareStats;
-int compare_sessions_stats(const char *what, const DuetProgram *p, DuetSession *a, DuetSession *b, CompareStats *st);
+/* Same, and programs with 16-bit tensors: there every float tensor i is
+ * compared normwise, max_j |b_j - a_j| <= tol16->rel[i] x its scale (its
+ * largest |a_j|, or its scale group's: tmodel_session_tol16), a NaN
+ * matching a NaN only in programs with dynamic loss scaling (fp16), whose
+ * overflowing steps make non-finite gradients by design.  Arena tensors
+ * sharing bytes with a tensor of another dtype are skipped (their final
+ * bits may be the other's).  st (may be NULL) accumulates over calls. */
+int compare_sessions_stats(const char *what, const DuetProgram *p, DuetSession *a, DuetSession *b,
+                           const SessionTol *tol16, CompareStats *st);
+
+/* Lockstep: every kernel and GEMM of a program checked on its own, from
+ * the same inputs.  lockstep_device(inner, t, what) is a device that
+ * forwards everything to `inner` (a device for t's program: the CUDA
+ * emulator, a GPU) and, around each launch, copies all of inner's memory
+ * to the host first; after the launch it runs t's C kernel of the same
+ * index on that copy (the CPU backend's kernel, from exactly the inputs
+ * the device's kernel had) and compares every tensor the kernel writes.
+ * Both compute the same roundings to 16 bits, so from the same inputs they
+ * differ only by the order of f32 operations (and libm's tanhf, expf), and
+ * a 16-bit result by at most one flip (one ulp) more:
+ *   |dev - cpu| <= F ulp16(max(|dev|, |cpu|)) + 2 (n + 4) u S
+ * per element, u = 2^-24 (f64 kernels 2^-53), F = 1 for 16-bit outputs, n
+ * the longest sum of one element (two evaluations, each within the
+ * first-order n u of its terms; + 4 for the few other roundings), S the
+ * magnitude of those terms: |scale| sum |x| per element for a sum over an
+ * axis (a bias gradient can cancel to rounding noise) and for the
+ * embedding's scatter-add; per row, rstd (|x| + |mean|) (1 + that) for
+ * layernorm (with max |dy| (1 + that)^3 for its backward: rows that are
+ * nearly constant lose digits); max(|out|, |in|) for the loss, the
+ * metrics and pooling; |out| (1 + 2 max |logit|) for the loss's gradient
+ * (exp turns the rounding of z - max into a relative error); for
+ * attention, the terms' largest (|v|; 2 P |k| / sqrt(D) for dq, P the
+ * largest |dy . v|) times 1 + sigma, sigma the largest |score| (its
+ * rounding reaches the weights through exp).  An elementwise kernel gets
+ * a running error bound per element instead: its instructions evaluated
+ * in double with E (one evaluation within u E of the exact value, first
+ * order: + |result| per rounding, E_a + E_b for a sum, |b| E_a + |a| E_b
+ * for a product, ... tanh within 8 ulps; a cast to 16 bits adds a flip
+ * once E > 0), bound 2 u E plus a flip at a 16-bit store, and E = 0 (the
+ * same operations on the same values: copies, relu, negation) the same
+ * bits.  Data movement (gather, transpose, im2col, pooling's max, max
+ * gradients, unscale and its overflow flag, positions) must match bit for
+ * bit.  GEMMs against the exact product (f64): |dev - exact| <= ulp16 / 2
+ * (a 16-bit result's rounding) + 2 (k + 2) u sum_k |a||b| per element, u
+ * the accumulation's (f32; fp16's 2^-11 with --gemm-accumulate fp16),
+ * doubled for tensor cores that may accumulate by truncation.  The
+ * attention backward pair (CUDA: dq, then dk and dv in a second kernel; C:
+ * all three in the first) is compared as dq after the first and dk, dv
+ * after the second.  A mismatch is printed (the first 8) and counted, and
+ * the run goes on from the device's result.  NULL when out of memory.  The
+ * device owns inner (its destroy destroys both). */
+typedef struct LockstepStats {
+  long long kernels, gemms; /* checked */
+  int fails;
+  double worst, worst_gemm; /* the largest fraction of its bound an element used: kernels, GEMMs */
+  char worst_what[160], worst_gemm_what[160];
+} LockstepStats;
+DuetDevice *lockstep_device(DuetDevice *inner, const TModel *t, const char *what);
+const LockstepStats *lockstep_stats(const DuetDevice *d);
+/* The name of a kernel kind (codegen.h's KK_*, lower case without KK_:
+ * "elementwise", "norm_fwd", "attn_bwd_kv", ...). */
+const char *kernel_kind_name(KernelKind k);
+/* Prints (stdout) what a case's lockstep and whole-program comparisons
+ * used of their bounds. */
+void lockstep_print(const char *what, const LockstepStats *ls, const CompareStats *cs);
 
 #endif

@@ -5,17 +5,23 @@
  * multi-block paths of the CUDA kernels (block reductions, grid-stride
  * loops, attention over 200 positions), is compiled once; the same program
  * runs on a CPU session and a CUDA session (cuda:0) whose params and inputs
- * are filled with the same random values.  After a gradient run
- * (forward + backward) and after one training step (AdamW), every f32/f64
- * tensor of the program must agree:
+ * are filled with the same random values.  Every kernel and GEMM is
+ * checked alone (lockstep_device, tests/test_util.h: the CPU's kernel from
+ * a copy of the memory the GPU's kernel started from, within what the two
+ * evaluations' f32 order and one 16-bit flip allow; GEMMs against the
+ * exact product).  After a gradient run (forward + backward), after
+ * evaluation and after one training step (AdamW, with eps = lr on both:
+ * see run_case), every tensor of the program must agree:
  *   f32: |gpu - cpu| <= 1e-4 + 2e-3 |cpu|  (float32 rounding of sums in a
  *        different order: a few ulp per term over at most a few thousand terms)
  *   f64: |gpu - cpu| <= 1e-11 + 1e-9 |cpu|
  * The same cases also run with 16-bit storage (--precision fp16 with loss
- * scaling, bf16; cuBLAS GemmEx against the CPU's widened sgemm) under
- * compare_sessions' 16-bit tolerances, with equal loss scales and skipped
- * steps; bf16 on a card below sm_80 must be refused with the error naming
- * the card.
+ * scaling, bf16; cuBLAS GemmEx against the exact product), every tensor
+ * normwise within 2 (D u16 + 2^-17) of its largest magnitude (D its
+ * roundings to 16 bits: tmodel_session_tol16), with equal loss scales and
+ * skipped steps; bf16 on a card below sm_80 must be refused with the error
+ * naming the card.  Each case prints the largest fraction of its bounds
+ * used.
  * Exits 77 (ctest SKIP) with the reason when there is no GPU or no driver. */
 #include <stdlib.h>
 #include <string.h>
@@ -41,9 +47,31 @@ static int run_case(const Case *c, DType dt, const char *precision) {
   DuetProgram *p = &t.cp->prog;
   codegen_attach_cuda(t.cp, t.arena);
   DuetDevice *gd = duet_cuda_device(p, 0, 0, err, sizeof err);
+  if (gd) { /* every kernel and GEMM also checked alone, from the same inputs */
+    DuetDevice *ld = lockstep_device(gd, &t, what);
+    if (!ld) {
+      gd->ops->destroy(gd);
+      snprintf(err, sizeof err, "out of memory");
+    }
+    gd = ld;
+  }
+  /* AdamW with eps = lr on both sides (test_cuda_emu.c's run_case says
+   * why): its first update, lr g / (|g| + eps), then moves a param by at
+   * most what its gradient differs by, where eps = 1e-8 turns a gradient
+   * that is rounding noise into a step of +-lr of the noise's sign */
   DuetConfig cfg = p->defaults;
-  DuetSession *gs = gd ? duet_session_new(p, gd, &cfg, err, sizeof err) : NULL;
+  DuetSession *gs = NULL;
   int fails = 0;
+  if (cfg.optimizer == DUET_OPTIM_ADAMW && cfg.eps < cfg.lr) {
+    cfg.eps = cfg.lr;
+    duet_session_free(t.s);
+    if (!(t.s = duet_session_new(p, t.dev, &cfg, err, sizeof err))) {
+      fprintf(stderr, "FAIL %s: the CPU session: %s\n", what, err);
+      fails = 1;
+      goto out;
+    }
+  }
+  gs = gd ? duet_session_new(p, gd, &cfg, err, sizeof err) : NULL;
   if (!gs && precision && !strcmp(precision, "bf16") && strstr(err, "need compute capability 8.0")) {
     printf("ok %s: refused on this card as expected (%s)\n", what, err);
     goto out;
@@ -65,6 +93,8 @@ static int run_case(const Case *c, DType dt, const char *precision) {
    * gradient's size, so a near-zero gradient of the other sign moves a
    * param by 2 lr, which a later forward pass amplifies */
   static const int runs[] = {DUET_RUN_GRAD, DUET_RUN_EVAL, DUET_RUN_TRAIN};
+  const SessionTol tol16 = tmodel_session_tol16(&t); /* 16-bit programs: per tensor */
+  CompareStats cs = {0};
   for (int k = 0; k < 3 && !fails; k++) {
     if (runs[k] == DUET_RUN_EVAL && p->n_eval == 0) continue;
     if (duet_session_run(t.s, runs[k]) || duet_session_run(gs, runs[k])) {
@@ -75,7 +105,7 @@ static int run_case(const Case *c, DType dt, const char *precision) {
     }
     char w2[160];
     snprintf(w2, sizeof w2, "%s after %s", what, k == 1 ? "evaluation" : k ? "a training step" : "forward + backward");
-    fails += compare_sessions(w2, p, t.s, gs);
+    fails += compare_sessions_stats(w2, p, t.s, gs, &tol16, &cs);
     DuetScaler a = duet_session_scaler(t.s), b = duet_session_scaler(gs);
     if (a.scale != b.scale || a.skipped != b.skipped) {
       fprintf(stderr, "FAIL %s: loss scale %g, %lld skipped steps; cpu %g, %lld\n", w2, b.scale,
@@ -83,7 +113,9 @@ static int run_case(const Case *c, DType dt, const char *precision) {
       fails++;
     }
   }
+  fails += lockstep_stats(gd)->fails;
   printf("%s %s\n", fails ? "FAIL" : "ok", what);
+  lockstep_print(what, lockstep_stats(gd), &cs);
 out:
   duet_session_free(gs);
   if (gd) gd->ops->destroy(gd);
