@@ -898,10 +898,9 @@ static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const Du
     for (int i = 0; i < p->n_tensors; i++)
       if (p->tensors[i].is_grad) grads += p->tensors[i].nbytes;
     printf("duet: data parallel: %d replicas of %d stage%s, each %d micro-batch%s of the global batch of %" PRId64
-           "; %d all-reduce bucket%s (%.2f MiB of gradients, --bucket-mb %g) summed in replica order over shared "
-           "memory%s\n", R, S, S == 1 ? "" : "s", M, M == 1 ? "" : "es", p->defaults.batch, p->n_buckets,
-           p->n_buckets == 1 ? "" : "s", (double)grads / 1048576.0, p->bucket_mb > 0 ? p->bucket_mb : 25.0,
-           cfg->devices && strstr(cfg->devices, "cuda") ? " (GPU buffers staged through host memory)" : "");
+           "; %d all-reduce bucket%s (%.2f MiB of gradients, --bucket-mb %g) summed %s\n", R, S, S == 1 ? "" : "s",
+           M, M == 1 ? "" : "es", p->defaults.batch, p->n_buckets, p->n_buckets == 1 ? "" : "s",
+           (double)grads / 1048576.0, p->bucket_mb > 0 ? p->bucket_mb : 25.0, duet_session_collective(s));
   }
   fflush(stdout);
 }
