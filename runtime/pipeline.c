@@ -1031,7 +1031,9 @@ static int make_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, 
                                 n_gpu == 0 ? ""
                                 : n_direct == S ? (kinds & (1 << DUET_PEER_P2P) ? ", device to device (peer-to-peer "
                                                                                   "between the GPUs)"
-                                                                                : ", device-to-device on the GPU")
+                                                                                : S == 1 ? ", device-to-device on the GPU"
+                                                                                         : ", device-to-device on each "
+                                                                                           "stage's GPU")
                                 : n_direct == 0 ? (q->force_host ? " (GPU buffers staged through host memory, forced "
                                                                    "by DUET_PIPE_STAGING=host)"
                                                                  : " (GPU buffers staged through host memory)")

@@ -102,7 +102,8 @@ int duet_pipe_replicas(const DuetPipe *q);
 /* Data parallelism: how the replicas' gradients are summed, for the
  * start-up line after "summed ": "in replica order over shared memory",
  * with ", device-to-device on the GPU" (one GPU's replicas: copy_peer and
- * the device's accumulate), ", peer-to-peer between the GPUs", or " (GPU
+ * the device's accumulate; "on each stage's GPU" for pipelines), ", device
+ * to device (peer-to-peer between the GPUs)", or " (GPU
  * buffers staged through host memory)" where the devices are GPUs; or "by
  * NCCL 2.26.5 (...) in its ring order ..."; with "; NCCL not used: WHY"
  * when NCCL was tried (auto) and failed.  "" without replicas.  Lives as

@@ -18,7 +18,8 @@
 #     (one fake GPU as two replicas, summed device-to-device; two fake GPUs
 #     with the fake's NCCL, forced to shared memory, without NCCL; three
 #     fake GPUs, whose ring order must differ from the replica order in
-#     the last bits).
+#     the last bits; two replicas of two-stage pipelines on two and on
+#     four fake GPUs).
 #  6. Data parallelism on what only the fake can stage: a hung collective
 #     (DUET_FAKE_NCCL_HANG) ends the run within DUET_PIPE_TIMEOUT with the
 #     error naming the stage and bucket; an NCCL built with CUDA 13
@@ -116,7 +117,7 @@ pipeline)
   has "$tmp/gpu_pipeline_p2p.log" "ok pair path (duet: pipeline transfers: stage 0 -> 1 peer-to-peer" pair_p2p
   ;;
 dataparallel)
-  DUET_FAKE_GPUS=3 t gpu_data_parallel sh tests/gpu/run_data_parallel_gpu.sh "$DUET"
+  DUET_FAKE_GPUS=4 t gpu_data_parallel sh tests/gpu/run_data_parallel_gpu.sh "$DUET"
   has "$tmp/gpu_data_parallel.log" "ok dp equals ref" same_gpu_replicas
   has "$tmp/gpu_data_parallel.log" "ok dp summed in replica order over shared memory, device-to-device on the GPU" same_gpu_direct
   has "$tmp/gpu_data_parallel.log" "cuda:0,cuda:1: summed by NCCL 2.26.5 (libnccl.so.2 = " nccl_used
@@ -129,6 +130,9 @@ dataparallel)
   has "$tmp/gpu_data_parallel.log" "ok trio losses within 1e-6 relative of ref3" three_gpu_losses
   # the fake's ring order must show in the last bits with three ranks
   has "$tmp/gpu_data_parallel.log" "trio checkpoint: differs from ref3" three_gpu_ring_order
+  has "$tmp/gpu_data_parallel.log" "ok pipe_dp equals pipe_ref" pipeline_replicas_shm
+  has "$tmp/gpu_data_parallel.log" "cuda:0,cuda:1,cuda:2,cuda:3: summed by NCCL" pipeline_replicas_nccl_used
+  has "$tmp/gpu_data_parallel.log" "ok quad equals pipe_ref" pipeline_replicas_nccl
   # 6. what only the fake can stage
   TWO_GPUS="--devices cuda:0,cuda:1 --data-parallel 2"
   start=$(date +%s)

@@ -27,11 +27,18 @@
 #     bits; NCCL missing (DUET_NCCL_LIBRARY=/nonexistent/libnccl.so.2):
 #     auto falls back to shared memory saying why, nccl is an error naming
 #     the library and the package;
+#     Two replicas of a two-stage pipeline, cuda:0,cuda:1,cuda:0,cuda:1
+#     --data-parallel 2 (each stage's replicas on one GPU: shared memory,
+#     device-to-device): exactly the losses and checkpoint of the one
+#     pipeline cuda:0,cuda:1 with 2 micro-batches;
 #  5. with three GPUs, cuda:0,cuda:1,cuda:2 --data-parallel 3 (batch 12):
 #     replicas bit-identical; losses within 1e-6 relative of cuda:0 with 3
 #     micro-batches (NCCL's order is not the replica order: three terms
-#     associate differently); says whether the checkpoint is bit-identical.
-# Parts 4 and 5 are skipped (and the script exits 77 after the rest) with
+#     associate differently); says whether the checkpoint is bit-identical;
+#  6. with four GPUs, two replicas of a two-stage pipeline,
+#     cuda:0,cuda:1,cuda:2,cuda:3 --data-parallel 2 (a communicator per
+#     stage): the bits of the pipeline cuda:0,cuda:1 with 2 micro-batches.
+# Parts 4-6 are skipped (and the script exits 77 after the rest) with
 # fewer GPUs; NCCL's parts of 4 with NCCL absent.  Exits 77 (ctest SKIP)
 # with a message when there is no GPU; a missing text is a failure
 # (tests/gpu/run.sh provides it; fmnist_mlp's part needs FMNIST_DIR).
@@ -174,6 +181,12 @@ if [ "$GPU_DEVICE" != cpu ]; then
     else
       bad "fmnist_mlp: no Fashion-MNIST in $FMNIST_DIR (set FMNIST_DIR)"
     fi
+    # two replicas of a two-stage pipeline, each stage's replicas on one GPU
+    run pipe_ref cuda:0,cuda:1 2 --micro-batches 2 --bucket-mb 0.05
+    run pipe_dp cuda:0,cuda:1,cuda:0,cuda:1 2 --data-parallel 2 --bucket-mb 0.05
+    checked pipe_dp
+    summed pipe_dp "in replica order over shared memory, device-to-device on each stage's GPU"
+    same pipe_ref pipe_dp
     if [ "$n0" = "$n1" ]; then
       same ref pair
       same half_ref half_pair
@@ -203,6 +216,19 @@ if [ "$GPU_DEVICE" != cpu ]; then
       else echo "trio checkpoint: differs from ref3 (the collective's order is not the replica order)"; fi
     else
       echo "skip: fewer than three GPUs: the cuda:0,cuda:1,cuda:2 checks"
+      skipped=1
+    fi
+    # 6. four GPUs: two replicas of a two-stage pipeline over NCCL
+    if "$DUET" devices | grep -q '^cuda:3 '; then
+      run quad cuda:0,cuda:1,cuda:2,cuda:3 2 --data-parallel 2 --bucket-mb 0.05
+      checked quad
+      echo "cuda:0,cuda:1,cuda:2,cuda:3: summed $(sed -n 's/^duet: data parallel: .* summed //p' "$tmp/quad.out")"
+      n2=$("$DUET" devices | sed -n 's/^cuda:2  \([^,]*\),.*/\1/p')
+      n3=$("$DUET" devices | sed -n 's/^cuda:3  \([^,]*\),.*/\1/p')
+      if [ "$n0" = "$n2" ] && [ "$n1" = "$n3" ]; then same pipe_ref quad
+      else echo "cuda:2,cuda:3 are other models than cuda:0,cuda:1: their losses are not compared"; fi
+    else
+      echo "skip: fewer than four GPUs: the cuda:0,cuda:1,cuda:2,cuda:3 checks"
       skipped=1
     fi
   else
