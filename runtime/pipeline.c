@@ -1027,18 +1027,17 @@ static int make_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, 
       }
   }
   q->coll = host;
-  size_t len = (size_t)snprintf(q->coll_desc, sizeof q->coll_desc, "in replica order over shared memory%s",
-                                n_gpu == 0 ? ""
-                                : n_direct == S ? (kinds & (1 << DUET_PEER_P2P) ? ", device to device (peer-to-peer "
-                                                                                  "between the GPUs)"
-                                                                                : S == 1 ? ", device-to-device on the GPU"
-                                                                                         : ", device-to-device on each "
-                                                                                           "stage's GPU")
-                                : n_direct == 0 ? (q->force_host ? " (GPU buffers staged through host memory, forced "
-                                                                   "by DUET_PIPE_STAGING=host)"
-                                                                 : " (GPU buffers staged through host memory)")
-                                                : " (device-to-device where the replicas' GPUs copy directly, else "
-                                                  "staged through host memory)");
+  const char *how = ""; /* virtual CPU devices: in place in host memory */
+  if (n_gpu > 0 && n_direct == S)
+    how = kinds & (1 << DUET_PEER_P2P) ? ", device to device (peer-to-peer between the GPUs)"
+          : S == 1                     ? ", device-to-device on the GPU"
+                                       : ", device-to-device on each stage's GPU";
+  else if (n_gpu > 0 && n_direct == 0)
+    how = q->force_host ? " (GPU buffers staged through host memory, forced by DUET_PIPE_STAGING=host)"
+                        : " (GPU buffers staged through host memory)";
+  else if (n_gpu > 0)
+    how = " (device-to-device where the replicas' GPUs copy directly, else staged through host memory)";
+  size_t len = (size_t)snprintf(q->coll_desc, sizeof q->coll_desc, "in replica order over shared memory%s", how);
   if (tried && len < sizeof q->coll_desc) snprintf(q->coll_desc + len, sizeof q->coll_desc - len, "; NCCL not used: %s", why);
   return 0;
 }

@@ -60,7 +60,8 @@ void duet_usage(const char *argv0, FILE *out) {
           "Results depend on --threads (OpenBLAS sums in an order set by its thread count).\n"
           "Environment (README.md): DUET_CACHE_DIR (kernel cache), DUET_CC (C compiler),\n"
           "DUET_PROFILE=1 (time per kernel), DUET_PIPE_TIMEOUT, DUET_PIPE_STAGING=host,\n"
-          "DUET_CPU_GFLOPS (the partition's CPU rate), DUET_DP_CHECK=1 (replicas compared every step).\n",
+          "DUET_CPU_GFLOPS (the partition's CPU rate), DUET_DP_CHECK=1 (replicas compared every step),\n"
+          "DUET_DP_COLLECTIVE=auto|shm|nccl (how replicas sum), DUET_NCCL_LIBRARY (NCCL to load).\n",
           argv0);
 }
 
