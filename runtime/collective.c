@@ -12,7 +12,15 @@
  * and waits until all R chunks are (done >= k R); then it copies its
  * staging back to its device.  A rank cannot post its (k+1)-th call before
  * the k-th is complete everywhere, so the views of one call are never
- * overwritten while another rank still reads them. */
+ * overwritten while another rank still reads them.
+ *
+ * A direct tag (duet_coll_shm_direct) keeps the buffers on their devices:
+ * after all ranks have posted, each rank copies chunk k of its buffers
+ * into slot `rank` of rank k's device staging (copy_peer) and counts
+ * itself pushed; once all have pushed (pushed >= k R), rank k sums its R
+ * slots in rank order into its own buffers (accumulate), copies the sum
+ * into every other rank's buffers (copy_peer), counts its chunk done and
+ * waits for all R chunks, as above. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -31,11 +39,15 @@ typedef struct ShmRank {
   char *stage;       /* staging of device buffers */
   size_t stage_bytes;
   int64_t calls;     /* calls on this tag so far (this rank's generation) */
+  char *dstage;      /* direct tags: R slots of this rank's chunk, on dstage_dev */
+  size_t dstage_bytes;
+  DuetDevice *dstage_dev;
 } ShmRank;
 
 typedef struct ShmTag {
   ShmRank *r;        /* [R] */
-  int64_t posted, done;
+  int64_t posted, pushed, done;
+  bool direct;       /* duet_coll_shm_direct: summed on the devices */
 } ShmTag;
 
 typedef struct Shm {
@@ -163,6 +175,64 @@ static int give_back(ShmRank *me, char *err, size_t errlen) {
   return 0;
 }
 
+/* Rank k's chunk [*lo, *hi) of `total` elements split among R ranks
+ * (the first total % R chunks one element longer). */
+static void chunk_range(int64_t total, int R, int k, int64_t *lo, int64_t *hi) {
+  *lo = total / R * k + (k < total % R ? k : total % R);
+  *hi = *lo + total / R + (k < total % R ? 1 : 0);
+}
+
+static int64_t total_elems(const DuetCollBuf *b, int n) {
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) total += b[i].n;
+  return total;
+}
+
+/* Direct tags: the bytes of one slot of rank k's staging, which holds rank
+ * k's chunk of the buffers b piece by piece (a piece: the part of one
+ * buffer inside the chunk), each piece at a multiple of 256 bytes. */
+static size_t slot_bytes(const DuetCollBuf *b, int n, int R, int k) {
+  int64_t lo, hi, at = 0;
+  chunk_range(total_elems(b, n), R, k, &lo, &hi);
+  size_t bytes = 0;
+  for (int i = 0; i < n && at < hi; at += b[i].n, i++) {
+    int64_t a = lo > at ? lo - at : 0, z = hi - at < b[i].n ? hi - at : b[i].n;
+    if (a < z) bytes += ((size_t)(z - a) * elem_size(b[i].dtype) + 255) & ~(size_t)255;
+  }
+  return bytes;
+}
+
+/* Direct tags: records the rank's device buffers (no host view) and makes
+ * its staging hold R slots of its chunk (on its device).  0, or -1 with a
+ * message. */
+static int take_direct(Shm *s, ShmRank *me, int rank, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
+                       size_t errlen) {
+  if (!dev || !dev->ops->copy_peer || !dev->ops->accumulate) {
+    snprintf(err, errlen, "a device-to-device all-reduce needs buffers on a device with copy_peer and accumulate");
+    return -1;
+  }
+  for (int i = 0; i < n; i++)
+    if (b[i].dtype != DUET_F32 && b[i].dtype != DUET_F64) {
+      snprintf(err, errlen, "buffer %d: dtype %d (a device-to-device all-reduce sums f32 and f64)", i, b[i].dtype);
+      return -1;
+    }
+  if (take_buffers(s, me, NULL, b, n, false, err, errlen)) return -1; /* the list; views unused */
+  me->dev = dev;
+  size_t need = (size_t)s->R * slot_bytes(b, n, s->R, rank);
+  if (need > me->dstage_bytes || (me->dstage && me->dstage_dev != dev)) {
+    if (me->dstage) me->dstage_dev->ops->free(me->dstage_dev, me->dstage);
+    me->dstage = NULL;
+    me->dstage_bytes = 0;
+    if (!(me->dstage = dev->ops->alloc(dev, need))) {
+      snprintf(err, errlen, "%zu bytes of device staging: %s", need, dev->err);
+      return -1;
+    }
+    me->dstage_bytes = need;
+    me->dstage_dev = dev;
+  }
+  return 0;
+}
+
 /* Posts the rank's call on tag t (under no lock); 0, or -1 with a message
  * (the run is then aborted for everyone). */
 static int post(Shm *s, ShmTag *t, int rank, DuetDevice *dev, const DuetCollBuf *b, int n, bool copy_in, char *err,
@@ -173,7 +243,8 @@ static int post(Shm *s, ShmTag *t, int rank, DuetDevice *dev, const DuetCollBuf 
   if (ab) snprintf(err, errlen, "aborted: %s", s->why);
   pthread_mutex_unlock(&s->mu);
   if (ab) return -1;
-  if (take_buffers(s, me, dev, b, n, copy_in, err, errlen)) {
+  if (t->direct ? take_direct(s, me, rank, dev, b, n, err, errlen)
+                : take_buffers(s, me, dev, b, n, copy_in, err, errlen)) {
     fail_all(s, err);
     return -1;
   }
@@ -241,6 +312,75 @@ static int shm_allreduce_start(DuetColl *c, int rank, int tag, DuetDevice *dev, 
   return post(s, &s->tags[tag], rank, dev, b, n, true, err, errlen);
 }
 
+/* Direct tags, after every rank has posted call `call`: this rank's pushes
+ * of its chunks into their owners' staging, then its own chunk summed and
+ * copied to every rank (see the file's comment).  0, or -1 with a message
+ * (the run aborted for everyone on a device's failure). */
+static int direct_sum(Shm *s, ShmTag *t, int rank, int64_t call, char *err, size_t errlen) {
+  ShmRank *me = &t->r[rank];
+  DuetDevice *d = me->dev;
+  int R = s->R;
+  int64_t total = total_elems(me->b, me->n);
+  for (int k = 0; k < R; k++) { /* chunk k of my buffers into slot `rank` of rank k's staging */
+    ShmRank *own = &t->r[k];
+    int64_t lo, hi, at = 0;
+    chunk_range(total, R, k, &lo, &hi);
+    char *slot = own->dstage + (size_t)rank * slot_bytes(me->b, me->n, R, k);
+    for (int i = 0; i < me->n && at < hi; at += me->b[i].n, i++) {
+      int64_t a = lo > at ? lo - at : 0, z = hi - at < me->b[i].n ? hi - at : me->b[i].n;
+      if (a >= z) continue;
+      size_t es = elem_size(me->b[i].dtype), nb = (size_t)(z - a) * es;
+      if (d->ops->copy_peer(d, slot, own->dev, (const char *)me->b[i].ptr + (size_t)a * es, nb)) {
+        snprintf(err, errlen, "copying buffer %d to replica %d: %s", i, k, d->err);
+        fail_all(s, err);
+        return -1;
+      }
+      slot += (nb + 255) & ~(size_t)255;
+    }
+  }
+  pthread_mutex_lock(&s->mu);
+  t->pushed++;
+  pthread_cond_broadcast(&s->cv);
+  int rc = wait_count(s, t, &t->pushed, call * R, call, err, errlen);
+  pthread_mutex_unlock(&s->mu);
+  if (rc) return -1;
+  /* my chunk: the R slots summed in rank order into my buffers, then
+   * copied to every other rank's */
+  size_t sb = slot_bytes(me->b, me->n, R, rank), off = 0;
+  int64_t lo, hi, at = 0;
+  chunk_range(total, R, rank, &lo, &hi);
+  for (int i = 0; i < me->n && at < hi; at += me->b[i].n, i++) {
+    int64_t a = lo > at ? lo - at : 0, z = hi - at < me->b[i].n ? hi - at : me->b[i].n;
+    if (a >= z) continue;
+    size_t es = elem_size(me->b[i].dtype), nb = (size_t)(z - a) * es;
+    char *mine = (char *)me->b[i].ptr + (size_t)a * es;
+    for (int j = 0; j < R; j++)
+      if (d->ops->accumulate(d, mine, me->dstage + (size_t)j * sb + off, z - a, me->b[i].dtype, j == 0)) {
+        snprintf(err, errlen, "summing buffer %d: %s", i, d->err);
+        fail_all(s, err);
+        return -1;
+      }
+    for (int j = 0; j < R; j++)
+      if (j != rank && d->ops->copy_peer(d, (char *)t->r[j].b[i].ptr + (size_t)a * es, t->r[j].dev, mine, nb)) {
+        snprintf(err, errlen, "copying the sum of buffer %d to replica %d: %s", i, j, d->err);
+        fail_all(s, err);
+        return -1;
+      }
+    off += (nb + 255) & ~(size_t)255;
+  }
+  if (d->ops->sync(d)) { /* the sums in my own buffers are complete */
+    snprintf(err, errlen, "%s", d->err);
+    fail_all(s, err);
+    return -1;
+  }
+  pthread_mutex_lock(&s->mu);
+  t->done++;
+  pthread_cond_broadcast(&s->cv);
+  rc = wait_count(s, t, &t->done, call * R, call, err, errlen);
+  pthread_mutex_unlock(&s->mu);
+  return rc;
+}
+
 static int shm_allreduce_wait(DuetColl *c, int rank, int tag, char *err, size_t errlen) {
   Shm *s = c->ctx;
   if (rank < 0 || rank >= s->R || tag < 0 || tag >= s->n_tags) {
@@ -258,12 +398,10 @@ static int shm_allreduce_wait(DuetColl *c, int rank, int tag, char *err, size_t 
     fail_all(s, err);
     return -1;
   }
+  if (t->direct) return direct_sum(s, t, rank, call, err, errlen);
   /* this rank's chunk of the elements of all buffers, in order */
-  int64_t total = 0;
-  for (int i = 0; i < me->n; i++) total += me->b[i].n;
-  int64_t lo = total / R * rank + (rank < total % R ? rank : total % R);
-  int64_t hi = lo + total / R + (rank < total % R ? 1 : 0);
-  int64_t at = 0;
+  int64_t lo, hi, at = 0;
+  chunk_range(total_elems(me->b, me->n), s->R, rank, &lo, &hi);
   for (int i = 0; i < me->n && at < hi; i++) {
     int64_t a = lo > at ? lo - at : 0, z = hi - at < me->b[i].n ? hi - at : me->b[i].n;
     if (a < z) sum_range(s, t, i, a, z);
@@ -338,6 +476,7 @@ static void shm_destroy(DuetColl *c) {
   if (s) {
     for (int k = 0; s->tags && k < s->n_tags + 2; k++) {
       for (int r = 0; s->tags[k].r && r < s->R; r++) {
+        if (s->tags[k].r[r].dstage) s->tags[k].r[r].dstage_dev->ops->free(s->tags[k].r[r].dstage_dev, s->tags[k].r[r].dstage);
         free(s->tags[k].r[r].b);
         free(s->tags[k].r[r].view);
         free(s->tags[k].r[r].stage);
@@ -407,4 +546,18 @@ oom:
   shm_destroy(c);
   snprintf(err, errlen, "out of host memory");
   return NULL;
+}
+
+int duet_coll_shm_direct(DuetColl *c, int tag, char *err, size_t errlen) {
+  if (!c || c->ops != &shm_ops) {
+    snprintf(err, errlen, "not a shared-memory collective");
+    return -1;
+  }
+  Shm *s = c->ctx;
+  if (tag < 0 || tag >= s->n_tags) {
+    snprintf(err, errlen, "tag %d out of range (0..%d)", tag, s->n_tags - 1);
+    return -1;
+  }
+  s->tags[tag].direct = true;
+  return 0;
 }

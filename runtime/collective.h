@@ -6,9 +6,11 @@
  * every operation once, with the same tag, buffer count, element counts
  * and dtypes as the other ranks, in the same order per tag; operations on
  * different tags may interleave (each stage of a pipelined replica reduces
- * its own buckets).  One implementation exists: shared memory between the
- * replicas of one process (duet_coll_shm_new).  MPI (between processes and
- * machines) and NCCL (between GPUs) are to be further implementations of
+ * its own buckets).  Implementations: shared memory between the replicas
+ * of one process (duet_coll_shm_new; with duet_coll_shm_direct, device
+ * buffers are summed on the devices); NCCL between the replicas' GPUs
+ * (duet_coll_nccl_new: runtime/cuda/nccl.c in the CUDA plugin).  MPI
+ * (between processes and machines) is to be a further implementation of
  * this table; reduce_scatter_start and all_gather_start are the slots
  * ZeRO stage 1 (optimizer-state sharding) will need, NULL until then.
  *
@@ -33,12 +35,14 @@ typedef struct DuetCollBuf {
 
 typedef struct DuetColl DuetColl;
 typedef struct DuetCollOps {
-  const char *name; /* "shared memory" */
+  const char *name; /* "shared memory", "NCCL" */
   /* Starts the sum over the ranks of the n buffers b (on dev) under tag:
    * when it completes, every rank's buffers hold, element by element, the
-   * sum of the ranks' values taken in rank order 0, 1, ..., R-1 (one
-   * rounding per add, so the result does not depend on timing).  The
-   * buffers must not be written until allreduce_wait returns. */
+   * same sum of the ranks' values (one rounding per add, so the result
+   * does not depend on timing): shared memory adds in rank order 0, 1,
+   * ..., R-1; NCCL in its ring's order (a rotation of the ring for each
+   * chunk of the elements; with R = 2 the same bits, as a + b = b + a).
+   * The buffers must not be written until allreduce_wait returns. */
   int (*allreduce_start)(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
                          size_t errlen);
   /* Waits for the sum started under tag by this rank (the buffers hold it
@@ -77,5 +81,43 @@ struct DuetColl {
  * when it has waited.  A wait gives up after `timeout` seconds naming a
  * rank that has not arrived.  NULL with a message in err. */
 DuetColl *duet_coll_shm_new(int n_ranks, int n_tags, double timeout, char *err, size_t errlen);
+
+/* Makes tag `tag` of the shared-memory collective c sum on the devices:
+ * every call on it passes device buffers (dev not NULL) of f32 or f64 on
+ * devices that copy directly between every pair (peer_path not
+ * DUET_PEER_NONE, the caller has asked it once for each ordered pair, a
+ * device with itself included) and sum in their memory (accumulate).  A
+ * call then never touches host memory: each rank copies chunk k of its
+ * buffers into rank k's staging (copy_peer, on its own device, a block of
+ * R slots that rank k allocates on its device), rank k sums the R slots
+ * in rank order with accumulate into its own buffers and copies the sum
+ * to every other rank's (copy_peer).  The arithmetic is the host path's
+ * (one rounding per add, ranks in order): the same bits.  Call before the
+ * tag's first use.  0, or -1 with a message (not a shared-memory
+ * collective, tag out of range). */
+int duet_coll_shm_direct(DuetColl *c, int tag, char *err, size_t errlen);
+
+/* NCCL between the GPUs of the replicas (runtime/cuda/nccl.c, in the CUDA
+ * plugin; reached through runtime/cuda_loader.c), for R replicas of S
+ * stages: devs[s * R + r] is replica r's device of stage s, a CUDA device
+ * of the plugin, the R devices of a stage distinct GPUs (one communicator
+ * per stage, ncclCommInitAll over them, in replica order).  tag_stage[t]
+ * (n_tags entries): the stage whose devices tag t's device buffers live
+ * on, -1 for tags that only pass host memory.  Calls with host buffers
+ * (dev NULL), barriers and host broadcasts go to `host` (a shared-memory
+ * collective over the same ranks and tags), which the NCCL collective
+ * owns once it is returned (and destroys with itself).  A wait polls the
+ * bucket's completion for at most `timeout` seconds, then calls
+ * ncclCommAbort on every communicator and fails; abort does the same.
+ * profile: time each bucket on the GPU (CUDA events) and print, when
+ * destroyed, the communication time per stage.  NCCL is libnccl.so.2, or
+ * $DUET_NCCL_LIBRARY, loaded with dlopen.  *desc receives a description
+ * for the start-up line ("NCCL 2.26.5 (libnccl.so.2, built with CUDA
+ * 12.9) in its ring order, ..."); NULL with the reason in err (no plugin,
+ * NCCL missing: naming the library and the package; an NCCL whose build
+ * cannot drive a card, naming both; NCCL's own errors), `host` then still
+ * the caller's. */
+DuetColl *duet_coll_nccl_new(DuetDevice *const *devs, int R, int S, const int *tag_stage, int n_tags, double timeout,
+                             bool profile, DuetColl *host, char *desc, size_t desclen, char *err, size_t errlen);
 
 #endif

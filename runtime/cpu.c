@@ -511,6 +511,10 @@ void duet_session_free(DuetSession *s) {
 
 const char *duet_session_transfers(const DuetSession *s) { return s->pipe ? duet_pipe_transfers(s->pipe) : NULL; }
 
+const char *duet_session_collective(const DuetSession *s) {
+  return s->pipe && duet_pipe_replicas(s->pipe) > 1 ? duet_pipe_collective(s->pipe) : NULL;
+}
+
 void *duet_session_tensor(DuetSession *s, int id) {
   return id >= 0 && id < s->p->n_tensors ? s->ptr[id] : NULL;
 }

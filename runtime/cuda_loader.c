@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "collective.h"
 #include "duet_rt.h"
 
 #ifndef DUET_CUDA_PLUGIN_DEFAULT
@@ -117,4 +118,18 @@ int duet_list_devices(FILE *out) {
   if (n < 0) fprintf(out, "cuda    none: %s\n", list ? err : "libduet_cuda.so lacks duet_cuda_plugin_list");
   else if (n == 0) fprintf(out, "cuda    none: the driver reports no GPU\n");
   return 0;
+}
+
+DuetColl *duet_coll_nccl_new(DuetDevice *const *devs, int R, int S, const int *tag_stage, int n_tags, double timeout,
+                             bool profile, DuetColl *host, char *desc, size_t desclen, char *err, size_t errlen) {
+  void *h = load_plugin(err, errlen);
+  if (!h) return NULL;
+  typedef DuetColl *(*NcclFn)(DuetDevice *const *, int, int, const int *, int, double, bool, DuetColl *, char *, size_t,
+                              char *, size_t);
+  NcclFn make = (NcclFn)dlsym(h, "duet_cuda_plugin_nccl");
+  if (!make) {
+    snprintf(err, errlen, "libduet_cuda.so lacks duet_cuda_plugin_nccl");
+    return NULL;
+  }
+  return make(devs, R, S, tag_stage, n_tags, timeout, profile, host, desc, desclen, err, errlen);
 }

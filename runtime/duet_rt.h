@@ -407,6 +407,12 @@ void duet_session_free(DuetSession *s);
  * no tensor crosses a stage; NULL for a session of one device.  Lives as
  * long as s. */
 const char *duet_session_transfers(const DuetSession *s);
+/* A data-parallel session: how the replicas' gradients are summed, the
+ * words after "summed " on the start-up line ("in replica order over
+ * shared memory", "by NCCL 2.26.5 (...) in its ring order ...": see
+ * duet_pipe_collective in runtime/pipeline.h); NULL without replicas.
+ * Lives as long as s. */
+const char *duet_session_collective(const DuetSession *s);
 /* Data parallelism: the number of replicas of s's program (1 for a program
  * without data parallelism).  duet_session_write writes a param, optimizer
  * state or any other device tensor into every replica; duet_session_read
@@ -766,8 +772,10 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
  * it and the loader accepts only a plugin that returns the same.  Bumped
  * whenever DuetDeviceOps, DuetDevice or DuetProgram changes its layout
  * (2: DuetDeviceOps gained peer_path, copy_peer, host_alloc, host_free; 4:
- * DuetProgram and DuetConfig gained the data-parallel fields). */
-#define DUET_CUDA_PLUGIN_API 4
+ * DuetProgram and DuetConfig gained the data-parallel fields; 5: the plugin
+ * makes NCCL collectives, duet_cuda_plugin_nccl, over runtime/collective.h's
+ * DuetColl). */
+#define DUET_CUDA_PLUGIN_API 5
 
 /* The CUDA device `ordinal` for program p: loads libduet_cuda.so
  * ($DUET_CUDA_PLUGIN, else next to the executable, else the build tree's,

@@ -29,7 +29,9 @@
  * a bucket's DUET_STEP_ALLREDUCE on its last local micro-batch a replica
  * sums the bucket's gradients over its micro-batches (so they are final)
  * and posts them to the collective (runtime/collective.h), which sums the
- * replicas' sums in replica order; before its optimizer update each stage
+ * replicas' sums (make_collective chooses it: NCCL between distinct GPUs,
+ * else shared memory in replica order, on the devices where they copy
+ * directly); before its optimizer update each stage
  * waits for its buckets, then ORs its overflow flags over the replicas and
  * the loss stage gathers every replica's losses (both through the
  * collective: sums of flags, and of loss vectors that are zero but for the
@@ -138,6 +140,8 @@ struct DuetPipe {
   int *bucket_of;         /* tensor id -> bucket, -1 */
   int drop_bucket;        /* DUET_DP_DROP (tests): this bucket is never all-reduced; -1: none */
   int64_t asym_steps;     /* steps whose overflow some replicas saw and others did not */
+  int collective;         /* DUET_DP_COLLECTIVE: DUET_COLL_* */
+  char coll_desc[1200];   /* duet_pipe_collective */
 };
 
 static double now_s(void) {
@@ -887,6 +891,12 @@ int duet_pipe_env(DuetPipeEnv *e, double timeout, char *err, size_t errlen) {
     return -1;
   }
   e->dp_check = v && !strcmp(v, "1");
+  v = getenv("DUET_DP_COLLECTIVE");
+  if (v && *v && strcmp(v, "auto") && strcmp(v, "shm") && strcmp(v, "nccl")) {
+    snprintf(err, errlen, "DUET_DP_COLLECTIVE must be auto, shm or nccl, got '%s'", v);
+    return -1;
+  }
+  e->collective = !v || !*v || !strcmp(v, "auto") ? DUET_COLL_AUTO : !strcmp(v, "shm") ? DUET_COLL_SHM : DUET_COLL_NCCL;
   v = getenv("DUET_DP_DROP");
   if (v && *v) {
     char *end;
@@ -899,6 +909,140 @@ int duet_pipe_env(DuetPipeEnv *e, double timeout, char *err, size_t errlen) {
   }
   return 0;
 }
+
+/* NCCL for R replicas of S stages on the devices specs[r * S + s]: every
+ * stage's replicas on distinct GPUs.  0, or -1 with the reason, to follow
+ * "DUET_DP_COLLECTIVE=nccl: " or "NCCL not used: ". */
+static int nccl_devices(const DuetDeviceSpec *specs, int R, int S, char *why, size_t whylen) {
+  for (int s = 0; s < S; s++)
+    for (int r = 0; r < R; r++) {
+      const DuetDeviceSpec *d = &specs[r * S + s];
+      if (d->kind != DUET_DEV_CUDA) {
+        snprintf(why, whylen, "replica %d's stage %d is on %s, and NCCL connects GPUs", r, s, d->name);
+        return -1;
+      }
+      for (int o = 0; o < r; o++)
+        if (specs[o * S + s].index == d->index) {
+          snprintf(why, whylen, "replicas %d and %d of stage %d are both on cuda:%d, and NCCL allows one rank per GPU "
+                   "(DUET_DP_COLLECTIVE=auto or shm sums one GPU's replicas device-to-device)", o, r, s, d->index);
+          return -1;
+        }
+    }
+  return 0;
+}
+
+int duet_pipe_nccl_check(const DuetProgram *p, const char *devices, char *err, size_t errlen) {
+  int R = p->replicas > 1 ? p->replicas : 1, S = p->n_stages > 0 ? p->n_stages : 1, n = 0;
+  DuetDeviceSpec specs[DUET_MAX_DEVICES];
+  char why[400];
+  if (R < 2) return 0;
+  if (!devices) { /* virtual CPU devices, as worker_devices makes them */
+    n = R * S < DUET_MAX_DEVICES ? R * S : DUET_MAX_DEVICES;
+    for (int k = 0; k < n; k++) {
+      specs[k] = (DuetDeviceSpec){.kind = DUET_DEV_CPU, .index = k};
+      snprintf(specs[k].name, sizeof specs[k].name, "cpu:%d", k);
+    }
+  } else if (duet_devices_parse(devices, specs, DUET_MAX_DEVICES, &n, err, errlen)) {
+    return -1;
+  }
+  if (n != R * S) return 0; /* the device count's own error comes later */
+  if (nccl_devices(specs, R, S, why, sizeof why)) {
+    snprintf(err, errlen, "DUET_DP_COLLECTIVE=nccl: %s", why);
+    return -1;
+  }
+  return 0;
+}
+
+/* The collective between the replicas (q->coll), and its description
+ * (q->coll_desc).  NCCL (DUET_DP_COLLECTIVE=nccl, or auto when every
+ * stage's replicas are distinct GPUs and NCCL loads) reduces the buckets
+ * on the GPUs; otherwise the shared-memory collective sums in replica
+ * order, on the devices (duet_coll_shm_direct) for each stage whose
+ * replicas' devices copy directly between every pair and sum in their
+ * memory (one GPU's replicas; GPUs with peer access), else through host
+ * staging.  Host buffers (losses, overflow flags) always go through
+ * shared memory.  DUET_PIPE_STAGING=host forces host staging here too.
+ * 0, or -1 with a message. */
+static int make_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, size_t errlen) {
+  const DuetProgram *p = q->p;
+  int R = q->R, S = q->S, B = p->n_buckets, n_tags = B + S + 1; /* buckets, each stage's flags, the losses */
+  DuetColl *host = duet_coll_shm_new(R, n_tags, q->timeout, err, errlen);
+  if (!host) return -1;
+  char why[800] = "";
+  bool tried = false;
+  if (q->collective != DUET_COLL_SHM && !nccl_devices(specs, R, S, why, sizeof why)) {
+    int *tag_stage = malloc((size_t)n_tags * sizeof *tag_stage);
+    DuetDevice **devs = malloc((size_t)(R * S) * sizeof *devs);
+    char desc[600];
+    DuetColl *c = NULL;
+    if (tag_stage && devs) {
+      for (int t = 0; t < n_tags; t++) tag_stage[t] = t < B ? p->tensors[p->bucket_tensors[p->bucket_off[t]]].stage : -1;
+      for (int s = 0; s < S; s++)
+        for (int r = 0; r < R; r++) devs[s * R + r] = q->st[r * S + s].dev;
+      c = duet_coll_nccl_new(devs, R, S, tag_stage, n_tags, q->timeout, q->profile, host, desc, sizeof desc, why,
+                             sizeof why);
+    } else {
+      snprintf(why, sizeof why, "out of host memory");
+    }
+    free(tag_stage);
+    free(devs);
+    if (c) {
+      q->coll = c;
+      snprintf(q->coll_desc, sizeof q->coll_desc, "by %s", desc);
+      return 0;
+    }
+    tried = true;
+  }
+  if (q->collective == DUET_COLL_NCCL) {
+    snprintf(err, errlen, "DUET_DP_COLLECTIVE=nccl: %s", why);
+    host->ops->destroy(host);
+    return -1;
+  }
+  /* shared memory; which stages sum on their devices */
+  int n_direct = 0, n_gpu = 0, kinds = 0; /* kinds: bit DUET_PEER_* seen between replicas */
+  for (int s = 0; s < S; s++) {
+    Stage *s0 = &q->st[s];
+    bool direct = !s0->host_mem && !q->force_host;
+    for (int a = 0; a < R && direct; a++)
+      for (int b = 0; b < R && direct; b++) {
+        DuetDevice *x = q->st[a * S + s].dev, *y = q->st[b * S + s].dev;
+        int path = x->ops == y->ops && x->ops->peer_path && x->ops->copy_peer && x->ops->accumulate
+                       ? x->ops->peer_path(x, y)
+                       : DUET_PEER_NONE;
+        if (path < 0) {
+          snprintf(err, errlen, "replicas %d and %d of stage %d: %s", a, b, s, x->err);
+          host->ops->destroy(host);
+          return -1;
+        }
+        direct = path != DUET_PEER_NONE;
+        if (a != b) kinds |= 1 << path;
+      }
+    n_gpu += !s0->host_mem;
+    if (!direct) continue;
+    n_direct++;
+    for (int t = 0; t < B; t++)
+      if (p->tensors[p->bucket_tensors[p->bucket_off[t]]].stage == s && duet_coll_shm_direct(host, t, err, errlen)) {
+        host->ops->destroy(host);
+        return -1;
+      }
+  }
+  q->coll = host;
+  const char *how = ""; /* virtual CPU devices: in place in host memory */
+  if (n_gpu > 0 && n_direct == S)
+    how = kinds & (1 << DUET_PEER_P2P) ? ", device to device (peer-to-peer between the GPUs)"
+          : S == 1                     ? ", device-to-device on the GPU"
+                                       : ", device-to-device on each stage's GPU";
+  else if (n_gpu > 0 && n_direct == 0)
+    how = q->force_host ? " (GPU buffers staged through host memory, forced by DUET_PIPE_STAGING=host)"
+                        : " (GPU buffers staged through host memory)";
+  else if (n_gpu > 0)
+    how = " (device-to-device where the replicas' GPUs copy directly, else staged through host memory)";
+  size_t len = (size_t)snprintf(q->coll_desc, sizeof q->coll_desc, "in replica order over shared memory%s", how);
+  if (tried && len < sizeof q->coll_desc) snprintf(q->coll_desc + len, sizeof q->coll_desc - len, "; NCCL not used: %s", why);
+  return 0;
+}
+
+const char *duet_pipe_collective(const DuetPipe *q) { return q->coll_desc; }
 
 /* The devices of the R x S workers: cfg->devices (replica r's stages are
  * items r*S .. r*S+S-1), else virtual CPU devices cpu:0 .. cpu:R*S-1.  0,
@@ -1086,6 +1230,7 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
   q->drop_t = env.drop_t;
   q->drop_m = env.drop_m;
   q->drop_bucket = env.drop_bucket;
+  q->collective = env.collective;
   if (pthread_mutex_init(&q->mu, NULL) || pthread_cond_init(&q->cv, NULL) || pthread_cond_init(&q->job_cv, NULL) ||
       pthread_cond_init(&q->done_cv, NULL)) {
     snprintf(err, errlen, "cannot create the pipeline's locks");
@@ -1123,8 +1268,7 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
     duet_pipe_free(q);
     return NULL;
   }
-  /* tags: the buckets, each stage's overflow flags, the losses */
-  if (R > 1 && !(q->coll = duet_coll_shm_new(R, p->n_buckets + q->S + 1, q->timeout, err, errlen))) {
+  if (R > 1 && make_collective(q, specs, err, errlen)) {
     duet_pipe_free(q);
     return NULL;
   }

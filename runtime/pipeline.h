@@ -33,15 +33,28 @@ typedef struct DuetPipe DuetPipe;
  *                       compared with replica 0's (duet_pipe_compare_replicas)
  *   DUET_DP_DROP        B (tests): bucket B is never all-reduced, so the
  *                       replicas drift apart (DUET_DP_CHECK must see it)
+ *   DUET_DP_COLLECTIVE  auto | shm | nccl: the collective between the
+ *                       replicas (auto: NCCL when every stage's replicas
+ *                       are distinct GPUs and NCCL loads, else shared
+ *                       memory; see duet_pipe_new)
  * 0, or -1 with the message in err. */
 #define DUET_PIPE_TIMEOUT_MAX 1e6
+enum { DUET_COLL_AUTO = 0, DUET_COLL_SHM = 1, DUET_COLL_NCCL = 2 };
 typedef struct DuetPipeEnv {
   double timeout;
   bool force_host, host_sums, profile, dp_check;
   int drop_t, drop_m; /* -1: none; drop_m counts micro-batches of the global batch */
   int drop_bucket;    /* -1: none */
+  int collective;     /* DUET_COLL_* */
 } DuetPipeEnv;
 int duet_pipe_env(DuetPipeEnv *e, double timeout, char *err, size_t errlen);
+/* DUET_DP_COLLECTIVE=nccl for data-parallel program p on cfg->devices:
+ * every replica's device of each stage must be a GPU of its own (NCCL
+ * allows one rank per GPU).  0, or -1 with the message ("DUET_DP_COLLECTIVE=
+ * nccl: replicas 0 and 1 of stage 0 are both on cuda:0, and NCCL allows
+ * one rank per GPU ..."); checked before compiling (duet_devices_preflight)
+ * and by duet_pipe_new. */
+int duet_pipe_nccl_check(const DuetProgram *p, const char *devices, char *err, size_t errlen);
 
 DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, char *err,
                         size_t errlen);
@@ -86,6 +99,16 @@ int duet_pipe_first_overflow(const DuetPipe *q);
 
 /* Data parallelism: the number of replicas R (1 without). */
 int duet_pipe_replicas(const DuetPipe *q);
+/* Data parallelism: how the replicas' gradients are summed, for the
+ * start-up line after "summed ": "in replica order over shared memory",
+ * with ", device-to-device on the GPU" (one GPU's replicas: copy_peer and
+ * the device's accumulate; "on each stage's GPU" for pipelines), ", device
+ * to device (peer-to-peer between the GPUs)", or " (GPU
+ * buffers staged through host memory)" where the devices are GPUs; or "by
+ * NCCL 2.26.5 (...) in its ring order ..."; with "; NCCL not used: WHY"
+ * when NCCL was tried (auto) and failed.  "" without replicas.  Lives as
+ * long as q. */
+const char *duet_pipe_collective(const DuetPipe *q);
 /* duet_pipe_tensor and duet_pipe_tensor_device of replica r (the host
  * buffers are the same for every replica); NULL out of range. */
 void *duet_pipe_tensor_at(DuetPipe *q, int replica, int id);

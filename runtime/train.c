@@ -60,7 +60,8 @@ void duet_usage(const char *argv0, FILE *out) {
           "Results depend on --threads (OpenBLAS sums in an order set by its thread count).\n"
           "Environment (README.md): DUET_CACHE_DIR (kernel cache), DUET_CC (C compiler),\n"
           "DUET_PROFILE=1 (time per kernel), DUET_PIPE_TIMEOUT, DUET_PIPE_STAGING=host,\n"
-          "DUET_CPU_GFLOPS (the partition's CPU rate), DUET_DP_CHECK=1 (replicas compared every step).\n",
+          "DUET_CPU_GFLOPS (the partition's CPU rate), DUET_DP_CHECK=1 (replicas compared every step),\n"
+          "DUET_DP_COLLECTIVE=auto|shm|nccl (how replicas sum), DUET_NCCL_LIBRARY (NCCL to load).\n",
           argv0);
 }
 
@@ -898,10 +899,9 @@ static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const Du
     for (int i = 0; i < p->n_tensors; i++)
       if (p->tensors[i].is_grad) grads += p->tensors[i].nbytes;
     printf("duet: data parallel: %d replicas of %d stage%s, each %d micro-batch%s of the global batch of %" PRId64
-           "; %d all-reduce bucket%s (%.2f MiB of gradients, --bucket-mb %g) summed in replica order over shared "
-           "memory%s\n", R, S, S == 1 ? "" : "s", M, M == 1 ? "" : "es", p->defaults.batch, p->n_buckets,
-           p->n_buckets == 1 ? "" : "s", (double)grads / 1048576.0, p->bucket_mb > 0 ? p->bucket_mb : 25.0,
-           cfg->devices && strstr(cfg->devices, "cuda") ? " (GPU buffers staged through host memory)" : "");
+           "; %d all-reduce bucket%s (%.2f MiB of gradients, --bucket-mb %g) summed %s\n", R, S, S == 1 ? "" : "s",
+           M, M == 1 ? "" : "es", p->defaults.batch, p->n_buckets, p->n_buckets == 1 ? "" : "s",
+           (double)grads / 1048576.0, p->bucket_mb > 0 ? p->bucket_mb : 25.0, duet_session_collective(s));
   }
   fflush(stdout);
 }

@@ -219,6 +219,13 @@ cli)
     "$DUET" run $M --devices cpu:0,cuda:0 --data-parallel 2
   expect kinds_plan "duet: error: --data-parallel 2: replica 1's stage 0 is on 8GiB:sm_60, replica 0's on 16GiB:sm_60; every replica needs devices of the same kinds, stage by stage" \
     "$DUET" plan $M --devices 16GiB:sm_60,8GiB:sm_60 --data-parallel 2
+  # the collective: DUET_DP_COLLECTIVE checked before compiling
+  DUET_DP_COLLECTIVE=ring expect collective_value "duet: error: DUET_DP_COLLECTIVE must be auto, shm or nccl, got 'ring'" \
+    "$DUET" run $M --data-parallel 2
+  DUET_DP_COLLECTIVE=nccl expect collective_nccl_cpu "duet: error: DUET_DP_COLLECTIVE=nccl: replica 0's stage 0 is on cpu:0, and NCCL connects GPUs" \
+    "$DUET" run $M --devices cpu:0,cpu:1 --data-parallel 2
+  DUET_DP_COLLECTIVE=nccl expect collective_nccl_default "duet: error: DUET_DP_COLLECTIVE=nccl: replica 0's stage 0 is on cpu:0, and NCCL connects GPUs" \
+    "$DUET" run $M --data-parallel 2
   "$DUET" ir $M --data-parallel 2 --after shape > "$d/dp.ir"
   expect dump_replicas "$d/dp.ir: error: the dump was built for 2 data-parallel replicas; --data-parallel 3 needs the .model (an IR dump's batch is split among its replicas)" \
     "$DUET" ir "$d/dp.ir" --data-parallel 3

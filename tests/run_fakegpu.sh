@@ -15,7 +15,18 @@
 #     on sm_80), run_train_gpu.sh, run_precision_gpu.sh and
 #     run_pipeline_gpu.sh (one fake GPU as two devices, cpu + GPU, and two
 #     fake GPUs without and with peer access), run_data_parallel_gpu.sh
-#     (one fake GPU as two replicas, and two fake GPUs).
+#     (one fake GPU as two replicas, summed device-to-device; two fake GPUs
+#     with the fake's NCCL, forced to shared memory, without NCCL; three
+#     fake GPUs, whose ring order must differ from the replica order in
+#     the last bits; two replicas of two-stage pipelines on two and on
+#     four fake GPUs).
+#  6. Data parallelism on what only the fake can stage: a hung collective
+#     (DUET_FAKE_NCCL_HANG) ends the run within DUET_PIPE_TIMEOUT with the
+#     error naming the stage and bucket; an NCCL built with CUDA 13
+#     (DUET_FAKE_NCCL=2.28.9) on sm_60 cards: auto falls back to shared
+#     memory saying why, DUET_DP_COLLECTIVE=nccl is that error, and on sm_75
+#     cards it is used; two fake GPUs with peer access and
+#     DUET_DP_COLLECTIVE=shm sum peer-to-peer, to the same bits.
 # Parts (ctest runs each as its own test): cli (1-4), ops, train,
 # precision, pipeline, dataparallel (5).  The emulator's seed (DUET_EMU_SEED, README
 # "The emulator") is printed first, one for the whole part.  Skips (77) when the plugin or the fake was not
@@ -38,8 +49,10 @@ fi
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/lib" "$tmp/tmp"
-# the names the plugin asks the loader for, and the driver duet probes
-for n in libcuda.so.1 $(objdump -p "$PLUGIN" | sed -n 's/^ *NEEDED *\(lib\(cuda\|cublas\|nvrtc\)[^ ]*\)$/\1/p'); do
+# the names the plugin asks the loader for, the driver duet probes and the
+# NCCL the plugin loads for data parallelism (this machine may have a real
+# libnccl.so.2 in the loader's cache: LD_LIBRARY_PATH comes first)
+for n in libcuda.so.1 libnccl.so.2 $(objdump -p "$PLUGIN" | sed -n 's/^ *NEEDED *\(lib\(cuda\|cublas\|nvrtc\)[^ ]*\)$/\1/p'); do
   ln -sf "$(cd "$(dirname "$FAKE")" && pwd)/$(basename "$FAKE")" "$tmp/lib/$n"
 done
 # the emulator's schedule (tests/cuda_emu: block and thread orders): one
@@ -104,9 +117,46 @@ pipeline)
   has "$tmp/gpu_pipeline_p2p.log" "ok pair path (duet: pipeline transfers: stage 0 -> 1 peer-to-peer" pair_p2p
   ;;
 dataparallel)
-  DUET_FAKE_GPUS=2 t gpu_data_parallel sh tests/gpu/run_data_parallel_gpu.sh "$DUET"
+  DUET_FAKE_GPUS=4 t gpu_data_parallel sh tests/gpu/run_data_parallel_gpu.sh "$DUET"
   has "$tmp/gpu_data_parallel.log" "ok dp equals ref" same_gpu_replicas
-  has "$tmp/gpu_data_parallel.log" "ok pair equals ref" two_gpu_replicas
+  has "$tmp/gpu_data_parallel.log" "ok dp summed in replica order over shared memory, device-to-device on the GPU" same_gpu_direct
+  has "$tmp/gpu_data_parallel.log" "cuda:0,cuda:1: summed by NCCL 2.26.5 (libnccl.so.2 = " nccl_used
+  has "$tmp/gpu_data_parallel.log" "ok pair equals ref" two_gpu_replicas_nccl
+  has "$tmp/gpu_data_parallel.log" "ok half_pair equals half_ref" two_gpu_replicas_nccl_fp16
+  has "$tmp/gpu_data_parallel.log" "ok mlp_pair equals mlp_ref" two_gpu_mlp_nccl
+  has "$tmp/gpu_data_parallel.log" "ok mlp_half_pair equals mlp_half_ref" two_gpu_mlp_nccl_fp16
+  has "$tmp/gpu_data_parallel.log" "ok pair_shm equals ref" two_gpu_shm
+  has "$tmp/gpu_data_parallel.log" "ok pair_nonccl equals ref" two_gpu_no_nccl
+  has "$tmp/gpu_data_parallel.log" "ok trio losses within 1e-6 relative of ref3" three_gpu_losses
+  # the fake's ring order must show in the last bits with three ranks
+  has "$tmp/gpu_data_parallel.log" "trio checkpoint: differs from ref3" three_gpu_ring_order
+  has "$tmp/gpu_data_parallel.log" "ok pipe_dp equals pipe_ref" pipeline_replicas_shm
+  has "$tmp/gpu_data_parallel.log" "cuda:0,cuda:1,cuda:2,cuda:3: summed by NCCL" pipeline_replicas_nccl_used
+  has "$tmp/gpu_data_parallel.log" "ok quad equals pipe_ref" pipeline_replicas_nccl
+  # 6. what only the fake can stage
+  TWO_GPUS="--devices cuda:0,cuda:1 --data-parallel 2"
+  start=$(date +%s)
+  DUET_FAKE_GPUS=2 DUET_FAKE_NCCL_HANG=1:2 DUET_PIPE_TIMEOUT=3 timeout 300 "$DUET" run $TINY $TWO_GPUS \
+    > "$tmp/hang" 2>&1
+  rc=$? secs=$(($(date +%s) - start))
+  if [ $rc = 1 ] && [ $secs -le 60 ]; then ok "hung collective: exit 1 after $secs s"
+  else bad "hung collective: exit $rc after $secs s (want 1, within 60 s)"; fi
+  if grep -qE "^duet: error: replica [01], stage 0: all-reduce of bucket 0: NCCL did not complete it within 3 s; ncclCommAbort ended the communicators of every stage \(raise DUET_PIPE_TIMEOUT if a replica is legitimately this slow\)$" "$tmp/hang"
+  then ok "hung collective: $(grep '^duet: error' "$tmp/hang")"; else bad "hung collective: no timeout message:"; tail -3 "$tmp/hang"; fi
+  DUET_FAKE_GPUS=2 DUET_FAKE_NCCL=2.28.9 "$DUET" run $TINY $TWO_GPUS > "$tmp/nccl13" 2>&1 || bad "CUDA 13 NCCL, auto: failed"
+  has "$tmp/nccl13" "summed in replica order over shared memory (GPU buffers staged through host memory); NCCL not used: NCCL 2.28.9 at " nccl13_fallback
+  if DUET_FAKE_GPUS=2 DUET_FAKE_NCCL=2.28.9 DUET_DP_COLLECTIVE=nccl "$DUET" run $TINY $TWO_GPUS > "$tmp/nccl13f" 2>&1
+  then bad "CUDA 13 NCCL forced on sm_60 ran"; fi
+  has "$tmp/nccl13f" "was built with CUDA 13.0, whose NCCL supports sm_75 and newer: it cannot drive cuda:0 fakegpu sm_60 (host emulation) (sm_60); install an NCCL built with CUDA 12 (pip's nvidia-nccl-cu12, or libnccl2 for CUDA 12.x) and point DUET_NCCL_LIBRARY at its libnccl.so.2" nccl13_forced_error
+  DUET_FAKE_GPUS=2 DUET_FAKE_CC=7.5 DUET_FAKE_NCCL=2.28.9 DUET_DP_COLLECTIVE=nccl "$DUET" run $TINY $TWO_GPUS \
+    > "$tmp/nccl13_75" 2>&1 || bad "CUDA 13 NCCL on sm_75: failed"
+  has "$tmp/nccl13_75" "summed by NCCL 2.28.9 (" nccl13_sm75
+  DUET_FAKE_GPUS=2 "$DUET" run $TINY --devices cuda:0 --micro-batches 2 --save "$tmp/p2p_ref.st" > "$tmp/p2p_ref" 2>&1
+  DUET_FAKE_GPUS=2 DUET_FAKE_P2P=1 DUET_DP_COLLECTIVE=shm "$DUET" run $TINY $TWO_GPUS --save "$tmp/p2p.st" \
+    > "$tmp/p2p" 2>&1 || bad "peer-to-peer shared memory: failed"
+  has "$tmp/p2p" "summed in replica order over shared memory, device to device (peer-to-peer between the GPUs)" p2p_shm
+  cmp -s "$tmp/p2p_ref.st" "$tmp/p2p.st" && ok "p2p shm checkpoint equals cuda:0 with 2 micro-batches" ||
+    bad "p2p shm checkpoint differs from cuda:0 with 2 micro-batches"
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

@@ -9,7 +9,11 @@
  *  2. broadcast from rank 1; a barrier;
  *  3. errors: buffers of another length on one rank; a rank that never
  *     comes (the others time out naming it, within the timeout); abort
- *     (a waiting rank returns at once with the reason).
+ *     (a waiting rank returns at once with the reason);
+ *  4. a direct tag (duet_coll_shm_direct) over 3 virtual CPU devices whose
+ *     copies to and from the host fail: the same f32 sums bit for bit in
+ *     rank order, reached through copy_peer and accumulate only (counted);
+ *     host buffers and i32 on a direct tag are refused.
  * Exits 1 on any failure. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -36,6 +40,7 @@ static int fails;
 
 typedef struct Rank {
   DuetColl *c;
+  DuetDevice *dev; /* mode 4: the rank's device (direct tag 0) */
   int rank, mode;
   float *f;          /* NT values */
   double d[5];
@@ -60,14 +65,15 @@ static void *job(void *arg) {
   char *e = r->err;
   size_t el = sizeof r->err;
   r->rc = 0;
-  if (r->mode == 0) { /* 10 generations on tag 0, interleaved with tag 1 */
+  if (r->mode == 0 || r->mode == 4) { /* 10 generations on tag 0, interleaved with tag 1 */
     for (int call = 0; call < 10 && !r->rc; call++) {
       for (int64_t i = 0; i < NT; i++) r->f[i] = value(r->rank, i, call);
       for (int i = 0; i < 5; i++) r->d[i] = (double)(r->rank + 1) * (i + 0.1);
       for (int i = 0; i < 4; i++) r->k[i] = r->rank == 1 && i == 2;
       DuetCollBuf b[3] = {{r->f, N0, DUET_F32}, {r->f + N0, N1, DUET_F32}, {r->f + N0 + N1, N2, DUET_F32}};
       DuetCollBuf o[2] = {{r->d, 5, DUET_F64}, {r->k, 4, DUET_I32}};
-      if (c->ops->allreduce_start(c, r->rank, 0, NULL, b, 3, e, el) || c->ops->allreduce_start(c, r->rank, 1, NULL, o, 2, e, el) ||
+      if (c->ops->allreduce_start(c, r->rank, 0, r->mode == 4 ? r->dev : NULL, b, 3, e, el) ||
+          c->ops->allreduce_start(c, r->rank, 1, NULL, o, 2, e, el) ||
           c->ops->allreduce_wait(c, r->rank, 1, e, el) || c->ops->allreduce_wait(c, r->rank, 0, e, el)) {
         r->rc = -1;
         break;
@@ -94,6 +100,11 @@ static void *job(void *arg) {
       for (int i = 0; i < 3 && !r->rc; i++)
         if (r->bc[i] != (float)(10 + i)) r->rc = -5;
     }
+  } else if (r->mode == 5 || r->mode == 6) { /* rank 0 gives a direct tag host memory (5), i32 (6) */
+    DuetCollBuf b = {r->f, 4, DUET_F32}, k = {r->k, 4, DUET_I32};
+    if (r->rank == 0 && c->ops->allreduce_start(c, 0, 0, r->mode == 5 ? NULL : r->dev, r->mode == 5 ? &b : &k, 1, e,
+                                                el) == 0)
+      r->rc = -6;
   } else if (r->mode == 1) { /* rank 2 passes another length */
     DuetCollBuf b = {r->f, r->rank == 2 ? 5 : 4, DUET_F32};
     if (c->ops->allreduce_start(c, r->rank, 0, NULL, &b, 1, e, el) || c->ops->allreduce_wait(c, r->rank, 0, e, el)) r->rc = -1;
@@ -122,6 +133,30 @@ static double now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Mode 4's devices: virtual CPU devices whose copies through the host
+ * fail, and whose direct copies and sums are counted. */
+static DuetDeviceOps counting_ops;
+static const DuetDeviceOps *cpu_ops;
+static int n_peer_copies, n_sums;
+static pthread_mutex_t count_mu = PTHREAD_MUTEX_INITIALIZER;
+static int no_host_copy(DuetDevice *d, void *dst, const void *src, size_t bytes) {
+  (void)dst, (void)src;
+  snprintf(d->err, sizeof d->err, "a copy of %zu bytes through the host", bytes);
+  return -1;
+}
+static int counted_copy_peer(DuetDevice *s, void *dst, DuetDevice *t, const void *src, size_t bytes) {
+  pthread_mutex_lock(&count_mu);
+  n_peer_copies++;
+  pthread_mutex_unlock(&count_mu);
+  return cpu_ops->copy_peer(s, dst, t, src, bytes);
+}
+static int counted_accumulate(DuetDevice *d, void *dst, const void *src, int64_t n, int dtype, int first) {
+  pthread_mutex_lock(&count_mu);
+  n_sums++;
+  pthread_mutex_unlock(&count_mu);
+  return cpu_ops->accumulate(d, dst, src, n, dtype, first);
+}
+
 /* Runs mode on R threads over a fresh collective (timeout seconds). */
 static void run(int mode, double timeout, Rank *rk, double *secs) {
   char err[300];
@@ -129,6 +164,33 @@ static void run(int mode, double timeout, Rank *rk, double *secs) {
   if (!c) {
     printf("FAIL duet_coll_shm_new: %s\n", err);
     exit(1);
+  }
+  DuetDevice *dev[R] = {0};
+  if (mode >= 4) { /* tag 0 summed on the devices */
+    for (int i = 0; i < R; i++) {
+      if (!(dev[i] = duet_cpu_device(NULL, 0, 1))) {
+        printf("FAIL duet_cpu_device\n");
+        exit(1);
+      }
+      cpu_ops = dev[i]->ops;
+      counting_ops = *cpu_ops;
+      counting_ops.copy_to_host = no_host_copy;
+      counting_ops.copy_to_device = no_host_copy;
+      counting_ops.copy_peer = counted_copy_peer;
+      counting_ops.accumulate = counted_accumulate;
+      rk[i].dev = dev[i];
+    }
+    for (int i = 0; i < R; i++) dev[i]->ops = &counting_ops;
+    for (int i = 0; i < R; i++)
+      for (int j = 0; j < R; j++)
+        if (dev[i]->ops->peer_path(dev[i], dev[j]) != DUET_PEER_HOST_MEMORY) {
+          printf("FAIL peer_path: %s\n", dev[i]->err);
+          exit(1);
+        }
+    if (duet_coll_shm_direct(c, 0, err, sizeof err)) {
+      printf("FAIL duet_coll_shm_direct: %s\n", err);
+      exit(1);
+    }
   }
   pthread_t th[R];
   double t0 = now();
@@ -145,6 +207,12 @@ static void run(int mode, double timeout, Rank *rk, double *secs) {
   for (int i = 0; i < R; i++) pthread_join(th[i], NULL);
   *secs = now() - t0;
   c->ops->destroy(c);
+  for (int i = 0; i < R; i++)
+    if (dev[i]) {
+      dev[i]->ops = cpu_ops;
+      dev[i]->ops->destroy(dev[i]);
+      rk[i].dev = NULL;
+    }
 }
 
 int main(void) {
@@ -183,6 +251,22 @@ int main(void) {
     CHECK(rk[i].rc && !strcmp(rk[i].err, "aborted: rank 2 failed"), "abort: rank %d: %s", i, rk[i].err);
   CHECK(secs < 5, "the abort took %.1f s", secs);
   printf("ok abort: %s (%.2f s)\n", rk[0].err, secs);
+  run(4, 30, rk, &secs);
+  for (int i = 0; i < R; i++) CHECK(rk[i].rc == 0, "rank %d: direct all-reduce: rc %d: %s", i, rk[i].rc, rk[i].err);
+  /* per call: each rank copies 3 chunks into staging and its sum to 2 ranks; sums R slots per piece */
+  CHECK(n_peer_copies >= 10 * R * (R + R - 1) && n_sums >= 10 * R * R, "direct: %d copies, %d sums", n_peer_copies,
+        n_sums);
+  printf("ok a direct tag on 3 devices without host copies: the same sums in rank order, bit for bit (%d device "
+         "copies, %d device sums in 10 calls)\n", n_peer_copies, n_sums);
+  char host_msg[600];
+  run(5, 30, rk, &secs);
+  CHECK(rk[0].rc == 0 && !strcmp(rk[0].err, "a device-to-device all-reduce needs buffers on a device with copy_peer "
+                                              "and accumulate"), "direct, host memory: rc %d: %s", rk[0].rc, rk[0].err);
+  snprintf(host_msg, sizeof host_msg, "%s", rk[0].err);
+  run(6, 30, rk, &secs);
+  CHECK(rk[0].rc == 0 && !strcmp(rk[0].err, "buffer 0: dtype 3 (a device-to-device all-reduce sums f32 and f64)"),
+        "direct, i32: rc %d: %s", rk[0].rc, rk[0].err);
+  printf("ok a direct tag refuses host memory (%s) and i32 (%s)\n", host_msg, rk[0].err);
   for (int i = 0; i < R; i++) free(rk[i].f);
   printf("%s\n", fails ? "FAILED" : "all passed");
   return fails != 0;

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Header compatibility of the CUDA backend, run by hand (not in CI: the
-# cuBLAS wheels are 370-580 MB each): compiles runtime/cuda/plugin.c,
-# nvrtc.c and nvrtc_lib.c (object files, -std=c11 -Wall -Wextra -Werror)
+# cuBLAS wheels are 370-580 MB each): compiles runtime/cuda/plugin.c, nccl.c,
+# nccl_lib.c, nvrtc.c and nvrtc_lib.c (object files, -std=c11 -Wall -Wextra -Werror)
 # against the headers of each CUDA version, taken from NVIDIA's PyPI wheels
 # (pinned by sha256):
 #   cuda.h (driver API) and the runtime headers cublas_api.h includes:
@@ -127,7 +127,7 @@ check() {
   cv=$(printf '#include <cuda.h>\nCUDA_VERSION\n' | $CC -E -P -I"$inc" - 2> /dev/null | tail -n 1)
   ok=1
   : > "$tmp/undef"
-  for f in runtime/cuda/plugin.c runtime/cuda/nvrtc.c runtime/cuda/nvrtc_lib.c; do
+  for f in runtime/cuda/plugin.c runtime/cuda/nccl.c runtime/cuda/nccl_lib.c runtime/cuda/nvrtc.c runtime/cuda/nvrtc_lib.c; do
     if ! $CC -std=c11 -Wall -Wextra -Werror -c -o "$tmp/obj.o" -I"$inc" "$src/$f" 2> "$tmp/cc.log"; then
       echo "FAIL $label: $f does not compile against $inc:" >&2
       cat "$tmp/cc.log" >&2
@@ -136,7 +136,7 @@ check() {
     fi
     nm -u "$tmp/obj.o" | awk '{print $NF}' >> "$tmp/undef"
   done
-  what="plugin.c, nvrtc.c, nvrtc_lib.c compile (-Werror)"
+  what="plugin.c, nccl.c, nccl_lib.c, nvrtc.c, nvrtc_lib.c compile (-Werror)"
   if [ -n "$syms" ]; then
     n=0
     for s in $(grep -E '^(cublas|nvrtc)' "$tmp/undef" | sort -u); do

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "../duet_rt.h"
+#include "cuda_plugin.h"
 #include "duet_nvrtc.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -322,6 +323,15 @@ static const DuetDeviceOps cuda_ops = {
     .host_free = cu_host_free,
     .accumulate = cu_accumulate,
 };
+
+int duet_cuda_handles(DuetDevice *d, int *ordinal, CUcontext *ctx, CUstream *stream) {
+  if (!d || d->ops != &cuda_ops) return -1;
+  const Cuda *c = d->ctx;
+  *ordinal = (int)c->dev;
+  *ctx = c->ctx;
+  *stream = c->stream;
+  return 0;
+}
 
 static double now(void) {
   struct timespec ts;

@@ -127,7 +127,21 @@ typedef struct Op Op;
 struct CUstream_st {
   struct CUctx_st *ctx;
   Op *head, *tail;
+  int driving; /* its queue is being run (under G.exec): a cycle of waits stops here */
 };
+
+/* An event: records counted as they are queued and as they run; a wait
+ * captures the count at its call (CUDA's cuStreamWaitEvent semantics). */
+struct CUevent_st {
+  struct CUctx_st *ctx;
+  unsigned flags;
+  unsigned long long recorded, completed;
+  CUstream stream;   /* of the latest record */
+  double at;         /* host time at which the latest completed record ran */
+  int refs, dead;    /* queued records and waits on it; destroyed (freed once refs is 0) */
+};
+
+typedef struct FakeCall FakeCall; /* one NCCL collective of a clique (below) */
 
 typedef struct Kern { /* one kernel of a module, from the trampoline table */
   const char *name;
@@ -156,7 +170,10 @@ struct CUfunc_st {
   unsigned long long launches; /* run so far (under G.exec): with the name, the seed of the next one's schedule */
 };
 
-enum { OP_LAUNCH, OP_COPY, OP_MEMSET, OP_GEMM };
+/* OP_RECORD: an event's record; OP_WAIT: a wait for an event's record
+ * (pending until that record has run); OP_NCCL: a rank's part of an NCCL
+ * collective (pending until every rank's part is reached on its stream) */
+enum { OP_LAUNCH, OP_COPY, OP_MEMSET, OP_GEMM, OP_RECORD, OP_WAIT, OP_NCCL };
 
 typedef struct Gemm {
   int ta, tb, m, n, k, lda, ldb, ldc;
@@ -181,11 +198,19 @@ struct Op {
   size_t bytes;
   unsigned char value;
   Gemm g;
+  /* record / wait: the event, the record's number, the stream recorded on */
+  struct CUevent_st *ev;
+  unsigned long long gen;
+  CUstream on;
+  /* NCCL: the collective and the rank */
+  FakeCall *call;
+  int rank;
 };
 
 static struct {
   pthread_mutex_t lock; /* the tables below */
   pthread_mutex_t exec; /* running queued work (one emulated kernel at a time) */
+  pthread_cond_t moved; /* with exec: queued work was added, ran or was aborted */
   int init, n_gpus, cc, p2p, nv_major, nv_minor;
   size_t mem;
   size_t used[MAX_GPUS];
@@ -200,7 +225,7 @@ static struct {
   int seed_said;           /* printed, at the first launch */
   struct CUstream_st *streams[256]; /* live streams (cuMemFree waits for them all) */
   int n_streams;
-} G = {.lock = PTHREAD_MUTEX_INITIALIZER, .exec = PTHREAD_MUTEX_INITIALIZER};
+} G = {.lock = PTHREAD_MUTEX_INITIALIZER, .exec = PTHREAD_MUTEX_INITIALIZER, .moved = PTHREAD_COND_INITIALIZER};
 
 static _Thread_local struct CUctx_st *current;
 
@@ -454,22 +479,43 @@ static void free_op(Op *o) {
 }
 
 static void run_op(Op *o); /* below, with the kernels and GEMMs */
+static int op_ready(Op *o);  /* a wait or NCCL op's dependencies, below */
+static void op_done(Op *o);  /* releases what a record, wait or NCCL op holds */
 
-/* Runs the stream's queue in order; the first error becomes sticky.
+/* Runs the stream's queue in order until it is empty or its head waits
+ * for work elsewhere (an event's record, NCCL peers: op_ready runs the
+ * other streams that may provide it, as a GPU runs its streams
+ * concurrently); the first error becomes sticky and drops the rest.
  * Under G.exec. */
 static void run_queue(CUstream s) {
+  if (s->driving) return; /* a wait on a stream already being run: it is not ready */
+  s->driving = 1;
   while (s->head) {
     Op *o = s->head;
+    if (!G.sticky && (o->kind == OP_WAIT || o->kind == OP_NCCL) && !op_ready(o)) break;
     s->head = o->next;
     if (!s->head) s->tail = NULL;
     if (!G.sticky) run_op(o);
+    op_done(o);
     free_op(o);
+    pthread_cond_broadcast(&G.moved);
   }
+  s->driving = 0;
 }
 
+/* Runs s until its queue is empty, waiting (G.exec released) while its
+ * head waits for work that other threads have yet to queue: a
+ * collective whose peer never comes hangs here, as cuStreamSynchronize
+ * does on a GPU. */
 static CUresult flush(CUstream s) {
   pthread_mutex_lock(&G.exec);
-  run_queue(s);
+  for (run_queue(s); s->head && !G.sticky; run_queue(s)) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += 2000000;
+    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&G.moved, &G.exec, &dl);
+  }
   CUresult r = G.sticky;
   pthread_mutex_unlock(&G.exec);
   return r;
@@ -478,7 +524,20 @@ static CUresult flush(CUstream s) {
 /* every stream's work (cuMemFree and cuMemFreeHost synchronise the device) */
 static void flush_all(void) {
   pthread_mutex_lock(&G.exec);
-  for (int i = 0; i < G.n_streams; i++) run_queue(G.streams[i]);
+  for (int more = 1; more && !G.sticky;) {
+    more = 0;
+    for (int i = 0; i < G.n_streams; i++) {
+      run_queue(G.streams[i]);
+      more |= G.streams[i]->head != NULL;
+    }
+    if (more) {
+      struct timespec dl;
+      clock_gettime(CLOCK_REALTIME, &dl);
+      dl.tv_nsec += 2000000;
+      if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+      pthread_cond_timedwait(&G.moved, &G.exec, &dl);
+    }
+  }
   pthread_mutex_unlock(&G.exec);
 }
 
@@ -490,6 +549,7 @@ static CUresult enqueue(CUstream s, Op *o) {
   if (s->tail) s->tail->next = o;
   else s->head = o;
   s->tail = o;
+  pthread_cond_broadcast(&G.moved);
   pthread_mutex_unlock(&G.exec);
   return CUDA_SUCCESS;
 }
@@ -498,6 +558,139 @@ CUresult cuStreamSynchronize(CUstream s) {
   CUresult r = check_stream(s);
   if (r) return r;
   return flush(s);
+}
+
+/* Runs what can run of s's queue without waiting: CUDA_SUCCESS when all
+ * of its work is done, else CUDA_ERROR_NOT_READY. */
+CUresult cuStreamQuery(CUstream s) {
+  CUresult r = check_stream(s);
+  if (r) return r;
+  pthread_mutex_lock(&G.exec);
+  run_queue(s);
+  r = G.sticky ? G.sticky : s->head ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+  pthread_mutex_unlock(&G.exec);
+  return r;
+}
+
+/* ------------------------------------------------------------ events */
+
+static double host_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+CUresult cuEventCreate(CUevent *e, unsigned flags) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  if (!e || (flags & ~(unsigned)(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING))) return CUDA_ERROR_INVALID_VALUE;
+  struct CUevent_st *ev = calloc(1, sizeof *ev);
+  if (!ev) return CUDA_ERROR_OUT_OF_MEMORY;
+  ev->ctx = current;
+  ev->flags = flags;
+  *e = ev;
+  return CUDA_SUCCESS;
+}
+
+/* a destroyed event lives until its queued records and waits have run */
+CUresult cuEventDestroy(CUevent e) {
+  if (!G.init) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!e || e->dead) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&G.exec);
+  e->dead = 1;
+  int gone = e->refs == 0;
+  pthread_mutex_unlock(&G.exec);
+  if (gone) free(e);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecord(CUevent e, CUstream s) {
+  CUresult r = check_stream(s);
+  if (r) return r;
+  if (!e || e->dead || e->ctx != current) {
+    fake_say("cuEventRecord: an event of %s on a stream of GPU %d", e && !e->dead ? "another context" : "no context",
+             current->gpu);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  Op *o = calloc(1, sizeof *o);
+  if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
+  o->kind = OP_RECORD;
+  o->ev = e;
+  pthread_mutex_lock(&G.exec);
+  o->gen = ++e->recorded;
+  e->stream = s;
+  e->refs++;
+  pthread_mutex_unlock(&G.exec);
+  return enqueue(s, o);
+}
+
+/* Under G.exec: whether e's latest record (as of now) has run, running
+ * what can run of its stream first. */
+static int event_done(struct CUevent_st *e, unsigned long long gen) {
+  if (e->completed >= gen) return 1;
+  if (e->stream) run_queue(e->stream);
+  return e->completed >= gen;
+}
+
+CUresult cuEventQuery(CUevent e) {
+  if (!G.init) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!e || e->dead) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&G.exec);
+  int done = event_done(e, e->recorded);
+  CUresult r = G.sticky ? G.sticky : done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  pthread_mutex_unlock(&G.exec);
+  return r;
+}
+
+CUresult cuEventSynchronize(CUevent e) {
+  if (!G.init) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!e || e->dead) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&G.exec);
+  unsigned long long gen = e->recorded;
+  while (!event_done(e, gen) && !G.sticky) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += 2000000;
+    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&G.moved, &G.exec, &dl);
+  }
+  CUresult r = G.sticky;
+  pthread_mutex_unlock(&G.exec);
+  return r;
+}
+
+/* The host time between the moments the fake ran the two records (the
+ * fake has no GPU clock: only the order and rough spans mean anything). */
+CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+  if (!G.init) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!ms || !a || !b || a->dead || b->dead) return CUDA_ERROR_INVALID_HANDLE;
+  if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING) {
+    fake_say("cuEventElapsedTime of an event created with CU_EVENT_DISABLE_TIMING");
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  pthread_mutex_lock(&G.exec);
+  int ok = a->recorded && b->recorded && a->completed >= a->recorded && b->completed >= b->recorded;
+  double d = b->at - a->at;
+  pthread_mutex_unlock(&G.exec);
+  if (!ok) return CUDA_ERROR_NOT_READY;
+  *ms = (float)(1e3 * d);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+  CUresult r = check_stream(s);
+  if (r) return r;
+  if (!e || e->dead || flags) return !e || e->dead ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
+  Op *o = calloc(1, sizeof *o);
+  if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
+  o->kind = OP_WAIT;
+  o->ev = e;
+  pthread_mutex_lock(&G.exec);
+  o->gen = e->recorded; /* the latest record when called; none (0): nothing to wait for */
+  o->on = e->stream;
+  e->refs++;
+  pthread_mutex_unlock(&G.exec);
+  return enqueue(s, o);
 }
 
 CUresult cuStreamDestroy(CUstream s) {
@@ -886,9 +1079,12 @@ static void run_op(Op *o) {
     }
     if (o->kind == OP_MEMSET) memset(d, o->value, o->bytes);
     else memmove(d, s, o->bytes);
-  } else {
+  } else if (o->kind == OP_GEMM) {
     gemm_run(&o->g);
-  }
+  } else if (o->kind == OP_RECORD) {
+    if (o->gen > o->ev->completed) o->ev->completed = o->gen;
+    o->ev->at = host_now();
+  } /* OP_WAIT: its wait is over; OP_NCCL: ran when its last rank was reached (nccl_ready) */
 }
 
 /* ------------------------------------------------------------ cuBLAS */
@@ -1427,3 +1623,724 @@ nvrtcResult nvrtcGetPTXSize(nvrtcProgram p, size_t *n) { return image_size(p, n,
 nvrtcResult nvrtcGetPTX(nvrtcProgram p, char *ptx) { return image_copy(p, ptx, 0); }
 nvrtcResult nvrtcGetCUBINSize(nvrtcProgram p, size_t *n) { return image_size(p, n, 1); }
 nvrtcResult nvrtcGetCUBIN(nvrtcProgram p, char *cubin) { return image_copy(p, cubin, 1); }
+
+/* ------------------------------------------------------------ NCCL
+ * (libnccl.so.2: tests/run_fakegpu.sh links that name to this library
+ * too).  Communicators of a clique (ncclCommInitAll, or ncclCommInitRank
+ * with an id from ncclGetUniqueId, threads of this process only) over
+ * distinct fake GPUs.  A collective queues an OP_NCCL op on each rank's
+ * stream; the k-th call of every rank of a clique is one FakeCall.  It
+ * runs when the queues run, like the fake's kernels: when one rank's op
+ * is reached (its stream synchronised or queried, or an event after it
+ * queried), the other ranks' streams are run up to theirs (a GPU runs its
+ * streams concurrently); once every rank's op is reached the collective
+ * is computed and the ops complete.  A rank whose op is queued but
+ * never reached (DUET_FAKE_NCCL_HANG) or whose call never comes leaves
+ * the others pending, as a real collective's kernels spin; only
+ * ncclCommAbort releases them.
+ *
+ * Summation order (sum, prod, min, max): a ring over the ranks in rank
+ * order, as NCCL's ring all-reduce (reduce-scatter then all-gather): the
+ * elements are split into R contiguous chunks (the first count % R one
+ * element longer) and chunk c is reduced starting at rank c + 1: x[c+1]
+ * + x[c+2] + ... + x[c] (indices mod R), left to right, one rounding per
+ * operation.  Reduce-scatter reduces rank i's block in the same order
+ * from rank i + 1 to rank i.  With 2 ranks that is a + b = b + a: the
+ * rank-order sum's bits.  Real NCCL chooses among ring, tree and other
+ * algorithms and protocols by size and topology, cycles through chunks of
+ * a protocol-dependent size, and orders its ring by the topology: its
+ * association differs; only "every rank gets the same bytes" holds for
+ * both.
+ *
+ * Argument checks (NCCL documentation and behaviour): a communicator
+ * that is NULL, destroyed or aborted, a datatype or reduction operation
+ * out of range, a root out of range, buffers that are not device (or
+ * managed) memory of the communicator's GPU for the whole count: 
+ * ncclInvalidArgument; ncclCommInitAll and ncclCommInitRank with two
+ * ranks on one GPU: ncclInvalidUsage ("Duplicate GPU detected"), and
+ * with devices out of range, a rank out of range or an id not from
+ * ncclGetUniqueId: ncclInvalidArgument; ncclGroupEnd without
+ * ncclGroupStart: ncclInvalidUsage.  Stricter than NCCL: a stream of
+ * another GPU than the communicator's, the legacy default stream, ncclAvg
+ * and data types other than int32/int64/float32/float64 are refused;
+ * ranks whose k-th calls disagree (kind, count, type, op, root) get an
+ * asynchronous ncclInvalidUsage (ncclCommGetAsyncError) instead of the
+ * hang or garbage of a real mismatch; ncclCommDestroy with a collective
+ * of the rank still in flight (which NCCL would wait for) is refused.
+ * Not modelled: processes (the clique lives in one process), networks,
+ * NCCL's algorithms, protocols, channels, topology and timing,
+ * nonblocking communicators, user buffer registration.
+ *
+ * Version: $DUET_FAKE_NCCL, 2.26.5 (a build for CUDA 12.9, the default)
+ * or 2.28.9 (a build for CUDA 13.0): ncclGetVersion says it and the
+ * library holds both version banners, "NCCL version 2.26.5+cuda12.9" and
+ * "NCCL version 2.28.9+cuda13.0", as real NCCL holds its one.
+ *
+ * DUET_FAKE_NCCL_HANG=R:K: rank R's K-th collective (K from 1, counted
+ * per communicator) never starts on its GPU, as if the GPU had died. */
+#ifdef FAKEGPU_NCCL
+#include <nccl.h>
+
+#include "../../runtime/cuda/duet_nccl.h"
+
+/* runtime/cuda/duet_nccl.h declares NCCL's ABI by hand: check it */
+_Static_assert((int)DUET_NCCL_SUCCESS == (int)ncclSuccess && (int)DUET_NCCL_UNHANDLED_CUDA_ERROR == (int)ncclUnhandledCudaError &&
+                   (int)DUET_NCCL_SYSTEM_ERROR == (int)ncclSystemError &&
+                   (int)DUET_NCCL_INTERNAL_ERROR == (int)ncclInternalError &&
+                   (int)DUET_NCCL_INVALID_ARGUMENT == (int)ncclInvalidArgument &&
+                   (int)DUET_NCCL_INVALID_USAGE == (int)ncclInvalidUsage &&
+                   (int)DUET_NCCL_REMOTE_ERROR == (int)ncclRemoteError && (int)DUET_NCCL_IN_PROGRESS == (int)ncclInProgress,
+               "ncclResult_t");
+_Static_assert((int)DUET_NCCL_INT32 == (int)ncclInt32 && (int)DUET_NCCL_FLOAT32 == (int)ncclFloat32 &&
+                   (int)DUET_NCCL_FLOAT64 == (int)ncclFloat64 && (int)DUET_NCCL_SUM == (int)ncclSum,
+               "ncclDataType_t, ncclRedOp_t");
+_Static_assert(DUET_NCCL_UNIQUE_ID_BYTES == sizeof(ncclUniqueId) && sizeof(ncclResult_t) == sizeof(int) &&
+                   sizeof(ncclDataType_t) == sizeof(int) && sizeof(ncclRedOp_t) == sizeof(int),
+               "sizes");
+
+__attribute__((used)) static const char fake_nccl_banners[] =
+    "NCCL version 2.26.5+cuda12.9\0NCCL version 2.28.9+cuda13.0";
+
+enum { COLL_ALLREDUCE, COLL_BROADCAST, COLL_REDUCESCATTER, COLL_ALLGATHER };
+static const char *const coll_name[] = {"ncclAllReduce", "ncclBroadcast", "ncclReduceScatter", "ncclAllGather"};
+
+typedef struct Clique Clique;
+
+struct ncclComm {
+  Clique *cq;
+  int rank, gpu;
+  unsigned long long seq;  /* collectives called so far */
+  unsigned long long hang; /* DUET_FAKE_NCCL_HANG: this call never starts (0: none) */
+  ncclResult_t async;      /* ncclCommGetAsyncError */
+};
+
+typedef struct Part { /* one rank's call */
+  int in, reached, aborted, popped, hang;
+  int kind, root;
+  const void *send;
+  void *recv;
+  size_t count;
+  ncclDataType_t type;
+  ncclRedOp_t op;
+  CUstream stream;
+} Part;
+
+struct FakeCall {
+  FakeCall *next;
+  Clique *cq;
+  unsigned long long seq;
+  int done, popped;
+  Part part[MAX_GPUS];
+};
+
+struct Clique {
+  Clique *next;
+  int n, joined, live;      /* ranks; joined (ncclCommInitRank); communicators alive */
+  int complete, bad;         /* every rank joined; two of them on one GPU */
+  int has_id;
+  char id[NCCL_UNIQUE_ID_BYTES];
+  struct ncclComm *comm[MAX_GPUS];
+  FakeCall *calls;
+  char why[200];
+};
+
+/* under G.exec */
+static struct {
+  Clique *cliques;
+  struct ncclComm *comms[256]; /* live communicators */
+  int n_comms;
+  unsigned long long ids;
+} N;
+
+typedef struct Pending { /* a call inside ncclGroupStart/End */
+  struct ncclComm *comm;
+  Part p;
+  ncclComm_t *init_out; /* ncclCommInitRank in a group: wait for its clique at the end */
+} Pending;
+static _Thread_local int group_depth, n_pending, cap_pending;
+static _Thread_local Pending *pending;
+static _Thread_local char last_error[600];
+
+static ncclResult_t nccl_fail(ncclResult_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static ncclResult_t nccl_fail(ncclResult_t r, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  fake_say("NCCL: %s", last_error);
+  return r;
+}
+
+static int live_comm(const struct ncclComm *c) {
+  for (int i = 0; i < N.n_comms; i++)
+    if (N.comms[i] == c) return 1;
+  return 0;
+}
+
+static int add_comm(struct ncclComm *c) {
+  if (N.n_comms == (int)(sizeof N.comms / sizeof *N.comms)) return -1;
+  N.comms[N.n_comms++] = c;
+  return 0;
+}
+
+/* Under G.exec: frees a clique with no live communicator and no queued call. */
+static void clique_release(Clique *cq) {
+  if (cq->live > 0 || cq->calls) return;
+  for (Clique **p = &N.cliques; *p; p = &(*p)->next)
+    if (*p == cq) {
+      *p = cq->next;
+      break;
+    }
+  free(cq);
+}
+
+/* Under G.exec: takes c out of the registry and its clique, and frees it. */
+static void comm_remove(struct ncclComm *c) {
+  for (int i = 0; i < N.n_comms; i++)
+    if (N.comms[i] == c) N.comms[i] = N.comms[--N.n_comms];
+  Clique *cq = c->cq;
+  cq->comm[c->rank] = NULL;
+  cq->live--;
+  free(c);
+  clique_release(cq);
+}
+
+static struct ncclComm *comm_new(Clique *cq, int rank, int gpu) {
+  struct ncclComm *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->cq = cq, c->rank = rank, c->gpu = gpu;
+  const char *h = getenv("DUET_FAKE_NCCL_HANG");
+  int hr;
+  unsigned long long hk;
+  if (h && *h && sscanf(h, "%d:%llu", &hr, &hk) == 2 && hr == rank) c->hang = hk;
+  return c;
+}
+
+ncclResult_t ncclGetVersion(int *version) {
+  if (!version) return ncclInvalidArgument;
+  const char *s = getenv("DUET_FAKE_NCCL");
+  *version = s && !strcmp(s, "2.28.9") ? 22809 : 22605;
+  if (s && *s && strcmp(s, "2.28.9") && strcmp(s, "2.26.5"))
+    fake_say("DUET_FAKE_NCCL=%s is not modelled (2.26.5 or 2.28.9): 2.26.5", s);
+  return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+  case ncclSuccess: return "no error";
+  case ncclUnhandledCudaError: return "unhandled CUDA error";
+  case ncclSystemError: return "system error";
+  case ncclInternalError: return "internal error";
+  case ncclInvalidArgument: return "invalid argument";
+  case ncclInvalidUsage: return "invalid usage";
+  case ncclRemoteError: return "remote error";
+  case ncclInProgress: return "operation in progress";
+  default: return "unknown result";
+  }
+}
+
+const char *ncclGetLastError(ncclComm_t comm) {
+  (void)comm;
+  return last_error;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+  if (!id) return nccl_fail(ncclInvalidArgument, "ncclGetUniqueId: id is NULL");
+  memset(id, 0, sizeof *id);
+  pthread_mutex_lock(&G.exec);
+  unsigned long long k = ++N.ids;
+  pthread_mutex_unlock(&G.exec);
+  snprintf(id->internal, sizeof id->internal, "fakenccl %ld %llu", (long)getpid(), k);
+  return ncclSuccess;
+}
+
+static int ensure_init(void) { return G.init || cuInit(0) == CUDA_SUCCESS; }
+
+ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
+  if (!comms || ndev < 1 || ndev > MAX_GPUS) return nccl_fail(ncclInvalidArgument, "ncclCommInitAll: %d devices", ndev);
+  if (!ensure_init()) return nccl_fail(ncclUnhandledCudaError, "ncclCommInitAll: no CUDA device");
+  for (int i = 0; i < ndev; i++) {
+    int d = devlist ? devlist[i] : i;
+    if (d < 0 || d >= G.n_gpus) return nccl_fail(ncclInvalidArgument, "ncclCommInitAll: invalid device %d", d);
+    for (int j = 0; j < i; j++)
+      if ((devlist ? devlist[j] : j) == d)
+        return nccl_fail(ncclInvalidUsage, "Duplicate GPU detected: ranks %d and %d are both on CUDA device %d", j, i, d);
+  }
+  Clique *cq = calloc(1, sizeof *cq);
+  if (!cq) return ncclSystemError;
+  cq->n = ndev;
+  pthread_mutex_lock(&G.exec);
+  for (int i = 0; i < ndev; i++) {
+    struct ncclComm *c = comm_new(cq, i, devlist ? devlist[i] : i);
+    if (!c || add_comm(c)) {
+      free(c);
+      for (int j = 0; j < i; j++) comm_remove(cq->comm[j]); /* frees cq with the last */
+      pthread_mutex_unlock(&G.exec);
+      return ncclSystemError;
+    }
+    cq->comm[i] = comms[i] = c;
+    cq->live++, cq->joined++;
+  }
+  cq->complete = 1;
+  cq->next = N.cliques;
+  N.cliques = cq;
+  pthread_mutex_unlock(&G.exec);
+  return ncclSuccess;
+}
+
+/* Under G.exec: waits until the clique of c is complete; then checks its
+ * GPUs.  ncclSuccess, or the failure (c is freed then). */
+static ncclResult_t join_wait(struct ncclComm *c) {
+  Clique *cq = c->cq;
+  while (!cq->complete) {
+    if (cq->joined < cq->n) {
+      pthread_cond_wait(&G.moved, &G.exec);
+      continue;
+    }
+    cq->complete = 1; /* the last to see every rank joined checks their GPUs, once */
+    for (int i = 0; i < cq->n; i++)
+      for (int j = 0; j < i; j++)
+        if (cq->comm[i]->gpu == cq->comm[j]->gpu && !cq->bad) {
+          cq->bad = 1;
+          snprintf(cq->why, sizeof cq->why, "Duplicate GPU detected: ranks %d and %d are both on CUDA device %d", j, i,
+                   cq->comm[i]->gpu);
+        }
+    pthread_cond_broadcast(&G.moved);
+  }
+  if (!cq->bad) return ncclSuccess;
+  snprintf(last_error, sizeof last_error, "%s", cq->why);
+  fake_say("NCCL: %s", cq->why);
+  comm_remove(c);
+  return ncclInvalidUsage;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+  if (!comm || nranks < 1 || nranks > MAX_GPUS || rank < 0 || rank >= nranks)
+    return nccl_fail(ncclInvalidArgument, "ncclCommInitRank: rank %d of %d", rank, nranks);
+  if (strncmp(id.internal, "fakenccl ", 9))
+    return nccl_fail(ncclInvalidArgument, "ncclCommInitRank: the id does not come from ncclGetUniqueId");
+  if (!ensure_init()) return nccl_fail(ncclUnhandledCudaError, "ncclCommInitRank: no CUDA device");
+  int gpu = current ? current->gpu : 0; /* the calling thread's device, as cudaGetDevice */
+  pthread_mutex_lock(&G.exec);
+  Clique *cq = N.cliques;
+  while (cq && !(cq->has_id && !memcmp(cq->id, id.internal, sizeof cq->id))) cq = cq->next;
+  if (!cq) {
+    if (!(cq = calloc(1, sizeof *cq))) {
+      pthread_mutex_unlock(&G.exec);
+      return ncclSystemError;
+    }
+    cq->n = nranks;
+    cq->has_id = 1;
+    memcpy(cq->id, id.internal, sizeof cq->id);
+    cq->next = N.cliques;
+    N.cliques = cq;
+  }
+  ncclResult_t r = ncclSuccess;
+  struct ncclComm *c = NULL;
+  if (cq->n != nranks) r = nccl_fail(ncclInvalidArgument, "ncclCommInitRank: %d ranks, the id's clique has %d", nranks, cq->n);
+  else if (cq->comm[rank]) r = nccl_fail(ncclInvalidUsage, "ncclCommInitRank: rank %d joined twice", rank);
+  else if (!(c = comm_new(cq, rank, gpu)) || add_comm(c)) r = ncclSystemError;
+  if (r != ncclSuccess) {
+    if (c && r == ncclSystemError) free(c);
+    clique_release(cq);
+    pthread_mutex_unlock(&G.exec);
+    return r;
+  }
+  cq->comm[rank] = c;
+  cq->live++, cq->joined++;
+  pthread_cond_broadcast(&G.moved);
+  *comm = c;
+  if (group_depth > 0) { /* completed by ncclGroupEnd */
+    if (n_pending == cap_pending) {
+      Pending *np = realloc(pending, (size_t)(cap_pending ? 2 * cap_pending : 8) * sizeof *np);
+      if (!np) {
+        pthread_mutex_unlock(&G.exec);
+        return ncclSystemError;
+      }
+      pending = np, cap_pending = cap_pending ? 2 * cap_pending : 8;
+    }
+    pending[n_pending++] = (Pending){.comm = c, .init_out = comm};
+    pthread_mutex_unlock(&G.exec);
+    return ncclSuccess;
+  }
+  r = join_wait(c);
+  if (r != ncclSuccess) *comm = NULL;
+  pthread_mutex_unlock(&G.exec);
+  return r;
+}
+
+/* Under G.exec: the FakeCall of the clique with sequence number seq,
+ * made when missing. */
+static FakeCall *call_of(Clique *cq, unsigned long long seq) {
+  FakeCall **p = &cq->calls;
+  for (; *p; p = &(*p)->next)
+    if ((*p)->seq == seq) return *p;
+  FakeCall *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->cq = cq, c->seq = seq;
+  *p = c;
+  return c;
+}
+
+/* Queues comm's part p on its stream.  Under no lock. */
+static ncclResult_t coll_queue(struct ncclComm *comm, const Part *p) {
+  Op *o = calloc(1, sizeof *o);
+  if (!o) return ncclSystemError;
+  pthread_mutex_lock(&G.exec);
+  if (!live_comm(comm)) {
+    pthread_mutex_unlock(&G.exec);
+    free(o);
+    return nccl_fail(ncclInvalidArgument, "%s: the communicator was aborted or destroyed", coll_name[p->kind]);
+  }
+  FakeCall *c = call_of(comm->cq, ++comm->seq);
+  if (!c) {
+    pthread_mutex_unlock(&G.exec);
+    free(o);
+    return ncclSystemError;
+  }
+  c->part[comm->rank] = *p;
+  c->part[comm->rank].in = 1;
+  c->part[comm->rank].hang = comm->hang == comm->seq;
+  o->kind = OP_NCCL;
+  o->call = c;
+  o->rank = comm->rank;
+  CUstream s = p->stream;
+  if (s->tail) s->tail->next = o;
+  else s->head = o;
+  s->tail = o;
+  pthread_cond_broadcast(&G.moved);
+  pthread_mutex_unlock(&G.exec);
+  return ncclSuccess;
+}
+
+static size_t nccl_size(ncclDataType_t t) {
+  return t == ncclInt32 || t == ncclFloat32 ? 4 : t == ncclInt64 || t == ncclFloat64 ? 8 : 0;
+}
+
+/* The checks of a collective's arguments (send_n and recv_n elements at
+ * send and recv; op < 0 or root < 0: none), then the call queued (or kept
+ * for ncclGroupEnd). */
+static ncclResult_t coll_call(const char *fn, int kind, const void *send, size_t send_n, void *recv, size_t recv_n,
+                              size_t count, ncclDataType_t type, int op, int root, ncclComm_t comm,
+                              cudaStream_t stream) {
+  pthread_mutex_lock(&G.exec);
+  int ok = comm && live_comm(comm), in_stream = 0;
+  for (int i = 0; ok && stream && i < G.n_streams; i++) in_stream |= G.streams[i] == (CUstream)stream;
+  int n = ok ? comm->cq->n : 0, gpu = ok ? comm->gpu : -1;
+  pthread_mutex_unlock(&G.exec);
+  if (!ok) return nccl_fail(ncclInvalidArgument, "%s: invalid communicator (NULL, destroyed or aborted)", fn);
+  if ((int)type < 0 || (int)type >= (int)ncclNumTypes) return nccl_fail(ncclInvalidArgument, "%s: invalid data type %d", fn, (int)type);
+  if (!nccl_size(type)) return nccl_fail(ncclInvalidArgument, "%s: data type %d is not modelled by the fake", fn, (int)type);
+  if (op >= 0 && op >= (int)ncclNumOps) return nccl_fail(ncclInvalidArgument, "%s: invalid reduction operation %d", fn, op);
+  if (op == (int)ncclAvg) return nccl_fail(ncclInvalidArgument, "%s: ncclAvg is not modelled by the fake", fn);
+  if (kind == COLL_BROADCAST && (root < 0 || root >= n))
+    return nccl_fail(ncclInvalidArgument, "%s: root %d out of range (%d ranks)", fn, root, n);
+  if (!stream || !in_stream) return nccl_fail(ncclInvalidArgument, "%s: %s stream", fn, stream ? "an unknown" : "the legacy default");
+  if (((CUstream)stream)->ctx->gpu != gpu)
+    return nccl_fail(ncclInvalidArgument, "%s: a stream of GPU %d for a communicator of GPU %d", fn,
+                     ((CUstream)stream)->ctx->gpu, gpu);
+  const void *bufs[2] = {send, recv};
+  size_t ns[2] = {send_n, recv_n};
+  for (int k = 0; k < 2 && count > 0; k++) {
+    pthread_mutex_lock(&G.lock);
+    Alloc *a = bufs[k] ? find_alloc((uintptr_t)bufs[k], ns[k] * nccl_size(type)) : NULL;
+    ok = a && (a->kind == MEM_MANAGED || (a->kind == MEM_DEVICE && a->gpu == gpu));
+    pthread_mutex_unlock(&G.lock);
+    if (!ok)
+      return nccl_fail(ncclInvalidArgument, "%s: %s %p is not %zu bytes of GPU %d's memory", fn, k ? "recvbuff" : "sendbuff",
+                       bufs[k], ns[k] * nccl_size(type), gpu);
+  }
+  if (count == 0) return ncclSuccess;
+  Part p = {.kind = kind, .root = root, .send = send, .recv = recv, .count = count, .type = type,
+            .op = op < 0 ? ncclSum : (ncclRedOp_t)op, .stream = (CUstream)stream};
+  if (group_depth == 0) return coll_queue(comm, &p);
+  if (n_pending == cap_pending) {
+    Pending *np = realloc(pending, (size_t)(cap_pending ? 2 * cap_pending : 8) * sizeof *np);
+    if (!np) return ncclSystemError;
+    pending = np, cap_pending = cap_pending ? 2 * cap_pending : 8;
+  }
+  pending[n_pending++] = (Pending){.comm = comm, .p = p};
+  return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+  return coll_call("ncclAllReduce", COLL_ALLREDUCE, send, count, recv, count, count, type, (int)op, -1, comm, stream);
+}
+
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
+  return coll_call("ncclBroadcast", COLL_BROADCAST, send, count, recv, count, count, type, -1, root, comm, stream);
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t type, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t stream) {
+  int n = 0;
+  pthread_mutex_lock(&G.exec);
+  if (comm && live_comm(comm)) n = comm->cq->n;
+  pthread_mutex_unlock(&G.exec);
+  return coll_call("ncclReduceScatter", COLL_REDUCESCATTER, send, (size_t)n * recvcount, recv, recvcount, recvcount,
+                   type, (int)op, -1, comm, stream);
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t type, ncclComm_t comm,
+                           cudaStream_t stream) {
+  int n = 0;
+  pthread_mutex_lock(&G.exec);
+  if (comm && live_comm(comm)) n = comm->cq->n;
+  pthread_mutex_unlock(&G.exec);
+  return coll_call("ncclAllGather", COLL_ALLGATHER, send, sendcount, recv, (size_t)n * sendcount, sendcount, type, -1,
+                   -1, comm, stream);
+}
+
+ncclResult_t ncclGroupStart(void) {
+  group_depth++;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+  if (group_depth == 0) return nccl_fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (--group_depth > 0) return ncclSuccess;
+  ncclResult_t r = ncclSuccess;
+  for (int i = 0; i < n_pending; i++) { /* the group's collectives, in order */
+    if (pending[i].init_out) continue;
+    ncclResult_t q = coll_queue(pending[i].comm, &pending[i].p);
+    if (r == ncclSuccess) r = q;
+  }
+  pthread_mutex_lock(&G.exec);
+  for (int i = 0; i < n_pending; i++) /* then the communicators it initialised */
+    if (pending[i].init_out) {
+      ncclResult_t q = join_wait(pending[i].comm);
+      if (q != ncclSuccess) *pending[i].init_out = NULL;
+      if (r == ncclSuccess) r = q;
+    }
+  pthread_mutex_unlock(&G.exec);
+  n_pending = 0;
+  free(pending);
+  pending = NULL;
+  cap_pending = 0;
+  return r;
+}
+
+/* dst[e] = src[0][e] op src[1][e] op ... op src[n-1][e], left to right */
+static void reduce_into(char *dst, const char *const *src, int n, size_t count, ncclDataType_t t, ncclRedOp_t op) {
+  for (size_t e = 0; e < count; e++) {
+    if (t == ncclFloat32 || t == ncclFloat64) {
+      double acc = t == ncclFloat32 ? ((const float *)src[0])[e] : ((const double *)src[0])[e];
+      float accf = (float)acc;
+      for (int k = 1; k < n; k++) {
+        if (t == ncclFloat32) {
+          float v = ((const float *)src[k])[e];
+          accf = op == ncclSum ? accf + v : op == ncclProd ? accf * v : op == ncclMax ? (v > accf ? v : accf) : (v < accf ? v : accf);
+        } else {
+          double v = ((const double *)src[k])[e];
+          acc = op == ncclSum ? acc + v : op == ncclProd ? acc * v : op == ncclMax ? (v > acc ? v : acc) : (v < acc ? v : acc);
+        }
+      }
+      if (t == ncclFloat32) ((float *)dst)[e] = accf;
+      else ((double *)dst)[e] = acc;
+    } else { /* integers: unsigned arithmetic wraps, as the GPU's */
+      int wide = t == ncclInt64;
+      int64_t acc = wide ? ((const int64_t *)src[0])[e] : ((const int32_t *)src[0])[e];
+      for (int k = 1; k < n; k++) {
+        int64_t v = wide ? ((const int64_t *)src[k])[e] : ((const int32_t *)src[k])[e];
+        acc = op == ncclSum ? (int64_t)((uint64_t)acc + (uint64_t)v) : op == ncclProd ? (int64_t)((uint64_t)acc * (uint64_t)v)
+              : op == ncclMax ? (v > acc ? v : acc) : (v < acc ? v : acc);
+        if (!wide) acc = (int32_t)(uint32_t)acc;
+      }
+      if (wide) ((int64_t *)dst)[e] = acc;
+      else ((int32_t *)dst)[e] = (int32_t)acc;
+    }
+  }
+}
+
+/* Under G.exec: computes the collective once every rank's part is
+ * reached (see the section's comment for the order). */
+static void call_run(FakeCall *c) {
+  int n = c->cq->n;
+  const Part *p0 = &c->part[0];
+  for (int j = 1; j < n; j++) {
+    const Part *q = &c->part[j];
+    if (q->kind != p0->kind || q->count != p0->count || q->type != p0->type || q->op != p0->op || q->root != p0->root) {
+      fake_say("NCCL: call %llu: rank %d's %s of %zu elements of type %d (op %d, root %d) against rank 0's %s of %zu of "
+               "type %d (op %d, root %d): the ranks disagree", c->seq, j, coll_name[q->kind], q->count, (int)q->type,
+               (int)q->op, q->root, coll_name[p0->kind], p0->count, (int)p0->type, (int)p0->op, p0->root);
+      for (int k = 0; k < n; k++)
+        if (c->cq->comm[k]) c->cq->comm[k]->async = ncclInvalidUsage;
+      return;
+    }
+  }
+  size_t es = nccl_size(p0->type), cnt = p0->count;
+  size_t in_n = p0->kind == COLL_REDUCESCATTER ? (size_t)n * cnt : cnt;
+  size_t out_n = p0->kind == COLL_ALLGATHER ? (size_t)n * cnt : cnt;
+  const char *in[MAX_GPUS];
+  char *out[MAX_GPUS];
+  for (int j = 0; j < n; j++) {
+    in[j] = xlate((uintptr_t)c->part[j].send, in_n * es, "NCCL sendbuff");
+    out[j] = xlate((uintptr_t)c->part[j].recv, out_n * es, "NCCL recvbuff");
+    if (!in[j] || !out[j]) {
+      G.sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+      return;
+    }
+  }
+  size_t tmp_n = p0->kind == COLL_REDUCESCATTER || p0->kind == COLL_ALLGATHER ? (size_t)n * cnt : cnt;
+  char *tmp = malloc(tmp_n * es > 0 ? tmp_n * es : 1);
+  if (!tmp) {
+    G.sticky = CUDA_ERROR_OUT_OF_MEMORY;
+    return;
+  }
+  const char *order[MAX_GPUS];
+  if (p0->kind == COLL_ALLREDUCE || p0->kind == COLL_REDUCESCATTER) {
+    /* block c (an all-reduce's chunk, a reduce-scatter's rank block) from rank c + 1 round to rank c */
+    for (int blk = 0; blk < n; blk++) {
+      size_t lo, hi;
+      if (p0->kind == COLL_ALLREDUCE) {
+        lo = cnt / (size_t)n * (size_t)blk + ((size_t)blk < cnt % (size_t)n ? (size_t)blk : cnt % (size_t)n);
+        hi = lo + cnt / (size_t)n + ((size_t)blk < cnt % (size_t)n ? 1 : 0);
+      } else {
+        lo = (size_t)blk * cnt, hi = lo + cnt;
+      }
+      for (int k = 0; k < n; k++) order[k] = in[(blk + 1 + k) % n] + lo * es;
+      reduce_into(tmp + lo * es, order, n, hi - lo, p0->type, p0->op);
+    }
+    if (p0->kind == COLL_ALLREDUCE)
+      for (int j = 0; j < n; j++) memcpy(out[j], tmp, cnt * es);
+    else
+      for (int j = 0; j < n; j++) memcpy(out[j], tmp + (size_t)j * cnt * es, cnt * es);
+  } else if (p0->kind == COLL_BROADCAST) {
+    memcpy(tmp, in[p0->root], cnt * es);
+    for (int j = 0; j < n; j++) memcpy(out[j], tmp, cnt * es);
+  } else {
+    for (int j = 0; j < n; j++) memcpy(tmp + (size_t)j * cnt * es, in[j], cnt * es);
+    for (int j = 0; j < n; j++) memcpy(out[j], tmp, (size_t)n * cnt * es);
+  }
+  free(tmp);
+}
+
+/* Under G.exec: whether rank o->rank's part of its collective may
+ * complete (see the section's comment). */
+static int nccl_ready(Op *o) {
+  FakeCall *c = o->call;
+  Part *p = &c->part[o->rank];
+  if (p->aborted || c->done) return 1;
+  if (!p->reached) {
+    if (p->hang) return 0; /* its GPU never gets there */
+    p->reached = 1;
+  }
+  int n = c->cq->n;
+  for (int j = 0; j < n && !c->done; j++) /* the peers' streams, up to their parts */
+    if (c->part[j].in && !c->part[j].reached && !c->part[j].aborted) run_queue(c->part[j].stream);
+  if (c->done) return 1;
+  for (int j = 0; j < n; j++)
+    if (!c->part[j].reached) return 0;
+  call_run(c);
+  c->done = 1;
+  return 1;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (!comm) return ncclSuccess;
+  pthread_mutex_lock(&G.exec);
+  if (!live_comm(comm)) {
+    pthread_mutex_unlock(&G.exec);
+    return nccl_fail(ncclInvalidArgument, "ncclCommAbort: invalid communicator");
+  }
+  for (FakeCall *c = comm->cq->calls; c; c = c->next) /* its kernels stop waiting */
+    c->part[comm->rank].aborted = 1;
+  comm_remove(comm);
+  pthread_cond_broadcast(&G.moved);
+  pthread_mutex_unlock(&G.exec);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (!comm) return ncclSuccess;
+  pthread_mutex_lock(&G.exec);
+  if (!live_comm(comm)) {
+    pthread_mutex_unlock(&G.exec);
+    return nccl_fail(ncclInvalidArgument, "ncclCommDestroy: invalid communicator");
+  }
+  for (FakeCall *c = comm->cq->calls; c; c = c->next) {
+    const Part *p = &c->part[comm->rank];
+    if (p->in && !p->popped && !c->done && !p->aborted) {
+      pthread_mutex_unlock(&G.exec);
+      return nccl_fail(ncclInvalidUsage, "ncclCommDestroy: rank %d's %s (call %llu) is still in flight, which NCCL "
+                       "would wait for (ncclCommAbort ends it)", comm->rank, coll_name[p->kind], c->seq);
+    }
+  }
+  for (FakeCall *c = comm->cq->calls; c; c = c->next) c->part[comm->rank].aborted = 1; /* done, not yet popped */
+  comm_remove(comm);
+  pthread_mutex_unlock(&G.exec);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err) {
+  pthread_mutex_lock(&G.exec);
+  int ok = comm && err && live_comm(comm);
+  if (ok) *err = comm->async;
+  pthread_mutex_unlock(&G.exec);
+  return ok ? ncclSuccess : nccl_fail(ncclInvalidArgument, "ncclCommGetAsyncError: invalid communicator");
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
+  pthread_mutex_lock(&G.exec);
+  int ok = comm && count && live_comm(comm);
+  if (ok) *count = comm->cq->n;
+  pthread_mutex_unlock(&G.exec);
+  return ok ? ncclSuccess : nccl_fail(ncclInvalidArgument, "ncclCommCount: invalid communicator");
+}
+
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device) {
+  pthread_mutex_lock(&G.exec);
+  int ok = comm && device && live_comm(comm);
+  if (ok) *device = comm->gpu;
+  pthread_mutex_unlock(&G.exec);
+  return ok ? ncclSuccess : nccl_fail(ncclInvalidArgument, "ncclCommCuDevice: invalid communicator");
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
+  pthread_mutex_lock(&G.exec);
+  int ok = comm && rank && live_comm(comm);
+  if (ok) *rank = comm->rank;
+  pthread_mutex_unlock(&G.exec);
+  return ok ? ncclSuccess : nccl_fail(ncclInvalidArgument, "ncclCommUserRank: invalid communicator");
+}
+
+static void nccl_done(Op *o) {
+  FakeCall *c = o->call;
+  c->part[o->rank].popped = 1;
+  int all = 1;
+  for (int j = 0; j < c->cq->n; j++) all &= c->part[j].popped || (!c->part[j].in && c->done);
+  if (!all) return;
+  Clique *cq = c->cq;
+  for (FakeCall **p = &cq->calls; *p; p = &(*p)->next)
+    if (*p == c) {
+      *p = c->next;
+      break;
+    }
+  free(c);
+  clique_release(cq);
+}
+#else
+static int nccl_ready(Op *o) {
+  (void)o;
+  return 1;
+}
+static void nccl_done(Op *o) { (void)o; }
+#endif
+
+/* Under G.exec (run_queue). */
+static int op_ready(Op *o) {
+  if (o->kind == OP_NCCL) return nccl_ready(o);
+  if (o->ev->completed >= o->gen) return 1; /* OP_WAIT */
+  if (o->on) run_queue(o->on);
+  return o->ev->completed >= o->gen;
+}
+
+static void op_done(Op *o) {
+  if (o->kind == OP_NCCL) {
+    nccl_done(o);
+  } else if (o->kind == OP_RECORD || o->kind == OP_WAIT) {
+    if (--o->ev->refs == 0 && o->ev->dead) free(o->ev);
+  }
+}

@@ -5,9 +5,17 @@
 # the gpu-labelled tests (gpu_ops, gpu_train, gpu_precision, gpu_pipeline),
 # measures the kernel cache (first run compiles with NVRTC, second loads),
 # reports the pipeline's transfer paths and tokens/s on one GPU acting as
-# two devices (cuda:0,cuda:0) and, with two GPUs, on cuda:0,cuda:1, runs the GPU benchmark
+# two devices (cuda:0,cuda:0) and, with two GPUs, on cuda:0,cuda:1, runs
+# the data-parallel checks (tests/gpu/run_data_parallel_gpu.sh: one GPU as
+# two replicas; with two GPUs NCCL against one GPU with micro-batches, the
+# collective forced each way, NCCL missing; with three, NCCL's order) and
+# the data-parallel benchmark (bench/gpu_data_parallel.sh: with two or more
+# GPUs NCCL's all-reduce bus bandwidth, 2(N-1)/N x bytes / time, and
+# gpt_kjv on cuda:0,cuda:1 with the overlap of its all-reduces achieved;
+# one GPU as two replicas), runs the GPU benchmark
 # (bench/gpu_gpt2.sh: duet vs PyTorch on GPT-2 small) and writes
 # OUTDIR/report.md (default build/gpu-report/) with every log next to it.
+# What needs two (or three) GPUs is skipped on a machine with fewer.
 #
 # Build dependencies on a machine without a package registry: when flex,
 # bison, OpenBLAS or cJSON are missing, the Debian packages that
@@ -16,7 +24,8 @@
 # and used from there; Fashion-MNIST comes from the same packages.  The KJV
 # text must be carried as data/kjv.txt (`make data` writes it).
 # Environment: FORCE_PREFIX=1 uses the carried packages even when the
-# system has the tools; BENCH=0 skips the benchmark.
+# system has the tools; BENCH=0 skips the benchmark; RUN_PARTS (default
+# "tests cache pipe dp bench") runs only the parts named, after the build.
 # usage: sh tests/gpu/run.sh [OUTDIR]   (from the repository root)
 set -u
 OUT=${1:-build/gpu-report}
@@ -77,9 +86,13 @@ say "- build: ok ($BUILD)"
 "$BUILD/duet" devices > "$OUT/devices.txt" 2>&1
 say ""; say '```'; while IFS= read -r l; do say "$l"; done < "$OUT/devices.txt"; say '```'
 
+RUN_PARTS=${RUN_PARTS:-tests cache pipe dp bench}
+part() { case " $RUN_PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+
 # -------------------------------------------------------------------- tests
 status=0
 export DUET_CACHE_DIR="$(pwd)/$BUILD/test-cache" OMP_WAIT_POLICY=PASSIVE
+if part tests; then
 (cd "$BUILD" && ctest --output-on-failure -R 'nvrtc|cuda_target|cuda_cli' > "$OUT/cuda-tests.log" 2>&1) || status=1
 (cd "$BUILD" && ctest --output-on-failure -L gpu > "$OUT/gpu-tests.log" 2>&1) || status=1
 say ""; say "## Tests"; say ""
@@ -88,8 +101,10 @@ for f in cuda-tests gpu-tests; do
   grep -E '^ *[0-9]+/[0-9]+ Test' "$OUT/$f.log" | sed 's/^ */  - /' | while IFS= read -r l; do say "$l"; done
 done
 grep -E 'fmnist_mlp 1 epoch|^speed |^ok |^FAIL' "$OUT/gpu-tests.log" | head -60 > "$OUT/gpu-tests-summary.txt"
+fi
 
 # ------------------------------------------------------------- kernel cache
+if part cache; then
 cache=$(mktemp -d)
 for run in 1 2; do
   DUET_CACHE_DIR=$cache "$BUILD/duet" run models/gpt_kjv.model --devices cuda --steps 1 --no-eval --data "$KJV_TEXT" \
@@ -101,10 +116,12 @@ for run in 1 2; do
   line=$(grep 'duet: cuda:' "$OUT/cache-run$run.log" | sed 's/^duet: //')
   say "- run $run: ${line:-$(tail -1 "$OUT/cache-run$run.log")}"
 done
+fi
 
 # ------------------------------------------------------ pipeline transfers
 # gpt_kjv, 4 micro-batches: one device, one GPU as two devices (direct and
 # pinned-host staging), and two GPUs where present
+if part pipe; then
 say ""; say "## Pipeline transfers (gpt_kjv, 10 steps, 4 micro-batches)"; say ""
 pipe_devs="cuda:0 cuda:0,cuda:0 host:cuda:0,cuda:0"
 "$BUILD/duet" devices | grep -q '^cuda:1 ' && pipe_devs="$pipe_devs cuda:0,cuda:1 host:cuda:0,cuda:1"
@@ -119,9 +136,24 @@ for dv in $pipe_devs; do
   if [ -n "$rate" ]; then say "- $dv (DUET_PIPE_STAGING=$staging): $rate tokens/s; ${paths:-one device, no transfers}"
   else say "- $dv (DUET_PIPE_STAGING=$staging): FAILED: $(tail -1 "$log")"; fi
 done
+fi
+
+# ------------------------------------------------------ data parallelism
+# the checks (also in ctest -L gpu; here with their output), then the
+# benchmark: NCCL bus bandwidth and overlap with two or more GPUs
+if part dp; then
+sh tests/gpu/run_data_parallel_gpu.sh "$BUILD/duet" > "$OUT/dp-checks.log" 2>&1
+rc=$?
+[ $rc = 0 ] || [ $rc = 77 ] || status=1
+say ""; say "## Data-parallel checks (tests/gpu/run_data_parallel_gpu.sh: exit $rc, 77 = a part needed more GPUs)"; say ""
+grep -E '^(ok|FAIL|skip|cuda:0,|3 GPUs|trio)' "$OUT/dp-checks.log" | sed 's/^/- /' | while IFS= read -r l; do say "$l"; done
+say ""
+sh bench/gpu_data_parallel.sh "$BUILD" "$OUT/dp-bench" > "$OUT/dp-bench.md" 2> "$OUT/dp-bench.err" || status=1
+while IFS= read -r l; do say "$l"; done < "$OUT/dp-bench.md"
+fi
 
 # --------------------------------------------------------------- benchmark
-if [ "${BENCH:-1}" != 0 ]; then
+if [ "${BENCH:-1}" != 0 ] && part bench; then
   sh bench/gpu_gpt2.sh "$BUILD" "$OUT" > "$OUT/bench.log" 2>&1 || status=1
   say ""; say "## Benchmark (bench/gpu_gpt2.sh)"; say ""; say '```'
   sed -n '/^gpt2_124m training/,$p' "$OUT/bench.log" | while IFS= read -r l; do say "$l"; done
