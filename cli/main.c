@@ -1069,6 +1069,31 @@ static const char *bytes_human(int64_t n, char *b, size_t len) {
   return b;
 }
 
+/* duet check's line about pruning: the mode and schedule, the weights
+ * pruned and what their masks cost. */
+static void print_prune_summary(const Graph *g) {
+  const PruneSpec *p = &g->prune;
+  int n = 0;
+  int64_t elems = 0, bytes = 0;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if (v->op != OP_PRUNE_MASK) continue;
+    n++;
+    elems += shape_numel(&v->in[1]->shape);
+    bytes += shape_numel(&v->in[1]->shape) * (int64_t)dtype_size(v->in[1]->dtype);
+  }
+  if (!n) return;
+  char m[32], b[64], sched[160];
+  if (p->end == p->start) snprintf(sched, sizeof sched, "one-shot after step %" PRId64, p->start);
+  else snprintf(sched, sizeof sched, "gradual from %s after step %" PRId64 " to %s after step %" PRId64 ", every %" PRId64
+               " steps", ir_num_str(p->initial, (char[32]){0}, 32), p->start, ir_num_str(p->sparsity, (char[32]){0}, 32),
+               p->end, p->every);
+  printf("pruning: %s, sparsity %s, %s: %d weight%s of %" PRId64 " elements; masks %" PRId64 " bytes", prune_mode_str(p, m, sizeof m),
+         ir_num_str(p->sparsity, (char[32]){0}, 32), sched, n, n == 1 ? "" : "s", elems, bytes);
+  if (bytes >= 1024) printf(" (%s)", bytes_human(bytes, b, sizeof b));
+  printf(" of optimizer state\n");
+}
+
 static int cmd_check(int argc, char **argv) {
   if (argc != 1 || wants_help(argc, argv)) {
     printf("usage: duet check M.model\nParses and verifies the model; prints its parameters and the bytes of\n"
@@ -1078,7 +1103,7 @@ static int cmd_check(int argc, char **argv) {
     return argc == 1 ? 0 : 1;
   }
   Compiled c;
-  int rc = compile_model(&c, argv[0], 0, NULL, "optimizer"); /* through autodiff: its warnings too */
+  int rc = compile_model(&c, argv[0], 0, NULL, "prune"); /* through autodiff (its warnings too) and prune */
   if (!rc && check_gemm_acc_graph(&c, argv[0], 0, NULL)) rc = 1;
   /* parameters and their bytes in all; shape rules keep each one's bytes
    * within 64 bits, their sum is checked here */
@@ -1136,6 +1161,7 @@ static int cmd_check(int argc, char **argv) {
                     half ? (pc.storage == DT_F16 ? " (their fp16 copies not counted)" : " (their bf16 copies not counted)")
                          : "");
     printf("\n");
+    print_prune_summary(c.g);
   }
   compiled_free(&c);
   return rc;

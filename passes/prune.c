@@ -194,9 +194,13 @@ void pass_prune(Graph *g, PassCtx *cx) {
           hits++;
           sel[k] = !neg;
         }
-      if (!hits)
-        diag_error_noloc(g->diag, "prune params: the pattern `%s` matches no trainable parameter (duet check lists "
-                         "them)", pat);
+      if (!hits) {
+        char list[300] = "";
+        for (int k = 0; k < n_upd && strlen(list) < 200; k++)
+          snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", k ? ", " : "", upd[k]->in[0]->attr.name);
+        diag_error_noloc(g->diag, "prune params: the pattern `%s` matches no trainable parameter (%s%s)", pat, list,
+                         strlen(list) >= 200 ? ", ..." : "");
+      }
     }
   }
   int n_sel = 0;
