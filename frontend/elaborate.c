@@ -1288,6 +1288,8 @@ static void read_prune(Elab *e, Scope *s, const Node *n, PruneSpec *p) {
       }
     } else {
       int64_t v = want_int(e, x, kv->name, k == 4 ? 1 : 0);
+      if (v > INT64_MAX / 4) /* as the IR parser reads it back */
+        diag_error(e->d, x.loc, "prune %s is out of range: %lld steps (the limit is 2^61 - 1)", kv->name, (long long)v);
       *(k == 2 ? &p->start : k == 3 ? &p->end : &p->every) = v;
     }
   }

@@ -1150,9 +1150,18 @@ static void check_prune(Parser *P) {
   unsigned all = PRUNE_SET_SPARSITY | PRUNE_SET_MODE | PRUNE_SET_START | PRUNE_SET_END | PRUNE_SET_EVERY |
                  PRUNE_SET_INITIAL;
   if ((c.set & all) != all)
-    fail_loc(P, at, "the prune line of a graph with prune_mask values gives every key but params (as the prune pass "
-                    "printed it)");
+    fail_loc(P, at, "a graph with prune_mask values needs every key but params on its prune line (mode, sparsity, "
+                    "initial, start, end, every: as the prune pass prints it)");
   if (prune_spec_resolve(&c, err, sizeof err)) fail_loc(P, at, "%s", err);
+  for (int i = 0; i < g->n_values && c.mode == PRUNE_NM; i++) { /* groups of M inputs per output channel */
+    const Value *v = g->values[i];
+    if (v->op != OP_PRUNE_MASK) continue;
+    const Shape *s = &v->in[0]->shape;
+    int64_t out = v->attr.axis >= 0 ? s->dim[v->attr.axis] : 0;
+    if (!out || (shape_numel(s) / out) % c.nm_m)
+      fail_loc(P, v->loc, "%d:%d pruning of %%%d %s: %s", c.nm_n, c.nm_m, v->in[0]->id, SHP(s),
+               out ? "its input count does not divide into groups" : "prune_mask has no output axis ([out=A])");
+  }
 }
 
 static void once(Parser *P, const char *at, int *line, const char *what) {

@@ -83,8 +83,8 @@ int prune_parse_flag(PruneSpec *over, const char *flag, const char *val, char *e
  * take it as their second operand, directly (x @ w: the last axis; x @
  * transpose(w) of a matrix: the first) or as a convolution (a rank-4
  * weight reshaped, and sliced for groups, into the transposed operand:
- * the first).  -1 when p is no such weight.  `use`: the forward ops that
- * read each value, in[0] of their list is uses[cnt[id]..cnt[id+1]). */
+ * the first).  -1 when p is no such weight.  use[cnt[id] .. cnt[id + 1]):
+ * the forward ops that read value id. */
 static int weight_axis(const Value *p, Value *const *use, const int *cnt) {
   for (int k = cnt[p->id]; k < cnt[p->id + 1]; k++) {
     const Value *c = use[k];
