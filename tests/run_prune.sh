@@ -13,7 +13,10 @@
 #      lines, the progress lines and the table at the end;
 #   4. resume: 30 steps straight against 13 + resume and 15 + resume (an
 #      update is due right after the checkpoint): the same checkpoint, byte
-#      for byte, and the same metrics file;
+#      for byte, and the same metrics file; a checkpoint of a run without
+#      pruning resumed into a pruned run (masks from ones) ends as the pruned
+#      run from the start, and is refused (before compiling) when the
+#      schedule's last update lies before its step;
 #   5. a compiled executable prunes as duet run does (same losses, masks);
 #   6. the IR: `duet ir --after prune` shows the masks; the dump trains with
 #      the .model's losses; a pipeline on two virtual CPU devices prunes as
@@ -127,6 +130,18 @@ for at in 13 15; do
   cmp -s "$d/a.st" "$d/b$at.st" && cmp -s "$d/a.jsonl" "$d/b$at.jsonl" && ok "resume_at_$at" ||
     { bad "resume_at_$at"; diff "$d/a.jsonl" "$d/b$at.jsonl" | head -5; }
 done
+
+# a checkpoint of a run without pruning continues into a pruned run (train,
+# then prune and fine-tune): the masks start at ones, and the run ends as
+# one that pruned from the start of the schedule does, byte for byte
+"$DUET" run $M $F --steps 3 --quiet --save "$d/dense.st" > /dev/null &&
+"$DUET" run $M $F --steps 8 --prune 0.5 --prune-start 5 --resume "$d/dense.st" --save "$d/dense.st" > "$d/dp.txt" 2>&1 &&
+"$DUET" run $M $F --steps 8 --prune 0.5 --prune-start 5 --quiet --save "$d/straight.st" > /dev/null &&
+  grep -Fqx "duet: $d/dense.st has no pruning masks (a run without pruning): pruning starts from the dense weights, at the schedule's steps after its step 3" "$d/dp.txt" &&
+  cmp -s "$d/dense.st" "$d/straight.st" && ok resume_dense_into_pruned || { bad resume_dense_into_pruned; cat "$d/dp.txt"; }
+"$DUET" run $M $F --steps 3 --quiet --save "$d/dense.st" > /dev/null
+expect_error resume_dense_after_schedule "duet: error: cannot resume from $d/dense.st: it has no pruning masks (a run without pruning) and its step 3 is after the pruning schedule's last update (after step 2), so nothing would be pruned; start pruning at its step or later (--prune-start 3)" \
+  $M $F --steps 8 --prune 0.5 --prune-start 2 --resume "$d/dense.st"
 
 # 5. a compiled executable
 P="--prune 0.6 --prune-start 3"

@@ -36,7 +36,7 @@ FM=/usr/share/datasets/fashion-mnist
 [ -f "$FM/train-images-idx3-ubyte.gz" ] || { echo "SKIP: no Fashion-MNIST (Debian package dataset-fashion-mnist)"; exit 77; }
 d=$(mktemp -d "${TMPDIR:-/tmp}/duet-prune-acc.XXXXXX") || exit 2
 trap 'rm -rf "$d"' EXIT HUP INT TERM
-pass=0 fail=0
+pass=0 fail=0 skipped=0
 # acc NAME MODEL ARGS...: trains, prints and records the final test accuracy (a fraction)
 acc() {
   name=$1 model=$2; shift 2
@@ -112,8 +112,10 @@ else
       done
     else
       echo "skip: gpt_kjv (no data/kjv.txt: make data)"
+      skipped=1
     fi
   ;; esac
 fi
 echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+[ "$fail" -eq 0 ] || exit 1
+[ "$skipped" -eq 0 ] || exit 77
