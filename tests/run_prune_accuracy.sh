@@ -55,12 +55,12 @@ judge() {
     if [ $side = d ]; then dense="$dense $(cat "$d/$x.acc")"; else pruned="$pruned $(cat "$d/$x.acc")"; fi
   done
   res=$(echo "$dense|$pruned" | awk -F'|' -v m="$margin" -v k="$k" -v w="$what" '{
-    n = split($1, a, " "); split($2, b, " "); gap = 0; p = 0
-    for (i = 1; i <= n; i++) { gap += a[i] - b[i]; p += a[i] }
-    gap = 100 * gap / n; p /= n
+    n = split($1, a, " "); split($2, b, " "); gap = 0; p = 0; q = 0
+    for (i = 1; i <= n; i++) { gap += a[i] - b[i]; p += a[i]; q += b[i] }
+    gap = 100 * gap / n; p /= n; q /= n
     sigma = 100 * sqrt(2 * p * (1 - p) / 10000) / sqrt(n); tol = m + k * sigma
-    printf "%s %s: dense %.2f%%, pruned %.2f%% below it (mean of %d run%s), tolerance %.2f = %s + %d x %.2f\n",
-      (gap <= tol ? "ok" : "FAIL"), w, 100 * p, gap, n, (n > 1 ? "s" : ""), tol, m, k, sigma
+    printf "%s %s: dense %.2f%%, pruned %.2f%% (mean of %d run%s): dense - pruned = %.2f points, tolerance %.2f = %s + %d x %.2f\n",
+      (gap <= tol ? "ok" : "FAIL"), w, 100 * p, 100 * q, n, (n > 1 ? "s" : ""), gap, tol, m, k, sigma
     exit !(gap <= tol) }')
   rc=$?
   echo "$res"
