@@ -20,7 +20,8 @@
 #     inside these tolerances.
 #   run_prune_accuracy.sh DUET long    (ctest prune_long, label long)
 #     the README's table: fmnist_mlp, 5 epochs, seeds 1-3 (the mean of the
-#     three gaps is judged, sigma / sqrt(3)); fmnist_cnn, 10 epochs, seed 1;
+#     three gaps is judged, sigma / sqrt(3)); fmnist_cnn, 10 epochs
+#     (PRUNE_LONG_CNN_EPOCHS, the schedules scaled with it), seed 1;
 #     pruning after epoch 1, the gradual schedule from epoch 1 to the end
 #     of epoch 3.5 (mlp: steps 234..819 every 15; cnn: 468..3276 every
 #     50); tolerance the margin + 2 sigma; gpt_kjv, 1,000 steps, dense and
@@ -93,10 +94,16 @@ else
     judge "fmnist_mlp 90% gradual" 2 2 mlp_dense_1 mlp_dense_2 mlp_dense_3 -- mlp_g90_1 mlp_g90_2 mlp_g90_3
   ;; esac
   case " $PARTS " in *" cnn "*)
-    acc cnn_dense $C
-    acc cnn_p50 $C --prune 0.5 --prune-start 468
-    acc cnn_nm $C --prune-mode 2:4 --prune-start 468 --prune-params '!conv1.w'
-    acc cnn_g90 $C --prune 0.9 --prune-start 468 --prune-end 3276 --prune-every 50
+    # E epochs of 468 steps: pruning after epoch 1; the gradual schedule to
+    # the end of epoch 1 + 2 (E - 1) / 3 (E = 10: 3276), 56 updates
+    E=${PRUNE_LONG_CNN_EPOCHS:-10}
+    end=$((468 * (1 + (E - 1) * 2 / 3)))
+    every=$(((end - 468) / 56))
+    [ "$every" -ge 1 ] || every=1
+    acc cnn_dense $C --epochs "$E"
+    acc cnn_p50 $C --epochs "$E" --prune 0.5 --prune-start 468
+    acc cnn_nm $C --epochs "$E" --prune-mode 2:4 --prune-start 468 --prune-params '!conv1.w'
+    acc cnn_g90 $C --epochs "$E" --prune 0.9 --prune-start 468 --prune-end "$end" --prune-every "$every"
     judge "fmnist_cnn 50% unstructured" 0.5 2 cnn_dense -- cnn_p50
     judge "fmnist_cnn 2:4 (conv1 dense)" 1 2 cnn_dense -- cnn_nm
     judge "fmnist_cnn 90% gradual" 2 2 cnn_dense -- cnn_g90
