@@ -25,7 +25,8 @@
  * computed scaled by S and `unscale` multiplies by 1/S, flagging inf/NaN so
  * the runtime can skip the step (dynamic loss scaling, PyTorch GradScaler).
  * The optimizer updates move to the end of the graph so that every flag is
- * known before the first update.  Casts are ordinary elementwise values,
+ * known before the first update, and the pruning masks (prune_mask) after
+ * them.  Casts are ordinary elementwise values,
  * fused into their neighbours by the fuse pass that follows. */
 #include <stdio.h>
 #include <string.h>
@@ -96,7 +97,7 @@ int precision_resolve(const char *target, const char *request, PrecisionChoice *
 
 /* ------------------------------------------------------------- the pass */
 
-typedef enum Cat { CAT_KEEP, CAT_LOW, CAT_FOLLOW, CAT_F32, CAT_UPDATE } Cat;
+typedef enum Cat { CAT_KEEP, CAT_LOW, CAT_FOLLOW, CAT_F32, CAT_UPDATE, CAT_AFTER_UPDATE } Cat;
 
 static Cat category(OpKind op) {
   switch (op) {
@@ -111,6 +112,8 @@ static Cat category(OpKind op) {
     return CAT_FOLLOW;
   case OP_ADAMW: case OP_SGD:
     return CAT_UPDATE;
+  case OP_PRUNE_MASK: /* masks the f32 master weight after its update (the 16-bit copy is cast from it) */
+    return CAT_AFTER_UPDATE;
   default: /* reductions, softmax, layernorm, cross-entropy, embeddings, windows, metrics */
     return CAT_F32;
   }
@@ -172,7 +175,8 @@ void pass_precision(Graph *g, PassCtx *cx) {
   bool *weak = arena_alloc(a, (size_t)n + 1);
   Value **subst = arena_alloc(a, ((size_t)n + 1) * sizeof *subst);
   Value **updates = arena_alloc(a, ((size_t)n + 1) * sizeof *updates);
-  int n_updates = 0;
+  Value **after = arena_alloc(a, ((size_t)n + 1) * sizeof *after);
+  int n_updates = 0, n_after = 0;
 
   /* loss scaling: the seed of the backward pass (its first value, the
    * constant d loss / d loss = 1, or 1/M with M micro-batches, the loss
@@ -214,6 +218,10 @@ void pass_precision(Graph *g, PassCtx *cx) {
     Cat c = category(v->op);
     if (c == CAT_UPDATE) {
       updates[n_updates++] = v;
+      continue;
+    }
+    if (c == CAT_AFTER_UPDATE) {
+      after[n_after++] = v;
       continue;
     }
     if (c == CAT_KEEP) {
@@ -266,6 +274,7 @@ void pass_precision(Graph *g, PassCtx *cx) {
     p->grad = f;
   }
   for (int k = 0; k < n_updates; k++) push(&P, updates[k]);
+  for (int k = 0; k < n_after; k++) push(&P, after[k]);
   g->values = P.order;
   g->n_values = P.n;
   g->cap_values = P.cap;
