@@ -105,6 +105,10 @@ typedef enum KernelKind {
                    * (int32 t[n_tensors][slot]) = 1 when any element is inf or NaN, else 0 */
   KK_ATTN_BWD_KV, /* after KK_ATTN_BWD, same bufs; CUDA: dk, dv from the statistics, a block
                    * per key row; C: nothing (KK_ATTN_BWD computed them) */
+  KK_SUMSQ,       /* bufs: g (f32 or f64) [n]; sum of g^2 in double, in a fixed order, to the double
+                   * at word duet_clip_word(slot) of t[n_tensors] (gradient clipping) */
+  KK_CLIP_SCALE,  /* bufs: g [n] *= the double at word duet_clip_word(slot) of t[n_tensors], rounded to
+                   * g's dtype first (torch's g.mul_(clip_coef) with an f32 coefficient) */
 } KernelKind;
 
 typedef struct Kernel {
@@ -125,7 +129,8 @@ typedef struct Kernel {
   bool causal;               /* KK_ATTN_* */
   Shape xs, ys;              /* KK_IM2COL .. KK_AVGPOOL_GRAD: [N,C,H,W] and [N,C,OH,OW] */
   int64_t win[8];            /* kh, kw, sh, sw, ph, pw, dh, dw */
-  int slot;                  /* KK_UNSCALE */
+  int slot;                  /* KK_UNSCALE: flag; KK_SUMSQ, KK_CLIP_SCALE: word of the double
+                              * in the flags buffer (duet_clip_word) */
 } Kernel;
 
 /* A lowered model: the runtime program (tables allocated in the arena) and

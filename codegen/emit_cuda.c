@@ -154,6 +154,8 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   case KK_TRANSPOSE: l->grid = block_grid(((k->rows + 31) / 32) * ((k->cols + 31) / 32)); break;
   case KK_POSITIONS: l->grid = grid_for(k->rows, EW_BLOCK); break;
   case KK_UNSCALE: l->grid = grid_for(k->n, EW_BLOCK); break;
+  case KK_SUMSQ: l->grid = whole_grid(k->n); break;
+  case KK_CLIP_SCALE: l->grid = grid_for(k->n, EW_BLOCK); break;
   case KK_IM2COL: {
     int64_t n = k->xs.dim[0] * k->ys.dim[2] * k->ys.dim[3] * k->xs.dim[1] * k->win[0] * k->win[1];
     l->grid = grid_for(n, EW_BLOCK);
@@ -686,6 +688,39 @@ static void emit_unscale(Buf *b, const Kernel *k) {
   bprintf(b, "  __syncthreads();\n  if (!last || threadIdx.x != 0) return;\n  __threadfence();\n");
   bprintf(b, "  *overflow = atomicExch(&duet_flag" FN ", 0);\n");
   bprintf(b, "  duet_done" FN " = 0; /* ready for the next launch */\n");
+}
+
+/* Gradient clipping: the sum of squares of g in double, spread over the
+ * grid as the whole-tensor sum of emit_reduce (grid-stride sums per
+ * thread, block sums, the last block adding the blocks' partials in a
+ * tree fixed by the launch: deterministic), to the double in the flags
+ * buffer (argument 1). */
+static void emit_sumsq(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  bprintf(b, "  const %s *x = (const %s *)t.p[0];\n", T, T);
+  bprintf(b, "  double *out = (double *)t.p[1]; /* in the flags buffer */\n");
+  bprintf(b, "  __shared__ double red[32];\n  __shared__ int last;\n  double acc = 0;\n");
+  GRID_LOOP(b, "r", k->n);
+  bprintf(b, "    const double v = (double)x[r];\n    acc += v * v;\n  }\n");
+  bprintf(b, "  acc = duet_block_sum(acc, red);\n");
+  bprintf(b, "  if (threadIdx.x == 0) {\n    duet_part" FN "[blockIdx.x] = acc;\n");
+  bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done" FN ", 1u) == gridDim.x - 1;\n  }\n");
+  bprintf(b, "  __syncthreads();\n  if (!last) return;\n  __threadfence();\n");
+  bprintf(b, "  const volatile double *part = duet_part" FN ";\n  double tot = 0;\n");
+  bprintf(b, "  for (unsigned g = threadIdx.x; g < gridDim.x; g += blockDim.x) tot += part[g];\n");
+  bprintf(b, "  tot = duet_block_sum(tot, red);\n");
+  bprintf(b, "  if (threadIdx.x == 0) {\n    *out = tot;\n");
+  bprintf(b, "    duet_done" FN " = 0; /* ready for the next launch */\n  }\n");
+}
+
+/* Gradient clipping: g *= the coefficient (a double in the flags buffer,
+ * argument 1), rounded to g's dtype first, as the C emitter. */
+static void emit_clip_scale(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  bprintf(b, "  %s *x = (%s *)t.p[0];\n  const %s c = (%s)*(const double *)t.p[1]; /* in the flags buffer */\n", T, T,
+          T, T);
+  GRID_LOOP(b, "i", k->n);
+  bprintf(b, "    x[i] = x[i] * c;\n  }\n");
 }
 
 /* out[o, j] = scale * sum_r in[o, r, j]; max_r when reduce_max; the max
@@ -1347,7 +1382,7 @@ static const char *kind_name(KernelKind k) {
       [KK_TRANSPOSE] = "transpose",     [KK_POSITIONS] = "positions",   [KK_IM2COL] = "im2col",
       [KK_COL2IM] = "col2im",           [KK_MAXPOOL] = "maxpool",       [KK_MAXPOOL_GRAD] = "maxpool_grad",
       [KK_AVGPOOL] = "avgpool",         [KK_AVGPOOL_GRAD] = "avgpool_grad", [KK_ATTN_DECODE] = "attn_decode",
-      [KK_UNSCALE] = "unscale",
+      [KK_UNSCALE] = "unscale",         [KK_SUMSQ] = "sumsq",           [KK_CLIP_SCALE] = "clip_scale",
   };
   return (unsigned)k < sizeof names / sizeof *names && names[k] ? names[k] : "?";
 }
@@ -1382,7 +1417,7 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
             l.block, l.shared);
     if (k->kind == KK_XENT_FWD || k->kind == KK_EVAL_METRICS) /* the blocks' partial sums */
       bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", 2 * l.grid);
-    if (reduce_whole(k))
+    if (reduce_whole(k) || k->kind == KK_SUMSQ)
       bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", l.grid);
     if (k->kind == KK_UNSCALE) /* the blocks' overflow verdicts */
       bprintf(&u, "__device__ int duet_flag" FN ";\n__device__ unsigned int duet_done" FN ";\n");
@@ -1402,6 +1437,8 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
     case KK_ATTN_DECODE: emit_attn_decode(&u, k); break;
     case KK_XENT_FWD: case KK_XENT_BWD: case KK_EVAL_METRICS: emit_rows(&u, k); break;
     case KK_UNSCALE: emit_unscale(&u, k); break;
+    case KK_SUMSQ: emit_sumsq(&u, k); break;
+    case KK_CLIP_SCALE: emit_clip_scale(&u, k); break;
     default: unreachable();
     }
     bprintf(&u, "}\n\n");

@@ -57,6 +57,10 @@ static const Case cases[] = {
                  "block linear(h, out) {\n  param w: [dim(h, -1), out] = xavier_uniform\n"
                  "  param b: [out] = normal(0.1)\n  return h @ w + b\n}\n"
                  "loss = cross_entropy(linear(relu(linear(x, 5)), 3), y)\n", 3},
+    /* gradient clipping (a limit far below the norm: every step clips):
+     * the sum-of-squares and scale kernels */
+    {"clip_grad_norm", HEAD "param a: [6,7]\nparam b: [7]\ninput r: f32[6,7]\nloss = mean((a * a + b) * r)\n"
+                       "train {\n  clip_grad_norm = 0.0001\n}\n", 0},
 };
 
 #define N_OP_CASES ((int)(sizeof cases / sizeof *cases))
@@ -85,6 +89,9 @@ static const Case big_cases[] = {
                  "loss = mean(relu(conv2d(x, w, b, padding = 1)) * r)\n", 0},
     {"big_gelu_dropout", "model t\nparam a: [300,700]\ninput r: f32[300,700]\n"
                          "loss = mean(dropout(gelu(a), p = 0.2) * r)\n", 0},
+    /* gradient clipping: sums of squares over 3 chunks (C) and 9 blocks (CUDA) */
+    {"big_clip_grad_norm", "model t\nparam a: [150,220]\nparam b: [220]\ninput r: f32[150,220]\n"
+                           "loss = mean((a * a + b) * r)\ntrain {\n  clip_grad_norm = 0.0001\n}\n", 0},
 };
 #define N_BIG_CASES ((int)(sizeof big_cases / sizeof *big_cases))
 
