@@ -233,6 +233,10 @@ typedef struct DuetProgram {
   const int32_t *bucket_off;
   const int32_t *bucket_tensors;
   double bucket_mb;
+  /* 64-bit FNV-1a of the generated C kernels (0: not known); the ranks of
+   * an MPI run compare it with the rest of the program (runtime/dist.c).
+   * Appended: no other member moves. */
+  uint64_t source_hash;
 } DuetProgram;
 
 #define DUET_MAX_KERNEL_ARGS 40
@@ -515,6 +519,26 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
  * 2 when --help was printed. */
 int duet_parse_flags(DuetConfig *cfg, int64_t compiled_batch, int argc, char **argv);
 void duet_usage(const char *argv0, FILE *out);
+
+/* ------------------------------------------------------------ MPI ranks */
+
+/* Whether an MPI launcher started this process as one of several ranks,
+ * from its environment alone (no MPI call): OMPI_COMM_WORLD_SIZE/RANK
+ * (Open MPI's mpirun), PMI_SIZE/PMI_RANK (MPICH's mpiexec, srun
+ * --mpi=pmi2), SLURM_STEP_NUM_TASKS (or SLURM_NTASKS)/SLURM_PROCID (srun).
+ * Returns the number of ranks (1: not launched as one of several), *rank
+ * this one's, and `var` the variable that said so ("OMPI_COMM_WORLD_SIZE=2");
+ * -1 with a message in var when the variables are malformed.  Under such a
+ * launcher duet_main loads MPI (the plugin libduet_mpi.so) and runs this
+ * rank as one replica of a data-parallel program of that many replicas
+ * (README "Data parallelism"). */
+int duet_launch_ranks(int *rank, char *var, size_t varlen);
+/* Under such a launcher with several ranks, stderr becomes a line-buffered
+ * stream that writes to file descriptor 2 with every line that starts
+ * "duet: " prefixed by "duet: rank R: " (so "duet: rank 1: error: ...");
+ * otherwise (or when stderr has been replaced already) nothing changes.
+ * Called by duet_main, duet_preflight and the duet CLI. */
+void duet_rank_stderr(void);
 
 /* ------------------------------------------------------------------ rng */
 
