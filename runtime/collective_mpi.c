@@ -47,9 +47,17 @@
  * MPI_Test and gives up after `timeout` seconds (DUET_PIPE_TIMEOUT)
  * naming the lowest rank whose message has not arrived, or, once this
  * rank has been told to stop by SIGINT or SIGTERM (*stop), after
- * DUET_DIST_STOP_GRACE more seconds (OpenMPI's mpirun signals every rank
+ * DUET_DIST_STOP_GRACE more seconds (Open MPI's mpirun signals every rank
  * when one dies, then kills them 1 s later: see runtime/dist.h).  The
- * training driver then prints the error and calls MPI_Abort.
+ * training driver then prints the error and calls MPI_Abort.  But MPI
+ * itself may not return: with Open MPI 4.1's TCP transport, a rank whose
+ * connection to a dead rank broke while data was in flight can stay
+ * inside MPI_Test (its help text says the process "may even hang").  So
+ * each collective has a watchdog thread that makes no MPI call but
+ * MPI_Abort: every 50 ms it looks at the waits in progress and, when one
+ * is past the same deadlines (plus WATCH_MARGIN, so that a wait that can
+ * still report does so itself, with its context), prints the error naming
+ * the rank and aborts.  One report per process (the first to claim it).
  *
  * Threads: MPI is initialised with MPI_THREAD_SERIALIZED and every MPI
  * call of this file is made under one lock (the pipeline's stage threads
@@ -92,6 +100,10 @@ typedef struct Op {
   MPI_Request *rq;    /* [2 R]: receives from rank j at j, sends to j at R + j */
   double t0, t_wait;  /* the start; the waits' blocked time */
   char err[1024];
+  /* what the watchdog sees (under Mpi.wmu) */
+  bool waiting;       /* a wait is in progress */
+  double w_t0;        /* since when */
+  int w_late, w_phase; /* the rank waited for and the phase, as of the last test */
 } Op;
 
 typedef struct Mpi {
@@ -105,7 +117,17 @@ typedef struct Mpi {
   /* stats per tag */
   int64_t *calls, *bytes;
   double *busy, *waited;
+  /* faults: the watchdog (see the header) */
+  pthread_mutex_t wmu;
+  pthread_cond_t wcv;
+  pthread_t wth;
+  bool w_sync, w_started, w_quit;
+  bool claimed;       /* a fault has been reported (by a wait or the watchdog) */
+  double stop_seen;   /* when *stop was first seen non-zero (-1: not yet) */
 } Mpi;
+
+/* How much later than a wait's own deadline the watchdog reports it. */
+#define WATCH_MARGIN 0.15
 
 static double now_s(void) {
   struct timespec ts;
@@ -466,11 +488,35 @@ fail:
   return -1;
 }
 
+/* Under m->wmu: which deadline op o's wait (since t0) is past at `now`,
+ * `margin` seconds late: 0 none, 1 the grace after a stop signal, 2 the
+ * timeout.  Notes when the stop signal is first seen. */
+static int fault_due(Mpi *m, double t0, double now, double margin) {
+  if (m->stop && *m->stop && m->stop_seen < 0) m->stop_seen = now;
+  if (m->stop_seen >= 0 && now - m->stop_seen >= DUET_DIST_STOP_GRACE + margin) return 1;
+  if (now - t0 >= m->timeout + margin) return 2;
+  return 0;
+}
+
+/* The message of a fault of kind `due` (fault_due) in a wait for rank
+ * `late` in `phase`. */
+static void fault_msg(const Mpi *m, int due, bool bcast, int phase, int late, double waited, double now, char *err,
+                      size_t errlen) {
+  const char *what = bcast ? "the broadcast" : phase == OP_EXCHANGE ? "its part of the sum" : "its share of the sums";
+  if (due == 1)
+    snprintf(err, errlen, "rank %d stopped answering: %s has not arrived in %.2f s, and this rank was told to stop "
+             "(signal %d) %.2f s ago (an MPI launcher signals every rank when one dies; see its message)", late, what,
+             waited, m->stop ? (int)*m->stop : 0, now - m->stop_seen);
+  else
+    snprintf(err, errlen, "timed out after %.3g s waiting for rank %d (%s has not arrived; it may have died or hung: "
+             "raise DUET_PIPE_TIMEOUT if a rank is legitimately this slow)", m->timeout, late, what);
+}
+
 /* Waits for op t: MPI_Test until it is done, the timeout, an abort, or the
  * grace after a stop signal.  The op is idle again afterwards. */
 static int wait_op(Mpi *m, int t, char *err, size_t errlen) {
   Op *o = &m->ops[t];
-  double t0 = now_s(), stop_seen = -1;
+  double t0 = now_s();
   int spins = 0, rc = 0;
   pthread_mutex_lock(&mpi_mu);
   if (o->phase == OP_IDLE) {
@@ -478,6 +524,12 @@ static int wait_op(Mpi *m, int t, char *err, size_t errlen) {
     snprintf(err, errlen, "tag %d waited for without a start", t);
     return -1;
   }
+  pthread_mutex_lock(&m->wmu);
+  o->waiting = true;
+  o->w_t0 = t0;
+  o->w_late = late_rank(m, o);
+  o->w_phase = o->phase;
+  pthread_mutex_unlock(&m->wmu);
   for (;;) {
     if (o->phase == OP_EXCHANGE || o->phase == OP_GATHER) advance(m, t);
     if (o->phase == OP_DONE) break;
@@ -493,18 +545,16 @@ static int wait_op(Mpi *m, int t, char *err, size_t errlen) {
     }
     double now = now_s();
     int late = late_rank(m, o);
-    const char *what = o->bcast ? "the broadcast" : o->phase == OP_EXCHANGE ? "its part of the sum" : "its sums";
-    if (m->stop && *m->stop && stop_seen < 0) stop_seen = now;
-    if (stop_seen >= 0 && now - stop_seen >= DUET_DIST_STOP_GRACE) {
-      snprintf(err, errlen, "rank %d stopped answering: %s has not arrived in %.2f s, and this rank was told to stop "
-               "(signal %d) %.2f s ago (an MPI launcher signals every rank when one dies; see its message)", late,
-               what, now - t0, (int)*m->stop, now - stop_seen);
-      rc = -1;
-      break;
+    pthread_mutex_lock(&m->wmu);
+    o->w_late = late;
+    o->w_phase = o->phase;
+    int due = fault_due(m, t0, now, 0);
+    if (due) {
+      m->claimed = true; /* the watchdog stays quiet (it reports only what no wait could) */
+      fault_msg(m, due, o->bcast, o->phase, late, now - t0, now, err, errlen);
     }
-    if (now - t0 >= m->timeout) {
-      snprintf(err, errlen, "timed out after %.3g s waiting for rank %d (%s has not arrived; it may have died or hung: "
-               "raise DUET_PIPE_TIMEOUT if a rank is legitimately this slow)", m->timeout, late, what);
+    pthread_mutex_unlock(&m->wmu);
+    if (due) {
       rc = -1;
       break;
     }
@@ -515,12 +565,49 @@ static int wait_op(Mpi *m, int t, char *err, size_t errlen) {
     }
     pthread_mutex_lock(&mpi_mu);
   }
+  pthread_mutex_lock(&m->wmu);
+  o->waiting = false;
+  pthread_mutex_unlock(&m->wmu);
   double blocked = now_s() - t0;
   if (t < m->n_tags && rc == 0) m->waited[t] += blocked;
   if (rc == 0) o->phase = OP_IDLE;
   else o->phase = OP_FAILED;
   pthread_mutex_unlock(&mpi_mu);
   return rc;
+}
+
+static void mpi_abort_all(int code);
+
+/* The watchdog (see the header): every 50 ms, a wait past its deadline by
+ * WATCH_MARGIN is one stuck inside MPI; it is reported here and the job
+ * aborted. */
+static void *watchdog(void *arg) {
+  Mpi *m = arg;
+  pthread_mutex_lock(&m->wmu);
+  while (!m->w_quit) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += 50000000L;
+    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&m->wcv, &m->wmu, &dl);
+    if (m->w_quit || m->claimed) continue;
+    double now = now_s();
+    for (int t = 0; t < m->n_tags + 2; t++) {
+      Op *o = &m->ops[t];
+      int due = o->waiting ? fault_due(m, o->w_t0, now, WATCH_MARGIN) : 0;
+      if (!due) continue;
+      char msg[1024];
+      m->claimed = true;
+      fault_msg(m, due, o->bcast, o->w_phase, o->w_late, now - o->w_t0, now, msg, sizeof msg);
+      pthread_mutex_unlock(&m->wmu);
+      fprintf(stderr, "duet: error: MPI collective (tag %d) of rank %d: %s; MPI did not return from MPI_Test, so this "
+              "is reported by the collective's watchdog\n", t, m->me, msg);
+      fflush(stderr);
+      mpi_abort_all(1);
+    }
+  }
+  pthread_mutex_unlock(&m->wmu);
+  return NULL;
 }
 
 static int mpi_allreduce_start(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
@@ -609,6 +696,17 @@ static void mpi_destroy(DuetColl *c) {
   if (!c) return;
   Mpi *m = c->ctx;
   if (m) {
+    if (m->w_started) {
+      pthread_mutex_lock(&m->wmu);
+      m->w_quit = true;
+      pthread_cond_broadcast(&m->wcv);
+      pthread_mutex_unlock(&m->wmu);
+      pthread_join(m->wth, NULL);
+    }
+    if (m->w_sync) {
+      pthread_mutex_destroy(&m->wmu);
+      pthread_cond_destroy(&m->wcv);
+    }
     pthread_mutex_lock(&mpi_mu);
     bool clean = !m->aborted;
     for (int t = 0; m->ops && t < m->n_tags + 2; t++) {
@@ -672,6 +770,21 @@ static DuetColl *mpi_coll_new(int n_tags, double timeout, const volatile sig_ato
   m->n_tags = n_tags;
   m->timeout = timeout;
   m->stop = stop;
+  m->stop_seen = -1;
+  if (pthread_mutex_init(&m->wmu, NULL)) {
+    free(c);
+    free(m);
+    snprintf(err, errlen, "cannot create the collective's watchdog lock");
+    return NULL;
+  }
+  if (pthread_cond_init(&m->wcv, NULL)) {
+    pthread_mutex_destroy(&m->wmu);
+    free(c);
+    free(m);
+    snprintf(err, errlen, "cannot create the collective's watchdog lock");
+    return NULL;
+  }
+  m->w_sync = true;
   pthread_mutex_lock(&mpi_mu);
   int e = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
   if (e == MPI_SUCCESS) e = MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
@@ -712,6 +825,12 @@ static DuetColl *mpi_coll_new(int n_tags, double timeout, const volatile sig_ato
       goto oom;
     for (size_t k = 0; k < 2 * R; k++) o->rq[k] = MPI_REQUEST_NULL;
   }
+  if (pthread_create(&m->wth, NULL, watchdog, m)) {
+    snprintf(err, errlen, "cannot start the collective's watchdog thread");
+    mpi_destroy(c);
+    return NULL;
+  }
+  m->w_started = true;
   return c;
 oom:
   snprintf(err, errlen, "out of host memory");

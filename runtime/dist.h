@@ -49,7 +49,7 @@ typedef struct DuetMpiPlugin {
  * OpenMPI's mpirun, when a rank dies, sends the others SIGTERM and, 1 s
  * later, SIGKILL (its odls_base_sigkill_timeout), so a rank must say who
  * is missing within that second. */
-#define DUET_DIST_STOP_GRACE 0.5
+#define DUET_DIST_STOP_GRACE 0.3
 
 typedef struct DuetDist DuetDist;
 
