@@ -28,8 +28,9 @@ static const struct {
 } launchers[] = {
     {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "Open MPI's mpirun"},
     {"PMI_SIZE", "PMI_RANK", "a PMI launcher (MPICH's mpiexec, srun --mpi=pmi2)"},
+    /* a job step's tasks (not SLURM_NTASKS: a batch script has it too, and
+     * a plain run there is no rank of anything) */
     {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "Slurm's srun"},
-    {"SLURM_NTASKS", "SLURM_PROCID", "Slurm's srun"},
 };
 
 /* A decimal integer 0 .. 1e6, else -1. */

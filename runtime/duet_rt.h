@@ -525,7 +525,8 @@ void duet_usage(const char *argv0, FILE *out);
 /* Whether an MPI launcher started this process as one of several ranks,
  * from its environment alone (no MPI call): OMPI_COMM_WORLD_SIZE/RANK
  * (Open MPI's mpirun), PMI_SIZE/PMI_RANK (MPICH's mpiexec, srun
- * --mpi=pmi2), SLURM_STEP_NUM_TASKS (or SLURM_NTASKS)/SLURM_PROCID (srun).
+ * --mpi=pmi2), SLURM_STEP_NUM_TASKS/SLURM_PROCID (srun; one task is no MPI
+ * run).
  * Returns the number of ranks (1: not launched as one of several), *rank
  * this one's, and `var` the variable that said so ("OMPI_COMM_WORLD_SIZE=2");
  * -1 with a message in var when the variables are malformed.  Under such a

@@ -60,9 +60,12 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --bucket-mb X      all-reduce buckets of at most X MiB of gradients (default 25)\n"
           "  --help             this text\n"
           "Results depend on --threads (OpenBLAS sums in an order set by its thread count).\n"
+          "Under mpirun -np N (or srun --mpi=pmix) each rank is one of N replicas on its own --devices\n"
+          "with its own --threads; rank 0 prints, saves and writes the metrics (README: MPI).\n"
           "Environment (README.md): DUET_CACHE_DIR (kernel cache), DUET_CC (C compiler),\n"
           "DUET_PROFILE=1 (time per kernel), DUET_PIPE_TIMEOUT, DUET_PIPE_STAGING=host,\n"
-          "DUET_CPU_GFLOPS (the partition's CPU rate), DUET_DP_CHECK=1 (replicas compared every step).\n",
+          "DUET_CPU_GFLOPS (the partition's CPU rate), DUET_DP_CHECK=1 (replicas compared every step),\n"
+          "DUET_MPI_PLUGIN (the MPI plugin to load under an MPI launcher).\n",
           argv0);
 }
 
