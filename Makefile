@@ -98,3 +98,11 @@ bench-pipeline: build data
 bench-compile: build
 	@cmake --build $(BUILD) --target compile_scaling > /dev/null
 	$(BUILD)/compile_scaling $(MAX_N)
+
+# Data-parallel scaling on the CPU: gpt_kjv from 1 to 2 MPI ranks (1 thread
+# each, the same global batch) against PyTorch DDP over gloo, rounds
+# interleaved; duet's all-reduce time and the part hidden (not a test).
+.PHONY: bench-dp
+bench-dp: build data
+	@sh tools/deps.sh $(BENCH_PACKAGES)
+	sh bench/run_dp.sh
