@@ -71,7 +71,9 @@ typedef struct DuetCollOps {
   /* Optional (NULL: no figures).  For tag: the calls completed so far,
    * the bytes this rank sent for them, the seconds from each start to its
    * completion as seen by this rank, and the seconds its waits blocked
-   * (the part not hidden behind other work). */
+   * (the part not hidden behind other work).  tag -1: the sums over every
+   * tag, except busy_s: the seconds during which at least one operation
+   * was in flight (overlapping operations counted once). */
   void (*stats)(DuetColl *c, int tag, int64_t *calls, int64_t *bytes, double *busy_s, double *wait_s);
 } DuetCollOps;
 

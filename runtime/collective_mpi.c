@@ -117,6 +117,8 @@ typedef struct Mpi {
   /* stats per tag */
   int64_t *calls, *bytes;
   double *busy, *waited;
+  int in_flight;        /* operations of the user's tags in flight */
+  double flight_t0, flight_s; /* since when; the seconds with any in flight */
   /* faults: the watchdog (see the header) */
   pthread_mutex_t wmu;
   pthread_cond_t wcv;
@@ -341,8 +343,10 @@ static int advance(Mpi *m, int t) {
     }
     o->phase = OP_DONE;
     if (t < m->n_tags) {
+      double now = now_s();
       m->calls[t]++;
-      m->busy[t] += now_s() - o->t0;
+      m->busy[t] += now - o->t0;
+      if (m->in_flight > 0 && --m->in_flight == 0) m->flight_s += now - m->flight_t0;
     }
     break;
   }
@@ -480,6 +484,7 @@ static int start_locked(Mpi *m, int t, bool bcast, int root, DuetDevice *dev, co
     if (t < m->n_tags) m->bytes[t] += (int64_t)(2 * (o->cb[R] - mine));
   }
   o->phase = OP_EXCHANGE;
+  if (t < m->n_tags && m->in_flight++ == 0) m->flight_t0 = o->t0;
   if (advance(m, t)) goto fail; /* one rank: complete at once */
   return 0;
 fail:
@@ -689,6 +694,11 @@ static void mpi_stats(DuetColl *c, int tag, int64_t *calls, int64_t *bytes, doub
   *bytes = ok ? m->bytes[tag] : 0;
   *busy_s = ok ? m->busy[tag] : 0;
   *wait_s = ok ? m->waited[tag] : 0;
+  if (tag == -1) {
+    for (int t = 0; t < m->n_tags; t++)
+      *calls += m->calls[t], *bytes += m->bytes[t], *wait_s += m->waited[t];
+    *busy_s = m->flight_s + (m->in_flight > 0 ? now_s() - m->flight_t0 : 0);
+  }
   pthread_mutex_unlock(&mpi_mu);
 }
 

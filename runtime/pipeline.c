@@ -783,10 +783,13 @@ void duet_pipe_free(DuetPipe *q) {
       q->coll->ops->stats(q->coll, b, &c, &n, &bs, &ws);
       calls += c, bytes += n, busy += bs, waited += ws;
     }
+    int64_t c_all, n_all;
+    double w_all;
+    q->coll->ops->stats(q->coll, -1, &c_all, &n_all, &busy, &w_all); /* in flight: overlapping buckets once */
     double hidden = busy > 0 ? 1.0 - waited / busy : 0;
     fprintf(stderr, "duet: all-reduce profile (%s) of %lld training steps: %.1f buckets and %.2f MiB sent per step; "
-            "%.2f ms per step from each bucket's start to its completion, %.2f ms of it waited for before the "
-            "optimizer: %.0f%% hidden behind the backward pass\n", q->coll->ops->name, (long long)q->runs,
+            "%.2f ms per step with a bucket in flight (from its start to its completion), %.2f ms of it waited for "
+            "before the optimizer: %.0f%% hidden behind the backward pass\n", q->coll->ops->name, (long long)q->runs,
             (double)calls / (double)q->runs, (double)bytes / 1048576.0 / (double)q->runs,
             1e3 * busy / (double)q->runs, 1e3 * waited / (double)q->runs, 100 * (hidden > 0 ? hidden : 0));
   }
