@@ -114,17 +114,22 @@ void duet_rank_stderr(void) {
   char var[300];
   if (duet_launch_ranks(&rank, var, sizeof var) <= 1) return;
   if (fileno(stderr) != 2) return; /* replaced already (a cookie stream has no descriptor) */
-  RankOut *o = malloc(sizeof *o); /* lives as long as the process: stderr writes through it */
-  if (!o) return;
+  /* The stream's buffer and its state in one block that lives as long as
+   * the process: the stream holds it as its buffer (glibc keeps the cookie
+   * where LeakSanitizer does not see it, the buffer where it does). */
+  enum { BUF = 4096 };
+  char *block = malloc(BUF + sizeof(RankOut));
+  if (!block) return;
+  RankOut *o = (RankOut *)(block + BUF);
   o->bol = true;
   snprintf(o->prefix, sizeof o->prefix, "duet: rank %d: ", rank);
   cookie_io_functions_t io = {.read = NULL, .write = rank_write, .seek = NULL, .close = NULL};
   FILE *f = fopencookie(o, "w", io);
-  if (!f) {
-    free(o);
+  if (!f || setvbuf(f, block, _IOLBF, BUF)) {
+    if (f) fclose(f);
+    free(block);
     return;
   }
-  setvbuf(f, NULL, _IOLBF, 0);
   fflush(stderr);
   stderr = f;
 }
