@@ -147,13 +147,14 @@ DuetColl *duet_coll_nccl_new(DuetDevice *const *devs, int R, int S, const int *t
  * Then duet_coll_nccl_connect: ncclCommInitRank(R, ids[s], rank) on each
  * stage's GPU, in stage order (it blocks until every rank has joined), and
  * `host` (the MPI collective over the same ranks and tags: host buffers,
- * barriers, host broadcasts) owned by c from then on.  The collective is
- * otherwise duet_coll_nccl_new's, with this one local rank: the buckets'
- * device buffers all-reduced by NCCL on a communication stream, a wait
- * that gives up after `timeout` seconds with ncclCommAbort.  NULL / -1
- * with the reason in err (no plugin, NCCL missing naming the package, a
- * card NCCL's build cannot drive, NCCL's own errors); after a failed
- * connect c is still the caller's to destroy, and so is host. */
+ * barriers, host broadcasts, aborts) used by c from then on but still the
+ * caller's, to destroy after c.  The collective is otherwise
+ * duet_coll_nccl_new's, with this one local rank: the buckets' device
+ * buffers all-reduced by NCCL on a communication stream, a wait that
+ * gives up after `timeout` seconds with ncclCommAbort.  NULL / -1 with
+ * the reason in err (no plugin, NCCL missing naming the package, a card
+ * NCCL's build cannot drive, NCCL's own errors such as two ranks on one
+ * GPU); c is the caller's to destroy either way. */
 #define DUET_COLL_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
 DuetColl *duet_coll_nccl_rank_new(DuetDevice *const *devs, int R, int rank, int S, const int *tag_stage, int n_tags,
                                   double timeout, bool profile, void *ids, char *desc, size_t desclen, char *err,

@@ -152,6 +152,7 @@ struct DuetPipe {
   bool profile;           /* DUET_PROFILE=1: per-stage busy and waiting time */
   int64_t runs;
   DuetColl *coll;         /* R > 1: the collective between the replicas */
+  DuetColl *coll_host;    /* NCCL across MPI ranks: the MPI collective coll uses (destroyed after it) */
   int *bucket_of;         /* tensor id -> bucket, -1 */
   int drop_bucket;        /* DUET_DP_DROP (tests): this bucket is never all-reduced; -1: none */
   int64_t asym_steps;     /* steps whose overflow some replicas saw and others did not */
@@ -811,6 +812,7 @@ void duet_pipe_free(DuetPipe *q) {
   for (int k = 0; q->st && k < q->L * q->S; k++)
     if (q->st[k].started) pthread_join(q->st[k].thread, NULL);
   if (q->coll) q->coll->ops->destroy(q->coll);
+  if (q->coll_host) q->coll_host->ops->destroy(q->coll_host);
   /* staging blocks before the devices that allocated them */
   for (int i = 0; q->xfer && i < q->L * q->p->n_transfers; i++) {
     Xfer *x = &q->xfer[i];
@@ -1147,89 +1149,90 @@ static int make_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, 
   return 0;
 }
 
+/* The ranks' agreement, over the MPI collective mpi, on whether each of
+ * them could take a step towards NCCL (`failed`: this rank could not,
+ * `mine` saying why).  -1 when every rank could; else the first rank K
+ * that could not, its reason broadcast from it to all (every rank says the
+ * same: "rank K: WHY" in why); -2 with the error in why when MPI failed. */
+static int agree_ranks(DuetPipe *q, DuetColl *mpi, bool failed, const char *mine, char *why, size_t whylen) {
+  int R = q->R, me = q->r0, tag = q->p->n_buckets + q->S; /* the losses' tag: host buffers */
+  int32_t flags[64] = {0}, msg[200] = {0}; /* a reason as whole int32s for the broadcast */
+  char e[800];
+  if (R > 64) {
+    snprintf(why, whylen, "%d ranks: at most 64", R);
+    return -2;
+  }
+  flags[me] = failed;
+  DuetCollBuf b = {flags, R, DUET_I32};
+  if (mpi->ops->allreduce_start(mpi, me, tag, NULL, &b, 1, e, sizeof e) ||
+      mpi->ops->allreduce_wait(mpi, me, tag, e, sizeof e)) {
+    snprintf(why, whylen, "the ranks' agreement on NCCL, over MPI: %s", e);
+    return -2;
+  }
+  int first = -1;
+  for (int k = R - 1; k >= 0; k--)
+    if (flags[k]) first = k;
+  if (first < 0) return -1;
+  if (first == me) snprintf((char *)msg, sizeof msg, "%s", mine);
+  DuetCollBuf m = {msg, (int64_t)(sizeof msg / sizeof *msg), DUET_I32};
+  if (mpi->ops->broadcast(mpi, me, first, NULL, &m, 1, e, sizeof e)) {
+    snprintf(why, whylen, "why rank %d cannot use NCCL, over MPI: %s", first, e);
+    return -2;
+  }
+  ((char *)msg)[sizeof msg - 1] = 0;
+  snprintf(why, whylen, "rank %d: %s", first, (const char *)msg);
+  return first;
+}
+
 /* NCCL across the ranks of an MPI run (rank_collective): every rank
  * prepares its part (NCCL loaded, its GPUs usable; rank 0 makes a unique
- * id per stage), the ranks agree over `mpi` whether every one of them
- * could (an all-reduce of one flag per rank: none may block in
- * ncclCommInitRank while another has given up), rank 0's ids are broadcast
- * over MPI, and each rank joins the stages' communicators.  The connected
- * collective (owning mpi), or NULL: *fatal false with the reason in why
- * ("rank K: WHY", the first rank that could not, its reason broadcast to
- * all: every rank says the same), the ranks then all without NCCL; *fatal
- * true with the error in why (MPI failed, or ncclCommInitRank did after
- * the agreement: no rank can fall back alone).  mpi stays the caller's
- * when NULL is returned. */
+ * id per stage), the ranks agree over `mpi` that every one of them could
+ * (none may block in ncclCommInitRank while another has given up), rank
+ * 0's ids are broadcast over MPI, each rank joins the stages'
+ * communicators, and the ranks agree again (NCCL refuses two ranks on one
+ * GPU there, on every rank).  The connected collective (using mpi, which
+ * stays the caller's), or NULL: *fatal false with the reason in why
+ * ("rank K: WHY", the first rank that could not, the same on every rank),
+ * every rank then without NCCL; *fatal true with the error in why (MPI
+ * failed). */
 static DuetColl *nccl_ranks(DuetPipe *q, DuetColl *mpi, char *desc, size_t desclen, bool *fatal, char *why,
                             size_t whylen) {
   const DuetProgram *p = q->p;
-  int R = q->R, S = q->S, B = p->n_buckets, n_tags = B + S + 2, me = q->r0, tag = B + S; /* the losses' tag */
+  int S = q->S, B = p->n_buckets, n_tags = B + S + 2, me = q->r0;
   int *tag_stage = malloc((size_t)n_tags * sizeof *tag_stage);
   DuetDevice **devs = malloc((size_t)S * sizeof *devs);
-  int32_t *ids = calloc((size_t)S * DUET_COLL_NCCL_ID_BYTES / 4, sizeof *ids), *flags = calloc((size_t)R, sizeof *flags);
-  int32_t msg[200] = {0}; /* a reason, as whole int32s for the MPI broadcast */
-  char mine[sizeof msg], e[800];
+  int32_t *ids = calloc((size_t)S * DUET_COLL_NCCL_ID_BYTES / 4, sizeof *ids);
+  char mine[800] = "", e[800];
   DuetColl *c = NULL;
+  int k;
   *fatal = false;
-  mine[0] = 0;
-  if (!tag_stage || !devs || !ids || !flags) {
+  if (!tag_stage || !devs || !ids) {
     snprintf(mine, sizeof mine, "out of host memory");
   } else {
     for (int t = 0; t < n_tags; t++) tag_stage[t] = t < B ? p->tensors[p->bucket_tensors[p->bucket_off[t]]].stage : -1;
     for (int s = 0; s < S; s++) devs[s] = q->st[s].dev;
-    c = duet_coll_nccl_rank_new(devs, R, me, S, tag_stage, n_tags, q->timeout, q->profile, ids, desc, desclen, mine,
-                                sizeof mine);
+    c = duet_coll_nccl_rank_new(devs, q->R, me, S, tag_stage, n_tags, q->timeout, q->profile, ids, desc, desclen,
+                                mine, sizeof mine);
   }
-  int first = -1;
-  if (flags) {
-    flags[me] = !c;
-    DuetCollBuf b = {flags, R, DUET_I32};
-    if (mpi->ops->allreduce_start(mpi, me, tag, NULL, &b, 1, e, sizeof e) ||
-        mpi->ops->allreduce_wait(mpi, me, tag, e, sizeof e)) {
-      snprintf(why, whylen, "the ranks' agreement on NCCL over MPI: %s", e);
-      *fatal = true;
-      goto out;
-    }
-    for (int k = R - 1; k >= 0; k--)
-      if (flags[k]) first = k;
-  } else {
-    snprintf(why, whylen, "out of host memory");
-    *fatal = true;
-    goto out;
-  }
-  if (first >= 0) { /* the first rank that could not says why, to every rank */
-    if (first == me) memcpy(msg, mine, sizeof msg);
-    DuetCollBuf b = {msg, (int64_t)(sizeof msg / sizeof *msg), DUET_I32};
-    if (mpi->ops->broadcast(mpi, me, first, NULL, &b, 1, e, sizeof e)) {
-      snprintf(why, whylen, "the reason rank %d cannot use NCCL, over MPI: %s", first, e);
-      *fatal = true;
-      goto out;
-    }
-    memcpy(mine, msg, sizeof mine);
-    mine[sizeof mine - 1] = 0;
-    snprintf(why, whylen, "rank %d: %s", first, mine);
-    goto out;
-  }
+  if ((k = agree_ranks(q, mpi, !c, mine, why, whylen)) != -1) goto out;
   DuetCollBuf b = {ids, (int64_t)S * DUET_COLL_NCCL_ID_BYTES / 4, DUET_I32};
   if (mpi->ops->broadcast(mpi, me, 0, NULL, &b, 1, e, sizeof e)) {
     snprintf(why, whylen, "the NCCL unique ids of rank 0, over MPI: %s", e);
-    *fatal = true;
+    k = -2;
     goto out;
   }
-  if (duet_coll_nccl_connect(c, ids, mpi, why, whylen)) {
-    *fatal = true;
-    goto out;
-  }
+  bool joined = !duet_coll_nccl_connect(c, ids, mpi, mine, sizeof mine);
+  if ((k = agree_ranks(q, mpi, !joined, mine, why, whylen)) != -1) goto out;
   free(tag_stage);
   free(devs);
   free(ids);
-  free(flags);
   return c;
 out:
+  *fatal = k == -2;
   if (c) c->ops->destroy(c);
   free(tag_stage);
   free(devs);
   free(ids);
-  free(flags);
   return NULL;
 }
 
@@ -1261,6 +1264,7 @@ static int rank_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, 
       DuetColl *c = nccl_ranks(q, mpi, desc, sizeof desc, &fatal, why, sizeof why);
       if (c) {
         q->coll = c;
+        q->coll_host = mpi;
         snprintf(q->coll_desc, sizeof q->coll_desc, "by %s, across the ranks (ncclCommInitRank, the unique ids "
                  "broadcast over %s)", desc, duet_dist_name(q->dist));
         return 0;

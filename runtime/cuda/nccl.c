@@ -70,6 +70,7 @@ typedef struct Nccl {
   int *state;      /* [L * (n_tags + 1)]: IDLE, ON_HOST, ON_GPU (tag n_tags: device broadcasts) */
   Rank *rk;        /* [s * L + r - r0] */
   DuetColl *host;
+  bool host_borrowed; /* an MPI run's: the caller destroys it after this collective */
   double timeout;
   bool profile;
   pthread_rwlock_t lock; /* NCCL calls (read) against an abort (write) */
@@ -329,7 +330,7 @@ static void nc_destroy(DuetColl *c) {
       free(k->done);
       free(k->begin);
     }
-    if (x->host) x->host->ops->destroy(x->host);
+    if (x->host && !x->host_borrowed) x->host->ops->destroy(x->host);
     duet_nccl_close(&x->api);
     if (x->lock_ok) pthread_rwlock_destroy(&x->lock);
     free(x->rk);
@@ -562,7 +563,8 @@ EXPORT int duet_cuda_plugin_nccl_connect(DuetColl *c, const void *ids, DuetColl 
       return -1;
     }
   }
-  x->host = host; /* owned from here on */
+  x->host = host; /* borrowed: the caller's to destroy after c */
+  x->host_borrowed = true;
   return 0;
 fail:
   return -1;
