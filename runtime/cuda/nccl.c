@@ -22,8 +22,17 @@
  * kernels are queued only after the host has seen the event complete.
  *
  * Calls with host buffers (the losses and the fp16 overflow flags),
- * barriers and host broadcasts go to the shared-memory collective given
- * at creation (exact sums of a few numbers; no GPU round trip).
+ * barriers and host broadcasts go to the host collective given at
+ * creation (exact sums of a few numbers; no GPU round trip): shared
+ * memory in one process, MPI across processes.
+ *
+ * Across the ranks of an MPI run (duet_cuda_plugin_nccl_rank, then
+ * duet_cuda_plugin_nccl_connect) the collective holds one local rank: the
+ * same code, with its ranks r0 .. r0 + L - 1 (L = 1) of R.  Rank 0 makes
+ * an ncclUniqueId per stage, the runtime broadcasts them over MPI
+ * (runtime/pipeline.c, nccl_ranks), and each rank joins the stage's
+ * communicator with ncclCommInitRank on its GPU (NCCL takes the device
+ * of the calling thread's current context).
  *
  * Summation order: NCCL's (its ring, or tree, and protocol choice): every
  * rank gets the same bytes, in an order that is not 0..R-1 in general.
