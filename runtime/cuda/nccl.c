@@ -486,6 +486,8 @@ static void describe(const Nccl *x, char *desc, size_t desclen) {
            x->api.major, x->api.minor, x->api.patch, same ? "" : x->api.name, same ? "" : " = ", x->api.path, build);
 }
 
+/* duet_coll_nccl_new (runtime/collective.h): every replica in this
+ * process, ncclCommInitAll per stage; host owned on success. */
 EXPORT DuetColl *duet_cuda_plugin_nccl(DuetDevice *const *devs, int R, int S, const int *tag_stage, int n_tags,
                                        double timeout, bool profile, DuetColl *host, char *desc, size_t desclen,
                                        char *err, size_t errlen) {
@@ -527,6 +529,9 @@ fail:
   return NULL;
 }
 
+/* duet_coll_nccl_rank_new (runtime/collective.h): this process's one
+ * rank of R on its S stage devices devs[0 .. S-1]; rank 0 fills ids with
+ * S unique ids.  Not connected: duet_cuda_plugin_nccl_connect joins. */
 EXPORT DuetColl *duet_cuda_plugin_nccl_rank(DuetDevice *const *devs, int R, int rank, int S, const int *tag_stage,
                                             int n_tags, double timeout, bool profile, void *ids, char *desc,
                                             size_t desclen, char *err, size_t errlen) {
@@ -551,6 +556,9 @@ EXPORT DuetColl *duet_cuda_plugin_nccl_rank(DuetDevice *const *devs, int R, int 
   return c;
 }
 
+/* duet_coll_nccl_connect (runtime/collective.h): ncclCommInitRank per
+ * stage with ids (rank 0's, broadcast), host borrowed from then on.  0, or
+ * -1 with a message (c keeps the communicators made so far: destroy it). */
 EXPORT int duet_cuda_plugin_nccl_connect(DuetColl *c, const void *ids, DuetColl *host, char *err, size_t errlen) {
   Nccl *x = c->ctx;
   if (c->ops != &nccl_ops || x->L != 1 || x->host || !host) {
