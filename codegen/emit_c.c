@@ -1007,6 +1007,7 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   if (p->n_clip > 0)
     fprintf(out, "  .n_clip = %d, .clip_grad = clip_grad, .clip_sumsq = clip_sumsq, .clip_scale = clip_scale, "
                  ".clip_from = %d,\n", p->n_clip, p->clip_from);
+  if (p->source_hash) fprintf(out, "  .source_hash = 0x%016" PRIx64 "ull,\n", p->source_hash);
   if (p->cuda_source)
     fprintf(out, "  .cuda_source = cuda_source, .cuda_launch = cuda_launch, .cuda_fn = cuda_fn, .cuda_n_fns = %d,\n",
             p->cuda_n_fns);

@@ -42,11 +42,11 @@ else bad forced_overflow; cat "$d/o.txt"; fi
 # (no norm: null in the metrics); the later steps clip the unscaled
 # gradients (a norm of the size fp32 measures: below 100, not 2^20 times it)
 "$DUET" run $M --train-subset 512 --batch 64 --threads 2 --precision fp16 --steps 8 --log-every 1 --no-eval \
-  --loss-scale 4194304 --clip-grad-norm 1 --metrics "$d/c.jsonl" > "$d/c.txt" 2>&1 || { bad clip_overflow_run; cat "$d/c.txt"; }
-if head -1 "$d/c.jsonl" | grep -q '^{"step":1,"loss":[0-9.e-]*,"lr":0.001,"grad_norm":null}$' &&
-   tail -1 "$d/c.jsonl" | grep -q '^{"step":8,"loss":[0-9.e-]*,"lr":0.001,"grad_norm":[0-9]\{1,2\}\.[0-9]*}$'; then
+  --loss-scale 4194304 --clip-grad-norm 1 --metrics "$d/clip.jsonl" > "$d/clip.txt" 2>&1 || { bad clip_overflow_run; cat "$d/clip.txt"; }
+if head -1 "$d/clip.jsonl" | grep -q '^{"step":1,"loss":[0-9.e-]*,"lr":0.001,"grad_norm":null}$' &&
+   tail -1 "$d/clip.jsonl" | grep -q '^{"step":8,"loss":[0-9.e-]*,"lr":0.001,"grad_norm":[0-9]\{1,2\}\.[0-9]*}$'; then
   ok "clip_with_loss_scaling (skipped steps unclipped, the rest on the unscaled gradients)"
-else bad clip_with_loss_scaling; cat "$d/c.jsonl"; fi
+else bad clip_with_loss_scaling; cat "$d/clip.jsonl"; fi
 
 # 2. the floor
 "$DUET" run $M $F --steps 5 --loss-scale 1073741824 --min-loss-scale 536870912 > "$d/f.txt" 2> "$d/f.err" &&
