@@ -229,7 +229,9 @@ typedef struct Attr {
   FusedProg *prog;  /* FUSED */
   int slot;         /* UNSCALE: index of its overflow flag (param order) */
   int bucket;       /* ALLREDUCE: the bucket's index (0, 1, ... in graph order) */
-  int64_t bytes;    /* ALLREDUCE: the bytes of its gradients */
+  int64_t bytes;    /* ALLREDUCE, REDUCE_SCATTER: the bytes of its gradients */
+  bool sharded;     /* ADAMW, SGD (--zero 1): only replica `shard` runs this update and keeps its state */
+  int shard;
 } Attr;
 
 typedef enum Role { ROLE_FORWARD, ROLE_BACKWARD, ROLE_OPTIMIZER, ROLE_EVAL } Role;
@@ -368,6 +370,8 @@ typedef struct Graph {
                       * replica r computing micro-batches r*M .. r*M+M-1,
                       * M = micro_batches / replicas; printed `replicas N` */
   PruneSpec prune;   /* the `prune { }` section; after the prune pass, as applied */
+  int zero;          /* --zero 1: optimizer state sharded over the replicas (ZeRO
+                      * stage 1; needs replicas > 1); printed `zero 1` */
 } Graph;
 
 /* Elements of v's dtype that the memory plan reserves after v's own for its

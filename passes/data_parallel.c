@@ -16,7 +16,24 @@
  * produces its last gradient (or reads one, but for the updates: the sum
  * replaces the gradients in place), so that the bucket's communication can start
  * while the rest of the backward pass runs.  A gradient larger than the cap
- * is a bucket of its own.  With R = 1 the pass changes nothing. */
+ * is a bucket of its own.  With R = 1 the pass changes nothing.
+ *
+ * ZeRO stage 1 (--zero 1, g->zero; Rajbhandari et al., "ZeRO: Memory
+ * Optimizations Toward Training Trillion Parameter Models", SC 2020): the
+ * optimizer state is sharded over the replicas by whole tensors.  Each
+ * update (adamw_update, sgd_update) gets a shard, the replica that alone
+ * runs it and keeps its state (`[shard=r]`): per device, the updates in
+ * decreasing order of their param's size, each to the replica with the
+ * fewest state bytes so far (the lowest-numbered on a tie; Graham's
+ * longest-processing-time rule: no replica holds more than 1/R of the
+ * state plus the largest tensor's).  Whole tensors, not slices of a
+ * flattened bucket, so that every update stays the one compiled kernel
+ * over its whole tensor and checkpoints keep their tensors.  Each bucket
+ * then becomes a `reduce_scatter` (its gradients grouped by shard, shard 0
+ * first: replica r receives the sums of its group, added in replica order
+ * as the all-reduce's), and after the last update of its params an
+ * `all_gather` of those params (same order) copies each from the replica
+ * that updated it to every other. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +60,55 @@ static int by_last(const void *a, const void *b) {
   return (x->last > y->last) - (x->last < y->last);
 }
 
+/* --zero 1: each update's shard (see the file's comment), per device;
+ * upd[gradient id] receives the gradient's update. */
+static void assign_shards(Graph *g, Value **upd) {
+  int n = g->n_values, R = g->replicas;
+  Value **us = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *us);
+  int nu = 0;
+  for (int i = 0; i < n; i++) {
+    Value *u = g->values[i];
+    if (u->op != OP_ADAMW && u->op != OP_SGD) continue;
+    us[nu++] = u;
+    upd[u->in[1]->id] = u;
+  }
+  for (int d = -1; d < IR_MAX_STAGES; d++) {
+    int64_t load[IR_MAX_REPLICAS] = {0};
+    bool any = false;
+    for (;;) { /* the largest update of device d not yet assigned (the earliest on a tie) */
+      Value *best = NULL;
+      for (int k = 0; k < nu; k++) {
+        Value *u = us[k];
+        int dev = u->device >= 0 && u->device < IR_MAX_STAGES ? u->device : -1;
+        if (dev != d || u->attr.sharded) continue;
+        if (!best || grad_bytes(u->in[0]) > grad_bytes(best->in[0])) best = u;
+      }
+      if (!best) break;
+      int r = 0;
+      for (int j = 1; j < R; j++)
+        if (load[j] < load[r]) r = j;
+      best->attr.sharded = true;
+      best->attr.shard = r;
+      load[r] += grad_bytes(best->in[0]);
+      any = true;
+    }
+    (void)any;
+  }
+}
+
+/* --zero 1: bucket c's gradients grouped by the shard of their update,
+ * shard 0 first, in their order within a shard. */
+static void group_by_shard(Bucket *c, Value *const *upd, Arena *a) {
+  Value **out = arena_alloc(a, (size_t)c->n * sizeof *out);
+  int m = 0;
+  for (int r = 0; r < IR_MAX_REPLICAS && m < c->n; r++)
+    for (int j = 0; j < c->n; j++)
+      if (upd[c->grads[j]->id]->attr.shard == r) out[m++] = c->grads[j];
+  DUET_ASSERT(m == c->n);
+  c->grads = out;
+  c->cap = c->n;
+}
+
 int64_t data_parallel_bucket_cap(const PassCtx *cx) {
   double mb = cx->bucket_mb > 0 ? cx->bucket_mb : DP_BUCKET_MB_DEFAULT;
   double b = mb * 1048576.0;
@@ -53,9 +119,14 @@ void pass_data_parallel(Graph *g, PassCtx *cx) {
   if (g->replicas <= 1) return;
   int n = g->n_values;
   for (int i = 0; i < n; i++)
-    if (g->values[i]->op == OP_ALLREDUCE) return; /* bucketed already (a dump given back) */
+    if (g->values[i]->op == OP_ALLREDUCE || g->values[i]->op == OP_REDUCE_SCATTER)
+      return; /* bucketed already (a dump given back) */
   int64_t cap = data_parallel_bucket_cap(cx);
   Arena *a = g->arena;
+  for (int i = 0; i < n && g->zero; i++)
+    if (g->values[i]->op == OP_PRUNE_MASK)
+      diag_error_noloc(cx->diag, "--zero 1 does not combine with pruning yet (the masks zero optimizer state that "
+                       "only one replica holds): drop --zero 1 or the pruning");
   Value **grads = arena_alloc(a, ((size_t)n + 1) * sizeof *grads);
   int ng = 0;
   for (int i = 0; i < n; i++) {
@@ -99,22 +170,48 @@ void pass_data_parallel(Graph *g, PassCtx *cx) {
     if (ready[x->id] > c->last) c->last = ready[x->id];
   }
   qsort(b, (size_t)nb, sizeof *b, by_last);
+  Value **upd = NULL; /* --zero 1: gradient id -> its update */
+  if (g->zero) {
+    upd = arena_alloc(a, ((size_t)n + 1) * sizeof *upd);
+    memset(upd, 0, ((size_t)n + 1) * sizeof *upd);
+    assign_shards(g, upd);
+    for (int k = 0; k < nb; k++) group_by_shard(&b[k], upd, a);
+  }
   /* the buckets, each placed right after its last gradient */
   Value **ops = arena_alloc(a, (size_t)nb * sizeof *ops);
+  Value **gathers = arena_alloc(a, (size_t)nb * sizeof *gathers);
+  int *gather_after = arena_alloc(a, (size_t)nb * sizeof *gather_after);
   for (int k = 0; k < nb; k++) {
     Attr at = {.bucket = k, .bytes = b[k].bytes};
     const Value *last = g->values[b[k].last];
-    ops[k] = graph_add(g, OP_ALLREDUCE, b[k].grads, b[k].n, &at, last->loc);
+    ops[k] = graph_add(g, g->zero ? OP_REDUCE_SCATTER : OP_ALLREDUCE, b[k].grads, b[k].n, &at, last->loc);
     ops[k]->role = ROLE_BACKWARD;
     ops[k]->device = b[k].device;
   }
-  Value **order = arena_alloc(a, ((size_t)n + (size_t)nb) * sizeof *order);
+  int ng_ops = 0;
+  for (int k = 0; g->zero && k < nb; k++) { /* the params, after the last of their updates */
+    Value **ps = arena_alloc(a, (size_t)b[k].n * sizeof *ps);
+    gather_after[k] = -1;
+    for (int j = 0; j < b[k].n; j++) {
+      Value *u = upd[b[k].grads[j]->id];
+      ps[j] = u->in[0];
+      if (u->id > gather_after[k]) gather_after[k] = u->id;
+    }
+    Attr at = {.bucket = k};
+    gathers[k] = graph_add(g, OP_ALL_GATHER, ps, b[k].n, &at, g->values[gather_after[k]]->loc);
+    gathers[k]->role = ROLE_OPTIMIZER;
+    gathers[k]->device = b[k].device;
+    ng_ops++;
+  }
+  Value **order = arena_alloc(a, ((size_t)n + 2 * (size_t)nb) * sizeof *order);
   int m = 0;
   for (int i = 0, k = 0; i < n; i++) {
     order[m++] = g->values[i];
     for (; k < nb && b[k].last == i; k++) order[m++] = ops[k];
+    for (int j = 0; j < ng_ops; j++) /* in bucket order among those after the same update */
+      if (gather_after[j] == i) order[m++] = gathers[j];
   }
-  DUET_ASSERT(m == n + nb && g->n_values == n + nb);
+  DUET_ASSERT(m == n + nb + ng_ops && g->n_values == n + nb + ng_ops);
   memcpy(g->values, order, (size_t)m * sizeof *order);
   graph_renumber(g);
   graph_count_uses(g);
