@@ -295,7 +295,7 @@ static int par_opts(ParOpts *po, int argc, char **argv, int ranks) {
   if (bm && duet_parse_bucket_mb(bm, &po->bucket_mb)) return 1;
   const char *zr = scan_flag(argc, argv, "--zero");
   if (zr && duet_parse_zero(zr, &po->zero)) return 1;
-  if (po->zero && po->replicas < 2 && ranks < 2) {
+  if (po->zero && po->replicas == 1 && ranks < 2) { /* not given: the model's (a dump's) replicas decide */
     fprintf(stderr, "duet: error: --zero 1 needs --data-parallel N with N >= 2 (it shards the optimizer state over the "
             "replicas)\n");
     return 1;

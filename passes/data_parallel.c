@@ -60,40 +60,80 @@ static int by_last(const void *a, const void *b) {
   return (x->last > y->last) - (x->last < y->last);
 }
 
+/* The shards of the nu updates us[] (of one device) over R replicas into
+ * shard[]: in decreasing order of their param's bytes (the earliest on a
+ * tie), each to the replica with the fewest bytes so far (the lowest on a
+ * tie). */
+static void lpt_shards(const Value *const *us, int nu, int R, int *shard) {
+  int64_t load[IR_MAX_REPLICAS] = {0};
+  for (int k = 0; k < nu; k++) shard[k] = -1;
+  for (int done = 0; done < nu; done++) {
+    int best = -1;
+    for (int k = 0; k < nu; k++)
+      if (shard[k] < 0 && (best < 0 || grad_bytes(us[k]->in[0]) > grad_bytes(us[best]->in[0]))) best = k;
+    int r = 0;
+    for (int j = 1; j < R; j++)
+      if (load[j] < load[r]) r = j;
+    shard[best] = r;
+    load[r] += grad_bytes(us[best]->in[0]);
+  }
+}
+
+/* The updates of device d (-1: an unpartitioned graph's) into us[]; their
+ * number. */
+static int device_updates(const Graph *g, int d, const Value **us) {
+  int nu = 0;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *u = g->values[i];
+    int dev = u->device >= 0 && u->device < IR_MAX_STAGES ? u->device : -1;
+    if ((u->op == OP_ADAMW || u->op == OP_SGD) && dev == d) us[nu++] = u;
+  }
+  return nu;
+}
+
 /* --zero 1: each update's shard (see the file's comment), per device;
  * upd[gradient id] receives the gradient's update. */
 static void assign_shards(Graph *g, Value **upd) {
-  int n = g->n_values, R = g->replicas;
-  Value **us = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *us);
-  int nu = 0;
-  for (int i = 0; i < n; i++) {
-    Value *u = g->values[i];
-    if (u->op != OP_ADAMW && u->op != OP_SGD) continue;
-    us[nu++] = u;
-    upd[u->in[1]->id] = u;
-  }
+  int n = g->n_values;
+  const Value **us = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *us);
+  int *shard = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *shard);
+  for (int i = 0; i < n; i++)
+    if (g->values[i]->op == OP_ADAMW || g->values[i]->op == OP_SGD) upd[g->values[i]->in[1]->id] = g->values[i];
   for (int d = -1; d < IR_MAX_STAGES; d++) {
-    int64_t load[IR_MAX_REPLICAS] = {0};
-    bool any = false;
-    for (;;) { /* the largest update of device d not yet assigned (the earliest on a tie) */
-      Value *best = NULL;
-      for (int k = 0; k < nu; k++) {
-        Value *u = us[k];
-        int dev = u->device >= 0 && u->device < IR_MAX_STAGES ? u->device : -1;
-        if (dev != d || u->attr.sharded) continue;
-        if (!best || grad_bytes(u->in[0]) > grad_bytes(best->in[0])) best = u;
-      }
-      if (!best) break;
-      int r = 0;
-      for (int j = 1; j < R; j++)
-        if (load[j] < load[r]) r = j;
-      best->attr.sharded = true;
-      best->attr.shard = r;
-      load[r] += grad_bytes(best->in[0]);
-      any = true;
+    int nu = device_updates(g, d, us);
+    lpt_shards(us, nu, g->replicas, shard);
+    for (int k = 0; k < nu; k++) {
+      Value *u = (Value *)us[k]; /* the graph's own value */
+      u->attr.sharded = true;
+      u->attr.shard = shard[k];
     }
-    (void)any;
   }
+}
+
+int64_t data_parallel_zero_state(const Graph *g, int s, int64_t *all, int64_t *per_replica) {
+  int R = g->replicas > 1 ? g->replicas : 1, n = g->n_values;
+  int d = g->n_stages > 1 ? s : -1;
+  const Value **us = malloc(((size_t)n + 1) * sizeof *us);
+  int *shard = malloc(((size_t)n + 1) * sizeof *shard);
+  if (!us || !shard) duet_fatal(__FILE__, __LINE__, "out of memory");
+  int nu = device_updates(g, d, us);
+  if (!g->zero) lpt_shards(us, nu, R, shard);
+  int64_t most = 0;
+  *all = 0;
+  for (int r = 0; r < R; r++) per_replica[r] = 0;
+  for (int k = 0; k < nu; k++) {
+    int r = g->zero ? us[k]->attr.shard : shard[k];
+    for (int j = 2; j < us[k]->n_in; j++) { /* the state, as memplan places it (64-byte aligned) */
+      int64_t b = (grad_bytes(us[k]->in[j]) + 63) & ~(int64_t)63;
+      if (r >= 0 && r < R) per_replica[r] += b;
+      *all += b;
+    }
+  }
+  for (int r = 0; r < R; r++)
+    if (per_replica[r] > most) most = per_replica[r];
+  free(us);
+  free(shard);
+  return most;
 }
 
 /* --zero 1: bucket c's gradients grouped by the shard of their update,
@@ -252,7 +292,10 @@ void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE
     PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};
     if (d) part_device_rates(d, &r);
     const char *why;
-    double link = link_rate(d, &why), factor = 2.0 * (R - 1) / R;
+    /* ZeRO stage 1: a reduce-scatter moves half a ring all-reduce's bytes,
+     * (N-1)/N x bytes; the all-gather of the params, the other half, runs
+     * after the optimizer (not hidden) */
+    double link = link_rate(d, &why), factor = (g->zero ? 1.0 : 2.0) * (R - 1) / R;
     if (K > 1 && gbps * 1e9 / 8 / S < link) { /* the machines' network is the ring's slowest link */
       link = gbps * 1e9 / 8 / S;
       why = S > 1 ? "the machines' network link, shared by the stages" : "the machines' network link";
@@ -260,12 +303,14 @@ void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE
     /* the stage's backward pass of one micro-batch (its last one: the buckets
      * start there), and when each bucket is ready in it */
     double t = 0, link_free = 0, comm = 0, first = -1;
-    int64_t bytes = 0;
+    int64_t bytes = 0, gathered = 0;
     int nb = 0;
     for (int i = 0; i < g->n_values; i++) {
       const Value *v = g->values[i];
+      if ((v->device < 0 ? 0 : v->device) == s && v->op == OP_ALL_GATHER)
+        for (int j = 0; j < v->n_in; j++) gathered += grad_bytes(v->in[j]);
       if ((v->device < 0 ? 0 : v->device) != s || v->role != ROLE_BACKWARD) continue;
-      if (v->op == OP_ALLREDUCE) {
+      if (v->op == OP_ALLREDUCE || v->op == OP_REDUCE_SCATTER) {
         double c = factor * (double)v->attr.bytes / link, start = t > link_free ? t : link_free;
         link_free = start + c;
         comm += c;
@@ -278,15 +323,28 @@ void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE
                                 : part_op_seconds(v, &r);
     }
     double exposed = link_free > t ? link_free - t : 0, hidden = comm - exposed > 0 ? comm - exposed : 0;
+    double gather = (double)(R - 1) / R * (double)gathered / link;
+    exposed += gather;
+    comm += gather;
     if (exposed > worst) worst = exposed;
     if (comm > slowest) slowest = comm;
     all += bytes;
-    fprintf(out, "  stage %d on %s: %d bucket%s, %.2f MiB of gradients; ring all-reduce 2(N-1)/N x %.2f MiB = %.2f "
-            "MiB per replica at %.1f GB/s (%s): %.3f ms per step, %.3f ms of it hidden behind the backward pass "
-            "(which runs on for %.3f ms after the first bucket is ready), %.3f ms exposed\n", s, d ? d->name : "cpu",
-            nb, nb == 1 ? "" : "s", (double)bytes / 1048576.0, (double)bytes / 1048576.0,
-            factor * (double)bytes / 1048576.0, link / 1e9, why, 1e3 * comm, 1e3 * hidden,
-            1e3 * (first >= 0 ? t - first : 0), 1e3 * exposed);
+    if (g->zero)
+      fprintf(out, "  stage %d on %s: %d bucket%s, %.2f MiB of gradients; ZeRO stage 1: ring reduce-scatter (N-1)/N x "
+              "%.2f MiB = %.2f MiB and all-gather of the params (N-1)/N x %.2f MiB = %.2f MiB per replica at %.1f GB/s "
+              "(%s): %.3f ms per step, %.3f ms of it hidden behind the backward pass (which runs on for %.3f ms after "
+              "the first bucket is ready), %.3f ms exposed (the all-gather's %.3f ms, after the optimizer, included)\n",
+              s, d ? d->name : "cpu", nb, nb == 1 ? "" : "s", (double)bytes / 1048576.0, (double)bytes / 1048576.0,
+              factor * (double)bytes / 1048576.0, (double)gathered / 1048576.0,
+              (double)(R - 1) / R * (double)gathered / 1048576.0, link / 1e9, why, 1e3 * comm, 1e3 * hidden,
+              1e3 * (first >= 0 ? t - first : 0), 1e3 * exposed, 1e3 * gather);
+    else
+      fprintf(out, "  stage %d on %s: %d bucket%s, %.2f MiB of gradients; ring all-reduce 2(N-1)/N x %.2f MiB = %.2f "
+              "MiB per replica at %.1f GB/s (%s): %.3f ms per step, %.3f ms of it hidden behind the backward pass "
+              "(which runs on for %.3f ms after the first bucket is ready), %.3f ms exposed\n", s, d ? d->name : "cpu",
+              nb, nb == 1 ? "" : "s", (double)bytes / 1048576.0, (double)bytes / 1048576.0,
+              factor * (double)bytes / 1048576.0, link / 1e9, why, 1e3 * comm, 1e3 * hidden,
+              1e3 * (first >= 0 ? t - first : 0), 1e3 * exposed);
   }
   double est = step_s + worst;
   if (cx->summary) {
