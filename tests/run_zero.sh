@@ -28,16 +28,18 @@
 #   mpi  gpt_tiny under mpirun -np 2 --mca btl tcp,self (else exit 77):
 #        --zero 1 gives the in-process --zero 1 run's losses and checkpoint
 #        (rank 0 gathers the state by broadcasts from the ranks that hold
-#        it); a 10-step MPI --zero 1 checkpoint resumed by mpirun to 20
-#        steps equals the uninterrupted run.
+#        it); with 3 ranks (batch 6), the in-process unsharded run of 3
+#        replicas (the MPI reduce-scatter adds in rank order as the
+#        shared-memory all-reduce); a 5-step MPI --zero 1 checkpoint resumed
+#        by mpirun to 10 steps equals the uninterrupted run.
 #   cli  exact diagnostics (--zero 2, --zero without --data-parallel, with
 #        pruning, a dump printed after data_parallel without it);
 #        `duet ir --after data_parallel --zero 1` shows reduce_scatter and
 #        all_gather ops and [shard=r] updates and parses back; `duet run`
 #        of that dump trains the same bits; duet plan prints the optimizer
 #        state per device with and without --zero 1 (fmnist_mlp: 14.22 MiB
-#        without, 8.00 with: its 784x... first layer's 8 MiB of moments is
-#        one tensor; gpt_kjv: 24.86 and 12.50).
+#        without, 8.00 with: the moments of its [1024,1024] weight, 8 MiB,
+#        are whole tensors of one replica; gpt_kjv: 24.86 and 12.50).
 # usage: run_zero.sh path/to/duet mlp|gpt|mpi|cli   (from the repository root)
 DUET=${1:?usage: run_zero.sh path/to/duet mlp|gpt|mpi|cli}
 PART=${2:?usage: run_zero.sh path/to/duet mlp|gpt|mpi|cli}
@@ -164,6 +166,13 @@ mpi)
     else bad "mpirun --zero 1"; grep -v '^ \|^--\|^$' "$d/mz.out" | tail -6; fi
     [ "$(grep -c 'data-parallel check: the params (the optimizer state is sharded' "$d/mz.out")" = 2 ] &&
       ok "both ranks' params bit-identical" || bad "mz: the ranks' check lines"
+    # three ranks: the order of the sums shows (a + b = b + a, but not so for three)
+    run g3 3 $GPT --steps 10 --batch 6 --data-parallel 3
+    run g3z 3 $GPT --steps 10 --batch 6 --data-parallel 3 --zero 1
+    same g3 g3z
+    if DUET_DP_CHECK=1 timeout 300 $MPIRUN -np 3 "$DUET" run $GPT --steps 10 --batch 6 --zero 1 --threads 1 \
+      --metrics "$d/m3z.jsonl" --save "$d/m3z.st" > "$d/m3z.out" 2>&1; then same g3 m3z
+    else bad "mpirun -np 3 --zero 1"; grep -v '^ \|^--\|^$' "$d/m3z.out" | tail -6; fi
     if timeout 300 $MPIRUN -np 2 "$DUET" run $GPT --steps 5 --zero 1 --threads 1 --save "$d/mz5.st" > "$d/mz5.out" 2>&1 &&
       timeout 300 $MPIRUN -np 2 "$DUET" run $GPT --steps 10 --zero 1 --threads 1 --resume "$d/mz5.st" \
         --save "$d/mzr.st" > "$d/mzr.out" 2>&1; then same_st gz mzr
