@@ -14,7 +14,8 @@
  * (runtime/collective_mpi.c, in the plugin libduet_mpi.so that
  * runtime/dist.c loads under an MPI launcher).  reduce_scatter_start and
  * all_gather_start serve ZeRO stage 1 (optimizer-state sharding): shared
- * memory and MPI provide them, NCCL not yet (NULL).
+ * memory and MPI as such, NCCL as an all-reduce and per-buffer broadcasts
+ * (runtime/cuda/nccl.c).
  *
  * Every function returns 0, or -1 with a message in err (a timeout naming
  * the rank waited for, an abort, mismatched buffers, a device's copy

@@ -1153,16 +1153,7 @@ static int make_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, 
   if (!host) return -1;
   char why[800] = "";
   bool tried = false;
-  if (p->zero && q->collective == DUET_COLL_NCCL) {
-    snprintf(err, errlen, "DUET_DP_COLLECTIVE=nccl: --zero 1 is not supported with NCCL yet (its reduce-scatter and "
-             "all-gather go through the shared-memory collective: unset DUET_DP_COLLECTIVE or set it to shm)");
-    host->ops->destroy(host);
-    return -1;
-  }
-  if (p->zero && q->collective == DUET_COLL_AUTO && !nccl_devices(specs, R, S, why, sizeof why)) {
-    snprintf(why, sizeof why, "--zero 1 is not supported with NCCL yet");
-    tried = true;
-  } else if (q->collective != DUET_COLL_SHM && !nccl_devices(specs, R, S, why, sizeof why)) {
+  if (q->collective != DUET_COLL_SHM && !nccl_devices(specs, R, S, why, sizeof why)) {
     int *tag_stage = malloc((size_t)n_tags * sizeof *tag_stage);
     DuetDevice **devs = malloc((size_t)(R * S) * sizeof *devs);
     char desc[600];
@@ -1178,9 +1169,18 @@ static int make_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, 
     }
     free(tag_stage);
     free(devs);
+    if (c && p->zero && (!c->ops->reduce_scatter_start || !c->ops->all_gather_start)) {
+      snprintf(why, sizeof why, "this NCCL plugin has no reduce-scatter and all-gather for --zero 1 (a plugin of an "
+               "older duet?)");
+      c->ops->destroy(c); /* it owns host: made anew below */
+      c = NULL;
+      if (!(host = duet_coll_shm_new(R, n_tags, q->timeout, err, errlen))) return -1;
+    }
     if (c) {
       q->coll = c;
-      snprintf(q->coll_desc, sizeof q->coll_desc, "by %s", desc);
+      snprintf(q->coll_desc, sizeof q->coll_desc, "by %s%s", desc,
+               p->zero ? "; --zero 1: the reduce-scatter as NCCL's all-reduce, the all-gather as an ncclBroadcast "
+                         "per tensor from its replica" : "");
       return 0;
     }
     tried = true;
