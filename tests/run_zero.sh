@@ -16,7 +16,8 @@
 #   mlp  fmnist_mlp, 20 steps (Fashion-MNIST; else exit 77): --zero 1
 #        prints the same losses and test accuracy and writes the same
 #        checkpoint as without; the replicas' params bit-identical; it says
-#        what each replica holds; resume: a 10-step --zero 1 checkpoint
+#        what each replica holds; a `duet compile --data-parallel 2 --zero 1`
+#        executable the same bits, refusing --zero 0; resume: a 10-step --zero 1 checkpoint
 #        continued to 20 with --zero 1, without it, and on one device with
 #        --micro-batches 2 gives the 20-step checkpoint exactly, and so does
 #        an unsharded 10-step checkpoint continued with --zero 1.
@@ -110,6 +111,13 @@ mlp)
     checked z 20
     grep -q '^duet: ZeRO stage 1: optimizer state sharded over the 2 replicas by whole tensors: at most 8\.00 MiB per replica of 14\.22 MiB (56\.3%); gradients reduce-scattered, params all-gathered after the update$' \
       "$d/z.out" && ok "z says what each replica holds" || { bad "z: the ZeRO line"; grep ZeRO "$d/z.out"; }
+    # a compiled executable: the same bits; --zero is fixed in it
+    if "$DUET" compile models/fmnist_mlp.model -o "$d/exe" --data-parallel 2 --zero 1 > "$d/out" 2>&1 &&
+      DUET_DP_CHECK=1 "$d/exe" --steps 20 --log-every 1 --train-subset 5120 --test-subset 1000 --threads 2 \
+        --metrics "$d/exe.jsonl" --save "$d/exe.st" > "$d/exe.out" 2>&1; then same dp exe; checked exe 20
+    else bad "compiled --zero 1 executable"; tail -5 "$d/out" "$d/exe.out"; fi
+    expect exe_zero "duet: error: this program was compiled with --zero 1, not 0 (fixed at compile time: duet compile M.model --data-parallel N --zero 0)" \
+      "$d/exe" --steps 1 --zero 0
     # resume: the checkpoint holds the whole state, gathered from the replicas
     HALF10="models/fmnist_mlp.model --log-every 1 --train-subset 5120 --test-subset 1000"
     run z10 2 $HALF10 --steps 10 --data-parallel 2 --zero 1
