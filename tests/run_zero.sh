@@ -24,6 +24,8 @@
 #   gpt  gpt_tiny (data/kjv.txt; else exit 77), 20 steps: fp32, and fp16
 #        with a loss scale of 2^24 (overflows, skipped steps, halving):
 #        the same losses, skipped steps and checkpoint as without --zero;
+#        2 replicas of a 2-stage pipeline (cpu:0..cpu:3, buckets on both
+#        stages, shards per stage) the same bits as without;
 #        DUET_DP_DROP=0 (bucket 0 neither reduce-scattered nor all-gathered)
 #        is caught by the replicas' check after step 1.
 #   mpi  gpt_tiny under mpirun -np 2 --mca btl tcp,self (else exit 77):
@@ -31,7 +33,8 @@
 #        (rank 0 gathers the state by broadcasts from the ranks that hold
 #        it); with 3 ranks (batch 6), the in-process unsharded run of 3
 #        replicas (the MPI reduce-scatter adds in rank order as the
-#        shared-memory all-reduce); a 5-step MPI --zero 1 checkpoint resumed
+#        shared-memory all-reduce); 2 ranks x 2-stage pipelines the bits
+#        of the in-process 2 x 2-stage --zero 1 run; a 5-step MPI --zero 1 checkpoint resumed
 #        by mpirun to 10 steps equals the uninterrupted run.
 #   cli  exact diagnostics (--zero 2, --zero without --data-parallel, with
 #        pruning, a dump printed after data_parallel without it);
@@ -169,6 +172,12 @@ gpt)
     same hdp hz
     checked hz 20
     grep -q 'loss scale .* ([1-9][0-9]* skipped)' "$d/hz.out" && ok "hz skipped steps" || bad "hz: no skipped step"
+    # 2 replicas of a 2-stage pipeline: shards per stage, buckets on both stages
+    PIPE="$GPT --bucket-mb 0.05 --devices cpu:0,cpu:1,cpu:2,cpu:3 --data-parallel 2"
+    run pdp 4 $PIPE
+    run pz 4 $PIPE --zero 1
+    same pdp pz
+    checked pz 20
     # the check sees replicas whose params drift apart (bucket 0 neither reduce-scattered nor all-gathered)
     if DUET_DP_CHECK=1 DUET_DP_DROP=0 "$DUET" run $GPT --data-parallel 2 --zero 1 --threads 2 --steps 2 > "$d/drop.out" 2>&1; then
       bad "DUET_DP_DROP=0 passed the data-parallel check"
@@ -203,6 +212,11 @@ mpi)
     if DUET_DP_CHECK=1 timeout 300 $MPIRUN -np 3 "$DUET" run $GPT --steps 10 --batch 6 --zero 1 --threads 1 \
       --metrics "$d/m3z.jsonl" --save "$d/m3z.st" > "$d/m3z.out" 2>&1; then same g3 m3z
     else bad "mpirun -np 3 --zero 1"; grep -v '^ \|^--\|^$' "$d/m3z.out" | tail -6; fi
+    # 2 ranks x 2-stage pipelines
+    run pz 4 $GPT --steps 10 --bucket-mb 0.05 --devices cpu:0,cpu:1,cpu:2,cpu:3 --data-parallel 2 --zero 1
+    if DUET_DP_CHECK=1 timeout 300 $MPIRUN -np 2 "$DUET" run $GPT --steps 10 --bucket-mb 0.05 --devices cpu:0,cpu:1 \
+      --zero 1 --threads 2 --metrics "$d/mpz.jsonl" --save "$d/mpz.st" > "$d/mpz.out" 2>&1; then same pz mpz
+    else bad "mpirun 2 x 2-stage --zero 1"; grep -v '^ \|^--\|^$' "$d/mpz.out" | tail -6; fi
     if timeout 300 $MPIRUN -np 2 "$DUET" run $GPT --steps 5 --zero 1 --threads 1 --save "$d/mz5.st" > "$d/mz5.out" 2>&1 &&
       timeout 300 $MPIRUN -np 2 "$DUET" run $GPT --steps 10 --zero 1 --threads 1 --resume "$d/mz5.st" \
         --save "$d/mzr.st" > "$d/mzr.out" 2>&1; then same_st gz mzr
