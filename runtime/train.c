@@ -695,6 +695,15 @@ static int check_labels(const DuetDataset *ds, int n_classes, const char *what) 
  * existing directory or anything else but a regular file (a checkpoint is
  * renamed over it: as root, --save /dev/null would replace the device), and
  * its directory writable.  0, or 1 after printing the error. */
+/* Whether this process writes the checkpoints: alone, or rank 0 of an MPI
+ * run (the other ranks of a --zero 1 run keep --save only to take part in
+ * rank 0's saves, rank_view; their machine need not have its directory). */
+static bool writes_files_here(void) {
+  int rank = 0;
+  char var[400];
+  return duet_launch_ranks(&rank, var, sizeof var) <= 1 || rank == 0;
+}
+
 static int check_save_path(const char *path) {
   struct stat st;
   if (!*path) {
@@ -856,7 +865,7 @@ static int64_t planned_total(const DuetProgram *p, const DuetConfig *cfg) {
  * printing the error. */
 static int check_run_files(const DuetProgram *p, const DuetConfig *cfg, const char *model_path) {
   char err[1024];
-  if (cfg->save_path && check_save_path(cfg->save_path)) return 1;
+  if (cfg->save_path && writes_files_here() && check_save_path(cfg->save_path)) return 1;
   if (check_outputs(cfg, model_path)) return 1;
   if (cfg->resume_path) {
     int64_t step, total = planned_total(p, cfg);
