@@ -1102,7 +1102,8 @@ static int cmd_emit(int argc, char **argv) {
       return 0;
     } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
       target = argv[++i];
-    } else if ((!strcmp(argv[i], "--data-parallel") || !strcmp(argv[i], "--bucket-mb")) && i + 1 < argc) {
+    } else if ((!strcmp(argv[i], "--data-parallel") || !strcmp(argv[i], "--bucket-mb") || !strcmp(argv[i], "--zero")) &&
+               i + 1 < argc) {
       i++; /* read by par_opts */
     } else if (argv[i][0] != '-' && !model) {
       model = argv[i];

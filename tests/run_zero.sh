@@ -242,6 +242,9 @@ cli)
   expect zero_dump "duet: error: the dump was printed after \`data_parallel\` without --zero 1: its buckets are all-reduces; --zero 1 needs the .model or a dump from before \`data_parallel\`" \
     "$DUET" ir "$d/nz.ir" --zero 1
   "$DUET" check $M --data-parallel 2 --zero 1 > "$d/out" 2>&1 && ok "check --zero 1" || { bad "check --zero 1"; cat "$d/out"; }
+  # the kernels are the unsharded run's (each update is its whole tensor's kernel)
+  "$DUET" emit $M --target c --data-parallel 2 > "$d/nz.c" 2>&1 && "$DUET" emit $M --target c --data-parallel 2 --zero 1 > "$d/z.c" 2>&1 &&
+    cmp -s "$d/nz.c" "$d/z.c" && ok "emit --zero 1: the same kernels" || { bad "emit --zero 1"; head -3 "$d/z.c"; }
   # the pass: reduce-scatter and all-gather buckets, updates with shards
   G=tests/models/gpt_tiny.model
   "$DUET" ir $G --after data_parallel --data-parallel 2 --zero 1 --bucket-mb 0.05 > "$d/z.ir"
