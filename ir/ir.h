@@ -405,7 +405,11 @@ int ir_verify(const Graph *g, const char *after_pass, FILE *err);
  * update and after every other op that reads the gradient (the sum
  * replaces it in place); buckets numbered 0, 1, ... in graph order, `bytes`
  * the bytes of their gradients; and once there is a bucket, every such
- * gradient in one.
+ * gradient in one.  With `zero 1` (--zero 1) the buckets are
+ * `reduce_scatter` ops (an `allreduce` is then an error, and the reverse
+ * without it) whose operands are grouped by the shard of their update,
+ * every update has a shard of the replicas, and each `all_gather`'s
+ * operands are params updated before it.
  * Returns 0 (also for a graph without buckets), or 1 with the first
  * violation's value in *bad and a message ("%5 is not the gradient an
  * optimizer update reads") in msg.  ir_verify and ir_parse check it. */
