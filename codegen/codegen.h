@@ -40,20 +40,33 @@ void kfuncs_write(const KernelFuncs *f, Buf *b);
 
 /* Elementwise kernels are straight-line programs run once per element i of
  * the output, over `n` elements; other kernels are fixed templates with
- * their sizes baked in. */
+ * their sizes baked in.  The opcodes are those below, and one per
+ * elementwise op of the op table (ir/ops.def's kop column: KI_ADD, KI_SUB,
+ * KI_MUL, KI_DIV, KI_NEG, KI_RELU, KI_RELU_GRAD (a: dy, b: x), KI_GELU,
+ * KI_GELU_GRAD (a: dy, b: x), KI_DROPOUT (a: x; value: p; b: site),
+ * KI_CAST (a: x rounded to DType `value` (f16, bf16), kept as f32), ...),
+ * whose instruction operands a (and b) are the op's operands in order. */
 typedef enum KOp {
   KI_LOAD,   /* a: buffer */
   KI_CONST,  /* value */
   KI_SCALAR, /* a: index into the runtime scalars (DUET_S_*) */
-  KI_ADD, KI_SUB, KI_MUL, KI_DIV, /* a, b: instructions */
-  KI_NEG, KI_RELU, KI_SQRT,       /* a */
-  KI_RELU_GRAD,                   /* a: dy, b: x -> x > 0 ? dy : 0 */
-  KI_GELU,                        /* a: tanh approximation (as GPT-2) */
-  KI_GELU_GRAD,                   /* a: dy, b: x */
-  KI_DROPOUT,                     /* a: x; value: p; b: site */
-  KI_CAST,                        /* a: x rounded to DType `value` (f16, bf16), kept as f32 */
+  KI_SQRT,   /* a */
   KI_STORE,  /* a: buffer, b: instruction */
+#define KI(x) KI_##x,
+#define NO_KI
+#define OP(id, name, n, rule, flags, surface, prec, kop) kop
+#include "../ir/ops.def"
+#undef OP
+#undef NO_KI
+#undef KI
+  KI_COUNT
 } KOp;
+/* The op whose opcode k is (ops.def's kop column); -1 for the opcodes of
+ * no op (load, const, scalar, sqrt, store). */
+int kop_op(KOp k);
+/* The instructions k reads (a, then b): 0, 1 or 2 (the op's arity; a
+ * store reads its b, counted here as 1; a dropout's b is its site). */
+int kop_operands(KOp k);
 
 typedef struct KInstr {
   KOp op;

@@ -340,14 +340,13 @@ typedef struct H2Plan {
 
 /* The instruction operands of x (not buffers, scalar slots or sites). */
 static int ew_operands(const KInstr *x, int op[2]) {
-  switch (x->op) {
-  case KI_ADD: case KI_SUB: case KI_MUL: case KI_DIV: case KI_RELU_GRAD: case KI_GELU_GRAD:
-    op[0] = x->a, op[1] = x->b;
-    return 2;
-  case KI_NEG: case KI_RELU: case KI_SQRT: case KI_GELU: case KI_DROPOUT: case KI_CAST: op[0] = x->a; return 1;
-  case KI_STORE: op[0] = x->b; return 1;
-  default: return 0;
+  if (x->op == KI_STORE) {
+    op[0] = x->b;
+    return 1;
   }
+  int n = kop_operands(x->op);
+  op[0] = x->a, op[1] = x->b;
+  return n;
 }
 
 static bool cast_to(const KInstr *x, DType t) { return x->op == KI_CAST && (DType)(int)x->value == t; }

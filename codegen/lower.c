@@ -81,21 +81,32 @@ static void finish_ew(Lower *L, Kernel *k, InsBuf *b, int64_t n) {
   memcpy(k->ins, b->ins, (size_t)b->n * sizeof *k->ins);
 }
 
+/* Each op's kernel-IR opcode (ops.def's kop column), -1 for none. */
+static const int op_kop[OP_COUNT] = {
+#define KI(x) KI_##x
+#define NO_KI -1
+#define OP(id, name, n, rule, flags, surface, prec, kop) [OP_##id] = kop,
+#include "../ir/ops.def"
+#undef OP
+#undef NO_KI
+#undef KI
+};
+
+int kop_op(KOp k) {
+  for (int i = 0; i < OP_COUNT; i++)
+    if (op_kop[i] == (int)k) return i;
+  return -1;
+}
+
+int kop_operands(KOp k) {
+  if (k == KI_SQRT) return 1;
+  int op = kop_op(k);
+  return op < 0 ? 0 : op_info[op].arity;
+}
+
 static KOp kop_of(OpKind op) {
-  switch (op) {
-  case OP_ADD: return KI_ADD;
-  case OP_SUB: return KI_SUB;
-  case OP_MUL: return KI_MUL;
-  case OP_DIV: return KI_DIV;
-  case OP_NEG: return KI_NEG;
-  case OP_RELU: return KI_RELU;
-  case OP_RELU_GRAD: return KI_RELU_GRAD;
-  case OP_GELU: return KI_GELU;
-  case OP_GELU_GRAD: return KI_GELU_GRAD;
-  case OP_DROPOUT: return KI_DROPOUT;
-  case OP_CAST: return KI_CAST;
-  default: unreachable();
-  }
+  DUET_ASSERT(op_kop[op] >= 0);
+  return (KOp)op_kop[op];
 }
 
 static int tid(Lower *L, const Value *v) {
@@ -505,11 +516,6 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       if (v->role != ROLE_EVAL) p->gemm_flops += 2 * st.m * st.n * st.k;
       break;
     }
-    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG:
-    case OP_RELU: case OP_RELU_GRAD: case OP_BROADCAST: case OP_FUSED:
-    case OP_GELU: case OP_GELU_GRAD: case OP_DROPOUT: case OP_CAST: case OP_LOSS_SCALE:
-      st.kernel = lower_elementwise(&L, v);
-      break;
     case OP_UNSCALE:
       st.kernel = lower_unscale(&L, v);
       DUET_ASSERT(v->attr.slot >= 0 && v->attr.slot < g->n_values);
@@ -622,8 +628,9 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_SGD:
       st.kernel = lower_optimizer(&L, v);
       break;
-    default:
-      duet_fatal(__FILE__, __LINE__, "codegen: no lowering for op %d", (int)v->op);
+    default: /* the elementwise ops (ops.def's EW flag): one loop, or a fused one */
+      if (!(op_info[v->op].flags & OPF_EW)) duet_fatal(__FILE__, __LINE__, "codegen: no lowering for op %d", (int)v->op);
+      st.kernel = lower_elementwise(&L, v);
     }
     if (!has_step) continue;
     if (piped) {

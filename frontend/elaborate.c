@@ -108,19 +108,9 @@ static const char *hint_text(Elab *e, const Hint *h) {
 
 /* ------------------------------------------------------------- builtins */
 
-typedef struct Builtin {
-  const char *name;
-  int arity;
-  OpKind op;
-} Builtin;
-
-static const Builtin builtins[] = {
-    {"relu", 1, OP_RELU},   {"mean", 1, OP_MEAN}, {"cross_entropy", 2, OP_CROSS_ENTROPY},
-    {"matmul", 2, OP_MATMUL}, {"add", 2, OP_ADD}, {"sub", 2, OP_SUB},
-    {"mul", 2, OP_MUL},     {"div", 2, OP_DIV},   {"neg", 1, OP_NEG},
-    {"gelu", 1, OP_GELU},   {"embedding", 2, OP_EMBEDDING}, {"transpose", 1, OP_TRANSPOSE},
-    {"positions", 1, OP_POSITIONS},
-};
+/* The plain built-ins (relu, gelu, matmul, ...) are the ops with a surface
+ * name in the op table (ir/ops.def): op_info[op].surface, called with
+ * op_info[op].arity positional tensors. */
 
 /* Built-ins with named arguments (handled in eval_call). */
 static const char *const attention_args[] = {"q", "k", "v", "heads", "causal"};
@@ -128,7 +118,6 @@ static const char *const layernorm_args[] = {"x", "w", "b", "eps"};
 static const char *const dropout_args[] = {"x", "p"};
 static const char *const conv_args[] = {"x", "w", "b", "stride", "padding", "dilation", "groups"};
 static const char *const pool_args[] = {"x", "kernel", "stride", "padding"};
-#define N_BUILTINS (int)(sizeof builtins / sizeof builtins[0])
 
 static const char *const functions[] = {"dim",     "sqrt",    "attention", "layernorm",  "dropout",    "reshape",
                                         "flatten", "permute", "concat",    "conv2d",     "max_pool2d", "avg_pool2d",
@@ -180,7 +169,8 @@ static const char *unknown_name_hint(Elab *e, Scope *s, const char *name) {
 
 static const char *unknown_call_hint(Elab *e, const char *name) {
   Hint h = {0};
-  for (int i = 0; i < N_BUILTINS; i++) hint_try(&h, name, builtins[i].name);
+  for (int i = 0; i < OP_COUNT; i++)
+    if (op_info[i].surface) hint_try(&h, name, op_info[i].surface);
   for (size_t i = 0; i < sizeof functions / sizeof *functions; i++) hint_try(&h, name, functions[i]);
   for (Node *s = e->stmts.head; s; s = s->next)
     if (s->kind == N_BLOCK) hint_try(&h, name, s->name);
@@ -696,28 +686,28 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     r.v = graph_add(e->g, OP_ADD, in2, 2, NULL, n->loc);
     return r;
   }
-  for (int i = 0; i < N_BUILTINS; i++) {
-    if (strcmp(builtins[i].name, n->name)) continue;
-    if (n->args.n != builtins[i].arity)
-      diag_error(e->d, n->loc, "%s takes %d argument%s, got %d", n->name, builtins[i].arity,
-                 builtins[i].arity == 1 ? "" : "s", n->args.n);
+  for (int i = 0; i < OP_COUNT; i++) {
+    if (!op_info[i].surface || strcmp(op_info[i].surface, n->name)) continue;
+    OpKind op = (OpKind)i;
+    int arity = op_info[i].arity;
+    if (n->args.n != arity)
+      diag_error(e->d, n->loc, "%s takes %d argument%s, got %d", n->name, arity, arity == 1 ? "" : "s", n->args.n);
     Value *in[4];
     int k = 0;
     for (Node *a = n->args.head; a; a = a->next) {
       if (a->kind == N_NAMED) diag_error(e->d, a->loc, "%s has no argument named `%s`", n->name, a->name);
       EVal v = eval(e, s, a);
-      if (v.kind != EV_TENSOR && builtins[i].op != OP_ADD && builtins[i].op != OP_SUB &&
-          builtins[i].op != OP_MUL && builtins[i].op != OP_DIV)
+      if (v.kind != EV_TENSOR && op_info[op].rule != SHAPE_BROADCAST) /* add, sub, mul, div take numbers */
         diag_error(e->d, v.loc, "argument %d of %s must be a tensor, got %s", k + 1, n->name, evkind_name(v.kind));
       in[k++] = as_tensor(e, v);
     }
-    if (builtins[i].op == OP_MATMUL && in[1]->shape.rank != 2) {
+    if (op == OP_MATMUL && in[1]->shape.rank != 2) {
       char b1[160];
       diag_error(e->d, n->loc, "the second operand of matmul must have rank 2 [K, N], got %s (batched matmul is "
                  "not supported)", shape_str(&in[1]->shape, b1, sizeof b1));
     }
     r.kind = EV_TENSOR;
-    r.v = graph_add(e->g, builtins[i].op, in, k, NULL, n->loc);
+    r.v = graph_add(e->g, op, in, k, NULL, n->loc);
     return r;
   }
   const Node *blk = find_block(e, n->name);
@@ -998,8 +988,8 @@ static void exec_stmt(Elab *e, Scope *s, const Node *n, bool top) {
         *seen = p;
       }
     }
-    for (int i = 0; i < N_BUILTINS; i++)
-      if (!strcmp(builtins[i].name, n->name))
+    for (int i = 0; i < OP_COUNT; i++)
+      if (op_info[i].surface && !strcmp(op_info[i].surface, n->name))
         diag_error(e->d, n->loc, "block `%s` has the name of a built-in op", n->name);
     for (size_t i = 0; i < sizeof functions / sizeof *functions; i++)
       if (!strcmp(functions[i], n->name))

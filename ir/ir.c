@@ -441,7 +441,7 @@ bool shape_broadcast(const Shape *a, const Shape *b, Shape *out) {
 const OpInfo op_info[OP_COUNT] = {
 #define EW OPF_EW
 #define SIDE OPF_SIDE
-#define OP(id, name, n, rule, flags) {name, n, rule, flags},
+#define OP(id, name, n, rule, flags, surface, prec, kop) {name, n, rule, flags, surface, PREC_##prec},
 #include "ops.def"
 #undef OP
 #undef EW

@@ -155,22 +155,30 @@ typedef enum ShapeRule {
 } ShapeRule;
 
 enum { OPF_EW = 1, OPF_SIDE = 2 };
-#define EW OPF_EW
-#define SIDE OPF_SIDE
 typedef enum OpKind {
-#define OP(id, name, n, rule, flags) OP_##id,
+#define OP(id, name, n, rule, flags, surface, prec, kop) OP_##id,
 #include "ops.def"
 #undef OP
   OP_COUNT
 } OpKind;
-#undef EW
-#undef SIDE
+
+/* An op's precision class in 16-bit programs (ops.def's prec column; the
+ * precision pass applies it). */
+typedef enum OpPrec {
+  PREC_KEEP,   /* left as it is: inputs, params, state, constants, casts */
+  PREC_LOW,    /* 16-bit operands, f32 accumulation, 16-bit result (GEMMs) */
+  PREC_FOLLOW, /* computes in f32, stores the widest dtype of its activation operands */
+  PREC_F32,    /* reads f32 operands and gives f32 (reductions, norms, softmax, losses) */
+  PREC_UPDATE, /* an optimizer update */
+} OpPrec;
 
 typedef struct OpInfo {
   const char *name;
   int arity; /* -1: variadic */
   ShapeRule rule;
   int flags;
+  const char *surface; /* the .model built-in taking `arity` positional tensors; NULL: none */
+  OpPrec prec;
 } OpInfo;
 extern const OpInfo op_info[OP_COUNT];
 int op_from_name(const char *name); /* -1 when unknown */

@@ -616,7 +616,7 @@ static void fill_bits(void *p, int64_t bytes, int dtype, DuetRng *r) {
 }
 
 /* The instructions seen in kernels that take the half2 path. */
-static bool half2_ops_seen[KI_STORE + 1];
+static bool half2_ops_seen[KI_COUNT];
 
 /* Every kernel of the program that takes the half2 path
  * (codegen_cuda_half2), run alone on the same random bits (fill_bits) by

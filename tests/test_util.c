@@ -727,11 +727,9 @@ static int ls_elementwise(const Lockstep *L, const Kernel *K, const int *outs, i
   for (int64_t e = 0; e < K->n; e++)
     for (int i = 0; i < K->n_ins; i++) {
       const KInstr *x = &K->ins[i];
-      bool unary = x->op != KI_LOAD && x->op != KI_CONST && x->op != KI_SCALAR && x->op != KI_STORE;
-      double A = unary ? y[x->a] : 0, EA = unary ? E[x->a] : 0, B = 0, EB = 0;
-      if (x->op == KI_ADD || x->op == KI_SUB || x->op == KI_MUL || x->op == KI_DIV || x->op == KI_RELU_GRAD ||
-          x->op == KI_GELU_GRAD)
-        B = y[x->b], EB = E[x->b];
+      int nop = kop_operands(x->op); /* instruction operands (a dropout's b is its site) */
+      double A = nop >= 1 ? y[x->a] : 0, EA = nop >= 1 ? E[x->a] : 0, B = 0, EB = 0;
+      if (nop >= 2) B = y[x->b], EB = E[x->b];
       double v = 0, ev = 0;
       switch (x->op) {
       case KI_LOAD: {
