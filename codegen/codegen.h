@@ -118,6 +118,13 @@ typedef enum KernelKind {
                    * (int32 t[n_tensors][slot]) = 1 when any element is inf or NaN, else 0 */
   KK_ATTN_BWD_KV, /* after KK_ATTN_BWD, same bufs; CUDA: dk, dv from the statistics, a block
                    * per key row; C: nothing (KK_ATTN_BWD computed them) */
+  KK_SOFTMAX,     /* bufs: x, y [outer, red, inner]: softmax over the red axis */
+  KK_SOFTMAX_BWD, /* bufs: dy, y, dx = y (dy - sum_r dy y) */
+  KK_RMSNORM_FWD, /* bufs: x [rows, cols], out: x / sqrt(mean(x^2) + eps) per row */
+  KK_RMSNORM_BWD, /* bufs: dy, x, out = dx */
+  KK_ROPE,        /* bufs: x, y [batch, time, cols]: pairs (2i, 2i+1) of each head turned by
+                   * (s[POS] + t) base^(-2i/D); inverse: the opposite angle */
+  KK_MSE,         /* bufs: pred, target [n], out []: scale * sum (pred - target)^2 */
 } KernelKind;
 
 typedef struct Kernel {
@@ -134,8 +141,11 @@ typedef struct Kernel {
   bool reduce_max;           /* KK_REDUCE */
   int64_t rows, cols;        /* row kernels: rows of `cols` elements */
   double eps;                /* KK_NORM_* */
-  int64_t batch, time, heads;/* KK_ATTN_* */
+  int64_t batch, time, heads;/* KK_ATTN_*, KK_ROPE (heads: of the queries) */
+  int64_t kv_heads;          /* KK_ATTN_*: key/value heads (a divisor of heads) */
   bool causal;               /* KK_ATTN_* */
+  double base;               /* KK_ROPE */
+  bool inverse;              /* KK_ROPE: the gradient (turns the other way) */
   Shape xs, ys;              /* KK_IM2COL .. KK_AVGPOOL_GRAD: [N,C,H,W] and [N,C,OH,OW] */
   int64_t win[8];            /* kh, kw, sh, sw, ph, pw, dh, dw */
   int slot;                  /* KK_UNSCALE */

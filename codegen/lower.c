@@ -287,7 +287,33 @@ static int lower_attention(Lower *L, Value *v, KernelKind kind) {
   k->time = q->dim[1];
   k->cols = q->dim[2];
   k->heads = v->attr.heads;
+  k->kv_heads = ir_kv_heads(&v->attr);
   k->causal = v->attr.causal;
+  return k->index;
+}
+
+/* Softmax over `axis` as [outer, red, inner]; its gradient from dy and y. */
+static int lower_softmax(Lower *L, Value *v) {
+  Kernel *k = new_kernel(L, v->op == OP_SOFTMAX ? KK_SOFTMAX : KK_SOFTMAX_BWD, v->dtype);
+  for (int j = 0; j < v->n_in; j++) add_buf(k, tid(L, v->in[j]), v->in[j]->dtype, NULL, NULL);
+  add_buf(k, tid(L, v), v->dtype, NULL, NULL);
+  const Shape *s = &v->shape;
+  k->outer = k->inner = 1;
+  for (int d = 0; d < s->rank; d++) {
+    if (d < v->attr.axis) k->outer *= s->dim[d];
+    if (d > v->attr.axis) k->inner *= s->dim[d];
+  }
+  k->red = s->dim[v->attr.axis];
+  return k->index;
+}
+
+/* The sum of squared differences of a whole tensor, times 1/n. */
+static int lower_mse(Lower *L, Value *v) {
+  Kernel *k = new_kernel(L, KK_MSE, v->dtype);
+  for (int j = 0; j < 2; j++) add_buf(k, tid(L, v->in[j]), v->in[j]->dtype, NULL, NULL);
+  add_buf(k, tid(L, v), v->dtype, NULL, NULL);
+  k->n = shape_numel(&v->in[0]->shape);
+  k->scale = 1.0 / (double)k->n;
   return k->index;
 }
 
@@ -535,6 +561,32 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_ATTENTION:
       st.kernel = lower_attention(&L, v, KK_ATTN_FWD);
       break;
+    case OP_SOFTMAX:
+    case OP_SOFTMAX_GRAD:
+      st.kernel = lower_softmax(&L, v);
+      break;
+    case OP_RMS_NORM:
+    case OP_RMS_NORM_GRAD: {
+      Kernel *k = lower_rows_k(&L, v, v->op == OP_RMS_NORM ? KK_RMSNORM_FWD : KK_RMSNORM_BWD);
+      k->eps = v->attr.eps;
+      st.kernel = k->index;
+      break;
+    }
+    case OP_ROPE:
+    case OP_ROPE_GRAD: {
+      Kernel *k = lower_rows_k(&L, v, KK_ROPE);
+      k->batch = v->shape.dim[0];
+      k->time = v->shape.dim[1];
+      k->cols = v->shape.dim[2];
+      k->heads = v->attr.heads;
+      k->base = v->attr.base;
+      k->inverse = v->op == OP_ROPE_GRAD;
+      st.kernel = k->index;
+      break;
+    }
+    case OP_MSE_LOSS:
+      st.kernel = lower_mse(&L, v);
+      break;
     case OP_ATTENTION_GRAD: /* query rows (dq, statistics), then key rows (dk, dv) */
       pre[n_pre] = st;
       pre[n_pre++].kernel = lower_attention(&L, v, KK_ATTN_BWD);
@@ -598,6 +650,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       k->time = v->in[3]->shape.dim[1];
       k->cols = v->shape.dim[2];
       k->heads = v->attr.heads;
+      k->kv_heads = ir_kv_heads(&v->attr);
       k->causal = true;
       st.kernel = k->index;
       break;

@@ -113,7 +113,10 @@ static const char *hint_text(Elab *e, const Hint *h) {
  * op_info[op].arity positional tensors. */
 
 /* Built-ins with named arguments (handled in eval_call). */
-static const char *const attention_args[] = {"q", "k", "v", "heads", "causal"};
+static const char *const attention_args[] = {"q", "k", "v", "heads", "causal", "kv_heads"};
+static const char *const rmsnorm_args[] = {"x", "w", "eps"};
+static const char *const rope_args[] = {"x", "heads", "base"};
+static const char *const softmax_args[] = {"x", "axis"};
 static const char *const layernorm_args[] = {"x", "w", "b", "eps"};
 static const char *const dropout_args[] = {"x", "p"};
 static const char *const conv_args[] = {"x", "w", "b", "stride", "padding", "dilation", "groups"};
@@ -121,7 +124,8 @@ static const char *const pool_args[] = {"x", "kernel", "stride", "padding"};
 
 static const char *const functions[] = {"dim",     "sqrt",    "attention", "layernorm",  "dropout",    "reshape",
                                         "flatten", "permute", "concat",    "conv2d",     "max_pool2d", "avg_pool2d",
-                                        "sum",     "max",     "split",     "repeat"};
+                                        "sum",     "max",     "split",     "repeat",    "softmax",    "rmsnorm",
+                                        "rope"};
 static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
                                          "batch", "epochs", "steps", "seed", "log_every", "eval",
                                          "eval_every", "eval_batches", "precision"};
@@ -531,12 +535,19 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     return r;
   }
   if (!strcmp(n->name, "attention")) {
-    EVal a[5];
-    bool given[5];
-    bind_args(e, s, n, attention_args, 5, 4, a, given);
+    EVal a[6];
+    bool given[6];
+    bind_args(e, s, n, attention_args, 6, 4, a, given);
     Value *in[3];
     for (int i = 0; i < 3; i++) in[i] = want_tensor(e, a[i], attention_args[i]);
     Attr at = {.heads = want_int(e, a[3], "heads", 1), .causal = given[4] && want_bool(e, a[4], "causal")};
+    if (given[5]) { /* grouped-query attention: query head h reads key/value head h / (heads / kv_heads) */
+      int64_t kvh = want_int(e, a[5], "kv_heads", 1);
+      if (at.heads % kvh)
+        diag_error(e->d, a[5].loc, "attention: kv_heads %lld does not divide heads %lld", (long long)kvh,
+                   (long long)at.heads);
+      at.kv_heads = kvh == at.heads ? 0 : kvh;
+    }
     r.kind = EV_TENSOR;
     if (e->g->decode) {
       /* one new token attends to itself and the cached keys and values of
@@ -548,7 +559,7 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
         ca.shape.rank = 3;
         ca.shape.dim[0] = in[0]->shape.dim[0];
         ca.shape.dim[1] = e->g->context;
-        ca.shape.dim[2] = in[0]->shape.rank == 3 ? in[0]->shape.dim[2] : 1;
+        ca.shape.dim[2] = in[1]->shape.rank == 3 ? in[1]->shape.dim[2] : 1; /* k's channels (kv_heads heads) */
         ca.name = arena_printf(e->a, "kv_cache.%d.%s", e->g->n_values, c ? "v" : "k");
         in5[3 + c] = graph_add(e->g, OP_STATE, NULL, 0, &ca, n->loc);
       }
@@ -666,6 +677,54 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
       !strcmp(n->name, "avg_pool2d") || (!strcmp(n->name, "transpose") && n->args.n == 3)) {
     r.kind = EV_TENSOR;
     r.v = eval_shape_op(e, s, n);
+    return r;
+  }
+  if (!strcmp(n->name, "rmsnorm")) { /* rms_norm(x) * w over the last axis (Zhang & Sennrich 2019) */
+    EVal a[3];
+    bool given[3];
+    bind_args(e, s, n, rmsnorm_args, 3, 2, a, given);
+    Value *x = want_tensor(e, a[0], "x"), *w = want_tensor(e, a[1], "w");
+    if (x->shape.rank < 1) diag_error(e->d, a[0].loc, "rmsnorm of a scalar: x needs a last axis to normalise");
+    Shape bs;
+    if (!shape_broadcast(&x->shape, &w->shape, &bs) || !shape_eq(&bs, &x->shape)) {
+      char b1[160], b2[160];
+      diag_error(e->d, a[1].loc, "rmsnorm of %s: the gain w %s does not broadcast to it (as [%lld])",
+                 shape_str(&x->shape, b1, sizeof b1), shape_str(&w->shape, b2, sizeof b2),
+                 (long long)x->shape.dim[x->shape.rank - 1]);
+    }
+    Attr at = {.eps = 1e-5}; /* Meta's LLaMA reference (ModelArgs.norm_eps) */
+    if (given[2]) {
+      at.eps = want_num(e, a[2], "eps");
+      if (!(at.eps > 0)) diag_error(e->d, a[2].loc, "eps must be positive, got %g", at.eps);
+    }
+    Value *in[2] = {graph_add(e->g, OP_RMS_NORM, &x, 1, &at, n->loc), w};
+    r.kind = EV_TENSOR;
+    r.v = graph_add(e->g, OP_MUL, in, 2, NULL, n->loc);
+    return r;
+  }
+  if (!strcmp(n->name, "rope")) { /* rotary position embedding (Su et al. 2021), pairs (2i, 2i+1) */
+    EVal a[3];
+    bool given[3];
+    bind_args(e, s, n, rope_args, 3, 2, a, given);
+    Value *x = want_tensor(e, a[0], "x");
+    Attr at = {.heads = want_int(e, a[1], "heads", 1), .base = 10000};
+    if (given[2]) {
+      at.base = want_num(e, a[2], "base");
+      if (!(at.base > 0)) diag_error(e->d, a[2].loc, "rope: base must be positive, got %g", at.base);
+    }
+    r.kind = EV_TENSOR;
+    r.v = graph_add(e->g, OP_ROPE, &x, 1, &at, n->loc);
+    return r;
+  }
+  if (!strcmp(n->name, "softmax")) { /* softmax(x, axis = -1) */
+    EVal a[2];
+    bool given[2];
+    bind_args(e, s, n, softmax_args, 2, 1, a, given);
+    Value *x = want_tensor(e, a[0], "x");
+    if (x->shape.rank < 1) diag_error(e->d, a[0].loc, "softmax of a scalar: x needs an axis");
+    Attr at = {.axis = given[1] ? want_axis(e, a[1], x->shape.rank, "axis") : x->shape.rank - 1};
+    r.kind = EV_TENSOR;
+    r.v = graph_add(e->g, OP_SOFTMAX, &x, 1, &at, n->loc);
     return r;
   }
   if (!strcmp(n->name, "layernorm")) { /* norm(x) * w + b, normalising the last axis */

@@ -218,14 +218,17 @@ typedef struct Attr {
   double init_a, init_b; /* PARAM: normal(std=a) or uniform(a, b) */
   bool trans_a, trans_b; /* MATMUL: use A^T / B^T (operands viewed as 2-D:
                           * leading axes merged into rows) */
-  int64_t heads;    /* ATTENTION, ATTENTION_GRAD: number of heads */
+  int64_t heads;    /* ATTENTION, ATTENTION_GRAD, ATTENTION_DECODE, ROPE, ROPE_GRAD: number of (query) heads */
+  int64_t kv_heads; /* ATTENTION, ATTENTION_GRAD, ATTENTION_DECODE: key/value heads, a divisor of
+                     * heads (grouped-query attention); 0: as many as heads */
+  double base;      /* ROPE, ROPE_GRAD: the rotary base (position p turns pair i by p base^(-2i/D)) */
   bool causal;      /* ATTENTION, ATTENTION_GRAD: mask future positions */
   int64_t index;    /* SLICE: index along axis 0 */
-  double eps;       /* NORM, NORM_GRAD: added to the variance */
+  double eps;       /* NORM, NORM_GRAD: added to the variance; RMS_NORM, RMS_NORM_GRAD: to the mean square */
   bool no_decay;    /* ADAMW, SGD: this param gets no weight decay */
   bool kv_cache;    /* STATE: a key/value cache of decoding (not checkpointed) */
   double p;         /* DROPOUT: probability of zeroing an element */
-  int axis;         /* SLICE, SLICE_GRAD, CONCAT: the axis (SLICE: index = start) */
+  int axis;         /* SLICE, SLICE_GRAD, CONCAT, SOFTMAX, SOFTMAX_GRAD: the axis (SLICE: index = start) */
   bool squeeze;     /* SLICE: the sliced axis (length 1) is dropped */
   int perm[IR_MAX_RANK]; /* PERMUTE: output axis d is input axis perm[d] */
   int64_t kh, kw, sh, sw, ph, pw, dh, dw; /* IM2COL, COL2IM, pools: window, stride, padding, dilation */
@@ -340,6 +343,10 @@ typedef struct Graph {
  * 1 / sum and sum(p * dp) for the CUDA key-row kernel (3 x batch x heads x
  * time); 0 for every other op. */
 int64_t ir_workspace_elems(const Value *v);
+
+/* The key/value heads of an attention op: attr.kv_heads, or attr.heads when
+ * 0 (every query head has its own). */
+int64_t ir_kv_heads(const Attr *a);
 
 Graph *graph_new(Arena *a, Diag *d);
 /* Appends a value, infers its shape and dtype from the op table's rule

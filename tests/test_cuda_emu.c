@@ -1092,17 +1092,21 @@ static int scale_xent_emu(const char *dir) {
  * same bits everywhere. */
 static int scale_block_loops_emu(const char *dir) {
   int bad = 0, checked = 0;
-  for (int prog = 0; prog < 2 && !bad; prog++) {
-    const char *what = prog ? "block loops (gpt_tiny decoding)" : "block loops (attention, transpose)";
+  for (int prog = 0; prog < 3 && !bad; prog++) {
+    const char *what = prog == 2 ? "block loops (llama_tiny decoding)"
+                       : prog    ? "block loops (gpt_tiny decoding)"
+                                 : "block loops (attention, transpose)";
     Arena *a = arena_new(1 << 20);
     Emu e;
     const CgProgram *cp =
-        prog ? lower_model(a, DUET_SOURCE_DIR "/tests/models/gpt_tiny.model", NULL, DT_F32, true, NULL)
+        prog ? lower_model(a, prog == 2 ? DUET_SOURCE_DIR "/tests/models/llama_tiny.model"
+                                        : DUET_SOURCE_DIR "/tests/models/gpt_tiny.model", NULL, DT_F32, true, NULL)
              : lower_model(a, "loops",
                            "model t\nparam q: [2,33,16]\nparam k: [2,33,16]\nparam v: [2,33,16]\nparam w: [37,45]\n"
-                           "input r: f32[2,33,16]\ninput u: f32[45,37]\n"
+                           "param k2: [2,33,8]\nparam v2: [2,33,8]\ninput r: f32[2,33,16]\ninput u: f32[45,37]\n"
                            "loss = mean(attention(q, k, v, heads = 2, causal = true) * r) + "
-                           "mean(attention(q, k, v, heads = 4, causal = false) * r) + mean(transpose(w) * u)\n",
+                           "mean(attention(q, k, v, heads = 4, causal = false) * r) + mean(transpose(w) * u) + "
+                           "mean(attention(q, k2, v2, heads = 4, kv_heads = 2, causal = true) * r)\n",
                            DT_F32, false, NULL);
     if (scale_emu_build(&e, cp, a, dir, what)) {
       arena_free(a);
@@ -1220,7 +1224,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < N_BIG_CASES; i++) {
     const char *nm = big_cases[i].name;
     if (strcmp(nm, "big_cross_entropy") && strcmp(nm, "big_reductions") && strcmp(nm, "big_transpose") &&
-        strcmp(nm, "big_embedding"))
+        strcmp(nm, "big_embedding") && strcmp(nm, "big_softmax") && strcmp(nm, "big_mse"))
       continue;
     if (argc > 1 && strcmp(argv[1], nm)) continue;
     failed += run_case(&big_cases[i], DT_F32, NULL, dir);
@@ -1243,7 +1247,8 @@ int main(int argc, char **argv) {
    * overflow (the gradient seed 2^16 times 1e6 / 32 exceeds fp16's 65504):
    * the multi-block unscale kernels must flag it, so that both backends
    * skip the step and halve the scale */
-  static const char *const half_cases[] = {"mlp", "matmul_rank3_tied", "gelu", "dropout_broadcast", "reuse"};
+  static const char *const half_cases[] = {"mlp", "matmul_rank3_tied", "gelu", "dropout_broadcast", "reuse",
+                                            "exp_log", "tanh", "sigmoid", "softmax_axis", "mse_loss"};
   for (int i = 0; i < N_OP_CASES; i++)
     for (int j = 0; j < (int)(sizeof half_cases / sizeof *half_cases); j++)
       if (!strcmp(cases[i].name, half_cases[j]) && (argc == 1 || !strcmp(argv[1], cases[i].name))) {
@@ -1270,6 +1275,25 @@ int main(int argc, char **argv) {
     failed += run_case(&c, DT_F32, "fp16", dir);
     failed += run_case(&c, DT_F32, "bf16", dir);
     ran += 2;
+  }
+  /* a one-layer LLaMA (tests/models/llama_tiny.model's layer, smaller) in
+   * f32, fp16 and bf16: rmsnorm, rope on queries and keys, attention of 4
+   * query heads over 2 key/value heads, a SwiGLU MLP, next to 16-bit GEMMs */
+  if (argc == 1 || !strcmp(argv[1], "llama_mini")) {
+    Case c = {"llama_mini",
+              "model llama_mini\ninput idx: i32[2, 8]\ninput targets: i32[2, 8]\n"
+              "block linear(x, out) {\n  param w: [dim(x, -1), out] = normal(0.2)\n  return x @ w\n}\n"
+              "block norm(x) {\n  param w: [dim(x, -1)] = normal(1)\n  return rmsnorm(x, w)\n}\n"
+              "param wte: [64, 16] = normal(0.5)\nx = embedding(wte, idx)\nh = norm(x)\n"
+              "q = rope(linear(h, 16), heads = 4)\nk = rope(linear(h, 8), heads = 2)\n"
+              "a = attention(q, k, linear(h, 8), heads = 4, kv_heads = 2, causal = true)\n"
+              "x = x + linear(a, 16)\nh = norm(x)\nx = x + linear(silu(linear(h, 32)) * linear(h, 32), 16)\n"
+              "loss = cross_entropy(linear(norm(x), 64), targets)\n",
+              64};
+    failed += run_case(&c, DT_F32, NULL, dir);
+    failed += run_case(&c, DT_F32, "fp16", dir);
+    failed += run_case(&c, DT_F32, "bf16", dir);
+    ran += 3;
   }
   /* the half2 path's operations (fp16): f16x2 mul, sub and add, an fp16
    * constant, negation, relu, copies (reshape, permute), a bias word and
