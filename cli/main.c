@@ -32,11 +32,28 @@ static void usage(FILE *out) {
           "device whose capabilities `auto` follows); run, compile, plan, ir, emit and check take --gemm-accumulate\n"
           "fp32|fp16 (fp16: opt-in fp16 accumulation of fp16 GEMMs on CUDA devices; ir, emit and check\n"
           "refuse fp16 too when the program has no fp16 GEMM).\n\n"
+          "run, compile, plan, ir, emit and check take the pruning flags --prune S, --prune-mode,\n"
+          "--prune-start, --prune-end, --prune-every, --prune-initial, --prune-params (`duet run --help`).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
           "M.model: it resumes after the pass it was printed after.\n\n"
           "Every command takes --help.  Environment: DUET_CC (C compiler, default cc),\n"
           "DUET_CACHE_DIR (kernel cache, default ~/.cache/duet), DUET_HOST_MEMORY (the memory a CPU\n"
           "device may use, default MemAvailable or the cgroup limit).\n");
+}
+
+/* The --prune flags (all commands that compile take them). */
+static void prune_help(FILE *out) {
+  fprintf(out,
+          "  --prune S          magnitude pruning to final sparsity S in [0, 1) (overrides the model's\n"
+          "                     prune section; masks applied after every optimizer step)\n"
+          "  --prune-mode M     unstructured (per layer, default), global (one threshold), channels\n"
+          "                     (whole output channels by L2 norm) or N:M such as 2:4 (along the inputs)\n"
+          "  --prune-start N    first mask update after N steps (default 0); one-shot unless --prune-end\n"
+          "  --prune-end N      gradual: the cubic schedule of Zhu & Gupta 2017 from start to end\n"
+          "  --prune-every N    gradual: masks updated every N steps (default 100)\n"
+          "  --prune-initial S  gradual: the schedule's initial sparsity (default 0)\n"
+          "  --prune-params P   which params: comma-separated globs, !GLOB excludes (default: matmul and\n"
+          "                     convolution weights, no biases, norms or embeddings)\n");
 }
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
@@ -68,6 +85,45 @@ static int strip_precision_flags(int argc, char **argv) {
       }
     }
     if (hit < 0) argv[k++] = argv[i];
+  }
+  argv[k] = NULL;
+  return k;
+}
+
+/* The --prune flags (passes/prune.c: prune_parse_flag), taken out of argv
+ * by main() for run, compile, ir, emit, check and plan; they override the
+ * model's prune section field by field in the prune pass. */
+static PruneSpec opt_prune;
+
+/* Removes the --prune flags (`--prune S`, `--prune-mode M`, ... and the
+ * `=` forms) from argv into opt_prune; returns the new argc, or -1 after a
+ * message for a bad or missing value. */
+static int strip_prune_flags(int argc, char **argv) {
+  int k = 0;
+  for (int i = 0; i < argc; i++) {
+    char flag[32], err[300];
+    const char *eq = strchr(argv[i], '='), *val;
+    if (strncmp(argv[i], "--prune", 7)) {
+      argv[k++] = argv[i];
+      continue;
+    }
+    snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - argv[i] : (long)strlen(argv[i])), argv[i]);
+    val = eq ? eq + 1 : i + 1 < argc ? argv[i + 1] : NULL;
+    PruneSpec probe = {0};
+    int hit = prune_parse_flag(&probe, flag, val ? val : "", err, sizeof err);
+    if (hit == 0) { /* not a prune flag after all: the command's own parser reports it */
+      argv[k++] = argv[i];
+      continue;
+    }
+    if (!val) {
+      fprintf(stderr, "duet: error: %s needs a value (see duet run --help)\n", flag);
+      return -1;
+    }
+    if (hit < 0 || prune_parse_flag(&opt_prune, flag, val, err, sizeof err) < 0) {
+      fprintf(stderr, "duet: error: %s\n", err);
+      return -1;
+    }
+    if (!eq) i++;
   }
   argv[k] = NULL;
   return k;
@@ -341,6 +397,11 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
       return NULL;
     }
   }
+  if (opt_prune.set && g->after_pass && passes_find(g->after_pass) >= passes_find("prune")) {
+    diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its pruning is fixed; the --prune flags "
+               "need the .model or a dump from before `prune`", g->after_pass);
+    return NULL;
+  }
   pc->start_after = g->after_pass;
   return g;
 }
@@ -354,7 +415,7 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   Source *src = frontend_read_file(c->arena, &c->diag, path);
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
-                .precision = opt_precision, .target = opt_arch,
+                .precision = opt_precision, .target = opt_arch, .prune = &opt_prune,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
@@ -507,6 +568,7 @@ static int cmd_run(int argc, char **argv) {
            "                     fp32 on the CPU\n");
     printf("  --gemm-accumulate A fp32|fp16: fp16 GEMMs accumulate in fp32 (default) or, opt-in, in fp16\n"
            "                     (cuBLAS CUBLAS_COMPUTE_16F, about 2x on sm_60; CUDA devices only)\n");
+    prune_help(stdout);
     printf("\nCompiles the model's kernels (cached in DUET_CACHE_DIR) and trains it.\n");
     return argc < 1 ? 1 : 0;
   }
@@ -1083,6 +1145,31 @@ static const char *bytes_human(int64_t n, char *b, size_t len) {
   return b;
 }
 
+/* duet check's line about pruning: the mode and schedule, the weights
+ * pruned and what their masks cost. */
+static void print_prune_summary(const Graph *g) {
+  const PruneSpec *p = &g->prune;
+  int n = 0;
+  int64_t elems = 0, bytes = 0;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if (v->op != OP_PRUNE_MASK) continue;
+    n++;
+    elems += shape_numel(&v->in[1]->shape);
+    bytes += shape_numel(&v->in[1]->shape) * (int64_t)dtype_size(v->in[1]->dtype);
+  }
+  if (!n) return;
+  char m[32], b[64], sched[160];
+  if (p->end == p->start) snprintf(sched, sizeof sched, "one-shot after step %" PRId64, p->start);
+  else snprintf(sched, sizeof sched, "gradual from %s after step %" PRId64 " to %s after step %" PRId64 ", every %" PRId64
+               " steps", ir_num_str(p->initial, (char[32]){0}, 32), p->start, ir_num_str(p->sparsity, (char[32]){0}, 32),
+               p->end, p->every);
+  printf("pruning: %s, sparsity %s, %s: %d weight%s of %" PRId64 " elements; masks %" PRId64 " bytes", prune_mode_str(p, m, sizeof m),
+         ir_num_str(p->sparsity, (char[32]){0}, 32), sched, n, n == 1 ? "" : "s", elems, bytes);
+  if (bytes >= 1024) printf(" (%s)", bytes_human(bytes, b, sizeof b));
+  printf(" of optimizer state\n");
+}
+
 static int cmd_check(int argc, char **argv) {
   /* M.model, then only --data-parallel N and --bucket-mb X */
   bool args_ok = argc >= 1 && argv[0][0] != '-';
@@ -1099,7 +1186,7 @@ static int cmd_check(int argc, char **argv) {
   ParOpts po;
   if (par_opts(&po, argc, argv)) return 1;
   Compiled c;
-  int rc = compile_model_par(&c, argv[0], 0, &po, NULL, "optimizer"); /* through autodiff: its warnings too */
+  int rc = compile_model_par(&c, argv[0], 0, &po, NULL, "prune"); /* through autodiff (its warnings too) and prune */
   par_free(&po);
   if (!rc && check_gemm_acc_graph(&c, argv[0], 0, NULL)) rc = 1;
   /* parameters and their bytes in all; shape rules keep each one's bytes
@@ -1158,6 +1245,7 @@ static int cmd_check(int argc, char **argv) {
                     half ? (pc.storage == DT_F16 ? " (their fp16 copies not counted)" : " (their bf16 copies not counted)")
                          : "");
     printf("\n");
+    print_prune_summary(c.g);
   }
   compiled_free(&c);
   return rc;
@@ -1173,6 +1261,7 @@ int main(int argc, char **argv) {
       !strcmp(cmd, "check") || !strcmp(cmd, "plan")) {
     int n = strip_precision_flags(argc - 2, argv + 2);
     if (n < 0 || check_precision_flags()) return 1;
+    if ((n = strip_prune_flags(n, argv + 2)) < 0) return 1;
     argc = n + 2;
     if ((!strcmp(cmd, "run") || !strcmp(cmd, "compile")) && opt_arch && strcmp(opt_arch, "cpu")) {
       fprintf(stderr, "duet: error: duet %s builds for the CPU; --arch %s is for duet ir and duet check\n", cmd,

@@ -1115,6 +1115,18 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
       write_ints(out, "bucket_tensors", p->bucket_tensors, p->bucket_off[p->n_buckets]);
     }
   }
+  if (p->prune) { /* pruning: the pruned params, their masks and the schedule */
+    const DuetPrune *pr = p->prune;
+    fprintf(out, "static const DuetPruneParam prune_params[] = {\n");
+    for (int i = 0; i < pr->n_params; i++) {
+      const DuetPruneParam *q = &pr->params[i];
+      fprintf(out, "  {%d, %d, {%d, %d}, %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "},\n", q->param, q->mask,
+              q->state[0], q->state[1], q->out_n, q->out_stride, q->in_n, q->in_stride);
+    }
+    fprintf(out, "};\nstatic const DuetPrune prune = {%d, %d, %d, %.17g, %.17g, %" PRId64 ", %" PRId64 ", %" PRId64
+                 ", %d, prune_params};\n", pr->mode, pr->nm_n, pr->nm_m, pr->initial, pr->final, pr->start, pr->end,
+            pr->every, pr->n_params);
+  }
   const DuetConfig *c = &p->defaults;
   fprintf(out, "static const DuetProgram program = {\n");
   fprintf(out, "  .api_version = %d, .model_name = model_name, .n_tensors = %d, .tensors = tensors,\n",
@@ -1139,6 +1151,7 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
             p->replicas, p->n_buckets, p->n_buckets ? "bucket_off" : "0", p->n_buckets ? "bucket_tensors" : "0",
             p->bucket_mb);
   fprintf(out, "  .kernel_arg_off = kernel_arg_off, .kernel_args = kernel_args,\n");
+  if (p->prune) fprintf(out, "  .prune = &prune,\n");
   if (p->cuda_source)
     fprintf(out, "  .cuda_source = cuda_source, .cuda_launch = cuda_launch, .cuda_fn = cuda_fn, .cuda_n_fns = %d,\n",
             p->cuda_n_fns);

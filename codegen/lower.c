@@ -1,4 +1,5 @@
 /* codegen/lower.c: planned Graph -> runtime program tables + kernel IR. */
+#include <inttypes.h>
 #include <string.h>
 
 #include "codegen.h"
@@ -207,6 +208,74 @@ static int lower_optimizer(Lower *L, Value *v) {
   }
   finish_ew(L, k, &b, shape_numel(s));
   return k->index;
+}
+
+/* A pruning mask applied after the optimizer step: the param and its
+ * optimizer state (in[0], in[2..]) keep their values where the mask in[1]
+ * is 1 and become +0 where it is 0: mask > 0 ? x : 0, the kernel IR's
+ * select (KI_RELU_GRAD's x > 0 ? dy : 0 with the mask as x).  A multiply
+ * would leave -0 for a negative weight and NaN for an infinite one. */
+static int lower_prune_mask(Lower *L, Value *v) {
+  Kernel *k = new_kernel(L, KK_ELEMENTWISE, v->in[0]->dtype);
+  InsBuf b = {.n = 0};
+  const Shape *s = &v->in[0]->shape;
+  int bm = add_buf(k, tid(L, v->in[1]), v->in[1]->dtype, s, s);
+  int m = ins(&b, KI_LOAD, bm, 0, 0);
+  for (int j = 0; j < v->n_in; j++) {
+    if (j == 1) continue;
+    int bx = add_buf(k, tid(L, v->in[j]), v->in[j]->dtype, s, s);
+    ins(&b, KI_STORE, bx, ins(&b, KI_RELU_GRAD, ins(&b, KI_LOAD, bx, 0, 0), m, 0), 0);
+  }
+  finish_ew(L, k, &b, shape_numel(s));
+  return k->index;
+}
+
+/* The program's pruning table (DuetProgram.prune) from the prune_mask ops
+ * and the graph's prune spec; NULL without pruning. */
+static const DuetPrune *lower_prune_table(Lower *L) {
+  Graph *g = L->g;
+  int n = 0;
+  for (int i = 0; i < g->n_values; i++) n += g->values[i]->op == OP_PRUNE_MASK;
+  if (!n) return NULL;
+  PruneSpec spec = g->prune;
+  char err[400];
+  if (prune_spec_resolve(&spec, err, sizeof err)) duet_fatal(__FILE__, __LINE__, "codegen: prune spec: %s", err);
+  DuetPrune *pr = arena_alloc(L->a, sizeof *pr);
+  DuetPruneParam *pp = arena_alloc(L->a, (size_t)n * sizeof *pp);
+  pr->mode = spec.mode == PRUNE_GLOBAL ? DUET_PRUNE_GLOBAL : spec.mode == PRUNE_NM ? DUET_PRUNE_NM
+           : spec.mode == PRUNE_CHANNELS ? DUET_PRUNE_CHANNELS : DUET_PRUNE_UNSTRUCTURED;
+  pr->nm_n = spec.nm_n;
+  pr->nm_m = spec.nm_m;
+  pr->initial = spec.initial;
+  pr->final = spec.sparsity;
+  pr->start = spec.start;
+  pr->end = spec.end;
+  pr->every = spec.every;
+  pr->n_params = n;
+  pr->params = pp;
+  for (int i = 0, k = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if (v->op != OP_PRUNE_MASK) continue;
+    DuetPruneParam *q = &pp[k++];
+    const Shape *s = &v->in[0]->shape;
+    int64_t numel = shape_numel(s);
+    q->param = tid(L, v->in[0]);
+    q->mask = tid(L, v->in[1]);
+    q->state[0] = v->n_in > 2 ? tid(L, v->in[2]) : -1;
+    q->state[1] = v->n_in > 3 ? tid(L, v->in[3]) : -1;
+    if (v->attr.axis < 0 || s->rank == 0) { /* no channels: one row of inputs */
+      q->out_n = 1, q->out_stride = numel, q->in_n = numel, q->in_stride = 1;
+    } else if (v->attr.axis == 0) { /* [out, inputs...] */
+      q->out_n = s->dim[0], q->out_stride = numel / s->dim[0], q->in_n = numel / s->dim[0], q->in_stride = 1;
+    } else { /* [inputs..., out] */
+      q->out_n = s->dim[s->rank - 1], q->out_stride = 1, q->in_n = numel / s->dim[s->rank - 1];
+      q->in_stride = s->dim[s->rank - 1];
+    }
+    if (pr->mode == DUET_PRUNE_NM && (v->attr.axis < 0 || q->in_n % pr->nm_m))
+      duet_fatal(__FILE__, __LINE__, "codegen: %%%d: %d:%d pruning of %" PRId64 " inputs", v->id, pr->nm_n, pr->nm_m,
+                 q->in_n);
+  }
+  return pr;
 }
 
 /* g * (1 / loss scale) in f32, and flag `slot` set when any element is not
@@ -681,6 +750,9 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_SGD:
       st.kernel = lower_optimizer(&L, v);
       break;
+    case OP_PRUNE_MASK:
+      st.kernel = lower_prune_mask(&L, v);
+      break;
     default: /* the elementwise ops (ops.def's EW flag): one loop, or a fused one */
       if (!(op_info[v->op].flags & OPF_EW)) duet_fatal(__FILE__, __LINE__, "codegen: no lowering for op %d", (int)v->op);
       st.kernel = lower_elementwise(&L, v);
@@ -721,6 +793,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   p->logits = g->logits && cp->tensor_of[g->logits->id] >= 0 ? cp->tensor_of[g->logits->id] : -1;
   p->decode = g->decode;
   p->context = g->context;
+  p->prune = lower_prune_table(&L);
   p->train = tr.s, p->n_train = tr.n;
   p->eval = ev.s, p->n_eval = ev.n;
   p->grad = gr.s, p->n_grad = gr.n;

@@ -1294,6 +1294,56 @@ static void read_eval(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
   }
 }
 
+/* prune { sparsity = S  mode = "..."  start = N  end = N  every = N
+ *         initial_sparsity = S  params = "GLOB, !GLOB" }: magnitude pruning
+ * (passes/prune.c), each value checked here; the command line's --prune
+ * flags override it field by field. */
+static void read_prune(Elab *e, Scope *s, const Node *n, PruneSpec *p) {
+  static const char *const keys[] = {"sparsity", "mode", "start", "end", "every", "initial_sparsity", "params"};
+  static const unsigned bits[] = {PRUNE_SET_SPARSITY, PRUNE_SET_MODE, PRUNE_SET_START, PRUNE_SET_END,
+                                  PRUNE_SET_EVERY, PRUNE_SET_INITIAL, PRUNE_SET_PARAMS};
+  p->mode = PRUNE_UNSTRUCTURED;
+  for (Node *kv = n->body.head; kv; kv = kv->next) {
+    for (Node *o = n->body.head; o != kv; o = o->next)
+      if (!strcmp(o->name, kv->name)) diag_error(e->d, kv->loc, "prune key `%s` is set twice", kv->name);
+    int k = 0;
+    while (k < 7 && strcmp(keys[k], kv->name)) k++;
+    if (k == 7) {
+      Hint h = {0};
+      for (int i = 0; i < 7; i++) hint_try(&h, kv->name, keys[i]);
+      diag_error(e->d, kv->loc, "unknown prune key `%s`; keys are sparsity, mode, start, end, every, initial_sparsity "
+                 "and params%s", kv->name, hint_text(e, &h));
+    }
+    EVal x = eval(e, s, kv->a);
+    p->set |= bits[k];
+    if (k == 0 || k == 5) {
+      double v = want_num(e, x, kv->name);
+      if (!(v >= 0 && v < 1))
+        diag_error(e->d, x.loc, "prune %s must be in [0, 1), got %s", k ? "initial_sparsity" : "sparsity",
+                   ir_num_str(v, (char[32]){0}, 32));
+      *(k ? &p->initial : &p->sparsity) = v;
+    } else if (k == 1 || k == 6) {
+      if (x.kind != EV_STR)
+        diag_error(e->d, x.loc, k == 1 ? "prune mode must be a string: \"unstructured\", \"global\", \"channels\" "
+                   "or N:M such as \"2:4\"" : "prune params must be a string of patterns such as \"*.w, !head.w\"");
+      if (k == 6) {
+        p->params = x.str;
+      } else if (prune_mode_parse(x.str, &p->mode, &p->nm_n, &p->nm_m)) {
+        Hint h = {0};
+        const char *modes[] = {"unstructured", "global", "channels", "2:4"};
+        for (int i = 0; i < 4; i++) hint_try(&h, x.str, modes[i]);
+        diag_error(e->d, x.loc, "unknown prune mode `%s`; modes are unstructured, global, channels and N:M such as "
+                   "2:4%s", x.str, hint_text(e, &h));
+      }
+    } else {
+      int64_t v = want_int(e, x, kv->name, k == 4 ? 1 : 0);
+      if (v > INT64_MAX / 4) /* as the IR parser reads it back */
+        diag_error(e->d, x.loc, "prune %s is out of range: %lld steps (the limit is 2^61 - 1)", kv->name, (long long)v);
+      *(k == 2 ? &p->start : k == 3 ? &p->end : &p->every) = v;
+    }
+  }
+}
+
 static void check_data_inputs(Elab *e, Loc model_loc) {
   TrainSpec *t = &e->g->train;
   char b[160];
@@ -1489,7 +1539,7 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
    * use them), then the train section (it binds `batch`), then the rest */
   for (Node *st = cx.stmts.head; st; st = st->next)
     if (st->kind == N_CONST) exec_stmt(&e, &global, st, true);
-  int n_train = 0, n_eval = 0;
+  int n_train = 0, n_eval = 0, n_prune = 0;
   for (Node *st = cx.stmts.head; st; st = st->next)
     if (st->kind == N_TRAIN) {
       if (n_train++) diag_error(d, st->loc, "only one train section is allowed");
@@ -1497,11 +1547,17 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
     }
   for (Node *st = cx.stmts.head; st; st = st->next)
     if (st->kind == N_SECTION) {
+      if (!strcmp(st->name, "prune")) {
+        if (n_prune++) diag_error(d, st->loc, "only one prune section is allowed");
+        read_prune(&e, &global, st, &g->prune);
+        continue;
+      }
       if (strcmp(st->name, "eval")) {
         Hint h = {0};
         hint_try(&h, st->name, "eval");
-        diag_error(d, st->loc, "unknown section `%s`; sections are `train { }` and `eval { }`%s", st->name,
-                   hint_text(&e, &h));
+        hint_try(&h, st->name, "prune");
+        diag_error(d, st->loc, "unknown section `%s`; sections are `train { }`, `eval { }` and `prune { }`%s",
+                   st->name, hint_text(&e, &h));
       }
       if (n_eval++) diag_error(d, st->loc, "only one eval section is allowed");
       read_eval(&e, &global, st, &g->train);

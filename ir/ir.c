@@ -482,6 +482,87 @@ void train_spec_defaults(TrainSpec *t) {
   t->micro_batches = 1;
 }
 
+int prune_mode_parse(const char *s, PruneMode *mode, int *n, int *m) {
+  static const char *const names[] = {"unstructured", "global", "channels"};
+  static const PruneMode modes[] = {PRUNE_UNSTRUCTURED, PRUNE_GLOBAL, PRUNE_CHANNELS};
+  for (int i = 0; i < 3; i++)
+    if (!strcmp(s, names[i])) {
+      *mode = modes[i];
+      *n = *m = 0;
+      return 0;
+    }
+  int a = 0, b = 0, k = 0;
+  const char *q = s;
+  while (*q >= '0' && *q <= '9' && k++ < 3) a = 10 * a + (*q++ - '0');
+  if (k == 0 || *q++ != ':') return -1;
+  k = 0;
+  while (*q >= '0' && *q <= '9' && k++ < 3) b = 10 * b + (*q++ - '0');
+  if (k == 0 || *q || a < 1 || a >= b || b > 64) return -1;
+  *mode = PRUNE_NM;
+  *n = a;
+  *m = b;
+  return 0;
+}
+
+char *prune_mode_str(const PruneSpec *p, char *buf, size_t len) {
+  switch (p->mode) {
+  case PRUNE_UNSTRUCTURED: snprintf(buf, len, "unstructured"); break;
+  case PRUNE_GLOBAL: snprintf(buf, len, "global"); break;
+  case PRUNE_CHANNELS: snprintf(buf, len, "channels"); break;
+  case PRUNE_NM: snprintf(buf, len, "%d:%d", p->nm_n, p->nm_m); break;
+  default: snprintf(buf, len, "none"); break;
+  }
+  return buf;
+}
+
+int prune_spec_resolve(PruneSpec *p, char *err, size_t errlen) {
+  char m[32];
+  prune_mode_str(p, m, sizeof m);
+  if (!(p->set & PRUNE_SET_START)) p->start = 0;
+  if (!(p->set & PRUNE_SET_END)) p->end = p->start;
+  if (!(p->set & PRUNE_SET_EVERY)) p->every = PRUNE_DEFAULT_EVERY;
+  if (!(p->set & PRUNE_SET_INITIAL)) p->initial = 0;
+  if (p->mode == PRUNE_NM) {
+    double s = (double)(p->nm_m - p->nm_n) / (double)p->nm_m;
+    if ((p->set & PRUNE_SET_SPARSITY) && p->sparsity != s) {
+      snprintf(err, errlen, "%s pruning keeps %d of every %d weights (sparsity %s); the sparsity %s does not match it "
+               "(leave the sparsity out)", m, p->nm_n, p->nm_m, ir_num_str(s, (char[32]){0}, 32),
+               ir_num_str(p->sparsity, (char[32]){0}, 32));
+      return -1;
+    }
+    p->sparsity = s;
+    if ((p->set & (PRUNE_SET_END | PRUNE_SET_EVERY | PRUNE_SET_INITIAL)) && p->end != p->start) {
+      snprintf(err, errlen, "%s pruning is one-shot, at its start step: the end step and the frequency belong to the "
+               "gradual schedule of unstructured, global and channels pruning", m);
+      return -1;
+    }
+  } else if (!(p->set & PRUNE_SET_SPARSITY)) {
+    snprintf(err, errlen, "%s pruning needs its final sparsity: `sparsity = S` in the prune section, or --prune S", m);
+    return -1;
+  }
+  if (!(p->sparsity >= 0 && p->sparsity < 1)) {
+    snprintf(err, errlen, "prune sparsity must be in [0, 1), got %s", ir_num_str(p->sparsity, (char[32]){0}, 32));
+    return -1;
+  }
+  if (!(p->initial >= 0 && p->initial <= p->sparsity)) {
+    snprintf(err, errlen, "prune initial sparsity %s must be in [0, %s] (at most the final sparsity)",
+             ir_num_str(p->initial, (char[32]){0}, 32), ir_num_str(p->sparsity, (char[32]){0}, 32));
+    return -1;
+  }
+  if (p->start < 0 || p->every < 1) {
+    snprintf(err, errlen, p->start < 0 ? "prune start step must be >= 0, got %" PRId64 : "prune frequency (every) must "
+             "be >= 1 step, got %" PRId64, p->start < 0 ? p->start : p->every);
+    return -1;
+  }
+  if (p->end < p->start) {
+    snprintf(err, errlen, "prune end step %" PRId64 " is before its start step %" PRId64, p->end, p->start);
+    return -1;
+  }
+  p->set = PRUNE_SET_SPARSITY | PRUNE_SET_MODE | PRUNE_SET_START | PRUNE_SET_END | PRUNE_SET_EVERY | PRUNE_SET_INITIAL |
+           (p->params ? PRUNE_SET_PARAMS : 0);
+  return 0;
+}
+
 /* ---------------------------------------------------------------- graph */
 
 Graph *graph_new(Arena *a, Diag *d) {
@@ -892,6 +973,13 @@ int ir_verify(const Graph *g, const char *after_pass, FILE *err) {
           }
         }
     }
+    if (v->op == OP_PRUNE_MASK) {
+      bool ok = v->n_in >= 2 && v->n_in <= 4 && v->in[0]->op == OP_PARAM && v->in[1]->op == OP_STATE;
+      for (int j = 1; ok && j < v->n_in; j++) ok = v->in[j]->op == OP_STATE && v->in[j]->dtype == v->in[0]->dtype;
+      if (!ok) VFAIL("expects a param, its mask and at most two optimizer states (states of the param's dtype)");
+      if (v->n_in >= 1 && v->attr.axis != -1 && v->attr.axis != 0 && v->attr.axis != v->in[0]->shape.rank - 1)
+        VFAIL("output axis %d is neither the first nor the last", v->attr.axis);
+    }
     if ((op_info[v->op].flags & OPF_SIDE) && v->dtype != DT_VOID) VFAIL("side-effect op with a result");
     if (!(op_info[v->op].flags & OPF_SIDE) && v->dtype == DT_VOID) VFAIL("value without dtype");
     if (shape_numel(&v->shape) < 0) VFAIL("element count overflows");
@@ -1045,6 +1133,7 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
     fputc(' ', out);
     print_string(v->attr.name, out);
     if (v->attr.kv_cache) fputs(" kv_cache", out);
+    if (v->op == OP_STATE && v->attr.init == INIT_ONES) fputs(" ones", out);
     break;
   case OP_PARAM:
     fputc(' ', out);
@@ -1123,6 +1212,9 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   case OP_SGD:
     if (v->attr.no_decay) fputs("[no_decay]", out);
     break;
+  case OP_PRUNE_MASK:
+    if (v->attr.axis >= 0) fprintf(out, "[out=%d]", v->attr.axis);
+    break;
   case OP_FUSED: {
     const FusedProg *p = v->attr.prog;
     fputs("{", out);
@@ -1186,6 +1278,23 @@ static void print_train(const TrainSpec *t, FILE *out) {
   fputs("}\n", out);
 }
 
+/* The prune section as one header line (docs/ir.md): the mode and the
+ * fields given (after the prune pass, all of them). */
+static void print_prune(const PruneSpec *p, FILE *out) {
+  char m[32];
+  fprintf(out, "prune mode=\"%s\"", prune_mode_str(p, m, sizeof m));
+  if (p->set & PRUNE_SET_SPARSITY) fprintf(out, " sparsity=%s", NUM(p->sparsity));
+  if (p->set & PRUNE_SET_INITIAL) fprintf(out, " initial=%s", NUM(p->initial));
+  if (p->set & PRUNE_SET_START) fprintf(out, " start=%" PRId64, p->start);
+  if (p->set & PRUNE_SET_END) fprintf(out, " end=%" PRId64, p->end);
+  if (p->set & PRUNE_SET_EVERY) fprintf(out, " every=%" PRId64, p->every);
+  if (p->set & PRUNE_SET_PARAMS) {
+    fputs(" params=", out);
+    print_string(p->params ? p->params : "", out);
+  }
+  fputc('\n', out);
+}
+
 static bool in_graph(const Graph *g, const Value *v) {
   return v && v->id >= 0 && v->id < g->n_values && g->values[v->id] == v;
 }
@@ -1198,6 +1307,7 @@ void ir_print(const Graph *g, FILE *out) {
   if (g->n_stages > 1) fprintf(out, "stages %d\n", g->n_stages);
   if (g->replicas > 1) fprintf(out, "replicas %d\n", g->replicas);
   print_train(&g->train, out);
+  if (g->prune.mode != PRUNE_NONE) print_prune(&g->prune, out);
   bool planned = false;
   for (int r = 1; r < MEM_COUNT; r++) planned |= g->region_bytes[r] != 0;
   if (planned && g->n_stages <= 1) {

@@ -170,6 +170,7 @@ typedef enum OpPrec {
   PREC_FOLLOW, /* computes in f32, stores the widest dtype of its activation operands */
   PREC_F32,    /* reads f32 operands and gives f32 (reductions, norms, softmax, losses) */
   PREC_UPDATE, /* an optimizer update */
+  PREC_AFTER_UPDATE, /* after the optimizer updates, on f32 master weights (prune masks) */
 } OpPrec;
 
 typedef struct OpInfo {
@@ -214,7 +215,7 @@ typedef struct Attr {
   const char *name; /* INPUT, PARAM, STATE: tensor name (hierarchical) */
   Shape shape;      /* INPUT, PARAM, STATE, BROADCAST, SUM_TO, FUSED */
   double value;     /* CONST: the literal */
-  InitKind init;    /* PARAM, STATE: initialiser */
+  InitKind init;    /* PARAM: initialiser; STATE: zeros, or ones (a pruning mask) */
   double init_a, init_b; /* PARAM: normal(std=a) or uniform(a, b) */
   bool trans_a, trans_b; /* MATMUL: use A^T / B^T (operands viewed as 2-D:
                           * leading axes merged into rows) */
@@ -228,7 +229,10 @@ typedef struct Attr {
   bool no_decay;    /* ADAMW, SGD: this param gets no weight decay */
   bool kv_cache;    /* STATE: a key/value cache of decoding (not checkpointed) */
   double p;         /* DROPOUT: probability of zeroing an element */
-  int axis;         /* SLICE, SLICE_GRAD, CONCAT, SOFTMAX, SOFTMAX_GRAD: the axis (SLICE: index = start) */
+  int axis;         /* SLICE, SLICE_GRAD, CONCAT, SOFTMAX, SOFTMAX_GRAD: the axis (SLICE: index = start); PRUNE_MASK:
+                     * the weight's output-channel axis, 0 or its last (the other axes are its
+                     * inputs, the GEMM's reduction dimension), -1 when it is no matmul or
+                     * convolution weight */
   bool squeeze;     /* SLICE: the sliced axis (length 1) is dropped */
   int perm[IR_MAX_RANK]; /* PERMUTE: output axis d is input axis perm[d] */
   int64_t kh, kw, sh, sw, ph, pw, dh, dw; /* IM2COL, COL2IM, pools: window, stride, padding, dilation */
@@ -299,6 +303,45 @@ void train_spec_defaults(TrainSpec *t);
 
 /* ---------------------------------------------------------------- graph */
 
+/* Magnitude pruning (passes/prune.c): the `prune { }` section of the
+ * model, overridden field by field by the --prune flags (PruneSpec.set). */
+typedef enum PruneMode { PRUNE_NONE, PRUNE_UNSTRUCTURED, PRUNE_GLOBAL, PRUNE_NM, PRUNE_CHANNELS } PruneMode;
+enum { /* PruneSpec.set: the fields given */
+  PRUNE_SET_SPARSITY = 1, PRUNE_SET_MODE = 2, PRUNE_SET_START = 4, PRUNE_SET_END = 8, PRUNE_SET_EVERY = 16,
+  PRUNE_SET_PARAMS = 32, PRUNE_SET_INITIAL = 64
+};
+typedef struct PruneSpec {
+  PruneMode mode;     /* PRUNE_NONE: no pruning */
+  double sparsity;    /* final sparsity s_f, in [0, 1); PRUNE_NM: (M - N) / M */
+  double initial;     /* initial sparsity s_i of the gradual schedule, in [0, sparsity] */
+  int nm_n, nm_m;     /* PRUNE_NM: keep nm_n of every nm_m weights (2:4) */
+  int64_t start;      /* masks are first computed after `start` optimizer steps */
+  int64_t end;        /* ... and last after `end` (end == start: one-shot) */
+  int64_t every;      /* ... every `every` steps in between (Zhu & Gupta's delta t) */
+  const char *params; /* which params: comma-separated globs, `!glob` excludes; NULL: the
+                       * weights of matmuls and convolutions (not biases, norms, embeddings) */
+  unsigned set;       /* PRUNE_SET_* of the fields given (the others take the defaults) */
+} PruneSpec;
+
+/* Reads a pruning mode: "unstructured", "global", "channels" or "N:M" with
+ * 1 <= N < M <= 64 (2:4).  0, or -1 when it is none of these. */
+int prune_mode_parse(const char *s, PruneMode *mode, int *n, int *m);
+/* The mode as prune_mode_parse reads it ("unstructured", "2:4"); returns buf
+ * (at least 32 bytes). */
+char *prune_mode_str(const PruneSpec *p, char *buf, size_t len);
+
+/* Default pruning frequency (Zhu & Gupta's delta t; TensorFlow Model
+ * Optimization's PolynomialDecay frequency). */
+#define PRUNE_DEFAULT_EVERY 100
+/* Completes a requested spec (mode != PRUNE_NONE) with the defaults of the
+ * fields not given (start 0, end = start: one-shot, every
+ * PRUNE_DEFAULT_EVERY, initial 0; N:M: sparsity (M - N) / M) and checks it:
+ * sparsity given (but for N:M) and in [0, 1), initial in [0, sparsity],
+ * 0 <= start <= end, every >= 1; N:M one-shot (end == start) with the
+ * sparsity of its pattern.  Sets every PRUNE_SET_* bit.  0, or -1 with a
+ * one-line message in err. */
+int prune_spec_resolve(PruneSpec *p, char *err, size_t errlen);
+
 /* One block call, recorded by the frontend for `duet check`'s summary. */
 typedef struct LayerInfo {
   const char *name; /* the call's parameter prefix without the final dot: "layer1.linear2" */
@@ -336,6 +379,7 @@ typedef struct Graph {
                       * train.micro_batches counts all replicas' micro-batches,
                       * replica r computing micro-batches r*M .. r*M+M-1,
                       * M = micro_batches / replicas; printed `replicas N` */
+  PruneSpec prune;   /* the `prune { }` section; after the prune pass, as applied */
 } Graph;
 
 /* Elements of v's dtype that the memory plan reserves after v's own for its

@@ -51,6 +51,7 @@ static void dot_attrs(const Value *v, Buf *out) {
     break;
   case OP_STATE:
     if (a->kv_cache) bput(out, "kv_cache");
+    if (a->init == INIT_ONES) bput(out, "ones (mask)");
     break;
   case OP_CONST:
     bput(out, "%s", NUM(a->value));
@@ -105,6 +106,9 @@ static void dot_attrs(const Value *v, Buf *out) {
     break;
   case OP_ALLREDUCE:
     bput(out, "bucket %d, %" PRId64 " bytes", a->bucket, a->bytes);
+    break;
+  case OP_PRUNE_MASK:
+    if (a->axis >= 0) bput(out, "out axis %d", a->axis);
     break;
   case OP_FUSED: { /* the ops of the program; loads and constants left out */
     int shown = 0;
@@ -244,6 +248,7 @@ static void json_attrs(J *j, cJSON *o, const Value *v) {
   case OP_STATE:
     jstr(j, o, "name", a->name);
     jbool(j, o, "kv_cache", a->kv_cache);
+    jstr(j, o, "init", init_name(a->init));
     break;
   case OP_PARAM:
     jstr(j, o, "name", a->name);
@@ -311,6 +316,10 @@ static void json_attrs(J *j, cJSON *o, const Value *v) {
   case OP_ALLREDUCE:
     jnum(j, o, "bucket", a->bucket);
     jint(j, o, "bytes", a->bytes);
+    break;
+  case OP_PRUNE_MASK:
+    if (a->axis >= 0) jnum(j, o, "out_axis", a->axis);
+    else jnull(j, o, "out_axis");
     break;
   case OP_FUSED: {
     cJSON *prog = jchk(j, cJSON_AddArrayToObject(o, "program"));
@@ -400,6 +409,20 @@ int ir_print_json(const Graph *g, FILE *out) {
   if (g->decode) jint(&j, root, "context", g->context);
   cJSON *train = jchk(&j, cJSON_AddObjectToObject(root, "train"));
   if (train) json_train(&j, train, &g->train);
+  if (g->prune.mode != PRUNE_NONE) { /* the fields given (all after the prune pass) */
+    const PruneSpec *p = &g->prune;
+    char m[32];
+    cJSON *pr = jchk(&j, cJSON_AddObjectToObject(root, "prune"));
+    if (pr) {
+      jstr(&j, pr, "mode", prune_mode_str(p, m, sizeof m));
+      if (p->set & PRUNE_SET_SPARSITY) jnum(&j, pr, "sparsity", p->sparsity);
+      if (p->set & PRUNE_SET_INITIAL) jnum(&j, pr, "initial", p->initial);
+      if (p->set & PRUNE_SET_START) jint(&j, pr, "start", p->start);
+      if (p->set & PRUNE_SET_END) jint(&j, pr, "end", p->end);
+      if (p->set & PRUNE_SET_EVERY) jint(&j, pr, "every", p->every);
+      if (p->params) jstr(&j, pr, "params", p->params);
+    }
+  }
   cJSON *regions = jchk(&j, cJSON_AddObjectToObject(root, "regions"));
   for (int r = 1; regions && r < MEM_COUNT; r++) jint(&j, regions, mem_region_name((MemRegion)r), g->region_bytes[r]);
   jref(&j, root, "loss", g, g->loss);

@@ -5,6 +5,7 @@
  *   header  -> `model` NAME | `after` PASS | `float_dtype` DTYPE | `stages` N | `replicas` N
  *            | `decode context=`N | `train {` (KEY `=` VALUE)* `}`
  *            | `regions` (REGION `=` N)*
+ *            | `prune` (KEY `=` VALUE)*    (mode, sparsity, initial, start, end, every, params)
  *   line    -> [`%`ID `=`] OP [ATTRS] [`%`ID (`,` `%`ID)*] `:` TYPE ANNOT*
  *            | `loss` `%`ID | `logits` `%`ID | `labels` `%`ID | `grad` `%`P `%`G
  *   TYPE    -> `void` | DTYPE `[` [N (`,` N)*] `]`
@@ -42,7 +43,7 @@ typedef struct Parser {
   int line;
   IdSlot *slots; /* %id -> value, open addressing */
   size_t cap;
-  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line;
+  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line;
   uint64_t device_regions[IR_MAX_STAGES / 64 + 1]; /* `regions device N` lines seen */
   int loss_line, logits_line, labels_line;
   bool in_train; /* inside the lines of `train { ... }` */
@@ -523,6 +524,7 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
       const char *q = P->p;
       const char *w = word(P);
       if (w && !strcmp(w, "kv_cache")) at->kv_cache = true;
+      else if (w && !strcmp(w, "ones")) at->init = INIT_ONES; /* a pruning mask */
       else P->p = q;
     }
     break;
@@ -677,6 +679,15 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
     at->bytes = v.i[1][0];
     break;
   }
+  case OP_PRUNE_MASK:
+    at->axis = -1;
+    if (peek(P, '[')) {
+      static const AKey keys[] = {{"out", AK_INT, true}};
+      attr_list(P, name, keys, 1, &v);
+      if (v.i[0][0] < 0 || v.i[0][0] >= IR_MAX_RANK) FAIL(start, "prune_mask: out axis %" PRId64 " is out of range", v.i[0][0]);
+      at->axis = (int)v.i[0][0];
+    }
+    break;
   case OP_UNSCALE: {
     static const AKey keys[] = {{"slot", AK_INT, true}};
     attr_list(P, name, keys, 1, &v);
@@ -815,6 +826,17 @@ static void check_value(Parser *P, const char *at, OpKind op, Value **in, int n,
         FAIL(at, "attention_decode: cache %s does not fit k %s ([batch, context, channels])", SHP(c), SHP(k));
     }
     break;
+  case OP_PRUNE_MASK: {
+    if (n < 2 || n > 4) FAIL(at, "prune_mask takes 2 to 4 operands (param, mask, optimizer state), got %d", n);
+    bool ok = in[0]->op == OP_PARAM && in[1]->op == OP_STATE && in[1]->attr.init == INIT_ONES;
+    for (int j = 1; j < n; j++) ok = ok && in[j]->op == OP_STATE && !in[j]->attr.kv_cache && in[j]->dtype == in[0]->dtype;
+    if (!ok)
+      FAIL(at, "prune_mask: expected a param, its mask (a state initialised to ones) and its optimizer state, all of "
+               "the param's dtype");
+    if (a->axis >= 0 && a->axis != 0 && a->axis != x->rank - 1)
+      FAIL(at, "prune_mask: the output axis %d of %s is neither the first nor the last", a->axis, SHP(x));
+    break;
+  }
   case OP_MAX_TO_GRAD: {
     Shape o;
     if (!shape_eq(&in[1]->shape, s) || !shape_broadcast(s, &in[0]->shape, &o) || !shape_eq(&o, s))
@@ -1117,6 +1139,72 @@ static void train_line(Parser *P) {
 
 /* ----------------------------------------------------------- headers */
 
+/* The fields of a `prune` header line (the mode first), each checked as
+ * the .model's prune section checks it; the whole spec is checked once the
+ * graph is known (check_prune). */
+static void prune_header(Parser *P) {
+  static const char *const keys[] = {"mode", "sparsity", "initial", "start", "end", "every", "params"};
+  static const unsigned bits[] = {PRUNE_SET_MODE, PRUNE_SET_SPARSITY, PRUNE_SET_INITIAL, PRUNE_SET_START,
+                                  PRUNE_SET_END, PRUNE_SET_EVERY, PRUNE_SET_PARAMS};
+  PruneSpec *ps = &P->g->prune;
+  while (!at_eol(P)) {
+    ws(P);
+    const char *ka = P->p;
+    const char *k = want_word(P, "a prune key (mode, sparsity, initial, start, end, every, params)");
+    int i = 0;
+    while (i < 7 && strcmp(keys[i], k)) i++;
+    if (i == 7) FAIL(ka, "unknown prune key `%s`%s (mode, sparsity, initial, start, end, every, params)", k, hint(P, k, keys, 7));
+    if (ps->set & bits[i]) FAIL(ka, "prune key `%s` is given twice", k);
+    ps->set |= bits[i];
+    expect(P, '=', arena_printf(P->a, "'=' after `%s`", k));
+    const char *va = skip_ws(P, P->p);
+    if (i == 0) {
+      const char *m = string(P, "the mode, a string");
+      if (prune_mode_parse(m, &ps->mode, &ps->nm_n, &ps->nm_m))
+        FAIL(va, "unknown prune mode `%s` (unstructured, global, channels, or N:M such as 2:4)", m);
+    } else if (i == 1 || i == 2) {
+      double x = number(P, arena_printf(P->a, "the %s", k));
+      if (!(x >= 0 && x < 1)) FAIL(va, "prune %s must be in [0, 1), got %s", k, ir_num_str(x, (char[32]){0}, 32));
+      *(i == 1 ? &ps->sparsity : &ps->initial) = x;
+    } else if (i < 6) {
+      int64_t x = integer(P, i == 5 ? 1 : 0, INT64_MAX / 4, arena_printf(P->a, "the %s step", k));
+      *(i == 3 ? &ps->start : i == 4 ? &ps->end : &ps->every) = x;
+    } else {
+      ps->params = string(P, "the params patterns");
+    }
+  }
+  if (!(ps->set & PRUNE_SET_MODE)) FAIL(P->bol, "the prune line needs mode=\"...\" (unstructured, global, channels, 2:4)");
+}
+
+/* A graph the prune pass went through (prune_mask values) carries its
+ * complete spec, which lowering reads. */
+static void check_prune(Parser *P) {
+  Graph *g = P->g;
+  const Value *mask = NULL;
+  for (int i = 0; i < g->n_values && !mask; i++)
+    if (g->values[i]->op == OP_PRUNE_MASK) mask = g->values[i];
+  if (!mask) return;
+  Loc at = {P->src, P->prune_line, 1};
+  if (!P->prune_line) fail_loc(P, mask->loc, "prune_mask values need the `prune` line (the spec they were made for)");
+  PruneSpec c = g->prune;
+  char err[300];
+  unsigned all = PRUNE_SET_SPARSITY | PRUNE_SET_MODE | PRUNE_SET_START | PRUNE_SET_END | PRUNE_SET_EVERY |
+                 PRUNE_SET_INITIAL;
+  if ((c.set & all) != all)
+    fail_loc(P, at, "a graph with prune_mask values needs every key but params on its prune line (mode, sparsity, "
+                    "initial, start, end, every: as the prune pass prints it)");
+  if (prune_spec_resolve(&c, err, sizeof err)) fail_loc(P, at, "%s", err);
+  for (int i = 0; i < g->n_values && c.mode == PRUNE_NM; i++) { /* groups of M inputs per output channel */
+    const Value *v = g->values[i];
+    if (v->op != OP_PRUNE_MASK) continue;
+    const Shape *s = &v->in[0]->shape;
+    int64_t out = v->attr.axis >= 0 ? s->dim[v->attr.axis] : 0;
+    if (!out || (shape_numel(s) / out) % c.nm_m)
+      fail_loc(P, v->loc, "%d:%d pruning of %%%d %s: %s", c.nm_n, c.nm_m, v->in[0]->id, SHP(s),
+               out ? "its input count does not divide into groups" : "prune_mask has no output axis ([out=A])");
+  }
+}
+
 static void once(Parser *P, const char *at, int *line, const char *what) {
   if (*line) FAIL(at, "a second `%s` line (the first is line %d)", what, *line);
   *line = P->line;
@@ -1178,6 +1266,9 @@ static void parse_line(Parser *P) {
     expect(P, '{', "'{' after `train`");
     want_eol(P, "'{' (the train keys follow one a line, then '}')");
     P->in_train = true;
+  } else if (!strcmp(w, "prune")) {
+    once(P, at, &P->prune_line, "prune");
+    prune_header(P);
   } else if (!strcmp(w, "stages")) {
     once(P, at, &P->stages_line, "stages");
     g->n_stages = (int)integer(P, 2, IR_MAX_STAGES, "the number of stages");
@@ -1252,8 +1343,8 @@ static void parse_line(Parser *P) {
     int op = op_from_name(w);
     if (op < 0) {
       static const char *const kw[] = {"model", "after", "float_dtype", "decode", "train", "regions", "loss", "logits",
-                                       "labels", "grad", "stages", "replicas"};
-      const char *h = hint(P, w, kw, 12);
+                                       "labels", "grad", "stages", "replicas", "prune"};
+      const char *h = hint(P, w, kw, 13);
       FAIL(at, "unknown op `%s`%s", w, *h ? h : op_hint(P, w));
     }
     if (!(op_info[op].flags & OPF_SIDE)) FAIL(at, "%s has a result: the line must start with `%%N =`", w);
@@ -1440,6 +1531,7 @@ static void parse_all(Parser *P) {
   check_regions(P);
   check_inputs(P);
   check_names(P);
+  check_prune(P);
   graph_count_uses(P->g);
 }
 

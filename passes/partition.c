@@ -293,7 +293,7 @@ static void assign_rest(Part *P) {
   }
   for (int i = 0; i < n; i++) {
     Value *v = g->values[i];
-    if (v->op == OP_ADAMW || v->op == OP_SGD) v->device = v->in[0]->device;
+    if (v->op == OP_ADAMW || v->op == OP_SGD || v->op == OP_PRUNE_MASK) v->device = v->in[0]->device;
   }
   int *F = arena_alloc(a, (size_t)n * sizeof *F), *L = arena_alloc(a, (size_t)n * sizeof *L);
 #define GRADLIKE(v) (((v)->role == ROLE_BACKWARD || (v)->role == ROLE_EVAL) && (v)->op != OP_CONST)

@@ -58,6 +58,8 @@ typedef struct PassCtx {
                               * activations on stage s (GPipe: M) */
   double bucket_mb;          /* data_parallel: --bucket-mb, MiB per all-reduce bucket
                               * (0: DP_BUCKET_MB_DEFAULT) */
+  const PruneSpec *prune;    /* prune: the --prune flags (prune_parse_flag); the fields in
+                              * its `set` override the model's prune section (NULL: none) */
 } PassCtx;
 
 typedef void (*PassFn)(Graph *g, PassCtx *cx);
@@ -67,8 +69,8 @@ typedef struct Pass {
   const char *what; /* one line for `duet ir --help` */
 } Pass;
 
-/* The pipeline, in order: shape, autodiff, optimizer, eval, precision, fuse, partition,
- * data_parallel, memplan. */
+/* The pipeline, in order: shape, autodiff, optimizer, eval, prune, precision, fuse,
+ * partition, data_parallel, memplan. */
 extern const Pass duet_passes[];
 extern const int duet_n_passes;
 
@@ -84,6 +86,7 @@ void pass_shape(Graph *g, PassCtx *cx);     /* re-infer and check every shape */
 void pass_autodiff(Graph *g, PassCtx *cx);  /* append d(loss)/d(param) */
 void pass_optimizer(Graph *g, PassCtx *cx); /* append AdamW / SGD updates */
 void pass_eval(Graph *g, PassCtx *cx);      /* append accuracy metrics */
+void pass_prune(Graph *g, PassCtx *cx);     /* pruning masks and the ops that apply them */
 void pass_precision(Graph *g, PassCtx *cx); /* 16-bit storage, f32 master weights, casts */
 void pass_fuse(Graph *g, PassCtx *cx);      /* fuse elementwise chains */
 void pass_partition(Graph *g, PassCtx *cx); /* devices/stages + transfer ops */
@@ -106,6 +109,17 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out);
  * partition pass never sees.  1 after an error through cx->diag naming the
  * device, the breakdown and the capacity's source, else 0. */
 int partition_check_memory(const Graph *g, const PassCtx *cx);
+
+/* ---------------------------------------------------------------- prune */
+
+/* One --prune flag of the command line into *over (its field and `set`
+ * bit): --prune S (the final sparsity, in [0, 1); it turns pruning on),
+ * --prune-mode unstructured|global|channels|N:M, --prune-start N,
+ * --prune-end N, --prune-every N (>= 1), --prune-initial S (the gradual
+ * schedule's initial sparsity), --prune-params PATTERNS.  1 when `flag` is
+ * one of them and val parses, 0 when `flag` is not a prune flag, -1 with
+ * the message in err ("--prune expects a sparsity in [0, 1), got '1.5'"). */
+int prune_parse_flag(PruneSpec *over, const char *flag, const char *val, char *err, size_t errlen);
 
 /* ------------------------------------------------------------ precision */
 

@@ -10,6 +10,7 @@ const Pass duet_passes[] = {
     {"autodiff", pass_autodiff, "append the backward graph: d(loss)/d(param) for every param"},
     {"optimizer", pass_optimizer, "append the optimizer update (AdamW or SGD) of every param"},
     {"eval", pass_eval, "append the evaluation metrics (correct predictions, summed loss)"},
+    {"prune", pass_prune, "magnitude pruning (--prune): a mask per pruned weight, applied after every optimizer step"},
     {"precision", pass_precision, "choose storage dtypes (--precision): 16-bit activations, f32 master weights, casts"},
     {"fuse", pass_fuse, "fuse chains of elementwise ops into single loops"},
     {"partition", pass_partition, "assign every op a device (pipeline stage) and insert transfers at the cuts"},

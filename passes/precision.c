@@ -25,7 +25,8 @@
  * computed scaled by S and `unscale` multiplies by 1/S, flagging inf/NaN so
  * the runtime can skip the step (dynamic loss scaling, PyTorch GradScaler).
  * The optimizer updates move to the end of the graph so that every flag is
- * known before the first update.  Casts are ordinary elementwise values,
+ * known before the first update, and the pruning masks (prune_mask) after
+ * them.  Casts are ordinary elementwise values,
  * fused into their neighbours by the fuse pass that follows. */
 #include <stdio.h>
 #include <string.h>
@@ -96,9 +97,10 @@ int precision_resolve(const char *target, const char *request, PrecisionChoice *
 
 /* ------------------------------------------------------------- the pass */
 
-/* Each op's class (KEEP, LOW, FOLLOW, F32, UPDATE) is the prec column of
+/* Each op's class (KEEP, LOW, FOLLOW, F32, UPDATE, AFTER_UPDATE) is the prec column of
  * the op table (ir/ops.def): reductions, softmax, norms, losses,
  * embeddings, windows and metrics are F32. */
+
 /* Wider of two float dtypes (f32 over the 16-bit ones). */
 static DType wider(DType a, DType b) {
   if (a == DT_VOID) return b;
@@ -155,7 +157,8 @@ void pass_precision(Graph *g, PassCtx *cx) {
   bool *weak = arena_alloc(a, (size_t)n + 1);
   Value **subst = arena_alloc(a, ((size_t)n + 1) * sizeof *subst);
   Value **updates = arena_alloc(a, ((size_t)n + 1) * sizeof *updates);
-  int n_updates = 0;
+  Value **after = arena_alloc(a, ((size_t)n + 1) * sizeof *after);
+  int n_updates = 0, n_after = 0;
 
   /* loss scaling: the seed of the backward pass (its first value, the
    * constant d loss / d loss = 1, or 1/M with M micro-batches, the loss
@@ -197,6 +200,10 @@ void pass_precision(Graph *g, PassCtx *cx) {
     OpPrec c = op_info[v->op].prec;
     if (c == PREC_UPDATE) {
       updates[n_updates++] = v;
+      continue;
+    }
+    if (c == PREC_AFTER_UPDATE) { /* prune_mask: masks the f32 master weight after its update */
+      after[n_after++] = v;
       continue;
     }
     if (c == PREC_KEEP) {
@@ -249,6 +256,7 @@ void pass_precision(Graph *g, PassCtx *cx) {
     p->grad = f;
   }
   for (int k = 0; k < n_updates; k++) push(&P, updates[k]);
+  for (int k = 0; k < n_after; k++) push(&P, after[k]);
   g->values = P.order;
   g->n_values = P.n;
   g->cap_values = P.cap;

@@ -12,6 +12,23 @@
 
 static int is_saved(const DuetTensor *t) { return t->region == DUET_MEM_PARAM || t->region == DUET_MEM_STATE; }
 
+/* A pruning mask (a state tensor initialised to ones). */
+static int is_mask(const DuetTensor *t) { return t->region == DUET_MEM_STATE && t->init == DUET_INIT_ONES; }
+
+/* Whether the file holds none of p's pruning masks while p has some: a
+ * checkpoint of the same model trained without pruning, which a pruned run
+ * may continue (its masks start with nothing pruned: the usual train,
+ * then prune and fine-tune). */
+static int lacks_masks(const DuetProgram *p, const DuetStFile *f) {
+  int masks = 0;
+  for (int i = 0; i < p->n_tensors; i++)
+    if (is_mask(&p->tensors[i])) {
+      if (duet_st_find(f, p->tensors[i].name)) return 0;
+      masks++;
+    }
+  return masks > 0;
+}
+
 /* The precision p was compiled for, as --precision names it: the 16-bit
  * storage dtype of its activations when it has one (fp16, bf16), else the
  * dtype of its floats (fp32, or f64 for an f64 model). */
@@ -153,8 +170,10 @@ static int meta_i64(const DuetStFile *f, const char *key, int64_t *out) {
 /* The checks of a checkpoint that need only its header, against program p:
  * the format, the model, the training state in the metadata (into *ns),
  * every param (and, unless weights_only, state) tensor present with the
- * model's dtype and shape, and (unless weights_only) no other tensor.  0, or
- * -1 with a message naming the file and the tensor. */
+ * model's dtype and shape, and (unless weights_only) no other tensor.  The
+ * pruning masks may all be missing (a checkpoint of a run without pruning)
+ * when its step is at most the schedule's last update.  0, or -1 with a
+ * message naming the file and the tensor. */
 static int check_header(const DuetProgram *p, const DuetStFile *f, const char *path, int weights_only,
                         DuetTrainState *ns, char *err, size_t errlen) {
   const char *verb = weights_only ? "load" : "resume from";
@@ -177,9 +196,16 @@ static int check_header(const DuetProgram *p, const DuetStFile *f, const char *p
     snprintf(err, errlen, "cannot %s %s: corrupt training state in its metadata", verb, path);
     return -1;
   }
+  int no_masks = lacks_masks(p, f);
+  if (no_masks && !weights_only && p->prune && ns->step > p->prune->end) {
+    snprintf(err, errlen, "cannot resume from %s: it has no pruning masks (a run without pruning) and its step %" PRId64
+             " is after the pruning schedule's last update (after step %" PRId64 "), so nothing would be pruned; "
+             "start pruning at its step or later (--prune-start %" PRId64 ")", path, ns->step, p->prune->end, ns->step);
+    return -1;
+  }
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *x = &p->tensors[i];
-    if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM)) continue;
+    if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM) || (no_masks && is_mask(x))) continue;
     n_saved++;
     const DuetStTensor *y = duet_st_find(f, x->name);
     if (!y) {
@@ -254,9 +280,10 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   }
   /* a NaN or an infinity in the weights or optimizer state cannot train on
    * (nor sample): refused, naming the tensor */
+  int no_masks = lacks_masks(p, f);
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *x = &p->tensors[i];
-    if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM)) continue;
+    if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM) || (no_masks && is_mask(x))) continue;
     const DuetStTensor *y = duet_st_find(f, x->name);
     int64_t first;
     int nan;
@@ -270,7 +297,7 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   }
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *x = &p->tensors[i];
-    if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM)) continue;
+    if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM) || (no_masks && is_mask(x))) continue;
     const DuetStTensor *y = duet_st_find(f, x->name);
     if (duet_session_write(s, i, 0, y->data, (size_t)y->nbytes)) {
       snprintf(err, errlen, "cannot %s %s: copying %s to the device failed: %s", verb, path, x->name,
@@ -278,6 +305,9 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
       goto out;
     }
   }
+  if (!weights_only && no_masks && !duet_session_config(s)->quiet)
+    fprintf(stderr, "duet: %s has no pruning masks (a run without pruning): pruning starts from the dense weights, "
+                    "at the schedule's steps after its step %" PRId64 "\n", path, ns.step);
   if (!weights_only) duet_session_set_step(s, ns.step);
   if (!weights_only) duet_session_set_scaler(s, &sc);
   /* settings that change the data order or the arithmetic: the run goes on

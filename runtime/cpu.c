@@ -341,6 +341,7 @@ int duet_session_init_params(DuetSession *s, uint64_t seed) {
     void *h = duet_session_staging(s, (size_t)t->nbytes);
     if (!h) return -1;
     if (t->region == DUET_MEM_PARAM) init_tensor(t, h, seed, (uint64_t)i + 1);
+    else if (t->init == DUET_INIT_ONES) init_tensor(t, h, seed, 0); /* pruning masks: nothing pruned yet */
     else memset(h, 0, (size_t)t->nbytes);
     if (duet_session_write(s, i, 0, h, (size_t)t->nbytes)) return -1;
   }

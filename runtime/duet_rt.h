@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 3
+#define DUET_RT_API_VERSION 4 /* 3: data parallelism; 4: DuetProgram.prune */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -44,7 +44,7 @@ typedef struct DuetTensor {
   int64_t shape[DUET_MAX_RANK];
   int64_t offset;   /* bytes from the region's base */
   int64_t nbytes;
-  int init;         /* params: DUET_INIT_* */
+  int init;         /* params: DUET_INIT_*; state: zeros, or DUET_INIT_ONES (pruning masks) */
   double init_a, init_b;
   int stage;        /* pipeline: the stage (device) it lives on; 0 with one device */
   int is_grad;      /* pipeline: a param's gradient, summed over the micro-batches */
@@ -168,6 +168,29 @@ typedef struct DuetLaunch {
   uint32_t grid, block, shared;
 } DuetLaunch;
 
+/* Magnitude pruning (passes/prune.c makes the table, runtime/prune.c
+ * chooses the masks).  Each pruned param is a matrix of out_n output
+ * channels by in_n inputs: element o * out_stride + i * in_stride.  Its
+ * mask (a state tensor of its dtype: 1 keeps, 0 prunes) is applied after
+ * every optimizer step by a generated kernel that zeroes the param and its
+ * optimizer state where the mask is 0; the runtime recomputes the masks
+ * at the schedule's steps. */
+enum { DUET_PRUNE_UNSTRUCTURED = 1, DUET_PRUNE_GLOBAL = 2, DUET_PRUNE_NM = 3, DUET_PRUNE_CHANNELS = 4 };
+typedef struct DuetPruneParam {
+  int param, mask;            /* tensor ids */
+  int state[2];               /* its optimizer state tensors (-1: none), zeroed with it */
+  int64_t out_n, out_stride;  /* output channels (channels mode) */
+  int64_t in_n, in_stride;    /* inputs: N:M groups are nm_m consecutive inputs of one channel */
+} DuetPruneParam;
+typedef struct DuetPrune {
+  int mode;                   /* DUET_PRUNE_* */
+  int nm_n, nm_m;             /* DUET_PRUNE_NM: keep nm_n of every nm_m (2:4) */
+  double initial, final;      /* sparsities s_i and s_f of the schedule (duet_prune_target) */
+  int64_t start, end, every;  /* masks are computed after `start` steps, every `every` steps up to `end` */
+  int n_params;
+  const DuetPruneParam *params;
+} DuetPrune;
+
 typedef struct DuetProgram {
   int api_version;
   const char *model_name;
@@ -233,6 +256,8 @@ typedef struct DuetProgram {
   const int32_t *bucket_off;
   const int32_t *bucket_tensors;
   double bucket_mb;
+  /* Pruning (NULL: none): the pruned params, their masks and the schedule. */
+  const DuetPrune *prune;
 } DuetProgram;
 
 #define DUET_MAX_KERNEL_ARGS 40
@@ -441,7 +466,7 @@ int duet_session_write(DuetSession *s, int id, size_t off, const void *src, size
  * inputs before duet_session_write.  NULL with a message in
  * duet_session_error when out of memory. */
 void *duet_session_staging(DuetSession *s, size_t bytes);
-/* Re-initialises every param (zeros optimizer state, step count): values
+/* Re-initialises every param (zeros optimizer state, ones pruning masks, step count): values
  * drawn on the host, written with duet_session_write.  0, or -1 with a
  * message in duet_session_error. */
 int duet_session_init_params(DuetSession *s, uint64_t seed);
@@ -521,6 +546,51 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
  * 2 when --help was printed. */
 int duet_parse_flags(DuetConfig *cfg, int64_t compiled_batch, int argc, char **argv);
 void duet_usage(const char *argv0, FILE *out);
+
+/* -------------------------------------------------------------- pruning */
+
+/* The sparsity the schedule asks for after t optimizer steps: the cubic
+ * schedule of Zhu & Gupta 2017 ("To prune, or not to prune", arXiv
+ * 1710.01878, eq. 1), s_t = s_f + (s_i - s_f) (1 - (t - t0) / (n dt))^3
+ * with t0 = start and n dt = end - start, s_i before start and s_f from
+ * end on (one-shot, end == start: s_f from start on).  N:M: its pattern's
+ * (M - N) / M. */
+double duet_prune_target(const DuetPrune *pr, int64_t t);
+/* 1 when the masks are recomputed after t optimizer steps (before step
+ * t + 1): t = start + k every < end, and t = end; else 0. */
+int duet_prune_due(const DuetPrune *pr, int64_t t);
+/* New masks for sparsity `target` from the weights: w[i] and mask[i] are
+ * host copies of pr->params[i]'s param and mask (f32, or f64 when
+ * dtype[i] is DUET_F64); mask[i] holds the current mask on entry and the
+ * new one on return (1 keeps, 0 prunes).  Magnitude |w| ranks the
+ * weights; a weight pruned already ranks below every other, so a
+ * schedule's growing sparsity keeps it pruned; ties (equal magnitudes)
+ * are broken by position: the lower index is pruned first (the lower
+ * channel, in channels mode), so the count is exact.
+ *   unstructured: round(target x n) weights of each param (round half to
+ *                 even, as Python's round(), which torch.nn.utils.prune
+ *                 uses for amounts)
+ *   global:       round(target x total) weights of all params together,
+ *                 by one magnitude threshold
+ *   N:M:          nm_m - nm_n of every nm_m consecutive inputs of a channel
+ *   channels:     round(target x out_n) output channels of each param by
+ *                 their L2 norm (summed in double)
+ * The k-th smallest magnitude is found by radix selection on the bits of
+ * |w| (4 passes of 16 bits, no sort).  0, or -1 with a message in err (a
+ * dtype other than f32/f64, out of host memory). */
+int duet_prune_masks(const DuetPrune *pr, double target, const int *dtype, const void *const *w, void *const *mask,
+                     char *err, size_t errlen);
+/* The session's masks recomputed for `target` (duet_prune_masks on the
+ * params and masks read with duet_session_read), written back, and the
+ * newly pruned weights and their optimizer state set to 0.  0, or -1 with
+ * a message in err. */
+int duet_prune_update(DuetSession *s, double target, char *err, size_t errlen);
+/* The fraction of pruned weights (mask 0) of each pruned param into
+ * per_param[0..n_params) (may be NULL) and of all of them into *overall,
+ * read from the session's masks; *n_weights (may be NULL): their count.
+ * 0, or -1 with a message in err. */
+int duet_prune_sparsity(DuetSession *s, double *per_param, double *overall, int64_t *n_weights, char *err,
+                        size_t errlen);
 
 /* ------------------------------------------------------------------ rng */
 
@@ -774,8 +844,8 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
  * (2: DuetDeviceOps gained peer_path, copy_peer, host_alloc, host_free; 4:
  * DuetProgram and DuetConfig gained the data-parallel fields; 5: the plugin
  * makes NCCL collectives, duet_cuda_plugin_nccl, over runtime/collective.h's
- * DuetColl). */
-#define DUET_CUDA_PLUGIN_API 5
+ * DuetColl; 6: DuetProgram gained prune). */
+#define DUET_CUDA_PLUGIN_API 6
 
 /* The CUDA device `ordinal` for program p: loads libduet_cuda.so
  * ($DUET_CUDA_PLUGIN, else next to the executable, else the build tree's,

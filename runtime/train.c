@@ -505,6 +505,90 @@ static int train_step(Run *r, int64_t step, double *loss) {
   return 0;
 }
 
+/* ---------------------------------------------------------------- pruning */
+
+/* The sparsity of every pruned param after new masks (final: at the end of
+ * the run): one line, or at the end a table, on stdout unless quiet, and
+ * with new masks a metrics line {"step":S,"sparsity":X,"target":T,
+ * "layers":{NAME:X,...}}, S the first step trained with them.  0, or -1
+ * after the error. */
+static int prune_report(const Run *r, int64_t step, double target, FILE *mf, bool final) {
+  const DuetProgram *p = r->p;
+  const DuetPrune *pr = p->prune;
+  char err[1024];
+  double all, *per = malloc((size_t)pr->n_params * sizeof *per + 8);
+  int64_t n;
+  if (!per || duet_prune_sparsity(r->s, per, &all, &n, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", per ? err : "out of host memory");
+    free(per);
+    return -1;
+  }
+  static const char *const modes[] = {"", "unstructured", "global", "N:M", "channels"};
+  char mode[32];
+  if (pr->mode == DUET_PRUNE_NM) snprintf(mode, sizeof mode, "%d:%d", pr->nm_n, pr->nm_m);
+  else snprintf(mode, sizeof mode, "%s", pr->mode >= 1 && pr->mode <= 4 ? modes[pr->mode] : "?");
+  if (!r->cfg->quiet && !final) {
+    printf("prune before step %" PRId64 ": %s, target sparsity %.4f: %.4f of %" PRId64 " weights (", step, mode, target,
+           all, n);
+    for (int i = 0; i < pr->n_params; i++)
+      printf("%s%s %.4f", i ? ", " : "", p->tensors[pr->params[i].param].name, per[i]);
+    printf(")\n");
+  } else if (!r->cfg->quiet) {
+    printf("duet: sparsity at the end (%s): %.4f of %" PRId64 " weights\n", mode, all, n);
+    for (int i = 0; i < pr->n_params; i++) {
+      const DuetTensor *t = &p->tensors[pr->params[i].param];
+      char shape[160] = "[";
+      for (int d = 0; d < t->rank; d++)
+        snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%" PRId64, d ? "," : "", t->shape[d]);
+      snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "]");
+      printf("  %-24s %-16s %.4f\n", t->name, shape, per[i]);
+    }
+  }
+  fflush(stdout);
+  int rc = 0;
+  if (mf && !final) {
+    cJSON *o = cJSON_CreateObject(), *layers = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "step", (double)step);
+    cJSON_AddNumberToObject(o, "sparsity", all);
+    cJSON_AddNumberToObject(o, "target", target);
+    for (int i = 0; i < pr->n_params; i++)
+      cJSON_AddNumberToObject(layers, p->tensors[pr->params[i].param].name, per[i]);
+    cJSON_AddItemToObject(o, "layers", layers);
+    rc = metrics_write(mf, o);
+  }
+  free(per);
+  return rc;
+}
+
+/* Before training step t + 1 (after t steps): new masks when the schedule
+ * says so (duet_prune_due), chosen from the weights as they are now, the
+ * newly pruned weights and their optimizer state zeroed, and reported.
+ * A resumed run makes the updates after its checkpoint's step, as the
+ * uninterrupted run did.  0, or -1 after the error. */
+static int prune_before(const Run *r, int64_t t, FILE *mf) {
+  const DuetPrune *pr = r->p->prune;
+  if (!pr || !duet_prune_due(pr, t)) return 0;
+  char err[1024];
+  double target = duet_prune_target(pr, t);
+  if (duet_prune_update(r->s, target, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return -1;
+  }
+  return prune_report(r, t + 1, target, mf, false);
+}
+
+/* At the start of a run: a schedule that begins after the run's last step
+ * prunes nothing (said, not silently). */
+static void prune_check_schedule(const Run *r) {
+  const DuetPrune *pr = r->p->prune;
+  if (pr && pr->start >= r->total && !r->cfg->quiet)
+    fprintf(stderr, "duet: warning: pruning starts after step %" PRId64 " (--prune-start), but the run ends at step "
+                    "%" PRId64 ": nothing is pruned\n", pr->start, r->total);
+  else if (pr && pr->end >= r->total && !r->cfg->quiet)
+    fprintf(stderr, "duet: warning: the pruning schedule ends after step %" PRId64 " (--prune-end), but the run ends "
+                    "at step %" PRId64 ": the final sparsity is not reached\n", pr->end, r->total);
+}
+
 /* " | loss scale S (K skipped)" for loss-scaled programs, else "". */
 static const char *scale_note(const DuetSession *s, const DuetProgram *p, char *buf, size_t n) {
   if (!p->n_unscale) return "";
@@ -1002,6 +1086,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   run_init(&run, p, &cfg, s);
   run.first_step = ts.step;
   run.total = total;
+  prune_check_schedule(&run);
   DuetTrainState cur = ts;
   stop_handlers_install(&stops);
   double t_log = now_seconds(), t_start = t_log, t_eval = 0;
@@ -1024,7 +1109,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
         goto out;
       }
       double loss;
-      if (train_step(&run, ++step, &loss)) goto out;
+      if (prune_before(&run, step, mf) || train_step(&run, ++step, &loss)) goto out;
       since_log++;
       if (step % cfg.log_every == 0 || step == total) {
         double t = now_seconds();
@@ -1074,6 +1159,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
       rc = 1;
     }
   }
+  if (p->prune && prune_report(&run, total, 0, NULL, true)) goto out;
   double elapsed = now_seconds() - t_start - t_eval;
   printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f samples/s)", total - first_step,
          total - first_step == 1 ? "" : "s", elapsed,
@@ -1244,6 +1330,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   run_init(&run, p, &cfg, s);
   run.first_step = ts.step;
   run.total = total;
+  prune_check_schedule(&run);
   stop_handlers_install(&stops);
   double t_log = now_seconds(), t_start = t_log, t_eval = 0, val = NAN;
   int64_t since_log = 0, first_step = ts.step;
@@ -1253,7 +1340,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
       goto out;
     }
     double loss;
-    if (train_step(&run, step, &loss)) goto out;
+    if (prune_before(&run, step - 1, mf) || train_step(&run, step, &loss)) goto out;
     since_log++;
     if (step % cfg.log_every == 0 || step == total) {
       double t = now_seconds();
@@ -1294,6 +1381,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     if ((rc = check_stop(&run, &ts))) goto out;
     rc = 1;
   }
+  if (p->prune && prune_report(&run, total, 0, NULL, true)) goto out;
   double elapsed = now_seconds() - t_start - t_eval;
   printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f tokens/s)", total - first_step,
          total - first_step == 1 ? "" : "s", elapsed,

@@ -117,6 +117,13 @@ mlp)
     same ref dp_buckets
     checked dp 20
     checked dp_buckets 20
+    # pruning with data parallelism: the replicas choose the same masks (from
+    # bit-identical params) and apply them after the same steps, so the run is
+    # the one-device run with 2 micro-batches, masks and all
+    run ref_prune 1 $MLP --micro-batches 2 --prune 0.5 --prune-start 4 --prune-end 12 --prune-every 4
+    run dp_prune 2 $MLP --devices cpu:0,cpu:1 --data-parallel 2 --prune 0.5 --prune-start 4 --prune-end 12 --prune-every 4
+    same ref_prune dp_prune
+    checked dp_prune 20
     grep -q '"test_accuracy"' "$d/dp.jsonl" && ok "dp evaluates" || bad "dp: no evaluation in the metrics"
     # three replicas: the sum runs in replica order, (g0 + g1) + g2, as one device's accumulator
     run ref3 1 $MLP --micro-batches 3 --batch 255 --no-eval

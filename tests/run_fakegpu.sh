@@ -12,9 +12,9 @@
 #  4. Out of GPU memory is an error that names the size.
 #  5. The gpu-labelled tests, as a GPU machine runs them, on small work
 #     (GPU_QUICK=1): test_gpu_ops (every op case on sm_60 and, with bf16,
-#     on sm_80), run_train_gpu.sh, run_precision_gpu.sh and
+#     on sm_80), run_train_gpu.sh, run_precision_gpu.sh,
 #     run_pipeline_gpu.sh (one fake GPU as two devices, cpu + GPU, and two
-#     fake GPUs without and with peer access), run_data_parallel_gpu.sh
+#     fake GPUs without and with peer access), run_prune_gpu.sh, run_data_parallel_gpu.sh
 #     (one fake GPU as two replicas, summed device-to-device; two fake GPUs
 #     with the fake's NCCL, forced to shared memory, without NCCL; three
 #     fake GPUs, whose ring order must differ from the replica order in
@@ -28,12 +28,12 @@
 #     cards it is used; two fake GPUs with peer access and
 #     DUET_DP_COLLECTIVE=shm sum peer-to-peer, to the same bits.
 # Parts (ctest runs each as its own test): cli (1-4), ops, train,
-# precision, pipeline, dataparallel (5).  The emulator's seed (DUET_EMU_SEED, README
+# precision, pipeline, prune, dataparallel (5).  The emulator's seed (DUET_EMU_SEED, README
 # "The emulator") is printed first, one for the whole part.  Skips (77) when the plugin or the fake was not
 # built (no CUDA toolkit) or there is no C++ compiler.
 # usage: run_fakegpu.sh BUILD_DIR PART   (from the repository root)
-B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|dataparallel}
-PART=${2:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|dataparallel}
+B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel}
+PART=${2:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel}
 DUET=$B/duet
 PLUGIN=$B/libduet_cuda.so
 FAKE=$B/fakegpu/libduet_fakegpu.so
@@ -110,6 +110,7 @@ ops)
   ;;
 train) t gpu_train sh tests/gpu/run_train_gpu.sh "$DUET" ;;
 precision) t gpu_precision sh tests/gpu/run_precision_gpu.sh "$DUET" ;;
+prune) t gpu_prune sh tests/gpu/run_prune_gpu.sh "$DUET" ;;
 pipeline)
   DUET_FAKE_GPUS=2 t gpu_pipeline_staged sh tests/gpu/run_pipeline_gpu.sh "$DUET"
   has "$tmp/gpu_pipeline_staged.log" "ok pair path (duet: pipeline transfers: stage 0 -> 1 staged through pinned host memory" pair_staged

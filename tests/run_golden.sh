@@ -50,5 +50,12 @@ check gpt_kjv.fp16.cu "$DUET" emit models/gpt_kjv.model --precision fp16 --targe
 check gpt_kjv.bf16.cu "$DUET" emit models/gpt_kjv.model --precision bf16 --target cuda
 # data parallelism: the all-reduce buckets (small, so that there are four)
 check fmnist_mlp.data_parallel.ir "$DUET" ir models/fmnist_mlp.model --data-parallel 2 --bucket-mb 1 --after data_parallel
+# pruning: the masks (state initialised to ones) and the prune_mask ops after
+# the updates; their kernels in C and CUDA C, in fp32 and after the
+# precision pass's reordering (fp16)
+check fmnist_mlp.prune.prune.ir "$DUET" ir models/fmnist_mlp.model --prune 0.5 --after prune
+check fmnist_mlp.prune.c "$DUET" emit models/fmnist_mlp.model --prune 0.5 --target c
+check fmnist_mlp.prune.cu "$DUET" emit models/fmnist_mlp.model --prune 0.5 --target cuda
+check fmnist_mlp.prune.fp16.precision.ir "$DUET" ir models/fmnist_mlp.model --prune 0.5 --precision fp16 --after precision
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -795,6 +795,14 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
   duet_rng_seed(&r2, 11, 0);
   tmodel_fill(&t, t.s, &r1, c->classes);
   tmodel_fill(&t, es, &r2, c->classes);
+  /* pruning: the same masks in both (chosen on the host from the same
+   * weights), so that the training step runs the prune_mask kernels */
+  if (p->prune && (duet_prune_update(t.s, p->prune->final, err, sizeof err) ||
+                   duet_prune_update(es, p->prune->final, err, sizeof err))) {
+    fprintf(stderr, "FAIL %s: pruning: %s\n", what, err);
+    fails = 1;
+    goto out;
+  }
   /* eval (metrics: correct predictions, summed NLL) over every row */
   duet_session_set_valid(t.s, INT32_MAX);
   duet_session_set_valid(es, INT32_MAX);
@@ -829,6 +837,30 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
   const LockstepStats *ls = lockstep_stats(ld);
   fails += ls->fails;
   stats16.n16 += cs.n16, stats16.same16 += cs.same16;
+  /* after the step, the emulated prune_mask kernels left every pruned
+   * weight and its optimizer state +0.0 (within tolerance is not enough) */
+  for (int i = 0; p->prune && !fails && i < p->prune->n_params; i++) {
+    const DuetPruneParam *q = &p->prune->params[i];
+    int ids[4] = {q->param, q->state[0], q->state[1], q->mask};
+    size_t nb = (size_t)p->tensors[q->param].nbytes;
+    int64_t n = q->out_n * q->in_n, pruned = 0;
+    float *h[4] = {NULL, NULL, NULL, NULL};
+    for (int k = 0; k < 4; k++)
+      if (ids[k] >= 0 && p->tensors[ids[k]].dtype == DUET_F32 && (h[k] = malloc(nb))) duet_session_read(es, ids[k], 0, h[k], nb);
+    for (int64_t e = 0; h[3] && e < n; e++) {
+      if (h[3][e] != 0) continue;
+      pruned++;
+      for (int k = 0; k < 3; k++) {
+        uint32_t b = 0;
+        if (h[k]) memcpy(&b, &h[k][e], 4);
+        if (b && !fails++)
+          fprintf(stderr, "FAIL %s: pruned entry %lld of %s is %a after the emulated step, not +0.0\n", what,
+                  (long long)e, p->tensors[ids[k]].name, h[k][e]);
+      }
+    }
+    if (h[3] && !pruned && !fails++) fprintf(stderr, "FAIL %s: %s prunes nothing\n", what, p->tensors[q->mask].name);
+    for (int k = 0; k < 4; k++) free(h[k]);
+  }
   int nh2 = 0;
   for (int i = 0; i < t.cp->n_kernels; i++) nh2 += codegen_cuda_half2(&t.cp->kernels[i]) != CG_HALF2_NONE;
   char h2[32] = "";
@@ -1313,6 +1345,25 @@ int main(int argc, char **argv) {
                           "loss = mean((a @ b) * r) * 1000000\n", 0};
     failed += run_case(&c, DT_F32, "fp16", dir);
     ran++;
+  }
+  /* pruning: the prune_mask kernels (param, mask, AdamW state; param,
+   * mask, momentum buffer) after a training step with masks chosen on the
+   * host; in fp16 too (the f32 master weights are masked) */
+  if (argc == 1 || !strcmp(argv[1], "prune")) {
+    static const char *const opt[2] = {"adamw(lr = 1e-2, weight_decay = 0.1)",
+                                       "sgd(lr = 0.05, momentum = 0.9, weight_decay = 0.01)"};
+    for (int k = 0; k < 2; k++) {
+      char text[1024];
+      snprintf(text, sizeof text,
+               "model prune\ninput x: f32[4, 18]\ninput y: i32[4]\nparam cw: [4, 2, 2, 2]\nparam w: [16, 8]\n"
+               "param b: [8] = zeros\nc = conv2d(reshape(x, 4, 2, 3, 3), cw, padding = 1)\n"
+               "loss = cross_entropy(flatten(max_pool2d(c, 2)) @ w + b, y)\n"
+               "train {\n  optimizer = %s\n}\nprune {\n  sparsity = 0.5\n  params = \"cw, w, b\"\n}\n", opt[k]);
+      Case c = {k ? "prune_sgd" : "prune_adamw", text, 8};
+      failed += run_case(&c, DT_F32, NULL, dir);
+      failed += run_case(&c, DT_F32, "fp16", dir);
+      ran += 2;
+    }
   }
   if (half2_checked)
     printf("half2 kernels run alone on random bits against the C kernels: %d\n", half2_checked);

@@ -645,6 +645,11 @@ static int ls_compare(Lockstep *L, const char *what, int id, int64_t lo, int64_t
     if (ls_is16(dt) && b->flips > 0 && isinf(e) != isinf(c) && (isinf(e) ? fabs(c) : fabs(e)) == top &&
         (e > 0) == (c > 0))
       continue;
+    /* an exact product (ref64) beyond a 16-bit format's range, or within
+     * the bound of it: rounding overflows to the infinity of its sign */
+    if (ref64 && ls_is16(dt) && isinf(e) && isfinite(c) && (e > 0) == (c > 0) &&
+        fabs(c) + b->noise * (b->mag ? b->mag[lo + i] : b->scale) >= (dt == DUET_F16 ? 65520 : 0x1.ffp127))
+      continue;
     if (dt != DUET_I32 && isfinite(e) && isfinite(c) && (!b->mag || b->mag[lo + i] > 0)) {
       bound = (ls_is16(dt) ? b->flips * ulp16(fmax(fabs(e), fabs(c)), dt) : 0) +
               b->noise * (b->mag ? b->mag[lo + i] : b->scale);

@@ -2,7 +2,7 @@
 # tests/gpu/run.sh [OUTDIR]: the one command to run on a machine with a GPU.
 # Builds duet with the CUDA backend (DUET_CUDA=ON) into build-gpu/, runs the
 # CUDA tests that need no GPU (nvrtc_compile*, cuda_target, cuda_cli) and
-# the gpu-labelled tests (gpu_ops, gpu_train, gpu_precision, gpu_pipeline),
+# the gpu-labelled tests (gpu_ops, gpu_train, gpu_precision, gpu_pipeline, gpu_prune),
 # measures the kernel cache (first run compiles with NVRTC, second loads),
 # reports the pipeline's transfer paths and tokens/s on one GPU acting as
 # two devices (cuda:0,cuda:0) and, with two GPUs, on cuda:0,cuda:1, runs
