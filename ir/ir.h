@@ -155,22 +155,31 @@ typedef enum ShapeRule {
 } ShapeRule;
 
 enum { OPF_EW = 1, OPF_SIDE = 2 };
-#define EW OPF_EW
-#define SIDE OPF_SIDE
 typedef enum OpKind {
-#define OP(id, name, n, rule, flags) OP_##id,
+#define OP(id, name, n, rule, flags, surface, prec, kop) OP_##id,
 #include "ops.def"
 #undef OP
   OP_COUNT
 } OpKind;
-#undef EW
-#undef SIDE
+
+/* An op's precision class in 16-bit programs (ops.def's prec column; the
+ * precision pass applies it). */
+typedef enum OpPrec {
+  PREC_KEEP,   /* left as it is: inputs, params, state, constants, casts */
+  PREC_LOW,    /* 16-bit operands, f32 accumulation, 16-bit result (GEMMs) */
+  PREC_FOLLOW, /* computes in f32, stores the widest dtype of its activation operands */
+  PREC_F32,    /* reads f32 operands and gives f32 (reductions, norms, softmax, losses) */
+  PREC_UPDATE, /* an optimizer update */
+  PREC_AFTER_UPDATE, /* after the optimizer updates, on f32 master weights (prune masks) */
+} OpPrec;
 
 typedef struct OpInfo {
   const char *name;
   int arity; /* -1: variadic */
   ShapeRule rule;
   int flags;
+  const char *surface; /* the .model built-in taking `arity` positional tensors; NULL: none */
+  OpPrec prec;
 } OpInfo;
 extern const OpInfo op_info[OP_COUNT];
 int op_from_name(const char *name); /* -1 when unknown */
@@ -210,14 +219,17 @@ typedef struct Attr {
   double init_a, init_b; /* PARAM: normal(std=a) or uniform(a, b) */
   bool trans_a, trans_b; /* MATMUL: use A^T / B^T (operands viewed as 2-D:
                           * leading axes merged into rows) */
-  int64_t heads;    /* ATTENTION, ATTENTION_GRAD: number of heads */
+  int64_t heads;    /* ATTENTION, ATTENTION_GRAD, ATTENTION_DECODE, ROPE, ROPE_GRAD: number of (query) heads */
+  int64_t kv_heads; /* ATTENTION, ATTENTION_GRAD, ATTENTION_DECODE: key/value heads, a divisor of
+                     * heads (grouped-query attention); 0: as many as heads */
+  double base;      /* ROPE, ROPE_GRAD: the rotary base (position p turns pair i by p base^(-2i/D)) */
   bool causal;      /* ATTENTION, ATTENTION_GRAD: mask future positions */
   int64_t index;    /* SLICE: index along axis 0 */
-  double eps;       /* NORM, NORM_GRAD: added to the variance */
+  double eps;       /* NORM, NORM_GRAD: added to the variance; RMS_NORM, RMS_NORM_GRAD: to the mean square */
   bool no_decay;    /* ADAMW, SGD: this param gets no weight decay */
   bool kv_cache;    /* STATE: a key/value cache of decoding (not checkpointed) */
   double p;         /* DROPOUT: probability of zeroing an element */
-  int axis;         /* SLICE, SLICE_GRAD, CONCAT: the axis (SLICE: index = start); PRUNE_MASK:
+  int axis;         /* SLICE, SLICE_GRAD, CONCAT, SOFTMAX, SOFTMAX_GRAD: the axis (SLICE: index = start); PRUNE_MASK:
                      * the weight's output-channel axis, 0 or its last (the other axes are its
                      * inputs, the GEMM's reduction dimension), -1 when it is no matmul or
                      * convolution weight */
@@ -229,7 +241,9 @@ typedef struct Attr {
   FusedProg *prog;  /* FUSED */
   int slot;         /* UNSCALE: index of its overflow flag (param order) */
   int bucket;       /* ALLREDUCE: the bucket's index (0, 1, ... in graph order) */
-  int64_t bytes;    /* ALLREDUCE: the bytes of its gradients */
+  int64_t bytes;    /* ALLREDUCE, REDUCE_SCATTER: the bytes of its gradients */
+  bool sharded;     /* ADAMW, SGD (--zero 1): only replica `shard` runs this update and keeps its state */
+  int shard;
 } Attr;
 
 typedef enum Role { ROLE_FORWARD, ROLE_BACKWARD, ROLE_OPTIMIZER, ROLE_EVAL } Role;
@@ -375,6 +389,8 @@ typedef struct Graph {
                       * replica r computing micro-batches r*M .. r*M+M-1,
                       * M = micro_batches / replicas; printed `replicas N` */
   PruneSpec prune;   /* the `prune { }` section; after the prune pass, as applied */
+  int zero;          /* --zero 1: optimizer state sharded over the replicas (ZeRO
+                      * stage 1; needs replicas > 1); printed `zero 1` */
 } Graph;
 
 /* Elements of v's dtype that the memory plan reserves after v's own for its
@@ -382,6 +398,10 @@ typedef struct Graph {
  * 1 / sum and sum(p * dp) for the CUDA key-row kernel (3 x batch x heads x
  * time); 0 for every other op. */
 int64_t ir_workspace_elems(const Value *v);
+
+/* The key/value heads of an attention op: attr.kv_heads, or attr.heads when
+ * 0 (every query head has its own). */
+int64_t ir_kv_heads(const Attr *a);
 
 Graph *graph_new(Arena *a, Diag *d);
 /* Appends a value, infers its shape and dtype from the op table's rule
@@ -408,7 +428,11 @@ int ir_verify(const Graph *g, const char *after_pass, FILE *err);
  * update and after every other op that reads the gradient (the sum
  * replaces it in place); buckets numbered 0, 1, ... in graph order, `bytes`
  * the bytes of their gradients; and once there is a bucket, every such
- * gradient in one.
+ * gradient in one.  With `zero 1` (--zero 1) the buckets are
+ * `reduce_scatter` ops (an `allreduce` is then an error, and the reverse
+ * without it) whose operands are grouped by the shard of their update,
+ * every update has a shard of the replicas, and each `all_gather`'s
+ * operands are params updated before it.
  * Returns 0 (also for a graph without buckets), or 1 with the first
  * violation's value in *bad and a message ("%5 is not the gradient an
  * optimizer update reads") in msg.  ir_verify and ir_parse check it. */

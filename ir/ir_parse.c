@@ -43,7 +43,7 @@ typedef struct Parser {
   int line;
   IdSlot *slots; /* %id -> value, open addressing */
   size_t cap;
-  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line;
+  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line, zero_line;
   uint64_t device_regions[IR_MAX_STAGES / 64 + 1]; /* `regions device N` lines seen */
   int loss_line, logits_line, labels_line;
   bool in_train; /* inside the lines of `train { ... }` */
@@ -582,11 +582,32 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
   case OP_ATTENTION:
   case OP_ATTENTION_GRAD:
   case OP_ATTENTION_DECODE: {
-    static const AKey keys[] = {{"heads", AK_INT, true}, {"causal", AK_FLAG, false}};
+    static const AKey keys[] = {{"heads", AK_INT, true}, {"kv_heads", AK_INT, false}, {"causal", AK_FLAG, false}};
+    attr_list(P, name, keys, 3, &v);
+    if (v.i[0][0] < 1) FAIL(start, "%s: heads must be at least 1, got %" PRId64, name, v.i[0][0]);
+    if (v.set[1] && (v.i[1][0] < 1 || v.i[0][0] % v.i[1][0]))
+      FAIL(start, "%s: kv_heads %" PRId64 " does not divide heads %" PRId64, name, v.i[1][0], v.i[0][0]);
+    at->heads = v.i[0][0];
+    at->kv_heads = v.set[1] && v.i[1][0] != v.i[0][0] ? v.i[1][0] : 0; /* as many as heads: 0 */
+    at->causal = v.set[2];
+    break;
+  }
+  case OP_ROPE:
+  case OP_ROPE_GRAD: {
+    static const AKey keys[] = {{"heads", AK_INT, true}, {"base", AK_NUM, true}};
     attr_list(P, name, keys, 2, &v);
     if (v.i[0][0] < 1) FAIL(start, "%s: heads must be at least 1, got %" PRId64, name, v.i[0][0]);
+    if (!(v.x[1] > 0) || !isfinite(v.x[1])) FAIL(start, "%s: base must be a finite number above 0", name);
     at->heads = v.i[0][0];
-    at->causal = v.set[1];
+    at->base = v.x[1];
+    break;
+  }
+  case OP_SOFTMAX:
+  case OP_SOFTMAX_GRAD: {
+    static const AKey keys[] = {{"axis", AK_INT, true}};
+    attr_list(P, name, keys, 1, &v);
+    if (v.i[0][0] < 0 || v.i[0][0] >= IR_MAX_RANK) FAIL(start, "%s: axis %" PRId64 " is out of range", name, v.i[0][0]);
+    at->axis = (int)v.i[0][0];
     break;
   }
   case OP_SLICE:
@@ -629,7 +650,9 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
     dropout_attrs(P, name, &at->p, &at->site);
     break;
   case OP_NORM:
-  case OP_NORM_GRAD: {
+  case OP_NORM_GRAD:
+  case OP_RMS_NORM:
+  case OP_RMS_NORM_GRAD: {
     static const AKey keys[] = {{"eps", AK_NUM, true}};
     attr_list(P, name, keys, 1, &v);
     if (!(v.x[0] >= 0) || !isfinite(v.x[0])) FAIL(start, "%s: eps must be a finite number >= 0", name);
@@ -639,14 +662,26 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
   case OP_ADAMW:
   case OP_SGD:
     if (peek(P, '[')) {
-      static const AKey keys[] = {{"no_decay", AK_FLAG, false}};
-      attr_list(P, name, keys, 1, &v);
+      static const AKey keys[] = {{"no_decay", AK_FLAG, false}, {"shard", AK_INT, false}};
+      attr_list(P, name, keys, 2, &v);
       at->no_decay = v.set[0];
+      if (v.set[1] && (v.i[1][0] < 0 || v.i[1][0] >= IR_MAX_REPLICAS))
+        FAIL(start, "%s: shard must be in [0, %d), got %" PRId64, name, IR_MAX_REPLICAS, v.i[1][0]);
+      at->sharded = v.set[1];
+      at->shard = (int)v.i[1][0];
     }
     break;
   case OP_FUSED:
     at->prog = fused_prog(P, loads, n_loads);
     break;
+  case OP_ALL_GATHER: {
+    static const AKey keys[] = {{"bucket", AK_INT, true}};
+    attr_list(P, name, keys, 1, &v);
+    if (v.i[0][0] < 0 || v.i[0][0] > INT32_MAX) FAIL(start, "all_gather: bucket must be in [0, 2^31), got %" PRId64, v.i[0][0]);
+    at->bucket = (int)v.i[0][0];
+    break;
+  }
+  case OP_REDUCE_SCATTER:
   case OP_ALLREDUCE: {
     static const AKey keys[] = {{"bucket", AK_INT, true}, {"bytes", AK_INT, true}};
     attr_list(P, name, keys, 2, &v);
@@ -775,23 +810,32 @@ static void check_value(Parser *P, const char *at, OpKind op, Value **in, int n,
     break;
   }
   case OP_ATTENTION_GRAD: {
-    Shape want = {.rank = x->rank + 1, .dim = {3}};
-    for (int d = 0; d < x->rank && d + 1 < IR_MAX_RANK; d++) want.dim[d + 1] = x->dim[d];
+    /* dy, q [B,T,C], k, v [B,T,C K/H]; the result packs dq, dk, dv:
+     * [3,B,T,C] (K = H), or [B,T,C + 2 C K/H] along the channels (K < H) */
+    int64_t H = a->heads, K = ir_kv_heads(a);
+    bool heads_ok = H >= 1 && K >= 1 && H % K == 0 && x->rank == 3 && x->dim[2] % H == 0;
+    Shape kv = *x, want = {.rank = x->rank + 1, .dim = {3}};
+    if (heads_ok) kv.dim[2] = x->dim[2] / H * K;
+    if (K == H)
+      for (int d = 0; d < x->rank && d + 1 < IR_MAX_RANK; d++) want.dim[d + 1] = x->dim[d];
+    else if (heads_ok)
+      want = *x, want.dim[2] = x->dim[2] + 2 * kv.dim[2];
     for (int j = 1; j < 4; j++)
-      if (!shape_eq(&in[j]->shape, x) || in[j]->dtype != in[0]->dtype)
+      if (!shape_eq(&in[j]->shape, j == 1 ? x : &kv) || in[j]->dtype != in[0]->dtype)
         FAIL(at, "attention_grad: operand %d is %s%s, expected %s%s", j + 1, dtype_name(in[j]->dtype),
-             SHP(&in[j]->shape), dtype_name(in[0]->dtype), SHP(x));
-    if (x->rank != 3 || !shape_eq(&want, s) || dt != in[0]->dtype || !dtype_is_float(dt) ||
-        a->heads < 1 || x->dim[2] % a->heads)
-      FAIL(at, "attention_grad of %s with %" PRId64 " heads gives %s%s (packed dq, dk, dv)", SHP(x), a->heads,
-           dtype_name(in[0]->dtype), SHP(&want));
+             SHP(&in[j]->shape), dtype_name(in[0]->dtype), SHP(j == 1 ? x : &kv));
+    if (!heads_ok || !shape_eq(&want, s) || dt != in[0]->dtype || !dtype_is_float(dt))
+      FAIL(at, "attention_grad of %s with %" PRId64 " heads%s gives %s%s (packed dq, dk, dv%s)", SHP(x), a->heads,
+           K == H ? "" : arena_printf(P->a, " and %" PRId64 " kv_heads", K), dtype_name(in[0]->dtype), SHP(&want),
+           K == H ? "" : " along the channels");
     break;
   }
   case OP_ATTENTION_DECODE:
     for (int j = 3; j < 5; j++) {
-      const Shape *c = &in[j]->shape;
-      if (x->rank != 3 || c->rank != 3 || c->dim[0] != x->dim[0] || c->dim[2] != x->dim[2] || in[j]->dtype != in[0]->dtype)
-        FAIL(at, "attention_decode: cache %s does not fit q %s ([batch, context, channels])", SHP(c), SHP(x));
+      const Shape *c = &in[j]->shape, *k = &in[1]->shape; /* the caches hold keys and values */
+      if (x->rank != 3 || k->rank != 3 || c->rank != 3 || c->dim[0] != x->dim[0] || c->dim[2] != k->dim[2] ||
+          in[j]->dtype != in[0]->dtype)
+        FAIL(at, "attention_decode: cache %s does not fit k %s ([batch, context, channels])", SHP(c), SHP(k));
     }
     break;
   case OP_PRUNE_MASK: {
@@ -1292,6 +1336,10 @@ static void parse_line(Parser *P) {
     once(P, at, &P->replicas_line, "replicas");
     g->replicas = (int)integer(P, 2, IR_MAX_REPLICAS, "the number of replicas");
     want_eol(P, "the number of replicas");
+  } else if (!strcmp(w, "zero")) {
+    once(P, at, &P->zero_line, "zero");
+    g->zero = (int)integer(P, 1, 1, "the ZeRO stage (1)");
+    want_eol(P, "the ZeRO stage");
   } else if (!strcmp(w, "regions")) {
     int64_t *bytes = g->region_bytes;
     ws(P);
@@ -1358,8 +1406,8 @@ static void parse_line(Parser *P) {
     int op = op_from_name(w);
     if (op < 0) {
       static const char *const kw[] = {"model", "after", "float_dtype", "decode", "train", "regions", "loss", "logits",
-                                       "labels", "grad", "stages", "replicas", "prune"};
-      const char *h = hint(P, w, kw, 13);
+                                       "labels", "grad", "stages", "replicas", "prune", "zero"};
+      const char *h = hint(P, w, kw, 14);
       FAIL(at, "unknown op `%s`%s", w, *h ? h : op_hint(P, w));
     }
     if (!(op_info[op].flags & OPF_SIDE)) FAIL(at, "%s has a result: the line must start with `%%N =`", w);
@@ -1539,6 +1587,9 @@ static void parse_all(Parser *P) {
   if (P->g->replicas > 1 && P->g->train.micro_batches % P->g->replicas)
     fail_loc(P, (Loc){src, P->replicas_line, 1}, "%d replicas do not share %" PRId64 " micro-batches equally (the train "
              "section's micro_batches counts every replica's)", P->g->replicas, P->g->train.micro_batches);
+  if (P->g->zero && P->g->replicas < 2)
+    fail_loc(P, (Loc){src, P->zero_line, 1}, "`zero 1` shards the optimizer state over the replicas: it needs a "
+             "`replicas N` line (N >= 2)");
   check_devices(P);
   const Value *ab;
   char abuf[256];

@@ -27,7 +27,7 @@ expect run_help 0 "usage: duet run M.model [flags]" "$DUET" run --help
 expect compile_help 0 "usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]" "$DUET" compile --help
 expect ir_help 0 "usage: duet ir M.model [--after PASS] [--format text|dot|json] [--devices SPEC] [--micro-batches M] [--batch N]" "$DUET" ir --help
 expect emit_help 0 "usage: duet emit M.model [--target c|cuda]" "$DUET" emit --help
-expect check_help 0 "usage: duet check M.model [--data-parallel N] [--bucket-mb X]" "$DUET" check --help
+expect check_help 0 "usage: duet check M.model [--data-parallel N] [--bucket-mb X] [--zero 0|1]" "$DUET" check --help
 expect missing_model 1 "nofile.model: error: cannot open file: No such file or directory" "$DUET" check nofile.model
 expect unknown_pass 1 "duet: error: unknown pass 'nosuch'; passes: shape autodiff optimizer eval prune precision fuse partition data_parallel memplan" \
   "$DUET" ir $M --after nosuch
@@ -248,6 +248,8 @@ expect warmup_longer_than_run 1 "duet: error: the warm-up (--warmup 11) is longe
   "$DUET" run $M --steps 10 --warmup 11 --lr-schedule cosine --train-subset 2560
 expect min_lr_above_lr 1 "duet: error: --min-lr 0.01 is above the learning rate 0.001 (--lr): the cosine schedule decays from --lr down to --min-lr" \
   "$DUET" run $M --steps 10 --lr-schedule cosine --min-lr 0.01 --train-subset 2560
+expect clip_with_zero 1 "duet: error: --clip-grad-norm with --zero 1 is not supported yet: each replica holds the summed gradients of its own shard only (train without --zero, or without clipping)" \
+  "$DUET" run $M --data-parallel 2 --zero 1 --clip-grad-norm 1 --steps 1 --train-subset 2560 --no-eval
 expect lr_schedule_line 0 "duet: lr schedule: linear to 1e-05 after warmup 2 over 4 steps (peak 0.001); gradients clipped to global norm 1" \
   "$DUET" run $M --steps 4 --lr-schedule linear --warmup 2 --min-lr 1e-5 --clip-grad-norm 1 --train-subset 1024 --no-eval
 echo "$pass passed, $fail failed"
