@@ -58,19 +58,20 @@ static void prune_help(FILE *out) {
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
  * emit and check (cli/ may hold global state). */
-static const char *opt_precision, *opt_arch, *opt_gemm_acc;
+static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute;
 
 /* Removes `--precision X` / `--arch X` (and the `=` forms) from argv;
  * returns the new argc, or -1 after a message when a value is missing. */
 static int strip_precision_flags(int argc, char **argv) {
   int k = 0;
   for (int i = 0; i < argc; i++) {
-    const char *names[3] = {"--precision", "--arch", "--gemm-accumulate"};
-    const char **dst[3] = {&opt_precision, &opt_arch, &opt_gemm_acc};
-    static const char *const values[3] = {"auto, fp32, fp16, bf16",
-                                          "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16"};
+    const char *names[4] = {"--precision", "--arch", "--gemm-accumulate", "--recompute"};
+    const char **dst[4] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute};
+    static const char *const values[4] = {"auto, fp32, fp16, bf16",
+                                          "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16",
+                                          "none, blocks, auto"};
     int hit = -1;
-    for (int j = 0; j < 3 && hit < 0; j++) {
+    for (int j = 0; j < 4 && hit < 0; j++) {
       size_t n = strlen(names[j]);
       if (!strcmp(argv[i], names[j])) {
         if (i + 1 >= argc) {
@@ -135,6 +136,10 @@ static int check_precision_flags(void) {
   char err[256];
   if (opt_gemm_acc && strcmp(opt_gemm_acc, "fp32") && strcmp(opt_gemm_acc, "fp16")) {
     fprintf(stderr, "duet: error: unknown --gemm-accumulate `%s` (fp32, fp16)\n", opt_gemm_acc);
+    return 1;
+  }
+  if (opt_recompute && recompute_mode_parse(opt_recompute) < 0) {
+    fprintf(stderr, "duet: error: unknown --recompute `%s` (none, blocks, auto)\n", opt_recompute);
     return 1;
   }
   if (!opt_precision && !opt_arch) return 0;
@@ -415,7 +420,7 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   Source *src = frontend_read_file(c->arena, &c->diag, path);
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
-                .precision = opt_precision, .target = opt_arch, .prune = &opt_prune,
+                .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .recompute = opt_recompute,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
