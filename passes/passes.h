@@ -60,6 +60,8 @@ typedef struct PassCtx {
                               * (0: DP_BUCKET_MB_DEFAULT) */
   const char *recompute;     /* recompute: --recompute none|blocks|auto (NULL: the train
                               * section's `recompute`, else none) */
+  const PartDevice *budget_device; /* recompute auto without `devices`: the one device whose
+                              * capacity bounds the graph (duet run's default CPU; NULL: none) */
   const PruneSpec *prune;    /* prune: the --prune flags (prune_parse_flag); the fields in
                               * its `set` override the model's prune section (NULL: none) */
 } PassCtx;

@@ -208,19 +208,21 @@ static void undo_apply(Graph *g, const Undo *u) {
 
 /* The first stage whose planned memory exceeds its device's capacity after
  * memplan, or -1. */
-static int stage_over(Graph *g, PassCtx *cx) {
+static int stage_over(Graph *g, PassCtx *cx, const PartDevice *devs, int n_devs) {
   int S = g->n_stages > 1 ? g->n_stages : 1;
   pass_memplan(g, cx);
-  for (int s = 0; s < S && s < cx->n_devices; s++)
-    if (cx->devices[s].capacity > 0 && partition_stage_need(g, cx, s) > cx->devices[s].capacity) return s;
+  for (int s = 0; s < S && s < n_devs; s++)
+    if (devs[s].capacity > 0 && partition_stage_need(g, cx, s) > devs[s].capacity) return s;
   return -1;
 }
 
 /* auto: see the file comment.  Sets sel[b] for the blocks to recompute. */
 static void choose_auto(Graph *g, PassCtx *cx, bool *sel, int nb) {
   int S = g->n_stages > 1 ? g->n_stages : 1;
+  const PartDevice *devs = cx->devices ? cx->devices : cx->budget_device;
+  int n_devs = cx->devices ? cx->n_devices : cx->budget_device ? 1 : 0;
   bool any_budget = false;
-  for (int s = 0; s < S && s < cx->n_devices; s++) any_budget |= cx->devices[s].capacity > 0;
+  for (int s = 0; s < S && s < n_devs; s++) any_budget |= devs[s].capacity > 0;
   if (!any_budget) {
     if (cx->diag->out)
       fprintf(cx->diag->out, "duet: note: --recompute auto has no memory budget (no device capacity is known): "
@@ -250,7 +252,7 @@ static void choose_auto(Graph *g, PassCtx *cx, bool *sel, int nb) {
   for (;;) {
     Undo u;
     apply(g, sel, &u);
-    int over = stage_over(g, cx);
+    int over = stage_over(g, cx, devs, n_devs);
     undo_apply(g, &u);
     if (over < 0) break;
     int best = -1;
