@@ -460,7 +460,7 @@ Graph *ir_parse(Arena *a, Diag *d, const Source *src);
 void ir_print_dot(const Graph *g, FILE *out);
 /* The graph as one JSON object: model, pass, train settings, regions, the
  * loss/logits/labels ids and an array of values (id, op, inputs, dtype,
- * shape, attrs, role, device, region, offset).  Returns 0, or -1 when out of
+ * shape, attrs, role, block (when in one), device, region, offset).  Returns 0, or -1 when out of
  * memory. */
 int ir_print_json(const Graph *g, FILE *out);
 
