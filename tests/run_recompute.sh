@@ -33,7 +33,11 @@
 #   5. auto: with a budget (DUET_HOST_MEMORY) that none exceeds and blocks
 #      fits, auto recomputes some blocks but not all, fits, and trains bit
 #      for bit as without; a budget the run without recomputation fits
-#      makes no copies; a budget under blocks' plan is refused at plan time.
+#      makes no copies; a budget under blocks' plan is refused at plan time;
+#   6. auto's rotor schedules: a chain of 16 small layers with dropout under
+#      a budget below blocks' plan fits only by recomputing layer inputs
+#      from earlier checkpoints (a layer recomputed twice), and trains bit
+#      for bit as without recomputation.
 # usage: run_recompute.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_recompute.sh path/to/duet}
 d=$(mktemp -d "${TMPDIR:-/tmp}/duet-recompute.XXXXXX") || exit 2
@@ -185,6 +189,49 @@ if [ -r data/kjv.txt ]; then
   if grep -q "@backward  @block" "$d/tauto.ir"; then ok; else bad "gpt_tiny_dropout: auto under $tmid bytes recomputes nothing"; fi
   DUET_HOST_MEMORY=$tmid run tiny1.auto $TINY --threads 1 --recompute auto
   same tiny1.none tiny1.auto
+fi
+
+# --- 6. auto's rotor schedules (several levels) --------------------------
+# 16 small `repeat` layers with dropout, a chain: keeping every layer's
+# input (blocks) leaves 16 inputs alive; under a budget 0.5 MiB below
+# blocks' plan only a schedule that also recomputes inputs from earlier
+# checkpoints fits (Beaumont et al. 2019): the plan fits with fewer
+# activations than blocks', some layer is recomputed twice, and training is
+# bit for bit the run without recomputation
+cat > "$d/deep.model" <<'MODEL'
+model deep_chain
+const C = 64
+const T = 32
+input idx: i32[batch, T]
+input targets: i32[batch, T]
+block layer(x) {
+  param w: [C, C] = normal(0.1)
+  param b: [C] = zeros
+  return dropout(gelu(x @ w + b), 0.1)
+}
+param wte: [256, C] = normal(0.02)
+x = repeat(16, layer, embedding(wte, idx))
+loss = cross_entropy(x @ transpose(wte), targets)
+train {
+  data = text("data/kjv.txt", block = T)
+  batch = 8
+  steps = 3
+  eval_batches = 1
+}
+MODEL
+"$DUET" plan "$d/deep.model" --recompute blocks > "$d/dplan.blocks" || bad "deep_chain: duet plan --recompute blocks"
+db=$(need "$d/dplan.blocks") dab=$(act "$d/dplan.blocks")
+dlow=$(awk -v b="$db" 'BEGIN { printf "%d", (b - 0.5) * 1048576 }')
+if DUET_HOST_MEMORY=$dlow "$DUET" plan "$d/deep.model" --recompute auto > "$d/dplan.auto" 2>&1 &&
+   awk -v a="$(act "$d/dplan.auto")" -v b="$dab" 'BEGIN { exit !(a < b) }'; then ok
+else bad "deep_chain: auto under $dlow bytes (blocks: $db MiB)"; cat "$d/dplan.auto"; fi
+DUET_HOST_MEMORY=$dlow "$DUET" ir "$d/deep.model" --recompute auto --after recompute > "$d/deep.ir"
+twice=$(grep "@backward  @block" "$d/deep.ir" | awk '{print $NF}' | uniq | sort | uniq -c | awk '$1 > 1' | wc -l)
+if [ "$twice" -ge 1 ]; then ok; else bad "deep_chain: no layer recomputed twice under $dlow bytes"; fi
+if [ -r data/kjv.txt ]; then
+  run deep.none "$d/deep.model" --threads 1 --recompute none
+  DUET_HOST_MEMORY=$dlow run deep.auto "$d/deep.model" --threads 1 --recompute auto
+  same deep.none deep.auto
 fi
 
 echo "recompute: $pass passed, $fail failed, $skipped parts skipped"
