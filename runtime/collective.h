@@ -9,10 +9,12 @@
  * its own buckets).  Implementations: shared memory between the replicas
  * of one process (duet_coll_shm_new; with duet_coll_shm_direct, device
  * buffers are summed on the devices); NCCL between the replicas' GPUs
- * (duet_coll_nccl_new: runtime/cuda/nccl.c in the CUDA plugin).  MPI
- * (between processes and machines) is to be a further implementation of
- * this table; reduce_scatter_start and all_gather_start are the slots
- * ZeRO stage 1 (optimizer-state sharding) will need, NULL until then.
+ * (duet_coll_nccl_new: runtime/cuda/nccl.c in the CUDA plugin); MPI
+ * between processes and machines, one replica per rank
+ * (runtime/collective_mpi.c, in the plugin libduet_mpi.so that
+ * runtime/dist.c loads under an MPI launcher).  reduce_scatter_start and
+ * all_gather_start are the slots ZeRO stage 1 (optimizer-state sharding)
+ * will need, NULL until then.
  *
  * Every function returns 0, or -1 with a message in err (a timeout naming
  * the rank waited for, an abort, mismatched buffers, a device's copy
@@ -63,6 +65,20 @@ typedef struct DuetCollOps {
   int (*all_gather_start)(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
                           size_t errlen);
   void (*destroy)(DuetColl *c);
+  /* Optional (NULL: nothing to do).  Lets the operations this rank has
+   * started under the tags it owns move on without waiting (MPI's
+   * non-blocking collectives advance only inside MPI calls): the pipeline
+   * calls it between the steps of a backward pass while buckets are in
+   * flight.  0, or -1 with a message (the failure is reported again by the
+   * wait). */
+  int (*progress)(DuetColl *c, int rank, char *err, size_t errlen);
+  /* Optional (NULL: no figures).  For tag: the calls completed so far,
+   * the bytes this rank sent for them, the seconds from each start to its
+   * completion as seen by this rank, and the seconds its waits blocked
+   * (the part not hidden behind other work).  tag -1: the sums over every
+   * tag, except busy_s: the seconds during which at least one operation
+   * was in flight (overlapping operations counted once). */
+  void (*stats)(DuetColl *c, int tag, int64_t *calls, int64_t *bytes, double *busy_s, double *wait_s);
 } DuetCollOps;
 
 struct DuetColl {
