@@ -136,4 +136,29 @@ int duet_coll_shm_direct(DuetColl *c, int tag, char *err, size_t errlen);
 DuetColl *duet_coll_nccl_new(DuetDevice *const *devs, int R, int S, const int *tag_stage, int n_tags, double timeout,
                              bool profile, DuetColl *host, char *desc, size_t desclen, char *err, size_t errlen);
 
+/* NCCL between the GPUs of the ranks of an MPI run, this process being
+ * rank `rank` of R (one replica of S stages on devs[0 .. S-1], CUDA
+ * devices of the plugin), in two steps around the MPI exchange the caller
+ * makes.  First duet_coll_nccl_rank_new: loads NCCL, checks it can drive
+ * the local GPUs, makes the streams and events (no peer is involved, so a
+ * failure here can be agreed on by the ranks before anyone blocks); rank 0
+ * also fills ids (S x DUET_COLL_NCCL_ID_BYTES bytes) with a
+ * ncclGetUniqueId per stage, which the caller broadcasts to every rank.
+ * Then duet_coll_nccl_connect: ncclCommInitRank(R, ids[s], rank) on each
+ * stage's GPU, in stage order (it blocks until every rank has joined), and
+ * `host` (the MPI collective over the same ranks and tags: host buffers,
+ * barriers, host broadcasts, aborts) used by c from then on but still the
+ * caller's, to destroy after c.  The collective is otherwise
+ * duet_coll_nccl_new's, with this one local rank: the buckets' device
+ * buffers all-reduced by NCCL on a communication stream, a wait that
+ * gives up after `timeout` seconds with ncclCommAbort.  NULL / -1 with
+ * the reason in err (no plugin, NCCL missing naming the package, a card
+ * NCCL's build cannot drive, NCCL's own errors such as two ranks on one
+ * GPU); c is the caller's to destroy either way. */
+#define DUET_COLL_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
+DuetColl *duet_coll_nccl_rank_new(DuetDevice *const *devs, int R, int rank, int S, const int *tag_stage, int n_tags,
+                                  double timeout, bool profile, void *ids, char *desc, size_t desclen, char *err,
+                                  size_t errlen);
+int duet_coll_nccl_connect(DuetColl *c, const void *ids, DuetColl *host, char *err, size_t errlen);
+
 #endif

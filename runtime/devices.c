@@ -212,6 +212,12 @@ int duet_devices_preflight(const DuetProgram *p, const DuetConfig *cfg, char *er
     if (ranks > 1 && p->replicas > 1) { /* an MPI run: the rank's devices */
       DuetDeviceSpec mine[DUET_MAX_DEVICES];
       if (duet_pipe_rank_devices(p, cfg->devices, rank, mine, err, errlen)) return -1;
+      for (int k = 0; k < p->n_stages && e.collective == DUET_COLL_NCCL; k++)
+        if (mine[k].kind != DUET_DEV_CUDA) {
+          snprintf(err, errlen, "DUET_DP_COLLECTIVE=nccl: rank %d's stage %d is on %s, and NCCL connects GPUs", rank, k,
+                   mine[k].name);
+          return -1;
+        }
     } else if (p->replicas > 1 && duet_devices_groups(cfg->devices, p->replicas, &G, err, errlen)) {
       return -1;
     } else if (e.collective == DUET_COLL_NCCL && duet_pipe_nccl_check(p, cfg->devices, err, errlen)) {

@@ -152,6 +152,7 @@ struct DuetPipe {
   bool profile;           /* DUET_PROFILE=1: per-stage busy and waiting time */
   int64_t runs;
   DuetColl *coll;         /* R > 1: the collective between the replicas */
+  DuetColl *coll_host;    /* NCCL across MPI ranks: the MPI collective coll uses (destroyed after it) */
   int *bucket_of;         /* tensor id -> bucket, -1 */
   int drop_bucket;        /* DUET_DP_DROP (tests): this bucket is never all-reduced; -1: none */
   int64_t asym_steps;     /* steps whose overflow some replicas saw and others did not */
@@ -811,6 +812,7 @@ void duet_pipe_free(DuetPipe *q) {
   for (int k = 0; q->st && k < q->L * q->S; k++)
     if (q->st[k].started) pthread_join(q->st[k].thread, NULL);
   if (q->coll) q->coll->ops->destroy(q->coll);
+  if (q->coll_host) q->coll_host->ops->destroy(q->coll_host);
   /* staging blocks before the devices that allocated them */
   for (int i = 0; q->xfer && i < q->L * q->p->n_transfers; i++) {
     Xfer *x = &q->xfer[i];
@@ -1147,6 +1149,146 @@ static int make_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, 
   return 0;
 }
 
+/* The ranks' agreement, over the MPI collective mpi, on whether each of
+ * them could take a step towards NCCL (`failed`: this rank could not,
+ * `mine` saying why).  -1 when every rank could; else the first rank K
+ * that could not, its reason broadcast from it to all (every rank says the
+ * same: "rank K: WHY" in why); -2 with the error in why when MPI failed. */
+static int agree_ranks(DuetPipe *q, DuetColl *mpi, bool failed, const char *mine, char *why, size_t whylen) {
+  int R = q->R, me = q->r0, tag = q->p->n_buckets + q->S; /* the losses' tag: host buffers */
+  int32_t flags[64] = {0}, msg[200] = {0}; /* a reason as whole int32s for the broadcast */
+  char e[800];
+  if (R > 64) {
+    snprintf(why, whylen, "%d ranks: at most 64", R);
+    return -2;
+  }
+  flags[me] = failed;
+  DuetCollBuf b = {flags, R, DUET_I32};
+  if (mpi->ops->allreduce_start(mpi, me, tag, NULL, &b, 1, e, sizeof e) ||
+      mpi->ops->allreduce_wait(mpi, me, tag, e, sizeof e)) {
+    snprintf(why, whylen, "the ranks' agreement on NCCL, over MPI: %s", e);
+    return -2;
+  }
+  int first = -1;
+  for (int k = R - 1; k >= 0; k--)
+    if (flags[k]) first = k;
+  if (first < 0) return -1;
+  if (first == me) snprintf((char *)msg, sizeof msg, "%s", mine);
+  DuetCollBuf m = {msg, (int64_t)(sizeof msg / sizeof *msg), DUET_I32};
+  if (mpi->ops->broadcast(mpi, me, first, NULL, &m, 1, e, sizeof e)) {
+    snprintf(why, whylen, "why rank %d cannot use NCCL, over MPI: %s", first, e);
+    return -2;
+  }
+  ((char *)msg)[sizeof msg - 1] = 0;
+  snprintf(why, whylen, "rank %d: %s", first, (const char *)msg);
+  return first;
+}
+
+/* NCCL across the ranks of an MPI run (rank_collective): every rank
+ * prepares its part (NCCL loaded, its GPUs usable; rank 0 makes a unique
+ * id per stage), the ranks agree over `mpi` that every one of them could
+ * (none may block in ncclCommInitRank while another has given up), rank
+ * 0's ids are broadcast over MPI, each rank joins the stages'
+ * communicators, and the ranks agree again (NCCL refuses two ranks on one
+ * GPU there, on every rank).  The connected collective (using mpi, which
+ * stays the caller's), or NULL: *fatal false with the reason in why
+ * ("rank K: WHY", the first rank that could not, the same on every rank),
+ * every rank then without NCCL; *fatal true with the error in why (MPI
+ * failed). */
+static DuetColl *nccl_ranks(DuetPipe *q, DuetColl *mpi, char *desc, size_t desclen, bool *fatal, char *why,
+                            size_t whylen) {
+  const DuetProgram *p = q->p;
+  int S = q->S, B = p->n_buckets, n_tags = B + S + 2, me = q->r0;
+  int *tag_stage = malloc((size_t)n_tags * sizeof *tag_stage);
+  DuetDevice **devs = malloc((size_t)S * sizeof *devs);
+  int32_t *ids = calloc((size_t)S * DUET_COLL_NCCL_ID_BYTES / 4, sizeof *ids);
+  char mine[800] = "", e[800];
+  DuetColl *c = NULL;
+  int k;
+  *fatal = false;
+  if (!tag_stage || !devs || !ids) {
+    snprintf(mine, sizeof mine, "out of host memory");
+  } else {
+    for (int t = 0; t < n_tags; t++) tag_stage[t] = t < B ? p->tensors[p->bucket_tensors[p->bucket_off[t]]].stage : -1;
+    for (int s = 0; s < S; s++) devs[s] = q->st[s].dev;
+    c = duet_coll_nccl_rank_new(devs, q->R, me, S, tag_stage, n_tags, q->timeout, q->profile, ids, desc, desclen,
+                                mine, sizeof mine);
+  }
+  if ((k = agree_ranks(q, mpi, !c, mine, why, whylen)) != -1) goto out;
+  DuetCollBuf b = {ids, (int64_t)S * DUET_COLL_NCCL_ID_BYTES / 4, DUET_I32};
+  if (mpi->ops->broadcast(mpi, me, 0, NULL, &b, 1, e, sizeof e)) {
+    snprintf(why, whylen, "the NCCL unique ids of rank 0, over MPI: %s", e);
+    k = -2;
+    goto out;
+  }
+  bool joined = !duet_coll_nccl_connect(c, ids, mpi, mine, sizeof mine);
+  if ((k = agree_ranks(q, mpi, !joined, mine, why, whylen)) != -1) goto out;
+  free(tag_stage);
+  free(devs);
+  free(ids);
+  return c;
+out:
+  *fatal = k == -2;
+  if (c) c->ops->destroy(c);
+  free(tag_stage);
+  free(devs);
+  free(ids);
+  return NULL;
+}
+
+/* The collective of rank q->r0 of an MPI run (q->dist, one replica per
+ * rank) and its description: NCCL between the ranks' GPUs when every
+ * stage of the rank is on a GPU, DUET_DP_COLLECTIVE is auto or nccl and
+ * every rank can use NCCL (nccl_ranks; auto falls back saying why, nccl
+ * fails with it); else the MPI collective, GPU buffers staged through
+ * host memory.  The device kinds of every rank are the same (compared at
+ * start), so every rank makes the same choice.  0, or -1 with a message. */
+static int rank_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, size_t errlen) {
+  const DuetProgram *p = q->p;
+  int S = q->S;
+  /* tags: the buckets, each stage's overflow flags, the losses, the ranks'
+   * check (DUET_DP_CHECK under MPI) */
+  DuetColl *mpi = duet_dist_coll(q->dist, p->n_buckets + S + 2, err, errlen);
+  if (!mpi) return -1;
+  bool gpu = false, tried = false;
+  for (int k = 0; k < S; k++) gpu |= !q->st[k].host_mem;
+  char why[1000] = "", desc[600];
+  if (q->collective != DUET_COLL_SHM) {
+    int cpu = -1;
+    for (int s = S - 1; s >= 0; s--)
+      if (specs[s].kind != DUET_DEV_CUDA) cpu = s;
+    if (cpu >= 0) {
+      snprintf(why, sizeof why, "rank %d's stage %d is on %s, and NCCL connects GPUs", q->r0, cpu, specs[cpu].name);
+    } else {
+      bool fatal;
+      DuetColl *c = nccl_ranks(q, mpi, desc, sizeof desc, &fatal, why, sizeof why);
+      if (c) {
+        q->coll = c;
+        q->coll_host = mpi;
+        snprintf(q->coll_desc, sizeof q->coll_desc, "by %s, across the ranks (ncclCommInitRank, the unique ids "
+                 "broadcast over %s)", desc, duet_dist_name(q->dist));
+        return 0;
+      }
+      if (fatal) {
+        snprintf(err, errlen, "NCCL across the ranks: %s", why);
+        mpi->ops->destroy(mpi);
+        return -1;
+      }
+      tried = true;
+    }
+  }
+  if (q->collective == DUET_COLL_NCCL) {
+    snprintf(err, errlen, "DUET_DP_COLLECTIVE=nccl: %s", why);
+    mpi->ops->destroy(mpi);
+    return -1;
+  }
+  q->coll = mpi;
+  size_t len = (size_t)snprintf(q->coll_desc, sizeof q->coll_desc, "in replica order over %s%s", duet_dist_name(q->dist),
+                                gpu ? " (GPU buffers staged through host memory)" : "");
+  if (tried && len < sizeof q->coll_desc) snprintf(q->coll_desc + len, sizeof q->coll_desc - len, "; NCCL not used: %s", why);
+  return 0;
+}
+
 const char *duet_pipe_collective(const DuetPipe *q) { return q->coll_desc; }
 
 int duet_pipe_rank_devices(const DuetProgram *p, const char *devices, int rank, DuetDeviceSpec *specs, char *err,
@@ -1417,24 +1559,7 @@ DuetPipe *duet_pipe_new_ranks(const DuetProgram *p, const DuetKernelFn *kernels,
     duet_pipe_free(q);
     return NULL;
   }
-  if (R > 1 && dist) {
-    /* tags: the buckets, each stage's overflow flags, the losses, the ranks'
-     * check (DUET_DP_CHECK under MPI) */
-    if (q->collective == DUET_COLL_NCCL) {
-      snprintf(err, errlen, "DUET_DP_COLLECTIVE=nccl: across MPI ranks the gradients are summed by MPI (NCCL between "
-               "ranks is not supported yet); unset it or set DUET_DP_COLLECTIVE=auto");
-      duet_pipe_free(q);
-      return NULL;
-    }
-    if (!(q->coll = duet_dist_coll(dist, p->n_buckets + q->S + 2, err, errlen))) {
-      duet_pipe_free(q);
-      return NULL;
-    }
-    bool gpu = false;
-    for (int k = 0; k < q->S; k++) gpu |= !q->st[k].host_mem;
-    snprintf(q->coll_desc, sizeof q->coll_desc, "in replica order over %s%s", duet_dist_name(dist),
-             gpu ? " (GPU buffers staged through host memory)" : "");
-  } else if (R > 1 && make_collective(q, specs, err, errlen)) {
+  if (R > 1 && (dist ? rank_collective(q, specs, err, errlen) : make_collective(q, specs, err, errlen))) {
     duet_pipe_free(q);
     return NULL;
   }
