@@ -4,8 +4,8 @@
 #      models/ and tests/models/ after every pass (`duet ir G.ir` re-prints a
 #      dump as it was given), and for fmnist_mlp and gpt_tiny with
 #      --data-parallel 2 (one stage, and a pipeline of two, per replica), and
-#      gpt_tiny (and gpt_kjv, in a pipeline of two) with --recompute blocks
-#      (tests/models/gpt_tiny_dropout.model asks for it in its train section);
+#      tests/recompute/gpt_tiny_dropout.model with --recompute blocks (one
+#      device, and a pipeline of two);
 #   2. a dump resumes where it stopped: `duet ir G.ir --after Q` equals
 #      `duet ir M.model --after Q` for every pass Q after the dump's;
 #   3. --format dot passes `dot -Tsvg` and --format json parses (python3's
@@ -34,8 +34,8 @@ case $prec in
   dp) models="models/fmnist_mlp.model tests/models/gpt_tiny.model"; PF="--data-parallel 2 --bucket-mb 0.05" ;;
   dp2) models="models/fmnist_mlp.model tests/models/gpt_tiny.model"
        PF="--data-parallel 2 --bucket-mb 0.05 --devices cpu:0,cpu:1,cpu:2,cpu:3" ;;
-  rc) models="tests/models/gpt_tiny.model"; PF="--recompute blocks" ;;
-  rc2) models="tests/models/gpt_tiny.model models/gpt_kjv.model"
+  rc) models="tests/recompute/gpt_tiny_dropout.model"; PF="--recompute blocks" ;;
+  rc2) models="tests/recompute/gpt_tiny_dropout.model"
        PF="--recompute blocks --devices cpu:0,cpu:1 --micro-batches 2" ;;
 esac
 for m in $models; do

@@ -13,7 +13,7 @@
 #   3. bit-identity: losses (metrics file) and checkpoints (params and AdamW
 #      state: the state after a step is a function of that step's gradients)
 #      of --recompute blocks equal the run without, byte for byte, with
-#      dropout on: tests/models/gpt_tiny_dropout.model (3 `repeat` layers,
+#      dropout on: tests/recompute/gpt_tiny_dropout.model (3 `repeat` layers,
 #      dropout in and between them) on one device and in a two-stage
 #      pipeline (cpu:0,cpu:1, 2 micro-batches, GPipe and 1F1B), in fp16
 #      storage (--precision fp16: casts inside the blocks), with two
@@ -47,7 +47,7 @@ ok() { pass=$((pass + 1)); }
 bad() { echo "FAIL $*"; fail=$((fail + 1)); }
 skipped=0
 skip() { echo "skip: $*"; skipped=$((skipped + 1)); }
-TINY=tests/models/gpt_tiny_dropout.model
+TINY=tests/recompute/gpt_tiny_dropout.model
 
 # --- 1. diagnostics -----------------------------------------------------
 # expect_err WANT CMD...: exits 1 and stderr is exactly WANT
