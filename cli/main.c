@@ -167,6 +167,7 @@ typedef struct ParOpts {
   int64_t micro_batches;
   int64_t replicas;    /* --data-parallel (0: not given, 1 replica) */
   double bucket_mb;    /* --bucket-mb (0: the default) */
+  int zero;            /* --zero 1: ZeRO stage 1 (optimizer state sharded over the replicas) */
   PartDevice dev[DUET_MAX_DEVICES];
   int n_dev;
   char mem_from[1700]; /* where the CPU devices' capacity came from (duet_host_memory) */
@@ -200,7 +201,7 @@ static const char *scan_flag(int argc, char **argv, const char *name) {
 /* A flag of a value that par_opts reads (the commands skip it and its value). */
 static bool par_flag(const char *a) {
   return !strcmp(a, "--devices") || !strcmp(a, "--micro-batches") || !strcmp(a, "--schedule") ||
-         !strcmp(a, "--threads") || !strcmp(a, "--data-parallel") || !strcmp(a, "--bucket-mb");
+         !strcmp(a, "--threads") || !strcmp(a, "--data-parallel") || !strcmp(a, "--bucket-mb") || !strcmp(a, "--zero");
 }
 
 /* Fills po->dev from the device list `devices` (and --threads in argv):
@@ -300,6 +301,13 @@ static int par_opts(ParOpts *po, int argc, char **argv, int ranks) {
   const char *dp = scan_flag(argc, argv, "--data-parallel"), *bm = scan_flag(argc, argv, "--bucket-mb");
   if (dp && duet_parse_data_parallel(dp, &po->replicas)) return 1;
   if (bm && duet_parse_bucket_mb(bm, &po->bucket_mb)) return 1;
+  const char *zr = scan_flag(argc, argv, "--zero");
+  if (zr && duet_parse_zero(zr, &po->zero)) return 1;
+  if (po->zero && po->replicas == 1 && ranks < 2) { /* not given: the model's (a dump's) replicas decide */
+    fprintf(stderr, "duet: error: --zero 1 needs --data-parallel N with N >= 2 (it shards the optimizer state over the "
+            "replicas)\n");
+    return 1;
+  }
   if (ranks > 1) {
     if (dp && po->replicas != ranks) {
       fprintf(stderr, "duet: error: --data-parallel %" PRId64 " under an MPI launcher of %d ranks: each rank is one "
@@ -397,7 +405,8 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
   }
   if (R > 1 && g->after_pass && passes_find(g->after_pass) >= passes_find("data_parallel")) {
     bool any = false; /* a hand-edited dump that lost its buckets would train replicas apart */
-    for (int i = 0; i < g->n_values && !any; i++) any = g->values[i]->op == OP_ALLREDUCE;
+    for (int i = 0; i < g->n_values && !any; i++)
+      any = g->values[i]->op == OP_ALLREDUCE || g->values[i]->op == OP_REDUCE_SCATTER;
     bool grads = false;
     for (int i = 0; i < g->n_values && !grads; i++) grads = g->values[i]->op == OP_ADAMW || g->values[i]->op == OP_SGD;
     if (grads && !any) {
@@ -467,6 +476,19 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
   if (!c->g) return 1;
+  if (po && po->zero && !c->g->zero) { /* --zero 1 */
+    if (c->g->replicas < 2) { /* a dump of one replica */
+      diag_error_noloc(&c->diag, "--zero 1 needs --data-parallel N with N >= 2 (it shards the optimizer state over "
+                       "the replicas)");
+      return 1;
+    }
+    if (pc.start_after && passes_find(pc.start_after) >= passes_find("data_parallel")) {
+      diag_error_noloc(&c->diag, "the dump was printed after `%s` without --zero 1: its buckets are all-reduces; "
+                       "--zero 1 needs the .model or a dump from before `data_parallel`", pc.start_after);
+      return 1;
+    }
+    c->g->zero = 1;
+  }
   if (pc.start_after && c->g->replicas > 1 && po && po->n_dev && !po->replicas) {
     /* --devices for a dump of several replicas: split as the dump's --data-parallel */
     char err[512];
@@ -702,7 +724,8 @@ static int bad_argument(const char *cmd, int argc, char **argv, int i) {
   static const char *const with_value[] = {"-o", "--target", "--batch", "--devices", "--micro-batches", "--schedule",
                                            "--threads", "--precision", "--arch", "--after", "--format", "--checkpoint",
                                            "--prompt", "--tokens", "--temperature", "--top-k", "--seed",
-                                           "--gemm-accumulate", "--start-after", "--data-parallel", "--bucket-mb"};
+                                           "--gemm-accumulate", "--start-after", "--data-parallel", "--bucket-mb",
+                                           "--zero"};
   for (size_t k = 0; k < sizeof with_value / sizeof *with_value && i + 1 == argc; k++)
     if (!strcmp(argv[i], with_value[k])) {
       fprintf(stderr, "duet: error: %s needs a value (see duet %s --help)\n", argv[i], cmd);
@@ -718,7 +741,7 @@ static int cmd_compile(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]\n"
-             "                    [--data-parallel N] [--bucket-mb X]\n"
+             "                    [--data-parallel N] [--bucket-mb X] [--zero 0|1]\n"
              "Writes a standalone training executable (generated C compiled and linked\n"
              "against the duet runtime).  EXE takes the same flags as `duet run`.\n"
              "Also: --schedule gpipe|1f1b, --threads N (for the partition's cost model),\n"
@@ -853,7 +876,7 @@ static int cmd_ir(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet ir M.model [--after PASS] [--format text|dot|json] [--devices SPEC] [--micro-batches M] [--batch N]\n"
-             "               [--data-parallel N] [--bucket-mb X]\n"
+             "               [--data-parallel N] [--bucket-mb X] [--zero 0|1]\n"
              "Prints the IR after PASS (default: shape; for a G.ir dump, the pass it was printed after).\n"
              "Formats: text (the default; `duet run G.ir` and `duet ir G.ir` read it back), dot (Graphviz:\n"
              "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Also: --schedule gpipe|1f1b,\n"
@@ -1038,7 +1061,7 @@ static int cmd_plan(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet plan M.model [--devices SPEC] [--micro-batches M] [--schedule gpipe|1f1b] [--batch N]\n"
-             "                [--threads N] [--data-parallel N] [--bucket-mb X] [--nodes K [--link-gbps X]]\n"
+             "                [--threads N] [--data-parallel N] [--bucket-mb X] [--zero 0|1] [--nodes K [--link-gbps X]]\n"
              "Partitions the model without running it and prints each stage's ops, estimated time and memory\n"
              "(weights, grads, optimizer state, activations), the transfer bytes per step and the pipeline\n"
              "bubble (S-1)/(M+S-1).  SPEC: cpu:0,cpu:1 | cuda:0,cuda:1 | capacities such as 2x16GiB:sm_60;\n"
@@ -1115,12 +1138,13 @@ static int cmd_emit(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n"
-             "Also: --precision auto|fp32|fp16|bf16, --data-parallel N and --bucket-mb X (the kernels of\n"
-             "one replica), --recompute none|blocks|auto.\n");
+             "Also: --precision auto|fp32|fp16|bf16, --data-parallel N, --bucket-mb X and --zero 0|1 (the\n"
+             "kernels of one replica), --recompute none|blocks|auto.\n");
       return 0;
     } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
       target = argv[++i];
-    } else if ((!strcmp(argv[i], "--data-parallel") || !strcmp(argv[i], "--bucket-mb")) && i + 1 < argc) {
+    } else if ((!strcmp(argv[i], "--data-parallel") || !strcmp(argv[i], "--bucket-mb") || !strcmp(argv[i], "--zero")) &&
+               i + 1 < argc) {
       i++; /* read by par_opts */
     } else if (argv[i][0] != '-' && !model) {
       model = argv[i];
@@ -1371,9 +1395,10 @@ static int cmd_check(int argc, char **argv) {
   /* M.model, then only --data-parallel N and --bucket-mb X */
   bool args_ok = argc >= 1 && argv[0][0] != '-';
   for (int i = 1; i < argc && args_ok; i += 2)
-    args_ok = (!strcmp(argv[i], "--data-parallel") || !strcmp(argv[i], "--bucket-mb")) && i + 1 < argc;
+    args_ok = (!strcmp(argv[i], "--data-parallel") || !strcmp(argv[i], "--bucket-mb") || !strcmp(argv[i], "--zero")) &&
+              i + 1 < argc;
   if (!args_ok || wants_help(argc, argv)) {
-    printf("usage: duet check M.model [--data-parallel N] [--bucket-mb X]\nParses and verifies the model; prints its "
+    printf("usage: duet check M.model [--data-parallel N] [--bucket-mb X] [--zero 0|1]\nParses and verifies the model; prints its "
            "parameters and the bytes of\n"
            "their weights as trained (f32: in fp16/bf16 these are the master weights, the 16-bit copies come\n"
            "on top; gradients, optimizer state and activations: duet plan).\n"

@@ -927,6 +927,10 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
       write_ints(out, "bucket_off", p->bucket_off, p->n_buckets + 1);
       write_ints(out, "bucket_tensors", p->bucket_tensors, p->bucket_off[p->n_buckets]);
     }
+    if (p->zero) { /* ZeRO stage 1: each tensor's shard, each bucket gradient's param */
+      write_ints(out, "tensor_shard", p->tensor_shard, p->n_tensors);
+      write_ints(out, "bucket_params", p->bucket_params, p->bucket_off[p->n_buckets]);
+    }
   }
   if (p->prune) { /* pruning: the pruned params, their masks and the schedule */
     const DuetPrune *pr = p->prune;
@@ -963,6 +967,8 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
     fprintf(out, "  .replicas = %d, .n_buckets = %d, .bucket_off = %s, .bucket_tensors = %s, .bucket_mb = %.17g,\n",
             p->replicas, p->n_buckets, p->n_buckets ? "bucket_off" : "0", p->n_buckets ? "bucket_tensors" : "0",
             p->bucket_mb);
+  if (p->zero)
+    fprintf(out, "  .zero = %d, .tensor_shard = tensor_shard, .bucket_params = bucket_params,\n", p->zero);
   fprintf(out, "  .kernel_arg_off = kernel_arg_off, .kernel_args = kernel_args,\n");
   if (p->prune) fprintf(out, "  .prune = &prune,\n");
   if (p->source_hash) fprintf(out, "  .source_hash = 0x%016" PRIx64 "ull,\n", p->source_hash);

@@ -526,6 +526,15 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_STATE:
       has_step = false;
       break;
+    case OP_ALL_GATHER: { /* --zero 1: after the bucket's updates, on its stage's optimizer schedule */
+      DUET_ASSERT(piped && g->zero);
+      int stg = v->device > 0 && g->n_stages > 1 ? v->device : 0;
+      DuetStep ag = {.kind = DUET_STEP_ALLGATHER, .a = v->attr.bucket};
+      push_step(&L, &sl[stg * 4 + 2], ag);
+      has_step = false;
+      break;
+    }
+    case OP_REDUCE_SCATTER:
     case OP_ALLREDUCE: { /* the stage's backward posts its bucket (a pipelined program: replicas > 1) */
       DUET_ASSERT(piped && v->attr.bucket == n_buckets);
       int stg = v->device > 0 && g->n_stages > 1 ? v->device : 0;
@@ -781,6 +790,26 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     p->n_buckets = n_buckets;
     p->bucket_off = bucket_off;
     p->bucket_tensors = bucket_tensors;
+  }
+  if (g->zero && piped) { /* ZeRO stage 1: each tensor's shard; each bucket gradient's param */
+    int32_t *shard = arena_alloc(a, ((size_t)nt + 1) * sizeof *shard);
+    int32_t *bparams = arena_alloc(a, ((size_t)n_btensors + 1) * sizeof *bparams);
+    int32_t *param_of = arena_alloc(a, ((size_t)nt + 1) * sizeof *param_of);
+    for (int i = 0; i < nt; i++) shard[i] = -1, param_of[i] = -1;
+    for (int i = 0; i < g->n_values; i++) {
+      Value *v = g->values[i];
+      if ((v->op != OP_ADAMW && v->op != OP_SGD) || !v->attr.sharded) continue;
+      for (int j = 0; j < v->n_in; j++)
+        if (cp->tensor_of[v->in[j]->id] >= 0) shard[cp->tensor_of[v->in[j]->id]] = v->attr.shard;
+      param_of[tid(&L, v->in[1])] = tid(&L, v->in[0]);
+    }
+    for (int j = 0; j < n_btensors; j++) {
+      bparams[j] = param_of[bucket_tensors[j]];
+      DUET_ASSERT(bparams[j] >= 0);
+    }
+    p->zero = g->zero;
+    p->tensor_shard = shard;
+    p->bucket_params = bparams;
   }
   /* every gradient in a bucket (the verifier's rule for graphs with buckets;
    * a graph of several replicas without any is refused before lowering) */

@@ -829,7 +829,7 @@ void ir_infer_shape(Graph *g, Value *v) {
 int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
   int nv = g->n_values, buckets = 0, found = 0;
   bool any = false;
-  for (int i = 0; i < nv && !any; i++) any = g->values[i]->op == OP_ALLREDUCE;
+  for (int i = 0; i < nv && !any; i++) any = g->values[i]->op == OP_ALLREDUCE || g->values[i]->op == OP_REDUCE_SCATTER;
   if (!any) return 0;
   Arena *a = arena_new(1 << 12);
   int *upd = arena_alloc(a, ((size_t)nv + 1) * sizeof *upd), *in_bucket = arena_alloc(a, ((size_t)nv + 1) * sizeof *in_bucket);
@@ -843,8 +843,11 @@ int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
 #define BAD(v, ...) do { *bad = (v); snprintf(msg, n, __VA_ARGS__); found = 1; goto out; } while (0)
   for (int i = 0; i < nv; i++) {
     const Value *v = g->values[i];
-    if (v->op != OP_ALLREDUCE) continue;
+    if (v->op != OP_ALLREDUCE && v->op != OP_REDUCE_SCATTER) continue;
     if (g->replicas <= 1) BAD(v, "an all-reduce in a graph of one replica (there is no `replicas N` line)");
+    if ((v->op == OP_REDUCE_SCATTER) != (g->zero > 0))
+      BAD(v, "%s in a graph %s `zero 1` (--zero 1 makes every bucket a reduce_scatter)",
+          v->op == OP_REDUCE_SCATTER ? "a reduce_scatter" : "an allreduce", g->zero ? "with" : "without");
     if (v->attr.bucket != buckets) BAD(v, "bucket %d, expected %d (buckets are numbered in graph order)", v->attr.bucket, buckets);
     buckets++;
     int64_t bytes = 0;
@@ -853,6 +856,14 @@ int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
       if (!x || x->id < 0 || x->id >= nv || g->values[x->id] != x) continue; /* the SSA checks report it */
       bytes += (int64_t)dtype_size(x->dtype) * shape_numel(&x->shape);
       if (upd[x->id] < 0) BAD(v, "%%%d is not the gradient an optimizer update reads", x->id);
+      if (v->op == OP_REDUCE_SCATTER) { /* grouped by the replica that updates each */
+        const Value *u = g->values[upd[x->id]];
+        if (!u->attr.sharded || u->attr.shard < 0 || u->attr.shard >= g->replicas)
+          BAD(v, "the update of gradient %%%d has no shard of the %d replicas", x->id, g->replicas);
+        if (j > 0 && upd[v->in[j - 1]->id] >= 0 && g->values[upd[v->in[j - 1]->id]]->attr.shard > u->attr.shard)
+          BAD(v, "gradient %%%d (shard %d) comes after one of shard %d: a reduce_scatter's operands are grouped by "
+              "shard in order", x->id, u->attr.shard, g->values[upd[v->in[j - 1]->id]]->attr.shard);
+      }
       if (upd[x->id] < i)
         BAD(v, "bucket %d comes after the update of param %%%d, which reads its gradient %%%d", v->attr.bucket,
             g->values[upd[x->id]]->in[0]->id, x->id);
@@ -868,7 +879,25 @@ int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
     if ((v->op == OP_ADAMW || v->op == OP_SGD) && v->n_in > 1 && v->in[1] && v->in[1]->id >= 0 && v->in[1]->id < nv &&
         in_bucket[v->in[1]->id] < 0)
       BAD(v, "the gradient %%%d this update reads is in no all-reduce bucket", v->in[1]->id);
-    if (v->op == OP_ADAMW || v->op == OP_SGD || v->op == OP_ALLREDUCE) continue;
+    if (v->op == OP_ALL_GATHER) { /* params, each after its own (sharded) update */
+      if (!g->zero) BAD(v, "an all_gather in a graph without `zero 1`");
+      for (int j = 0; j < v->n_in; j++) {
+        const Value *x = v->in[j];
+        int at_upd = -1;
+        for (int k = 0; k < i && x; k++) {
+          const Value *u = g->values[k];
+          if ((u->op == OP_ADAMW || u->op == OP_SGD) && u->n_in > 0 && u->in[0] == x) at_upd = k;
+        }
+        if (!x || x->op != OP_PARAM || at_upd < 0)
+          BAD(v, "operand %d is not a param updated before this all_gather", j);
+      }
+    }
+    if ((v->op == OP_ADAMW || v->op == OP_SGD) && v->attr.sharded != (g->zero > 0))
+      BAD(v, "an update %s a shard in a graph %s `zero 1`", v->attr.sharded ? "with" : "without",
+          g->zero ? "with" : "without");
+    if (v->op == OP_ADAMW || v->op == OP_SGD || v->op == OP_ALLREDUCE || v->op == OP_REDUCE_SCATTER ||
+        v->op == OP_ALL_GATHER)
+      continue;
     for (int j = 0; j < v->n_in; j++) { /* the sum replaces a bucket's gradients in place */
       const Value *x = v->in[j];
       if (x && x->id >= 0 && x->id < nv && at[x->id] >= 0 && at[x->id] < i)
@@ -1143,7 +1172,11 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
     fprintf(out, "[slot=%d]", v->attr.slot);
     break;
   case OP_ALLREDUCE:
+  case OP_REDUCE_SCATTER:
     fprintf(out, "[bucket=%d,bytes=%" PRId64 "]", v->attr.bucket, v->attr.bytes);
+    break;
+  case OP_ALL_GATHER:
+    fprintf(out, "[bucket=%d]", v->attr.bucket);
     break;
   case OP_NORM:
   case OP_NORM_GRAD:
@@ -1151,7 +1184,9 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
     break;
   case OP_ADAMW:
   case OP_SGD:
-    if (v->attr.no_decay) fputs("[no_decay]", out);
+    if (v->attr.no_decay && v->attr.sharded) fprintf(out, "[no_decay,shard=%d]", v->attr.shard);
+    else if (v->attr.sharded) fprintf(out, "[shard=%d]", v->attr.shard);
+    else if (v->attr.no_decay) fputs("[no_decay]", out);
     break;
   case OP_PRUNE_MASK:
     if (v->attr.axis >= 0) fprintf(out, "[out=%d]", v->attr.axis);
@@ -1249,6 +1284,7 @@ void ir_print(const Graph *g, FILE *out) {
   if (g->decode) fprintf(out, "decode context=%" PRId64 "\n", g->context);
   if (g->n_stages > 1) fprintf(out, "stages %d\n", g->n_stages);
   if (g->replicas > 1) fprintf(out, "replicas %d\n", g->replicas);
+  if (g->zero) fprintf(out, "zero %d\n", g->zero);
   print_train(&g->train, out);
   if (g->prune.mode != PRUNE_NONE) print_prune(&g->prune, out);
   bool planned = false;

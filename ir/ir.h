@@ -229,7 +229,9 @@ typedef struct Attr {
   FusedProg *prog;  /* FUSED */
   int slot;         /* UNSCALE: index of its overflow flag (param order) */
   int bucket;       /* ALLREDUCE: the bucket's index (0, 1, ... in graph order) */
-  int64_t bytes;    /* ALLREDUCE: the bytes of its gradients */
+  int64_t bytes;    /* ALLREDUCE, REDUCE_SCATTER: the bytes of its gradients */
+  bool sharded;     /* ADAMW, SGD (--zero 1): only replica `shard` runs this update and keeps its state */
+  int shard;
 } Attr;
 
 typedef enum Role { ROLE_FORWARD, ROLE_BACKWARD, ROLE_OPTIMIZER, ROLE_EVAL } Role;
@@ -373,6 +375,8 @@ typedef struct Graph {
                       * replica r computing micro-batches r*M .. r*M+M-1,
                       * M = micro_batches / replicas; printed `replicas N` */
   PruneSpec prune;   /* the `prune { }` section; after the prune pass, as applied */
+  int zero;          /* --zero 1: optimizer state sharded over the replicas (ZeRO
+                      * stage 1; needs replicas > 1); printed `zero 1` */
 } Graph;
 
 /* Elements of v's dtype that the memory plan reserves after v's own for its
@@ -409,7 +413,11 @@ int ir_verify(const Graph *g, const char *after_pass, FILE *err);
  * update and after every other op that reads the gradient (the sum
  * replaces it in place); buckets numbered 0, 1, ... in graph order, `bytes`
  * the bytes of their gradients; and once there is a bucket, every such
- * gradient in one.
+ * gradient in one.  With `zero 1` (--zero 1) the buckets are
+ * `reduce_scatter` ops (an `allreduce` is then an error, and the reverse
+ * without it) whose operands are grouped by the shard of their update,
+ * every update has a shard of the replicas, and each `all_gather`'s
+ * operands are params updated before it.
  * Returns 0 (also for a graph without buckets), or 1 with the first
  * violation's value in *bad and a message ("%5 is not the gradient an
  * optimizer update reads") in msg.  ir_verify and ir_parse check it. */

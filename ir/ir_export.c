@@ -89,6 +89,7 @@ static void dot_attrs(const Value *v, Buf *out) {
     break;
   case OP_ADAMW: case OP_SGD:
     if (a->no_decay) bput(out, "no decay");
+    if (a->sharded) bput(out, "%sshard %d", a->no_decay ? ", " : "", a->shard);
     break;
   case OP_CAST:
     bput(out, "to %s", dtype_name(v->dtype));
@@ -97,7 +98,11 @@ static void dot_attrs(const Value *v, Buf *out) {
     bput(out, "flag %d", a->slot);
     break;
   case OP_ALLREDUCE:
+  case OP_REDUCE_SCATTER:
     bput(out, "bucket %d, %" PRId64 " bytes", a->bucket, a->bytes);
+    break;
+  case OP_ALL_GATHER:
+    bput(out, "bucket %d", a->bucket);
     break;
   case OP_PRUNE_MASK:
     if (a->axis >= 0) bput(out, "out axis %d", a->axis);
@@ -142,7 +147,9 @@ static void dot_node(const Graph *g, const Value *v, FILE *out, const char *inde
   case OP_PARAM: fputs(", shape=ellipse, fillcolor=\"#cfe2ff\"", out); break;
   case OP_STATE: fprintf(out, ", shape=ellipse, fillcolor=\"%s\"", v->attr.kv_cache ? "#e2d9f3" : "#ffe5b4"); break;
   case OP_CONST: fputs(", shape=plain", out); break;
-  case OP_ALLREDUCE: fputs(", shape=box3d, fillcolor=\"#cff4fc\"", out); break;
+  case OP_ALLREDUCE: case OP_REDUCE_SCATTER: case OP_ALL_GATHER:
+    fputs(", shape=box3d, fillcolor=\"#cff4fc\"", out);
+    break;
   default:
     fprintf(out, ", fillcolor=\"%s\"", role_fill[(unsigned)v->role < 4 ? v->role : 0]);
     if (op_info[v->op].flags & OPF_SIDE) fputs(", shape=box3d", out);
@@ -159,6 +166,7 @@ void ir_print_dot(const Graph *g, FILE *out) {
   dot_text(g->model_name ? g->model_name : "?", out);
   if (g->after_pass) fprintf(out, " after %s", g->after_pass);
   if (g->replicas > 1) fprintf(out, ", %d replicas", g->replicas);
+  if (g->zero) fprintf(out, ", ZeRO stage %d", g->zero);
   fputs("\"", out);
   /* large graphs: bounded crossing minimisation and network simplex keep dot
    * to seconds (gpt_kjv: minutes otherwise) */
@@ -293,13 +301,18 @@ static void json_attrs(J *j, cJSON *o, const Value *v) {
     break;
   case OP_ADAMW: case OP_SGD:
     jbool(j, o, "no_decay", a->no_decay);
+    if (a->sharded) jnum(j, o, "shard", a->shard);
     break;
   case OP_UNSCALE:
     jnum(j, o, "slot", a->slot);
     break;
   case OP_ALLREDUCE:
+  case OP_REDUCE_SCATTER:
     jnum(j, o, "bucket", a->bucket);
     jint(j, o, "bytes", a->bytes);
+    break;
+  case OP_ALL_GATHER:
+    jnum(j, o, "bucket", a->bucket);
     break;
   case OP_PRUNE_MASK:
     if (a->axis >= 0) jnum(j, o, "out_axis", a->axis);
@@ -391,6 +404,7 @@ int ir_print_json(const Graph *g, FILE *out) {
   jbool(&j, root, "decode", g->decode);
   jnum(&j, root, "stages", g->n_stages > 1 ? g->n_stages : 1);
   jnum(&j, root, "replicas", g->replicas > 1 ? g->replicas : 1);
+  if (g->zero) jnum(&j, root, "zero", g->zero);
   if (g->decode) jint(&j, root, "context", g->context);
   cJSON *train = jchk(&j, cJSON_AddObjectToObject(root, "train"));
   if (train) json_train(&j, train, &g->train);

@@ -43,7 +43,7 @@ typedef struct Parser {
   int line;
   IdSlot *slots; /* %id -> value, open addressing */
   size_t cap;
-  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line;
+  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line, zero_line;
   uint64_t device_regions[IR_MAX_STAGES / 64 + 1]; /* `regions device N` lines seen */
   int loss_line, logits_line, labels_line;
   bool in_train; /* inside the lines of `train { ... }` */
@@ -639,14 +639,26 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
   case OP_ADAMW:
   case OP_SGD:
     if (peek(P, '[')) {
-      static const AKey keys[] = {{"no_decay", AK_FLAG, false}};
-      attr_list(P, name, keys, 1, &v);
+      static const AKey keys[] = {{"no_decay", AK_FLAG, false}, {"shard", AK_INT, false}};
+      attr_list(P, name, keys, 2, &v);
       at->no_decay = v.set[0];
+      if (v.set[1] && (v.i[1][0] < 0 || v.i[1][0] >= IR_MAX_REPLICAS))
+        FAIL(start, "%s: shard must be in [0, %d), got %" PRId64, name, IR_MAX_REPLICAS, v.i[1][0]);
+      at->sharded = v.set[1];
+      at->shard = (int)v.i[1][0];
     }
     break;
   case OP_FUSED:
     at->prog = fused_prog(P, loads, n_loads);
     break;
+  case OP_ALL_GATHER: {
+    static const AKey keys[] = {{"bucket", AK_INT, true}};
+    attr_list(P, name, keys, 1, &v);
+    if (v.i[0][0] < 0 || v.i[0][0] > INT32_MAX) FAIL(start, "all_gather: bucket must be in [0, 2^31), got %" PRId64, v.i[0][0]);
+    at->bucket = (int)v.i[0][0];
+    break;
+  }
+  case OP_REDUCE_SCATTER:
   case OP_ALLREDUCE: {
     static const AKey keys[] = {{"bucket", AK_INT, true}, {"bytes", AK_INT, true}};
     attr_list(P, name, keys, 2, &v);
@@ -1259,6 +1271,10 @@ static void parse_line(Parser *P) {
     once(P, at, &P->replicas_line, "replicas");
     g->replicas = (int)integer(P, 2, IR_MAX_REPLICAS, "the number of replicas");
     want_eol(P, "the number of replicas");
+  } else if (!strcmp(w, "zero")) {
+    once(P, at, &P->zero_line, "zero");
+    g->zero = (int)integer(P, 1, 1, "the ZeRO stage (1)");
+    want_eol(P, "the ZeRO stage");
   } else if (!strcmp(w, "regions")) {
     int64_t *bytes = g->region_bytes;
     ws(P);
@@ -1325,8 +1341,8 @@ static void parse_line(Parser *P) {
     int op = op_from_name(w);
     if (op < 0) {
       static const char *const kw[] = {"model", "after", "float_dtype", "decode", "train", "regions", "loss", "logits",
-                                       "labels", "grad", "stages", "replicas", "prune"};
-      const char *h = hint(P, w, kw, 13);
+                                       "labels", "grad", "stages", "replicas", "prune", "zero"};
+      const char *h = hint(P, w, kw, 14);
       FAIL(at, "unknown op `%s`%s", w, *h ? h : op_hint(P, w));
     }
     if (!(op_info[op].flags & OPF_SIDE)) FAIL(at, "%s has a result: the line must start with `%%N =`", w);
@@ -1506,6 +1522,9 @@ static void parse_all(Parser *P) {
   if (P->g->replicas > 1 && P->g->train.micro_batches % P->g->replicas)
     fail_loc(P, (Loc){src, P->replicas_line, 1}, "%d replicas do not share %" PRId64 " micro-batches equally (the train "
              "section's micro_batches counts every replica's)", P->g->replicas, P->g->train.micro_batches);
+  if (P->g->zero && P->g->replicas < 2)
+    fail_loc(P, (Loc){src, P->zero_line, 1}, "`zero 1` shards the optimizer state over the replicas: it needs a "
+             "`replicas N` line (N >= 2)");
   check_devices(P);
   const Value *ab;
   char abuf[256];

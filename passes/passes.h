@@ -213,5 +213,11 @@ int64_t data_parallel_bucket_cap(const PassCtx *cx);
  * devices' own link).  Fills cx->summary's all-reduce figures and step
  * time when set. */
 void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE *out);
+/* ZeRO stage 1 on stage s of a graph after data_parallel (and memplan):
+ * the optimizer-state bytes each replica holds into per_replica[0..R)
+ * (its updates' state tensors, 64-byte aligned as planned), all of them
+ * into *all; returns the fullest replica's.  With g->zero the updates'
+ * shards; without, the shards --zero 1 would assign (the same rule). */
+int64_t data_parallel_zero_state(const Graph *g, int s, int64_t *all, int64_t *per_replica);
 
 #endif

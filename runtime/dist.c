@@ -476,6 +476,8 @@ uint64_t duet_program_hash(const DuetProgram *p) {
   if (p->bucket_off && p->n_buckets > 0) {
     h = h_bytes(h, p->bucket_off, (size_t)(p->n_buckets + 1) * sizeof *p->bucket_off);
     h = h_bytes(h, p->bucket_tensors, (size_t)p->bucket_off[p->n_buckets] * sizeof *p->bucket_tensors);
+    h = h_bytes(h, &p->zero, sizeof p->zero);
+    if (p->zero && p->tensor_shard) h = h_bytes(h, p->tensor_shard, (size_t)p->n_tensors * sizeof *p->tensor_shard);
   }
   h = h_bytes(h, &p->bucket_mb, sizeof p->bucket_mb);
   h = h_str(h, p->cuda_source);

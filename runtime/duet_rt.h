@@ -12,7 +12,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 5 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash */
+#define DUET_RT_API_VERSION 6 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+                                * 6: DuetProgram.zero (ZeRO stage 1) */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -59,8 +60,13 @@ typedef struct DuetTensor {
  * Data parallelism adds DUET_STEP_ALLREDUCE (a: bucket index, in a stage's
  * backward schedule after the bucket's last gradient: on a replica's last
  * micro-batch its gradients are final there and the bucket starts its sum
- * over the replicas; see DuetProgram.bucket_off). */
-enum { DUET_STEP_KERNEL = 0, DUET_STEP_GEMM = 1, DUET_STEP_SEND = 2, DUET_STEP_RECV = 3, DUET_STEP_ALLREDUCE = 4 };
+ * over the replicas; see DuetProgram.bucket_off).  ZeRO stage 1
+ * (DuetProgram.zero) makes that step a reduce-scatter and adds
+ * DUET_STEP_ALLGATHER (a: bucket index, in a stage's optimizer schedule
+ * after the updates of the bucket's params: each replica's updated params
+ * copied to every other; DuetProgram.bucket_params). */
+enum { DUET_STEP_KERNEL = 0, DUET_STEP_GEMM = 1, DUET_STEP_SEND = 2, DUET_STEP_RECV = 3, DUET_STEP_ALLREDUCE = 4,
+       DUET_STEP_ALLGATHER = 5 };
 typedef struct DuetStep {
   int kind;
   int kernel;           /* DUET_STEP_KERNEL: index into the kernel table */
@@ -107,6 +113,11 @@ int duet_parse_threads(const char *val, int *out);
  * compiling commands all parse them here). */
 int duet_parse_data_parallel(const char *val, int64_t *out);
 int duet_parse_bucket_mb(const char *val, double *out);
+/* --zero S: 0 (no sharding) or 1 (ZeRO stage 1: optimizer state sharded
+ * over the data-parallel replicas) into *out, else "duet: error: --zero
+ * expects 0 or 1 (ZeRO stage 1: optimizer state sharded over the
+ * replicas), got 'X'" on stderr, returning 1. */
+int duet_parse_zero(const char *val, int *out);
 
 /* Training settings: the program's defaults (from the train section),
  * overridden by command-line flags. */
@@ -136,6 +147,7 @@ typedef struct DuetConfig {
   double timeout;          /* pipeline: seconds a stage waits for a transfer (0: default) */
   int64_t data_parallel;   /* --data-parallel N (0: the program's; compile-time) */
   double bucket_mb;        /* --bucket-mb X (0: the program's; compile-time) */
+  int zero;                /* 1 + the ZeRO stage of --zero (0: not given, the program's; compile-time) */
 } DuetConfig;
 
 /* Pipeline schedules: GPipe fill-drain (all forwards, then all backwards;
@@ -262,6 +274,23 @@ typedef struct DuetProgram {
    * an MPI run compare it with the rest of the program (runtime/dist.c).
    * Appended: no other member moves. */
   uint64_t source_hash;
+  /* ZeRO stage 1 (zero = 1; replicas > 1; passes/data_parallel.c): the
+   * optimizer state is sharded over the replicas by whole tensors.
+   * tensor_shard[i] (n_tensors entries) is the replica whose optimizer
+   * update reads or writes tensor i (its param, gradient and state), -1
+   * for tensors of no sharded update.  Replica r allocates only the state
+   * tensors of shard r (the memory plan places them together, shard by
+   * shard), runs only the optimizer kernels whose tensors are all of
+   * shard r or of none, and receives, at bucket b's DUET_STEP_ALLREDUCE
+   * (a reduce-scatter), the replicas' sums of the gradients of shard r
+   * (each bucket's gradients are grouped by shard, shard 0 first).  At
+   * bucket b's DUET_STEP_ALLGATHER the params bucket_params[bucket_off[b]
+   * .. bucket_off[b + 1]) (the param of each of the bucket's gradients,
+   * same order) are copied from their shard's replica to every other.
+   * Appended: no other member moves. */
+  int zero;
+  const int32_t *tensor_shard;
+  const int32_t *bucket_params;
 } DuetProgram;
 
 #define DUET_MAX_KERNEL_ARGS 40
@@ -448,9 +477,14 @@ const char *duet_session_collective(const DuetSession *s);
  * reads replica 0's; duet_session_read_replica reads replica r's
  * (0 <= r < replicas; the data inputs, loss and metrics are the session's
  * own host buffers, the same for every r).  0, or -1 with a message in
- * duet_session_error. */
+ * duet_session_error.  ZeRO stage 1 (DuetProgram.zero): a sharded state
+ * tensor is written only into the replica that holds it and read from it
+ * (across MPI ranks: broadcast from its rank, every other rank taking part
+ * through duet_session_serve_states, which serves every sharded state
+ * tensor in id order, as a checkpoint reads them). */
 int duet_session_replicas(const DuetSession *s);
 int duet_session_read_replica(DuetSession *s, int replica, int id, size_t off, void *dst, size_t n);
+int duet_session_serve_states(DuetSession *s);
 /* Device address of tensor `id` (NULL for an id out of range).  Host
  * code may dereference it only on a CPU device; everything else goes
  * through duet_session_read / duet_session_write (CUDA regions are device

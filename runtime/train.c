@@ -58,6 +58,9 @@ void duet_usage(const char *argv0, FILE *out) {
           "                     virtual CPU devices), each computing 1/N of every batch; gradients\n"
           "                     summed over the replicas (fixed when the model was compiled)\n"
           "  --bucket-mb X      all-reduce buckets of at most X MiB of gradients (default 25)\n"
+          "  --zero 1           ZeRO stage 1: each replica keeps and updates only its shard of the\n"
+          "                     optimizer state (whole tensors); gradients reduce-scattered, params\n"
+          "                     all-gathered (needs --data-parallel N >= 2; fixed at compile time)\n"
           "  --help             this text\n"
           "Results depend on --threads (OpenBLAS sums in an order set by its thread count).\n"
           "Under mpirun -np N (or srun --mpi=pmix) each rank is one of N replicas on its own --devices\n"
@@ -104,6 +107,16 @@ int duet_parse_data_parallel(const char *val, int64_t *out) {
     return 1;
   }
   *out = n;
+  return 0;
+}
+
+int duet_parse_zero(const char *val, int *out) {
+  if (strcmp(val, "0") && strcmp(val, "1")) {
+    fprintf(stderr, "duet: error: --zero expects 0 or 1 (ZeRO stage 1: optimizer state sharded over the replicas), "
+            "got '%s'\n", val);
+    return 1;
+  }
+  *out = val[0] - '0';
   return 0;
 }
 
@@ -160,7 +173,7 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
                                         "--test-subset", "--data", "--save", "--save-every", "--resume",
                                         "--metrics", "--batch", "--loss-scale", "--min-loss-scale",
                                         "--devices", "--micro-batches", "--schedule", "--data-parallel",
-                                        "--bucket-mb"};
+                                        "--bucket-mb", "--zero"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
     int is_known = 0;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
@@ -219,6 +232,11 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     } else if (!strcmp(flag, "--micro-batches")) rc = parse_i64(flag, val, 1, &c->micro_batches);
     else if (!strcmp(flag, "--data-parallel")) rc = duet_parse_data_parallel(val, &c->data_parallel);
     else if (!strcmp(flag, "--bucket-mb")) rc = duet_parse_bucket_mb(val, &c->bucket_mb);
+    else if (!strcmp(flag, "--zero")) {
+      int z = 0;
+      rc = duet_parse_zero(val, &z);
+      c->zero = 1 + z;
+    }
     else if (!strcmp(flag, "--schedule")) {
       if (!strcmp(val, "gpipe")) c->schedule = DUET_SCHEDULE_GPIPE;
       else if (!strcmp(val, "1f1b")) c->schedule = DUET_SCHEDULE_1F1B;
@@ -413,6 +431,15 @@ static int maybe_save(Run *r, const DuetTrainState *st, bool now) {
   const DuetConfig *cfg = r->cfg;
   if (!cfg->save_path || r->saved_step == st->step) return 0;
   if (!now && st->step != r->total && !(cfg->save_every > 0 && st->step % cfg->save_every == 0)) return 0;
+  if (r->dist && duet_dist_rank(r->dist) > 0) { /* ZeRO (rank_view): this rank's shard of the state to rank 0 */
+    if (duet_session_serve_states(r->s)) {
+      fprintf(stderr, "duet: error: sending this rank's optimizer state to rank 0 for the checkpoint of step %" PRId64
+              ": %s\n", st->step, duet_session_error(r->s));
+      return -1;
+    }
+    r->saved_step = st->step;
+    return 0;
+  }
   char err[1024], kept[1200];
   int n_stale = duet_st_remove_stale_temps(cfg->save_path, DUET_ST_STALE_SECONDS, err, sizeof err);
   if (n_stale && !cfg->quiet)
@@ -446,7 +473,10 @@ static int check_stop(Run *r, const DuetTrainState *st) {
               st->step, err);
       return 1;
     }
-    if (sig && duet_dist_rank(r->dist) > 0) return 128 + sig; /* rank 0 saves and says so */
+    if (sig && duet_dist_rank(r->dist) > 0) { /* rank 0 saves and says so (ZeRO: with this rank's state) */
+      maybe_save(r, st, true);
+      return 128 + sig;
+    }
   }
   if (!sig) return 0;
   const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
@@ -665,6 +695,15 @@ static int check_labels(const DuetDataset *ds, int n_classes, const char *what) 
  * existing directory or anything else but a regular file (a checkpoint is
  * renamed over it: as root, --save /dev/null would replace the device), and
  * its directory writable.  0, or 1 after printing the error. */
+/* Whether this process writes the checkpoints: alone, or rank 0 of an MPI
+ * run (the other ranks of a --zero 1 run keep --save only to take part in
+ * rank 0's saves, rank_view; their machine need not have its directory). */
+static bool writes_files_here(void) {
+  int rank = 0;
+  char var[400];
+  return duet_launch_ranks(&rank, var, sizeof var) <= 1 || rank == 0;
+}
+
 static int check_save_path(const char *path) {
   struct stat st;
   if (!*path) {
@@ -826,7 +865,7 @@ static int64_t planned_total(const DuetProgram *p, const DuetConfig *cfg) {
  * printing the error. */
 static int check_run_files(const DuetProgram *p, const DuetConfig *cfg, const char *model_path) {
   char err[1024];
-  if (cfg->save_path && check_save_path(cfg->save_path)) return 1;
+  if (cfg->save_path && writes_files_here() && check_save_path(cfg->save_path)) return 1;
   if (check_outputs(cfg, model_path)) return 1;
   if (cfg->resume_path) {
     int64_t step, total = planned_total(p, cfg);
@@ -916,6 +955,12 @@ static int check_compiled(const DuetProgram *p, const DuetConfig *cfg) {
   if (p->n_stages >= 1 && cfg->micro_batches && cfg->micro_batches != M) {
     fprintf(stderr, "duet: error: this program was compiled for %d micro-batch%s%s, not %" PRId64 "\n", M,
             M == 1 ? "" : "es", R > 1 ? " per replica" : "", cfg->micro_batches);
+    return 1;
+  }
+  int z = p->n_stages >= 1 && R > 1 ? p->zero : 0;
+  if (cfg->zero && cfg->zero - 1 != z) {
+    fprintf(stderr, "duet: error: this program was compiled with --zero %d, not %d (fixed at compile time: duet "
+            "compile M.model --data-parallel N --zero %d)\n", z, cfg->zero - 1, cfg->zero - 1);
     return 1;
   }
   double want = p->bucket_mb > 0 ? p->bucket_mb : 25.0;
@@ -1008,6 +1053,20 @@ static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const Du
            "; %d all-reduce bucket%s (%.2f MiB of gradients, --bucket-mb %g) summed %s\n", R, S, S == 1 ? "" : "s",
            M, M == 1 ? "" : "es", p->defaults.batch, p->n_buckets, p->n_buckets == 1 ? "" : "s",
            (double)grads / 1048576.0, p->bucket_mb > 0 ? p->bucket_mb : 25.0, duet_session_collective(s));
+    if (p->zero) { /* the state each replica keeps */
+      int64_t all = 0, most = 0, own[DUET_MAX_DEVICES] = {0};
+      for (int i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].region == DUET_MEM_STATE) {
+          all += p->tensors[i].nbytes;
+          int sh = p->tensor_shard[i];
+          if (sh >= 0 && sh < DUET_MAX_DEVICES) own[sh] += p->tensors[i].nbytes;
+        }
+      for (int r = 0; r < R && r < DUET_MAX_DEVICES; r++)
+        if (own[r] > most) most = own[r];
+      printf("duet: ZeRO stage 1: optimizer state sharded over the %d replicas by whole tensors: at most %.2f MiB per "
+             "replica of %.2f MiB (%.1f%%); gradients reduce-scattered, params all-gathered after the update\n", R,
+             (double)most / 1048576.0, (double)all / 1048576.0, all > 0 ? 100.0 * (double)most / (double)all : 0.0);
+    }
   }
   fflush(stdout);
 }
@@ -1462,8 +1521,11 @@ static int rank_view(const DuetProgram *p, DuetConfig *cfg) {
   }
   if (rank > 0) {
     cfg->quiet = 1;
-    cfg->save_path = cfg->metrics_path = NULL;
-    cfg->save_every = 0;
+    cfg->metrics_path = NULL;
+    if (!p->zero) { /* ZeRO: it sends its shard of the state to rank 0 when rank 0 saves (maybe_save) */
+      cfg->save_path = NULL;
+      cfg->save_every = 0;
+    }
   }
   return ranks;
 }
