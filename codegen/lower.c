@@ -82,21 +82,32 @@ static void finish_ew(Lower *L, Kernel *k, InsBuf *b, int64_t n) {
   memcpy(k->ins, b->ins, (size_t)b->n * sizeof *k->ins);
 }
 
+/* Each op's kernel-IR opcode (ops.def's kop column), -1 for none. */
+static const int op_kop[OP_COUNT] = {
+#define KI(x) KI_##x
+#define NO_KI -1
+#define OP(id, name, n, rule, flags, surface, prec, kop) [OP_##id] = kop,
+#include "../ir/ops.def"
+#undef OP
+#undef NO_KI
+#undef KI
+};
+
+int kop_op(KOp k) {
+  for (int i = 0; i < OP_COUNT; i++)
+    if (op_kop[i] == (int)k) return i;
+  return -1;
+}
+
+int kop_operands(KOp k) {
+  if (k == KI_SQRT) return 1;
+  int op = kop_op(k);
+  return op < 0 ? 0 : op_info[op].arity;
+}
+
 static KOp kop_of(OpKind op) {
-  switch (op) {
-  case OP_ADD: return KI_ADD;
-  case OP_SUB: return KI_SUB;
-  case OP_MUL: return KI_MUL;
-  case OP_DIV: return KI_DIV;
-  case OP_NEG: return KI_NEG;
-  case OP_RELU: return KI_RELU;
-  case OP_RELU_GRAD: return KI_RELU_GRAD;
-  case OP_GELU: return KI_GELU;
-  case OP_GELU_GRAD: return KI_GELU_GRAD;
-  case OP_DROPOUT: return KI_DROPOUT;
-  case OP_CAST: return KI_CAST;
-  default: unreachable();
-  }
+  DUET_ASSERT(op_kop[op] >= 0);
+  return (KOp)op_kop[op];
 }
 
 static int tid(Lower *L, const Value *v) {
@@ -345,7 +356,33 @@ static int lower_attention(Lower *L, Value *v, KernelKind kind) {
   k->time = q->dim[1];
   k->cols = q->dim[2];
   k->heads = v->attr.heads;
+  k->kv_heads = ir_kv_heads(&v->attr);
   k->causal = v->attr.causal;
+  return k->index;
+}
+
+/* Softmax over `axis` as [outer, red, inner]; its gradient from dy and y. */
+static int lower_softmax(Lower *L, Value *v) {
+  Kernel *k = new_kernel(L, v->op == OP_SOFTMAX ? KK_SOFTMAX : KK_SOFTMAX_BWD, v->dtype);
+  for (int j = 0; j < v->n_in; j++) add_buf(k, tid(L, v->in[j]), v->in[j]->dtype, NULL, NULL);
+  add_buf(k, tid(L, v), v->dtype, NULL, NULL);
+  const Shape *s = &v->shape;
+  k->outer = k->inner = 1;
+  for (int d = 0; d < s->rank; d++) {
+    if (d < v->attr.axis) k->outer *= s->dim[d];
+    if (d > v->attr.axis) k->inner *= s->dim[d];
+  }
+  k->red = s->dim[v->attr.axis];
+  return k->index;
+}
+
+/* The sum of squared differences of a whole tensor, times 1/n. */
+static int lower_mse(Lower *L, Value *v) {
+  Kernel *k = new_kernel(L, KK_MSE, v->dtype);
+  for (int j = 0; j < 2; j++) add_buf(k, tid(L, v->in[j]), v->in[j]->dtype, NULL, NULL);
+  add_buf(k, tid(L, v), v->dtype, NULL, NULL);
+  k->n = shape_numel(&v->in[0]->shape);
+  k->scale = 1.0 / (double)k->n;
   return k->index;
 }
 
@@ -583,11 +620,6 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       if (v->role != ROLE_EVAL) p->gemm_flops += 2 * st.m * st.n * st.k;
       break;
     }
-    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG:
-    case OP_RELU: case OP_RELU_GRAD: case OP_BROADCAST: case OP_FUSED:
-    case OP_GELU: case OP_GELU_GRAD: case OP_DROPOUT: case OP_CAST: case OP_LOSS_SCALE:
-      st.kernel = lower_elementwise(&L, v);
-      break;
     case OP_UNSCALE:
       st.kernel = lower_unscale(&L, v);
       DUET_ASSERT(v->attr.slot >= 0 && v->attr.slot < g->n_values);
@@ -606,6 +638,32 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     }
     case OP_ATTENTION:
       st.kernel = lower_attention(&L, v, KK_ATTN_FWD);
+      break;
+    case OP_SOFTMAX:
+    case OP_SOFTMAX_GRAD:
+      st.kernel = lower_softmax(&L, v);
+      break;
+    case OP_RMS_NORM:
+    case OP_RMS_NORM_GRAD: {
+      Kernel *k = lower_rows_k(&L, v, v->op == OP_RMS_NORM ? KK_RMSNORM_FWD : KK_RMSNORM_BWD);
+      k->eps = v->attr.eps;
+      st.kernel = k->index;
+      break;
+    }
+    case OP_ROPE:
+    case OP_ROPE_GRAD: {
+      Kernel *k = lower_rows_k(&L, v, KK_ROPE);
+      k->batch = v->shape.dim[0];
+      k->time = v->shape.dim[1];
+      k->cols = v->shape.dim[2];
+      k->heads = v->attr.heads;
+      k->base = v->attr.base;
+      k->inverse = v->op == OP_ROPE_GRAD;
+      st.kernel = k->index;
+      break;
+    }
+    case OP_MSE_LOSS:
+      st.kernel = lower_mse(&L, v);
       break;
     case OP_ATTENTION_GRAD: /* query rows (dq, statistics), then key rows (dk, dv) */
       pre[n_pre] = st;
@@ -670,6 +728,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       k->time = v->in[3]->shape.dim[1];
       k->cols = v->shape.dim[2];
       k->heads = v->attr.heads;
+      k->kv_heads = ir_kv_heads(&v->attr);
       k->causal = true;
       st.kernel = k->index;
       break;
@@ -703,8 +762,9 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_PRUNE_MASK:
       st.kernel = lower_prune_mask(&L, v);
       break;
-    default:
-      duet_fatal(__FILE__, __LINE__, "codegen: no lowering for op %d", (int)v->op);
+    default: /* the elementwise ops (ops.def's EW flag): one loop, or a fused one */
+      if (!(op_info[v->op].flags & OPF_EW)) duet_fatal(__FILE__, __LINE__, "codegen: no lowering for op %d", (int)v->op);
+      st.kernel = lower_elementwise(&L, v);
     }
     if (!has_step) continue;
     if (piped) {

@@ -109,31 +109,24 @@ static const char *hint_text(Elab *e, const Hint *h) {
 
 /* ------------------------------------------------------------- builtins */
 
-typedef struct Builtin {
-  const char *name;
-  int arity;
-  OpKind op;
-} Builtin;
-
-static const Builtin builtins[] = {
-    {"relu", 1, OP_RELU},   {"mean", 1, OP_MEAN}, {"cross_entropy", 2, OP_CROSS_ENTROPY},
-    {"matmul", 2, OP_MATMUL}, {"add", 2, OP_ADD}, {"sub", 2, OP_SUB},
-    {"mul", 2, OP_MUL},     {"div", 2, OP_DIV},   {"neg", 1, OP_NEG},
-    {"gelu", 1, OP_GELU},   {"embedding", 2, OP_EMBEDDING}, {"transpose", 1, OP_TRANSPOSE},
-    {"positions", 1, OP_POSITIONS},
-};
+/* The plain built-ins (relu, gelu, matmul, ...) are the ops with a surface
+ * name in the op table (ir/ops.def): op_info[op].surface, called with
+ * op_info[op].arity positional tensors. */
 
 /* Built-ins with named arguments (handled in eval_call). */
-static const char *const attention_args[] = {"q", "k", "v", "heads", "causal"};
+static const char *const attention_args[] = {"q", "k", "v", "heads", "causal", "kv_heads"};
+static const char *const rmsnorm_args[] = {"x", "w", "eps"};
+static const char *const rope_args[] = {"x", "heads", "base"};
+static const char *const softmax_args[] = {"x", "axis"};
 static const char *const layernorm_args[] = {"x", "w", "b", "eps"};
 static const char *const dropout_args[] = {"x", "p"};
 static const char *const conv_args[] = {"x", "w", "b", "stride", "padding", "dilation", "groups"};
 static const char *const pool_args[] = {"x", "kernel", "stride", "padding"};
-#define N_BUILTINS (int)(sizeof builtins / sizeof builtins[0])
 
 static const char *const functions[] = {"dim",     "sqrt",    "attention", "layernorm",  "dropout",    "reshape",
                                         "flatten", "permute", "concat",    "conv2d",     "max_pool2d", "avg_pool2d",
-                                        "sum",     "max",     "split",     "repeat"};
+                                        "sum",     "max",     "split",     "repeat",    "softmax",    "rmsnorm",
+                                        "rope"};
 static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
                                          "batch", "epochs", "steps", "seed", "log_every", "eval",
                                          "eval_every", "eval_batches", "precision", "recompute"};
@@ -181,7 +174,8 @@ static const char *unknown_name_hint(Elab *e, Scope *s, const char *name) {
 
 static const char *unknown_call_hint(Elab *e, const char *name) {
   Hint h = {0};
-  for (int i = 0; i < N_BUILTINS; i++) hint_try(&h, name, builtins[i].name);
+  for (int i = 0; i < OP_COUNT; i++)
+    if (op_info[i].surface) hint_try(&h, name, op_info[i].surface);
   for (size_t i = 0; i < sizeof functions / sizeof *functions; i++) hint_try(&h, name, functions[i]);
   for (Node *s = e->stmts.head; s; s = s->next)
     if (s->kind == N_BLOCK) hint_try(&h, name, s->name);
@@ -542,12 +536,19 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     return r;
   }
   if (!strcmp(n->name, "attention")) {
-    EVal a[5];
-    bool given[5];
-    bind_args(e, s, n, attention_args, 5, 4, a, given);
+    EVal a[6];
+    bool given[6];
+    bind_args(e, s, n, attention_args, 6, 4, a, given);
     Value *in[3];
     for (int i = 0; i < 3; i++) in[i] = want_tensor(e, a[i], attention_args[i]);
     Attr at = {.heads = want_int(e, a[3], "heads", 1), .causal = given[4] && want_bool(e, a[4], "causal")};
+    if (given[5]) { /* grouped-query attention: query head h reads key/value head h / (heads / kv_heads) */
+      int64_t kvh = want_int(e, a[5], "kv_heads", 1);
+      if (at.heads % kvh)
+        diag_error(e->d, a[5].loc, "attention: kv_heads %lld does not divide heads %lld", (long long)kvh,
+                   (long long)at.heads);
+      at.kv_heads = kvh == at.heads ? 0 : kvh;
+    }
     r.kind = EV_TENSOR;
     if (e->g->decode) {
       /* one new token attends to itself and the cached keys and values of
@@ -559,7 +560,7 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
         ca.shape.rank = 3;
         ca.shape.dim[0] = in[0]->shape.dim[0];
         ca.shape.dim[1] = e->g->context;
-        ca.shape.dim[2] = in[0]->shape.rank == 3 ? in[0]->shape.dim[2] : 1;
+        ca.shape.dim[2] = in[1]->shape.rank == 3 ? in[1]->shape.dim[2] : 1; /* k's channels (kv_heads heads) */
         ca.name = arena_printf(e->a, "kv_cache.%d.%s", e->g->n_values, c ? "v" : "k");
         in5[3 + c] = graph_add(e->g, OP_STATE, NULL, 0, &ca, n->loc);
       }
@@ -679,6 +680,54 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     r.v = eval_shape_op(e, s, n);
     return r;
   }
+  if (!strcmp(n->name, "rmsnorm")) { /* rms_norm(x) * w over the last axis (Zhang & Sennrich 2019) */
+    EVal a[3];
+    bool given[3];
+    bind_args(e, s, n, rmsnorm_args, 3, 2, a, given);
+    Value *x = want_tensor(e, a[0], "x"), *w = want_tensor(e, a[1], "w");
+    if (x->shape.rank < 1) diag_error(e->d, a[0].loc, "rmsnorm of a scalar: x needs a last axis to normalise");
+    Shape bs;
+    if (!shape_broadcast(&x->shape, &w->shape, &bs) || !shape_eq(&bs, &x->shape)) {
+      char b1[160], b2[160];
+      diag_error(e->d, a[1].loc, "rmsnorm of %s: the gain w %s does not broadcast to it (as [%lld])",
+                 shape_str(&x->shape, b1, sizeof b1), shape_str(&w->shape, b2, sizeof b2),
+                 (long long)x->shape.dim[x->shape.rank - 1]);
+    }
+    Attr at = {.eps = 1e-5}; /* Meta's LLaMA reference (ModelArgs.norm_eps) */
+    if (given[2]) {
+      at.eps = want_num(e, a[2], "eps");
+      if (!(at.eps > 0)) diag_error(e->d, a[2].loc, "eps must be positive, got %g", at.eps);
+    }
+    Value *in[2] = {graph_add(e->g, OP_RMS_NORM, &x, 1, &at, n->loc), w};
+    r.kind = EV_TENSOR;
+    r.v = graph_add(e->g, OP_MUL, in, 2, NULL, n->loc);
+    return r;
+  }
+  if (!strcmp(n->name, "rope")) { /* rotary position embedding (Su et al. 2021), pairs (2i, 2i+1) */
+    EVal a[3];
+    bool given[3];
+    bind_args(e, s, n, rope_args, 3, 2, a, given);
+    Value *x = want_tensor(e, a[0], "x");
+    Attr at = {.heads = want_int(e, a[1], "heads", 1), .base = 10000};
+    if (given[2]) {
+      at.base = want_num(e, a[2], "base");
+      if (!(at.base > 0)) diag_error(e->d, a[2].loc, "rope: base must be positive, got %g", at.base);
+    }
+    r.kind = EV_TENSOR;
+    r.v = graph_add(e->g, OP_ROPE, &x, 1, &at, n->loc);
+    return r;
+  }
+  if (!strcmp(n->name, "softmax")) { /* softmax(x, axis = -1) */
+    EVal a[2];
+    bool given[2];
+    bind_args(e, s, n, softmax_args, 2, 1, a, given);
+    Value *x = want_tensor(e, a[0], "x");
+    if (x->shape.rank < 1) diag_error(e->d, a[0].loc, "softmax of a scalar: x needs an axis");
+    Attr at = {.axis = given[1] ? want_axis(e, a[1], x->shape.rank, "axis") : x->shape.rank - 1};
+    r.kind = EV_TENSOR;
+    r.v = graph_add(e->g, OP_SOFTMAX, &x, 1, &at, n->loc);
+    return r;
+  }
   if (!strcmp(n->name, "layernorm")) { /* norm(x) * w + b, normalising the last axis */
     EVal a[4];
     bool given[4];
@@ -697,28 +746,28 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     r.v = graph_add(e->g, OP_ADD, in2, 2, NULL, n->loc);
     return r;
   }
-  for (int i = 0; i < N_BUILTINS; i++) {
-    if (strcmp(builtins[i].name, n->name)) continue;
-    if (n->args.n != builtins[i].arity)
-      diag_error(e->d, n->loc, "%s takes %d argument%s, got %d", n->name, builtins[i].arity,
-                 builtins[i].arity == 1 ? "" : "s", n->args.n);
+  for (int i = 0; i < OP_COUNT; i++) {
+    if (!op_info[i].surface || strcmp(op_info[i].surface, n->name)) continue;
+    OpKind op = (OpKind)i;
+    int arity = op_info[i].arity;
+    if (n->args.n != arity)
+      diag_error(e->d, n->loc, "%s takes %d argument%s, got %d", n->name, arity, arity == 1 ? "" : "s", n->args.n);
     Value *in[4];
     int k = 0;
     for (Node *a = n->args.head; a; a = a->next) {
       if (a->kind == N_NAMED) diag_error(e->d, a->loc, "%s has no argument named `%s`", n->name, a->name);
       EVal v = eval(e, s, a);
-      if (v.kind != EV_TENSOR && builtins[i].op != OP_ADD && builtins[i].op != OP_SUB &&
-          builtins[i].op != OP_MUL && builtins[i].op != OP_DIV)
+      if (v.kind != EV_TENSOR && op_info[op].rule != SHAPE_BROADCAST) /* add, sub, mul, div take numbers */
         diag_error(e->d, v.loc, "argument %d of %s must be a tensor, got %s", k + 1, n->name, evkind_name(v.kind));
       in[k++] = as_tensor(e, v);
     }
-    if (builtins[i].op == OP_MATMUL && in[1]->shape.rank != 2) {
+    if (op == OP_MATMUL && in[1]->shape.rank != 2) {
       char b1[160];
       diag_error(e->d, n->loc, "the second operand of matmul must have rank 2 [K, N], got %s (batched matmul is "
                  "not supported)", shape_str(&in[1]->shape, b1, sizeof b1));
     }
     r.kind = EV_TENSOR;
-    r.v = graph_add(e->g, builtins[i].op, in, k, NULL, n->loc);
+    r.v = graph_add(e->g, op, in, k, NULL, n->loc);
     return r;
   }
   const Node *blk = find_block(e, n->name);
@@ -999,8 +1048,8 @@ static void exec_stmt(Elab *e, Scope *s, const Node *n, bool top) {
         *seen = p;
       }
     }
-    for (int i = 0; i < N_BUILTINS; i++)
-      if (!strcmp(builtins[i].name, n->name))
+    for (int i = 0; i < OP_COUNT; i++)
+      if (op_info[i].surface && !strcmp(op_info[i].surface, n->name))
         diag_error(e->d, n->loc, "block `%s` has the name of a built-in op", n->name);
     for (size_t i = 0; i < sizeof functions / sizeof *functions; i++)
       if (!strcmp(functions[i], n->name))

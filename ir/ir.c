@@ -4,6 +4,7 @@
 #include "ir.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -385,6 +386,8 @@ static const size_t dtype_sizes[DT_COUNT] = {0, 4, 8, 4, 2, 2};
 const char *dtype_name(DType t) { return (unsigned)t < DT_COUNT ? dtype_names[t] : "?"; }
 size_t dtype_size(DType t) { return (unsigned)t < DT_COUNT ? dtype_sizes[t] : 0; }
 
+int64_t ir_kv_heads(const Attr *a) { return a->kv_heads > 0 ? a->kv_heads : a->heads; }
+
 int64_t ir_workspace_elems(const Value *v) {
   if (v->op != OP_ATTENTION_GRAD || v->n_in < 2 || v->in[1]->shape.rank != 3) return 0;
   const Shape *q = &v->in[1]->shape; /* [batch, time, cols] */
@@ -441,7 +444,7 @@ bool shape_broadcast(const Shape *a, const Shape *b, Shape *out) {
 const OpInfo op_info[OP_COUNT] = {
 #define EW OPF_EW
 #define SIDE OPF_SIDE
-#define OP(id, name, n, rule, flags) {name, n, rule, flags},
+#define OP(id, name, n, rule, flags, surface, prec, kop) {name, n, rule, flags, surface, PREC_##prec},
 #include "ops.def"
 #undef OP
 #undef EW
@@ -688,6 +691,14 @@ void ir_infer_shape(Graph *g, Value *v) {
     } else if (v->op == OP_MEAN) {
       need_float(g, v, 0);
       v->dtype = v->in[0]->dtype;
+    } else if (v->op == OP_MSE_LOSS) { /* pred, target: float, one shape */
+      need_float(g, v, 0);
+      need_float(g, v, 1);
+      need_same_dtype(g, v);
+      if (!shape_eq(&v->in[0]->shape, &v->in[1]->shape))
+        diag_error(g->diag, v->loc, "mse_loss of %s and target %s: shapes differ", SHP(&v->in[0]->shape, b1),
+                   SHP(&v->in[1]->shape, b2));
+      v->dtype = v->in[0]->dtype;
     } else { /* CROSS_ENTROPY: logits [..., C], labels i32 [...] */
       Value *lg = v->in[0], *lb = v->in[1];
       need_float(g, v, 0);
@@ -718,8 +729,8 @@ void ir_infer_shape(Graph *g, Value *v) {
     }
     for (int i = 0; i < v->n_in; i++) need_float(g, v, i);
     need_same_dtype(g, v);
-    /* attention_decode: q, k, v alike; the caches are [batch, context, C] */
-    for (int i = 1; i < (v->op == OP_ATTENTION_DECODE ? 3 : v->n_in); i++)
+    /* attention's operands are checked below (k and v have kv_heads heads) */
+    for (int i = 1; v->op != OP_ATTENTION && v->op != OP_ATTENTION_DECODE && i < v->n_in; i++)
       if (!shape_eq(&v->in[i]->shape, &s))
         diag_error(g->diag, v->loc, "%s of %s and %s: shapes differ", op_info[v->op].name,
                    SHP(&s, b1), SHP(&v->in[i]->shape, b2));
@@ -814,12 +825,44 @@ void ir_infer_shape(Graph *g, Value *v) {
     break;
   }
   if (v->op == OP_ATTENTION || v->op == OP_ATTENTION_DECODE) {
+    /* q [B, T, C] in H heads; k, v [B, T, C K / H] in K heads, K | H
+     * (grouped-query attention; the decoding caches are [B, context, C K / H]) */
+    int64_t H = v->attr.heads, K = ir_kv_heads(&v->attr);
     if (s.rank != 3)
       diag_error(g->diag, v->loc, "attention expects q, k, v of rank 3 [batch, time, channels], got %s", SHP(&s, b1));
-    if (v->attr.heads < 1 || s.dim[2] % v->attr.heads)
+    if (H < 1 || s.dim[2] % H)
       diag_error(g->diag, v->loc, "attention: %" PRId64 " channels do not split into %" PRId64 " heads",
-                 s.dim[2], v->attr.heads);
+                 s.dim[2], H);
+    if (K < 1 || H % K)
+      diag_error(g->diag, v->loc, "attention: kv_heads %" PRId64 " does not divide heads %" PRId64, K, H);
+    Shape kv = s;
+    kv.dim[2] = s.dim[2] / H * K;
+    for (int i = 1; i < 3; i++) {
+      if (shape_eq(&v->in[i]->shape, &kv)) continue;
+      if (K == H)
+        diag_error(g->diag, v->loc, "%s of %s and %s: shapes differ", op_info[v->op].name, SHP(&s, b1),
+                   SHP(&v->in[i]->shape, b2));
+      diag_error(g->diag, v->loc, "attention of q %s with %" PRId64 " heads and %" PRId64 " kv_heads: %s must be %s, got %s",
+                 SHP(&s, b1), H, K, i == 1 ? "k" : "v", shape_str(&kv, (char[160]){0}, 160), SHP(&v->in[i]->shape, b2));
+    }
   }
+  if (v->op == OP_ROPE || v->op == OP_ROPE_GRAD) { /* pairs of channels within each head */
+    int64_t H = v->attr.heads;
+    if (s.rank != 3)
+      diag_error(g->diag, v->loc, "rope expects x of rank 3 [batch, time, channels], got %s", SHP(&s, b1));
+    if (H < 1 || s.dim[2] % H)
+      diag_error(g->diag, v->loc, "rope: %" PRId64 " channels do not split into %" PRId64 " heads", s.dim[2], H);
+    if ((s.dim[2] / H) % 2)
+      diag_error(g->diag, v->loc, "rope: the head dimension %" PRId64 " (%" PRId64 " channels / %" PRId64
+                 " heads) is odd; rotary embeddings turn pairs of channels", s.dim[2] / H, s.dim[2], H);
+    if (!(v->attr.base > 0) || !isfinite(v->attr.base))
+      diag_error(g->diag, v->loc, "rope: base must be a finite number above 0, got %g", v->attr.base);
+  }
+  if ((v->op == OP_SOFTMAX || v->op == OP_SOFTMAX_GRAD) && (v->attr.axis < 0 || v->attr.axis >= s.rank))
+    diag_error(g->diag, v->loc, "%s: axis %d is out of range for %s", op_info[v->op].name, v->attr.axis, SHP(&s, b1));
+  if ((v->op == OP_RMS_NORM || v->op == OP_RMS_NORM_GRAD) && s.rank < 1)
+    diag_error(g->diag, v->loc, "%s normalises the last axis: it needs a tensor of rank 1 or more, got a scalar",
+               op_info[v->op].name);
   v->shape = s;
   check_numel(g, v);
 }
@@ -1144,7 +1187,20 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   case OP_ATTENTION:
   case OP_ATTENTION_GRAD:
   case OP_ATTENTION_DECODE:
-    fprintf(out, "[heads=%" PRId64 "%s]", v->attr.heads, v->attr.causal ? ",causal" : "");
+    fprintf(out, "[heads=%" PRId64, v->attr.heads);
+    if (ir_kv_heads(&v->attr) != v->attr.heads) fprintf(out, ",kv_heads=%" PRId64, v->attr.kv_heads);
+    fprintf(out, "%s]", v->attr.causal ? ",causal" : "");
+    break;
+  case OP_ROPE:
+  case OP_ROPE_GRAD:
+    if (v->attr.base == floor(v->attr.base) && fabs(v->attr.base) < 0x1p53) /* 10000, not 1e+04 */
+      fprintf(out, "[heads=%" PRId64 ",base=%.0f]", v->attr.heads, v->attr.base);
+    else
+      fprintf(out, "[heads=%" PRId64 ",base=%s]", v->attr.heads, NUM(v->attr.base));
+    break;
+  case OP_SOFTMAX:
+  case OP_SOFTMAX_GRAD:
+    fprintf(out, "[axis=%d]", v->attr.axis);
     break;
   case OP_SLICE:
   case OP_SLICE_GRAD:
@@ -1180,6 +1236,8 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
     break;
   case OP_NORM:
   case OP_NORM_GRAD:
+  case OP_RMS_NORM:
+  case OP_RMS_NORM_GRAD:
     fprintf(out, "[eps=%s]", NUM(v->attr.eps));
     break;
   case OP_ADAMW:

@@ -155,22 +155,31 @@ typedef enum ShapeRule {
 } ShapeRule;
 
 enum { OPF_EW = 1, OPF_SIDE = 2 };
-#define EW OPF_EW
-#define SIDE OPF_SIDE
 typedef enum OpKind {
-#define OP(id, name, n, rule, flags) OP_##id,
+#define OP(id, name, n, rule, flags, surface, prec, kop) OP_##id,
 #include "ops.def"
 #undef OP
   OP_COUNT
 } OpKind;
-#undef EW
-#undef SIDE
+
+/* An op's precision class in 16-bit programs (ops.def's prec column; the
+ * precision pass applies it). */
+typedef enum OpPrec {
+  PREC_KEEP,   /* left as it is: inputs, params, state, constants, casts */
+  PREC_LOW,    /* 16-bit operands, f32 accumulation, 16-bit result (GEMMs) */
+  PREC_FOLLOW, /* computes in f32, stores the widest dtype of its activation operands */
+  PREC_F32,    /* reads f32 operands and gives f32 (reductions, norms, softmax, losses) */
+  PREC_UPDATE, /* an optimizer update */
+  PREC_AFTER_UPDATE, /* after the optimizer updates, on f32 master weights (prune masks) */
+} OpPrec;
 
 typedef struct OpInfo {
   const char *name;
   int arity; /* -1: variadic */
   ShapeRule rule;
   int flags;
+  const char *surface; /* the .model built-in taking `arity` positional tensors; NULL: none */
+  OpPrec prec;
 } OpInfo;
 extern const OpInfo op_info[OP_COUNT];
 int op_from_name(const char *name); /* -1 when unknown */
@@ -210,14 +219,17 @@ typedef struct Attr {
   double init_a, init_b; /* PARAM: normal(std=a) or uniform(a, b) */
   bool trans_a, trans_b; /* MATMUL: use A^T / B^T (operands viewed as 2-D:
                           * leading axes merged into rows) */
-  int64_t heads;    /* ATTENTION, ATTENTION_GRAD: number of heads */
+  int64_t heads;    /* ATTENTION, ATTENTION_GRAD, ATTENTION_DECODE, ROPE, ROPE_GRAD: number of (query) heads */
+  int64_t kv_heads; /* ATTENTION, ATTENTION_GRAD, ATTENTION_DECODE: key/value heads, a divisor of
+                     * heads (grouped-query attention); 0: as many as heads */
+  double base;      /* ROPE, ROPE_GRAD: the rotary base (position p turns pair i by p base^(-2i/D)) */
   bool causal;      /* ATTENTION, ATTENTION_GRAD: mask future positions */
   int64_t index;    /* SLICE: index along axis 0 */
-  double eps;       /* NORM, NORM_GRAD: added to the variance */
+  double eps;       /* NORM, NORM_GRAD: added to the variance; RMS_NORM, RMS_NORM_GRAD: to the mean square */
   bool no_decay;    /* ADAMW, SGD: this param gets no weight decay */
   bool kv_cache;    /* STATE: a key/value cache of decoding (not checkpointed) */
   double p;         /* DROPOUT: probability of zeroing an element */
-  int axis;         /* SLICE, SLICE_GRAD, CONCAT: the axis (SLICE: index = start); PRUNE_MASK:
+  int axis;         /* SLICE, SLICE_GRAD, CONCAT, SOFTMAX, SOFTMAX_GRAD: the axis (SLICE: index = start); PRUNE_MASK:
                      * the weight's output-channel axis, 0 or its last (the other axes are its
                      * inputs, the GEMM's reduction dimension), -1 when it is no matmul or
                      * convolution weight */
@@ -387,6 +399,10 @@ int64_t ir_workspace_elems(const Value *v);
 
 /* At most this many values per graph (graph_add reports more as a user error). */
 #define GRAPH_MAX_VALUES (1 << 18)
+
+/* The key/value heads of an attention op: attr.kv_heads, or attr.heads when
+ * 0 (every query head has its own). */
+int64_t ir_kv_heads(const Attr *a);
 
 Graph *graph_new(Arena *a, Diag *d);
 /* Appends a value, infers its shape and dtype from the op table's rule

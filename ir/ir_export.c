@@ -64,7 +64,15 @@ static void dot_attrs(const Value *v, Buf *out) {
     bput(out, "to %s", shape_str(&a->shape, b, sizeof b));
     break;
   case OP_ATTENTION: case OP_ATTENTION_GRAD: case OP_ATTENTION_DECODE:
-    bput(out, "heads=%" PRId64 "%s", a->heads, a->causal ? " causal" : "");
+    bput(out, "heads=%" PRId64, a->heads);
+    if (ir_kv_heads(a) != a->heads) bput(out, " kv_heads=%" PRId64, a->kv_heads);
+    bput(out, "%s", a->causal ? " causal" : "");
+    break;
+  case OP_ROPE: case OP_ROPE_GRAD:
+    bput(out, "heads=%" PRId64 " base=%s", a->heads, NUM(a->base));
+    break;
+  case OP_SOFTMAX: case OP_SOFTMAX_GRAD:
+    bput(out, "axis=%d", a->axis);
     break;
   case OP_SLICE: case OP_SLICE_GRAD:
     bput(out, "axis=%d start=%" PRId64 "%s", a->axis, a->index, a->squeeze ? " squeeze" : "");
@@ -84,7 +92,7 @@ static void dot_attrs(const Value *v, Buf *out) {
   case OP_DROPOUT:
     bput(out, "p=%s", NUM(a->p));
     break;
-  case OP_NORM: case OP_NORM_GRAD:
+  case OP_NORM: case OP_NORM_GRAD: case OP_RMS_NORM: case OP_RMS_NORM_GRAD:
     bput(out, "eps=%s", NUM(a->eps));
     break;
   case OP_ADAMW: case OP_SGD:
@@ -268,7 +276,15 @@ static void json_attrs(J *j, cJSON *o, const Value *v) {
     break;
   case OP_ATTENTION: case OP_ATTENTION_GRAD: case OP_ATTENTION_DECODE:
     jint(j, o, "heads", a->heads);
+    jint(j, o, "kv_heads", ir_kv_heads(a));
     jbool(j, o, "causal", a->causal);
+    break;
+  case OP_ROPE: case OP_ROPE_GRAD:
+    jint(j, o, "heads", a->heads);
+    jnum(j, o, "base", a->base);
+    break;
+  case OP_SOFTMAX: case OP_SOFTMAX_GRAD:
+    jnum(j, o, "axis", a->axis);
     break;
   case OP_SLICE: case OP_SLICE_GRAD:
     jnum(j, o, "axis", a->axis);
@@ -296,7 +312,7 @@ static void json_attrs(J *j, cJSON *o, const Value *v) {
     jnum(j, o, "p", a->p);
     jint(j, o, "site", a->site);
     break;
-  case OP_NORM: case OP_NORM_GRAD:
+  case OP_NORM: case OP_NORM_GRAD: case OP_RMS_NORM: case OP_RMS_NORM_GRAD:
     jnum(j, o, "eps", a->eps);
     break;
   case OP_ADAMW: case OP_SGD:

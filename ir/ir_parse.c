@@ -582,11 +582,32 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
   case OP_ATTENTION:
   case OP_ATTENTION_GRAD:
   case OP_ATTENTION_DECODE: {
-    static const AKey keys[] = {{"heads", AK_INT, true}, {"causal", AK_FLAG, false}};
+    static const AKey keys[] = {{"heads", AK_INT, true}, {"kv_heads", AK_INT, false}, {"causal", AK_FLAG, false}};
+    attr_list(P, name, keys, 3, &v);
+    if (v.i[0][0] < 1) FAIL(start, "%s: heads must be at least 1, got %" PRId64, name, v.i[0][0]);
+    if (v.set[1] && (v.i[1][0] < 1 || v.i[0][0] % v.i[1][0]))
+      FAIL(start, "%s: kv_heads %" PRId64 " does not divide heads %" PRId64, name, v.i[1][0], v.i[0][0]);
+    at->heads = v.i[0][0];
+    at->kv_heads = v.set[1] && v.i[1][0] != v.i[0][0] ? v.i[1][0] : 0; /* as many as heads: 0 */
+    at->causal = v.set[2];
+    break;
+  }
+  case OP_ROPE:
+  case OP_ROPE_GRAD: {
+    static const AKey keys[] = {{"heads", AK_INT, true}, {"base", AK_NUM, true}};
     attr_list(P, name, keys, 2, &v);
     if (v.i[0][0] < 1) FAIL(start, "%s: heads must be at least 1, got %" PRId64, name, v.i[0][0]);
+    if (!(v.x[1] > 0) || !isfinite(v.x[1])) FAIL(start, "%s: base must be a finite number above 0", name);
     at->heads = v.i[0][0];
-    at->causal = v.set[1];
+    at->base = v.x[1];
+    break;
+  }
+  case OP_SOFTMAX:
+  case OP_SOFTMAX_GRAD: {
+    static const AKey keys[] = {{"axis", AK_INT, true}};
+    attr_list(P, name, keys, 1, &v);
+    if (v.i[0][0] < 0 || v.i[0][0] >= IR_MAX_RANK) FAIL(start, "%s: axis %" PRId64 " is out of range", name, v.i[0][0]);
+    at->axis = (int)v.i[0][0];
     break;
   }
   case OP_SLICE:
@@ -629,7 +650,9 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
     dropout_attrs(P, name, &at->p, &at->site);
     break;
   case OP_NORM:
-  case OP_NORM_GRAD: {
+  case OP_NORM_GRAD:
+  case OP_RMS_NORM:
+  case OP_RMS_NORM_GRAD: {
     static const AKey keys[] = {{"eps", AK_NUM, true}};
     attr_list(P, name, keys, 1, &v);
     if (!(v.x[0] >= 0) || !isfinite(v.x[0])) FAIL(start, "%s: eps must be a finite number >= 0", name);
@@ -787,23 +810,32 @@ static void check_value(Parser *P, const char *at, OpKind op, Value **in, int n,
     break;
   }
   case OP_ATTENTION_GRAD: {
-    Shape want = {.rank = x->rank + 1, .dim = {3}};
-    for (int d = 0; d < x->rank && d + 1 < IR_MAX_RANK; d++) want.dim[d + 1] = x->dim[d];
+    /* dy, q [B,T,C], k, v [B,T,C K/H]; the result packs dq, dk, dv:
+     * [3,B,T,C] (K = H), or [B,T,C + 2 C K/H] along the channels (K < H) */
+    int64_t H = a->heads, K = ir_kv_heads(a);
+    bool heads_ok = H >= 1 && K >= 1 && H % K == 0 && x->rank == 3 && x->dim[2] % H == 0;
+    Shape kv = *x, want = {.rank = x->rank + 1, .dim = {3}};
+    if (heads_ok) kv.dim[2] = x->dim[2] / H * K;
+    if (K == H)
+      for (int d = 0; d < x->rank && d + 1 < IR_MAX_RANK; d++) want.dim[d + 1] = x->dim[d];
+    else if (heads_ok)
+      want = *x, want.dim[2] = x->dim[2] + 2 * kv.dim[2];
     for (int j = 1; j < 4; j++)
-      if (!shape_eq(&in[j]->shape, x) || in[j]->dtype != in[0]->dtype)
+      if (!shape_eq(&in[j]->shape, j == 1 ? x : &kv) || in[j]->dtype != in[0]->dtype)
         FAIL(at, "attention_grad: operand %d is %s%s, expected %s%s", j + 1, dtype_name(in[j]->dtype),
-             SHP(&in[j]->shape), dtype_name(in[0]->dtype), SHP(x));
-    if (x->rank != 3 || !shape_eq(&want, s) || dt != in[0]->dtype || !dtype_is_float(dt) ||
-        a->heads < 1 || x->dim[2] % a->heads)
-      FAIL(at, "attention_grad of %s with %" PRId64 " heads gives %s%s (packed dq, dk, dv)", SHP(x), a->heads,
-           dtype_name(in[0]->dtype), SHP(&want));
+             SHP(&in[j]->shape), dtype_name(in[0]->dtype), SHP(j == 1 ? x : &kv));
+    if (!heads_ok || !shape_eq(&want, s) || dt != in[0]->dtype || !dtype_is_float(dt))
+      FAIL(at, "attention_grad of %s with %" PRId64 " heads%s gives %s%s (packed dq, dk, dv%s)", SHP(x), a->heads,
+           K == H ? "" : arena_printf(P->a, " and %" PRId64 " kv_heads", K), dtype_name(in[0]->dtype), SHP(&want),
+           K == H ? "" : " along the channels");
     break;
   }
   case OP_ATTENTION_DECODE:
     for (int j = 3; j < 5; j++) {
-      const Shape *c = &in[j]->shape;
-      if (x->rank != 3 || c->rank != 3 || c->dim[0] != x->dim[0] || c->dim[2] != x->dim[2] || in[j]->dtype != in[0]->dtype)
-        FAIL(at, "attention_decode: cache %s does not fit q %s ([batch, context, channels])", SHP(c), SHP(x));
+      const Shape *c = &in[j]->shape, *k = &in[1]->shape; /* the caches hold keys and values */
+      if (x->rank != 3 || k->rank != 3 || c->rank != 3 || c->dim[0] != x->dim[0] || c->dim[2] != k->dim[2] ||
+          in[j]->dtype != in[0]->dtype)
+        FAIL(at, "attention_decode: cache %s does not fit k %s ([batch, context, channels])", SHP(c), SHP(k));
     }
     break;
   case OP_PRUNE_MASK: {
