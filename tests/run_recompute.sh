@@ -17,7 +17,8 @@
 #      dropout in and between them) on one device and in a two-stage
 #      pipeline (cpu:0,cpu:1, 2 micro-batches, GPipe and 1F1B), in fp16
 #      storage (--precision fp16: casts inside the blocks), with two
-#      data-parallel replicas (--data-parallel 2), gpt_tiny, and
+#      data-parallel replicas (--data-parallel 2), gpt_tiny, llama_tiny
+#      (rmsnorm, rope, grouped-query attention), and
 #      models/gpt_kjv.model with dropout added (in the MLP and after the
 #      embeddings) for 2 steps, one device and two stages; --threads 1 per
 #      device so that OpenBLAS sums in one order;
@@ -129,8 +130,9 @@ if [ -r data/kjv.txt ]; then
     run tiny2f.$r $TINY --threads 2 --devices cpu:0,cpu:1 --micro-batches 2 --schedule 1f1b --recompute $r
     run plain.$r tests/models/gpt_tiny.model --steps 3 --threads 1 --recompute $r
     run dp.$r $TINY --threads 2 --data-parallel 2 --recompute $r
+    run llama.$r tests/models/llama_tiny.model --steps 3 --threads 1 --recompute $r
   done
-  for n in tiny1 tiny1h tiny2 tiny2f plain dp; do same $n.none $n.blocks; done
+  for n in tiny1 tiny1h tiny2 tiny2f plain dp llama; do same $n.none $n.blocks; done
   # the dropout is on: a run with p = 0 trains differently
   sed 's/^const pdrop = 0.1$/const pdrop = 0/' $TINY > "$d/nodrop.model"
   run nodrop "$d/nodrop.model" --data data/kjv.txt --threads 1
