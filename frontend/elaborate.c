@@ -1137,8 +1137,8 @@ static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *s
   Graph *g = e->g;
   if (outermost) {
     int id = ++e->n_instances;
-    for (int i = first_value; i < g->n_values; i++) {
-      Value *v = g->values[i];
+    for (int k = first_value; k < g->n_values; k++) {
+      Value *v = g->values[k];
       if (v->op != OP_PARAM && v->op != OP_INPUT && v->op != OP_STATE) v->block = id;
     }
   }
