@@ -154,7 +154,7 @@ static int parse_f64(const char *flag, const char *s, double lo, double *out) {
 static const char *const fixed_flags[] = {"--precision", "--gemm-accumulate", "--batch", "--micro-batches",
                                           "--data-parallel", "--bucket-mb", "--prune", "--prune-mode",
                                           "--prune-start", "--prune-end", "--prune-every", "--prune-initial",
-                                          "--prune-params"};
+                                          "--prune-params", "--zero"};
 enum { N_FIXED = sizeof fixed_flags / sizeof *fixed_flags };
 
 /* The compiled value of fixed flag k of p into buf, as the flag is
@@ -186,6 +186,7 @@ static const char *fixed_value(const DuetProgram *p, int k, char *buf, size_t n,
     if (pr) *num = pr->initial;
     else snprintf(buf, n, "none (no pruning)");
     break;
+  case 13: *num = p->n_stages >= 1 && R > 1 ? p->zero : 0; break;
   default: { /* the pruned params, by name */
     size_t len = 0;
     buf[0] = 0;
@@ -222,7 +223,7 @@ void duet_usage_fixed(const DuetProgram *p, FILE *out) {
     char cv[512];
     double num;
     if (k == 5 && !(p->n_stages >= 1 && p->replicas > 1)) continue;
-    if (k >= 7 && !p->prune) continue;
+    if (k >= 7 && k <= 12 && !p->prune) continue;
     fprintf(out, "  %-18s %s\n", fixed_flags[k], fixed_value(p, k, cv, sizeof cv, &num));
   }
   fprintf(out, "--lr-schedule, --warmup and --min-lr are run-time flags; --clip-grad-norm %s.\n",
