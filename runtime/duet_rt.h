@@ -742,6 +742,43 @@ typedef struct DuetIdxInfo {
 int duet_check_idx(const char *images_path, const char *labels_path, DuetIdxInfo *info, char *err, size_t errlen);
 void duet_dataset_free(DuetDataset *ds);
 
+/* NumPy .npy files (runtime/npy.c; format: numpy.lib.format, NEP 1):
+ * versions 1.0, 2.0 and 3.0, C order, dtypes '<f4', '<i4', '<i8', '|u1'. */
+enum { DUET_NPY_F4 = 1, DUET_NPY_I4 = 2, DUET_NPY_I8 = 3, DUET_NPY_U1 = 4 };
+#define DUET_NPY_MAX_HEADER (1 << 20) /* bytes of header dict duet reads */
+typedef struct DuetNpyInfo {
+  int dtype, itemsize;          /* DUET_NPY_*, bytes per element */
+  int rank;                     /* 1..DUET_MAX_RANK: axis 0 counts the samples */
+  int64_t shape[DUET_MAX_RANK];
+  int64_t data_offset, data_bytes; /* where the array starts; its size from the shape */
+} DuetNpyInfo;
+/* Parses the first len bytes of a .npy file (the preamble and the header
+ * dict; the data need not be there).  0, or -1 with a one-line message in
+ * err (no path): bad magic, unsupported version, a header longer than the
+ * bytes given (truncated), a header that is not a dict literal with exactly
+ * the keys 'descr', 'fortran_order' and 'shape', an unsupported descr,
+ * fortran_order True, a 0-d array, more than DUET_MAX_RANK axes. */
+int duet_npy_parse_header(const unsigned char *buf, size_t len, DuetNpyInfo *info, char *err, size_t errlen);
+/* Opens path, parses its header and checks that the file holds exactly the
+ * bytes its shape and dtype need.  0, or -1 with "PATH: ..." in err. */
+int duet_npy_check(const char *path, DuetNpyInfo *info, char *err, size_t errlen);
+/* Checks a file's samples (axes 1..) against input tensor t (axis 0 is the
+ * batch): the same per-sample shape, and a dtype it converts from: f32 from
+ * '<f4' or '|u1' (the byte's value, 0..255, not scaled), i32 from '<i4',
+ * '<i8' (each value range-checked on loading) or '|u1'.  0, or -1 with the
+ * message in err (`input`: the input's name). */
+int duet_npy_match(const DuetNpyInfo *info, const char *path, const DuetTensor *t, const char *input, char *err,
+                   size_t errlen);
+/* Loads a whole file as the f32 or i32 elements of input t (checked as
+ * duet_npy_check and duet_npy_match do): *out (malloc'ed, *n samples of
+ * t's per-sample size) or -1 with the message. */
+int duet_npy_load(const char *path, const DuetTensor *t, const char *input, int64_t *n, void **out, char *err,
+                  size_t errlen);
+/* The .npy descr string of a DUET_NPY_* dtype ("<f4"). */
+const char *duet_npy_descr(int dtype);
+/* The shape's axes from..rank as a Python tuple "(28, 28)", "(10,)", "()". */
+char *duet_npy_shape_str(const DuetNpyInfo *info, int from, char *buf, size_t n);
+
 /* The whole file at `path` in one malloc'ed buffer, NUL-terminated after its
  * *len bytes.  NULL on failure with errno set: fopen's errno when the file
  * cannot be opened, EIO when reading fails, ENOMEM when out of memory. */
