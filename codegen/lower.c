@@ -879,11 +879,16 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   DuetConfig *c = &p->defaults;
   c->data = t->data == DATA_FASHION_MNIST ? DUET_DATA_FASHION_MNIST
           : t->data == DATA_TEXT        ? DUET_DATA_TEXT
+          : t->data == DATA_NPY         ? DUET_DATA_NPY
                                         : DUET_DATA_NONE;
   c->block = t->block;
   c->eval_every = t->eval_every;
   c->eval_batches = t->eval_batches;
   c->data_path = t->data_path;
+  c->data_y = t->data_y;
+  c->val_x = t->val_x;
+  c->val_y = t->val_y;
+  c->val_fraction = t->val_fraction;
   c->optimizer = t->optimizer == OPTIM_SGD ? DUET_OPTIM_SGD : DUET_OPTIM_ADAMW;
   c->lr = t->lr;
   c->weight_decay = t->weight_decay;

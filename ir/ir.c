@@ -1294,6 +1294,19 @@ static void print_train(const TrainSpec *t, FILE *out) {
     print_string(t->data_path ? t->data_path : "", out);
     if (t->data == DATA_TEXT) fprintf(out, ", block = %" PRId64, t->block);
     fputs(")\n", out);
+  } else if (t->data == DATA_NPY) {
+    fputs("  data = npy(", out);
+    print_string(t->data_path ? t->data_path : "", out);
+    fputs(", ", out);
+    print_string(t->data_y ? t->data_y : "", out);
+    if (t->val_fraction > 0) fprintf(out, ", val_fraction = %s", NUM(t->val_fraction));
+    if (t->val_x) {
+      fputs(", val_x = ", out);
+      print_string(t->val_x, out);
+      fputs(", val_y = ", out);
+      print_string(t->val_y ? t->val_y : "", out);
+    }
+    fputs(")\n", out);
   }
   if (t->optimizer == OPTIM_SGD)
     fprintf(out, "  optimizer = sgd(lr = %s, momentum = %s, weight_decay = %s", NUM(t->lr), NUM(t->momentum),

@@ -1104,10 +1104,34 @@ static void train_line(Parser *P) {
   const char *va = P->p;
   switch (i) {
   case 0: { /* data */
-    const char *src = want_word(P, "fashion_mnist(\"DIR\") or text(\"FILE\", block = T)");
+    const char *src = want_word(P, "fashion_mnist(\"DIR\"), text(\"FILE\", block = T) or npy(\"X\", \"Y\")");
     bool text = !strcmp(src, "text");
+    if (!strcmp(src, "npy")) { /* npy("X", "Y"[, val_fraction = F][, val_x = "VX", val_y = "VY"]) */
+      expect(P, '(', "'(' and the x path");
+      t->data = DATA_NPY;
+      t->data_path = string(P, "the x path");
+      expect(P, ',', "',' and the y path");
+      t->data_y = string(P, "the y path");
+      while (accept(P, ',')) {
+        ws(P);
+        const char *ka2 = P->p;
+        const char *w = want_word(P, "val_fraction, val_x or val_y");
+        expect(P, '=', "'='");
+        if (!strcmp(w, "val_fraction")) {
+          t->val_fraction = number(P, "val_fraction");
+          if (!(t->val_fraction > 0 && t->val_fraction < 1))
+            FAIL(ka2, "val_fraction must be between 0 and 1 (exclusive)");
+        } else if (!strcmp(w, "val_x")) t->val_x = string(P, "the val_x path");
+        else if (!strcmp(w, "val_y")) t->val_y = string(P, "the val_y path");
+        else FAIL(ka2, "npy has no argument `%s` (val_fraction, val_x, val_y)", w);
+      }
+      if (!t->val_x != !t->val_y || (t->val_x && t->val_fraction > 0))
+        FAIL(va, "npy takes val_fraction, or val_x and val_y together");
+      expect(P, ')', "')'");
+      break;
+    }
     if (!text && strcmp(src, "fashion_mnist"))
-      FAIL(va, "unknown data source `%s`; expected fashion_mnist(\"DIR\") or text(\"FILE\", block = T)", src);
+      FAIL(va, "unknown data source `%s`; expected fashion_mnist(\"DIR\"), text(\"FILE\", block = T) or npy(\"X\", \"Y\")", src);
     expect(P, '(', "'(' and the path");
     t->data = text ? DATA_TEXT : DATA_FASHION_MNIST;
     t->data_path = string(P, "the path");

@@ -206,5 +206,7 @@ int duet_check_idx(const char *images_path, const char *labels_path, DuetIdxInfo
 void duet_dataset_free(DuetDataset *ds) {
   free(ds->images);
   free(ds->labels);
+  free(ds->x);
+  free(ds->y);
   memset(ds, 0, sizeof *ds);
 }

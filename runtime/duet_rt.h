@@ -12,8 +12,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 6 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
-                                * 6: DuetProgram.zero (ZeRO stage 1) */
+#define DUET_RT_API_VERSION 7 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+                                * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -94,7 +94,7 @@ enum {
 
 typedef void (*DuetKernelFn)(void *const *t, const double *s);
 
-enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1, DUET_DATA_TEXT = 2 };
+enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1, DUET_DATA_TEXT = 2, DUET_DATA_NPY = 3 };
 enum { DUET_OPTIM_ADAMW = 0, DUET_OPTIM_SGD = 1 };
 
 /* The most threads --threads may ask for (a larger value is an error, not
@@ -123,7 +123,10 @@ int duet_parse_zero(const char *val, int *out);
  * overridden by command-line flags. */
 typedef struct DuetConfig {
   int data;
-  const char *data_path;
+  const char *data_path;   /* the directory (fashion_mnist), the file (text), the x file (npy) */
+  const char *data_y;      /* npy: the y file */
+  const char *val_x, *val_y; /* npy: validation files (NULL: none, or val_fraction) */
+  double val_fraction;     /* npy: the last fraction of the samples validates (0: none) */
   int optimizer;
   double lr, weight_decay, beta1, beta2, eps, momentum;
   int64_t batch, epochs, steps, log_every;
@@ -714,12 +717,16 @@ int duet_threads_per_device(const DuetConfig *cfg, int n_stages);
 /* ----------------------------------------------------------------- data */
 
 /* A labelled image set: `images` f32 [n, rows*cols] scaled to [0, 1],
- * `labels` i32 [n]. */
+ * `labels` i32 [n]; or (npy data, images and labels NULL) n samples of the
+ * two inputs in their own dtypes (f32 or i32: 4 bytes an element), x_elems
+ * and y_elems elements a sample. */
 typedef struct DuetDataset {
   int64_t n;
   int rows, cols;
   float *images;
   int32_t *labels;
+  void *x, *y;
+  int64_t x_elems, y_elems;
 } DuetDataset;
 /* Loads an IDX image/label file pair (gzip-compressed, as Debian's
  * dataset-fashion-mnist ships them; format: LeCun et al., "THE MNIST
