@@ -880,6 +880,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   c->data = t->data == DATA_FASHION_MNIST ? DUET_DATA_FASHION_MNIST
           : t->data == DATA_TEXT        ? DUET_DATA_TEXT
           : t->data == DATA_NPY         ? DUET_DATA_NPY
+          : t->data == DATA_TOKENS      ? DUET_DATA_TOKENS
                                         : DUET_DATA_NONE;
   c->block = t->block;
   c->eval_every = t->eval_every;

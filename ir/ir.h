@@ -277,7 +277,7 @@ struct Value {
 /* ---------------------------------------------------- training settings */
 
 typedef enum OptimKind { OPTIM_ADAMW, OPTIM_SGD } OptimKind;
-typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST, DATA_TEXT, DATA_NPY } DataKind;
+typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST, DATA_TEXT, DATA_NPY, DATA_TOKENS } DataKind;
 
 /* The `train { }` section, after defaults.  Sources of defaults: PyTorch's
  * torch.optim.AdamW (betas 0.9, 0.999, eps 1e-8, weight_decay 0.01) and

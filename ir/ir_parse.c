@@ -1105,7 +1105,7 @@ static void train_line(Parser *P) {
   switch (i) {
   case 0: { /* data */
     const char *src = want_word(P, "fashion_mnist(\"DIR\"), text(\"FILE\", block = T) or npy(\"X\", \"Y\")");
-    bool text = !strcmp(src, "text");
+    bool tokens = !strcmp(src, "tokens"), text = tokens || !strcmp(src, "text");
     if (!strcmp(src, "npy")) { /* npy("X", "Y"[, val_fraction = F][, val_x = "VX", val_y = "VY"]) */
       expect(P, '(', "'(' and the x path");
       t->data = DATA_NPY;
@@ -1133,7 +1133,7 @@ static void train_line(Parser *P) {
     if (!text && strcmp(src, "fashion_mnist"))
       FAIL(va, "unknown data source `%s`; expected fashion_mnist(\"DIR\"), text(\"FILE\", block = T) or npy(\"X\", \"Y\")", src);
     expect(P, '(', "'(' and the path");
-    t->data = text ? DATA_TEXT : DATA_FASHION_MNIST;
+    t->data = tokens ? DATA_TOKENS : text ? DATA_TEXT : DATA_FASHION_MNIST;
     t->data_path = string(P, "the path");
     if (text) {
       expect(P, ',', "',' and block = T");
@@ -1474,7 +1474,7 @@ static void check_devices(Parser *P) {
 static void check_inputs(Parser *P) {
   Graph *g = P->g;
   const TrainSpec *t = &g->train;
-  if (g->decode || (t->data != DATA_TEXT && t->data != DATA_FASHION_MNIST)) return;
+  if (g->decode || (t->data != DATA_TEXT && t->data != DATA_TOKENS && t->data != DATA_FASHION_MNIST)) return;
   Value *in[2] = {NULL, NULL};
   int n = 0;
   for (int i = 0; i < g->n_values; i++)
@@ -1483,7 +1483,7 @@ static void check_inputs(Parser *P) {
       n++;
     }
   Loc where = n ? in[0]->loc : (Loc){P->src, P->train_line, 1};
-  if (t->data == DATA_TEXT) {
+  if (t->data == DATA_TEXT || t->data == DATA_TOKENS) {
     if (n != 2) fail_loc(P, where, "text feeds two inputs (tokens and next tokens, i32[batch,block]); the graph has %d", n);
     for (int i = 0; i < 2; i++) {
       Value *x = in[i];

@@ -13,7 +13,7 @@
 #include <stdio.h>
 
 #define DUET_RT_API_VERSION 7 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
-                                * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields */
+                                * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -94,7 +94,7 @@ enum {
 
 typedef void (*DuetKernelFn)(void *const *t, const double *s);
 
-enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1, DUET_DATA_TEXT = 2, DUET_DATA_NPY = 3 };
+enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1, DUET_DATA_TEXT = 2, DUET_DATA_NPY = 3, DUET_DATA_TOKENS = 4 };
 enum { DUET_OPTIM_ADAMW = 0, DUET_OPTIM_SGD = 1 };
 
 /* The most threads --threads may ask for (a larger value is an error, not
@@ -748,6 +748,17 @@ typedef struct DuetIdxInfo {
  * Fills *info (may be NULL).  Returns 0, or -1 with a message in err. */
 int duet_check_idx(const char *images_path, const char *labels_path, DuetIdxInfo *info, char *err, size_t errlen);
 void duet_dataset_free(DuetDataset *ds);
+
+/* An llm.c token file (karpathy/llm.c, dev/data/data_common.py,
+ * write_datafile): 256 little-endian int32 of header ([0] magic 20240520,
+ * [1] version 1, [2] the token count), then that many little-endian uint16
+ * token ids.  Reads it whole; *n receives the count and *tokens (unless
+ * tokens is NULL: a check only) the ids, malloc'ed.  0, or -1 with a
+ * one-line message naming the file: it does not open, is shorter than the
+ * header, has another magic or version, holds other than 2 x count bytes
+ * after the header (truncated, extra), or a token id >= vocab (its index
+ * and byte offset). */
+int duet_load_tokens(const char *path, int vocab, uint16_t **tokens, int64_t *n, char *err, size_t errlen);
 
 /* NumPy .npy files (runtime/npy.c; format: numpy.lib.format, NEP 1):
  * versions 1.0, 2.0 and 3.0, C order, dtypes '<f4', '<i4', '<i8', '|u1'. */

@@ -95,7 +95,8 @@ int duet_npy_parse_header(const unsigned char *buf, size_t len, DuetNpyInfo *inf
     if (!lit_eat(&l, ':')) return FAIL("the .npy header is not a dict literal (expected ':' after '%s')", key);
     if (!strcmp(key, "descr")) {
       char d[64];
-      if (!lit_string(&l, d, sizeof d)) return FAIL("the .npy header's 'descr' is not a string (structured dtypes are not supported)");
+      if (!lit_string(&l, d, sizeof d))
+        return FAIL("the .npy header's 'descr' is not a string (structured dtypes are not supported)");
       size_t i = 0;
       while (i < sizeof npy_dtypes / sizeof *npy_dtypes && strcmp(npy_dtypes[i].descr, d)) i++;
       if (i == sizeof npy_dtypes / sizeof *npy_dtypes)
@@ -113,7 +114,8 @@ int duet_npy_parse_header(const unsigned char *buf, size_t len, DuetNpyInfo *inf
       info->rank = 0;
       while (!lit_eat(&l, ')')) {
         lit_ws(&l);
-        if (l.p >= l.end || *l.p < '0' || *l.p > '9') return FAIL("the .npy header's 'shape' is not a tuple of integers");
+        if (l.p >= l.end || *l.p < '0' || *l.p > '9')
+          return FAIL("the .npy header's 'shape' is not a tuple of integers");
         int64_t v = 0;
         while (l.p < l.end && *l.p >= '0' && *l.p <= '9') {
           if (v > (INT64_MAX - 9) / 10) return FAIL("the .npy header's 'shape' has a dimension out of range");
@@ -233,11 +235,12 @@ int duet_npy_load(const char *path, const DuetTensor *t, const char *input, int6
   void *dst = malloc(count ? count * 4 : 1); /* f32 or i32 */
   int rc = -1;
   if (!raw || !dst) {
-    FAIL("out of host memory loading %s", path);
+    (void)FAIL("out of host memory loading %s", path);
     goto done;
   }
-  if (fseek(f, (long)info.data_offset, SEEK_SET) || fread(raw, 1, (size_t)info.data_bytes, f) != (size_t)info.data_bytes) {
-    FAIL("cannot read %s", path);
+  if (fseek(f, (long)info.data_offset, SEEK_SET) ||
+      fread(raw, 1, (size_t)info.data_bytes, f) != (size_t)info.data_bytes) {
+    (void)FAIL("cannot read %s", path);
     goto done;
   }
   for (size_t i = 0; i < count; i++) {
@@ -250,7 +253,7 @@ int duet_npy_load(const char *path, const DuetTensor *t, const char *input, int6
       for (int j = 7; j >= 0; j--) u = u << 8 | b[j];
       int64_t v = (int64_t)u;
       if (v < INT32_MIN || v > INT32_MAX) {
-        FAIL("%s: value %" PRId64 " at element %zu does not fit in i32", path, v, i);
+        (void)FAIL("%s: value %" PRId64 " at element %zu does not fit in i32", path, v, i);
         goto done;
       }
       ((int32_t *)dst)[i] = (int32_t)v;

@@ -805,8 +805,8 @@ static int check_outputs(const DuetConfig *cfg, const char *model_path) {
   char data[4][4096], exe[4096];
   if (model_path) in[n_in++] = (RunInput){"the model source", model_path};
   if (cfg->resume_path) in[n_in++] = (RunInput){"--resume", cfg->resume_path};
-  if (cfg->data == DUET_DATA_TEXT && cfg->data_path) {
-    in[n_in++] = (RunInput){"the training text", cfg->data_path};
+  if ((cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS) && cfg->data_path) {
+    in[n_in++] = (RunInput){cfg->data == DUET_DATA_TEXT ? "the training text" : "the token file", cfg->data_path};
   } else if (cfg->data == DUET_DATA_NPY) {
     const char *np[4] = {cfg->data_path, cfg->data_y, cfg->val_x, cfg->val_y};
     for (int k = 0; k < 4; k++)
@@ -867,10 +867,12 @@ static int64_t planned_total(const DuetProgram *p, const DuetConfig *cfg) {
   if (cfg->steps > 0) return cfg->steps;
   int64_t B = p->defaults.batch, per_epoch;
   if (!cfg->data_path || B < 1) return -1;
-  if (cfg->data == DUET_DATA_TEXT) {
+  if (cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS) {
     struct stat sb;
     if (stat(cfg->data_path, &sb) || !S_ISREG(sb.st_mode) || cfg->block < 1) return -1;
-    per_epoch = (int64_t)sb.st_size * 9 / 10 / (B * cfg->block);
+    int64_t n = cfg->data == DUET_DATA_TEXT ? (int64_t)sb.st_size : ((int64_t)sb.st_size - 1024) / 2;
+    if (n < 0) return -1;
+    per_epoch = n * 9 / 10 / (B * cfg->block);
     if (per_epoch < 1) per_epoch = 1;
   } else if (cfg->data == DUET_DATA_NPY) {
     int64_t n, n_val;
@@ -1254,7 +1256,8 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   int64_t *perm = NULL;
   StopHandlers stops = {0};
   if (!npy && check_pixels(p, train.rows, train.cols)) goto out;
-  if (!npy && p->n_classes && (check_labels(&train, p->n_classes, "training") || check_labels(&test, p->n_classes, "test")))
+  if (!npy && p->n_classes &&
+      (check_labels(&train, p->n_classes, "training") || check_labels(&test, p->n_classes, "test")))
     goto out;
   int64_t n_train = cfg.train_subset && cfg.train_subset < train.n ? cfg.train_subset : train.n;
   int64_t n_test = cfg.test_subset && cfg.test_subset < test.n ? cfg.test_subset : test.n;
@@ -1423,8 +1426,20 @@ out:
  * run and every --seed. */
 typedef struct TextData {
   unsigned char *bytes;
+  uint16_t *tokens;   /* tokens(...) data: the ids (bytes NULL) */
   int64_t n, n_train; /* train: [0, n_train), validation: [n_train, n) */
 } TextData;
+
+/* The check that a text of n bytes (unit "bytes") or a token file of n
+ * tokens has a window of block + 1 in both its 90% and its 10% split. */
+static int text_too_short_unit(const char *path, int64_t n, int64_t block, const char *unit, char *err,
+                               size_t errlen) {
+  int64_t n_train = n * 9 / 10;
+  if (n_train >= block + 2 && n - n_train >= block + 2) return 0;
+  snprintf(err, errlen, "%s has %" PRId64 " %s: too short for windows of %" PRId64 " %s in both the 90%% "
+           "training and the 10%% validation split", path, n, unit, block + 1, unit);
+  return -1;
+}
 
 /* The message for a text file that did not open (errno: why) or read
  * (EIO, ENOMEM). */
@@ -1437,11 +1452,22 @@ static void text_open_error(const char *path, int e, char *err, size_t errlen) {
 /* -1 with the message when a text of n bytes is too short for one window
  * of block+1 bytes in the training (first 90%) or validation split. */
 static int text_too_short(const char *path, int64_t n, int64_t block, char *err, size_t errlen) {
-  int64_t n_train = n * 9 / 10;
-  if (n_train >= block + 2 && n - n_train >= block + 2) return 0;
-  snprintf(err, errlen, "%s has %" PRId64 " bytes: too short for windows of %" PRId64 " bytes in both the 90%% "
-           "training and the 10%% validation split", path, n, block + 1);
-  return -1;
+  return text_too_short_unit(path, n, block, "bytes", err, errlen);
+}
+
+/* tokens("FILE", block = T): an llm.c token file (duet_load_tokens), its ids
+ * checked against the model's vocabulary (the classes of its cross_entropy),
+ * then split and windowed as text is. */
+static int load_tokens(TextData *td, const char *path, int64_t block, int vocab, char *err, size_t errlen) {
+  memset(td, 0, sizeof *td);
+  if (duet_load_tokens(path, vocab, &td->tokens, &td->n, err, errlen)) return -1;
+  td->n_train = td->n * 9 / 10;
+  if (text_too_short_unit(path, td->n, block, "tokens", err, errlen)) {
+    free(td->tokens);
+    td->tokens = NULL;
+    return -1;
+  }
+  return 0;
 }
 
 static int load_text(TextData *td, const char *path, int64_t block, char *err, size_t errlen) {
@@ -1475,8 +1501,8 @@ static int text_batch(DuetSession *s, const DuetProgram *p, const TextData *td, 
   for (int64_t b = 0; b < batch; b++) {
     int64_t off = lo + (int64_t)(duet_rng_next(r) % span);
     for (int64_t t = 0; t < block; t++) {
-      x[b * block + t] = td->bytes[off + t];
-      y[b * block + t] = td->bytes[off + t + 1];
+      x[b * block + t] = td->tokens ? td->tokens[off + t] : td->bytes[off + t];
+      y[b * block + t] = td->tokens ? td->tokens[off + t + 1] : td->bytes[off + t + 1];
     }
   }
   return duet_session_write(s, p->input_x, 0, x, n * sizeof *x) || duet_session_write(s, p->input_y, 0, y, n * sizeof *y)
@@ -1509,7 +1535,9 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     fprintf(stderr, "duet: error: text data needs two i32[batch, block] inputs and a cross_entropy loss\n");
     return 1;
   }
-  if (load_text(&td, cfg.data_path, cfg.block, err, sizeof err)) {
+  bool toks = cfg.data == DUET_DATA_TOKENS;
+  if (toks ? load_tokens(&td, cfg.data_path, cfg.block, p->n_classes, err, sizeof err)
+           : load_text(&td, cfg.data_path, cfg.block, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
   }
@@ -1519,7 +1547,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   FILE *mf = NULL;
   StopHandlers stops = {0};
   int64_t B = p->defaults.batch, T = cfg.block;
-  if (p->n_classes < 256) {
+  if (!toks && p->n_classes < 256) {
     fprintf(stderr, "duet: error: byte-level text needs 256 classes, the model's logits have %d\n", p->n_classes);
     goto out;
   }
@@ -1537,9 +1565,9 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     for (int i = 0; i < p->n_tensors; i++)
       if (p->tensors[i].region == DUET_MEM_PARAM) n_params += p->tensors[i].nbytes / (p->tensors[i].dtype == DUET_F64 ? 8 : 4);
     printf("duet: %s: %" PRId64 " parameters, %s lr %g, batch %" PRId64 " x %" PRId64 " tokens, %" PRId64
-           " steps, text %s (%" PRId64 " bytes: %" PRId64 " train, %" PRId64 " validation)\n",
+           " steps, %s %s (%" PRId64 " %s: %" PRId64 " train, %" PRId64 " validation)\n",
            p->model_name, n_params, cfg.optimizer == DUET_OPTIM_SGD ? "sgd" : "adamw", cfg.lr, B, T, total,
-           cfg.data_path, td.n, td.n_train, td.n - td.n_train);
+           toks ? "tokens" : "text", cfg.data_path, td.n, toks ? "tokens" : "bytes", td.n_train, td.n - td.n_train);
     printf("duet: memory: params %.1f MiB, optimizer state %.1f MiB, activations %.1f MiB (planned)\n",
            (double)p->region_bytes[DUET_MEM_PARAM] / 1048576.0, (double)p->region_bytes[DUET_MEM_STATE] / 1048576.0,
            (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
@@ -1593,8 +1621,9 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
                 isnan(val) ? "NaN" : "infinite", step);
         goto out;
       }
-      if (!cfg.quiet) printf("step %" PRId64 " | val loss %.4f nats/byte (%" PRId64 " batches)\n", step, val,
-                             cfg.eval_batches);
+      if (!cfg.quiet)
+        printf("step %" PRId64 " | val loss %.4f nats/%s (%" PRId64 " batches)\n", step, val,
+               toks ? "token" : "byte", cfg.eval_batches);
       fflush(stdout);
       if (mf) {
         cJSON *o = cJSON_CreateObject();
@@ -1617,7 +1646,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f tokens/s)", total - first_step,
            total - first_step == 1 ? "" : "s", elapsed,
            (double)((total - first_step) * B * T) / elapsed);
-    if (!isnan(val)) printf("; val loss %.4f nats/byte", val);
+    if (!isnan(val)) printf("; val loss %.4f nats/%s", val, toks ? "token" : "byte");
     printf("\n");
   }
   rc = 0;
@@ -1630,6 +1659,7 @@ out:
   duet_session_free(s);
   if (dev) dev->ops->destroy(dev);
   free(td.bytes);
+  free(td.tokens);
   return rc;
 }
 
@@ -1682,7 +1712,8 @@ static int rank_view(const DuetProgram *p, DuetConfig *cfg) {
 static uint64_t data_bytes(const DuetConfig *cfg) {
   struct stat sb;
   if (!cfg->data_path) return 0;
-  if (cfg->data == DUET_DATA_TEXT) return stat(cfg->data_path, &sb) ? 0 : (uint64_t)sb.st_size;
+  if (cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS)
+    return stat(cfg->data_path, &sb) ? 0 : (uint64_t)sb.st_size;
   uint64_t n = 0;
   if (cfg->data == DUET_DATA_NPY) {
     const char *np[4] = {cfg->data_path, cfg->data_y, cfg->val_x, cfg->val_y};
@@ -1739,7 +1770,7 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
   int ranks = rank_view(p, &cfg);
   if (ranks < 0) return 1;
   /* flags that do not apply to this program: said, not silently dropped */
-  bool text = cfg.data == DUET_DATA_TEXT;
+  bool text = cfg.data == DUET_DATA_TEXT || cfg.data == DUET_DATA_TOKENS;
   if (!cfg.quiet) {
     if (!text && (cfg.eval_every != p->defaults.eval_every || cfg.eval_batches != p->defaults.eval_batches))
       fprintf(stderr, "duet: warning: --eval-every and --eval-batches apply to text models; this one evaluates on "
@@ -1766,7 +1797,14 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
   int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
   if (rc) return rc == 2 ? 0 : 1; /* --help: duet_main prints it */
   if (rank_view(p, &cfg) < 0) return 1;
-  if (cfg.data == DUET_DATA_TEXT) {
+  if (cfg.data == DUET_DATA_TOKENS) {
+    int64_t n;
+    if (duet_load_tokens(cfg.data_path, p->n_classes > 0 ? p->n_classes : 65536, NULL, &n, err, sizeof err) ||
+        text_too_short_unit(cfg.data_path, n, cfg.block, "tokens", err, sizeof err)) {
+      fprintf(stderr, "duet: error: %s\n", err);
+      return 1;
+    }
+  } else if (cfg.data == DUET_DATA_TEXT) {
     FILE *f = fopen(cfg.data_path, "rb");
     int e = f ? 0 : errno;
     if (f && getc(f) == EOF && ferror(f)) e = EIO; /* a directory opens, then fails to read */
