@@ -32,6 +32,9 @@ static void usage(FILE *out) {
           "device whose capabilities `auto` follows); run, compile, plan, ir, emit and check take --gemm-accumulate\n"
           "fp32|fp16 (fp16: opt-in fp16 accumulation of fp16 GEMMs on CUDA devices; ir, emit and check\n"
           "refuse fp16 too when the program has no fp16 GEMM).\n\n"
+          "run, compile, plan, ir, emit and check take --recompute none|blocks|auto (default none, or\n"
+          "the train section's `recompute`): blocks keeps only the inputs of each block instance and\n"
+          "recomputes the rest in the backward pass; auto recomputes blocks only until each device fits.\n\n"
           "run, compile, plan, ir, emit and check take the pruning flags --prune S, --prune-mode,\n"
           "--prune-start, --prune-end, --prune-every, --prune-initial, --prune-params (`duet run --help`).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
@@ -58,19 +61,20 @@ static void prune_help(FILE *out) {
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
  * emit and check (cli/ may hold global state). */
-static const char *opt_precision, *opt_arch, *opt_gemm_acc;
+static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute;
 
 /* Removes `--precision X` / `--arch X` (and the `=` forms) from argv;
  * returns the new argc, or -1 after a message when a value is missing. */
 static int strip_precision_flags(int argc, char **argv) {
   int k = 0;
   for (int i = 0; i < argc; i++) {
-    const char *names[3] = {"--precision", "--arch", "--gemm-accumulate"};
-    const char **dst[3] = {&opt_precision, &opt_arch, &opt_gemm_acc};
-    static const char *const values[3] = {"auto, fp32, fp16, bf16",
-                                          "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16"};
+    const char *names[4] = {"--precision", "--arch", "--gemm-accumulate", "--recompute"};
+    const char **dst[4] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute};
+    static const char *const values[4] = {"auto, fp32, fp16, bf16",
+                                          "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16",
+                                          "none, blocks, auto"};
     int hit = -1;
-    for (int j = 0; j < 3 && hit < 0; j++) {
+    for (int j = 0; j < 4 && hit < 0; j++) {
       size_t n = strlen(names[j]);
       if (!strcmp(argv[i], names[j])) {
         if (i + 1 >= argc) {
@@ -135,6 +139,10 @@ static int check_precision_flags(void) {
   char err[256];
   if (opt_gemm_acc && strcmp(opt_gemm_acc, "fp32") && strcmp(opt_gemm_acc, "fp16")) {
     fprintf(stderr, "duet: error: unknown --gemm-accumulate `%s` (fp32, fp16)\n", opt_gemm_acc);
+    return 1;
+  }
+  if (opt_recompute && recompute_mode_parse(opt_recompute) < 0) {
+    fprintf(stderr, "duet: error: unknown --recompute `%s` (none, blocks, auto)\n", opt_recompute);
     return 1;
   }
   if (!opt_precision && !opt_arch) return 0;
@@ -434,6 +442,22 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
                "need the .model or a dump from before `prune`", g->after_pass);
     return NULL;
   }
+  if (opt_recompute && g->after_pass && passes_find(g->after_pass) >= passes_find("recompute")) {
+    /* the dump's recomputation is fixed: a request it already follows is fine
+     * (recomputed copies are backward values with a block) */
+    bool blocks = false, copies = false;
+    for (int i = 0; i < g->n_values; i++) {
+      blocks |= g->values[i]->block > 0;
+      copies |= g->values[i]->block > 0 && g->values[i]->role == ROLE_BACKWARD;
+    }
+    int mode = recompute_mode_parse(opt_recompute);
+    if ((mode == RECOMPUTE_NONE && copies) || (mode == RECOMPUTE_BLOCKS && blocks && !copies)) {
+      diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its recomputation is fixed (%s); "
+                 "--recompute %s needs the .model or a dump from before `recompute`", g->after_pass,
+                 copies ? "recomputed blocks" : "none", opt_recompute);
+      return NULL;
+    }
+  }
   pc->start_after = g->after_pass;
   return g;
 }
@@ -447,7 +471,7 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   Source *src = frontend_read_file(c->arena, &c->diag, path);
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
-                .precision = opt_precision, .target = opt_arch, .prune = &opt_prune,
+                .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .recompute = opt_recompute,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
@@ -485,7 +509,17 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
       return 1;
     }
   }
-  return passes_run(c->g, &pc);
+  /* --recompute auto without --devices: the default CPU device's memory
+   * (duet run's and duet plan's device) is the budget */
+  ParOpts budget = {0};
+  const char *rq = opt_recompute ? opt_recompute : c->g->train.recompute;
+  if (!pc.devices && rq && recompute_mode_parse(rq) == RECOMPUTE_AUTO) {
+    if (par_devices(&budget, "cpu", 0, NULL)) return 1;
+    pc.budget_device = &budget.dev[0];
+  }
+  int rc = passes_run(c->g, &pc);
+  par_free(&budget);
+  return rc;
 }
 
 static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const ParOpts *po,
@@ -614,7 +648,11 @@ static int cmd_run(int argc, char **argv) {
            "                     weights and optimizer state (fp16 with dynamic loss scaling); auto is\n"
            "                     fp32 on the CPU\n");
     printf("  --gemm-accumulate A fp32|fp16: fp16 GEMMs accumulate in fp32 (default) or, opt-in, in fp16\n"
-           "                     (cuBLAS CUBLAS_COMPUTE_16F, about 2x on sm_60; CUDA devices only)\n");
+           "                     (cuBLAS CUBLAS_COMPUTE_16F, about 2x on sm_60; CUDA devices only)\n"
+           "  --recompute R      none (default)|blocks|auto: activation recomputation; blocks keeps only\n"
+           "                     the inputs of each block call (`repeat` iteration) and recomputes the\n"
+           "                     rest in the backward pass (same losses and gradients, bit for bit);\n"
+           "                     auto recomputes blocks only until each device fits its memory\n");
     prune_help(stdout);
     printf("\nCompiles the model's kernels (cached in DUET_CACHE_DIR) and trains it.\n");
     return argc < 1 ? 1 : 0;
@@ -708,7 +746,7 @@ static int cmd_compile(int argc, char **argv) {
              "against the duet runtime).  EXE takes the same flags as `duet run`.\n"
              "Also: --schedule gpipe|1f1b, --threads N (for the partition's cost model),\n"
              "--precision auto|fp32|fp16|bf16 (fixed in the executable, as are the batch, the\n"
-             "micro-batches, --data-parallel and --bucket-mb).\n");
+             "micro-batches, --data-parallel and --bucket-mb), --recompute none|blocks|auto.\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
@@ -842,7 +880,8 @@ static int cmd_ir(int argc, char **argv) {
              "Prints the IR after PASS (default: shape; for a G.ir dump, the pass it was printed after).\n"
              "Formats: text (the default; `duet run G.ir` and `duet ir G.ir` read it back), dot (Graphviz:\n"
              "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Also: --schedule gpipe|1f1b,\n"
-             "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes).\n"
+             "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes),\n"
+             "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`).\n"
              "Passes, in order:\n");
       for (int p = 0; p < duet_n_passes; p++) printf("  %-13s %s\n", duet_passes[p].name, duet_passes[p].what);
       return 0;
@@ -1033,7 +1072,9 @@ static int cmd_plan(int argc, char **argv) {
              "linked at --link-gbps X Gb/s each (default 10: 10 Gigabit Ethernet); the all-reduce crosses\n"
              "that link; then every layout of each machine's devices (pipeline, data parallel, between)\n"
              "estimated, and the fastest.\n"
-             "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n");
+             "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n"
+             "--recompute blocks|auto: the activations with recomputation (auto: only as much as each\n"
+             "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n");
       return 0;
     } else if ((par_flag(argv[i]) || !strcmp(argv[i], "--nodes") || !strcmp(argv[i], "--link-gbps")) && i + 1 < argc) {
       i++;
@@ -1098,7 +1139,7 @@ static int cmd_emit(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n"
              "Also: --precision auto|fp32|fp16|bf16, --data-parallel N, --bucket-mb X and --zero 0|1 (the\n"
-             "kernels of one replica).\n");
+             "kernels of one replica), --recompute none|blocks|auto.\n");
       return 0;
     } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
       target = argv[++i];
@@ -1361,7 +1402,7 @@ static int cmd_check(int argc, char **argv) {
            "parameters and the bytes of\n"
            "their weights as trained (f32: in fp16/bf16 these are the master weights, the 16-bit copies come\n"
            "on top; gradients, optimizer state and activations: duet plan).\n"
-           "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90.\n");
+           "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90, --recompute none|blocks|auto.\n");
     return args_ok || (argc == 1 && wants_help(argc, argv)) ? 0 : 1;
   }
   ParOpts po;

@@ -70,6 +70,7 @@ typedef struct Elab {
   int n_inputs;
   Value *inputs[8];
   int64_t n_dropout; /* dropout sites so far */
+  int n_instances;   /* outermost block instances so far (Value.block) */
   Loc batch_loc;     /* the train section's `batch = N` value (line 0: none) */
 } Elab;
 
@@ -128,7 +129,7 @@ static const char *const functions[] = {"dim",     "sqrt",    "attention", "laye
                                         "rope"};
 static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
                                          "batch", "epochs", "steps", "seed", "log_every", "eval",
-                                         "eval_every", "eval_batches", "precision"};
+                                         "eval_every", "eval_batches", "precision", "recompute"};
 #define N_TRAIN_KEYS (int)(sizeof train_keys / sizeof train_keys[0])
 
 /* -------------------------------------------------------------- helpers */
@@ -1115,6 +1116,10 @@ static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *s
   while (global->parent) global = global->parent;
   inner.parent = global;
 
+  /* the values an outermost call adds form one block instance (Value.block:
+   * the unit that activation recomputation keeps the inputs of) */
+  bool outermost = !e->active;
+  int first_value = e->g->n_values;
   Active act = {blk, e->active};
   e->active = &act;
   int i = 0;
@@ -1130,6 +1135,13 @@ static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *s
   EVal r = eval(e, &inner, blk->a);
   e->active = act.up;
   Graph *g = e->g;
+  if (outermost) {
+    int id = ++e->n_instances;
+    for (int k = first_value; k < g->n_values; k++) {
+      Value *v = g->values[k];
+      if (v->op != OP_PARAM && v->op != OP_INPUT && v->op != OP_STATE) v->block = id;
+    }
+  }
   const EVal *first = r.kind == EV_TUPLE && r.n_items ? &r.items[0] : &r;
   if (first->kind == EV_TENSOR) {
     if (g->n_layers == g->cap_layers) {
@@ -1292,6 +1304,10 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
                                  strcmp(x.str, "bf16")))
           diag_error(e->d, x.loc, "precision must be \"auto\", \"fp32\", \"fp16\" or \"bf16\"");
         t->precision = x.str;
+      } else if (!strcmp(k, "recompute")) { /* the command line's --recompute wins */
+        if (x.kind != EV_STR || (strcmp(x.str, "none") && strcmp(x.str, "blocks") && strcmp(x.str, "auto")))
+          diag_error(e->d, x.loc, "recompute must be \"none\", \"blocks\" or \"auto\"");
+        t->recompute = x.str;
       }
     }
   }

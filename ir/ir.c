@@ -588,7 +588,6 @@ static void graph_push(Graph *g, Value *v) {
 
 /* Blocks, repeat and split expand inline: a few lines can ask for 2^100
  * values.  The largest real models have tens of thousands. */
-#define GRAPH_MAX_VALUES (1 << 18)
 
 Value *graph_add(Graph *g, OpKind op, Value **in, int n_in, const Attr *attr, Loc loc) {
   DUET_ASSERT(op >= 0 && op < OP_COUNT);
@@ -1281,6 +1280,7 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   fputs(" : ", out);
   print_type(v, out);
   if (v->role != ROLE_FORWARD) fprintf(out, "  @%s", role_names[v->role]);
+  if (v->block > 0) fprintf(out, "  @block(%d)", v->block);
   if (v->device >= 0) fprintf(out, "  @device(%d)", v->device);
   if (v->region != MEM_NONE) fprintf(out, "  @%s+%" PRId64, region_names[v->region], v->offset);
   fputc('\n', out);
@@ -1321,6 +1321,7 @@ static void print_train(const TrainSpec *t, FILE *out) {
           t->eval ? "true" : "false");
   if (t->eval_every > 0) fprintf(out, "  eval_every = %" PRId64 "\n", t->eval_every);
   if (t->precision) fprintf(out, "  precision = \"%s\"\n", t->precision);
+  if (t->recompute) fprintf(out, "  recompute = \"%s\"\n", t->recompute);
   fprintf(out, "  eval_batches = %" PRId64 "\n", t->eval_batches);
   if (t->micro_batches > 1) fprintf(out, "  micro_batches = %" PRId64 "\n", t->micro_batches);
   fputs("}\n", out);

@@ -266,6 +266,10 @@ struct Value {
   Role role;
   int device;   /* -1 until a partition pass assigns one */
   Loc device_loc; /* the @device(N) hint that set device, for diagnostics (line 0: none) */
+  int block;    /* elaboration: the outermost block instance that computed this value (1, 2, ...
+                 * in call order; a `repeat` iteration is an instance), 0 at top level, for
+                 * params, inputs and state, and for values later passes add; a recomputed
+                 * copy keeps its original's (passes/recompute.c).  Printed `@block(N)` */
   bool requires_grad; /* set by autodiff */
   /* Filled by passes/: */
   int n_uses;   /* in the whole graph */
@@ -301,6 +305,7 @@ typedef struct TrainSpec {
   bool decay_matrices_only; /* weight decay only on params of rank >= 2 */
   bool has_lr, has_weight_decay; /* set explicitly in the section */
   const char *precision; /* `precision = "fp16"` etc.; NULL: auto (the command line wins) */
+  const char *recompute; /* `recompute = "blocks"` etc.; NULL: none (the command line wins) */
   int64_t micro_batches; /* pipeline: the batch is split into this many micro-batches
                           * (`batch` is then one micro-batch; gradients accumulate) */
 } TrainSpec;
@@ -395,6 +400,9 @@ typedef struct Graph {
  * time); 0 for every other op. */
 int64_t ir_workspace_elems(const Value *v);
 
+/* At most this many values per graph (graph_add reports more as a user error). */
+#define GRAPH_MAX_VALUES (1 << 18)
+
 /* The key/value heads of an attention op: attr.kv_heads, or attr.heads when
  * 0 (every query head has its own). */
 int64_t ir_kv_heads(const Attr *a);
@@ -479,7 +487,7 @@ Graph *ir_parse(Arena *a, Diag *d, const Source *src);
 void ir_print_dot(const Graph *g, FILE *out);
 /* The graph as one JSON object: model, pass, train settings, regions, the
  * loss/logits/labels ids and an array of values (id, op, inputs, dtype,
- * shape, attrs, role, device, region, offset).  Returns 0, or -1 when out of
+ * shape, attrs, role, block (when in one), device, region, offset).  Returns 0, or -1 when out of
  * memory. */
 int ir_print_json(const Graph *g, FILE *out);
 

@@ -404,6 +404,7 @@ static void json_train(J *j, cJSON *o, const TrainSpec *t) {
   jint(j, o, "eval_every", t->eval_every);
   jint(j, o, "eval_batches", t->eval_batches);
   if (t->precision) jstr(j, o, "precision", t->precision);
+  if (t->recompute) jstr(j, o, "recompute", t->recompute);
 }
 
 static bool in_graph(const Graph *g, const Value *v) {
@@ -468,6 +469,7 @@ int ir_print_json(const Graph *g, FILE *out) {
     cJSON *attrs = jchk(&j, cJSON_AddObjectToObject(o, "attrs"));
     if (attrs) json_attrs(&j, attrs, v);
     jstr(&j, o, "role", role_name(v->role));
+    if (v->block > 0) jnum(&j, o, "block", v->block);
     if (v->device >= 0) jnum(&j, o, "device", v->device);
     else jnull(&j, o, "device");
     if (v->region != MEM_NONE) {

@@ -9,7 +9,7 @@
  *   line    -> [`%`ID `=`] OP [ATTRS] [`%`ID (`,` `%`ID)*] `:` TYPE ANNOT*
  *            | `loss` `%`ID | `logits` `%`ID | `labels` `%`ID | `grad` `%`P `%`G
  *   TYPE    -> `void` | DTYPE `[` [N (`,` N)*] `]`
- *   ANNOT   -> `@`ROLE | `@device(`N`)` | `@`REGION`+`OFFSET
+ *   ANNOT   -> `@`ROLE | `@block(`N`)` | `@device(`N`)` | `@`REGION`+`OFFSET
  *
  * A hand-written line parser over the source text (the format is one
  * construct a line, so no token stream is needed).  Every value goes through
@@ -945,7 +945,7 @@ static void value_line(Parser *P, bool has_result) {
 
   /* annotations */
   Role role = ROLE_FORWARD;
-  int device = -1;
+  int device = -1, block = 0;
   Loc device_loc = {0};
   MemRegion region = MEM_NONE;
   int64_t offset = 0;
@@ -962,6 +962,11 @@ static void value_line(Parser *P, bool has_result) {
       if (seen_role) FAIL(an, "a second role");
       seen_role = true;
       role = (Role)r;
+    } else if (aw && !strcmp(aw, "block")) {
+      if (block > 0) FAIL(an, "a second block");
+      expect(P, '(', "'(' after @block");
+      block = (int)integer(P, 1, INT32_MAX, "a block instance number");
+      expect(P, ')', "')'");
     } else if (aw && !strcmp(aw, "device")) {
       if (device >= 0) FAIL(an, "a second device");
       expect(P, '(', "'(' after @device");
@@ -975,9 +980,10 @@ static void value_line(Parser *P, bool has_result) {
       offset = integer(P, 0, INT64_MAX, "a byte offset");
     } else if (aw) {
       static const char *const names[] = {"@forward", "@backward", "@optimizer", "@eval", "@device", "@param",
-                                          "@state", "@arena", "@cache"};
-      FAIL(an, "unknown annotation `@%s`%s; annotations are a role (@backward, @optimizer, @eval), @device(N) and a "
-               "region (@param+N, @state+N, @arena+N, @cache+N)", aw, hint(P, arena_printf(P->a, "@%s", aw), names, 9));
+                                          "@state", "@arena", "@cache", "@block"};
+      FAIL(an, "unknown annotation `@%s`%s; annotations are a role (@backward, @optimizer, @eval), @block(N), "
+               "@device(N) and a region (@param+N, @state+N, @arena+N, @cache+N)", aw,
+           hint(P, arena_printf(P->a, "@%s", aw), names, 10));
     } else {
       FAIL(P->p, "expected a role, device or region after '@', found %s", found(P));
     }
@@ -1018,6 +1024,7 @@ static void value_line(Parser *P, bool has_result) {
   v->role = role;
   v->device = device;
   v->device_loc = device_loc;
+  v->block = block;
   v->region = region;
   v->offset = region == MEM_NONE ? 0 : offset;
   if (has_result) {
@@ -1030,7 +1037,7 @@ static void value_line(Parser *P, bool has_result) {
 
 static const char *const train_key_names[] = {"data", "optimizer", "batch", "epochs", "steps", "seed",
                                               "log_every", "eval", "eval_every", "eval_batches", "precision",
-                                              "micro_batches"};
+                                              "micro_batches", "recompute"};
 enum { N_TRAIN_KEYS = sizeof train_key_names / sizeof *train_key_names };
 
 /* adamw(lr = X, ...) or sgd(...) */
@@ -1096,7 +1103,7 @@ static void train_line(Parser *P) {
   while (i < N_TRAIN_KEYS && strcmp(train_key_names[i], k)) i++;
   if (i == N_TRAIN_KEYS)
     FAIL(ka, "unknown train key `%s`%s (keys: data, optimizer, batch, epochs, steps, seed, log_every, eval, "
-             "eval_every, eval_batches, precision, micro_batches)", k, hint(P, k, train_key_names, N_TRAIN_KEYS));
+             "eval_every, eval_batches, precision, micro_batches, recompute)", k, hint(P, k, train_key_names, N_TRAIN_KEYS));
   if (P->train_keys & (1u << i)) FAIL(ka, "train key `%s` is set twice", k);
   P->train_keys |= 1u << i;
   expect(P, '=', arena_printf(P->a, "'=' after `%s`", k));
@@ -1169,6 +1176,13 @@ static void train_line(Parser *P) {
     break;
   }
   case 11: t->micro_batches = integer(P, 1, INT32_MAX, "micro_batches"); break;
+  case 12: {
+    const char *s = string(P, "\"none\", \"blocks\" or \"auto\"");
+    if (strcmp(s, "none") && strcmp(s, "blocks") && strcmp(s, "auto"))
+      FAIL(va, "recompute must be \"none\", \"blocks\" or \"auto\"");
+    t->recompute = s;
+    break;
+  }
   }
   want_eol(P, arena_printf(P->a, "the value of `%s`", k));
 }

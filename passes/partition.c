@@ -487,6 +487,8 @@ static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
   return m;
 }
 
+int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s) { return stage_memory(g, cx, s).need; }
+
 int partition_check_memory(const Graph *g, const PassCtx *cx) {
   int S = g->n_stages > 1 ? g->n_stages : 1, rc = 0;
   for (int s = 0; s < S && s < cx->n_devices; s++) {

@@ -58,6 +58,10 @@ typedef struct PassCtx {
                               * activations on stage s (GPipe: M) */
   double bucket_mb;          /* data_parallel: --bucket-mb, MiB per all-reduce bucket
                               * (0: DP_BUCKET_MB_DEFAULT) */
+  const char *recompute;     /* recompute: --recompute none|blocks|auto (NULL: the train
+                              * section's `recompute`, else none) */
+  const PartDevice *budget_device; /* recompute auto without `devices`: the one device whose
+                              * capacity bounds the graph (duet run's default CPU; NULL: none) */
   const PruneSpec *prune;    /* prune: the --prune flags (prune_parse_flag); the fields in
                               * its `set` override the model's prune section (NULL: none) */
   int nodes;                 /* duet plan --nodes K: the replicas are spread over K
@@ -84,7 +88,7 @@ typedef struct Pass {
 } Pass;
 
 /* The pipeline, in order: shape, autodiff, optimizer, eval, prune, precision, fuse,
- * partition, data_parallel, memplan. */
+ * partition, data_parallel, recompute, memplan. */
 extern const Pass duet_passes[];
 extern const int duet_n_passes;
 
@@ -105,6 +109,7 @@ void pass_precision(Graph *g, PassCtx *cx); /* 16-bit storage, f32 master weight
 void pass_fuse(Graph *g, PassCtx *cx);      /* fuse elementwise chains */
 void pass_partition(Graph *g, PassCtx *cx); /* devices/stages + transfer ops */
 void pass_data_parallel(Graph *g, PassCtx *cx); /* all-reduce buckets of the gradients */
+void pass_recompute(Graph *g, PassCtx *cx); /* activation recomputation (--recompute) */
 void pass_memplan(Graph *g, PassCtx *cx);   /* offsets in param/state/arena, per device */
 
 /* `duet plan`: prints the stage assignment of a graph that went through
@@ -123,6 +128,20 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out);
  * partition pass never sees.  1 after an error through cx->diag naming the
  * device, the breakdown and the capacity's source, else 0. */
 int partition_check_memory(const Graph *g, const PassCtx *cx);
+/* The bytes stage s needs as partition_check_memory counts them (weights,
+ * grads, optimizer state, caches, activations x in-flight micro-batches),
+ * from the regions memplan sized. */
+int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s);
+
+/* ------------------------------------------------------------ recompute */
+
+/* --recompute: none (keep every activation), blocks (keep only the inputs
+ * of each outermost block instance, recompute the rest in the backward
+ * pass), auto (recompute the blocks of a device only as far as it needs to
+ * fit its capacity).  passes/recompute.c has the method and its sources. */
+enum { RECOMPUTE_NONE, RECOMPUTE_BLOCKS, RECOMPUTE_AUTO };
+/* RECOMPUTE_* for "none", "blocks", "auto" (NULL: none); -1 for anything else. */
+int recompute_mode_parse(const char *s);
 
 /* ---------------------------------------------------------------- prune */
 

@@ -27,11 +27,12 @@
  * largest fraction of its bounds used.  --perturb KIND REL multiplies one
  * kernel's outputs by 1 + REL (ctest cuda_emu_catches_*: must fail).
  * Covers every op case of tests/op_cases.h in f32 and f64,
- * tests/models/gpt_tiny.model and six of the larger cases (multi-block
- * paths) in f32; decoding (attention_decode with key/value caches, rope at
- * the step's position, grouped-query caches) of gpt_tiny and llama_tiny,
- * 6 tokens, each step against the C backend; the rope case at decoding
- * position 7; ten op cases, a one-layer LLaMA, a one-layer
+ * tests/models/gpt_tiny.model, a two-layer GPT with dropout under
+ * activation recomputation (gpt_mini_recompute) and six of the larger
+ * cases (multi-block paths) in f32; decoding (attention_decode with
+ * key/value caches, rope at the step's position, grouped-query caches) of
+ * gpt_tiny and llama_tiny, 6 tokens, each step against the C backend; the
+ * rope case at decoding position 7; ten op cases, a one-layer LLaMA, a one-layer
  * GPT and a forced gradient overflow with 16-bit storage (--precision fp16
  * with loss scaling, bf16), where GEMMs are emulated as the CPU computes
  * them (16-bit operands, a wide sum, one rounding) and the loss scale and
@@ -1336,6 +1337,42 @@ int main(int argc, char **argv) {
     failed += run_case(&c, DT_F32, "fp16", dir);
     failed += run_case(&c, DT_F32, "bf16", dir);
     ran += 2;
+  }
+  /* activation recomputation (`recompute = "blocks"`): two `repeat`
+   * layers with dropout whose forward ops are copied into the backward
+   * pass; the copies are ordinary kernels, so the CUDA C must agree with
+   * the C backend as for any graph (and the graph must hold copies) */
+  if (argc == 1 || !strcmp(argv[1], "gpt_mini_recompute")) {
+    Case c = {"gpt_mini_recompute",
+              "model gpt_mini_recompute\ninput idx: i32[2, 8]\ninput targets: i32[2, 8]\n"
+              "block linear(x, out) {\n  param w: [dim(x, -1), out] = normal(0.1)\n  param b: [out] = normal(0.1)\n"
+              "  return x @ w + b\n}\n"
+              "block ln(x) {\n  param w: [dim(x, -1)] = ones\n  param b: [dim(x, -1)] = zeros\n"
+              "  return layernorm(x, w, b)\n}\n"
+              "block layer(x) {\n  h = ln(x)\n"
+              "  a = attention(linear(h, 16), linear(h, 16), linear(h, 16), heads = 2, causal = true)\n"
+              "  x = x + dropout(linear(a, 16), 0.25)\n  return x + linear(gelu(linear(ln(x), 32)), 16)\n}\n"
+              "param wte: [64, 16] = normal(0.1)\nparam wpe: [8, 16] = normal(0.1)\n"
+              "x = embedding(wte, idx) + embedding(wpe, positions(idx))\nx = repeat(2, layer, x)\n"
+              "loss = cross_entropy(ln(x) @ transpose(wte), targets)\n"
+              "train {\n  recompute = \"blocks\"\n}\n",
+              64};
+    TModel t;
+    FrontendOptions fo = {.float_dtype = DT_F32};
+    int copies = 0;
+    if (tmodel_open_prec(&t, c.name, c.src, &fo, "fp32")) {
+      fprintf(stderr, "FAIL gpt_mini_recompute: does not compile\n");
+      failed++;
+    } else {
+      for (int i = 0; i < t.g->n_values; i++) copies += t.g->values[i]->block > 0 && t.g->values[i]->role == ROLE_BACKWARD;
+      tmodel_close(&t);
+      if (copies < 20) {
+        fprintf(stderr, "FAIL gpt_mini_recompute: %d recomputed copies in the graph, expected at least 20\n", copies);
+        failed++;
+      }
+    }
+    failed += run_case(&c, DT_F32, NULL, dir);
+    ran++;
   }
   /* rotary embeddings at a decoding position (7): the CUDA kernel's
    * angles follow s[POS] as the C kernel's (test_decode checks the C
