@@ -1143,6 +1143,7 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   fprintf(out, "  .train = train_steps, .eval = eval_steps, .grad = grad_steps,\n");
   fprintf(out, "  .input_x = %d, .input_y = %d, .loss = %d, .metrics = %d, .logits = %d, .n_classes = %d,\n",
           p->input_x, p->input_y, p->loss, p->metrics, p->logits, p->n_classes);
+  if (p->vocab) fprintf(out, "  .vocab = %d,\n", p->vocab);
   fprintf(out, "  .region_bytes = {");
   for (int r = 0; r < DUET_MEM_COUNT; r++) fprintf(out, "%" PRId64 ", ", p->region_bytes[r]);
   fprintf(out, "}, .gemm_flops = %" PRId64 ", .decode = %d, .context = %" PRId64 ",\n", p->gemm_flops, p->decode,

@@ -628,6 +628,11 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_EMBEDDING:
     case OP_EMBEDDING_GRAD:
       st.kernel = lower_embedding(&L, v);
+      if (v->op == OP_EMBEDDING && v->in[1]->op == OP_INPUT) { /* a data input indexes this table */
+        int64_t rows = v->in[0]->shape.dim[0];
+        int r = rows > INT32_MAX ? INT32_MAX : (int)rows;
+        if (!p->vocab || r < p->vocab) p->vocab = r;
+      }
       break;
     case OP_NORM:
     case OP_NORM_GRAD: {

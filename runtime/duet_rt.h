@@ -13,7 +13,8 @@
 #include <stdio.h>
 
 #define DUET_RT_API_VERSION 7 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
-                                * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS */
+                                * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
+                                * DuetProgram.vocab */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -222,6 +223,8 @@ typedef struct DuetProgram {
   int decode;            /* compiled for generation: inputs hold one token, attention uses caches */
   int64_t context;       /* decode: positions the caches hold */
   int n_classes;         /* logits' second dimension, 0 if no classifier */
+  int vocab;             /* rows of the smallest embedding table a data input indexes, 0 if none
+                          * (tokens data: every id must be below it and below n_classes) */
   int64_t region_bytes[DUET_MEM_COUNT];
   int64_t gemm_flops;    /* per training step, 2*m*n*k summed */
   int gemm_accumulate_f16; /* --gemm-accumulate fp16: fp16 GEMMs accumulate in fp16 (CUDA only:

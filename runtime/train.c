@@ -1455,9 +1455,19 @@ static int text_too_short(const char *path, int64_t n, int64_t block, char *err,
   return text_too_short_unit(path, n, block, "bytes", err, errlen);
 }
 
+/* The ids a tokens model takes: below its embedding's rows (vocab) and its
+ * cross_entropy's classes, whichever are known and smaller (uint16's range
+ * when neither is). */
+static int token_limit(const DuetProgram *p) {
+  int v = 65536;
+  if (p->vocab > 0 && p->vocab < v) v = p->vocab;
+  if (p->n_classes > 0 && p->n_classes < v) v = p->n_classes;
+  return v;
+}
+
 /* tokens("FILE", block = T): an llm.c token file (duet_load_tokens), its ids
- * checked against the model's vocabulary (the classes of its cross_entropy),
- * then split and windowed as text is. */
+ * checked against the model's vocabulary (token_limit), then split and
+ * windowed as text is. */
 static int load_tokens(TextData *td, const char *path, int64_t block, int vocab, char *err, size_t errlen) {
   memset(td, 0, sizeof *td);
   if (duet_load_tokens(path, vocab, &td->tokens, &td->n, err, errlen)) return -1;
@@ -1536,7 +1546,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     return 1;
   }
   bool toks = cfg.data == DUET_DATA_TOKENS;
-  if (toks ? load_tokens(&td, cfg.data_path, cfg.block, p->n_classes, err, sizeof err)
+  if (toks ? load_tokens(&td, cfg.data_path, cfg.block, token_limit(p), err, sizeof err)
            : load_text(&td, cfg.data_path, cfg.block, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
@@ -1799,7 +1809,7 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
   if (rank_view(p, &cfg) < 0) return 1;
   if (cfg.data == DUET_DATA_TOKENS) {
     int64_t n;
-    if (duet_load_tokens(cfg.data_path, p->n_classes > 0 ? p->n_classes : 65536, NULL, &n, err, sizeof err) ||
+    if (duet_load_tokens(cfg.data_path, token_limit(p), NULL, &n, err, sizeof err) ||
         text_too_short_unit(cfg.data_path, n, cfg.block, "tokens", err, sizeof err)) {
       fprintf(stderr, "duet: error: %s\n", err);
       return 1;
