@@ -1203,17 +1203,25 @@ static int npy_load_sets(const DuetProgram *p, const DuetConfig *cfg, DuetDatase
     memcpy(val->y, (char *)train->y + (size_t)(n_train * ey) * 4, (size_t)(n_val * ey) * 4);
     train->n = n_train;
   }
-  if (p->n_classes && ty->dtype == DUET_I32 && ty->rank == 1)
-    for (int k = 0; k < 2; k++)
-      for (int64_t i = 0; i < sets[k]->n; i++) {
-        int32_t c = ((const int32_t *)sets[k]->y)[i];
-        if (c < 0 || c >= p->n_classes) {
-          snprintf(err, errlen, "%s: label %d of sample %" PRId64 " is outside the model's %d classes",
-                   k == 0 ? cfg->data_y : cfg->val_y ? cfg->val_y : cfg->data_y, c,
-                   k == 1 && cfg->val_fraction > 0 ? i + n_train : i, p->n_classes);
+  /* i32 labels against the classes, i32 inputs against the embedding rows */
+  for (int k = 0; k < 2; k++)
+    for (int w = 0; w < 2; w++) {
+      const DuetTensor *t = w ? ty : tx;
+      int limit = w ? p->n_classes : p->vocab;
+      int64_t e = w ? ey : ex;
+      if (t->dtype != DUET_I32 || limit <= 0) continue;
+      const int32_t *v = w ? sets[k]->y : sets[k]->x;
+      for (int64_t i = 0; i < sets[k]->n * e; i++)
+        if (v[i] < 0 || v[i] >= limit) {
+          const char *file = k == 0 ? (w ? cfg->data_y : cfg->data_path)
+                                    : (w ? (cfg->val_y ? cfg->val_y : cfg->data_y)
+                                         : (cfg->val_x ? cfg->val_x : cfg->data_path));
+          snprintf(err, errlen, "%s: %s %d of sample %" PRId64 " is outside the model's %d %s", file,
+                   w ? "label" : "index", v[i], i / e + (k == 1 && cfg->val_fraction > 0 ? n_train : 0), limit,
+                   w ? "classes" : "embedding rows");
           return -1;
         }
-      }
+    }
   return 0;
 }
 

@@ -125,5 +125,39 @@ model e "npy(\"$d/x_train.npy\", \"$d/y_big.npy\")"
 "$DUET" run "$d/e.model" --threads 1 > /dev/null 2> "$d/e.err" && bad "accepted labels 10"
 [ "$(cat "$d/e.err")" = "duet: error: $d/y_big.npy: label 10 of sample 0 is outside the model's 10 classes" ] && ok ||
   bad "label range: got '$(cat "$d/e.err")'"
+# i32 inputs that index an embedding: ids against its rows, labels of any rank against the classes
+"$PY" -c "
+import numpy as np
+x = np.arange(64 * 4, dtype=np.int32).reshape(64, 4) % 10
+y = (x + 1) % 10
+np.save('$d/ids.npy', x)
+np.save('$d/next.npy', y)
+x[3, 2] = 12
+np.save('$d/ids_big.npy', x)
+y[2, 1] = 11
+np.save('$d/next_big.npy', y.astype(np.int64))
+" || bad "writing the id files"
+lm() { # lm X Y
+  cat > "$d/lm.model" <<M
+model lm
+input idx: i32[batch, 4]
+input targets: i32[batch, 4]
+param table: [10, 10] = normal(0.02)
+loss = cross_entropy(embedding(table, idx), targets)
+train {
+  data = npy("$d/$1", "$d/$2")
+  batch = 8
+  steps = 3
+}
+M
+  "$DUET" run "$d/lm.model" --threads 1 > "$d/lm.out" 2> "$d/lm.err"
+}
+lm ids.npy next.npy && grep -q 'step 3/3' "$d/lm.out" && ok || bad "npy token ids: $(cat "$d/lm.err")"
+lm ids_big.npy next.npy && bad "accepted index 12"
+[ "$(cat "$d/lm.err")" = "duet: error: $d/ids_big.npy: index 12 of sample 3 is outside the model's 10 embedding rows" ] && ok ||
+  bad "index range: got '$(cat "$d/lm.err")'"
+lm ids.npy next_big.npy && bad "accepted label 11"
+[ "$(cat "$d/lm.err")" = "duet: error: $d/next_big.npy: label 11 of sample 2 is outside the model's 10 classes" ] && ok ||
+  bad "label range (rank 2): got '$(cat "$d/lm.err")'"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
