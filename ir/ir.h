@@ -281,14 +281,17 @@ struct Value {
 /* ---------------------------------------------------- training settings */
 
 typedef enum OptimKind { OPTIM_ADAMW, OPTIM_SGD } OptimKind;
-typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST, DATA_TEXT } DataKind;
+typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST, DATA_TEXT, DATA_NPY, DATA_TOKENS } DataKind;
 
 /* The `train { }` section, after defaults.  Sources of defaults: PyTorch's
  * torch.optim.AdamW (betas 0.9, 0.999, eps 1e-8, weight_decay 0.01) and
  * torch.optim.SGD (momentum 0, weight_decay 0). */
 typedef struct TrainSpec {
   DataKind data;
-  const char *data_path;
+  const char *data_path;  /* npy: the x file */
+  const char *data_y;     /* npy: the y file */
+  const char *val_x, *val_y; /* npy: validation files (NULL: none, or val_fraction) */
+  double val_fraction;    /* npy: the last fraction of the samples validates (0: none) */
   OptimKind optimizer;
   double lr, weight_decay, beta1, beta2, eps, momentum;
   int64_t batch;
