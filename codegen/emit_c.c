@@ -1083,6 +1083,9 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   }
   write_bytes(out, "model_name", p->model_name);
   write_bytes(out, "data_path", p->defaults.data_path);
+  if (p->defaults.data_y) write_bytes(out, "data_y", p->defaults.data_y);
+  if (p->defaults.val_x) write_bytes(out, "val_x", p->defaults.val_x);
+  if (p->defaults.val_y) write_bytes(out, "val_y", p->defaults.val_y);
   if (p->defaults.devices) write_bytes(out, "devices", p->defaults.devices);
   fprintf(out, "static const DuetTensor tensors[] = {\n");
   for (int i = 0; i < p->n_tensors; i++) {
@@ -1179,6 +1182,7 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   fprintf(out, "  .train = train_steps, .eval = eval_steps, .grad = grad_steps,\n");
   fprintf(out, "  .input_x = %d, .input_y = %d, .loss = %d, .metrics = %d, .logits = %d, .n_classes = %d,\n",
           p->input_x, p->input_y, p->loss, p->metrics, p->logits, p->n_classes);
+  if (p->vocab) fprintf(out, "  .vocab = %d,\n", p->vocab);
   fprintf(out, "  .region_bytes = {");
   for (int r = 0; r < DUET_MEM_COUNT; r++) fprintf(out, "%" PRId64 ", ", p->region_bytes[r]);
   fprintf(out, "}, .gemm_flops = %" PRId64 ", .decode = %d, .context = %" PRId64 ",\n", p->gemm_flops, p->decode,
@@ -1206,6 +1210,9 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
             p->cuda_n_fns);
   fprintf(out, "  .defaults = {.data = %d, .data_path = data_path, .optimizer = %d,%s\n", c->data, c->optimizer,
           c->devices ? " .devices = devices," : "");
+  if (c->data_y || c->val_x || c->val_y || c->val_fraction)
+    fprintf(out, "    .data_y = %s, .val_x = %s, .val_y = %s, .val_fraction = %.17g,\n", c->data_y ? "data_y" : "NULL",
+            c->val_x ? "val_x" : "NULL", c->val_y ? "val_y" : "NULL", c->val_fraction);
   fprintf(out, "    .lr = %.17g, .weight_decay = %.17g, .beta1 = %.17g, .beta2 = %.17g, .eps = %.17g,\n", c->lr,
           c->weight_decay, c->beta1, c->beta2, c->eps);
   fprintf(out, "    .momentum = %.17g, .batch = %" PRId64 ", .epochs = %" PRId64 ", .steps = %" PRId64

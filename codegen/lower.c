@@ -665,6 +665,11 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_EMBEDDING:
     case OP_EMBEDDING_GRAD:
       st.kernel = lower_embedding(&L, v);
+      if (v->op == OP_EMBEDDING && v->in[1]->op == OP_INPUT) { /* a data input indexes this table */
+        int64_t rows = v->in[0]->shape.dim[0];
+        int r = rows > INT32_MAX ? INT32_MAX : (int)rows;
+        if (!p->vocab || r < p->vocab) p->vocab = r;
+      }
       break;
     case OP_NORM:
     case OP_NORM_GRAD: {
@@ -920,11 +925,17 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   DuetConfig *c = &p->defaults;
   c->data = t->data == DATA_FASHION_MNIST ? DUET_DATA_FASHION_MNIST
           : t->data == DATA_TEXT        ? DUET_DATA_TEXT
+          : t->data == DATA_NPY         ? DUET_DATA_NPY
+          : t->data == DATA_TOKENS      ? DUET_DATA_TOKENS
                                         : DUET_DATA_NONE;
   c->block = t->block;
   c->eval_every = t->eval_every;
   c->eval_batches = t->eval_batches;
   c->data_path = t->data_path;
+  c->data_y = t->data_y;
+  c->val_x = t->val_x;
+  c->val_y = t->val_y;
+  c->val_fraction = t->val_fraction;
   c->optimizer = t->optimizer == OPTIM_SGD ? DUET_OPTIM_SGD : DUET_OPTIM_ADAMW;
   c->lr = t->lr;
   c->weight_decay = t->weight_decay;

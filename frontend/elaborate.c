@@ -1264,19 +1264,42 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
     for (Node *o = n->body.head; o != kv; o = o->next)
       if (!strcmp(o->name, k)) diag_error(e->d, kv->loc, "train key `%s` is set twice", k);
     const Node *v = kv->a;
-    if (!strcmp(k, "data") && v->kind == N_CALL && !strcmp(v->name, "text")) {
-      /* text("FILE", block = T): byte-level windows of T tokens */
+    if (!strcmp(k, "data") && v->kind == N_CALL && (!strcmp(v->name, "text") || !strcmp(v->name, "tokens"))) {
+      /* text("FILE", block = T): byte-level windows of T tokens; tokens("FILE", block = T): llm.c token files */
       static const char *const text_args[] = {"path", "block"};
       EVal a[2];
       bool given[2];
       bind_args(e, s, v, text_args, 2, 2, a, given);
-      if (a[0].kind != EV_STR) diag_error(e->d, a[0].loc, "text: the path must be a string");
-      t->data = DATA_TEXT;
+      if (a[0].kind != EV_STR) diag_error(e->d, a[0].loc, "%s: the path must be a string", v->name);
+      t->data = !strcmp(v->name, "text") ? DATA_TEXT : DATA_TOKENS;
       t->data_path = a[0].str;
       t->block = want_int(e, a[1], "block", 1);
+    } else if (!strcmp(k, "data") && v->kind == N_CALL && !strcmp(v->name, "npy")) {
+      /* npy("X", "Y", val_fraction = F | val_x = "VX", val_y = "VY"): NumPy arrays, samples on axis 0 */
+      static const char *const npy_args[] = {"x", "y", "val_fraction", "val_x", "val_y"};
+      EVal a[5];
+      bool given[5];
+      bind_args(e, s, v, npy_args, 5, 2, a, given);
+      for (int i = 0; i < 5; i++)
+        if (given[i] && i != 2 && a[i].kind != EV_STR)
+          diag_error(e->d, a[i].loc, "npy: `%s` must be a string (a file path)", npy_args[i]);
+      t->data = DATA_NPY;
+      t->data_path = a[0].str;
+      t->data_y = a[1].str;
+      if (given[2]) {
+        if (given[3] || given[4])
+          diag_error(e->d, a[2].loc, "npy: give either val_fraction or val_x and val_y, not both");
+        t->val_fraction = want_num(e, a[2], "val_fraction");
+        if (!(t->val_fraction > 0 && t->val_fraction < 1))
+          diag_error(e->d, a[2].loc, "npy: val_fraction must be between 0 and 1 (exclusive), got %g", t->val_fraction);
+      }
+      if (given[3] != given[4])
+        diag_error(e->d, v->loc, "npy: val_x and val_y go together (the validation inputs and their targets)");
+      if (given[3]) t->val_x = a[3].str, t->val_y = a[4].str;
     } else if (!strcmp(k, "data")) {
       if ((v->kind != N_CALL && v->kind != N_IDENT) || strcmp(v->name, "fashion_mnist"))
-        diag_error(e->d, v->loc, "unknown data source; expected fashion_mnist(\"DIR\") or text(\"FILE\", block = T)");
+        diag_error(e->d, v->loc, "unknown data source; expected fashion_mnist(\"DIR\"), text(\"FILE\", block = T), "
+                   "tokens(\"FILE\", block = T) or npy(\"X.npy\", \"Y.npy\")");
       t->data = DATA_FASHION_MNIST;
       t->data_path = "/usr/share/datasets/fashion-mnist";
       if (v->kind == N_CALL && v->args.n > 1)
@@ -1411,16 +1434,29 @@ static void read_prune(Elab *e, Scope *s, const Node *n, PruneSpec *p) {
 static void check_data_inputs(Elab *e, Loc model_loc) {
   TrainSpec *t = &e->g->train;
   char b[160];
-  if (t->data == DATA_TEXT) {
+  if (t->data == DATA_TEXT || t->data == DATA_TOKENS) {
+    const char *src = t->data == DATA_TEXT ? "text" : "tokens";
     if (e->n_inputs != 2)
       diag_error(e->d, e->n_inputs ? e->inputs[0]->loc : model_loc,
-                 "text feeds two inputs (tokens and next tokens, i32[batch,%lld]); the model declares %d",
+                 "%s feeds two inputs (tokens and next tokens, i32[batch,%lld]); the model declares %d", src,
                  (long long)t->block, e->n_inputs);
     for (int i = 0; i < 2; i++) {
       Value *x = e->inputs[i];
       if (x->dtype != DT_I32 || x->shape.rank != 2 || x->shape.dim[0] != t->batch || x->shape.dim[1] != t->block)
-        diag_error(e->d, x->loc, "text windows are i32[%lld,%lld] (batch, block); `%s` is %s%s", (long long)t->batch,
+        diag_error(e->d, x->loc, "%s windows are i32[%lld,%lld] (batch, block); `%s` is %s%s", src, (long long)t->batch,
                    (long long)t->block, x->attr.name, dtype_name(x->dtype), shape_str(&x->shape, b, sizeof b));
+    }
+    return;
+  }
+  if (t->data == DATA_NPY) {
+    if (e->n_inputs != 2)
+      diag_error(e->d, e->n_inputs ? e->inputs[0]->loc : model_loc,
+                 "npy feeds two inputs (the samples of x.npy and of y.npy); the model declares %d", e->n_inputs);
+    for (int i = 0; i < 2; i++) {
+      Value *x = e->inputs[i];
+      if ((x->dtype != DT_F32 && x->dtype != DT_I32) || x->shape.rank < 1 || x->shape.dim[0] != t->batch)
+        diag_error(e->d, x->loc, "npy feeds f32 or i32 inputs [%lld, ...] (batch first); `%s` is %s%s",
+                   (long long)t->batch, x->attr.name, dtype_name(x->dtype), shape_str(&x->shape, b, sizeof b));
     }
     return;
   }

@@ -1289,10 +1289,23 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
 /* The train section, with the key names of the .model language. */
 static void print_train(const TrainSpec *t, FILE *out) {
   fputs("train {\n", out);
-  if (t->data == DATA_FASHION_MNIST || t->data == DATA_TEXT) {
-    fprintf(out, "  data = %s(", t->data == DATA_TEXT ? "text" : "fashion_mnist");
+  if (t->data == DATA_FASHION_MNIST || t->data == DATA_TEXT || t->data == DATA_TOKENS) {
+    fprintf(out, "  data = %s(", t->data == DATA_TEXT ? "text" : t->data == DATA_TOKENS ? "tokens" : "fashion_mnist");
     print_string(t->data_path ? t->data_path : "", out);
-    if (t->data == DATA_TEXT) fprintf(out, ", block = %" PRId64, t->block);
+    if (t->data != DATA_FASHION_MNIST) fprintf(out, ", block = %" PRId64, t->block);
+    fputs(")\n", out);
+  } else if (t->data == DATA_NPY) {
+    fputs("  data = npy(", out);
+    print_string(t->data_path ? t->data_path : "", out);
+    fputs(", ", out);
+    print_string(t->data_y ? t->data_y : "", out);
+    if (t->val_fraction > 0) fprintf(out, ", val_fraction = %s", NUM(t->val_fraction));
+    if (t->val_x) {
+      fputs(", val_x = ", out);
+      print_string(t->val_x, out);
+      fputs(", val_y = ", out);
+      print_string(t->val_y ? t->val_y : "", out);
+    }
     fputs(")\n", out);
   }
   if (t->optimizer == OPTIM_SGD)

@@ -281,7 +281,7 @@ struct Value {
 /* ---------------------------------------------------- training settings */
 
 typedef enum OptimKind { OPTIM_ADAMW, OPTIM_SGD } OptimKind;
-typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST, DATA_TEXT } DataKind;
+typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST, DATA_TEXT, DATA_NPY, DATA_TOKENS } DataKind;
 /* Learning-rate schedules (numbering shared with the runtime's DUET_LR_*;
  * formulas at duet_lr_at in runtime/duet_rt.h). */
 typedef enum LrSchedule { LR_CONSTANT, LR_COSINE, LR_LINEAR } LrSchedule;
@@ -291,7 +291,10 @@ typedef enum LrSchedule { LR_CONSTANT, LR_COSINE, LR_LINEAR } LrSchedule;
  * torch.optim.SGD (momentum 0, weight_decay 0). */
 typedef struct TrainSpec {
   DataKind data;
-  const char *data_path;
+  const char *data_path;  /* npy: the x file */
+  const char *data_y;     /* npy: the y file */
+  const char *val_x, *val_y; /* npy: validation files (NULL: none, or val_fraction) */
+  double val_fraction;    /* npy: the last fraction of the samples validates (0: none) */
   OptimKind optimizer;
   double lr, weight_decay, beta1, beta2, eps, momentum;
   int64_t batch;

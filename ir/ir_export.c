@@ -364,10 +364,17 @@ static void json_attrs(J *j, cJSON *o, const Value *v) {
 }
 
 static void json_train(J *j, cJSON *o, const TrainSpec *t) {
-  if (t->data == DATA_FASHION_MNIST || t->data == DATA_TEXT) {
-    jstr(j, o, "data", t->data == DATA_TEXT ? "text" : "fashion_mnist");
+  if (t->data == DATA_FASHION_MNIST || t->data == DATA_TEXT || t->data == DATA_TOKENS) {
+    jstr(j, o, "data", t->data == DATA_TEXT ? "text" : t->data == DATA_TOKENS ? "tokens" : "fashion_mnist");
     jstr(j, o, "data_path", t->data_path ? t->data_path : "");
-    if (t->data == DATA_TEXT) jint(j, o, "block", t->block);
+    if (t->data != DATA_FASHION_MNIST) jint(j, o, "block", t->block);
+  } else if (t->data == DATA_NPY) {
+    jstr(j, o, "data", "npy");
+    jstr(j, o, "data_path", t->data_path ? t->data_path : "");
+    jstr(j, o, "data_y", t->data_y ? t->data_y : "");
+    if (t->val_fraction > 0) jnum(j, o, "val_fraction", t->val_fraction);
+    if (t->val_x) jstr(j, o, "val_x", t->val_x);
+    if (t->val_y) jstr(j, o, "val_y", t->val_y);
   } else {
     jnull(j, o, "data");
   }

@@ -1151,12 +1151,36 @@ static void train_line(Parser *P) {
   const char *va = P->p;
   switch (i) {
   case 0: { /* data */
-    const char *src = want_word(P, "fashion_mnist(\"DIR\") or text(\"FILE\", block = T)");
-    bool text = !strcmp(src, "text");
+    const char *src = want_word(P, "fashion_mnist(\"DIR\"), text(\"FILE\", block = T) or npy(\"X\", \"Y\")");
+    bool tokens = !strcmp(src, "tokens"), text = tokens || !strcmp(src, "text");
+    if (!strcmp(src, "npy")) { /* npy("X", "Y"[, val_fraction = F][, val_x = "VX", val_y = "VY"]) */
+      expect(P, '(', "'(' and the x path");
+      t->data = DATA_NPY;
+      t->data_path = string(P, "the x path");
+      expect(P, ',', "',' and the y path");
+      t->data_y = string(P, "the y path");
+      while (accept(P, ',')) {
+        ws(P);
+        const char *ka2 = P->p;
+        const char *w = want_word(P, "val_fraction, val_x or val_y");
+        expect(P, '=', "'='");
+        if (!strcmp(w, "val_fraction")) {
+          t->val_fraction = number(P, "val_fraction");
+          if (!(t->val_fraction > 0 && t->val_fraction < 1))
+            FAIL(ka2, "val_fraction must be between 0 and 1 (exclusive)");
+        } else if (!strcmp(w, "val_x")) t->val_x = string(P, "the val_x path");
+        else if (!strcmp(w, "val_y")) t->val_y = string(P, "the val_y path");
+        else FAIL(ka2, "npy has no argument `%s` (val_fraction, val_x, val_y)", w);
+      }
+      if (!t->val_x != !t->val_y || (t->val_x && t->val_fraction > 0))
+        FAIL(va, "npy takes val_fraction, or val_x and val_y together");
+      expect(P, ')', "')'");
+      break;
+    }
     if (!text && strcmp(src, "fashion_mnist"))
-      FAIL(va, "unknown data source `%s`; expected fashion_mnist(\"DIR\") or text(\"FILE\", block = T)", src);
+      FAIL(va, "unknown data source `%s`; expected fashion_mnist(\"DIR\"), text(\"FILE\", block = T) or npy(\"X\", \"Y\")", src);
     expect(P, '(', "'(' and the path");
-    t->data = text ? DATA_TEXT : DATA_FASHION_MNIST;
+    t->data = tokens ? DATA_TOKENS : text ? DATA_TEXT : DATA_FASHION_MNIST;
     t->data_path = string(P, "the path");
     if (text) {
       expect(P, ',', "',' and block = T");
@@ -1512,7 +1536,7 @@ static void check_devices(Parser *P) {
 static void check_inputs(Parser *P) {
   Graph *g = P->g;
   const TrainSpec *t = &g->train;
-  if (g->decode || (t->data != DATA_TEXT && t->data != DATA_FASHION_MNIST)) return;
+  if (g->decode || (t->data != DATA_TEXT && t->data != DATA_TOKENS && t->data != DATA_FASHION_MNIST)) return;
   Value *in[2] = {NULL, NULL};
   int n = 0;
   for (int i = 0; i < g->n_values; i++)
@@ -1521,7 +1545,7 @@ static void check_inputs(Parser *P) {
       n++;
     }
   Loc where = n ? in[0]->loc : (Loc){P->src, P->train_line, 1};
-  if (t->data == DATA_TEXT) {
+  if (t->data == DATA_TEXT || t->data == DATA_TOKENS) {
     if (n != 2) fail_loc(P, where, "text feeds two inputs (tokens and next tokens, i32[batch,block]); the graph has %d", n);
     for (int i = 0; i < 2; i++) {
       Value *x = in[i];

@@ -12,9 +12,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 7 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
-                                * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig lr schedule, clipping;
-                                * DuetProgram clipping */
+#define DUET_RT_API_VERSION 8 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+                                * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
+                                * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -95,7 +95,7 @@ enum {
 
 typedef void (*DuetKernelFn)(void *const *t, const double *s);
 
-enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1, DUET_DATA_TEXT = 2 };
+enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1, DUET_DATA_TEXT = 2, DUET_DATA_NPY = 3, DUET_DATA_TOKENS = 4 };
 enum { DUET_OPTIM_ADAMW = 0, DUET_OPTIM_SGD = 1 };
 
 /* The most threads --threads may ask for (a larger value is an error, not
@@ -124,7 +124,10 @@ int duet_parse_zero(const char *val, int *out);
  * overridden by command-line flags. */
 typedef struct DuetConfig {
   int data;
-  const char *data_path;
+  const char *data_path;   /* the directory (fashion_mnist), the file (text), the x file (npy) */
+  const char *data_y;      /* npy: the y file */
+  const char *val_x, *val_y; /* npy: validation files (NULL: none, or val_fraction) */
+  double val_fraction;     /* npy: the last fraction of the samples validates (0: none) */
   int optimizer;
   double lr, weight_decay, beta1, beta2, eps, momentum;
   int64_t batch, epochs, steps, log_every;
@@ -256,6 +259,8 @@ typedef struct DuetProgram {
   int decode;            /* compiled for generation: inputs hold one token, attention uses caches */
   int64_t context;       /* decode: positions the caches hold */
   int n_classes;         /* logits' second dimension, 0 if no classifier */
+  int vocab;             /* rows of the smallest embedding table a data input indexes, 0 if none
+                          * (tokens data: every id must be below it and below n_classes) */
   int64_t region_bytes[DUET_MEM_COUNT];
   int64_t gemm_flops;    /* per training step, 2*m*n*k summed */
   int gemm_accumulate_f16; /* --gemm-accumulate fp16: fp16 GEMMs accumulate in fp16 (CUDA only:
@@ -795,12 +800,16 @@ int duet_threads_per_device(const DuetConfig *cfg, int n_stages);
 /* ----------------------------------------------------------------- data */
 
 /* A labelled image set: `images` f32 [n, rows*cols] scaled to [0, 1],
- * `labels` i32 [n]. */
+ * `labels` i32 [n]; or (npy data, images and labels NULL) n samples of the
+ * two inputs in their own dtypes (f32 or i32: 4 bytes an element), x_elems
+ * and y_elems elements a sample. */
 typedef struct DuetDataset {
   int64_t n;
   int rows, cols;
   float *images;
   int32_t *labels;
+  void *x, *y;
+  int64_t x_elems, y_elems;
 } DuetDataset;
 /* Loads an IDX image/label file pair (gzip-compressed, as Debian's
  * dataset-fashion-mnist ships them; format: LeCun et al., "THE MNIST
@@ -822,6 +831,54 @@ typedef struct DuetIdxInfo {
  * Fills *info (may be NULL).  Returns 0, or -1 with a message in err. */
 int duet_check_idx(const char *images_path, const char *labels_path, DuetIdxInfo *info, char *err, size_t errlen);
 void duet_dataset_free(DuetDataset *ds);
+
+/* An llm.c token file (karpathy/llm.c, dev/data/data_common.py,
+ * write_datafile): 256 little-endian int32 of header ([0] magic 20240520,
+ * [1] version 1, [2] the token count), then that many little-endian uint16
+ * token ids.  Reads it whole; *n receives the count and *tokens (unless
+ * tokens is NULL: a check only) the ids, malloc'ed.  0, or -1 with a
+ * one-line message naming the file: it does not open, is shorter than the
+ * header, has another magic or version, holds other than 2 x count bytes
+ * after the header (truncated, extra), or a token id >= vocab (its index
+ * and byte offset). */
+int duet_load_tokens(const char *path, int vocab, uint16_t **tokens, int64_t *n, char *err, size_t errlen);
+
+/* NumPy .npy files (runtime/npy.c; format: numpy.lib.format, NEP 1):
+ * versions 1.0, 2.0 and 3.0, C order, dtypes '<f4', '<i4', '<i8', '|u1'. */
+enum { DUET_NPY_F4 = 1, DUET_NPY_I4 = 2, DUET_NPY_I8 = 3, DUET_NPY_U1 = 4 };
+#define DUET_NPY_MAX_HEADER (1 << 20) /* bytes of header dict duet reads */
+typedef struct DuetNpyInfo {
+  int dtype, itemsize;          /* DUET_NPY_*, bytes per element */
+  int rank;                     /* 1..DUET_MAX_RANK: axis 0 counts the samples */
+  int64_t shape[DUET_MAX_RANK];
+  int64_t data_offset, data_bytes; /* where the array starts; its size from the shape */
+} DuetNpyInfo;
+/* Parses the first len bytes of a .npy file (the preamble and the header
+ * dict; the data need not be there).  0, or -1 with a one-line message in
+ * err (no path): bad magic, unsupported version, a header longer than the
+ * bytes given (truncated), a header that is not a dict literal with exactly
+ * the keys 'descr', 'fortran_order' and 'shape', an unsupported descr,
+ * fortran_order True, a 0-d array, more than DUET_MAX_RANK axes. */
+int duet_npy_parse_header(const unsigned char *buf, size_t len, DuetNpyInfo *info, char *err, size_t errlen);
+/* Opens path, parses its header and checks that the file holds exactly the
+ * bytes its shape and dtype need.  0, or -1 with "PATH: ..." in err. */
+int duet_npy_check(const char *path, DuetNpyInfo *info, char *err, size_t errlen);
+/* Checks a file's samples (axes 1..) against input tensor t (axis 0 is the
+ * batch): the same per-sample shape, and a dtype it converts from: f32 from
+ * '<f4' or '|u1' (the byte's value, 0..255, not scaled), i32 from '<i4',
+ * '<i8' (each value range-checked on loading) or '|u1'.  0, or -1 with the
+ * message in err (`input`: the input's name). */
+int duet_npy_match(const DuetNpyInfo *info, const char *path, const DuetTensor *t, const char *input, char *err,
+                   size_t errlen);
+/* Loads a whole file as the f32 or i32 elements of input t (checked as
+ * duet_npy_check and duet_npy_match do): *out (malloc'ed, *n samples of
+ * t's per-sample size) or -1 with the message. */
+int duet_npy_load(const char *path, const DuetTensor *t, const char *input, int64_t *n, void **out, char *err,
+                  size_t errlen);
+/* The .npy descr string of a DUET_NPY_* dtype ("<f4"). */
+const char *duet_npy_descr(int dtype);
+/* The shape's axes from..rank as a Python tuple "(28, 28)", "(10,)", "()". */
+char *duet_npy_shape_str(const DuetNpyInfo *info, int from, char *buf, size_t n);
 
 /* The whole file at `path` in one malloc'ed buffer, NUL-terminated after its
  * *len bytes.  NULL on failure with errno set: fopen's errno when the file
@@ -984,8 +1041,8 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
  * DuetProgram and DuetConfig gained the data-parallel fields; 5: the plugin
  * makes NCCL collectives, duet_cuda_plugin_nccl, over runtime/collective.h's
  * DuetColl; 6: DuetProgram gained prune; 7: DuetProgram gained source_hash,
- * DuetCollOps progress and stats; 8: DuetProgram gained zero and the clipping
- * tables, DuetConfig zero, the schedule and clipping). */
+ * DuetCollOps progress and stats; 8: DuetProgram gained zero, vocab and the clipping
+ * tables, DuetConfig zero, the npy fields, the schedule and clipping). */
 #define DUET_CUDA_PLUGIN_API 8
 
 /* The CUDA device `ordinal` for program p: loads libduet_cuda.so
