@@ -696,6 +696,8 @@ static int cmd_run(int argc, char **argv) {
     compiled_free(&c);
     return 1;
   }
+  /* --clip-grad-norm: the clipping kernels are generated (lower_clip) */
+  if (probe.clip_grad_norm > 0) c.g->train.clip_grad_norm = probe.clip_grad_norm;
   /* the GPU runs the CUDA C; the C kernels are needed only for CPU devices */
   bool all_cuda = duet_devices_all_cuda(probe.devices);
   CgProgram *cp = lower_program(&c, all_cuda || (probe.devices && strstr(probe.devices, "cuda")));
@@ -725,7 +727,7 @@ static int bad_argument(const char *cmd, int argc, char **argv, int i) {
                                            "--threads", "--precision", "--arch", "--after", "--format", "--checkpoint",
                                            "--prompt", "--tokens", "--temperature", "--top-k", "--seed",
                                            "--gemm-accumulate", "--start-after", "--data-parallel", "--bucket-mb",
-                                           "--zero"};
+                                           "--zero", "--clip-grad-norm"};
   for (size_t k = 0; k < sizeof with_value / sizeof *with_value && i + 1 == argc; k++)
     if (!strcmp(argv[i], with_value[k])) {
       fprintf(stderr, "duet: error: %s needs a value (see duet %s --help)\n", argv[i], cmd);
@@ -738,15 +740,21 @@ static int bad_argument(const char *cmd, int argc, char **argv, int i) {
 static int cmd_compile(int argc, char **argv) {
   const char *model = NULL, *out = NULL;
   int64_t batch = 0;
+  double clip = 0; /* --clip-grad-norm: 0, the train section's */
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]\n"
-             "                    [--data-parallel N] [--bucket-mb X] [--zero 0|1]\n"
+             "                    [--data-parallel N] [--bucket-mb X] [--zero 0|1] [--clip-grad-norm X]\n"
              "Writes a standalone training executable (generated C compiled and linked\n"
-             "against the duet runtime).  EXE takes the same flags as `duet run`.\n"
-             "Also: --schedule gpipe|1f1b, --threads N (for the partition's cost model),\n"
-             "--precision auto|fp32|fp16|bf16 (fixed in the executable, as are the batch, the\n"
-             "micro-batches, --data-parallel and --bucket-mb), --recompute none|blocks|auto.\n");
+             "against the duet runtime).  EXE takes the run-time flags of `duet run`\n"
+             "(--steps, --lr, --lr-schedule, --warmup, --min-lr, --seed, --data, --save, ...);\n"
+             "the compile-time ones (--precision, --gemm-accumulate, --batch, --micro-batches,\n"
+             "--data-parallel, --bucket-mb, the --prune flags) only with their compiled value,\n"
+             "any other is answered \"fixed at compile time: VALUE\" (EXE --help lists them).\n"
+             "--clip-grad-norm X compiles the gradient clipping kernels (X: the default limit,\n"
+             "EXE --clip-grad-norm changes it).  Also: --schedule gpipe|1f1b, --threads N (for\n"
+             "the partition's cost model), --precision auto|fp32|fp16|bf16, the --prune flags,\n"
+             "--recompute none|blocks|auto.\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
@@ -754,6 +762,11 @@ static int cmd_compile(int argc, char **argv) {
       i++; /* read by par_opts */
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
       batch = scan_batch(2, argv + i);
+      i++;
+    } else if (!strcmp(argv[i], "--clip-grad-norm") && i + 1 < argc) {
+      DuetConfig probe = {0}; /* checked as duet run checks it */
+      if (duet_parse_flags(&probe, 0, 2, argv + i)) return 1;
+      clip = probe.clip_grad_norm;
       i++;
     } else if (argv[i][0] != '-' && !model) {
       model = argv[i];
@@ -810,6 +823,7 @@ static int cmd_compile(int argc, char **argv) {
     compiled_free(&c);
     return 1;
   }
+  if (clip > 0) c.g->train.clip_grad_norm = clip; /* the clipping kernels, and the default limit */
   CgProgram *cp = codegen_lower(c.g, c.arena);
   /* the executable runs on the devices it was compiled for unless given --devices */
   if (po.devices) cp->prog.defaults.devices = arena_printf(c.arena, "%s", po.devices);

@@ -125,6 +125,10 @@ typedef enum KernelKind {
   KK_ROPE,        /* bufs: x, y [batch, time, cols]: pairs (2i, 2i+1) of each head turned by
                    * (s[POS] + t) base^(-2i/D); inverse: the opposite angle */
   KK_MSE,         /* bufs: pred, target [n], out []: scale * sum (pred - target)^2 */
+  KK_SUMSQ,       /* bufs: g (f32 or f64) [n]; sum of g^2 in double, in a fixed order, to the double
+                   * at word duet_clip_word(slot) of t[n_tensors] (gradient clipping) */
+  KK_CLIP_SCALE,  /* bufs: g [n] *= the double at word duet_clip_word(slot) of t[n_tensors], rounded to
+                   * g's dtype first (torch's g.mul_(clip_coef) with an f32 coefficient) */
 } KernelKind;
 
 typedef struct Kernel {
@@ -148,7 +152,8 @@ typedef struct Kernel {
   bool inverse;              /* KK_ROPE: the gradient (turns the other way) */
   Shape xs, ys;              /* KK_IM2COL .. KK_AVGPOOL_GRAD: [N,C,H,W] and [N,C,OH,OW] */
   int64_t win[8];            /* kh, kw, sh, sw, ph, pw, dh, dw */
-  int slot;                  /* KK_UNSCALE */
+  int slot;                  /* KK_UNSCALE: flag; KK_SUMSQ, KK_CLIP_SCALE: word of the double
+                              * in the flags buffer (duet_clip_word) */
 } Kernel;
 
 /* A lowered model: the runtime program (tables allocated in the arena) and

@@ -878,6 +878,38 @@ static void emit_unscale(Buf *b, const Kernel *k) {
   bprintf(b, "  *overflow = bad;\n");
 }
 
+/* Gradient clipping: the sum of squares of g in double, over at most 64
+ * chunks of consecutive elements (each summed in order, in parallel), the
+ * chunks' sums then added in order: the same bits whatever the thread
+ * count.  Squares of f32 values are exact in double; the sum of n terms
+ * errs by at most gamma_{n-1} sum g^2, gamma_k = k 2^-53 / (1 - k 2^-53)
+ * (Higham, "Accuracy and Stability of Numerical Algorithms", sec. 4.2). */
+static void emit_sumsq(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  int64_t n = k->n, nch = n / 16384 + 1;
+  if (nch > 64) nch = 64;
+  bprintf(b, "  const %s *x = (const %s *)t[0];\n  double *out = (double *)t[1]; /* in the flags buffer */\n", T, T);
+  bprintf(b, "  double part[%" PRId64 "];\n", nch);
+  if (nch > 1) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t c = 0; c < %" PRId64 "; c++) {\n    double acc = 0;\n", nch);
+  bprintf(b, "    for (int64_t r = %" PRId64 " * c / %" PRId64 "; r < %" PRId64 " * (c + 1) / %" PRId64 "; r++) {\n", n,
+          nch, n, nch);
+  bprintf(b, "      const double v = (double)x[r];\n      acc += v * v;\n    }\n    part[c] = acc;\n  }\n");
+  bprintf(b, "  double tot = 0;\n  for (int64_t c = 0; c < %" PRId64 "; c++) tot += part[c];\n  *out = tot;\n", nch);
+}
+
+/* Gradient clipping: g *= the coefficient (a double in the flags buffer),
+ * rounded to g's dtype first, as torch multiplies an f32 gradient by an f32
+ * clip_coef. */
+static void emit_clip_scale(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  bprintf(b, "  %s *x = (%s *)t[0];\n  const %s c = (%s)*(const double *)t[1]; /* in the flags buffer */\n", T, T, T,
+          T);
+  if (k->n >= PAR_MIN) bprintf(b, "  #pragma omp parallel for simd schedule(static)\n");
+  else bprintf(b, "  #pragma omp simd\n");
+  bprintf(b, "  for (int64_t i = 0; i < %" PRId64 "; i++) x[i] = x[i] * c;\n", k->n);
+}
+
 static void emit_positions(Buf *b, const Kernel *k) {
   bprintf(b, "  int32_t *out = (int32_t *)t[%d];\n", 1);
   bprintf(b, "  const int32_t base = (int32_t)s[%d];\n", DUET_S_POS);
@@ -916,6 +948,8 @@ static void emit_kernel_body(Buf *b, const Kernel *k) {
   case KK_RMSNORM_FWD: case KK_RMSNORM_BWD: emit_rmsnorm(b, k); break;
   case KK_ROPE: emit_rope(b, k); break;
   case KK_MSE: emit_mse(b, k); break;
+  case KK_SUMSQ: emit_sumsq(b, k); break;
+  case KK_CLIP_SCALE: emit_clip_scale(b, k); break;
   case KK_ATTN_BWD_KV: /* the C attention backward computes dq, dk and dv in one kernel */
     bprintf(b, "  (void)t; /* dk, dv: written by the attention backward kernel before this one */\n");
     break;
@@ -1134,6 +1168,11 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
                  ", %d, prune_params};\n", pr->mode, pr->nm_n, pr->nm_m, pr->initial, pr->final, pr->start, pr->end,
             pr->every, pr->n_params);
   }
+  if (p->n_clip > 0) { /* gradient clipping: the gradients and their kernels */
+    write_ints(out, "clip_grad", p->clip_grad, p->n_clip);
+    write_ints(out, "clip_sumsq", p->clip_sumsq, p->n_clip);
+    write_ints(out, "clip_scale", p->clip_scale, p->n_clip);
+  }
   const DuetConfig *c = &p->defaults;
   fprintf(out, "static const DuetProgram program = {\n");
   fprintf(out, "  .api_version = %d, .model_name = model_name, .n_tensors = %d, .tensors = tensors,\n",
@@ -1162,6 +1201,9 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
     fprintf(out, "  .zero = %d, .tensor_shard = tensor_shard, .bucket_params = bucket_params,\n", p->zero);
   fprintf(out, "  .kernel_arg_off = kernel_arg_off, .kernel_args = kernel_args,\n");
   if (p->prune) fprintf(out, "  .prune = &prune,\n");
+  if (p->n_clip > 0)
+    fprintf(out, "  .n_clip = %d, .clip_grad = clip_grad, .clip_sumsq = clip_sumsq, .clip_scale = clip_scale, "
+                 ".clip_from = %d,\n", p->n_clip, p->clip_from);
   if (p->source_hash) fprintf(out, "  .source_hash = 0x%016" PRIx64 "ull,\n", p->source_hash);
   if (p->cuda_source)
     fprintf(out, "  .cuda_source = cuda_source, .cuda_launch = cuda_launch, .cuda_fn = cuda_fn, .cuda_n_fns = %d,\n",
@@ -1177,8 +1219,10 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
                ", .log_every = %" PRId64 ",\n",
           c->momentum, c->batch, c->epochs, c->steps, c->log_every);
   fprintf(out, "    .seed = %" PRIu64 "u, .eval = %d, .block = %" PRId64 ", .eval_every = %" PRId64
-               ", .eval_batches = %" PRId64 "},\n};\n\n",
+               ", .eval_batches = %" PRId64 ",\n",
           c->seed, c->eval, c->block, c->eval_every, c->eval_batches);
+  fprintf(out, "    .lr_schedule = %d, .warmup = %" PRId64 ", .min_lr = %.17g, .clip_grad_norm = %.17g},\n};\n\n",
+          c->lr_schedule, c->warmup, c->min_lr, c->clip_grad_norm);
   /* the checks duet run makes before compiling, before loading data or
    * opening a device (a CUDA device compiles its kernels when opened) */
   fprintf(out, "int main(int argc, char **argv) {\n");

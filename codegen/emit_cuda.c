@@ -164,6 +164,8 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   case KK_TRANSPOSE: l->grid = block_grid(((k->rows + 31) / 32) * ((k->cols + 31) / 32)); break;
   case KK_POSITIONS: l->grid = grid_for(k->rows, EW_BLOCK); break;
   case KK_UNSCALE: l->grid = grid_for(k->n, EW_BLOCK); break;
+  case KK_SUMSQ: l->grid = whole_grid(k->n); break;
+  case KK_CLIP_SCALE: l->grid = grid_for(k->n, EW_BLOCK); break;
   case KK_IM2COL: {
     int64_t n = k->xs.dim[0] * k->ys.dim[2] * k->ys.dim[3] * k->xs.dim[1] * k->win[0] * k->win[1];
     l->grid = grid_for(n, EW_BLOCK);
@@ -736,6 +738,39 @@ static void emit_mse(Buf *b, const Kernel *k) {
   GRID_LOOP(b, "r", k->n);
   bprintf(b, "    const double d = (double)p[r] - (double)q[r];\n    acc += d * d;\n  }\n");
   emit_whole_sum_tail(b, T, k->scale);
+}
+
+/* Gradient clipping: the sum of squares of g in double, spread over the
+ * grid as the whole-tensor sum of emit_reduce (grid-stride sums per
+ * thread, block sums, the last block adding the blocks' partials in a
+ * tree fixed by the launch: deterministic), to the double in the flags
+ * buffer (argument 1). */
+static void emit_sumsq(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  bprintf(b, "  const %s *x = (const %s *)t.p[0];\n", T, T);
+  bprintf(b, "  double *out = (double *)t.p[1]; /* in the flags buffer */\n");
+  bprintf(b, "  __shared__ double red[32];\n  __shared__ int last;\n  double acc = 0;\n");
+  GRID_LOOP(b, "r", k->n);
+  bprintf(b, "    const double v = (double)x[r];\n    acc += v * v;\n  }\n");
+  bprintf(b, "  acc = duet_block_sum(acc, red);\n");
+  bprintf(b, "  if (threadIdx.x == 0) {\n    duet_part" FN "[blockIdx.x] = acc;\n");
+  bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done" FN ", 1u) == gridDim.x - 1;\n  }\n");
+  bprintf(b, "  __syncthreads();\n  if (!last) return;\n  __threadfence();\n");
+  bprintf(b, "  const volatile double *part = duet_part" FN ";\n  double tot = 0;\n");
+  bprintf(b, "  for (unsigned g = threadIdx.x; g < gridDim.x; g += blockDim.x) tot += part[g];\n");
+  bprintf(b, "  tot = duet_block_sum(tot, red);\n");
+  bprintf(b, "  if (threadIdx.x == 0) {\n    *out = tot;\n");
+  bprintf(b, "    duet_done" FN " = 0; /* ready for the next launch */\n  }\n");
+}
+
+/* Gradient clipping: g *= the coefficient (a double in the flags buffer,
+ * argument 1), rounded to g's dtype first, as the C emitter. */
+static void emit_clip_scale(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  bprintf(b, "  %s *x = (%s *)t.p[0];\n  const %s c = (%s)*(const double *)t.p[1]; /* in the flags buffer */\n", T, T,
+          T, T);
+  GRID_LOOP(b, "i", k->n);
+  bprintf(b, "    x[i] = x[i] * c;\n  }\n");
 }
 
 /* out[o, j] = scale * sum_r in[o, r, j]; max_r when reduce_max; the max
@@ -1583,6 +1618,7 @@ static const char *kind_name(KernelKind k) {
       [KK_UNSCALE] = "unscale",         [KK_SOFTMAX] = "softmax",       [KK_SOFTMAX_BWD] = "softmax_bwd",
       [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope",
       [KK_MSE] = "mse",
+      [KK_SUMSQ] = "sumsq",           [KK_CLIP_SCALE] = "clip_scale",
   };
   return (unsigned)k < sizeof names / sizeof *names && names[k] ? names[k] : "?";
 }
@@ -1617,7 +1653,7 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
             l.block, l.shared);
     if (k->kind == KK_XENT_FWD || k->kind == KK_EVAL_METRICS) /* the blocks' partial sums */
       bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", 2 * l.grid);
-    if (reduce_whole(k) || k->kind == KK_MSE)
+    if (reduce_whole(k) || k->kind == KK_MSE || k->kind == KK_SUMSQ)
       bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", l.grid);
     if (k->kind == KK_UNSCALE) /* the blocks' overflow verdicts */
       bprintf(&u, "__device__ int duet_flag" FN ";\n__device__ unsigned int duet_done" FN ";\n");
@@ -1641,6 +1677,8 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
     case KK_RMSNORM_FWD: case KK_RMSNORM_BWD: emit_rmsnorm(&u, k); break;
     case KK_ROPE: emit_rope(&u, k); break;
     case KK_MSE: emit_mse(&u, k); break;
+    case KK_SUMSQ: emit_sumsq(&u, k); break;
+    case KK_CLIP_SCALE: emit_clip_scale(&u, k); break;
     default: unreachable();
     }
     bprintf(&u, "}\n\n");

@@ -129,7 +129,8 @@ static const char *const functions[] = {"dim",     "sqrt",    "attention", "laye
                                         "rope"};
 static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
                                          "batch", "epochs", "steps", "seed", "log_every", "eval",
-                                         "eval_every", "eval_batches", "precision", "recompute"};
+                                         "eval_every", "eval_batches", "precision", "recompute", "lr_schedule",
+                                         "clip_grad_norm"};
 #define N_TRAIN_KEYS (int)(sizeof train_keys / sizeof train_keys[0])
 
 /* -------------------------------------------------------------- helpers */
@@ -1217,6 +1218,46 @@ static void read_optimizer(Elab *e, Scope *s, const Node *v, TrainSpec *t) {
   if (t->beta1 >= 1 || t->beta2 >= 1) diag_error(e->d, v->loc, "adamw betas must be below 1");
 }
 
+/* lr_schedule = constant | constant(warmup = N) | cosine(warmup = N, min_lr = X)
+ * | linear(warmup = N, min_lr = X): the rate of each step (duet_lr_at in
+ * runtime/duet_rt.h); warmup and min_lr default to 0.  The checks that need
+ * the run's length and lr (warm-up longer than the run, min_lr above lr)
+ * are the runtime's, since --steps and --lr may change them. */
+static void read_lr_schedule(Elab *e, Scope *s, const Node *v, TrainSpec *t) {
+  static const char *const names[] = {"constant", "cosine", "linear"};
+  int kind = 3;
+  if (v->kind == N_CALL || v->kind == N_IDENT)
+    for (kind = 0; kind < 3 && strcmp(names[kind], v->name); kind++) {}
+  if (kind == 3) {
+    Hint h = {0};
+    for (int i = 0; (v->kind == N_CALL || v->kind == N_IDENT) && i < 3; i++) hint_try(&h, v->name, names[i]);
+    diag_error(e->d, v->loc, "lr_schedule must be constant, cosine(warmup = N, min_lr = X) or linear(warmup = N, "
+               "min_lr = X)%s", hint_text(e, &h));
+  }
+  t->lr_schedule = (LrSchedule)kind;
+  if (v->kind != N_CALL) return;
+  for (Node *a = v->args.head; a; a = a->next) {
+    if (a->kind != N_NAMED) diag_error(e->d, a->loc, "lr_schedule arguments are named, as in cosine(warmup = 100)");
+    for (Node *o = v->args.head; o != a; o = o->next)
+      if (o->kind == N_NAMED && !strcmp(o->name, a->name))
+        diag_error(e->d, a->loc, "%s argument `%s` is given twice", v->name, a->name);
+    EVal x = eval(e, s, a->a);
+    if (!strcmp(a->name, "warmup")) {
+      t->warmup = want_int(e, x, "warmup", 0);
+    } else if (!strcmp(a->name, "min_lr") && kind != LR_CONSTANT) {
+      t->min_lr = want_num(e, x, "min_lr");
+      if (!(t->min_lr >= 0) || !isfinite(t->min_lr))
+        diag_error(e->d, x.loc, "min_lr must be a non-negative number, got %g", t->min_lr);
+    } else {
+      Hint h = {0};
+      hint_try(&h, a->name, "warmup");
+      if (kind != LR_CONSTANT) hint_try(&h, a->name, "min_lr");
+      diag_error(e->d, a->loc, "%s has no argument named `%s` (%s)%s", v->name, a->name,
+                 kind == LR_CONSTANT ? "it takes warmup" : "it takes warmup and min_lr", hint_text(e, &h));
+    }
+  }
+}
+
 static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
   for (Node *kv = n->body.head; kv; kv = kv->next) {
     const char *k = kv->name;
@@ -1270,6 +1311,8 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
       }
     } else if (!strcmp(k, "optimizer")) {
       read_optimizer(e, s, v, t);
+    } else if (!strcmp(k, "lr_schedule")) {
+      read_lr_schedule(e, s, v, t);
     } else if (!strcmp(k, "eval")) {
       if (is_ident(v, "true")) t->eval = true;
       else if (is_ident(v, "false")) t->eval = false;
@@ -1299,6 +1342,11 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
       else if (!strcmp(k, "log_every")) t->log_every = want_int(e, x, "log_every", 1);
       else if (!strcmp(k, "eval_every")) t->eval_every = want_int(e, x, "eval_every", 1);
       else if (!strcmp(k, "eval_batches")) t->eval_batches = want_int(e, x, "eval_batches", 1);
+      else if (!strcmp(k, "clip_grad_norm")) {
+        t->clip_grad_norm = want_num(e, x, "clip_grad_norm");
+        if (!(t->clip_grad_norm > 0) || !isfinite(t->clip_grad_norm))
+          diag_error(e->d, x.loc, "clip_grad_norm must be a number > 0, got %g", t->clip_grad_norm);
+      }
       else if (!strcmp(k, "precision")) { /* the command line's --precision wins */
         if (x.kind != EV_STR || (strcmp(x.str, "auto") && strcmp(x.str, "fp32") && strcmp(x.str, "fp16") &&
                                  strcmp(x.str, "bf16")))

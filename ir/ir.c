@@ -1324,6 +1324,13 @@ static void print_train(const TrainSpec *t, FILE *out) {
   if (t->recompute) fprintf(out, "  recompute = \"%s\"\n", t->recompute);
   fprintf(out, "  eval_batches = %" PRId64 "\n", t->eval_batches);
   if (t->micro_batches > 1) fprintf(out, "  micro_batches = %" PRId64 "\n", t->micro_batches);
+  static const char *const sched[] = {"constant", "cosine", "linear"};
+  if (t->lr_schedule != LR_CONSTANT)
+    fprintf(out, "  lr_schedule = %s(warmup = %" PRId64 ", min_lr = %s)\n", sched[t->lr_schedule], t->warmup,
+            NUM(t->min_lr));
+  else if (t->warmup > 0)
+    fprintf(out, "  lr_schedule = constant(warmup = %" PRId64 ")\n", t->warmup);
+  if (t->clip_grad_norm > 0) fprintf(out, "  clip_grad_norm = %s\n", NUM(t->clip_grad_norm));
   fputs("}\n", out);
 }
 

@@ -282,6 +282,9 @@ struct Value {
 
 typedef enum OptimKind { OPTIM_ADAMW, OPTIM_SGD } OptimKind;
 typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST, DATA_TEXT, DATA_NPY, DATA_TOKENS } DataKind;
+/* Learning-rate schedules (numbering shared with the runtime's DUET_LR_*;
+ * formulas at duet_lr_at in runtime/duet_rt.h). */
+typedef enum LrSchedule { LR_CONSTANT, LR_COSINE, LR_LINEAR } LrSchedule;
 
 /* The `train { }` section, after defaults.  Sources of defaults: PyTorch's
  * torch.optim.AdamW (betas 0.9, 0.999, eps 1e-8, weight_decay 0.01) and
@@ -308,6 +311,10 @@ typedef struct TrainSpec {
   const char *recompute; /* `recompute = "blocks"` etc.; NULL: none (the command line wins) */
   int64_t micro_batches; /* pipeline: the batch is split into this many micro-batches
                           * (`batch` is then one micro-batch; gradients accumulate) */
+  LrSchedule lr_schedule; /* `lr_schedule = cosine(warmup = N, min_lr = X)` */
+  int64_t warmup;        /* warm-up steps (0: none) */
+  double min_lr;         /* cosine, linear: the rate the decay ends at */
+  double clip_grad_norm; /* `clip_grad_norm = X`: global L2 norm limit (0: none) */
 } TrainSpec;
 void train_spec_defaults(TrainSpec *t);
 

@@ -405,6 +405,11 @@ static void json_train(J *j, cJSON *o, const TrainSpec *t) {
   jint(j, o, "eval_batches", t->eval_batches);
   if (t->precision) jstr(j, o, "precision", t->precision);
   if (t->recompute) jstr(j, o, "recompute", t->recompute);
+  static const char *const sched[] = {"constant", "cosine", "linear"};
+  jstr(j, o, "lr_schedule", sched[t->lr_schedule]);
+  jint(j, o, "warmup", t->warmup);
+  jnum(j, o, "min_lr", t->min_lr);
+  jnum(j, o, "clip_grad_norm", t->clip_grad_norm);
 }
 
 static bool in_graph(const Graph *g, const Value *v) {

@@ -1037,7 +1037,7 @@ static void value_line(Parser *P, bool has_result) {
 
 static const char *const train_key_names[] = {"data", "optimizer", "batch", "epochs", "steps", "seed",
                                               "log_every", "eval", "eval_every", "eval_batches", "precision",
-                                              "micro_batches", "recompute"};
+                                              "micro_batches", "recompute", "lr_schedule", "clip_grad_norm"};
 enum { N_TRAIN_KEYS = sizeof train_key_names / sizeof *train_key_names };
 
 /* adamw(lr = X, ...) or sgd(...) */
@@ -1087,6 +1087,45 @@ static void optimizer(Parser *P, TrainSpec *t) {
   }
 }
 
+/* constant, constant(warmup = N), cosine(warmup = N, min_lr = X),
+ * linear(...): the printer's form (ir.c print_train). */
+static void lr_schedule(Parser *P, TrainSpec *t) {
+  ws(P);
+  const char *at = P->p;
+  const char *w = want_word(P, "constant, cosine(...) or linear(...)");
+  static const char *const names[] = {"constant", "cosine", "linear"};
+  int kind = 0;
+  while (kind < 3 && strcmp(names[kind], w)) kind++;
+  if (kind == 3) FAIL(at, "unknown lr_schedule `%s`; expected constant, cosine or linear", w);
+  t->lr_schedule = (LrSchedule)kind;
+  if (!accept(P, '(')) return;
+  unsigned seen = 0;
+  if (!accept(P, ')')) {
+    do {
+      ws(P);
+      const char *ka = P->p;
+      const char *k = want_word(P, "warmup or min_lr");
+      int i = !strcmp(k, "warmup") ? 0 : !strcmp(k, "min_lr") ? 1 : 2;
+      if (i == 2 || (i == 1 && kind == LR_CONSTANT))
+        FAIL(ka, "%s has no argument `%s` (%s)", w, k, kind == LR_CONSTANT ? "warmup" : "warmup, min_lr");
+      if (seen & (1u << i)) FAIL(ka, "%s argument `%s` is given twice", w, k);
+      seen |= 1u << i;
+      expect(P, '=', arena_printf(P->a, "'=' after `%s`", k));
+      ws(P);
+      const char *va = P->p;
+      if (i == 0) {
+        t->warmup = integer(P, 0, INT64_MAX, "warmup");
+      } else {
+        double x = number(P, "the value of `min_lr`");
+        if (!(x >= 0) || !isfinite(x))
+          FAIL(va, "min_lr must be a non-negative number, got %s", ir_num_str(x, (char[32]){0}, 32));
+        t->min_lr = x;
+      }
+    } while (accept(P, ','));
+    expect(P, ')', "',' or ')' in the schedule's arguments");
+  }
+}
+
 /* One `KEY = VALUE` line inside `train { }`, or its closing `}`. */
 static void train_line(Parser *P) {
   TrainSpec *t = &P->g->train;
@@ -1103,7 +1142,8 @@ static void train_line(Parser *P) {
   while (i < N_TRAIN_KEYS && strcmp(train_key_names[i], k)) i++;
   if (i == N_TRAIN_KEYS)
     FAIL(ka, "unknown train key `%s`%s (keys: data, optimizer, batch, epochs, steps, seed, log_every, eval, "
-             "eval_every, eval_batches, precision, micro_batches, recompute)", k, hint(P, k, train_key_names, N_TRAIN_KEYS));
+             "eval_every, eval_batches, precision, micro_batches, recompute, lr_schedule, clip_grad_norm)", k,
+             hint(P, k, train_key_names, N_TRAIN_KEYS));
   if (P->train_keys & (1u << i)) FAIL(ka, "train key `%s` is set twice", k);
   P->train_keys |= 1u << i;
   expect(P, '=', arena_printf(P->a, "'=' after `%s`", k));
@@ -1181,6 +1221,14 @@ static void train_line(Parser *P) {
     if (strcmp(s, "none") && strcmp(s, "blocks") && strcmp(s, "auto"))
       FAIL(va, "recompute must be \"none\", \"blocks\" or \"auto\"");
     t->recompute = s;
+    break;
+  }
+  case 13: lr_schedule(P, t); break;
+  case 14: {
+    double x = number(P, "the value of `clip_grad_norm`");
+    if (!(x > 0) || !isfinite(x))
+      FAIL(va, "clip_grad_norm must be a number > 0, got %s", ir_num_str(x, (char[32]){0}, 32));
+    t->clip_grad_norm = x;
     break;
   }
   }

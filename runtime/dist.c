@@ -394,6 +394,8 @@ int duet_dist_check_ranks(DuetDist *d, const DuetProgram *p, const DuetConfig *c
   vals[n++] = h_f64(h_f64(O, c->loss_scale), c->min_loss_scale);
   names[n] = "--schedule";
   vals[n++] = h_i64(O, c->schedule);
+  names[n] = "learning-rate schedule or clipping (--lr-schedule, --warmup, --min-lr, --clip-grad-norm)";
+  vals[n++] = h_f64(h_f64(h_i64(h_i64(O, c->lr_schedule), c->warmup), c->min_lr), c->clip_grad_norm);
   names[n] = "--resume (the checkpoint's bytes)";
   uint64_t ck = h_i64(O, 0);
   if (c->resume_path) {

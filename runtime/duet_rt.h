@@ -12,9 +12,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 7 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 8 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
-                                * DuetProgram.vocab */
+                                * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -152,7 +152,43 @@ typedef struct DuetConfig {
   int64_t data_parallel;   /* --data-parallel N (0: the program's; compile-time) */
   double bucket_mb;        /* --bucket-mb X (0: the program's; compile-time) */
   int zero;                /* 1 + the ZeRO stage of --zero (0: not given, the program's; compile-time) */
+  int lr_schedule;         /* DUET_LR_*: --lr-schedule (duet_lr_at) */
+  int64_t warmup;          /* --warmup N: steps of linear warm-up (0: none) */
+  double min_lr;           /* --min-lr X: where cosine and linear decay end */
+  double clip_grad_norm;   /* --clip-grad-norm X: global L2 norm limit (0: no clipping) */
 } DuetConfig;
+
+/* Learning-rate schedules.  With base rate lr (--lr), W warm-up steps, T
+ * steps in the run and k = step - 1 (0 for the first optimizer step), the
+ * rate of a step is
+ *   k < W (warm-up, all kinds):  lr * (k + 1) / W             (llm.c, train_gpt2.cu)
+ *   constant:                    lr
+ *   cosine:   min_lr + (lr - min_lr) * (1 + cos(pi * (k - W) / (T - W))) / 2
+ *             (llm.c; nanoGPT's get_lr; torch CosineAnnealingLR with T_max = T - W:
+ *             the last step is one step short of min_lr)
+ *   linear:   min_lr + (lr - min_lr) * (T - 1 - k) / (T - 1 - W)
+ *             (the last step, k = T - 1, runs at min_lr exactly; torch LinearLR with
+ *             end_factor min_lr / lr, total_iters T - 1 - W; HF's
+ *             get_linear_schedule_with_warmup reaches its floor one step later;
+ *             the fraction is 0 when T - 1 == W)
+ * in double.  T <= 0 (unknown): the rate after the warm-up is lr.  The
+ * value is a function of the step only, so a resumed run computes the same
+ * bits. */
+enum { DUET_LR_CONSTANT = 0, DUET_LR_COSINE = 1, DUET_LR_LINEAR = 2 };
+double duet_lr_at(const DuetConfig *c, int64_t step, int64_t total);
+/* "constant", "cosine", "linear" (NULL for another value). */
+const char *duet_lr_schedule_name(int kind);
+/* --lr-schedule NAME: *out = DUET_LR_*; else prints "duet: error:
+ * --lr-schedule expects constant, cosine or linear, got 'X'" and returns 1. */
+int duet_parse_lr_schedule(const char *val, int *out);
+/* The schedule of cfg for a run of `total` steps: -1 with the message
+ * ("the warm-up (--warmup 200) is longer than the run (100 steps)",
+ * "--min-lr 0.01 is above the learning rate 0.001 (--lr)") when it cannot
+ * run, else 0. */
+int duet_lr_schedule_check(const DuetConfig *cfg, int64_t total, char *err, size_t errlen);
+/* The schedule in words, for the start-up line and checkpoints: "constant",
+ * "constant, warmup 100", "cosine to 1e-05 after warmup 100 over 1000 steps". */
+void duet_lr_schedule_str(const DuetConfig *cfg, int64_t total, char *buf, size_t n);
 
 /* Pipeline schedules: GPipe fill-drain (all forwards, then all backwards;
  * Huang et al. 2019) and 1F1B (one forward, one backward; at most S - s
@@ -297,7 +333,29 @@ typedef struct DuetProgram {
   int zero;
   const int32_t *tensor_shard;
   const int32_t *bucket_params;
+  /* Gradient clipping by global norm (compiled with clip_grad_norm; n_clip
+   * 0: none).  For gradient j < n_clip (tensor clip_grad[j], the one the
+   * optimizer reads, on its stage), kernel clip_sumsq[j] writes the sum of
+   * its squares (a double, accumulated in double in a fixed order) at
+   * int32 word duet_clip_word(p, j) of the flags buffer t[n_tensors], and
+   * kernel clip_scale[j] multiplies it in place by the double at word
+   * duet_clip_word(p, n_clip) (the clip coefficient the runtime writes).
+   * They are in no schedule: the runtime launches them after the
+   * gradients are final and before the update (train from step clip_from;
+   * a pipeline stage's opt list) when DuetConfig.clip_grad_norm > 0. */
+  int n_clip;
+  const int32_t *clip_grad, *clip_sumsq, *clip_scale;
+  int clip_from;
 } DuetProgram;
+
+/* The flags buffer (t[n_tensors]): n_unscale int32 overflow flags, then,
+ * from an even word (8-byte aligned), n_clip doubles of clipping partial
+ * sums and the clip coefficient.  Word of double j, and the buffer's size
+ * in int32 words. */
+static inline int duet_clip_word(const DuetProgram *p, int j) { return ((p->n_unscale + 1) & ~1) + 2 * j; }
+static inline int duet_flag_words(const DuetProgram *p) {
+  return p->n_clip > 0 ? duet_clip_word(p, p->n_clip + 1) : p->n_unscale;
+}
 
 #define DUET_MAX_KERNEL_ARGS 40
 
@@ -521,6 +579,17 @@ int duet_session_run(DuetSession *s, int which);
 /* Optimizer steps taken (AdamW's bias correction uses it); set on resume. */
 int64_t duet_session_step(const DuetSession *s);
 void duet_session_set_step(DuetSession *s, int64_t step);
+/* The steps of the run (the learning-rate schedule's T, duet_lr_at; 0, the
+ * default: unknown, the rate after the warm-up is the base rate). */
+void duet_session_set_total(DuetSession *s, int64_t total);
+int64_t duet_session_total(const DuetSession *s);
+/* The learning rate of the last training step (duet_lr_at of its step; the
+ * first step's before any). */
+double duet_session_lr(const DuetSession *s);
+/* --clip-grad-norm: the global L2 norm of the gradients of the last
+ * training step, before clipping (NaN before any, without clipping, and on
+ * a step skipped for an fp16 overflow). */
+double duet_session_grad_norm(const DuetSession *s);
 DuetDevice *duet_session_device(DuetSession *s);
 const DuetProgram *duet_session_program(const DuetSession *s);
 /* Dynamic loss scaling (fp16 programs), as torch.cuda.amp.GradScaler with
@@ -589,7 +658,18 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
 /* Applies command-line flags to cfg; returns 0, 1 on a bad flag (printed),
  * 2 when --help was printed. */
 int duet_parse_flags(DuetConfig *cfg, int64_t compiled_batch, int argc, char **argv);
+/* duet_parse_flags for program p (duet_main, duet_preflight): the flags
+ * fixed when p was compiled (duet_fixed_flags) are accepted when their
+ * value is the compiled one, else "duet: error: --precision is fixed at
+ * compile time: fp32 (...)" (1). */
+int duet_parse_flags_for(DuetConfig *cfg, const DuetProgram *p, int argc, char **argv);
 void duet_usage(const char *argv0, FILE *out);
+/* The compile-time flags of a training executable, with p's values, for
+ * its --help: "Fixed at compile time ...:\n  --precision fp32\n ...". */
+void duet_usage_fixed(const DuetProgram *p, FILE *out);
+/* The precision p was compiled for, as --precision names it: "fp16" or
+ * "bf16" (its 16-bit storage), else "fp32" ("f64" for an f64 model). */
+const char *duet_program_precision(const DuetProgram *p);
 
 /* -------------------------------------------------------------- pruning */
 
@@ -961,8 +1041,9 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
  * DuetProgram and DuetConfig gained the data-parallel fields; 5: the plugin
  * makes NCCL collectives, duet_cuda_plugin_nccl, over runtime/collective.h's
  * DuetColl; 6: DuetProgram gained prune; 7: DuetProgram gained source_hash,
- * DuetCollOps progress and stats). */
-#define DUET_CUDA_PLUGIN_API 7
+ * DuetCollOps progress and stats; 8: DuetProgram gained zero, vocab and the clipping
+ * tables, DuetConfig zero, the npy fields, the schedule and clipping). */
+#define DUET_CUDA_PLUGIN_API 8
 
 /* The CUDA device `ordinal` for program p: loads libduet_cuda.so
  * ($DUET_CUDA_PLUGIN, else next to the executable, else the build tree's,

@@ -25,14 +25,19 @@ void duet_usage(const char *argv0, FILE *out) {
           "Trains the model; flags override its train section.\n\n"
           "  --epochs N         passes over the training set\n"
           "  --steps N          optimizer steps (overrides --epochs)\n"
-          "  --lr X             learning rate\n"
+          "  --lr X             learning rate (the peak of a schedule)\n"
+          "  --lr-schedule S    constant (default), cosine or linear: the rate of each step (README)\n"
+          "  --warmup N         linear warm-up over the first N steps: lr * step / N (default 0)\n"
+          "  --min-lr X         cosine and linear: the rate the decay ends at (default 0)\n"
+          "  --clip-grad-norm X clip the gradients to global L2 norm X (torch clip_grad_norm_; default: off)\n"
           "  --weight-decay X   decoupled (AdamW) or L2 (SGD) weight decay\n"
           "  --batch N          batch size (fixed when the model was compiled)\n"
           "  --seed N           seed of initialisation and shuffling\n"
           "  --threads N        CPU threads for kernels and BLAS, 1 to 1024 (default: all cores)\n"
           "  --data PATH        data directory or text file, or npy data's x file (default: the\n"
           "                     train section's)\n"
-          "  --metrics FILE     write JSON lines: {\"step\",\"loss\"}, and {\"step\",\"epoch\",\"test_accuracy\"\n"
+          "  --metrics FILE     write JSON lines: {\"step\",\"loss\",\"lr\"} (and \"grad_norm\" with clipping),\n"
+          "                     and {\"step\",\"epoch\",\"test_accuracy\"\n"
           "                     (a fraction),\"test_loss\"} or, text models, {\"step\",\"val_loss\"}; with\n"
           "                     --resume, the file's lines up to the checkpoint's step are kept and\n"
           "                     the run appends to them\n"
@@ -145,7 +150,103 @@ static int parse_f64(const char *flag, const char *s, double lo, double *out) {
   return 0;
 }
 
+/* The flags a program fixes when it is compiled (DuetProgram), in the
+ * order --help lists them.  --bucket-mb counts only with replicas. */
+static const char *const fixed_flags[] = {"--precision", "--gemm-accumulate", "--batch", "--micro-batches",
+                                          "--data-parallel", "--bucket-mb", "--prune", "--prune-mode",
+                                          "--prune-start", "--prune-end", "--prune-every", "--prune-initial",
+                                          "--prune-params", "--zero"};
+enum { N_FIXED = sizeof fixed_flags / sizeof *fixed_flags };
+
+/* The compiled value of fixed flag k of p into buf, as the flag is
+ * written; *num its number (NAN for words). */
+static const char *fixed_value(const DuetProgram *p, int k, char *buf, size_t n, double *num) {
+  const DuetPrune *pr = p->prune;
+  int R = p->n_stages >= 1 && p->replicas > 1 ? p->replicas : 1;
+  int M = p->n_stages >= 1 && p->micro_batches > 0 ? p->micro_batches / R : 1;
+  *num = NAN;
+  switch (k) {
+  case 0: snprintf(buf, n, "%s", duet_program_precision(p)); break;
+  case 1: snprintf(buf, n, "%s", p->gemm_accumulate_f16 ? "fp16" : "fp32"); break;
+  case 2: *num = (double)p->defaults.batch; break;
+  case 3: *num = M; break;
+  case 4: *num = R; break;
+  case 5: *num = p->bucket_mb > 0 ? p->bucket_mb : 25.0; break;
+  case 6: *num = pr ? pr->final : 0; break;
+  case 7:
+    if (!pr) snprintf(buf, n, "none (no pruning)");
+    else if (pr->mode == DUET_PRUNE_NM) snprintf(buf, n, "%d:%d", pr->nm_n, pr->nm_m);
+    else if (pr->mode == DUET_PRUNE_GLOBAL) snprintf(buf, n, "global");
+    else snprintf(buf, n, "%s", pr->mode == DUET_PRUNE_CHANNELS ? "channels" : "unstructured");
+    break;
+  case 8: case 9: case 10:
+    if (pr) *num = (double)(k == 8 ? pr->start : k == 9 ? pr->end : pr->every);
+    else snprintf(buf, n, "none (no pruning)");
+    break;
+  case 11:
+    if (pr) *num = pr->initial;
+    else snprintf(buf, n, "none (no pruning)");
+    break;
+  case 13: *num = p->n_stages >= 1 && R > 1 ? p->zero : 0; break;
+  default: { /* the pruned params, by name */
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; pr && i < pr->n_params && len + 1 < n; i++)
+      len += (size_t)snprintf(buf + len, n - len, "%s%s", i ? "," : "", p->tensors[pr->params[i].param].name);
+    if (!pr) snprintf(buf, n, "none (no pruning)");
+    break;
+  }
+  }
+  if (!isnan(*num)) snprintf(buf, n, "%.15g%s", *num, k == 6 && !pr ? " (no pruning)" : "");
+  return buf;
+}
+
+/* A flag fixed when p was compiled (fixed_flags): 0 when val is its
+ * compiled value (accepted silently: nothing changes), else 1 after
+ * "duet: error: --F is fixed at compile time: VALUE (...)". */
+static int check_fixed(const DuetProgram *p, int k, const char *flag, const char *val) {
+  char cv[512];
+  double num;
+  fixed_value(p, k, cv, sizeof cv, &num);
+  char *end;
+  double x = strtod(val, &end);
+  bool same = isnan(num) ? !strcmp(val, cv) : end != val && !*end && x == num;
+  if (same) return 0;
+  fprintf(stderr, "duet: error: %s is fixed at compile time: %s (this program was compiled with it; to change it, "
+                  "compile again: duet compile M.model %s %s; duet run takes it directly)\n", flag, cv, flag, val);
+  return 1;
+}
+
+void duet_usage_fixed(const DuetProgram *p, FILE *out) {
+  fprintf(out, "\nFixed at compile time (given again, a flag must repeat the compiled value; any other value is\n"
+               "an error that says the compiled one); this program's:\n");
+  for (int k = 0; k < N_FIXED; k++) {
+    char cv[512];
+    double num;
+    if (k == 5 && !(p->n_stages >= 1 && p->replicas > 1)) continue;
+    if (k >= 7 && k <= 12 && !p->prune) continue;
+    fprintf(out, "  %-18s %s\n", fixed_flags[k], fixed_value(p, k, cv, sizeof cv, &num));
+  }
+  fprintf(out, "--lr-schedule, --warmup and --min-lr are run-time flags; --clip-grad-norm %s.\n",
+          p->n_clip > 0 ? "is one too (this program has the clipping kernels)"
+                        : "needs the clipping kernels, which this program lacks (duet compile --clip-grad-norm X)");
+}
+
+static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc, char **argv);
+
 int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **argv) {
+  DuetProgram p = {.defaults = {.batch = compiled_batch}};
+  return parse_flags(c, &p, false, argc, argv);
+}
+
+int duet_parse_flags_for(DuetConfig *c, const DuetProgram *p, int argc, char **argv) {
+  return parse_flags(c, p, true, argc, argv);
+}
+
+/* duet_parse_flags, for program p; `fixed`: the compile-time flags are
+ * checked against p (else only --batch, against p->defaults.batch). */
+static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc, char **argv) {
+  int64_t compiled_batch = p->defaults.batch;
   int steps_given = 0;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
@@ -174,10 +275,14 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
                                         "--test-subset", "--data", "--save", "--save-every", "--resume",
                                         "--metrics", "--batch", "--loss-scale", "--min-loss-scale",
                                         "--devices", "--micro-batches", "--schedule", "--data-parallel",
-                                        "--bucket-mb", "--zero"};
+                                        "--bucket-mb", "--zero", "--lr-schedule", "--warmup", "--min-lr",
+                                        "--clip-grad-norm"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
-    int is_known = 0;
+    int is_known = 0, fixed_k = -1;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
+    for (int k = 0; fixed && k < N_FIXED; k++)
+      if (!strcmp(fixed_flags[k], flag) && (k != 5 || (p->n_stages >= 1 && p->replicas > 1))) fixed_k = k;
+    is_known |= fixed_k >= 0;
     if (!is_known) {
       fprintf(stderr, "duet: error: unknown flag '%s' (see --help)\n", flag);
       return 1;
@@ -194,11 +299,29 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     }
     int64_t iv = 0;
     int rc = 0;
+    if (fixed_k >= 0) {
+      if (check_fixed(p, fixed_k, flag, val)) return 1;
+      if (fixed_k < 2 || fixed_k > 5) continue; /* known only to the compiler */
+    }
     /* --steps wins over --epochs in either order; --epochs alone replaces
      * the model's `steps` */
     if (!strcmp(flag, "--epochs")) rc = parse_i64(flag, val, 1, &c->epochs), c->steps = rc || steps_given ? c->steps : 0;
     else if (!strcmp(flag, "--steps")) rc = parse_i64(flag, val, 1, &c->steps), steps_given = 1;
     else if (!strcmp(flag, "--lr")) rc = parse_f64(flag, val, 0, &c->lr);
+    else if (!strcmp(flag, "--lr-schedule")) rc = duet_parse_lr_schedule(val, &c->lr_schedule);
+    else if (!strcmp(flag, "--warmup")) rc = parse_i64(flag, val, 0, &c->warmup);
+    else if (!strcmp(flag, "--min-lr")) rc = parse_f64(flag, val, 0, &c->min_lr);
+    else if (!strcmp(flag, "--clip-grad-norm")) {
+      char *end;
+      errno = 0;
+      double x = strtod(val, &end);
+      if (errno || end == val || *end || !(x > 0) || !isfinite(x)) {
+        fprintf(stderr, "duet: error: --clip-grad-norm expects a number > 0 (the largest global L2 norm of the "
+                        "gradients), got '%s'\n", val);
+        rc = 1;
+      }
+      if (!rc) c->clip_grad_norm = x;
+    }
     else if (!strcmp(flag, "--weight-decay")) rc = parse_f64(flag, val, 0, &c->weight_decay);
     else if (!strcmp(flag, "--seed")) rc = parse_i64(flag, val, 0, &iv), c->seed = (uint64_t)iv;
     else if (!strcmp(flag, "--threads")) rc = duet_parse_threads(val, &c->threads);
@@ -662,13 +785,51 @@ static const char *scale_note(const DuetSession *s, const DuetProgram *p, char *
   return buf;
 }
 
-/* The metrics line {"step":S,"loss":L} (nothing without a metrics file). */
-static int log_loss(FILE *mf, int64_t step, double loss) {
+/* " | lr X" (the rate of the step just taken, duet_lr_at) and, with
+ * --clip-grad-norm, " | grad norm N" (before clipping) for progress lines. */
+static const char *rate_note(const DuetSession *s, char *buf, size_t n) {
+  int len = snprintf(buf, n, " | lr %.4g", duet_session_lr(s));
+  if (duet_session_config(s)->clip_grad_norm > 0 && len >= 0 && (size_t)len < n)
+    snprintf(buf + len, n - (size_t)len, " | grad norm %.4g", duet_session_grad_norm(s));
+  return buf;
+}
+
+/* The metrics line {"step":S,"loss":L,"lr":R} (R exact: cJSON prints the
+ * shortest round-trip form) and, with --clip-grad-norm, "grad_norm" (the
+ * global norm before clipping; null on a step skipped for overflow);
+ * nothing without a metrics file. */
+static int log_loss(FILE *mf, const DuetSession *s, int64_t step, double loss) {
   if (!mf) return 0;
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "step", (double)step);
   cJSON_AddNumberToObject(o, "loss", loss);
+  cJSON_AddNumberToObject(o, "lr", duet_session_lr(s));
+  if (duet_session_config(s)->clip_grad_norm > 0) {
+    double g = duet_session_grad_norm(s);
+    if (isfinite(g)) cJSON_AddNumberToObject(o, "grad_norm", g);
+    else cJSON_AddNullToObject(o, "grad_norm");
+  }
   return metrics_write(mf, o);
+}
+
+/* The learning-rate schedule of a run of `total` steps: 1 after the error
+ * when it cannot run (duet_lr_schedule_check), else 0. */
+static int check_schedule(const DuetConfig *cfg, int64_t total) {
+  char err[512];
+  if (!duet_lr_schedule_check(cfg, total, err, sizeof err)) return 0;
+  fprintf(stderr, "duet: error: %s\n", err);
+  return 1;
+}
+
+/* "duet: schedule: ..." on the start-up lines: the learning-rate schedule
+ * and the clipping, unless quiet or both are the defaults. */
+static void print_schedule(const DuetConfig *cfg, int64_t total) {
+  if (cfg->quiet || (cfg->lr_schedule == DUET_LR_CONSTANT && cfg->warmup <= 0 && cfg->clip_grad_norm <= 0)) return;
+  char buf[256];
+  duet_lr_schedule_str(cfg, total, buf, sizeof buf);
+  printf("duet: lr schedule: %s (peak %g)", buf, cfg->lr);
+  if (cfg->clip_grad_norm > 0) printf("; gradients clipped to global norm %g", cfg->clip_grad_norm);
+  printf("\n");
 }
 
 typedef struct EvalResult {
@@ -997,6 +1158,17 @@ static int check_compiled(const DuetProgram *p, const DuetConfig *cfg) {
             "compile M.model --data-parallel N --zero %d)\n", z, cfg->zero - 1, cfg->zero - 1);
     return 1;
   }
+  if (cfg->clip_grad_norm > 0 && z) {
+    fprintf(stderr, "duet: error: --clip-grad-norm with --zero 1 is not supported yet: each replica holds the summed "
+                    "gradients of its own shard only (train without --zero, or without clipping)\n");
+    return 1;
+  }
+  if (cfg->clip_grad_norm > 0 && p->n_clip == 0) {
+    fprintf(stderr, "duet: error: --clip-grad-norm is fixed at compile time: off (this program has no gradient "
+                    "clipping kernels; compile it with `duet compile M.model --clip-grad-norm X`, or set "
+                    "clip_grad_norm in the train section)\n");
+    return 1;
+  }
   double want = p->bucket_mb > 0 ? p->bucket_mb : 25.0;
   if (R > 1 && cfg->bucket_mb > 0 && cfg->bucket_mb != want) {
     fprintf(stderr, "duet: error: this program's all-reduce buckets were made for --bucket-mb %g, not %g (fixed at "
@@ -1287,7 +1459,8 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (!(s = open_session(p, kernels, &cfg, &dev, dist))) goto out;
+  if (check_schedule(&cfg, total) || !(s = open_session(p, kernels, &cfg, &dev, dist))) goto out;
+  duet_session_set_total(s, total);
   int64_t n_params = 0;
   for (int i = 0; i < p->n_tensors; i++)
     if (p->tensors[i].region == DUET_MEM_PARAM) {
@@ -1306,6 +1479,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     fflush(stdout);
   }
   print_pipeline(p, &cfg, s, dist);
+  print_schedule(&cfg, total);
   perm = malloc((size_t)n_train * sizeof *perm);
   if (!perm) {
     fprintf(stderr, "duet: error: out of host memory\n");
@@ -1352,10 +1526,11 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
       if (step % cfg.log_every == 0 || step == total) {
         double t = now_seconds();
         if (!cfg.quiet)
-          printf("epoch %" PRId64 " step %" PRId64 "/%" PRId64 " | loss %.6f | %.0f samples/s%s\n", epoch, step, total,
-                 loss, (double)(since_log * B) / (t - t_log), scale_note(s, p, (char[64]){0}, 64));
+          printf("epoch %" PRId64 " step %" PRId64 "/%" PRId64 " | loss %.6f%s | %.0f samples/s%s\n", epoch, step,
+                 total, loss, rate_note(s, (char[96]){0}, 96), (double)(since_log * B) / (t - t_log),
+                 scale_note(s, p, (char[64]){0}, 64));
         fflush(stdout);
-        if (log_loss(mf, step, loss)) goto out;
+        if (log_loss(mf, s, step, loss)) goto out;
         t_log = now_seconds();
         since_log = 0;
       }
@@ -1577,7 +1752,8 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (!(s = open_session(p, kernels, &cfg, &dev, dist))) goto out;
+  if (check_schedule(&cfg, total) || !(s = open_session(p, kernels, &cfg, &dev, dist))) goto out;
+  duet_session_set_total(s, total);
   if (!cfg.quiet) {
     int64_t n_params = 0;
     for (int i = 0; i < p->n_tensors; i++)
@@ -1592,6 +1768,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     fflush(stdout);
   }
   print_pipeline(p, &cfg, s, dist);
+  print_schedule(&cfg, total);
   DuetTrainState ts = {0};
   duet_rng_seed(&ts.rng, cfg.seed, 0x74657874ull); /* "text" */
   if (maybe_resume(s, &cfg, &ts)) goto out;
@@ -1621,10 +1798,11 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     if (step % cfg.log_every == 0 || step == total) {
       double t = now_seconds();
       if (!cfg.quiet)
-        printf("step %" PRId64 "/%" PRId64 " | loss %.6f | %.0f tokens/s%s\n", step, total, loss,
-               (double)(since_log * B * T) / (t - t_log), scale_note(s, p, (char[64]){0}, 64));
+        printf("step %" PRId64 "/%" PRId64 " | loss %.6f%s | %.0f tokens/s%s\n", step, total, loss,
+               rate_note(s, (char[96]){0}, 96), (double)(since_log * B * T) / (t - t_log),
+               scale_note(s, p, (char[64]){0}, 64));
       fflush(stdout);
-      if (log_loss(mf, step, loss)) goto out;
+      if (log_loss(mf, s, step, loss)) goto out;
       t_log = now_seconds();
       since_log = 0;
     }
@@ -1779,9 +1957,10 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
   setvbuf(stdout, NULL, _IOLBF, 0);
   duet_rank_stderr(); /* an MPI run: "duet: rank 1: error: ..." */
   DuetConfig cfg = p->defaults;
-  int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
-  if (rc == 2) {
+  int rc = duet_parse_flags_for(&cfg, p, argc, argv);
+  if (rc == 2) { /* an executable's (duet run prints its own) */
     duet_usage(argv0, stdout);
+    duet_usage_fixed(p, stdout);
     return 0;
   }
   if (rc) return 1;
@@ -1812,7 +1991,7 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
   duet_rank_stderr(); /* an MPI run: "duet: rank 1: error: ..." */
   DuetConfig cfg = p->defaults;
   char err[1024];
-  int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
+  int rc = duet_parse_flags_for(&cfg, p, argc, argv);
   if (rc) return rc == 2 ? 0 : 1; /* --help: duet_main prints it */
   if (rank_view(p, &cfg) < 0) return 1;
   if (cfg.data == DUET_DATA_TOKENS) {

@@ -34,9 +34,19 @@ halving=$(awk -v s=1073741824 '{ s /= 2; v = $NF; if (v / s < 0.99999 || v / s >
 last=$(tail -1 "$d/skips" | awk '{print $NF}')
 if [ "$k" -ge 5 ] && [ "$halving" = yes ] &&
    head -1 "$d/skips" | grep -qx 'step 1: gradient overflow (first: linear1.w); step skipped, loss scale now 5.36871e+08' &&
-   grep -q "step 40/40 | loss 0\.[0-9]* | [0-9]* samples/s | loss scale $last ($k skipped)" "$d/o.txt" &&
+   grep -q "step 40/40 | loss 0\.[0-9]* | lr 0\.001 | [0-9]* samples/s | loss scale $last ($k skipped)" "$d/o.txt" &&
    grep -q "test accuracy [6-9][0-9]\." "$d/o.txt"; then ok "forced_overflow ($k steps skipped, scale 2^30 -> $last)"
 else bad forced_overflow; cat "$d/o.txt"; fi
+
+# 1b. gradient clipping with loss scaling: a skipped step is not clipped
+# (no norm: null in the metrics); the later steps clip the unscaled
+# gradients (a norm of the size fp32 measures: below 100, not 2^20 times it)
+"$DUET" run $M --train-subset 512 --batch 64 --threads 2 --precision fp16 --steps 8 --log-every 1 --no-eval \
+  --loss-scale 4194304 --clip-grad-norm 1 --metrics "$d/clip.jsonl" > "$d/clip.txt" 2>&1 || { bad clip_overflow_run; cat "$d/clip.txt"; }
+if head -1 "$d/clip.jsonl" | grep -q '^{"step":1,"loss":[0-9.e-]*,"lr":0.001,"grad_norm":null}$' &&
+   tail -1 "$d/clip.jsonl" | grep -q '^{"step":8,"loss":[0-9.e-]*,"lr":0.001,"grad_norm":[0-9]\{1,2\}\.[0-9]*}$'; then
+  ok "clip_with_loss_scaling (skipped steps unclipped, the rest on the unscaled gradients)"
+else bad clip_with_loss_scaling; cat "$d/clip.jsonl"; fi
 
 # 2. the floor
 "$DUET" run $M $F --steps 5 --loss-scale 1073741824 --min-loss-scale 536870912 > "$d/f.txt" 2> "$d/f.err" &&

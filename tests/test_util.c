@@ -589,7 +589,7 @@ static int ls_snapshot(Lockstep *L, void *const *t) {
         break;
       }
     }
-    if (x && !L->th[j] && (j < p->n_tensors ? p->tensors[j].nbytes > 0 : p->n_unscale > 0)) {
+    if (x && !L->th[j] && (j < p->n_tensors ? p->tensors[j].nbytes > 0 : duet_flag_words(p) > 0)) {
       snprintf(L->self.err, sizeof L->self.err, "lockstep: tensor %d lies in no allocation of the device", j);
       return -1;
     }
@@ -681,7 +681,8 @@ const char *kernel_kind_name(KernelKind k) {
       [KK_MAXPOOL] = "maxpool", [KK_MAXPOOL_GRAD] = "maxpool_grad", [KK_AVGPOOL] = "avgpool",
       [KK_AVGPOOL_GRAD] = "avgpool_grad", [KK_ATTN_DECODE] = "attn_decode", [KK_UNSCALE] = "unscale",
       [KK_ATTN_BWD_KV] = "attn_bwd_kv", [KK_SOFTMAX] = "softmax", [KK_SOFTMAX_BWD] = "softmax_bwd",
-      [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope", [KK_MSE] = "mse"};
+      [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope", [KK_MSE] = "mse",
+      [KK_SUMSQ] = "sumsq", [KK_CLIP_SCALE] = "clip_scale"};
   return k >= 0 && k < (int)(sizeof names / sizeof *names) && names[k] ? names[k] : "?";
 }
 
@@ -1078,6 +1079,14 @@ static int ls_launch(DuetDevice *d, int k, void *const *t, const double *s) {
     rc = ls_compare(L, what, id, lo, n, dt, (const char *)L->th[id] + lo * ls_size(dt), false, &b);
   }
   for (int o = 0; o < n_out; o++) free(mag[o]);
+  if (!rc && K->kind == KK_SUMSQ) {
+    /* the sum of squares (a double in the flags buffer): both sum the same
+     * exact squares in double in different orders, each within
+     * gamma_{n-1} of the exact sum of these positive terms (Higham 4.2) */
+    const double *ref = (const double *)((const int32_t *)L->th[p->n_tensors] + K->slot);
+    LsBound b = {.noise = 2 * (double)(K->n + 1) * 0x1p-53, .scale = fabs(*ref)};
+    rc = ls_compare(L, what, p->n_tensors, K->slot / 2, 1, DUET_F64, ref, false, &b);
+  }
   if (!rc && K->kind == KK_UNSCALE) { /* the overflow flag */
     LsBound b = {0};
     rc = ls_compare(L, what, p->n_tensors, K->slot, 1, DUET_I32, (int32_t *)L->th[p->n_tensors] + K->slot, false, &b);
