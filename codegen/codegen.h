@@ -105,6 +105,9 @@ typedef enum KernelKind {
                    * (int32 t[n_tensors][slot]) = 1 when any element is inf or NaN, else 0 */
   KK_ATTN_BWD_KV, /* after KK_ATTN_BWD, same bufs; CUDA: dk, dv from the statistics, a block
                    * per key row; C: nothing (KK_ATTN_BWD computed them) */
+  KK_ADAMW8,      /* bufs: p f32 [n], g f32 [n], exp_avg and exp_avg_sq codes u8 [n], their scales
+                   * f32 [ceil(n / DUET_Q8_BLOCK)]: AdamW with 8-bit block-wise state (runtime/duet_q8.h);
+                   * per block: decode, the AdamW step of lower_optimizer in f32, re-quantize */
 } KernelKind;
 
 typedef struct Kernel {
@@ -126,6 +129,7 @@ typedef struct Kernel {
   Shape xs, ys;              /* KK_IM2COL .. KK_AVGPOOL_GRAD: [N,C,H,W] and [N,C,OH,OW] */
   int64_t win[8];            /* kh, kw, sh, sw, ph, pw, dh, dw */
   int slot;                  /* KK_UNSCALE */
+  bool no_decay;             /* KK_ADAMW8: no weight decay for this param */
 } Kernel;
 
 /* A lowered model: the runtime program (tables allocated in the arena) and
@@ -190,6 +194,11 @@ int codegen_cuda_half2(const Kernel *k);
  * (tests/cuda_emu) it calls duet_emu_f16x2(a, b, op), which the includer
  * defines.  Static text, for tests. */
 const char *codegen_cuda_half2_prelude(void);
+
+/* The 8-bit AdamW state maps' tables and encoder as source text
+ * (emit_c.c), each declaration prefixed by `qual` (tables) or `fqual`
+ * (functions); shared by the C and CUDA emitters. */
+void codegen_q8_tables(Buf *b, const char *qual, const char *fqual);
 
 /* A whole training executable's C source: the kernels, the program tables
  * (strings written as byte arrays) and main() calling duet_main(). */
