@@ -12,7 +12,8 @@
 #      epochs) and writes a byte-identical final checkpoint; the flag and the
 #      model's `state = int8` give the same program (identical losses);
 #   3. an IR dump printed after memplan reads back to the same text and trains
-#      with the .model's losses; a dump after `optimizer` refuses another
+#      with the .model's losses, as does a `duet compile --optimizer-state
+#      int8` executable; a dump after `optimizer` refuses another
 #      --optimizer-state;
 #   4. exact diagnostics: a bad or missing --optimizer-state, int8 with sgd,
 #      resuming an f32-state checkpoint with int8 state and the reverse.
@@ -82,6 +83,11 @@ F="--train-subset 512 --no-eval --log-every 1 --threads 1"
 "$DUET" ir "$d/m8.model" --after optimizer > "$d/opt.ir"
 expect ir_fixed_state "$d/opt.ir:2:7: error: the dump was printed after \`optimizer\`, so its optimizer state is fixed (int8); --optimizer-state f32 needs the .model or a dump from before \`optimizer\`" \
   "$DUET" ir "$d/opt.ir" --optimizer-state f32
+
+# a compiled executable keeps the 8-bit state and prints duet run's losses
+"$DUET" compile $M $Q -o "$d/exe" > /dev/null 2>&1 && "$d/exe" $F --steps 3 --metrics "$d/exe.jsonl" > /dev/null 2>&1 &&
+  "$DUET" run $M $Q $F --steps 3 --metrics "$d/run.jsonl" > /dev/null 2>&1 && [ -s "$d/exe.jsonl" ] &&
+  cmp -s "$d/exe.jsonl" "$d/run.jsonl" && cmp -s "$d/run.jsonl" "$d/mo.jsonl" && ok compiled_equals_run || bad compiled_equals_run
 
 # 4. diagnostics
 expect bad_value "duet: error: unknown --optimizer-state \`8bit\` (int8, f32)" "$DUET" run $M --optimizer-state 8bit
