@@ -2,7 +2,7 @@
 BUILD    ?= build
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 PACKAGES  = cmake make gcc libc6-dev flex bison libopenblas-openmp-dev libcjson-dev zlib1g-dev \
-            dataset-fashion-mnist gzip bible-kjv clang libclang-rt-14-dev graphviz
+            dataset-fashion-mnist gzip bible-kjv clang libclang-rt-14-dev graphviz openmpi-bin libopenmpi-dev
 BENCH_PACKAGES = python3-torch python3-numpy
 # NVRTC 12.9 and 11.8 for the sm_60 compile tests (make nvrtc; git-ignored)
 NVRTC_DIR ?= .nvrtc
@@ -98,3 +98,11 @@ bench-pipeline: build data
 bench-compile: build
 	@cmake --build $(BUILD) --target compile_scaling > /dev/null
 	$(BUILD)/compile_scaling $(MAX_N)
+
+# Data-parallel scaling on the CPU: gpt_kjv from 1 to 2 MPI ranks (1 thread
+# each, the same global batch) against PyTorch DDP over gloo, rounds
+# interleaved; duet's all-reduce time and the part hidden (not a test).
+.PHONY: bench-dp
+bench-dp: build data
+	@sh tools/deps.sh $(BENCH_PACKAGES)
+	sh bench/run_dp.sh

@@ -171,6 +171,9 @@ typedef struct ParOpts {
   int n_dev;
   char mem_from[1700]; /* where the CPU devices' capacity came from (duet_host_memory) */
   bool one_f_one_b; /* --schedule 1f1b: fewer activations in flight */
+  bool per_rank;    /* an MPI run: the replicas are the ranks, --devices names one rank's devices */
+  int nodes;        /* duet plan --nodes K: K machines, each with the devices (0: not given) */
+  double link_gbps; /* duet plan --link-gbps (0: DP_LINK_GBPS_DEFAULT) */
 } ParOpts;
 
 static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const ParOpts *po,
@@ -269,7 +272,11 @@ static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) 
 
 /* The devices of one replica: the first of the --data-parallel groups
  * (all of --devices without data parallelism). */
-static int par_group(const ParOpts *po) { return po->replicas > 1 ? po->n_dev / (int)po->replicas : po->n_dev; }
+static int par_group(const ParOpts *po) {
+  if (po->per_rank) return po->n_dev;
+  int64_t per_node = po->replicas / (po->nodes > 1 ? po->nodes : 1); /* replicas on the devices listed */
+  return per_node > 1 ? po->n_dev / (int)per_node : po->n_dev;
+}
 
 /* "cpu", or "cpu:0,cpu:1,...,cpu:R-1": the default devices of R replicas. */
 static const char *default_cpus(int64_t R, char *buf, size_t n) {
@@ -283,15 +290,31 @@ static const char *default_cpus(int64_t R, char *buf, size_t n) {
 
 /* Fills po from --devices (see par_devices), --micro-batches, --schedule,
  * --data-parallel (the device list split into equal groups, one per
- * replica: duet_devices_groups), --bucket-mb and --threads in argv.  1
- * after a message. */
-static int par_opts(ParOpts *po, int argc, char **argv) {
+ * replica: duet_devices_groups), --bucket-mb and --threads in argv.
+ * ranks > 1 (duet run under an MPI launcher): the replicas are the ranks
+ * (--data-parallel, if given, must say so) and --devices names the devices
+ * of each rank.  1 after a message. */
+static int par_opts(ParOpts *po, int argc, char **argv, int ranks) {
   memset(po, 0, sizeof *po);
   po->devices = scan_flag(argc, argv, "--devices");
   const char *dp = scan_flag(argc, argv, "--data-parallel"), *bm = scan_flag(argc, argv, "--bucket-mb");
   if (dp && duet_parse_data_parallel(dp, &po->replicas)) return 1;
   if (bm && duet_parse_bucket_mb(bm, &po->bucket_mb)) return 1;
-  if (po->replicas > 1 && po->devices) {
+  if (ranks > 1) {
+    if (dp && po->replicas != ranks) {
+      fprintf(stderr, "duet: error: --data-parallel %" PRId64 " under an MPI launcher of %d ranks: each rank is one "
+              "replica (replicas inside a rank are not supported; drop --data-parallel, or start %" PRId64
+              " ranks)\n", po->replicas, ranks, po->replicas);
+      return 1;
+    }
+    if (ranks > DUET_MAX_DEVICES) {
+      fprintf(stderr, "duet: error: %d MPI ranks: at most %d data-parallel replicas\n", ranks, DUET_MAX_DEVICES);
+      return 1;
+    }
+    po->replicas = ranks;
+    po->per_rank = true;
+  }
+  if (po->replicas > 1 && po->devices && !po->per_rank) {
     char err[512];
     int G;
     if (duet_devices_groups(po->devices, (int)po->replicas, &G, err, sizeof err)) {
@@ -557,7 +580,9 @@ static CgProgram *lower_program(Compiled *c, bool cuda) {
  * 1 after printing the error. */
 static int load_kernels(Compiled *c, CgProgram *cp, JitModule *m) {
   char err[8192];
-  if (jit_load(codegen_emit_c(cp, c->arena), m, err, sizeof err)) {
+  const char *src = codegen_emit_c(cp, c->arena);
+  cp->prog.source_hash = duet_fnv1a(src, strlen(src), DUET_FNV_OFFSET); /* the ranks of an MPI run compare it */
+  if (jit_load(src, m, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
   }
@@ -599,7 +624,15 @@ static int cmd_run(int argc, char **argv) {
   DuetConfig probe = {0};
   if (duet_parse_flags(&probe, batch, argc - 1, argv + 1)) return 1;
   ParOpts po;
-  if (par_opts(&po, argc - 1, argv + 1)) return 1;
+  int rank = 0;
+  char var[400];
+  int ranks = duet_launch_ranks(&rank, var, sizeof var);
+  if (ranks < 0) {
+    fprintf(stderr, "duet: error: %s\n", var);
+    return 1;
+  }
+  if (rank > 0) probe.quiet = 1; /* rank 0 alone prints progress */
+  if (par_opts(&po, argc - 1, argv + 1, ranks)) return 1;
   Compiled c;
   int rc = compile_model_par(&c, argv[0], batch, &po, NULL, NULL);
   /* one CPU device (the default, or --devices cpu; per replica), whose
@@ -720,7 +753,7 @@ static int cmd_compile(int argc, char **argv) {
     return 1;
   }
   ParOpts po;
-  if (par_opts(&po, argc, argv)) return 1;
+  if (par_opts(&po, argc, argv, 1)) return 1;
   for (int i = 0; i < po.n_dev; i++)
     if (po.dev[i].planned) {
       fprintf(stderr, "duet: error: device %s is a capacity for `duet plan`, not a device to run on (use cpu:N or "
@@ -745,6 +778,7 @@ static int cmd_compile(int argc, char **argv) {
     return 1;
   }
   char *src = codegen_emit_c(cp, c.arena);
+  cp->prog.source_hash = duet_fnv1a(src, strlen(src), DUET_FNV_OFFSET);
   char cpath[1300];
   snprintf(cpath, sizeof cpath, "%s.duet-XXXXXX.c", out);
   int fd = mkstemps(cpath, 2);
@@ -843,7 +877,7 @@ static int cmd_ir(int argc, char **argv) {
   }
   /* a dump printed after a later pass than `shape` stays as it is by default */
   ParOpts po;
-  if (par_opts(&po, argc, argv)) return 1;
+  if (par_opts(&po, argc, argv, 1)) return 1;
   Compiled c;
   int rc = compile_model_par(&c, model, batch, &po, NULL, after ? after : "shape");
   if (!rc && after && (!c.g->after_pass || strcmp(c.g->after_pass, after))) {
@@ -867,22 +901,137 @@ static int cmd_ir(int argc, char **argv) {
   return rc;
 }
 
+/* duet plan --nodes K: every layout of the K machines' devices (each a
+ * pipeline of D/N stages x N replicas per machine, for each N dividing
+ * the D devices of --devices), compiled and estimated without a report,
+ * then which is fastest.  0, or 1 after an error. */
+static int plan_layouts(const char *model, int64_t batch, const ParOpts *po, int argc, char **argv) {
+  int D = po->n_dev > 0 ? po->n_dev : 1, K = po->nodes;
+  double gbps = po->link_gbps > 0 ? po->link_gbps : DP_LINK_GBPS_DEFAULT;
+  FILE *null = fopen("/dev/null", "w");
+  if (!null) {
+    fprintf(stderr, "duet: error: cannot open /dev/null: %s\n", strerror(errno));
+    return 1;
+  }
+  if (K > 1)
+    printf("layouts of %d machines x %d device%s (%s), linked at %.4g Gb/s per machine, estimated:\n", K, D,
+           D == 1 ? "" : "s", po->devices ? po->devices : "cpu", gbps);
+  else
+    printf("layouts of one machine's %d device%s (%s), estimated:\n", D, D == 1 ? "" : "s",
+           po->devices ? po->devices : "cpu");
+  double best = 0, pipe = 0, dp = 0;
+  int best_n = 0;
+  for (int N = 1; N <= D; N++) {
+    if (D % N) continue;
+    ParOpts lp = *po;
+    lp.replicas = (int64_t)K * N;
+    Compiled c;
+    FrontendOptions fo = {.batch = batch, .micro_batches = lp.micro_batches, .replicas = lp.replicas};
+    int S = D / N;
+    if (S == 1) printf("  data parallel on every device, %d replica%s per machine", N, N == 1 ? "" : "s");
+    else if (N == 1) printf("  a %d-stage pipeline per machine", S);
+    else printf("  %d replicas of a %d-stage pipeline per machine", N, S);
+    printf(", %" PRId64 " replica%s in all: ", lp.replicas, lp.replicas == 1 ? "" : "s");
+    if (compile_model_to(&c, null, model, &fo, &lp, NULL, NULL)) {
+      printf("not possible (duet plan --nodes %d%s%s --data-parallel %d says why)\n", K, po->devices ? " --devices " : "",
+             po->devices ? po->devices : "", N);
+      compiled_free(&c);
+      continue;
+    }
+    ParOpts cpu = {0};
+    char cpus[1024];
+    if (!lp.n_dev && par_devices(&cpu, default_cpus(N, cpus, sizeof cpus), argc, argv)) {
+      compiled_free(&c);
+      par_free(&cpu);
+      fclose(null);
+      return 1;
+    }
+    PlanSummary sum = {0};
+    PassCtx pc = {.diag = &c.diag, .devices = lp.n_dev ? lp.dev : cpu.dev, .n_devices = lp.n_dev ? par_group(&lp) : 1,
+                  .one_f_one_b = lp.one_f_one_b, .bucket_mb = lp.bucket_mb, .nodes = K, .link_gbps = lp.link_gbps,
+                  .summary = &sum};
+    Diag quiet = c.diag;
+    quiet.out = null;
+    pc.diag = &quiet;
+    partition_report(c.g, &pc, null);
+    printf("%.3f ms per step (all-reduce %.3f ms, %.3f ms of it exposed); the fullest device needs %.2f MiB%s\n",
+           1e3 * sum.step_s, 1e3 * sum.allreduce_s, 1e3 * sum.exposed_s, (double)sum.need / 1048576.0,
+           sum.fits ? "" : ": DOES NOT FIT");
+    if (sum.fits && (!best_n || sum.step_s < best)) best = sum.step_s, best_n = N;
+    if (sum.fits && N == 1) pipe = sum.step_s;
+    if (sum.fits && N == D) dp = sum.step_s;
+    par_free(&cpu);
+    compiled_free(&c);
+  }
+  fclose(null);
+  if (!best_n) {
+    printf("no layout fits the devices\n");
+    return 1;
+  }
+  if (D == 1) printf("fastest: data parallelism (one device per machine: the only layout)\n");
+  else if (best_n == 1)
+    printf("fastest: a %d-stage pipeline on each machine, data parallel across the machines%s\n", D,
+           dp > 0 ? "" : " (data parallelism on every device does not fit)");
+  else if (best_n == D)
+    printf("fastest: data parallelism on every device%s\n", pipe > 0 ? "" : " (the pipeline does not fit)");
+  else printf("fastest: %d replicas of a %d-stage pipeline on each machine\n", best_n, D / best_n);
+  if (D > 1 && pipe > 0 && dp > 0)
+    printf("pipeline against data parallelism: %.3f ms against %.3f ms per step: %s is %.2fx as fast\n", 1e3 * pipe,
+           1e3 * dp, dp < pipe ? "data parallelism" : "the pipeline", dp < pipe ? pipe / dp : dp / pipe);
+  return 0;
+}
+
+/* --nodes K (1 to 4096) and --link-gbps X (> 0, at most 1e6) of duet
+ * plan into po.  1 after a message. */
+static int plan_nodes(ParOpts *po, int argc, char **argv) {
+  const char *nv = scan_flag(argc, argv, "--nodes"), *lv = scan_flag(argc, argv, "--link-gbps");
+  if (nv) {
+    char *end;
+    errno = 0;
+    long long k = strtoll(nv, &end, 10);
+    if (errno || end == nv || *end || k < 1 || k > 4096) {
+      fprintf(stderr, "duet: error: --nodes expects an integer from 1 to 4096 (machines), got '%s'\n", nv);
+      return 1;
+    }
+    po->nodes = (int)k;
+  }
+  if (lv) {
+    char *end;
+    errno = 0;
+    double x = strtod(lv, &end);
+    if (errno || end == lv || *end || !(x > 0) || !(x <= 1e6)) {
+      fprintf(stderr, "duet: error: --link-gbps expects a number of Gb/s > 0 (and at most 1e6), got '%s'\n", lv);
+      return 1;
+    }
+    if (!nv) {
+      fprintf(stderr, "duet: error: --link-gbps needs --nodes K (the machines whose network it is)\n");
+      return 1;
+    }
+    po->link_gbps = x;
+  }
+  return 0;
+}
+
 static int cmd_plan(int argc, char **argv) {
   const char *model = NULL;
   int64_t batch = 0;
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet plan M.model [--devices SPEC] [--micro-batches M] [--schedule gpipe|1f1b] [--batch N]\n"
-             "                [--threads N] [--data-parallel N] [--bucket-mb X]\n"
+             "                [--threads N] [--data-parallel N] [--bucket-mb X] [--nodes K [--link-gbps X]]\n"
              "Partitions the model without running it and prints each stage's ops, estimated time and memory\n"
              "(weights, grads, optimizer state, activations), the transfer bytes per step and the pipeline\n"
              "bubble (S-1)/(M+S-1).  SPEC: cpu:0,cpu:1 | cuda:0,cuda:1 | capacities such as 2x16GiB:sm_60;\n"
              "default cpu (the one CPU device of duet run, with --threads or all cores).  With\n"
              "--data-parallel N (SPEC split into N groups, one per replica), the ring all-reduce of the\n"
              "gradients per step, how much of it the buckets hide behind the backward pass, the step time.\n"
+             "--nodes K: K machines, each with the devices of SPEC (and --data-parallel N replicas on them),\n"
+             "linked at --link-gbps X Gb/s each (default 10: 10 Gigabit Ethernet); the all-reduce crosses\n"
+             "that link; then every layout of each machine's devices (pipeline, data parallel, between)\n"
+             "estimated, and the fastest.\n"
              "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n");
       return 0;
-    } else if (par_flag(argv[i]) && i + 1 < argc) {
+    } else if ((par_flag(argv[i]) || !strcmp(argv[i], "--nodes") || !strcmp(argv[i], "--link-gbps")) && i + 1 < argc) {
       i++;
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
       batch = scan_batch(2, argv + i);
@@ -898,13 +1047,18 @@ static int cmd_plan(int argc, char **argv) {
     return 1;
   }
   ParOpts po; /* checks --devices, --micro-batches and --schedule */
-  if (par_opts(&po, argc, argv)) return 1;
+  if (par_opts(&po, argc, argv, 1) || plan_nodes(&po, argc, argv)) {
+    par_free(&po);
+    return 1;
+  }
+  int64_t per_node = po.replicas > 1 ? po.replicas : 1; /* --data-parallel: replicas on one machine's devices */
+  if (po.nodes > 1) po.replicas = per_node * po.nodes;
   /* without --devices the program runs on one CPU device, as `duet run`'s
    * default `--devices cpu`: the estimates are that device's (the model is
    * still compiled without --devices, so its hints stay annotations) */
   ParOpts cpu = {0};
   char cpus[1024];
-  if (!po.n_dev && par_devices(&cpu, default_cpus(po.replicas, cpus, sizeof cpus), argc, argv)) {
+  if (!po.n_dev && par_devices(&cpu, default_cpus(per_node, cpus, sizeof cpus), argc, argv)) {
     par_free(&po);
     par_free(&cpu);
     return 1;
@@ -914,7 +1068,8 @@ static int cmd_plan(int argc, char **argv) {
   if (!rc) {
     const ParOpts *rp = po.n_dev ? &po : &cpu;
     PassCtx pc = {.diag = &c.diag, .devices = rp->dev, .n_devices = po.n_dev ? par_group(&po) : 1,
-                  .one_f_one_b = po.one_f_one_b, .bucket_mb = po.bucket_mb};
+                  .one_f_one_b = po.one_f_one_b, .bucket_mb = po.bucket_mb, .nodes = po.nodes,
+                  .link_gbps = po.link_gbps};
     if (check_gemm_acc(graph_f16_gemms(c.g))) {
       rc = 1;
     } else {
@@ -926,9 +1081,10 @@ static int cmd_plan(int argc, char **argv) {
         printf("gemm accumulate: fp32 (16-bit GEMMs: 16-bit inputs, fp32 accumulation)\n");
     }
   }
-  par_free(&po);
-  par_free(&cpu);
   compiled_free(&c);
+  par_free(&cpu);
+  if (po.nodes >= 1 && plan_layouts(model, batch, &po, argc, argv)) rc = 1;
+  par_free(&po);
   return rc;
 }
 
@@ -959,7 +1115,7 @@ static int cmd_emit(int argc, char **argv) {
     return 1;
   }
   ParOpts po;
-  if (par_opts(&po, argc, argv)) return 1;
+  if (par_opts(&po, argc, argv, 1)) return 1;
   Compiled c;
   int rc = compile_model_par(&c, model, 0, &po, NULL, NULL);
   par_free(&po);
@@ -1226,7 +1382,7 @@ static int cmd_check(int argc, char **argv) {
     return args_ok || (argc == 1 && wants_help(argc, argv)) ? 0 : 1;
   }
   ParOpts po;
-  if (par_opts(&po, argc, argv)) return 1;
+  if (par_opts(&po, argc, argv, 1)) return 1;
   Compiled c;
   int rc = compile_model_par(&c, argv[0], 0, &po, NULL, "prune"); /* through autodiff (its warnings too) and prune */
   par_free(&po);
@@ -1295,6 +1451,7 @@ static int cmd_check(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  duet_rank_stderr(); /* under an MPI launcher: "duet: rank 1: error: ..." */
   if (argc < 2) {
     usage(stderr);
     return 1;

@@ -1058,6 +1058,7 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
             p->bucket_mb);
   fprintf(out, "  .kernel_arg_off = kernel_arg_off, .kernel_args = kernel_args,\n");
   if (p->prune) fprintf(out, "  .prune = &prune,\n");
+  if (p->source_hash) fprintf(out, "  .source_hash = 0x%016" PRIx64 "ull,\n", p->source_hash);
   if (p->cuda_source)
     fprintf(out, "  .cuda_source = cuda_source, .cuda_launch = cuda_launch, .cuda_fn = cuda_fn, .cuda_n_fns = %d,\n",
             p->cuda_n_fns);

@@ -138,17 +138,28 @@ static double link_rate(const PartDevice *d, const char **why) {
 
 void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE *out) {
   int R = g->replicas > 1 ? g->replicas : 1, S = g->n_stages > 1 ? g->n_stages : 1;
-  double worst = 0;
+  double worst = 0, slowest = 0;
   int64_t all = 0;
+  int K = cx->nodes > 1 ? cx->nodes : 1;
+  double gbps = cx->link_gbps > 0 ? cx->link_gbps : DP_LINK_GBPS_DEFAULT;
   fprintf(out, "data parallel: %d replicas, each with its own devices holding the whole of its stages (the memory "
           "above is per device); gradients summed over the replicas in buckets of at most %.4g MiB\n", R,
           (double)data_parallel_bucket_cap(cx) / 1048576.0);
+  if (K > 1)
+    fprintf(out, "  over %d machines of %d replica%s each, linked at %.4g Gb/s per machine (%s); each stage's ring "
+            "crosses that link, shared by the %d stage%s' all-reduces\n", K, R / K, R / K == 1 ? "" : "s", gbps,
+            cx->link_gbps > 0 ? "--link-gbps" : "default: 10 Gigabit Ethernet, IEEE 802.3an 10GBASE-T", S,
+            S == 1 ? "" : "s");
   for (int s = 0; s < S; s++) {
     const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
     PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};
     if (d) part_device_rates(d, &r);
     const char *why;
     double link = link_rate(d, &why), factor = 2.0 * (R - 1) / R;
+    if (K > 1 && gbps * 1e9 / 8 / S < link) { /* the machines' network is the ring's slowest link */
+      link = gbps * 1e9 / 8 / S;
+      why = S > 1 ? "the machines' network link, shared by the stages" : "the machines' network link";
+    }
     /* the stage's backward pass of one micro-batch (its last one: the buckets
      * start there), and when each bucket is ready in it */
     double t = 0, link_free = 0, comm = 0, first = -1;
@@ -171,6 +182,7 @@ void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE
     }
     double exposed = link_free > t ? link_free - t : 0, hidden = comm - exposed > 0 ? comm - exposed : 0;
     if (exposed > worst) worst = exposed;
+    if (comm > slowest) slowest = comm;
     all += bytes;
     fprintf(out, "  stage %d on %s: %d bucket%s, %.2f MiB of gradients; ring all-reduce 2(N-1)/N x %.2f MiB = %.2f "
             "MiB per replica at %.1f GB/s (%s): %.3f ms per step, %.3f ms of it hidden behind the backward pass "
@@ -180,6 +192,11 @@ void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE
             1e3 * (first >= 0 ? t - first : 0), 1e3 * exposed);
   }
   double est = step_s + worst;
+  if (cx->summary) {
+    cx->summary->step_s = est;
+    cx->summary->allreduce_s = slowest;
+    cx->summary->exposed_s = worst;
+  }
   int64_t batch = g->train.batch * (g->train.micro_batches > 1 ? g->train.micro_batches : 1);
   fprintf(out, "estimated step time with data parallelism: %.3f ms (%.3f ms of compute and transfers + %.3f ms of "
           "all-reduce not hidden), %.0f samples/s on %d replicas (global batch %" PRId64 "; %.2f MiB of gradients "

@@ -513,7 +513,7 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
             g->model_name ? g->model_name : "?", S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", g->train.batch,
             g->train.batch * M, one_f_one_b ? "1f1b" : "gpipe");
   double slowest = 0, total = 0;
-  int64_t xfer_total = 0;
+  int64_t xfer_total = 0, need_most = 0;
   for (int s = 0; s < S; s++) {
     const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
     PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};
@@ -541,6 +541,7 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
     }
     StageMemory mem = stage_memory(g, cx, s);
     int64_t slots = mem.slots, need = mem.need, grads = mem.grads;
+    if (need > need_most) need_most = need;
     double step = (double)M * (t_f + t_b) + t_o;
     if (step > slowest) slowest = step;
     total += step;
@@ -573,6 +574,7 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
   fprintf(out, "estimated step time: %.3f ms (slowest stage %.3f ms, with the bubble); balance %.2f%s\n", 1e3 * est,
           1e3 * slowest, S > 1 && slowest > 0 ? total / ((double)S * slowest) : 1.0,
           R > 1 ? ", before the all-reduce" : "");
+  if (cx->summary) *cx->summary = (PlanSummary){.step_s = est, .need = need_most, .fits = !rc};
   if (R > 1) data_parallel_report(g, cx, est, out);
   if (rc) {
     fflush(out);

@@ -62,7 +62,21 @@ typedef struct PassCtx {
                               * its `set` override the model's prune section (NULL: none) */
   const char *optim_state;   /* optimizer: --optimizer-state int8|f32, overriding the model's
                               * adamw(state = ...) (NULL: the model's; ignored for SGD) */
+  int nodes;                 /* duet plan --nodes K: the replicas are spread over K
+                              * machines, the all-reduce crosses their network (0, 1: one) */
+  double link_gbps;          /* --link-gbps: each machine's network link, Gb/s
+                              * (0: DP_LINK_GBPS_DEFAULT) */
+  struct PlanSummary *summary; /* partition_report fills it when set */
 } PassCtx;
+
+/* What partition_report estimated, for duet plan's comparison of layouts. */
+typedef struct PlanSummary {
+  double step_s;      /* estimated step time, the all-reduce's exposed part included */
+  double allreduce_s; /* the slowest stage's all-reduce per step (0: one replica) */
+  double exposed_s;   /* the part of it not hidden behind the backward pass */
+  int64_t need;       /* bytes the fullest device needs */
+  bool fits;          /* every device's memory holds its stage */
+} PlanSummary;
 
 typedef void (*PassFn)(Graph *g, PassCtx *cx);
 typedef struct Pass {
@@ -161,6 +175,10 @@ int precision_resolve(const char *target, const char *request, PrecisionChoice *
 
 /* The default all-reduce bucket size, MiB (PyTorch DDP's bucket_cap_mb). */
 #define DP_BUCKET_MB_DEFAULT 25.0
+/* The default network link of each machine for duet plan --nodes, Gb/s:
+ * 10 Gigabit Ethernet (IEEE 802.3an-2006, 10GBASE-T), the common link
+ * between workstations; --link-gbps 100 for EDR InfiniBand or 100 GbE. */
+#define DP_LINK_GBPS_DEFAULT 10.0
 /* The bucket cap of cx in bytes (--bucket-mb x 2^20, at least 1). */
 int64_t data_parallel_bucket_cap(const PassCtx *cx);
 /* `duet plan` for a graph of several replicas (after every pass), after
@@ -172,6 +190,11 @@ int64_t data_parallel_bucket_cap(const PassCtx *cx);
  * pass (each bucket sent in order on the link from when its last gradient
  * is made in the last micro-batch's backward pass, part_op_seconds per
  * op), and the step time with what is exposed. */
+/* With cx->nodes K > 1 the replicas span K machines: each stage's ring
+ * crosses the machines' network, of cx->link_gbps per machine shared by
+ * the S stages' all-reduces (link / S each, when that is slower than the
+ * devices' own link).  Fills cx->summary's all-reduce figures and step
+ * time when set. */
 void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE *out);
 
 #endif

@@ -77,9 +77,11 @@ static void nonfinite_note(char *buf, size_t n, const char *name, int64_t count,
            count == 1 ? "" : "s", first, nan ? "NaN" : "infinite");
 }
 
-/* The CPU workers of p: its stages times its data-parallel replicas. */
-static int workers(const DuetProgram *p) {
-  return (p->n_stages > 1 ? p->n_stages : 1) * (p->n_stages >= 1 && p->replicas > 1 ? p->replicas : 1);
+/* The CPU workers of session s: its program's stages times the
+ * data-parallel replicas in this process (one per rank of an MPI run). */
+static int workers(const DuetSession *s) {
+  const DuetProgram *p = duet_session_program(s);
+  return (p->n_stages > 1 ? p->n_stages : 1) * duet_session_replicas(s);
 }
 
 int duet_threads_per_device(const DuetConfig *cfg, int n_stages) {
@@ -134,7 +136,7 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
   /* what decides the data order: checked (a warning) on resume */
   const DuetConfig *cfg = duet_session_config(s);
   char seed[32], bsz[32], subset[32], threads[32];
-  snprintf(threads, sizeof threads, "%d", duet_threads_per_device(cfg, workers(p)));
+  snprintf(threads, sizeof threads, "%d", duet_threads_per_device(cfg, workers(s)));
   snprintf(seed, sizeof seed, "%" PRIu64, cfg->seed);
   snprintf(bsz, sizeof bsz, "%" PRId64, cfg->batch);
   snprintf(subset, sizeof subset, "%" PRId64, cfg->train_subset);
@@ -352,11 +354,11 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   /* CPU devices: OpenBLAS sums in an order set by its thread count (per
    * device: a pipeline splits --threads among its stages) */
   int64_t was_threads;
-  int now_threads = duet_threads_per_device(cfg, workers(p));
+  int now_threads = duet_threads_per_device(cfg, workers(s));
   if (!weights_only && !cfg->quiet && !duet_devices_all_cuda(cfg->devices) &&
       !meta_i64(f, "threads", &was_threads) && was_threads != now_threads) {
     char flag[96];
-    int S = workers(p);
+    int S = workers(s);
     if (cfg->threads > 0 && S == 1) snprintf(flag, sizeof flag, "--threads %d", cfg->threads);
     else if (cfg->threads > 0) snprintf(flag, sizeof flag, "--threads %d (%d per device)", cfg->threads, now_threads);
     else if (S == 1) snprintf(flag, sizeof flag, "--threads (default: all %d cores)", now_threads);

@@ -9,10 +9,12 @@
  * its own buckets).  Implementations: shared memory between the replicas
  * of one process (duet_coll_shm_new; with duet_coll_shm_direct, device
  * buffers are summed on the devices); NCCL between the replicas' GPUs
- * (duet_coll_nccl_new: runtime/cuda/nccl.c in the CUDA plugin).  MPI
- * (between processes and machines) is to be a further implementation of
- * this table; reduce_scatter_start and all_gather_start are the slots
- * ZeRO stage 1 (optimizer-state sharding) will need, NULL until then.
+ * (duet_coll_nccl_new: runtime/cuda/nccl.c in the CUDA plugin); MPI
+ * between processes and machines, one replica per rank
+ * (runtime/collective_mpi.c, in the plugin libduet_mpi.so that
+ * runtime/dist.c loads under an MPI launcher).  reduce_scatter_start and
+ * all_gather_start are the slots ZeRO stage 1 (optimizer-state sharding)
+ * will need, NULL until then.
  *
  * Every function returns 0, or -1 with a message in err (a timeout naming
  * the rank waited for, an abort, mismatched buffers, a device's copy
@@ -63,6 +65,20 @@ typedef struct DuetCollOps {
   int (*all_gather_start)(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
                           size_t errlen);
   void (*destroy)(DuetColl *c);
+  /* Optional (NULL: nothing to do).  Lets the operations this rank has
+   * started under the tags it owns move on without waiting (MPI's
+   * non-blocking collectives advance only inside MPI calls): the pipeline
+   * calls it between the steps of a backward pass while buckets are in
+   * flight.  0, or -1 with a message (the failure is reported again by the
+   * wait). */
+  int (*progress)(DuetColl *c, int rank, char *err, size_t errlen);
+  /* Optional (NULL: no figures).  For tag: the calls completed so far,
+   * the bytes this rank sent for them, the seconds from each start to its
+   * completion as seen by this rank, and the seconds its waits blocked
+   * (the part not hidden behind other work).  tag -1: the sums over every
+   * tag, except busy_s: the seconds during which at least one operation
+   * was in flight (overlapping operations counted once). */
+  void (*stats)(DuetColl *c, int tag, int64_t *calls, int64_t *bytes, double *busy_s, double *wait_s);
 } DuetCollOps;
 
 struct DuetColl {
@@ -119,5 +135,30 @@ int duet_coll_shm_direct(DuetColl *c, int tag, char *err, size_t errlen);
  * the caller's. */
 DuetColl *duet_coll_nccl_new(DuetDevice *const *devs, int R, int S, const int *tag_stage, int n_tags, double timeout,
                              bool profile, DuetColl *host, char *desc, size_t desclen, char *err, size_t errlen);
+
+/* NCCL between the GPUs of the ranks of an MPI run, this process being
+ * rank `rank` of R (one replica of S stages on devs[0 .. S-1], CUDA
+ * devices of the plugin), in two steps around the MPI exchange the caller
+ * makes.  First duet_coll_nccl_rank_new: loads NCCL, checks it can drive
+ * the local GPUs, makes the streams and events (no peer is involved, so a
+ * failure here can be agreed on by the ranks before anyone blocks); rank 0
+ * also fills ids (S x DUET_COLL_NCCL_ID_BYTES bytes) with a
+ * ncclGetUniqueId per stage, which the caller broadcasts to every rank.
+ * Then duet_coll_nccl_connect: ncclCommInitRank(R, ids[s], rank) on each
+ * stage's GPU, in stage order (it blocks until every rank has joined), and
+ * `host` (the MPI collective over the same ranks and tags: host buffers,
+ * barriers, host broadcasts, aborts) used by c from then on but still the
+ * caller's, to destroy after c.  The collective is otherwise
+ * duet_coll_nccl_new's, with this one local rank: the buckets' device
+ * buffers all-reduced by NCCL on a communication stream, a wait that
+ * gives up after `timeout` seconds with ncclCommAbort.  NULL / -1 with
+ * the reason in err (no plugin, NCCL missing naming the package, a card
+ * NCCL's build cannot drive, NCCL's own errors such as two ranks on one
+ * GPU); c is the caller's to destroy either way. */
+#define DUET_COLL_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
+DuetColl *duet_coll_nccl_rank_new(DuetDevice *const *devs, int R, int rank, int S, const int *tag_stage, int n_tags,
+                                  double timeout, bool profile, void *ids, char *desc, size_t desclen, char *err,
+                                  size_t errlen);
+int duet_coll_nccl_connect(DuetColl *c, const void *ids, DuetColl *host, char *err, size_t errlen);
 
 #endif

@@ -15,6 +15,7 @@
 
 #include "duet_half.h"
 #include "duet_rt.h"
+#include "dist.h"
 #include "pipeline.h"
 
 /* OpenBLAS's own thread-count setter (OpenMP build: the same pool). */
@@ -449,6 +450,11 @@ static void print_profile(const DuetSession *s) {
 
 DuetSession *duet_session_new_pipeline(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
                                        char *err, size_t errlen) {
+  return duet_session_new_ranks(p, kernels, cfg, NULL, err, errlen);
+}
+
+DuetSession *duet_session_new_ranks(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
+                                    DuetDist *dist, char *err, size_t errlen) {
   if (p->api_version != DUET_RT_API_VERSION || p->n_stages < 1) {
     snprintf(err, errlen, "not a pipelined program for runtime API %d", DUET_RT_API_VERSION);
     return NULL;
@@ -467,13 +473,13 @@ DuetSession *duet_session_new_pipeline(const DuetProgram *p, const DuetKernelFn 
     return NULL;
   }
   s->own_dev = true;
-  if (!(s->pipe = duet_pipe_new(p, kernels, cfg, err, errlen))) {
+  if (!(s->pipe = duet_pipe_new_ranks(p, kernels, cfg, dist, err, errlen))) {
     duet_session_free(s);
     return NULL;
   }
   for (int i = 0; i < p->n_tensors; i++) s->ptr[i] = duet_pipe_tensor(s->pipe, i);
   DuetPipeEnv env;
-  s->dp_check = !duet_pipe_env(&env, cfg->timeout, err, errlen) && env.dp_check && duet_pipe_replicas(s->pipe) > 1;
+  s->dp_check = !duet_pipe_env(&env, cfg->timeout, err, errlen) && env.dp_check && p->replicas > 1;
   if (duet_session_init_params(s, cfg->seed)) {
     snprintf(err, errlen, "initialising the params: %s", s->err);
     duet_session_free(s);
@@ -486,8 +492,9 @@ void duet_session_free(DuetSession *s) {
   if (!s) return;
   if (s->dp_checked > 0) {
     int64_t asym = duet_pipe_asym_overflows(s->pipe);
-    fprintf(stderr, "duet: data-parallel check: the params and optimizer state of the %d replicas were bit-identical "
-            "after each of %" PRId64 " training steps", duet_pipe_replicas(s->pipe), s->dp_checked);
+    fprintf(stderr, "duet: data-parallel check: the params and optimizer state of the %d replicas%s were "
+            "bit-identical after each of %" PRId64 " training steps", s->p->replicas,
+            duet_pipe_replicas(s->pipe) < s->p->replicas ? " (ranks; hashes compared)" : "", s->dp_checked);
     if (s->p->n_unscale > 0)
       fprintf(stderr, "; %" PRId64 " replica-stage%s found no overflow of its own in a step another replica "
               "overflowed (and skipped it too)", asym, asym == 1 ? "" : "s");
@@ -513,7 +520,7 @@ void duet_session_free(DuetSession *s) {
 const char *duet_session_transfers(const DuetSession *s) { return s->pipe ? duet_pipe_transfers(s->pipe) : NULL; }
 
 const char *duet_session_collective(const DuetSession *s) {
-  return s->pipe && duet_pipe_replicas(s->pipe) > 1 ? duet_pipe_collective(s->pipe) : NULL;
+  return s->pipe && s->p->replicas > 1 ? duet_pipe_collective(s->pipe) : NULL;
 }
 
 void *duet_session_tensor(DuetSession *s, int id) {

@@ -133,3 +133,30 @@ DuetColl *duet_coll_nccl_new(DuetDevice *const *devs, int R, int S, const int *t
   }
   return make(devs, R, S, tag_stage, n_tags, timeout, profile, host, desc, desclen, err, errlen);
 }
+
+DuetColl *duet_coll_nccl_rank_new(DuetDevice *const *devs, int R, int rank, int S, const int *tag_stage, int n_tags,
+                                  double timeout, bool profile, void *ids, char *desc, size_t desclen, char *err,
+                                  size_t errlen) {
+  void *h = load_plugin(err, errlen);
+  if (!h) return NULL;
+  typedef DuetColl *(*RankFn)(DuetDevice *const *, int, int, int, const int *, int, double, bool, void *, char *, size_t,
+                              char *, size_t);
+  RankFn make = (RankFn)dlsym(h, "duet_cuda_plugin_nccl_rank");
+  if (!make) {
+    snprintf(err, errlen, "libduet_cuda.so lacks duet_cuda_plugin_nccl_rank");
+    return NULL;
+  }
+  return make(devs, R, rank, S, tag_stage, n_tags, timeout, profile, ids, desc, desclen, err, errlen);
+}
+
+int duet_coll_nccl_connect(DuetColl *c, const void *ids, DuetColl *host, char *err, size_t errlen) {
+  void *h = load_plugin(err, errlen);
+  if (!h) return -1;
+  typedef int (*ConnectFn)(DuetColl *, const void *, DuetColl *, char *, size_t);
+  ConnectFn connect = (ConnectFn)dlsym(h, "duet_cuda_plugin_nccl_connect");
+  if (!connect) {
+    snprintf(err, errlen, "libduet_cuda.so lacks duet_cuda_plugin_nccl_connect");
+    return -1;
+  }
+  return connect(c, ids, host, err, errlen);
+}

@@ -208,8 +208,21 @@ int duet_devices_preflight(const DuetProgram *p, const DuetConfig *cfg, char *er
     DuetPipeEnv e;
     int G;
     if (duet_pipe_env(&e, cfg->timeout, err, errlen)) return -1;
-    if (p->replicas > 1 && duet_devices_groups(cfg->devices, p->replicas, &G, err, errlen)) return -1;
-    if (e.collective == DUET_COLL_NCCL && duet_pipe_nccl_check(p, cfg->devices, err, errlen)) return -1;
+    int rank, ranks = duet_launch_ranks(&rank, err, errlen);
+    if (ranks > 1 && p->replicas > 1) { /* an MPI run: the rank's devices */
+      DuetDeviceSpec mine[DUET_MAX_DEVICES];
+      if (duet_pipe_rank_devices(p, cfg->devices, rank, mine, err, errlen)) return -1;
+      for (int k = 0; k < p->n_stages && e.collective == DUET_COLL_NCCL; k++)
+        if (mine[k].kind != DUET_DEV_CUDA) {
+          snprintf(err, errlen, "DUET_DP_COLLECTIVE=nccl: rank %d's stage %d is on %s, and NCCL connects GPUs", rank, k,
+                   mine[k].name);
+          return -1;
+        }
+    } else if (p->replicas > 1 && duet_devices_groups(cfg->devices, p->replicas, &G, err, errlen)) {
+      return -1;
+    } else if (e.collective == DUET_COLL_NCCL && duet_pipe_nccl_check(p, cfg->devices, err, errlen)) {
+      return -1;
+    }
   } else if (n == 1 && d[0].kind == DUET_DEV_CPU) {
     /* one CPU device: its regions must fit the memory available (duet run
      * has checked duet plan's larger count already; this is for compiled

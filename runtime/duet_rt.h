@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 4 /* 3: data parallelism; 4: DuetProgram.prune */
+#define DUET_RT_API_VERSION 5 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -259,6 +259,10 @@ typedef struct DuetProgram {
   double bucket_mb;
   /* Pruning (NULL: none): the pruned params, their masks and the schedule. */
   const DuetPrune *prune;
+  /* 64-bit FNV-1a of the generated C kernels (0: not known); the ranks of
+   * an MPI run compare it with the rest of the program (runtime/dist.c).
+   * Appended: no other member moves. */
+  uint64_t source_hash;
 } DuetProgram;
 
 #define DUET_MAX_KERNEL_ARGS 40
@@ -592,6 +596,26 @@ int duet_prune_update(DuetSession *s, double target, char *err, size_t errlen);
  * 0, or -1 with a message in err. */
 int duet_prune_sparsity(DuetSession *s, double *per_param, double *overall, int64_t *n_weights, char *err,
                         size_t errlen);
+/* ------------------------------------------------------------ MPI ranks */
+
+/* Whether an MPI launcher started this process as one of several ranks,
+ * from its environment alone (no MPI call): OMPI_COMM_WORLD_SIZE/RANK
+ * (Open MPI's mpirun), PMI_SIZE/PMI_RANK (MPICH's mpiexec, srun
+ * --mpi=pmi2), SLURM_STEP_NUM_TASKS/SLURM_PROCID (srun; one task is no MPI
+ * run).
+ * Returns the number of ranks (1: not launched as one of several), *rank
+ * this one's, and `var` the variable that said so ("OMPI_COMM_WORLD_SIZE=2");
+ * -1 with a message in var when the variables are malformed.  Under such a
+ * launcher duet_main loads MPI (the plugin libduet_mpi.so) and runs this
+ * rank as one replica of a data-parallel program of that many replicas
+ * (README "Data parallelism"). */
+int duet_launch_ranks(int *rank, char *var, size_t varlen);
+/* Under such a launcher with several ranks, stderr becomes a line-buffered
+ * stream that writes to file descriptor 2 with every line that starts
+ * "duet: " prefixed by "duet: rank R: " (so "duet: rank 1: error: ...");
+ * otherwise (or when stderr has been replaced already) nothing changes.
+ * Called by duet_main, duet_preflight and the duet CLI. */
+void duet_rank_stderr(void);
 
 /* ------------------------------------------------------------------ rng */
 
@@ -845,8 +869,9 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
  * (2: DuetDeviceOps gained peer_path, copy_peer, host_alloc, host_free; 4:
  * DuetProgram and DuetConfig gained the data-parallel fields; 5: the plugin
  * makes NCCL collectives, duet_cuda_plugin_nccl, over runtime/collective.h's
- * DuetColl; 6: DuetProgram gained prune). */
-#define DUET_CUDA_PLUGIN_API 6
+ * DuetColl; 6: DuetProgram gained prune; 7: DuetProgram gained source_hash,
+ * DuetCollOps progress and stats). */
+#define DUET_CUDA_PLUGIN_API 7
 
 /* The CUDA device `ordinal` for program p: loads libduet_cuda.so
  * ($DUET_CUDA_PLUGIN, else next to the executable, else the build tree's,

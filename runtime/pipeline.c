@@ -39,6 +39,16 @@
  * applies the same update to the same bytes.  Evaluation runs replica 0
  * alone over all R x M micro-batches (the replicas' params are identical).
  *
+ * Across processes (an MPI run, runtime/dist.h) each rank holds one of the
+ * R replicas: the pipe has L = 1 local replica, replica r0 = the rank, on
+ * its own S devices, and the collective is MPI's
+ * (runtime/collective_mpi.c), whose sums are the shared-memory
+ * collective's bit for bit.  Arrays of workers, transfers and staging are
+ * per local replica; micro-batch numbers, loss rows and collective ranks
+ * are global.  Between the steps of a backward pass with buckets in flight
+ * the stage calls the collective's progress, so MPI moves them on while
+ * the rest of the backward pass runs.
+ *
  * Environment (documented in README.md):
  *   DUET_PIPE_TIMEOUT=SECONDS   how long a stage waits for a transfer (120)
  *   DUET_PIPE_STAGING=auto|host host: every transfer staged through host
@@ -70,6 +80,7 @@
 #endif
 
 #include "collective.h"
+#include "dist.h"
 #include "pipeline.h"
 
 void openblas_set_num_threads(int n);
@@ -78,6 +89,8 @@ typedef struct Stage {
   struct DuetPipe *q;
   int id;          /* the stage (0 .. S-1) */
   int rep;         /* the replica (0 .. R-1) */
+  int lr;          /* its index among this process's replicas (0 .. L-1) */
+  int in_flight;   /* buckets posted to the collective and not yet waited for */
   char who[40];    /* "stage 1", or "replica 1, stage 0", for messages */
   DuetDevice *dev;
   void *region[DUET_MEM_COUNT]; /* DUET_MEM_ARENA: n_slots activation regions */
@@ -112,13 +125,15 @@ struct DuetPipe {
   const DuetProgram *p;
   int S, M, schedule; /* M: micro-batches per replica */
   int R, Mt;          /* replicas; micro-batches of the global batch, R x M */
+  int L, r0;          /* replicas in this process, and the first one's number (an MPI rank holds one) */
+  DuetDist *dist;     /* an MPI run: the ranks; NULL: every replica is in this process */
   int phase;         /* the job's part of a training step: DUET_RUN_TRAIN (all), DUET_PIPE_GRADS, DUET_PIPE_STEP */
-  Stage *st;         /* [replica * S + stage] */
-  Xfer *xfer;        /* [replica * n_transfers + transfer] */
+  Stage *st;         /* [local replica * S + stage] */
+  Xfer *xfer;        /* [local replica * n_transfers + transfer] */
   bool force_host;   /* DUET_PIPE_STAGING=host */
   bool host_sums;    /* DUET_PIPE_SUMS=host */
   char paths[1024];  /* "stage 0 -> 1 copied between arenas (CPU), ..." */
-  int64_t *posted;   /* [(replica * n_transfers + transfer) * M + m]: job number that posted it */
+  int64_t *posted;   /* [(local replica * n_transfers + transfer) * M + m]: job number that posted it */
   pthread_mutex_t mu;
   pthread_cond_t cv;      /* posts, aborts */
   pthread_cond_t job_cv;  /* a new job, or quit */
@@ -137,6 +152,7 @@ struct DuetPipe {
   bool profile;           /* DUET_PROFILE=1: per-stage busy and waiting time */
   int64_t runs;
   DuetColl *coll;         /* R > 1: the collective between the replicas */
+  DuetColl *coll_host;    /* NCCL across MPI ranks: the MPI collective coll uses (destroyed after it) */
   int *bucket_of;         /* tensor id -> bucket, -1 */
   int drop_bucket;        /* DUET_DP_DROP (tests): this bucket is never all-reduced; -1: none */
   int64_t asym_steps;     /* steps whose overflow some replicas saw and others did not */
@@ -152,11 +168,11 @@ static double now_s(void) {
 
 static int64_t numel(const DuetTensor *t) { return t->nbytes / (t->dtype == DUET_F64 ? 8 : 4); }
 
-/* The transfer tr of replica r. */
+/* The transfer tr of local replica r. */
 static Xfer *xf(const DuetPipe *q, int r, int tr) { return &q->xfer[(size_t)r * (size_t)q->p->n_transfers + (size_t)tr]; }
-/* The staging buffer of transfer tr of replica r for micro-batch k. */
+/* The staging buffer of transfer tr of local replica r for micro-batch k. */
 static void *xbuf(const DuetPipe *q, int r, int tr, int k) { return xf(q, r, tr)->block + (size_t)k * xf(q, r, tr)->stride; }
-/* Where replica r posts transfer tr of micro-batch k. */
+/* Where local replica r posts transfer tr of micro-batch k. */
 static int64_t *posted_at(const DuetPipe *q, int r, int tr, int k) {
   return &q->posted[((size_t)r * (size_t)q->p->n_transfers + (size_t)tr) * (size_t)q->M + (size_t)k];
 }
@@ -197,7 +213,7 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
   const DuetProgram *p = q->p;
   void **t = st->tab[slot];
   DuetDevice *d = st->dev;
-  int r = st->rep, gm = r * q->M + m; /* the micro-batch's place in the global batch */
+  int r = st->lr, gm = st->rep * q->M + m; /* the micro-batch's place in the global batch */
   for (int i = 0; i < n; i++) {
     const DuetStep *x = &steps[i];
     int rc = 0;
@@ -266,6 +282,13 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
     if (rc) {
       pipe_fail(q, "%s, micro-batch %d, step %d: %s", st->who, gm, i, d->err);
       return -1;
+    }
+    if (st->in_flight && q->coll->ops->progress) { /* MPI moves the buckets on only inside its calls */
+      char err[600];
+      if (q->coll->ops->progress(q->coll, st->rep, err, sizeof err)) {
+        pipe_fail(q, "%s: all-reduce: %s", st->who, err);
+        return -1;
+      }
     }
   }
   return 0;
@@ -393,6 +416,7 @@ static int bucket_post(Stage *st, int b, int m, int slot) {
     pipe_fail(q, "%s: all-reduce of bucket %d: %s", st->who, b, err);
     return -1;
   }
+  st->in_flight++;
   return 0;
 }
 
@@ -435,6 +459,7 @@ static int replicas_meet(Stage *st) {
     double t0 = q->profile ? now_s() : 0;
     int rc = q->coll->ops->allreduce_wait(q->coll, st->rep, b, err, sizeof err);
     if (q->profile) st->wait += now_s() - t0;
+    st->in_flight = 0;
     if (rc) {
       pipe_fail(q, "%s: all-reduce of bucket %d: %s", st->who, b, err);
       return -1;
@@ -591,7 +616,7 @@ int duet_pipe_run(DuetPipe *q, int which, const double *s, int64_t n_valid, char
   if (which != DUET_PIPE_STEP) q->runs++;
   q->n_done = 0;
   pthread_cond_broadcast(&q->job_cv);
-  while (q->n_done < q->R * q->S) pthread_cond_wait(&q->done_cv, &q->mu);
+  while (q->n_done < q->L * q->S) pthread_cond_wait(&q->done_cv, &q->mu);
   bool bad = q->abort;
   pthread_mutex_unlock(&q->mu);
   if (bad) {
@@ -600,7 +625,7 @@ int duet_pipe_run(DuetPipe *q, int which, const double *s, int64_t n_valid, char
   }
   if (p->loss >= 0 && which != DUET_PIPE_STEP) { /* the mean over the global batch's micro-batches, in order */
     double l = 0;
-    for (int m = 0; m < q->Mt; m++) l += q->losses[m];
+    for (int m = 0; m < q->Mt; m++) l += q->losses[(size_t)q->r0 * (size_t)q->Mt + (size_t)m];
     write_elem(&p->tensors[p->loss], q->host_loss, 0, l / (double)q->Mt);
   }
   return 0;
@@ -614,7 +639,7 @@ int duet_pipe_first_overflow(const DuetPipe *q) {
   return first;
 }
 
-int duet_pipe_replicas(const DuetPipe *q) { return q->R; }
+int duet_pipe_replicas(const DuetPipe *q) { return q->L; }
 
 int64_t duet_pipe_asym_overflows(const DuetPipe *q) { return q->asym_steps; }
 
@@ -624,7 +649,7 @@ static bool host_buffer(const DuetProgram *p, int id) {
 
 void *duet_pipe_tensor_at(DuetPipe *q, int replica, int id) {
   const DuetProgram *p = q->p;
-  if (id < 0 || id >= p->n_tensors || replica < 0 || replica >= q->R) return NULL;
+  if (id < 0 || id >= p->n_tensors || replica < 0 || replica >= q->L) return NULL;
   if (id == p->input_x) return q->host_x;
   if (id == p->input_y) return q->host_y;
   if (id == p->loss) return q->host_loss;
@@ -634,7 +659,7 @@ void *duet_pipe_tensor_at(DuetPipe *q, int replica, int id) {
 
 DuetDevice *duet_pipe_tensor_device_at(DuetPipe *q, int replica, int id) {
   const DuetProgram *p = q->p;
-  if (id < 0 || id >= p->n_tensors || replica < 0 || replica >= q->R || host_buffer(p, id)) return NULL;
+  if (id < 0 || id >= p->n_tensors || replica < 0 || replica >= q->L || host_buffer(p, id)) return NULL;
   return q->st[replica * q->S + p->tensors[id].stage].dev;
 }
 
@@ -642,8 +667,70 @@ void *duet_pipe_tensor(DuetPipe *q, int id) { return duet_pipe_tensor_at(q, 0, i
 
 DuetDevice *duet_pipe_tensor_device(DuetPipe *q, int id) { return duet_pipe_tensor_device_at(q, 0, id); }
 
+/* duet_pipe_compare_replicas across the ranks of an MPI run: each param
+ * and optimizer-state tensor hashed (FNV-1a, 64 bits), the hashes gathered
+ * through the collective (a sum of vectors that are zero but for each
+ * rank's own: exact) and compared with rank 0's. */
+static int compare_ranks(DuetPipe *q, char *err, size_t errlen) {
+  const DuetProgram *p = q->p;
+  int n = 0, rc = -1;
+  int64_t most = 0;
+  for (int i = 0; i < p->n_tensors; i++)
+    if (p->tensors[i].region == DUET_MEM_PARAM || p->tensors[i].region == DUET_MEM_STATE) {
+      n++;
+      if (p->tensors[i].nbytes > most) most = p->tensors[i].nbytes;
+    }
+  uint32_t *v = calloc((size_t)q->R * (size_t)n * 2 + 1, sizeof *v);
+  char *buf = calloc((size_t)most + 1, 1);
+  if (!v || !buf) {
+    snprintf(err, errlen, "out of host memory");
+    goto out;
+  }
+  int j = 0;
+  for (int i = 0; i < p->n_tensors; i++) {
+    const DuetTensor *t = &p->tensors[i];
+    if (t->region != DUET_MEM_PARAM && t->region != DUET_MEM_STATE) continue;
+    Stage *st = &q->st[t->stage];
+    if (st->dev->ops->copy_to_host(st->dev, buf, st->tab[0][i], (size_t)t->nbytes)) {
+      snprintf(err, errlen, "%s: reading %s: %s", st->who, t->name, st->dev->err);
+      goto out;
+    }
+    uint64_t h = duet_fnv1a(buf, (size_t)t->nbytes, DUET_FNV_OFFSET);
+    size_t at = ((size_t)q->r0 * (size_t)n + (size_t)j++) * 2;
+    v[at] = (uint32_t)h;
+    v[at + 1] = (uint32_t)(h >> 32);
+  }
+  int tag = p->n_buckets + q->S + 1;
+  DuetCollBuf b = {.ptr = v, .n = (int64_t)q->R * n * 2, .dtype = DUET_I32};
+  char e[600];
+  if (q->coll->ops->allreduce_start(q->coll, q->r0, tag, NULL, &b, 1, e, sizeof e) ||
+      q->coll->ops->allreduce_wait(q->coll, q->r0, tag, e, sizeof e)) {
+    snprintf(err, errlen, "gathering the ranks' hashes: %s", e);
+    goto out;
+  }
+  rc = 0;
+  for (int r = 1; r < q->R && !rc; r++) {
+    j = 0;
+    for (int i = 0; i < p->n_tensors && !rc; i++) {
+      const DuetTensor *t = &p->tensors[i];
+      if (t->region != DUET_MEM_PARAM && t->region != DUET_MEM_STATE) continue;
+      if (memcmp(&v[((size_t)r * (size_t)n + (size_t)j) * 2], &v[(size_t)j * 2], 2 * sizeof *v)) {
+        snprintf(err, errlen, "rank %d's %s differ from rank 0's: tensor %s (their FNV-1a hashes differ)", r,
+                 t->region == DUET_MEM_PARAM ? "params" : "optimizer state", t->name);
+        rc = -1;
+      }
+      j++;
+    }
+  }
+out:
+  free(v);
+  free(buf);
+  return rc;
+}
+
 int duet_pipe_compare_replicas(DuetPipe *q, char *err, size_t errlen) {
   const DuetProgram *p = q->p;
+  if (q->L < q->R) return compare_ranks(q, err, errlen);
   int rc = 0;
   void *a = NULL, *b = NULL;
   for (int s = 0; s < q->S && !rc; s++)
@@ -663,7 +750,7 @@ int duet_pipe_compare_replicas(DuetPipe *q, char *err, size_t errlen) {
         rc = -1;
         break;
       }
-      for (int r = 1; r < q->R && !rc; r++) {
+      for (int r = 1; r < q->L && !rc; r++) {
         Stage *sr = &q->st[r * q->S + s];
         if (sr->dev->ops->copy_to_host(sr->dev, b, sr->region[reg], bytes)) {
           snprintf(err, errlen, "%s: reading its %s: %s", sr->who, reg == DUET_MEM_PARAM ? "params" : "optimizer state",
@@ -692,9 +779,28 @@ int duet_pipe_compare_replicas(DuetPipe *q, char *err, size_t errlen) {
 
 void duet_pipe_free(DuetPipe *q) {
   if (!q) return;
+  if (q->profile && q->runs > 0 && q->coll && q->coll->ops->stats) {
+    int64_t calls = 0, bytes = 0;
+    double busy = 0, waited = 0;
+    for (int b = 0; b < q->p->n_buckets; b++) {
+      int64_t c, n;
+      double bs, ws;
+      q->coll->ops->stats(q->coll, b, &c, &n, &bs, &ws);
+      calls += c, bytes += n, busy += bs, waited += ws;
+    }
+    int64_t c_all, n_all;
+    double w_all;
+    q->coll->ops->stats(q->coll, -1, &c_all, &n_all, &busy, &w_all); /* in flight: overlapping buckets once */
+    double hidden = busy > 0 ? 1.0 - waited / busy : 0;
+    fprintf(stderr, "duet: all-reduce profile (%s) of %lld training steps: %.1f buckets and %.2f MiB sent per step; "
+            "%.2f ms per step with a bucket in flight (from its start to its completion), %.2f ms of it waited for "
+            "before the optimizer: %.0f%% hidden behind the backward pass\n", q->coll->ops->name, (long long)q->runs,
+            (double)calls / (double)q->runs, (double)bytes / 1048576.0 / (double)q->runs,
+            1e3 * busy / (double)q->runs, 1e3 * waited / (double)q->runs, 100 * (hidden > 0 ? hidden : 0));
+  }
   if (q->profile && q->runs > 0) {
     fprintf(stderr, "duet: pipeline profile of %lld training steps (ms per step):\n", (long long)q->runs);
-    for (int k = 0; q->st && k < q->R * q->S; k++)
+    for (int k = 0; q->st && k < q->L * q->S; k++)
       fprintf(stderr, "  %s: computing %.2f, waiting for transfers%s %.2f\n", q->st[k].who,
               1e3 * (q->st[k].busy - q->st[k].wait) / (double)q->runs, q->R > 1 ? " and all-reduces" : "",
               1e3 * q->st[k].wait / (double)q->runs);
@@ -703,18 +809,19 @@ void duet_pipe_free(DuetPipe *q) {
   q->quit = true;
   pthread_cond_broadcast(&q->job_cv);
   pthread_mutex_unlock(&q->mu);
-  for (int k = 0; q->st && k < q->R * q->S; k++)
+  for (int k = 0; q->st && k < q->L * q->S; k++)
     if (q->st[k].started) pthread_join(q->st[k].thread, NULL);
   if (q->coll) q->coll->ops->destroy(q->coll);
+  if (q->coll_host) q->coll_host->ops->destroy(q->coll_host);
   /* staging blocks before the devices that allocated them */
-  for (int i = 0; q->xfer && i < q->R * q->p->n_transfers; i++) {
+  for (int i = 0; q->xfer && i < q->L * q->p->n_transfers; i++) {
     Xfer *x = &q->xfer[i];
     if (!x->owner) free(x->block);
     else if (x->path != DUET_PEER_NONE) x->owner->ops->free(x->owner, x->block);
     else x->owner->ops->host_free(x->owner, x->block);
   }
   free(q->xfer);
-  for (int k = 0; q->st && k < q->R * q->S; k++) {
+  for (int k = 0; q->st && k < q->L * q->S; k++) {
     Stage *st = &q->st[k];
     for (int r = 1; r < DUET_MEM_COUNT; r++)
       if (st->region[r] && st->dev) st->dev->ops->free(st->dev, st->region[r]);
@@ -780,7 +887,7 @@ static int pair_path(DuetPipe *q, int r, int from, int to, char *err, size_t err
   int local = path > DUET_PEER_NONE ? b->ops->peer_path(b, b) : DUET_PEER_NONE;
   if (path < 0 || local < 0) {
     if (q->R > 1)
-      snprintf(err, errlen, "replica %d, transfers from stage %d to stage %d: %s", r, from, to,
+      snprintf(err, errlen, "replica %d, transfers from stage %d to stage %d: %s", q->r0 + r, from, to,
                path < 0 ? a->err : b->err);
     else
       snprintf(err, errlen, "transfers from stage %d to stage %d: %s", from, to, path < 0 ? a->err : b->err);
@@ -803,7 +910,7 @@ static int setup_transfers(DuetPipe *q, char *err, size_t errlen) {
     snprintf(err, errlen, "out of host memory");
     return -1;
   }
-  for (int r = q->R - 1; r >= 0; r--) { /* replica 0 last: its paths are listed */
+  for (int r = q->L - 1; r >= 0; r--) { /* local replica 0 last: its paths are listed */
     for (int i = 0; i < S * S; i++) pair[i] = -1;
     for (int i = 0; i < p->n_transfers; i++) {
       const DuetTransfer *tr = &p->transfers[i];
@@ -1042,13 +1149,180 @@ static int make_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, 
   return 0;
 }
 
+/* The ranks' agreement, over the MPI collective mpi, on whether each of
+ * them could take a step towards NCCL (`failed`: this rank could not,
+ * `mine` saying why).  -1 when every rank could; else the first rank K
+ * that could not, its reason broadcast from it to all (every rank says the
+ * same: "rank K: WHY" in why); -2 with the error in why when MPI failed. */
+static int agree_ranks(DuetPipe *q, DuetColl *mpi, bool failed, const char *mine, char *why, size_t whylen) {
+  int R = q->R, me = q->r0, tag = q->p->n_buckets + q->S; /* the losses' tag: host buffers */
+  int32_t flags[64] = {0}, msg[200] = {0}; /* a reason as whole int32s for the broadcast */
+  char e[800];
+  if (R > 64) {
+    snprintf(why, whylen, "%d ranks: at most 64", R);
+    return -2;
+  }
+  flags[me] = failed;
+  DuetCollBuf b = {flags, R, DUET_I32};
+  if (mpi->ops->allreduce_start(mpi, me, tag, NULL, &b, 1, e, sizeof e) ||
+      mpi->ops->allreduce_wait(mpi, me, tag, e, sizeof e)) {
+    snprintf(why, whylen, "the ranks' agreement on NCCL, over MPI: %s", e);
+    return -2;
+  }
+  int first = -1;
+  for (int k = R - 1; k >= 0; k--)
+    if (flags[k]) first = k;
+  if (first < 0) return -1;
+  if (first == me) snprintf((char *)msg, sizeof msg, "%s", mine);
+  DuetCollBuf m = {msg, (int64_t)(sizeof msg / sizeof *msg), DUET_I32};
+  if (mpi->ops->broadcast(mpi, me, first, NULL, &m, 1, e, sizeof e)) {
+    snprintf(why, whylen, "why rank %d cannot use NCCL, over MPI: %s", first, e);
+    return -2;
+  }
+  ((char *)msg)[sizeof msg - 1] = 0;
+  snprintf(why, whylen, "rank %d: %s", first, (const char *)msg);
+  return first;
+}
+
+/* NCCL across the ranks of an MPI run (rank_collective): every rank
+ * prepares its part (NCCL loaded, its GPUs usable; rank 0 makes a unique
+ * id per stage), the ranks agree over `mpi` that every one of them could
+ * (none may block in ncclCommInitRank while another has given up), rank
+ * 0's ids are broadcast over MPI, each rank joins the stages'
+ * communicators, and the ranks agree again (NCCL refuses two ranks on one
+ * GPU there, on every rank).  The connected collective (using mpi, which
+ * stays the caller's), or NULL: *fatal false with the reason in why
+ * ("rank K: WHY", the first rank that could not, the same on every rank),
+ * every rank then without NCCL; *fatal true with the error in why (MPI
+ * failed). */
+static DuetColl *nccl_ranks(DuetPipe *q, DuetColl *mpi, char *desc, size_t desclen, bool *fatal, char *why,
+                            size_t whylen) {
+  const DuetProgram *p = q->p;
+  int S = q->S, B = p->n_buckets, n_tags = B + S + 2, me = q->r0;
+  int *tag_stage = malloc((size_t)n_tags * sizeof *tag_stage);
+  DuetDevice **devs = malloc((size_t)S * sizeof *devs);
+  int32_t *ids = calloc((size_t)S * DUET_COLL_NCCL_ID_BYTES / 4, sizeof *ids);
+  char mine[800] = "", e[800];
+  DuetColl *c = NULL;
+  int k;
+  *fatal = false;
+  if (!tag_stage || !devs || !ids) {
+    snprintf(mine, sizeof mine, "out of host memory");
+  } else {
+    for (int t = 0; t < n_tags; t++) tag_stage[t] = t < B ? p->tensors[p->bucket_tensors[p->bucket_off[t]]].stage : -1;
+    for (int s = 0; s < S; s++) devs[s] = q->st[s].dev;
+    c = duet_coll_nccl_rank_new(devs, q->R, me, S, tag_stage, n_tags, q->timeout, q->profile, ids, desc, desclen,
+                                mine, sizeof mine);
+  }
+  if ((k = agree_ranks(q, mpi, !c, mine, why, whylen)) != -1) goto out;
+  DuetCollBuf b = {ids, (int64_t)S * DUET_COLL_NCCL_ID_BYTES / 4, DUET_I32};
+  if (mpi->ops->broadcast(mpi, me, 0, NULL, &b, 1, e, sizeof e)) {
+    snprintf(why, whylen, "the NCCL unique ids of rank 0, over MPI: %s", e);
+    k = -2;
+    goto out;
+  }
+  bool joined = !duet_coll_nccl_connect(c, ids, mpi, mine, sizeof mine);
+  if ((k = agree_ranks(q, mpi, !joined, mine, why, whylen)) != -1) goto out;
+  free(tag_stage);
+  free(devs);
+  free(ids);
+  return c;
+out:
+  *fatal = k == -2;
+  if (c) c->ops->destroy(c);
+  free(tag_stage);
+  free(devs);
+  free(ids);
+  return NULL;
+}
+
+/* The collective of rank q->r0 of an MPI run (q->dist, one replica per
+ * rank) and its description: NCCL between the ranks' GPUs when every
+ * stage of the rank is on a GPU, DUET_DP_COLLECTIVE is auto or nccl and
+ * every rank can use NCCL (nccl_ranks; auto falls back saying why, nccl
+ * fails with it); else the MPI collective, GPU buffers staged through
+ * host memory.  The device kinds of every rank are the same (compared at
+ * start), so every rank makes the same choice.  0, or -1 with a message. */
+static int rank_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, size_t errlen) {
+  const DuetProgram *p = q->p;
+  int S = q->S;
+  /* tags: the buckets, each stage's overflow flags, the losses, the ranks'
+   * check (DUET_DP_CHECK under MPI) */
+  DuetColl *mpi = duet_dist_coll(q->dist, p->n_buckets + S + 2, err, errlen);
+  if (!mpi) return -1;
+  bool gpu = false, tried = false;
+  for (int k = 0; k < S; k++) gpu |= !q->st[k].host_mem;
+  char why[1000] = "", desc[600];
+  if (q->collective != DUET_COLL_SHM) {
+    int cpu = -1;
+    for (int s = S - 1; s >= 0; s--)
+      if (specs[s].kind != DUET_DEV_CUDA) cpu = s;
+    if (cpu >= 0) {
+      snprintf(why, sizeof why, "rank %d's stage %d is on %s, and NCCL connects GPUs", q->r0, cpu, specs[cpu].name);
+    } else {
+      bool fatal;
+      DuetColl *c = nccl_ranks(q, mpi, desc, sizeof desc, &fatal, why, sizeof why);
+      if (c) {
+        q->coll = c;
+        q->coll_host = mpi;
+        snprintf(q->coll_desc, sizeof q->coll_desc, "by %s, across the ranks (ncclCommInitRank, the unique ids "
+                 "broadcast over %s)", desc, duet_dist_name(q->dist));
+        return 0;
+      }
+      if (fatal) {
+        snprintf(err, errlen, "NCCL across the ranks: %s", why);
+        mpi->ops->destroy(mpi);
+        return -1;
+      }
+      tried = true;
+    }
+  }
+  if (q->collective == DUET_COLL_NCCL) {
+    snprintf(err, errlen, "DUET_DP_COLLECTIVE=nccl: %s", why);
+    mpi->ops->destroy(mpi);
+    return -1;
+  }
+  q->coll = mpi;
+  size_t len = (size_t)snprintf(q->coll_desc, sizeof q->coll_desc, "in replica order over %s%s", duet_dist_name(q->dist),
+                                gpu ? " (GPU buffers staged through host memory)" : "");
+  if (tried && len < sizeof q->coll_desc) snprintf(q->coll_desc + len, sizeof q->coll_desc - len, "; NCCL not used: %s", why);
+  return 0;
+}
+
 const char *duet_pipe_collective(const DuetPipe *q) { return q->coll_desc; }
 
-/* The devices of the R x S workers: cfg->devices (replica r's stages are
- * items r*S .. r*S+S-1), else virtual CPU devices cpu:0 .. cpu:R*S-1.  0,
- * or -1 with a message. */
-static int worker_devices(const DuetProgram *p, const DuetConfig *cfg, int R, DuetDeviceSpec *specs, char *err,
-                          size_t errlen) {
+int duet_pipe_rank_devices(const DuetProgram *p, const char *devices, int rank, DuetDeviceSpec *specs, char *err,
+                           size_t errlen) {
+  int S = p->n_stages > 1 ? p->n_stages : 1, R = p->replicas > 1 ? p->replicas : 1, n = 0;
+  memset(specs, 0, DUET_MAX_DEVICES * sizeof *specs);
+  if (!devices) { /* one CPU device per stage */
+    for (int k = 0; k < S; k++) {
+      specs[k].index = k;
+      snprintf(specs[k].name, sizeof specs[k].name, "cpu:%d", k);
+    }
+    return 0;
+  }
+  if (duet_devices_parse(devices, specs, DUET_MAX_DEVICES, &n, err, errlen)) return -1;
+  if (n == S) return 0;
+  int G;
+  if (n == R * S) { /* the list of every replica (a compiled executable's): this rank's group */
+    if (duet_devices_groups(devices, R, &G, err, errlen)) return -1;
+    memmove(specs, specs + (size_t)rank * (size_t)S, (size_t)S * sizeof *specs);
+    return 0;
+  }
+  snprintf(err, errlen, "each MPI rank is one replica of %d pipeline stage%s: --devices %s names %d device%s; give the "
+           "%d device%s of one rank (or %d: one group of %d per rank)", S, S == 1 ? "" : "s", devices, n,
+           n == 1 ? "" : "s", S, S == 1 ? "" : "s", R * S, S);
+  return -1;
+}
+
+/* The devices of this process's L x S workers: under MPI (L < R) the
+ * rank's (duet_pipe_rank_devices); else cfg->devices (replica r's stages
+ * are items r*S .. r*S+S-1), else virtual CPU devices cpu:0 .. cpu:R*S-1.
+ * 0, or -1 with a message. */
+static int worker_devices(const DuetProgram *p, const DuetConfig *cfg, int R, int L, int r0, DuetDeviceSpec *specs,
+                          char *err, size_t errlen) {
+  if (L < R) return duet_pipe_rank_devices(p, cfg->devices, r0, specs, err, errlen);
   int want = p->n_stages * R, n_specs = want < DUET_MAX_DEVICES ? want : DUET_MAX_DEVICES;
   memset(specs, 0, DUET_MAX_DEVICES * sizeof *specs);
   for (int k = 0; k < n_specs; k++) { /* default: virtual CPU devices */
@@ -1072,8 +1346,9 @@ static int worker_devices(const DuetProgram *p, const DuetConfig *cfg, int R, Du
   return 0;
 }
 
-/* Loads stage `s` of replica `r` into q->st[r * S + s]: its device, regions,
- * tensor tables, accumulators and flags.  0, or -1 with a message. */
+/* Loads stage `s` of local replica `r` into q->st[r * S + s]: its device,
+ * regions, tensor tables, accumulators and flags.  0, or -1 with a
+ * message. */
 static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, const DuetKernelFn *kernels,
                      const DuetConfig *cfg, int share, char *err, size_t errlen) {
   const DuetProgram *p = q->p;
@@ -1081,8 +1356,9 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
   const DuetStage *ps = &p->stages[k];
   st->q = q;
   st->id = k;
-  st->rep = r;
-  if (q->R > 1) snprintf(st->who, sizeof st->who, "replica %d, stage %d", r, k);
+  st->lr = r;
+  st->rep = q->r0 + r;
+  if (q->R > 1) snprintf(st->who, sizeof st->who, "replica %d, stage %d", st->rep, k);
   else snprintf(st->who, sizeof st->who, "stage %d", k);
   st->threads = share;
   st->n_slots = q->schedule == DUET_SCHEDULE_1F1B ? (q->M < q->S - k ? q->M : q->S - k) : q->M;
@@ -1198,9 +1474,21 @@ static int check_buckets(DuetPipe *q, char *err, size_t errlen) {
 
 DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, char *err,
                         size_t errlen) {
+  return duet_pipe_new_ranks(p, kernels, cfg, NULL, err, errlen);
+}
+
+DuetPipe *duet_pipe_new_ranks(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
+                              DuetDist *dist, char *err, size_t errlen) {
   DuetDeviceSpec specs[DUET_MAX_DEVICES];
   int R = p->replicas > 1 ? p->replicas : 1;
-  if (worker_devices(p, cfg, R, specs, err, errlen)) return NULL;
+  int L = dist ? 1 : R, r0 = dist ? duet_dist_rank(dist) : 0;
+  if (dist && duet_dist_size(dist) != R) {
+    snprintf(err, errlen, "this program was compiled for %d data-parallel replica%s and MPI started %d ranks (each "
+             "rank is one replica: duet compile M.model --data-parallel %d, or mpirun -np %d)", R, R == 1 ? "" : "s",
+             duet_dist_size(dist), duet_dist_size(dist), R);
+    return NULL;
+  }
+  if (worker_devices(p, cfg, R, L, r0, specs, err, errlen)) return NULL;
   DuetPipe *q = zalloc(sizeof *q);
   if (!q) {
     snprintf(err, errlen, "out of host memory");
@@ -1209,6 +1497,9 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
   q->p = p;
   q->S = p->n_stages;
   q->R = R;
+  q->L = L;
+  q->r0 = r0;
+  q->dist = dist;
   q->Mt = p->micro_batches > 0 ? p->micro_batches : 1;
   q->M = q->Mt / R;
   q->schedule = cfg->schedule;
@@ -1238,14 +1529,14 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
     return NULL;
   }
   q->sync_ok = true;
-  int W = R * q->S;
+  int W = L * q->S;
   int share = duet_threads_per_device(cfg, W); /* recorded in checkpoints */
   const char *oom = "out of host memory";
   if (!(q->st = zalloc((size_t)W * sizeof *q->st))) goto fail_oom;
   if (!(q->losses = zalloc((size_t)R * (size_t)q->Mt * sizeof *q->losses))) goto fail_oom;
   if (p->n_transfers > 0) {
-    size_t nb = (size_t)R * (size_t)p->n_transfers * (size_t)q->M;
-    if (!(q->xfer = zalloc((size_t)R * (size_t)p->n_transfers * sizeof *q->xfer)) ||
+    size_t nb = (size_t)L * (size_t)p->n_transfers * (size_t)q->M;
+    if (!(q->xfer = zalloc((size_t)L * (size_t)p->n_transfers * sizeof *q->xfer)) ||
         !(q->posted = zalloc(nb * sizeof *q->posted)))
       goto fail_oom;
   }
@@ -1258,7 +1549,7 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
     duet_pipe_free(q);
     return NULL;
   }
-  for (int r = 0; r < R; r++)
+  for (int r = 0; r < L; r++)
     for (int k = 0; k < q->S; k++)
       if (stage_new(q, r, k, &specs[r * q->S + k], kernels, cfg, share, err, errlen)) {
         duet_pipe_free(q);
@@ -1268,7 +1559,7 @@ DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const
     duet_pipe_free(q);
     return NULL;
   }
-  if (R > 1 && make_collective(q, specs, err, errlen)) {
+  if (R > 1 && (dist ? rank_collective(q, specs, err, errlen) : make_collective(q, specs, err, errlen))) {
     duet_pipe_free(q);
     return NULL;
   }

@@ -58,6 +58,21 @@ int duet_pipe_nccl_check(const DuetProgram *p, const char *devices, char *err, s
 
 DuetPipe *duet_pipe_new(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, char *err,
                         size_t errlen);
+/* duet_pipe_new for one rank of an MPI run (runtime/dist.h; dist NULL:
+ * duet_pipe_new): the program's replicas must be the ranks; this process
+ * holds replica duet_dist_rank(dist) on the devices duet_pipe_rank_devices
+ * gives, with cfg->threads / S cores per stage, and reduces through
+ * duet_dist_coll. */
+typedef struct DuetDist DuetDist;
+DuetPipe *duet_pipe_new_ranks(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
+                              DuetDist *dist, char *err, size_t errlen);
+/* The devices of rank `rank`'s replica of p (S stages): `devices` names
+ * either S items (every rank's own devices) or replicas x S (every
+ * replica's, a compiled executable's list: the rank takes its group, which
+ * duet_devices_groups checks); NULL: cpu:0 .. cpu:S-1.  Fills specs[0..S).
+ * 0, or -1 with a message naming the counts. */
+int duet_pipe_rank_devices(const DuetProgram *p, const char *devices, int rank, DuetDeviceSpec *specs, char *err,
+                           size_t errlen);
 void duet_pipe_free(DuetPipe *q);
 /* Host-visible address of tensor id: params and optimizer state: the
  * stage's copy; the data inputs: a staging buffer for the whole batch
@@ -97,7 +112,8 @@ enum { DUET_PIPE_GRADS = 100, DUET_PIPE_STEP = 101 };
  * micro-batch (an index into DuetProgram.unscale_names), or -1. */
 int duet_pipe_first_overflow(const DuetPipe *q);
 
-/* Data parallelism: the number of replicas R (1 without). */
+/* Data parallelism: the number of replicas in this process (R, 1
+ * without data parallelism; 1 on each rank of an MPI run). */
 int duet_pipe_replicas(const DuetPipe *q);
 /* Data parallelism: how the replicas' gradients are summed, for the
  * start-up line after "summed ": "in replica order over shared memory",
@@ -109,13 +125,17 @@ int duet_pipe_replicas(const DuetPipe *q);
  * when NCCL was tried (auto) and failed.  "" without replicas.  Lives as
  * long as q. */
 const char *duet_pipe_collective(const DuetPipe *q);
-/* duet_pipe_tensor and duet_pipe_tensor_device of replica r (the host
- * buffers are the same for every replica); NULL out of range. */
+/* duet_pipe_tensor and duet_pipe_tensor_device of this process's replica
+ * r (the host buffers are the same for every replica); NULL out of
+ * range. */
 void *duet_pipe_tensor_at(DuetPipe *q, int replica, int id);
 DuetDevice *duet_pipe_tensor_device_at(DuetPipe *q, int replica, int id);
 /* Compares every replica's param and optimizer-state regions with replica
- * 0's, byte for byte.  0 when identical, else -1 with a message naming the
- * replica and the first tensor that differs (or a device's copy error). */
+ * 0's, byte for byte; on the ranks of an MPI run, a 64-bit FNV-1a of each
+ * param and state tensor gathered from every rank and compared with rank
+ * 0's (a collective: every rank calls it after the same step).  0 when
+ * identical, else -1 with a message naming the replica (rank) and the
+ * first tensor that differs (or a device's copy error). */
 int duet_pipe_compare_replicas(DuetPipe *q, char *err, size_t errlen);
 /* Replica-stage pairs, summed over the training steps so far, that found
  * no overflow in their own gradients when another replica's overflowed

@@ -15,7 +15,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "dist.h"
 #include "duet_rt.h"
+#include "pipeline.h"
 
 void duet_usage(const char *argv0, FILE *out) {
   fprintf(out,
@@ -58,10 +60,13 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --bucket-mb X      all-reduce buckets of at most X MiB of gradients (default 25)\n"
           "  --help             this text\n"
           "Results depend on --threads (OpenBLAS sums in an order set by its thread count).\n"
+          "Under mpirun -np N (or srun --mpi=pmix) each rank is one of N replicas on its own --devices\n"
+          "with its own --threads; rank 0 prints, saves and writes the metrics (README: MPI).\n"
           "Environment (README.md): DUET_CACHE_DIR (kernel cache), DUET_CC (C compiler),\n"
           "DUET_PROFILE=1 (time per kernel), DUET_PIPE_TIMEOUT, DUET_PIPE_STAGING=host,\n"
           "DUET_CPU_GFLOPS (the partition's CPU rate), DUET_DP_CHECK=1 (replicas compared every step),\n"
-          "DUET_DP_COLLECTIVE=auto|shm|nccl (how replicas sum), DUET_NCCL_LIBRARY (NCCL to load).\n",
+          "DUET_DP_COLLECTIVE=auto|shm|nccl (how replicas sum), DUET_NCCL_LIBRARY (NCCL to load),\n"
+          "DUET_MPI_PLUGIN (the MPI plugin to load under an MPI launcher).\n",
           argv0);
 }
 
@@ -379,6 +384,7 @@ typedef struct Run {
   int64_t total;       /* the last step */
   int64_t saved_step;  /* the step of the last checkpoint this run wrote; -1: none yet */
   bool save_existed;   /* --save's file existed when the run started */
+  DuetDist *dist;      /* an MPI run (this process one rank of it), else NULL */
 } Run;
 
 static void run_init(Run *r, const DuetProgram *p, const DuetConfig *cfg, DuetSession *s) {
@@ -433,6 +439,15 @@ static int maybe_save(Run *r, const DuetTrainState *st, bool now) {
  * what happened. */
 static int check_stop(Run *r, const DuetTrainState *st) {
   int sig = stop_signal;
+  if (r->dist) { /* an MPI run: every rank stops after the same step, the first any rank was told to */
+    char err[800];
+    if (duet_dist_agree(r->dist, sig, &sig, err, sizeof err)) {
+      fprintf(stderr, "duet: error: after step %" PRId64 ", agreeing with the other ranks whether to stop: %s\n",
+              st->step, err);
+      return 1;
+    }
+    if (sig && duet_dist_rank(r->dist) > 0) return 128 + sig; /* rank 0 saves and says so */
+  }
   if (!sig) return 0;
   const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
   const char *path = r->cfg->save_path;
@@ -913,10 +928,10 @@ static int check_compiled(const DuetProgram *p, const DuetConfig *cfg) {
 }
 
 /* The session of a training run (--loss-scale without loss scaling only
- * warns; duet_main has checked --save and the other files).  NULL after
- * printing the error. */
+ * warns; duet_main has checked --save and the other files); dist: this
+ * rank's replica of an MPI run.  NULL after printing the error. */
 static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg,
-                                 DuetDevice **dev) {
+                                 DuetDevice **dev, DuetDist *dist) {
   char err[1024];
   DuetSession *s;
   *dev = NULL;
@@ -925,7 +940,7 @@ static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kerne
                     "scaling\n");
   if (check_compiled(p, cfg)) return NULL;
   if (p->n_stages >= 1) {
-    if (!(s = duet_session_new_pipeline(p, kernels, cfg, err, sizeof err))) fprintf(stderr, "duet: error: %s\n", err);
+    if (!(s = duet_session_new_ranks(p, kernels, cfg, dist, err, sizeof err))) fprintf(stderr, "duet: error: %s\n", err);
     return s;
   }
   DuetDeviceSpec spec[DUET_MAX_DEVICES];
@@ -952,7 +967,7 @@ static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kerne
  * then "duet: pipeline transfers: ..." (the path between each pair of
  * stages) when tensors cross stages, and "duet: data parallel: ..." for
  * data-parallel ones. */
-static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const DuetSession *s) {
+static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const DuetSession *s, DuetDist *dist) {
   if (p->n_stages < 1 || cfg->quiet) return;
   int R = p->replicas > 1 ? p->replicas : 1;
   int S = p->n_stages, Mt = p->micro_batches > 0 ? p->micro_batches : 1, M = Mt / R;
@@ -963,7 +978,14 @@ static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const Du
   else if (R == 1) snprintf(devs, sizeof devs, "cpu:0..cpu:%d", S - 1);
   else if (S == 1) snprintf(devs, sizeof devs, "each of cpu:0 | .. | cpu:%d", R - 1);
   else snprintf(devs, sizeof devs, "each of cpu:0..cpu:%d | .. | cpu:%d..cpu:%d", S - 1, (R - 1) * S, R * S - 1);
-  if (R > 1 && cfg->devices) { /* the groups: "each of cpu:0,cpu:1 | cpu:2,cpu:3" */
+  if (dist) { /* every rank: its own devices */
+    DuetDeviceSpec d[DUET_MAX_DEVICES];
+    char e[300];
+    size_t len = (size_t)snprintf(devs, sizeof devs, "each of the %d MPI ranks:", R);
+    if (!duet_pipe_rank_devices(p, cfg->devices, duet_dist_rank(dist), d, e, sizeof e))
+      for (int k = 0; k < S && len < sizeof devs; k++)
+        len += (size_t)snprintf(devs + len, sizeof devs - len, "%s%s", k ? "," : " ", d[k].name);
+  } else if (R > 1 && cfg->devices) { /* the groups: "each of cpu:0,cpu:1 | cpu:2,cpu:3" */
     size_t len = (size_t)snprintf(devs, sizeof devs, "each of ");
     int item = 0;
     for (const char *c = cfg->devices; *c && len + 4 < sizeof devs; c++) {
@@ -1001,7 +1023,7 @@ static int check_pixels(const DuetProgram *p, int rows, int cols) {
   return 1;
 }
 
-static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg) {
+static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg, DuetDist *dist) {
   int rc;
   char err[1024];
   DuetDataset train = {0}, test = {0};
@@ -1050,7 +1072,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
+  if (!(s = open_session(p, kernels, &cfg, &dev, dist))) goto out;
   int64_t n_params = 0;
   for (int i = 0; i < p->n_tensors; i++)
     if (p->tensors[i].region == DUET_MEM_PARAM) {
@@ -1068,7 +1090,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
            (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
-  print_pipeline(p, &cfg, s);
+  print_pipeline(p, &cfg, s, dist);
   perm = malloc((size_t)n_train * sizeof *perm);
   if (!perm) {
     fprintf(stderr, "duet: error: out of host memory\n");
@@ -1084,6 +1106,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   if (cfg.metrics_path && !(mf = open_metrics(&cfg, cfg.resume_path ? ts.step : -1))) goto out;
   Run run;
   run_init(&run, p, &cfg, s);
+  run.dist = dist;
   run.first_step = ts.step;
   run.total = total;
   prune_check_schedule(&run);
@@ -1161,12 +1184,14 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   }
   if (p->prune && prune_report(&run, total, 0, NULL, true)) goto out;
   double elapsed = now_seconds() - t_start - t_eval;
-  printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f samples/s)", total - first_step,
-         total - first_step == 1 ? "" : "s", elapsed,
-         (double)((total - first_step) * B) / elapsed);
-  if (evaluated)
-    printf("; test accuracy %.2f%%", 100.0 * (double)last.correct / (double)last.n);
-  printf("\n");
+  if (!dist || duet_dist_rank(dist) == 0) { /* rank 0 alone reports */
+    printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f samples/s)", total - first_step,
+           total - first_step == 1 ? "" : "s", elapsed,
+           (double)((total - first_step) * B) / elapsed);
+    if (evaluated)
+      printf("; test accuracy %.2f%%", 100.0 * (double)last.correct / (double)last.n);
+    printf("\n");
+  }
   rc = 0;
 out:
   stop_handlers_restore(&stops);
@@ -1273,7 +1298,7 @@ static int text_validate(DuetSession *s, const DuetProgram *p, const TextData *t
   return 0;
 }
 
-static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg) {
+static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg, DuetDist *dist) {
   char err[1024];
   TextData td;
   if (p->input_x < 0 || p->input_y < 0 || p->metrics < 0) {
@@ -1302,7 +1327,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (!(s = open_session(p, kernels, &cfg, &dev))) goto out;
+  if (!(s = open_session(p, kernels, &cfg, &dev, dist))) goto out;
   if (!cfg.quiet) {
     int64_t n_params = 0;
     for (int i = 0; i < p->n_tensors; i++)
@@ -1316,7 +1341,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
            (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
-  print_pipeline(p, &cfg, s);
+  print_pipeline(p, &cfg, s, dist);
   DuetTrainState ts = {0};
   duet_rng_seed(&ts.rng, cfg.seed, 0x74657874ull); /* "text" */
   if (maybe_resume(s, &cfg, &ts)) goto out;
@@ -1328,6 +1353,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   if (cfg.metrics_path && !(mf = open_metrics(&cfg, cfg.resume_path ? ts.step : -1))) goto out;
   Run run;
   run_init(&run, p, &cfg, s);
+  run.dist = dist;
   run.first_step = ts.step;
   run.total = total;
   prune_check_schedule(&run);
@@ -1383,11 +1409,13 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   }
   if (p->prune && prune_report(&run, total, 0, NULL, true)) goto out;
   double elapsed = now_seconds() - t_start - t_eval;
-  printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f tokens/s)", total - first_step,
-         total - first_step == 1 ? "" : "s", elapsed,
-         (double)((total - first_step) * B * T) / elapsed);
-  if (!isnan(val)) printf("; val loss %.4f nats/byte", val);
-  printf("\n");
+  if (!dist || duet_dist_rank(dist) == 0) { /* rank 0 alone reports */
+    printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f tokens/s)", total - first_step,
+           total - first_step == 1 ? "" : "s", elapsed,
+           (double)((total - first_step) * B * T) / elapsed);
+    if (!isnan(val)) printf("; val loss %.4f nats/byte", val);
+    printf("\n");
+  }
   rc = 0;
 out:
   stop_handlers_restore(&stops);
@@ -1410,10 +1438,83 @@ static int no_data_source(const DuetProgram *p, const DuetConfig *cfg) {
   return 1;
 }
 
+/* ------------------------------------------------------------ MPI ranks */
+
+/* Under an MPI launcher with several ranks (duet_launch_ranks): the
+ * program must have a replica per rank, and the ranks but 0 neither print
+ * progress nor write metrics or checkpoints (rank 0 does).  Returns the
+ * number of ranks (1: an ordinary run), or -1 after the error. */
+static int rank_view(const DuetProgram *p, DuetConfig *cfg) {
+  int rank;
+  char var[400];
+  int ranks = duet_launch_ranks(&rank, var, sizeof var);
+  if (ranks < 0) {
+    fprintf(stderr, "duet: error: %s\n", var);
+    return -1;
+  }
+  if (ranks == 1) return 1;
+  int R = p->n_stages >= 1 && p->replicas > 1 ? p->replicas : 1;
+  if (R != ranks) {
+    fprintf(stderr, "duet: error: this program was compiled for %d data-parallel replica%s and the MPI launcher "
+            "started %d ranks (%s; each rank is one replica: duet compile M.model --data-parallel %d, or mpirun -np "
+            "%d)\n", R, R == 1 ? "" : "s", ranks, var, ranks, R);
+    return -1;
+  }
+  if (rank > 0) {
+    cfg->quiet = 1;
+    cfg->save_path = cfg->metrics_path = NULL;
+    cfg->save_every = 0;
+  }
+  return ranks;
+}
+
+/* The bytes of the run's data files (the text; the four IDX files), for
+ * the ranks' comparison; 0 when none can be read. */
+static uint64_t data_bytes(const DuetConfig *cfg) {
+  struct stat sb;
+  if (!cfg->data_path) return 0;
+  if (cfg->data == DUET_DATA_TEXT) return stat(cfg->data_path, &sb) ? 0 : (uint64_t)sb.st_size;
+  uint64_t n = 0;
+  for (int k = 0; k < 4; k++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", cfg->data_path, idx_files[k / 2][k % 2]);
+    n = n * 1000003u + (stat(path, &sb) ? 0 : (uint64_t)sb.st_size);
+  }
+  return n;
+}
+
+/* This process as one rank of an MPI run: MPI loaded and started, the
+ * ranks' programs and settings compared, then training; an error of this
+ * rank (printed) ends every rank through MPI_Abort. */
+static int train_rank(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, bool text) {
+  char err[2048];
+  DuetDist *d = duet_dist_open(cfg->timeout, &stop_signal, err, sizeof err);
+  if (!d) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return 1;
+  }
+  int bad;
+  if (duet_dist_check_ranks(d, p, cfg, data_bytes(cfg), &bad, err, sizeof err)) {
+    if (bad < 0) {
+      fprintf(stderr, "duet: error: comparing the ranks' settings: %s\n", err);
+      duet_dist_abort(d, 1);
+    }
+    /* every rank found it: rank 0 and the rank that differs say so */
+    if (duet_dist_rank(d) == 0 || duet_dist_rank(d) == bad) fprintf(stderr, "duet: error: %s\n", err);
+    duet_dist_close(d);
+    return 1;
+  }
+  int rc = text ? train_text(p, kernels, *cfg, d) : train_images(p, kernels, *cfg, d);
+  if (rc != 0 && rc < 128) duet_dist_abort(d, rc); /* the error is printed: the launcher ends every rank */
+  duet_dist_close(d);
+  return rc;
+}
+
 int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *argv0, int argc, char **argv) {
   /* progress lines (stdout) and errors (stderr) in the order they happen,
    * also when both go to one pipe or file */
   setvbuf(stdout, NULL, _IOLBF, 0);
+  duet_rank_stderr(); /* an MPI run: "duet: rank 1: error: ..." */
   DuetConfig cfg = p->defaults;
   int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
   if (rc == 2) {
@@ -1421,6 +1522,8 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
     return 0;
   }
   if (rc) return 1;
+  int ranks = rank_view(p, &cfg);
+  if (ranks < 0) return 1;
   /* flags that do not apply to this program: said, not silently dropped */
   bool text = cfg.data == DUET_DATA_TEXT;
   if (!cfg.quiet) {
@@ -1438,14 +1541,17 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
   }
   if (!text && no_data_source(p, &cfg)) return 1;
   if (check_run_files(p, &cfg, NULL)) return 1;
-  return text ? train_text(p, kernels, cfg) : train_images(p, kernels, cfg);
+  if (ranks > 1) return train_rank(p, kernels, &cfg, text);
+  return text ? train_text(p, kernels, cfg, NULL) : train_images(p, kernels, cfg, NULL);
 }
 
 int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char **argv) {
+  duet_rank_stderr(); /* an MPI run: "duet: rank 1: error: ..." */
   DuetConfig cfg = p->defaults;
   char err[1024];
   int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
   if (rc) return rc == 2 ? 0 : 1; /* --help: duet_main prints it */
+  if (rank_view(p, &cfg) < 0) return 1;
   if (cfg.data == DUET_DATA_TEXT) {
     FILE *f = fopen(cfg.data_path, "rb");
     int e = f ? 0 : errno;

@@ -28,13 +28,23 @@
 #     memory saying why, DUET_DP_COLLECTIVE=nccl is that error, and on sm_75
 #     cards it is used; two fake GPUs with peer access and
 #     DUET_DP_COLLECTIVE=shm sum peer-to-peer, to the same bits.
+#  7. Data parallelism across MPI ranks with the fake NCCL across processes
+#     (its shared-memory file; needs mpirun and libduet_mpi.so, else 77):
+#     run_data_parallel_gpu.sh's MPI part (DP_PART=mpi: 2 ranks, each on
+#     its own fake cuda:0, summed by NCCL, exactly cuda:0 with 2
+#     micro-batches for gpt_tiny and fmnist_mlp; DUET_DP_COLLECTIVE=shm
+#     and NCCL missing fall back to MPI with the same bits; nccl forced
+#     without NCCL is the error); 2 ranks x 2-stage pipelines (a
+#     communicator per stage) equal the one pipeline with 2 micro-batches;
+#     a hung collective (DUET_FAKE_NCCL_HANG) ends the run within
+#     DUET_PIPE_TIMEOUT; DUET_DP_COLLECTIVE=nccl on CPU ranks is refused.
 # Parts (ctest runs each as its own test): cli (1-4), ops, train,
-# precision, pipeline, prune, dataparallel (5).  The emulator's seed (DUET_EMU_SEED, README
+# precision, pipeline, prune, dataparallel (5, 6), mpi (7).  The emulator's seed (DUET_EMU_SEED, README
 # "The emulator") is printed first, one for the whole part.  Skips (77) when the plugin or the fake was not
 # built (no CUDA toolkit) or there is no C++ compiler.
 # usage: run_fakegpu.sh BUILD_DIR PART   (from the repository root)
-B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel}
-PART=${2:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel}
+B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi}
+PART=${2:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi}
 DUET=$B/duet
 PLUGIN=$B/libduet_cuda.so
 FAKE=$B/fakegpu/libduet_fakegpu.so
@@ -122,7 +132,7 @@ pipeline)
   has "$tmp/gpu_pipeline_p2p.log" "ok pair path (duet: pipeline transfers: stage 0 -> 1 peer-to-peer" pair_p2p
   ;;
 dataparallel)
-  DUET_FAKE_GPUS=4 t gpu_data_parallel sh tests/gpu/run_data_parallel_gpu.sh "$DUET"
+  DP_PART=local DUET_FAKE_GPUS=4 t gpu_data_parallel sh tests/gpu/run_data_parallel_gpu.sh "$DUET"
   has "$tmp/gpu_data_parallel.log" "ok dp equals ref" same_gpu_replicas
   has "$tmp/gpu_data_parallel.log" "ok dp summed in replica order over shared memory, device-to-device on the GPU" same_gpu_direct
   has "$tmp/gpu_data_parallel.log" "cuda:0,cuda:1: summed by NCCL 2.26.5 (libnccl.so.2 = " nccl_used
@@ -162,6 +172,65 @@ dataparallel)
   has "$tmp/p2p" "summed in replica order over shared memory, device to device (peer-to-peer between the GPUs)" p2p_shm
   cmp -s "$tmp/p2p_ref.st" "$tmp/p2p.st" && ok "p2p shm checkpoint equals cuda:0 with 2 micro-batches" ||
     bad "p2p shm checkpoint differs from cuda:0 with 2 micro-batches"
+  ;;
+mpi)
+  if ! command -v mpirun > /dev/null 2>&1 || [ ! -f "$B/libduet_mpi.so" ]; then
+    echo "SKIP: no mpirun or no MPI plugin ($B/libduet_mpi.so)"
+    exit 77
+  fi
+  MPIRUN="mpirun --allow-run-as-root --oversubscribe -np 2 --mca btl tcp,self"
+  # Under AddressSanitizer, as tests/run_mpi.sh: Open MPI 4.1 leaks from
+  # components it has unloaded (frames nothing can name), so the reports go
+  # to files, leaks do not set the exit status, and the part fails on any
+  # memory error and on any leak with a frame in duet's own sources.
+  mkdir "$tmp/asan"
+  ASAN_OPTIONS="log_path=$tmp/asan/report${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+  LSAN_OPTIONS="exitcode=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+  export ASAN_OPTIONS LSAN_OPTIONS
+  # 7. the GPU script's MPI part: each rank's fake cuda:0 (a process's own fake GPUs)
+  DP_PART=mpi DUET_FAKE_GPUS=2 t gpu_data_parallel_mpi sh tests/gpu/run_data_parallel_gpu.sh "$DUET"
+  L=$tmp/gpu_data_parallel_mpi.log
+  has "$L" "2 MPI ranks on cuda:0 and cuda:1: summed by NCCL 2.26.5 (libnccl.so.2 = " mpi_nccl_used
+  has "$L" ", across the ranks (ncclCommInitRank, the unique ids broadcast over MPI (2 ranks, " mpi_nccl_ranks
+  has "$L" "ok mpi_pair rank 1 bit-identical to rank 0" mpi_ranks_identical
+  has "$L" "ok mpi_pair equals ref" mpi_nccl_gpt
+  has "$L" "ok mpi_mlp equals mlp_ref" mpi_nccl_mlp
+  has "$L" "ok mpi_shm equals ref" mpi_shm
+  has "$L" "ok mpi_nonccl equals ref" mpi_no_nccl
+  has "$L" "ok MPI, NCCL missing, nccl forced: duet: rank " mpi_no_nccl_forced
+  # 2 ranks x 2-stage pipelines (a communicator per stage) against the one pipeline with 2 micro-batches
+  DUET_FAKE_GPUS=2 "$DUET" run $TINY --devices cuda:0,cuda:1 --micro-batches 2 --bucket-mb 0.05 --save "$tmp/pipe_ref.st" \
+    --metrics "$tmp/pipe_ref.jsonl" > "$tmp/pipe_ref" 2>&1 || bad "pipeline reference: failed"
+  DUET_FAKE_GPUS=2 DUET_DP_CHECK=1 $MPIRUN "$DUET" run $TINY --devices cuda:0,cuda:1 --bucket-mb 0.05 \
+    --save "$tmp/pipe_mpi.st" --metrics "$tmp/pipe_mpi.jsonl" > "$tmp/pipe_mpi" 2>&1 || bad "2 ranks x 2 stages: failed"
+  has "$tmp/pipe_mpi" "2 replicas of 2 stages, each 1 micro-batch of the global batch of 4; 4 all-reduce buckets (0.13 MiB of gradients, --bucket-mb 0.05) summed by NCCL 2.26.5" mpi_pipeline_nccl
+  has "$tmp/pipe_mpi" "duet: rank 1: data-parallel check: the params and optimizer state of the 2 replicas (ranks; hashes compared) were bit-identical after each of 2 training steps" mpi_pipeline_identical
+  if [ -s "$tmp/pipe_ref.st" ] && cmp -s "$tmp/pipe_ref.st" "$tmp/pipe_mpi.st" && cmp -s "$tmp/pipe_ref.jsonl" "$tmp/pipe_mpi.jsonl"
+  then ok "2 ranks x 2 stages equal the pipeline with 2 micro-batches"; else bad "2 ranks x 2 stages differ from the pipeline"; fi
+  # a rank whose collective never starts: ncclCommAbort and MPI_Abort within DUET_PIPE_TIMEOUT
+  start=$(date +%s)
+  DUET_FAKE_GPUS=1 DUET_FAKE_NCCL_HANG=1:2 DUET_PIPE_TIMEOUT=3 timeout 300 $MPIRUN "$DUET" run $TINY --devices cuda:0 \
+    > "$tmp/mpi_hang" 2>&1
+  rc=$? secs=$(($(date +%s) - start))
+  if [ $rc != 0 ] && [ $rc != 124 ] && [ $secs -le 60 ]; then ok "hung collective across ranks: exit $rc after $secs s"
+  else bad "hung collective across ranks: exit $rc after $secs s (want non-zero, within 60 s)"; fi
+  if grep -qE "^duet: rank [01]: error: replica [01], stage 0: all-reduce of bucket 0: NCCL did not complete it within 3 s; ncclCommAbort ended the communicators of every stage \(raise DUET_PIPE_TIMEOUT if a replica is legitimately this slow\)$" "$tmp/mpi_hang"
+  then ok "hung collective across ranks: $(grep '^duet: rank .: error' "$tmp/mpi_hang" | head -1)"; else bad "hung collective across ranks: no timeout message:"; tail -5 "$tmp/mpi_hang"; fi
+  # NCCL forced on CPU devices: before compiling, on every rank
+  DUET_DP_COLLECTIVE=nccl $MPIRUN "$DUET" run $TINY > "$tmp/mpi_cpu" 2>&1 && bad "NCCL forced on CPU ranks ran"
+  # (the first rank to fail ends the others with MPI_Abort, maybe before they print)
+  if grep -qE "^duet: rank ([01]): error: DUET_DP_COLLECTIVE=nccl: rank \1's stage 0 is on cpu:0, and NCCL connects GPUs$" "$tmp/mpi_cpu"
+  then ok "NCCL forced on CPU ranks: $(grep '^duet: rank .: error' "$tmp/mpi_cpu" | head -1)"; else bad "NCCL forced on CPU ranks: no error:"; tail -3 "$tmp/mpi_cpu"; fi
+  ROOT=$(pwd)
+  for f in "$tmp"/asan/report.*; do
+    [ -e "$f" ] || continue
+    if grep -q 'ERROR: AddressSanitizer\|runtime error:' "$f"; then bad "a sanitizer report ($f)"; head -30 "$f"; continue; fi
+    if awk -v root="$ROOT/" '/^(Direct|Indirect) leak/ { keep = 0; block = $0; next }
+      /^ *#[0-9]+ / { block = block "\n" $0; i = index($0, " " root)   # a source line of duet: " ROOT/dir/file.c:LINE"
+                      if (i && substr($0, i + 1 + length(root)) ~ /^[^ ()]*\.[ch]:[0-9]/) keep = 1; next }
+      /^$/ { if (keep) { print block; found = 1 } keep = 0 }
+      END { exit !found }' "$f"; then bad "a leak in duet's code ($f, above)"; fi
+  done
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

@@ -304,8 +304,10 @@ static void lockstep(void) {
                     "block linear(h, out) {\n  param w: [dim(h, -1), out] = xavier_uniform\n"
                     "  param b: [out] = normal(0.1)\n  return h @ w + b\n}\n"
                     "loss = cross_entropy(linear(relu(linear(x, 5)), 3), y)\n";
-  for (int run = 0; run < 4; run++) {
-    bool fp16 = run & 1, bad = run >= 2;
+  for (int run = 0; run < 5; run++) {
+    /* run 4: fp16 with inputs of 30000, so that the first GEMM's exact
+     * products exceed fp16's range: its infinities are right, not reported */
+    bool fp16 = run & 1 || run == 4, bad = run == 2 || run == 3, huge = run == 4;
     TModel t;
     FrontendOptions fo = {.float_dtype = DT_F32};
     if (tmodel_open_prec(&t, "lockstep.model", src, &fo, fp16 ? "fp16" : "fp32")) {
@@ -326,7 +328,8 @@ static void lockstep(void) {
       inner = w;
     }
     char what[64], err[512];
-    snprintf(what, sizeof what, "lockstep over the CPU (%s%s)", fp16 ? "fp16" : "f32", bad ? ", a wrong kernel" : "");
+    snprintf(what, sizeof what, "lockstep over the CPU (%s%s)", fp16 ? "fp16" : "f32",
+             bad ? ", a wrong kernel" : huge ? ", GEMMs overflowing to inf" : "");
     DuetDevice *ld = inner ? lockstep_device(inner, &t, what) : NULL;
     DuetConfig cfg = p->defaults;
     DuetSession *s = ld ? duet_session_new(p, ld, &cfg, err, sizeof err) : NULL;
@@ -337,6 +340,15 @@ static void lockstep(void) {
       DuetRng r;
       duet_rng_seed(&r, 9, 0);
       tmodel_fill(&t, s, &r, 3);
+      int xid = -1;
+      for (int i = 0; i < p->n_tensors; i++)
+        if (!strcmp(p->tensors[i].name, "x")) xid = i;
+      float xs[24];
+      for (int i = 0; i < 24; i++) xs[i] = i & 1 ? -30000.0f : 30000.0f;
+      if (huge && (xid < 0 || p->tensors[xid].nbytes != (int64_t)sizeof xs || duet_session_write(s, xid, 0, xs, sizeof xs))) {
+        fprintf(stderr, "FAIL %s: cannot write the input x\n", what);
+        fails++;
+      }
       int q = quiet_begin();
       int rc = duet_session_run(s, DUET_RUN_GRAD) || duet_session_run(s, DUET_RUN_TRAIN);
       quiet_end(q);

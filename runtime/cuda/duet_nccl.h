@@ -29,6 +29,10 @@ enum {
 enum { DUET_NCCL_INT32 = 2, DUET_NCCL_FLOAT32 = 7, DUET_NCCL_FLOAT64 = 8 };
 enum { DUET_NCCL_SUM = 0 };
 #define DUET_NCCL_UNIQUE_ID_BYTES 128
+/* ncclUniqueId: passed by value to ncclCommInitRank */
+typedef struct DuetNcclUniqueId {
+  char internal[DUET_NCCL_UNIQUE_ID_BYTES];
+} DuetNcclUniqueId;
 
 /* NCCL's entry points, with ncclComm_t as void *, cudaStream_t as void *
  * (a CUstream), enums as int.  Set by duet_nccl_open; get_last_error may
@@ -42,6 +46,8 @@ typedef struct DuetNccl {
   int cuda_major, cuda_minor; /* the CUDA it was built with, from its version banner; 0 when unknown */
   int (*get_version)(int *version);
   int (*comm_init_all)(void **comms, int ndev, const int *devlist);
+  int (*get_unique_id)(DuetNcclUniqueId *id);
+  int (*comm_init_rank)(void **comm, int nranks, DuetNcclUniqueId id, int rank);
   int (*comm_destroy)(void *comm);
   int (*comm_abort)(void *comm);
   int (*comm_get_async_error)(void *comm, int *async_error);

@@ -22,8 +22,17 @@
  * kernels are queued only after the host has seen the event complete.
  *
  * Calls with host buffers (the losses and the fp16 overflow flags),
- * barriers and host broadcasts go to the shared-memory collective given
- * at creation (exact sums of a few numbers; no GPU round trip).
+ * barriers and host broadcasts go to the host collective given at
+ * creation (exact sums of a few numbers; no GPU round trip): shared
+ * memory in one process, MPI across processes.
+ *
+ * Across the ranks of an MPI run (duet_cuda_plugin_nccl_rank, then
+ * duet_cuda_plugin_nccl_connect) the collective holds one local rank: the
+ * same code, with its ranks r0 .. r0 + L - 1 (L = 1) of R.  Rank 0 makes
+ * an ncclUniqueId per stage, the runtime broadcasts them over MPI
+ * (runtime/pipeline.c, nccl_ranks), and each rank joins the stage's
+ * communicator with ncclCommInitRank on its GPU (NCCL takes the device
+ * of the calling thread's current context).
  *
  * Summation order: NCCL's (its ring, or tree, and protocol choice): every
  * rank gets the same bytes, in an order that is not 0..R-1 in general.
@@ -42,6 +51,8 @@
 #include "duet_nccl.h"
 
 #define EXPORT __attribute__((visibility("default")))
+
+_Static_assert(DUET_COLL_NCCL_ID_BYTES == DUET_NCCL_UNIQUE_ID_BYTES, "runtime/collective.h's size of an NCCL unique id");
 
 /* ------------------------------------------------------------ collective */
 
@@ -63,10 +74,12 @@ typedef struct Rank {
 typedef struct Nccl {
   DuetNccl api;
   int R, S, n_tags;
+  int L, r0;       /* the ranks in this process: r0 .. r0 + L - 1 (all R in one process; one per MPI rank) */
   int *tag_stage;  /* [n_tags] */
-  int *state;      /* [R * (n_tags + 1)]: IDLE, ON_HOST, ON_GPU (tag n_tags: device broadcasts) */
-  Rank *rk;        /* [s * R + r] */
+  int *state;      /* [L * (n_tags + 1)]: IDLE, ON_HOST, ON_GPU (tag n_tags: device broadcasts) */
+  Rank *rk;        /* [s * L + r - r0] */
   DuetColl *host;
+  bool host_borrowed; /* an MPI run's: the caller destroys it after this collective */
   double timeout;
   bool profile;
   pthread_rwlock_t lock; /* NCCL calls (read) against an abort (write) */
@@ -104,7 +117,7 @@ static void nc_abort(DuetColl *c, const char *why) {
   if (!x->aborted) {
     x->aborted = true;
     snprintf(x->why, sizeof x->why, "%s", why);
-    for (int k = 0; k < x->R * x->S; k++) {
+    for (int k = 0; k < x->L * x->S; k++) {
       Rank *rk = &x->rk[k];
       if (!rk->nc) continue;
       cuCtxSetCurrent(rk->ctx);
@@ -118,14 +131,22 @@ static void nc_abort(DuetColl *c, const char *why) {
 }
 
 /* The rank's state of tag t (t == n_tags: device broadcasts). */
-static int *state_of(Nccl *x, int rank, int t) { return &x->state[(size_t)rank * (size_t)(x->n_tags + 1) + (size_t)t]; }
+static int *state_of(Nccl *x, int rank, int t) {
+  return &x->state[(size_t)(rank - x->r0) * (size_t)(x->n_tags + 1) + (size_t)t];
+}
+
+/* Rank `rank`'s (a rank of this process) view of stage s. */
+static Rank *rank_of(Nccl *x, int s, int rank) { return &x->rk[s * x->L + rank - x->r0]; }
+
+/* Whether `rank` is one of this process's ranks. */
+static bool local_rank(const Nccl *x, int rank) { return rank >= x->r0 && rank < x->r0 + x->L; }
 
 /* Queues rank `rank`'s part of an operation on the GPU buffers b of stage
  * s (root < 0: an all-reduce, else a broadcast from root) under slot t of
  * its events.  0, or -1 with a message. */
 static int gpu_start(Nccl *x, int rank, int s, int t, int root, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
                      size_t errlen) {
-  Rank *k = &x->rk[s * x->R + rank];
+  Rank *k = rank_of(x, s, rank);
   if (dev != k->d) {
     snprintf(err, errlen, "replica %d passes buffers of another device than its stage %d's", rank, s);
     return -1;
@@ -179,7 +200,7 @@ fail:
  * aborts every communicator.  0, or -1 with a message. */
 static int gpu_wait(DuetColl *c, int rank, int s, int t, char *err, size_t errlen) {
   Nccl *x = c->ctx;
-  Rank *k = &x->rk[s * x->R + rank];
+  Rank *k = rank_of(x, s, rank);
   double deadline = now_s() + x->timeout;
   long nap = 20000; /* ns: doubled up to 1 ms */
   for (;;) {
@@ -232,7 +253,7 @@ fail:
 static int nc_allreduce_start(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
                               size_t errlen) {
   Nccl *x = c->ctx;
-  if (rank < 0 || rank >= x->R || tag < 0 || tag >= x->n_tags) {
+  if (!local_rank(x, rank) || tag < 0 || tag >= x->n_tags) {
     snprintf(err, errlen, "rank %d or tag %d out of range", rank, tag);
     return -1;
   }
@@ -251,7 +272,7 @@ static int nc_allreduce_start(DuetColl *c, int rank, int tag, DuetDevice *dev, c
 
 static int nc_allreduce_wait(DuetColl *c, int rank, int tag, char *err, size_t errlen) {
   Nccl *x = c->ctx;
-  if (rank < 0 || rank >= x->R || tag < 0 || tag >= x->n_tags) {
+  if (!local_rank(x, rank) || tag < 0 || tag >= x->n_tags) {
     snprintf(err, errlen, "rank %d or tag %d out of range", rank, tag);
     return -1;
   }
@@ -268,13 +289,13 @@ static int nc_allreduce_wait(DuetColl *c, int rank, int tag, char *err, size_t e
 static int nc_broadcast(DuetColl *c, int rank, int root, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
                         size_t errlen) {
   Nccl *x = c->ctx;
-  if (rank < 0 || rank >= x->R || root < 0 || root >= x->R) {
+  if (!local_rank(x, rank) || root < 0 || root >= x->R) {
     snprintf(err, errlen, "rank %d or root %d out of range", rank, root);
     return -1;
   }
   if (!dev) return x->host->ops->broadcast(x->host, rank, root, NULL, b, n, err, errlen);
   for (int s = 0; s < x->S; s++) /* the stage whose replica `rank` is on dev */
-    if (x->rk[s * x->R + rank].d == dev) {
+    if (rank_of(x, s, rank)->d == dev) {
       if (gpu_start(x, rank, s, x->n_tags, root, dev, b, n, err, errlen)) return -1;
       return gpu_wait(c, rank, s, x->n_tags, err, errlen);
     }
@@ -293,14 +314,14 @@ static void nc_destroy(DuetColl *c) {
   if (x) {
     if (x->profile && x->rk)
       for (int s = 0; s < x->S; s++) {
-        const Rank *k = &x->rk[s * x->R]; /* replica 0's view of the stage */
+        const Rank *k = &x->rk[s * x->L]; /* the first local replica's view of the stage */
         if (!k->calls) continue;
         double busbw = k->gpu_ms > 0 ? 2.0 * (x->R - 1) / x->R * k->bytes / (k->gpu_ms * 1e-3) / 1e9 : 0;
         fprintf(stderr, "duet: NCCL profile: stage %d: %lld collectives, %.2f MiB, %.3f ms on the communication "
                 "stream of cuda:%d (bus bandwidth 2(R-1)/R x bytes / time = %.2f GB/s)\n", s, (long long)k->calls,
                 k->bytes / 1048576.0, k->gpu_ms, k->ordinal, busbw);
       }
-    for (int i = 0; x->rk && i < x->R * x->S; i++) {
+    for (int i = 0; x->rk && i < x->L * x->S; i++) {
       Rank *k = &x->rk[i];
       if (!k->ctx) continue;
       cuCtxSetCurrent(k->ctx);
@@ -318,7 +339,7 @@ static void nc_destroy(DuetColl *c) {
       free(k->done);
       free(k->begin);
     }
-    if (x->host) x->host->ops->destroy(x->host);
+    if (x->host && !x->host_borrowed) x->host->ops->destroy(x->host);
     duet_nccl_close(&x->api);
     if (x->lock_ok) pthread_rwlock_destroy(&x->lock);
     free(x->rk);
@@ -362,11 +383,16 @@ fail:
   return -1;
 }
 
-EXPORT DuetColl *duet_cuda_plugin_nccl(DuetDevice *const *devs, int R, int S, const int *tag_stage, int n_tags,
-                                       double timeout, bool profile, DuetColl *host, char *desc, size_t desclen,
-                                       char *err, size_t errlen) {
-  if (R < 2 || S < 1 || n_tags < 0 || !(timeout > 0) || !host) {
-    snprintf(err, errlen, "an NCCL collective of %d ranks, %d stages, %d tags, timeout %g s", R, S, n_tags, timeout);
+/* The part of a collective that needs no peer: its L local ranks r0 ..
+ * r0 + L - 1 of R, on devs[s * L + r - r0] (distinct GPUs per stage among
+ * the local ones), NCCL loaded and able to drive every local GPU, the
+ * streams and events made; no communicator yet, no host collective.  NULL
+ * with a message. */
+static DuetColl *prepare(DuetDevice *const *devs, int R, int L, int r0, int S, const int *tag_stage, int n_tags,
+                         double timeout, bool profile, char *err, size_t errlen) {
+  if (R < 2 || L < 1 || r0 < 0 || r0 + L > R || S < 1 || n_tags < 0 || !(timeout > 0)) {
+    snprintf(err, errlen, "an NCCL collective of %d ranks (%d here from %d), %d stages, %d tags, timeout %g s", R, L, r0,
+             S, n_tags, timeout);
     return NULL;
   }
   DuetColl *c = calloc(1, sizeof *c);
@@ -380,15 +406,15 @@ EXPORT DuetColl *duet_cuda_plugin_nccl(DuetDevice *const *devs, int R, int S, co
   c->ops = &nccl_ops;
   c->n_ranks = R;
   c->ctx = x;
-  x->R = R, x->S = S, x->n_tags = n_tags, x->timeout = timeout, x->profile = profile;
+  x->R = R, x->L = L, x->r0 = r0, x->S = S, x->n_tags = n_tags, x->timeout = timeout, x->profile = profile;
   if (pthread_rwlock_init(&x->lock, NULL)) {
     snprintf(err, errlen, "cannot create the NCCL collective's lock");
     goto fail;
   }
   x->lock_ok = true;
-  if (!(x->rk = calloc((size_t)(R * S), sizeof *x->rk)) ||
+  if (!(x->rk = calloc((size_t)(L * S), sizeof *x->rk)) ||
       !(x->tag_stage = calloc((size_t)n_tags + 1, sizeof *x->tag_stage)) ||
-      !(x->state = calloc((size_t)R * (size_t)(n_tags + 1), sizeof *x->state))) {
+      !(x->state = calloc((size_t)L * (size_t)(n_tags + 1), sizeof *x->state))) {
     snprintf(err, errlen, "out of host memory");
     goto fail;
   }
@@ -401,16 +427,16 @@ EXPORT DuetColl *duet_cuda_plugin_nccl(DuetDevice *const *devs, int R, int S, co
   }
   /* the devices: this plugin's, one GPU per replica of each stage */
   for (int s = 0; s < S; s++)
-    for (int r = 0; r < R; r++) {
-      Rank *k = &x->rk[s * R + r];
-      k->d = devs[s * R + r];
+    for (int r = r0; r < r0 + L; r++) {
+      Rank *k = rank_of(x, s, r);
+      k->d = devs[s * L + r - r0];
       CUcontext ctx;
       if (duet_cuda_handles(k->d, &k->ordinal, &ctx, &k->compute)) {
         snprintf(err, errlen, "replica %d's stage %d is not a CUDA device", r, s);
         goto fail;
       }
-      for (int o = 0; o < r; o++)
-        if (x->rk[s * R + o].ordinal == k->ordinal) {
+      for (int o = r0; o < r; o++)
+        if (rank_of(x, s, o)->ordinal == k->ordinal) {
           snprintf(err, errlen, "replicas %d and %d of stage %d are both on cuda:%d, and NCCL allows one rank per GPU", o,
                    r, s, k->ordinal);
           goto fail;
@@ -419,7 +445,7 @@ EXPORT DuetColl *duet_cuda_plugin_nccl(DuetDevice *const *devs, int R, int S, co
   if (duet_nccl_open(&x->api, err, errlen)) goto fail;
   /* an NCCL built with CUDA 13 has no kernels for cards before sm_75 */
   int min_cc = duet_nccl_min_cc(x->api.cuda_major);
-  for (int i = 0; i < R * S; i++) {
+  for (int i = 0; i < L * S; i++) {
     Rank *k = &x->rk[i];
     int ma = 0, mi = 0;
     char name[256] = "";
@@ -435,15 +461,44 @@ EXPORT DuetColl *duet_cuda_plugin_nccl(DuetDevice *const *devs, int R, int S, co
       goto fail;
     }
   }
-  /* streams, events, then one communicator per stage over its replicas' GPUs */
-  for (int s = 0; s < S; s++)
-    for (int r = 0; r < R; r++) {
-      Rank *k = &x->rk[s * R + r];
-      int ord;
-      CUstream cs;
-      duet_cuda_handles(k->d, &ord, &k->ctx, &cs);
-      if (rank_setup(x, k, err, errlen)) goto fail;
-    }
+  /* streams and events in each GPU's context */
+  for (int i = 0; i < L * S; i++) {
+    Rank *k = &x->rk[i];
+    int ord;
+    CUstream cs;
+    duet_cuda_handles(k->d, &ord, &k->ctx, &cs);
+    if (rank_setup(x, k, err, errlen)) goto fail;
+  }
+  return c;
+fail:
+  nc_destroy(c);
+  return NULL;
+}
+
+/* The start-up line's description of the collective c. */
+static void describe(const Nccl *x, char *desc, size_t desclen) {
+  char build[64] = "";
+  const char *base = strrchr(x->api.path, '/');
+  if (x->api.cuda_major) snprintf(build, sizeof build, ", built with CUDA %d.%d", x->api.cuda_major, x->api.cuda_minor);
+  /* the file, and the name asked for when the file is called otherwise (a link) */
+  bool same = !strcmp(base ? base + 1 : x->api.path, strrchr(x->api.name, '/') ? strrchr(x->api.name, '/') + 1 : x->api.name);
+  snprintf(desc, desclen, "NCCL %d.%d.%d (%s%s%s%s) in its own order (ring or tree), on a communication stream per GPU",
+           x->api.major, x->api.minor, x->api.patch, same ? "" : x->api.name, same ? "" : " = ", x->api.path, build);
+}
+
+/* duet_coll_nccl_new (runtime/collective.h): every replica in this
+ * process, ncclCommInitAll per stage; host owned on success. */
+EXPORT DuetColl *duet_cuda_plugin_nccl(DuetDevice *const *devs, int R, int S, const int *tag_stage, int n_tags,
+                                       double timeout, bool profile, DuetColl *host, char *desc, size_t desclen,
+                                       char *err, size_t errlen) {
+  if (!host) {
+    snprintf(err, errlen, "an NCCL collective needs a host collective");
+    return NULL;
+  }
+  DuetColl *c = prepare(devs, R, R, 0, S, tag_stage, n_tags, timeout, profile, err, errlen);
+  if (!c) return NULL;
+  Nccl *x = c->ctx;
+  /* one communicator per stage over its replicas' GPUs */
   for (int s = 0; s < S; s++) {
     int devlist[64];
     void *comms[64];
@@ -467,15 +522,67 @@ EXPORT DuetColl *duet_cuda_plugin_nccl(DuetDevice *const *devs, int R, int S, co
     for (int i = 0; i < R; i++) x->rk[s * R + i].nc = comms[i];
   }
   x->host = host; /* owned from here on */
-  char build[64] = "", *base = strrchr(x->api.path, '/');
-  if (x->api.cuda_major) snprintf(build, sizeof build, ", built with CUDA %d.%d", x->api.cuda_major, x->api.cuda_minor);
-  /* the file, and the name asked for when the file is called otherwise (a link) */
-  bool same = !strcmp(base ? base + 1 : x->api.path, strrchr(x->api.name, '/') ? strrchr(x->api.name, '/') + 1 : x->api.name);
-  snprintf(desc, desclen, "NCCL %d.%d.%d (%s%s%s%s) in its own order (ring or tree), on a communication stream per GPU",
-           x->api.major, x->api.minor, x->api.patch, same ? "" : x->api.name, same ? "" : " = ", x->api.path, build);
+  describe(x, desc, desclen);
   return c;
 fail:
-  x->host = NULL; /* the caller's on failure */
-  nc_destroy(c);
+  nc_destroy(c); /* host is still the caller's */
   return NULL;
+}
+
+/* duet_coll_nccl_rank_new (runtime/collective.h): this process's one
+ * rank of R on its S stage devices devs[0 .. S-1]; rank 0 fills ids with
+ * S unique ids.  Not connected: duet_cuda_plugin_nccl_connect joins. */
+EXPORT DuetColl *duet_cuda_plugin_nccl_rank(DuetDevice *const *devs, int R, int rank, int S, const int *tag_stage,
+                                            int n_tags, double timeout, bool profile, void *ids, char *desc,
+                                            size_t desclen, char *err, size_t errlen) {
+  DuetColl *c = prepare(devs, R, 1, rank, S, tag_stage, n_tags, timeout, profile, err, errlen);
+  if (!c) return NULL;
+  Nccl *x = c->ctx;
+  if (rank == 0)
+    for (int s = 0; s < S; s++) {
+      DuetNcclUniqueId id;
+      int r = x->api.get_unique_id(&id);
+      if (r != DUET_NCCL_SUCCESS) {
+        char m[600];
+        duet_nccl_error(&x->api, NULL, r, m, sizeof m);
+        snprintf(err, errlen, "ncclGetUniqueId with NCCL %d.%d.%d (%s) failed: %s", x->api.major, x->api.minor,
+                 x->api.patch, x->api.path, m);
+        nc_destroy(c);
+        return NULL;
+      }
+      memcpy((char *)ids + (size_t)s * DUET_NCCL_UNIQUE_ID_BYTES, id.internal, DUET_NCCL_UNIQUE_ID_BYTES);
+    }
+  describe(x, desc, desclen);
+  return c;
+}
+
+/* duet_coll_nccl_connect (runtime/collective.h): ncclCommInitRank per
+ * stage with ids (rank 0's, broadcast), host borrowed from then on.  0, or
+ * -1 with a message (c keeps the communicators made so far: destroy it). */
+EXPORT int duet_cuda_plugin_nccl_connect(DuetColl *c, const void *ids, DuetColl *host, char *err, size_t errlen) {
+  Nccl *x = c->ctx;
+  if (c->ops != &nccl_ops || x->L != 1 || x->host || !host) {
+    snprintf(err, errlen, "not an unconnected NCCL collective of one rank, or no host collective");
+    return -1;
+  }
+  for (int s = 0; s < x->S; s++) {
+    Rank *k = &x->rk[s];
+    DuetNcclUniqueId id;
+    memcpy(id.internal, (const char *)ids + (size_t)s * DUET_NCCL_UNIQUE_ID_BYTES, DUET_NCCL_UNIQUE_ID_BYTES);
+    CU(cuCtxSetCurrent(k->ctx), "NCCL"); /* NCCL takes the calling thread's device */
+    int r = x->api.comm_init_rank(&k->nc, x->R, id, x->r0);
+    if (r != DUET_NCCL_SUCCESS) {
+      char m[600];
+      k->nc = NULL;
+      duet_nccl_error(&x->api, NULL, r, m, sizeof m);
+      snprintf(err, errlen, "ncclCommInitRank (rank %d of %d, stage %d, cuda:%d) with NCCL %d.%d.%d (%s) failed: %s",
+               x->r0, x->R, s, k->ordinal, x->api.major, x->api.minor, x->api.patch, x->api.path, m);
+      return -1;
+    }
+  }
+  x->host = host; /* borrowed: the caller's to destroy after c */
+  x->host_borrowed = true;
+  return 0;
+fail:
+  return -1;
 }

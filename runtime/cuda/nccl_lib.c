@@ -71,6 +71,8 @@ int duet_nccl_open(DuetNccl *n, char *err, size_t errlen) {
   struct { void **slot; const char *sym; bool need; } want[] = {
       {(void **)&n->get_version, "ncclGetVersion", true},
       {(void **)&n->comm_init_all, "ncclCommInitAll", true},
+      {(void **)&n->get_unique_id, "ncclGetUniqueId", true},
+      {(void **)&n->comm_init_rank, "ncclCommInitRank", true},
       {(void **)&n->comm_destroy, "ncclCommDestroy", true},
       {(void **)&n->comm_abort, "ncclCommAbort", true},
       {(void **)&n->comm_get_async_error, "ncclCommGetAsyncError", true},

@@ -1667,9 +1667,35 @@ nvrtcResult nvrtcGetCUBIN(nvrtcProgram p, char *cubin) { return image_copy(p, cu
  * asynchronous ncclInvalidUsage (ncclCommGetAsyncError) instead of the
  * hang or garbage of a real mismatch; ncclCommDestroy with a collective
  * of the rank still in flight (which NCCL would wait for) is refused.
- * Not modelled: processes (the clique lives in one process), networks,
- * NCCL's algorithms, protocols, channels, topology and timing,
- * nonblocking communicators, user buffer registration.
+ * Across processes (ncclCommInitRank with an id that another process
+ * made and sent, as an MPI run broadcasts it): every rank of an id's
+ * clique registers in a shared-memory file named after the id,
+ * /dev/shm/duet-fakenccl-PID-K-NS (its pid and GPU; ncclCommInitRank
+ * returns once all nranks have registered, polling every 2 ms, as NCCL's
+ * bootstrap blocks; the file is unlinked then, and lives on while
+ * mapped).  A clique whose ranks are all in one process is the
+ * in-process clique above.  Otherwise each process runs its local ranks'
+ * parts as above, and the k-th collective goes through the file: once
+ * its local parts are reached, each local rank copies its input into its
+ * slot of the file (after every rank has finished reading call k - 1
+ * from the slots) and marks it posted; once every rank has posted call
+ * k, each process computes the result from the slots, in the same ring
+ * order and arithmetic as in one process (so every process gets the same
+ * bytes as every other, and as one process with the same ranks would),
+ * writes its local ranks' outputs and marks call k done.  A slot holds
+ * $DUET_FAKE_NCCL_SLOT_MB MiB (default 256; the file is sparse: only what
+ * is written takes memory): a larger collective is an asynchronous
+ * ncclInvalidUsage.  The GPUs of different processes are different GPUs
+ * (each process has its own fake GPUs: "Duplicate GPU" is checked within a
+ * process only); calls of a communicator complete in order (NCCL's
+ * communicators on one stream do).  A rank that dies or hangs leaves the
+ * others' collectives pending (their kernels spin, as NCCL's do) until
+ * they call ncclCommAbort; a rank that never joins leaves the others in
+ * ncclCommInitRank.
+ * Not modelled: networks and NCCL's bootstrap (the file stands in for
+ * both: the processes must share /dev/shm, as on one machine), NCCL's
+ * algorithms, protocols, channels, topology and timing, nonblocking
+ * communicators, user buffer registration.
  *
  * Version: $DUET_FAKE_NCCL, 2.26.5 (a build for CUDA 12.9, the default)
  * or 2.28.9 (a build for CUDA 13.0): ncclGetVersion says it and the
@@ -1694,7 +1720,7 @@ _Static_assert((int)DUET_NCCL_SUCCESS == (int)ncclSuccess && (int)DUET_NCCL_UNHA
 _Static_assert((int)DUET_NCCL_INT32 == (int)ncclInt32 && (int)DUET_NCCL_FLOAT32 == (int)ncclFloat32 &&
                    (int)DUET_NCCL_FLOAT64 == (int)ncclFloat64 && (int)DUET_NCCL_SUM == (int)ncclSum,
                "ncclDataType_t, ncclRedOp_t");
-_Static_assert(DUET_NCCL_UNIQUE_ID_BYTES == sizeof(ncclUniqueId) && sizeof(ncclResult_t) == sizeof(int) &&
+_Static_assert(DUET_NCCL_UNIQUE_ID_BYTES == sizeof(ncclUniqueId) && sizeof(DuetNcclUniqueId) == sizeof(ncclUniqueId) && sizeof(ncclResult_t) == sizeof(int) &&
                    sizeof(ncclDataType_t) == sizeof(int) && sizeof(ncclRedOp_t) == sizeof(int),
                "sizes");
 
@@ -1715,7 +1741,7 @@ struct ncclComm {
 };
 
 typedef struct Part { /* one rank's call */
-  int in, reached, aborted, popped, hang;
+  int in, reached, aborted, popped, hang, posted;
   int kind, root;
   const void *send;
   void *recv;
@@ -1733,6 +1759,25 @@ struct FakeCall {
   Part part[MAX_GPUS];
 };
 
+/* The shared-memory file of a clique across processes: a page of this
+ * header, then a slot of hdr->slot bytes per rank.  Each rank writes its
+ * own entry only (pid once, with a compare-and-swap); posted and done
+ * are the last call whose input is in the rank's slot, and the last call
+ * the rank has finished reading from the slots (release/acquire). */
+typedef struct ShmRank {
+  int pid, gpu;
+  unsigned long long posted, done;
+  int kind, type, op, root;
+  unsigned long long count;
+} ShmRank;
+typedef struct ShmHdr {
+  int n;
+  unsigned long long slot;
+  ShmRank r[MAX_GPUS];
+} ShmHdr;
+#define SHM_HDR_BYTES 4096
+_Static_assert(sizeof(ShmHdr) <= SHM_HDR_BYTES, "the shared-memory header fits its page");
+
 struct Clique {
   Clique *next;
   int n, joined, live;      /* ranks; joined (ncclCommInitRank); communicators alive */
@@ -1742,6 +1787,12 @@ struct Clique {
   struct ncclComm *comm[MAX_GPUS];
   FakeCall *calls;
   char why[200];
+  /* across processes: the id's file (NULL: none, or it could not be made) */
+  ShmHdr *shm;
+  size_t shm_len;
+  char shm_path[160];
+  int span; /* ranks in other processes (known once complete) */
+  int local[MAX_GPUS]; /* with span: rank j is this process's */
 };
 
 /* under G.exec */
@@ -1791,7 +1842,63 @@ static void clique_release(Clique *cq) {
       *p = cq->next;
       break;
     }
+  if (cq->shm) {
+    if (!cq->complete) unlink(cq->shm_path); /* never complete: nobody else will */
+    munmap(cq->shm, cq->shm_len);
+  }
   free(cq);
+}
+
+/* Under G.exec: maps the shared-memory file of clique cq (named after its
+ * id, made when missing) and registers rank `rank` on `gpu` in it.
+ * ncclSuccess; or a failure to register (the rank is there already, the
+ * file says another number of ranks); a file that cannot be made leaves
+ * cq->shm NULL (the clique is then one process's, and says so). */
+static ncclResult_t shm_join(Clique *cq, int rank, int gpu) {
+  if (!cq->shm) {
+    long long pid = 0;
+    unsigned long long k = 0, ns = 0;
+    if (sscanf(cq->id, "fakenccl %lld %llu %llu", &pid, &k, &ns) != 3) return ncclSuccess; /* checked by the caller */
+    snprintf(cq->shm_path, sizeof cq->shm_path, "/dev/shm/duet-fakenccl-%lld-%llu-%llu", pid, k, ns);
+    const char *mb = getenv("DUET_FAKE_NCCL_SLOT_MB");
+    unsigned long long slot = (mb && *mb ? strtoull(mb, NULL, 10) : 256) << 20;
+    if (slot == 0) slot = 256ull << 20;
+    size_t len = SHM_HDR_BYTES + (size_t)cq->n * slot;
+    int fd = open(cq->shm_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    void *m = MAP_FAILED;
+    if (fd >= 0) {
+      struct stat st;
+      /* every process sizes it the same (sparse); a later one must not shrink it */
+      if (fstat(fd, &st) == 0 && (st.st_size == (off_t)len || ftruncate(fd, (off_t)len) == 0))
+        m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+    }
+    if (m == MAP_FAILED) {
+      fake_say("NCCL: cannot map %s (%s): the clique of this id is this process's alone", cq->shm_path, strerror(errno));
+      return ncclSuccess;
+    }
+    cq->shm = m, cq->shm_len = len;
+    int zero = 0;
+    if (!__atomic_compare_exchange_n(&cq->shm->n, &zero, cq->n, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) && zero != cq->n)
+      return nccl_fail(ncclInvalidArgument, "ncclCommInitRank: %d ranks, the id's clique has %d (in %s)", cq->n, zero,
+                       cq->shm_path);
+    unsigned long long z = 0;
+    __atomic_compare_exchange_n(&cq->shm->slot, &z, slot, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  }
+  ShmRank *r = &cq->shm->r[rank];
+  int zero = 0;
+  r->gpu = gpu;
+  if (!__atomic_compare_exchange_n(&r->pid, &zero, (int)getpid(), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return nccl_fail(ncclInvalidUsage, "ncclCommInitRank: rank %d joined twice (process %d has it)", rank, zero);
+  return ncclSuccess;
+}
+
+/* Under G.exec: the ranks of clique cq that have joined, in every process. */
+static int joined_count(const Clique *cq) {
+  if (!cq->shm) return cq->joined;
+  int n = 0;
+  for (int i = 0; i < cq->n; i++) n += __atomic_load_n(&cq->shm->r[i].pid, __ATOMIC_ACQUIRE) != 0;
+  return n;
 }
 
 /* Under G.exec: takes c out of the registry and its clique, and frees it. */
@@ -1850,7 +1957,10 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
   pthread_mutex_lock(&G.exec);
   unsigned long long k = ++N.ids;
   pthread_mutex_unlock(&G.exec);
-  snprintf(id->internal, sizeof id->internal, "fakenccl %ld %llu", (long)getpid(), k);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts); /* with the pid: an id no earlier process has made */
+  snprintf(id->internal, sizeof id->internal, "fakenccl %ld %llu %llu", (long)getpid(), k,
+           (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
   return ncclSuccess;
 }
 
@@ -1893,14 +2003,23 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
 static ncclResult_t join_wait(struct ncclComm *c) {
   Clique *cq = c->cq;
   while (!cq->complete) {
-    if (cq->joined < cq->n) {
-      pthread_cond_wait(&G.moved, &G.exec);
+    if (joined_count(cq) < cq->n) { /* other processes' ranks: polled */
+      struct timespec dl;
+      clock_gettime(CLOCK_REALTIME, &dl);
+      dl.tv_nsec += 2000000;
+      if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+      pthread_cond_timedwait(&G.moved, &G.exec, &dl);
       continue;
     }
+    if (cq->joined < cq->n && cq->shm) { /* some ranks are in other processes */
+      cq->span = 1;
+      for (int i = 0; i < cq->n; i++) cq->local[i] = __atomic_load_n(&cq->shm->r[i].pid, __ATOMIC_ACQUIRE) == (int)getpid();
+    }
     cq->complete = 1; /* the last to see every rank joined checks their GPUs, once */
+    if (cq->shm) unlink(cq->shm_path); /* every rank has it mapped */
     for (int i = 0; i < cq->n; i++)
       for (int j = 0; j < i; j++)
-        if (cq->comm[i]->gpu == cq->comm[j]->gpu && !cq->bad) {
+        if (cq->comm[i] && cq->comm[j] && cq->comm[i]->gpu == cq->comm[j]->gpu && !cq->bad) {
           cq->bad = 1;
           snprintf(cq->why, sizeof cq->why, "Duplicate GPU detected: ranks %d and %d are both on CUDA device %d", j, i,
                    cq->comm[i]->gpu);
@@ -1939,6 +2058,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
   struct ncclComm *c = NULL;
   if (cq->n != nranks) r = nccl_fail(ncclInvalidArgument, "ncclCommInitRank: %d ranks, the id's clique has %d", nranks, cq->n);
   else if (cq->comm[rank]) r = nccl_fail(ncclInvalidUsage, "ncclCommInitRank: rank %d joined twice", rank);
+  else if ((r = shm_join(cq, rank, gpu)) != ncclSuccess) c = NULL;
   else if (!(c = comm_new(cq, rank, gpu)) || add_comm(c)) r = ncclSystemError;
   if (r != ncclSuccess) {
     if (c && r == ncclSystemError) free(c);
@@ -2157,10 +2277,20 @@ static void reduce_into(char *dst, const char *const *src, int n, size_t count, 
 /* Under G.exec: computes the collective once every rank's part is
  * reached (see the section's comment for the order). */
 static void call_run(FakeCall *c) {
-  int n = c->cq->n;
-  const Part *p0 = &c->part[0];
+  Clique *cq = c->cq;
+  int n = cq->n;
+  Part all[MAX_GPUS] = {{0}}; /* every rank's call: across processes, the others' from the file */
+  for (int j = 0; j < n; j++) {
+    all[j] = c->part[j];
+    if (cq->span && !cq->local[j]) {
+      const ShmRank *r = &cq->shm->r[j];
+      all[j].kind = r->kind, all[j].type = (ncclDataType_t)r->type, all[j].op = (ncclRedOp_t)r->op;
+      all[j].root = r->root, all[j].count = (size_t)r->count;
+    }
+  }
+  const Part *p0 = &all[0];
   for (int j = 1; j < n; j++) {
-    const Part *q = &c->part[j];
+    const Part *q = &all[j];
     if (q->kind != p0->kind || q->count != p0->count || q->type != p0->type || q->op != p0->op || q->root != p0->root) {
       fake_say("NCCL: call %llu: rank %d's %s of %zu elements of type %d (op %d, root %d) against rank 0's %s of %zu of "
                "type %d (op %d, root %d): the ranks disagree", c->seq, j, coll_name[q->kind], q->count, (int)q->type,
@@ -2176,9 +2306,12 @@ static void call_run(FakeCall *c) {
   const char *in[MAX_GPUS];
   char *out[MAX_GPUS];
   for (int j = 0; j < n; j++) {
-    in[j] = xlate((uintptr_t)c->part[j].send, in_n * es, "NCCL sendbuff");
-    out[j] = xlate((uintptr_t)c->part[j].recv, out_n * es, "NCCL recvbuff");
-    if (!in[j] || !out[j]) {
+    int mine = !cq->span || cq->local[j];
+    /* across processes every input comes from its slot (this process's too: the same bytes) */
+    in[j] = cq->span ? (const char *)cq->shm + SHM_HDR_BYTES + (size_t)j * cq->shm->slot
+                     : xlate((uintptr_t)c->part[j].send, in_n * es, "NCCL sendbuff");
+    out[j] = mine ? xlate((uintptr_t)c->part[j].recv, out_n * es, "NCCL recvbuff") : NULL;
+    if (!in[j] || (mine && !out[j])) {
       G.sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
       return;
     }
@@ -2204,17 +2337,60 @@ static void call_run(FakeCall *c) {
       reduce_into(tmp + lo * es, order, n, hi - lo, p0->type, p0->op);
     }
     if (p0->kind == COLL_ALLREDUCE)
-      for (int j = 0; j < n; j++) memcpy(out[j], tmp, cnt * es);
+      for (int j = 0; j < n; j++) {
+        if (out[j]) memcpy(out[j], tmp, cnt * es);
+      }
     else
-      for (int j = 0; j < n; j++) memcpy(out[j], tmp + (size_t)j * cnt * es, cnt * es);
+      for (int j = 0; j < n; j++) {
+        if (out[j]) memcpy(out[j], tmp + (size_t)j * cnt * es, cnt * es);
+      }
   } else if (p0->kind == COLL_BROADCAST) {
     memcpy(tmp, in[p0->root], cnt * es);
-    for (int j = 0; j < n; j++) memcpy(out[j], tmp, cnt * es);
+    for (int j = 0; j < n; j++)
+      if (out[j]) memcpy(out[j], tmp, cnt * es);
   } else {
     for (int j = 0; j < n; j++) memcpy(tmp + (size_t)j * cnt * es, in[j], cnt * es);
-    for (int j = 0; j < n; j++) memcpy(out[j], tmp, (size_t)n * cnt * es);
+    for (int j = 0; j < n; j++)
+      if (out[j]) memcpy(out[j], tmp, (size_t)n * cnt * es);
   }
   free(tmp);
+}
+
+/* Under G.exec, for a clique across processes whose local parts of call c
+ * are reached: posts each local rank's input in its slot of the file (once
+ * every rank is done reading the previous call), then says whether every
+ * rank has posted call c (1) or not yet (0: polled again). */
+static int span_exchange(FakeCall *c) {
+  Clique *cq = c->cq;
+  ShmHdr *h = cq->shm;
+  int n = cq->n;
+  for (int j = 0; j < n; j++) {
+    Part *p = &c->part[j];
+    if (!cq->local[j] || p->posted) continue;
+    for (int k = 0; k < n; k++) /* the slots are free once everyone has read call seq - 1 */
+      if (__atomic_load_n(&h->r[k].done, __ATOMIC_ACQUIRE) + 1 < c->seq) return 0;
+    size_t es = nccl_size(p->type), in_n = p->kind == COLL_REDUCESCATTER ? (size_t)n * p->count : p->count;
+    if (in_n * es > h->slot) {
+      fake_say("NCCL: call %llu: %zu bytes of rank %d exceed the fake's shared-memory slot of %llu bytes "
+               "(DUET_FAKE_NCCL_SLOT_MB)", c->seq, in_n * es, j, h->slot);
+      G.sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+      return 1;
+    }
+    const char *src = xlate((uintptr_t)p->send, in_n * es, "NCCL sendbuff");
+    if (!src) {
+      G.sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+      return 1;
+    }
+    memcpy((char *)h + SHM_HDR_BYTES + (size_t)j * h->slot, src, in_n * es);
+    ShmRank *r = &h->r[j];
+    r->kind = p->kind, r->type = (int)p->type, r->op = (int)p->op, r->root = p->root;
+    r->count = p->count;
+    __atomic_store_n(&r->posted, c->seq, __ATOMIC_RELEASE);
+    p->posted = 1;
+  }
+  for (int k = 0; k < n; k++)
+    if (__atomic_load_n(&h->r[k].posted, __ATOMIC_ACQUIRE) < c->seq) return 0;
+  return 1;
 }
 
 /* Under G.exec: whether rank o->rank's part of its collective may
@@ -2227,13 +2403,18 @@ static int nccl_ready(Op *o) {
     if (p->hang) return 0; /* its GPU never gets there */
     p->reached = 1;
   }
-  int n = c->cq->n;
+  Clique *cq = c->cq;
+  int n = cq->n;
   for (int j = 0; j < n && !c->done; j++) /* the peers' streams, up to their parts */
     if (c->part[j].in && !c->part[j].reached && !c->part[j].aborted) run_queue(c->part[j].stream);
   if (c->done) return 1;
   for (int j = 0; j < n; j++)
-    if (!c->part[j].reached) return 0;
-  call_run(c);
+    if (!c->part[j].reached && (!cq->span || cq->local[j])) return 0;
+  if (cq->span && !span_exchange(c)) return 0;
+  if (!G.sticky) call_run(c);
+  if (cq->span) /* this process has read call c->seq from the slots */
+    for (int j = 0; j < n; j++)
+      if (cq->local[j]) __atomic_store_n(&cq->shm->r[j].done, c->seq, __ATOMIC_RELEASE);
   c->done = 1;
   return 1;
 }

@@ -38,8 +38,23 @@
 #  6. with four GPUs, two replicas of a two-stage pipeline,
 #     cuda:0,cuda:1,cuda:2,cuda:3 --data-parallel 2 (a communicator per
 #     stage): the bits of the pipeline cuda:0,cuda:1 with 2 micro-batches.
-# Parts 4-6 are skipped (and the script exits 77 after the rest) with
-# fewer GPUs; NCCL's parts of 4 with NCCL absent.  Exits 77 (ctest SKIP)
+#  7. across MPI ranks (two GPUs, mpirun and libduet_mpi.so beside duet):
+#     mpirun --allow-run-as-root --oversubscribe -np 2 --mca btl tcp,self,
+#     each rank one GPU (CUDA_VISIBLE_DEVICES set to its local rank, so
+#     each says --devices cuda:0): NCCL between the ranks where it loads
+#     (rank 0's unique id broadcast over MPI, ncclCommInitRank; the
+#     start-up line says so, or "NCCL not used: WHY"), the ranks
+#     bit-identical after every step (both say so), and, when both GPUs
+#     are the same model, exactly the losses and checkpoint of cuda:0 with
+#     2 micro-batches, for gpt_tiny and fmnist_mlp; DUET_DP_COLLECTIVE=shm
+#     (MPI between the ranks, GPU buffers staged through host memory): the
+#     same bits; NCCL missing: auto falls back to MPI saying why, the same
+#     bits; nccl forced is the error naming the library and the package,
+#     on every rank.
+# Parts 4-7 are skipped (and the script exits 77 after the rest) with
+# fewer GPUs; NCCL's parts of 4 and 7 with NCCL absent, part 7 without
+# mpirun or the MPI plugin.  DP_PART=local runs parts 1-6 only, DP_PART=mpi
+# part 7 only (tests/run_fakegpu.sh runs them as two tests).  Exits 77 (ctest SKIP)
 # with a message when there is no GPU; a missing text is a failure
 # (tests/gpu/run.sh provides it; fmnist_mlp's part needs FMNIST_DIR).
 # Environment: KJV_TEXT (default data/kjv.txt), FMNIST_DIR (default
@@ -49,6 +64,8 @@
 # usage: run_data_parallel_gpu.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_data_parallel_gpu.sh path/to/duet}
 GPU_DEVICE=${GPU_DEVICE:-cuda}
+DP_PART=${DP_PART:-all}
+case $DP_PART in all|local|mpi) ;; *) echo "DP_PART must be all, local or mpi, got '$DP_PART'"; exit 2 ;; esac
 if [ "$GPU_DEVICE" != cpu ] && ! "$DUET" devices | grep -q '^cuda:0 '; then
   why=$("$DUET" devices | grep '^cuda')
   case "$why" in
@@ -114,6 +131,76 @@ fails() {
   else bad "$n: exit $rc, got '$got', want 'duet: error: $msg'"; fi
 }
 
+# mchecked NAME: both MPI ranks compared their params and optimizer state after each of the 3 steps
+mchecked() {
+  for k in 0 1; do
+    if grep -q "^duet: rank $k: data-parallel check: the params and optimizer state of the 2 replicas (ranks; hashes compared) were bit-identical after each of 3 training steps" "$tmp/$1.out"
+    then ok "$1 rank $k bit-identical to rank 0"; else bad "$1: no data-parallel check line of rank $k"; tail -3 "$tmp/$1.out"; fi
+  done
+}
+
+# 7. across MPI ranks, each rank one GPU (called at the end)
+mpi_part() {
+  if ! "$DUET" devices | grep -q '^cuda:1 '; then echo "skip: one GPU: the MPI checks"; skipped=1; return; fi
+  if ! command -v mpirun > /dev/null 2>&1; then echo "skip: no mpirun: the MPI checks"; skipped=1; return; fi
+  if [ -z "${DUET_MPI_PLUGIN:-}" ] && [ ! -f "$(dirname "$DUET")/libduet_mpi.so" ]; then
+    echo "skip: no libduet_mpi.so beside $DUET: the MPI checks"; skipped=1; return
+  fi
+  n0=$("$DUET" devices | sed -n 's/^cuda:0  \([^,]*\),.*/\1/p')
+  n1=$("$DUET" devices | sed -n 's/^cuda:1  \([^,]*\),.*/\1/p')
+  # mrun NAME ARGS...: ${MODEL:-$GPT} on 2 ranks, rank k on GPU k (CUDA_VISIBLE_DEVICES), ranks compared every step
+  mrun() {
+    n=$1
+    shift
+    # shellcheck disable=SC2016,SC2086
+    if ! DUET_DP_CHECK=1 mpirun --allow-run-as-root --oversubscribe -np 2 --mca btl tcp,self \
+        sh -c 'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$@"' sh "$DUET" run ${MODEL:-$GPT} \
+        --devices cuda:0 --threads 1 --metrics "$tmp/$n.jsonl" --save "$tmp/$n.st" "$@" > "$tmp/$n.out" 2>&1; then
+      bad "$n: mpirun -np 2 duet run --devices cuda:0 $*"; grep 'error' "$tmp/$n.out" | head -3
+    fi
+  }
+  [ -s "$tmp/ref.st" ] || run ref "$ONE" "$TH_ONE" --micro-batches 2
+  mrun mpi_pair
+  mchecked mpi_pair
+  line=$(sed -n 's/^duet: data parallel: .* summed //p' "$tmp/mpi_pair.out")
+  echo "2 MPI ranks on cuda:0 and cuda:1: summed $line"
+  case "$line" in
+    "by NCCL "*", across the ranks (ncclCommInitRank, the unique ids broadcast over MPI (2 ranks, "*) mnccl=1 ;;
+    *"NCCL not used: "*) mnccl=0; echo "skip: NCCL between the ranks: ${line#*NCCL not used: }"; skipped=1 ;;
+    *) mnccl=0; bad "mpi_pair: neither NCCL across the ranks nor the reason it was not used: '$line'" ;;
+  esac
+  DUET_DP_COLLECTIVE=shm mrun mpi_shm
+  summed mpi_shm "in replica order over MPI (2 ranks, "
+  DUET_NCCL_LIBRARY=/nonexistent/libnccl.so.2 mrun mpi_nonccl
+  summed mpi_nonccl "(GPU buffers staged through host memory); NCCL not used: rank 0: NCCL (/nonexistent/libnccl.so.2) could not be loaded: "
+  DUET_NCCL_LIBRARY=/nonexistent/libnccl.so.2 DUET_DP_COLLECTIVE=nccl mpirun --allow-run-as-root --oversubscribe \
+    -np 2 --mca btl tcp,self "$DUET" run $GPT --devices cuda:0 > "$tmp/mpi_nonccl_forced.out" 2>&1
+  rc=$?
+  # every rank fails so; the first to fail ends the others with MPI_Abort, maybe before they print
+  got=$(grep "^duet: rank [01]: error: " "$tmp/mpi_nonccl_forced.out" | head -1)
+  case "$got" in
+    "duet: rank "[01]": error: DUET_DP_COLLECTIVE=nccl: rank 0: NCCL (/nonexistent/libnccl.so.2) could not be loaded: "*"; install NCCL (NVIDIA's libnccl2 package, or pip's nvidia-nccl-cu12 for CUDA 12) or point DUET_NCCL_LIBRARY at libnccl.so.2")
+      [ $rc != 0 ] && ok "MPI, NCCL missing, nccl forced: $got" || bad "MPI, NCCL missing, nccl forced: mpirun exit 0" ;;
+    *) bad "MPI, NCCL missing, nccl forced: exit $rc, '$got'" ;;
+  esac
+  if [ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ]; then
+    [ -s "$tmp/mlp_ref.st" ] || MODEL=$MLP run mlp_ref cuda:0 2 --micro-batches 2
+    MODEL=$MLP mrun mpi_mlp
+    mchecked mpi_mlp
+  else
+    bad "fmnist_mlp: no Fashion-MNIST in $FMNIST_DIR (set FMNIST_DIR)"
+  fi
+  if [ "$n0" = "$n1" ]; then
+    same ref mpi_pair
+    same ref mpi_shm
+    same ref mpi_nonccl
+    [ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ] && same mlp_ref mpi_mlp
+  else
+    echo "cuda:0 ($n0) and cuda:1 ($n1) differ: the MPI runs' losses are not compared"
+  fi
+}
+
+if [ "$DP_PART" != mpi ]; then # parts 1-6 (not indented: they came first)
 # 1. one GPU as two replicas
 run ref "$ONE" "$TH_ONE" --micro-batches 2
 run dp "$TWO" 2 --data-parallel 2
@@ -235,6 +322,11 @@ if [ "$GPU_DEVICE" != cpu ]; then
     echo "skip: one GPU: the cuda:0,cuda:1 checks"
     skipped=1
   fi
+fi
+fi # parts 1-6
+if [ "$DP_PART" != local ]; then
+  if [ "$GPU_DEVICE" = cpu ]; then echo "skip: GPU_DEVICE=cpu: the MPI checks (tests/run_mpi.sh has the CPU's)"
+  else mpi_part; fi
 fi
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ] || exit 1
