@@ -8,7 +8,7 @@
 const Pass duet_passes[] = {
     {"shape", pass_shape, "infer and check the shape and dtype of every value"},
     {"autodiff", pass_autodiff, "append the backward graph: d(loss)/d(param) for every param"},
-    {"optimizer", pass_optimizer, "append the optimizer update (AdamW or SGD) of every param"},
+    {"optimizer", pass_optimizer, "append the optimizer update (AdamW, f32 or 8-bit state; SGD) of every param"},
     {"eval", pass_eval, "append the evaluation metrics (correct predictions, summed loss)"},
     {"prune", pass_prune, "magnitude pruning (--prune): a mask per pruned weight, applied after every optimizer step"},
     {"precision", pass_precision, "choose storage dtypes (--precision): 16-bit activations, f32 master weights, casts"},
