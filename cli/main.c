@@ -32,6 +32,9 @@ static void usage(FILE *out) {
           "device whose capabilities `auto` follows); run, compile, plan, ir, emit and check take --gemm-accumulate\n"
           "fp32|fp16 (fp16: opt-in fp16 accumulation of fp16 GEMMs on CUDA devices; ir, emit and check\n"
           "refuse fp16 too when the program has no fp16 GEMM).\n\n"
+          "run, compile, plan, ir, emit and check take --recompute none|blocks|auto (default none, or\n"
+          "the train section's `recompute`): blocks keeps only the inputs of each block instance and\n"
+          "recomputes the rest in the backward pass; auto recomputes blocks only until each device fits.\n\n"
           "run, compile, plan, ir, emit and check take --optimizer-state int8|f32 (AdamW's moments in 8-bit\n"
           "block-wise quantized codes, or f32: overrides the model's adamw(state = ...)).\n\n"
           "run, compile, plan, ir, emit and check take the pruning flags --prune S, --prune-mode,\n"
@@ -60,7 +63,7 @@ static void prune_help(FILE *out) {
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
  * emit and check (cli/ may hold global state). */
-static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_optim_state;
+static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt_optim_state;
 
 /* Removes `--precision X` / `--arch X` / `--gemm-accumulate X` /
  * `--optimizer-state X` (and the `=` forms) from argv;
@@ -68,13 +71,13 @@ static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_optim_state;
 static int strip_precision_flags(int argc, char **argv) {
   int k = 0;
   for (int i = 0; i < argc; i++) {
-    const char *names[4] = {"--precision", "--arch", "--gemm-accumulate", "--optimizer-state"};
-    const char **dst[4] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_optim_state};
-    static const char *const values[4] = {"auto, fp32, fp16, bf16",
+    const char *names[5] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state"};
+    const char **dst[5] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state};
+    static const char *const values[5] = {"auto, fp32, fp16, bf16",
                                           "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16",
-                                          "int8, f32"};
+                                          "none, blocks, auto", "int8, f32"};
     int hit = -1;
-    for (int j = 0; j < 4 && hit < 0; j++) {
+    for (int j = 0; j < 5 && hit < 0; j++) {
       size_t n = strlen(names[j]);
       if (!strcmp(argv[i], names[j])) {
         if (i + 1 >= argc) {
@@ -141,6 +144,10 @@ static int check_precision_flags(void) {
     fprintf(stderr, "duet: error: unknown --gemm-accumulate `%s` (fp32, fp16)\n", opt_gemm_acc);
     return 1;
   }
+  if (opt_recompute && recompute_mode_parse(opt_recompute) < 0) {
+    fprintf(stderr, "duet: error: unknown --recompute `%s` (none, blocks, auto)\n", opt_recompute);
+    return 1;
+  }
   if (opt_optim_state && strcmp(opt_optim_state, "int8") && strcmp(opt_optim_state, "f32")) {
     fprintf(stderr, "duet: error: unknown --optimizer-state `%s` (int8, f32)\n", opt_optim_state);
     return 1;
@@ -167,6 +174,7 @@ typedef struct ParOpts {
   int64_t micro_batches;
   int64_t replicas;    /* --data-parallel (0: not given, 1 replica) */
   double bucket_mb;    /* --bucket-mb (0: the default) */
+  int zero;            /* --zero 1: ZeRO stage 1 (optimizer state sharded over the replicas) */
   PartDevice dev[DUET_MAX_DEVICES];
   int n_dev;
   char mem_from[1700]; /* where the CPU devices' capacity came from (duet_host_memory) */
@@ -200,7 +208,7 @@ static const char *scan_flag(int argc, char **argv, const char *name) {
 /* A flag of a value that par_opts reads (the commands skip it and its value). */
 static bool par_flag(const char *a) {
   return !strcmp(a, "--devices") || !strcmp(a, "--micro-batches") || !strcmp(a, "--schedule") ||
-         !strcmp(a, "--threads") || !strcmp(a, "--data-parallel") || !strcmp(a, "--bucket-mb");
+         !strcmp(a, "--threads") || !strcmp(a, "--data-parallel") || !strcmp(a, "--bucket-mb") || !strcmp(a, "--zero");
 }
 
 /* Fills po->dev from the device list `devices` (and --threads in argv):
@@ -300,6 +308,13 @@ static int par_opts(ParOpts *po, int argc, char **argv, int ranks) {
   const char *dp = scan_flag(argc, argv, "--data-parallel"), *bm = scan_flag(argc, argv, "--bucket-mb");
   if (dp && duet_parse_data_parallel(dp, &po->replicas)) return 1;
   if (bm && duet_parse_bucket_mb(bm, &po->bucket_mb)) return 1;
+  const char *zr = scan_flag(argc, argv, "--zero");
+  if (zr && duet_parse_zero(zr, &po->zero)) return 1;
+  if (po->zero && po->replicas == 1 && ranks < 2) { /* not given: the model's (a dump's) replicas decide */
+    fprintf(stderr, "duet: error: --zero 1 needs --data-parallel N with N >= 2 (it shards the optimizer state over the "
+            "replicas)\n");
+    return 1;
+  }
   if (ranks > 1) {
     if (dp && po->replicas != ranks) {
       fprintf(stderr, "duet: error: --data-parallel %" PRId64 " under an MPI launcher of %d ranks: each rank is one "
@@ -397,7 +412,8 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
   }
   if (R > 1 && g->after_pass && passes_find(g->after_pass) >= passes_find("data_parallel")) {
     bool any = false; /* a hand-edited dump that lost its buckets would train replicas apart */
-    for (int i = 0; i < g->n_values && !any; i++) any = g->values[i]->op == OP_ALLREDUCE;
+    for (int i = 0; i < g->n_values && !any; i++)
+      any = g->values[i]->op == OP_ALLREDUCE || g->values[i]->op == OP_REDUCE_SCATTER;
     bool grads = false;
     for (int i = 0; i < g->n_values && !grads; i++) grads = g->values[i]->op == OP_ADAMW || g->values[i]->op == OP_SGD;
     if (grads && !any) {
@@ -440,6 +456,22 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
                "need the .model or a dump from before `prune`", g->after_pass);
     return NULL;
   }
+  if (opt_recompute && g->after_pass && passes_find(g->after_pass) >= passes_find("recompute")) {
+    /* the dump's recomputation is fixed: a request it already follows is fine
+     * (recomputed copies are backward values with a block) */
+    bool blocks = false, copies = false;
+    for (int i = 0; i < g->n_values; i++) {
+      blocks |= g->values[i]->block > 0;
+      copies |= g->values[i]->block > 0 && g->values[i]->role == ROLE_BACKWARD;
+    }
+    int mode = recompute_mode_parse(opt_recompute);
+    if ((mode == RECOMPUTE_NONE && copies) || (mode == RECOMPUTE_BLOCKS && blocks && !copies)) {
+      diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its recomputation is fixed (%s); "
+                 "--recompute %s needs the .model or a dump from before `recompute`", g->after_pass,
+                 copies ? "recomputed blocks" : "none", opt_recompute);
+      return NULL;
+    }
+  }
   pc->start_after = g->after_pass;
   return g;
 }
@@ -453,11 +485,25 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   Source *src = frontend_read_file(c->arena, &c->diag, path);
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
-                .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .optim_state = opt_optim_state,
+                .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .recompute = opt_recompute,
+                .optim_state = opt_optim_state,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
   if (!c->g) return 1;
+  if (po && po->zero && !c->g->zero) { /* --zero 1 */
+    if (c->g->replicas < 2) { /* a dump of one replica */
+      diag_error_noloc(&c->diag, "--zero 1 needs --data-parallel N with N >= 2 (it shards the optimizer state over "
+                       "the replicas)");
+      return 1;
+    }
+    if (pc.start_after && passes_find(pc.start_after) >= passes_find("data_parallel")) {
+      diag_error_noloc(&c->diag, "the dump was printed after `%s` without --zero 1: its buckets are all-reduces; "
+                       "--zero 1 needs the .model or a dump from before `data_parallel`", pc.start_after);
+      return 1;
+    }
+    c->g->zero = 1;
+  }
   if (pc.start_after && c->g->replicas > 1 && po && po->n_dev && !po->replicas) {
     /* --devices for a dump of several replicas: split as the dump's --data-parallel */
     char err[512];
@@ -478,7 +524,17 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
       return 1;
     }
   }
-  return passes_run(c->g, &pc);
+  /* --recompute auto without --devices: the default CPU device's memory
+   * (duet run's and duet plan's device) is the budget */
+  ParOpts budget = {0};
+  const char *rq = opt_recompute ? opt_recompute : c->g->train.recompute;
+  if (!pc.devices && rq && recompute_mode_parse(rq) == RECOMPUTE_AUTO) {
+    if (par_devices(&budget, "cpu", 0, NULL)) return 1;
+    pc.budget_device = &budget.dev[0];
+  }
+  int rc = passes_run(c->g, &pc);
+  par_free(&budget);
+  return rc;
 }
 
 static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const ParOpts *po,
@@ -607,7 +663,11 @@ static int cmd_run(int argc, char **argv) {
            "                     weights and optimizer state (fp16 with dynamic loss scaling); auto is\n"
            "                     fp32 on the CPU\n");
     printf("  --gemm-accumulate A fp32|fp16: fp16 GEMMs accumulate in fp32 (default) or, opt-in, in fp16\n"
-           "                     (cuBLAS CUBLAS_COMPUTE_16F, about 2x on sm_60; CUDA devices only)\n");
+           "                     (cuBLAS CUBLAS_COMPUTE_16F, about 2x on sm_60; CUDA devices only)\n"
+           "  --recompute R      none (default)|blocks|auto: activation recomputation; blocks keeps only\n"
+           "                     the inputs of each block call (`repeat` iteration) and recomputes the\n"
+           "                     rest in the backward pass (same losses and gradients, bit for bit);\n"
+           "                     auto recomputes blocks only until each device fits its memory\n");
     printf("  --optimizer-state S int8|f32: AdamW's two moments as 8-bit codes with an f32 scale per block\n"
            "                     of 2048 values (Dettmers et al. 2021: 2 bytes per param instead of 8)\n"
            "                     or f32; overrides the model's adamw(state = ...)\n");
@@ -683,7 +743,7 @@ static int bad_argument(const char *cmd, int argc, char **argv, int i) {
                                            "--threads", "--precision", "--arch", "--after", "--format", "--checkpoint",
                                            "--prompt", "--tokens", "--temperature", "--top-k", "--seed",
                                            "--gemm-accumulate", "--start-after", "--data-parallel", "--bucket-mb",
-                                           "--optimizer-state"};
+                                           "--zero", "--optimizer-state"};
   for (size_t k = 0; k < sizeof with_value / sizeof *with_value && i + 1 == argc; k++)
     if (!strcmp(argv[i], with_value[k])) {
       fprintf(stderr, "duet: error: %s needs a value (see duet %s --help)\n", argv[i], cmd);
@@ -699,12 +759,12 @@ static int cmd_compile(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]\n"
-             "                    [--data-parallel N] [--bucket-mb X]\n"
+             "                    [--data-parallel N] [--bucket-mb X] [--zero 0|1]\n"
              "Writes a standalone training executable (generated C compiled and linked\n"
              "against the duet runtime).  EXE takes the same flags as `duet run`.\n"
              "Also: --schedule gpipe|1f1b, --threads N (for the partition's cost model),\n"
              "--precision auto|fp32|fp16|bf16 (fixed in the executable, as are the batch, the\n"
-             "micro-batches, --data-parallel and --bucket-mb).\n");
+             "micro-batches, --data-parallel and --bucket-mb), --recompute none|blocks|auto.\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
@@ -834,11 +894,12 @@ static int cmd_ir(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet ir M.model [--after PASS] [--format text|dot|json] [--devices SPEC] [--micro-batches M] [--batch N]\n"
-             "               [--data-parallel N] [--bucket-mb X]\n"
+             "               [--data-parallel N] [--bucket-mb X] [--zero 0|1]\n"
              "Prints the IR after PASS (default: shape; for a G.ir dump, the pass it was printed after).\n"
              "Formats: text (the default; `duet run G.ir` and `duet ir G.ir` read it back), dot (Graphviz:\n"
              "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Also: --schedule gpipe|1f1b,\n"
-             "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes).\n"
+             "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes),\n"
+             "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`).\n"
              "Passes, in order:\n");
       for (int p = 0; p < duet_n_passes; p++) printf("  %-13s %s\n", duet_passes[p].name, duet_passes[p].what);
       return 0;
@@ -1018,7 +1079,7 @@ static int cmd_plan(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet plan M.model [--devices SPEC] [--micro-batches M] [--schedule gpipe|1f1b] [--batch N]\n"
-             "                [--threads N] [--data-parallel N] [--bucket-mb X] [--nodes K [--link-gbps X]]\n"
+             "                [--threads N] [--data-parallel N] [--bucket-mb X] [--zero 0|1] [--nodes K [--link-gbps X]]\n"
              "Partitions the model without running it and prints each stage's ops, estimated time and memory\n"
              "(weights, grads, optimizer state, activations), the transfer bytes per step and the pipeline\n"
              "bubble (S-1)/(M+S-1).  SPEC: cpu:0,cpu:1 | cuda:0,cuda:1 | capacities such as 2x16GiB:sm_60;\n"
@@ -1029,7 +1090,9 @@ static int cmd_plan(int argc, char **argv) {
              "linked at --link-gbps X Gb/s each (default 10: 10 Gigabit Ethernet); the all-reduce crosses\n"
              "that link; then every layout of each machine's devices (pipeline, data parallel, between)\n"
              "estimated, and the fastest.\n"
-             "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n");
+             "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n"
+             "--recompute blocks|auto: the activations with recomputation (auto: only as much as each\n"
+             "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n");
       return 0;
     } else if ((par_flag(argv[i]) || !strcmp(argv[i], "--nodes") || !strcmp(argv[i], "--link-gbps")) && i + 1 < argc) {
       i++;
@@ -1093,12 +1156,13 @@ static int cmd_emit(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n"
-             "Also: --precision auto|fp32|fp16|bf16, --data-parallel N and --bucket-mb X (the kernels of\n"
-             "one replica).\n");
+             "Also: --precision auto|fp32|fp16|bf16, --data-parallel N, --bucket-mb X and --zero 0|1 (the\n"
+             "kernels of one replica), --recompute none|blocks|auto.\n");
       return 0;
     } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
       target = argv[++i];
-    } else if ((!strcmp(argv[i], "--data-parallel") || !strcmp(argv[i], "--bucket-mb")) && i + 1 < argc) {
+    } else if ((!strcmp(argv[i], "--data-parallel") || !strcmp(argv[i], "--bucket-mb") || !strcmp(argv[i], "--zero")) &&
+               i + 1 < argc) {
       i++; /* read by par_opts */
     } else if (argv[i][0] != '-' && !model) {
       model = argv[i];
@@ -1371,14 +1435,15 @@ static int cmd_check(int argc, char **argv) {
   /* M.model, then only --data-parallel N and --bucket-mb X */
   bool args_ok = argc >= 1 && argv[0][0] != '-';
   for (int i = 1; i < argc && args_ok; i += 2)
-    args_ok = (!strcmp(argv[i], "--data-parallel") || !strcmp(argv[i], "--bucket-mb")) && i + 1 < argc;
+    args_ok = (!strcmp(argv[i], "--data-parallel") || !strcmp(argv[i], "--bucket-mb") || !strcmp(argv[i], "--zero")) &&
+              i + 1 < argc;
   if (!args_ok || wants_help(argc, argv)) {
-    printf("usage: duet check M.model [--data-parallel N] [--bucket-mb X]\nParses and verifies the model; prints its "
+    printf("usage: duet check M.model [--data-parallel N] [--bucket-mb X] [--zero 0|1]\nParses and verifies the model; prints its "
            "parameters and the bytes of\n"
            "their weights as trained (f32: in fp16/bf16 these are the master weights, the 16-bit copies come\n"
            "on top; gradients, optimizer state and activations: duet plan).\n"
-           "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90, --optimizer-state int8|f32\n"
-           "(int8: a line with the bytes of the 8-bit AdamW state).\n");
+           "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90, --recompute none|blocks|auto,\n"
+           "--optimizer-state int8|f32 (int8: a line with the bytes of the 8-bit AdamW state).\n");
     return args_ok || (argc == 1 && wants_help(argc, argv)) ? 0 : 1;
   }
   ParOpts po;

@@ -40,20 +40,33 @@ void kfuncs_write(const KernelFuncs *f, Buf *b);
 
 /* Elementwise kernels are straight-line programs run once per element i of
  * the output, over `n` elements; other kernels are fixed templates with
- * their sizes baked in. */
+ * their sizes baked in.  The opcodes are those below, and one per
+ * elementwise op of the op table (ir/ops.def's kop column: KI_ADD, KI_SUB,
+ * KI_MUL, KI_DIV, KI_NEG, KI_RELU, KI_RELU_GRAD (a: dy, b: x), KI_GELU,
+ * KI_GELU_GRAD (a: dy, b: x), KI_DROPOUT (a: x; value: p; b: site),
+ * KI_CAST (a: x rounded to DType `value` (f16, bf16), kept as f32), ...),
+ * whose instruction operands a (and b) are the op's operands in order. */
 typedef enum KOp {
   KI_LOAD,   /* a: buffer */
   KI_CONST,  /* value */
   KI_SCALAR, /* a: index into the runtime scalars (DUET_S_*) */
-  KI_ADD, KI_SUB, KI_MUL, KI_DIV, /* a, b: instructions */
-  KI_NEG, KI_RELU, KI_SQRT,       /* a */
-  KI_RELU_GRAD,                   /* a: dy, b: x -> x > 0 ? dy : 0 */
-  KI_GELU,                        /* a: tanh approximation (as GPT-2) */
-  KI_GELU_GRAD,                   /* a: dy, b: x */
-  KI_DROPOUT,                     /* a: x; value: p; b: site */
-  KI_CAST,                        /* a: x rounded to DType `value` (f16, bf16), kept as f32 */
+  KI_SQRT,   /* a */
   KI_STORE,  /* a: buffer, b: instruction */
+#define KI(x) KI_##x,
+#define NO_KI
+#define OP(id, name, n, rule, flags, surface, prec, kop) kop
+#include "../ir/ops.def"
+#undef OP
+#undef NO_KI
+#undef KI
+  KI_COUNT
 } KOp;
+/* The op whose opcode k is (ops.def's kop column); -1 for the opcodes of
+ * no op (load, const, scalar, sqrt, store). */
+int kop_op(KOp k);
+/* The instructions k reads (a, then b): 0, 1 or 2 (the op's arity; a
+ * store reads its b, counted here as 1; a dropout's b is its site). */
+int kop_operands(KOp k);
 
 typedef struct KInstr {
   KOp op;
@@ -105,6 +118,13 @@ typedef enum KernelKind {
                    * (int32 t[n_tensors][slot]) = 1 when any element is inf or NaN, else 0 */
   KK_ATTN_BWD_KV, /* after KK_ATTN_BWD, same bufs; CUDA: dk, dv from the statistics, a block
                    * per key row; C: nothing (KK_ATTN_BWD computed them) */
+  KK_SOFTMAX,     /* bufs: x, y [outer, red, inner]: softmax over the red axis */
+  KK_SOFTMAX_BWD, /* bufs: dy, y, dx = y (dy - sum_r dy y) */
+  KK_RMSNORM_FWD, /* bufs: x [rows, cols], out: x / sqrt(mean(x^2) + eps) per row */
+  KK_RMSNORM_BWD, /* bufs: dy, x, out = dx */
+  KK_ROPE,        /* bufs: x, y [batch, time, cols]: pairs (2i, 2i+1) of each head turned by
+                   * (s[POS] + t) base^(-2i/D); inverse: the opposite angle */
+  KK_MSE,         /* bufs: pred, target [n], out []: scale * sum (pred - target)^2 */
   KK_ADAMW8,      /* bufs: p f32 [n], g f32 [n], exp_avg and exp_avg_sq codes u8 [n], their scales
                    * f32 [ceil(n / DUET_Q8_BLOCK)]: AdamW with 8-bit block-wise state (runtime/duet_q8.h);
                    * per block: decode, the AdamW step of lower_optimizer in f32, re-quantize */
@@ -124,8 +144,11 @@ typedef struct Kernel {
   bool reduce_max;           /* KK_REDUCE */
   int64_t rows, cols;        /* row kernels: rows of `cols` elements */
   double eps;                /* KK_NORM_* */
-  int64_t batch, time, heads;/* KK_ATTN_* */
+  int64_t batch, time, heads;/* KK_ATTN_*, KK_ROPE (heads: of the queries) */
+  int64_t kv_heads;          /* KK_ATTN_*: key/value heads (a divisor of heads) */
   bool causal;               /* KK_ATTN_* */
+  double base;               /* KK_ROPE */
+  bool inverse;              /* KK_ROPE: the gradient (turns the other way) */
   Shape xs, ys;              /* KK_IM2COL .. KK_AVGPOOL_GRAD: [N,C,H,W] and [N,C,OH,OW] */
   int64_t win[8];            /* kh, kw, sh, sw, ph, pw, dh, dw */
   int slot;                  /* KK_UNSCALE */

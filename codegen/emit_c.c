@@ -273,6 +273,18 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
     case KI_GELU_GRAD:
       bprintf(b, "gelu_grad_%s(r%d, r%d)", T, x->a, x->b);
       break;
+    /* exp, and log as C's (log 0 = -inf, log of a negative or NaN = NaN),
+     * and tanh from libm (no overflow for large |x|) */
+    case KI_EXP: bprintf(b, "%s(r%d)", KD == DT_F32 ? "expf" : "exp", x->a); break;
+    case KI_LOG: bprintf(b, "%s(r%d)", KD == DT_F32 ? "logf" : "log", x->a); break;
+    case KI_TANH: bprintf(b, "%s(r%d)", th, x->a); break;
+    case KI_TANH_GRAD: bprintf(b, "r%d * (1 - r%d * r%d)", x->a, x->b, x->b); break; /* dy, y */
+    /* sigmoid and silu through sigmoid_T (the prelude: exp of -|x| only,
+     * so no overflow for large |x|) */
+    case KI_SIGMOID: bprintf(b, "sigmoid_%s(r%d)", T, x->a); break;
+    case KI_SIGMOID_GRAD: bprintf(b, "r%d * (r%d * (1 - r%d))", x->a, x->b, x->b); break; /* dy, y */
+    case KI_SILU: bprintf(b, "r%d * sigmoid_%s(r%d)", x->a, T, x->a); break;
+    case KI_SILU_GRAD: bprintf(b, "silu_grad_%s(r%d, r%d)", T, x->a, x->b); break; /* dy, x */
     /* dropout: element `flat` of site b is kept when a hash of (step seed,
      * site, flat) clears p, and scaled by 1/(1-p); the backward pass
      * recomputes the same mask, so nothing is stored */
@@ -499,16 +511,142 @@ static void emit_norm(Buf *b, const Kernel *k) {
   bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) yr[c] = rstd * (dr[c] - a - (xr[c] - m) * rstd * bb);\n  }\n", C);
 }
 
+/* Softmax over the middle axis of [outer, red, inner], one (o, j) column
+ * per iteration: the column's maximum subtracted before exp, the sum in
+ * double; its gradient dx = y (dy - sum_r dy y) from the output. */
+static void emit_softmax(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
+  int64_t O = k->outer, R = k->red, I = k->inner;
+  bool fwd = k->kind == KK_SOFTMAX;
+  char st[40] = ""; /* the stride of the reduced axis */
+  if (I != 1) snprintf(st, sizeof st, " * %" PRId64, I);
+  if (fwd) {
+    bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(0, "const "));
+    bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(1, ""));
+  } else {
+    bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
+    bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(1, "const "));
+    bprintf(b, "  %s%s *dx = (%s%s *)t[%d];\n", BUF(2, ""));
+  }
+  if (O * R * I >= PAR_MIN && O * I > 1) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t oj = 0; oj < %" PRId64 "; oj++) {\n", O * I);
+  if (I == 1) bprintf(b, "    const int64_t base = oj * %" PRId64 ";\n", R);
+  else bprintf(b, "    const int64_t base = oj / %" PRId64 " * %" PRId64 " + oj %% %" PRId64 ";\n", I, R * I, I);
+  if (fwd) {
+    bprintf(b, "    const %s *xr = x + base;\n    %s *yr = y + base;\n    %s m = xr[0];\n    double sum = 0;\n", T, T, T);
+    bprintf(b, "    for (int64_t r = 1; r < %" PRId64 "; r++) m = xr[r%s] > m ? xr[r%s] : m;\n", R, st, st);
+    bprintf(b, "    for (int64_t r = 0; r < %" PRId64 "; r++) { const %s e = %s(xr[r%s] - m); yr[r%s] = e; sum += e; }\n", R, T,
+            ex, st, st);
+    bprintf(b, "    const %s inv = (%s)(1 / sum);\n", T, T);
+    bprintf(b, "    for (int64_t r = 0; r < %" PRId64 "; r++) yr[r%s] *= inv;\n  }\n", R, st);
+    return;
+  }
+  bprintf(b, "    const %s *dr = dy + base, *yr = y + base;\n    %s *xr = dx + base;\n    double dot = 0;\n", T, T);
+  bprintf(b, "    for (int64_t r = 0; r < %" PRId64 "; r++) dot += (double)dr[r%s] * yr[r%s];\n", R, st, st);
+  bprintf(b, "    const %s d = (%s)dot;\n", T, T);
+  bprintf(b, "    for (int64_t r = 0; r < %" PRId64 "; r++) xr[r%s] = yr[r%s] * (dr[r%s] - d);\n  }\n", R, st, st, st);
+}
+
+/* RMS normalisation over the last axis (Zhang & Sennrich 2019, without
+ * the gain):  y = x rs,  rs = 1 / sqrt(mean(x^2) + eps), the sum of squares
+ * in double.  Backward:  dx = rs (dy - x rs^2 mean(dy x)). */
+static void emit_rmsnorm(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  int64_t R = k->rows, C = k->cols;
+  bool fwd = k->kind == KK_RMSNORM_FWD;
+  bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(fwd ? 0 : 1, "const "));
+  if (!fwd) bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(fwd ? 1 : 2, ""));
+  if (R * C >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t r = 0; r < %" PRId64 "; r++) {\n", R);
+  bprintf(b, "    const %s *xr = x + r * %" PRId64 ";\n    %s *yr = y + r * %" PRId64 ";\n", T, C, T, C);
+  bprintf(b, "    double ss = 0;\n    #pragma omp simd reduction(+:ss)\n");
+  bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) ss += (double)xr[c] * xr[c];\n", C);
+  bprintf(b, "    const %s rs = (%s)(1 / sqrt(ss / %" PRId64 " + %a));\n", T, T, C, k->eps);
+  if (fwd) {
+    bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) yr[c] = xr[c] * rs;\n  }\n", C);
+    return;
+  }
+  bprintf(b, "    const %s *dr = dy + r * %" PRId64 ";\n    double sdx = 0;\n    #pragma omp simd reduction(+:sdx)\n", T, C);
+  bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) sdx += (double)dr[c] * xr[c];\n", C);
+  bprintf(b, "    const %s bb = (%s)(sdx / %" PRId64 " * rs * rs);\n", T, T, C);
+  bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) yr[c] = rs * (dr[c] - xr[c] * bb);\n  }\n", C);
+}
+
+/* Rotary position embedding (Su et al. 2021, RoFormer) of x [B, N, C] in
+ * heads of D = C / H channels: the pairs (2i, 2i+1) of each head (the
+ * paper's and Meta's LLaMA reference's pairing) turn by the angle p f_i,
+ * f_i = base^(-2i/D), p = s[POS] + the time index (the decoding position
+ * when generating, 0 when training):
+ *   y_2i = x_2i cos - x_2i+1 sin,  y_2i+1 = x_2i sin + x_2i+1 cos.
+ * The angle and its cosine and sine are computed in double and rounded
+ * once; the gradient (`inverse`) turns by -p f_i.  One time step per
+ * iteration: its D/2 angles, then every (batch, head). */
+static void emit_rope(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H, P = D / 2;
+  bprintf(b, "  %s%s *x = (%s%s *)t[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(1, ""));
+  bprintf(b, "  const int64_t pos = (int64_t)s[%d];\n", DUET_S_POS);
+  if (B * N * C >= PAR_MIN && N > 1) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t tt = 0; tt < %" PRId64 "; tt++) {\n", N);
+  bprintf(b, "    %s cs[%" PRId64 "], sn[%" PRId64 "];\n", T, P, P);
+  bprintf(b, "    for (int64_t i = 0; i < %" PRId64 "; i++) {\n", P);
+  bprintf(b, "      const double a = (double)(pos + tt) * pow(%a, -(double)(2 * i) / %" PRId64 ");\n", k->base, D);
+  bprintf(b, "      cs[i] = (%s)cos(a);\n      sn[i] = (%s)%ssin(a);\n    }\n", T, T, k->inverse ? "-" : "");
+  bprintf(b, "    for (int64_t bh = 0; bh < %" PRId64 "; bh++) {\n", B * H);
+  bprintf(b, "      const int64_t o = (bh / %" PRId64 " * %" PRId64 " + tt) * %" PRId64 " + bh %% %" PRId64 " * %" PRId64 ";\n",
+          H, N, C, H, D);
+  bprintf(b, "      const %s *xr = x + o;\n      %s *yr = y + o;\n", T, T);
+  bprintf(b, "      #pragma omp simd\n      for (int64_t i = 0; i < %" PRId64 "; i++) {\n", P);
+  bprintf(b, "        const %s x0 = xr[2 * i], x1 = xr[2 * i + 1];\n", T);
+  bprintf(b, "        yr[2 * i] = x0 * cs[i] - x1 * sn[i];\n        yr[2 * i + 1] = x0 * sn[i] + x1 * cs[i];\n");
+  bprintf(b, "      }\n    }\n  }\n");
+}
+
+/* mean((pred - target)^2): each difference and its square in double, in
+ * up to 64 chunks summed in a fixed order (as the whole-tensor sum). */
+static void emit_mse(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  int64_t n = k->n, nch = n / 16384 + 1;
+  if (nch > 64) nch = 64;
+  bprintf(b, "  %s%s *p = (%s%s *)t[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *q = (%s%s *)t[%d];\n", BUF(1, "const "));
+  bprintf(b, "  %s%s *y = (%s%s *)t[%d];\n", BUF(2, ""));
+  bprintf(b, "  double part[%" PRId64 "];\n", nch);
+  if (nch > 1) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t c = 0; c < %" PRId64 "; c++) {\n    double acc = 0;\n", nch);
+  bprintf(b, "    for (int64_t r = %" PRId64 " * c / %" PRId64 "; r < %" PRId64 " * (c + 1) / %" PRId64 "; r++) {\n", n, nch,
+          n, nch);
+  bprintf(b, "      const double d = (double)p[r] - (double)q[r];\n      acc += d * d;\n    }\n    part[c] = acc;\n  }\n");
+  bprintf(b, "  double tot = 0;\n  for (int64_t c = 0; c < %" PRId64 "; c++) tot += part[c];\n", nch);
+  bprintf(b, "  y[0] = (%s)(tot * %.17g);\n", T, k->scale);
+}
+
 /* Causal multi-head attention, one (batch, head) pair per iteration:
  *   out_i = sum_j softmax_j(q_i . k_j / sqrt(D)) v_j,  j <= i when causal,
  * with the row maximum subtracted before exp.  The backward pass recomputes
  * the probabilities P (nothing of size T x T is stored):
  *   dv_j += P_ij dy_i;  dP_ij = dy_i . v_j;  dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij)
- *   dq_i = sum_j dS_ij k_j / sqrt(D);  dk_j += dS_ij q_i / sqrt(D) */
+ *   dq_i = sum_j dS_ij k_j / sqrt(D);  dk_j += dS_ij q_i / sqrt(D)
+ * Grouped-query attention (kv_heads KV < heads H, Ainslie et al. 2023):
+ * query head h reads key/value head hk = h / (H / KV) of k and v [B, N,
+ * KV D]; the backward then runs one (batch, key/value head) pair per
+ * iteration and its query heads in order inside it, so that each dk, dv
+ * row has one writer, and packs dq, dk, dv along the channels of rows of
+ * C + 2 KV D ([3, B, N, C] without groups). */
 static void emit_attention(Buf *b, const Kernel *k) {
   const char *T = ctype(k->dtype);
   const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
   int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H;
+  int64_t KV = k->kv_heads > 0 ? k->kv_heads : H, R = H / KV, Ckv = KV * D;
+  bool gqa = R > 1;
+  /* the gradient's layout: row stride W of dq, dk, dv; dk's and dv's
+   * offsets; the statistics after it */
+  int64_t W = gqa ? C + 2 * Ckv : C, DK = gqa ? C : B * N * C, DV = gqa ? C + Ckv : 2 * B * N * C;
+  int64_t ST = gqa ? B * N * W : 3 * B * N * C;
+  const char *kh = gqa ? "hk" : "h"; /* the key/value head */
   bool fwd = k->kind == KK_ATTN_FWD;
   int o = fwd ? 0 : 1;
   if (!fwd) bprintf(b, "  %s%s *dy = (%s%s *)t[%d];\n", BUF(0, "const "));
@@ -517,22 +655,32 @@ static void emit_attention(Buf *b, const Kernel *k) {
   bprintf(b, "  %s%s *v = (%s%s *)t[%d];\n", BUF(o + 2, "const "));
   bprintf(b, "  %s%s *out = (%s%s *)t[%d];\n", BUF(o + 3, ""));
   bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
-  if (B * H > 1) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
-  bprintf(b, "  for (int64_t bh = 0; bh < %" PRId64 "; bh++) {\n", B * H);
-  bprintf(b, "    const int64_t b = bh / %" PRId64 ", h = bh %% %" PRId64 ";\n", H, H);
+  bool per_kv = gqa && !fwd; /* an iteration per (batch, key/value head) */
+  if ((per_kv ? B * KV : B * H) > 1) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  if (per_kv) {
+    bprintf(b, "  for (int64_t bg = 0; bg < %" PRId64 "; bg++) {\n", B * KV);
+    bprintf(b, "    const int64_t b = bg / %" PRId64 ", hk = bg %% %" PRId64 ";\n", KV, KV);
+  } else {
+    bprintf(b, "  for (int64_t bh = 0; bh < %" PRId64 "; bh++) {\n", B * H);
+    bprintf(b, "    const int64_t b = bh / %" PRId64 ", h = bh %% %" PRId64 ";\n", H, H);
+    if (gqa) bprintf(b, "    const int64_t hk = h / %" PRId64 ";\n", R);
+  }
   /* K (and V for the backward) of this head, transposed to [D][N], so the
    * scores of row i are axpys over j that vectorise without reductions */
   bprintf(b, "    %s p[%" PRId64 "], kt[%" PRId64 "];\n", T, N, D * N);
   if (!fwd) bprintf(b, "    %s vt[%" PRId64 "], dp[%" PRId64 "];\n", T, D * N, N);
   bprintf(b, "    for (int64_t j = 0; j < %" PRId64 "; j++) for (int64_t d = 0; d < %" PRId64 "; d++) {\n", N, D);
-  bprintf(b, "      kt[d * %" PRId64 " + j] = k[(b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 " + d];\n", N, N, C, D);
-  if (!fwd) bprintf(b, "      vt[d * %" PRId64 " + j] = v[(b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 " + d];\n", N, N, C, D);
+  bprintf(b, "      kt[d * %" PRId64 " + j] = k[(b * %" PRId64 " + j) * %" PRId64 " + %s * %" PRId64 " + d];\n", N, N, Ckv, kh, D);
+  if (!fwd) bprintf(b, "      vt[d * %" PRId64 " + j] = v[(b * %" PRId64 " + j) * %" PRId64 " + %s * %" PRId64 " + d];\n", N, N, Ckv, kh, D);
   bprintf(b, "    }\n");
   if (!fwd) {
-    bprintf(b, "    %s *dq = out, *dk = out + %" PRId64 ", *dv = out + %" PRId64 ";\n", T, B * N * C, 2 * B * N * C);
+    bprintf(b, "    %s *dq = out, *dk = out + %" PRId64 ", *dv = out + %" PRId64 ";\n", T, DK, DV);
     bprintf(b, "    for (int64_t j = 0; j < %" PRId64 "; j++) for (int64_t d = 0; d < %" PRId64 "; d++) {\n", N, D);
-    bprintf(b, "      dk[(b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 " + d] = 0;\n", N, C, D);
-    bprintf(b, "      dv[(b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 " + d] = 0;\n    }\n", N, C, D);
+    bprintf(b, "      dk[(b * %" PRId64 " + j) * %" PRId64 " + %s * %" PRId64 " + d] = 0;\n", N, W, kh, D);
+    bprintf(b, "      dv[(b * %" PRId64 " + j) * %" PRId64 " + %s * %" PRId64 " + d] = 0;\n    }\n", N, W, kh, D);
+    if (per_kv) /* the group's query heads in order: dk, dv summed over them */
+      bprintf(b, "    for (int64_t h = hk * %" PRId64 "; h < (hk + 1) * %" PRId64 "; h++) {\n    const int64_t bh = b * %" PRId64
+                 " + h;\n", R, R, H);
   }
   bprintf(b, "    for (int64_t i = 0; i < %" PRId64 "; i++) {\n", N);
   bprintf(b, "      const %s *qi = q + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
@@ -552,7 +700,8 @@ static void emit_attention(Buf *b, const Kernel *k) {
     bprintf(b, "      %s *oi = out + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
     bprintf(b, "      for (int64_t d = 0; d < %" PRId64 "; d++) oi[d] = 0;\n", D);
     bprintf(b, "      for (int64_t j = 0; j < n; j++) {\n");
-    bprintf(b, "        const %s pj = p[j], *vj = v + (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
+    bprintf(b, "        const %s pj = p[j], *vj = v + (b * %" PRId64 " + j) * %" PRId64 " + %s * %" PRId64 ";\n", T, N, Ckv,
+            kh, D);
     bprintf(b, "        #pragma omp simd\n");
     bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) oi[d] += pj * vj[d];\n      }\n    }\n  }\n", D);
     return;
@@ -560,8 +709,8 @@ static void emit_attention(Buf *b, const Kernel *k) {
   bprintf(b, "      const %s *dyi = dy + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
   /* dv_j += p_j dy_i;  dp_j = dy_i . v_j */
   bprintf(b, "      for (int64_t j = 0; j < n; j++) {\n");
-  bprintf(b, "        const %s pj = p[j];\n        %s *dvj = dv + (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n",
-          T, T, N, C, D);
+  bprintf(b, "        const %s pj = p[j];\n        %s *dvj = dv + (b * %" PRId64 " + j) * %" PRId64 " + %s * %" PRId64 ";\n",
+          T, T, N, W, kh, D);
   bprintf(b, "        #pragma omp simd\n        for (int64_t d = 0; d < %" PRId64 "; d++) dvj[d] += pj * dyi[d];\n", D);
   bprintf(b, "        dp[j] = 0;\n      }\n");
   bprintf(b, "      for (int64_t d = 0; d < %" PRId64 "; d++) {\n        const %s g = dyi[d];\n", D, T);
@@ -570,25 +719,38 @@ static void emit_attention(Buf *b, const Kernel *k) {
   /* the row's statistics into the workspace after out (ir_workspace_elems),
    * as the CUDA backward keeps them for its key-row kernel */
   bprintf(b, "      %s *st = out + %" PRId64 " + (bh * %" PRId64 " + i) * 3;\n      st[0] = m;\n      st[1] = inv;\n      st[2] = dot;\n",
-          T, 3 * B * N * C, N);
+          T, ST, N);
   /* ds_j = p_j (dp_j - dot) / sqrt(D);  dq_i = sum_j ds_j k_j;  dk_j += ds_j q_i */
-  bprintf(b, "      %s *dqi = dq + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
+  bprintf(b, "      %s *dqi = dq + (b * %" PRId64 " + i) * %" PRId64 " + h * %" PRId64 ";\n", T, N, W, D);
   bprintf(b, "      for (int64_t d = 0; d < %" PRId64 "; d++) dqi[d] = 0;\n", D);
   bprintf(b, "      for (int64_t j = 0; j < n; j++) {\n");
   bprintf(b, "        const %s ds = p[j] * (dp[j] - dot) * scale;\n", T);
-  bprintf(b, "        const int64_t o = (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", N, C, D);
+  if (!gqa) {
+    bprintf(b, "        const int64_t o = (b * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", N, C, D);
+    bprintf(b, "        #pragma omp simd\n");
+    bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }\n", D);
+    bprintf(b, "      }\n    }\n  }\n");
+    return;
+  }
+  bprintf(b, "        const int64_t o = (b * %" PRId64 " + j) * %" PRId64 " + hk * %" PRId64 ", od = (b * %" PRId64 " + j) * %" PRId64
+             " + hk * %" PRId64 ";\n", N, Ckv, D, N, W, D);
   bprintf(b, "        #pragma omp simd\n");
-  bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) { dqi[d] += ds * k[o + d]; dk[o + d] += ds * qi[d]; }\n", D);
-  bprintf(b, "      }\n    }\n  }\n");
+  bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) { dqi[d] += ds * k[o + d]; dk[od + d] += ds * qi[d]; }\n", D);
+  bprintf(b, "      }\n    }\n    }\n  }\n");
 }
 
 /* Generation: the new token's key and value go into row s[POS] of the
  * caches, then its query attends to rows 0..s[POS] (causal by
- * construction), with the same numerics as the training kernel. */
+ * construction), with the same numerics as the training kernel; query
+ * head h reads key/value head h / (H / KV) of caches of KV heads. */
 static void emit_attn_decode(Buf *b, const Kernel *k) {
   const char *T = ctype(k->dtype);
   const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
   int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H;
+  int64_t KV = k->kv_heads > 0 ? k->kv_heads : H, R = H / KV, Ckv = KV * D;
+  const char *kh = R > 1 ? "h / " : "h";
+  char rs[32] = "";
+  if (R > 1) snprintf(rs, sizeof rs, "%" PRId64, R);
   bprintf(b, "  %s%s *q = (%s%s *)t[%d];\n", BUF(0, "const "));
   bprintf(b, "  %s%s *k = (%s%s *)t[%d];\n", BUF(1, "const "));
   bprintf(b, "  %s%s *v = (%s%s *)t[%d];\n", BUF(2, "const "));
@@ -598,22 +760,22 @@ static void emit_attn_decode(Buf *b, const Kernel *k) {
   bprintf(b, "  const int64_t pos = (int64_t)s[%d];\n  if (pos < 0 || pos >= %" PRId64 ") return;\n", DUET_S_POS, N);
   bprintf(b, "  const %s scale = (%s)%a;\n", T, T, 1.0 / sqrt((double)D));
   bprintf(b, "  for (int64_t bb = 0; bb < %" PRId64 "; bb++) {\n", B);
-  bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) {\n", C);
-  bprintf(b, "      kc[(bb * %" PRId64 " + pos) * %" PRId64 " + c] = k[bb * %" PRId64 " + c];\n", N, C, C);
-  bprintf(b, "      vc[(bb * %" PRId64 " + pos) * %" PRId64 " + c] = v[bb * %" PRId64 " + c];\n    }\n", N, C, C);
+  bprintf(b, "    for (int64_t c = 0; c < %" PRId64 "; c++) {\n", Ckv);
+  bprintf(b, "      kc[(bb * %" PRId64 " + pos) * %" PRId64 " + c] = k[bb * %" PRId64 " + c];\n", N, Ckv, Ckv);
+  bprintf(b, "      vc[(bb * %" PRId64 " + pos) * %" PRId64 " + c] = v[bb * %" PRId64 " + c];\n    }\n", N, Ckv, Ckv);
   bprintf(b, "    for (int64_t h = 0; h < %" PRId64 "; h++) {\n", H);
   bprintf(b, "      %s p[%" PRId64 "], m = -INFINITY, sum = 0;\n", T, N);
   bprintf(b, "      const %s *qi = q + bb * %" PRId64 " + h * %" PRId64 ";\n", T, C, D);
   bprintf(b, "      for (int64_t j = 0; j <= pos; j++) {\n");
-  bprintf(b, "        const %s *kj = kc + (bb * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", T, N, C, D);
+  bprintf(b, "        const %s *kj = kc + (bb * %" PRId64 " + j) * %" PRId64 " + %s%s * %" PRId64 ";\n", T, N, Ckv, kh, rs, D);
   bprintf(b, "        %s acc = 0;\n        for (int64_t d = 0; d < %" PRId64 "; d++) acc += qi[d] * kj[d];\n", T, D);
   bprintf(b, "        p[j] = acc * scale;\n        m = p[j] > m ? p[j] : m;\n      }\n");
   bprintf(b, "      for (int64_t j = 0; j <= pos; j++) { p[j] = %s(p[j] - m); sum += p[j]; }\n", ex);
   bprintf(b, "      %s *oi = out + bb * %" PRId64 " + h * %" PRId64 ";\n", T, C, D);
   bprintf(b, "      for (int64_t d = 0; d < %" PRId64 "; d++) oi[d] = 0;\n", D);
   bprintf(b, "      for (int64_t j = 0; j <= pos; j++) {\n");
-  bprintf(b, "        const %s pj = p[j] / sum, *vj = vc + (bb * %" PRId64 " + j) * %" PRId64 " + h * %" PRId64 ";\n", T, N,
-          C, D);
+  bprintf(b, "        const %s pj = p[j] / sum, *vj = vc + (bb * %" PRId64 " + j) * %" PRId64 " + %s%s * %" PRId64 ";\n", T,
+          N, Ckv, kh, rs, D);
   bprintf(b, "        for (int64_t d = 0; d < %" PRId64 "; d++) oi[d] += pj * vj[d];\n      }\n    }\n  }\n", D);
 }
 
@@ -838,6 +1000,10 @@ static void emit_kernel_body(Buf *b, const Kernel *k) {
     break;
   case KK_ATTN_DECODE: emit_attn_decode(b, k); break;
   case KK_UNSCALE: emit_unscale(b, k); break;
+  case KK_SOFTMAX: case KK_SOFTMAX_BWD: emit_softmax(b, k); break;
+  case KK_RMSNORM_FWD: case KK_RMSNORM_BWD: emit_rmsnorm(b, k); break;
+  case KK_ROPE: emit_rope(b, k); break;
+  case KK_MSE: emit_mse(b, k); break;
   case KK_ADAMW8: emit_adamw8(b, k); break;
   case KK_ATTN_BWD_KV: /* the C attention backward computes dq, dk and dv in one kernel */
     bprintf(b, "  (void)t; /* dk, dv: written by the attention backward kernel before this one */\n");
@@ -870,6 +1036,26 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
               "static inline double gelu_grad_double(double dy, double x) {\n"
               "  const double c = 0.7978845608028654, a = 0.044715, th = tanh(c * (x + a * x * x * x));\n"
               "  return dy * (0.5 * (1 + th) + 0.5 * x * (1 - th * th) * c * (1 + 3 * a * x * x));\n}\n\n");
+  bool used[KI_COUNT] = {false}; /* the opcodes some kernel uses: their helpers */
+  for (int i = 0; i < cp->n_kernels; i++)
+    for (int j = 0; j < cp->kernels[i].n_ins; j++) used[cp->kernels[i].ins[j].op] = true;
+  if (used[KI_LOG])
+    bprintf(&b, "#if defined(__x86_64__) && defined(__GLIBC__)\n"
+                "float logf(float) __attribute__((__simd__(\"notinbranch\")));\n#endif\n");
+  for (int w = 0; w < 2 && (used[KI_SIGMOID] || used[KI_SILU] || used[KI_SILU_GRAD]); w++) {
+    const char *T = w ? "double" : "float", *f = w ? "" : "f";
+    /* the logistic function from exp(-|x|) (at most 1: no overflow for
+     * any x; the quotient keeps its relative accuracy for large |x| of
+     * either sign); NaN stays NaN */
+    bprintf(&b, "#pragma omp declare simd notinbranch\n"
+                "static inline %s sigmoid_%s(%s x) {\n  const %s e = exp%s(-fabs%s(x));\n"
+                "  return (x >= 0 ? 1 : e) / (1 + e);\n}\n", T, T, T, T, f, f);
+    /* silu'(x) = s (1 + x (1 - s)), s = sigmoid(x) */
+    if (used[KI_SILU_GRAD])
+      bprintf(&b, "#pragma omp declare simd notinbranch\n"
+                  "static inline %s silu_grad_%s(%s dy, %s x) {\n  const %s s = sigmoid_%s(x);\n"
+                  "  return dy * (s * (1 + x * (1 - s)));\n}\n", T, T, T, T, T, T);
+  }
   bool half = false; /* 16-bit tensors: the conversions of runtime/duet_half.h */
   for (int i = 0; i < cp->n_kernels && !half; i++) {
     const Kernel *k = &cp->kernels[i];
@@ -890,7 +1076,7 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
     Buf *bb = &u;
     bprintf(bb, "static void duet_k" FN "(void *const *t, const double *s) {\n");
     if (k->kind != KK_EVAL_METRICS && k->kind != KK_POSITIONS && k->kind != KK_ATTN_DECODE && k->kind != KK_UNSCALE &&
-        k->kind != KK_ADAMW8)
+        k->kind != KK_ROPE && k->kind != KK_ADAMW8)
       bprintf(bb, "  (void)s;\n");
     emit_kernel_body(bb, k);
     bprintf(bb, "}\n\n");
@@ -955,6 +1141,9 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   }
   write_bytes(out, "model_name", p->model_name);
   write_bytes(out, "data_path", p->defaults.data_path);
+  if (p->defaults.data_y) write_bytes(out, "data_y", p->defaults.data_y);
+  if (p->defaults.val_x) write_bytes(out, "val_x", p->defaults.val_x);
+  if (p->defaults.val_y) write_bytes(out, "val_y", p->defaults.val_y);
   if (p->defaults.devices) write_bytes(out, "devices", p->defaults.devices);
   fprintf(out, "static const DuetTensor tensors[] = {\n");
   for (int i = 0; i < p->n_tensors; i++) {
@@ -1020,6 +1209,10 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
       write_ints(out, "bucket_off", p->bucket_off, p->n_buckets + 1);
       write_ints(out, "bucket_tensors", p->bucket_tensors, p->bucket_off[p->n_buckets]);
     }
+    if (p->zero) { /* ZeRO stage 1: each tensor's shard, each bucket gradient's param */
+      write_ints(out, "tensor_shard", p->tensor_shard, p->n_tensors);
+      write_ints(out, "bucket_params", p->bucket_params, p->bucket_off[p->n_buckets]);
+    }
   }
   if (p->prune) { /* pruning: the pruned params, their masks and the schedule */
     const DuetPrune *pr = p->prune;
@@ -1042,6 +1235,7 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   fprintf(out, "  .train = train_steps, .eval = eval_steps, .grad = grad_steps,\n");
   fprintf(out, "  .input_x = %d, .input_y = %d, .loss = %d, .metrics = %d, .logits = %d, .n_classes = %d,\n",
           p->input_x, p->input_y, p->loss, p->metrics, p->logits, p->n_classes);
+  if (p->vocab) fprintf(out, "  .vocab = %d,\n", p->vocab);
   fprintf(out, "  .region_bytes = {");
   for (int r = 0; r < DUET_MEM_COUNT; r++) fprintf(out, "%" PRId64 ", ", p->region_bytes[r]);
   fprintf(out, "}, .gemm_flops = %" PRId64 ", .decode = %d, .context = %" PRId64 ",\n", p->gemm_flops, p->decode,
@@ -1056,6 +1250,8 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
     fprintf(out, "  .replicas = %d, .n_buckets = %d, .bucket_off = %s, .bucket_tensors = %s, .bucket_mb = %.17g,\n",
             p->replicas, p->n_buckets, p->n_buckets ? "bucket_off" : "0", p->n_buckets ? "bucket_tensors" : "0",
             p->bucket_mb);
+  if (p->zero)
+    fprintf(out, "  .zero = %d, .tensor_shard = tensor_shard, .bucket_params = bucket_params,\n", p->zero);
   fprintf(out, "  .kernel_arg_off = kernel_arg_off, .kernel_args = kernel_args,\n");
   if (p->prune) fprintf(out, "  .prune = &prune,\n");
   if (p->source_hash) fprintf(out, "  .source_hash = 0x%016" PRIx64 "ull,\n", p->source_hash);
@@ -1064,6 +1260,9 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
             p->cuda_n_fns);
   fprintf(out, "  .defaults = {.data = %d, .data_path = data_path, .optimizer = %d,%s\n", c->data, c->optimizer,
           c->devices ? " .devices = devices," : "");
+  if (c->data_y || c->val_x || c->val_y || c->val_fraction)
+    fprintf(out, "    .data_y = %s, .val_x = %s, .val_y = %s, .val_fraction = %.17g,\n", c->data_y ? "data_y" : "NULL",
+            c->val_x ? "val_x" : "NULL", c->val_y ? "val_y" : "NULL", c->val_fraction);
   fprintf(out, "    .lr = %.17g, .weight_decay = %.17g, .beta1 = %.17g, .beta2 = %.17g, .eps = %.17g,\n", c->lr,
           c->weight_decay, c->beta1, c->beta2, c->eps);
   fprintf(out, "    .momentum = %.17g, .batch = %" PRId64 ", .epochs = %" PRId64 ", .steps = %" PRId64

@@ -147,9 +147,19 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
     l->grid = block_grid(k->batch * k->heads * k->time), l->block = 128, l->shared = shared_bytes(k->time * ts);
     break;
   case KK_ATTN_BWD:
-  case KK_ATTN_BWD_KV:
-    l->grid = block_grid(k->batch * k->heads * k->time), l->block = 128, l->shared = shared_bytes(2 * k->time * ts);
+  case KK_ATTN_BWD_KV: /* key rows of grouped-query attention: a block per key/value head's row */
+    l->grid = block_grid(k->batch * (k->kind == KK_ATTN_BWD_KV && k->kv_heads > 0 ? k->kv_heads : k->heads) * k->time);
+    l->block = 128, l->shared = shared_bytes(2 * k->time * ts);
     break;
+  case KK_SOFTMAX:
+  case KK_SOFTMAX_BWD: /* a block per row of the last axis, else a thread per column */
+    if (k->inner == 1) l->grid = grid_for(k->outer, 1), l->block = row_block(k->red);
+    else l->grid = grid_for(k->outer * k->inner, EW_BLOCK);
+    break;
+  case KK_RMSNORM_FWD:
+  case KK_RMSNORM_BWD: l->grid = grid_for(k->rows, 1), l->block = row_block(k->cols); break;
+  case KK_ROPE: l->grid = grid_for(k->batch * k->time * (k->cols / 2), EW_BLOCK); break;
+  case KK_MSE: l->grid = whole_grid(k->n); break;
   case KK_ATTN_DECODE:
     l->grid = block_grid(k->batch * k->heads), l->block = 128, l->shared = shared_bytes(k->time * ts);
     break;
@@ -254,6 +264,17 @@ static void emit_ew_op(Buf *b, const Kernel *k, int i, const char *iv, const cha
             T, R(x->a), th, T, R(x->a), T, R(x->a), R(x->a), R(x->a));
     break;
   case KI_GELU_GRAD: bprintf(b, "duet_gelu_grad(r%d%s, r%d%s)", R(x->a), R(x->b)); break;
+  /* exp, log (log 0 = -inf, of a negative or NaN: NaN), tanh: the CUDA
+   * math library's; sigmoid and silu from exp(-|x|) (PRELUDE_SIGMOID), as
+   * the C emitter */
+  case KI_EXP: bprintf(b, "%s(r%d%s)", KD == DT_F32 ? "expf" : "exp", R(x->a)); break;
+  case KI_LOG: bprintf(b, "%s(r%d%s)", KD == DT_F32 ? "logf" : "log", R(x->a)); break;
+  case KI_TANH: bprintf(b, "%s(r%d%s)", th, R(x->a)); break;
+  case KI_TANH_GRAD: bprintf(b, "r%d%s * (1 - r%d%s * r%d%s)", R(x->a), R(x->b), R(x->b)); break;
+  case KI_SIGMOID: bprintf(b, "duet_sigmoid(r%d%s)", R(x->a)); break;
+  case KI_SIGMOID_GRAD: bprintf(b, "r%d%s * (r%d%s * (1 - r%d%s))", R(x->a), R(x->b), R(x->b)); break;
+  case KI_SILU: bprintf(b, "r%d%s * duet_sigmoid(r%d%s)", R(x->a), R(x->a)); break;
+  case KI_SILU_GRAD: bprintf(b, "duet_silu_grad(r%d%s, r%d%s)", R(x->a), R(x->b)); break;
   /* dropout: the C emitter's hash of (step seed, site, flat index), so
    * both backends draw the same mask */
   case KI_DROPOUT: {
@@ -343,14 +364,13 @@ typedef struct H2Plan {
 
 /* The instruction operands of x (not buffers, scalar slots or sites). */
 static int ew_operands(const KInstr *x, int op[2]) {
-  switch (x->op) {
-  case KI_ADD: case KI_SUB: case KI_MUL: case KI_DIV: case KI_RELU_GRAD: case KI_GELU_GRAD:
-    op[0] = x->a, op[1] = x->b;
-    return 2;
-  case KI_NEG: case KI_RELU: case KI_SQRT: case KI_GELU: case KI_DROPOUT: case KI_CAST: op[0] = x->a; return 1;
-  case KI_STORE: op[0] = x->b; return 1;
-  default: return 0;
+  if (x->op == KI_STORE) {
+    op[0] = x->b;
+    return 1;
   }
+  int n = kop_operands(x->op);
+  op[0] = x->a, op[1] = x->b;
+  return n;
 }
 
 static bool cast_to(const KInstr *x, DType t) { return x->op == KI_CAST && (DType)(int)x->value == t; }
@@ -691,6 +711,36 @@ static void emit_unscale(Buf *b, const Kernel *k) {
   bprintf(b, "  duet_done" FN " = 0; /* ready for the next launch */\n");
 }
 
+/* The end of a sum over a whole tensor (reduce_whole, KK_MSE), once each
+ * thread holds its grid-stride terms' sum in `acc` (double): each block's
+ * sum, then the last block to finish sums the blocks' partials, a fixed
+ * tree for a given grid (threadFenceReduction, as the loss kernels), and
+ * writes y[0] = tot * scale rounded once to T. */
+static void emit_whole_sum_tail(Buf *b, const char *T, double scale) {
+  bprintf(b, "  acc = duet_block_sum(acc, red);\n");
+  bprintf(b, "  if (threadIdx.x == 0) {\n    duet_part" FN "[blockIdx.x] = acc;\n");
+  bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done" FN ", 1u) == gridDim.x - 1;\n  }\n");
+  bprintf(b, "  __syncthreads();\n  if (!last) return;\n  __threadfence();\n");
+  bprintf(b, "  const volatile double *part = duet_part" FN ";\n  double tot = 0;\n");
+  bprintf(b, "  for (unsigned g = threadIdx.x; g < gridDim.x; g += blockDim.x) tot += part[g];\n");
+  bprintf(b, "  tot = duet_block_sum(tot, red);\n");
+  bprintf(b, "  if (threadIdx.x == 0) {\n    y[0] = (%s)(tot * %a);\n", T, scale);
+  bprintf(b, "    duet_done" FN " = 0; /* ready for the next launch */\n  }\n");
+}
+
+/* mean((pred - target)^2) over the whole tensor: each difference and its
+ * square in double, then the whole-tensor sum (as the mean's). */
+static void emit_mse(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  bprintf(b, "  %s%s *p = (%s%s *)t.p[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *q = (%s%s *)t.p[%d];\n", BUF(1, "const "));
+  bprintf(b, "  %s%s *y = (%s%s *)t.p[%d];\n", BUF(2, ""));
+  bprintf(b, "  __shared__ double red[32];\n  __shared__ int last;\n  double acc = 0;\n");
+  GRID_LOOP(b, "r", k->n);
+  bprintf(b, "    const double d = (double)p[r] - (double)q[r];\n    acc += d * d;\n  }\n");
+  emit_whole_sum_tail(b, T, k->scale);
+}
+
 /* AdamW with 8-bit block-wise state, the C emitter's kernel: a CUDA block
  * of EW_BLOCK threads per quantization block (looping over the blocks past
  * the grid), each thread DUET_Q8_BLOCK / EW_BLOCK of its values in
@@ -779,17 +829,7 @@ static void emit_reduce(Buf *b, const Kernel *k) {
     bprintf(b, "  __shared__ double red[32];\n  __shared__ int last;\n  double acc = 0;\n");
     GRID_LOOP(b, "r", R);
     bprintf(b, "    acc += x[r];\n  }\n");
-    bprintf(b, "  acc = duet_block_sum(acc, red);\n");
-    /* per-block partials; the last block to finish sums them, a fixed
-     * tree for a given grid (threadFenceReduction, as the loss kernels) */
-    bprintf(b, "  if (threadIdx.x == 0) {\n    duet_part" FN "[blockIdx.x] = acc;\n");
-    bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done" FN ", 1u) == gridDim.x - 1;\n  }\n");
-    bprintf(b, "  __syncthreads();\n  if (!last) return;\n  __threadfence();\n");
-    bprintf(b, "  const volatile double *part = duet_part" FN ";\n  double tot = 0;\n");
-    bprintf(b, "  for (unsigned g = threadIdx.x; g < gridDim.x; g += blockDim.x) tot += part[g];\n");
-    bprintf(b, "  tot = duet_block_sum(tot, red);\n");
-    bprintf(b, "  if (threadIdx.x == 0) {\n    y[0] = (%s)(tot * %a);\n", T, k->scale);
-    bprintf(b, "    duet_done" FN " = 0; /* ready for the next launch */\n  }\n");
+    emit_whole_sum_tail(b, T, k->scale);
     return;
   }
   if (I == 1) { /* a block per output row, reduced across the block */
@@ -953,6 +993,106 @@ static void emit_norm(Buf *b, const Kernel *k) {
           C);
 }
 
+/* Softmax over the middle axis of [outer, red, inner] (formulas as the C
+ * emitter: the maximum subtracted before exp; the gradient y (dy - sum dy
+ * y)).  The last axis (inner 1): a block per row, reduced across the
+ * block; another axis: a thread per (o, j) column, serial over the axis
+ * in double (coalesced over j), as the C kernel sums. */
+static void emit_softmax(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
+  int64_t O = k->outer, R = k->red, I = k->inner;
+  bool fwd = k->kind == KK_SOFTMAX;
+  if (fwd) {
+    bprintf(b, "  %s%s *x = (%s%s *)t.p[%d];\n", BUF(0, "const "));
+    bprintf(b, "  %s%s *y = (%s%s *)t.p[%d];\n", BUF(1, ""));
+  } else {
+    bprintf(b, "  %s%s *dy = (%s%s *)t.p[%d];\n", BUF(0, "const "));
+    bprintf(b, "  %s%s *y = (%s%s *)t.p[%d];\n", BUF(1, "const "));
+    bprintf(b, "  %s%s *dx = (%s%s *)t.p[%d];\n", BUF(2, ""));
+  }
+  if (I == 1) {
+    bprintf(b, "  __shared__ %s red[32];\n", T);
+    bprintf(b, "  for (duet_i64 o = blockIdx.x; o < " D64 "; o += gridDim.x) {\n", O);
+    if (fwd) {
+      bprintf(b, "    const %s *xr = x + o * " D64 ";\n    %s *yr = y + o * " D64 ";\n    %s m = xr[0];\n", T, R, T, R, T);
+      bprintf(b, "    for (duet_i64 r = threadIdx.x; r < " D64 "; r += blockDim.x) m = duet_max(m, xr[r]);\n", R);
+      bprintf(b, "    m = duet_block_max(m, red);\n    %s se = 0;\n", T);
+      bprintf(b, "    for (duet_i64 r = threadIdx.x; r < " D64 "; r += blockDim.x) { const %s e = %s(xr[r] - m); yr[r] = e; se += e; }\n",
+              R, T, ex);
+      bprintf(b, "    const %s inv = 1 / duet_block_sum(se, red);\n", T);
+      bprintf(b, "    for (duet_i64 r = threadIdx.x; r < " D64 "; r += blockDim.x) yr[r] *= inv;\n  }\n", R);
+      return;
+    }
+    bprintf(b, "    const %s *dr = dy + o * " D64 ", *yr = y + o * " D64 ";\n    %s *xr = dx + o * " D64 ";\n    %s acc = 0;\n", T,
+            R, R, T, R, T);
+    bprintf(b, "    for (duet_i64 r = threadIdx.x; r < " D64 "; r += blockDim.x) acc += dr[r] * yr[r];\n", R);
+    bprintf(b, "    const %s d = duet_block_sum(acc, red);\n", T);
+    bprintf(b, "    for (duet_i64 r = threadIdx.x; r < " D64 "; r += blockDim.x) xr[r] = yr[r] * (dr[r] - d);\n  }\n", R);
+    return;
+  }
+  GRID_LOOP(b, "oj", O * I);
+  bprintf(b, "    const duet_i64 base = oj / " D64 " * " D64 " + oj %% " D64 ";\n", I, R * I, I);
+  if (fwd) {
+    bprintf(b, "    const %s *xr = x + base;\n    %s *yr = y + base;\n    %s m = xr[0];\n    double sum = 0;\n", T, T, T);
+    bprintf(b, "    for (duet_i64 r = 1; r < " D64 "; r++) m = duet_max(m, xr[r * " D64 "]);\n", R, I);
+    bprintf(b, "    for (duet_i64 r = 0; r < " D64 "; r++) { const %s e = %s(xr[r * " D64 "] - m); yr[r * " D64 "] = e; sum += e; }\n",
+            R, T, ex, I, I);
+    bprintf(b, "    const %s inv = (%s)(1 / sum);\n", T, T);
+    bprintf(b, "    for (duet_i64 r = 0; r < " D64 "; r++) yr[r * " D64 "] *= inv;\n  }\n", R, I);
+    return;
+  }
+  bprintf(b, "    const %s *dr = dy + base, *yr = y + base;\n    %s *xr = dx + base;\n    double dot = 0;\n", T, T);
+  bprintf(b, "    for (duet_i64 r = 0; r < " D64 "; r++) dot += (double)dr[r * " D64 "] * yr[r * " D64 "];\n", R, I, I);
+  bprintf(b, "    const %s d = (%s)dot;\n", T, T);
+  bprintf(b, "    for (duet_i64 r = 0; r < " D64 "; r++) xr[r * " D64 "] = yr[r * " D64 "] * (dr[r * " D64 "] - d);\n  }\n", R, I,
+          I, I);
+}
+
+/* RMS normalisation over the last axis, a block per row (formulas as the
+ * C emitter): y = x rs, rs = 1 / sqrt(mean(x^2) + eps);
+ * dx = rs (dy - x rs^2 mean(dy x)). */
+static void emit_rmsnorm(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  const char *sq = k->dtype == DT_F32 ? "sqrtf" : "sqrt";
+  int64_t R = k->rows, C = k->cols;
+  bool fwd = k->kind == KK_RMSNORM_FWD;
+  bprintf(b, "  %s%s *x = (%s%s *)t.p[%d];\n", BUF(fwd ? 0 : 1, "const "));
+  if (!fwd) bprintf(b, "  %s%s *dy = (%s%s *)t.p[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *y = (%s%s *)t.p[%d];\n", BUF(fwd ? 1 : 2, ""));
+  bprintf(b, "  __shared__ %s red[32];\n", T);
+  bprintf(b, "  for (duet_i64 r = blockIdx.x; r < " D64 "; r += gridDim.x) {\n", R);
+  bprintf(b, "    const %s *xr = x + r * " D64 ";\n    %s *yr = y + r * " D64 ";\n    %s acc = 0;\n", T, C, T, C, T);
+  bprintf(b, "    for (duet_i64 c = threadIdx.x; c < " D64 "; c += blockDim.x) acc += xr[c] * xr[c];\n", C);
+  bprintf(b, "    const %s rs = 1 / %s(duet_block_sum(acc, red) / (%s)" D64 " + (%s)%a);\n", T, sq, T, C, T, k->eps);
+  if (fwd) {
+    bprintf(b, "    for (duet_i64 c = threadIdx.x; c < " D64 "; c += blockDim.x) yr[c] = xr[c] * rs;\n  }\n", C);
+    return;
+  }
+  bprintf(b, "    const %s *dr = dy + r * " D64 ";\n    %s sdx = 0;\n", T, C, T);
+  bprintf(b, "    for (duet_i64 c = threadIdx.x; c < " D64 "; c += blockDim.x) sdx += dr[c] * xr[c];\n", C);
+  bprintf(b, "    const %s bb = duet_block_sum(sdx, red) / (%s)" D64 " * rs * rs;\n", T, T, C);
+  bprintf(b, "    for (duet_i64 c = threadIdx.x; c < " D64 "; c += blockDim.x) yr[c] = rs * (dr[c] - xr[c] * bb);\n  }\n", C);
+}
+
+/* Rotary position embedding (the C emitter's formulas: pairs (2i, 2i+1) of
+ * each head turned by (s[POS] + t) base^(-2i/D), the angle, its cosine and
+ * sine in double, rounded once), a thread per pair. */
+static void emit_rope(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H, P = D / 2;
+  bprintf(b, "  %s%s *x = (%s%s *)t.p[%d];\n", BUF(0, "const "));
+  bprintf(b, "  %s%s *y = (%s%s *)t.p[%d];\n", BUF(1, ""));
+  bprintf(b, "  const duet_i64 pos = (duet_i64)sv.v[%d];\n", DUET_S_POS);
+  GRID_LOOP(b, "e", B * N * H * P);
+  bprintf(b, "    const duet_i64 i = e %% " D64 ", bth = e / " D64 ", bt = bth / " D64 ";\n", P, P, H);
+  bprintf(b, "    const double a = (double)(pos + bt %% " D64 ") * pow(%a, -(double)(2 * i) / " D64 ");\n", N, k->base, D);
+  bprintf(b, "    const %s cs = (%s)cos(a), sn = (%s)%ssin(a);\n", T, T, T, k->inverse ? "-" : "");
+  bprintf(b, "    const duet_i64 o = bt * " D64 " + bth %% " D64 " * " D64 " + 2 * i;\n", C, H, D);
+  bprintf(b, "    const %s x0 = x[o], x1 = x[o + 1];\n", T);
+  bprintf(b, "    y[o] = x0 * cs - x1 * sn;\n    y[o + 1] = x0 * sn + x1 * cs;\n  }\n");
+}
+
 /* A kernel that gives each block one item (a query row, a key row, a
  * (batch, head) pair, a tile) loops over the items with the block index
  * blk, so that any grid covers them: codegen_cuda_launch gives one block
@@ -973,6 +1113,43 @@ static void block_loop(Buf *b, int64_t items, const char *body) {
 /* The type of a loop index below `bound`: int when every value fits. */
 static const char *index_type(int64_t bound) { return bound < INT32_MAX ? "int" : "duet_i64"; }
 
+/* The key-row kernel of grouped-query attention's backward: a block per
+ * (batch, key/value head hk, key row j) (items of block_loop), which for
+ * each query head h of the group in order recomputes p_ij and ds_ij from
+ * the query rows' statistics (as the ungrouped kernel below) and adds
+ * dk_j += sum_i ds_ij q_i, dv_j += sum_i p_ij dy_i; each element has one
+ * writer.  `u` receives the item's body. */
+static void emit_attention_gqa_kv(Buf *b, const Kernel *k, Buf *u) {
+  const char *T = cutype(k->dtype);
+  const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
+  int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H;
+  int64_t KV = k->kv_heads, RP = H / KV, Ckv = KV * D, W = C + 2 * Ckv;
+  const char *DI = index_type(D);
+  bprintf(u, "  const duet_i64 j = blk %% " D64 ", bg = blk / " D64 ";\n", N, N);
+  bprintf(u, "  const duet_i64 b = bg / " D64 ", hk = bg %% " D64 ", i0 = %s;\n", KV, KV, k->causal ? "j" : "0");
+  bprintf(u, "  const %s *kj = k + (b * " D64 " + j) * " D64 " + hk * " D64 ", *vj = v + (b * " D64 " + j) * " D64 " + hk * " D64
+             ";\n", T, N, Ckv, D, N, Ckv, D);
+  bprintf(u, "  for (duet_i64 h = hk * " D64 "; h < (hk + 1) * " D64 "; h++) {\n", RP, RP);
+  bprintf(u, "    const %s *qh = q + b * " D64 " + h * " D64 ", *dyh = dy + b * " D64 " + h * " D64 ";\n", T, N * C, D, N * C, D);
+  bprintf(u, "    const %s *st = stats + (b * " D64 " + h) * " D64 ";\n", T, H, 3 * N);
+  bprintf(u, "    for (duet_i64 i = i0 + threadIdx.x; i < " D64 "; i += blockDim.x) {\n", N);
+  bprintf(u, "      %s acc = 0, g = 0;\n", T);
+  bprintf(u, "      for (%s d = 0; d < " D64 "; d++) { acc += qh[i * " D64 " + d] * kj[d]; g += dyh[i * " D64 " + d] * vj[d]; }\n",
+          DI, D, C, C);
+  bprintf(u, "      %s pij = acc * scale;\n      pij = %s(pij - st[i * 3]);\n      pij *= st[i * 3 + 1];\n", T, ex);
+  bprintf(u, "      p[i - i0] = pij;\n      ds[i - i0] = pij * (g - st[i * 3 + 2]) * scale;\n    }\n");
+  bprintf(u, "    __syncthreads();\n");
+  bprintf(u, "    for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", DI, D);
+  bprintf(u, "      %s ak = 0, av = 0;\n", T);
+  bprintf(u, "      for (duet_i64 i = i0; i < " D64 "; i++) { ak += ds[i - i0] * qh[i * " D64 " + d]; av += p[i - i0] * dyh[i * " D64
+             " + d]; }\n", N, C, C);
+  bprintf(u, "      const duet_i64 o = (b * " D64 " + j) * " D64 " + hk * " D64 " + d;\n", N, W, D);
+  bprintf(u, "      if (h == hk * " D64 ") { out[" D64 " + o] = ak; out[" D64 " + o] = av; }\n", RP, C, C + Ckv);
+  bprintf(u, "      else { out[" D64 " + o] += ak; out[" D64 " + o] += av; }\n    }\n", C, C + Ckv);
+  bprintf(u, "    __syncthreads(); /* the next query head reuses p and ds */\n  }\n");
+  block_loop(b, B * KV * N, u->s);
+}
+
 /* Causal multi-head attention (formulas as the C emitter):
  *   out_i = sum_j softmax_j(q_i . k_j / sqrt(D)) v_j,  j <= i when causal.
  * Forward: a block per (batch, head, query row), the probabilities of the
@@ -980,11 +1157,21 @@ static const char *index_type(int64_t bound) { return bound < INT32_MAX ? "int" 
  * so each output element has one writer: no atomics, deterministic:
  *   dv_j += P_ij dy_i;  dP_ij = dy_i . v_j;  dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij)
  *   dq_i = sum_j dS_ij k_j / sqrt(D);  dk_j += dS_ij q_i / sqrt(D)
- * Rows are items of block_loop; channel indices d < D are int when D fits. */
+ * Rows are items of block_loop; channel indices d < D are int when D fits.
+ * Grouped-query attention (kv_heads KV < H): query head h reads key/value
+ * head hk = h / (H / KV) of k and v [B, N, KV D]; the gradient packs dq,
+ * dk, dv along the channels of rows of C + 2 KV D, and the key-row kernel
+ * takes a block per key/value head's row, summing over its query heads in
+ * order. */
 static void emit_attention(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
   int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H;
+  int64_t KV = k->kv_heads > 0 ? k->kv_heads : H, RP = H / KV, Ckv = KV * D;
+  bool gqa = RP > 1;
+  /* the gradient: row stride W of dq (and dk, dv: emit_attention_gqa_kv), where the statistics start */
+  int64_t W = gqa ? C + 2 * Ckv : C, ST = gqa ? B * N * W : 3 * B * N * C;
+  const char *kh = gqa ? "hk" : "h"; /* the key/value head */
   const char *DI = index_type(D);
   bool fwd = k->kind == KK_ATTN_FWD;
   int o = fwd ? 0 : 1;
@@ -1000,12 +1187,13 @@ static void emit_attention(Buf *b, const Kernel *k) {
   if (fwd) {
     bprintf(u, "  const duet_i64 i = blk %% " D64 ", bh = blk / " D64 ";\n", N, N);
     bprintf(u, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);
+    if (gqa) bprintf(u, "  const duet_i64 hk = h / " D64 ";\n", RP);
     if (k->causal) bprintf(u, "  const duet_i64 n = i + 1;\n");
     else bprintf(u, "  const duet_i64 n = " D64 ";\n", N);
     bprintf(u, "  const %s *qi = q + (b * " D64 " + i) * " D64 " + h * " D64 ";\n", T, N, C, D);
     bprintf(u, "  %s lm = -DUET_INF;\n", T);
     bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
-    bprintf(u, "    const %s *kj = k + (b * " D64 " + j) * " D64 " + h * " D64 ";\n", T, N, C, D);
+    bprintf(u, "    const %s *kj = k + (b * " D64 " + j) * " D64 " + %s * " D64 ";\n", T, N, Ckv, kh, D);
     bprintf(u, "    %s acc = 0;\n    for (%s d = 0; d < " D64 "; d++) acc += qi[d] * kj[d];\n", T, DI, D);
     bprintf(u, "    p[j] = acc * scale;\n    lm = duet_max(lm, p[j]);\n  }\n");
     bprintf(u, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
@@ -1014,8 +1202,8 @@ static void emit_attention(Buf *b, const Kernel *k) {
     bprintf(u, "  %s *oi = out + (b * " D64 " + i) * " D64 " + h * " D64 ";\n", T, N, C, D);
     bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", DI, D);
     bprintf(u, "    %s acc = 0;\n", T);
-    bprintf(u, "    for (duet_i64 j = 0; j < n; j++) acc += p[j] * v[(b * " D64 " + j) * " D64 " + h * " D64 " + d];\n",
-            N, C, D);
+    bprintf(u, "    for (duet_i64 j = 0; j < n; j++) acc += p[j] * v[(b * " D64 " + j) * " D64 " + %s * " D64 " + d];\n",
+            N, Ckv, kh, D);
     bprintf(u, "    oi[d] = acc * inv;\n  }\n");
     block_loop(b, B * H * N, body.s);
     return;
@@ -1028,12 +1216,18 @@ static void emit_attention(Buf *b, const Kernel *k) {
    * sums dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dy_i over i in order.
    * No atomics: each output element has one writer. */
   bprintf(b, "  %s *ds = p + " D64 ";\n", T, N);
-  bprintf(b, "  %s *stats = out + " D64 "; /* [batch * heads * time][3]: max, 1 / sum, sum p dp */\n", T, 3 * B * N * C);
+  bprintf(b, "  %s *stats = out + " D64 "; /* [batch * heads * time][3]: max, 1 / sum, sum p dp */\n", T, ST);
+  if (gqa && k->kind == KK_ATTN_BWD_KV) {
+    emit_attention_gqa_kv(b, k, u);
+    return;
+  }
   bprintf(u, "  const duet_i64 rw = blk %% " D64 ", bh = blk / " D64 ";\n", N, N);
   bprintf(u, "  const duet_i64 b = bh / " D64 ", h = bh %% " D64 ";\n", H, H);
-  bprintf(u, "  const %s *qh = q + b * " D64 " + h * " D64 ", *kh = k + b * " D64 " + h * " D64 ";\n", T, N * C, D, N * C, D);
-  bprintf(u, "  const %s *vh = v + b * " D64 " + h * " D64 ", *dyh = dy + b * " D64 " + h * " D64 ";\n", T, N * C, D, N * C,
-          D);
+  if (gqa) bprintf(u, "  const duet_i64 hk = h / " D64 ";\n", RP);
+  bprintf(u, "  const %s *qh = q + b * " D64 " + h * " D64 ", *kh = k + b * " D64 " + %s * " D64 ";\n", T, N * C, D, N * Ckv,
+          kh, D);
+  bprintf(u, "  const %s *vh = v + b * " D64 " + %s * " D64 ", *dyh = dy + b * " D64 " + h * " D64 ";\n", T, N * Ckv, kh, D,
+          N * C, D);
   if (k->kind == KK_ATTN_BWD) {
     if (k->causal) bprintf(u, "  const duet_i64 i = rw, n = i + 1;\n");
     else bprintf(u, "  const duet_i64 i = rw, n = " D64 ";\n", N);
@@ -1042,7 +1236,7 @@ static void emit_attention(Buf *b, const Kernel *k) {
     bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) {\n");
     bprintf(u, "    %s acc = 0, g = 0;\n", T);
     bprintf(u, "    for (%s d = 0; d < " D64 "; d++) { acc += qi[d] * kh[j * " D64 " + d]; g += dyi[d] * vh[j * " D64 " + d]; }\n",
-            DI, D, C, C);
+            DI, D, Ckv, Ckv);
     bprintf(u, "    p[j] = acc * scale;\n    ds[j] = g;\n    lm = duet_max(lm, p[j]);\n  }\n");
     bprintf(u, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
     bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
@@ -1052,8 +1246,8 @@ static void emit_attention(Buf *b, const Kernel *k) {
     bprintf(u, "  for (duet_i64 j = threadIdx.x; j < n; j += blockDim.x) ds[j] = p[j] * (ds[j] - dot) * scale;\n");
     bprintf(u, "  __syncthreads();\n");
     bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", DI, D);
-    bprintf(u, "    %s acc = 0;\n    for (duet_i64 j = 0; j < n; j++) acc += ds[j] * kh[j * " D64 " + d];\n", T, C);
-    bprintf(u, "    out[(b * " D64 " + i) * " D64 " + h * " D64 " + d] = acc;\n  }\n", N, C, D);
+    bprintf(u, "    %s acc = 0;\n    for (duet_i64 j = 0; j < n; j++) acc += ds[j] * kh[j * " D64 " + d];\n", T, Ckv);
+    bprintf(u, "    out[(b * " D64 " + i) * " D64 " + h * " D64 " + d] = acc;\n  }\n", N, W, D);
     bprintf(u, "  if (threadIdx.x == 0) { %s *st = stats + blk * 3; st[0] = m; st[1] = inv; st[2] = dot; }\n", T);
     block_loop(b, B * H * N, body.s);
     return;
@@ -1080,11 +1274,16 @@ static void emit_attention(Buf *b, const Kernel *k) {
 
 /* Generation: the new token's key and value go into row s[POS] of the
  * caches (each block writes its head's slice), then its query attends to
- * rows 0..s[POS]; a block per (batch, head) (items of block_loop). */
+ * rows 0..s[POS]; a block per (batch, head) (items of block_loop).  With
+ * grouped-query attention (caches of KV < H heads), the first query head
+ * of each group writes its key/value head's slice, and every head reads
+ * row s[POS] from k and v themselves (the same values), so that no block
+ * reads what another writes in the same launch. */
 static void emit_attn_decode(Buf *b, const Kernel *k) {
   const char *T = cutype(k->dtype);
   const char *ex = k->dtype == DT_F32 ? "expf" : "exp";
   int64_t B = k->batch, N = k->time, C = k->cols, H = k->heads, D = C / H;
+  int64_t KV = k->kv_heads > 0 ? k->kv_heads : H, RP = H / KV, Ckv = KV * D;
   const char *DI = index_type(D);
   bprintf(b, "  %s%s *q = (%s%s *)t.p[%d];\n", BUF(0, "const "));
   bprintf(b, "  %s%s *k = (%s%s *)t.p[%d];\n", BUF(1, "const "));
@@ -1097,6 +1296,28 @@ static void emit_attn_decode(Buf *b, const Kernel *k) {
   bprintf(b, "  extern __shared__ double duet_smem[];\n  %s *p = (%s *)duet_smem;\n", T, T);
   bprintf(b, "  __shared__ %s red[32];\n", T);
   Buf body = {.a = b->a}, *u = &body; /* one (batch, head) */
+  if (RP > 1) {
+    bprintf(u, "  const duet_i64 bb = blk / " D64 ", h = blk %% " D64 ", hk = h / " D64 ";\n", H, H, RP);
+    bprintf(u, "  const %s *kn = k + bb * " D64 " + hk * " D64 ", *vn = v + bb * " D64 " + hk * " D64 ";\n", T, Ckv, D, Ckv, D);
+    bprintf(u, "  if (h %% " D64 " == 0)\n", RP);
+    bprintf(u, "    for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", DI, D);
+    bprintf(u, "      kc[(bb * " D64 " + pos) * " D64 " + hk * " D64 " + d] = kn[d];\n", N, Ckv, D);
+    bprintf(u, "      vc[(bb * " D64 " + pos) * " D64 " + hk * " D64 " + d] = vn[d];\n    }\n", N, Ckv, D);
+    bprintf(u, "  const %s *qi = q + bb * " D64 " + h * " D64 ";\n  %s lm = -DUET_INF;\n", T, C, D, T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j <= pos; j += blockDim.x) {\n");
+    bprintf(u, "    const %s *kj = j == pos ? kn : kc + (bb * " D64 " + j) * " D64 " + hk * " D64 ";\n", T, N, Ckv, D);
+    bprintf(u, "    %s acc = 0;\n    for (%s d = 0; d < " D64 "; d++) acc += qi[d] * kj[d];\n", T, DI, D);
+    bprintf(u, "    p[j] = acc * scale;\n    lm = duet_max(lm, p[j]);\n  }\n");
+    bprintf(u, "  const %s m = duet_block_max(lm, red);\n  %s ls = 0;\n", T, T);
+    bprintf(u, "  for (duet_i64 j = threadIdx.x; j <= pos; j += blockDim.x) { p[j] = %s(p[j] - m); ls += p[j]; }\n", ex);
+    bprintf(u, "  const %s sum = duet_block_sum(ls, red);\n  __syncthreads();\n", T);
+    bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n    %s acc = 0;\n", DI, D, T);
+    bprintf(u, "    for (duet_i64 j = 0; j <= pos; j++) acc += p[j] / sum * (j == pos ? vn[d] : vc[(bb * " D64 " + j) * " D64
+               " + hk * " D64 " + d]);\n", N, Ckv, D);
+    bprintf(u, "    out[bb * " D64 " + h * " D64 " + d] = acc;\n  }\n", C, D);
+    block_loop(b, B * H, body.s);
+    return;
+  }
   bprintf(u, "  const duet_i64 bb = blk / " D64 ", h = blk %% " D64 ";\n", H, H);
   bprintf(u, "  for (%s d = threadIdx.x; d < " D64 "; d += blockDim.x) {\n", DI, D);
   bprintf(u, "    kc[(bb * " D64 " + pos) * " D64 " + h * " D64 " + d] = k[bb * " D64 " + h * " D64 " + d];\n", N, C, D, C, D);
@@ -1295,6 +1516,18 @@ static const char *PRELUDE =
     "  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;\n"
     "  return (z ^ (z >> 31)) >= thr;\n}\n\n";
 
+/* The logistic function and silu's gradient, as the C emitter (exp of
+ * -|x| only: no overflow for any x; NaN stays NaN), printed when a kernel
+ * uses sigmoid, silu or silu's gradient. */
+static const char *PRELUDE_SIGMOID =
+    "/* sigmoid from exp(-|x|), and silu'(x) = s (1 + x (1 - s)), s = sigmoid(x): as the C emitter */\n"
+    "template <typename T> __device__ __forceinline__ T duet_sigmoid(T x) {\n"
+    "  const T e = exp(-fabs(x));\n"
+    "  return (x >= 0 ? (T)1 : e) / (1 + e);\n}\n"
+    "template <typename T> __device__ __forceinline__ T duet_silu_grad(T dy, T x) {\n"
+    "  const T s = duet_sigmoid(x);\n"
+    "  return dy * (s * (1 + x * (1 - s)));\n}\n\n";
+
 /* Conversions for 16-bit storage, printed when a program has 16-bit
  * tensors.  Choice: raw uint16 bits converted here, not cuda_fp16.h /
  * cuda_bf16.h.  These are runtime/duet_half.h's algorithms (the code the
@@ -1396,7 +1629,10 @@ static const char *kind_name(KernelKind k) {
       [KK_TRANSPOSE] = "transpose",     [KK_POSITIONS] = "positions",   [KK_IM2COL] = "im2col",
       [KK_COL2IM] = "col2im",           [KK_MAXPOOL] = "maxpool",       [KK_MAXPOOL_GRAD] = "maxpool_grad",
       [KK_AVGPOOL] = "avgpool",         [KK_AVGPOOL_GRAD] = "avgpool_grad", [KK_ATTN_DECODE] = "attn_decode",
-      [KK_UNSCALE] = "unscale",         [KK_ADAMW8] = "adamw8",
+      [KK_UNSCALE] = "unscale",         [KK_SOFTMAX] = "softmax",       [KK_SOFTMAX_BWD] = "softmax_bwd",
+      [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope",
+      [KK_MSE] = "mse",
+      [KK_ADAMW8] = "adamw8",
   };
   return (unsigned)k < sizeof names / sizeof *names && names[k] ? names[k] : "?";
 }
@@ -1431,7 +1667,7 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
             l.block, l.shared);
     if (k->kind == KK_XENT_FWD || k->kind == KK_EVAL_METRICS) /* the blocks' partial sums */
       bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", 2 * l.grid);
-    if (reduce_whole(k))
+    if (reduce_whole(k) || k->kind == KK_MSE)
       bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", l.grid);
     if (k->kind == KK_UNSCALE) /* the blocks' overflow verdicts */
       bprintf(&u, "__device__ int duet_flag" FN ";\n__device__ unsigned int duet_done" FN ";\n");
@@ -1451,6 +1687,10 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
     case KK_ATTN_DECODE: emit_attn_decode(&u, k); break;
     case KK_XENT_FWD: case KK_XENT_BWD: case KK_EVAL_METRICS: emit_rows(&u, k); break;
     case KK_UNSCALE: emit_unscale(&u, k); break;
+    case KK_SOFTMAX: case KK_SOFTMAX_BWD: emit_softmax(&u, k); break;
+    case KK_RMSNORM_FWD: case KK_RMSNORM_BWD: emit_rmsnorm(&u, k); break;
+    case KK_ROPE: emit_rope(&u, k); break;
+    case KK_MSE: emit_mse(&u, k); break;
     case KK_ADAMW8: emit_adamw8(&u, k); break;
     default: unreachable();
     }
@@ -1473,6 +1713,13 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
                 "  for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < n; i += (duet_i64)blockDim.x * gridDim.x)\n"
                 "    a[i] = first ? b[i] : a[i] + b[i];\n}\n\n",
             w ? "f64" : "f32", w ? "double" : "float", w ? "double" : "float");
+  bool sigmoid = false; /* PRELUDE_SIGMOID: only where used */
+  for (int i = 0; i < cp->n_kernels; i++)
+    for (int j = 0; j < cp->kernels[i].n_ins; j++) {
+      KOp op = cp->kernels[i].ins[j].op;
+      sigmoid |= op == KI_SIGMOID || op == KI_SILU || op == KI_SILU_GRAD;
+    }
+  if (sigmoid) bprintf(&b, "%s", PRELUDE_SIGMOID);
   if (half) bprintf(&b, "%s", PRELUDE_HALF);
   if (half2) bprintf(&b, "%s", PRELUDE_HALF2);
   bool q8 = false; /* 8-bit AdamW state: the maps' tables (device memory) and encoder */

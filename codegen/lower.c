@@ -83,21 +83,32 @@ static void finish_ew(Lower *L, Kernel *k, InsBuf *b, int64_t n) {
   memcpy(k->ins, b->ins, (size_t)b->n * sizeof *k->ins);
 }
 
+/* Each op's kernel-IR opcode (ops.def's kop column), -1 for none. */
+static const int op_kop[OP_COUNT] = {
+#define KI(x) KI_##x
+#define NO_KI -1
+#define OP(id, name, n, rule, flags, surface, prec, kop) [OP_##id] = kop,
+#include "../ir/ops.def"
+#undef OP
+#undef NO_KI
+#undef KI
+};
+
+int kop_op(KOp k) {
+  for (int i = 0; i < OP_COUNT; i++)
+    if (op_kop[i] == (int)k) return i;
+  return -1;
+}
+
+int kop_operands(KOp k) {
+  if (k == KI_SQRT) return 1;
+  int op = kop_op(k);
+  return op < 0 ? 0 : op_info[op].arity;
+}
+
 static KOp kop_of(OpKind op) {
-  switch (op) {
-  case OP_ADD: return KI_ADD;
-  case OP_SUB: return KI_SUB;
-  case OP_MUL: return KI_MUL;
-  case OP_DIV: return KI_DIV;
-  case OP_NEG: return KI_NEG;
-  case OP_RELU: return KI_RELU;
-  case OP_RELU_GRAD: return KI_RELU_GRAD;
-  case OP_GELU: return KI_GELU;
-  case OP_GELU_GRAD: return KI_GELU_GRAD;
-  case OP_DROPOUT: return KI_DROPOUT;
-  case OP_CAST: return KI_CAST;
-  default: unreachable();
-  }
+  DUET_ASSERT(op_kop[op] >= 0);
+  return (KOp)op_kop[op];
 }
 
 static int tid(Lower *L, const Value *v) {
@@ -357,7 +368,33 @@ static int lower_attention(Lower *L, Value *v, KernelKind kind) {
   k->time = q->dim[1];
   k->cols = q->dim[2];
   k->heads = v->attr.heads;
+  k->kv_heads = ir_kv_heads(&v->attr);
   k->causal = v->attr.causal;
+  return k->index;
+}
+
+/* Softmax over `axis` as [outer, red, inner]; its gradient from dy and y. */
+static int lower_softmax(Lower *L, Value *v) {
+  Kernel *k = new_kernel(L, v->op == OP_SOFTMAX ? KK_SOFTMAX : KK_SOFTMAX_BWD, v->dtype);
+  for (int j = 0; j < v->n_in; j++) add_buf(k, tid(L, v->in[j]), v->in[j]->dtype, NULL, NULL);
+  add_buf(k, tid(L, v), v->dtype, NULL, NULL);
+  const Shape *s = &v->shape;
+  k->outer = k->inner = 1;
+  for (int d = 0; d < s->rank; d++) {
+    if (d < v->attr.axis) k->outer *= s->dim[d];
+    if (d > v->attr.axis) k->inner *= s->dim[d];
+  }
+  k->red = s->dim[v->attr.axis];
+  return k->index;
+}
+
+/* The sum of squared differences of a whole tensor, times 1/n. */
+static int lower_mse(Lower *L, Value *v) {
+  Kernel *k = new_kernel(L, KK_MSE, v->dtype);
+  for (int j = 0; j < 2; j++) add_buf(k, tid(L, v->in[j]), v->in[j]->dtype, NULL, NULL);
+  add_buf(k, tid(L, v), v->dtype, NULL, NULL);
+  k->n = shape_numel(&v->in[0]->shape);
+  k->scale = 1.0 / (double)k->n;
   return k->index;
 }
 
@@ -538,6 +575,15 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_STATE:
       has_step = false;
       break;
+    case OP_ALL_GATHER: { /* --zero 1: after the bucket's updates, on its stage's optimizer schedule */
+      DUET_ASSERT(piped && g->zero);
+      int stg = v->device > 0 && g->n_stages > 1 ? v->device : 0;
+      DuetStep ag = {.kind = DUET_STEP_ALLGATHER, .a = v->attr.bucket};
+      push_step(&L, &sl[stg * 4 + 2], ag);
+      has_step = false;
+      break;
+    }
+    case OP_REDUCE_SCATTER:
     case OP_ALLREDUCE: { /* the stage's backward posts its bucket (a pipelined program: replicas > 1) */
       DUET_ASSERT(piped && v->attr.bucket == n_buckets);
       int stg = v->device > 0 && g->n_stages > 1 ? v->device : 0;
@@ -586,11 +632,6 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       if (v->role != ROLE_EVAL) p->gemm_flops += 2 * st.m * st.n * st.k;
       break;
     }
-    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG:
-    case OP_RELU: case OP_RELU_GRAD: case OP_BROADCAST: case OP_FUSED:
-    case OP_GELU: case OP_GELU_GRAD: case OP_DROPOUT: case OP_CAST: case OP_LOSS_SCALE:
-      st.kernel = lower_elementwise(&L, v);
-      break;
     case OP_UNSCALE:
       st.kernel = lower_unscale(&L, v);
       DUET_ASSERT(v->attr.slot >= 0 && v->attr.slot < g->n_values);
@@ -599,6 +640,11 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_EMBEDDING:
     case OP_EMBEDDING_GRAD:
       st.kernel = lower_embedding(&L, v);
+      if (v->op == OP_EMBEDDING && v->in[1]->op == OP_INPUT) { /* a data input indexes this table */
+        int64_t rows = v->in[0]->shape.dim[0];
+        int r = rows > INT32_MAX ? INT32_MAX : (int)rows;
+        if (!p->vocab || r < p->vocab) p->vocab = r;
+      }
       break;
     case OP_NORM:
     case OP_NORM_GRAD: {
@@ -609,6 +655,32 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     }
     case OP_ATTENTION:
       st.kernel = lower_attention(&L, v, KK_ATTN_FWD);
+      break;
+    case OP_SOFTMAX:
+    case OP_SOFTMAX_GRAD:
+      st.kernel = lower_softmax(&L, v);
+      break;
+    case OP_RMS_NORM:
+    case OP_RMS_NORM_GRAD: {
+      Kernel *k = lower_rows_k(&L, v, v->op == OP_RMS_NORM ? KK_RMSNORM_FWD : KK_RMSNORM_BWD);
+      k->eps = v->attr.eps;
+      st.kernel = k->index;
+      break;
+    }
+    case OP_ROPE:
+    case OP_ROPE_GRAD: {
+      Kernel *k = lower_rows_k(&L, v, KK_ROPE);
+      k->batch = v->shape.dim[0];
+      k->time = v->shape.dim[1];
+      k->cols = v->shape.dim[2];
+      k->heads = v->attr.heads;
+      k->base = v->attr.base;
+      k->inverse = v->op == OP_ROPE_GRAD;
+      st.kernel = k->index;
+      break;
+    }
+    case OP_MSE_LOSS:
+      st.kernel = lower_mse(&L, v);
       break;
     case OP_ATTENTION_GRAD: /* query rows (dq, statistics), then key rows (dk, dv) */
       pre[n_pre] = st;
@@ -673,6 +745,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       k->time = v->in[3]->shape.dim[1];
       k->cols = v->shape.dim[2];
       k->heads = v->attr.heads;
+      k->kv_heads = ir_kv_heads(&v->attr);
       k->causal = true;
       st.kernel = k->index;
       break;
@@ -706,8 +779,9 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_PRUNE_MASK:
       st.kernel = lower_prune_mask(&L, v);
       break;
-    default:
-      duet_fatal(__FILE__, __LINE__, "codegen: no lowering for op %d", (int)v->op);
+    default: /* the elementwise ops (ops.def's EW flag): one loop, or a fused one */
+      if (!(op_info[v->op].flags & OPF_EW)) duet_fatal(__FILE__, __LINE__, "codegen: no lowering for op %d", (int)v->op);
+      st.kernel = lower_elementwise(&L, v);
     }
     if (!has_step) continue;
     if (piped) {
@@ -794,6 +868,26 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     p->bucket_off = bucket_off;
     p->bucket_tensors = bucket_tensors;
   }
+  if (g->zero && piped) { /* ZeRO stage 1: each tensor's shard; each bucket gradient's param */
+    int32_t *shard = arena_alloc(a, ((size_t)nt + 1) * sizeof *shard);
+    int32_t *bparams = arena_alloc(a, ((size_t)n_btensors + 1) * sizeof *bparams);
+    int32_t *param_of = arena_alloc(a, ((size_t)nt + 1) * sizeof *param_of);
+    for (int i = 0; i < nt; i++) shard[i] = -1, param_of[i] = -1;
+    for (int i = 0; i < g->n_values; i++) {
+      Value *v = g->values[i];
+      if ((v->op != OP_ADAMW && v->op != OP_SGD) || !v->attr.sharded) continue;
+      for (int j = 0; j < v->n_in; j++)
+        if (cp->tensor_of[v->in[j]->id] >= 0) shard[cp->tensor_of[v->in[j]->id]] = v->attr.shard;
+      param_of[tid(&L, v->in[1])] = tid(&L, v->in[0]);
+    }
+    for (int j = 0; j < n_btensors; j++) {
+      bparams[j] = param_of[bucket_tensors[j]];
+      DUET_ASSERT(bparams[j] >= 0);
+    }
+    p->zero = g->zero;
+    p->tensor_shard = shard;
+    p->bucket_params = bparams;
+  }
   /* every gradient in a bucket (the verifier's rule for graphs with buckets;
    * a graph of several replicas without any is refused before lowering) */
   DUET_ASSERT(g->replicas <= 1 || n_btensors == n_grads);
@@ -802,11 +896,17 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   DuetConfig *c = &p->defaults;
   c->data = t->data == DATA_FASHION_MNIST ? DUET_DATA_FASHION_MNIST
           : t->data == DATA_TEXT        ? DUET_DATA_TEXT
+          : t->data == DATA_NPY         ? DUET_DATA_NPY
+          : t->data == DATA_TOKENS      ? DUET_DATA_TOKENS
                                         : DUET_DATA_NONE;
   c->block = t->block;
   c->eval_every = t->eval_every;
   c->eval_batches = t->eval_batches;
   c->data_path = t->data_path;
+  c->data_y = t->data_y;
+  c->val_x = t->val_x;
+  c->val_y = t->val_y;
+  c->val_fraction = t->val_fraction;
   c->optimizer = t->optimizer == OPTIM_SGD ? DUET_OPTIM_SGD : DUET_OPTIM_ADAMW;
   c->lr = t->lr;
   c->weight_decay = t->weight_decay;

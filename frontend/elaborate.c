@@ -70,6 +70,7 @@ typedef struct Elab {
   int n_inputs;
   Value *inputs[8];
   int64_t n_dropout; /* dropout sites so far */
+  int n_instances;   /* outermost block instances so far (Value.block) */
   Loc batch_loc;     /* the train section's `batch = N` value (line 0: none) */
 } Elab;
 
@@ -108,34 +109,27 @@ static const char *hint_text(Elab *e, const Hint *h) {
 
 /* ------------------------------------------------------------- builtins */
 
-typedef struct Builtin {
-  const char *name;
-  int arity;
-  OpKind op;
-} Builtin;
-
-static const Builtin builtins[] = {
-    {"relu", 1, OP_RELU},   {"mean", 1, OP_MEAN}, {"cross_entropy", 2, OP_CROSS_ENTROPY},
-    {"matmul", 2, OP_MATMUL}, {"add", 2, OP_ADD}, {"sub", 2, OP_SUB},
-    {"mul", 2, OP_MUL},     {"div", 2, OP_DIV},   {"neg", 1, OP_NEG},
-    {"gelu", 1, OP_GELU},   {"embedding", 2, OP_EMBEDDING}, {"transpose", 1, OP_TRANSPOSE},
-    {"positions", 1, OP_POSITIONS},
-};
+/* The plain built-ins (relu, gelu, matmul, ...) are the ops with a surface
+ * name in the op table (ir/ops.def): op_info[op].surface, called with
+ * op_info[op].arity positional tensors. */
 
 /* Built-ins with named arguments (handled in eval_call). */
-static const char *const attention_args[] = {"q", "k", "v", "heads", "causal"};
+static const char *const attention_args[] = {"q", "k", "v", "heads", "causal", "kv_heads"};
+static const char *const rmsnorm_args[] = {"x", "w", "eps"};
+static const char *const rope_args[] = {"x", "heads", "base"};
+static const char *const softmax_args[] = {"x", "axis"};
 static const char *const layernorm_args[] = {"x", "w", "b", "eps"};
 static const char *const dropout_args[] = {"x", "p"};
 static const char *const conv_args[] = {"x", "w", "b", "stride", "padding", "dilation", "groups"};
 static const char *const pool_args[] = {"x", "kernel", "stride", "padding"};
-#define N_BUILTINS (int)(sizeof builtins / sizeof builtins[0])
 
 static const char *const functions[] = {"dim",     "sqrt",    "attention", "layernorm",  "dropout",    "reshape",
                                         "flatten", "permute", "concat",    "conv2d",     "max_pool2d", "avg_pool2d",
-                                        "sum",     "max",     "split",     "repeat"};
+                                        "sum",     "max",     "split",     "repeat",    "softmax",    "rmsnorm",
+                                        "rope"};
 static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
                                          "batch", "epochs", "steps", "seed", "log_every", "eval",
-                                         "eval_every", "eval_batches", "precision"};
+                                         "eval_every", "eval_batches", "precision", "recompute"};
 #define N_TRAIN_KEYS (int)(sizeof train_keys / sizeof train_keys[0])
 
 /* -------------------------------------------------------------- helpers */
@@ -180,7 +174,8 @@ static const char *unknown_name_hint(Elab *e, Scope *s, const char *name) {
 
 static const char *unknown_call_hint(Elab *e, const char *name) {
   Hint h = {0};
-  for (int i = 0; i < N_BUILTINS; i++) hint_try(&h, name, builtins[i].name);
+  for (int i = 0; i < OP_COUNT; i++)
+    if (op_info[i].surface) hint_try(&h, name, op_info[i].surface);
   for (size_t i = 0; i < sizeof functions / sizeof *functions; i++) hint_try(&h, name, functions[i]);
   for (Node *s = e->stmts.head; s; s = s->next)
     if (s->kind == N_BLOCK) hint_try(&h, name, s->name);
@@ -541,12 +536,19 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     return r;
   }
   if (!strcmp(n->name, "attention")) {
-    EVal a[5];
-    bool given[5];
-    bind_args(e, s, n, attention_args, 5, 4, a, given);
+    EVal a[6];
+    bool given[6];
+    bind_args(e, s, n, attention_args, 6, 4, a, given);
     Value *in[3];
     for (int i = 0; i < 3; i++) in[i] = want_tensor(e, a[i], attention_args[i]);
     Attr at = {.heads = want_int(e, a[3], "heads", 1), .causal = given[4] && want_bool(e, a[4], "causal")};
+    if (given[5]) { /* grouped-query attention: query head h reads key/value head h / (heads / kv_heads) */
+      int64_t kvh = want_int(e, a[5], "kv_heads", 1);
+      if (at.heads % kvh)
+        diag_error(e->d, a[5].loc, "attention: kv_heads %lld does not divide heads %lld", (long long)kvh,
+                   (long long)at.heads);
+      at.kv_heads = kvh == at.heads ? 0 : kvh;
+    }
     r.kind = EV_TENSOR;
     if (e->g->decode) {
       /* one new token attends to itself and the cached keys and values of
@@ -558,7 +560,7 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
         ca.shape.rank = 3;
         ca.shape.dim[0] = in[0]->shape.dim[0];
         ca.shape.dim[1] = e->g->context;
-        ca.shape.dim[2] = in[0]->shape.rank == 3 ? in[0]->shape.dim[2] : 1;
+        ca.shape.dim[2] = in[1]->shape.rank == 3 ? in[1]->shape.dim[2] : 1; /* k's channels (kv_heads heads) */
         ca.name = arena_printf(e->a, "kv_cache.%d.%s", e->g->n_values, c ? "v" : "k");
         in5[3 + c] = graph_add(e->g, OP_STATE, NULL, 0, &ca, n->loc);
       }
@@ -678,6 +680,54 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     r.v = eval_shape_op(e, s, n);
     return r;
   }
+  if (!strcmp(n->name, "rmsnorm")) { /* rms_norm(x) * w over the last axis (Zhang & Sennrich 2019) */
+    EVal a[3];
+    bool given[3];
+    bind_args(e, s, n, rmsnorm_args, 3, 2, a, given);
+    Value *x = want_tensor(e, a[0], "x"), *w = want_tensor(e, a[1], "w");
+    if (x->shape.rank < 1) diag_error(e->d, a[0].loc, "rmsnorm of a scalar: x needs a last axis to normalise");
+    Shape bs;
+    if (!shape_broadcast(&x->shape, &w->shape, &bs) || !shape_eq(&bs, &x->shape)) {
+      char b1[160], b2[160];
+      diag_error(e->d, a[1].loc, "rmsnorm of %s: the gain w %s does not broadcast to it (as [%lld])",
+                 shape_str(&x->shape, b1, sizeof b1), shape_str(&w->shape, b2, sizeof b2),
+                 (long long)x->shape.dim[x->shape.rank - 1]);
+    }
+    Attr at = {.eps = 1e-5}; /* Meta's LLaMA reference (ModelArgs.norm_eps) */
+    if (given[2]) {
+      at.eps = want_num(e, a[2], "eps");
+      if (!(at.eps > 0)) diag_error(e->d, a[2].loc, "eps must be positive, got %g", at.eps);
+    }
+    Value *in[2] = {graph_add(e->g, OP_RMS_NORM, &x, 1, &at, n->loc), w};
+    r.kind = EV_TENSOR;
+    r.v = graph_add(e->g, OP_MUL, in, 2, NULL, n->loc);
+    return r;
+  }
+  if (!strcmp(n->name, "rope")) { /* rotary position embedding (Su et al. 2021), pairs (2i, 2i+1) */
+    EVal a[3];
+    bool given[3];
+    bind_args(e, s, n, rope_args, 3, 2, a, given);
+    Value *x = want_tensor(e, a[0], "x");
+    Attr at = {.heads = want_int(e, a[1], "heads", 1), .base = 10000};
+    if (given[2]) {
+      at.base = want_num(e, a[2], "base");
+      if (!(at.base > 0)) diag_error(e->d, a[2].loc, "rope: base must be positive, got %g", at.base);
+    }
+    r.kind = EV_TENSOR;
+    r.v = graph_add(e->g, OP_ROPE, &x, 1, &at, n->loc);
+    return r;
+  }
+  if (!strcmp(n->name, "softmax")) { /* softmax(x, axis = -1) */
+    EVal a[2];
+    bool given[2];
+    bind_args(e, s, n, softmax_args, 2, 1, a, given);
+    Value *x = want_tensor(e, a[0], "x");
+    if (x->shape.rank < 1) diag_error(e->d, a[0].loc, "softmax of a scalar: x needs an axis");
+    Attr at = {.axis = given[1] ? want_axis(e, a[1], x->shape.rank, "axis") : x->shape.rank - 1};
+    r.kind = EV_TENSOR;
+    r.v = graph_add(e->g, OP_SOFTMAX, &x, 1, &at, n->loc);
+    return r;
+  }
   if (!strcmp(n->name, "layernorm")) { /* norm(x) * w + b, normalising the last axis */
     EVal a[4];
     bool given[4];
@@ -696,28 +746,28 @@ static EVal eval_call(Elab *e, Scope *s, const Node *n) {
     r.v = graph_add(e->g, OP_ADD, in2, 2, NULL, n->loc);
     return r;
   }
-  for (int i = 0; i < N_BUILTINS; i++) {
-    if (strcmp(builtins[i].name, n->name)) continue;
-    if (n->args.n != builtins[i].arity)
-      diag_error(e->d, n->loc, "%s takes %d argument%s, got %d", n->name, builtins[i].arity,
-                 builtins[i].arity == 1 ? "" : "s", n->args.n);
+  for (int i = 0; i < OP_COUNT; i++) {
+    if (!op_info[i].surface || strcmp(op_info[i].surface, n->name)) continue;
+    OpKind op = (OpKind)i;
+    int arity = op_info[i].arity;
+    if (n->args.n != arity)
+      diag_error(e->d, n->loc, "%s takes %d argument%s, got %d", n->name, arity, arity == 1 ? "" : "s", n->args.n);
     Value *in[4];
     int k = 0;
     for (Node *a = n->args.head; a; a = a->next) {
       if (a->kind == N_NAMED) diag_error(e->d, a->loc, "%s has no argument named `%s`", n->name, a->name);
       EVal v = eval(e, s, a);
-      if (v.kind != EV_TENSOR && builtins[i].op != OP_ADD && builtins[i].op != OP_SUB &&
-          builtins[i].op != OP_MUL && builtins[i].op != OP_DIV)
+      if (v.kind != EV_TENSOR && op_info[op].rule != SHAPE_BROADCAST) /* add, sub, mul, div take numbers */
         diag_error(e->d, v.loc, "argument %d of %s must be a tensor, got %s", k + 1, n->name, evkind_name(v.kind));
       in[k++] = as_tensor(e, v);
     }
-    if (builtins[i].op == OP_MATMUL && in[1]->shape.rank != 2) {
+    if (op == OP_MATMUL && in[1]->shape.rank != 2) {
       char b1[160];
       diag_error(e->d, n->loc, "the second operand of matmul must have rank 2 [K, N], got %s (batched matmul is "
                  "not supported)", shape_str(&in[1]->shape, b1, sizeof b1));
     }
     r.kind = EV_TENSOR;
-    r.v = graph_add(e->g, builtins[i].op, in, k, NULL, n->loc);
+    r.v = graph_add(e->g, op, in, k, NULL, n->loc);
     return r;
   }
   const Node *blk = find_block(e, n->name);
@@ -998,8 +1048,8 @@ static void exec_stmt(Elab *e, Scope *s, const Node *n, bool top) {
         *seen = p;
       }
     }
-    for (int i = 0; i < N_BUILTINS; i++)
-      if (!strcmp(builtins[i].name, n->name))
+    for (int i = 0; i < OP_COUNT; i++)
+      if (op_info[i].surface && !strcmp(op_info[i].surface, n->name))
         diag_error(e->d, n->loc, "block `%s` has the name of a built-in op", n->name);
     for (size_t i = 0; i < sizeof functions / sizeof *functions; i++)
       if (!strcmp(functions[i], n->name))
@@ -1066,6 +1116,10 @@ static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *s
   while (global->parent) global = global->parent;
   inner.parent = global;
 
+  /* the values an outermost call adds form one block instance (Value.block:
+   * the unit that activation recomputation keeps the inputs of) */
+  bool outermost = !e->active;
+  int first_value = e->g->n_values;
   Active act = {blk, e->active};
   e->active = &act;
   int i = 0;
@@ -1081,6 +1135,13 @@ static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *s
   EVal r = eval(e, &inner, blk->a);
   e->active = act.up;
   Graph *g = e->g;
+  if (outermost) {
+    int id = ++e->n_instances;
+    for (int k = first_value; k < g->n_values; k++) {
+      Value *v = g->values[k];
+      if (v->op != OP_PARAM && v->op != OP_INPUT && v->op != OP_STATE) v->block = id;
+    }
+  }
   const EVal *first = r.kind == EV_TUPLE && r.n_items ? &r.items[0] : &r;
   if (first->kind == EV_TENSOR) {
     if (g->n_layers == g->cap_layers) {
@@ -1175,19 +1236,42 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
     for (Node *o = n->body.head; o != kv; o = o->next)
       if (!strcmp(o->name, k)) diag_error(e->d, kv->loc, "train key `%s` is set twice", k);
     const Node *v = kv->a;
-    if (!strcmp(k, "data") && v->kind == N_CALL && !strcmp(v->name, "text")) {
-      /* text("FILE", block = T): byte-level windows of T tokens */
+    if (!strcmp(k, "data") && v->kind == N_CALL && (!strcmp(v->name, "text") || !strcmp(v->name, "tokens"))) {
+      /* text("FILE", block = T): byte-level windows of T tokens; tokens("FILE", block = T): llm.c token files */
       static const char *const text_args[] = {"path", "block"};
       EVal a[2];
       bool given[2];
       bind_args(e, s, v, text_args, 2, 2, a, given);
-      if (a[0].kind != EV_STR) diag_error(e->d, a[0].loc, "text: the path must be a string");
-      t->data = DATA_TEXT;
+      if (a[0].kind != EV_STR) diag_error(e->d, a[0].loc, "%s: the path must be a string", v->name);
+      t->data = !strcmp(v->name, "text") ? DATA_TEXT : DATA_TOKENS;
       t->data_path = a[0].str;
       t->block = want_int(e, a[1], "block", 1);
+    } else if (!strcmp(k, "data") && v->kind == N_CALL && !strcmp(v->name, "npy")) {
+      /* npy("X", "Y", val_fraction = F | val_x = "VX", val_y = "VY"): NumPy arrays, samples on axis 0 */
+      static const char *const npy_args[] = {"x", "y", "val_fraction", "val_x", "val_y"};
+      EVal a[5];
+      bool given[5];
+      bind_args(e, s, v, npy_args, 5, 2, a, given);
+      for (int i = 0; i < 5; i++)
+        if (given[i] && i != 2 && a[i].kind != EV_STR)
+          diag_error(e->d, a[i].loc, "npy: `%s` must be a string (a file path)", npy_args[i]);
+      t->data = DATA_NPY;
+      t->data_path = a[0].str;
+      t->data_y = a[1].str;
+      if (given[2]) {
+        if (given[3] || given[4])
+          diag_error(e->d, a[2].loc, "npy: give either val_fraction or val_x and val_y, not both");
+        t->val_fraction = want_num(e, a[2], "val_fraction");
+        if (!(t->val_fraction > 0 && t->val_fraction < 1))
+          diag_error(e->d, a[2].loc, "npy: val_fraction must be between 0 and 1 (exclusive), got %g", t->val_fraction);
+      }
+      if (given[3] != given[4])
+        diag_error(e->d, v->loc, "npy: val_x and val_y go together (the validation inputs and their targets)");
+      if (given[3]) t->val_x = a[3].str, t->val_y = a[4].str;
     } else if (!strcmp(k, "data")) {
       if ((v->kind != N_CALL && v->kind != N_IDENT) || strcmp(v->name, "fashion_mnist"))
-        diag_error(e->d, v->loc, "unknown data source; expected fashion_mnist(\"DIR\") or text(\"FILE\", block = T)");
+        diag_error(e->d, v->loc, "unknown data source; expected fashion_mnist(\"DIR\"), text(\"FILE\", block = T), "
+                   "tokens(\"FILE\", block = T) or npy(\"X.npy\", \"Y.npy\")");
       t->data = DATA_FASHION_MNIST;
       t->data_path = "/usr/share/datasets/fashion-mnist";
       if (v->kind == N_CALL && v->args.n > 1)
@@ -1233,6 +1317,10 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
                                  strcmp(x.str, "bf16")))
           diag_error(e->d, x.loc, "precision must be \"auto\", \"fp32\", \"fp16\" or \"bf16\"");
         t->precision = x.str;
+      } else if (!strcmp(k, "recompute")) { /* the command line's --recompute wins */
+        if (x.kind != EV_STR || (strcmp(x.str, "none") && strcmp(x.str, "blocks") && strcmp(x.str, "auto")))
+          diag_error(e->d, x.loc, "recompute must be \"none\", \"blocks\" or \"auto\"");
+        t->recompute = x.str;
       }
     }
   }
@@ -1311,16 +1399,29 @@ static void read_prune(Elab *e, Scope *s, const Node *n, PruneSpec *p) {
 static void check_data_inputs(Elab *e, Loc model_loc) {
   TrainSpec *t = &e->g->train;
   char b[160];
-  if (t->data == DATA_TEXT) {
+  if (t->data == DATA_TEXT || t->data == DATA_TOKENS) {
+    const char *src = t->data == DATA_TEXT ? "text" : "tokens";
     if (e->n_inputs != 2)
       diag_error(e->d, e->n_inputs ? e->inputs[0]->loc : model_loc,
-                 "text feeds two inputs (tokens and next tokens, i32[batch,%lld]); the model declares %d",
+                 "%s feeds two inputs (tokens and next tokens, i32[batch,%lld]); the model declares %d", src,
                  (long long)t->block, e->n_inputs);
     for (int i = 0; i < 2; i++) {
       Value *x = e->inputs[i];
       if (x->dtype != DT_I32 || x->shape.rank != 2 || x->shape.dim[0] != t->batch || x->shape.dim[1] != t->block)
-        diag_error(e->d, x->loc, "text windows are i32[%lld,%lld] (batch, block); `%s` is %s%s", (long long)t->batch,
+        diag_error(e->d, x->loc, "%s windows are i32[%lld,%lld] (batch, block); `%s` is %s%s", src, (long long)t->batch,
                    (long long)t->block, x->attr.name, dtype_name(x->dtype), shape_str(&x->shape, b, sizeof b));
+    }
+    return;
+  }
+  if (t->data == DATA_NPY) {
+    if (e->n_inputs != 2)
+      diag_error(e->d, e->n_inputs ? e->inputs[0]->loc : model_loc,
+                 "npy feeds two inputs (the samples of x.npy and of y.npy); the model declares %d", e->n_inputs);
+    for (int i = 0; i < 2; i++) {
+      Value *x = e->inputs[i];
+      if ((x->dtype != DT_F32 && x->dtype != DT_I32) || x->shape.rank < 1 || x->shape.dim[0] != t->batch)
+        diag_error(e->d, x->loc, "npy feeds f32 or i32 inputs [%lld, ...] (batch first); `%s` is %s%s",
+                   (long long)t->batch, x->attr.name, dtype_name(x->dtype), shape_str(&x->shape, b, sizeof b));
     }
     return;
   }

@@ -4,6 +4,7 @@
 #include "ir.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -385,6 +386,8 @@ static const size_t dtype_sizes[DT_COUNT] = {0, 4, 8, 4, 2, 2, 1};
 const char *dtype_name(DType t) { return (unsigned)t < DT_COUNT ? dtype_names[t] : "?"; }
 size_t dtype_size(DType t) { return (unsigned)t < DT_COUNT ? dtype_sizes[t] : 0; }
 
+int64_t ir_kv_heads(const Attr *a) { return a->kv_heads > 0 ? a->kv_heads : a->heads; }
+
 int64_t ir_workspace_elems(const Value *v) {
   if (v->op != OP_ATTENTION_GRAD || v->n_in < 2 || v->in[1]->shape.rank != 3) return 0;
   const Shape *q = &v->in[1]->shape; /* [batch, time, cols] */
@@ -441,7 +444,7 @@ bool shape_broadcast(const Shape *a, const Shape *b, Shape *out) {
 const OpInfo op_info[OP_COUNT] = {
 #define EW OPF_EW
 #define SIDE OPF_SIDE
-#define OP(id, name, n, rule, flags) {name, n, rule, flags},
+#define OP(id, name, n, rule, flags, surface, prec, kop) {name, n, rule, flags, surface, PREC_##prec},
 #include "ops.def"
 #undef OP
 #undef EW
@@ -585,7 +588,6 @@ static void graph_push(Graph *g, Value *v) {
 
 /* Blocks, repeat and split expand inline: a few lines can ask for 2^100
  * values.  The largest real models have tens of thousands. */
-#define GRAPH_MAX_VALUES (1 << 18)
 
 Value *graph_add(Graph *g, OpKind op, Value **in, int n_in, const Attr *attr, Loc loc) {
   DUET_ASSERT(op >= 0 && op < OP_COUNT);
@@ -689,6 +691,14 @@ void ir_infer_shape(Graph *g, Value *v) {
     } else if (v->op == OP_MEAN) {
       need_float(g, v, 0);
       v->dtype = v->in[0]->dtype;
+    } else if (v->op == OP_MSE_LOSS) { /* pred, target: float, one shape */
+      need_float(g, v, 0);
+      need_float(g, v, 1);
+      need_same_dtype(g, v);
+      if (!shape_eq(&v->in[0]->shape, &v->in[1]->shape))
+        diag_error(g->diag, v->loc, "mse_loss of %s and target %s: shapes differ", SHP(&v->in[0]->shape, b1),
+                   SHP(&v->in[1]->shape, b2));
+      v->dtype = v->in[0]->dtype;
     } else { /* CROSS_ENTROPY: logits [..., C], labels i32 [...] */
       Value *lg = v->in[0], *lb = v->in[1];
       need_float(g, v, 0);
@@ -719,8 +729,8 @@ void ir_infer_shape(Graph *g, Value *v) {
     }
     for (int i = 0; i < v->n_in; i++) need_float(g, v, i);
     need_same_dtype(g, v);
-    /* attention_decode: q, k, v alike; the caches are [batch, context, C] */
-    for (int i = 1; i < (v->op == OP_ATTENTION_DECODE ? 3 : v->n_in); i++)
+    /* attention's operands are checked below (k and v have kv_heads heads) */
+    for (int i = 1; v->op != OP_ATTENTION && v->op != OP_ATTENTION_DECODE && i < v->n_in; i++)
       if (!shape_eq(&v->in[i]->shape, &s))
         diag_error(g->diag, v->loc, "%s of %s and %s: shapes differ", op_info[v->op].name,
                    SHP(&s, b1), SHP(&v->in[i]->shape, b2));
@@ -817,12 +827,44 @@ void ir_infer_shape(Graph *g, Value *v) {
     break;
   }
   if (v->op == OP_ATTENTION || v->op == OP_ATTENTION_DECODE) {
+    /* q [B, T, C] in H heads; k, v [B, T, C K / H] in K heads, K | H
+     * (grouped-query attention; the decoding caches are [B, context, C K / H]) */
+    int64_t H = v->attr.heads, K = ir_kv_heads(&v->attr);
     if (s.rank != 3)
       diag_error(g->diag, v->loc, "attention expects q, k, v of rank 3 [batch, time, channels], got %s", SHP(&s, b1));
-    if (v->attr.heads < 1 || s.dim[2] % v->attr.heads)
+    if (H < 1 || s.dim[2] % H)
       diag_error(g->diag, v->loc, "attention: %" PRId64 " channels do not split into %" PRId64 " heads",
-                 s.dim[2], v->attr.heads);
+                 s.dim[2], H);
+    if (K < 1 || H % K)
+      diag_error(g->diag, v->loc, "attention: kv_heads %" PRId64 " does not divide heads %" PRId64, K, H);
+    Shape kv = s;
+    kv.dim[2] = s.dim[2] / H * K;
+    for (int i = 1; i < 3; i++) {
+      if (shape_eq(&v->in[i]->shape, &kv)) continue;
+      if (K == H)
+        diag_error(g->diag, v->loc, "%s of %s and %s: shapes differ", op_info[v->op].name, SHP(&s, b1),
+                   SHP(&v->in[i]->shape, b2));
+      diag_error(g->diag, v->loc, "attention of q %s with %" PRId64 " heads and %" PRId64 " kv_heads: %s must be %s, got %s",
+                 SHP(&s, b1), H, K, i == 1 ? "k" : "v", shape_str(&kv, (char[160]){0}, 160), SHP(&v->in[i]->shape, b2));
+    }
   }
+  if (v->op == OP_ROPE || v->op == OP_ROPE_GRAD) { /* pairs of channels within each head */
+    int64_t H = v->attr.heads;
+    if (s.rank != 3)
+      diag_error(g->diag, v->loc, "rope expects x of rank 3 [batch, time, channels], got %s", SHP(&s, b1));
+    if (H < 1 || s.dim[2] % H)
+      diag_error(g->diag, v->loc, "rope: %" PRId64 " channels do not split into %" PRId64 " heads", s.dim[2], H);
+    if ((s.dim[2] / H) % 2)
+      diag_error(g->diag, v->loc, "rope: the head dimension %" PRId64 " (%" PRId64 " channels / %" PRId64
+                 " heads) is odd; rotary embeddings turn pairs of channels", s.dim[2] / H, s.dim[2], H);
+    if (!(v->attr.base > 0) || !isfinite(v->attr.base))
+      diag_error(g->diag, v->loc, "rope: base must be a finite number above 0, got %g", v->attr.base);
+  }
+  if ((v->op == OP_SOFTMAX || v->op == OP_SOFTMAX_GRAD) && (v->attr.axis < 0 || v->attr.axis >= s.rank))
+    diag_error(g->diag, v->loc, "%s: axis %d is out of range for %s", op_info[v->op].name, v->attr.axis, SHP(&s, b1));
+  if ((v->op == OP_RMS_NORM || v->op == OP_RMS_NORM_GRAD) && s.rank < 1)
+    diag_error(g->diag, v->loc, "%s normalises the last axis: it needs a tensor of rank 1 or more, got a scalar",
+               op_info[v->op].name);
   v->shape = s;
   check_numel(g, v);
 }
@@ -832,7 +874,7 @@ void ir_infer_shape(Graph *g, Value *v) {
 int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
   int nv = g->n_values, buckets = 0, found = 0;
   bool any = false;
-  for (int i = 0; i < nv && !any; i++) any = g->values[i]->op == OP_ALLREDUCE;
+  for (int i = 0; i < nv && !any; i++) any = g->values[i]->op == OP_ALLREDUCE || g->values[i]->op == OP_REDUCE_SCATTER;
   if (!any) return 0;
   Arena *a = arena_new(1 << 12);
   int *upd = arena_alloc(a, ((size_t)nv + 1) * sizeof *upd), *in_bucket = arena_alloc(a, ((size_t)nv + 1) * sizeof *in_bucket);
@@ -846,8 +888,11 @@ int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
 #define BAD(v, ...) do { *bad = (v); snprintf(msg, n, __VA_ARGS__); found = 1; goto out; } while (0)
   for (int i = 0; i < nv; i++) {
     const Value *v = g->values[i];
-    if (v->op != OP_ALLREDUCE) continue;
+    if (v->op != OP_ALLREDUCE && v->op != OP_REDUCE_SCATTER) continue;
     if (g->replicas <= 1) BAD(v, "an all-reduce in a graph of one replica (there is no `replicas N` line)");
+    if ((v->op == OP_REDUCE_SCATTER) != (g->zero > 0))
+      BAD(v, "%s in a graph %s `zero 1` (--zero 1 makes every bucket a reduce_scatter)",
+          v->op == OP_REDUCE_SCATTER ? "a reduce_scatter" : "an allreduce", g->zero ? "with" : "without");
     if (v->attr.bucket != buckets) BAD(v, "bucket %d, expected %d (buckets are numbered in graph order)", v->attr.bucket, buckets);
     buckets++;
     int64_t bytes = 0;
@@ -856,6 +901,14 @@ int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
       if (!x || x->id < 0 || x->id >= nv || g->values[x->id] != x) continue; /* the SSA checks report it */
       bytes += (int64_t)dtype_size(x->dtype) * shape_numel(&x->shape);
       if (upd[x->id] < 0) BAD(v, "%%%d is not the gradient an optimizer update reads", x->id);
+      if (v->op == OP_REDUCE_SCATTER) { /* grouped by the replica that updates each */
+        const Value *u = g->values[upd[x->id]];
+        if (!u->attr.sharded || u->attr.shard < 0 || u->attr.shard >= g->replicas)
+          BAD(v, "the update of gradient %%%d has no shard of the %d replicas", x->id, g->replicas);
+        if (j > 0 && upd[v->in[j - 1]->id] >= 0 && g->values[upd[v->in[j - 1]->id]]->attr.shard > u->attr.shard)
+          BAD(v, "gradient %%%d (shard %d) comes after one of shard %d: a reduce_scatter's operands are grouped by "
+              "shard in order", x->id, u->attr.shard, g->values[upd[v->in[j - 1]->id]]->attr.shard);
+      }
       if (upd[x->id] < i)
         BAD(v, "bucket %d comes after the update of param %%%d, which reads its gradient %%%d", v->attr.bucket,
             g->values[upd[x->id]]->in[0]->id, x->id);
@@ -871,7 +924,25 @@ int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
     if ((v->op == OP_ADAMW || v->op == OP_SGD) && v->n_in > 1 && v->in[1] && v->in[1]->id >= 0 && v->in[1]->id < nv &&
         in_bucket[v->in[1]->id] < 0)
       BAD(v, "the gradient %%%d this update reads is in no all-reduce bucket", v->in[1]->id);
-    if (v->op == OP_ADAMW || v->op == OP_SGD || v->op == OP_ALLREDUCE) continue;
+    if (v->op == OP_ALL_GATHER) { /* params, each after its own (sharded) update */
+      if (!g->zero) BAD(v, "an all_gather in a graph without `zero 1`");
+      for (int j = 0; j < v->n_in; j++) {
+        const Value *x = v->in[j];
+        int at_upd = -1;
+        for (int k = 0; k < i && x; k++) {
+          const Value *u = g->values[k];
+          if ((u->op == OP_ADAMW || u->op == OP_SGD) && u->n_in > 0 && u->in[0] == x) at_upd = k;
+        }
+        if (!x || x->op != OP_PARAM || at_upd < 0)
+          BAD(v, "operand %d is not a param updated before this all_gather", j);
+      }
+    }
+    if ((v->op == OP_ADAMW || v->op == OP_SGD) && v->attr.sharded != (g->zero > 0))
+      BAD(v, "an update %s a shard in a graph %s `zero 1`", v->attr.sharded ? "with" : "without",
+          g->zero ? "with" : "without");
+    if (v->op == OP_ADAMW || v->op == OP_SGD || v->op == OP_ALLREDUCE || v->op == OP_REDUCE_SCATTER ||
+        v->op == OP_ALL_GATHER)
+      continue;
     for (int j = 0; j < v->n_in; j++) { /* the sum replaces a bucket's gradients in place */
       const Value *x = v->in[j];
       if (x && x->id >= 0 && x->id < nv && at[x->id] >= 0 && at[x->id] < i)
@@ -1148,7 +1219,20 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   case OP_ATTENTION:
   case OP_ATTENTION_GRAD:
   case OP_ATTENTION_DECODE:
-    fprintf(out, "[heads=%" PRId64 "%s]", v->attr.heads, v->attr.causal ? ",causal" : "");
+    fprintf(out, "[heads=%" PRId64, v->attr.heads);
+    if (ir_kv_heads(&v->attr) != v->attr.heads) fprintf(out, ",kv_heads=%" PRId64, v->attr.kv_heads);
+    fprintf(out, "%s]", v->attr.causal ? ",causal" : "");
+    break;
+  case OP_ROPE:
+  case OP_ROPE_GRAD:
+    if (v->attr.base == floor(v->attr.base) && fabs(v->attr.base) < 0x1p53) /* 10000, not 1e+04 */
+      fprintf(out, "[heads=%" PRId64 ",base=%.0f]", v->attr.heads, v->attr.base);
+    else
+      fprintf(out, "[heads=%" PRId64 ",base=%s]", v->attr.heads, NUM(v->attr.base));
+    break;
+  case OP_SOFTMAX:
+  case OP_SOFTMAX_GRAD:
+    fprintf(out, "[axis=%d]", v->attr.axis);
     break;
   case OP_SLICE:
   case OP_SLICE_GRAD:
@@ -1176,15 +1260,23 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
     fprintf(out, "[slot=%d]", v->attr.slot);
     break;
   case OP_ALLREDUCE:
+  case OP_REDUCE_SCATTER:
     fprintf(out, "[bucket=%d,bytes=%" PRId64 "]", v->attr.bucket, v->attr.bytes);
+    break;
+  case OP_ALL_GATHER:
+    fprintf(out, "[bucket=%d]", v->attr.bucket);
     break;
   case OP_NORM:
   case OP_NORM_GRAD:
+  case OP_RMS_NORM:
+  case OP_RMS_NORM_GRAD:
     fprintf(out, "[eps=%s]", NUM(v->attr.eps));
     break;
   case OP_ADAMW:
   case OP_SGD:
-    if (v->attr.no_decay) fputs("[no_decay]", out);
+    if (v->attr.no_decay && v->attr.sharded) fprintf(out, "[no_decay,shard=%d]", v->attr.shard);
+    else if (v->attr.sharded) fprintf(out, "[shard=%d]", v->attr.shard);
+    else if (v->attr.no_decay) fputs("[no_decay]", out);
     break;
   case OP_PRUNE_MASK:
     if (v->attr.axis >= 0) fprintf(out, "[out=%d]", v->attr.axis);
@@ -1220,6 +1312,7 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   fputs(" : ", out);
   print_type(v, out);
   if (v->role != ROLE_FORWARD) fprintf(out, "  @%s", role_names[v->role]);
+  if (v->block > 0) fprintf(out, "  @block(%d)", v->block);
   if (v->device >= 0) fprintf(out, "  @device(%d)", v->device);
   if (v->region != MEM_NONE) fprintf(out, "  @%s+%" PRId64, region_names[v->region], v->offset);
   fputc('\n', out);
@@ -1228,10 +1321,23 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
 /* The train section, with the key names of the .model language. */
 static void print_train(const TrainSpec *t, FILE *out) {
   fputs("train {\n", out);
-  if (t->data == DATA_FASHION_MNIST || t->data == DATA_TEXT) {
-    fprintf(out, "  data = %s(", t->data == DATA_TEXT ? "text" : "fashion_mnist");
+  if (t->data == DATA_FASHION_MNIST || t->data == DATA_TEXT || t->data == DATA_TOKENS) {
+    fprintf(out, "  data = %s(", t->data == DATA_TEXT ? "text" : t->data == DATA_TOKENS ? "tokens" : "fashion_mnist");
     print_string(t->data_path ? t->data_path : "", out);
-    if (t->data == DATA_TEXT) fprintf(out, ", block = %" PRId64, t->block);
+    if (t->data != DATA_FASHION_MNIST) fprintf(out, ", block = %" PRId64, t->block);
+    fputs(")\n", out);
+  } else if (t->data == DATA_NPY) {
+    fputs("  data = npy(", out);
+    print_string(t->data_path ? t->data_path : "", out);
+    fputs(", ", out);
+    print_string(t->data_y ? t->data_y : "", out);
+    if (t->val_fraction > 0) fprintf(out, ", val_fraction = %s", NUM(t->val_fraction));
+    if (t->val_x) {
+      fputs(", val_x = ", out);
+      print_string(t->val_x, out);
+      fputs(", val_y = ", out);
+      print_string(t->val_y ? t->val_y : "", out);
+    }
     fputs(")\n", out);
   }
   if (t->optimizer == OPTIM_SGD)
@@ -1248,6 +1354,7 @@ static void print_train(const TrainSpec *t, FILE *out) {
           t->eval ? "true" : "false");
   if (t->eval_every > 0) fprintf(out, "  eval_every = %" PRId64 "\n", t->eval_every);
   if (t->precision) fprintf(out, "  precision = \"%s\"\n", t->precision);
+  if (t->recompute) fprintf(out, "  recompute = \"%s\"\n", t->recompute);
   fprintf(out, "  eval_batches = %" PRId64 "\n", t->eval_batches);
   if (t->micro_batches > 1) fprintf(out, "  micro_batches = %" PRId64 "\n", t->micro_batches);
   fputs("}\n", out);
@@ -1281,6 +1388,7 @@ void ir_print(const Graph *g, FILE *out) {
   if (g->decode) fprintf(out, "decode context=%" PRId64 "\n", g->context);
   if (g->n_stages > 1) fprintf(out, "stages %d\n", g->n_stages);
   if (g->replicas > 1) fprintf(out, "replicas %d\n", g->replicas);
+  if (g->zero) fprintf(out, "zero %d\n", g->zero);
   print_train(&g->train, out);
   if (g->prune.mode != PRUNE_NONE) print_prune(&g->prune, out);
   bool planned = false;

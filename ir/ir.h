@@ -157,22 +157,31 @@ typedef enum ShapeRule {
 } ShapeRule;
 
 enum { OPF_EW = 1, OPF_SIDE = 2 };
-#define EW OPF_EW
-#define SIDE OPF_SIDE
 typedef enum OpKind {
-#define OP(id, name, n, rule, flags) OP_##id,
+#define OP(id, name, n, rule, flags, surface, prec, kop) OP_##id,
 #include "ops.def"
 #undef OP
   OP_COUNT
 } OpKind;
-#undef EW
-#undef SIDE
+
+/* An op's precision class in 16-bit programs (ops.def's prec column; the
+ * precision pass applies it). */
+typedef enum OpPrec {
+  PREC_KEEP,   /* left as it is: inputs, params, state, constants, casts */
+  PREC_LOW,    /* 16-bit operands, f32 accumulation, 16-bit result (GEMMs) */
+  PREC_FOLLOW, /* computes in f32, stores the widest dtype of its activation operands */
+  PREC_F32,    /* reads f32 operands and gives f32 (reductions, norms, softmax, losses) */
+  PREC_UPDATE, /* an optimizer update */
+  PREC_AFTER_UPDATE, /* after the optimizer updates, on f32 master weights (prune masks) */
+} OpPrec;
 
 typedef struct OpInfo {
   const char *name;
   int arity; /* -1: variadic */
   ShapeRule rule;
   int flags;
+  const char *surface; /* the .model built-in taking `arity` positional tensors; NULL: none */
+  OpPrec prec;
 } OpInfo;
 extern const OpInfo op_info[OP_COUNT];
 int op_from_name(const char *name); /* -1 when unknown */
@@ -212,14 +221,17 @@ typedef struct Attr {
   double init_a, init_b; /* PARAM: normal(std=a) or uniform(a, b) */
   bool trans_a, trans_b; /* MATMUL: use A^T / B^T (operands viewed as 2-D:
                           * leading axes merged into rows) */
-  int64_t heads;    /* ATTENTION, ATTENTION_GRAD: number of heads */
+  int64_t heads;    /* ATTENTION, ATTENTION_GRAD, ATTENTION_DECODE, ROPE, ROPE_GRAD: number of (query) heads */
+  int64_t kv_heads; /* ATTENTION, ATTENTION_GRAD, ATTENTION_DECODE: key/value heads, a divisor of
+                     * heads (grouped-query attention); 0: as many as heads */
+  double base;      /* ROPE, ROPE_GRAD: the rotary base (position p turns pair i by p base^(-2i/D)) */
   bool causal;      /* ATTENTION, ATTENTION_GRAD: mask future positions */
   int64_t index;    /* SLICE: index along axis 0 */
-  double eps;       /* NORM, NORM_GRAD: added to the variance */
+  double eps;       /* NORM, NORM_GRAD: added to the variance; RMS_NORM, RMS_NORM_GRAD: to the mean square */
   bool no_decay;    /* ADAMW, SGD: this param gets no weight decay */
   bool kv_cache;    /* STATE: a key/value cache of decoding (not checkpointed) */
   double p;         /* DROPOUT: probability of zeroing an element */
-  int axis;         /* SLICE, SLICE_GRAD, CONCAT: the axis (SLICE: index = start); PRUNE_MASK:
+  int axis;         /* SLICE, SLICE_GRAD, CONCAT, SOFTMAX, SOFTMAX_GRAD: the axis (SLICE: index = start); PRUNE_MASK:
                      * the weight's output-channel axis, 0 or its last (the other axes are its
                      * inputs, the GEMM's reduction dimension), -1 when it is no matmul or
                      * convolution weight */
@@ -231,7 +243,9 @@ typedef struct Attr {
   FusedProg *prog;  /* FUSED */
   int slot;         /* UNSCALE: index of its overflow flag (param order) */
   int bucket;       /* ALLREDUCE: the bucket's index (0, 1, ... in graph order) */
-  int64_t bytes;    /* ALLREDUCE: the bytes of its gradients */
+  int64_t bytes;    /* ALLREDUCE, REDUCE_SCATTER: the bytes of its gradients */
+  bool sharded;     /* ADAMW, SGD (--zero 1): only replica `shard` runs this update and keeps its state */
+  int shard;
 } Attr;
 
 typedef enum Role { ROLE_FORWARD, ROLE_BACKWARD, ROLE_OPTIMIZER, ROLE_EVAL } Role;
@@ -254,6 +268,10 @@ struct Value {
   Role role;
   int device;   /* -1 until a partition pass assigns one */
   Loc device_loc; /* the @device(N) hint that set device, for diagnostics (line 0: none) */
+  int block;    /* elaboration: the outermost block instance that computed this value (1, 2, ...
+                 * in call order; a `repeat` iteration is an instance), 0 at top level, for
+                 * params, inputs and state, and for values later passes add; a recomputed
+                 * copy keeps its original's (passes/recompute.c).  Printed `@block(N)` */
   bool requires_grad; /* set by autodiff */
   /* Filled by passes/: */
   int n_uses;   /* in the whole graph */
@@ -269,14 +287,17 @@ typedef enum OptimKind { OPTIM_ADAMW, OPTIM_SGD } OptimKind;
  * scale (Dettmers et al. 2021; runtime/duet_q8.h's DUET_Q8_BLOCK, which
  * codegen checks it equals). */
 #define IR_Q8_BLOCK 2048
-typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST, DATA_TEXT } DataKind;
+typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST, DATA_TEXT, DATA_NPY, DATA_TOKENS } DataKind;
 
 /* The `train { }` section, after defaults.  Sources of defaults: PyTorch's
  * torch.optim.AdamW (betas 0.9, 0.999, eps 1e-8, weight_decay 0.01) and
  * torch.optim.SGD (momentum 0, weight_decay 0). */
 typedef struct TrainSpec {
   DataKind data;
-  const char *data_path;
+  const char *data_path;  /* npy: the x file */
+  const char *data_y;     /* npy: the y file */
+  const char *val_x, *val_y; /* npy: validation files (NULL: none, or val_fraction) */
+  double val_fraction;    /* npy: the last fraction of the samples validates (0: none) */
   OptimKind optimizer;
   double lr, weight_decay, beta1, beta2, eps, momentum;
   int64_t batch;
@@ -290,6 +311,7 @@ typedef struct TrainSpec {
   bool decay_matrices_only; /* weight decay only on params of rank >= 2 */
   bool has_lr, has_weight_decay; /* set explicitly in the section */
   const char *precision; /* `precision = "fp16"` etc.; NULL: auto (the command line wins) */
+  const char *recompute; /* `recompute = "blocks"` etc.; NULL: none (the command line wins) */
   int64_t micro_batches; /* pipeline: the batch is split into this many micro-batches
                           * (`batch` is then one micro-batch; gradients accumulate) */
   bool state_int8;       /* AdamW `state = int8`: its moments in 8-bit block-wise quantized codes
@@ -376,6 +398,8 @@ typedef struct Graph {
                       * replica r computing micro-batches r*M .. r*M+M-1,
                       * M = micro_batches / replicas; printed `replicas N` */
   PruneSpec prune;   /* the `prune { }` section; after the prune pass, as applied */
+  int zero;          /* --zero 1: optimizer state sharded over the replicas (ZeRO
+                      * stage 1; needs replicas > 1); printed `zero 1` */
 } Graph;
 
 /* The operands of an adamw_update: 4 (param, grad, exp_avg, exp_avg_sq:
@@ -390,6 +414,13 @@ const char *ir_adamw_operands_error(Value *const *in, int n);
  * 1 / sum and sum(p * dp) for the CUDA key-row kernel (3 x batch x heads x
  * time); 0 for every other op. */
 int64_t ir_workspace_elems(const Value *v);
+
+/* At most this many values per graph (graph_add reports more as a user error). */
+#define GRAPH_MAX_VALUES (1 << 18)
+
+/* The key/value heads of an attention op: attr.kv_heads, or attr.heads when
+ * 0 (every query head has its own). */
+int64_t ir_kv_heads(const Attr *a);
 
 Graph *graph_new(Arena *a, Diag *d);
 /* Appends a value, infers its shape and dtype from the op table's rule
@@ -416,7 +447,11 @@ int ir_verify(const Graph *g, const char *after_pass, FILE *err);
  * update and after every other op that reads the gradient (the sum
  * replaces it in place); buckets numbered 0, 1, ... in graph order, `bytes`
  * the bytes of their gradients; and once there is a bucket, every such
- * gradient in one.
+ * gradient in one.  With `zero 1` (--zero 1) the buckets are
+ * `reduce_scatter` ops (an `allreduce` is then an error, and the reverse
+ * without it) whose operands are grouped by the shard of their update,
+ * every update has a shard of the replicas, and each `all_gather`'s
+ * operands are params updated before it.
  * Returns 0 (also for a graph without buckets), or 1 with the first
  * violation's value in *bad and a message ("%5 is not the gradient an
  * optimizer update reads") in msg.  ir_verify and ir_parse check it. */
@@ -467,7 +502,7 @@ Graph *ir_parse(Arena *a, Diag *d, const Source *src);
 void ir_print_dot(const Graph *g, FILE *out);
 /* The graph as one JSON object: model, pass, train settings, regions, the
  * loss/logits/labels ids and an array of values (id, op, inputs, dtype,
- * shape, attrs, role, device, region, offset).  Returns 0, or -1 when out of
+ * shape, attrs, role, block (when in one), device, region, offset).  Returns 0, or -1 when out of
  * memory. */
 int ir_print_json(const Graph *g, FILE *out);
 

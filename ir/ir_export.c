@@ -64,7 +64,15 @@ static void dot_attrs(const Value *v, Buf *out) {
     bput(out, "to %s", shape_str(&a->shape, b, sizeof b));
     break;
   case OP_ATTENTION: case OP_ATTENTION_GRAD: case OP_ATTENTION_DECODE:
-    bput(out, "heads=%" PRId64 "%s", a->heads, a->causal ? " causal" : "");
+    bput(out, "heads=%" PRId64, a->heads);
+    if (ir_kv_heads(a) != a->heads) bput(out, " kv_heads=%" PRId64, a->kv_heads);
+    bput(out, "%s", a->causal ? " causal" : "");
+    break;
+  case OP_ROPE: case OP_ROPE_GRAD:
+    bput(out, "heads=%" PRId64 " base=%s", a->heads, NUM(a->base));
+    break;
+  case OP_SOFTMAX: case OP_SOFTMAX_GRAD:
+    bput(out, "axis=%d", a->axis);
     break;
   case OP_SLICE: case OP_SLICE_GRAD:
     bput(out, "axis=%d start=%" PRId64 "%s", a->axis, a->index, a->squeeze ? " squeeze" : "");
@@ -84,11 +92,12 @@ static void dot_attrs(const Value *v, Buf *out) {
   case OP_DROPOUT:
     bput(out, "p=%s", NUM(a->p));
     break;
-  case OP_NORM: case OP_NORM_GRAD:
+  case OP_NORM: case OP_NORM_GRAD: case OP_RMS_NORM: case OP_RMS_NORM_GRAD:
     bput(out, "eps=%s", NUM(a->eps));
     break;
   case OP_ADAMW: case OP_SGD:
     if (a->no_decay) bput(out, "no decay");
+    if (a->sharded) bput(out, "%sshard %d", a->no_decay ? ", " : "", a->shard);
     break;
   case OP_CAST:
     bput(out, "to %s", dtype_name(v->dtype));
@@ -97,7 +106,11 @@ static void dot_attrs(const Value *v, Buf *out) {
     bput(out, "flag %d", a->slot);
     break;
   case OP_ALLREDUCE:
+  case OP_REDUCE_SCATTER:
     bput(out, "bucket %d, %" PRId64 " bytes", a->bucket, a->bytes);
+    break;
+  case OP_ALL_GATHER:
+    bput(out, "bucket %d", a->bucket);
     break;
   case OP_PRUNE_MASK:
     if (a->axis >= 0) bput(out, "out axis %d", a->axis);
@@ -142,7 +155,9 @@ static void dot_node(const Graph *g, const Value *v, FILE *out, const char *inde
   case OP_PARAM: fputs(", shape=ellipse, fillcolor=\"#cfe2ff\"", out); break;
   case OP_STATE: fprintf(out, ", shape=ellipse, fillcolor=\"%s\"", v->attr.kv_cache ? "#e2d9f3" : "#ffe5b4"); break;
   case OP_CONST: fputs(", shape=plain", out); break;
-  case OP_ALLREDUCE: fputs(", shape=box3d, fillcolor=\"#cff4fc\"", out); break;
+  case OP_ALLREDUCE: case OP_REDUCE_SCATTER: case OP_ALL_GATHER:
+    fputs(", shape=box3d, fillcolor=\"#cff4fc\"", out);
+    break;
   default:
     fprintf(out, ", fillcolor=\"%s\"", role_fill[(unsigned)v->role < 4 ? v->role : 0]);
     if (op_info[v->op].flags & OPF_SIDE) fputs(", shape=box3d", out);
@@ -159,6 +174,7 @@ void ir_print_dot(const Graph *g, FILE *out) {
   dot_text(g->model_name ? g->model_name : "?", out);
   if (g->after_pass) fprintf(out, " after %s", g->after_pass);
   if (g->replicas > 1) fprintf(out, ", %d replicas", g->replicas);
+  if (g->zero) fprintf(out, ", ZeRO stage %d", g->zero);
   fputs("\"", out);
   /* large graphs: bounded crossing minimisation and network simplex keep dot
    * to seconds (gpt_kjv: minutes otherwise) */
@@ -260,7 +276,15 @@ static void json_attrs(J *j, cJSON *o, const Value *v) {
     break;
   case OP_ATTENTION: case OP_ATTENTION_GRAD: case OP_ATTENTION_DECODE:
     jint(j, o, "heads", a->heads);
+    jint(j, o, "kv_heads", ir_kv_heads(a));
     jbool(j, o, "causal", a->causal);
+    break;
+  case OP_ROPE: case OP_ROPE_GRAD:
+    jint(j, o, "heads", a->heads);
+    jnum(j, o, "base", a->base);
+    break;
+  case OP_SOFTMAX: case OP_SOFTMAX_GRAD:
+    jnum(j, o, "axis", a->axis);
     break;
   case OP_SLICE: case OP_SLICE_GRAD:
     jnum(j, o, "axis", a->axis);
@@ -288,18 +312,23 @@ static void json_attrs(J *j, cJSON *o, const Value *v) {
     jnum(j, o, "p", a->p);
     jint(j, o, "site", a->site);
     break;
-  case OP_NORM: case OP_NORM_GRAD:
+  case OP_NORM: case OP_NORM_GRAD: case OP_RMS_NORM: case OP_RMS_NORM_GRAD:
     jnum(j, o, "eps", a->eps);
     break;
   case OP_ADAMW: case OP_SGD:
     jbool(j, o, "no_decay", a->no_decay);
+    if (a->sharded) jnum(j, o, "shard", a->shard);
     break;
   case OP_UNSCALE:
     jnum(j, o, "slot", a->slot);
     break;
   case OP_ALLREDUCE:
+  case OP_REDUCE_SCATTER:
     jnum(j, o, "bucket", a->bucket);
     jint(j, o, "bytes", a->bytes);
+    break;
+  case OP_ALL_GATHER:
+    jnum(j, o, "bucket", a->bucket);
     break;
   case OP_PRUNE_MASK:
     if (a->axis >= 0) jnum(j, o, "out_axis", a->axis);
@@ -335,10 +364,17 @@ static void json_attrs(J *j, cJSON *o, const Value *v) {
 }
 
 static void json_train(J *j, cJSON *o, const TrainSpec *t) {
-  if (t->data == DATA_FASHION_MNIST || t->data == DATA_TEXT) {
-    jstr(j, o, "data", t->data == DATA_TEXT ? "text" : "fashion_mnist");
+  if (t->data == DATA_FASHION_MNIST || t->data == DATA_TEXT || t->data == DATA_TOKENS) {
+    jstr(j, o, "data", t->data == DATA_TEXT ? "text" : t->data == DATA_TOKENS ? "tokens" : "fashion_mnist");
     jstr(j, o, "data_path", t->data_path ? t->data_path : "");
-    if (t->data == DATA_TEXT) jint(j, o, "block", t->block);
+    if (t->data != DATA_FASHION_MNIST) jint(j, o, "block", t->block);
+  } else if (t->data == DATA_NPY) {
+    jstr(j, o, "data", "npy");
+    jstr(j, o, "data_path", t->data_path ? t->data_path : "");
+    jstr(j, o, "data_y", t->data_y ? t->data_y : "");
+    if (t->val_fraction > 0) jnum(j, o, "val_fraction", t->val_fraction);
+    if (t->val_x) jstr(j, o, "val_x", t->val_x);
+    if (t->val_y) jstr(j, o, "val_y", t->val_y);
   } else {
     jnull(j, o, "data");
   }
@@ -369,6 +405,7 @@ static void json_train(J *j, cJSON *o, const TrainSpec *t) {
   jint(j, o, "eval_every", t->eval_every);
   jint(j, o, "eval_batches", t->eval_batches);
   if (t->precision) jstr(j, o, "precision", t->precision);
+  if (t->recompute) jstr(j, o, "recompute", t->recompute);
 }
 
 static bool in_graph(const Graph *g, const Value *v) {
@@ -391,6 +428,7 @@ int ir_print_json(const Graph *g, FILE *out) {
   jbool(&j, root, "decode", g->decode);
   jnum(&j, root, "stages", g->n_stages > 1 ? g->n_stages : 1);
   jnum(&j, root, "replicas", g->replicas > 1 ? g->replicas : 1);
+  if (g->zero) jnum(&j, root, "zero", g->zero);
   if (g->decode) jint(&j, root, "context", g->context);
   cJSON *train = jchk(&j, cJSON_AddObjectToObject(root, "train"));
   if (train) json_train(&j, train, &g->train);
@@ -432,6 +470,7 @@ int ir_print_json(const Graph *g, FILE *out) {
     cJSON *attrs = jchk(&j, cJSON_AddObjectToObject(o, "attrs"));
     if (attrs) json_attrs(&j, attrs, v);
     jstr(&j, o, "role", role_name(v->role));
+    if (v->block > 0) jnum(&j, o, "block", v->block);
     if (v->device >= 0) jnum(&j, o, "device", v->device);
     else jnull(&j, o, "device");
     if (v->region != MEM_NONE) {

@@ -9,7 +9,7 @@
  *   line    -> [`%`ID `=`] OP [ATTRS] [`%`ID (`,` `%`ID)*] `:` TYPE ANNOT*
  *            | `loss` `%`ID | `logits` `%`ID | `labels` `%`ID | `grad` `%`P `%`G
  *   TYPE    -> `void` | DTYPE `[` [N (`,` N)*] `]`
- *   ANNOT   -> `@`ROLE | `@device(`N`)` | `@`REGION`+`OFFSET
+ *   ANNOT   -> `@`ROLE | `@block(`N`)` | `@device(`N`)` | `@`REGION`+`OFFSET
  *
  * A hand-written line parser over the source text (the format is one
  * construct a line, so no token stream is needed).  Every value goes through
@@ -43,7 +43,7 @@ typedef struct Parser {
   int line;
   IdSlot *slots; /* %id -> value, open addressing */
   size_t cap;
-  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line;
+  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line, zero_line;
   uint64_t device_regions[IR_MAX_STAGES / 64 + 1]; /* `regions device N` lines seen */
   int loss_line, logits_line, labels_line;
   bool in_train; /* inside the lines of `train { ... }` */
@@ -582,11 +582,32 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
   case OP_ATTENTION:
   case OP_ATTENTION_GRAD:
   case OP_ATTENTION_DECODE: {
-    static const AKey keys[] = {{"heads", AK_INT, true}, {"causal", AK_FLAG, false}};
+    static const AKey keys[] = {{"heads", AK_INT, true}, {"kv_heads", AK_INT, false}, {"causal", AK_FLAG, false}};
+    attr_list(P, name, keys, 3, &v);
+    if (v.i[0][0] < 1) FAIL(start, "%s: heads must be at least 1, got %" PRId64, name, v.i[0][0]);
+    if (v.set[1] && (v.i[1][0] < 1 || v.i[0][0] % v.i[1][0]))
+      FAIL(start, "%s: kv_heads %" PRId64 " does not divide heads %" PRId64, name, v.i[1][0], v.i[0][0]);
+    at->heads = v.i[0][0];
+    at->kv_heads = v.set[1] && v.i[1][0] != v.i[0][0] ? v.i[1][0] : 0; /* as many as heads: 0 */
+    at->causal = v.set[2];
+    break;
+  }
+  case OP_ROPE:
+  case OP_ROPE_GRAD: {
+    static const AKey keys[] = {{"heads", AK_INT, true}, {"base", AK_NUM, true}};
     attr_list(P, name, keys, 2, &v);
     if (v.i[0][0] < 1) FAIL(start, "%s: heads must be at least 1, got %" PRId64, name, v.i[0][0]);
+    if (!(v.x[1] > 0) || !isfinite(v.x[1])) FAIL(start, "%s: base must be a finite number above 0", name);
     at->heads = v.i[0][0];
-    at->causal = v.set[1];
+    at->base = v.x[1];
+    break;
+  }
+  case OP_SOFTMAX:
+  case OP_SOFTMAX_GRAD: {
+    static const AKey keys[] = {{"axis", AK_INT, true}};
+    attr_list(P, name, keys, 1, &v);
+    if (v.i[0][0] < 0 || v.i[0][0] >= IR_MAX_RANK) FAIL(start, "%s: axis %" PRId64 " is out of range", name, v.i[0][0]);
+    at->axis = (int)v.i[0][0];
     break;
   }
   case OP_SLICE:
@@ -629,7 +650,9 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
     dropout_attrs(P, name, &at->p, &at->site);
     break;
   case OP_NORM:
-  case OP_NORM_GRAD: {
+  case OP_NORM_GRAD:
+  case OP_RMS_NORM:
+  case OP_RMS_NORM_GRAD: {
     static const AKey keys[] = {{"eps", AK_NUM, true}};
     attr_list(P, name, keys, 1, &v);
     if (!(v.x[0] >= 0) || !isfinite(v.x[0])) FAIL(start, "%s: eps must be a finite number >= 0", name);
@@ -639,14 +662,26 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
   case OP_ADAMW:
   case OP_SGD:
     if (peek(P, '[')) {
-      static const AKey keys[] = {{"no_decay", AK_FLAG, false}};
-      attr_list(P, name, keys, 1, &v);
+      static const AKey keys[] = {{"no_decay", AK_FLAG, false}, {"shard", AK_INT, false}};
+      attr_list(P, name, keys, 2, &v);
       at->no_decay = v.set[0];
+      if (v.set[1] && (v.i[1][0] < 0 || v.i[1][0] >= IR_MAX_REPLICAS))
+        FAIL(start, "%s: shard must be in [0, %d), got %" PRId64, name, IR_MAX_REPLICAS, v.i[1][0]);
+      at->sharded = v.set[1];
+      at->shard = (int)v.i[1][0];
     }
     break;
   case OP_FUSED:
     at->prog = fused_prog(P, loads, n_loads);
     break;
+  case OP_ALL_GATHER: {
+    static const AKey keys[] = {{"bucket", AK_INT, true}};
+    attr_list(P, name, keys, 1, &v);
+    if (v.i[0][0] < 0 || v.i[0][0] > INT32_MAX) FAIL(start, "all_gather: bucket must be in [0, 2^31), got %" PRId64, v.i[0][0]);
+    at->bucket = (int)v.i[0][0];
+    break;
+  }
+  case OP_REDUCE_SCATTER:
   case OP_ALLREDUCE: {
     static const AKey keys[] = {{"bucket", AK_INT, true}, {"bytes", AK_INT, true}};
     attr_list(P, name, keys, 2, &v);
@@ -781,23 +816,32 @@ static void check_value(Parser *P, const char *at, OpKind op, Value **in, int n,
     break;
   }
   case OP_ATTENTION_GRAD: {
-    Shape want = {.rank = x->rank + 1, .dim = {3}};
-    for (int d = 0; d < x->rank && d + 1 < IR_MAX_RANK; d++) want.dim[d + 1] = x->dim[d];
+    /* dy, q [B,T,C], k, v [B,T,C K/H]; the result packs dq, dk, dv:
+     * [3,B,T,C] (K = H), or [B,T,C + 2 C K/H] along the channels (K < H) */
+    int64_t H = a->heads, K = ir_kv_heads(a);
+    bool heads_ok = H >= 1 && K >= 1 && H % K == 0 && x->rank == 3 && x->dim[2] % H == 0;
+    Shape kv = *x, want = {.rank = x->rank + 1, .dim = {3}};
+    if (heads_ok) kv.dim[2] = x->dim[2] / H * K;
+    if (K == H)
+      for (int d = 0; d < x->rank && d + 1 < IR_MAX_RANK; d++) want.dim[d + 1] = x->dim[d];
+    else if (heads_ok)
+      want = *x, want.dim[2] = x->dim[2] + 2 * kv.dim[2];
     for (int j = 1; j < 4; j++)
-      if (!shape_eq(&in[j]->shape, x) || in[j]->dtype != in[0]->dtype)
+      if (!shape_eq(&in[j]->shape, j == 1 ? x : &kv) || in[j]->dtype != in[0]->dtype)
         FAIL(at, "attention_grad: operand %d is %s%s, expected %s%s", j + 1, dtype_name(in[j]->dtype),
-             SHP(&in[j]->shape), dtype_name(in[0]->dtype), SHP(x));
-    if (x->rank != 3 || !shape_eq(&want, s) || dt != in[0]->dtype || !dtype_is_float(dt) ||
-        a->heads < 1 || x->dim[2] % a->heads)
-      FAIL(at, "attention_grad of %s with %" PRId64 " heads gives %s%s (packed dq, dk, dv)", SHP(x), a->heads,
-           dtype_name(in[0]->dtype), SHP(&want));
+             SHP(&in[j]->shape), dtype_name(in[0]->dtype), SHP(j == 1 ? x : &kv));
+    if (!heads_ok || !shape_eq(&want, s) || dt != in[0]->dtype || !dtype_is_float(dt))
+      FAIL(at, "attention_grad of %s with %" PRId64 " heads%s gives %s%s (packed dq, dk, dv%s)", SHP(x), a->heads,
+           K == H ? "" : arena_printf(P->a, " and %" PRId64 " kv_heads", K), dtype_name(in[0]->dtype), SHP(&want),
+           K == H ? "" : " along the channels");
     break;
   }
   case OP_ATTENTION_DECODE:
     for (int j = 3; j < 5; j++) {
-      const Shape *c = &in[j]->shape;
-      if (x->rank != 3 || c->rank != 3 || c->dim[0] != x->dim[0] || c->dim[2] != x->dim[2] || in[j]->dtype != in[0]->dtype)
-        FAIL(at, "attention_decode: cache %s does not fit q %s ([batch, context, channels])", SHP(c), SHP(x));
+      const Shape *c = &in[j]->shape, *k = &in[1]->shape; /* the caches hold keys and values */
+      if (x->rank != 3 || k->rank != 3 || c->rank != 3 || c->dim[0] != x->dim[0] || c->dim[2] != k->dim[2] ||
+          in[j]->dtype != in[0]->dtype)
+        FAIL(at, "attention_decode: cache %s does not fit k %s ([batch, context, channels])", SHP(c), SHP(k));
     }
     break;
   case OP_PRUNE_MASK: {
@@ -910,7 +954,7 @@ static void value_line(Parser *P, bool has_result) {
 
   /* annotations */
   Role role = ROLE_FORWARD;
-  int device = -1;
+  int device = -1, block = 0;
   Loc device_loc = {0};
   MemRegion region = MEM_NONE;
   int64_t offset = 0;
@@ -927,6 +971,11 @@ static void value_line(Parser *P, bool has_result) {
       if (seen_role) FAIL(an, "a second role");
       seen_role = true;
       role = (Role)r;
+    } else if (aw && !strcmp(aw, "block")) {
+      if (block > 0) FAIL(an, "a second block");
+      expect(P, '(', "'(' after @block");
+      block = (int)integer(P, 1, INT32_MAX, "a block instance number");
+      expect(P, ')', "')'");
     } else if (aw && !strcmp(aw, "device")) {
       if (device >= 0) FAIL(an, "a second device");
       expect(P, '(', "'(' after @device");
@@ -940,9 +989,10 @@ static void value_line(Parser *P, bool has_result) {
       offset = integer(P, 0, INT64_MAX, "a byte offset");
     } else if (aw) {
       static const char *const names[] = {"@forward", "@backward", "@optimizer", "@eval", "@device", "@param",
-                                          "@state", "@arena", "@cache"};
-      FAIL(an, "unknown annotation `@%s`%s; annotations are a role (@backward, @optimizer, @eval), @device(N) and a "
-               "region (@param+N, @state+N, @arena+N, @cache+N)", aw, hint(P, arena_printf(P->a, "@%s", aw), names, 9));
+                                          "@state", "@arena", "@cache", "@block"};
+      FAIL(an, "unknown annotation `@%s`%s; annotations are a role (@backward, @optimizer, @eval), @block(N), "
+               "@device(N) and a region (@param+N, @state+N, @arena+N, @cache+N)", aw,
+           hint(P, arena_printf(P->a, "@%s", aw), names, 10));
     } else {
       FAIL(P->p, "expected a role, device or region after '@', found %s", found(P));
     }
@@ -983,6 +1033,7 @@ static void value_line(Parser *P, bool has_result) {
   v->role = role;
   v->device = device;
   v->device_loc = device_loc;
+  v->block = block;
   v->region = region;
   v->offset = region == MEM_NONE ? 0 : offset;
   if (has_result) {
@@ -995,7 +1046,7 @@ static void value_line(Parser *P, bool has_result) {
 
 static const char *const train_key_names[] = {"data", "optimizer", "batch", "epochs", "steps", "seed",
                                               "log_every", "eval", "eval_every", "eval_batches", "precision",
-                                              "micro_batches"};
+                                              "micro_batches", "recompute"};
 enum { N_TRAIN_KEYS = sizeof train_key_names / sizeof *train_key_names };
 
 /* adamw(lr = X, ...) or sgd(...) */
@@ -1067,7 +1118,7 @@ static void train_line(Parser *P) {
   while (i < N_TRAIN_KEYS && strcmp(train_key_names[i], k)) i++;
   if (i == N_TRAIN_KEYS)
     FAIL(ka, "unknown train key `%s`%s (keys: data, optimizer, batch, epochs, steps, seed, log_every, eval, "
-             "eval_every, eval_batches, precision, micro_batches)", k, hint(P, k, train_key_names, N_TRAIN_KEYS));
+             "eval_every, eval_batches, precision, micro_batches, recompute)", k, hint(P, k, train_key_names, N_TRAIN_KEYS));
   if (P->train_keys & (1u << i)) FAIL(ka, "train key `%s` is set twice", k);
   P->train_keys |= 1u << i;
   expect(P, '=', arena_printf(P->a, "'=' after `%s`", k));
@@ -1075,12 +1126,36 @@ static void train_line(Parser *P) {
   const char *va = P->p;
   switch (i) {
   case 0: { /* data */
-    const char *src = want_word(P, "fashion_mnist(\"DIR\") or text(\"FILE\", block = T)");
-    bool text = !strcmp(src, "text");
+    const char *src = want_word(P, "fashion_mnist(\"DIR\"), text(\"FILE\", block = T) or npy(\"X\", \"Y\")");
+    bool tokens = !strcmp(src, "tokens"), text = tokens || !strcmp(src, "text");
+    if (!strcmp(src, "npy")) { /* npy("X", "Y"[, val_fraction = F][, val_x = "VX", val_y = "VY"]) */
+      expect(P, '(', "'(' and the x path");
+      t->data = DATA_NPY;
+      t->data_path = string(P, "the x path");
+      expect(P, ',', "',' and the y path");
+      t->data_y = string(P, "the y path");
+      while (accept(P, ',')) {
+        ws(P);
+        const char *ka2 = P->p;
+        const char *w = want_word(P, "val_fraction, val_x or val_y");
+        expect(P, '=', "'='");
+        if (!strcmp(w, "val_fraction")) {
+          t->val_fraction = number(P, "val_fraction");
+          if (!(t->val_fraction > 0 && t->val_fraction < 1))
+            FAIL(ka2, "val_fraction must be between 0 and 1 (exclusive)");
+        } else if (!strcmp(w, "val_x")) t->val_x = string(P, "the val_x path");
+        else if (!strcmp(w, "val_y")) t->val_y = string(P, "the val_y path");
+        else FAIL(ka2, "npy has no argument `%s` (val_fraction, val_x, val_y)", w);
+      }
+      if (!t->val_x != !t->val_y || (t->val_x && t->val_fraction > 0))
+        FAIL(va, "npy takes val_fraction, or val_x and val_y together");
+      expect(P, ')', "')'");
+      break;
+    }
     if (!text && strcmp(src, "fashion_mnist"))
-      FAIL(va, "unknown data source `%s`; expected fashion_mnist(\"DIR\") or text(\"FILE\", block = T)", src);
+      FAIL(va, "unknown data source `%s`; expected fashion_mnist(\"DIR\"), text(\"FILE\", block = T) or npy(\"X\", \"Y\")", src);
     expect(P, '(', "'(' and the path");
-    t->data = text ? DATA_TEXT : DATA_FASHION_MNIST;
+    t->data = tokens ? DATA_TOKENS : text ? DATA_TEXT : DATA_FASHION_MNIST;
     t->data_path = string(P, "the path");
     if (text) {
       expect(P, ',', "',' and block = T");
@@ -1116,6 +1191,13 @@ static void train_line(Parser *P) {
     break;
   }
   case 11: t->micro_batches = integer(P, 1, INT32_MAX, "micro_batches"); break;
+  case 12: {
+    const char *s = string(P, "\"none\", \"blocks\" or \"auto\"");
+    if (strcmp(s, "none") && strcmp(s, "blocks") && strcmp(s, "auto"))
+      FAIL(va, "recompute must be \"none\", \"blocks\" or \"auto\"");
+    t->recompute = s;
+    break;
+  }
   }
   want_eol(P, arena_printf(P->a, "the value of `%s`", k));
 }
@@ -1260,6 +1342,10 @@ static void parse_line(Parser *P) {
     once(P, at, &P->replicas_line, "replicas");
     g->replicas = (int)integer(P, 2, IR_MAX_REPLICAS, "the number of replicas");
     want_eol(P, "the number of replicas");
+  } else if (!strcmp(w, "zero")) {
+    once(P, at, &P->zero_line, "zero");
+    g->zero = (int)integer(P, 1, 1, "the ZeRO stage (1)");
+    want_eol(P, "the ZeRO stage");
   } else if (!strcmp(w, "regions")) {
     int64_t *bytes = g->region_bytes;
     ws(P);
@@ -1326,8 +1412,8 @@ static void parse_line(Parser *P) {
     int op = op_from_name(w);
     if (op < 0) {
       static const char *const kw[] = {"model", "after", "float_dtype", "decode", "train", "regions", "loss", "logits",
-                                       "labels", "grad", "stages", "replicas", "prune"};
-      const char *h = hint(P, w, kw, 13);
+                                       "labels", "grad", "stages", "replicas", "prune", "zero"};
+      const char *h = hint(P, w, kw, 14);
       FAIL(at, "unknown op `%s`%s", w, *h ? h : op_hint(P, w));
     }
     if (!(op_info[op].flags & OPF_SIDE)) FAIL(at, "%s has a result: the line must start with `%%N =`", w);
@@ -1417,7 +1503,7 @@ static void check_devices(Parser *P) {
 static void check_inputs(Parser *P) {
   Graph *g = P->g;
   const TrainSpec *t = &g->train;
-  if (g->decode || (t->data != DATA_TEXT && t->data != DATA_FASHION_MNIST)) return;
+  if (g->decode || (t->data != DATA_TEXT && t->data != DATA_TOKENS && t->data != DATA_FASHION_MNIST)) return;
   Value *in[2] = {NULL, NULL};
   int n = 0;
   for (int i = 0; i < g->n_values; i++)
@@ -1426,7 +1512,7 @@ static void check_inputs(Parser *P) {
       n++;
     }
   Loc where = n ? in[0]->loc : (Loc){P->src, P->train_line, 1};
-  if (t->data == DATA_TEXT) {
+  if (t->data == DATA_TEXT || t->data == DATA_TOKENS) {
     if (n != 2) fail_loc(P, where, "text feeds two inputs (tokens and next tokens, i32[batch,block]); the graph has %d", n);
     for (int i = 0; i < 2; i++) {
       Value *x = in[i];
@@ -1507,6 +1593,9 @@ static void parse_all(Parser *P) {
   if (P->g->replicas > 1 && P->g->train.micro_batches % P->g->replicas)
     fail_loc(P, (Loc){src, P->replicas_line, 1}, "%d replicas do not share %" PRId64 " micro-batches equally (the train "
              "section's micro_batches counts every replica's)", P->g->replicas, P->g->train.micro_batches);
+  if (P->g->zero && P->g->replicas < 2)
+    fail_loc(P, (Loc){src, P->zero_line, 1}, "`zero 1` shards the optimizer state over the replicas: it needs a "
+             "`replicas N` line (N >= 2)");
   check_devices(P);
   const Value *ab;
   char abuf[256];

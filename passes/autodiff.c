@@ -202,6 +202,43 @@ void pass_autodiff(Graph *g, PassCtx *cx) {
     case OP_GELU:
       accumulate(g, grad, a, mk(g, OP_GELU_GRAD, dv, a, NULL, l));
       break;
+    case OP_EXP: /* exp' = exp: the output */
+      accumulate(g, grad, a, mk(g, OP_MUL, dv, v, NULL, l));
+      break;
+    case OP_LOG: /* 1 / x */
+      accumulate(g, grad, a, mk(g, OP_DIV, dv, a, NULL, l));
+      break;
+    case OP_TANH: /* 1 - y^2, from the output */
+      accumulate(g, grad, a, mk(g, OP_TANH_GRAD, dv, v, NULL, l));
+      break;
+    case OP_SIGMOID: /* y (1 - y), from the output */
+      accumulate(g, grad, a, mk(g, OP_SIGMOID_GRAD, dv, v, NULL, l));
+      break;
+    case OP_SILU: /* s (1 + x (1 - s)), s = sigmoid(x), from the input */
+      accumulate(g, grad, a, mk(g, OP_SILU_GRAD, dv, a, NULL, l));
+      break;
+    case OP_SOFTMAX: { /* y (dy - sum(dy y)) along the axis, from the output */
+      Attr at = {.axis = v->attr.axis};
+      accumulate(g, grad, a, mk(g, OP_SOFTMAX_GRAD, dv, v, &at, l));
+      break;
+    }
+    case OP_RMS_NORM: {
+      Attr at = {.eps = v->attr.eps};
+      accumulate(g, grad, a, mk(g, OP_RMS_NORM_GRAD, dv, a, &at, l));
+      break;
+    }
+    case OP_ROPE: { /* a rotation: its gradient is the inverse rotation of dy */
+      Attr at = {.heads = v->attr.heads, .base = v->attr.base};
+      accumulate(g, grad, a, mk(g, OP_ROPE_GRAD, dv, NULL, &at, l));
+      break;
+    }
+    case OP_MSE_LOSS: { /* d pred = 2 (pred - target) / n * dloss; d target = -d pred */
+      Value *s = mk(g, OP_MUL, dv, mk_const(g, 2.0 / (double)shape_numel(&a->shape), l), NULL, l);
+      Value *dp = mk(g, OP_MUL, mk(g, OP_SUB, a, b, NULL, l), s, NULL, l);
+      if (a->requires_grad) accumulate(g, grad, a, dp);
+      if (b->requires_grad) accumulate(g, grad, b, mk(g, OP_NEG, dp, NULL, NULL, l));
+      break;
+    }
     case OP_TRANSPOSE:
       accumulate(g, grad, a, mk(g, OP_TRANSPOSE, dv, NULL, NULL, l));
       break;
@@ -216,17 +253,27 @@ void pass_autodiff(Graph *g, PassCtx *cx) {
       break;
     }
     case OP_ATTENTION: {
-      /* one kernel computes dq, dk, dv (packed [3, ...]); slices unpack */
-      Attr at = {.heads = v->attr.heads, .causal = v->attr.causal, .dtype = v->dtype};
-      at.shape.rank = v->shape.rank + 1;
-      at.shape.dim[0] = 3;
-      for (int d = 0; d < v->shape.rank; d++) at.shape.dim[d + 1] = v->shape.dim[d];
+      /* one kernel computes dq, dk, dv, packed [3, B, T, C]; with fewer
+       * key/value heads (dk, dv [B, T, Ckv]) along the channels, [B, T,
+       * C + 2 Ckv]; slices unpack */
+      Attr at = {.heads = v->attr.heads, .kv_heads = v->attr.kv_heads, .causal = v->attr.causal, .dtype = v->dtype};
+      bool gqa = ir_kv_heads(&v->attr) != v->attr.heads;
+      int64_t C = v->shape.dim[2], Ckv = v->in[1]->shape.dim[2];
+      if (gqa) {
+        at.shape = v->shape;
+        at.shape.dim[2] = C + 2 * Ckv;
+      } else {
+        at.shape.rank = v->shape.rank + 1;
+        at.shape.dim[0] = 3;
+        for (int d = 0; d < v->shape.rank; d++) at.shape.dim[d + 1] = v->shape.dim[d];
+      }
       Value *in[4] = {dv, v->in[0], v->in[1], v->in[2]};
       Value *pk = graph_add(g, OP_ATTENTION_GRAD, in, 4, &at, l);
       pk->role = ROLE_BACKWARD;
       for (int j = 0; j < 3; j++) {
         if (!v->in[j]->requires_grad) continue;
-        Attr sl = {.index = j, .axis = 0, .squeeze = true, .shape = v->shape, .dtype = v->dtype};
+        Attr sl = {.index = j, .axis = 0, .squeeze = true, .shape = v->in[j]->shape, .dtype = v->dtype};
+        if (gqa) sl = (Attr){.index = j ? C + (j - 1) * Ckv : 0, .axis = 2, .shape = v->in[j]->shape, .dtype = v->dtype};
         accumulate(g, grad, v->in[j], mk(g, OP_SLICE, pk, NULL, &sl, l));
       }
       break;

@@ -16,7 +16,24 @@
  * produces its last gradient (or reads one, but for the updates: the sum
  * replaces the gradients in place), so that the bucket's communication can start
  * while the rest of the backward pass runs.  A gradient larger than the cap
- * is a bucket of its own.  With R = 1 the pass changes nothing. */
+ * is a bucket of its own.  With R = 1 the pass changes nothing.
+ *
+ * ZeRO stage 1 (--zero 1, g->zero; Rajbhandari et al., "ZeRO: Memory
+ * Optimizations Toward Training Trillion Parameter Models", SC 2020): the
+ * optimizer state is sharded over the replicas by whole tensors.  Each
+ * update (adamw_update, sgd_update) gets a shard, the replica that alone
+ * runs it and keeps its state (`[shard=r]`): per device, the updates in
+ * decreasing order of their param's size, each to the replica with the
+ * fewest state bytes so far (the lowest-numbered on a tie; Graham's
+ * longest-processing-time rule: no replica holds more than 1/R of the
+ * state plus the largest tensor's).  Whole tensors, not slices of a
+ * flattened bucket, so that every update stays the one compiled kernel
+ * over its whole tensor and checkpoints keep their tensors.  Each bucket
+ * then becomes a `reduce_scatter` (its gradients grouped by shard, shard 0
+ * first: replica r receives the sums of its group, added in replica order
+ * as the all-reduce's), and after the last update of its params an
+ * `all_gather` of those params (same order) copies each from the replica
+ * that updated it to every other. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +60,95 @@ static int by_last(const void *a, const void *b) {
   return (x->last > y->last) - (x->last < y->last);
 }
 
+/* The shards of the nu updates us[] (of one device) over R replicas into
+ * shard[]: in decreasing order of their param's bytes (the earliest on a
+ * tie), each to the replica with the fewest bytes so far (the lowest on a
+ * tie). */
+static void lpt_shards(const Value *const *us, int nu, int R, int *shard) {
+  int64_t load[IR_MAX_REPLICAS] = {0};
+  for (int k = 0; k < nu; k++) shard[k] = -1;
+  for (int done = 0; done < nu; done++) {
+    int best = -1;
+    for (int k = 0; k < nu; k++)
+      if (shard[k] < 0 && (best < 0 || grad_bytes(us[k]->in[0]) > grad_bytes(us[best]->in[0]))) best = k;
+    int r = 0;
+    for (int j = 1; j < R; j++)
+      if (load[j] < load[r]) r = j;
+    shard[best] = r;
+    load[r] += grad_bytes(us[best]->in[0]);
+  }
+}
+
+/* The updates of device d (-1: an unpartitioned graph's) into us[]; their
+ * number. */
+static int device_updates(const Graph *g, int d, const Value **us) {
+  int nu = 0;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *u = g->values[i];
+    int dev = u->device >= 0 && u->device < IR_MAX_STAGES ? u->device : -1;
+    if ((u->op == OP_ADAMW || u->op == OP_SGD) && dev == d) us[nu++] = u;
+  }
+  return nu;
+}
+
+/* --zero 1: each update's shard (see the file's comment), per device;
+ * upd[gradient id] receives the gradient's update. */
+static void assign_shards(Graph *g, Value **upd) {
+  int n = g->n_values;
+  const Value **us = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *us);
+  int *shard = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *shard);
+  for (int i = 0; i < n; i++)
+    if (g->values[i]->op == OP_ADAMW || g->values[i]->op == OP_SGD) upd[g->values[i]->in[1]->id] = g->values[i];
+  for (int d = -1; d < IR_MAX_STAGES; d++) {
+    int nu = device_updates(g, d, us);
+    lpt_shards(us, nu, g->replicas, shard);
+    for (int k = 0; k < nu; k++) {
+      Value *u = (Value *)us[k]; /* the graph's own value */
+      u->attr.sharded = true;
+      u->attr.shard = shard[k];
+    }
+  }
+}
+
+int64_t data_parallel_zero_state(const Graph *g, int s, int64_t *all, int64_t *per_replica) {
+  int R = g->replicas > 1 ? g->replicas : 1, n = g->n_values;
+  int d = g->n_stages > 1 ? s : -1;
+  const Value **us = malloc(((size_t)n + 1) * sizeof *us);
+  int *shard = malloc(((size_t)n + 1) * sizeof *shard);
+  if (!us || !shard) duet_fatal(__FILE__, __LINE__, "out of memory");
+  int nu = device_updates(g, d, us);
+  if (!g->zero) lpt_shards(us, nu, R, shard);
+  int64_t most = 0;
+  *all = 0;
+  for (int r = 0; r < R; r++) per_replica[r] = 0;
+  for (int k = 0; k < nu; k++) {
+    int r = g->zero ? us[k]->attr.shard : shard[k];
+    for (int j = 2; j < us[k]->n_in; j++) { /* the state, as memplan places it (64-byte aligned) */
+      int64_t b = (grad_bytes(us[k]->in[j]) + 63) & ~(int64_t)63;
+      if (r >= 0 && r < R) per_replica[r] += b;
+      *all += b;
+    }
+  }
+  for (int r = 0; r < R; r++)
+    if (per_replica[r] > most) most = per_replica[r];
+  free(us);
+  free(shard);
+  return most;
+}
+
+/* --zero 1: bucket c's gradients grouped by the shard of their update,
+ * shard 0 first, in their order within a shard. */
+static void group_by_shard(Bucket *c, Value *const *upd, Arena *a) {
+  Value **out = arena_alloc(a, (size_t)c->n * sizeof *out);
+  int m = 0;
+  for (int r = 0; r < IR_MAX_REPLICAS && m < c->n; r++)
+    for (int j = 0; j < c->n; j++)
+      if (upd[c->grads[j]->id]->attr.shard == r) out[m++] = c->grads[j];
+  DUET_ASSERT(m == c->n);
+  c->grads = out;
+  c->cap = c->n;
+}
+
 int64_t data_parallel_bucket_cap(const PassCtx *cx) {
   double mb = cx->bucket_mb > 0 ? cx->bucket_mb : DP_BUCKET_MB_DEFAULT;
   double b = mb * 1048576.0;
@@ -53,9 +159,14 @@ void pass_data_parallel(Graph *g, PassCtx *cx) {
   if (g->replicas <= 1) return;
   int n = g->n_values;
   for (int i = 0; i < n; i++)
-    if (g->values[i]->op == OP_ALLREDUCE) return; /* bucketed already (a dump given back) */
+    if (g->values[i]->op == OP_ALLREDUCE || g->values[i]->op == OP_REDUCE_SCATTER)
+      return; /* bucketed already (a dump given back) */
   int64_t cap = data_parallel_bucket_cap(cx);
   Arena *a = g->arena;
+  for (int i = 0; i < n && g->zero; i++)
+    if (g->values[i]->op == OP_PRUNE_MASK)
+      diag_error_noloc(cx->diag, "--zero 1 does not combine with pruning yet (the masks zero optimizer state that "
+                       "only one replica holds): drop --zero 1 or the pruning");
   Value **grads = arena_alloc(a, ((size_t)n + 1) * sizeof *grads);
   int ng = 0;
   for (int i = 0; i < n; i++) {
@@ -99,22 +210,48 @@ void pass_data_parallel(Graph *g, PassCtx *cx) {
     if (ready[x->id] > c->last) c->last = ready[x->id];
   }
   qsort(b, (size_t)nb, sizeof *b, by_last);
+  Value **upd = NULL; /* --zero 1: gradient id -> its update */
+  if (g->zero) {
+    upd = arena_alloc(a, ((size_t)n + 1) * sizeof *upd);
+    memset(upd, 0, ((size_t)n + 1) * sizeof *upd);
+    assign_shards(g, upd);
+    for (int k = 0; k < nb; k++) group_by_shard(&b[k], upd, a);
+  }
   /* the buckets, each placed right after its last gradient */
   Value **ops = arena_alloc(a, (size_t)nb * sizeof *ops);
+  Value **gathers = arena_alloc(a, (size_t)nb * sizeof *gathers);
+  int *gather_after = arena_alloc(a, (size_t)nb * sizeof *gather_after);
   for (int k = 0; k < nb; k++) {
     Attr at = {.bucket = k, .bytes = b[k].bytes};
     const Value *last = g->values[b[k].last];
-    ops[k] = graph_add(g, OP_ALLREDUCE, b[k].grads, b[k].n, &at, last->loc);
+    ops[k] = graph_add(g, g->zero ? OP_REDUCE_SCATTER : OP_ALLREDUCE, b[k].grads, b[k].n, &at, last->loc);
     ops[k]->role = ROLE_BACKWARD;
     ops[k]->device = b[k].device;
   }
-  Value **order = arena_alloc(a, ((size_t)n + (size_t)nb) * sizeof *order);
+  int ng_ops = 0;
+  for (int k = 0; g->zero && k < nb; k++) { /* the params, after the last of their updates */
+    Value **ps = arena_alloc(a, (size_t)b[k].n * sizeof *ps);
+    gather_after[k] = -1;
+    for (int j = 0; j < b[k].n; j++) {
+      Value *u = upd[b[k].grads[j]->id];
+      ps[j] = u->in[0];
+      if (u->id > gather_after[k]) gather_after[k] = u->id;
+    }
+    Attr at = {.bucket = k};
+    gathers[k] = graph_add(g, OP_ALL_GATHER, ps, b[k].n, &at, g->values[gather_after[k]]->loc);
+    gathers[k]->role = ROLE_OPTIMIZER;
+    gathers[k]->device = b[k].device;
+    ng_ops++;
+  }
+  Value **order = arena_alloc(a, ((size_t)n + 2 * (size_t)nb) * sizeof *order);
   int m = 0;
   for (int i = 0, k = 0; i < n; i++) {
     order[m++] = g->values[i];
     for (; k < nb && b[k].last == i; k++) order[m++] = ops[k];
+    for (int j = 0; j < ng_ops; j++) /* in bucket order among those after the same update */
+      if (gather_after[j] == i) order[m++] = gathers[j];
   }
-  DUET_ASSERT(m == n + nb && g->n_values == n + nb);
+  DUET_ASSERT(m == n + nb + ng_ops && g->n_values == n + nb + ng_ops);
   memcpy(g->values, order, (size_t)m * sizeof *order);
   graph_renumber(g);
   graph_count_uses(g);
@@ -155,7 +292,10 @@ void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE
     PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};
     if (d) part_device_rates(d, &r);
     const char *why;
-    double link = link_rate(d, &why), factor = 2.0 * (R - 1) / R;
+    /* ZeRO stage 1: a reduce-scatter moves half a ring all-reduce's bytes,
+     * (N-1)/N x bytes; the all-gather of the params, the other half, runs
+     * after the optimizer (not hidden) */
+    double link = link_rate(d, &why), factor = (g->zero ? 1.0 : 2.0) * (R - 1) / R;
     if (K > 1 && gbps * 1e9 / 8 / S < link) { /* the machines' network is the ring's slowest link */
       link = gbps * 1e9 / 8 / S;
       why = S > 1 ? "the machines' network link, shared by the stages" : "the machines' network link";
@@ -163,12 +303,14 @@ void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE
     /* the stage's backward pass of one micro-batch (its last one: the buckets
      * start there), and when each bucket is ready in it */
     double t = 0, link_free = 0, comm = 0, first = -1;
-    int64_t bytes = 0;
+    int64_t bytes = 0, gathered = 0;
     int nb = 0;
     for (int i = 0; i < g->n_values; i++) {
       const Value *v = g->values[i];
+      if ((v->device < 0 ? 0 : v->device) == s && v->op == OP_ALL_GATHER)
+        for (int j = 0; j < v->n_in; j++) gathered += grad_bytes(v->in[j]);
       if ((v->device < 0 ? 0 : v->device) != s || v->role != ROLE_BACKWARD) continue;
-      if (v->op == OP_ALLREDUCE) {
+      if (v->op == OP_ALLREDUCE || v->op == OP_REDUCE_SCATTER) {
         double c = factor * (double)v->attr.bytes / link, start = t > link_free ? t : link_free;
         link_free = start + c;
         comm += c;
@@ -181,15 +323,28 @@ void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE
                                 : part_op_seconds(v, &r);
     }
     double exposed = link_free > t ? link_free - t : 0, hidden = comm - exposed > 0 ? comm - exposed : 0;
+    double gather = (double)(R - 1) / R * (double)gathered / link;
+    exposed += gather;
+    comm += gather;
     if (exposed > worst) worst = exposed;
     if (comm > slowest) slowest = comm;
     all += bytes;
-    fprintf(out, "  stage %d on %s: %d bucket%s, %.2f MiB of gradients; ring all-reduce 2(N-1)/N x %.2f MiB = %.2f "
-            "MiB per replica at %.1f GB/s (%s): %.3f ms per step, %.3f ms of it hidden behind the backward pass "
-            "(which runs on for %.3f ms after the first bucket is ready), %.3f ms exposed\n", s, d ? d->name : "cpu",
-            nb, nb == 1 ? "" : "s", (double)bytes / 1048576.0, (double)bytes / 1048576.0,
-            factor * (double)bytes / 1048576.0, link / 1e9, why, 1e3 * comm, 1e3 * hidden,
-            1e3 * (first >= 0 ? t - first : 0), 1e3 * exposed);
+    if (g->zero)
+      fprintf(out, "  stage %d on %s: %d bucket%s, %.2f MiB of gradients; ZeRO stage 1: ring reduce-scatter (N-1)/N x "
+              "%.2f MiB = %.2f MiB and all-gather of the params (N-1)/N x %.2f MiB = %.2f MiB per replica at %.1f GB/s "
+              "(%s): %.3f ms per step, %.3f ms of it hidden behind the backward pass (which runs on for %.3f ms after "
+              "the first bucket is ready), %.3f ms exposed (the all-gather's %.3f ms, after the optimizer, included)\n",
+              s, d ? d->name : "cpu", nb, nb == 1 ? "" : "s", (double)bytes / 1048576.0, (double)bytes / 1048576.0,
+              factor * (double)bytes / 1048576.0, (double)gathered / 1048576.0,
+              (double)(R - 1) / R * (double)gathered / 1048576.0, link / 1e9, why, 1e3 * comm, 1e3 * hidden,
+              1e3 * (first >= 0 ? t - first : 0), 1e3 * exposed, 1e3 * gather);
+    else
+      fprintf(out, "  stage %d on %s: %d bucket%s, %.2f MiB of gradients; ring all-reduce 2(N-1)/N x %.2f MiB = %.2f "
+              "MiB per replica at %.1f GB/s (%s): %.3f ms per step, %.3f ms of it hidden behind the backward pass "
+              "(which runs on for %.3f ms after the first bucket is ready), %.3f ms exposed\n", s, d ? d->name : "cpu",
+              nb, nb == 1 ? "" : "s", (double)bytes / 1048576.0, (double)bytes / 1048576.0,
+              factor * (double)bytes / 1048576.0, link / 1e9, why, 1e3 * comm, 1e3 * hidden,
+              1e3 * (first >= 0 ? t - first : 0), 1e3 * exposed);
   }
   double est = step_s + worst;
   if (cx->summary) {

@@ -144,7 +144,11 @@ static void too_big(Graph *g, const Value *v, MemRegion r) {
  * O(log n)); a block leaves it at the first allocation after its last use
  * (free_head[t] lists the blocks whose last use is t, through free_next).
  * n values take O(n log n). */
-static void plan_device(Graph *g, int dev, const int *last, int *free_head, int *free_next, int64_t *bytes_of) {
+/* --zero 1: the state tensors of replica r's updates come together, shard
+ * 0's first (each replica allocates only its own span of the state
+ * region).  shard[id]: the shard of a state value, -1 for the rest. */
+static void plan_device(Graph *g, int dev, const int *last, int *free_head, int *free_next, const int *shard,
+                        int64_t *bytes_of) {
   int n = g->n_values;
   for (int r = 0; r < MEM_COUNT; r++) bytes_of[r] = 0;
   for (int t = 0; t < n; t++) free_head[t] = -1;
@@ -163,6 +167,10 @@ static void plan_device(Graph *g, int dev, const int *last, int *free_head, int 
       MemRegion r = v->op == OP_PARAM ? MEM_PARAM : v->op != OP_STATE ? MEM_ARENA : v->attr.kv_cache ? MEM_CACHE : MEM_STATE;
       if (bytes > MEMPLAN_MAX_BYTES - 64) too_big(g, v, r);
       bytes = align64(bytes);
+      if (v->op == OP_STATE && shard[v->id] >= 0) { /* placed below, by shard */
+        v->region = r;
+        continue;
+      }
       if (v->op == OP_PARAM || v->op == OP_STATE) {
         v->region = r;
         if (bytes > MEMPLAN_MAX_BYTES - bytes_of[r]) too_big(g, v, r);
@@ -186,6 +194,15 @@ static void plan_device(Graph *g, int dev, const int *last, int *free_head, int 
       if (off + bytes > bytes_of[MEM_ARENA]) bytes_of[MEM_ARENA] = off + bytes;
     }
   }
+  for (int sh = 0; sh < IR_MAX_REPLICAS; sh++)
+    for (int i = 0; i < n; i++) {
+      Value *v = g->values[i];
+      if (v->op != OP_STATE || shard[i] != sh || (dev >= 0 && v->device != dev)) continue;
+      int64_t bytes = align64((int64_t)dtype_size(v->dtype) * shape_numel(&v->shape));
+      if (bytes > MEMPLAN_MAX_BYTES - bytes_of[MEM_STATE]) too_big(g, v, MEM_STATE);
+      v->offset = bytes_of[MEM_STATE];
+      bytes_of[MEM_STATE] += bytes;
+    }
 }
 
 /* One plan per device of a partitioned graph: each device has its own
@@ -204,10 +221,18 @@ void pass_memplan(Graph *g, PassCtx *cx) {
     for (int j = 0; j < v->n_in; j++)
       if (last[v->in[j]->id] < i) last[v->in[j]->id] = i;
   }
+  int *shard = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *shard);
+  for (int i = 0; i < n; i++) shard[i] = -1;
+  for (int i = 0; i < n; i++) {
+    Value *v = g->values[i];
+    if ((v->op == OP_ADAMW || v->op == OP_SGD) && v->attr.sharded)
+      for (int j = 2; j < v->n_in; j++)
+        if (v->in[j]->op == OP_STATE) shard[v->in[j]->id] = v->attr.shard;
+  }
   if (g->n_stages <= 1) {
-    plan_device(g, -1, last, free_head, free_next, g->region_bytes);
+    plan_device(g, -1, last, free_head, free_next, shard, g->region_bytes);
     return;
   }
-  for (int d = 0; d < g->n_stages; d++) plan_device(g, d, last, free_head, free_next, g->stage_bytes[d]);
+  for (int d = 0; d < g->n_stages; d++) plan_device(g, d, last, free_head, free_next, shard, g->stage_bytes[d]);
   memcpy(g->region_bytes, g->stage_bytes[0], sizeof g->region_bytes);
 }

@@ -463,6 +463,8 @@ void pass_partition(Graph *g, PassCtx *cx) {
 /* The memory stage s needs, as `duet plan` counts it. */
 typedef struct StageMemory {
   int64_t weights, grads, state, act, slots, need;
+  int64_t state_all, state_zero; /* replicas: all of the stage's state, and the fullest ZeRO shard */
+  int64_t shard[IR_MAX_REPLICAS]; /* each replica's ZeRO shard */
 } StageMemory;
 
 static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
@@ -476,11 +478,18 @@ static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
   const int64_t *rb = g->n_stages > 1 ? g->stage_bytes[s] : g->region_bytes;
   m.slots = cx->one_f_one_b ? (M < S - s ? M : S - s) : M;
   m.weights = rb[MEM_PARAM];
-  m.state = rb[MEM_STATE];
+  m.state = m.state_all = rb[MEM_STATE];
+  if (g->replicas > 1) { /* ZeRO stage 1: each replica's shard (on, or what --zero 1 would make) */
+    int64_t all;
+    m.state_zero = data_parallel_zero_state(g, s, &all, m.shard);
+    if (g->zero) m.state = m.state_zero;
+  }
   m.act = rb[MEM_ARENA];
-  m.need = rb[MEM_PARAM] + rb[MEM_STATE] + rb[MEM_CACHE] + rb[MEM_ARENA] * m.slots + m.grads;
+  m.need = rb[MEM_PARAM] + m.state + rb[MEM_CACHE] + rb[MEM_ARENA] * m.slots + m.grads;
   return m;
 }
+
+int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s) { return stage_memory(g, cx, s).need; }
 
 int partition_check_memory(const Graph *g, const PassCtx *cx) {
   int S = g->n_stages > 1 ? g->n_stages : 1, rc = 0;
@@ -563,6 +572,21 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
         fprintf(out, "  DOES NOT FIT");
         rc = 1;
       }
+    }
+    if (R > 1) { /* ZeRO stage 1: the optimizer state per device with and without --zero 1 */
+      char shards[400];
+      size_t len = 0;
+      shards[0] = 0;
+      for (int r = 0; r < R && len < sizeof shards; r++)
+        len += (size_t)snprintf(shards + len, sizeof shards - len, "%s%.2f", r ? ", " : "", mem.shard[r] / 1048576.0);
+      if (g->zero)
+        fprintf(out, "\n  optimizer state per device: %.2f MiB with --zero 1 (ZeRO stage 1: the fullest of the %d "
+                "replicas' shards, %s MiB; whole tensors), %.2f MiB without", mem.state_zero / 1048576.0, R, shards,
+                mem.state_all / 1048576.0);
+      else
+        fprintf(out, "\n  optimizer state per device: %.2f MiB without --zero 1, %.2f MiB with it (ZeRO stage 1: "
+                "the fullest of the %d replicas' shards, %s MiB; whole tensors)", mem.state_all / 1048576.0,
+                mem.state_zero / 1048576.0, R, shards);
     }
     fprintf(out, "\n  transfers sent: %.3f MiB per step\n", (double)xfer / 1048576.0);
   }

@@ -14,7 +14,8 @@ const Pass duet_passes[] = {
     {"precision", pass_precision, "choose storage dtypes (--precision): 16-bit activations, f32 master weights, casts"},
     {"fuse", pass_fuse, "fuse chains of elementwise ops into single loops"},
     {"partition", pass_partition, "assign every op a device (pipeline stage) and insert transfers at the cuts"},
-    {"data_parallel", pass_data_parallel, "group the param gradients into all-reduce buckets (--data-parallel N)"},
+    {"data_parallel", pass_data_parallel, "group the param gradients into all-reduce buckets (--data-parallel N); --zero 1: reduce-scatter, sharded updates, all-gather"},
+    {"recompute", pass_recompute, "activation recomputation (--recompute): backward reads of block activations become copies"},
     {"memplan", pass_memplan, "assign byte offsets: params, optimizer state, activation arena"},
 };
 const int duet_n_passes = (int)(sizeof duet_passes / sizeof duet_passes[0]);

@@ -97,27 +97,9 @@ int precision_resolve(const char *target, const char *request, PrecisionChoice *
 
 /* ------------------------------------------------------------- the pass */
 
-typedef enum Cat { CAT_KEEP, CAT_LOW, CAT_FOLLOW, CAT_F32, CAT_UPDATE, CAT_AFTER_UPDATE } Cat;
-
-static Cat category(OpKind op) {
-  switch (op) {
-  case OP_INPUT: case OP_PARAM: case OP_STATE: case OP_CONST: case OP_POSITIONS:
-  case OP_CAST: case OP_LOSS_SCALE: case OP_UNSCALE:
-    return CAT_KEEP;
-  case OP_MATMUL:
-    return CAT_LOW;
-  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_NEG: case OP_RELU: case OP_RELU_GRAD:
-  case OP_GELU: case OP_GELU_GRAD: case OP_DROPOUT: case OP_BROADCAST: case OP_FUSED:
-  case OP_SLICE: case OP_SLICE_GRAD: case OP_RESHAPE: case OP_PERMUTE: case OP_CONCAT: case OP_TRANSPOSE:
-    return CAT_FOLLOW;
-  case OP_ADAMW: case OP_SGD:
-    return CAT_UPDATE;
-  case OP_PRUNE_MASK: /* masks the f32 master weight after its update (the 16-bit copy is cast from it) */
-    return CAT_AFTER_UPDATE;
-  default: /* reductions, softmax, layernorm, cross-entropy, embeddings, windows, metrics */
-    return CAT_F32;
-  }
-}
+/* Each op's class (KEEP, LOW, FOLLOW, F32, UPDATE, AFTER_UPDATE) is the prec column of
+ * the op table (ir/ops.def): reductions, softmax, norms, losses,
+ * embeddings, windows and metrics are F32. */
 
 /* Wider of two float dtypes (f32 over the 16-bit ones). */
 static DType wider(DType a, DType b) {
@@ -153,6 +135,7 @@ static Value *as_dtype(Prec *P, Value *x, DType to, Role role) {
     c = graph_add(P->g, OP_CAST, &x, 1, &at, x->loc);
   }
   c->role = role;
+  if (role == ROLE_FORWARD) c->block = x->block; /* a cast inside a block belongs to it */
   push(P, c);
   if (slot) *slot = c;
   return c;
@@ -215,24 +198,24 @@ void pass_precision(Graph *g, PassCtx *cx) {
     }
     for (int j = 0; j < v->n_in; j++)
       if (v->in[j]->id < n && subst[v->in[j]->id]) v->in[j] = subst[v->in[j]->id];
-    Cat c = category(v->op);
-    if (c == CAT_UPDATE) {
+    OpPrec c = op_info[v->op].prec;
+    if (c == PREC_UPDATE) {
       updates[n_updates++] = v;
       continue;
     }
-    if (c == CAT_AFTER_UPDATE) {
+    if (c == PREC_AFTER_UPDATE) { /* prune_mask: masks the f32 master weight after its update */
       after[n_after++] = v;
       continue;
     }
-    if (c == CAT_KEEP) {
+    if (c == PREC_KEEP) {
       weak[i] = v->op == OP_PARAM || v->op == OP_CONST || v->op == OP_LOSS_SCALE;
       push(&P, v);
       continue;
     }
     DType want = DT_F32;
-    if (c == CAT_LOW) {
+    if (c == PREC_LOW) {
       want = L;
-    } else if (c == CAT_FOLLOW) {
+    } else if (c == PREC_FOLLOW) {
       /* the widest strong (activation) operand; all weak: f32, and weak */
       DType strong = DT_VOID;
       bool all_weak = true;

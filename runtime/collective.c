@@ -20,7 +20,15 @@
  * itself pushed; once all have pushed (pushed >= k R), rank k sums its R
  * slots in rank order into its own buffers (accumulate), copies the sum
  * into every other rank's buffers (copy_peer), counts its chunk done and
- * waits for all R chunks, as above. */
+ * waits for all R chunks, as above.
+ *
+ * ZeRO stage 1's reduce-scatter and all-gather go the host way (no direct
+ * tags): a reduce-scatter's rank k sums its own part (buffers split[k] ..
+ * split[k+1]-1) over every rank's view in rank order into its own view
+ * (the all-reduce's additions for those elements: the same bits); an
+ * all-gather's rank k copies every other rank's part from that rank's
+ * view into its own.  Then, as above, each counts itself done, waits for
+ * all R and copies its staging back. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -42,7 +50,11 @@ typedef struct ShmRank {
   char *dstage;      /* direct tags: R slots of this rank's chunk, on dstage_dev */
   size_t dstage_bytes;
   DuetDevice *dstage_dev;
+  int kind;          /* this call: SHM_ALLREDUCE, SHM_REDUCE_SCATTER, SHM_ALL_GATHER */
+  int *split;        /* ZeRO calls: R + 1 buffer indices (runtime/collective.h) */
 } ShmRank;
+
+enum { SHM_ALLREDUCE, SHM_REDUCE_SCATTER, SHM_ALL_GATHER };
 
 typedef struct ShmTag {
   ShmRank *r;        /* [R] */
@@ -309,7 +321,91 @@ static int shm_allreduce_start(DuetColl *c, int rank, int tag, DuetDevice *dev, 
     snprintf(err, errlen, "rank %d or tag %d out of range", rank, tag);
     return -1;
   }
+  s->tags[tag].r[rank].kind = SHM_ALLREDUCE;
   return post(s, &s->tags[tag], rank, dev, b, n, true, err, errlen);
+}
+
+/* The start of a reduce-scatter or an all-gather (kind) over the parts
+ * split (runtime/collective.h). */
+static int zero_start(DuetColl *c, int kind, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n,
+                      const int *split, char *err, size_t errlen) {
+  Shm *s = c->ctx;
+  if (rank < 0 || rank >= s->R || tag < 0 || tag >= s->n_tags) {
+    snprintf(err, errlen, "rank %d or tag %d out of range", rank, tag);
+    return -1;
+  }
+  ShmTag *t = &s->tags[tag];
+  ShmRank *me = &t->r[rank];
+  bool ok = split && split[0] == 0 && split[s->R] == n && !t->direct;
+  for (int k = 0; ok && k < s->R; k++) ok = split[k] <= split[k + 1];
+  if (!ok) {
+    snprintf(err, errlen, t->direct ? "a device-to-device tag has no reduce-scatter or all-gather"
+                                    : "the parts of %d buffers among %d ranks are not in order", n, s->R);
+    fail_all(s, err);
+    return -1;
+  }
+  if (!me->split && !(me->split = malloc((size_t)(s->R + 1) * sizeof *me->split))) {
+    snprintf(err, errlen, "out of host memory");
+    fail_all(s, err);
+    return -1;
+  }
+  memcpy(me->split, split, (size_t)(s->R + 1) * sizeof *split);
+  me->kind = kind;
+  return post(s, t, rank, dev, b, n, true, err, errlen);
+}
+
+static int shm_reduce_scatter_start(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n,
+                                    const int *split, char *err, size_t errlen) {
+  return zero_start(c, SHM_REDUCE_SCATTER, rank, tag, dev, b, n, split, err, errlen);
+}
+
+static int shm_all_gather_start(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n,
+                                const int *split, char *err, size_t errlen) {
+  return zero_start(c, SHM_ALL_GATHER, rank, tag, dev, b, n, split, err, errlen);
+}
+
+/* Every rank's call is of rank 0's kind and parts. */
+static int same_kind(const Shm *s, const ShmTag *t, char *err, size_t errlen) {
+  const ShmRank *r0 = &t->r[0];
+  for (int k = 1; k < s->R; k++) {
+    const ShmRank *rk = &t->r[k];
+    bool same = rk->kind == r0->kind;
+    for (int j = 0; same && r0->kind != SHM_ALLREDUCE && j <= s->R; j++) same = rk->split[j] == r0->split[j];
+    if (!same) {
+      snprintf(err, errlen, "replica %d's call differs from replica 0's (another operation, or other parts)", k);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Reduce-scatter: buffer i's elements summed over the ranks in rank order
+ * into rank `rank`'s view only (sum_range's additions). */
+static void sum_own(const Shm *s, const ShmTag *t, int i, int rank) {
+  int R = s->R, dt = t->r[0].b[i].dtype;
+  int64_t n = t->r[0].b[i].n;
+  if (dt == DUET_F32) {
+    float *d = t->r[rank].view[i];
+    for (int64_t e = 0; e < n; e++) {
+      float x = ((const float *)t->r[0].view[i])[e];
+      for (int k = 1; k < R; k++) x += ((const float *)t->r[k].view[i])[e];
+      d[e] = x;
+    }
+  } else if (dt == DUET_F64) {
+    double *d = t->r[rank].view[i];
+    for (int64_t e = 0; e < n; e++) {
+      double x = ((const double *)t->r[0].view[i])[e];
+      for (int k = 1; k < R; k++) x += ((const double *)t->r[k].view[i])[e];
+      d[e] = x;
+    }
+  } else {
+    int32_t *d = t->r[rank].view[i];
+    for (int64_t e = 0; e < n; e++) {
+      uint32_t x = (uint32_t)((const int32_t *)t->r[0].view[i])[e];
+      for (int k = 1; k < R; k++) x += (uint32_t)((const int32_t *)t->r[k].view[i])[e];
+      d[e] = (int32_t)x;
+    }
+  }
 }
 
 /* Direct tags, after every rank has posted call `call`: this rank's pushes
@@ -398,14 +494,25 @@ static int shm_allreduce_wait(DuetColl *c, int rank, int tag, char *err, size_t 
     fail_all(s, err);
     return -1;
   }
+  if (same_kind(s, t, err, errlen)) {
+    fail_all(s, err);
+    return -1;
+  }
   if (t->direct) return direct_sum(s, t, rank, call, err, errlen);
-  /* this rank's chunk of the elements of all buffers, in order */
-  int64_t lo, hi, at = 0;
-  chunk_range(total_elems(me->b, me->n), s->R, rank, &lo, &hi);
-  for (int i = 0; i < me->n && at < hi; i++) {
-    int64_t a = lo > at ? lo - at : 0, z = hi - at < me->b[i].n ? hi - at : me->b[i].n;
-    if (a < z) sum_range(s, t, i, a, z);
-    at += me->b[i].n;
+  if (me->kind == SHM_REDUCE_SCATTER) { /* my part, summed into my view */
+    for (int i = me->split[rank]; i < me->split[rank + 1]; i++) sum_own(s, t, i, rank);
+  } else if (me->kind == SHM_ALL_GATHER) { /* every other rank's part, from its view */
+    for (int k = 0; k < s->R; k++)
+      for (int i = me->split[k]; k != rank && i < me->split[k + 1]; i++)
+        memcpy(me->view[i], t->r[k].view[i], (size_t)me->b[i].n * elem_size(me->b[i].dtype));
+  } else { /* this rank's chunk of the elements of all buffers, in order */
+    int64_t lo, hi, at = 0;
+    chunk_range(total_elems(me->b, me->n), s->R, rank, &lo, &hi);
+    for (int i = 0; i < me->n && at < hi; i++) {
+      int64_t a = lo > at ? lo - at : 0, z = hi - at < me->b[i].n ? hi - at : me->b[i].n;
+      if (a < z) sum_range(s, t, i, a, z);
+      at += me->b[i].n;
+    }
   }
   pthread_mutex_lock(&s->mu);
   t->done++;
@@ -480,6 +587,7 @@ static void shm_destroy(DuetColl *c) {
         free(s->tags[k].r[r].b);
         free(s->tags[k].r[r].view);
         free(s->tags[k].r[r].stage);
+        free(s->tags[k].r[r].split);
       }
       free(s->tags[k].r);
     }
@@ -500,8 +608,8 @@ static const DuetCollOps shm_ops = {
     .broadcast = shm_broadcast,
     .barrier = shm_barrier,
     .abort = shm_abort,
-    .reduce_scatter_start = NULL,
-    .all_gather_start = NULL,
+    .reduce_scatter_start = shm_reduce_scatter_start,
+    .all_gather_start = shm_all_gather_start,
     .destroy = shm_destroy,
 };
 

@@ -13,8 +13,9 @@
  * between processes and machines, one replica per rank
  * (runtime/collective_mpi.c, in the plugin libduet_mpi.so that
  * runtime/dist.c loads under an MPI launcher).  reduce_scatter_start and
- * all_gather_start are the slots ZeRO stage 1 (optimizer-state sharding)
- * will need, NULL until then.
+ * all_gather_start serve ZeRO stage 1 (optimizer-state sharding): shared
+ * memory and MPI as such, NCCL as an all-reduce and per-buffer broadcasts
+ * (runtime/cuda/nccl.c).
  *
  * Every function returns 0, or -1 with a message in err (a timeout naming
  * the rank waited for, an abort, mismatched buffers, a device's copy
@@ -48,7 +49,7 @@ typedef struct DuetCollOps {
   int (*allreduce_start)(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
                          size_t errlen);
   /* Waits for the sum started under tag by this rank (the buffers hold it
-   * on return). */
+   * on return); also for a reduce-scatter or an all-gather. */
   int (*allreduce_wait)(DuetColl *c, int rank, int tag, char *err, size_t errlen);
   /* Every rank's buffers receive rank root's (blocking). */
   int (*broadcast)(DuetColl *c, int rank, int root, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
@@ -58,12 +59,22 @@ typedef struct DuetCollOps {
   /* Makes every waiting and later call fail (a rank's failure must not
    * leave the others waiting); `why` is told to them.  Any thread. */
   void (*abort)(DuetColl *c, const char *why);
-  /* ZeRO stage 1 (later): reduce-scatter of gradients, all-gather of
-   * params.  NULL: not provided. */
-  int (*reduce_scatter_start)(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
-                              size_t errlen);
-  int (*all_gather_start)(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
-                          size_t errlen);
+  /* ZeRO stage 1 (NULL: not provided).  The n buffers are split into R
+   * parts of whole buffers: part k, rank k's, is buffers split[k] ..
+   * split[k + 1] - 1 (split: R + 1 indices, split[0] = 0, split[R] = n,
+   * non-decreasing; a part may be empty), the same on every rank
+   * (MPI_Reduce_scatter's uneven counts, cut at buffer boundaries).
+   * reduce_scatter_start: when it completes, rank k's buffers of part k
+   * hold the sum over the ranks, element by element, added in rank order
+   * 0, 1, ..., R-1 (allreduce_start's sum, bit for bit); its other buffers
+   * are unspecified.  all_gather_start: when it completes, every rank's
+   * buffers of part k hold rank k's values of them (byte copies).  Both
+   * complete through allreduce_wait on the same tag; the buffers must not
+   * be written until it returns. */
+  int (*reduce_scatter_start)(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n,
+                              const int *split, char *err, size_t errlen);
+  int (*all_gather_start)(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n,
+                          const int *split, char *err, size_t errlen);
   void (*destroy)(DuetColl *c);
   /* Optional (NULL: nothing to do).  Lets the operations this rank has
    * started under the tags it owns move on without waiting (MPI's

@@ -28,7 +28,10 @@
  * in R-1 messages per phase (latency grows with R, which suits the tens of
  * ranks data parallelism over CPUs and PCIe-linked GPUs means here).  The
  * same two phases are a reduce-scatter and an all-gather, what ZeRO stage
- * 1 needs.
+ * 1 needs: reduce_scatter_start runs phase 1 alone and all_gather_start
+ * phase 2 alone, with the chunks cut at the caller's part boundaries
+ * (chunk k: buffers split[k] .. split[k+1]-1) instead of evenly; the sum
+ * of an element is the same rank-order sum.
  *
  * Everything is non-blocking (MPI_Isend/MPI_Irecv): allreduce_start posts
  * phase 1 at the bucket's step in the backward pass; progress (called by
@@ -80,11 +83,13 @@
 static pthread_mutex_t mpi_mu = PTHREAD_MUTEX_INITIALIZER;
 
 enum { OP_IDLE, OP_EXCHANGE, OP_GATHER, OP_DONE, OP_FAILED };
+enum { KIND_ALLREDUCE, KIND_REDUCE_SCATTER, KIND_ALL_GATHER };
 
 /* One tag's operation in flight. */
 typedef struct Op {
   int phase;          /* OP_* */
-  bool bcast;         /* a broadcast (one phase), else an all-reduce */
+  bool bcast;         /* a broadcast (one phase), else an all-reduce (or kind's) */
+  int kind;           /* KIND_*: an all-reduce, or ZeRO's reduce-scatter (phase 1) or all-gather (phase 2) */
   int root;
   DuetDevice *dev;    /* NULL: host memory */
   DuetCollBuf *b;     /* the call's buffers (a copy) */
@@ -263,9 +268,9 @@ static int late_rank(const Mpi *m, const Op *o) {
   return -1;
 }
 
-/* Phase 2 of an all-reduce: this rank's chunk summed, then sent to every
- * rank while their sums are received into pk.  -1 with o->err. */
-static int start_gather(Mpi *m, Op *o, int t) {
+/* After phase 1: this rank's chunk summed over the ranks' parts (in rank
+ * order) into pk.  -1 with o->err. */
+static int sum_mine(Mpi *m, Op *o) {
   int R = m->R, me = m->me;
   size_t mine = o->cb[me + 1] - o->cb[me];
   const char **part = malloc((size_t)R * sizeof *part);
@@ -276,6 +281,15 @@ static int start_gather(Mpi *m, Op *o, int t) {
   for (int k = 0; k < R; k++) part[k] = k == me ? o->pk + o->cb[me] : o->rv + (size_t)k * mine;
   sum_parts(o, R, part, o->pk + o->cb[me], o->ce[me], o->ce[me + 1]);
   free(part);
+  return 0;
+}
+
+/* Phase 2: this rank's chunk (summed, for an all-reduce) sent to every
+ * rank while theirs are received into pk.  -1 with o->err. */
+static int start_gather(Mpi *m, Op *o, int t) {
+  int R = m->R, me = m->me;
+  size_t mine = o->cb[me + 1] - o->cb[me];
+  if (o->kind == KIND_ALLREDUCE && sum_mine(m, o)) return -1;
   for (int j = 0; j < R; j++) {
     if (j == me) continue;
     if (post_recv(m, o, j, o->pk + o->cb[j], o->cb[j + 1] - o->cb[j], 2 * t + 1) ||
@@ -330,7 +344,12 @@ static int advance(Mpi *m, int t) {
       break;
     }
     if (!done) break;
-    if (o->phase == OP_EXCHANGE && !o->bcast) {
+    if (o->phase == OP_EXCHANGE && !o->bcast && o->kind == KIND_REDUCE_SCATTER) { /* phase 1 only */
+      if (sum_mine(m, o)) {
+        rc = -1;
+        break;
+      }
+    } else if (o->phase == OP_EXCHANGE && !o->bcast) {
       if (start_gather(m, o, t)) {
         rc = -1;
         break;
@@ -358,7 +377,7 @@ static int advance(Mpi *m, int t) {
  * through copy_to_host); chunk bounds as the shared-memory collective's.
  * copy_in: the values are needed (not for a broadcast's receivers).  -1
  * with o->err. */
-static int take(Mpi *m, Op *o, DuetDevice *dev, const DuetCollBuf *b, int n, bool copy_in) {
+static int take(Mpi *m, Op *o, DuetDevice *dev, const DuetCollBuf *b, int n, const int *split, bool copy_in) {
   if (n < 0) {
     snprintf(o->err, sizeof o->err, "%d buffers", n);
     return -1;
@@ -393,6 +412,14 @@ static int take(Mpi *m, Op *o, DuetDevice *dev, const DuetCollBuf *b, int n, boo
   int R = m->R;
   for (int k = 0; k <= R; k++) {
     o->ce[k] = total / R * k + (k < total % R ? k : total % R);
+    if (split) { /* ZeRO: the caller's parts of whole buffers */
+      if (split[k] < (k ? split[k - 1] : 0) || split[k] > n || (k == 0 && split[0]) || (k == R && split[R] != n)) {
+        snprintf(o->err, sizeof o->err, "the parts of %d buffers among %d ranks are not in order", n, R);
+        return -1;
+      }
+      o->ce[k] = 0;
+      for (int i = 0; i < split[k]; i++) o->ce[k] += b[i].n;
+    }
     o->cb[k] = byte_at(b, n, o->ce[k]);
   }
   o->pk_own = !(n == 1 && !dev);
@@ -436,8 +463,8 @@ static int check_args(Mpi *m, int rank, int t, char *err, size_t errlen) {
 
 /* Under mpi_mu: the start of an all-reduce (bcast false) or a broadcast
  * from root on op t. */
-static int start_locked(Mpi *m, int t, bool bcast, int root, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
-                        size_t errlen) {
+static int start_locked(Mpi *m, int t, bool bcast, int root, DuetDevice *dev, const DuetCollBuf *b, int n,
+                        int kind, const int *split, char *err, size_t errlen) {
   Op *o = &m->ops[t];
   if (m->aborted) {
     snprintf(err, errlen, "aborted: %s", m->why);
@@ -448,13 +475,14 @@ static int start_locked(Mpi *m, int t, bool bcast, int root, DuetDevice *dev, co
     return -1;
   }
   o->bcast = bcast;
+  o->kind = kind;
   o->root = root;
   o->t0 = now_s();
   o->t_wait = 0;
   o->err[0] = 0;
   int R = m->R, me = m->me;
   for (int k = 0; k < 2 * R; k++) o->rq[k] = MPI_REQUEST_NULL;
-  if (take(m, o, dev, b, n, !bcast || me == root)) goto fail;
+  if (take(m, o, dev, b, n, split, !bcast || me == root)) goto fail;
   if (bcast) {
     size_t all = o->cb[R];
     if (me == root) {
@@ -464,6 +492,11 @@ static int start_locked(Mpi *m, int t, bool bcast, int root, DuetDevice *dev, co
       goto fail;
     }
     if (t < m->n_tags) m->bytes[t] += me == root ? (int64_t)(all * (size_t)(R - 1)) : 0;
+  } else if (kind == KIND_ALL_GATHER) { /* phase 2 alone: this rank's part to every rank */
+    size_t mine = o->cb[me + 1] - o->cb[me];
+    o->phase = OP_EXCHANGE; /* start_gather moves it to OP_GATHER */
+    if (start_gather(m, o, t)) goto fail;
+    if (t < m->n_tags) m->bytes[t] += (int64_t)(mine * (size_t)(R - 1));
   } else {
     size_t mine = o->cb[me + 1] - o->cb[me];
     if ((size_t)R * mine > o->rv_cap) {
@@ -481,9 +514,9 @@ static int start_locked(Mpi *m, int t, bool bcast, int root, DuetDevice *dev, co
           post_send(m, o, j, o->pk + o->cb[j], o->cb[j + 1] - o->cb[j], 2 * t))
         goto fail;
     }
-    if (t < m->n_tags) m->bytes[t] += (int64_t)(2 * (o->cb[R] - mine));
+    if (t < m->n_tags) m->bytes[t] += (int64_t)((kind == KIND_ALLREDUCE ? 2 : 1) * (o->cb[R] - mine));
   }
-  o->phase = OP_EXCHANGE;
+  if (kind != KIND_ALL_GATHER) o->phase = OP_EXCHANGE;
   if (t < m->n_tags && m->in_flight++ == 0) m->flight_t0 = o->t0;
   if (advance(m, t)) goto fail; /* one rank: complete at once */
   return 0;
@@ -624,9 +657,35 @@ static int mpi_allreduce_start(DuetColl *c, int rank, int tag, DuetDevice *dev, 
     return -1;
   }
   pthread_mutex_lock(&mpi_mu);
-  int rc = start_locked(m, tag, false, 0, dev, b, n, err, errlen);
+  int rc = start_locked(m, tag, false, 0, dev, b, n, KIND_ALLREDUCE, NULL, err, errlen);
   pthread_mutex_unlock(&mpi_mu);
   return rc;
+}
+
+/* ZeRO stage 1: phase 1 alone (reduce-scatter) or phase 2 alone
+ * (all-gather) over the caller's parts (runtime/collective.h). */
+static int zero_start(DuetColl *c, int kind, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n,
+                      const int *split, char *err, size_t errlen) {
+  Mpi *m = c->ctx;
+  if (check_args(m, rank, tag, err, errlen)) return -1;
+  if (tag >= m->n_tags || !split) {
+    snprintf(err, errlen, "tag %d out of range, or no parts", tag);
+    return -1;
+  }
+  pthread_mutex_lock(&mpi_mu);
+  int rc = start_locked(m, tag, false, 0, dev, b, n, kind, split, err, errlen);
+  pthread_mutex_unlock(&mpi_mu);
+  return rc;
+}
+
+static int mpi_reduce_scatter_start(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n,
+                                    const int *split, char *err, size_t errlen) {
+  return zero_start(c, KIND_REDUCE_SCATTER, rank, tag, dev, b, n, split, err, errlen);
+}
+
+static int mpi_all_gather_start(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n,
+                                const int *split, char *err, size_t errlen) {
+  return zero_start(c, KIND_ALL_GATHER, rank, tag, dev, b, n, split, err, errlen);
 }
 
 static int mpi_allreduce_wait(DuetColl *c, int rank, int tag, char *err, size_t errlen) {
@@ -645,7 +704,7 @@ static int mpi_broadcast(DuetColl *c, int rank, int root, DuetDevice *dev, const
     return -1;
   }
   pthread_mutex_lock(&mpi_mu);
-  int rc = start_locked(m, t, true, root, dev, b, n, err, errlen);
+  int rc = start_locked(m, t, true, root, dev, b, n, KIND_ALLREDUCE, NULL, err, errlen);
   pthread_mutex_unlock(&mpi_mu);
   return rc ? rc : wait_op(m, t, err, errlen);
 }
@@ -657,7 +716,7 @@ static int mpi_barrier(DuetColl *c, int rank, char *err, size_t errlen) {
   int t = m->n_tags;
   if (check_args(m, rank, t, err, errlen)) return -1;
   pthread_mutex_lock(&mpi_mu);
-  int rc = start_locked(m, t, false, 0, NULL, NULL, 0, err, errlen);
+  int rc = start_locked(m, t, false, 0, NULL, NULL, 0, KIND_ALLREDUCE, NULL, err, errlen);
   pthread_mutex_unlock(&mpi_mu);
   return rc ? rc : wait_op(m, t, err, errlen);
 }
@@ -754,8 +813,8 @@ static const DuetCollOps mpi_ops = {
     .broadcast = mpi_broadcast,
     .barrier = mpi_barrier,
     .abort = mpi_coll_abort,
-    .reduce_scatter_start = NULL,
-    .all_gather_start = NULL,
+    .reduce_scatter_start = mpi_reduce_scatter_start,
+    .all_gather_start = mpi_all_gather_start,
     .destroy = mpi_destroy,
     .progress = mpi_progress,
     .stats = mpi_stats,

@@ -492,9 +492,11 @@ void duet_session_free(DuetSession *s) {
   if (!s) return;
   if (s->dp_checked > 0) {
     int64_t asym = duet_pipe_asym_overflows(s->pipe);
-    fprintf(stderr, "duet: data-parallel check: the params and optimizer state of the %d replicas%s were "
-            "bit-identical after each of %" PRId64 " training steps", s->p->replicas,
-            duet_pipe_replicas(s->pipe) < s->p->replicas ? " (ranks; hashes compared)" : "", s->dp_checked);
+    fprintf(stderr, "duet: data-parallel check: the params%s of the %d replicas%s were bit-identical after each of "
+            "%" PRId64 " training steps", s->p->zero ? " (the optimizer state is sharded: each holds its own)"
+                                                    : " and optimizer state",
+            s->p->replicas, duet_pipe_replicas(s->pipe) < s->p->replicas ? " (ranks; hashes compared)" : "",
+            s->dp_checked);
     if (s->p->n_unscale > 0)
       fprintf(stderr, "; %" PRId64 " replica-stage%s found no overflow of its own in a step another replica "
               "overflowed (and skipped it too)", asym, asym == 1 ? "" : "s");
@@ -561,7 +563,16 @@ static int session_copy(DuetSession *s, int replica, int id, size_t off, void *h
     snprintf(s->err, sizeof s->err, "replica %d of a program of %d", replica, R);
     return -1;
   }
+  if (s->pipe && duet_pipe_sharded(s->pipe, id) && !to_device) { /* ZeRO: from the replica that holds it */
+    char e[700];
+    if (duet_pipe_read_state(s->pipe, id, off, host, n, e, sizeof e)) {
+      snprintf(s->err, sizeof s->err, "%s", e);
+      return -1;
+    }
+    return 0;
+  }
   for (int r = replica < 0 ? 0 : replica; r < (replica < 0 ? R : replica + 1); r++) {
+    if (s->pipe && !duet_pipe_tensor_at(s->pipe, r, id)) continue; /* ZeRO: another replica's state */
     char *mem = (char *)(s->pipe ? duet_pipe_tensor_at(s->pipe, r, id) : s->ptr[id]) + off;
     DuetDevice *d = s->pipe ? duet_pipe_tensor_device_at(s->pipe, r, id) : s->dev;
     if (!d) { /* a pipeline's host buffer: one for all replicas */
@@ -596,6 +607,16 @@ int duet_session_read_replica(DuetSession *s, int replica, int id, size_t off, v
 
 int duet_session_write(DuetSession *s, int id, size_t off, const void *src, size_t n) {
   return session_copy(s, -1, id, off, (void *)src, n, true);
+}
+
+int duet_session_serve_states(DuetSession *s) {
+  if (!s->pipe) return 0;
+  char e[700];
+  if (duet_pipe_serve_states(s->pipe, e, sizeof e)) {
+    snprintf(s->err, sizeof s->err, "%s", e);
+    return -1;
+  }
+  return 0;
 }
 
 int duet_session_replicas(const DuetSession *s) { return s->pipe ? duet_pipe_replicas(s->pipe) : 1; }

@@ -380,7 +380,8 @@ int duet_dist_check_ranks(DuetDist *d, const DuetProgram *p, const DuetConfig *c
   names[n] = "optimizer (the train section's optimizer, betas, eps, momentum)";
   vals[n++] = h_f64(h_f64(h_f64(h_f64(h_i64(O, c->optimizer), c->beta1), c->beta2), c->eps), c->momentum);
   names[n] = "--data";
-  vals[n++] = h_str(h_i64(O, c->data), c->data_path);
+  vals[n++] = h_f64(h_str(h_str(h_str(h_str(h_i64(O, c->data), c->data_path), c->data_y), c->val_x), c->val_y),
+                    c->val_fraction);
   names[n] = "data (the size of its files)";
   vals[n++] = h_i64(O, (int64_t)data_bytes);
   names[n] = "--train-subset";
@@ -476,6 +477,8 @@ uint64_t duet_program_hash(const DuetProgram *p) {
   if (p->bucket_off && p->n_buckets > 0) {
     h = h_bytes(h, p->bucket_off, (size_t)(p->n_buckets + 1) * sizeof *p->bucket_off);
     h = h_bytes(h, p->bucket_tensors, (size_t)p->bucket_off[p->n_buckets] * sizeof *p->bucket_tensors);
+    h = h_bytes(h, &p->zero, sizeof p->zero);
+    if (p->zero && p->tensor_shard) h = h_bytes(h, p->tensor_shard, (size_t)p->n_tensors * sizeof *p->tensor_shard);
   }
   h = h_bytes(h, &p->bucket_mb, sizeof p->bucket_mb);
   h = h_str(h, p->cuda_source);

@@ -12,7 +12,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 5 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash */
+#define DUET_RT_API_VERSION 7 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+                                * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
+                                * DuetProgram.vocab */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -60,8 +62,13 @@ typedef struct DuetTensor {
  * Data parallelism adds DUET_STEP_ALLREDUCE (a: bucket index, in a stage's
  * backward schedule after the bucket's last gradient: on a replica's last
  * micro-batch its gradients are final there and the bucket starts its sum
- * over the replicas; see DuetProgram.bucket_off). */
-enum { DUET_STEP_KERNEL = 0, DUET_STEP_GEMM = 1, DUET_STEP_SEND = 2, DUET_STEP_RECV = 3, DUET_STEP_ALLREDUCE = 4 };
+ * over the replicas; see DuetProgram.bucket_off).  ZeRO stage 1
+ * (DuetProgram.zero) makes that step a reduce-scatter and adds
+ * DUET_STEP_ALLGATHER (a: bucket index, in a stage's optimizer schedule
+ * after the updates of the bucket's params: each replica's updated params
+ * copied to every other; DuetProgram.bucket_params). */
+enum { DUET_STEP_KERNEL = 0, DUET_STEP_GEMM = 1, DUET_STEP_SEND = 2, DUET_STEP_RECV = 3, DUET_STEP_ALLREDUCE = 4,
+       DUET_STEP_ALLGATHER = 5 };
 typedef struct DuetStep {
   int kind;
   int kernel;           /* DUET_STEP_KERNEL: index into the kernel table */
@@ -89,7 +96,7 @@ enum {
 
 typedef void (*DuetKernelFn)(void *const *t, const double *s);
 
-enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1, DUET_DATA_TEXT = 2 };
+enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1, DUET_DATA_TEXT = 2, DUET_DATA_NPY = 3, DUET_DATA_TOKENS = 4 };
 enum { DUET_OPTIM_ADAMW = 0, DUET_OPTIM_SGD = 1 };
 
 /* The most threads --threads may ask for (a larger value is an error, not
@@ -108,12 +115,20 @@ int duet_parse_threads(const char *val, int *out);
  * compiling commands all parse them here). */
 int duet_parse_data_parallel(const char *val, int64_t *out);
 int duet_parse_bucket_mb(const char *val, double *out);
+/* --zero S: 0 (no sharding) or 1 (ZeRO stage 1: optimizer state sharded
+ * over the data-parallel replicas) into *out, else "duet: error: --zero
+ * expects 0 or 1 (ZeRO stage 1: optimizer state sharded over the
+ * replicas), got 'X'" on stderr, returning 1. */
+int duet_parse_zero(const char *val, int *out);
 
 /* Training settings: the program's defaults (from the train section),
  * overridden by command-line flags. */
 typedef struct DuetConfig {
   int data;
-  const char *data_path;
+  const char *data_path;   /* the directory (fashion_mnist), the file (text), the x file (npy) */
+  const char *data_y;      /* npy: the y file */
+  const char *val_x, *val_y; /* npy: validation files (NULL: none, or val_fraction) */
+  double val_fraction;     /* npy: the last fraction of the samples validates (0: none) */
   int optimizer;
   double lr, weight_decay, beta1, beta2, eps, momentum;
   int64_t batch, epochs, steps, log_every;
@@ -137,6 +152,7 @@ typedef struct DuetConfig {
   double timeout;          /* pipeline: seconds a stage waits for a transfer (0: default) */
   int64_t data_parallel;   /* --data-parallel N (0: the program's; compile-time) */
   double bucket_mb;        /* --bucket-mb X (0: the program's; compile-time) */
+  int zero;                /* 1 + the ZeRO stage of --zero (0: not given, the program's; compile-time) */
 } DuetConfig;
 
 /* Pipeline schedules: GPipe fill-drain (all forwards, then all backwards;
@@ -208,6 +224,8 @@ typedef struct DuetProgram {
   int decode;            /* compiled for generation: inputs hold one token, attention uses caches */
   int64_t context;       /* decode: positions the caches hold */
   int n_classes;         /* logits' second dimension, 0 if no classifier */
+  int vocab;             /* rows of the smallest embedding table a data input indexes, 0 if none
+                          * (tokens data: every id must be below it and below n_classes) */
   int64_t region_bytes[DUET_MEM_COUNT];
   int64_t gemm_flops;    /* per training step, 2*m*n*k summed */
   int gemm_accumulate_f16; /* --gemm-accumulate fp16: fp16 GEMMs accumulate in fp16 (CUDA only:
@@ -263,6 +281,23 @@ typedef struct DuetProgram {
    * an MPI run compare it with the rest of the program (runtime/dist.c).
    * Appended: no other member moves. */
   uint64_t source_hash;
+  /* ZeRO stage 1 (zero = 1; replicas > 1; passes/data_parallel.c): the
+   * optimizer state is sharded over the replicas by whole tensors.
+   * tensor_shard[i] (n_tensors entries) is the replica whose optimizer
+   * update reads or writes tensor i (its param, gradient and state), -1
+   * for tensors of no sharded update.  Replica r allocates only the state
+   * tensors of shard r (the memory plan places them together, shard by
+   * shard), runs only the optimizer kernels whose tensors are all of
+   * shard r or of none, and receives, at bucket b's DUET_STEP_ALLREDUCE
+   * (a reduce-scatter), the replicas' sums of the gradients of shard r
+   * (each bucket's gradients are grouped by shard, shard 0 first).  At
+   * bucket b's DUET_STEP_ALLGATHER the params bucket_params[bucket_off[b]
+   * .. bucket_off[b + 1]) (the param of each of the bucket's gradients,
+   * same order) are copied from their shard's replica to every other.
+   * Appended: no other member moves. */
+  int zero;
+  const int32_t *tensor_shard;
+  const int32_t *bucket_params;
 } DuetProgram;
 
 #define DUET_MAX_KERNEL_ARGS 40
@@ -449,9 +484,14 @@ const char *duet_session_collective(const DuetSession *s);
  * reads replica 0's; duet_session_read_replica reads replica r's
  * (0 <= r < replicas; the data inputs, loss and metrics are the session's
  * own host buffers, the same for every r).  0, or -1 with a message in
- * duet_session_error. */
+ * duet_session_error.  ZeRO stage 1 (DuetProgram.zero): a sharded state
+ * tensor is written only into the replica that holds it and read from it
+ * (across MPI ranks: broadcast from its rank, every other rank taking part
+ * through duet_session_serve_states, which serves every sharded state
+ * tensor in id order, as a checkpoint reads them). */
 int duet_session_replicas(const DuetSession *s);
 int duet_session_read_replica(DuetSession *s, int replica, int id, size_t off, void *dst, size_t n);
+int duet_session_serve_states(DuetSession *s);
 /* Device address of tensor `id` (NULL for an id out of range).  Host
  * code may dereference it only on a CPU device; everything else goes
  * through duet_session_read / duet_session_write (CUDA regions are device
@@ -681,12 +721,16 @@ int duet_threads_per_device(const DuetConfig *cfg, int n_stages);
 /* ----------------------------------------------------------------- data */
 
 /* A labelled image set: `images` f32 [n, rows*cols] scaled to [0, 1],
- * `labels` i32 [n]. */
+ * `labels` i32 [n]; or (npy data, images and labels NULL) n samples of the
+ * two inputs in their own dtypes (f32 or i32: 4 bytes an element), x_elems
+ * and y_elems elements a sample. */
 typedef struct DuetDataset {
   int64_t n;
   int rows, cols;
   float *images;
   int32_t *labels;
+  void *x, *y;
+  int64_t x_elems, y_elems;
 } DuetDataset;
 /* Loads an IDX image/label file pair (gzip-compressed, as Debian's
  * dataset-fashion-mnist ships them; format: LeCun et al., "THE MNIST
@@ -708,6 +752,54 @@ typedef struct DuetIdxInfo {
  * Fills *info (may be NULL).  Returns 0, or -1 with a message in err. */
 int duet_check_idx(const char *images_path, const char *labels_path, DuetIdxInfo *info, char *err, size_t errlen);
 void duet_dataset_free(DuetDataset *ds);
+
+/* An llm.c token file (karpathy/llm.c, dev/data/data_common.py,
+ * write_datafile): 256 little-endian int32 of header ([0] magic 20240520,
+ * [1] version 1, [2] the token count), then that many little-endian uint16
+ * token ids.  Reads it whole; *n receives the count and *tokens (unless
+ * tokens is NULL: a check only) the ids, malloc'ed.  0, or -1 with a
+ * one-line message naming the file: it does not open, is shorter than the
+ * header, has another magic or version, holds other than 2 x count bytes
+ * after the header (truncated, extra), or a token id >= vocab (its index
+ * and byte offset). */
+int duet_load_tokens(const char *path, int vocab, uint16_t **tokens, int64_t *n, char *err, size_t errlen);
+
+/* NumPy .npy files (runtime/npy.c; format: numpy.lib.format, NEP 1):
+ * versions 1.0, 2.0 and 3.0, C order, dtypes '<f4', '<i4', '<i8', '|u1'. */
+enum { DUET_NPY_F4 = 1, DUET_NPY_I4 = 2, DUET_NPY_I8 = 3, DUET_NPY_U1 = 4 };
+#define DUET_NPY_MAX_HEADER (1 << 20) /* bytes of header dict duet reads */
+typedef struct DuetNpyInfo {
+  int dtype, itemsize;          /* DUET_NPY_*, bytes per element */
+  int rank;                     /* 1..DUET_MAX_RANK: axis 0 counts the samples */
+  int64_t shape[DUET_MAX_RANK];
+  int64_t data_offset, data_bytes; /* where the array starts; its size from the shape */
+} DuetNpyInfo;
+/* Parses the first len bytes of a .npy file (the preamble and the header
+ * dict; the data need not be there).  0, or -1 with a one-line message in
+ * err (no path): bad magic, unsupported version, a header longer than the
+ * bytes given (truncated), a header that is not a dict literal with exactly
+ * the keys 'descr', 'fortran_order' and 'shape', an unsupported descr,
+ * fortran_order True, a 0-d array, more than DUET_MAX_RANK axes. */
+int duet_npy_parse_header(const unsigned char *buf, size_t len, DuetNpyInfo *info, char *err, size_t errlen);
+/* Opens path, parses its header and checks that the file holds exactly the
+ * bytes its shape and dtype need.  0, or -1 with "PATH: ..." in err. */
+int duet_npy_check(const char *path, DuetNpyInfo *info, char *err, size_t errlen);
+/* Checks a file's samples (axes 1..) against input tensor t (axis 0 is the
+ * batch): the same per-sample shape, and a dtype it converts from: f32 from
+ * '<f4' or '|u1' (the byte's value, 0..255, not scaled), i32 from '<i4',
+ * '<i8' (each value range-checked on loading) or '|u1'.  0, or -1 with the
+ * message in err (`input`: the input's name). */
+int duet_npy_match(const DuetNpyInfo *info, const char *path, const DuetTensor *t, const char *input, char *err,
+                   size_t errlen);
+/* Loads a whole file as the f32 or i32 elements of input t (checked as
+ * duet_npy_check and duet_npy_match do): *out (malloc'ed, *n samples of
+ * t's per-sample size) or -1 with the message. */
+int duet_npy_load(const char *path, const DuetTensor *t, const char *input, int64_t *n, void **out, char *err,
+                  size_t errlen);
+/* The .npy descr string of a DUET_NPY_* dtype ("<f4"). */
+const char *duet_npy_descr(int dtype);
+/* The shape's axes from..rank as a Python tuple "(28, 28)", "(10,)", "()". */
+char *duet_npy_shape_str(const DuetNpyInfo *info, int from, char *buf, size_t n);
 
 /* The whole file at `path` in one malloc'ed buffer, NUL-terminated after its
  * *len bytes.  NULL on failure with errno set: fopen's errno when the file

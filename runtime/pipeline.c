@@ -49,6 +49,19 @@
  * the stage calls the collective's progress, so MPI moves them on while
  * the rest of the backward pass runs.
  *
+ * ZeRO stage 1 (DuetProgram.zero): the state region of replica r's
+ * stage holds only the state tensors of shard r (the memory plan puts
+ * them together: the region allocated is their span, st->state_lo its
+ * first byte); its optimizer schedule runs only the kernels of shard r
+ * (st->opt: the program's stage schedule filtered); a bucket's step in
+ * the backward pass starts a reduce-scatter (each replica receives the
+ * sums of its shard's gradients, added in replica order as the
+ * all-reduce's: the same bits), and DUET_STEP_ALLGATHER in the optimizer
+ * schedule an all-gather of the bucket's params, waited for at the end of
+ * the schedule.  A sharded state tensor is read through its owner
+ * (duet_pipe_read_state: across MPI ranks a broadcast from it, which every
+ * rank joins in the same order: duet_pipe_serve_states).
+ *
  * Environment (documented in README.md):
  *   DUET_PIPE_TIMEOUT=SECONDS   how long a stage waits for a transfer (120)
  *   DUET_PIPE_STAGING=auto|host host: every transfer staged through host
@@ -111,6 +124,10 @@ typedef struct Stage {
   int64_t seen;    /* last job run */
   int *buckets, n_buckets; /* data parallelism: this stage's buckets, in order */
   DuetCollBuf *cbuf;       /* a bucket's buffers, for the collective */
+  int64_t state_lo;        /* ZeRO: the first byte of the state region this replica holds */
+  DuetStep *opt;           /* ZeRO: the optimizer steps this replica runs (else the program's) */
+  int n_opt;
+  int *gathers, n_gathers; /* ZeRO: the all-gathers started in this optimizer step */
 } Stage;
 
 /* The staging of one transfer: M buffers of `stride` bytes in one block. */
@@ -158,6 +175,7 @@ struct DuetPipe {
   int64_t asym_steps;     /* steps whose overflow some replicas saw and others did not */
   int collective;         /* DUET_DP_COLLECTIVE: DUET_COLL_* */
   char coll_desc[1200];   /* duet_pipe_collective */
+  int *split;             /* ZeRO: [bucket * (R + 1) + k]: bucket's first gradient of shard k */
 };
 
 static double now_s(void) {
@@ -203,6 +221,7 @@ static bool aborted(DuetPipe *q) {
 }
 
 static int bucket_post(Stage *st, int b, int m, int slot);
+static int gather_post(Stage *st, int b);
 
 /* Runs one schedule of stage st on (local) micro-batch m in activation slot
  * `slot`.  train: transfers are posted and awaited, buckets posted on the
@@ -219,6 +238,10 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
     int rc = 0;
     if (x->kind == DUET_STEP_ALLREDUCE) {
       if (train && m == q->M - 1 && bucket_post(st, x->a, m, slot)) return -1;
+      continue;
+    }
+    if (x->kind == DUET_STEP_ALLGATHER) {
+      if (train && gather_post(st, x->a)) return -1;
       continue;
     }
     if (x->kind == DUET_STEP_SEND) {
@@ -412,11 +435,56 @@ static int bucket_post(Stage *st, int b, int m, int slot) {
   }
   if (b == q->drop_bucket) return 0;
   char err[600];
-  if (q->coll->ops->allreduce_start(q->coll, st->rep, b, st->host_mem ? NULL : st->dev, st->cbuf, n, err, sizeof err)) {
-    pipe_fail(q, "%s: all-reduce of bucket %d: %s", st->who, b, err);
+  DuetDevice *dev = st->host_mem ? NULL : st->dev;
+  if (p->zero ? q->coll->ops->reduce_scatter_start(q->coll, st->rep, b, dev, st->cbuf, n,
+                                                   q->split + (size_t)b * (size_t)(q->R + 1), err, sizeof err)
+              : q->coll->ops->allreduce_start(q->coll, st->rep, b, dev, st->cbuf, n, err, sizeof err)) {
+    pipe_fail(q, "%s: %s of bucket %d: %s", st->who, p->zero ? "reduce-scatter" : "all-reduce", b, err);
     return -1;
   }
   st->in_flight++;
+  return 0;
+}
+
+/* ZeRO, at bucket b's DUET_STEP_ALLGATHER in the optimizer schedule: the
+ * bucket's params (this replica's shard updated) posted to the all-gather.
+ * 0, or -1 after pipe_fail. */
+static int gather_post(Stage *st, int b) {
+  DuetPipe *q = st->q;
+  const DuetProgram *p = q->p;
+  int n = 0;
+  for (int j = p->bucket_off[b]; j < p->bucket_off[b + 1]; j++) {
+    int i = p->bucket_params[j];
+    st->cbuf[n++] = (DuetCollBuf){.ptr = st->tab[0][i], .n = numel(&p->tensors[i]), .dtype = p->tensors[i].dtype};
+  }
+  if (b == q->drop_bucket) return 0;
+  char err[600];
+  if (q->coll->ops->all_gather_start(q->coll, st->rep, b, st->host_mem ? NULL : st->dev, st->cbuf, n,
+                                     q->split + (size_t)b * (size_t)(q->R + 1), err, sizeof err)) {
+    pipe_fail(q, "%s: all-gather of bucket %d: %s", st->who, b, err);
+    return -1;
+  }
+  st->gathers[st->n_gathers++] = b;
+  return 0;
+}
+
+/* ZeRO, after the optimizer schedule: waits for its all-gathers.  0, or -1
+ * after pipe_fail. */
+static int gathers_wait(Stage *st) {
+  DuetPipe *q = st->q;
+  char err[600];
+  for (int k = 0; k < st->n_gathers; k++) {
+    int b = st->gathers[k];
+    double t0 = q->profile ? now_s() : 0;
+    int rc = q->coll->ops->allreduce_wait(q->coll, st->rep, b, err, sizeof err);
+    if (q->profile) st->wait += now_s() - t0;
+    if (rc) {
+      st->n_gathers = 0;
+      pipe_fail(q, "%s: all-gather of bucket %d: %s", st->who, b, err);
+      return -1;
+    }
+  }
+  st->n_gathers = 0;
   return 0;
 }
 
@@ -461,7 +529,7 @@ static int replicas_meet(Stage *st) {
     if (q->profile) st->wait += now_s() - t0;
     st->in_flight = 0;
     if (rc) {
-      pipe_fail(q, "%s: all-reduce of bucket %d: %s", st->who, b, err);
+      pipe_fail(q, "%s: %s of bucket %d: %s", st->who, p->zero ? "reduce-scatter" : "all-reduce", b, err);
       return -1;
     }
   }
@@ -530,7 +598,13 @@ static int train_stage(Stage *st) {
   int s = st->id;
   if (q->phase != DUET_PIPE_STEP && stage_grads(st)) return -1;
   const DuetStage *ps = &p->stages[s];
-  if (q->phase != DUET_PIPE_GRADS && run_steps(st, ps->opt, ps->n_opt, 0, 0, q->s, true)) return -1;
+  if (q->phase != DUET_PIPE_GRADS) {
+    if (run_steps(st, st->opt ? st->opt : ps->opt, st->opt ? st->n_opt : ps->n_opt, 0, 0, q->s, true)) {
+      st->n_gathers = 0;
+      return -1;
+    }
+    if (st->n_gathers && gathers_wait(st)) return -1;
+  }
   if (st->dev->ops->sync(st->dev)) {
     pipe_fail(q, "%s: %s", st->who, st->dev->err);
     return -1;
@@ -676,7 +750,7 @@ static int compare_ranks(DuetPipe *q, char *err, size_t errlen) {
   int n = 0, rc = -1;
   int64_t most = 0;
   for (int i = 0; i < p->n_tensors; i++)
-    if (p->tensors[i].region == DUET_MEM_PARAM || p->tensors[i].region == DUET_MEM_STATE) {
+    if (p->tensors[i].region == DUET_MEM_PARAM || (p->tensors[i].region == DUET_MEM_STATE && !p->zero)) {
       n++;
       if (p->tensors[i].nbytes > most) most = p->tensors[i].nbytes;
     }
@@ -689,7 +763,7 @@ static int compare_ranks(DuetPipe *q, char *err, size_t errlen) {
   int j = 0;
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *t = &p->tensors[i];
-    if (t->region != DUET_MEM_PARAM && t->region != DUET_MEM_STATE) continue;
+    if (t->region != DUET_MEM_PARAM && (t->region != DUET_MEM_STATE || p->zero)) continue;
     Stage *st = &q->st[t->stage];
     if (st->dev->ops->copy_to_host(st->dev, buf, st->tab[0][i], (size_t)t->nbytes)) {
       snprintf(err, errlen, "%s: reading %s: %s", st->who, t->name, st->dev->err);
@@ -713,7 +787,7 @@ static int compare_ranks(DuetPipe *q, char *err, size_t errlen) {
     j = 0;
     for (int i = 0; i < p->n_tensors && !rc; i++) {
       const DuetTensor *t = &p->tensors[i];
-      if (t->region != DUET_MEM_PARAM && t->region != DUET_MEM_STATE) continue;
+      if (t->region != DUET_MEM_PARAM && (t->region != DUET_MEM_STATE || p->zero)) continue;
       if (memcmp(&v[((size_t)r * (size_t)n + (size_t)j) * 2], &v[(size_t)j * 2], 2 * sizeof *v)) {
         snprintf(err, errlen, "rank %d's %s differ from rank 0's: tensor %s (their FNV-1a hashes differ)", r,
                  t->region == DUET_MEM_PARAM ? "params" : "optimizer state", t->name);
@@ -734,7 +808,8 @@ int duet_pipe_compare_replicas(DuetPipe *q, char *err, size_t errlen) {
   int rc = 0;
   void *a = NULL, *b = NULL;
   for (int s = 0; s < q->S && !rc; s++)
-    for (int reg = DUET_MEM_PARAM; reg <= DUET_MEM_STATE && !rc; reg++) {
+    for (int reg = DUET_MEM_PARAM; reg <= (p->zero ? DUET_MEM_PARAM : DUET_MEM_STATE) && !rc; reg++) {
+      /* ZeRO: each replica holds its own shard of the state */
       size_t bytes = (size_t)p->stages[s].region_bytes[reg];
       if (!bytes) continue;
       free(a), free(b);
@@ -838,6 +913,8 @@ void duet_pipe_free(DuetPipe *q) {
     free(st->flags_mb);
     free(st->buckets);
     free(st->cbuf);
+    free(st->opt);
+    free(st->gathers);
     if (st->overflow && st->dev) st->dev->ops->free(st->dev, st->overflow);
     if (st->dev) st->dev->ops->destroy(st->dev);
   }
@@ -849,6 +926,7 @@ void duet_pipe_free(DuetPipe *q) {
   free(q->host_metrics);
   free(q->losses);
   free(q->bucket_of);
+  free(q->split);
   if (q->sync_ok) {
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);
@@ -1093,9 +1171,18 @@ static int make_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, 
     }
     free(tag_stage);
     free(devs);
+    if (c && p->zero && (!c->ops->reduce_scatter_start || !c->ops->all_gather_start)) {
+      snprintf(why, sizeof why, "this NCCL plugin has no reduce-scatter and all-gather for --zero 1 (a plugin of an "
+               "older duet?)");
+      c->ops->destroy(c); /* it owns host: made anew below */
+      c = NULL;
+      if (!(host = duet_coll_shm_new(R, n_tags, q->timeout, err, errlen))) return -1;
+    }
     if (c) {
       q->coll = c;
-      snprintf(q->coll_desc, sizeof q->coll_desc, "by %s", desc);
+      snprintf(q->coll_desc, sizeof q->coll_desc, "by %s%s", desc,
+               p->zero ? "; --zero 1: the reduce-scatter as NCCL's all-reduce, the all-gather as an ncclBroadcast "
+                         "per tensor from its replica" : "");
       return 0;
     }
     tried = true;
@@ -1109,7 +1196,7 @@ static int make_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, 
   int n_direct = 0, n_gpu = 0, kinds = 0; /* kinds: bit DUET_PEER_* seen between replicas */
   for (int s = 0; s < S; s++) {
     Stage *s0 = &q->st[s];
-    bool direct = !s0->host_mem && !q->force_host;
+    bool direct = !s0->host_mem && !q->force_host && !p->zero; /* ZeRO: host staging (no device path yet) */
     for (int a = 0; a < R && direct; a++)
       for (int b = 0; b < R && direct; b++) {
         DuetDevice *x = q->st[a * S + s].dev, *y = q->st[b * S + s].dev;
@@ -1266,7 +1353,9 @@ static int rank_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, 
         q->coll = c;
         q->coll_host = mpi;
         snprintf(q->coll_desc, sizeof q->coll_desc, "by %s, across the ranks (ncclCommInitRank, the unique ids "
-                 "broadcast over %s)", desc, duet_dist_name(q->dist));
+                 "broadcast over %s)%s", desc, duet_dist_name(q->dist),
+                 p->zero ? "; --zero 1: the reduce-scatter as NCCL's all-reduce, the all-gather as an ncclBroadcast "
+                           "per tensor from its replica" : "");
         return 0;
       }
       if (fatal) {
@@ -1290,6 +1379,72 @@ static int rank_collective(DuetPipe *q, const DuetDeviceSpec *specs, char *err, 
 }
 
 const char *duet_pipe_collective(const DuetPipe *q) { return q->coll_desc; }
+
+bool duet_pipe_sharded(const DuetPipe *q, int id) {
+  const DuetProgram *p = q->p;
+  return p->zero && id >= 0 && id < p->n_tensors && p->tensors[id].region == DUET_MEM_STATE && p->tensor_shard[id] >= 0;
+}
+
+/* Sharded state tensor id into host memory dst (nbytes): in this process
+ * from the replica that holds it; across MPI ranks a broadcast from its
+ * rank, which every rank joins (`want` false: this rank only takes part).
+ * 0, or -1 with a message. */
+static int state_fetch(DuetPipe *q, int id, void *dst, bool want, char *err, size_t errlen) {
+  const DuetProgram *p = q->p;
+  const DuetTensor *t = &p->tensors[id];
+  int sh = p->tensor_shard[id];
+  if (q->L == q->R) {
+    Stage *st = &q->st[sh * q->S + t->stage];
+    if (want && st->dev->ops->copy_to_host(st->dev, dst, st->tab[0][id], (size_t)t->nbytes)) {
+      snprintf(err, errlen, "reading %s of replica %d: %s", t->name, sh, st->dev->err);
+      return -1;
+    }
+    return 0;
+  }
+  Stage *st = &q->st[t->stage];
+  if (st->rep == sh && st->dev->ops->copy_to_host(st->dev, dst, st->tab[0][id], (size_t)t->nbytes)) {
+    snprintf(err, errlen, "reading %s: %s", t->name, st->dev->err);
+    return -1;
+  }
+  DuetCollBuf b = {.ptr = dst, .n = numel(t), .dtype = t->dtype == DUET_F64 ? DUET_F64 : DUET_F32};
+  char e[600];
+  if (q->coll->ops->broadcast(q->coll, q->r0, sh, NULL, &b, 1, e, sizeof e)) {
+    snprintf(err, errlen, "gathering %s from rank %d: %s", t->name, sh, e);
+    return -1;
+  }
+  return 0;
+}
+
+int duet_pipe_read_state(DuetPipe *q, int id, size_t off, void *dst, size_t n, char *err, size_t errlen) {
+  const DuetTensor *t = &q->p->tensors[id];
+  if (off == 0 && n == (size_t)t->nbytes) return state_fetch(q, id, dst, true, err, errlen);
+  char *tmp = malloc((size_t)t->nbytes + 1);
+  if (!tmp) {
+    snprintf(err, errlen, "out of host memory");
+    return -1;
+  }
+  int rc = state_fetch(q, id, tmp, true, err, errlen);
+  if (!rc) memcpy(dst, tmp + off, n);
+  free(tmp);
+  return rc;
+}
+
+int duet_pipe_serve_states(DuetPipe *q, char *err, size_t errlen) {
+  const DuetProgram *p = q->p;
+  int64_t most = 0;
+  for (int i = 0; i < p->n_tensors; i++)
+    if (duet_pipe_sharded(q, i) && p->tensors[i].nbytes > most) most = p->tensors[i].nbytes;
+  char *tmp = malloc((size_t)most + 1);
+  if (!tmp) {
+    snprintf(err, errlen, "out of host memory");
+    return -1;
+  }
+  int rc = 0;
+  for (int i = 0; i < p->n_tensors && !rc; i++)
+    if (duet_pipe_sharded(q, i)) rc = state_fetch(q, i, tmp, false, err, errlen);
+  free(tmp);
+  return rc;
+}
 
 int duet_pipe_rank_devices(const DuetProgram *p, const char *devices, int rank, DuetDeviceSpec *specs, char *err,
                            size_t errlen) {
@@ -1349,6 +1504,13 @@ static int worker_devices(const DuetProgram *p, const DuetConfig *cfg, int R, in
 /* Loads stage `s` of local replica `r` into q->st[r * S + s]: its device,
  * regions, tensor tables, accumulators and flags.  0, or -1 with a
  * message. */
+/* ZeRO: whether replica `rep` holds tensor i's values as its own (a
+ * tensor of its shard, or of none). */
+static bool zero_holds(const DuetPipe *q, int rep, int i) {
+  const DuetProgram *p = q->p;
+  return !p->zero || i < 0 || i >= p->n_tensors || p->tensor_shard[i] < 0 || p->tensor_shard[i] == rep;
+}
+
 static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, const DuetKernelFn *kernels,
                      const DuetConfig *cfg, int share, char *err, size_t errlen) {
   const DuetProgram *p = q->p;
@@ -1363,8 +1525,21 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
   st->threads = share;
   st->n_slots = q->schedule == DUET_SCHEDULE_1F1B ? (q->M < q->S - k ? q->M : q->S - k) : q->M;
   if (!(st->dev = duet_device_open(spec, p, kernels, 0, !cfg->quiet, err, errlen))) return -1;
+  int64_t state_hi = ps->region_bytes[DUET_MEM_STATE];
+  if (p->zero) { /* ZeRO: the span of the state tensors this replica holds */
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int i = 0; i < p->n_tensors; i++) {
+      const DuetTensor *t = &p->tensors[i];
+      if (t->stage != k || t->region != DUET_MEM_STATE || !zero_holds(q, st->rep, i)) continue;
+      if (t->offset < lo) lo = t->offset;
+      if (t->offset + t->nbytes > hi) hi = t->offset + t->nbytes;
+    }
+    st->state_lo = lo < hi ? lo : 0;
+    state_hi = lo < hi ? hi : 0;
+  }
   for (int g = 1; g < DUET_MEM_COUNT; g++) {
     size_t b = (size_t)ps->region_bytes[g] * (g == DUET_MEM_ARENA ? (size_t)st->n_slots : 1);
+    if (g == DUET_MEM_STATE && p->zero) b = (size_t)(state_hi - st->state_lo);
     if (!(st->region[g] = st->dev->ops->alloc(st->dev, b))) {
       snprintf(err, errlen, "%s: %s", st->who, st->dev->err);
       return -1;
@@ -1418,7 +1593,10 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
       const DuetTensor *t = &p->tensors[i];
       if (t->stage != k) continue;
       size_t base = t->region == DUET_MEM_ARENA ? (size_t)sl * (size_t)ps->region_bytes[DUET_MEM_ARENA] : 0;
-      st->tab[sl][i] = (char *)st->region[t->region] + base + t->offset;
+      if (t->region == DUET_MEM_STATE && p->zero) /* ZeRO: another replica's state is not here */
+        st->tab[sl][i] = zero_holds(q, st->rep, i) ? (char *)st->region[t->region] + (t->offset - st->state_lo) : NULL;
+      else
+        st->tab[sl][i] = (char *)st->region[t->region] + base + t->offset;
     }
   }
   if (q->R > 1) { /* the stage's buckets, in order */
@@ -1430,6 +1608,21 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
       if (n > most) most = n;
     }
     if (!(st->cbuf = zalloc((size_t)most * sizeof *st->cbuf))) goto oom;
+  }
+  if (p->zero) { /* the optimizer steps of this replica's shard, and the all-gathers */
+    if (!(st->opt = zalloc((size_t)ps->n_opt * sizeof *st->opt)) ||
+        !(st->gathers = zalloc((size_t)p->n_buckets * sizeof *st->gathers)))
+      goto oom;
+    for (int j = 0; j < ps->n_opt; j++) {
+      const DuetStep *x = &ps->opt[j];
+      bool mine = true;
+      if (x->kind == DUET_STEP_KERNEL)
+        for (int a = p->kernel_arg_off[x->kernel]; a < p->kernel_arg_off[x->kernel + 1]; a++)
+          mine &= p->kernel_args[a] >= p->n_tensors || zero_holds(q, st->rep, p->kernel_args[a]);
+      else if (x->kind == DUET_STEP_GEMM)
+        mine = zero_holds(q, st->rep, x->a) && zero_holds(q, st->rep, x->b) && zero_holds(q, st->rep, x->c);
+      if (mine) st->opt[st->n_opt++] = *x;
+    }
   }
   return 0;
 oom:
@@ -1461,6 +1654,30 @@ static int check_buckets(DuetPipe *q, char *err, size_t errlen) {
         return -1;
       }
       q->bucket_of[i] = b;
+    }
+  }
+  if (p->zero) { /* ZeRO: each bucket's gradients grouped by shard, and their params */
+    int R = q->R;
+    if (!p->tensor_shard || !p->bucket_params || !(q->split = zalloc((size_t)p->n_buckets * (size_t)(R + 1) *
+                                                                      sizeof *q->split))) {
+      snprintf(err, errlen, p->tensor_shard && p->bucket_params ? "out of host memory"
+                                                                : "a ZeRO program without its shard tables");
+      return -1;
+    }
+    for (int b = 0; b < p->n_buckets; b++) {
+      int *sp = q->split + (size_t)b * (size_t)(R + 1), k = 0, at = 0, prev = 0;
+      for (int j = p->bucket_off[b]; j < p->bucket_off[b + 1]; j++, at++) {
+        int g = p->bucket_tensors[j], pr = p->bucket_params[j], sh = p->tensor_shard[g];
+        if (sh < prev || sh >= R || pr < 0 || pr >= p->n_tensors || p->tensor_shard[pr] != sh ||
+            p->tensors[pr].nbytes != p->tensors[g].nbytes || p->tensors[pr].dtype != p->tensors[g].dtype) {
+          snprintf(err, errlen, "bucket %d: gradient %s is not grouped by shard (%d of %d replicas) with a param of "
+                   "its own", b, p->tensors[g].name, sh, R);
+          return -1;
+        }
+        while (k <= sh) sp[k++] = at;
+        prev = sh;
+      }
+      while (k <= R) sp[k++] = at;
     }
   }
   for (int i = 0; i < p->n_tensors; i++)
@@ -1560,6 +1777,12 @@ DuetPipe *duet_pipe_new_ranks(const DuetProgram *p, const DuetKernelFn *kernels,
     return NULL;
   }
   if (R > 1 && (dist ? rank_collective(q, specs, err, errlen) : make_collective(q, specs, err, errlen))) {
+    duet_pipe_free(q);
+    return NULL;
+  }
+  if (R > 1 && p->zero && (!q->coll->ops->reduce_scatter_start || !q->coll->ops->all_gather_start)) {
+    snprintf(err, errlen, "--zero 1: the collective %s has no reduce-scatter and all-gather (a plugin of an older "
+             "duet? DUET_MPI_PLUGIN)", q->coll->ops->name);
     duet_pipe_free(q);
     return NULL;
   }

@@ -3,6 +3,8 @@
 #ifndef DUET_PIPELINE_H
 #define DUET_PIPELINE_H
 
+#include <stdbool.h>
+
 #include "duet_rt.h"
 
 typedef struct DuetPipe DuetPipe;
@@ -141,6 +143,18 @@ int duet_pipe_compare_replicas(DuetPipe *q, char *err, size_t errlen);
  * no overflow in their own gradients when another replica's overflowed
  * (the OR over the replicas made them skip the step too). */
 int64_t duet_pipe_asym_overflows(const DuetPipe *q);
+/* ZeRO stage 1 (DuetProgram.zero): whether tensor id is sharded optimizer
+ * state (held by one replica, duet_pipe_tensor_at NULL for the others). */
+bool duet_pipe_sharded(const DuetPipe *q, int id);
+/* Bytes [off, off + n) of sharded state tensor id into host memory dst:
+ * from the replica that holds it (in this process), or across MPI ranks a
+ * broadcast from its rank, which every other rank joins through
+ * duet_pipe_serve_states (the checkpoint of rank 0 reads the sharded
+ * tensors in id order, as that serves them).  0, or -1 with a message. */
+int duet_pipe_read_state(DuetPipe *q, int id, size_t off, void *dst, size_t n, char *err, size_t errlen);
+/* An MPI rank's part in rank 0's reading of every sharded state tensor
+ * (in id order), for its checkpoint.  0, or -1 with a message. */
+int duet_pipe_serve_states(DuetPipe *q, char *err, size_t errlen);
 
 /* In host memory: dst[k] = src[k] (first) or dst[k] += src[k], k < n, for
  * dtype DUET_F32 or DUET_F64 (any other is taken as f32); elementwise, so

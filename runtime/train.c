@@ -30,7 +30,8 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --batch N          batch size (fixed when the model was compiled)\n"
           "  --seed N           seed of initialisation and shuffling\n"
           "  --threads N        CPU threads for kernels and BLAS, 1 to 1024 (default: all cores)\n"
-          "  --data PATH        data directory or text file (default: the train section's)\n"
+          "  --data PATH        data directory or text file, or npy data's x file (default: the\n"
+          "                     train section's)\n"
           "  --metrics FILE     write JSON lines: {\"step\",\"loss\"}, and {\"step\",\"epoch\",\"test_accuracy\"\n"
           "                     (a fraction),\"test_loss\"} or, text models, {\"step\",\"val_loss\"}; with\n"
           "                     --resume, the file's lines up to the checkpoint's step are kept and\n"
@@ -58,6 +59,9 @@ void duet_usage(const char *argv0, FILE *out) {
           "                     virtual CPU devices), each computing 1/N of every batch; gradients\n"
           "                     summed over the replicas (fixed when the model was compiled)\n"
           "  --bucket-mb X      all-reduce buckets of at most X MiB of gradients (default 25)\n"
+          "  --zero 1           ZeRO stage 1: each replica keeps and updates only its shard of the\n"
+          "                     optimizer state (whole tensors); gradients reduce-scattered, params\n"
+          "                     all-gathered (needs --data-parallel N >= 2; fixed at compile time)\n"
           "  --help             this text\n"
           "Results depend on --threads (OpenBLAS sums in an order set by its thread count).\n"
           "Under mpirun -np N (or srun --mpi=pmix) each rank is one of N replicas on its own --devices\n"
@@ -104,6 +108,16 @@ int duet_parse_data_parallel(const char *val, int64_t *out) {
     return 1;
   }
   *out = n;
+  return 0;
+}
+
+int duet_parse_zero(const char *val, int *out) {
+  if (strcmp(val, "0") && strcmp(val, "1")) {
+    fprintf(stderr, "duet: error: --zero expects 0 or 1 (ZeRO stage 1: optimizer state sharded over the replicas), "
+            "got '%s'\n", val);
+    return 1;
+  }
+  *out = val[0] - '0';
   return 0;
 }
 
@@ -160,7 +174,7 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
                                         "--test-subset", "--data", "--save", "--save-every", "--resume",
                                         "--metrics", "--batch", "--loss-scale", "--min-loss-scale",
                                         "--devices", "--micro-batches", "--schedule", "--data-parallel",
-                                        "--bucket-mb"};
+                                        "--bucket-mb", "--zero"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
     int is_known = 0;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
@@ -219,6 +233,11 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     } else if (!strcmp(flag, "--micro-batches")) rc = parse_i64(flag, val, 1, &c->micro_batches);
     else if (!strcmp(flag, "--data-parallel")) rc = duet_parse_data_parallel(val, &c->data_parallel);
     else if (!strcmp(flag, "--bucket-mb")) rc = duet_parse_bucket_mb(val, &c->bucket_mb);
+    else if (!strcmp(flag, "--zero")) {
+      int z = 0;
+      rc = duet_parse_zero(val, &z);
+      c->zero = 1 + z;
+    }
     else if (!strcmp(flag, "--schedule")) {
       if (!strcmp(val, "gpipe")) c->schedule = DUET_SCHEDULE_GPIPE;
       else if (!strcmp(val, "1f1b")) c->schedule = DUET_SCHEDULE_1F1B;
@@ -282,6 +301,25 @@ static int metrics_write(FILE *f, cJSON *obj) {
 static int fill_batch(DuetSession *s, const DuetProgram *p, const DuetDataset *ds, const int64_t *idx, int64_t n,
                       int64_t batch) {
   const DuetTensor *tx = &p->tensors[p->input_x];
+  if (ds->x) { /* npy: rows copied as they are (4-byte elements), zero rows pad */
+    size_t sx = (size_t)ds->x_elems * 4, sy = (size_t)ds->y_elems * 4;
+    char *buf = duet_session_staging(s, (size_t)batch * (sx + sy));
+    if (!buf) return -1;
+    char *y = buf + (size_t)batch * sx;
+    for (int64_t r = 0; r < batch; r++) {
+      if (r < n) {
+        memcpy(buf + (size_t)r * sx, (const char *)ds->x + (size_t)idx[r] * sx, sx);
+        memcpy(y + (size_t)r * sy, (const char *)ds->y + (size_t)idx[r] * sy, sy);
+      } else {
+        memset(buf + (size_t)r * sx, 0, sx);
+        memset(y + (size_t)r * sy, 0, sy);
+      }
+    }
+    return duet_session_write(s, p->input_x, 0, buf, (size_t)batch * sx) ||
+                   duet_session_write(s, p->input_y, 0, y, (size_t)batch * sy)
+               ? -1
+               : 0;
+  }
   int64_t px = (int64_t)ds->rows * ds->cols;
   size_t bx = (size_t)(batch * px) * (tx->dtype == DUET_F64 ? sizeof(double) : sizeof(float));
   size_t by = (size_t)batch * sizeof(int32_t);
@@ -413,6 +451,15 @@ static int maybe_save(Run *r, const DuetTrainState *st, bool now) {
   const DuetConfig *cfg = r->cfg;
   if (!cfg->save_path || r->saved_step == st->step) return 0;
   if (!now && st->step != r->total && !(cfg->save_every > 0 && st->step % cfg->save_every == 0)) return 0;
+  if (r->dist && duet_dist_rank(r->dist) > 0) { /* ZeRO (rank_view): this rank's shard of the state to rank 0 */
+    if (duet_session_serve_states(r->s)) {
+      fprintf(stderr, "duet: error: sending this rank's optimizer state to rank 0 for the checkpoint of step %" PRId64
+              ": %s\n", st->step, duet_session_error(r->s));
+      return -1;
+    }
+    r->saved_step = st->step;
+    return 0;
+  }
   char err[1024], kept[1200];
   int n_stale = duet_st_remove_stale_temps(cfg->save_path, DUET_ST_STALE_SECONDS, err, sizeof err);
   if (n_stale && !cfg->quiet)
@@ -446,7 +493,10 @@ static int check_stop(Run *r, const DuetTrainState *st) {
               st->step, err);
       return 1;
     }
-    if (sig && duet_dist_rank(r->dist) > 0) return 128 + sig; /* rank 0 saves and says so */
+    if (sig && duet_dist_rank(r->dist) > 0) { /* rank 0 saves and says so (ZeRO: with this rank's state) */
+      maybe_save(r, st, true);
+      return 128 + sig;
+    }
   }
   if (!sig) return 0;
   const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
@@ -665,6 +715,15 @@ static int check_labels(const DuetDataset *ds, int n_classes, const char *what) 
  * existing directory or anything else but a regular file (a checkpoint is
  * renamed over it: as root, --save /dev/null would replace the device), and
  * its directory writable.  0, or 1 after printing the error. */
+/* Whether this process writes the checkpoints: alone, or rank 0 of an MPI
+ * run (the other ranks of a --zero 1 run keep --save only to take part in
+ * rank 0's saves, rank_view; their machine need not have its directory). */
+static bool writes_files_here(void) {
+  int rank = 0;
+  char var[400];
+  return duet_launch_ranks(&rank, var, sizeof var) <= 1 || rank == 0;
+}
+
 static int check_save_path(const char *path) {
   struct stat st;
   if (!*path) {
@@ -746,8 +805,12 @@ static int check_outputs(const DuetConfig *cfg, const char *model_path) {
   char data[4][4096], exe[4096];
   if (model_path) in[n_in++] = (RunInput){"the model source", model_path};
   if (cfg->resume_path) in[n_in++] = (RunInput){"--resume", cfg->resume_path};
-  if (cfg->data == DUET_DATA_TEXT && cfg->data_path) {
-    in[n_in++] = (RunInput){"the training text", cfg->data_path};
+  if ((cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS) && cfg->data_path) {
+    in[n_in++] = (RunInput){cfg->data == DUET_DATA_TEXT ? "the training text" : "the token file", cfg->data_path};
+  } else if (cfg->data == DUET_DATA_NPY) {
+    const char *np[4] = {cfg->data_path, cfg->data_y, cfg->val_x, cfg->val_y};
+    for (int k = 0; k < 4; k++)
+      if (np[k]) in[n_in++] = (RunInput){"the data file", np[k]};
   } else if (cfg->data_path) {
     for (int k = 0; k < 4; k++) {
       snprintf(data[k], sizeof data[k], "%s/%s", cfg->data_path, idx_files[k / 2][k % 2]);
@@ -794,6 +857,9 @@ static int64_t idx_count(const char *path) {
   return (int64_t)((uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 | (uint32_t)h[6] << 8 | h[7]);
 }
 
+static int npy_plan(const DuetProgram *p, const DuetConfig *cfg, int64_t *n_train, int64_t *n_val, char *err,
+                    size_t errlen);
+
 /* The last step of a run as train_images and train_text work it out, from
  * the data files' sizes only; -1 when it cannot be told here (those
  * functions then report why). */
@@ -801,11 +867,18 @@ static int64_t planned_total(const DuetProgram *p, const DuetConfig *cfg) {
   if (cfg->steps > 0) return cfg->steps;
   int64_t B = p->defaults.batch, per_epoch;
   if (!cfg->data_path || B < 1) return -1;
-  if (cfg->data == DUET_DATA_TEXT) {
+  if (cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS) {
     struct stat sb;
     if (stat(cfg->data_path, &sb) || !S_ISREG(sb.st_mode) || cfg->block < 1) return -1;
-    per_epoch = (int64_t)sb.st_size * 9 / 10 / (B * cfg->block);
+    int64_t n = cfg->data == DUET_DATA_TEXT ? (int64_t)sb.st_size : ((int64_t)sb.st_size - 1024) / 2;
+    if (n < 0) return -1;
+    per_epoch = n * 9 / 10 / (B * cfg->block);
     if (per_epoch < 1) per_epoch = 1;
+  } else if (cfg->data == DUET_DATA_NPY) {
+    int64_t n, n_val;
+    char err[1024];
+    if (npy_plan(p, cfg, &n, &n_val, err, sizeof err)) return -1;
+    per_epoch = (cfg->train_subset && cfg->train_subset < n ? cfg->train_subset : n) / B;
   } else {
     char lp[4096];
     snprintf(lp, sizeof lp, "%s/%s", cfg->data_path, idx_files[0][1]);
@@ -826,7 +899,7 @@ static int64_t planned_total(const DuetProgram *p, const DuetConfig *cfg) {
  * printing the error. */
 static int check_run_files(const DuetProgram *p, const DuetConfig *cfg, const char *model_path) {
   char err[1024];
-  if (cfg->save_path && check_save_path(cfg->save_path)) return 1;
+  if (cfg->save_path && writes_files_here() && check_save_path(cfg->save_path)) return 1;
   if (check_outputs(cfg, model_path)) return 1;
   if (cfg->resume_path) {
     int64_t step, total = planned_total(p, cfg);
@@ -916,6 +989,12 @@ static int check_compiled(const DuetProgram *p, const DuetConfig *cfg) {
   if (p->n_stages >= 1 && cfg->micro_batches && cfg->micro_batches != M) {
     fprintf(stderr, "duet: error: this program was compiled for %d micro-batch%s%s, not %" PRId64 "\n", M,
             M == 1 ? "" : "es", R > 1 ? " per replica" : "", cfg->micro_batches);
+    return 1;
+  }
+  int z = p->n_stages >= 1 && R > 1 ? p->zero : 0;
+  if (cfg->zero && cfg->zero - 1 != z) {
+    fprintf(stderr, "duet: error: this program was compiled with --zero %d, not %d (fixed at compile time: duet "
+            "compile M.model --data-parallel N --zero %d)\n", z, cfg->zero - 1, cfg->zero - 1);
     return 1;
   }
   double want = p->bucket_mb > 0 ? p->bucket_mb : 25.0;
@@ -1008,6 +1087,20 @@ static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const Du
            "; %d all-reduce bucket%s (%.2f MiB of gradients, --bucket-mb %g) summed %s\n", R, S, S == 1 ? "" : "s",
            M, M == 1 ? "" : "es", p->defaults.batch, p->n_buckets, p->n_buckets == 1 ? "" : "s",
            (double)grads / 1048576.0, p->bucket_mb > 0 ? p->bucket_mb : 25.0, duet_session_collective(s));
+    if (p->zero) { /* the state each replica keeps */
+      int64_t all = 0, most = 0, own[DUET_MAX_DEVICES] = {0};
+      for (int i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].region == DUET_MEM_STATE) {
+          all += p->tensors[i].nbytes;
+          int sh = p->tensor_shard[i];
+          if (sh >= 0 && sh < DUET_MAX_DEVICES) own[sh] += p->tensors[i].nbytes;
+        }
+      for (int r = 0; r < R && r < DUET_MAX_DEVICES; r++)
+        if (own[r] > most) most = own[r];
+      printf("duet: ZeRO stage 1: optimizer state sharded over the %d replicas by whole tensors: at most %.2f MiB per "
+             "replica of %.2f MiB (%.1f%%); gradients reduce-scattered, params all-gathered after the update\n", R,
+             (double)most / 1048576.0, (double)all / 1048576.0, all > 0 ? 100.0 * (double)most / (double)all : 0.0);
+    }
   }
   fflush(stdout);
 }
@@ -1023,18 +1116,139 @@ static int check_pixels(const DuetProgram *p, int rows, int cols) {
   return 1;
 }
 
+/* ------------------------------------------------------------------ npy */
+
+/* npy data: x (inputs) and y (targets) files of as many samples (axis 0),
+ * each sample shaped as the input's axes 1.. (duet_npy_match).  Validation:
+ * separate files val_x/val_y, or the last floor(n * val_fraction) samples
+ * of x/y, or none.  The plan from the headers alone: *n_train and *n_val
+ * samples (n_val 0: no validation).  0, or -1 with the message in err: a
+ * file's own errors (duet_npy_check), a mismatch with the model, x and y
+ * of different sample counts, a split that leaves no validation sample,
+ * fewer training samples than one batch. */
+static int npy_plan(const DuetProgram *p, const DuetConfig *cfg, int64_t *n_train, int64_t *n_val, char *err,
+                    size_t errlen) {
+  const char *paths[4] = {cfg->data_path, cfg->data_y, cfg->val_x, cfg->val_y};
+  int64_t n[4] = {0};
+  for (int k = 0; k < 4; k++) {
+    if (!paths[k]) continue;
+    DuetNpyInfo info;
+    int id = k % 2 ? p->input_y : p->input_x;
+    if (duet_npy_check(paths[k], &info, err, errlen) ||
+        duet_npy_match(&info, paths[k], &p->tensors[id], p->tensors[id].name, err, errlen))
+      return -1;
+    n[k] = info.shape[0];
+  }
+  for (int k = 0; k < 4; k += 2)
+    if (paths[k] && n[k] != n[k + 1]) {
+      snprintf(err, errlen, "%s holds %" PRId64 " samples but %s holds %" PRId64, paths[k], n[k], paths[k + 1],
+               n[k + 1]);
+      return -1;
+    }
+  *n_train = n[0];
+  *n_val = n[2];
+  if (cfg->val_x && n[2] < 1) {
+    snprintf(err, errlen, "%s holds no samples", cfg->val_x);
+    return -1;
+  }
+  if (cfg->val_fraction > 0) {
+    *n_val = (int64_t)((double)n[0] * cfg->val_fraction);
+    if (*n_val < 1) {
+      snprintf(err, errlen, "val_fraction %g of the %" PRId64 " samples of %s leaves no validation sample",
+               cfg->val_fraction, n[0], cfg->data_path);
+      return -1;
+    }
+    *n_train = n[0] - *n_val;
+  }
+  int64_t used = cfg->train_subset && cfg->train_subset < *n_train ? cfg->train_subset : *n_train;
+  if (used < p->defaults.batch) {
+    snprintf(err, errlen, "%s: %" PRId64 " training samples are fewer than one batch of %" PRId64, cfg->data_path,
+             used, p->defaults.batch);
+    return -1;
+  }
+  return 0;
+}
+
+/* Loads npy data as npy_plan plans it (train: the training samples, val:
+ * the validation ones, empty when there are none) and checks the labels of
+ * an i32[batch] y against the model's classes.  0, or -1 with the message. */
+static int npy_load_sets(const DuetProgram *p, const DuetConfig *cfg, DuetDataset *train, DuetDataset *val, char *err,
+                         size_t errlen) {
+  int64_t n_train, n_val;
+  if (npy_plan(p, cfg, &n_train, &n_val, err, errlen)) return -1;
+  const DuetTensor *tx = &p->tensors[p->input_x], *ty = &p->tensors[p->input_y];
+  int64_t ex = 1, ey = 1;
+  for (int d = 1; d < tx->rank; d++) ex *= tx->shape[d];
+  for (int d = 1; d < ty->rank; d++) ey *= ty->shape[d];
+  DuetDataset *sets[2] = {train, val};
+  const char *px[2] = {cfg->data_path, cfg->val_x}, *py[2] = {cfg->data_y, cfg->val_y};
+  for (int k = 0; k < 2; k++) {
+    *sets[k] = (DuetDataset){.x_elems = ex, .y_elems = ey};
+    if (!px[k]) continue;
+    int64_t nx, ny;
+    if (duet_npy_load(px[k], tx, tx->name, &nx, &sets[k]->x, err, errlen) ||
+        duet_npy_load(py[k], ty, ty->name, &ny, &sets[k]->y, err, errlen))
+      return -1;
+    sets[k]->n = nx;
+  }
+  if (cfg->val_fraction > 0) { /* the last n_val samples validate */
+    val->n = n_val;
+    val->x = malloc((size_t)(n_val * ex) * 4);
+    val->y = malloc((size_t)(n_val * ey) * 4);
+    if (!val->x || !val->y) {
+      snprintf(err, errlen, "out of host memory loading %s", cfg->data_path);
+      return -1;
+    }
+    memcpy(val->x, (char *)train->x + (size_t)(n_train * ex) * 4, (size_t)(n_val * ex) * 4);
+    memcpy(val->y, (char *)train->y + (size_t)(n_train * ey) * 4, (size_t)(n_val * ey) * 4);
+    train->n = n_train;
+  }
+  /* i32 labels against the classes, i32 inputs against the embedding rows */
+  for (int k = 0; k < 2; k++)
+    for (int w = 0; w < 2; w++) {
+      const DuetTensor *t = w ? ty : tx;
+      int limit = w ? p->n_classes : p->vocab;
+      int64_t e = w ? ey : ex;
+      if (t->dtype != DUET_I32 || limit <= 0) continue;
+      const int32_t *v = w ? sets[k]->y : sets[k]->x;
+      for (int64_t i = 0; i < sets[k]->n * e; i++)
+        if (v[i] < 0 || v[i] >= limit) {
+          const char *file = k == 0 ? (w ? cfg->data_y : cfg->data_path)
+                                    : (w ? (cfg->val_y ? cfg->val_y : cfg->data_y)
+                                         : (cfg->val_x ? cfg->val_x : cfg->data_path));
+          snprintf(err, errlen, "%s: %s %d of sample %" PRId64 " is outside the model's %d %s", file,
+                   w ? "label" : "index", v[i], i / e + (k == 1 && cfg->val_fraction > 0 ? n_train : 0), limit,
+                   w ? "classes" : "embedding rows");
+          return -1;
+        }
+    }
+  return 0;
+}
+
 static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg, DuetDist *dist) {
   int rc;
   char err[1024];
   DuetDataset train = {0}, test = {0};
   char ip[1024], lp[1024];
+  bool npy = cfg.data == DUET_DATA_NPY;
+  const char *split = npy ? "validation" : "test";
+  if (npy) {
+    if (npy_load_sets(p, &cfg, &train, &test, err, sizeof err)) {
+      fprintf(stderr, "duet: error: %s\n", err);
+      duet_dataset_free(&train);
+      duet_dataset_free(&test);
+      return 1;
+    }
+    if (!test.n) cfg.eval = 0; /* no validation set */
+  } else {
   snprintf(ip, sizeof ip, "%s/%s", cfg.data_path, idx_files[0][0]);
   snprintf(lp, sizeof lp, "%s/%s", cfg.data_path, idx_files[0][1]);
   if (duet_load_idx(&train, ip, lp, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
   }
-  if (cfg.eval) {
+  }
+  if (!npy && cfg.eval) {
     snprintf(ip, sizeof ip, "%s/%s", cfg.data_path, idx_files[1][0]);
     snprintf(lp, sizeof lp, "%s/%s", cfg.data_path, idx_files[1][1]);
     if (duet_load_idx(&test, ip, lp, err, sizeof err)) {
@@ -1049,8 +1263,9 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   FILE *mf = NULL;
   int64_t *perm = NULL;
   StopHandlers stops = {0};
-  if (check_pixels(p, train.rows, train.cols)) goto out;
-  if (p->n_classes && (check_labels(&train, p->n_classes, "training") || check_labels(&test, p->n_classes, "test")))
+  if (!npy && check_pixels(p, train.rows, train.cols)) goto out;
+  if (!npy && p->n_classes &&
+      (check_labels(&train, p->n_classes, "training") || check_labels(&test, p->n_classes, "test")))
     goto out;
   int64_t n_train = cfg.train_subset && cfg.train_subset < train.n ? cfg.train_subset : train.n;
   int64_t n_test = cfg.test_subset && cfg.test_subset < test.n ? cfg.test_subset : test.n;
@@ -1159,13 +1374,13 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
       }
       evaluated = 1;
       if (!isfinite(last.loss)) {
-        fprintf(stderr, "duet: error: test loss is %s after epoch %" PRId64 ": training diverged (check --lr and "
-                        "--weight-decay)\n", isnan(last.loss) ? "NaN" : "infinite", epoch);
+        fprintf(stderr, "duet: error: %s loss is %s after epoch %" PRId64 ": training diverged (check --lr and "
+                        "--weight-decay)\n", split, isnan(last.loss) ? "NaN" : "infinite", epoch);
         goto out;
       }
       if (!cfg.quiet)
-        printf("epoch %" PRId64 " | test accuracy %.2f%% (%" PRId64 "/%" PRId64 ") | test loss %.4f\n", epoch,
-               100.0 * (double)last.correct / (double)last.n, last.correct, last.n, last.loss);
+        printf("epoch %" PRId64 " | %s accuracy %.2f%% (%" PRId64 "/%" PRId64 ") | %s loss %.4f\n", epoch, split,
+               100.0 * (double)last.correct / (double)last.n, last.correct, last.n, split, last.loss);
       fflush(stdout);
       if (mf) {
         cJSON *o = cJSON_CreateObject();
@@ -1189,7 +1404,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
            total - first_step == 1 ? "" : "s", elapsed,
            (double)((total - first_step) * B) / elapsed);
     if (evaluated)
-      printf("; test accuracy %.2f%%", 100.0 * (double)last.correct / (double)last.n);
+      printf("; %s accuracy %.2f%%", split, 100.0 * (double)last.correct / (double)last.n);
     printf("\n");
   }
   rc = 0;
@@ -1219,8 +1434,20 @@ out:
  * run and every --seed. */
 typedef struct TextData {
   unsigned char *bytes;
+  uint16_t *tokens;   /* tokens(...) data: the ids (bytes NULL) */
   int64_t n, n_train; /* train: [0, n_train), validation: [n_train, n) */
 } TextData;
+
+/* The check that a text of n bytes (unit "bytes") or a token file of n
+ * tokens has a window of block + 1 in both its 90% and its 10% split. */
+static int text_too_short_unit(const char *path, int64_t n, int64_t block, const char *unit, char *err,
+                               size_t errlen) {
+  int64_t n_train = n * 9 / 10;
+  if (n_train >= block + 2 && n - n_train >= block + 2) return 0;
+  snprintf(err, errlen, "%s has %" PRId64 " %s: too short for windows of %" PRId64 " %s in both the 90%% "
+           "training and the 10%% validation split", path, n, unit, block + 1, unit);
+  return -1;
+}
 
 /* The message for a text file that did not open (errno: why) or read
  * (EIO, ENOMEM). */
@@ -1233,11 +1460,32 @@ static void text_open_error(const char *path, int e, char *err, size_t errlen) {
 /* -1 with the message when a text of n bytes is too short for one window
  * of block+1 bytes in the training (first 90%) or validation split. */
 static int text_too_short(const char *path, int64_t n, int64_t block, char *err, size_t errlen) {
-  int64_t n_train = n * 9 / 10;
-  if (n_train >= block + 2 && n - n_train >= block + 2) return 0;
-  snprintf(err, errlen, "%s has %" PRId64 " bytes: too short for windows of %" PRId64 " bytes in both the 90%% "
-           "training and the 10%% validation split", path, n, block + 1);
-  return -1;
+  return text_too_short_unit(path, n, block, "bytes", err, errlen);
+}
+
+/* The ids a tokens model takes: below its embedding's rows (vocab) and its
+ * cross_entropy's classes, whichever are known and smaller (uint16's range
+ * when neither is). */
+static int token_limit(const DuetProgram *p) {
+  int v = 65536;
+  if (p->vocab > 0 && p->vocab < v) v = p->vocab;
+  if (p->n_classes > 0 && p->n_classes < v) v = p->n_classes;
+  return v;
+}
+
+/* tokens("FILE", block = T): an llm.c token file (duet_load_tokens), its ids
+ * checked against the model's vocabulary (token_limit), then split and
+ * windowed as text is. */
+static int load_tokens(TextData *td, const char *path, int64_t block, int vocab, char *err, size_t errlen) {
+  memset(td, 0, sizeof *td);
+  if (duet_load_tokens(path, vocab, &td->tokens, &td->n, err, errlen)) return -1;
+  td->n_train = td->n * 9 / 10;
+  if (text_too_short_unit(path, td->n, block, "tokens", err, errlen)) {
+    free(td->tokens);
+    td->tokens = NULL;
+    return -1;
+  }
+  return 0;
 }
 
 static int load_text(TextData *td, const char *path, int64_t block, char *err, size_t errlen) {
@@ -1271,8 +1519,8 @@ static int text_batch(DuetSession *s, const DuetProgram *p, const TextData *td, 
   for (int64_t b = 0; b < batch; b++) {
     int64_t off = lo + (int64_t)(duet_rng_next(r) % span);
     for (int64_t t = 0; t < block; t++) {
-      x[b * block + t] = td->bytes[off + t];
-      y[b * block + t] = td->bytes[off + t + 1];
+      x[b * block + t] = td->tokens ? td->tokens[off + t] : td->bytes[off + t];
+      y[b * block + t] = td->tokens ? td->tokens[off + t + 1] : td->bytes[off + t + 1];
     }
   }
   return duet_session_write(s, p->input_x, 0, x, n * sizeof *x) || duet_session_write(s, p->input_y, 0, y, n * sizeof *y)
@@ -1305,7 +1553,9 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     fprintf(stderr, "duet: error: text data needs two i32[batch, block] inputs and a cross_entropy loss\n");
     return 1;
   }
-  if (load_text(&td, cfg.data_path, cfg.block, err, sizeof err)) {
+  bool toks = cfg.data == DUET_DATA_TOKENS;
+  if (toks ? load_tokens(&td, cfg.data_path, cfg.block, token_limit(p), err, sizeof err)
+           : load_text(&td, cfg.data_path, cfg.block, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
   }
@@ -1315,7 +1565,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   FILE *mf = NULL;
   StopHandlers stops = {0};
   int64_t B = p->defaults.batch, T = cfg.block;
-  if (p->n_classes < 256) {
+  if (!toks && p->n_classes < 256) {
     fprintf(stderr, "duet: error: byte-level text needs 256 classes, the model's logits have %d\n", p->n_classes);
     goto out;
   }
@@ -1333,9 +1583,9 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     for (int i = 0; i < p->n_tensors; i++)
       if (p->tensors[i].region == DUET_MEM_PARAM) n_params += p->tensors[i].nbytes / (p->tensors[i].dtype == DUET_F64 ? 8 : 4);
     printf("duet: %s: %" PRId64 " parameters, %s lr %g, batch %" PRId64 " x %" PRId64 " tokens, %" PRId64
-           " steps, text %s (%" PRId64 " bytes: %" PRId64 " train, %" PRId64 " validation)\n",
+           " steps, %s %s (%" PRId64 " %s: %" PRId64 " train, %" PRId64 " validation)\n",
            p->model_name, n_params, cfg.optimizer == DUET_OPTIM_SGD ? "sgd" : "adamw", cfg.lr, B, T, total,
-           cfg.data_path, td.n, td.n_train, td.n - td.n_train);
+           toks ? "tokens" : "text", cfg.data_path, td.n, toks ? "tokens" : "bytes", td.n_train, td.n - td.n_train);
     printf("duet: memory: params %.1f MiB, optimizer state %.1f MiB, activations %.1f MiB (planned)\n",
            (double)p->region_bytes[DUET_MEM_PARAM] / 1048576.0, (double)p->region_bytes[DUET_MEM_STATE] / 1048576.0,
            (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
@@ -1389,8 +1639,9 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
                 isnan(val) ? "NaN" : "infinite", step);
         goto out;
       }
-      if (!cfg.quiet) printf("step %" PRId64 " | val loss %.4f nats/byte (%" PRId64 " batches)\n", step, val,
-                             cfg.eval_batches);
+      if (!cfg.quiet)
+        printf("step %" PRId64 " | val loss %.4f nats/%s (%" PRId64 " batches)\n", step, val,
+               toks ? "token" : "byte", cfg.eval_batches);
       fflush(stdout);
       if (mf) {
         cJSON *o = cJSON_CreateObject();
@@ -1413,7 +1664,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f tokens/s)", total - first_step,
            total - first_step == 1 ? "" : "s", elapsed,
            (double)((total - first_step) * B * T) / elapsed);
-    if (!isnan(val)) printf("; val loss %.4f nats/byte", val);
+    if (!isnan(val)) printf("; val loss %.4f nats/%s", val, toks ? "token" : "byte");
     printf("\n");
   }
   rc = 0;
@@ -1426,15 +1677,18 @@ out:
   duet_session_free(s);
   if (dev) dev->ops->destroy(dev);
   free(td.bytes);
+  free(td.tokens);
   return rc;
 }
 
 /* 1 after the error when an image model has no data source (no data =, or
  * no x/y inputs), else 0. */
 static int no_data_source(const DuetProgram *p, const DuetConfig *cfg) {
-  if (cfg->data == DUET_DATA_FASHION_MNIST && p->input_x >= 0 && p->input_y >= 0) return 0;
-  fprintf(stderr, "duet: error: model `%s` has no data source: add `data = fashion_mnist(\"DIR\")` or "
-                  "`data = text(\"FILE\", block = T)` to its train section\n", p->model_name);
+  if ((cfg->data == DUET_DATA_FASHION_MNIST || cfg->data == DUET_DATA_NPY) && p->input_x >= 0 && p->input_y >= 0)
+    return 0;
+  fprintf(stderr, "duet: error: model `%s` has no data source: add `data = fashion_mnist(\"DIR\")`, "
+                  "`data = text(\"FILE\", block = T)` or `data = npy(\"X.npy\", \"Y.npy\")` to its train section\n",
+          p->model_name);
   return 1;
 }
 
@@ -1462,8 +1716,11 @@ static int rank_view(const DuetProgram *p, DuetConfig *cfg) {
   }
   if (rank > 0) {
     cfg->quiet = 1;
-    cfg->save_path = cfg->metrics_path = NULL;
-    cfg->save_every = 0;
+    cfg->metrics_path = NULL;
+    if (!p->zero) { /* ZeRO: it sends its shard of the state to rank 0 when rank 0 saves (maybe_save) */
+      cfg->save_path = NULL;
+      cfg->save_every = 0;
+    }
   }
   return ranks;
 }
@@ -1473,8 +1730,14 @@ static int rank_view(const DuetProgram *p, DuetConfig *cfg) {
 static uint64_t data_bytes(const DuetConfig *cfg) {
   struct stat sb;
   if (!cfg->data_path) return 0;
-  if (cfg->data == DUET_DATA_TEXT) return stat(cfg->data_path, &sb) ? 0 : (uint64_t)sb.st_size;
+  if (cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS)
+    return stat(cfg->data_path, &sb) ? 0 : (uint64_t)sb.st_size;
   uint64_t n = 0;
+  if (cfg->data == DUET_DATA_NPY) {
+    const char *np[4] = {cfg->data_path, cfg->data_y, cfg->val_x, cfg->val_y};
+    for (int k = 0; k < 4; k++) n = n * 1000003u + (np[k] && !stat(np[k], &sb) ? (uint64_t)sb.st_size : 0);
+    return n;
+  }
   for (int k = 0; k < 4; k++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", cfg->data_path, idx_files[k / 2][k % 2]);
@@ -1525,7 +1788,7 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
   int ranks = rank_view(p, &cfg);
   if (ranks < 0) return 1;
   /* flags that do not apply to this program: said, not silently dropped */
-  bool text = cfg.data == DUET_DATA_TEXT;
+  bool text = cfg.data == DUET_DATA_TEXT || cfg.data == DUET_DATA_TOKENS;
   if (!cfg.quiet) {
     if (!text && (cfg.eval_every != p->defaults.eval_every || cfg.eval_batches != p->defaults.eval_batches))
       fprintf(stderr, "duet: warning: --eval-every and --eval-batches apply to text models; this one evaluates on "
@@ -1552,7 +1815,14 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
   int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
   if (rc) return rc == 2 ? 0 : 1; /* --help: duet_main prints it */
   if (rank_view(p, &cfg) < 0) return 1;
-  if (cfg.data == DUET_DATA_TEXT) {
+  if (cfg.data == DUET_DATA_TOKENS) {
+    int64_t n;
+    if (duet_load_tokens(cfg.data_path, token_limit(p), NULL, &n, err, sizeof err) ||
+        text_too_short_unit(cfg.data_path, n, cfg.block, "tokens", err, sizeof err)) {
+      fprintf(stderr, "duet: error: %s\n", err);
+      return 1;
+    }
+  } else if (cfg.data == DUET_DATA_TEXT) {
     FILE *f = fopen(cfg.data_path, "rb");
     int e = f ? 0 : errno;
     if (f && getc(f) == EOF && ferror(f)) e = EIO; /* a directory opens, then fails to read */
@@ -1562,6 +1832,13 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
     if (f) fclose(f);
     if (e) text_open_error(cfg.data_path, e, err, sizeof err);
     if (e || short_text) {
+      fprintf(stderr, "duet: error: %s\n", err);
+      return 1;
+    }
+  } else if (cfg.data == DUET_DATA_NPY) {
+    int64_t n_train, n_val;
+    if (no_data_source(p, &cfg)) return 1;
+    if (npy_plan(p, &cfg, &n_train, &n_val, err, sizeof err)) {
       fprintf(stderr, "duet: error: %s\n", err);
       return 1;
     }

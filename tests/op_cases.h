@@ -53,6 +53,24 @@ static const Case cases[] = {
                            "block sq(x) {\n  param w: [2, 2] = normal(0.5)\n  return x @ w\n}\n"
                            "p, q, s = split(t, 3, axis = 1)\nm, n = pair(concat(p, q, axis = 1))\n"
                            "loss = mean(repeat(3, sq, m * n + s) * r)\n", 0},
+    /* issue 19: the elementwise ops, softmax, rmsnorm, mse_loss, rope and
+     * grouped-query attention (kv_heads < heads) */
+    {"exp_log", HEAD "param a: [3,5]\ninput r: f32[3,5]\nloss = mean((exp(a) + log(a * a + 0.5) * 2) * r)\n", 0},
+    {"tanh", HEAD "param a: [3,5]\ninput r: f32[3,5]\nloss = mean(tanh(a * 2) * r)\n", 0},
+    {"sigmoid", HEAD "param a: [3,5]\ninput r: f32[3,5]\nloss = mean(sigmoid(a * 3) * r)\n", 0},
+    {"silu", HEAD "param a: [3,5]\ninput r: f32[3,5]\nloss = mean(silu(a * 3) * r)\n", 0},
+    {"softmax", HEAD "param a: [3,5]\ninput r: f32[3,5]\nloss = mean(softmax(a * 2) * r)\n", 0},
+    {"softmax_axis", HEAD "param a: [2,4,3]\ninput r: f32[2,4,3]\nloss = mean(softmax(a * 2, axis = 1) * r) + "
+                     "mean(softmax(a, 0) * r)\n", 0},
+    {"rmsnorm", HEAD "param x: [3,6]\nparam w: [6]\ninput r: f32[3,6]\nloss = mean(rmsnorm(x, w, eps = 0.01) * r)\n", 0},
+    {"mse_loss", HEAD "param a: [3,4]\nparam b: [4,2]\nparam c: [3,2]\ninput y: f32[3,2]\n"
+                 "loss = mse_loss(a @ b, y) + mse_loss(c, a @ b) * 0.5\n", 0},
+    {"rope", HEAD "param q: [2,5,8]\ninput r: f32[2,5,8]\n"
+             "loss = mean(rope(q, heads = 2) * r) + mean(rope(q * q, 1, base = 100) * r)\n", 0},
+    {"attention_gqa", HEAD "param q: [2,5,8]\nparam k: [2,5,4]\nparam v: [2,5,4]\ninput r: f32[2,5,8]\n"
+                      "loss = mean(attention(q, k, v, heads = 4, kv_heads = 2, causal = true) * r)\n", 0},
+    {"attention_mqa", HEAD "param q: [1,4,6]\nparam k: [1,4,2]\nparam v: [1,4,2]\ninput r: f32[1,4,6]\n"
+                      "loss = mean(attention(q * 2, k, v, heads = 3, kv_heads = 1) * r)\n", 0},
     {"mlp", HEAD "input x: f32[6,4]\ninput y: i32[6]\n"
                  "block linear(h, out) {\n  param w: [dim(h, -1), out] = xavier_uniform\n"
                  "  param b: [out] = normal(0.1)\n  return h @ w + b\n}\n"
@@ -85,6 +103,18 @@ static const Case big_cases[] = {
                  "loss = mean(relu(conv2d(x, w, b, padding = 1)) * r)\n", 0},
     {"big_gelu_dropout", "model t\nparam a: [300,700]\ninput r: f32[300,700]\n"
                          "loss = mean(dropout(gelu(a), p = 0.2) * r)\n", 0},
+    /* issue 19: rows of 1000 (a block per row, 256 threads) and a middle
+     * axis (a thread per column); a sum of squares over 128 blocks; rows
+     * of 1000 normalised; rotary pairs over a grid-stride loop; 8 query
+     * heads over 2 key/value heads across 200 positions */
+    {"big_softmax", "model t\nparam a: [300,1000]\nparam b: [4,100,70]\ninput r: f32[300,1000]\ninput u: f32[4,100,70]\n"
+                    "loss = mean(softmax(a * 3) * r) + mean(softmax(b * 3, axis = 1) * u)\n", 0},
+    {"big_mse", "model t\nparam a: [300,700]\ninput y: f32[300,700]\nloss = mse_loss(silu(a), y)\n", 0},
+    {"big_rmsnorm", "model t\nparam x: [64,1000]\nparam w: [1000]\ninput r: f32[64,1000]\n"
+                    "loss = mean(rmsnorm(x * 2, w) * r)\n", 0},
+    {"big_rope", "model t\nparam q: [4,300,128]\ninput r: f32[4,300,128]\nloss = mean(rope(q, heads = 2) * r)\n", 0},
+    {"big_attention_gqa", "model t\nparam q: [2,200,64]\nparam k: [2,200,16]\nparam v: [2,200,16]\ninput r: f32[2,200,64]\n"
+                          "loss = mean(attention(q, k, v, heads = 8, kv_heads = 2, causal = true) * r)\n", 0},
 };
 #define N_BIG_CASES ((int)(sizeof big_cases / sizeof *big_cases))
 

@@ -15,6 +15,8 @@
 #      with the .model's losses, as does a `duet compile --optimizer-state
 #      int8` executable; a dump after `optimizer` refuses another
 #      --optimizer-state;
+#   3b. ZeRO stage 1 with 8-bit state (--data-parallel 2 --zero 1) equals one
+#      device with 2 micro-batches, checkpoint byte for byte;
 #   4. exact diagnostics: a bad or missing --optimizer-state, int8 with sgd,
 #      resuming an f32-state checkpoint with int8 state and the reverse.
 # usage: run_adamw8.sh path/to/duet   (from the repository root; exit 77
@@ -88,6 +90,14 @@ expect ir_fixed_state "$d/opt.ir:2:7: error: the dump was printed after \`optimi
 "$DUET" compile $M $Q -o "$d/exe" > /dev/null 2>&1 && "$d/exe" $F --steps 3 --metrics "$d/exe.jsonl" > /dev/null 2>&1 &&
   "$DUET" run $M $Q $F --steps 3 --metrics "$d/run.jsonl" > /dev/null 2>&1 && [ -s "$d/exe.jsonl" ] &&
   cmp -s "$d/exe.jsonl" "$d/run.jsonl" && cmp -s "$d/run.jsonl" "$d/mo.jsonl" && ok compiled_equals_run || bad compiled_equals_run
+
+# ZeRO stage 1 (--zero 1) shards the state by whole tensors, codes and scales
+# alike: two replicas equal one device with 2 micro-batches, checkpoint and all
+Z="--steps 10 --log-every 1 --train-subset 2560 --no-eval"
+"$DUET" run $M $Q $Z --micro-batches 2 --threads 1 --metrics "$d/z1.jsonl" --save "$d/z1.st" > /dev/null 2>&1 &&
+  DUET_DP_CHECK=1 "$DUET" run $M $Q $Z --data-parallel 2 --zero 1 --threads 2 --metrics "$d/z2.jsonl" --save "$d/z2.st" \
+    > /dev/null 2>&1 && cmp -s "$d/z1.jsonl" "$d/z2.jsonl" && cmp -s "$d/z1.st" "$d/z2.st" && ok zero_sharded_int8 ||
+  bad zero_sharded_int8
 
 # 4. diagnostics
 expect bad_value "duet: error: unknown --optimizer-state \`8bit\` (int8, f32)" "$DUET" run $M --optimizer-state 8bit

@@ -27,9 +27,9 @@ expect run_help 0 "usage: duet run M.model [flags]" "$DUET" run --help
 expect compile_help 0 "usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]" "$DUET" compile --help
 expect ir_help 0 "usage: duet ir M.model [--after PASS] [--format text|dot|json] [--devices SPEC] [--micro-batches M] [--batch N]" "$DUET" ir --help
 expect emit_help 0 "usage: duet emit M.model [--target c|cuda]" "$DUET" emit --help
-expect check_help 0 "usage: duet check M.model [--data-parallel N] [--bucket-mb X]" "$DUET" check --help
+expect check_help 0 "usage: duet check M.model [--data-parallel N] [--bucket-mb X] [--zero 0|1]" "$DUET" check --help
 expect missing_model 1 "nofile.model: error: cannot open file: No such file or directory" "$DUET" check nofile.model
-expect unknown_pass 1 "duet: error: unknown pass 'nosuch'; passes: shape autodiff optimizer eval prune precision fuse partition data_parallel memplan" \
+expect unknown_pass 1 "duet: error: unknown pass 'nosuch'; passes: shape autodiff optimizer eval prune precision fuse partition data_parallel recompute memplan" \
   "$DUET" ir $M --after nosuch
 expect unknown_target 1 "duet: error: unknown target 'ptx' (available: c, cuda)" "$DUET" emit $M --target ptx
 expect bad_lr 1 "duet: error: --lr expects a number >= 0, got 'abc'" "$DUET" run $M --lr abc

@@ -36,6 +36,7 @@
 #     and NCCL missing fall back to MPI with the same bits; nccl forced
 #     without NCCL is the error); 2 ranks x 2-stage pipelines (a
 #     communicator per stage) equal the one pipeline with 2 micro-batches;
+#     --zero 1 across 2 ranks over NCCL equals cuda:0 with 2 micro-batches;
 #     a hung collective (DUET_FAKE_NCCL_HANG) ends the run within
 #     DUET_PIPE_TIMEOUT; DUET_DP_COLLECTIVE=nccl on CPU ranks is refused.
 # Parts (ctest runs each as its own test): cli (1-4), ops, train,
@@ -207,6 +208,17 @@ mpi)
   has "$tmp/pipe_mpi" "duet: rank 1: data-parallel check: the params and optimizer state of the 2 replicas (ranks; hashes compared) were bit-identical after each of 2 training steps" mpi_pipeline_identical
   if [ -s "$tmp/pipe_ref.st" ] && cmp -s "$tmp/pipe_ref.st" "$tmp/pipe_mpi.st" && cmp -s "$tmp/pipe_ref.jsonl" "$tmp/pipe_mpi.jsonl"
   then ok "2 ranks x 2 stages equal the pipeline with 2 micro-batches"; else bad "2 ranks x 2 stages differ from the pipeline"; fi
+  # --zero 1 across the ranks over NCCL (its all-reduce as the reduce-scatter, ncclBroadcast per tensor as
+  # the all-gather; rank 0 gathers the state for the checkpoint over MPI): one GPU with 2 micro-batches' bits
+  DUET_FAKE_GPUS=1 "$DUET" run $TINY --devices cuda:0 --micro-batches 2 --save "$tmp/one_ref.st" \
+    --metrics "$tmp/one_ref.jsonl" > "$tmp/one_ref" 2>&1 || bad "one GPU reference: failed"
+  DUET_FAKE_GPUS=1 DUET_DP_CHECK=1 $MPIRUN "$DUET" run $TINY --devices cuda:0 --zero 1 --save "$tmp/zero_mpi.st" \
+    --metrics "$tmp/zero_mpi.jsonl" > "$tmp/zero_mpi" 2>&1 || bad "--zero 1 across ranks: failed"
+  has "$tmp/zero_mpi" ", across the ranks (ncclCommInitRank, the unique ids broadcast over MPI (2 ranks, " mpi_zero_nccl
+  has "$tmp/zero_mpi" "; --zero 1: the reduce-scatter as NCCL's all-reduce, the all-gather as an ncclBroadcast per tensor from its replica" mpi_zero_says
+  has "$tmp/zero_mpi" "duet: rank 1: data-parallel check: the params (the optimizer state is sharded: each holds its own) of the 2 replicas (ranks; hashes compared) were bit-identical after each of 2 training steps" mpi_zero_identical
+  if [ -s "$tmp/one_ref.st" ] && cmp -s "$tmp/one_ref.st" "$tmp/zero_mpi.st" && cmp -s "$tmp/one_ref.jsonl" "$tmp/zero_mpi.jsonl"
+  then ok "--zero 1 across 2 ranks over NCCL equals one GPU with 2 micro-batches"; else bad "--zero 1 across ranks differs from one GPU"; fi
   # a rank whose collective never starts: ncclCommAbort and MPI_Abort within DUET_PIPE_TIMEOUT
   start=$(date +%s)
   DUET_FAKE_GPUS=1 DUET_FAKE_NCCL_HANG=1:2 DUET_PIPE_TIMEOUT=3 timeout 300 $MPIRUN "$DUET" run $TINY --devices cuda:0 \

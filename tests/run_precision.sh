@@ -69,7 +69,7 @@ C="--steps 12 --log-every 3 --threads 2 --seed 3 --no-eval --train-subset 2560"
 diff "$d/jit.jsonl" "$d/aot.jsonl" && ok compiled_fp16 || bad compiled_fp16
 
 # 5. flags and the device table
-"$DUET" ir $M --arch sm_61 --after precision | grep -q '^%6 = matmul %4, %5 : f16\[256,1024\]$' && ok arch_sm_61_fp16 || bad arch_sm_61_fp16
+"$DUET" ir $M --arch sm_61 --after precision | grep -Eq '^%6 = matmul %4, %5 : f16\[256,1024\](  @block\([0-9]+\))?$' && ok arch_sm_61_fp16 || bad arch_sm_61_fp16
 "$DUET" ir $M --arch sm_80 --after precision | grep -q ': bf16\[256,1024\]' && ok arch_sm_80_bf16 || bad arch_sm_80_bf16
 "$DUET" ir $M --after precision | grep -q 'f16\|bf16' && bad cpu_auto_fp32 || ok cpu_auto_fp32
 expect() { # name command... ; the expected stderr in $want
@@ -91,7 +91,7 @@ expect run_gpu_arch "$DUET" run $M --arch sm_60
   bad fp16_micro_batch_seed
 # the train section's `precision` key, and the command line winning over it
 sed 's/^  seed = 1$/  seed = 1\n  precision = "bf16"/' $M > "$d/p.model"
-"$DUET" ir "$d/p.model" --after precision | grep -q '^%6 = matmul %4, %5 : bf16\[256,1024\]$' && ok train_key_precision ||
+"$DUET" ir "$d/p.model" --after precision | grep -Eq '^%6 = matmul %4, %5 : bf16\[256,1024\](  @block\([0-9]+\))?$' && ok train_key_precision ||
   bad train_key_precision
 "$DUET" ir "$d/p.model" --after precision --precision fp32 | grep -q 'bf16\[' && bad cli_wins || ok cli_wins
 # 6. fp16 loss scaling with micro-batches and pipelines: a forced overflow

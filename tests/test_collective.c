@@ -13,7 +13,14 @@
  *  4. a direct tag (duet_coll_shm_direct) over 3 virtual CPU devices whose
  *     copies to and from the host fail: the same f32 sums bit for bit in
  *     rank order, reached through copy_peer and accumulate only (counted);
- *     host buffers and i32 on a direct tag are refused.
+ *     host buffers and i32 on a direct tag are refused;
+ *  5. ZeRO stage 1: reduce-scatter of the three f32 buffers in parts of
+ *     whole buffers (rank 0: buffer 0, rank 1: none, rank 2: buffers 1 and
+ *     2): each rank's part holds x0 + x1 + x2 in rank order, bit for bit
+ *     (the reference of 1.), five calls; then an all-gather: every rank
+ *     receives each part from the rank that owns it (byte copies, NaNs
+ *     elsewhere overwritten), and an all-reduce on the same tag after it;
+ *     a rank that passes other parts is refused.
  * Exits 1 on any failure. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -100,6 +107,58 @@ static void *job(void *arg) {
       for (int i = 0; i < 3 && !r->rc; i++)
         if (r->bc[i] != (float)(10 + i)) r->rc = -5;
     }
+  } else if (r->mode == 7) { /* ZeRO: reduce-scatter, all-gather, then an all-reduce, on tag 0 */
+    static const int split[R + 1] = {0, 1, 1, 3};
+    DuetCollBuf b[3] = {{r->f, N0, DUET_F32}, {r->f + N0, N1, DUET_F32}, {r->f + N0 + N1, N2, DUET_F32}};
+    int64_t lo = split[r->rank] ? N0 : 0, hi = split[r->rank + 1] == 1 ? N0 : split[r->rank + 1] == 3 ? NT : lo;
+    for (int call = 0; call < 5 && !r->rc; call++) {
+      for (int64_t i = 0; i < NT; i++) r->f[i] = value(r->rank, i, call);
+      if (c->ops->reduce_scatter_start(c, r->rank, 0, NULL, b, 3, split, e, el) ||
+          c->ops->allreduce_wait(c, r->rank, 0, e, el)) {
+        r->rc = -1;
+        break;
+      }
+      for (int64_t i = lo; i < hi; i++) {
+        float want = value(0, i, call);
+        want += value(1, i, call);
+        want += value(2, i, call);
+        if (memcmp(&want, &r->f[i], sizeof want)) {
+          snprintf(e, el, "reduce-scatter call %d, element %lld: %.9g, want %.9g", call, (long long)i, r->f[i], want);
+          r->rc = -2;
+          break;
+        }
+      }
+    }
+    if (!r->rc) { /* all-gather: my part is value(rank), the rest NaN until received */
+      for (int64_t i = 0; i < NT; i++) r->f[i] = i >= lo && i < hi ? value(r->rank, i, 99) : 0.0f / 0.0f;
+      if (c->ops->all_gather_start(c, r->rank, 0, NULL, b, 3, split, e, el) ||
+          c->ops->allreduce_wait(c, r->rank, 0, e, el))
+        r->rc = -1;
+      for (int64_t i = 0; i < NT && !r->rc; i++) {
+        float want = value(i < N0 ? 0 : 2, i, 99);
+        if (memcmp(&want, &r->f[i], sizeof want)) {
+          snprintf(e, el, "all-gather, element %lld: %.9g, want %.9g", (long long)i, r->f[i], want);
+          r->rc = -3;
+        }
+      }
+    }
+    if (!r->rc) { /* an all-reduce after them on the same tag */
+      for (int64_t i = 0; i < NT; i++) r->f[i] = value(r->rank, i, 7);
+      if (c->ops->allreduce_start(c, r->rank, 0, NULL, b, 3, e, el) || c->ops->allreduce_wait(c, r->rank, 0, e, el))
+        r->rc = -1;
+      for (int64_t i = 0; i < NT && !r->rc; i++) {
+        float want = value(0, i, 7);
+        want += value(1, i, 7);
+        want += value(2, i, 7);
+        if (memcmp(&want, &r->f[i], sizeof want)) r->rc = -4;
+      }
+    }
+  } else if (r->mode == 8) { /* rank 2 passes other parts */
+    static const int split[R + 1] = {0, 1, 1, 3}, other[R + 1] = {0, 1, 2, 3};
+    DuetCollBuf b[3] = {{r->f, N0, DUET_F32}, {r->f + N0, N1, DUET_F32}, {r->f + N0 + N1, N2, DUET_F32}};
+    if (c->ops->reduce_scatter_start(c, r->rank, 0, NULL, b, 3, r->rank == 2 ? other : split, e, el) ||
+        c->ops->allreduce_wait(c, r->rank, 0, e, el))
+      r->rc = -1;
   } else if (r->mode == 5 || r->mode == 6) { /* rank 0 gives a direct tag host memory (5), i32 (6) */
     DuetCollBuf b = {r->f, 4, DUET_F32}, k = {r->k, 4, DUET_I32};
     if (r->rank == 0 && c->ops->allreduce_start(c, 0, 0, r->mode == 5 ? NULL : r->dev, r->mode == 5 ? &b : &k, 1, e,
@@ -166,7 +225,7 @@ static void run(int mode, double timeout, Rank *rk, double *secs) {
     exit(1);
   }
   DuetDevice *dev[R] = {0};
-  if (mode >= 4) { /* tag 0 summed on the devices */
+  if (mode >= 4 && mode <= 6) { /* tag 0 summed on the devices */
     for (int i = 0; i < R; i++) {
       if (!(dev[i] = duet_cpu_device(NULL, 0, 1))) {
         printf("FAIL duet_cpu_device\n");
@@ -267,6 +326,15 @@ int main(void) {
   CHECK(rk[0].rc == 0 && !strcmp(rk[0].err, "buffer 0: dtype 3 (a device-to-device all-reduce sums f32 and f64)"),
         "direct, i32: rc %d: %s", rk[0].rc, rk[0].err);
   printf("ok a direct tag refuses host memory (%s) and i32 (%s)\n", host_msg, rk[0].err);
+  run(7, 30, rk, &secs);
+  for (int i = 0; i < R; i++) CHECK(rk[i].rc == 0, "rank %d: reduce-scatter, all-gather: rc %d: %s", i, rk[i].rc, rk[i].err);
+  printf("ok reduce-scatter of f32 in parts of whole buffers (%d, 0 and %d elements) over %d ranks: each part the "
+         "rank-order sum, bit for bit (5 calls); all-gather from each part's rank; an all-reduce after them\n", N0,
+         N1 + N2, R);
+  run(8, 30, rk, &secs);
+  CHECK(rk[0].rc && !strcmp(rk[0].err, "replica 2's call differs from replica 0's (another operation, or other parts)"),
+        "other parts: rank 0: %s", rk[0].err);
+  printf("ok other parts on one rank: %s\n", rk[0].err);
   for (int i = 0; i < R; i++) free(rk[i].f);
   printf("%s\n", fails ? "FAILED" : "all passed");
   return fails != 0;

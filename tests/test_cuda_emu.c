@@ -28,8 +28,12 @@
  * largest fraction of its bounds used.  --perturb KIND REL multiplies one
  * kernel's outputs by 1 + REL (ctest cuda_emu_catches_*: must fail).
  * Covers every op case of tests/op_cases.h in f32 and f64,
- * tests/models/gpt_tiny.model and four of the larger cases (multi-block
- * paths) in f32; five op cases, a one-layer
+ * tests/models/gpt_tiny.model, a two-layer GPT with dropout under
+ * activation recomputation (gpt_mini_recompute) and six of the larger
+ * cases (multi-block paths) in f32; decoding (attention_decode with
+ * key/value caches, rope at the step's position, grouped-query caches) of
+ * gpt_tiny and llama_tiny, 6 tokens, each step against the C backend; the
+ * rope case at decoding position 7; ten op cases, a one-layer LLaMA, a one-layer
  * GPT and a forced gradient overflow with 16-bit storage (--precision fp16
  * with loss scaling, bf16), where GEMMs are emulated as the CPU computes
  * them (16-bit operands, a wide sum, one rounding) and the loss scale and
@@ -84,6 +88,13 @@ typedef struct Emu {
  * (ctest cuda_emu_catches_*). */
 static const char *perturb_kind;
 static double perturb_rel;
+/* The decoding position s[POS] both sessions of run_case run at (rope
+ * turns row t by the angles of position run_pos + t; 0 when training). */
+static int64_t run_pos;
+/* When > 0: run_case compiles the model for decoding (batch 1, key/value
+ * caches) and runs this many steps, one token each at positions 0, 1, ...,
+ * instead of a training step. */
+static int run_decode;
 
 /* Whether kernel K writes its buffer b: a stored buffer (elementwise), or
  * its last one. */
@@ -617,7 +628,7 @@ static void fill_bits(void *p, int64_t bytes, int dtype, DuetRng *r) {
 }
 
 /* The instructions seen in kernels that take the half2 path. */
-static bool half2_ops_seen[KI_STORE + 1];
+static bool half2_ops_seen[KI_COUNT];
 
 /* Every kernel of the program that takes the half2 path
  * (codegen_cuda_half2), run alone on the same random bits (fill_bits) by
@@ -707,7 +718,7 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
   TModel t;
   char what[160], err[1024];
   snprintf(what, sizeof what, "%s (%s)", c->name, precision ? precision : dt == DT_F64 ? "f64" : "f32");
-  FrontendOptions fo = {.float_dtype = dt};
+  FrontendOptions fo = {.float_dtype = dt, .decode = run_decode > 0, .batch = run_decode > 0 ? 1 : 0};
   if (tmodel_open_prec(&t, c->name, c->src, &fo, precision ? precision : "fp32")) {
     fprintf(stderr, "FAIL %s: does not compile\n", what);
     return 1;
@@ -804,6 +815,8 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
     fails = 1;
     goto out;
   }
+  duet_session_set_pos(t.s, run_pos);
+  duet_session_set_pos(es, run_pos);
   /* eval (metrics: correct predictions, summed NLL) over every row */
   duet_session_set_valid(t.s, INT32_MAX);
   duet_session_set_valid(es, INT32_MAX);
@@ -813,8 +826,25 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
   static const int runs[] = {DUET_RUN_GRAD, DUET_RUN_EVAL, DUET_RUN_TRAIN, DUET_RUN_TRAIN};
   const SessionTol tol16 = tmodel_session_tol16(&t); /* 16-bit programs: per tensor */
   CompareStats cs = {0};
+  /* decoding: token i at position i, each step's logits and caches (and
+   * every kernel alone, through lockstep) against the C backend */
+  for (int i = 0; i < run_decode && !fails; i++) {
+    int32_t tok = (int32_t)((i * 37 + 11) % (c->classes ? c->classes : 1));
+    duet_session_set_pos(t.s, i), duet_session_set_pos(es, i);
+    duet_session_set_valid(t.s, 1), duet_session_set_valid(es, 1);
+    if (duet_session_write(t.s, p->input_x, 0, &tok, sizeof tok) || duet_session_write(es, p->input_x, 0, &tok, sizeof tok) ||
+        duet_session_run(t.s, DUET_RUN_EVAL) || duet_session_run(es, DUET_RUN_EVAL)) {
+      fprintf(stderr, "FAIL %s: decoding step %d: cpu '%s', emulated '%s'\n", what, i, duet_session_error(t.s),
+              duet_session_error(es));
+      fails = 1;
+      break;
+    }
+    char w2[200];
+    snprintf(w2, sizeof w2, "%s after decoding position %d", what, i);
+    fails += compare_sessions_stats(w2, p, t.s, es, &tol16, &cs);
+  }
   int n_runs = strncmp(c->name, "adamw8", 6) ? 3 : 4; /* 8-bit state: a second step decodes the first's */
-  for (int k = 0; k < n_runs && !fails; k++) {
+  for (int k = 0; k < n_runs && !fails && !run_decode; k++) {
     if (runs[k] == DUET_RUN_EVAL && p->n_eval == 0) continue;
     if (duet_session_run(t.s, runs[k]) || duet_session_run(es, runs[k])) {
       fprintf(stderr, "FAIL %s: run failed: cpu '%s', emulated '%s'\n", what, duet_session_error(t.s),
@@ -1130,17 +1160,21 @@ static int scale_xent_emu(const char *dir) {
  * same bits everywhere. */
 static int scale_block_loops_emu(const char *dir) {
   int bad = 0, checked = 0;
-  for (int prog = 0; prog < 2 && !bad; prog++) {
-    const char *what = prog ? "block loops (gpt_tiny decoding)" : "block loops (attention, transpose)";
+  for (int prog = 0; prog < 3 && !bad; prog++) {
+    const char *what = prog == 2 ? "block loops (llama_tiny decoding)"
+                       : prog    ? "block loops (gpt_tiny decoding)"
+                                 : "block loops (attention, transpose)";
     Arena *a = arena_new(1 << 20);
     Emu e;
     const CgProgram *cp =
-        prog ? lower_model(a, DUET_SOURCE_DIR "/tests/models/gpt_tiny.model", NULL, DT_F32, true, NULL)
+        prog ? lower_model(a, prog == 2 ? DUET_SOURCE_DIR "/tests/models/llama_tiny.model"
+                                        : DUET_SOURCE_DIR "/tests/models/gpt_tiny.model", NULL, DT_F32, true, NULL)
              : lower_model(a, "loops",
                            "model t\nparam q: [2,33,16]\nparam k: [2,33,16]\nparam v: [2,33,16]\nparam w: [37,45]\n"
-                           "input r: f32[2,33,16]\ninput u: f32[45,37]\n"
+                           "param k2: [2,33,8]\nparam v2: [2,33,8]\ninput r: f32[2,33,16]\ninput u: f32[45,37]\n"
                            "loss = mean(attention(q, k, v, heads = 2, causal = true) * r) + "
-                           "mean(attention(q, k, v, heads = 4, causal = false) * r) + mean(transpose(w) * u)\n",
+                           "mean(attention(q, k, v, heads = 4, causal = false) * r) + mean(transpose(w) * u) + "
+                           "mean(attention(q, k2, v2, heads = 4, kv_heads = 2, causal = true) * r)\n",
                            DT_F32, false, NULL);
     if (scale_emu_build(&e, cp, a, dir, what)) {
       arena_free(a);
@@ -1258,7 +1292,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < N_BIG_CASES; i++) {
     const char *nm = big_cases[i].name;
     if (strcmp(nm, "big_cross_entropy") && strcmp(nm, "big_reductions") && strcmp(nm, "big_transpose") &&
-        strcmp(nm, "big_embedding"))
+        strcmp(nm, "big_embedding") && strcmp(nm, "big_softmax") && strcmp(nm, "big_mse"))
       continue;
     if (argc > 1 && strcmp(argv[1], nm)) continue;
     failed += run_case(&big_cases[i], DT_F32, NULL, dir);
@@ -1281,7 +1315,8 @@ int main(int argc, char **argv) {
    * overflow (the gradient seed 2^16 times 1e6 / 32 exceeds fp16's 65504):
    * the multi-block unscale kernels must flag it, so that both backends
    * skip the step and halve the scale */
-  static const char *const half_cases[] = {"mlp", "matmul_rank3_tied", "gelu", "dropout_broadcast", "reuse"};
+  static const char *const half_cases[] = {"mlp", "matmul_rank3_tied", "gelu", "dropout_broadcast", "reuse",
+                                            "exp_log", "tanh", "sigmoid", "softmax_axis", "mse_loss"};
   for (int i = 0; i < N_OP_CASES; i++)
     for (int j = 0; j < (int)(sizeof half_cases / sizeof *half_cases); j++)
       if (!strcmp(cases[i].name, half_cases[j]) && (argc == 1 || !strcmp(argv[1], cases[i].name))) {
@@ -1308,6 +1343,92 @@ int main(int argc, char **argv) {
     failed += run_case(&c, DT_F32, "fp16", dir);
     failed += run_case(&c, DT_F32, "bf16", dir);
     ran += 2;
+  }
+  /* activation recomputation (`recompute = "blocks"`): two `repeat`
+   * layers with dropout whose forward ops are copied into the backward
+   * pass; the copies are ordinary kernels, so the CUDA C must agree with
+   * the C backend as for any graph (and the graph must hold copies) */
+  if (argc == 1 || !strcmp(argv[1], "gpt_mini_recompute")) {
+    Case c = {"gpt_mini_recompute",
+              "model gpt_mini_recompute\ninput idx: i32[2, 8]\ninput targets: i32[2, 8]\n"
+              "block linear(x, out) {\n  param w: [dim(x, -1), out] = normal(0.1)\n  param b: [out] = normal(0.1)\n"
+              "  return x @ w + b\n}\n"
+              "block ln(x) {\n  param w: [dim(x, -1)] = ones\n  param b: [dim(x, -1)] = zeros\n"
+              "  return layernorm(x, w, b)\n}\n"
+              "block layer(x) {\n  h = ln(x)\n"
+              "  a = attention(linear(h, 16), linear(h, 16), linear(h, 16), heads = 2, causal = true)\n"
+              "  x = x + dropout(linear(a, 16), 0.25)\n  return x + linear(gelu(linear(ln(x), 32)), 16)\n}\n"
+              "param wte: [64, 16] = normal(0.1)\nparam wpe: [8, 16] = normal(0.1)\n"
+              "x = embedding(wte, idx) + embedding(wpe, positions(idx))\nx = repeat(2, layer, x)\n"
+              "loss = cross_entropy(ln(x) @ transpose(wte), targets)\n"
+              "train {\n  recompute = \"blocks\"\n}\n",
+              64};
+    TModel t;
+    FrontendOptions fo = {.float_dtype = DT_F32};
+    int copies = 0;
+    if (tmodel_open_prec(&t, c.name, c.src, &fo, "fp32")) {
+      fprintf(stderr, "FAIL gpt_mini_recompute: does not compile\n");
+      failed++;
+    } else {
+      for (int i = 0; i < t.g->n_values; i++) copies += t.g->values[i]->block > 0 && t.g->values[i]->role == ROLE_BACKWARD;
+      tmodel_close(&t);
+      if (copies < 20) {
+        fprintf(stderr, "FAIL gpt_mini_recompute: %d recomputed copies in the graph, expected at least 20\n", copies);
+        failed++;
+      }
+    }
+    failed += run_case(&c, DT_F32, NULL, dir);
+    ran++;
+  }
+  /* rotary embeddings at a decoding position (7): the CUDA kernel's
+   * angles follow s[POS] as the C kernel's (test_decode checks the C
+   * kernel's against the full forward pass) */
+  for (int i = 0; i < N_OP_CASES; i++)
+    if (!strcmp(cases[i].name, "rope") && (argc == 1 || !strcmp(argv[1], "rope_pos"))) {
+      Case c = cases[i];
+      c.name = "rope at position 7";
+      run_pos = 7;
+      failed += run_case(&c, DT_F32, NULL, dir);
+      run_pos = 0;
+      ran++;
+    }
+  /* decoding with key/value caches (attention_decode; rope at the step's
+   * position; grouped-query caches of 2 key/value heads for 4 query heads):
+   * tests/models/llama_tiny.model and gpt_tiny, 6 tokens */
+  for (int m = 0; m < 2; m++) {
+    const char *nm = m ? "gpt_tiny_decode" : "llama_tiny_decode";
+    if (argc > 1 && strcmp(argv[1], nm)) continue;
+    char *text = slurp(m ? DUET_SOURCE_DIR "/tests/models/gpt_tiny.model" : DUET_SOURCE_DIR "/tests/models/llama_tiny.model");
+    if (!text) {
+      fprintf(stderr, "FAIL %s: cannot read the model\n", nm);
+      failed++;
+      continue;
+    }
+    Case c = {nm, text, 256};
+    run_decode = 6;
+    failed += run_case(&c, DT_F32, NULL, dir);
+    run_decode = 0;
+    ran++;
+    free(text);
+  }
+  /* a one-layer LLaMA (tests/models/llama_tiny.model's layer, smaller) in
+   * f32, fp16 and bf16: rmsnorm, rope on queries and keys, attention of 4
+   * query heads over 2 key/value heads, a SwiGLU MLP, next to 16-bit GEMMs */
+  if (argc == 1 || !strcmp(argv[1], "llama_mini")) {
+    Case c = {"llama_mini",
+              "model llama_mini\ninput idx: i32[2, 8]\ninput targets: i32[2, 8]\n"
+              "block linear(x, out) {\n  param w: [dim(x, -1), out] = normal(0.2)\n  return x @ w\n}\n"
+              "block norm(x) {\n  param w: [dim(x, -1)] = normal(1)\n  return rmsnorm(x, w)\n}\n"
+              "param wte: [64, 16] = normal(0.5)\nx = embedding(wte, idx)\nh = norm(x)\n"
+              "q = rope(linear(h, 16), heads = 4)\nk = rope(linear(h, 8), heads = 2)\n"
+              "a = attention(q, k, linear(h, 8), heads = 4, kv_heads = 2, causal = true)\n"
+              "x = x + linear(a, 16)\nh = norm(x)\nx = x + linear(silu(linear(h, 32)) * linear(h, 32), 16)\n"
+              "loss = cross_entropy(linear(norm(x), 64), targets)\n",
+              64};
+    failed += run_case(&c, DT_F32, NULL, dir);
+    failed += run_case(&c, DT_F32, "fp16", dir);
+    failed += run_case(&c, DT_F32, "bf16", dir);
+    ran += 3;
   }
   /* the half2 path's operations (fp16): f16x2 mul, sub and add, an fp16
    * constant, negation, relu, copies (reshape, permute), a bias word and

@@ -26,7 +26,8 @@
  * 13's NVRTC no longer targets, see tests/test_nvrtc_sm60.c (CUDA 12.9 and
  * 11.8 NVRTC, loaded by path).  The one-op models of
  * tests/op_cases.h (every kernel kind, forward and backward) compile in f32,
- * f64, fp16 and bf16 for compute_75. */
+ * f64, fp16 and bf16 for compute_75, and the recomputed graph of
+ * tests/recompute/gpt_tiny_dropout.model in f32 for compute_75. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -204,6 +205,27 @@ static void test_op_cases(void) {
     }
 }
 
+/* Activation recomputation (`recompute = "blocks"` in the model's train
+ * section): the copies of the blocks' forward ops are ordinary kernels; the
+ * f32 program for compute_75 (one compile: the other variants add nothing
+ * the models above do not cover). */
+static void test_recompute(void) {
+  const char *path = DUET_SOURCE_DIR "/tests/recompute/gpt_tiny_dropout.model";
+  Arena *a = arena_new(1 << 20);
+  CgProgram *cp = lower_model(a, path, NULL, DT_F32, false, "fp32");
+  if (!cp) {
+    fprintf(stderr, "FAIL %s: does not compile\n", path);
+    failures++;
+  } else {
+    int n_fns = 0;
+    char *src = codegen_emit_cuda(cp, a, NULL, &n_fns);
+    char what[1200];
+    snprintf(what, sizeof what, "%s (f32, recomputed blocks)", path);
+    failures += compile_one(what, src, "-arch=compute_75", 0, n_fns, half2_need(cp));
+  }
+  arena_free(a);
+}
+
 static void test_dir(const char *dir, const int *archs, int n_archs) {
   char **names;
   int n = list_models(dir, &names);
@@ -255,6 +277,7 @@ int main(int argc, char **argv) {
   } else {
     test_dir(DUET_SOURCE_DIR "/models", archs, n);
     test_dir(DUET_SOURCE_DIR "/tests/models", archs, n);
+    if (!large_mode && !half_mode) test_recompute();
     if (!large_mode) test_op_cases();
     if (half_mode && half2_cubins == 0) {
       fprintf(stderr, "FAIL no fp16 program with half2 arithmetic was compiled to a CUBIN\n");

@@ -219,6 +219,18 @@ static const Case cases[] = {
                        "loss = cross_entropy((embedding(e, i) @ w) @ transpose(e), y)\n", 11},
     {"conv_pool", HEAD "input x: f32[2,3,8,8]\nparam w: [4,3,3,3]\nparam b: [4]\ninput r: f32[2,4,3,3]\n"
                   "loss = mean(max_pool2d(relu(conv2d(x, w, b, padding = 1)), 2, stride = 3) * r)\n", 0},
+    /* issue 19: a LLaMA block (rmsnorm, rope, grouped-query attention,
+     * SwiGLU), the elementwise ops and softmax on a 16-bit GEMM's result,
+     * and mse_loss */
+    {"llama_block", HEAD "input x: f32[2,8,16]\nparam wq: [16,16]\nparam wk: [16,8]\nparam wv: [16,8]\nparam g: [16]\n"
+                    "param w1: [16,32]\nparam w3: [16,32]\nparam w2: [32,16]\ninput r: f32[2,8,16]\n"
+                    "h = rmsnorm(x, g)\nq = rope(h @ wq, heads = 4)\nk = rope(h @ wk, heads = 2)\n"
+                    "a = x + attention(q, k, h @ wv, heads = 4, kv_heads = 2, causal = true)\n"
+                    "loss = mean((a + (silu(a @ w1) * (a @ w3)) @ w2) * r)\n", 0},
+    {"elementwise", HEAD "input x: f32[8,16]\nparam w: [16,16]\ninput r: f32[8,16]\nh = x @ w\n"
+                    "loss = mean((tanh(h) + sigmoid(h) * 2 + exp(h * 0.25) + log(h * h + 1) + softmax(h) * 4 + "
+                    "softmax(h, axis = 0) * 3) * r)\n", 0},
+    {"mse_loss", HEAD "input x: f32[8,16]\nparam w: [16,4]\ninput y: f32[8,4]\nloss = mse_loss(x @ w, y)\n", 0},
     {"views", HEAD "input x: f32[4,6]\nparam w: [6,6]\nparam u: [6,2]\ninput r: f32[4,5]\n"
               "h = x @ w\na, c = split(h, 2)\nloss = mean(concat(a * c, reshape(transpose(h @ u), 4, 2), axis = 1) * r) + "
               "mean(sum(h, axis = 0)) + mean(max(h, axis = 1))\n", 0},
@@ -254,6 +266,53 @@ static void model_cases(void) {
     }
     tmodel_close(&t32);
   }
+}
+
+/* The precision classes of the ops of issue 19 (ir/ops.def's prec column)
+ * in an fp16 program, after the precision pass: on a 16-bit GEMM's result,
+ * tanh, sigmoid and silu store fp16 (PyTorch's autocast runs them in the
+ * input's dtype); exp and log (autocast's fp32 list: their range), softmax,
+ * rmsnorm's normalisation, rope, attention and mse_loss compute in f32 and
+ * give f32; and the gradients of rmsnorm, softmax and rope too. */
+static void classes(void) {
+  const char *src = HEAD "input x: f32[2,8,16]\nparam w: [16,16]\nparam g: [16]\ninput y: f32[2,8,16]\nh = x @ w\n"
+                         "loss = mean(tanh(h) + sigmoid(h) + silu(h) + exp(h) + log(h * h + 1) + softmax(h) + "
+                         "rmsnorm(h, g) + attention(rope(h, 4), rope(h, 4), h, heads = 4, causal = true) * y) + "
+                         "mse_loss(h, y)\n";
+  static const OpKind ops[] = {OP_TANH, OP_SIGMOID, OP_SILU, OP_EXP, OP_LOG, OP_SOFTMAX, OP_RMS_NORM, OP_ROPE,
+                               OP_ATTENTION, OP_MSE_LOSS, OP_SOFTMAX_GRAD, OP_RMS_NORM_GRAD, OP_ROPE_GRAD, OP_MATMUL};
+  static const DType want[] = {DT_F16, DT_F16, DT_F16, DT_F32, DT_F32, DT_F32, DT_F32, DT_F32,
+                               DT_F32, DT_F32, DT_F32, DT_F32, DT_F32, DT_F16};
+  Arena *a = arena_new(1 << 16);
+  Diag d = {.out = stderr};
+  Source s = {.name = "classes", .text = src, .len = strlen(src)};
+  FrontendOptions fo = {.float_dtype = DT_F32};
+  Graph *g = frontend_compile(a, &d, &s, &fo);
+  PassCtx pc = {.diag = &d, .verify = true, .stop_after = "precision", .precision = "fp16"};
+  int before = fails;
+  if (!g || passes_run(g, &pc)) {
+    fprintf(stderr, "FAIL precision classes: does not compile\n");
+    fails++;
+  }
+  for (int k = 0; g && k < (int)(sizeof ops / sizeof *ops); k++) {
+    int seen = 0;
+    for (int i = 0; i < g->n_values; i++) {
+      const Value *v = g->values[i];
+      if (v->op != ops[k]) continue;
+      seen++;
+      if (v->dtype != want[k]) {
+        fprintf(stderr, "FAIL precision classes: %s %%%d is %s in fp16, want %s\n", op_info[ops[k]].name, v->id,
+                dtype_name(v->dtype), dtype_name(want[k]));
+        fails++;
+      }
+    }
+    if (!seen) {
+      fprintf(stderr, "FAIL precision classes: no %s in the graph\n", op_info[ops[k]].name);
+      fails++;
+    }
+  }
+  printf("%s precision classes of the issue-19 ops in fp16\n", fails > before ? "FAIL" : "ok");
+  arena_free(a);
 }
 
 /* ---------------------------------------------------- numerical faults */
@@ -604,6 +663,7 @@ int main(void) {
   conversions();
   device_rules();
   model_cases();
+  classes();
   long_sums();
   tiny_gradients();
   large_logits();

@@ -681,7 +681,9 @@ const char *kernel_kind_name(KernelKind k) {
       [KK_TRANSPOSE] = "transpose", [KK_POSITIONS] = "positions", [KK_IM2COL] = "im2col", [KK_COL2IM] = "col2im",
       [KK_MAXPOOL] = "maxpool", [KK_MAXPOOL_GRAD] = "maxpool_grad", [KK_AVGPOOL] = "avgpool",
       [KK_AVGPOOL_GRAD] = "avgpool_grad", [KK_ATTN_DECODE] = "attn_decode", [KK_UNSCALE] = "unscale",
-      [KK_ATTN_BWD_KV] = "attn_bwd_kv", [KK_ADAMW8] = "adamw8"};
+      [KK_ATTN_BWD_KV] = "attn_bwd_kv", [KK_SOFTMAX] = "softmax", [KK_SOFTMAX_BWD] = "softmax_bwd",
+      [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope", [KK_MSE] = "mse",
+      [KK_ADAMW8] = "adamw8"};
   return k >= 0 && k < (int)(sizeof names / sizeof *names) && names[k] ? names[k] : "?";
 }
 
@@ -733,11 +735,9 @@ static int ls_elementwise(const Lockstep *L, const Kernel *K, const int *outs, i
   for (int64_t e = 0; e < K->n; e++)
     for (int i = 0; i < K->n_ins; i++) {
       const KInstr *x = &K->ins[i];
-      bool unary = x->op != KI_LOAD && x->op != KI_CONST && x->op != KI_SCALAR && x->op != KI_STORE;
-      double A = unary ? y[x->a] : 0, EA = unary ? E[x->a] : 0, B = 0, EB = 0;
-      if (x->op == KI_ADD || x->op == KI_SUB || x->op == KI_MUL || x->op == KI_DIV || x->op == KI_RELU_GRAD ||
-          x->op == KI_GELU_GRAD)
-        B = y[x->b], EB = E[x->b];
+      int nop = kop_operands(x->op); /* instruction operands (a dropout's b is its site) */
+      double A = nop >= 1 ? y[x->a] : 0, EA = nop >= 1 ? E[x->a] : 0, B = 0, EB = 0;
+      if (nop >= 2) B = y[x->b], EB = E[x->b];
       double v = 0, ev = 0;
       switch (x->op) {
       case KI_LOAD: {
@@ -777,6 +777,36 @@ static int ls_elementwise(const Lockstep *L, const Kernel *K, const int *outs, i
         ev = fabs(phi) * EA + 0.8 * fabs(A) * EB +
              fabs(A) * (dth * (0.5 + fabs(B) * fabs(th) * q) + 10 * (0.5 * (1 + fabs(th)) + 0.5 * fabs(B) * q)) +
              fabs(v);
+        break;
+      }
+      /* exp, log, tanh: each library within 4 ulps (8 |v| in units of u),
+       * plus the argument's error through the derivative */
+      case KI_EXP: v = exp(A), ev = fabs(v) * (EA + 8); break;
+      case KI_LOG: v = log(A), ev = (A != 0 ? EA / fabs(A) : EA > 0 ? INFINITY : 0) + 8 * fabs(v); break;
+      case KI_TANH: v = tanh(A), ev = (1 - v * v) * EA + 8 * fabs(v); break;
+      case KI_TANH_GRAD: /* dy (A) (1 - y^2), y (B): three roundings */
+        v = A * (1 - B * B);
+        ev = fabs(1 - B * B) * EA + 2 * fabs(A * B) * EB + fabs(A) * (B * B + fabs(1 - B * B)) + fabs(v);
+        break;
+      case KI_SIGMOID: { /* e = exp(-|x|) (8), 1 + e, the quotient: 10 relative */
+        double e = exp(-fabs(A));
+        v = (A >= 0 ? 1 : e) / (1 + e), ev = v * (1 - v) * EA + 10 * v;
+        break;
+      }
+      case KI_SIGMOID_GRAD: { /* dy (A) y (1 - y), y (B) */
+        double q = B * (1 - B);
+        v = A * q, ev = fabs(q) * EA + fabs(A) * fabs(1 - 2 * B) * EB + fabs(A) * (fabs(B * (1 - B)) + fabs(q)) + fabs(v);
+        break;
+      }
+      case KI_SILU: { /* x s(x): s's 10 relative, the product */
+        double e = exp(-fabs(A)), sg = (A >= 0 ? 1 : e) / (1 + e);
+        v = A * sg, ev = fabs(sg + A * sg * (1 - sg)) * EA + 11 * fabs(v);
+        break;
+      }
+      case KI_SILU_GRAD: { /* dy (A) s (1 + x (1 - s)), x (B): s's 10 relative, five roundings of at most |s| (1 + |x|) */
+        double e = exp(-fabs(B)), sg = (B >= 0 ? 1 : e) / (1 + e), phi = sg * (1 + B * (1 - sg));
+        double dphi = sg * (1 - sg) * (2 + B * (1 - 2 * sg));
+        v = A * phi, ev = fabs(phi) * EA + fabs(A * dphi) * EB + 30 * fabs(A) * sg * (1 + fabs(B)) + fabs(v);
         break;
       }
       case KI_DROPOUT: /* at most x / (1 - p), or 0, or x (evaluation) */
@@ -889,6 +919,45 @@ static int ls_launch(DuetDevice *d, int k, void *const *t, const double *s) {
     }
     break;
   }
+  case KK_SOFTMAX: /* exp(x - max) carries the rounding of x - max as a relative error (as xent) */
+    n_sum = K->red, rel = 1 + 2 * mx[0], abs_s = 0;
+    break;
+  case KK_SOFTMAX_BWD: /* y (dy - sum dy y): terms up to max |y| max |dy| */
+    n_sum = K->red, abs_s = 2 * mx[0] * mx[1];
+    break;
+  case KK_RMSNORM_FWD: case KK_RMSNORM_BWD: { /* per row: y = x rs; dx = rs (dy - x rs^2 mean(dy x)) */
+    bool fwd = K->kind == KK_RMSNORM_FWD;
+    int xb = fwd ? 0 : 1, xdt = p->tensors[K->bufs[xb].tensor].dtype;
+    const void *x = L->th[K->bufs[xb].tensor], *dy = fwd ? NULL : L->th[K->bufs[0].tensor];
+    n_sum = K->cols;
+    if (!(mag[0] = calloc((size_t)ls_numel(p, outs[0]) + 1, sizeof **mag))) break;
+    for (int64_t r = 0; r < K->rows; r++) {
+      double ss = 0, mxr = 0, mdy = 0;
+      for (int64_t c = 0; c < K->cols; c++) {
+        double v = load_elem(x, r * K->cols + c, xdt);
+        ss += v * v, mxr = fmax(mxr, fabs(v));
+        if (dy) mdy = fmax(mdy, fabs(load_elem(dy, r * K->cols + c, p->tensors[K->bufs[0].tensor].dtype)));
+      }
+      double rs = 1 / sqrt(ss / (double)K->cols + K->eps), xh = rs * mxr;
+      double S = fwd ? xh * 2 : rs * mdy * (1 + xh) * (1 + xh) * 2;
+      for (int64_t c = 0; c < K->cols; c++) mag[0][r * K->cols + c] = S;
+    }
+    break;
+  }
+  case KK_ROPE: /* x0 cos - x1 sin: cos and sin rounded once, two products and a sum */
+    n_sum = 4, abs_s = mx[0];
+    break;
+  case KK_MSE: /* scale sum (p - t)^2: terms of one sign */
+    n_sum = K->n;
+    if ((mag[0] = calloc(2, sizeof **mag))) {
+      const void *a = L->th[K->bufs[0].tensor], *c = L->th[K->bufs[1].tensor];
+      int adt = p->tensors[K->bufs[0].tensor].dtype, cdt = p->tensors[K->bufs[1].tensor].dtype;
+      for (int64_t i = 0; i < K->n; i++) {
+        double d = load_elem(a, i, adt) - load_elem(c, i, cdt);
+        mag[0][0] += K->scale * d * d;
+      }
+    }
+    break;
   case KK_XENT_FWD: case KK_EVAL_METRICS: n_sum = K->rows + K->cols; break;
   case KK_XENT_BWD: /* exp(z - max) carries the rounding of z - max as a relative error */
     n_sum = K->cols, rel = 1 + 2 * mx[0], abs_s = 0;
@@ -903,6 +972,7 @@ static int ls_launch(DuetDevice *d, int k, void *const *t, const double *s) {
      * S = terms x (1 + sigma) */
     bool fwd = K->kind == KK_ATTN_FWD || K->kind == KK_ATTN_DECODE;
     int64_t D = K->heads > 0 ? K->cols / K->heads : K->cols, T = K->time, C = K->cols;
+    int64_t KV = K->kv_heads > 0 ? K->kv_heads : K->heads, RP = K->heads / KV, Ckv = KV * D; /* grouped-query */
     const int qb = fwd ? 0 : 1;
     double mq = mx[qb], mk = mx[qb + 1], mv = mx[qb + 2], sc = 1 / sqrt((double)D), sigma = 0, P = 0;
     if (K->kind == KK_ATTN_DECODE) {
@@ -919,7 +989,7 @@ static int ls_launch(DuetDevice *d, int k, void *const *t, const double *s) {
           for (int64_t j = 0; j < (K->causal ? i + 1 : T); j++) {
             double sij = 0, dp = 0;
             for (int64_t e = 0; e < D; e++) {
-              int64_t qi = (b * T + i) * C + h * D + e, kj = (b * T + j) * C + h * D + e;
+              int64_t qi = (b * T + i) * C + h * D + e, kj = (b * T + j) * Ckv + h / RP * D + e;
               sij += load_elem(q, qi, qt) * load_elem(kk, kj, kt);
               if (dy) dp += load_elem(dy, qi, dt) * load_elem(v, kj, vt);
             }
@@ -931,8 +1001,8 @@ static int ls_launch(DuetDevice *d, int k, void *const *t, const double *s) {
     if (fwd) abs_s = mv * (1 + sigma);
     else {
       attn_s[0] = 2 * P * mk * sc * (1 + sigma);
-      attn_s[1] = 2 * P * mq * sc * (double)T * (1 + sigma);
-      attn_s[2] = mx[0] * (double)T * (1 + sigma);
+      attn_s[1] = 2 * P * mq * sc * (double)(T * RP) * (1 + sigma); /* dk, dv: over a group's query heads too */
+      attn_s[2] = mx[0] * (double)(T * RP) * (1 + sigma);
       abs_s = attn_s[0];
     }
     break;
@@ -959,6 +1029,33 @@ static int ls_launch(DuetDevice *d, int k, void *const *t, const double *s) {
     LsBound b = {.flips = exact ? 0 : 1, .noise = exact ? 0 : 2 * (double)(n_sum + 4) * u,
                  .scale = fmax(mo * rel, abs_s), .mag = mag[o]};
     if (K->kind == KK_ELEMENTWISE) b.noise = u; /* mag: 2 E, and 0: bit for bit */
+    int64_t KV = K->kv_heads > 0 ? K->kv_heads : K->heads;
+    if ((K->kind == KK_ATTN_BWD || K->kind == KK_ATTN_BWD_KV) && KV < K->heads) {
+      /* grouped-query: out [B, T, W] packs dq [0, C), dk [C, C + Ckv), dv
+       * [C + Ckv, W) along each row: the backward writes dq (on a GPU),
+       * the key-row kernel after it dk and dv */
+      int64_t C = K->cols, Ckv = C / K->heads * KV, W = C + 2 * Ckv, rows = K->batch * K->time, es = ls_size(dt);
+      if (K->kind == KK_ATTN_BWD) {
+        free(L->attn_ref);
+        L->attn_ref = malloc((size_t)(n * es) + 1);
+        L->attn_ref_tensor = L->attn_ref ? id : -1;
+        if (L->attn_ref) memcpy(L->attn_ref, L->th[id], (size_t)(n * es));
+      } else if (L->attn_ref_tensor != id) {
+        snprintf(d->err, sizeof d->err, "lockstep: %s without the attention backward before it", what);
+        rc = -1;
+        break;
+      }
+      const char *ref = K->kind == KK_ATTN_BWD ? L->th[id] : L->attn_ref;
+      int64_t c0[3] = {0, C, C + Ckv}, c1[3] = {C, C + Ckv, W};
+      for (int part = K->kind == KK_ATTN_BWD ? 0 : 1; part < (K->kind == KK_ATTN_BWD ? 1 : 3) && !rc; part++) {
+        double m = 0; /* the part's largest |ref| */
+        for (int64_t r = 0; r < rows; r++) m = fmax(m, ls_maxabs(ref + (r * W + c0[part]) * es, c1[part] - c0[part], dt));
+        b.scale = fmax(m, part == 0 ? abs_s : attn_s[part]);
+        for (int64_t r = 0; r < rows && !rc; r++)
+          rc = ls_compare(L, what, id, r * W + c0[part], c1[part] - c0[part], dt, ref + (r * W + c0[part]) * es, false, &b);
+      }
+      continue;
+    }
     if (K->kind == KK_ATTN_BWD || K->kind == KK_ATTN_BWD_KV) { /* out [3, ...]: dq, then dk and dv */
       int64_t third = n / 3, es = ls_size(dt);
       if (K->kind == KK_ATTN_BWD) {

@@ -192,11 +192,17 @@ int compare_sessions_stats(const char *what, const DuetProgram *p, DuetSession *
  * (exp turns the rounding of z - max into a relative error); for
  * attention, the terms' largest (|v|; 2 P |k| / sqrt(D) for dq, P the
  * largest |dy . v|) times 1 + sigma, sigma the largest |score| (its
- * rounding reaches the weights through exp).  An elementwise kernel gets
+ * rounding reaches the weights through exp), dk and dv over T x (query
+ * heads per key/value head) terms with grouped-query attention; softmax as
+ * the loss's gradient (|out| (1 + 2 max |x|)), its gradient 2 max |dy|
+ * max |y|; rmsnorm per row 2 rs max |x| (its backward rs max |dy| 2 (1 +
+ * rs max |x|)^2); rope max |x| over 4 roundings; mse_loss scale sum (p -
+ * t)^2.  An elementwise kernel gets
  * a running error bound per element instead: its instructions evaluated
  * in double with E (one evaluation within u E of the exact value, first
  * order: + |result| per rounding, E_a + E_b for a sum, |b| E_a + |a| E_b
- * for a product, ... tanh within 8 ulps; a cast to 16 bits adds a flip
+ * for a product, ... tanh within 8 ulps (exp, log, tanh: 4 ulps each,
+ * sigmoid and silu 10 and 11 relative, through exp(-|x|)); a cast to 16 bits adds a flip
  * once E > 0), bound 2 u E plus a flip at a 16-bit store, and E = 0 (the
  * same operations on the same values: copies, relu, negation) the same
  * bits.  Data movement (gather, transpose, im2col, pooling's max, max
@@ -207,7 +213,8 @@ int compare_sessions_stats(const char *what, const DuetProgram *p, DuetSession *
  * doubled for tensor cores that may accumulate by truncation.  The
  * attention backward pair (CUDA: dq, then dk and dv in a second kernel; C:
  * all three in the first) is compared as dq after the first and dk, dv
- * after the second.  A mismatch is printed (the first 8) and counted, and
+ * after the second (with grouped-query attention, the column ranges of
+ * each row of the packed gradient).  A mismatch is printed (the first 8) and counted, and
  * the run goes on from the device's result.  NULL when out of memory.  The
  * device owns inner (its destroy destroys both). */
 typedef struct LockstepStats {

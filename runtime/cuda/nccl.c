@@ -37,7 +37,14 @@
  * Summation order: NCCL's (its ring, or tree, and protocol choice): every
  * rank gets the same bytes, in an order that is not 0..R-1 in general.
  * With two ranks each element is one add, a + b = b + a exactly, so the
- * result equals the shared-memory collective's bit for bit. */
+ * result equals the shared-memory collective's bit for bit.
+ *
+ * ZeRO stage 1 (runtime/collective.h's parts of whole buffers): the
+ * reduce-scatter is the bucket's all-reduce (every rank receives every
+ * sum, a superset of what it needs: the same bits as the run without
+ * --zero, at twice a reduce-scatter's traffic; ncclReduceScatter needs
+ * equal parts, and a tensor is one rank's), the all-gather one
+ * ncclBroadcast per tensor from the rank that owns it, in one group. */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -144,8 +151,8 @@ static bool local_rank(const Nccl *x, int rank) { return rank >= x->r0 && rank <
 /* Queues rank `rank`'s part of an operation on the GPU buffers b of stage
  * s (root < 0: an all-reduce, else a broadcast from root) under slot t of
  * its events.  0, or -1 with a message. */
-static int gpu_start(Nccl *x, int rank, int s, int t, int root, DuetDevice *dev, const DuetCollBuf *b, int n, char *err,
-                     size_t errlen) {
+static int gpu_start(Nccl *x, int rank, int s, int t, int root, const int *roots, DuetDevice *dev, const DuetCollBuf *b,
+                     int n, char *err, size_t errlen) {
   Rank *k = rank_of(x, s, rank);
   if (dev != k->d) {
     snprintf(err, errlen, "replica %d passes buffers of another device than its stage %d's", rank, s);
@@ -170,10 +177,11 @@ static int gpu_start(Nccl *x, int rank, int s, int t, int root, DuetDevice *dev,
   double bytes = 0;
   for (int i = 0; i < n && r == DUET_NCCL_SUCCESS; i++) {
     bytes += (double)b[i].n * (double)dtype_size(b[i].dtype);
-    r = root < 0 ? x->api.all_reduce(b[i].ptr, b[i].ptr, (size_t)b[i].n, nccl_type(b[i].dtype), DUET_NCCL_SUM, k->nc,
-                                     k->comm)
-                 : x->api.broadcast(b[i].ptr, b[i].ptr, (size_t)b[i].n, nccl_type(b[i].dtype), root, k->nc, k->comm);
-    if (r != DUET_NCCL_SUCCESS) bad = i;
+    int rt = roots ? roots[i] : root; /* roots: each buffer's (ZeRO's all-gather) */
+    r = rt < 0 ? x->api.all_reduce(b[i].ptr, b[i].ptr, (size_t)b[i].n, nccl_type(b[i].dtype), DUET_NCCL_SUM, k->nc,
+                                   k->comm)
+               : x->api.broadcast(b[i].ptr, b[i].ptr, (size_t)b[i].n, nccl_type(b[i].dtype), rt, k->nc, k->comm);
+    if (r != DUET_NCCL_SUCCESS) bad = i, root = rt;
   }
   int g = x->api.group_end(); /* always: a group is closed even after a failed call */
   if (r != DUET_NCCL_SUCCESS || g != DUET_NCCL_SUCCESS) {
@@ -265,7 +273,58 @@ static int nc_allreduce_start(DuetColl *c, int rank, int tag, DuetDevice *dev, c
     snprintf(err, errlen, "tag %d was made for host buffers", tag);
     return -1;
   }
-  if (gpu_start(x, rank, x->tag_stage[tag], tag, -1, dev, b, n, err, errlen)) return -1;
+  if (gpu_start(x, rank, x->tag_stage[tag], tag, -1, NULL, dev, b, n, err, errlen)) return -1;
+  *state_of(x, rank, tag) = ON_GPU;
+  return 0;
+}
+
+/* ZeRO: the parts split (R + 1 buffer indices) in order. */
+static int parts_ok(const Nccl *x, const int *split, int n, char *err, size_t errlen) {
+  bool ok = split && split[0] == 0 && split[x->R] == n;
+  for (int k = 0; ok && k < x->R; k++) ok = split[k] <= split[k + 1];
+  if (!ok) snprintf(err, errlen, "the parts of %d buffers among %d ranks are not in order", n, x->R);
+  return ok ? 0 : -1;
+}
+
+/* ZeRO's reduce-scatter: the all-reduce (see the file's comment). */
+static int nc_reduce_scatter_start(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n,
+                                   const int *split, char *err, size_t errlen) {
+  Nccl *x = c->ctx;
+  if (parts_ok(x, split, n, err, errlen)) return -1;
+  if (!dev && local_rank(x, rank) && tag >= 0 && tag < x->n_tags) {
+    *state_of(x, rank, tag) = ON_HOST;
+    return x->host->ops->reduce_scatter_start(x->host, rank, tag, NULL, b, n, split, err, errlen);
+  }
+  return nc_allreduce_start(c, rank, tag, dev, b, n, err, errlen);
+}
+
+/* ZeRO's all-gather: one ncclBroadcast per buffer from the rank of its part. */
+static int nc_all_gather_start(DuetColl *c, int rank, int tag, DuetDevice *dev, const DuetCollBuf *b, int n,
+                               const int *split, char *err, size_t errlen) {
+  Nccl *x = c->ctx;
+  if (!local_rank(x, rank) || tag < 0 || tag >= x->n_tags) {
+    snprintf(err, errlen, "rank %d or tag %d out of range", rank, tag);
+    return -1;
+  }
+  if (parts_ok(x, split, n, err, errlen)) return -1;
+  if (!dev) {
+    *state_of(x, rank, tag) = ON_HOST;
+    return x->host->ops->all_gather_start(x->host, rank, tag, NULL, b, n, split, err, errlen);
+  }
+  if (x->tag_stage[tag] < 0) {
+    snprintf(err, errlen, "tag %d was made for host buffers", tag);
+    return -1;
+  }
+  int *roots = malloc(((size_t)n + 1) * sizeof *roots);
+  if (!roots) {
+    snprintf(err, errlen, "out of host memory");
+    return -1;
+  }
+  for (int k = 0; k < x->R; k++)
+    for (int i = split[k]; i < split[k + 1]; i++) roots[i] = k;
+  int rc = gpu_start(x, rank, x->tag_stage[tag], tag, -1, roots, dev, b, n, err, errlen);
+  free(roots);
+  if (rc) return -1;
   *state_of(x, rank, tag) = ON_GPU;
   return 0;
 }
@@ -296,7 +355,7 @@ static int nc_broadcast(DuetColl *c, int rank, int root, DuetDevice *dev, const 
   if (!dev) return x->host->ops->broadcast(x->host, rank, root, NULL, b, n, err, errlen);
   for (int s = 0; s < x->S; s++) /* the stage whose replica `rank` is on dev */
     if (rank_of(x, s, rank)->d == dev) {
-      if (gpu_start(x, rank, s, x->n_tags, root, dev, b, n, err, errlen)) return -1;
+      if (gpu_start(x, rank, s, x->n_tags, root, NULL, dev, b, n, err, errlen)) return -1;
       return gpu_wait(c, rank, s, x->n_tags, err, errlen);
     }
   snprintf(err, errlen, "replica %d has no stage on this device", rank);
@@ -357,8 +416,8 @@ static const DuetCollOps nccl_ops = {
     .broadcast = nc_broadcast,
     .barrier = nc_barrier,
     .abort = nc_abort,
-    .reduce_scatter_start = NULL,
-    .all_gather_start = NULL,
+    .reduce_scatter_start = nc_reduce_scatter_start,
+    .all_gather_start = nc_all_gather_start,
     .destroy = nc_destroy,
 };
 

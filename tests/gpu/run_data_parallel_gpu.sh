@@ -51,9 +51,18 @@
 #     same bits; NCCL missing: auto falls back to MPI saying why, the same
 #     bits; nccl forced is the error naming the library and the package,
 #     on every rank.
+#  8. ZeRO stage 1 (--zero 1): one GPU as two replicas, fp32 and (but with
+#     GPU_QUICK=1) fp16 with overflows, each replica holding its shard of the state in GPU memory
+#     (the reduce-scatter and all-gather staged through host memory):
+#     exactly the bits of 1. and 2.; with two GPUs (NCCL: its all-reduce as
+#     the reduce-scatter, ncclBroadcast per tensor as the all-gather, the
+#     start-up line says so) the bits of cuda:0 with 2 micro-batches when
+#     both GPUs are one model; a --zero 1 checkpoint of one GPU as two
+#     replicas resumed without --zero by cuda:0 with 2 micro-batches gives
+#     the checkpoint of the uninterrupted run.
 # Parts 4-7 are skipped (and the script exits 77 after the rest) with
 # fewer GPUs; NCCL's parts of 4 and 7 with NCCL absent, part 7 without
-# mpirun or the MPI plugin.  DP_PART=local runs parts 1-6 only, DP_PART=mpi
+# mpirun or the MPI plugin.  DP_PART=local runs parts 1-6 and 8 only, DP_PART=mpi
 # part 7 only (tests/run_fakegpu.sh runs them as two tests).  Exits 77 (ctest SKIP)
 # with a message when there is no GPU; a missing text is a failure
 # (tests/gpu/run.sh provides it; fmnist_mlp's part needs FMNIST_DIR).
@@ -105,6 +114,11 @@ run() {
 same() {
   if [ -s "$tmp/$1.st" ] && cmp -s "$tmp/$1.st" "$tmp/$2.st" && cmp -s "$tmp/$1.jsonl" "$tmp/$2.jsonl"; then ok "$2 equals $1"
   else bad "$2 differs from $1"; diff "$tmp/$1.jsonl" "$tmp/$2.jsonl" | head -6; fi
+}
+# zchecked NAME: --zero 1: the 2 replicas' params were bit-identical after every one of the 3 steps
+zchecked() {
+  if grep -q "^duet: data-parallel check: the params (the optimizer state is sharded: each holds its own) of the 2 replicas were bit-identical after each of 3 training steps" "$tmp/$1.out"
+  then ok "$1 replicas' params bit-identical"; else bad "$1: no data-parallel check line"; tail -3 "$tmp/$1.out"; fi
 }
 # checked NAME [R]: the R (2) replicas were bit-identical after every one of the 3 steps
 checked() {
@@ -200,7 +214,7 @@ mpi_part() {
   fi
 }
 
-if [ "$DP_PART" != mpi ]; then # parts 1-6 (not indented: they came first)
+if [ "$DP_PART" != mpi ]; then # parts 1-6 and 8 (not indented: they came first)
 # 1. one GPU as two replicas
 run ref "$ONE" "$TH_ONE" --micro-batches 2
 run dp "$TWO" 2 --data-parallel 2
@@ -219,6 +233,21 @@ run half_dp "$TWO" 2 --data-parallel 2 --precision fp16 --loss-scale 1073741824
 same half_ref half_dp
 checked half_dp
 grep -q 'loss scale .* ([1-9][0-9]* skipped)' "$tmp/half_dp.out" && ok "half_dp skipped steps" || bad "half_dp: no skipped step"
+# 8. ZeRO stage 1 on one GPU as two replicas (two GPUs: below)
+run z "$TWO" 2 --data-parallel 2 --zero 1
+same ref z
+zchecked z
+if [ "${GPU_QUICK:-0}" != 1 ]; then
+  run half_z "$TWO" 2 --data-parallel 2 --zero 1 --precision fp16 --loss-scale 1073741824
+  same half_ref half_z
+  zchecked half_z
+fi
+GPT2="tests/models/gpt_tiny.model --batch 8 --eval-batches 2 --data $KJV_TEXT"
+if "$DUET" run $GPT2 --steps 2 --devices "$TWO" --threads 2 --data-parallel 2 --zero 1 --save "$tmp/z2.st" > "$tmp/z2.out" 2>&1 &&
+  "$DUET" run $GPT2 --steps 3 --devices "$ONE" --threads "$TH_ONE" --micro-batches 2 --resume "$tmp/z2.st" \
+    --save "$tmp/z_res.st" > "$tmp/z_res.out" 2>&1 && cmp -s "$tmp/ref.st" "$tmp/z_res.st"
+then ok "a --zero 1 checkpoint resumed on one device: the uninterrupted run's checkpoint"
+else bad "--zero 1 checkpoint resumed on one device"; tail -3 "$tmp/z2.out" "$tmp/z_res.out"; fi
 
 if [ "$GPU_DEVICE" != cpu ]; then
   # 3. the collective's errors
@@ -268,6 +297,10 @@ if [ "$GPU_DEVICE" != cpu ]; then
     else
       bad "fmnist_mlp: no Fashion-MNIST in $FMNIST_DIR (set FMNIST_DIR)"
     fi
+    # 8. ZeRO stage 1 on two GPUs
+    run pair_z cuda:0,cuda:1 2 --data-parallel 2 --zero 1
+    zchecked pair_z
+    [ "$nccl" = 1 ] && summed pair_z "; --zero 1: the reduce-scatter as NCCL's all-reduce, the all-gather as an ncclBroadcast per tensor from its replica"
     # two replicas of a two-stage pipeline, each stage's replicas on one GPU
     run pipe_ref cuda:0,cuda:1 2 --micro-batches 2 --bucket-mb 0.05
     run pipe_dp cuda:0,cuda:1,cuda:0,cuda:1 2 --data-parallel 2 --bucket-mb 0.05
@@ -280,6 +313,7 @@ if [ "$GPU_DEVICE" != cpu ]; then
       same ref pair_shm
       [ "$nccl" = 1 ] && same ref pair_nccl
       same ref pair_nonccl
+      same ref pair_z
       if [ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ]; then
         same mlp_ref mlp_pair
         same mlp_half_ref mlp_half_pair
@@ -323,7 +357,7 @@ if [ "$GPU_DEVICE" != cpu ]; then
     skipped=1
   fi
 fi
-fi # parts 1-6
+fi # parts 1-6 and 8
 if [ "$DP_PART" != local ]; then
   if [ "$GPU_DEVICE" = cpu ]; then echo "skip: GPU_DEVICE=cpu: the MPI checks (tests/run_mpi.sh has the CPU's)"
   else mpi_part; fi
