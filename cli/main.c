@@ -35,6 +35,8 @@ static void usage(FILE *out) {
           "run, compile, plan, ir, emit and check take --recompute none|blocks|auto (default none, or\n"
           "the train section's `recompute`): blocks keeps only the inputs of each block instance and\n"
           "recomputes the rest in the backward pass; auto recomputes blocks only until each device fits.\n\n"
+          "run, compile, plan, ir, emit and check take --optimizer-state int8|f32 (AdamW's moments in 8-bit\n"
+          "block-wise quantized codes, or f32: overrides the model's adamw(state = ...)).\n\n"
           "run, compile, plan, ir, emit and check take the pruning flags --prune S, --prune-mode,\n"
           "--prune-start, --prune-end, --prune-every, --prune-initial, --prune-params (`duet run --help`).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
@@ -61,20 +63,21 @@ static void prune_help(FILE *out) {
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
  * emit and check (cli/ may hold global state). */
-static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute;
+static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt_optim_state;
 
-/* Removes `--precision X` / `--arch X` (and the `=` forms) from argv;
+/* Removes `--precision X` / `--arch X` / `--gemm-accumulate X` /
+ * `--optimizer-state X` (and the `=` forms) from argv;
  * returns the new argc, or -1 after a message when a value is missing. */
 static int strip_precision_flags(int argc, char **argv) {
   int k = 0;
   for (int i = 0; i < argc; i++) {
-    const char *names[4] = {"--precision", "--arch", "--gemm-accumulate", "--recompute"};
-    const char **dst[4] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute};
-    static const char *const values[4] = {"auto, fp32, fp16, bf16",
+    const char *names[5] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state"};
+    const char **dst[5] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state};
+    static const char *const values[5] = {"auto, fp32, fp16, bf16",
                                           "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16",
-                                          "none, blocks, auto"};
+                                          "none, blocks, auto", "int8, f32"};
     int hit = -1;
-    for (int j = 0; j < 4 && hit < 0; j++) {
+    for (int j = 0; j < 5 && hit < 0; j++) {
       size_t n = strlen(names[j]);
       if (!strcmp(argv[i], names[j])) {
         if (i + 1 >= argc) {
@@ -143,6 +146,10 @@ static int check_precision_flags(void) {
   }
   if (opt_recompute && recompute_mode_parse(opt_recompute) < 0) {
     fprintf(stderr, "duet: error: unknown --recompute `%s` (none, blocks, auto)\n", opt_recompute);
+    return 1;
+  }
+  if (opt_optim_state && strcmp(opt_optim_state, "int8") && strcmp(opt_optim_state, "f32")) {
+    fprintf(stderr, "duet: error: unknown --optimizer-state `%s` (int8, f32)\n", opt_optim_state);
     return 1;
   }
   if (!opt_precision && !opt_arch) return 0;
@@ -437,6 +444,13 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
       return NULL;
     }
   }
+  if (opt_optim_state && g->after_pass && passes_find(g->after_pass) >= passes_find("optimizer") &&
+      g->train.optimizer == OPTIM_ADAMW && g->train.state_int8 != !strcmp(opt_optim_state, "int8")) {
+    diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its optimizer state is fixed (%s); "
+               "--optimizer-state %s needs the .model or a dump from before `optimizer`", g->after_pass,
+               g->train.state_int8 ? "int8" : "f32", opt_optim_state);
+    return NULL;
+  }
   if (opt_prune.set && g->after_pass && passes_find(g->after_pass) >= passes_find("prune")) {
     diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its pruning is fixed; the --prune flags "
                "need the .model or a dump from before `prune`", g->after_pass);
@@ -472,6 +486,7 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
                 .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .recompute = opt_recompute,
+                .optim_state = opt_optim_state,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
@@ -653,6 +668,9 @@ static int cmd_run(int argc, char **argv) {
            "                     the inputs of each block call (`repeat` iteration) and recomputes the\n"
            "                     rest in the backward pass (same losses and gradients, bit for bit);\n"
            "                     auto recomputes blocks only until each device fits its memory\n");
+    printf("  --optimizer-state S int8|f32: AdamW's two moments as 8-bit codes with an f32 scale per block\n"
+           "                     of 2048 values (Dettmers et al. 2021: 2 bytes per param instead of 8)\n"
+           "                     or f32; overrides the model's adamw(state = ...)\n");
     prune_help(stdout);
     printf("\nCompiles the model's kernels (cached in DUET_CACHE_DIR) and trains it.\n");
     return argc < 1 ? 1 : 0;
@@ -727,7 +745,8 @@ static int bad_argument(const char *cmd, int argc, char **argv, int i) {
                                            "--threads", "--precision", "--arch", "--after", "--format", "--checkpoint",
                                            "--prompt", "--tokens", "--temperature", "--top-k", "--seed",
                                            "--gemm-accumulate", "--start-after", "--data-parallel", "--bucket-mb",
-                                           "--zero", "--clip-grad-norm"};
+                                           "--zero", "--clip-grad-norm",
+                                           "--optimizer-state"};
   for (size_t k = 0; k < sizeof with_value / sizeof *with_value && i + 1 == argc; k++)
     if (!strcmp(argv[i], with_value[k])) {
       fprintf(stderr, "duet: error: %s needs a value (see duet %s --help)\n", argv[i], cmd);
@@ -1405,6 +1424,28 @@ static void print_prune_summary(const Graph *g) {
   printf(" of optimizer state\n");
 }
 
+/* duet check's line about 8-bit AdamW state (only with state = int8): its
+ * bytes, codes and scales, beside what f32 moments would take. */
+static void print_optim_summary(const Graph *g) {
+  int64_t codes = 0, scales = 0, params = 0;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *u = g->values[i];
+    if (u->op != OP_ADAMW || u->n_in != 6) continue;
+    params += shape_numel(&u->in[0]->shape);
+    for (int j = 2; j < 6; j++)
+      *(j < 4 ? &codes : &scales) += shape_numel(&u->in[j]->shape) * (int64_t)dtype_size(u->in[j]->dtype);
+  }
+  if (!params) return;
+  char b[64], f[64];
+  int64_t tot = codes + scales, f32 = 8 * params;
+  printf("optimizer state: adamw int8, %" PRId64 " bytes", tot);
+  if (tot >= 1024) printf(" (%s)", bytes_human(tot, b, sizeof b));
+  printf(": %" PRId64 " bytes of codes (2 per parameter) and %" PRId64 " of scales (8 per block of %d); f32 moments: "
+         "%" PRId64 " bytes", codes, scales, IR_Q8_BLOCK, f32);
+  if (f32 >= 1024) printf(" (%s)", bytes_human(f32, f, sizeof f));
+  printf("\n");
+}
+
 static int cmd_check(int argc, char **argv) {
   /* M.model, then only --data-parallel N and --bucket-mb X */
   bool args_ok = argc >= 1 && argv[0][0] != '-';
@@ -1416,7 +1457,8 @@ static int cmd_check(int argc, char **argv) {
            "parameters and the bytes of\n"
            "their weights as trained (f32: in fp16/bf16 these are the master weights, the 16-bit copies come\n"
            "on top; gradients, optimizer state and activations: duet plan).\n"
-           "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90, --recompute none|blocks|auto.\n");
+           "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90, --recompute none|blocks|auto,\n"
+           "--optimizer-state int8|f32 (int8: a line with the bytes of the 8-bit AdamW state).\n");
     return args_ok || (argc == 1 && wants_help(argc, argv)) ? 0 : 1;
   }
   ParOpts po;
@@ -1481,6 +1523,7 @@ static int cmd_check(int argc, char **argv) {
                     half ? (pc.storage == DT_F16 ? " (their fp16 copies not counted)" : " (their bf16 copies not counted)")
                          : "");
     printf("\n");
+    print_optim_summary(c.g);
     print_prune_summary(c.g);
   }
   compiled_free(&c);

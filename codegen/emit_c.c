@@ -1,5 +1,6 @@
 /* codegen/emit_c.c: kernel IR -> C11 with OpenMP, and the C source of a
  * standalone training executable. */
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -7,6 +8,7 @@
 #include <string.h>
 
 #include "codegen.h"
+#include "../runtime/duet_q8.h"
 
 void bprintf(Buf *b, const char *fmt, ...) {
   va_list ap, ap2;
@@ -83,6 +85,7 @@ static const char *ctype(DType t) {
   case DT_F64: return "double";
   case DT_I32: return "int32_t";
   case DT_F16: case DT_BF16: return "uint16_t";
+  case DT_U8: return "uint8_t";
   default: unreachable();
   }
 }
@@ -929,6 +932,91 @@ static void emit_transpose(Buf *b, const Kernel *k) {
           C, R, C);
 }
 
+/* The tables of the 8-bit state maps (runtime/duet_q8.h), each entry
+ * exact (hexadecimal), `qual` before every declaration ("static const",
+ * CUDA's "__device__ const"): duet_q8_dec_s/_u[code] the value of a code
+ * in the signed (exp_avg) and unsigned (exp_avg_sq) maps; duet_q8_thr_s/_u
+ * the thresholds between neighbouring sorted values and duet_q8_code_s/_u
+ * the sorted values' codes; and the encoder duet_q8_enc (`fqual` before
+ * it), duet_q8_encode's binary search, and duet_q8_amax, the
+ * NaN-propagating |x| fold of a block's scale. */
+void codegen_q8_tables(Buf *b, const char *qual, const char *fqual) {
+  bool cuda = fqual[0] == '_'; /* CUDA: __float_as_uint */
+  for (int sg = 1; sg >= 0; sg--) {
+    DuetQ8Map m;
+    if (duet_q8_map(&m, sg)) duet_fatal(__FILE__, __LINE__, "codegen: an 8-bit map's table cell holds two thresholds");
+    const char *sx = sg ? "s" : "u";
+    bprintf(b, "%s float duet_q8_dec_%s[256] = {", qual, sx);
+    for (int c = 0; c < 256; c++) bprintf(b, "%s%a", c % 8 ? ", " : c ? ",\n  " : "\n  ", m.dec[c]);
+    bprintf(b, "};\n%s float duet_q8_thr_%s[%d] = {", qual, sx, m.n);
+    /* the last threshold (the header's +inf, which CUDA cannot write in a
+     * constant initializer) is FLT_MAX, and the code after the last is the
+     * last again: the same code for every x, +inf included */
+    for (int k = 0; k < m.n; k++)
+      bprintf(b, "%s%a", k % 8 ? ", " : k ? ",\n  " : "\n  ", isinf(m.thr[k]) ? (double)FLT_MAX : (double)m.thr[k]);
+    bprintf(b, "};\n%s unsigned char duet_q8_code_%s[%d] = {", qual, sx, m.n + 1);
+    for (int k = 0; k <= m.n; k++)
+      bprintf(b, "%s%d", k % 16 ? ", " : k ? ",\n  " : "\n  ", m.code[k < m.n ? k : m.n - 1]);
+    bprintf(b, "};\n%s unsigned char duet_q8_lut_%s[%d] = {", qual, sx, DUET_Q8_LUT);
+    for (int k = 0; k < DUET_Q8_LUT; k++) bprintf(b, "%s%d", k % 32 ? "," : k ? ",\n  " : "\n  ", m.lut[k]);
+    bprintf(b, "};\n");
+  }
+  bprintf(b, "/* the code of the map value nearest x in magnitude (ties to the smaller), x's sign in a\n"
+             " * signed map: the thresholds below |x|, from the table cell of |x|'s top bits */\n"
+             "%s unsigned char duet_q8_enc(const unsigned char *lut, const float *thr, const unsigned char *code,\n"
+             "                                 int is_signed, float x) {\n"
+             "  const float y = fabsf(x); /* +0 for -0 */\n", fqual);
+  if (cuda) bprintf(b, "  const duet_u32 u = __float_as_uint(y);\n");
+  else bprintf(b, "  const union { float f; uint32_t u; } bits = {y};\n  const uint32_t u = bits.u;\n");
+  bprintf(b, "  int c = (int)(u >> %d) - %d;\n  c = c < 0 ? 0 : c > %d ? %d : c;\n", 23 - DUET_Q8_LUT_BITS,
+          (127 + DUET_Q8_LUT_EMIN) << DUET_Q8_LUT_BITS, DUET_Q8_LUT - 1, DUET_Q8_LUT - 1);
+  bprintf(b, "  int k = lut[c];\n  k += y > thr[k];\n"
+             "  k += !is_signed && k == 0 && y > 0; /* a positive second moment never becomes 0 */\n"
+             "  return (unsigned char)(code[k] | (is_signed && x < 0 && k > 0 ? 0x80 : 0));\n}\n"
+             "/* a block's scale: the largest |x|, NaN propagating */\n"
+             "%s float duet_q8_amax(float a, float x) {\n"
+             "  const float ax = x < 0 ? -x : x;\n"
+             "  return ax > a || ax != ax ? ax : a;\n}\n\n",
+          fqual);
+}
+
+/* AdamW with 8-bit block-wise state (runtime/duet_q8.h): per block of
+ * DUET_Q8_BLOCK values, decode both moments (map value * the block's
+ * scale, in f32), the f32 AdamW step of lower_optimizer's elementwise
+ * kernel with the same operations in the same order, then the new scales
+ * (largest |moment|) and codes.  Blocks are independent: the threads split
+ * them without changing a bit. */
+static void emit_adamw8(Buf *b, const Kernel *k) {
+  int64_t N = k->n, NB = duet_q8_blocks(N);
+  bprintf(b, "  float *p = (float *)t[0];\n  const float *g = (const float *)t[1];\n");
+  bprintf(b, "  uint8_t *mq = (uint8_t *)t[2], *vq = (uint8_t *)t[3];\n  float *ma = (float *)t[4], *va = (float *)t[5];\n");
+  bprintf(b, "  const float decay = (float)s[%d], b2 = (float)s[%d], eps = (float)s[%d];\n", DUET_S_DECAY, DUET_S_BETA2,
+          DUET_S_EPS);
+  bprintf(b, "  const float omb1 = (float)s[%d], omb2 = (float)s[%d], ss = (float)s[%d], bc2 = (float)s[%d];\n",
+          DUET_S_ONE_MINUS_BETA1, DUET_S_ONE_MINUS_BETA2, DUET_S_STEP_SIZE, DUET_S_BC2_SQRT);
+  if (k->no_decay) bprintf(b, "  (void)decay;\n");
+  if (N >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t blk = 0; blk < %" PRId64 "; blk++) {\n", NB);
+  bprintf(b, "    float m1[%d], v1[%d];\n", DUET_Q8_BLOCK, DUET_Q8_BLOCK);
+  bprintf(b, "    const int64_t lo = blk * %d, len = lo + %d <= %" PRId64 " ? %d : %" PRId64 " - lo;\n", DUET_Q8_BLOCK,
+          DUET_Q8_BLOCK, N, DUET_Q8_BLOCK, N);
+  bprintf(b, "    const float am = ma[blk], av = va[blk];\n    float nm = 0, nv = 0;\n");
+  bprintf(b, "    for (int64_t j = 0; j < len; j++) {\n      const int64_t i = lo + j;\n");
+  bprintf(b, "      const float m = duet_q8_dec_s[mq[i]] * am, v = duet_q8_dec_u[vq[i]] * av, gi = g[i];\n");
+  bprintf(b, "      const float p1 = %s;\n", k->no_decay ? "p[i]" : "p[i] * decay");
+  bprintf(b, "      const float mn = m + (gi - m) * omb1;\n");
+  bprintf(b, "      const float vn = b2 * v + omb2 * (gi * gi);\n");
+  bprintf(b, "      const float den = sqrtf(vn) / bc2 + eps;\n");
+  bprintf(b, "      p[i] = p1 - ss * (mn / den);\n");
+  bprintf(b, "      m1[j] = mn;\n      v1[j] = vn;\n");
+  bprintf(b, "      nm = duet_q8_amax(nm, mn);\n      nv = duet_q8_amax(nv, vn);\n    }\n");
+  bprintf(b, "    ma[blk] = nm;\n    va[blk] = nv;\n");
+  bprintf(b, "    for (int64_t j = 0; j < len; j++) {\n");
+  bprintf(b, "      mq[lo + j] = duet_q8_enc(duet_q8_lut_s, duet_q8_thr_s, duet_q8_code_s, 1, nm == 0 ? 0.0f : m1[j] / nm);\n");
+  bprintf(b, "      vq[lo + j] = duet_q8_enc(duet_q8_lut_u, duet_q8_thr_u, duet_q8_code_u, 0, nv == 0 ? 0.0f : v1[j] / nv);\n");
+  bprintf(b, "    }\n  }\n");
+}
+
 /* The body of kernel k (its arguments t[0..], the scalars s). */
 static void emit_kernel_body(Buf *b, const Kernel *k) {
   switch (k->kind) {
@@ -950,6 +1038,7 @@ static void emit_kernel_body(Buf *b, const Kernel *k) {
   case KK_MSE: emit_mse(b, k); break;
   case KK_SUMSQ: emit_sumsq(b, k); break;
   case KK_CLIP_SCALE: emit_clip_scale(b, k); break;
+  case KK_ADAMW8: emit_adamw8(b, k); break;
   case KK_ATTN_BWD_KV: /* the C attention backward computes dq, dk and dv in one kernel */
     bprintf(b, "  (void)t; /* dk, dv: written by the attention backward kernel before this one */\n");
     break;
@@ -1009,6 +1098,9 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
     for (int j = 0; j < k->n_ins; j++) half |= k->ins[j].op == KI_CAST;
   }
   if (half) bprintf(&b, "%s\n", duet_half_src);
+  bool q8 = false; /* 8-bit AdamW state: the maps' tables */
+  for (int i = 0; i < cp->n_kernels; i++) q8 |= cp->kernels[i].kind == KK_ADAMW8;
+  if (q8) codegen_q8_tables(&b, "static const", "static inline");
   bprintf(&b, "typedef void (*duet_kernel_fn)(void *const *t, const double *s);\n\n");
   KernelFuncs funcs = {.a = a};
   int *fn_of = arena_alloc(a, (size_t)(cp->n_kernels + 1) * sizeof *fn_of);
@@ -1018,7 +1110,7 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
     Buf *bb = &u;
     bprintf(bb, "static void duet_k" FN "(void *const *t, const double *s) {\n");
     if (k->kind != KK_EVAL_METRICS && k->kind != KK_POSITIONS && k->kind != KK_ATTN_DECODE && k->kind != KK_UNSCALE &&
-        k->kind != KK_ROPE)
+        k->kind != KK_ROPE && k->kind != KK_ADAMW8)
       bprintf(bb, "  (void)s;\n");
     emit_kernel_body(bb, k);
     bprintf(bb, "}\n\n");

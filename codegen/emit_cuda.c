@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "codegen.h"
+#include "../runtime/duet_q8.h"
 
 #define D64 "%" PRId64
 
@@ -31,11 +32,12 @@ static const char *cutype(DType t) {
   case DT_F64: return "double";
   case DT_I32: return "duet_i32";
   case DT_F16: case DT_BF16: return "duet_u16"; /* raw bits; see PRELUDE_HALF */
+  case DT_U8: return "unsigned char";            /* 8-bit AdamW state codes */
   default: unreachable();
   }
 }
 
-static int64_t dsize(DType t) { return t == DT_F64 ? 8 : t == DT_F16 || t == DT_BF16 ? 2 : 4; }
+static int64_t dsize(DType t) { return t == DT_F64 ? 8 : t == DT_F16 || t == DT_BF16 ? 2 : t == DT_U8 ? 1 : 4; }
 
 static bool is16(DType t) { return t == DT_F16 || t == DT_BF16; }
 
@@ -166,6 +168,7 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   case KK_UNSCALE: l->grid = grid_for(k->n, EW_BLOCK); break;
   case KK_SUMSQ: l->grid = whole_grid(k->n); break;
   case KK_CLIP_SCALE: l->grid = grid_for(k->n, EW_BLOCK); break;
+  case KK_ADAMW8: l->grid = block_grid(duet_q8_blocks(k->n)); break; /* a block per quantization block */
   case KK_IM2COL: {
     int64_t n = k->xs.dim[0] * k->ys.dim[2] * k->ys.dim[3] * k->xs.dim[1] * k->win[0] * k->win[1];
     l->grid = grid_for(n, EW_BLOCK);
@@ -771,6 +774,52 @@ static void emit_clip_scale(Buf *b, const Kernel *k) {
           T, T);
   GRID_LOOP(b, "i", k->n);
   bprintf(b, "    x[i] = x[i] * c;\n  }\n");
+}
+
+/* AdamW with 8-bit block-wise state, the C emitter's kernel: a CUDA block
+ * of EW_BLOCK threads per quantization block (looping over the blocks past
+ * the grid), each thread DUET_Q8_BLOCK / EW_BLOCK of its values in
+ * registers.  The AdamW arithmetic is written with the round-to-nearest
+ * intrinsics (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn, __fsqrt_rn), so
+ * no fma is formed and every operation rounds as the C kernel's f32 code:
+ * params, scales and codes come out bit-identical.  The block's scales
+ * are a max (exact whatever the order, NaN propagating) over the block
+ * (duet_block_max); every thread has read the old scale before the
+ * reduction's barriers, after which thread 0 writes the new one. */
+static void emit_adamw8(Buf *b, const Kernel *k) {
+  int64_t N = k->n, NB = duet_q8_blocks(N);
+  int per = DUET_Q8_BLOCK / EW_BLOCK;
+  bprintf(b, "  float *p = (float *)t.p[0];\n  const float *g = (const float *)t.p[1];\n");
+  bprintf(b, "  unsigned char *mq = (unsigned char *)t.p[2], *vq = (unsigned char *)t.p[3];\n");
+  bprintf(b, "  float *ma = (float *)t.p[4], *va = (float *)t.p[5];\n");
+  bprintf(b, "  const float decay = (float)sv.v[%d], b2 = (float)sv.v[%d], eps = (float)sv.v[%d];\n", DUET_S_DECAY,
+          DUET_S_BETA2, DUET_S_EPS);
+  bprintf(b, "  const float omb1 = (float)sv.v[%d], omb2 = (float)sv.v[%d], ss = (float)sv.v[%d], bc2 = (float)sv.v[%d];\n",
+          DUET_S_ONE_MINUS_BETA1, DUET_S_ONE_MINUS_BETA2, DUET_S_STEP_SIZE, DUET_S_BC2_SQRT);
+  if (k->no_decay) bprintf(b, "  (void)decay;\n");
+  bprintf(b, "  __shared__ float red[32];\n");
+  bprintf(b, "  for (duet_i64 blk = blockIdx.x; blk < " D64 "; blk += gridDim.x) {\n", NB);
+  bprintf(b, "    const duet_i64 lo = blk * %d;\n", DUET_Q8_BLOCK);
+  bprintf(b, "    const int len = lo + %d <= " D64 " ? %d : (int)(" D64 " - lo);\n", DUET_Q8_BLOCK, N, DUET_Q8_BLOCK, N);
+  bprintf(b, "    const float am = ma[blk], av = va[blk];\n    float m1[%d], v1[%d], nm = 0, nv = 0;\n", per, per);
+  bprintf(b, "    for (int k = 0; k < %d; k++) {\n", per);
+  bprintf(b, "      const int j = (int)threadIdx.x + k * %d;\n      if (j >= len) break;\n", EW_BLOCK);
+  bprintf(b, "      const duet_i64 i = lo + j;\n");
+  bprintf(b, "      const float m = __fmul_rn(duet_q8_dec_s[mq[i]], am), v = __fmul_rn(duet_q8_dec_u[vq[i]], av), gi = g[i];\n");
+  bprintf(b, "      const float p1 = %s;\n", k->no_decay ? "p[i]" : "__fmul_rn(p[i], decay)");
+  bprintf(b, "      const float mn = __fadd_rn(m, __fmul_rn(__fsub_rn(gi, m), omb1));\n");
+  bprintf(b, "      const float vn = __fadd_rn(__fmul_rn(b2, v), __fmul_rn(omb2, __fmul_rn(gi, gi)));\n");
+  bprintf(b, "      const float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(vn), bc2), eps);\n");
+  bprintf(b, "      p[i] = __fsub_rn(p1, __fmul_rn(ss, __fdiv_rn(mn, den)));\n");
+  bprintf(b, "      m1[k] = mn;\n      v1[k] = vn;\n");
+  bprintf(b, "      nm = duet_q8_amax(nm, mn);\n      nv = duet_q8_amax(nv, vn);\n    }\n");
+  bprintf(b, "    nm = duet_block_max(nm, red);\n    nv = duet_block_max(nv, red);\n");
+  bprintf(b, "    if (threadIdx.x == 0) {\n      ma[blk] = nm;\n      va[blk] = nv;\n    }\n");
+  bprintf(b, "    for (int k = 0; k < %d; k++) {\n", per);
+  bprintf(b, "      const int j = (int)threadIdx.x + k * %d;\n      if (j >= len) break;\n", EW_BLOCK);
+  bprintf(b, "      mq[lo + j] = duet_q8_enc(duet_q8_lut_s, duet_q8_thr_s, duet_q8_code_s, 1, nm == 0 ? 0.0f : __fdiv_rn(m1[k], nm));\n");
+  bprintf(b, "      vq[lo + j] = duet_q8_enc(duet_q8_lut_u, duet_q8_thr_u, duet_q8_code_u, 0, nv == 0 ? 0.0f : __fdiv_rn(v1[k], nv));\n");
+  bprintf(b, "    }\n  }\n");
 }
 
 /* out[o, j] = scale * sum_r in[o, r, j]; max_r when reduce_max; the max
@@ -1619,6 +1668,7 @@ static const char *kind_name(KernelKind k) {
       [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope",
       [KK_MSE] = "mse",
       [KK_SUMSQ] = "sumsq",           [KK_CLIP_SCALE] = "clip_scale",
+      [KK_ADAMW8] = "adamw8",
   };
   return (unsigned)k < sizeof names / sizeof *names && names[k] ? names[k] : "?";
 }
@@ -1679,6 +1729,7 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
     case KK_MSE: emit_mse(&u, k); break;
     case KK_SUMSQ: emit_sumsq(&u, k); break;
     case KK_CLIP_SCALE: emit_clip_scale(&u, k); break;
+    case KK_ADAMW8: emit_adamw8(&u, k); break;
     default: unreachable();
     }
     bprintf(&u, "}\n\n");
@@ -1709,6 +1760,9 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
   if (sigmoid) bprintf(&b, "%s", PRELUDE_SIGMOID);
   if (half) bprintf(&b, "%s", PRELUDE_HALF);
   if (half2) bprintf(&b, "%s", PRELUDE_HALF2);
+  bool q8 = false; /* 8-bit AdamW state: the maps' tables (device memory) and encoder */
+  for (int i = 0; i < cp->n_kernels; i++) q8 |= cp->kernels[i].kind == KK_ADAMW8;
+  if (q8) codegen_q8_tables(&b, "__device__ const", "__device__ __forceinline__");
   kfuncs_write(&funcs, &b);
   return b.s;
 }

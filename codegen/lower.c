@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "codegen.h"
+#include "../runtime/duet_q8.h"
 
 typedef struct Lower {
   Graph *g;
@@ -168,12 +169,23 @@ static int lower_elementwise(Lower *L, Value *v) {
   return k->index;
 }
 
+_Static_assert(IR_Q8_BLOCK == DUET_Q8_BLOCK, "the IR's and the runtime's 8-bit state block sizes differ");
+
 /* AdamW exactly as torch.optim.AdamW (single-tensor path, torch 2.x):
  *   p *= 1 - lr*wd;  m = m + (1-b1)(g - m);  v = b2 v + (1-b2) g^2
  *   p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps)
  * SGD as torch.optim.SGD (dampening 0, no Nesterov):
  *   d = g + wd p;  buf = momentum buf + d;  p -= lr buf */
+static int lower_adamw8(Lower *L, Value *v) {
+  Kernel *k = new_kernel(L, KK_ADAMW8, DT_F32);
+  for (int j = 0; j < 6; j++) add_buf(k, tid(L, v->in[j]), v->in[j]->dtype, NULL, NULL);
+  k->n = shape_numel(&v->in[0]->shape);
+  k->no_decay = v->attr.no_decay;
+  return k->index;
+}
+
 static int lower_optimizer(Lower *L, Value *v) {
+  if (v->op == OP_ADAMW && v->n_in == 6) return lower_adamw8(L, v); /* 8-bit state */
   Kernel *k = new_kernel(L, KK_ELEMENTWISE, v->in[0]->dtype);
   InsBuf b = {.n = 0};
   const Shape *s = &v->in[0]->shape;

@@ -916,7 +916,7 @@ static void read_dims(Elab *e, Scope *s, const Node *n, Shape *sh) {
 static DType read_dtype(Elab *e, const Node *n, bool allow_int) {
   if (!n->dtype) return e->g->float_dtype;
   int t = dtype_from_name(n->dtype);
-  if (t < 0 || t == DT_VOID) {
+  if (t < 0 || t == DT_VOID || t == DT_U8) { /* u8: optimizer state codes only */
     Hint h = {0};
     hint_try(&h, n->dtype, "f32");
     hint_try(&h, n->dtype, "i32");
@@ -1185,10 +1185,26 @@ static void read_optimizer(Elab *e, Scope *s, const Node *v, TrainSpec *t) {
   for (Node *a = v->args.head; a; a = a->next) {
     if (a->kind != N_NAMED)
       diag_error(e->d, a->loc, "optimizer arguments are named, as in adamw(lr = 1e-3)");
-    EVal x = eval(e, s, a->a);
     for (Node *o = v->args.head; o != a; o = o->next)
       if (o->kind == N_NAMED && !strcmp(o->name, a->name))
         diag_error(e->d, a->loc, "%s argument `%s` is given twice", v->name, a->name);
+    static const char *const keys[] = {"lr", "weight_decay", "momentum", "beta1", "beta2", "eps", "decay", "state"};
+    bool known = false;
+    for (int i = 0; i < 8; i++) known |= !strcmp(a->name, keys[i]);
+    if (!known) {
+      Hint h = {0};
+      for (int i = 0; i < 8; i++) hint_try(&h, a->name, keys[i]);
+      diag_error(e->d, a->loc, "%s has no argument named `%s`%s", v->name, a->name, hint_text(e, &h));
+    }
+    if (!strcmp(a->name, "state")) { /* AdamW's moments: f32, or 8-bit block-wise quantized */
+      if (t->optimizer != OPTIM_ADAMW)
+        diag_error(e->d, a->loc, "%s has no argument `state` (8-bit state is adamw's: state = int8)", v->name);
+      if (!is_ident(a->a, "int8") && !is_ident(a->a, "f32"))
+        diag_error(e->d, a->a->loc, "adamw state must be int8 or f32");
+      t->state_int8 = is_ident(a->a, "int8");
+      continue;
+    }
+    EVal x = eval(e, s, a->a);
     if (!strcmp(a->name, "decay")) { /* which params weight decay applies to */
       if (x.kind != EV_STR || (strcmp(x.str, "all") && strcmp(x.str, "matrices")))
         diag_error(e->d, x.loc, "decay must be \"all\" or \"matrices\" (params of rank 2 or more)");
@@ -1207,10 +1223,7 @@ static void read_optimizer(Elab *e, Scope *s, const Node *v, TrainSpec *t) {
           !strcmp(a->name, "eps"))
         diag_error(e->d, a->loc, "%s has no argument `%s` (it belongs to %s)", v->name, a->name,
                    t->optimizer == OPTIM_SGD ? "adamw" : "sgd");
-      Hint h = {0};
-      const char *keys[] = {"lr", "weight_decay", "momentum", "beta1", "beta2", "eps", "decay"};
-      for (int i = 0; i < 7; i++) hint_try(&h, a->name, keys[i]);
-      diag_error(e->d, a->loc, "%s has no argument named `%s`%s", v->name, a->name, hint_text(e, &h));
+      diag_error(e->d, a->loc, "%s has no argument named `%s`", v->name, a->name); /* not reached: keys above */
     }
     if (num < 0 || !isfinite(num)) diag_error(e->d, x.loc, "%s must be a non-negative number, got %g", a->name, num);
     if (!strcmp(a->name, "momentum") && num >= 1) diag_error(e->d, x.loc, "momentum must be in [0, 1), got %g", num);

@@ -380,8 +380,8 @@ void diag_error_noloc(Diag *d, const char *fmt, ...) {
 
 /* -------------------------------------------------------- types, shapes */
 
-static const char *const dtype_names[DT_COUNT] = {"void", "f32", "f64", "i32", "f16", "bf16"};
-static const size_t dtype_sizes[DT_COUNT] = {0, 4, 8, 4, 2, 2};
+static const char *const dtype_names[DT_COUNT] = {"void", "f32", "f64", "i32", "f16", "bf16", "u8"};
+static const size_t dtype_sizes[DT_COUNT] = {0, 4, 8, 4, 2, 2, 1};
 
 const char *dtype_name(DType t) { return (unsigned)t < DT_COUNT ? dtype_names[t] : "?"; }
 size_t dtype_size(DType t) { return (unsigned)t < DT_COUNT ? dtype_sizes[t] : 0; }
@@ -816,7 +816,9 @@ void ir_infer_shape(Graph *g, Value *v) {
     v->dtype = DT_VOID;
     break;
   case SHAPE_VOID:
-    for (int i = 1; i < v->n_in; i++)
+    /* an 8-bit AdamW update's scales (operands 5, 6) have a block's shape:
+     * ir_adamw_operands_error checks them */
+    for (int i = 1; i < (v->op == OP_ADAMW && v->n_in == 6 ? 4 : v->n_in); i++)
       if (!shape_eq(&v->in[i]->shape, &v->in[0]->shape))
         diag_error(g->diag, v->loc, "%s: operand %d has shape %s, expected %s", op_info[v->op].name,
                    i + 1, SHP(&v->in[i]->shape, b1), SHP(&v->in[0]->shape, b2));
@@ -954,6 +956,29 @@ out:
   return found;
 }
 
+const char *ir_adamw_operands_error(Value *const *in, int n) {
+  if (n != 4 && n != 6) return "takes 4 operands (param, grad, exp_avg, exp_avg_sq) or 6 (8-bit state)";
+  const Value *p = in[0];
+  int64_t numel = shape_numel(&p->shape);
+  if (!dtype_is_float(p->dtype) || in[1]->dtype != p->dtype || !shape_eq(&in[1]->shape, &p->shape))
+    return "expects a float param and its gradient of the same dtype and shape";
+  if (n == 4) {
+    for (int j = 2; j < 4; j++)
+      if (in[j]->op != OP_STATE || in[j]->dtype != p->dtype || !shape_eq(&in[j]->shape, &p->shape))
+        return "expects its exp_avg and exp_avg_sq: states of the param's dtype and shape";
+    return NULL;
+  }
+  if (p->dtype != DT_F32) return "with 8-bit state expects an f32 param";
+  for (int j = 2; j < 4; j++)
+    if (in[j]->op != OP_STATE || in[j]->dtype != DT_U8 || shape_numel(&in[j]->shape) != numel)
+      return "with 8-bit state expects the exp_avg and exp_avg_sq codes: u8 states of the param's element count";
+  int64_t blocks = (numel + IR_Q8_BLOCK - 1) / IR_Q8_BLOCK;
+  for (int j = 4; j < 6; j++)
+    if (in[j]->op != OP_STATE || in[j]->dtype != DT_F32 || in[j]->shape.rank != 1 || in[j]->shape.dim[0] != blocks)
+      return "with 8-bit state expects the exp_avg and exp_avg_sq scales: f32 states of one element per block of 2048";
+  return NULL;
+}
+
 int ir_verify(const Graph *g, const char *after_pass, FILE *err) {
   int bad = 0;
 #define VFAIL(...)                                                                   \
@@ -1001,10 +1026,17 @@ int ir_verify(const Graph *g, const char *after_pass, FILE *err) {
           }
         }
     }
+    if (v->op == OP_ADAMW) {
+      const char *why = ir_adamw_operands_error(v->in, v->n_in);
+      if (why) VFAIL("%s", why);
+    }
     if (v->op == OP_PRUNE_MASK) {
       bool ok = v->n_in >= 2 && v->n_in <= 4 && v->in[0]->op == OP_PARAM && v->in[1]->op == OP_STATE;
-      for (int j = 1; ok && j < v->n_in; j++) ok = v->in[j]->op == OP_STATE && v->in[j]->dtype == v->in[0]->dtype;
-      if (!ok) VFAIL("expects a param, its mask and at most two optimizer states (states of the param's dtype)");
+      for (int j = 1; ok && j < v->n_in; j++)
+        ok = v->in[j]->op == OP_STATE && (v->in[j]->dtype == v->in[0]->dtype || (j >= 2 && v->in[j]->dtype == DT_U8)) &&
+             shape_numel(&v->in[j]->shape) == shape_numel(&v->in[0]->shape);
+      if (!ok) VFAIL("expects a param, its mask and at most two optimizer states (states of the param's dtype, or "
+                     "8-bit AdamW codes)");
       if (v->n_in >= 1 && v->attr.axis != -1 && v->attr.axis != 0 && v->attr.axis != v->in[0]->shape.rank - 1)
         VFAIL("output axis %d is neither the first nor the last", v->attr.axis);
     }
@@ -1314,7 +1346,8 @@ static void print_train(const TrainSpec *t, FILE *out) {
   else
     fprintf(out, "  optimizer = adamw(lr = %s, weight_decay = %s, beta1 = %s, beta2 = %s, eps = %s", NUM(t->lr),
             NUM(t->weight_decay), NUM(t->beta1), NUM(t->beta2), NUM(t->eps));
-  fputs(t->decay_matrices_only ? ", decay = \"matrices\")\n" : ")\n", out);
+  if (t->decay_matrices_only) fputs(", decay = \"matrices\"", out);
+  fputs(t->optimizer == OPTIM_ADAMW && t->state_int8 ? ", state = int8)\n" : ")\n", out);
   fprintf(out, "  batch = %" PRId64 "\n  epochs = %" PRId64 "\n", t->batch, t->epochs);
   if (t->steps > 0) fprintf(out, "  steps = %" PRId64 "\n", t->steps);
   fprintf(out, "  seed = %" PRIu64 "\n  log_every = %" PRId64 "\n  eval = %s\n", t->seed, t->log_every,

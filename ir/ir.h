@@ -115,8 +115,10 @@ int source_char_col(const Source *s, int line, int col);
 /* -------------------------------------------------------- types, shapes */
 
 /* DT_F16: IEEE 754 binary16; DT_BF16: bfloat16 (the top half of a binary32).
- * Both are storage types: kernels widen them to f32 to compute. */
-typedef enum DType { DT_VOID, DT_F32, DT_F64, DT_I32, DT_F16, DT_BF16, DT_COUNT } DType;
+ * Both are storage types: kernels widen them to f32 to compute.  DT_U8:
+ * unsigned bytes, only the codes of 8-bit optimizer state (AdamW with
+ * `state = int8`: runtime/duet_q8.h), never a model's tensor. */
+typedef enum DType { DT_VOID, DT_F32, DT_F64, DT_I32, DT_F16, DT_BF16, DT_U8, DT_COUNT } DType;
 const char *dtype_name(DType t);         /* "f32" ... */
 size_t dtype_size(DType t);              /* bytes per element */
 bool dtype_is_float(DType t);
@@ -281,6 +283,10 @@ struct Value {
 /* ---------------------------------------------------- training settings */
 
 typedef enum OptimKind { OPTIM_ADAMW, OPTIM_SGD } OptimKind;
+/* 8-bit AdamW state: values per quantization block, each with its own f32
+ * scale (Dettmers et al. 2021; runtime/duet_q8.h's DUET_Q8_BLOCK, which
+ * codegen checks it equals). */
+#define IR_Q8_BLOCK 2048
 typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST, DATA_TEXT, DATA_NPY, DATA_TOKENS } DataKind;
 /* Learning-rate schedules (numbering shared with the runtime's DUET_LR_*;
  * formulas at duet_lr_at in runtime/duet_rt.h). */
@@ -315,6 +321,8 @@ typedef struct TrainSpec {
   int64_t warmup;        /* warm-up steps (0: none) */
   double min_lr;         /* cosine, linear: the rate the decay ends at */
   double clip_grad_norm; /* `clip_grad_norm = X`: global L2 norm limit (0: none) */
+  bool state_int8;       /* AdamW `state = int8`: its moments in 8-bit block-wise quantized codes
+                          * (runtime/duet_q8.h) instead of f32; --optimizer-state overrides it */
 } TrainSpec;
 void train_spec_defaults(TrainSpec *t);
 
@@ -400,6 +408,13 @@ typedef struct Graph {
   int zero;          /* --zero 1: optimizer state sharded over the replicas (ZeRO
                       * stage 1; needs replicas > 1); printed `zero 1` */
 } Graph;
+
+/* The operands of an adamw_update: 4 (param, grad, exp_avg, exp_avg_sq:
+ * states of the param's dtype and shape) or, with 8-bit state, 6 (param
+ * f32, grad f32, the exp_avg and exp_avg_sq codes: u8 states of the
+ * param's element count, their absmax scales: f32 states [ceil(n /
+ * IR_Q8_BLOCK)]).  NULL when they are, else what is wrong. */
+const char *ir_adamw_operands_error(Value *const *in, int n);
 
 /* Elements of v's dtype that the memory plan reserves after v's own for its
  * kernels' scratch: attention backward keeps each query row's softmax max,

@@ -387,6 +387,7 @@ static void json_train(J *j, cJSON *o, const TrainSpec *t) {
     jnum(j, o, "beta1", t->beta1);
     jnum(j, o, "beta2", t->beta2);
     jnum(j, o, "eps", t->eps);
+    jstr(j, o, "state", t->state_int8 ? "int8" : "f32");
   }
   jstr(j, o, "decay", t->decay_matrices_only ? "matrices" : "all");
   jint(j, o, "batch", t->batch);

@@ -735,9 +735,15 @@ static void check_value(Parser *P, const char *at, OpKind op, Value **in, int n,
   const Shape *x = n ? &in[0]->shape : NULL;
   switch (op) {
   case OP_PARAM:
-  case OP_STATE:
-    if (!dtype_is_float(dt)) FAIL(at, "%s `%s` must be a float tensor, not %s", name, a->name, dtype_name(dt));
+  case OP_STATE: /* a state may also hold 8-bit AdamW codes (u8) */
+    if (!dtype_is_float(dt) && !(op == OP_STATE && dt == DT_U8))
+      FAIL(at, "%s `%s` must be a float tensor, not %s", name, a->name, dtype_name(dt));
     break;
+  case OP_ADAMW: {
+    const char *why = ir_adamw_operands_error(in, n);
+    if (why) FAIL(at, "adamw_update %s", why);
+    break;
+  }
   case OP_SLICE:
   case OP_SLICE_GRAD: {
     const Shape *full = op == OP_SLICE ? x : s, *part = op == OP_SLICE ? s : x;
@@ -841,10 +847,13 @@ static void check_value(Parser *P, const char *at, OpKind op, Value **in, int n,
   case OP_PRUNE_MASK: {
     if (n < 2 || n > 4) FAIL(at, "prune_mask takes 2 to 4 operands (param, mask, optimizer state), got %d", n);
     bool ok = in[0]->op == OP_PARAM && in[1]->op == OP_STATE && in[1]->attr.init == INIT_ONES;
-    for (int j = 1; j < n; j++) ok = ok && in[j]->op == OP_STATE && !in[j]->attr.kv_cache && in[j]->dtype == in[0]->dtype;
+    for (int j = 1; j < n; j++)
+      ok = ok && in[j]->op == OP_STATE && !in[j]->attr.kv_cache &&
+           (in[j]->dtype == in[0]->dtype || (j >= 2 && in[j]->dtype == DT_U8)) &&
+           shape_numel(&in[j]->shape) == shape_numel(&in[0]->shape);
     if (!ok)
       FAIL(at, "prune_mask: expected a param, its mask (a state initialised to ones) and its optimizer state, all of "
-               "the param's dtype");
+               "the param's dtype (or 8-bit AdamW codes)");
     if (a->axis >= 0 && a->axis != 0 && a->axis != x->rank - 1)
       FAIL(at, "prune_mask: the output axis %d of %s is neither the first nor the last", a->axis, SHP(x));
     break;
@@ -1050,7 +1059,7 @@ static void optimizer(Parser *P, TrainSpec *t) {
   t->optimizer = sgd ? OPTIM_SGD : OPTIM_ADAMW;
   if (sgd) t->weight_decay = 0;
   expect(P, '(', "'(' and the optimizer's arguments");
-  static const char *const keys[] = {"lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "decay"};
+  static const char *const keys[] = {"lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "decay", "state"};
   unsigned seen = 0;
   if (!accept(P, ')')) {
     do {
@@ -1058,10 +1067,10 @@ static void optimizer(Parser *P, TrainSpec *t) {
       const char *ka = P->p;
       const char *k = want_word(P, "an optimizer argument");
       int i = 0;
-      while (i < 7 && strcmp(keys[i], k)) i++;
-      if (i == 7 || (sgd && (i >= 2 && i <= 4)) || (!sgd && i == 5))
+      while (i < 8 && strcmp(keys[i], k)) i++;
+      if (i == 8 || (sgd && ((i >= 2 && i <= 4) || i == 7)) || (!sgd && i == 5))
         FAIL(ka, "%s has no argument `%s` (%s)", w, k,
-             sgd ? "lr, momentum, weight_decay, decay" : "lr, weight_decay, beta1, beta2, eps, decay");
+             sgd ? "lr, momentum, weight_decay, decay" : "lr, weight_decay, beta1, beta2, eps, decay, state");
       if (seen & (1u << i)) FAIL(ka, "%s argument `%s` is given twice", w, k);
       seen |= 1u << i;
       expect(P, '=', arena_printf(P->a, "'=' after `%s`", k));
@@ -1071,6 +1080,12 @@ static void optimizer(Parser *P, TrainSpec *t) {
         const char *s = string(P, "\"all\" or \"matrices\"");
         if (strcmp(s, "all") && strcmp(s, "matrices")) FAIL(va, "decay must be \"all\" or \"matrices\"");
         t->decay_matrices_only = !strcmp(s, "matrices");
+        continue;
+      }
+      if (i == 7) {
+        const char *s = want_word(P, "int8 or f32");
+        if (strcmp(s, "int8") && strcmp(s, "f32")) FAIL(va, "adamw state must be int8 or f32");
+        t->state_int8 = !strcmp(s, "int8");
         continue;
       }
       double x = number(P, arena_printf(P->a, "the value of `%s`", k));

@@ -64,6 +64,8 @@ typedef struct PassCtx {
                               * capacity bounds the graph (duet run's default CPU; NULL: none) */
   const PruneSpec *prune;    /* prune: the --prune flags (prune_parse_flag); the fields in
                               * its `set` override the model's prune section (NULL: none) */
+  const char *optim_state;   /* optimizer: --optimizer-state int8|f32, overriding the model's
+                              * adamw(state = ...) (NULL: the model's; ignored for SGD) */
   int nodes;                 /* duet plan --nodes K: the replicas are spread over K
                               * machines, the all-reduce crosses their network (0, 1: one) */
   double link_gbps;          /* --link-gbps: each machine's network link, Gb/s
@@ -102,7 +104,7 @@ int passes_find(const char *name);
 
 void pass_shape(Graph *g, PassCtx *cx);     /* re-infer and check every shape */
 void pass_autodiff(Graph *g, PassCtx *cx);  /* append d(loss)/d(param) */
-void pass_optimizer(Graph *g, PassCtx *cx); /* append AdamW / SGD updates */
+void pass_optimizer(Graph *g, PassCtx *cx); /* append AdamW / SGD updates (AdamW: f32 or 8-bit state) */
 void pass_eval(Graph *g, PassCtx *cx);      /* append accuracy metrics */
 void pass_prune(Graph *g, PassCtx *cx);     /* pruning masks and the ops that apply them */
 void pass_precision(Graph *g, PassCtx *cx); /* 16-bit storage, f32 master weights, casts */

@@ -237,7 +237,21 @@ static int check_header(const DuetProgram *p, const DuetStFile *f, const char *p
     n_saved++;
     const DuetStTensor *y = duet_st_find(f, x->name);
     if (!y) {
-      snprintf(err, errlen, "cannot %s %s: it has no tensor `%s`", verb, path, x->name);
+      /* AdamW state of the other kind: f32 moments `w.exp_avg`, 8-bit ones
+       * `w.exp_avg.codes` and `w.exp_avg.absmax` */
+      char alt[512];
+      const char *dot = strrchr(x->name, '.');
+      snprintf(alt, sizeof alt, "%s.codes", x->name);
+      int has_q8 = duet_st_find(f, alt) != NULL;
+      int has_f32 = 0;
+      if (dot && (!strcmp(dot, ".codes") || !strcmp(dot, ".absmax"))) {
+        snprintf(alt, sizeof alt, "%.*s", (int)(dot - x->name), x->name);
+        has_f32 = duet_st_find(f, alt) != NULL;
+      }
+      snprintf(err, errlen, "cannot %s %s: it has no tensor `%s`%s", verb, path, x->name,
+               has_q8    ? " (its AdamW state is 8-bit: resume with --optimizer-state int8)"
+               : has_f32 ? " (its AdamW state is f32: resume with --optimizer-state f32)"
+                         : "");
       return -1;
     }
     int same = y->dtype == x->dtype && y->rank == x->rank && y->nbytes == x->nbytes;

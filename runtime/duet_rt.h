@@ -18,8 +18,9 @@
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
- * IEEE binary16, DUET_BF16 bfloat16 (2 bytes each; runtime/duet_half.h). */
-enum { DUET_VOID = 0, DUET_F32 = 1, DUET_F64 = 2, DUET_I32 = 3, DUET_F16 = 4, DUET_BF16 = 5 };
+ * IEEE binary16, DUET_BF16 bfloat16 (2 bytes each; runtime/duet_half.h);
+ * DUET_U8 bytes: the codes of 8-bit optimizer state (runtime/duet_q8.h). */
+enum { DUET_VOID = 0, DUET_F32 = 1, DUET_F64 = 2, DUET_I32 = 3, DUET_F16 = 4, DUET_BF16 = 5, DUET_U8 = 6 };
 
 /* Where a tensor lives. */
 /* DUET_MEM_CACHE: key/value caches of a decoding program (persistent, not
@@ -230,7 +231,7 @@ typedef struct DuetLaunch {
 enum { DUET_PRUNE_UNSTRUCTURED = 1, DUET_PRUNE_GLOBAL = 2, DUET_PRUNE_NM = 3, DUET_PRUNE_CHANNELS = 4 };
 typedef struct DuetPruneParam {
   int param, mask;            /* tensor ids */
-  int state[2];               /* its optimizer state tensors (-1: none), zeroed with it */
+  int state[2];               /* its optimizer state tensors (-1: none; 8-bit AdamW: the u8 codes), zeroed with it */
   int64_t out_n, out_stride;  /* output channels (channels mode) */
   int64_t in_n, in_stride;    /* inputs: N:M groups are nm_m consecutive inputs of one channel */
 } DuetPruneParam;
@@ -890,10 +891,10 @@ void *duet_read_file(const char *path, size_t *len);
 /* safetensors files (huggingface/safetensors, "Format"): an 8-byte
  * little-endian header length N, N bytes of JSON naming each tensor's dtype,
  * shape and byte range, then the data.  duet reads and writes F32, F64,
- * I32, F16 and BF16 tensors and the string-to-string "__metadata__" map. */
+ * I32, F16, BF16 and U8 tensors and the string-to-string "__metadata__" map. */
 typedef struct DuetStTensor {
   const char *name;
-  int dtype;                     /* DUET_F32, DUET_F64, DUET_I32, DUET_F16, DUET_BF16 */
+  int dtype;                     /* DUET_F32, DUET_F64, DUET_I32, DUET_F16, DUET_BF16, DUET_U8 */
   int rank;                      /* 0 (a scalar) .. DUET_MAX_RANK */
   int64_t shape[DUET_MAX_RANK];  /* elements per dim, row-major */
   const void *data;              /* little-endian elements */
@@ -944,7 +945,7 @@ typedef struct DuetStFile DuetStFile;
 /* Reads and validates the whole file.  NULL with a message in err naming the
  * file (and the tensor) when it cannot be read or is corrupt: shorter than
  * 8 bytes, header length beyond the file or over 100 MB, header not a JSON
- * object, a dtype unknown to the format or other than F32/F64/I32/F16/BF16, rank over
+ * object, a dtype unknown to the format or other than F32/F64/I32/F16/BF16/U8, rank over
  * DUET_MAX_RANK, a shape entry not an integer >= 0, data_offsets out of the
  * data section, a byte size (elements * dtype size) different from
  * end - begin, overlapping ranges, duplicate names, non-string metadata. */

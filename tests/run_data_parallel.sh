@@ -21,6 +21,7 @@
 #        buckets (--bucket-mb 1: 4 buckets) the same bits again; three
 #        replicas (batch 255) equal one device with 3 micro-batches (the
 #        replicas' sums are added in replica order, as its accumulator);
+#        the same with 8-bit AdamW state (--optimizer-state int8);
 #     2. DUET_DP_DROP=0 (bucket 0 never all-reduced) is caught by
 #        DUET_DP_CHECK after step 1: the check can fail;
 #     3. 2 replicas x 2-stage pipelines on cpu:0..cpu:3 (GPipe, 1F1B) equal
@@ -133,6 +134,13 @@ mlp)
     same ref_clip dp_clip
     checked dp_clip 20
     grep -q '"grad_norm":' "$d/dp_clip.jsonl" && ok "dp_clip logs the norm" || bad "dp_clip: no grad_norm in the metrics"
+    # 8-bit AdamW state: each replica keeps its own codes and scales, quantized
+    # from bit-identical gradients, so they stay bit-identical (the check
+    # compares them) and equal the one-device run's
+    run ref_q8 1 $MLP --micro-batches 2 --optimizer-state int8 --no-eval
+    run dp_q8 2 $MLP --devices cpu:0,cpu:1 --data-parallel 2 --optimizer-state int8 --no-eval
+    same ref_q8 dp_q8
+    checked dp_q8 20
     grep -q '"test_accuracy"' "$d/dp.jsonl" && ok "dp evaluates" || bad "dp: no evaluation in the metrics"
     # three replicas: the sum runs in replica order, (g0 + g1) + g2, as one device's accumulator
     run ref3 1 $MLP --micro-batches 3 --batch 255 --no-eval
