@@ -155,7 +155,7 @@ static int parse_f64(const char *flag, const char *s, double lo, double *out) {
 static const char *const fixed_flags[] = {"--precision", "--gemm-accumulate", "--batch", "--micro-batches",
                                           "--data-parallel", "--bucket-mb", "--prune", "--prune-mode",
                                           "--prune-start", "--prune-end", "--prune-every", "--prune-initial",
-                                          "--prune-params", "--zero"};
+                                          "--prune-params", "--zero", "--optimizer-state", "--recompute"};
 enum { N_FIXED = sizeof fixed_flags / sizeof *fixed_flags };
 
 /* The compiled value of fixed flag k of p into buf, as the flag is
@@ -188,6 +188,15 @@ static const char *fixed_value(const DuetProgram *p, int k, char *buf, size_t n,
     else snprintf(buf, n, "none (no pruning)");
     break;
   case 13: *num = p->n_stages >= 1 && R > 1 ? p->zero : 0; break;
+  case 14: { /* 8-bit AdamW state keeps its codes in u8 tensors */
+    bool q8 = false;
+    for (int i = 0; i < p->n_tensors && !q8; i++) q8 = p->tensors[i].dtype == DUET_U8;
+    snprintf(buf, n, "%s", q8 ? "int8" : "f32");
+    break;
+  }
+  case 15: /* the recomputation is in the compiled kernels' schedule; the program does not name it */
+    snprintf(buf, n, "as compiled (the program does not record the mode)");
+    break;
   default: { /* the pruned params, by name */
     size_t len = 0;
     buf[0] = 0;

@@ -33,7 +33,9 @@ fixed --micro-batches 1 2
 fixed --data-parallel 1 2
 fixed --prune "0 (no pruning)" 0.5
 fixed --prune-mode "none (no pruning)" global
-"$d/fmnist_train" --batch 256 --precision fp32 --micro-batches 1 --data-parallel 1 --prune 0 --steps 1 --no-eval \
+fixed --optimizer-state f32 int8
+fixed --recompute "as compiled (the program does not record the mode)" blocks
+"$d/fmnist_train" --batch 256 --precision fp32 --micro-batches 1 --data-parallel 1 --prune 0 --optimizer-state f32 --steps 1 --no-eval \
   --train-subset 512 --quiet > "$d/out" 2>&1 || { echo "FAIL: the compiled values are refused:"; cat "$d/out"; exit 1; }
 "$d/fmnist_train" --help > "$d/help" && grep -q '^  --precision        fp32$' "$d/help" &&
   grep -q '^  --batch            256$' "$d/help" || { echo "FAIL: --help does not list the fixed values"; exit 1; }
