@@ -44,7 +44,8 @@
 #           are grouped otherwise, so only the rounding differs; measured
 #           2026-12-01: at most 1.6e-7 relative), within 1e-6 relative; by
 #           one process without micro-batches, it trains on.
-#   refuse  ranks started with other flags (--lr) or another model, mpirun
+#   refuse  ranks started with other flags (--lr) or another model or
+#           another pruning schedule (--prune-start) or mode, mpirun
 #           with --data-parallel of another count, an executable compiled
 #           for 2 replicas under 3 ranks, --devices that fit no rank: exact
 #           errors.
@@ -329,8 +330,13 @@ refuse)
   M="models/fmnist_mlp.model --steps 2 --train-subset 5120 --no-eval --threads 1"
   expect flags "duet: rank 0: error: rank 1 was started with another --lr than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
     $MPIRUN -np 1 "$DUET" run $M --lr 0.001 : -np 1 "$DUET" run $M --lr 0.002
-  expect model "duet: rank 0: error: rank 1 was started with another program (model, kernels, tensors and steps: another model or duet, or a flag that changes the compiled program: --batch, --micro-batches, --bucket-mb, --precision) than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
+  expect model "duet: rank 0: error: rank 1 was started with another program (model, kernels, tensors and steps: another model or duet, or a flag that changes the compiled program: --batch, --micro-batches, --bucket-mb, --zero, --precision, --prune, --prune-mode, --prune-start, --prune-end, --prune-every, --prune-initial) than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
     $MPIRUN -np 1 "$DUET" run $M : -np 1 "$DUET" run models/fmnist_cnn.model --steps 2 --train-subset 5120 --no-eval --threads 1
+  # the pruning schedule (not the tensors) differs: the hash covers DuetProgram.prune
+  expect prune_start "duet: rank 0: error: rank 1 was started with another program (model, kernels, tensors and steps: another model or duet, or a flag that changes the compiled program: --batch, --micro-batches, --bucket-mb, --zero, --precision, --prune, --prune-mode, --prune-start, --prune-end, --prune-every, --prune-initial) than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
+    $MPIRUN -np 1 "$DUET" run $M --prune 0.5 --prune-start 2 : -np 1 "$DUET" run $M --prune 0.5 --prune-start 3
+  expect prune_mode "duet: rank 0: error: rank 1 was started with another program (model, kernels, tensors and steps: another model or duet, or a flag that changes the compiled program: --batch, --micro-batches, --bucket-mb, --zero, --precision, --prune, --prune-mode, --prune-start, --prune-end, --prune-every, --prune-initial) than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
+    $MPIRUN -np 1 "$DUET" run $M --prune 0.5 : -np 1 "$DUET" run $M --prune 0.5 --prune-mode global
   expect seed "duet: rank 1: error: rank 1 was started with another --seed than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
     $MPIRUN -np 1 "$DUET" run $M : -np 1 "$DUET" run $M --seed 7
   expect data_parallel "duet: rank 1: error: --data-parallel 3 under an MPI launcher of 2 ranks: each rank is one replica (replicas inside a rank are not supported; drop --data-parallel, or start 3 ranks)" \
