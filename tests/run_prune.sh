@@ -16,7 +16,10 @@
 #      for byte, and the same metrics file; a checkpoint of a run without
 #      pruning resumed into a pruned run (masks from ones) ends as the pruned
 #      run from the start, and is refused (before compiling) when the
-#      schedule's last update lies before its step;
+#      schedule's last update lies before its step; a pruned checkpoint
+#      resumed with another mode, a lower sparsity or one its masks would
+#      not reach is refused (before compiling), a higher one with updates to
+#      come warns;
 #   5. a compiled executable prunes as duet run does (same losses, masks);
 #   6. the IR: `duet ir --after prune` shows the masks; the dump trains with
 #      the .model's losses; a pipeline on two virtual CPU devices prunes as
@@ -142,6 +145,22 @@ done
 "$DUET" run $M $F --steps 3 --quiet --save "$d/dense.st" > /dev/null
 expect_error resume_dense_after_schedule "duet: error: cannot resume from $d/dense.st: it has no pruning masks (a run without pruning) and its step 3 is after the pruning schedule's last update (after step 2), so nothing would be pruned; start pruning at its step or later (--prune-start 3)" \
   $M $F --steps 8 --prune 0.5 --prune-start 2 --resume "$d/dense.st"
+
+# a pruned checkpoint resumed with other pruning settings (its metadata
+# records them): another mode, a next update below the sparsity its masks
+# reached, or another final sparsity with no update left are refused before
+# compiling; a higher sparsity with an update to come goes on, with a warning
+"$DUET" run $M $F --steps 6 --prune 0.5 --prune-start 3 --quiet --save "$d/p5.st" > /dev/null || bad "pruned run for resume"
+expect_error resume_other_mode "duet: error: cannot resume from $d/p5.st: it was pruned with --prune 0.5 --prune-start 3, this run asks for --prune-mode 2:4 --prune-start 2: its masks were chosen by unstructured pruning and are not 2:4 masks; resume with its mode (--prune-mode unstructured)" \
+  $M $F --steps 8 --resume "$d/p5.st" --prune-mode 2:4 --prune-start 2
+expect_error resume_lower "duet: error: cannot resume from $d/p5.st: it was pruned with --prune 0.5 --prune-start 3, this run asks for --prune 0.3 --prune-start 10: its masks reached sparsity 0.5, and this schedule's next update (after step 10) asks for 0.3, which would bring pruned weights back; ask for 0.5 or more from step 6 on" \
+  $M $F --steps 12 --resume "$d/p5.st" --prune 0.3 --prune-start 10
+expect_error resume_no_update "duet: error: cannot resume from $d/p5.st: it was pruned with --prune 0.5 --prune-start 3, this run asks for --prune 0.7 --prune-start 2: its masks have sparsity 0.5 and this schedule makes no update after its step 6 (the last is after step 2), so they would stay at 0.5, not 0.7; resume with its sparsity, or schedule an update after step 6 or later (--prune-start, --prune-end)" \
+  $M $F --steps 8 --resume "$d/p5.st" --prune 0.7 --prune-start 2
+"$DUET" run $M $F --steps 8 --resume "$d/p5.st" --prune 0.7 --prune-start 6 > "$d/p7.txt" 2>&1 &&
+  grep -Fqx "duet: warning: the pruning schedule --prune 0.7 --prune-start 6 differs from the checkpoint's --prune 0.5 --prune-start 3 ($d/p5.st): the masks go on from its sparsity 0.5, and the resumed run does not continue the original one exactly" "$d/p7.txt" &&
+  grep -Fqx 'duet: sparsity at the end (unstructured): 0.7000 of 1861632 weights' "$d/p7.txt" && ok resume_higher_sparsity ||
+  { bad resume_higher_sparsity; grep duet "$d/p7.txt"; }
 
 # 5. a compiled executable
 P="--prune 0.6 --prune-start 3"
