@@ -310,6 +310,30 @@ static int check_prune_change(const DuetProgram *p, const DuetPrune *was, int64_
   return -1;
 }
 
+/* The params of p of which file f holds a pruning mask (`NAME.mask`) that
+ * p lacks, as a list into buf ("linear1.w.mask, ..."); their number. */
+static int foreign_masks(const DuetProgram *p, const DuetStFile *f, char *buf, size_t n) {
+  int count = 0;
+  buf[0] = 0;
+  for (int i = 0; i < duet_st_count(f); i++) {
+    const char *name = duet_st_get(f, i)->name;
+    size_t len = strlen(name);
+    if (len <= 5 || strcmp(name + len - 5, ".mask")) continue;
+    int known = 0, param = 0;
+    for (int j = 0; j < p->n_tensors && !known; j++) {
+      known = !strcmp(p->tensors[j].name, name);
+      param |= p->tensors[j].region == DUET_MEM_PARAM && strlen(p->tensors[j].name) == len - 5 &&
+               !strncmp(p->tensors[j].name, name, len - 5);
+    }
+    if (known || !param) continue;
+    size_t k = strlen(buf);
+    if (k < n - 8) snprintf(buf + k, n - k, "%s%s", count ? ", " : "", name);
+    else if (k < n - 4 && !strstr(buf, "...")) snprintf(buf + k, n - k, ", ...");
+    count++;
+  }
+  return count;
+}
+
 /* The checks of a checkpoint that need only its header, against program p:
  * the format, the model, the training state in the metadata (into *ns),
  * every param (and, unless weights_only, state) tensor present with the
@@ -347,10 +371,24 @@ static int check_header(const DuetProgram *p, const DuetStFile *f, const char *p
     return -1;
   }
   if (!weights_only) { /* pruning: the checkpoint's masks and the settings that chose them */
+    char list[300], flags[240] = "";
     DuetPrune was;
     int has = meta_prune(f, &was), differs;
     if (has < 0) {
       snprintf(err, errlen, "cannot %s %s: corrupt pruning settings in its metadata", verb, path);
+      return -1;
+    }
+    int n_foreign = foreign_masks(p, f, list, sizeof list);
+    if (n_foreign && !p->prune) {
+      if (has) snprintf(flags, sizeof flags, " (%s)", prune_flags(&was, (char[200]){0}, 200));
+      snprintf(err, errlen, "cannot %s %s: it was trained with pruning (it holds the pruning mask%s %s): pass its "
+               "pruning flags%s, or the model's prune section, to continue it", verb, path, n_foreign > 1 ? "s" : "",
+               list, flags);
+      return -1;
+    }
+    if (n_foreign) {
+      snprintf(err, errlen, "cannot %s %s: it holds pruning masks of params this run does not prune (%s): pass its "
+               "--prune-params (or the prune section's params)", verb, path, list);
       return -1;
     }
     if (has && p->prune && !no_masks && check_prune_change(p, &was, ns->step, path, &differs, err, errlen)) return -1;

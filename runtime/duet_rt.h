@@ -692,7 +692,9 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
  * pruning schedule: another mode, a next update to a sparsity below the
  * one the masks reached, or another final sparsity with no update left
  * after its step is refused; another schedule that can go on from its
- * masks is a warning.  0, or -1 with a message naming the file and the
+ * masks is a warning; masks of params the program does not prune (a run
+ * without pruning, other --prune-params) are refused naming them and the
+ * checkpoint's flags.  0, or -1 with a message naming the file and the
  * tensor (nothing is changed then). */
 int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, char *err, size_t errlen);
 /* Loads only the params of a checkpoint of the same model (exact dtype and

@@ -19,7 +19,8 @@
 #      schedule's last update lies before its step; a pruned checkpoint
 #      resumed with another mode, a lower sparsity or one its masks would
 #      not reach is refused (before compiling), a higher one with updates to
-#      come warns;
+#      come warns; resumed without the pruning flags (or with fewer pruned
+#      params), the error names the masks and the flags;
 #   5. a compiled executable prunes as duet run does (same losses, masks);
 #   6. the IR: `duet ir --after prune` shows the masks; the dump trains with
 #      the .model's losses; a pipeline on two virtual CPU devices prunes as
@@ -157,6 +158,11 @@ expect_error resume_lower "duet: error: cannot resume from $d/p5.st: it was prun
   $M $F --steps 12 --resume "$d/p5.st" --prune 0.3 --prune-start 10
 expect_error resume_no_update "duet: error: cannot resume from $d/p5.st: it was pruned with --prune 0.5 --prune-start 3, this run asks for --prune 0.7 --prune-start 2: its masks have sparsity 0.5 and this schedule makes no update after its step 6 (the last is after step 2), so they would stay at 0.5, not 0.7; resume with its sparsity, or schedule an update after step 6 or later (--prune-start, --prune-end)" \
   $M $F --steps 8 --resume "$d/p5.st" --prune 0.7 --prune-start 2
+# ... and without the pruning flags: the masks named, the flags given
+expect_error resume_without_pruning "duet: error: cannot resume from $d/p5.st: it was trained with pruning (it holds the pruning masks linear1.w.mask, linear2.w.mask, linear3.w.mask): pass its pruning flags (--prune 0.5 --prune-start 3), or the model's prune section, to continue it" \
+  $M $F --steps 8 --resume "$d/p5.st"
+expect_error resume_fewer_params "duet: error: cannot resume from $d/p5.st: it holds pruning masks of params this run does not prune (linear3.w.mask): pass its --prune-params (or the prune section's params)" \
+  $M $F --steps 8 --resume "$d/p5.st" --prune 0.5 --prune-start 3 --prune-params '!linear3.w'
 "$DUET" run $M $F --steps 8 --resume "$d/p5.st" --prune 0.7 --prune-start 6 > "$d/p7.txt" 2>&1 &&
   grep -Fqx "duet: warning: the pruning schedule --prune 0.7 --prune-start 6 differs from the checkpoint's --prune 0.5 --prune-start 3 ($d/p5.st): the masks go on from its sparsity 0.5, and the resumed run does not continue the original one exactly" "$d/p7.txt" &&
   grep -Fqx 'duet: sparsity at the end (unstructured): 0.7000 of 1861632 weights' "$d/p7.txt" && ok resume_higher_sparsity ||
