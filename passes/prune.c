@@ -36,6 +36,7 @@
 #define _GNU_SOURCE /* fnmatch */
 #include <fnmatch.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,6 +119,18 @@ static const char *next_pattern(const char *s, char *buf, size_t n) {
   while (m > 0 && (s[m - 1] == ' ' || s[m - 1] == '\t')) m--;
   snprintf(buf, n, "%.*s", (int)(m < n ? m : n - 1), s);
   return s[k] ? s + k + 1 : s + k;
+}
+
+/* (units - 0.5) / units, the sparsity below which round(s x units) leaves
+ * a unit, printed with the fewest digits (at least 6) that do not exceed it,
+ * into buf (32 bytes). */
+static const char *all_below(int64_t units, char *buf, size_t n) {
+  double thr = ((double)units - 0.5) / (double)units;
+  for (int prec = 6; prec <= 17; prec++) {
+    snprintf(buf, n, "%.*g", prec, thr);
+    if (strtod(buf, NULL) <= thr) break;
+  }
+  return buf;
 }
 
 void pass_prune(Graph *g, PassCtx *cx) {
@@ -222,6 +235,33 @@ void pass_prune(Graph *g, PassCtx *cx) {
                    mode, w->attr.name, dtype_name(w->dtype), shape_str(&w->shape, b, sizeof b), in, p->nm_m, excl);
     }
   }
+  /* a sparsity that rounds to every weight (round(s x n) = n, halves to
+   * even as runtime/prune.c rounds) would leave a layer, or the model,
+   * nothing to compute with: refused, naming the tensor */
+  char sp[32];
+  ir_num_str(p->sparsity, sp, sizeof sp);
+  int64_t total = 0;
+  for (int k = 0; k < n_upd; k++) {
+    if (!sel[k] || p->mode == PRUNE_NM) continue;
+    const Value *w = upd[k]->in[0];
+    int64_t n_w = shape_numel(&w->shape);
+    total += n_w;
+    if (p->mode == PRUNE_GLOBAL) continue;
+    bool ch = p->mode == PRUNE_CHANNELS && axis[k] >= 0;
+    int64_t units = ch ? w->shape.dim[axis[k]] : n_w;
+    if ((int64_t)nearbyint(p->sparsity * (double)units) >= units) {
+      char b[160];
+      diag_error(g->diag, w->loc, "%s pruning to sparsity %s removes every %s of `%s` %s%s: round(%s x %" PRId64
+                 ") = %" PRId64 "; give a sparsity below %s, or leave it out with --prune-params '!%s'",
+                 mode, sp, ch ? "output channel" : "weight", w->attr.name, dtype_name(w->dtype),
+                 shape_str(&w->shape, b, sizeof b), sp, units, units, all_below(units, (char[32]){0}, 32),
+                 w->attr.name);
+    }
+  }
+  if (p->mode == PRUNE_GLOBAL && total > 0 && (int64_t)nearbyint(p->sparsity * (double)total) >= total)
+    diag_error_noloc(g->diag, "global pruning to sparsity %s removes every weight of the pruned tensors: round(%s x %"
+                     PRId64 ") = %" PRId64 "; give a sparsity below %s", sp, sp, total, total,
+                     all_below(total, (char[32]){0}, 32));
   if (!n_sel)
     diag_error_noloc(g->diag, "pruning selects no parameter: the model has no trainable matmul or convolution weight%s "
                      "(pick params with --prune-params PATTERNS or `params = \"...\"` in the prune section)",

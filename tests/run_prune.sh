@@ -25,7 +25,9 @@
 #   6. the IR: `duet ir --after prune` shows the masks; the dump trains with
 #      the .model's losses; a pipeline on two virtual CPU devices prunes as
 #      one device with the same micro-batches does (same checkpoint);
-#   7. flag errors with their exact text, before any kernel is compiled.
+#   7. flag errors with their exact text, before any kernel is compiled;
+#      sparsities that would prune every weight (or channel) of a tensor,
+#      or (global) of all, named.
 # Without Fashion-MNIST the parts that need it are skipped (exit 77).
 # usage: run_prune.sh path/to/duet path/to/prune_check   (from the repository root)
 DUET=${1:?usage: run_prune.sh path/to/duet path/to/prune_check}
@@ -67,6 +69,15 @@ expect_error missing_value "duet: error: --prune-mode needs a value (see duet ru
 expect_error cnn_2_4 "$C:10:9: error: 2:4 pruning of \`conv1.w\` f32[32,1,3,3]: its input dimension (9) is not divisible by 4; leave it out with --prune-params '!conv1.w' (params = \"!conv1.w\")
     param w: [out, dim(x, 1), k, k] = kaiming_uniform
           ^" $C --prune-mode 2:4
+# sparsities that round to every weight (round(s x n) = n) of a tensor, or of all (global)
+expect_error prunes_all "$M:8:9: error: unstructured pruning to sparsity 0.9999999 removes every weight of \`linear1.w\` f32[784,1024]: round(0.9999999 x 802816) = 802816; give a sparsity below 0.999999, or leave it out with --prune-params '!linear1.w'
+    param w: [dim(h, -1), out] = kaiming_uniform
+          ^" $M --prune 0.9999999
+expect_error prunes_all_channels "$M:8:9: error: channels pruning to sparsity 0.96 removes every output channel of \`linear3.w\` f32[1024,10]: round(0.96 x 10) = 10; give a sparsity below 0.95, or leave it out with --prune-params '!linear3.w'
+    param w: [dim(h, -1), out] = kaiming_uniform
+          ^" $M --prune 0.96 --prune-mode channels
+expect_error prunes_all_global "duet: error: global pruning to sparsity 0.9999999 removes every weight of the pruned tensors: round(0.9999999 x 1861632) = 1861632; give a sparsity below 0.9999997" \
+  $M --prune 0.9999999 --prune-mode global
 "$DUET" ir $M --after prune --prune 0.5 > "$d/p.ir" 2>&1 || bad "ir --after prune"
 expect_error dump_after_prune "$d/p.ir:2:7: error: the dump was printed after \`prune\`, so its pruning is fixed; the --prune flags need the .model or a dump from before \`prune\`
   after prune
