@@ -63,6 +63,10 @@ expect_error unknown_mode "duet: error: unknown --prune-mode 'sparse'; modes are
 expect_error end_before_start "duet: error: prune end step 10 is before its start step 20" \
   $M --prune 0.5 --prune-start 20 --prune-end 10
 expect_error every_zero "duet: error: --prune-every expects an integer >= 1 (a step count), got '0'" $M --prune 0.5 --prune-every 0
+expect_error nm_every "duet: error: 2:4 pruning is one-shot, at its start step: the frequency (--prune-every, \`every\`) belongs to the gradual schedule of unstructured, global and channels pruning; leave it out" \
+  $M --prune-mode 2:4 --prune-start 5 --prune-every 5
+expect_error nm_initial "duet: error: 2:4 pruning is one-shot, at its start step: the initial sparsity (--prune-initial, \`initial_sparsity\`) belongs to the gradual schedule of unstructured, global and channels pruning; leave it out" \
+  $M --prune-mode 2:4 --prune-initial 0.1
 expect_error no_sparsity "duet: error: unstructured pruning needs its final sparsity: \`sparsity = S\` in the prune section, or --prune S" \
   $M --prune-start 5
 expect_error missing_value "duet: error: --prune-mode needs a value (see duet run --help)" $M --prune-mode
