@@ -407,6 +407,15 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
       return NULL;
     }
   }
+  if (R > 1 && pc->bucket_mb > 0 && g->after_pass && passes_find(g->after_pass) >= passes_find("data_parallel")) {
+    double have = g->bucket_mb > 0 ? g->bucket_mb : DP_BUCKET_MB_DEFAULT;
+    if (pc->bucket_mb != have) {
+      diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its all-reduce buckets are fixed "
+                 "(made for --bucket-mb %g); --bucket-mb %g needs the .model or a dump from before `data_parallel`",
+                 g->after_pass, have, pc->bucket_mb);
+      return NULL;
+    }
+  }
   if (fo->batch && fo->batch != g->train.batch) {
     diag_error(&c->diag, (Loc){src, 0, 0},
                "the graph was built for batch %" PRId64 "; --batch %" PRId64 " needs the .model (an IR dump's batch is fixed)",
@@ -652,7 +661,7 @@ static int cmd_run(int argc, char **argv) {
     if (!rc) rc = partition_check_memory(c.g, &pc);
     par_free(&cpu);
   }
-  double bucket_mb = po.bucket_mb;
+  double bucket_mb = c.g ? c.g->bucket_mb : po.bucket_mb; /* a dump's own (its buckets are fixed) */
   par_free(&po);
   if (rc) {
     compiled_free(&c);
@@ -775,7 +784,7 @@ static int cmd_compile(int argc, char **argv) {
   CgProgram *cp = codegen_lower(c.g, c.arena);
   /* the executable runs on the devices it was compiled for unless given --devices */
   if (po.devices) cp->prog.defaults.devices = arena_printf(c.arena, "%s", po.devices);
-  cp->prog.bucket_mb = po.bucket_mb;
+  cp->prog.bucket_mb = c.g->bucket_mb; /* the pass's, or a dump's own (its buckets are fixed) */
   par_free(&po);
   if (with_cuda(cp, c.arena, true)) {
     compiled_free(&c);

@@ -381,6 +381,8 @@ typedef struct Graph {
                       * train.micro_batches counts all replicas' micro-batches,
                       * replica r computing micro-batches r*M .. r*M+M-1,
                       * M = micro_batches / replicas; printed `replicas N` */
+  double bucket_mb;  /* data_parallel: the --bucket-mb its all-reduce buckets were
+                      * made for (0: the default, 25 MiB); printed `bucket_mb X` */
   PruneSpec prune;   /* the `prune { }` section; after the prune pass, as applied */
   int zero;          /* --zero 1: optimizer state sharded over the replicas (ZeRO
                       * stage 1; needs replicas > 1); printed `zero 1` */

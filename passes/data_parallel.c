@@ -162,6 +162,7 @@ void pass_data_parallel(Graph *g, PassCtx *cx) {
     if (g->values[i]->op == OP_ALLREDUCE || g->values[i]->op == OP_REDUCE_SCATTER)
       return; /* bucketed already (a dump given back) */
   int64_t cap = data_parallel_bucket_cap(cx);
+  g->bucket_mb = cx->bucket_mb > 0 ? cx->bucket_mb : 0;
   Arena *a = g->arena;
   for (int i = 0; i < n && g->zero; i++)
     if (g->values[i]->op == OP_PRUNE_MASK)
