@@ -175,7 +175,7 @@ static int compile_model_opt(Compiled *c, const char *path, const FrontendOption
 static int compile_model_par(Compiled *c, const char *path, int64_t batch, const ParOpts *po, const char *dump_after,
                              const char *stop_after) {
   FrontendOptions fo = {.batch = batch, .micro_batches = po ? po->micro_batches : 0,
-                        .replicas = po ? po->replicas : 0};
+                        .replicas = po ? po->replicas : 0, .mpi_ranks = po && po->per_rank};
   return compile_model_opt(c, path, &fo, po, dump_after, stop_after);
 }
 

@@ -45,7 +45,8 @@
 #           2026-12-01: at most 1.6e-7 relative), within 1e-6 relative; by
 #           one process without micro-batches, it trains on.
 #   refuse  ranks started with other flags (--lr) or another model or
-#           another pruning schedule (--prune-start) or mode, mpirun
+#           another pruning schedule (--prune-start) or mode, a batch the
+#           ranks do not divide (named as MPI ranks, rank-prefixed), mpirun
 #           with --data-parallel of another count, an executable compiled
 #           for 2 replicas under 3 ranks, --devices that fit no rank: exact
 #           errors.
@@ -339,6 +340,8 @@ refuse)
     $MPIRUN -np 1 "$DUET" run $M --prune 0.5 : -np 1 "$DUET" run $M --prune 0.5 --prune-mode global
   expect seed "duet: rank 1: error: rank 1 was started with another --seed than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
     $MPIRUN -np 1 "$DUET" run $M : -np 1 "$DUET" run $M --seed 7
+  expect batch_ranks "duet: rank 2: error: batch 256 (models/fmnist_mlp.model:20) is not a multiple of the 3 MPI ranks (each rank is one replica: they split each global batch)" \
+    $MPIRUN -np 3 "$DUET" run $M
   expect data_parallel "duet: rank 1: error: --data-parallel 3 under an MPI launcher of 2 ranks: each rank is one replica (replicas inside a rank are not supported; drop --data-parallel, or start 3 ranks)" \
     $MPIRUN -np 2 "$DUET" run $M --data-parallel 3
   if "$DUET" compile models/fmnist_mlp.model -o "$d/exe" --data-parallel 2 > "$d/out" 2>&1; then
