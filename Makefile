@@ -2,7 +2,8 @@
 BUILD    ?= build
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 PACKAGES  = cmake make gcc libc6-dev flex bison libopenblas-openmp-dev libcjson-dev zlib1g-dev \
-            dataset-fashion-mnist gzip bible-kjv clang libclang-rt-14-dev graphviz openmpi-bin libopenmpi-dev
+            dataset-fashion-mnist gzip bible-kjv clang libclang-rt-14-dev graphviz openmpi-bin libopenmpi-dev \
+            python3-numpy
 BENCH_PACKAGES = python3-torch python3-numpy
 # NVRTC 12.9 and 11.8 for the sm_60 compile tests (make nvrtc; git-ignored)
 NVRTC_DIR ?= .nvrtc

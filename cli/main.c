@@ -32,6 +32,11 @@ static void usage(FILE *out) {
           "device whose capabilities `auto` follows); run, compile, plan, ir, emit and check take --gemm-accumulate\n"
           "fp32|fp16 (fp16: opt-in fp16 accumulation of fp16 GEMMs on CUDA devices; ir, emit and check\n"
           "refuse fp16 too when the program has no fp16 GEMM).\n\n"
+          "run, compile, plan, ir, emit and check take --recompute none|blocks|auto (default none, or\n"
+          "the train section's `recompute`): blocks keeps only the inputs of each block instance and\n"
+          "recomputes the rest in the backward pass; auto recomputes blocks only until each device fits.\n\n"
+          "run, compile, plan, ir, emit and check take --optimizer-state int8|f32 (AdamW's moments in 8-bit\n"
+          "block-wise quantized codes, or f32: overrides the model's adamw(state = ...)).\n\n"
           "run, compile, plan, ir, emit and check take the pruning flags --prune S, --prune-mode,\n"
           "--prune-start, --prune-end, --prune-every, --prune-initial, --prune-params (`duet run --help`).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
@@ -58,19 +63,21 @@ static void prune_help(FILE *out) {
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
  * emit and check (cli/ may hold global state). */
-static const char *opt_precision, *opt_arch, *opt_gemm_acc;
+static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt_optim_state;
 
-/* Removes `--precision X` / `--arch X` (and the `=` forms) from argv;
+/* Removes `--precision X` / `--arch X` / `--gemm-accumulate X` /
+ * `--optimizer-state X` (and the `=` forms) from argv;
  * returns the new argc, or -1 after a message when a value is missing. */
 static int strip_precision_flags(int argc, char **argv) {
   int k = 0;
   for (int i = 0; i < argc; i++) {
-    const char *names[3] = {"--precision", "--arch", "--gemm-accumulate"};
-    const char **dst[3] = {&opt_precision, &opt_arch, &opt_gemm_acc};
-    static const char *const values[3] = {"auto, fp32, fp16, bf16",
-                                          "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16"};
+    const char *names[5] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state"};
+    const char **dst[5] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state};
+    static const char *const values[5] = {"auto, fp32, fp16, bf16",
+                                          "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16",
+                                          "none, blocks, auto", "int8, f32"};
     int hit = -1;
-    for (int j = 0; j < 3 && hit < 0; j++) {
+    for (int j = 0; j < 5 && hit < 0; j++) {
       size_t n = strlen(names[j]);
       if (!strcmp(argv[i], names[j])) {
         if (i + 1 >= argc) {
@@ -135,6 +142,14 @@ static int check_precision_flags(void) {
   char err[256];
   if (opt_gemm_acc && strcmp(opt_gemm_acc, "fp32") && strcmp(opt_gemm_acc, "fp16")) {
     fprintf(stderr, "duet: error: unknown --gemm-accumulate `%s` (fp32, fp16)\n", opt_gemm_acc);
+    return 1;
+  }
+  if (opt_recompute && recompute_mode_parse(opt_recompute) < 0) {
+    fprintf(stderr, "duet: error: unknown --recompute `%s` (none, blocks, auto)\n", opt_recompute);
+    return 1;
+  }
+  if (opt_optim_state && strcmp(opt_optim_state, "int8") && strcmp(opt_optim_state, "f32")) {
+    fprintf(stderr, "duet: error: unknown --optimizer-state `%s` (int8, f32)\n", opt_optim_state);
     return 1;
   }
   if (!opt_precision && !opt_arch) return 0;
@@ -438,10 +453,33 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
       return NULL;
     }
   }
+  if (opt_optim_state && g->after_pass && passes_find(g->after_pass) >= passes_find("optimizer") &&
+      g->train.optimizer == OPTIM_ADAMW && g->train.state_int8 != !strcmp(opt_optim_state, "int8")) {
+    diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its optimizer state is fixed (%s); "
+               "--optimizer-state %s needs the .model or a dump from before `optimizer`", g->after_pass,
+               g->train.state_int8 ? "int8" : "f32", opt_optim_state);
+    return NULL;
+  }
   if (opt_prune.set && g->after_pass && passes_find(g->after_pass) >= passes_find("prune")) {
     diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its pruning is fixed; the --prune flags "
                "need the .model or a dump from before `prune`", g->after_pass);
     return NULL;
+  }
+  if (opt_recompute && g->after_pass && passes_find(g->after_pass) >= passes_find("recompute")) {
+    /* the dump's recomputation is fixed: a request it already follows is fine
+     * (recomputed copies are backward values with a block) */
+    bool blocks = false, copies = false;
+    for (int i = 0; i < g->n_values; i++) {
+      blocks |= g->values[i]->block > 0;
+      copies |= g->values[i]->block > 0 && g->values[i]->role == ROLE_BACKWARD;
+    }
+    int mode = recompute_mode_parse(opt_recompute);
+    if ((mode == RECOMPUTE_NONE && copies) || (mode == RECOMPUTE_BLOCKS && blocks && !copies)) {
+      diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its recomputation is fixed (%s); "
+                 "--recompute %s needs the .model or a dump from before `recompute`", g->after_pass,
+                 copies ? "recomputed blocks" : "none", opt_recompute);
+      return NULL;
+    }
   }
   pc->start_after = g->after_pass;
   return g;
@@ -456,7 +494,8 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   Source *src = frontend_read_file(c->arena, &c->diag, path);
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
-                .precision = opt_precision, .target = opt_arch, .prune = &opt_prune,
+                .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .recompute = opt_recompute,
+                .optim_state = opt_optim_state,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
@@ -494,7 +533,17 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
       return 1;
     }
   }
-  return passes_run(c->g, &pc);
+  /* --recompute auto without --devices: the default CPU device's memory
+   * (duet run's and duet plan's device) is the budget */
+  ParOpts budget = {0};
+  const char *rq = opt_recompute ? opt_recompute : c->g->train.recompute;
+  if (!pc.devices && rq && recompute_mode_parse(rq) == RECOMPUTE_AUTO) {
+    if (par_devices(&budget, "cpu", 0, NULL)) return 1;
+    pc.budget_device = &budget.dev[0];
+  }
+  int rc = passes_run(c->g, &pc);
+  par_free(&budget);
+  return rc;
 }
 
 static int compile_model_opt(Compiled *c, const char *path, const FrontendOptions *fo, const ParOpts *po,
@@ -623,7 +672,14 @@ static int cmd_run(int argc, char **argv) {
            "                     weights and optimizer state (fp16 with dynamic loss scaling); auto is\n"
            "                     fp32 on the CPU\n");
     printf("  --gemm-accumulate A fp32|fp16: fp16 GEMMs accumulate in fp32 (default) or, opt-in, in fp16\n"
-           "                     (cuBLAS CUBLAS_COMPUTE_16F, about 2x on sm_60; CUDA devices only)\n");
+           "                     (cuBLAS CUBLAS_COMPUTE_16F, about 2x on sm_60; CUDA devices only)\n"
+           "  --recompute R      none (default)|blocks|auto: activation recomputation; blocks keeps only\n"
+           "                     the inputs of each block call (`repeat` iteration) and recomputes the\n"
+           "                     rest in the backward pass (same losses and gradients, bit for bit);\n"
+           "                     auto recomputes blocks only until each device fits its memory\n");
+    printf("  --optimizer-state S int8|f32: AdamW's two moments as 8-bit codes with an f32 scale per block\n"
+           "                     of 2048 values (Dettmers et al. 2021: 2 bytes per param instead of 8)\n"
+           "                     or f32; overrides the model's adamw(state = ...)\n");
     prune_help(stdout);
     printf("\nCompiles the model's kernels (cached in DUET_CACHE_DIR) and trains it.\n");
     return argc < 1 ? 1 : 0;
@@ -667,6 +723,8 @@ static int cmd_run(int argc, char **argv) {
     compiled_free(&c);
     return 1;
   }
+  /* --clip-grad-norm: the clipping kernels are generated (lower_clip) */
+  if (probe.clip_grad_norm > 0) c.g->train.clip_grad_norm = probe.clip_grad_norm;
   /* the GPU runs the CUDA C; the C kernels are needed only for CPU devices */
   bool all_cuda = duet_devices_all_cuda(probe.devices);
   CgProgram *cp = lower_program(&c, all_cuda || (probe.devices && strstr(probe.devices, "cuda")));
@@ -696,7 +754,8 @@ static int bad_argument(const char *cmd, int argc, char **argv, int i) {
                                            "--threads", "--precision", "--arch", "--after", "--format", "--checkpoint",
                                            "--prompt", "--tokens", "--temperature", "--top-k", "--seed",
                                            "--gemm-accumulate", "--start-after", "--data-parallel", "--bucket-mb",
-                                           "--zero"};
+                                           "--zero", "--clip-grad-norm",
+                                           "--optimizer-state"};
   for (size_t k = 0; k < sizeof with_value / sizeof *with_value && i + 1 == argc; k++)
     if (!strcmp(argv[i], with_value[k])) {
       fprintf(stderr, "duet: error: %s needs a value (see duet %s --help)\n", argv[i], cmd);
@@ -709,15 +768,21 @@ static int bad_argument(const char *cmd, int argc, char **argv, int i) {
 static int cmd_compile(int argc, char **argv) {
   const char *model = NULL, *out = NULL;
   int64_t batch = 0;
+  double clip = 0; /* --clip-grad-norm: 0, the train section's */
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]\n"
-             "                    [--data-parallel N] [--bucket-mb X] [--zero 0|1]\n"
+             "                    [--data-parallel N] [--bucket-mb X] [--zero 0|1] [--clip-grad-norm X]\n"
              "Writes a standalone training executable (generated C compiled and linked\n"
-             "against the duet runtime).  EXE takes the same flags as `duet run`.\n"
-             "Also: --schedule gpipe|1f1b, --threads N (for the partition's cost model),\n"
-             "--precision auto|fp32|fp16|bf16 (fixed in the executable, as are the batch, the\n"
-             "micro-batches, --data-parallel and --bucket-mb).\n");
+             "against the duet runtime).  EXE takes the run-time flags of `duet run`\n"
+             "(--steps, --lr, --lr-schedule, --warmup, --min-lr, --seed, --data, --save, ...);\n"
+             "the compile-time ones (--precision, --gemm-accumulate, --batch, --micro-batches,\n"
+             "--data-parallel, --bucket-mb, the --prune flags) only with their compiled value,\n"
+             "any other is answered \"fixed at compile time: VALUE\" (EXE --help lists them).\n"
+             "--clip-grad-norm X compiles the gradient clipping kernels (X: the default limit,\n"
+             "EXE --clip-grad-norm changes it).  Also: --schedule gpipe|1f1b, --threads N (for\n"
+             "the partition's cost model), --precision auto|fp32|fp16|bf16, the --prune flags,\n"
+             "--recompute none|blocks|auto.\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
@@ -725,6 +790,11 @@ static int cmd_compile(int argc, char **argv) {
       i++; /* read by par_opts */
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
       batch = scan_batch(2, argv + i);
+      i++;
+    } else if (!strcmp(argv[i], "--clip-grad-norm") && i + 1 < argc) {
+      DuetConfig probe = {0}; /* checked as duet run checks it */
+      if (duet_parse_flags(&probe, 0, 2, argv + i)) return 1;
+      clip = probe.clip_grad_norm;
       i++;
     } else if (argv[i][0] != '-' && !model) {
       model = argv[i];
@@ -781,6 +851,7 @@ static int cmd_compile(int argc, char **argv) {
     compiled_free(&c);
     return 1;
   }
+  if (clip > 0) c.g->train.clip_grad_norm = clip; /* the clipping kernels, and the default limit */
   CgProgram *cp = codegen_lower(c.g, c.arena);
   /* the executable runs on the devices it was compiled for unless given --devices */
   if (po.devices) cp->prog.defaults.devices = arena_printf(c.arena, "%s", po.devices);
@@ -851,7 +922,8 @@ static int cmd_ir(int argc, char **argv) {
              "Prints the IR after PASS (default: shape; for a G.ir dump, the pass it was printed after).\n"
              "Formats: text (the default; `duet run G.ir` and `duet ir G.ir` read it back), dot (Graphviz:\n"
              "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Also: --schedule gpipe|1f1b,\n"
-             "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes).\n"
+             "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes),\n"
+             "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`).\n"
              "Passes, in order:\n");
       for (int p = 0; p < duet_n_passes; p++) printf("  %-13s %s\n", duet_passes[p].name, duet_passes[p].what);
       return 0;
@@ -1042,7 +1114,9 @@ static int cmd_plan(int argc, char **argv) {
              "linked at --link-gbps X Gb/s each (default 10: 10 Gigabit Ethernet); the all-reduce crosses\n"
              "that link; then every layout of each machine's devices (pipeline, data parallel, between)\n"
              "estimated, and the fastest.\n"
-             "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n");
+             "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n"
+             "--recompute blocks|auto: the activations with recomputation (auto: only as much as each\n"
+             "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n");
       return 0;
     } else if ((par_flag(argv[i]) || !strcmp(argv[i], "--nodes") || !strcmp(argv[i], "--link-gbps")) && i + 1 < argc) {
       i++;
@@ -1107,7 +1181,7 @@ static int cmd_emit(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n"
              "Also: --precision auto|fp32|fp16|bf16, --data-parallel N, --bucket-mb X and --zero 0|1 (the\n"
-             "kernels of one replica).\n");
+             "kernels of one replica), --recompute none|blocks|auto.\n");
       return 0;
     } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
       target = argv[++i];
@@ -1359,6 +1433,28 @@ static void print_prune_summary(const Graph *g) {
   printf(" of optimizer state\n");
 }
 
+/* duet check's line about 8-bit AdamW state (only with state = int8): its
+ * bytes, codes and scales, beside what f32 moments would take. */
+static void print_optim_summary(const Graph *g) {
+  int64_t codes = 0, scales = 0, params = 0;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *u = g->values[i];
+    if (u->op != OP_ADAMW || u->n_in != 6) continue;
+    params += shape_numel(&u->in[0]->shape);
+    for (int j = 2; j < 6; j++)
+      *(j < 4 ? &codes : &scales) += shape_numel(&u->in[j]->shape) * (int64_t)dtype_size(u->in[j]->dtype);
+  }
+  if (!params) return;
+  char b[64], f[64];
+  int64_t tot = codes + scales, f32 = 8 * params;
+  printf("optimizer state: adamw int8, %" PRId64 " bytes", tot);
+  if (tot >= 1024) printf(" (%s)", bytes_human(tot, b, sizeof b));
+  printf(": %" PRId64 " bytes of codes (2 per parameter) and %" PRId64 " of scales (8 per block of %d); f32 moments: "
+         "%" PRId64 " bytes", codes, scales, IR_Q8_BLOCK, f32);
+  if (f32 >= 1024) printf(" (%s)", bytes_human(f32, f, sizeof f));
+  printf("\n");
+}
+
 static int cmd_check(int argc, char **argv) {
   /* M.model, then only --data-parallel N and --bucket-mb X */
   bool args_ok = argc >= 1 && argv[0][0] != '-';
@@ -1370,7 +1466,8 @@ static int cmd_check(int argc, char **argv) {
            "parameters and the bytes of\n"
            "their weights as trained (f32: in fp16/bf16 these are the master weights, the 16-bit copies come\n"
            "on top; gradients, optimizer state and activations: duet plan).\n"
-           "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90.\n");
+           "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90, --recompute none|blocks|auto,\n"
+           "--optimizer-state int8|f32 (int8: a line with the bytes of the 8-bit AdamW state).\n");
     return args_ok || (argc == 1 && wants_help(argc, argv)) ? 0 : 1;
   }
   ParOpts po;
@@ -1435,6 +1532,7 @@ static int cmd_check(int argc, char **argv) {
                     half ? (pc.storage == DT_F16 ? " (their fp16 copies not counted)" : " (their bf16 copies not counted)")
                          : "");
     printf("\n");
+    print_optim_summary(c.g);
     print_prune_summary(c.g);
   }
   compiled_free(&c);

@@ -125,6 +125,13 @@ typedef enum KernelKind {
   KK_ROPE,        /* bufs: x, y [batch, time, cols]: pairs (2i, 2i+1) of each head turned by
                    * (s[POS] + t) base^(-2i/D); inverse: the opposite angle */
   KK_MSE,         /* bufs: pred, target [n], out []: scale * sum (pred - target)^2 */
+  KK_SUMSQ,       /* bufs: g (f32 or f64) [n]; sum of g^2 in double, in a fixed order, to the double
+                   * at word duet_clip_word(slot) of t[n_tensors] (gradient clipping) */
+  KK_CLIP_SCALE,  /* bufs: g [n] *= the double at word duet_clip_word(slot) of t[n_tensors], rounded to
+                   * g's dtype first (torch's g.mul_(clip_coef) with an f32 coefficient) */
+  KK_ADAMW8,      /* bufs: p f32 [n], g f32 [n], exp_avg and exp_avg_sq codes u8 [n], their scales
+                   * f32 [ceil(n / DUET_Q8_BLOCK)]: AdamW with 8-bit block-wise state (runtime/duet_q8.h);
+                   * per block: decode, the AdamW step of lower_optimizer in f32, re-quantize */
 } KernelKind;
 
 typedef struct Kernel {
@@ -148,7 +155,9 @@ typedef struct Kernel {
   bool inverse;              /* KK_ROPE: the gradient (turns the other way) */
   Shape xs, ys;              /* KK_IM2COL .. KK_AVGPOOL_GRAD: [N,C,H,W] and [N,C,OH,OW] */
   int64_t win[8];            /* kh, kw, sh, sw, ph, pw, dh, dw */
-  int slot;                  /* KK_UNSCALE */
+  int slot;                  /* KK_UNSCALE: flag; KK_SUMSQ, KK_CLIP_SCALE: word of the double
+                              * in the flags buffer (duet_clip_word) */
+  bool no_decay;             /* KK_ADAMW8: no weight decay for this param */
 } Kernel;
 
 /* A lowered model: the runtime program (tables allocated in the arena) and
@@ -213,6 +222,11 @@ int codegen_cuda_half2(const Kernel *k);
  * (tests/cuda_emu) it calls duet_emu_f16x2(a, b, op), which the includer
  * defines.  Static text, for tests. */
 const char *codegen_cuda_half2_prelude(void);
+
+/* The 8-bit AdamW state maps' tables and encoder as source text
+ * (emit_c.c), each declaration prefixed by `qual` (tables) or `fqual`
+ * (functions); shared by the C and CUDA emitters. */
+void codegen_q8_tables(Buf *b, const char *qual, const char *fqual);
 
 /* A whole training executable's C source: the kernels, the program tables
  * (strings written as byte arrays) and main() calling duet_main(). */

@@ -1,5 +1,6 @@
 /* codegen/emit_c.c: kernel IR -> C11 with OpenMP, and the C source of a
  * standalone training executable. */
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -7,6 +8,7 @@
 #include <string.h>
 
 #include "codegen.h"
+#include "../runtime/duet_q8.h"
 
 void bprintf(Buf *b, const char *fmt, ...) {
   va_list ap, ap2;
@@ -83,6 +85,7 @@ static const char *ctype(DType t) {
   case DT_F64: return "double";
   case DT_I32: return "int32_t";
   case DT_F16: case DT_BF16: return "uint16_t";
+  case DT_U8: return "uint8_t";
   default: unreachable();
   }
 }
@@ -878,6 +881,38 @@ static void emit_unscale(Buf *b, const Kernel *k) {
   bprintf(b, "  *overflow = bad;\n");
 }
 
+/* Gradient clipping: the sum of squares of g in double, over at most 64
+ * chunks of consecutive elements (each summed in order, in parallel), the
+ * chunks' sums then added in order: the same bits whatever the thread
+ * count.  Squares of f32 values are exact in double; the sum of n terms
+ * errs by at most gamma_{n-1} sum g^2, gamma_k = k 2^-53 / (1 - k 2^-53)
+ * (Higham, "Accuracy and Stability of Numerical Algorithms", sec. 4.2). */
+static void emit_sumsq(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  int64_t n = k->n, nch = n / 16384 + 1;
+  if (nch > 64) nch = 64;
+  bprintf(b, "  const %s *x = (const %s *)t[0];\n  double *out = (double *)t[1]; /* in the flags buffer */\n", T, T);
+  bprintf(b, "  double part[%" PRId64 "];\n", nch);
+  if (nch > 1) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t c = 0; c < %" PRId64 "; c++) {\n    double acc = 0;\n", nch);
+  bprintf(b, "    for (int64_t r = %" PRId64 " * c / %" PRId64 "; r < %" PRId64 " * (c + 1) / %" PRId64 "; r++) {\n", n,
+          nch, n, nch);
+  bprintf(b, "      const double v = (double)x[r];\n      acc += v * v;\n    }\n    part[c] = acc;\n  }\n");
+  bprintf(b, "  double tot = 0;\n  for (int64_t c = 0; c < %" PRId64 "; c++) tot += part[c];\n  *out = tot;\n", nch);
+}
+
+/* Gradient clipping: g *= the coefficient (a double in the flags buffer),
+ * rounded to g's dtype first, as torch multiplies an f32 gradient by an f32
+ * clip_coef. */
+static void emit_clip_scale(Buf *b, const Kernel *k) {
+  const char *T = ctype(k->dtype);
+  bprintf(b, "  %s *x = (%s *)t[0];\n  const %s c = (%s)*(const double *)t[1]; /* in the flags buffer */\n", T, T, T,
+          T);
+  if (k->n >= PAR_MIN) bprintf(b, "  #pragma omp parallel for simd schedule(static)\n");
+  else bprintf(b, "  #pragma omp simd\n");
+  bprintf(b, "  for (int64_t i = 0; i < %" PRId64 "; i++) x[i] = x[i] * c;\n", k->n);
+}
+
 static void emit_positions(Buf *b, const Kernel *k) {
   bprintf(b, "  int32_t *out = (int32_t *)t[%d];\n", 1);
   bprintf(b, "  const int32_t base = (int32_t)s[%d];\n", DUET_S_POS);
@@ -895,6 +930,91 @@ static void emit_transpose(Buf *b, const Kernel *k) {
   bprintf(b, "      for (int64_t r = r0; r < r0 + 32 && r < %" PRId64 "; r++)\n", R);
   bprintf(b, "        for (int64_t c = c0; c < c0 + 32 && c < %" PRId64 "; c++) y[c * %" PRId64 " + r] = x[r * %" PRId64 " + c];\n",
           C, R, C);
+}
+
+/* The tables of the 8-bit state maps (runtime/duet_q8.h), each entry
+ * exact (hexadecimal), `qual` before every declaration ("static const",
+ * CUDA's "__device__ const"): duet_q8_dec_s/_u[code] the value of a code
+ * in the signed (exp_avg) and unsigned (exp_avg_sq) maps; duet_q8_thr_s/_u
+ * the thresholds between neighbouring sorted values and duet_q8_code_s/_u
+ * the sorted values' codes; and the encoder duet_q8_enc (`fqual` before
+ * it), duet_q8_encode's binary search, and duet_q8_amax, the
+ * NaN-propagating |x| fold of a block's scale. */
+void codegen_q8_tables(Buf *b, const char *qual, const char *fqual) {
+  bool cuda = fqual[0] == '_'; /* CUDA: __float_as_uint */
+  for (int sg = 1; sg >= 0; sg--) {
+    DuetQ8Map m;
+    if (duet_q8_map(&m, sg)) duet_fatal(__FILE__, __LINE__, "codegen: an 8-bit map's table cell holds two thresholds");
+    const char *sx = sg ? "s" : "u";
+    bprintf(b, "%s float duet_q8_dec_%s[256] = {", qual, sx);
+    for (int c = 0; c < 256; c++) bprintf(b, "%s%a", c % 8 ? ", " : c ? ",\n  " : "\n  ", m.dec[c]);
+    bprintf(b, "};\n%s float duet_q8_thr_%s[%d] = {", qual, sx, m.n);
+    /* the last threshold (the header's +inf, which CUDA cannot write in a
+     * constant initializer) is FLT_MAX, and the code after the last is the
+     * last again: the same code for every x, +inf included */
+    for (int k = 0; k < m.n; k++)
+      bprintf(b, "%s%a", k % 8 ? ", " : k ? ",\n  " : "\n  ", isinf(m.thr[k]) ? (double)FLT_MAX : (double)m.thr[k]);
+    bprintf(b, "};\n%s unsigned char duet_q8_code_%s[%d] = {", qual, sx, m.n + 1);
+    for (int k = 0; k <= m.n; k++)
+      bprintf(b, "%s%d", k % 16 ? ", " : k ? ",\n  " : "\n  ", m.code[k < m.n ? k : m.n - 1]);
+    bprintf(b, "};\n%s unsigned char duet_q8_lut_%s[%d] = {", qual, sx, DUET_Q8_LUT);
+    for (int k = 0; k < DUET_Q8_LUT; k++) bprintf(b, "%s%d", k % 32 ? "," : k ? ",\n  " : "\n  ", m.lut[k]);
+    bprintf(b, "};\n");
+  }
+  bprintf(b, "/* the code of the map value nearest x in magnitude (ties to the smaller), x's sign in a\n"
+             " * signed map: the thresholds below |x|, from the table cell of |x|'s top bits */\n"
+             "%s unsigned char duet_q8_enc(const unsigned char *lut, const float *thr, const unsigned char *code,\n"
+             "                                 int is_signed, float x) {\n"
+             "  const float y = fabsf(x); /* +0 for -0 */\n", fqual);
+  if (cuda) bprintf(b, "  const duet_u32 u = __float_as_uint(y);\n");
+  else bprintf(b, "  const union { float f; uint32_t u; } bits = {y};\n  const uint32_t u = bits.u;\n");
+  bprintf(b, "  int c = (int)(u >> %d) - %d;\n  c = c < 0 ? 0 : c > %d ? %d : c;\n", 23 - DUET_Q8_LUT_BITS,
+          (127 + DUET_Q8_LUT_EMIN) << DUET_Q8_LUT_BITS, DUET_Q8_LUT - 1, DUET_Q8_LUT - 1);
+  bprintf(b, "  int k = lut[c];\n  k += y > thr[k];\n"
+             "  k += !is_signed && k == 0 && y > 0; /* a positive second moment never becomes 0 */\n"
+             "  return (unsigned char)(code[k] | (is_signed && x < 0 && k > 0 ? 0x80 : 0));\n}\n"
+             "/* a block's scale: the largest |x|, NaN propagating */\n"
+             "%s float duet_q8_amax(float a, float x) {\n"
+             "  const float ax = x < 0 ? -x : x;\n"
+             "  return ax > a || ax != ax ? ax : a;\n}\n\n",
+          fqual);
+}
+
+/* AdamW with 8-bit block-wise state (runtime/duet_q8.h): per block of
+ * DUET_Q8_BLOCK values, decode both moments (map value * the block's
+ * scale, in f32), the f32 AdamW step of lower_optimizer's elementwise
+ * kernel with the same operations in the same order, then the new scales
+ * (largest |moment|) and codes.  Blocks are independent: the threads split
+ * them without changing a bit. */
+static void emit_adamw8(Buf *b, const Kernel *k) {
+  int64_t N = k->n, NB = duet_q8_blocks(N);
+  bprintf(b, "  float *p = (float *)t[0];\n  const float *g = (const float *)t[1];\n");
+  bprintf(b, "  uint8_t *mq = (uint8_t *)t[2], *vq = (uint8_t *)t[3];\n  float *ma = (float *)t[4], *va = (float *)t[5];\n");
+  bprintf(b, "  const float decay = (float)s[%d], b2 = (float)s[%d], eps = (float)s[%d];\n", DUET_S_DECAY, DUET_S_BETA2,
+          DUET_S_EPS);
+  bprintf(b, "  const float omb1 = (float)s[%d], omb2 = (float)s[%d], ss = (float)s[%d], bc2 = (float)s[%d];\n",
+          DUET_S_ONE_MINUS_BETA1, DUET_S_ONE_MINUS_BETA2, DUET_S_STEP_SIZE, DUET_S_BC2_SQRT);
+  if (k->no_decay) bprintf(b, "  (void)decay;\n");
+  if (N >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t blk = 0; blk < %" PRId64 "; blk++) {\n", NB);
+  bprintf(b, "    float m1[%d], v1[%d];\n", DUET_Q8_BLOCK, DUET_Q8_BLOCK);
+  bprintf(b, "    const int64_t lo = blk * %d, len = lo + %d <= %" PRId64 " ? %d : %" PRId64 " - lo;\n", DUET_Q8_BLOCK,
+          DUET_Q8_BLOCK, N, DUET_Q8_BLOCK, N);
+  bprintf(b, "    const float am = ma[blk], av = va[blk];\n    float nm = 0, nv = 0;\n");
+  bprintf(b, "    for (int64_t j = 0; j < len; j++) {\n      const int64_t i = lo + j;\n");
+  bprintf(b, "      const float m = duet_q8_dec_s[mq[i]] * am, v = duet_q8_dec_u[vq[i]] * av, gi = g[i];\n");
+  bprintf(b, "      const float p1 = %s;\n", k->no_decay ? "p[i]" : "p[i] * decay");
+  bprintf(b, "      const float mn = m + (gi - m) * omb1;\n");
+  bprintf(b, "      const float vn = b2 * v + omb2 * (gi * gi);\n");
+  bprintf(b, "      const float den = sqrtf(vn) / bc2 + eps;\n");
+  bprintf(b, "      p[i] = p1 - ss * (mn / den);\n");
+  bprintf(b, "      m1[j] = mn;\n      v1[j] = vn;\n");
+  bprintf(b, "      nm = duet_q8_amax(nm, mn);\n      nv = duet_q8_amax(nv, vn);\n    }\n");
+  bprintf(b, "    ma[blk] = nm;\n    va[blk] = nv;\n");
+  bprintf(b, "    for (int64_t j = 0; j < len; j++) {\n");
+  bprintf(b, "      mq[lo + j] = duet_q8_enc(duet_q8_lut_s, duet_q8_thr_s, duet_q8_code_s, 1, nm == 0 ? 0.0f : m1[j] / nm);\n");
+  bprintf(b, "      vq[lo + j] = duet_q8_enc(duet_q8_lut_u, duet_q8_thr_u, duet_q8_code_u, 0, nv == 0 ? 0.0f : v1[j] / nv);\n");
+  bprintf(b, "    }\n  }\n");
 }
 
 /* The body of kernel k (its arguments t[0..], the scalars s). */
@@ -916,6 +1036,9 @@ static void emit_kernel_body(Buf *b, const Kernel *k) {
   case KK_RMSNORM_FWD: case KK_RMSNORM_BWD: emit_rmsnorm(b, k); break;
   case KK_ROPE: emit_rope(b, k); break;
   case KK_MSE: emit_mse(b, k); break;
+  case KK_SUMSQ: emit_sumsq(b, k); break;
+  case KK_CLIP_SCALE: emit_clip_scale(b, k); break;
+  case KK_ADAMW8: emit_adamw8(b, k); break;
   case KK_ATTN_BWD_KV: /* the C attention backward computes dq, dk and dv in one kernel */
     bprintf(b, "  (void)t; /* dk, dv: written by the attention backward kernel before this one */\n");
     break;
@@ -975,6 +1098,9 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
     for (int j = 0; j < k->n_ins; j++) half |= k->ins[j].op == KI_CAST;
   }
   if (half) bprintf(&b, "%s\n", duet_half_src);
+  bool q8 = false; /* 8-bit AdamW state: the maps' tables */
+  for (int i = 0; i < cp->n_kernels; i++) q8 |= cp->kernels[i].kind == KK_ADAMW8;
+  if (q8) codegen_q8_tables(&b, "static const", "static inline");
   bprintf(&b, "typedef void (*duet_kernel_fn)(void *const *t, const double *s);\n\n");
   KernelFuncs funcs = {.a = a};
   int *fn_of = arena_alloc(a, (size_t)(cp->n_kernels + 1) * sizeof *fn_of);
@@ -984,7 +1110,7 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
     Buf *bb = &u;
     bprintf(bb, "static void duet_k" FN "(void *const *t, const double *s) {\n");
     if (k->kind != KK_EVAL_METRICS && k->kind != KK_POSITIONS && k->kind != KK_ATTN_DECODE && k->kind != KK_UNSCALE &&
-        k->kind != KK_ROPE)
+        k->kind != KK_ROPE && k->kind != KK_ADAMW8)
       bprintf(bb, "  (void)s;\n");
     emit_kernel_body(bb, k);
     bprintf(bb, "}\n\n");
@@ -1049,6 +1175,9 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   }
   write_bytes(out, "model_name", p->model_name);
   write_bytes(out, "data_path", p->defaults.data_path);
+  if (p->defaults.data_y) write_bytes(out, "data_y", p->defaults.data_y);
+  if (p->defaults.val_x) write_bytes(out, "val_x", p->defaults.val_x);
+  if (p->defaults.val_y) write_bytes(out, "val_y", p->defaults.val_y);
   if (p->defaults.devices) write_bytes(out, "devices", p->defaults.devices);
   fprintf(out, "static const DuetTensor tensors[] = {\n");
   for (int i = 0; i < p->n_tensors; i++) {
@@ -1131,6 +1260,11 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
                  ", %d, prune_params};\n", pr->mode, pr->nm_n, pr->nm_m, pr->initial, pr->final, pr->start, pr->end,
             pr->every, pr->n_params);
   }
+  if (p->n_clip > 0) { /* gradient clipping: the gradients and their kernels */
+    write_ints(out, "clip_grad", p->clip_grad, p->n_clip);
+    write_ints(out, "clip_sumsq", p->clip_sumsq, p->n_clip);
+    write_ints(out, "clip_scale", p->clip_scale, p->n_clip);
+  }
   const DuetConfig *c = &p->defaults;
   fprintf(out, "static const DuetProgram program = {\n");
   fprintf(out, "  .api_version = %d, .model_name = model_name, .n_tensors = %d, .tensors = tensors,\n",
@@ -1140,6 +1274,7 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   fprintf(out, "  .train = train_steps, .eval = eval_steps, .grad = grad_steps,\n");
   fprintf(out, "  .input_x = %d, .input_y = %d, .loss = %d, .metrics = %d, .logits = %d, .n_classes = %d,\n",
           p->input_x, p->input_y, p->loss, p->metrics, p->logits, p->n_classes);
+  if (p->vocab) fprintf(out, "  .vocab = %d,\n", p->vocab);
   fprintf(out, "  .region_bytes = {");
   for (int r = 0; r < DUET_MEM_COUNT; r++) fprintf(out, "%" PRId64 ", ", p->region_bytes[r]);
   fprintf(out, "}, .gemm_flops = %" PRId64 ", .decode = %d, .context = %" PRId64 ",\n", p->gemm_flops, p->decode,
@@ -1158,20 +1293,28 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
     fprintf(out, "  .zero = %d, .tensor_shard = tensor_shard, .bucket_params = bucket_params,\n", p->zero);
   fprintf(out, "  .kernel_arg_off = kernel_arg_off, .kernel_args = kernel_args,\n");
   if (p->prune) fprintf(out, "  .prune = &prune,\n");
+  if (p->n_clip > 0)
+    fprintf(out, "  .n_clip = %d, .clip_grad = clip_grad, .clip_sumsq = clip_sumsq, .clip_scale = clip_scale, "
+                 ".clip_from = %d,\n", p->n_clip, p->clip_from);
   if (p->source_hash) fprintf(out, "  .source_hash = 0x%016" PRIx64 "ull,\n", p->source_hash);
   if (p->cuda_source)
     fprintf(out, "  .cuda_source = cuda_source, .cuda_launch = cuda_launch, .cuda_fn = cuda_fn, .cuda_n_fns = %d,\n",
             p->cuda_n_fns);
   fprintf(out, "  .defaults = {.data = %d, .data_path = data_path, .optimizer = %d,%s\n", c->data, c->optimizer,
           c->devices ? " .devices = devices," : "");
+  if (c->data_y || c->val_x || c->val_y || c->val_fraction)
+    fprintf(out, "    .data_y = %s, .val_x = %s, .val_y = %s, .val_fraction = %.17g,\n", c->data_y ? "data_y" : "NULL",
+            c->val_x ? "val_x" : "NULL", c->val_y ? "val_y" : "NULL", c->val_fraction);
   fprintf(out, "    .lr = %.17g, .weight_decay = %.17g, .beta1 = %.17g, .beta2 = %.17g, .eps = %.17g,\n", c->lr,
           c->weight_decay, c->beta1, c->beta2, c->eps);
   fprintf(out, "    .momentum = %.17g, .batch = %" PRId64 ", .epochs = %" PRId64 ", .steps = %" PRId64
                ", .log_every = %" PRId64 ",\n",
           c->momentum, c->batch, c->epochs, c->steps, c->log_every);
   fprintf(out, "    .seed = %" PRIu64 "u, .eval = %d, .block = %" PRId64 ", .eval_every = %" PRId64
-               ", .eval_batches = %" PRId64 "},\n};\n\n",
+               ", .eval_batches = %" PRId64 ",\n",
           c->seed, c->eval, c->block, c->eval_every, c->eval_batches);
+  fprintf(out, "    .lr_schedule = %d, .warmup = %" PRId64 ", .min_lr = %.17g, .clip_grad_norm = %.17g},\n};\n\n",
+          c->lr_schedule, c->warmup, c->min_lr, c->clip_grad_norm);
   /* the checks duet run makes before compiling, before loading data or
    * opening a device (a CUDA device compiles its kernels when opened) */
   fprintf(out, "int main(int argc, char **argv) {\n");

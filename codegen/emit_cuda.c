@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "codegen.h"
+#include "../runtime/duet_q8.h"
 
 #define D64 "%" PRId64
 
@@ -31,11 +32,12 @@ static const char *cutype(DType t) {
   case DT_F64: return "double";
   case DT_I32: return "duet_i32";
   case DT_F16: case DT_BF16: return "duet_u16"; /* raw bits; see PRELUDE_HALF */
+  case DT_U8: return "unsigned char";            /* 8-bit AdamW state codes */
   default: unreachable();
   }
 }
 
-static int64_t dsize(DType t) { return t == DT_F64 ? 8 : t == DT_F16 || t == DT_BF16 ? 2 : 4; }
+static int64_t dsize(DType t) { return t == DT_F64 ? 8 : t == DT_F16 || t == DT_BF16 ? 2 : t == DT_U8 ? 1 : 4; }
 
 static bool is16(DType t) { return t == DT_F16 || t == DT_BF16; }
 
@@ -164,6 +166,9 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   case KK_TRANSPOSE: l->grid = block_grid(((k->rows + 31) / 32) * ((k->cols + 31) / 32)); break;
   case KK_POSITIONS: l->grid = grid_for(k->rows, EW_BLOCK); break;
   case KK_UNSCALE: l->grid = grid_for(k->n, EW_BLOCK); break;
+  case KK_SUMSQ: l->grid = whole_grid(k->n); break;
+  case KK_CLIP_SCALE: l->grid = grid_for(k->n, EW_BLOCK); break;
+  case KK_ADAMW8: l->grid = block_grid(duet_q8_blocks(k->n)); break; /* a block per quantization block */
   case KK_IM2COL: {
     int64_t n = k->xs.dim[0] * k->ys.dim[2] * k->ys.dim[3] * k->xs.dim[1] * k->win[0] * k->win[1];
     l->grid = grid_for(n, EW_BLOCK);
@@ -736,6 +741,85 @@ static void emit_mse(Buf *b, const Kernel *k) {
   GRID_LOOP(b, "r", k->n);
   bprintf(b, "    const double d = (double)p[r] - (double)q[r];\n    acc += d * d;\n  }\n");
   emit_whole_sum_tail(b, T, k->scale);
+}
+
+/* Gradient clipping: the sum of squares of g in double, spread over the
+ * grid as the whole-tensor sum of emit_reduce (grid-stride sums per
+ * thread, block sums, the last block adding the blocks' partials in a
+ * tree fixed by the launch: deterministic), to the double in the flags
+ * buffer (argument 1). */
+static void emit_sumsq(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  bprintf(b, "  const %s *x = (const %s *)t.p[0];\n", T, T);
+  bprintf(b, "  double *out = (double *)t.p[1]; /* in the flags buffer */\n");
+  bprintf(b, "  __shared__ double red[32];\n  __shared__ int last;\n  double acc = 0;\n");
+  GRID_LOOP(b, "r", k->n);
+  bprintf(b, "    const double v = (double)x[r];\n    acc += v * v;\n  }\n");
+  bprintf(b, "  acc = duet_block_sum(acc, red);\n");
+  bprintf(b, "  if (threadIdx.x == 0) {\n    duet_part" FN "[blockIdx.x] = acc;\n");
+  bprintf(b, "    __threadfence();\n    last = atomicAdd(&duet_done" FN ", 1u) == gridDim.x - 1;\n  }\n");
+  bprintf(b, "  __syncthreads();\n  if (!last) return;\n  __threadfence();\n");
+  bprintf(b, "  const volatile double *part = duet_part" FN ";\n  double tot = 0;\n");
+  bprintf(b, "  for (unsigned g = threadIdx.x; g < gridDim.x; g += blockDim.x) tot += part[g];\n");
+  bprintf(b, "  tot = duet_block_sum(tot, red);\n");
+  bprintf(b, "  if (threadIdx.x == 0) {\n    *out = tot;\n");
+  bprintf(b, "    duet_done" FN " = 0; /* ready for the next launch */\n  }\n");
+}
+
+/* Gradient clipping: g *= the coefficient (a double in the flags buffer,
+ * argument 1), rounded to g's dtype first, as the C emitter. */
+static void emit_clip_scale(Buf *b, const Kernel *k) {
+  const char *T = cutype(k->dtype);
+  bprintf(b, "  %s *x = (%s *)t.p[0];\n  const %s c = (%s)*(const double *)t.p[1]; /* in the flags buffer */\n", T, T,
+          T, T);
+  GRID_LOOP(b, "i", k->n);
+  bprintf(b, "    x[i] = x[i] * c;\n  }\n");
+}
+
+/* AdamW with 8-bit block-wise state, the C emitter's kernel: a CUDA block
+ * of EW_BLOCK threads per quantization block (looping over the blocks past
+ * the grid), each thread DUET_Q8_BLOCK / EW_BLOCK of its values in
+ * registers.  The AdamW arithmetic is written with the round-to-nearest
+ * intrinsics (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn, __fsqrt_rn), so
+ * no fma is formed and every operation rounds as the C kernel's f32 code:
+ * params, scales and codes come out bit-identical.  The block's scales
+ * are a max (exact whatever the order, NaN propagating) over the block
+ * (duet_block_max); every thread has read the old scale before the
+ * reduction's barriers, after which thread 0 writes the new one. */
+static void emit_adamw8(Buf *b, const Kernel *k) {
+  int64_t N = k->n, NB = duet_q8_blocks(N);
+  int per = DUET_Q8_BLOCK / EW_BLOCK;
+  bprintf(b, "  float *p = (float *)t.p[0];\n  const float *g = (const float *)t.p[1];\n");
+  bprintf(b, "  unsigned char *mq = (unsigned char *)t.p[2], *vq = (unsigned char *)t.p[3];\n");
+  bprintf(b, "  float *ma = (float *)t.p[4], *va = (float *)t.p[5];\n");
+  bprintf(b, "  const float decay = (float)sv.v[%d], b2 = (float)sv.v[%d], eps = (float)sv.v[%d];\n", DUET_S_DECAY,
+          DUET_S_BETA2, DUET_S_EPS);
+  bprintf(b, "  const float omb1 = (float)sv.v[%d], omb2 = (float)sv.v[%d], ss = (float)sv.v[%d], bc2 = (float)sv.v[%d];\n",
+          DUET_S_ONE_MINUS_BETA1, DUET_S_ONE_MINUS_BETA2, DUET_S_STEP_SIZE, DUET_S_BC2_SQRT);
+  if (k->no_decay) bprintf(b, "  (void)decay;\n");
+  bprintf(b, "  __shared__ float red[32];\n");
+  bprintf(b, "  for (duet_i64 blk = blockIdx.x; blk < " D64 "; blk += gridDim.x) {\n", NB);
+  bprintf(b, "    const duet_i64 lo = blk * %d;\n", DUET_Q8_BLOCK);
+  bprintf(b, "    const int len = lo + %d <= " D64 " ? %d : (int)(" D64 " - lo);\n", DUET_Q8_BLOCK, N, DUET_Q8_BLOCK, N);
+  bprintf(b, "    const float am = ma[blk], av = va[blk];\n    float m1[%d], v1[%d], nm = 0, nv = 0;\n", per, per);
+  bprintf(b, "    for (int k = 0; k < %d; k++) {\n", per);
+  bprintf(b, "      const int j = (int)threadIdx.x + k * %d;\n      if (j >= len) break;\n", EW_BLOCK);
+  bprintf(b, "      const duet_i64 i = lo + j;\n");
+  bprintf(b, "      const float m = __fmul_rn(duet_q8_dec_s[mq[i]], am), v = __fmul_rn(duet_q8_dec_u[vq[i]], av), gi = g[i];\n");
+  bprintf(b, "      const float p1 = %s;\n", k->no_decay ? "p[i]" : "__fmul_rn(p[i], decay)");
+  bprintf(b, "      const float mn = __fadd_rn(m, __fmul_rn(__fsub_rn(gi, m), omb1));\n");
+  bprintf(b, "      const float vn = __fadd_rn(__fmul_rn(b2, v), __fmul_rn(omb2, __fmul_rn(gi, gi)));\n");
+  bprintf(b, "      const float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(vn), bc2), eps);\n");
+  bprintf(b, "      p[i] = __fsub_rn(p1, __fmul_rn(ss, __fdiv_rn(mn, den)));\n");
+  bprintf(b, "      m1[k] = mn;\n      v1[k] = vn;\n");
+  bprintf(b, "      nm = duet_q8_amax(nm, mn);\n      nv = duet_q8_amax(nv, vn);\n    }\n");
+  bprintf(b, "    nm = duet_block_max(nm, red);\n    nv = duet_block_max(nv, red);\n");
+  bprintf(b, "    if (threadIdx.x == 0) {\n      ma[blk] = nm;\n      va[blk] = nv;\n    }\n");
+  bprintf(b, "    for (int k = 0; k < %d; k++) {\n", per);
+  bprintf(b, "      const int j = (int)threadIdx.x + k * %d;\n      if (j >= len) break;\n", EW_BLOCK);
+  bprintf(b, "      mq[lo + j] = duet_q8_enc(duet_q8_lut_s, duet_q8_thr_s, duet_q8_code_s, 1, nm == 0 ? 0.0f : __fdiv_rn(m1[k], nm));\n");
+  bprintf(b, "      vq[lo + j] = duet_q8_enc(duet_q8_lut_u, duet_q8_thr_u, duet_q8_code_u, 0, nv == 0 ? 0.0f : __fdiv_rn(v1[k], nv));\n");
+  bprintf(b, "    }\n  }\n");
 }
 
 /* out[o, j] = scale * sum_r in[o, r, j]; max_r when reduce_max; the max
@@ -1583,6 +1667,8 @@ static const char *kind_name(KernelKind k) {
       [KK_UNSCALE] = "unscale",         [KK_SOFTMAX] = "softmax",       [KK_SOFTMAX_BWD] = "softmax_bwd",
       [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope",
       [KK_MSE] = "mse",
+      [KK_SUMSQ] = "sumsq",           [KK_CLIP_SCALE] = "clip_scale",
+      [KK_ADAMW8] = "adamw8",
   };
   return (unsigned)k < sizeof names / sizeof *names && names[k] ? names[k] : "?";
 }
@@ -1617,7 +1703,7 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
             l.block, l.shared);
     if (k->kind == KK_XENT_FWD || k->kind == KK_EVAL_METRICS) /* the blocks' partial sums */
       bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", 2 * l.grid);
-    if (reduce_whole(k) || k->kind == KK_MSE)
+    if (reduce_whole(k) || k->kind == KK_MSE || k->kind == KK_SUMSQ)
       bprintf(&u, "__device__ double duet_part" FN "[%u];\n__device__ unsigned int duet_done" FN ";\n", l.grid);
     if (k->kind == KK_UNSCALE) /* the blocks' overflow verdicts */
       bprintf(&u, "__device__ int duet_flag" FN ";\n__device__ unsigned int duet_done" FN ";\n");
@@ -1641,6 +1727,9 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
     case KK_RMSNORM_FWD: case KK_RMSNORM_BWD: emit_rmsnorm(&u, k); break;
     case KK_ROPE: emit_rope(&u, k); break;
     case KK_MSE: emit_mse(&u, k); break;
+    case KK_SUMSQ: emit_sumsq(&u, k); break;
+    case KK_CLIP_SCALE: emit_clip_scale(&u, k); break;
+    case KK_ADAMW8: emit_adamw8(&u, k); break;
     default: unreachable();
     }
     bprintf(&u, "}\n\n");
@@ -1671,6 +1760,9 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
   if (sigmoid) bprintf(&b, "%s", PRELUDE_SIGMOID);
   if (half) bprintf(&b, "%s", PRELUDE_HALF);
   if (half2) bprintf(&b, "%s", PRELUDE_HALF2);
+  bool q8 = false; /* 8-bit AdamW state: the maps' tables (device memory) and encoder */
+  for (int i = 0; i < cp->n_kernels; i++) q8 |= cp->kernels[i].kind == KK_ADAMW8;
+  if (q8) codegen_q8_tables(&b, "__device__ const", "__device__ __forceinline__");
   kfuncs_write(&funcs, &b);
   return b.s;
 }

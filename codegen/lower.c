@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "codegen.h"
+#include "../runtime/duet_q8.h"
 
 typedef struct Lower {
   Graph *g;
@@ -168,12 +169,23 @@ static int lower_elementwise(Lower *L, Value *v) {
   return k->index;
 }
 
+_Static_assert(IR_Q8_BLOCK == DUET_Q8_BLOCK, "the IR's and the runtime's 8-bit state block sizes differ");
+
 /* AdamW exactly as torch.optim.AdamW (single-tensor path, torch 2.x):
  *   p *= 1 - lr*wd;  m = m + (1-b1)(g - m);  v = b2 v + (1-b2) g^2
  *   p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps)
  * SGD as torch.optim.SGD (dampening 0, no Nesterov):
  *   d = g + wd p;  buf = momentum buf + d;  p -= lr buf */
+static int lower_adamw8(Lower *L, Value *v) {
+  Kernel *k = new_kernel(L, KK_ADAMW8, DT_F32);
+  for (int j = 0; j < 6; j++) add_buf(k, tid(L, v->in[j]), v->in[j]->dtype, NULL, NULL);
+  k->n = shape_numel(&v->in[0]->shape);
+  k->no_decay = v->attr.no_decay;
+  return k->index;
+}
+
 static int lower_optimizer(Lower *L, Value *v) {
+  if (v->op == OP_ADAMW && v->n_in == 6) return lower_adamw8(L, v); /* 8-bit state */
   Kernel *k = new_kernel(L, KK_ELEMENTWISE, v->in[0]->dtype);
   InsBuf b = {.n = 0};
   const Shape *s = &v->in[0]->shape;
@@ -288,6 +300,43 @@ static int lower_unscale(Lower *L, Value *v) {
   k->n = shape_numel(&v->shape);
   k->slot = v->attr.slot;
   return k->index;
+}
+
+/* Gradient clipping (the train section's clip_grad_norm > 0): for every
+ * gradient an optimizer reads, a sum-of-squares kernel and an in-place
+ * scale kernel, in no schedule (DuetProgram.n_clip: the runtime launches
+ * them when --clip-grad-norm is in effect).  Their doubles follow the
+ * n_unscale overflow flags in the flags buffer (duet_clip_word). */
+static void lower_clip(Lower *L, DuetProgram *p) {
+  Graph *g = L->g;
+  int n = 0;
+  for (int i = 0; i < g->n_values; i++) {
+    Value *v = g->values[i];
+    n += (v->op == OP_ADAMW || v->op == OP_SGD) && tid(L, v->in[1]) >= 0;
+  }
+  int32_t *grad = arena_alloc(L->a, (size_t)(n + 1) * sizeof *grad);
+  int32_t *sq = arena_alloc(L->a, (size_t)(n + 1) * sizeof *sq), *sc = arena_alloc(L->a, (size_t)(n + 1) * sizeof *sc);
+  p->n_clip = n;
+  for (int i = 0, j = 0; i < g->n_values; i++) {
+    Value *v = g->values[i];
+    if ((v->op != OP_ADAMW && v->op != OP_SGD) || tid(L, v->in[1]) < 0) continue;
+    Value *gv = v->in[1];
+    DUET_ASSERT(gv->dtype == DT_F32 || gv->dtype == DT_F64); /* the optimizer's gradients: never 16-bit */
+    Kernel *k = new_kernel(L, KK_SUMSQ, gv->dtype);
+    add_buf(k, tid(L, gv), gv->dtype, NULL, NULL);
+    k->n = shape_numel(&gv->shape);
+    k->slot = duet_clip_word(p, j);
+    sq[j] = k->index;
+    k = new_kernel(L, KK_CLIP_SCALE, gv->dtype);
+    add_buf(k, tid(L, gv), gv->dtype, NULL, NULL);
+    k->n = shape_numel(&gv->shape);
+    k->slot = duet_clip_word(p, n);
+    sc[j] = k->index;
+    grad[j++] = tid(L, gv);
+  }
+  p->clip_grad = grad;
+  p->clip_sumsq = sq;
+  p->clip_scale = sc;
 }
 
 /* Reduction of `in` to `out` (SUM_TO, or MEAN with scale 1/n): the reduced
@@ -628,6 +677,11 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     case OP_EMBEDDING:
     case OP_EMBEDDING_GRAD:
       st.kernel = lower_embedding(&L, v);
+      if (v->op == OP_EMBEDDING && v->in[1]->op == OP_INPUT) { /* a data input indexes this table */
+        int64_t rows = v->in[0]->shape.dim[0];
+        int r = rows > INT32_MAX ? INT32_MAX : (int)rows;
+        if (!p->vocab || r < p->vocab) p->vocab = r;
+      }
       break;
     case OP_NORM:
     case OP_NORM_GRAD: {
@@ -798,7 +852,9 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     if (!unscale_names[j]) unscale_names[j] = arena_printf(a, "flag %d", j);
   p->n_unscale = n_unscale;
   p->unscale_names = unscale_names;
+  p->clip_from = p->update_from; /* the first optimizer update */
   if (!n_unscale) p->update_from = -1;
+  if (g->train.clip_grad_norm > 0) lower_clip(&L, p); /* after n_unscale: its words follow the flags */
   p->logits = g->logits && cp->tensor_of[g->logits->id] >= 0 ? cp->tensor_of[g->logits->id] : -1;
   p->decode = g->decode;
   p->context = g->context;
@@ -812,7 +868,8 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   int n_args = 0;
   for (int k = 0; k < cp->n_kernels; k++) {
     arg_off[k] = n_args;
-    n_args += cp->kernels[k].n_bufs + (cp->kernels[k].kind == KK_UNSCALE);
+    KernelKind kk = cp->kernels[k].kind;
+    n_args += cp->kernels[k].n_bufs + (kk == KK_UNSCALE || kk == KK_SUMSQ || kk == KK_CLIP_SCALE);
     DUET_ASSERT(n_args - arg_off[k] <= DUET_MAX_KERNEL_ARGS);
   }
   arg_off[cp->n_kernels] = n_args;
@@ -820,7 +877,8 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   for (int k = 0; k < cp->n_kernels; k++) {
     const Kernel *kk = &cp->kernels[k];
     for (int j = 0; j < kk->n_bufs; j++) args[arg_off[k] + j] = kk->bufs[j].tensor;
-    if (kk->kind == KK_UNSCALE) args[arg_off[k] + kk->n_bufs] = p->n_tensors + kk->slot;
+    if (kk->kind == KK_UNSCALE || kk->kind == KK_SUMSQ || kk->kind == KK_CLIP_SCALE)
+      args[arg_off[k] + kk->n_bufs] = p->n_tensors + kk->slot; /* a flag, or a clipping double */
   }
   p->kernel_arg_off = arg_off;
   p->kernel_args = args;
@@ -879,11 +937,17 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   DuetConfig *c = &p->defaults;
   c->data = t->data == DATA_FASHION_MNIST ? DUET_DATA_FASHION_MNIST
           : t->data == DATA_TEXT        ? DUET_DATA_TEXT
+          : t->data == DATA_NPY         ? DUET_DATA_NPY
+          : t->data == DATA_TOKENS      ? DUET_DATA_TOKENS
                                         : DUET_DATA_NONE;
   c->block = t->block;
   c->eval_every = t->eval_every;
   c->eval_batches = t->eval_batches;
   c->data_path = t->data_path;
+  c->data_y = t->data_y;
+  c->val_x = t->val_x;
+  c->val_y = t->val_y;
+  c->val_fraction = t->val_fraction;
   c->optimizer = t->optimizer == OPTIM_SGD ? DUET_OPTIM_SGD : DUET_OPTIM_ADAMW;
   c->lr = t->lr;
   c->weight_decay = t->weight_decay;
@@ -897,5 +961,12 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   c->log_every = t->log_every;
   c->seed = t->seed;
   c->eval = t->eval && p->metrics >= 0;
+  _Static_assert((int)LR_CONSTANT == DUET_LR_CONSTANT && (int)LR_COSINE == DUET_LR_COSINE &&
+                     (int)LR_LINEAR == DUET_LR_LINEAR,
+                 "LrSchedule and DUET_LR_* share their numbering");
+  c->lr_schedule = (int)t->lr_schedule;
+  c->warmup = t->warmup;
+  c->min_lr = t->min_lr;
+  c->clip_grad_norm = t->clip_grad_norm;
   return cp;
 }

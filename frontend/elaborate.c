@@ -70,6 +70,7 @@ typedef struct Elab {
   int n_inputs;
   Value *inputs[8];
   int64_t n_dropout; /* dropout sites so far */
+  int n_instances;   /* outermost block instances so far (Value.block) */
   Loc batch_loc;     /* the train section's `batch = N` value (line 0: none) */
 } Elab;
 
@@ -128,7 +129,8 @@ static const char *const functions[] = {"dim",     "sqrt",    "attention", "laye
                                         "rope"};
 static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
                                          "batch", "epochs", "steps", "seed", "log_every", "eval",
-                                         "eval_every", "eval_batches", "precision"};
+                                         "eval_every", "eval_batches", "precision", "recompute", "lr_schedule",
+                                         "clip_grad_norm"};
 #define N_TRAIN_KEYS (int)(sizeof train_keys / sizeof train_keys[0])
 
 /* -------------------------------------------------------------- helpers */
@@ -914,7 +916,7 @@ static void read_dims(Elab *e, Scope *s, const Node *n, Shape *sh) {
 static DType read_dtype(Elab *e, const Node *n, bool allow_int) {
   if (!n->dtype) return e->g->float_dtype;
   int t = dtype_from_name(n->dtype);
-  if (t < 0 || t == DT_VOID) {
+  if (t < 0 || t == DT_VOID || t == DT_U8) { /* u8: optimizer state codes only */
     Hint h = {0};
     hint_try(&h, n->dtype, "f32");
     hint_try(&h, n->dtype, "i32");
@@ -1115,6 +1117,10 @@ static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *s
   while (global->parent) global = global->parent;
   inner.parent = global;
 
+  /* the values an outermost call adds form one block instance (Value.block:
+   * the unit that activation recomputation keeps the inputs of) */
+  bool outermost = !e->active;
+  int first_value = e->g->n_values;
   Active act = {blk, e->active};
   e->active = &act;
   int i = 0;
@@ -1130,6 +1136,13 @@ static EVal invoke_block(Elab *e, Scope *s, const Node *blk, EVal *vals, bool *s
   EVal r = eval(e, &inner, blk->a);
   e->active = act.up;
   Graph *g = e->g;
+  if (outermost) {
+    int id = ++e->n_instances;
+    for (int k = first_value; k < g->n_values; k++) {
+      Value *v = g->values[k];
+      if (v->op != OP_PARAM && v->op != OP_INPUT && v->op != OP_STATE) v->block = id;
+    }
+  }
   const EVal *first = r.kind == EV_TUPLE && r.n_items ? &r.items[0] : &r;
   if (first->kind == EV_TENSOR) {
     if (g->n_layers == g->cap_layers) {
@@ -1172,10 +1185,26 @@ static void read_optimizer(Elab *e, Scope *s, const Node *v, TrainSpec *t) {
   for (Node *a = v->args.head; a; a = a->next) {
     if (a->kind != N_NAMED)
       diag_error(e->d, a->loc, "optimizer arguments are named, as in adamw(lr = 1e-3)");
-    EVal x = eval(e, s, a->a);
     for (Node *o = v->args.head; o != a; o = o->next)
       if (o->kind == N_NAMED && !strcmp(o->name, a->name))
         diag_error(e->d, a->loc, "%s argument `%s` is given twice", v->name, a->name);
+    static const char *const keys[] = {"lr", "weight_decay", "momentum", "beta1", "beta2", "eps", "decay", "state"};
+    bool known = false;
+    for (int i = 0; i < 8; i++) known |= !strcmp(a->name, keys[i]);
+    if (!known) {
+      Hint h = {0};
+      for (int i = 0; i < 8; i++) hint_try(&h, a->name, keys[i]);
+      diag_error(e->d, a->loc, "%s has no argument named `%s`%s", v->name, a->name, hint_text(e, &h));
+    }
+    if (!strcmp(a->name, "state")) { /* AdamW's moments: f32, or 8-bit block-wise quantized */
+      if (t->optimizer != OPTIM_ADAMW)
+        diag_error(e->d, a->loc, "%s has no argument `state` (8-bit state is adamw's: state = int8)", v->name);
+      if (!is_ident(a->a, "int8") && !is_ident(a->a, "f32"))
+        diag_error(e->d, a->a->loc, "adamw state must be int8 or f32");
+      t->state_int8 = is_ident(a->a, "int8");
+      continue;
+    }
+    EVal x = eval(e, s, a->a);
     if (!strcmp(a->name, "decay")) { /* which params weight decay applies to */
       if (x.kind != EV_STR || (strcmp(x.str, "all") && strcmp(x.str, "matrices")))
         diag_error(e->d, x.loc, "decay must be \"all\" or \"matrices\" (params of rank 2 or more)");
@@ -1194,15 +1223,52 @@ static void read_optimizer(Elab *e, Scope *s, const Node *v, TrainSpec *t) {
           !strcmp(a->name, "eps"))
         diag_error(e->d, a->loc, "%s has no argument `%s` (it belongs to %s)", v->name, a->name,
                    t->optimizer == OPTIM_SGD ? "adamw" : "sgd");
-      Hint h = {0};
-      const char *keys[] = {"lr", "weight_decay", "momentum", "beta1", "beta2", "eps", "decay"};
-      for (int i = 0; i < 7; i++) hint_try(&h, a->name, keys[i]);
-      diag_error(e->d, a->loc, "%s has no argument named `%s`%s", v->name, a->name, hint_text(e, &h));
+      diag_error(e->d, a->loc, "%s has no argument named `%s`", v->name, a->name); /* not reached: keys above */
     }
     if (num < 0 || !isfinite(num)) diag_error(e->d, x.loc, "%s must be a non-negative number, got %g", a->name, num);
     if (!strcmp(a->name, "momentum") && num >= 1) diag_error(e->d, x.loc, "momentum must be in [0, 1), got %g", num);
   }
   if (t->beta1 >= 1 || t->beta2 >= 1) diag_error(e->d, v->loc, "adamw betas must be below 1");
+}
+
+/* lr_schedule = constant | constant(warmup = N) | cosine(warmup = N, min_lr = X)
+ * | linear(warmup = N, min_lr = X): the rate of each step (duet_lr_at in
+ * runtime/duet_rt.h); warmup and min_lr default to 0.  The checks that need
+ * the run's length and lr (warm-up longer than the run, min_lr above lr)
+ * are the runtime's, since --steps and --lr may change them. */
+static void read_lr_schedule(Elab *e, Scope *s, const Node *v, TrainSpec *t) {
+  static const char *const names[] = {"constant", "cosine", "linear"};
+  int kind = 3;
+  if (v->kind == N_CALL || v->kind == N_IDENT)
+    for (kind = 0; kind < 3 && strcmp(names[kind], v->name); kind++) {}
+  if (kind == 3) {
+    Hint h = {0};
+    for (int i = 0; (v->kind == N_CALL || v->kind == N_IDENT) && i < 3; i++) hint_try(&h, v->name, names[i]);
+    diag_error(e->d, v->loc, "lr_schedule must be constant, cosine(warmup = N, min_lr = X) or linear(warmup = N, "
+               "min_lr = X)%s", hint_text(e, &h));
+  }
+  t->lr_schedule = (LrSchedule)kind;
+  if (v->kind != N_CALL) return;
+  for (Node *a = v->args.head; a; a = a->next) {
+    if (a->kind != N_NAMED) diag_error(e->d, a->loc, "lr_schedule arguments are named, as in cosine(warmup = 100)");
+    for (Node *o = v->args.head; o != a; o = o->next)
+      if (o->kind == N_NAMED && !strcmp(o->name, a->name))
+        diag_error(e->d, a->loc, "%s argument `%s` is given twice", v->name, a->name);
+    EVal x = eval(e, s, a->a);
+    if (!strcmp(a->name, "warmup")) {
+      t->warmup = want_int(e, x, "warmup", 0);
+    } else if (!strcmp(a->name, "min_lr") && kind != LR_CONSTANT) {
+      t->min_lr = want_num(e, x, "min_lr");
+      if (!(t->min_lr >= 0) || !isfinite(t->min_lr))
+        diag_error(e->d, x.loc, "min_lr must be a non-negative number, got %g", t->min_lr);
+    } else {
+      Hint h = {0};
+      hint_try(&h, a->name, "warmup");
+      if (kind != LR_CONSTANT) hint_try(&h, a->name, "min_lr");
+      diag_error(e->d, a->loc, "%s has no argument named `%s` (%s)%s", v->name, a->name,
+                 kind == LR_CONSTANT ? "it takes warmup" : "it takes warmup and min_lr", hint_text(e, &h));
+    }
+  }
 }
 
 static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
@@ -1211,19 +1277,42 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
     for (Node *o = n->body.head; o != kv; o = o->next)
       if (!strcmp(o->name, k)) diag_error(e->d, kv->loc, "train key `%s` is set twice", k);
     const Node *v = kv->a;
-    if (!strcmp(k, "data") && v->kind == N_CALL && !strcmp(v->name, "text")) {
-      /* text("FILE", block = T): byte-level windows of T tokens */
+    if (!strcmp(k, "data") && v->kind == N_CALL && (!strcmp(v->name, "text") || !strcmp(v->name, "tokens"))) {
+      /* text("FILE", block = T): byte-level windows of T tokens; tokens("FILE", block = T): llm.c token files */
       static const char *const text_args[] = {"path", "block"};
       EVal a[2];
       bool given[2];
       bind_args(e, s, v, text_args, 2, 2, a, given);
-      if (a[0].kind != EV_STR) diag_error(e->d, a[0].loc, "text: the path must be a string");
-      t->data = DATA_TEXT;
+      if (a[0].kind != EV_STR) diag_error(e->d, a[0].loc, "%s: the path must be a string", v->name);
+      t->data = !strcmp(v->name, "text") ? DATA_TEXT : DATA_TOKENS;
       t->data_path = a[0].str;
       t->block = want_int(e, a[1], "block", 1);
+    } else if (!strcmp(k, "data") && v->kind == N_CALL && !strcmp(v->name, "npy")) {
+      /* npy("X", "Y", val_fraction = F | val_x = "VX", val_y = "VY"): NumPy arrays, samples on axis 0 */
+      static const char *const npy_args[] = {"x", "y", "val_fraction", "val_x", "val_y"};
+      EVal a[5];
+      bool given[5];
+      bind_args(e, s, v, npy_args, 5, 2, a, given);
+      for (int i = 0; i < 5; i++)
+        if (given[i] && i != 2 && a[i].kind != EV_STR)
+          diag_error(e->d, a[i].loc, "npy: `%s` must be a string (a file path)", npy_args[i]);
+      t->data = DATA_NPY;
+      t->data_path = a[0].str;
+      t->data_y = a[1].str;
+      if (given[2]) {
+        if (given[3] || given[4])
+          diag_error(e->d, a[2].loc, "npy: give either val_fraction or val_x and val_y, not both");
+        t->val_fraction = want_num(e, a[2], "val_fraction");
+        if (!(t->val_fraction > 0 && t->val_fraction < 1))
+          diag_error(e->d, a[2].loc, "npy: val_fraction must be between 0 and 1 (exclusive), got %g", t->val_fraction);
+      }
+      if (given[3] != given[4])
+        diag_error(e->d, v->loc, "npy: val_x and val_y go together (the validation inputs and their targets)");
+      if (given[3]) t->val_x = a[3].str, t->val_y = a[4].str;
     } else if (!strcmp(k, "data")) {
       if ((v->kind != N_CALL && v->kind != N_IDENT) || strcmp(v->name, "fashion_mnist"))
-        diag_error(e->d, v->loc, "unknown data source; expected fashion_mnist(\"DIR\") or text(\"FILE\", block = T)");
+        diag_error(e->d, v->loc, "unknown data source; expected fashion_mnist(\"DIR\"), text(\"FILE\", block = T), "
+                   "tokens(\"FILE\", block = T) or npy(\"X.npy\", \"Y.npy\")");
       t->data = DATA_FASHION_MNIST;
       t->data_path = "/usr/share/datasets/fashion-mnist";
       if (v->kind == N_CALL && v->args.n > 1)
@@ -1235,6 +1324,8 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
       }
     } else if (!strcmp(k, "optimizer")) {
       read_optimizer(e, s, v, t);
+    } else if (!strcmp(k, "lr_schedule")) {
+      read_lr_schedule(e, s, v, t);
     } else if (!strcmp(k, "eval")) {
       if (is_ident(v, "true")) t->eval = true;
       else if (is_ident(v, "false")) t->eval = false;
@@ -1264,11 +1355,20 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
       else if (!strcmp(k, "log_every")) t->log_every = want_int(e, x, "log_every", 1);
       else if (!strcmp(k, "eval_every")) t->eval_every = want_int(e, x, "eval_every", 1);
       else if (!strcmp(k, "eval_batches")) t->eval_batches = want_int(e, x, "eval_batches", 1);
+      else if (!strcmp(k, "clip_grad_norm")) {
+        t->clip_grad_norm = want_num(e, x, "clip_grad_norm");
+        if (!(t->clip_grad_norm > 0) || !isfinite(t->clip_grad_norm))
+          diag_error(e->d, x.loc, "clip_grad_norm must be a number > 0, got %g", t->clip_grad_norm);
+      }
       else if (!strcmp(k, "precision")) { /* the command line's --precision wins */
         if (x.kind != EV_STR || (strcmp(x.str, "auto") && strcmp(x.str, "fp32") && strcmp(x.str, "fp16") &&
                                  strcmp(x.str, "bf16")))
           diag_error(e->d, x.loc, "precision must be \"auto\", \"fp32\", \"fp16\" or \"bf16\"");
         t->precision = x.str;
+      } else if (!strcmp(k, "recompute")) { /* the command line's --recompute wins */
+        if (x.kind != EV_STR || (strcmp(x.str, "none") && strcmp(x.str, "blocks") && strcmp(x.str, "auto")))
+          diag_error(e->d, x.loc, "recompute must be \"none\", \"blocks\" or \"auto\"");
+        t->recompute = x.str;
       }
     }
   }
@@ -1347,16 +1447,29 @@ static void read_prune(Elab *e, Scope *s, const Node *n, PruneSpec *p) {
 static void check_data_inputs(Elab *e, Loc model_loc) {
   TrainSpec *t = &e->g->train;
   char b[160];
-  if (t->data == DATA_TEXT) {
+  if (t->data == DATA_TEXT || t->data == DATA_TOKENS) {
+    const char *src = t->data == DATA_TEXT ? "text" : "tokens";
     if (e->n_inputs != 2)
       diag_error(e->d, e->n_inputs ? e->inputs[0]->loc : model_loc,
-                 "text feeds two inputs (tokens and next tokens, i32[batch,%lld]); the model declares %d",
+                 "%s feeds two inputs (tokens and next tokens, i32[batch,%lld]); the model declares %d", src,
                  (long long)t->block, e->n_inputs);
     for (int i = 0; i < 2; i++) {
       Value *x = e->inputs[i];
       if (x->dtype != DT_I32 || x->shape.rank != 2 || x->shape.dim[0] != t->batch || x->shape.dim[1] != t->block)
-        diag_error(e->d, x->loc, "text windows are i32[%lld,%lld] (batch, block); `%s` is %s%s", (long long)t->batch,
+        diag_error(e->d, x->loc, "%s windows are i32[%lld,%lld] (batch, block); `%s` is %s%s", src, (long long)t->batch,
                    (long long)t->block, x->attr.name, dtype_name(x->dtype), shape_str(&x->shape, b, sizeof b));
+    }
+    return;
+  }
+  if (t->data == DATA_NPY) {
+    if (e->n_inputs != 2)
+      diag_error(e->d, e->n_inputs ? e->inputs[0]->loc : model_loc,
+                 "npy feeds two inputs (the samples of x.npy and of y.npy); the model declares %d", e->n_inputs);
+    for (int i = 0; i < 2; i++) {
+      Value *x = e->inputs[i];
+      if ((x->dtype != DT_F32 && x->dtype != DT_I32) || x->shape.rank < 1 || x->shape.dim[0] != t->batch)
+        diag_error(e->d, x->loc, "npy feeds f32 or i32 inputs [%lld, ...] (batch first); `%s` is %s%s",
+                   (long long)t->batch, x->attr.name, dtype_name(x->dtype), shape_str(&x->shape, b, sizeof b));
     }
     return;
   }

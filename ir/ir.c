@@ -380,8 +380,8 @@ void diag_error_noloc(Diag *d, const char *fmt, ...) {
 
 /* -------------------------------------------------------- types, shapes */
 
-static const char *const dtype_names[DT_COUNT] = {"void", "f32", "f64", "i32", "f16", "bf16"};
-static const size_t dtype_sizes[DT_COUNT] = {0, 4, 8, 4, 2, 2};
+static const char *const dtype_names[DT_COUNT] = {"void", "f32", "f64", "i32", "f16", "bf16", "u8"};
+static const size_t dtype_sizes[DT_COUNT] = {0, 4, 8, 4, 2, 2, 1};
 
 const char *dtype_name(DType t) { return (unsigned)t < DT_COUNT ? dtype_names[t] : "?"; }
 size_t dtype_size(DType t) { return (unsigned)t < DT_COUNT ? dtype_sizes[t] : 0; }
@@ -588,7 +588,6 @@ static void graph_push(Graph *g, Value *v) {
 
 /* Blocks, repeat and split expand inline: a few lines can ask for 2^100
  * values.  The largest real models have tens of thousands. */
-#define GRAPH_MAX_VALUES (1 << 18)
 
 Value *graph_add(Graph *g, OpKind op, Value **in, int n_in, const Attr *attr, Loc loc) {
   DUET_ASSERT(op >= 0 && op < OP_COUNT);
@@ -817,7 +816,9 @@ void ir_infer_shape(Graph *g, Value *v) {
     v->dtype = DT_VOID;
     break;
   case SHAPE_VOID:
-    for (int i = 1; i < v->n_in; i++)
+    /* an 8-bit AdamW update's scales (operands 5, 6) have a block's shape:
+     * ir_adamw_operands_error checks them */
+    for (int i = 1; i < (v->op == OP_ADAMW && v->n_in == 6 ? 4 : v->n_in); i++)
       if (!shape_eq(&v->in[i]->shape, &v->in[0]->shape))
         diag_error(g->diag, v->loc, "%s: operand %d has shape %s, expected %s", op_info[v->op].name,
                    i + 1, SHP(&v->in[i]->shape, b1), SHP(&v->in[0]->shape, b2));
@@ -955,6 +956,29 @@ out:
   return found;
 }
 
+const char *ir_adamw_operands_error(Value *const *in, int n) {
+  if (n != 4 && n != 6) return "takes 4 operands (param, grad, exp_avg, exp_avg_sq) or 6 (8-bit state)";
+  const Value *p = in[0];
+  int64_t numel = shape_numel(&p->shape);
+  if (!dtype_is_float(p->dtype) || in[1]->dtype != p->dtype || !shape_eq(&in[1]->shape, &p->shape))
+    return "expects a float param and its gradient of the same dtype and shape";
+  if (n == 4) {
+    for (int j = 2; j < 4; j++)
+      if (in[j]->op != OP_STATE || in[j]->dtype != p->dtype || !shape_eq(&in[j]->shape, &p->shape))
+        return "expects its exp_avg and exp_avg_sq: states of the param's dtype and shape";
+    return NULL;
+  }
+  if (p->dtype != DT_F32) return "with 8-bit state expects an f32 param";
+  for (int j = 2; j < 4; j++)
+    if (in[j]->op != OP_STATE || in[j]->dtype != DT_U8 || shape_numel(&in[j]->shape) != numel)
+      return "with 8-bit state expects the exp_avg and exp_avg_sq codes: u8 states of the param's element count";
+  int64_t blocks = (numel + IR_Q8_BLOCK - 1) / IR_Q8_BLOCK;
+  for (int j = 4; j < 6; j++)
+    if (in[j]->op != OP_STATE || in[j]->dtype != DT_F32 || in[j]->shape.rank != 1 || in[j]->shape.dim[0] != blocks)
+      return "with 8-bit state expects the exp_avg and exp_avg_sq scales: f32 states of one element per block of 2048";
+  return NULL;
+}
+
 int ir_verify(const Graph *g, const char *after_pass, FILE *err) {
   int bad = 0;
 #define VFAIL(...)                                                                   \
@@ -1002,10 +1026,17 @@ int ir_verify(const Graph *g, const char *after_pass, FILE *err) {
           }
         }
     }
+    if (v->op == OP_ADAMW) {
+      const char *why = ir_adamw_operands_error(v->in, v->n_in);
+      if (why) VFAIL("%s", why);
+    }
     if (v->op == OP_PRUNE_MASK) {
       bool ok = v->n_in >= 2 && v->n_in <= 4 && v->in[0]->op == OP_PARAM && v->in[1]->op == OP_STATE;
-      for (int j = 1; ok && j < v->n_in; j++) ok = v->in[j]->op == OP_STATE && v->in[j]->dtype == v->in[0]->dtype;
-      if (!ok) VFAIL("expects a param, its mask and at most two optimizer states (states of the param's dtype)");
+      for (int j = 1; ok && j < v->n_in; j++)
+        ok = v->in[j]->op == OP_STATE && (v->in[j]->dtype == v->in[0]->dtype || (j >= 2 && v->in[j]->dtype == DT_U8)) &&
+             shape_numel(&v->in[j]->shape) == shape_numel(&v->in[0]->shape);
+      if (!ok) VFAIL("expects a param, its mask and at most two optimizer states (states of the param's dtype, or "
+                     "8-bit AdamW codes)");
       if (v->n_in >= 1 && v->attr.axis != -1 && v->attr.axis != 0 && v->attr.axis != v->in[0]->shape.rank - 1)
         VFAIL("output axis %d is neither the first nor the last", v->attr.axis);
     }
@@ -1281,6 +1312,7 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
   fputs(" : ", out);
   print_type(v, out);
   if (v->role != ROLE_FORWARD) fprintf(out, "  @%s", role_names[v->role]);
+  if (v->block > 0) fprintf(out, "  @block(%d)", v->block);
   if (v->device >= 0) fprintf(out, "  @device(%d)", v->device);
   if (v->region != MEM_NONE) fprintf(out, "  @%s+%" PRId64, region_names[v->region], v->offset);
   fputc('\n', out);
@@ -1289,10 +1321,23 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
 /* The train section, with the key names of the .model language. */
 static void print_train(const TrainSpec *t, FILE *out) {
   fputs("train {\n", out);
-  if (t->data == DATA_FASHION_MNIST || t->data == DATA_TEXT) {
-    fprintf(out, "  data = %s(", t->data == DATA_TEXT ? "text" : "fashion_mnist");
+  if (t->data == DATA_FASHION_MNIST || t->data == DATA_TEXT || t->data == DATA_TOKENS) {
+    fprintf(out, "  data = %s(", t->data == DATA_TEXT ? "text" : t->data == DATA_TOKENS ? "tokens" : "fashion_mnist");
     print_string(t->data_path ? t->data_path : "", out);
-    if (t->data == DATA_TEXT) fprintf(out, ", block = %" PRId64, t->block);
+    if (t->data != DATA_FASHION_MNIST) fprintf(out, ", block = %" PRId64, t->block);
+    fputs(")\n", out);
+  } else if (t->data == DATA_NPY) {
+    fputs("  data = npy(", out);
+    print_string(t->data_path ? t->data_path : "", out);
+    fputs(", ", out);
+    print_string(t->data_y ? t->data_y : "", out);
+    if (t->val_fraction > 0) fprintf(out, ", val_fraction = %s", NUM(t->val_fraction));
+    if (t->val_x) {
+      fputs(", val_x = ", out);
+      print_string(t->val_x, out);
+      fputs(", val_y = ", out);
+      print_string(t->val_y ? t->val_y : "", out);
+    }
     fputs(")\n", out);
   }
   if (t->optimizer == OPTIM_SGD)
@@ -1301,15 +1346,24 @@ static void print_train(const TrainSpec *t, FILE *out) {
   else
     fprintf(out, "  optimizer = adamw(lr = %s, weight_decay = %s, beta1 = %s, beta2 = %s, eps = %s", NUM(t->lr),
             NUM(t->weight_decay), NUM(t->beta1), NUM(t->beta2), NUM(t->eps));
-  fputs(t->decay_matrices_only ? ", decay = \"matrices\")\n" : ")\n", out);
+  if (t->decay_matrices_only) fputs(", decay = \"matrices\"", out);
+  fputs(t->optimizer == OPTIM_ADAMW && t->state_int8 ? ", state = int8)\n" : ")\n", out);
   fprintf(out, "  batch = %" PRId64 "\n  epochs = %" PRId64 "\n", t->batch, t->epochs);
   if (t->steps > 0) fprintf(out, "  steps = %" PRId64 "\n", t->steps);
   fprintf(out, "  seed = %" PRIu64 "\n  log_every = %" PRId64 "\n  eval = %s\n", t->seed, t->log_every,
           t->eval ? "true" : "false");
   if (t->eval_every > 0) fprintf(out, "  eval_every = %" PRId64 "\n", t->eval_every);
   if (t->precision) fprintf(out, "  precision = \"%s\"\n", t->precision);
+  if (t->recompute) fprintf(out, "  recompute = \"%s\"\n", t->recompute);
   fprintf(out, "  eval_batches = %" PRId64 "\n", t->eval_batches);
   if (t->micro_batches > 1) fprintf(out, "  micro_batches = %" PRId64 "\n", t->micro_batches);
+  static const char *const sched[] = {"constant", "cosine", "linear"};
+  if (t->lr_schedule != LR_CONSTANT)
+    fprintf(out, "  lr_schedule = %s(warmup = %" PRId64 ", min_lr = %s)\n", sched[t->lr_schedule], t->warmup,
+            NUM(t->min_lr));
+  else if (t->warmup > 0)
+    fprintf(out, "  lr_schedule = constant(warmup = %" PRId64 ")\n", t->warmup);
+  if (t->clip_grad_norm > 0) fprintf(out, "  clip_grad_norm = %s\n", NUM(t->clip_grad_norm));
   fputs("}\n", out);
 }
 

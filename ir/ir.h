@@ -115,8 +115,10 @@ int source_char_col(const Source *s, int line, int col);
 /* -------------------------------------------------------- types, shapes */
 
 /* DT_F16: IEEE 754 binary16; DT_BF16: bfloat16 (the top half of a binary32).
- * Both are storage types: kernels widen them to f32 to compute. */
-typedef enum DType { DT_VOID, DT_F32, DT_F64, DT_I32, DT_F16, DT_BF16, DT_COUNT } DType;
+ * Both are storage types: kernels widen them to f32 to compute.  DT_U8:
+ * unsigned bytes, only the codes of 8-bit optimizer state (AdamW with
+ * `state = int8`: runtime/duet_q8.h), never a model's tensor. */
+typedef enum DType { DT_VOID, DT_F32, DT_F64, DT_I32, DT_F16, DT_BF16, DT_U8, DT_COUNT } DType;
 const char *dtype_name(DType t);         /* "f32" ... */
 size_t dtype_size(DType t);              /* bytes per element */
 bool dtype_is_float(DType t);
@@ -266,6 +268,10 @@ struct Value {
   Role role;
   int device;   /* -1 until a partition pass assigns one */
   Loc device_loc; /* the @device(N) hint that set device, for diagnostics (line 0: none) */
+  int block;    /* elaboration: the outermost block instance that computed this value (1, 2, ...
+                 * in call order; a `repeat` iteration is an instance), 0 at top level, for
+                 * params, inputs and state, and for values later passes add; a recomputed
+                 * copy keeps its original's (passes/recompute.c).  Printed `@block(N)` */
   bool requires_grad; /* set by autodiff */
   /* Filled by passes/: */
   int n_uses;   /* in the whole graph */
@@ -277,14 +283,24 @@ struct Value {
 /* ---------------------------------------------------- training settings */
 
 typedef enum OptimKind { OPTIM_ADAMW, OPTIM_SGD } OptimKind;
-typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST, DATA_TEXT } DataKind;
+/* 8-bit AdamW state: values per quantization block, each with its own f32
+ * scale (Dettmers et al. 2021; runtime/duet_q8.h's DUET_Q8_BLOCK, which
+ * codegen checks it equals). */
+#define IR_Q8_BLOCK 2048
+typedef enum DataKind { DATA_NONE, DATA_FASHION_MNIST, DATA_TEXT, DATA_NPY, DATA_TOKENS } DataKind;
+/* Learning-rate schedules (numbering shared with the runtime's DUET_LR_*;
+ * formulas at duet_lr_at in runtime/duet_rt.h). */
+typedef enum LrSchedule { LR_CONSTANT, LR_COSINE, LR_LINEAR } LrSchedule;
 
 /* The `train { }` section, after defaults.  Sources of defaults: PyTorch's
  * torch.optim.AdamW (betas 0.9, 0.999, eps 1e-8, weight_decay 0.01) and
  * torch.optim.SGD (momentum 0, weight_decay 0). */
 typedef struct TrainSpec {
   DataKind data;
-  const char *data_path;
+  const char *data_path;  /* npy: the x file */
+  const char *data_y;     /* npy: the y file */
+  const char *val_x, *val_y; /* npy: validation files (NULL: none, or val_fraction) */
+  double val_fraction;    /* npy: the last fraction of the samples validates (0: none) */
   OptimKind optimizer;
   double lr, weight_decay, beta1, beta2, eps, momentum;
   int64_t batch;
@@ -298,8 +314,15 @@ typedef struct TrainSpec {
   bool decay_matrices_only; /* weight decay only on params of rank >= 2 */
   bool has_lr, has_weight_decay; /* set explicitly in the section */
   const char *precision; /* `precision = "fp16"` etc.; NULL: auto (the command line wins) */
+  const char *recompute; /* `recompute = "blocks"` etc.; NULL: none (the command line wins) */
   int64_t micro_batches; /* pipeline: the batch is split into this many micro-batches
                           * (`batch` is then one micro-batch; gradients accumulate) */
+  LrSchedule lr_schedule; /* `lr_schedule = cosine(warmup = N, min_lr = X)` */
+  int64_t warmup;        /* warm-up steps (0: none) */
+  double min_lr;         /* cosine, linear: the rate the decay ends at */
+  double clip_grad_norm; /* `clip_grad_norm = X`: global L2 norm limit (0: none) */
+  bool state_int8;       /* AdamW `state = int8`: its moments in 8-bit block-wise quantized codes
+                          * (runtime/duet_q8.h) instead of f32; --optimizer-state overrides it */
 } TrainSpec;
 void train_spec_defaults(TrainSpec *t);
 
@@ -388,11 +411,21 @@ typedef struct Graph {
                       * stage 1; needs replicas > 1); printed `zero 1` */
 } Graph;
 
+/* The operands of an adamw_update: 4 (param, grad, exp_avg, exp_avg_sq:
+ * states of the param's dtype and shape) or, with 8-bit state, 6 (param
+ * f32, grad f32, the exp_avg and exp_avg_sq codes: u8 states of the
+ * param's element count, their absmax scales: f32 states [ceil(n /
+ * IR_Q8_BLOCK)]).  NULL when they are, else what is wrong. */
+const char *ir_adamw_operands_error(Value *const *in, int n);
+
 /* Elements of v's dtype that the memory plan reserves after v's own for its
  * kernels' scratch: attention backward keeps each query row's softmax max,
  * 1 / sum and sum(p * dp) for the CUDA key-row kernel (3 x batch x heads x
  * time); 0 for every other op. */
 int64_t ir_workspace_elems(const Value *v);
+
+/* At most this many values per graph (graph_add reports more as a user error). */
+#define GRAPH_MAX_VALUES (1 << 18)
 
 /* The key/value heads of an attention op: attr.kv_heads, or attr.heads when
  * 0 (every query head has its own). */
@@ -478,7 +511,7 @@ Graph *ir_parse(Arena *a, Diag *d, const Source *src);
 void ir_print_dot(const Graph *g, FILE *out);
 /* The graph as one JSON object: model, pass, train settings, regions, the
  * loss/logits/labels ids and an array of values (id, op, inputs, dtype,
- * shape, attrs, role, device, region, offset).  Returns 0, or -1 when out of
+ * shape, attrs, role, block (when in one), device, region, offset).  Returns 0, or -1 when out of
  * memory. */
 int ir_print_json(const Graph *g, FILE *out);
 

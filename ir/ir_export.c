@@ -364,10 +364,17 @@ static void json_attrs(J *j, cJSON *o, const Value *v) {
 }
 
 static void json_train(J *j, cJSON *o, const TrainSpec *t) {
-  if (t->data == DATA_FASHION_MNIST || t->data == DATA_TEXT) {
-    jstr(j, o, "data", t->data == DATA_TEXT ? "text" : "fashion_mnist");
+  if (t->data == DATA_FASHION_MNIST || t->data == DATA_TEXT || t->data == DATA_TOKENS) {
+    jstr(j, o, "data", t->data == DATA_TEXT ? "text" : t->data == DATA_TOKENS ? "tokens" : "fashion_mnist");
     jstr(j, o, "data_path", t->data_path ? t->data_path : "");
-    if (t->data == DATA_TEXT) jint(j, o, "block", t->block);
+    if (t->data != DATA_FASHION_MNIST) jint(j, o, "block", t->block);
+  } else if (t->data == DATA_NPY) {
+    jstr(j, o, "data", "npy");
+    jstr(j, o, "data_path", t->data_path ? t->data_path : "");
+    jstr(j, o, "data_y", t->data_y ? t->data_y : "");
+    if (t->val_fraction > 0) jnum(j, o, "val_fraction", t->val_fraction);
+    if (t->val_x) jstr(j, o, "val_x", t->val_x);
+    if (t->val_y) jstr(j, o, "val_y", t->val_y);
   } else {
     jnull(j, o, "data");
   }
@@ -380,6 +387,7 @@ static void json_train(J *j, cJSON *o, const TrainSpec *t) {
     jnum(j, o, "beta1", t->beta1);
     jnum(j, o, "beta2", t->beta2);
     jnum(j, o, "eps", t->eps);
+    jstr(j, o, "state", t->state_int8 ? "int8" : "f32");
   }
   jstr(j, o, "decay", t->decay_matrices_only ? "matrices" : "all");
   jint(j, o, "batch", t->batch);
@@ -397,6 +405,12 @@ static void json_train(J *j, cJSON *o, const TrainSpec *t) {
   jint(j, o, "eval_every", t->eval_every);
   jint(j, o, "eval_batches", t->eval_batches);
   if (t->precision) jstr(j, o, "precision", t->precision);
+  if (t->recompute) jstr(j, o, "recompute", t->recompute);
+  static const char *const sched[] = {"constant", "cosine", "linear"};
+  jstr(j, o, "lr_schedule", sched[t->lr_schedule]);
+  jint(j, o, "warmup", t->warmup);
+  jnum(j, o, "min_lr", t->min_lr);
+  jnum(j, o, "clip_grad_norm", t->clip_grad_norm);
 }
 
 static bool in_graph(const Graph *g, const Value *v) {
@@ -461,6 +475,7 @@ int ir_print_json(const Graph *g, FILE *out) {
     cJSON *attrs = jchk(&j, cJSON_AddObjectToObject(o, "attrs"));
     if (attrs) json_attrs(&j, attrs, v);
     jstr(&j, o, "role", role_name(v->role));
+    if (v->block > 0) jnum(&j, o, "block", v->block);
     if (v->device >= 0) jnum(&j, o, "device", v->device);
     else jnull(&j, o, "device");
     if (v->region != MEM_NONE) {

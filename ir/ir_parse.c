@@ -10,7 +10,7 @@
  *   line    -> [`%`ID `=`] OP [ATTRS] [`%`ID (`,` `%`ID)*] `:` TYPE ANNOT*
  *            | `loss` `%`ID | `logits` `%`ID | `labels` `%`ID | `grad` `%`P `%`G
  *   TYPE    -> `void` | DTYPE `[` [N (`,` N)*] `]`
- *   ANNOT   -> `@`ROLE | `@device(`N`)` | `@`REGION`+`OFFSET
+ *   ANNOT   -> `@`ROLE | `@block(`N`)` | `@device(`N`)` | `@`REGION`+`OFFSET
  *
  * A hand-written line parser over the source text (the format is one
  * construct a line, so no token stream is needed).  Every value goes through
@@ -737,9 +737,15 @@ static void check_value(Parser *P, const char *at, OpKind op, Value **in, int n,
   const Shape *x = n ? &in[0]->shape : NULL;
   switch (op) {
   case OP_PARAM:
-  case OP_STATE:
-    if (!dtype_is_float(dt)) FAIL(at, "%s `%s` must be a float tensor, not %s", name, a->name, dtype_name(dt));
+  case OP_STATE: /* a state may also hold 8-bit AdamW codes (u8) */
+    if (!dtype_is_float(dt) && !(op == OP_STATE && dt == DT_U8))
+      FAIL(at, "%s `%s` must be a float tensor, not %s", name, a->name, dtype_name(dt));
     break;
+  case OP_ADAMW: {
+    const char *why = ir_adamw_operands_error(in, n);
+    if (why) FAIL(at, "adamw_update %s", why);
+    break;
+  }
   case OP_SLICE:
   case OP_SLICE_GRAD: {
     const Shape *full = op == OP_SLICE ? x : s, *part = op == OP_SLICE ? s : x;
@@ -843,10 +849,13 @@ static void check_value(Parser *P, const char *at, OpKind op, Value **in, int n,
   case OP_PRUNE_MASK: {
     if (n < 2 || n > 4) FAIL(at, "prune_mask takes 2 to 4 operands (param, mask, optimizer state), got %d", n);
     bool ok = in[0]->op == OP_PARAM && in[1]->op == OP_STATE && in[1]->attr.init == INIT_ONES;
-    for (int j = 1; j < n; j++) ok = ok && in[j]->op == OP_STATE && !in[j]->attr.kv_cache && in[j]->dtype == in[0]->dtype;
+    for (int j = 1; j < n; j++)
+      ok = ok && in[j]->op == OP_STATE && !in[j]->attr.kv_cache &&
+           (in[j]->dtype == in[0]->dtype || (j >= 2 && in[j]->dtype == DT_U8)) &&
+           shape_numel(&in[j]->shape) == shape_numel(&in[0]->shape);
     if (!ok)
       FAIL(at, "prune_mask: expected a param, its mask (a state initialised to ones) and its optimizer state, all of "
-               "the param's dtype");
+               "the param's dtype (or 8-bit AdamW codes)");
     if (a->axis >= 0 && a->axis != 0 && a->axis != x->rank - 1)
       FAIL(at, "prune_mask: the output axis %d of %s is neither the first nor the last", a->axis, SHP(x));
     break;
@@ -947,7 +956,7 @@ static void value_line(Parser *P, bool has_result) {
 
   /* annotations */
   Role role = ROLE_FORWARD;
-  int device = -1;
+  int device = -1, block = 0;
   Loc device_loc = {0};
   MemRegion region = MEM_NONE;
   int64_t offset = 0;
@@ -964,6 +973,11 @@ static void value_line(Parser *P, bool has_result) {
       if (seen_role) FAIL(an, "a second role");
       seen_role = true;
       role = (Role)r;
+    } else if (aw && !strcmp(aw, "block")) {
+      if (block > 0) FAIL(an, "a second block");
+      expect(P, '(', "'(' after @block");
+      block = (int)integer(P, 1, INT32_MAX, "a block instance number");
+      expect(P, ')', "')'");
     } else if (aw && !strcmp(aw, "device")) {
       if (device >= 0) FAIL(an, "a second device");
       expect(P, '(', "'(' after @device");
@@ -977,9 +991,10 @@ static void value_line(Parser *P, bool has_result) {
       offset = integer(P, 0, INT64_MAX, "a byte offset");
     } else if (aw) {
       static const char *const names[] = {"@forward", "@backward", "@optimizer", "@eval", "@device", "@param",
-                                          "@state", "@arena", "@cache"};
-      FAIL(an, "unknown annotation `@%s`%s; annotations are a role (@backward, @optimizer, @eval), @device(N) and a "
-               "region (@param+N, @state+N, @arena+N, @cache+N)", aw, hint(P, arena_printf(P->a, "@%s", aw), names, 9));
+                                          "@state", "@arena", "@cache", "@block"};
+      FAIL(an, "unknown annotation `@%s`%s; annotations are a role (@backward, @optimizer, @eval), @block(N), "
+               "@device(N) and a region (@param+N, @state+N, @arena+N, @cache+N)", aw,
+           hint(P, arena_printf(P->a, "@%s", aw), names, 10));
     } else {
       FAIL(P->p, "expected a role, device or region after '@', found %s", found(P));
     }
@@ -1020,6 +1035,7 @@ static void value_line(Parser *P, bool has_result) {
   v->role = role;
   v->device = device;
   v->device_loc = device_loc;
+  v->block = block;
   v->region = region;
   v->offset = region == MEM_NONE ? 0 : offset;
   if (has_result) {
@@ -1032,7 +1048,7 @@ static void value_line(Parser *P, bool has_result) {
 
 static const char *const train_key_names[] = {"data", "optimizer", "batch", "epochs", "steps", "seed",
                                               "log_every", "eval", "eval_every", "eval_batches", "precision",
-                                              "micro_batches"};
+                                              "micro_batches", "recompute", "lr_schedule", "clip_grad_norm"};
 enum { N_TRAIN_KEYS = sizeof train_key_names / sizeof *train_key_names };
 
 /* adamw(lr = X, ...) or sgd(...) */
@@ -1045,7 +1061,7 @@ static void optimizer(Parser *P, TrainSpec *t) {
   t->optimizer = sgd ? OPTIM_SGD : OPTIM_ADAMW;
   if (sgd) t->weight_decay = 0;
   expect(P, '(', "'(' and the optimizer's arguments");
-  static const char *const keys[] = {"lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "decay"};
+  static const char *const keys[] = {"lr", "weight_decay", "beta1", "beta2", "eps", "momentum", "decay", "state"};
   unsigned seen = 0;
   if (!accept(P, ')')) {
     do {
@@ -1053,10 +1069,10 @@ static void optimizer(Parser *P, TrainSpec *t) {
       const char *ka = P->p;
       const char *k = want_word(P, "an optimizer argument");
       int i = 0;
-      while (i < 7 && strcmp(keys[i], k)) i++;
-      if (i == 7 || (sgd && (i >= 2 && i <= 4)) || (!sgd && i == 5))
+      while (i < 8 && strcmp(keys[i], k)) i++;
+      if (i == 8 || (sgd && ((i >= 2 && i <= 4) || i == 7)) || (!sgd && i == 5))
         FAIL(ka, "%s has no argument `%s` (%s)", w, k,
-             sgd ? "lr, momentum, weight_decay, decay" : "lr, weight_decay, beta1, beta2, eps, decay");
+             sgd ? "lr, momentum, weight_decay, decay" : "lr, weight_decay, beta1, beta2, eps, decay, state");
       if (seen & (1u << i)) FAIL(ka, "%s argument `%s` is given twice", w, k);
       seen |= 1u << i;
       expect(P, '=', arena_printf(P->a, "'=' after `%s`", k));
@@ -1066,6 +1082,12 @@ static void optimizer(Parser *P, TrainSpec *t) {
         const char *s = string(P, "\"all\" or \"matrices\"");
         if (strcmp(s, "all") && strcmp(s, "matrices")) FAIL(va, "decay must be \"all\" or \"matrices\"");
         t->decay_matrices_only = !strcmp(s, "matrices");
+        continue;
+      }
+      if (i == 7) {
+        const char *s = want_word(P, "int8 or f32");
+        if (strcmp(s, "int8") && strcmp(s, "f32")) FAIL(va, "adamw state must be int8 or f32");
+        t->state_int8 = !strcmp(s, "int8");
         continue;
       }
       double x = number(P, arena_printf(P->a, "the value of `%s`", k));
@@ -1079,6 +1101,45 @@ static void optimizer(Parser *P, TrainSpec *t) {
       if (i == 1) t->has_weight_decay = true;
     } while (accept(P, ','));
     expect(P, ')', "',' or ')' in the optimizer's arguments");
+  }
+}
+
+/* constant, constant(warmup = N), cosine(warmup = N, min_lr = X),
+ * linear(...): the printer's form (ir.c print_train). */
+static void lr_schedule(Parser *P, TrainSpec *t) {
+  ws(P);
+  const char *at = P->p;
+  const char *w = want_word(P, "constant, cosine(...) or linear(...)");
+  static const char *const names[] = {"constant", "cosine", "linear"};
+  int kind = 0;
+  while (kind < 3 && strcmp(names[kind], w)) kind++;
+  if (kind == 3) FAIL(at, "unknown lr_schedule `%s`; expected constant, cosine or linear", w);
+  t->lr_schedule = (LrSchedule)kind;
+  if (!accept(P, '(')) return;
+  unsigned seen = 0;
+  if (!accept(P, ')')) {
+    do {
+      ws(P);
+      const char *ka = P->p;
+      const char *k = want_word(P, "warmup or min_lr");
+      int i = !strcmp(k, "warmup") ? 0 : !strcmp(k, "min_lr") ? 1 : 2;
+      if (i == 2 || (i == 1 && kind == LR_CONSTANT))
+        FAIL(ka, "%s has no argument `%s` (%s)", w, k, kind == LR_CONSTANT ? "warmup" : "warmup, min_lr");
+      if (seen & (1u << i)) FAIL(ka, "%s argument `%s` is given twice", w, k);
+      seen |= 1u << i;
+      expect(P, '=', arena_printf(P->a, "'=' after `%s`", k));
+      ws(P);
+      const char *va = P->p;
+      if (i == 0) {
+        t->warmup = integer(P, 0, INT64_MAX, "warmup");
+      } else {
+        double x = number(P, "the value of `min_lr`");
+        if (!(x >= 0) || !isfinite(x))
+          FAIL(va, "min_lr must be a non-negative number, got %s", ir_num_str(x, (char[32]){0}, 32));
+        t->min_lr = x;
+      }
+    } while (accept(P, ','));
+    expect(P, ')', "',' or ')' in the schedule's arguments");
   }
 }
 
@@ -1098,7 +1159,8 @@ static void train_line(Parser *P) {
   while (i < N_TRAIN_KEYS && strcmp(train_key_names[i], k)) i++;
   if (i == N_TRAIN_KEYS)
     FAIL(ka, "unknown train key `%s`%s (keys: data, optimizer, batch, epochs, steps, seed, log_every, eval, "
-             "eval_every, eval_batches, precision, micro_batches)", k, hint(P, k, train_key_names, N_TRAIN_KEYS));
+             "eval_every, eval_batches, precision, micro_batches, recompute, lr_schedule, clip_grad_norm)", k,
+             hint(P, k, train_key_names, N_TRAIN_KEYS));
   if (P->train_keys & (1u << i)) FAIL(ka, "train key `%s` is set twice", k);
   P->train_keys |= 1u << i;
   expect(P, '=', arena_printf(P->a, "'=' after `%s`", k));
@@ -1106,12 +1168,36 @@ static void train_line(Parser *P) {
   const char *va = P->p;
   switch (i) {
   case 0: { /* data */
-    const char *src = want_word(P, "fashion_mnist(\"DIR\") or text(\"FILE\", block = T)");
-    bool text = !strcmp(src, "text");
+    const char *src = want_word(P, "fashion_mnist(\"DIR\"), text(\"FILE\", block = T) or npy(\"X\", \"Y\")");
+    bool tokens = !strcmp(src, "tokens"), text = tokens || !strcmp(src, "text");
+    if (!strcmp(src, "npy")) { /* npy("X", "Y"[, val_fraction = F][, val_x = "VX", val_y = "VY"]) */
+      expect(P, '(', "'(' and the x path");
+      t->data = DATA_NPY;
+      t->data_path = string(P, "the x path");
+      expect(P, ',', "',' and the y path");
+      t->data_y = string(P, "the y path");
+      while (accept(P, ',')) {
+        ws(P);
+        const char *ka2 = P->p;
+        const char *w = want_word(P, "val_fraction, val_x or val_y");
+        expect(P, '=', "'='");
+        if (!strcmp(w, "val_fraction")) {
+          t->val_fraction = number(P, "val_fraction");
+          if (!(t->val_fraction > 0 && t->val_fraction < 1))
+            FAIL(ka2, "val_fraction must be between 0 and 1 (exclusive)");
+        } else if (!strcmp(w, "val_x")) t->val_x = string(P, "the val_x path");
+        else if (!strcmp(w, "val_y")) t->val_y = string(P, "the val_y path");
+        else FAIL(ka2, "npy has no argument `%s` (val_fraction, val_x, val_y)", w);
+      }
+      if (!t->val_x != !t->val_y || (t->val_x && t->val_fraction > 0))
+        FAIL(va, "npy takes val_fraction, or val_x and val_y together");
+      expect(P, ')', "')'");
+      break;
+    }
     if (!text && strcmp(src, "fashion_mnist"))
-      FAIL(va, "unknown data source `%s`; expected fashion_mnist(\"DIR\") or text(\"FILE\", block = T)", src);
+      FAIL(va, "unknown data source `%s`; expected fashion_mnist(\"DIR\"), text(\"FILE\", block = T) or npy(\"X\", \"Y\")", src);
     expect(P, '(', "'(' and the path");
-    t->data = text ? DATA_TEXT : DATA_FASHION_MNIST;
+    t->data = tokens ? DATA_TOKENS : text ? DATA_TEXT : DATA_FASHION_MNIST;
     t->data_path = string(P, "the path");
     if (text) {
       expect(P, ',', "',' and block = T");
@@ -1147,6 +1233,21 @@ static void train_line(Parser *P) {
     break;
   }
   case 11: t->micro_batches = integer(P, 1, INT32_MAX, "micro_batches"); break;
+  case 12: {
+    const char *s = string(P, "\"none\", \"blocks\" or \"auto\"");
+    if (strcmp(s, "none") && strcmp(s, "blocks") && strcmp(s, "auto"))
+      FAIL(va, "recompute must be \"none\", \"blocks\" or \"auto\"");
+    t->recompute = s;
+    break;
+  }
+  case 13: lr_schedule(P, t); break;
+  case 14: {
+    double x = number(P, "the value of `clip_grad_norm`");
+    if (!(x > 0) || !isfinite(x))
+      FAIL(va, "clip_grad_norm must be a number > 0, got %s", ir_num_str(x, (char[32]){0}, 32));
+    t->clip_grad_norm = x;
+    break;
+  }
   }
   want_eol(P, arena_printf(P->a, "the value of `%s`", k));
 }
@@ -1458,7 +1559,7 @@ static void check_devices(Parser *P) {
 static void check_inputs(Parser *P) {
   Graph *g = P->g;
   const TrainSpec *t = &g->train;
-  if (g->decode || (t->data != DATA_TEXT && t->data != DATA_FASHION_MNIST)) return;
+  if (g->decode || (t->data != DATA_TEXT && t->data != DATA_TOKENS && t->data != DATA_FASHION_MNIST)) return;
   Value *in[2] = {NULL, NULL};
   int n = 0;
   for (int i = 0; i < g->n_values; i++)
@@ -1467,7 +1568,7 @@ static void check_inputs(Parser *P) {
       n++;
     }
   Loc where = n ? in[0]->loc : (Loc){P->src, P->train_line, 1};
-  if (t->data == DATA_TEXT) {
+  if (t->data == DATA_TEXT || t->data == DATA_TOKENS) {
     if (n != 2) fail_loc(P, where, "text feeds two inputs (tokens and next tokens, i32[batch,block]); the graph has %d", n);
     for (int i = 0; i < 2; i++) {
       Value *x = in[i];

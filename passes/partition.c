@@ -158,7 +158,9 @@ static void place_forward(Part *P, int *stage_of_f) {
   }
   double *act = arena_alloc(a, ((size_t)N + 1) * sizeof *act), *par = arena_alloc(a, ((size_t)N + 1) * sizeof *par);
   double *cross = arena_alloc(a, ((size_t)N + 2) * sizeof *cross);
-  double optf = g->train.optimizer == OPTIM_ADAMW ? 4.0 : 3.0; /* param + grad + state */
+  /* param + grad + state, in param sizes: AdamW 2 moments (8-bit: 2 bytes
+   * of codes and 8 bytes of scales per 2048 values, for 4-byte params) */
+  double optf = g->train.optimizer != OPTIM_ADAMW ? 3.0 : g->train.state_int8 ? 2.0 + (2.0 + 8.0 / IR_Q8_BLOCK) / 4 : 4.0;
   for (int i = 0; i < N; i++) {
     Value *v = P->F[i];
     act[i + 1] = act[i] + (double)value_bytes(v);
@@ -486,6 +488,8 @@ static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
   m.need = rb[MEM_PARAM] + m.state + rb[MEM_CACHE] + rb[MEM_ARENA] * m.slots + m.grads;
   return m;
 }
+
+int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s) { return stage_memory(g, cx, s).need; }
 
 int partition_check_memory(const Graph *g, const PassCtx *cx) {
   int S = g->n_stages > 1 ? g->n_stages : 1, rc = 0;

@@ -58,8 +58,14 @@ typedef struct PassCtx {
                               * activations on stage s (GPipe: M) */
   double bucket_mb;          /* data_parallel: --bucket-mb, MiB per all-reduce bucket
                               * (0: DP_BUCKET_MB_DEFAULT) */
+  const char *recompute;     /* recompute: --recompute none|blocks|auto (NULL: the train
+                              * section's `recompute`, else none) */
+  const PartDevice *budget_device; /* recompute auto without `devices`: the one device whose
+                              * capacity bounds the graph (duet run's default CPU; NULL: none) */
   const PruneSpec *prune;    /* prune: the --prune flags (prune_parse_flag); the fields in
                               * its `set` override the model's prune section (NULL: none) */
+  const char *optim_state;   /* optimizer: --optimizer-state int8|f32, overriding the model's
+                              * adamw(state = ...) (NULL: the model's; ignored for SGD) */
   int nodes;                 /* duet plan --nodes K: the replicas are spread over K
                               * machines, the all-reduce crosses their network (0, 1: one) */
   double link_gbps;          /* --link-gbps: each machine's network link, Gb/s
@@ -84,7 +90,7 @@ typedef struct Pass {
 } Pass;
 
 /* The pipeline, in order: shape, autodiff, optimizer, eval, prune, precision, fuse,
- * partition, data_parallel, memplan. */
+ * partition, data_parallel, recompute, memplan. */
 extern const Pass duet_passes[];
 extern const int duet_n_passes;
 
@@ -98,13 +104,14 @@ int passes_find(const char *name);
 
 void pass_shape(Graph *g, PassCtx *cx);     /* re-infer and check every shape */
 void pass_autodiff(Graph *g, PassCtx *cx);  /* append d(loss)/d(param) */
-void pass_optimizer(Graph *g, PassCtx *cx); /* append AdamW / SGD updates */
+void pass_optimizer(Graph *g, PassCtx *cx); /* append AdamW / SGD updates (AdamW: f32 or 8-bit state) */
 void pass_eval(Graph *g, PassCtx *cx);      /* append accuracy metrics */
 void pass_prune(Graph *g, PassCtx *cx);     /* pruning masks and the ops that apply them */
 void pass_precision(Graph *g, PassCtx *cx); /* 16-bit storage, f32 master weights, casts */
 void pass_fuse(Graph *g, PassCtx *cx);      /* fuse elementwise chains */
 void pass_partition(Graph *g, PassCtx *cx); /* devices/stages + transfer ops */
 void pass_data_parallel(Graph *g, PassCtx *cx); /* all-reduce buckets of the gradients */
+void pass_recompute(Graph *g, PassCtx *cx); /* activation recomputation (--recompute) */
 void pass_memplan(Graph *g, PassCtx *cx);   /* offsets in param/state/arena, per device */
 
 /* `duet plan`: prints the stage assignment of a graph that went through
@@ -123,6 +130,20 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out);
  * partition pass never sees.  1 after an error through cx->diag naming the
  * device, the breakdown and the capacity's source, else 0. */
 int partition_check_memory(const Graph *g, const PassCtx *cx);
+/* The bytes stage s needs as partition_check_memory counts them (weights,
+ * grads, optimizer state, caches, activations x in-flight micro-batches),
+ * from the regions memplan sized. */
+int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s);
+
+/* ------------------------------------------------------------ recompute */
+
+/* --recompute: none (keep every activation), blocks (keep only the inputs
+ * of each outermost block instance, recompute the rest in the backward
+ * pass), auto (recompute the blocks of a device only as far as it needs to
+ * fit its capacity).  passes/recompute.c has the method and its sources. */
+enum { RECOMPUTE_NONE, RECOMPUTE_BLOCKS, RECOMPUTE_AUTO };
+/* RECOMPUTE_* for "none", "blocks", "auto" (NULL: none); -1 for anything else. */
+int recompute_mode_parse(const char *s);
 
 /* ---------------------------------------------------------------- prune */
 

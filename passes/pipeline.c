@@ -8,13 +8,14 @@
 const Pass duet_passes[] = {
     {"shape", pass_shape, "infer and check the shape and dtype of every value"},
     {"autodiff", pass_autodiff, "append the backward graph: d(loss)/d(param) for every param"},
-    {"optimizer", pass_optimizer, "append the optimizer update (AdamW or SGD) of every param"},
+    {"optimizer", pass_optimizer, "append the optimizer update (AdamW, f32 or 8-bit state; SGD) of every param"},
     {"eval", pass_eval, "append the evaluation metrics (correct predictions, summed loss)"},
     {"prune", pass_prune, "magnitude pruning (--prune): a mask per pruned weight, applied after every optimizer step"},
     {"precision", pass_precision, "choose storage dtypes (--precision): 16-bit activations, f32 master weights, casts"},
     {"fuse", pass_fuse, "fuse chains of elementwise ops into single loops"},
     {"partition", pass_partition, "assign every op a device (pipeline stage) and insert transfers at the cuts"},
     {"data_parallel", pass_data_parallel, "group the param gradients into all-reduce buckets (--data-parallel N); --zero 1: reduce-scatter, sharded updates, all-gather"},
+    {"recompute", pass_recompute, "activation recomputation (--recompute): backward reads of block activations become copies"},
     {"memplan", pass_memplan, "assign byte offsets: params, optimizer state, activation arena"},
 };
 const int duet_n_passes = (int)(sizeof duet_passes / sizeof duet_passes[0]);
@@ -88,8 +89,8 @@ void pass_shape(Graph *g, PassCtx *cx) {
  * param `exp_avg` in the first call of a block `w` is `w1.exp_avg`, which
  * is also the AdamW state of a param `w1`.  That is a user error at the
  * param that holds the name (`names`: the graph's named tensors). */
-static Value *state(Graph *g, PassCtx *cx, NameMap *names, Value *p, const char *suffix) {
-  Attr at = {.shape = p->shape, .dtype = p->dtype, .init = INIT_ZEROS};
+static Value *state_as(Graph *g, PassCtx *cx, NameMap *names, Value *p, const char *suffix, DType dt, Shape shape) {
+  Attr at = {.shape = shape, .dtype = dt, .init = INIT_ZEROS};
   at.name = arena_printf(g->arena, "%s.%s", p->attr.name, suffix);
   void **slot = namemap_slot(g->arena, names, at.name);
   if (*slot) {
@@ -106,6 +107,27 @@ static Value *state(Graph *g, PassCtx *cx, NameMap *names, Value *p, const char 
   return v;
 }
 
+static Value *state(Graph *g, PassCtx *cx, NameMap *names, Value *p, const char *suffix) {
+  return state_as(g, cx, names, p, suffix, p->dtype, p->shape);
+}
+
+/* 8-bit AdamW state (runtime/duet_q8.h): per moment the codes (u8, the
+ * param's shape: `w.exp_avg.codes`) and the block scales (f32, one per
+ * DUET_Q8_BLOCK values: `w.exp_avg.absmax`).  The update then reads
+ * p, g, exp_avg codes, exp_avg_sq codes, exp_avg absmax, exp_avg_sq absmax. */
+static Value *adamw8(Graph *g, PassCtx *cx, NameMap *names, Value *p, const Attr *at) {
+  if (p->dtype != DT_F32)
+    diag_error(cx->diag, p->loc, "adamw state = int8 needs f32 parameters; `%s` is %s", p->attr.name,
+               dtype_name(p->dtype));
+  int64_t n = shape_numel(&p->shape);
+  Shape sc = {.rank = 1, .dim = {(n + IR_Q8_BLOCK - 1) / IR_Q8_BLOCK}};
+  Value *in[6] = {p, p->grad, state_as(g, cx, names, p, "exp_avg.codes", DT_U8, p->shape),
+                  state_as(g, cx, names, p, "exp_avg_sq.codes", DT_U8, p->shape),
+                  state_as(g, cx, names, p, "exp_avg.absmax", DT_F32, sc),
+                  state_as(g, cx, names, p, "exp_avg_sq.absmax", DT_F32, sc)};
+  return graph_add(g, OP_ADAMW, in, 6, at, p->loc);
+}
+
 void pass_optimizer(Graph *g, PassCtx *cx) {
   int n = g->n_values;
   NameMap names = {0};
@@ -114,6 +136,10 @@ void pass_optimizer(Graph *g, PassCtx *cx) {
     if ((v->op == OP_PARAM || v->op == OP_STATE || v->op == OP_INPUT) && v->attr.name)
       *namemap_slot(g->arena, &names, v->attr.name) = v;
   }
+  if (cx->optim_state && g->train.optimizer != OPTIM_ADAMW && !strcmp(cx->optim_state, "int8"))
+    diag_error_noloc(cx->diag, "--optimizer-state int8 quantizes AdamW's moments; this model trains with sgd "
+                     "(use adamw, or leave the flag out)");
+  if (cx->optim_state) g->train.state_int8 = !strcmp(cx->optim_state, "int8");
   for (int i = 0; i < n && !g->decode; i++) {
     Value *p = g->values[i];
     if (p->op != OP_PARAM || !p->grad) continue;
@@ -121,7 +147,9 @@ void pass_optimizer(Graph *g, PassCtx *cx) {
     /* decay = "matrices": biases, norms' gains and other vectors get none
      * (nanoGPT's parameter groups) */
     Attr at = {.no_decay = g->train.decay_matrices_only && p->shape.rank < 2};
-    if (g->train.optimizer == OPTIM_ADAMW) {
+    if (g->train.optimizer == OPTIM_ADAMW && g->train.state_int8) {
+      u = adamw8(g, cx, &names, p, &at);
+    } else if (g->train.optimizer == OPTIM_ADAMW) {
       Value *in[4] = {p, p->grad, state(g, cx, &names, p, "exp_avg"), state(g, cx, &names, p, "exp_avg_sq")};
       u = graph_add(g, OP_ADAMW, in, 4, &at, p->loc);
     } else {

@@ -135,6 +135,7 @@ static Value *as_dtype(Prec *P, Value *x, DType to, Role role) {
     c = graph_add(P->g, OP_CAST, &x, 1, &at, x->loc);
   }
   c->role = role;
+  if (role == ROLE_FORWARD) c->block = x->block; /* a cast inside a block belongs to it */
   push(P, c);
   if (slot) *slot = c;
   return c;

@@ -10,7 +10,8 @@
  *     state;
  *   - a `prune_mask` op in the optimizer role, after every optimizer
  *     update, that sets P and its optimizer state (AdamW's exp_avg and
- *     exp_avg_sq, SGD's momentum_buffer) to 0 where the mask is 0.  A
+ *     exp_avg_sq, SGD's momentum_buffer; with 8-bit AdamW state their
+ *     codes, since code 0 decodes to exactly 0) to 0 where the mask is 0.  A
  *     pruned weight is therefore exactly 0 after every step, whatever its
  *     gradient, momentum and weight decay would do (the "regrowth" that
  *     masking the weight alone, or once, allows), and its state stays 0.
@@ -292,7 +293,9 @@ void pass_prune(Graph *g, PassCtx *cx) {
     *slot = m;
     Value *in[4] = {w, m};
     int n_in = 2;
-    for (int j = 2; j < u->n_in; j++) in[n_in++] = u->in[j]; /* exp_avg, exp_avg_sq / momentum_buffer */
+    /* exp_avg, exp_avg_sq / momentum_buffer; 8-bit AdamW: their codes (code 0 decodes to exactly 0 in
+     * any block, so the scales stay) */
+    for (int j = 2; j < u->n_in && j < 4; j++) in[n_in++] = u->in[j];
     Attr at = {.axis = axis[k]};
     Value *op = graph_add(g, OP_PRUNE_MASK, in, n_in, &at, w->loc);
     op->role = ROLE_OPTIMIZER;

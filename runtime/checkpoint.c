@@ -35,7 +35,7 @@ static int lacks_masks(const DuetProgram *p, const DuetStFile *f) {
 /* The precision p was compiled for, as --precision names it: the 16-bit
  * storage dtype of its activations when it has one (fp16, bf16), else the
  * dtype of its floats (fp32, or f64 for an f64 model). */
-static const char *program_precision(const DuetProgram *p) {
+const char *duet_program_precision(const DuetProgram *p) {
   const char *name = "fp32";
   for (int i = 0; i < p->n_tensors; i++) {
     int dt = p->tensors[i].dtype;
@@ -94,6 +94,28 @@ int duet_threads_per_device(const DuetConfig *cfg, int n_stages) {
   return total / S > 0 ? total / S : 1;
 }
 
+/* x in the shortest of %.15g, %.16g, %.17g that reads back exactly. */
+static const char *exact_num(double x, char *buf, size_t n) {
+  for (int prec = 15; prec <= 17; prec++) {
+    snprintf(buf, n, "%.*g", prec, x);
+    if (strtod(buf, NULL) == x) break;
+  }
+  return buf;
+}
+
+/* The schedule as checkpoints record it: "cosine lr=0.001 warmup=100
+ * min_lr=1e-05 steps=1000 clip=1" (numbers exact; clip=0: no clipping);
+ * a constant rate does not depend on the run's length: "constant lr=0.001
+ * warmup=0 clip=0" (a run extended with --steps continues it exactly). */
+static void schedule_meta(const DuetConfig *cfg, int64_t total, char *buf, size_t n) {
+  const char *name = duet_lr_schedule_name(cfg->lr_schedule);
+  char a[32], b[32], c[32], steps[48] = "";
+  if (cfg->lr_schedule != DUET_LR_CONSTANT)
+    snprintf(steps, sizeof steps, " min_lr=%s steps=%" PRId64, exact_num(cfg->min_lr, b, sizeof b), total);
+  snprintf(buf, n, "%s lr=%s warmup=%" PRId64 "%s clip=%s", name ? name : "?", exact_num(cfg->lr, a, sizeof a),
+           cfg->warmup, steps, exact_num(cfg->clip_grad_norm, c, sizeof c));
+}
+
 int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState *st, char *err, size_t errlen) {
   const DuetProgram *p = duet_session_program(s);
   DuetStTensor *t = calloc((size_t)p->n_tensors + 1, sizeof *t);
@@ -143,11 +165,15 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
   snprintf(seed, sizeof seed, "%" PRIu64, cfg->seed);
   snprintf(bsz, sizeof bsz, "%" PRId64, cfg->batch);
   snprintf(subset, sizeof subset, "%" PRId64, cfg->train_subset);
+  /* the learning-rate schedule and clipping (a resumed run that changes
+   * them is warned: the rate of a step is a function of the step and these) */
+  char sched[400];
+  schedule_meta(cfg, duet_session_total(s), sched, sizeof sched);
   const char *meta[48] = {"format", CKPT_FORMAT, "model",      p->model_name, "step",          step,
                            "epoch",  epoch,       "batch",      batch,         "rng",           rng,
                            "seed",   seed,        "batch_size", bsz,           "train_subset",  subset,
-                           "precision", program_precision(p)};
-  int n_meta = 10;
+                           "precision", duet_program_precision(p), "lr_schedule", sched};
+  int n_meta = 11;
   /* CPU devices: OpenBLAS's summation order follows the threads per device
    * (a GPU's cuBLAS does not depend on them: not recorded) */
   if (!duet_devices_all_cuda(cfg->devices)) meta[2 * n_meta] = "threads", meta[2 * n_meta + 1] = threads, n_meta++;
@@ -399,7 +425,21 @@ static int check_header(const DuetProgram *p, const DuetStFile *f, const char *p
     n_saved++;
     const DuetStTensor *y = duet_st_find(f, x->name);
     if (!y) {
-      snprintf(err, errlen, "cannot %s %s: it has no tensor `%s`", verb, path, x->name);
+      /* AdamW state of the other kind: f32 moments `w.exp_avg`, 8-bit ones
+       * `w.exp_avg.codes` and `w.exp_avg.absmax` */
+      char alt[512];
+      const char *dot = strrchr(x->name, '.');
+      snprintf(alt, sizeof alt, "%s.codes", x->name);
+      int has_q8 = duet_st_find(f, alt) != NULL;
+      int has_f32 = 0;
+      if (dot && (!strcmp(dot, ".codes") || !strcmp(dot, ".absmax"))) {
+        snprintf(alt, sizeof alt, "%.*s", (int)(dot - x->name), x->name);
+        has_f32 = duet_st_find(f, alt) != NULL;
+      }
+      snprintf(err, errlen, "cannot %s %s: it has no tensor `%s`%s", verb, path, x->name,
+               has_q8    ? " (its AdamW state is 8-bit: resume with --optimizer-state int8)"
+               : has_f32 ? " (its AdamW state is f32: resume with --optimizer-state f32)"
+                         : "");
       return -1;
     }
     int same = y->dtype == x->dtype && y->rank == x->rank && y->nbytes == x->nbytes;
@@ -531,10 +571,17 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
             prune_flags(p->prune, nf, sizeof nf), prune_flags(&was, wf, sizeof wf), path,
             prune_reached(&was, ns.step) < 0 ? 0 : prune_reached(&was, ns.step));
   }
+  const char *sched = duet_st_meta(f, "lr_schedule");
+  char now_sched[400];
+  schedule_meta(cfg, duet_session_total(s), now_sched, sizeof now_sched);
+  if (!weights_only && !cfg->quiet && sched && strcmp(sched, now_sched))
+    fprintf(stderr, "duet: warning: the learning-rate schedule or clipping (--lr, --lr-schedule, --warmup, --min-lr, "
+                    "--steps, --clip-grad-norm) differs from the checkpoint's (%s): the resumed run does not continue "
+                    "the original one exactly (now: %s; checkpoint: %s)\n", path, now_sched, sched);
   const char *prec = duet_st_meta(f, "precision");
-  if (!weights_only && !cfg->quiet && prec && strcmp(prec, program_precision(p)))
+  if (!weights_only && !cfg->quiet && prec && strcmp(prec, duet_program_precision(p)))
     fprintf(stderr, "duet: warning: --precision %s differs from the checkpoint's %s (%s): the resumed run does not "
-                    "continue the original one exactly\n", program_precision(p), prec, path);
+                    "continue the original one exactly\n", duet_program_precision(p), prec, path);
   /* CPU devices: OpenBLAS sums in an order set by its thread count (per
    * device: a pipeline splits --threads among its stages) */
   int64_t was_threads;

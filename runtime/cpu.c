@@ -272,6 +272,8 @@ struct DuetSession {
   void **ptr; /* tensor id -> address */
   double s[DUET_S_COUNT];
   int64_t step; /* training steps taken (skipped ones included) */
+  int64_t total; /* the run's steps, for the learning-rate schedule (0: unknown) */
+  double grad_norm; /* --clip-grad-norm: the last step's global norm (NaN: none) */
   DuetScaler scaler; /* dynamic loss scaling (p->n_unscale > 0) */
   int32_t *overflow; /* device memory: the unscale kernels' flags, t[n_tensors] */
   double *prof; /* DUET_PROFILE=1: seconds per train step entry, summed */
@@ -347,6 +349,7 @@ int duet_session_init_params(DuetSession *s, uint64_t seed) {
     if (duet_session_write(s, i, 0, h, (size_t)t->nbytes)) return -1;
   }
   s->step = 0;
+  s->grad_norm = NAN;
   /* GradScaler(init_scale=2**16) unless --loss-scale says otherwise */
   s->scaler = (DuetScaler){.scale = p->n_unscale ? (s->cfg.loss_scale > 0 ? s->cfg.loss_scale : 65536.0) : 0};
   s->s[DUET_S_LOSS_SCALE] = p->n_unscale ? s->scaler.scale : 1.0;
@@ -363,6 +366,7 @@ DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetC
   }
   if (duet_gemm_acc_check(p, dev->ops->name, err, errlen)) return NULL;
   DuetSession *s = calloc(1, sizeof *s);
+  if (s) s->grad_norm = NAN;
   if (!s || !(s->ptr = calloc((size_t)p->n_tensors + 1, sizeof *s->ptr))) {
     free(s);
     snprintf(err, errlen, "out of host memory");
@@ -395,7 +399,15 @@ DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetC
       duet_session_free(s);
       return NULL;
     }
-    s->overflow = dev->ops->alloc(dev, (size_t)p->n_unscale * sizeof(int32_t));
+  }
+  if (p->n_clip > 0 && (p->clip_from < 0 || p->clip_from > p->n_train || !p->clip_grad || !p->clip_sumsq ||
+                        !p->clip_scale)) {
+    snprintf(err, errlen, "program has %d clipping kernels but no optimizer updates", p->n_clip);
+    duet_session_free(s);
+    return NULL;
+  }
+  if (duet_flag_words(p) > 0) { /* overflow flags, clipping doubles */
+    s->overflow = dev->ops->alloc(dev, (size_t)duet_flag_words(p) * sizeof(int32_t));
     if (!s->overflow) {
       snprintf(err, errlen, "%s", dev->err);
       duet_session_free(s);
@@ -460,6 +472,7 @@ DuetSession *duet_session_new_ranks(const DuetProgram *p, const DuetKernelFn *ke
     return NULL;
   }
   DuetSession *s = calloc(1, sizeof *s);
+  if (s) s->grad_norm = NAN;
   if (!s || !(s->ptr = calloc((size_t)p->n_tensors + 1, sizeof *s->ptr))) {
     free(s);
     snprintf(err, errlen, "out of host memory");
@@ -630,6 +643,10 @@ void duet_session_set_pos(DuetSession *s, int64_t pos) { s->s[DUET_S_POS] = (dou
 const char *duet_session_error(const DuetSession *s) { return s->err; }
 int64_t duet_session_step(const DuetSession *s) { return s->step; }
 void duet_session_set_step(DuetSession *s, int64_t step) { s->step = step; }
+void duet_session_set_total(DuetSession *s, int64_t total) { s->total = total; }
+int64_t duet_session_total(const DuetSession *s) { return s->total; }
+double duet_session_grad_norm(const DuetSession *s) { return s->grad_norm; }
+double duet_session_lr(const DuetSession *s) { return duet_lr_at(&s->cfg, s->step > 0 ? s->step : 1, s->total); }
 DuetScaler duet_session_scaler(const DuetSession *s) { return s->scaler; }
 int duet_session_config_quiet(const DuetSession *s) { return s->cfg.quiet; }
 const DuetConfig *duet_session_config(const DuetSession *s) { return &s->cfg; }
@@ -690,6 +707,52 @@ static int first_overflow(DuetSession *s) {
   return -1;
 }
 
+/* The clip coefficient of global norm `norm` for --clip-grad-norm `max`
+ * (torch.nn.utils.clip_grad_norm_: max / (norm + 1e-6), clamped to 1),
+ * in double; 1 (no clipping) when the norm is within the limit. */
+static double clip_coef(double norm, double max) {
+  double c = max / (norm + 1e-6);
+  return c < 1.0 ? c : 1.0;
+}
+
+/* Gradient clipping on one device, after the gradients are final: the
+ * sum of squares of every gradient (clip_sumsq kernels), read back and
+ * added in gradient order in double, the norm its square root (in
+ * s->grad_norm); when above --clip-grad-norm, the coefficient written to
+ * the device and every gradient scaled (clip_scale kernels).  0, or -1
+ * with a message. */
+static int clip_grads(DuetSession *s) {
+  const DuetProgram *p = s->p;
+  DuetDevice *d = s->dev;
+  for (int j = 0; j < p->n_clip; j++)
+    if (d->ops->launch(d, p->clip_sumsq[j], s->ptr, s->s)) {
+      snprintf(s->err, sizeof s->err, "gradient clipping: %s", d->err);
+      return -1;
+    }
+  double part[64], sum = 0;
+  for (int j0 = 0; j0 < p->n_clip; j0 += 64) {
+    int nj = p->n_clip - j0 < 64 ? p->n_clip - j0 : 64;
+    if (d->ops->copy_to_host(d, part, s->overflow + duet_clip_word(p, j0), (size_t)nj * sizeof *part)) {
+      snprintf(s->err, sizeof s->err, "gradient clipping: reading the sums of squares: %s", d->err);
+      return -1;
+    }
+    for (int j = 0; j < nj; j++) sum += part[j];
+  }
+  s->grad_norm = sqrt(sum);
+  double c = clip_coef(s->grad_norm, s->cfg.clip_grad_norm);
+  if (!(c < 1.0)) return 0; /* within the limit (or not finite: the update shows it) */
+  if (d->ops->copy_to_device(d, s->overflow + duet_clip_word(p, p->n_clip), &c, sizeof c)) {
+    snprintf(s->err, sizeof s->err, "gradient clipping: writing the coefficient: %s", d->err);
+    return -1;
+  }
+  for (int j = 0; j < p->n_clip; j++)
+    if (d->ops->launch(d, p->clip_scale[j], s->ptr, s->s)) {
+      snprintf(s->err, sizeof s->err, "gradient clipping: %s", d->err);
+      return -1;
+    }
+  return 0;
+}
+
 int duet_session_run(DuetSession *s, int which) {
   const DuetProgram *p = s->p;
   const DuetStep *steps = which == DUET_RUN_TRAIN ? p->train : which == DUET_RUN_EVAL ? p->eval : p->grad;
@@ -703,27 +766,39 @@ int duet_session_run(DuetSession *s, int which) {
     const DuetConfig *c = &s->cfg;
     ++s->step;
     int64_t t = s->step - s->scaler.skipped; /* AdamW's step count: skipped steps do not count */
-    s->s[DUET_S_LR] = c->lr;
+    double lr = duet_lr_at(c, s->step, s->total); /* the schedule's rate of this step */
+    s->s[DUET_S_LR] = lr;
     s->s[DUET_S_WEIGHT_DECAY] = c->weight_decay;
     s->s[DUET_S_BETA1] = c->beta1;
     s->s[DUET_S_BETA2] = c->beta2;
     s->s[DUET_S_EPS] = c->eps;
     s->s[DUET_S_MOMENTUM] = c->momentum;
-    s->s[DUET_S_STEP_SIZE] = c->lr / (1.0 - pow(c->beta1, (double)t));
+    s->s[DUET_S_STEP_SIZE] = lr / (1.0 - pow(c->beta1, (double)t));
     s->s[DUET_S_BC2_SQRT] = sqrt(1.0 - pow(c->beta2, (double)t));
     s->s[DUET_S_ONE_MINUS_BETA1] = 1.0 - c->beta1;
     s->s[DUET_S_ONE_MINUS_BETA2] = 1.0 - c->beta2;
-    s->s[DUET_S_DECAY] = 1.0 - c->lr * c->weight_decay;
+    s->s[DUET_S_DECAY] = 1.0 - lr * c->weight_decay;
   }
+  bool clip = which == DUET_RUN_TRAIN && p->n_clip > 0 && s->cfg.clip_grad_norm > 0;
+  if (which == DUET_RUN_TRAIN) s->grad_norm = NAN; /* until clipping measures it (not on a skipped step) */
   if (s->pipe) {
-    if (which != DUET_RUN_TRAIN || !p->n_unscale) {
+    if (which != DUET_RUN_TRAIN || (!p->n_unscale && !clip)) {
       if (duet_pipe_run(s->pipe, which, s->s, s->n_valid, s->err, sizeof s->err)) return -1;
     } else {
       /* fp16: every stage's gradients and flags (OR-ed over the replicas),
-       * then one verdict for all */
+       * then one verdict for all; clipping: every stage's sums of squares,
+       * then one norm for all (before any update) */
+      duet_pipe_set_clip(s->pipe, clip, 1.0);
       if (duet_pipe_run(s->pipe, DUET_PIPE_GRADS, s->s, s->n_valid, s->err, sizeof s->err)) return -1;
-      int rc = scaler_update(s, duet_pipe_first_overflow(s->pipe));
+      int rc = p->n_unscale ? scaler_update(s, duet_pipe_first_overflow(s->pipe)) : 0;
       if (rc < 0) return -1;
+      double sum, c = 1.0;
+      if (!rc && clip) {
+        if (duet_pipe_grad_sumsq(s->pipe, &sum, s->err, sizeof s->err)) return -1;
+        s->grad_norm = sqrt(sum);
+        c = clip_coef(s->grad_norm, s->cfg.clip_grad_norm);
+      }
+      duet_pipe_set_clip(s->pipe, 0, c < 1.0 ? c : 1.0);
       if (!rc && duet_pipe_run(s->pipe, DUET_PIPE_STEP, s->s, s->n_valid, s->err, sizeof s->err)) return -1;
     }
     if (which == DUET_RUN_TRAIN && s->dp_check) { /* DUET_DP_CHECK=1 */
@@ -748,6 +823,7 @@ int duet_session_run(DuetSession *s, int which) {
       if (rc < 0) return -1;
       if (rc > 0) break; /* overflow: no update this step */
     }
+    if (which == DUET_RUN_TRAIN && clip && i == p->clip_from && clip_grads(s)) return -1;
     double t0 = prof ? mono_seconds() : 0;
     int rc = st->kind == DUET_STEP_GEMM ? d->ops->gemm(d, st, s->ptr) : d->ops->launch(d, st->kernel, s->ptr, s->s);
     if (prof) s->prof[i] += mono_seconds() - t0;

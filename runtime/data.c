@@ -4,6 +4,8 @@
  * magic 0x00000803 (images: u8, 3 dims) or 0x00000801 (labels: u8, 1 dim),
  * then one u32 per dimension, then the bytes. */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -206,5 +208,82 @@ int duet_check_idx(const char *images_path, const char *labels_path, DuetIdxInfo
 void duet_dataset_free(DuetDataset *ds) {
   free(ds->images);
   free(ds->labels);
+  free(ds->x);
+  free(ds->y);
   memset(ds, 0, sizeof *ds);
+}
+
+/* ------------------------------------------------------------ tokens */
+
+/* llm.c's token files (karpathy/llm.c, dev/data/data_common.py,
+ * write_datafile): a header of 256 little-endian int32 -- [0] the magic
+ * 20240520, [1] the version (1: uint16 tokens, GPT-2's vocabulary), [2] the
+ * number of tokens, the rest 0 -- then the tokens as little-endian uint16.
+ * nanoGPT's train.bin (a bare uint16 array) has no header and is not this
+ * format. */
+#define TOKENS_MAGIC 20240520
+#define TOKENS_HEADER 1024
+
+static int32_t le32s(const unsigned char *b) {
+  return (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24);
+}
+
+int duet_load_tokens(const char *path, int vocab, uint16_t **tokens, int64_t *n, char *err, size_t errlen) {
+  *n = 0;
+  if (tokens) *tokens = NULL;
+  size_t len;
+  unsigned char *b = duet_read_file(path, &len);
+  if (!b) {
+    int e = errno;
+    if (e == EIO || e == ENOMEM) snprintf(err, errlen, "cannot read %s", path);
+    else snprintf(err, errlen, "cannot open %s: %s", path, strerror(e));
+    return -1;
+  }
+  int rc = -1;
+  if (len < TOKENS_HEADER) {
+    snprintf(err, errlen, "%s: not an llm.c token file: %zu bytes, shorter than its 1024-byte header", path, len);
+    goto done;
+  }
+  int32_t magic = le32s(b), version = le32s(b + 4), count = le32s(b + 8);
+  if (magic != TOKENS_MAGIC) {
+    snprintf(err, errlen, "%s: not an llm.c token file: magic %d, expected 20240520", path, magic);
+    goto done;
+  }
+  if (version != 1) {
+    snprintf(err, errlen, "%s: unsupported llm.c token file version %d (duet reads version 1: uint16 tokens)", path,
+             version);
+    goto done;
+  }
+  uint64_t have = (uint64_t)(len - TOKENS_HEADER);
+  if (count < 0 || have != 2 * (uint64_t)count) {
+    snprintf(err, errlen, "%s: the header says %d tokens (%" PRIu64 " bytes), the file has %" PRIu64 " bytes after it (%s)",
+             path, count, 2 * (uint64_t)(count < 0 ? 0 : count), have,
+             count >= 0 && have < 2 * (uint64_t)count ? "truncated" : "extra or odd bytes");
+    goto done;
+  }
+  for (int64_t i = 0; i < count; i++) {
+    const unsigned char *t = b + TOKENS_HEADER + 2 * i;
+    int id = t[0] | t[1] << 8;
+    if (id >= vocab) {
+      snprintf(err, errlen, "%s: token %" PRId64 " (byte offset %" PRId64 ") is %d, beyond the model's vocabulary of %d",
+               path, i, (int64_t)TOKENS_HEADER + 2 * i, id, vocab);
+      goto done;
+    }
+  }
+  *n = count;
+  if (tokens) {
+    /* in place: the ids, aligned at the start of the buffer */
+    memmove(b, b + TOKENS_HEADER, (size_t)count * 2);
+    uint16_t *out = (uint16_t *)b;
+    for (int64_t i = 0; i < count; i++) {
+      const unsigned char *t = b + 2 * i;
+      out[i] = (uint16_t)(t[0] | t[1] << 8);
+    }
+    *tokens = out;
+    b = NULL;
+  }
+  rc = 0;
+done:
+  free(b);
+  return rc;
 }

@@ -381,7 +381,8 @@ int duet_dist_check_ranks(DuetDist *d, const DuetProgram *p, const DuetConfig *c
   names[n] = "optimizer (the train section's optimizer, betas, eps, momentum)";
   vals[n++] = h_f64(h_f64(h_f64(h_f64(h_i64(O, c->optimizer), c->beta1), c->beta2), c->eps), c->momentum);
   names[n] = "--data";
-  vals[n++] = h_str(h_i64(O, c->data), c->data_path);
+  vals[n++] = h_f64(h_str(h_str(h_str(h_str(h_i64(O, c->data), c->data_path), c->data_y), c->val_x), c->val_y),
+                    c->val_fraction);
   names[n] = "data (the size of its files)";
   vals[n++] = h_i64(O, (int64_t)data_bytes);
   names[n] = "--train-subset";
@@ -394,6 +395,8 @@ int duet_dist_check_ranks(DuetDist *d, const DuetProgram *p, const DuetConfig *c
   vals[n++] = h_f64(h_f64(O, c->loss_scale), c->min_loss_scale);
   names[n] = "--schedule";
   vals[n++] = h_i64(O, c->schedule);
+  names[n] = "learning-rate schedule or clipping (--lr-schedule, --warmup, --min-lr, --clip-grad-norm)";
+  vals[n++] = h_f64(h_f64(h_i64(h_i64(O, c->lr_schedule), c->warmup), c->min_lr), c->clip_grad_norm);
   names[n] = "--resume (the checkpoint's bytes)";
   uint64_t ck = h_i64(O, 0);
   if (c->resume_path) {

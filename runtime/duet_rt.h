@@ -12,13 +12,15 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 6 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
-                                * 6: DuetProgram.zero (ZeRO stage 1) */
+#define DUET_RT_API_VERSION 8 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+                                * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
+                                * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
- * IEEE binary16, DUET_BF16 bfloat16 (2 bytes each; runtime/duet_half.h). */
-enum { DUET_VOID = 0, DUET_F32 = 1, DUET_F64 = 2, DUET_I32 = 3, DUET_F16 = 4, DUET_BF16 = 5 };
+ * IEEE binary16, DUET_BF16 bfloat16 (2 bytes each; runtime/duet_half.h);
+ * DUET_U8 bytes: the codes of 8-bit optimizer state (runtime/duet_q8.h). */
+enum { DUET_VOID = 0, DUET_F32 = 1, DUET_F64 = 2, DUET_I32 = 3, DUET_F16 = 4, DUET_BF16 = 5, DUET_U8 = 6 };
 
 /* Where a tensor lives. */
 /* DUET_MEM_CACHE: key/value caches of a decoding program (persistent, not
@@ -94,7 +96,7 @@ enum {
 
 typedef void (*DuetKernelFn)(void *const *t, const double *s);
 
-enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1, DUET_DATA_TEXT = 2 };
+enum { DUET_DATA_NONE = 0, DUET_DATA_FASHION_MNIST = 1, DUET_DATA_TEXT = 2, DUET_DATA_NPY = 3, DUET_DATA_TOKENS = 4 };
 enum { DUET_OPTIM_ADAMW = 0, DUET_OPTIM_SGD = 1 };
 
 /* The most threads --threads may ask for (a larger value is an error, not
@@ -123,7 +125,10 @@ int duet_parse_zero(const char *val, int *out);
  * overridden by command-line flags. */
 typedef struct DuetConfig {
   int data;
-  const char *data_path;
+  const char *data_path;   /* the directory (fashion_mnist), the file (text), the x file (npy) */
+  const char *data_y;      /* npy: the y file */
+  const char *val_x, *val_y; /* npy: validation files (NULL: none, or val_fraction) */
+  double val_fraction;     /* npy: the last fraction of the samples validates (0: none) */
   int optimizer;
   double lr, weight_decay, beta1, beta2, eps, momentum;
   int64_t batch, epochs, steps, log_every;
@@ -148,7 +153,43 @@ typedef struct DuetConfig {
   int64_t data_parallel;   /* --data-parallel N (0: the program's; compile-time) */
   double bucket_mb;        /* --bucket-mb X (0: the program's; compile-time) */
   int zero;                /* 1 + the ZeRO stage of --zero (0: not given, the program's; compile-time) */
+  int lr_schedule;         /* DUET_LR_*: --lr-schedule (duet_lr_at) */
+  int64_t warmup;          /* --warmup N: steps of linear warm-up (0: none) */
+  double min_lr;           /* --min-lr X: where cosine and linear decay end */
+  double clip_grad_norm;   /* --clip-grad-norm X: global L2 norm limit (0: no clipping) */
 } DuetConfig;
+
+/* Learning-rate schedules.  With base rate lr (--lr), W warm-up steps, T
+ * steps in the run and k = step - 1 (0 for the first optimizer step), the
+ * rate of a step is
+ *   k < W (warm-up, all kinds):  lr * (k + 1) / W             (llm.c, train_gpt2.cu)
+ *   constant:                    lr
+ *   cosine:   min_lr + (lr - min_lr) * (1 + cos(pi * (k - W) / (T - W))) / 2
+ *             (llm.c; nanoGPT's get_lr; torch CosineAnnealingLR with T_max = T - W:
+ *             the last step is one step short of min_lr)
+ *   linear:   min_lr + (lr - min_lr) * (T - 1 - k) / (T - 1 - W)
+ *             (the last step, k = T - 1, runs at min_lr exactly; torch LinearLR with
+ *             end_factor min_lr / lr, total_iters T - 1 - W; HF's
+ *             get_linear_schedule_with_warmup reaches its floor one step later;
+ *             the fraction is 0 when T - 1 == W)
+ * in double.  T <= 0 (unknown): the rate after the warm-up is lr.  The
+ * value is a function of the step only, so a resumed run computes the same
+ * bits. */
+enum { DUET_LR_CONSTANT = 0, DUET_LR_COSINE = 1, DUET_LR_LINEAR = 2 };
+double duet_lr_at(const DuetConfig *c, int64_t step, int64_t total);
+/* "constant", "cosine", "linear" (NULL for another value). */
+const char *duet_lr_schedule_name(int kind);
+/* --lr-schedule NAME: *out = DUET_LR_*; else prints "duet: error:
+ * --lr-schedule expects constant, cosine or linear, got 'X'" and returns 1. */
+int duet_parse_lr_schedule(const char *val, int *out);
+/* The schedule of cfg for a run of `total` steps: -1 with the message
+ * ("the warm-up (--warmup 200) is longer than the run (100 steps)",
+ * "--min-lr 0.01 is above the learning rate 0.001 (--lr)") when it cannot
+ * run, else 0. */
+int duet_lr_schedule_check(const DuetConfig *cfg, int64_t total, char *err, size_t errlen);
+/* The schedule in words, for the start-up line and checkpoints: "constant",
+ * "constant, warmup 100", "cosine to 1e-05 after warmup 100 over 1000 steps". */
+void duet_lr_schedule_str(const DuetConfig *cfg, int64_t total, char *buf, size_t n);
 
 /* Pipeline schedules: GPipe fill-drain (all forwards, then all backwards;
  * Huang et al. 2019) and 1F1B (one forward, one backward; at most S - s
@@ -190,7 +231,7 @@ typedef struct DuetLaunch {
 enum { DUET_PRUNE_UNSTRUCTURED = 1, DUET_PRUNE_GLOBAL = 2, DUET_PRUNE_NM = 3, DUET_PRUNE_CHANNELS = 4 };
 typedef struct DuetPruneParam {
   int param, mask;            /* tensor ids */
-  int state[2];               /* its optimizer state tensors (-1: none), zeroed with it */
+  int state[2];               /* its optimizer state tensors (-1: none; 8-bit AdamW: the u8 codes), zeroed with it */
   int64_t out_n, out_stride;  /* output channels (channels mode) */
   int64_t in_n, in_stride;    /* inputs: N:M groups are nm_m consecutive inputs of one channel */
 } DuetPruneParam;
@@ -219,6 +260,8 @@ typedef struct DuetProgram {
   int decode;            /* compiled for generation: inputs hold one token, attention uses caches */
   int64_t context;       /* decode: positions the caches hold */
   int n_classes;         /* logits' second dimension, 0 if no classifier */
+  int vocab;             /* rows of the smallest embedding table a data input indexes, 0 if none
+                          * (tokens data: every id must be below it and below n_classes) */
   int64_t region_bytes[DUET_MEM_COUNT];
   int64_t gemm_flops;    /* per training step, 2*m*n*k summed */
   int gemm_accumulate_f16; /* --gemm-accumulate fp16: fp16 GEMMs accumulate in fp16 (CUDA only:
@@ -291,7 +334,29 @@ typedef struct DuetProgram {
   int zero;
   const int32_t *tensor_shard;
   const int32_t *bucket_params;
+  /* Gradient clipping by global norm (compiled with clip_grad_norm; n_clip
+   * 0: none).  For gradient j < n_clip (tensor clip_grad[j], the one the
+   * optimizer reads, on its stage), kernel clip_sumsq[j] writes the sum of
+   * its squares (a double, accumulated in double in a fixed order) at
+   * int32 word duet_clip_word(p, j) of the flags buffer t[n_tensors], and
+   * kernel clip_scale[j] multiplies it in place by the double at word
+   * duet_clip_word(p, n_clip) (the clip coefficient the runtime writes).
+   * They are in no schedule: the runtime launches them after the
+   * gradients are final and before the update (train from step clip_from;
+   * a pipeline stage's opt list) when DuetConfig.clip_grad_norm > 0. */
+  int n_clip;
+  const int32_t *clip_grad, *clip_sumsq, *clip_scale;
+  int clip_from;
 } DuetProgram;
+
+/* The flags buffer (t[n_tensors]): n_unscale int32 overflow flags, then,
+ * from an even word (8-byte aligned), n_clip doubles of clipping partial
+ * sums and the clip coefficient.  Word of double j, and the buffer's size
+ * in int32 words. */
+static inline int duet_clip_word(const DuetProgram *p, int j) { return ((p->n_unscale + 1) & ~1) + 2 * j; }
+static inline int duet_flag_words(const DuetProgram *p) {
+  return p->n_clip > 0 ? duet_clip_word(p, p->n_clip + 1) : p->n_unscale;
+}
 
 #define DUET_MAX_KERNEL_ARGS 40
 
@@ -515,6 +580,17 @@ int duet_session_run(DuetSession *s, int which);
 /* Optimizer steps taken (AdamW's bias correction uses it); set on resume. */
 int64_t duet_session_step(const DuetSession *s);
 void duet_session_set_step(DuetSession *s, int64_t step);
+/* The steps of the run (the learning-rate schedule's T, duet_lr_at; 0, the
+ * default: unknown, the rate after the warm-up is the base rate). */
+void duet_session_set_total(DuetSession *s, int64_t total);
+int64_t duet_session_total(const DuetSession *s);
+/* The learning rate of the last training step (duet_lr_at of its step; the
+ * first step's before any). */
+double duet_session_lr(const DuetSession *s);
+/* --clip-grad-norm: the global L2 norm of the gradients of the last
+ * training step, before clipping (NaN before any, without clipping, and on
+ * a step skipped for an fp16 overflow). */
+double duet_session_grad_norm(const DuetSession *s);
 DuetDevice *duet_session_device(DuetSession *s);
 const DuetProgram *duet_session_program(const DuetSession *s);
 /* Dynamic loss scaling (fp16 programs), as torch.cuda.amp.GradScaler with
@@ -583,7 +659,18 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
 /* Applies command-line flags to cfg; returns 0, 1 on a bad flag (printed),
  * 2 when --help was printed. */
 int duet_parse_flags(DuetConfig *cfg, int64_t compiled_batch, int argc, char **argv);
+/* duet_parse_flags for program p (duet_main, duet_preflight): the flags
+ * fixed when p was compiled (duet_fixed_flags) are accepted when their
+ * value is the compiled one, else "duet: error: --precision is fixed at
+ * compile time: fp32 (...)" (1). */
+int duet_parse_flags_for(DuetConfig *cfg, const DuetProgram *p, int argc, char **argv);
 void duet_usage(const char *argv0, FILE *out);
+/* The compile-time flags of a training executable, with p's values, for
+ * its --help: "Fixed at compile time ...:\n  --precision fp32\n ...". */
+void duet_usage_fixed(const DuetProgram *p, FILE *out);
+/* The precision p was compiled for, as --precision names it: "fp16" or
+ * "bf16" (its 16-bit storage), else "fp32" ("f64" for an f64 model). */
+const char *duet_program_precision(const DuetProgram *p);
 
 /* -------------------------------------------------------------- pruning */
 
@@ -722,12 +809,16 @@ int duet_threads_per_device(const DuetConfig *cfg, int n_stages);
 /* ----------------------------------------------------------------- data */
 
 /* A labelled image set: `images` f32 [n, rows*cols] scaled to [0, 1],
- * `labels` i32 [n]. */
+ * `labels` i32 [n]; or (npy data, images and labels NULL) n samples of the
+ * two inputs in their own dtypes (f32 or i32: 4 bytes an element), x_elems
+ * and y_elems elements a sample. */
 typedef struct DuetDataset {
   int64_t n;
   int rows, cols;
   float *images;
   int32_t *labels;
+  void *x, *y;
+  int64_t x_elems, y_elems;
 } DuetDataset;
 /* Loads an IDX image/label file pair (gzip-compressed, as Debian's
  * dataset-fashion-mnist ships them; format: LeCun et al., "THE MNIST
@@ -750,6 +841,54 @@ typedef struct DuetIdxInfo {
 int duet_check_idx(const char *images_path, const char *labels_path, DuetIdxInfo *info, char *err, size_t errlen);
 void duet_dataset_free(DuetDataset *ds);
 
+/* An llm.c token file (karpathy/llm.c, dev/data/data_common.py,
+ * write_datafile): 256 little-endian int32 of header ([0] magic 20240520,
+ * [1] version 1, [2] the token count), then that many little-endian uint16
+ * token ids.  Reads it whole; *n receives the count and *tokens (unless
+ * tokens is NULL: a check only) the ids, malloc'ed.  0, or -1 with a
+ * one-line message naming the file: it does not open, is shorter than the
+ * header, has another magic or version, holds other than 2 x count bytes
+ * after the header (truncated, extra), or a token id >= vocab (its index
+ * and byte offset). */
+int duet_load_tokens(const char *path, int vocab, uint16_t **tokens, int64_t *n, char *err, size_t errlen);
+
+/* NumPy .npy files (runtime/npy.c; format: numpy.lib.format, NEP 1):
+ * versions 1.0, 2.0 and 3.0, C order, dtypes '<f4', '<i4', '<i8', '|u1'. */
+enum { DUET_NPY_F4 = 1, DUET_NPY_I4 = 2, DUET_NPY_I8 = 3, DUET_NPY_U1 = 4 };
+#define DUET_NPY_MAX_HEADER (1 << 20) /* bytes of header dict duet reads */
+typedef struct DuetNpyInfo {
+  int dtype, itemsize;          /* DUET_NPY_*, bytes per element */
+  int rank;                     /* 1..DUET_MAX_RANK: axis 0 counts the samples */
+  int64_t shape[DUET_MAX_RANK];
+  int64_t data_offset, data_bytes; /* where the array starts; its size from the shape */
+} DuetNpyInfo;
+/* Parses the first len bytes of a .npy file (the preamble and the header
+ * dict; the data need not be there).  0, or -1 with a one-line message in
+ * err (no path): bad magic, unsupported version, a header longer than the
+ * bytes given (truncated), a header that is not a dict literal with exactly
+ * the keys 'descr', 'fortran_order' and 'shape', an unsupported descr,
+ * fortran_order True, a 0-d array, more than DUET_MAX_RANK axes. */
+int duet_npy_parse_header(const unsigned char *buf, size_t len, DuetNpyInfo *info, char *err, size_t errlen);
+/* Opens path, parses its header and checks that the file holds exactly the
+ * bytes its shape and dtype need.  0, or -1 with "PATH: ..." in err. */
+int duet_npy_check(const char *path, DuetNpyInfo *info, char *err, size_t errlen);
+/* Checks a file's samples (axes 1..) against input tensor t (axis 0 is the
+ * batch): the same per-sample shape, and a dtype it converts from: f32 from
+ * '<f4' or '|u1' (the byte's value, 0..255, not scaled), i32 from '<i4',
+ * '<i8' (each value range-checked on loading) or '|u1'.  0, or -1 with the
+ * message in err (`input`: the input's name). */
+int duet_npy_match(const DuetNpyInfo *info, const char *path, const DuetTensor *t, const char *input, char *err,
+                   size_t errlen);
+/* Loads a whole file as the f32 or i32 elements of input t (checked as
+ * duet_npy_check and duet_npy_match do): *out (malloc'ed, *n samples of
+ * t's per-sample size) or -1 with the message. */
+int duet_npy_load(const char *path, const DuetTensor *t, const char *input, int64_t *n, void **out, char *err,
+                  size_t errlen);
+/* The .npy descr string of a DUET_NPY_* dtype ("<f4"). */
+const char *duet_npy_descr(int dtype);
+/* The shape's axes from..rank as a Python tuple "(28, 28)", "(10,)", "()". */
+char *duet_npy_shape_str(const DuetNpyInfo *info, int from, char *buf, size_t n);
+
 /* The whole file at `path` in one malloc'ed buffer, NUL-terminated after its
  * *len bytes.  NULL on failure with errno set: fopen's errno when the file
  * cannot be opened, EIO when reading fails, ENOMEM when out of memory. */
@@ -760,10 +899,10 @@ void *duet_read_file(const char *path, size_t *len);
 /* safetensors files (huggingface/safetensors, "Format"): an 8-byte
  * little-endian header length N, N bytes of JSON naming each tensor's dtype,
  * shape and byte range, then the data.  duet reads and writes F32, F64,
- * I32, F16 and BF16 tensors and the string-to-string "__metadata__" map. */
+ * I32, F16, BF16 and U8 tensors and the string-to-string "__metadata__" map. */
 typedef struct DuetStTensor {
   const char *name;
-  int dtype;                     /* DUET_F32, DUET_F64, DUET_I32, DUET_F16, DUET_BF16 */
+  int dtype;                     /* DUET_F32, DUET_F64, DUET_I32, DUET_F16, DUET_BF16, DUET_U8 */
   int rank;                      /* 0 (a scalar) .. DUET_MAX_RANK */
   int64_t shape[DUET_MAX_RANK];  /* elements per dim, row-major */
   const void *data;              /* little-endian elements */
@@ -814,7 +953,7 @@ typedef struct DuetStFile DuetStFile;
 /* Reads and validates the whole file.  NULL with a message in err naming the
  * file (and the tensor) when it cannot be read or is corrupt: shorter than
  * 8 bytes, header length beyond the file or over 100 MB, header not a JSON
- * object, a dtype unknown to the format or other than F32/F64/I32/F16/BF16, rank over
+ * object, a dtype unknown to the format or other than F32/F64/I32/F16/BF16/U8, rank over
  * DUET_MAX_RANK, a shape entry not an integer >= 0, data_offsets out of the
  * data section, a byte size (elements * dtype size) different from
  * end - begin, overlapping ranges, duplicate names, non-string metadata. */
@@ -911,8 +1050,9 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
  * DuetProgram and DuetConfig gained the data-parallel fields; 5: the plugin
  * makes NCCL collectives, duet_cuda_plugin_nccl, over runtime/collective.h's
  * DuetColl; 6: DuetProgram gained prune; 7: DuetProgram gained source_hash,
- * DuetCollOps progress and stats). */
-#define DUET_CUDA_PLUGIN_API 7
+ * DuetCollOps progress and stats; 8: DuetProgram gained zero, vocab and the clipping
+ * tables, DuetConfig zero, the npy fields, the schedule and clipping). */
+#define DUET_CUDA_PLUGIN_API 8
 
 /* The CUDA device `ordinal` for program p: loads libduet_cuda.so
  * ($DUET_CUDA_PLUGIN, else next to the executable, else the build tree's,

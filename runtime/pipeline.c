@@ -176,6 +176,9 @@ struct DuetPipe {
   int collective;         /* DUET_DP_COLLECTIVE: DUET_COLL_* */
   char coll_desc[1200];   /* duet_pipe_collective */
   int *split;             /* ZeRO: [bucket * (R + 1) + k]: bucket's first gradient of shard k */
+  bool clip_on;           /* --clip-grad-norm: DUET_PIPE_GRADS measures the gradients (duet_pipe_set_clip) */
+  double clip_coef;       /* DUET_PIPE_STEP: below 1, the gradients are scaled by it before the update */
+  double *clip_part;      /* [local replica * n_clip + j]: sum of squares of gradient j after DUET_PIPE_GRADS */
 };
 
 static double now_s(void) {
@@ -591,12 +594,55 @@ static int stage_grads(Stage *st) {
   return 0;
 }
 
+/* Gradient clipping, after the stage's gradients are final (summed over
+ * the micro-batches and the replicas): the sum of squares of each of its
+ * gradients (clip_sumsq kernels) into q->clip_part, row st->lr (its local
+ * replica: an MPI rank holds one, and measures its own copy).  0, or -1
+ * after pipe_fail. */
+static int stage_sumsq(Stage *st) {
+  DuetPipe *q = st->q;
+  const DuetProgram *p = q->p;
+  for (int j = 0; j < p->n_clip; j++) {
+    if (p->tensors[p->clip_grad[j]].stage != st->id) continue;
+    if (st->dev->ops->launch(st->dev, p->clip_sumsq[j], st->tab[0], q->s) ||
+        st->dev->ops->copy_to_host(st->dev, &q->clip_part[(size_t)st->lr * (size_t)p->n_clip + (size_t)j],
+                                   st->overflow + duet_clip_word(p, j), sizeof(double))) {
+      pipe_fail(q, "%s: gradient clipping, the norm of %s: %s", st->who, p->tensors[p->clip_grad[j]].name,
+                st->dev->err);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Gradient clipping, before the stage's update: its gradients scaled by
+ * q->clip_coef (clip_scale kernels, the coefficient written to the
+ * device first).  0, or -1 after pipe_fail. */
+static int stage_clip(Stage *st) {
+  DuetPipe *q = st->q;
+  const DuetProgram *p = q->p;
+  if (st->dev->ops->copy_to_device(st->dev, st->overflow + duet_clip_word(p, p->n_clip), &q->clip_coef,
+                                   sizeof q->clip_coef)) {
+    pipe_fail(q, "%s: gradient clipping: %s", st->who, st->dev->err);
+    return -1;
+  }
+  for (int j = 0; j < p->n_clip; j++)
+    if (p->tensors[p->clip_grad[j]].stage == st->id &&
+        st->dev->ops->launch(st->dev, p->clip_scale[j], st->tab[0], q->s)) {
+      pipe_fail(q, "%s: gradient clipping, scaling %s: %s", st->who, p->tensors[p->clip_grad[j]].name, st->dev->err);
+      return -1;
+    }
+  return 0;
+}
+
 /* The job's part of a training step on stage st (q->phase). */
 static int train_stage(Stage *st) {
   DuetPipe *q = st->q;
   const DuetProgram *p = q->p;
   int s = st->id;
   if (q->phase != DUET_PIPE_STEP && stage_grads(st)) return -1;
+  if (q->phase == DUET_PIPE_GRADS && q->clip_on && stage_sumsq(st)) return -1;
+  if (q->phase == DUET_PIPE_STEP && q->clip_coef < 1.0 && stage_clip(st)) return -1;
   const DuetStage *ps = &p->stages[s];
   if (q->phase != DUET_PIPE_GRADS) {
     if (run_steps(st, st->opt ? st->opt : ps->opt, st->opt ? st->n_opt : ps->n_opt, 0, 0, q->s, true)) {
@@ -714,6 +760,27 @@ int duet_pipe_first_overflow(const DuetPipe *q) {
 }
 
 int duet_pipe_replicas(const DuetPipe *q) { return q->L; }
+
+void duet_pipe_set_clip(DuetPipe *q, int measure, double coef) {
+  q->clip_on = measure && q->p->n_clip > 0;
+  q->clip_coef = coef;
+}
+
+int duet_pipe_grad_sumsq(const DuetPipe *q, double *sum, char *err, size_t errlen) {
+  const DuetProgram *p = q->p;
+  double s0 = 0;
+  for (int j = 0; j < p->n_clip; j++) s0 += q->clip_part[j];
+  for (int r = 1; r < q->L; r++) /* the replicas' summed gradients are the same bytes: so are their sums */
+    for (int j = 0; j < p->n_clip; j++)
+      if (memcmp(&q->clip_part[(size_t)r * (size_t)p->n_clip + (size_t)j], &q->clip_part[j], sizeof(double))) {
+        snprintf(err, errlen, "gradient clipping: the sum of squares of %s is %.17g on replica %d, %.17g on replica "
+                 "0: the replicas' gradients differ after the all-reduce", p->tensors[p->clip_grad[j]].name,
+                 q->clip_part[(size_t)r * (size_t)p->n_clip + (size_t)j], r, q->clip_part[j]);
+        return -1;
+      }
+  *sum = s0;
+  return 0;
+}
 
 int64_t duet_pipe_asym_overflows(const DuetPipe *q) { return q->asym_steps; }
 
@@ -925,6 +992,7 @@ void duet_pipe_free(DuetPipe *q) {
   free(q->host_loss);
   free(q->host_metrics);
   free(q->losses);
+  free(q->clip_part);
   free(q->bucket_of);
   free(q->split);
   if (q->sync_ok) {
@@ -1581,7 +1649,9 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
   if (p->n_unscale > 0) { /* zeroed: flags of another stage's params stay 0 */
     size_t fb = (size_t)p->n_unscale * sizeof(int32_t);
     if (!(st->flags = zalloc(fb)) || !(st->flags_mb = zalloc(fb))) goto oom;
-    if (!(st->overflow = st->dev->ops->alloc(st->dev, fb))) {
+  }
+  if (duet_flag_words(p) > 0) { /* the device's overflow flags and clipping doubles */
+    if (!(st->overflow = st->dev->ops->alloc(st->dev, (size_t)duet_flag_words(p) * sizeof(int32_t)))) {
       snprintf(err, errlen, "%s: %s", st->who, st->dev->err);
       return -1;
     }
@@ -1751,6 +1821,8 @@ DuetPipe *duet_pipe_new_ranks(const DuetProgram *p, const DuetKernelFn *kernels,
   const char *oom = "out of host memory";
   if (!(q->st = zalloc((size_t)W * sizeof *q->st))) goto fail_oom;
   if (!(q->losses = zalloc((size_t)R * (size_t)q->Mt * sizeof *q->losses))) goto fail_oom;
+  q->clip_coef = 1.0;
+  if (p->n_clip > 0 && !(q->clip_part = zalloc((size_t)R * (size_t)p->n_clip * sizeof *q->clip_part))) goto fail_oom;
   if (p->n_transfers > 0) {
     size_t nb = (size_t)L * (size_t)p->n_transfers * (size_t)q->M;
     if (!(q->xfer = zalloc((size_t)L * (size_t)p->n_transfers * sizeof *q->xfer)) ||

@@ -114,6 +114,19 @@ enum { DUET_PIPE_GRADS = 100, DUET_PIPE_STEP = 101 };
  * micro-batch (an index into DuetProgram.unscale_names), or -1. */
 int duet_pipe_first_overflow(const DuetPipe *q);
 
+/* Gradient clipping (DuetProgram.n_clip > 0): measure != 0 makes the next
+ * DUET_PIPE_GRADS jobs write the sum of squares of every gradient (each
+ * stage its own, every replica); a coefficient below 1 makes DUET_PIPE_STEP
+ * scale every gradient by it before the update (1: no scaling). */
+void duet_pipe_set_clip(DuetPipe *q, int measure, double coef);
+/* After a measuring DUET_PIPE_GRADS: *sum = the sum of squares of all
+ * gradients, the per-gradient sums added in gradient order (stages
+ * combined before any update).  With replicas in this process, each one's
+ * sums must be bit-identical to the first's (their gradients are the same
+ * after the all-reduce; an MPI rank holds one replica and measures its own
+ * copy): 0, or -1 with a message naming the gradient and replica. */
+int duet_pipe_grad_sumsq(const DuetPipe *q, double *sum, char *err, size_t errlen);
+
 /* Data parallelism: the number of replicas in this process (R, 1
  * without data parallelism; 1 on each rank of an MPI run). */
 int duet_pipe_replicas(const DuetPipe *q);

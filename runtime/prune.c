@@ -259,13 +259,19 @@ int duet_prune_update(DuetSession *s, double target, char *err, size_t errlen) {
         snprintf(err, errlen, "pruning: out of host memory");
         goto out;
       }
-      if (duet_session_read(s, q->state[k], 0, st, nb)) {
+      /* 8-bit AdamW state: the codes (u8; code 0 decodes to exactly 0) */
+      int u8 = p->tensors[q->state[k]].dtype == DUET_U8;
+      size_t sb = u8 ? (size_t)n : nb;
+      if (duet_session_read(s, q->state[k], 0, st, sb)) {
         snprintf(err, errlen, "pruning: %s", duet_session_error(s));
         goto out;
       }
       for (int64_t e = 0; e < n; e++)
-        if (get(m[i], f64, e) == 0) put(st, f64, e, 0.0);
-      if (duet_session_write(s, q->state[k], 0, st, nb)) {
+        if (get(m[i], f64, e) == 0) {
+          if (u8) ((unsigned char *)st)[e] = 0;
+          else put(st, f64, e, 0.0);
+        }
+      if (duet_session_write(s, q->state[k], 0, st, sb)) {
         snprintf(err, errlen, "pruning: %s", duet_session_error(s));
         goto out;
       }

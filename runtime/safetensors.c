@@ -40,14 +40,14 @@
 
 /* ------------------------------------------------------------- dtypes */
 
-/* Every dtype of the format, with its size in bytes; duet reads five. */
+/* Every dtype of the format, with its size in bytes; duet reads six. */
 static const struct {
   const char *name;
   int size;
   int duet; /* DUET_* or DUET_VOID when duet has no such element type */
 } st_dtypes[] = {
     {"F32", 4, DUET_F32}, {"F64", 8, DUET_F64},     {"I32", 4, DUET_I32},     {"BOOL", 1, DUET_VOID},
-    {"U8", 1, DUET_VOID}, {"I8", 1, DUET_VOID},     {"F8_E5M2", 1, DUET_VOID}, {"F8_E4M3", 1, DUET_VOID},
+    {"U8", 1, DUET_U8},   {"I8", 1, DUET_VOID},     {"F8_E5M2", 1, DUET_VOID}, {"F8_E4M3", 1, DUET_VOID},
     {"I16", 2, DUET_VOID}, {"U16", 2, DUET_VOID},   {"F16", 2, DUET_F16},     {"BF16", 2, DUET_BF16},
     {"U32", 4, DUET_VOID}, {"I64", 8, DUET_VOID},   {"U64", 8, DUET_VOID},
 };
@@ -574,7 +574,7 @@ static int st_parse_entry(const char *path, const char *name, const cJSON *e, in
     }
   if (!size) BAD("tensor \"%s\": unknown dtype \"%s\"", name, dt->valuestring);
   if (x->dtype == DUET_VOID)
-    BAD("tensor \"%s\": dtype %s is not supported (duet reads F32, F64, I32, F16, BF16)", name, dt->valuestring);
+    BAD("tensor \"%s\": dtype %s is not supported (duet reads F32, F64, I32, F16, BF16, U8)", name, dt->valuestring);
   int rank = cJSON_GetArraySize(shape);
   if (rank > DUET_MAX_RANK) BAD("tensor \"%s\": rank %d exceeds %d", name, rank, DUET_MAX_RANK);
   x->rank = rank;

@@ -25,13 +25,19 @@ void duet_usage(const char *argv0, FILE *out) {
           "Trains the model; flags override its train section.\n\n"
           "  --epochs N         passes over the training set\n"
           "  --steps N          optimizer steps (overrides --epochs)\n"
-          "  --lr X             learning rate\n"
+          "  --lr X             learning rate (the peak of a schedule)\n"
+          "  --lr-schedule S    constant (default), cosine or linear: the rate of each step (README)\n"
+          "  --warmup N         linear warm-up over the first N steps: lr * step / N (default 0)\n"
+          "  --min-lr X         cosine and linear: the rate the decay ends at (default 0)\n"
+          "  --clip-grad-norm X clip the gradients to global L2 norm X (torch clip_grad_norm_; default: off)\n"
           "  --weight-decay X   decoupled (AdamW) or L2 (SGD) weight decay\n"
           "  --batch N          batch size (fixed when the model was compiled)\n"
           "  --seed N           seed of initialisation and shuffling\n"
           "  --threads N        CPU threads for kernels and BLAS, 1 to 1024 (default: all cores)\n"
-          "  --data PATH        data directory or text file (default: the train section's)\n"
-          "  --metrics FILE     write JSON lines: {\"step\",\"loss\"}, and {\"step\",\"epoch\",\"test_accuracy\"\n"
+          "  --data PATH        data directory or text file, or npy data's x file (default: the\n"
+          "                     train section's)\n"
+          "  --metrics FILE     write JSON lines: {\"step\",\"loss\",\"lr\"} (and \"grad_norm\" with clipping),\n"
+          "                     and {\"step\",\"epoch\",\"test_accuracy\"\n"
           "                     (a fraction),\"test_loss\"} or, text models, {\"step\",\"val_loss\"}; with\n"
           "                     --resume, the file's lines up to the checkpoint's step are kept and\n"
           "                     the run appends to them\n"
@@ -144,7 +150,112 @@ static int parse_f64(const char *flag, const char *s, double lo, double *out) {
   return 0;
 }
 
+/* The flags a program fixes when it is compiled (DuetProgram), in the
+ * order --help lists them.  --bucket-mb counts only with replicas. */
+static const char *const fixed_flags[] = {"--precision", "--gemm-accumulate", "--batch", "--micro-batches",
+                                          "--data-parallel", "--bucket-mb", "--prune", "--prune-mode",
+                                          "--prune-start", "--prune-end", "--prune-every", "--prune-initial",
+                                          "--prune-params", "--zero", "--optimizer-state", "--recompute"};
+enum { N_FIXED = sizeof fixed_flags / sizeof *fixed_flags };
+
+/* The compiled value of fixed flag k of p into buf, as the flag is
+ * written; *num its number (NAN for words). */
+static const char *fixed_value(const DuetProgram *p, int k, char *buf, size_t n, double *num) {
+  const DuetPrune *pr = p->prune;
+  int R = p->n_stages >= 1 && p->replicas > 1 ? p->replicas : 1;
+  int M = p->n_stages >= 1 && p->micro_batches > 0 ? p->micro_batches / R : 1;
+  *num = NAN;
+  switch (k) {
+  case 0: snprintf(buf, n, "%s", duet_program_precision(p)); break;
+  case 1: snprintf(buf, n, "%s", p->gemm_accumulate_f16 ? "fp16" : "fp32"); break;
+  case 2: *num = (double)p->defaults.batch; break;
+  case 3: *num = M; break;
+  case 4: *num = R; break;
+  case 5: *num = p->bucket_mb > 0 ? p->bucket_mb : 25.0; break;
+  case 6: *num = pr ? pr->final : 0; break;
+  case 7:
+    if (!pr) snprintf(buf, n, "none (no pruning)");
+    else if (pr->mode == DUET_PRUNE_NM) snprintf(buf, n, "%d:%d", pr->nm_n, pr->nm_m);
+    else if (pr->mode == DUET_PRUNE_GLOBAL) snprintf(buf, n, "global");
+    else snprintf(buf, n, "%s", pr->mode == DUET_PRUNE_CHANNELS ? "channels" : "unstructured");
+    break;
+  case 8: case 9: case 10:
+    if (pr) *num = (double)(k == 8 ? pr->start : k == 9 ? pr->end : pr->every);
+    else snprintf(buf, n, "none (no pruning)");
+    break;
+  case 11:
+    if (pr) *num = pr->initial;
+    else snprintf(buf, n, "none (no pruning)");
+    break;
+  case 13: *num = p->n_stages >= 1 && R > 1 ? p->zero : 0; break;
+  case 14: { /* 8-bit AdamW state keeps its codes in u8 tensors */
+    bool q8 = false;
+    for (int i = 0; i < p->n_tensors && !q8; i++) q8 = p->tensors[i].dtype == DUET_U8;
+    snprintf(buf, n, "%s", q8 ? "int8" : "f32");
+    break;
+  }
+  case 15: /* the recomputation is in the compiled kernels' schedule; the program does not name it */
+    snprintf(buf, n, "as compiled (the program does not record the mode)");
+    break;
+  default: { /* the pruned params, by name */
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; pr && i < pr->n_params && len + 1 < n; i++)
+      len += (size_t)snprintf(buf + len, n - len, "%s%s", i ? "," : "", p->tensors[pr->params[i].param].name);
+    if (!pr) snprintf(buf, n, "none (no pruning)");
+    break;
+  }
+  }
+  if (!isnan(*num)) snprintf(buf, n, "%.15g%s", *num, k == 6 && !pr ? " (no pruning)" : "");
+  return buf;
+}
+
+/* A flag fixed when p was compiled (fixed_flags): 0 when val is its
+ * compiled value (accepted silently: nothing changes), else 1 after
+ * "duet: error: --F is fixed at compile time: VALUE (...)". */
+static int check_fixed(const DuetProgram *p, int k, const char *flag, const char *val) {
+  char cv[512];
+  double num;
+  fixed_value(p, k, cv, sizeof cv, &num);
+  char *end;
+  double x = strtod(val, &end);
+  bool same = isnan(num) ? !strcmp(val, cv) : end != val && !*end && x == num;
+  if (same) return 0;
+  fprintf(stderr, "duet: error: %s is fixed at compile time: %s (this program was compiled with it; to change it, "
+                  "compile again: duet compile M.model %s %s; duet run takes it directly)\n", flag, cv, flag, val);
+  return 1;
+}
+
+void duet_usage_fixed(const DuetProgram *p, FILE *out) {
+  fprintf(out, "\nFixed at compile time (given again, a flag must repeat the compiled value; any other value is\n"
+               "an error that says the compiled one); this program's:\n");
+  for (int k = 0; k < N_FIXED; k++) {
+    char cv[512];
+    double num;
+    if (k == 5 && !(p->n_stages >= 1 && p->replicas > 1)) continue;
+    if (k >= 7 && k <= 12 && !p->prune) continue;
+    fprintf(out, "  %-18s %s\n", fixed_flags[k], fixed_value(p, k, cv, sizeof cv, &num));
+  }
+  fprintf(out, "--lr-schedule, --warmup and --min-lr are run-time flags; --clip-grad-norm %s.\n",
+          p->n_clip > 0 ? "is one too (this program has the clipping kernels)"
+                        : "needs the clipping kernels, which this program lacks (duet compile --clip-grad-norm X)");
+}
+
+static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc, char **argv);
+
 int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **argv) {
+  DuetProgram p = {.defaults = {.batch = compiled_batch}};
+  return parse_flags(c, &p, false, argc, argv);
+}
+
+int duet_parse_flags_for(DuetConfig *c, const DuetProgram *p, int argc, char **argv) {
+  return parse_flags(c, p, true, argc, argv);
+}
+
+/* duet_parse_flags, for program p; `fixed`: the compile-time flags are
+ * checked against p (else only --batch, against p->defaults.batch). */
+static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc, char **argv) {
+  int64_t compiled_batch = p->defaults.batch;
   int steps_given = 0;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
@@ -173,10 +284,14 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
                                         "--test-subset", "--data", "--save", "--save-every", "--resume",
                                         "--metrics", "--batch", "--loss-scale", "--min-loss-scale",
                                         "--devices", "--micro-batches", "--schedule", "--data-parallel",
-                                        "--bucket-mb", "--zero"};
+                                        "--bucket-mb", "--zero", "--lr-schedule", "--warmup", "--min-lr",
+                                        "--clip-grad-norm"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
-    int is_known = 0;
+    int is_known = 0, fixed_k = -1;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
+    for (int k = 0; fixed && k < N_FIXED; k++)
+      if (!strcmp(fixed_flags[k], flag) && (k != 5 || (p->n_stages >= 1 && p->replicas > 1))) fixed_k = k;
+    is_known |= fixed_k >= 0;
     if (!is_known) {
       fprintf(stderr, "duet: error: unknown flag '%s' (see --help)\n", flag);
       return 1;
@@ -193,11 +308,29 @@ int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **arg
     }
     int64_t iv = 0;
     int rc = 0;
+    if (fixed_k >= 0) {
+      if (check_fixed(p, fixed_k, flag, val)) return 1;
+      if (fixed_k < 2 || fixed_k > 5) continue; /* known only to the compiler */
+    }
     /* --steps wins over --epochs in either order; --epochs alone replaces
      * the model's `steps` */
     if (!strcmp(flag, "--epochs")) rc = parse_i64(flag, val, 1, &c->epochs), c->steps = rc || steps_given ? c->steps : 0;
     else if (!strcmp(flag, "--steps")) rc = parse_i64(flag, val, 1, &c->steps), steps_given = 1;
     else if (!strcmp(flag, "--lr")) rc = parse_f64(flag, val, 0, &c->lr);
+    else if (!strcmp(flag, "--lr-schedule")) rc = duet_parse_lr_schedule(val, &c->lr_schedule);
+    else if (!strcmp(flag, "--warmup")) rc = parse_i64(flag, val, 0, &c->warmup);
+    else if (!strcmp(flag, "--min-lr")) rc = parse_f64(flag, val, 0, &c->min_lr);
+    else if (!strcmp(flag, "--clip-grad-norm")) {
+      char *end;
+      errno = 0;
+      double x = strtod(val, &end);
+      if (errno || end == val || *end || !(x > 0) || !isfinite(x)) {
+        fprintf(stderr, "duet: error: --clip-grad-norm expects a number > 0 (the largest global L2 norm of the "
+                        "gradients), got '%s'\n", val);
+        rc = 1;
+      }
+      if (!rc) c->clip_grad_norm = x;
+    }
     else if (!strcmp(flag, "--weight-decay")) rc = parse_f64(flag, val, 0, &c->weight_decay);
     else if (!strcmp(flag, "--seed")) rc = parse_i64(flag, val, 0, &iv), c->seed = (uint64_t)iv;
     else if (!strcmp(flag, "--threads")) rc = duet_parse_threads(val, &c->threads);
@@ -300,6 +433,25 @@ static int metrics_write(FILE *f, cJSON *obj) {
 static int fill_batch(DuetSession *s, const DuetProgram *p, const DuetDataset *ds, const int64_t *idx, int64_t n,
                       int64_t batch) {
   const DuetTensor *tx = &p->tensors[p->input_x];
+  if (ds->x) { /* npy: rows copied as they are (4-byte elements), zero rows pad */
+    size_t sx = (size_t)ds->x_elems * 4, sy = (size_t)ds->y_elems * 4;
+    char *buf = duet_session_staging(s, (size_t)batch * (sx + sy));
+    if (!buf) return -1;
+    char *y = buf + (size_t)batch * sx;
+    for (int64_t r = 0; r < batch; r++) {
+      if (r < n) {
+        memcpy(buf + (size_t)r * sx, (const char *)ds->x + (size_t)idx[r] * sx, sx);
+        memcpy(y + (size_t)r * sy, (const char *)ds->y + (size_t)idx[r] * sy, sy);
+      } else {
+        memset(buf + (size_t)r * sx, 0, sx);
+        memset(y + (size_t)r * sy, 0, sy);
+      }
+    }
+    return duet_session_write(s, p->input_x, 0, buf, (size_t)batch * sx) ||
+                   duet_session_write(s, p->input_y, 0, y, (size_t)batch * sy)
+               ? -1
+               : 0;
+  }
   int64_t px = (int64_t)ds->rows * ds->cols;
   size_t bx = (size_t)(batch * px) * (tx->dtype == DUET_F64 ? sizeof(double) : sizeof(float));
   size_t by = (size_t)batch * sizeof(int32_t);
@@ -642,13 +794,51 @@ static const char *scale_note(const DuetSession *s, const DuetProgram *p, char *
   return buf;
 }
 
-/* The metrics line {"step":S,"loss":L} (nothing without a metrics file). */
-static int log_loss(FILE *mf, int64_t step, double loss) {
+/* " | lr X" (the rate of the step just taken, duet_lr_at) and, with
+ * --clip-grad-norm, " | grad norm N" (before clipping) for progress lines. */
+static const char *rate_note(const DuetSession *s, char *buf, size_t n) {
+  int len = snprintf(buf, n, " | lr %.4g", duet_session_lr(s));
+  if (duet_session_config(s)->clip_grad_norm > 0 && len >= 0 && (size_t)len < n)
+    snprintf(buf + len, n - (size_t)len, " | grad norm %.4g", duet_session_grad_norm(s));
+  return buf;
+}
+
+/* The metrics line {"step":S,"loss":L,"lr":R} (R exact: cJSON prints the
+ * shortest round-trip form) and, with --clip-grad-norm, "grad_norm" (the
+ * global norm before clipping; null on a step skipped for overflow);
+ * nothing without a metrics file. */
+static int log_loss(FILE *mf, const DuetSession *s, int64_t step, double loss) {
   if (!mf) return 0;
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "step", (double)step);
   cJSON_AddNumberToObject(o, "loss", loss);
+  cJSON_AddNumberToObject(o, "lr", duet_session_lr(s));
+  if (duet_session_config(s)->clip_grad_norm > 0) {
+    double g = duet_session_grad_norm(s);
+    if (isfinite(g)) cJSON_AddNumberToObject(o, "grad_norm", g);
+    else cJSON_AddNullToObject(o, "grad_norm");
+  }
   return metrics_write(mf, o);
+}
+
+/* The learning-rate schedule of a run of `total` steps: 1 after the error
+ * when it cannot run (duet_lr_schedule_check), else 0. */
+static int check_schedule(const DuetConfig *cfg, int64_t total) {
+  char err[512];
+  if (!duet_lr_schedule_check(cfg, total, err, sizeof err)) return 0;
+  fprintf(stderr, "duet: error: %s\n", err);
+  return 1;
+}
+
+/* "duet: schedule: ..." on the start-up lines: the learning-rate schedule
+ * and the clipping, unless quiet or both are the defaults. */
+static void print_schedule(const DuetConfig *cfg, int64_t total) {
+  if (cfg->quiet || (cfg->lr_schedule == DUET_LR_CONSTANT && cfg->warmup <= 0 && cfg->clip_grad_norm <= 0)) return;
+  char buf[256];
+  duet_lr_schedule_str(cfg, total, buf, sizeof buf);
+  printf("duet: lr schedule: %s (peak %g)", buf, cfg->lr);
+  if (cfg->clip_grad_norm > 0) printf("; gradients clipped to global norm %g", cfg->clip_grad_norm);
+  printf("\n");
 }
 
 typedef struct EvalResult {
@@ -785,8 +975,12 @@ static int check_outputs(const DuetConfig *cfg, const char *model_path) {
   char data[4][4096], exe[4096];
   if (model_path) in[n_in++] = (RunInput){"the model source", model_path};
   if (cfg->resume_path) in[n_in++] = (RunInput){"--resume", cfg->resume_path};
-  if (cfg->data == DUET_DATA_TEXT && cfg->data_path) {
-    in[n_in++] = (RunInput){"the training text", cfg->data_path};
+  if ((cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS) && cfg->data_path) {
+    in[n_in++] = (RunInput){cfg->data == DUET_DATA_TEXT ? "the training text" : "the token file", cfg->data_path};
+  } else if (cfg->data == DUET_DATA_NPY) {
+    const char *np[4] = {cfg->data_path, cfg->data_y, cfg->val_x, cfg->val_y};
+    for (int k = 0; k < 4; k++)
+      if (np[k]) in[n_in++] = (RunInput){"the data file", np[k]};
   } else if (cfg->data_path) {
     for (int k = 0; k < 4; k++) {
       snprintf(data[k], sizeof data[k], "%s/%s", cfg->data_path, idx_files[k / 2][k % 2]);
@@ -833,6 +1027,9 @@ static int64_t idx_count(const char *path) {
   return (int64_t)((uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 | (uint32_t)h[6] << 8 | h[7]);
 }
 
+static int npy_plan(const DuetProgram *p, const DuetConfig *cfg, int64_t *n_train, int64_t *n_val, char *err,
+                    size_t errlen);
+
 /* The last step of a run as train_images and train_text work it out, from
  * the data files' sizes only; -1 when it cannot be told here (those
  * functions then report why). */
@@ -840,11 +1037,18 @@ static int64_t planned_total(const DuetProgram *p, const DuetConfig *cfg) {
   if (cfg->steps > 0) return cfg->steps;
   int64_t B = p->defaults.batch, per_epoch;
   if (!cfg->data_path || B < 1) return -1;
-  if (cfg->data == DUET_DATA_TEXT) {
+  if (cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS) {
     struct stat sb;
     if (stat(cfg->data_path, &sb) || !S_ISREG(sb.st_mode) || cfg->block < 1) return -1;
-    per_epoch = (int64_t)sb.st_size * 9 / 10 / (B * cfg->block);
+    int64_t n = cfg->data == DUET_DATA_TEXT ? (int64_t)sb.st_size : ((int64_t)sb.st_size - 1024) / 2;
+    if (n < 0) return -1;
+    per_epoch = n * 9 / 10 / (B * cfg->block);
     if (per_epoch < 1) per_epoch = 1;
+  } else if (cfg->data == DUET_DATA_NPY) {
+    int64_t n, n_val;
+    char err[1024];
+    if (npy_plan(p, cfg, &n, &n_val, err, sizeof err)) return -1;
+    per_epoch = (cfg->train_subset && cfg->train_subset < n ? cfg->train_subset : n) / B;
   } else {
     char lp[4096];
     snprintf(lp, sizeof lp, "%s/%s", cfg->data_path, idx_files[0][1]);
@@ -961,6 +1165,17 @@ static int check_compiled(const DuetProgram *p, const DuetConfig *cfg) {
   if (cfg->zero && cfg->zero - 1 != z) {
     fprintf(stderr, "duet: error: this program was compiled with --zero %d, not %d (fixed at compile time: duet "
             "compile M.model --data-parallel N --zero %d)\n", z, cfg->zero - 1, cfg->zero - 1);
+    return 1;
+  }
+  if (cfg->clip_grad_norm > 0 && z) {
+    fprintf(stderr, "duet: error: --clip-grad-norm with --zero 1 is not supported yet: each replica holds the summed "
+                    "gradients of its own shard only (train without --zero, or without clipping)\n");
+    return 1;
+  }
+  if (cfg->clip_grad_norm > 0 && p->n_clip == 0) {
+    fprintf(stderr, "duet: error: --clip-grad-norm is fixed at compile time: off (this program has no gradient "
+                    "clipping kernels; compile it with `duet compile M.model --clip-grad-norm X`, or set "
+                    "clip_grad_norm in the train section)\n");
     return 1;
   }
   double want = p->bucket_mb > 0 ? p->bucket_mb : 25.0;
@@ -1082,18 +1297,139 @@ static int check_pixels(const DuetProgram *p, int rows, int cols) {
   return 1;
 }
 
+/* ------------------------------------------------------------------ npy */
+
+/* npy data: x (inputs) and y (targets) files of as many samples (axis 0),
+ * each sample shaped as the input's axes 1.. (duet_npy_match).  Validation:
+ * separate files val_x/val_y, or the last floor(n * val_fraction) samples
+ * of x/y, or none.  The plan from the headers alone: *n_train and *n_val
+ * samples (n_val 0: no validation).  0, or -1 with the message in err: a
+ * file's own errors (duet_npy_check), a mismatch with the model, x and y
+ * of different sample counts, a split that leaves no validation sample,
+ * fewer training samples than one batch. */
+static int npy_plan(const DuetProgram *p, const DuetConfig *cfg, int64_t *n_train, int64_t *n_val, char *err,
+                    size_t errlen) {
+  const char *paths[4] = {cfg->data_path, cfg->data_y, cfg->val_x, cfg->val_y};
+  int64_t n[4] = {0};
+  for (int k = 0; k < 4; k++) {
+    if (!paths[k]) continue;
+    DuetNpyInfo info;
+    int id = k % 2 ? p->input_y : p->input_x;
+    if (duet_npy_check(paths[k], &info, err, errlen) ||
+        duet_npy_match(&info, paths[k], &p->tensors[id], p->tensors[id].name, err, errlen))
+      return -1;
+    n[k] = info.shape[0];
+  }
+  for (int k = 0; k < 4; k += 2)
+    if (paths[k] && n[k] != n[k + 1]) {
+      snprintf(err, errlen, "%s holds %" PRId64 " samples but %s holds %" PRId64, paths[k], n[k], paths[k + 1],
+               n[k + 1]);
+      return -1;
+    }
+  *n_train = n[0];
+  *n_val = n[2];
+  if (cfg->val_x && n[2] < 1) {
+    snprintf(err, errlen, "%s holds no samples", cfg->val_x);
+    return -1;
+  }
+  if (cfg->val_fraction > 0) {
+    *n_val = (int64_t)((double)n[0] * cfg->val_fraction);
+    if (*n_val < 1) {
+      snprintf(err, errlen, "val_fraction %g of the %" PRId64 " samples of %s leaves no validation sample",
+               cfg->val_fraction, n[0], cfg->data_path);
+      return -1;
+    }
+    *n_train = n[0] - *n_val;
+  }
+  int64_t used = cfg->train_subset && cfg->train_subset < *n_train ? cfg->train_subset : *n_train;
+  if (used < p->defaults.batch) {
+    snprintf(err, errlen, "%s: %" PRId64 " training samples are fewer than one batch of %" PRId64, cfg->data_path,
+             used, p->defaults.batch);
+    return -1;
+  }
+  return 0;
+}
+
+/* Loads npy data as npy_plan plans it (train: the training samples, val:
+ * the validation ones, empty when there are none) and checks the labels of
+ * an i32[batch] y against the model's classes.  0, or -1 with the message. */
+static int npy_load_sets(const DuetProgram *p, const DuetConfig *cfg, DuetDataset *train, DuetDataset *val, char *err,
+                         size_t errlen) {
+  int64_t n_train, n_val;
+  if (npy_plan(p, cfg, &n_train, &n_val, err, errlen)) return -1;
+  const DuetTensor *tx = &p->tensors[p->input_x], *ty = &p->tensors[p->input_y];
+  int64_t ex = 1, ey = 1;
+  for (int d = 1; d < tx->rank; d++) ex *= tx->shape[d];
+  for (int d = 1; d < ty->rank; d++) ey *= ty->shape[d];
+  DuetDataset *sets[2] = {train, val};
+  const char *px[2] = {cfg->data_path, cfg->val_x}, *py[2] = {cfg->data_y, cfg->val_y};
+  for (int k = 0; k < 2; k++) {
+    *sets[k] = (DuetDataset){.x_elems = ex, .y_elems = ey};
+    if (!px[k]) continue;
+    int64_t nx, ny;
+    if (duet_npy_load(px[k], tx, tx->name, &nx, &sets[k]->x, err, errlen) ||
+        duet_npy_load(py[k], ty, ty->name, &ny, &sets[k]->y, err, errlen))
+      return -1;
+    sets[k]->n = nx;
+  }
+  if (cfg->val_fraction > 0) { /* the last n_val samples validate */
+    val->n = n_val;
+    val->x = malloc((size_t)(n_val * ex) * 4);
+    val->y = malloc((size_t)(n_val * ey) * 4);
+    if (!val->x || !val->y) {
+      snprintf(err, errlen, "out of host memory loading %s", cfg->data_path);
+      return -1;
+    }
+    memcpy(val->x, (char *)train->x + (size_t)(n_train * ex) * 4, (size_t)(n_val * ex) * 4);
+    memcpy(val->y, (char *)train->y + (size_t)(n_train * ey) * 4, (size_t)(n_val * ey) * 4);
+    train->n = n_train;
+  }
+  /* i32 labels against the classes, i32 inputs against the embedding rows */
+  for (int k = 0; k < 2; k++)
+    for (int w = 0; w < 2; w++) {
+      const DuetTensor *t = w ? ty : tx;
+      int limit = w ? p->n_classes : p->vocab;
+      int64_t e = w ? ey : ex;
+      if (t->dtype != DUET_I32 || limit <= 0) continue;
+      const int32_t *v = w ? sets[k]->y : sets[k]->x;
+      for (int64_t i = 0; i < sets[k]->n * e; i++)
+        if (v[i] < 0 || v[i] >= limit) {
+          const char *file = k == 0 ? (w ? cfg->data_y : cfg->data_path)
+                                    : (w ? (cfg->val_y ? cfg->val_y : cfg->data_y)
+                                         : (cfg->val_x ? cfg->val_x : cfg->data_path));
+          snprintf(err, errlen, "%s: %s %d of sample %" PRId64 " is outside the model's %d %s", file,
+                   w ? "label" : "index", v[i], i / e + (k == 1 && cfg->val_fraction > 0 ? n_train : 0), limit,
+                   w ? "classes" : "embedding rows");
+          return -1;
+        }
+    }
+  return 0;
+}
+
 static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg, DuetDist *dist) {
   int rc;
   char err[1024];
   DuetDataset train = {0}, test = {0};
   char ip[1024], lp[1024];
+  bool npy = cfg.data == DUET_DATA_NPY;
+  const char *split = npy ? "validation" : "test";
+  if (npy) {
+    if (npy_load_sets(p, &cfg, &train, &test, err, sizeof err)) {
+      fprintf(stderr, "duet: error: %s\n", err);
+      duet_dataset_free(&train);
+      duet_dataset_free(&test);
+      return 1;
+    }
+    if (!test.n) cfg.eval = 0; /* no validation set */
+  } else {
   snprintf(ip, sizeof ip, "%s/%s", cfg.data_path, idx_files[0][0]);
   snprintf(lp, sizeof lp, "%s/%s", cfg.data_path, idx_files[0][1]);
   if (duet_load_idx(&train, ip, lp, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
   }
-  if (cfg.eval) {
+  }
+  if (!npy && cfg.eval) {
     snprintf(ip, sizeof ip, "%s/%s", cfg.data_path, idx_files[1][0]);
     snprintf(lp, sizeof lp, "%s/%s", cfg.data_path, idx_files[1][1]);
     if (duet_load_idx(&test, ip, lp, err, sizeof err)) {
@@ -1108,8 +1444,9 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   FILE *mf = NULL;
   int64_t *perm = NULL;
   StopHandlers stops = {0};
-  if (check_pixels(p, train.rows, train.cols)) goto out;
-  if (p->n_classes && (check_labels(&train, p->n_classes, "training") || check_labels(&test, p->n_classes, "test")))
+  if (!npy && check_pixels(p, train.rows, train.cols)) goto out;
+  if (!npy && p->n_classes &&
+      (check_labels(&train, p->n_classes, "training") || check_labels(&test, p->n_classes, "test")))
     goto out;
   int64_t n_train = cfg.train_subset && cfg.train_subset < train.n ? cfg.train_subset : train.n;
   int64_t n_test = cfg.test_subset && cfg.test_subset < test.n ? cfg.test_subset : test.n;
@@ -1131,7 +1468,8 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (!(s = open_session(p, kernels, &cfg, &dev, dist))) goto out;
+  if (check_schedule(&cfg, total) || !(s = open_session(p, kernels, &cfg, &dev, dist))) goto out;
+  duet_session_set_total(s, total);
   int64_t n_params = 0;
   for (int i = 0; i < p->n_tensors; i++)
     if (p->tensors[i].region == DUET_MEM_PARAM) {
@@ -1150,6 +1488,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     fflush(stdout);
   }
   print_pipeline(p, &cfg, s, dist);
+  print_schedule(&cfg, total);
   perm = malloc((size_t)n_train * sizeof *perm);
   if (!perm) {
     fprintf(stderr, "duet: error: out of host memory\n");
@@ -1196,10 +1535,11 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
       if (step % cfg.log_every == 0 || step == total) {
         double t = now_seconds();
         if (!cfg.quiet)
-          printf("epoch %" PRId64 " step %" PRId64 "/%" PRId64 " | loss %.6f | %.0f samples/s%s\n", epoch, step, total,
-                 loss, (double)(since_log * B) / (t - t_log), scale_note(s, p, (char[64]){0}, 64));
+          printf("epoch %" PRId64 " step %" PRId64 "/%" PRId64 " | loss %.6f%s | %.0f samples/s%s\n", epoch, step,
+                 total, loss, rate_note(s, (char[96]){0}, 96), (double)(since_log * B) / (t - t_log),
+                 scale_note(s, p, (char[64]){0}, 64));
         fflush(stdout);
-        if (log_loss(mf, step, loss)) goto out;
+        if (log_loss(mf, s, step, loss)) goto out;
         t_log = now_seconds();
         since_log = 0;
       }
@@ -1218,13 +1558,13 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
       }
       evaluated = 1;
       if (!isfinite(last.loss)) {
-        fprintf(stderr, "duet: error: test loss is %s after epoch %" PRId64 ": training diverged (check --lr and "
-                        "--weight-decay)\n", isnan(last.loss) ? "NaN" : "infinite", epoch);
+        fprintf(stderr, "duet: error: %s loss is %s after epoch %" PRId64 ": training diverged (check --lr and "
+                        "--weight-decay)\n", split, isnan(last.loss) ? "NaN" : "infinite", epoch);
         goto out;
       }
       if (!cfg.quiet)
-        printf("epoch %" PRId64 " | test accuracy %.2f%% (%" PRId64 "/%" PRId64 ") | test loss %.4f\n", epoch,
-               100.0 * (double)last.correct / (double)last.n, last.correct, last.n, last.loss);
+        printf("epoch %" PRId64 " | %s accuracy %.2f%% (%" PRId64 "/%" PRId64 ") | %s loss %.4f\n", epoch, split,
+               100.0 * (double)last.correct / (double)last.n, last.correct, last.n, split, last.loss);
       fflush(stdout);
       if (mf) {
         cJSON *o = cJSON_CreateObject();
@@ -1248,7 +1588,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
            total - first_step == 1 ? "" : "s", elapsed,
            (double)((total - first_step) * B) / elapsed);
     if (evaluated)
-      printf("; test accuracy %.2f%%", 100.0 * (double)last.correct / (double)last.n);
+      printf("; %s accuracy %.2f%%", split, 100.0 * (double)last.correct / (double)last.n);
     printf("\n");
   }
   rc = 0;
@@ -1278,8 +1618,20 @@ out:
  * run and every --seed. */
 typedef struct TextData {
   unsigned char *bytes;
+  uint16_t *tokens;   /* tokens(...) data: the ids (bytes NULL) */
   int64_t n, n_train; /* train: [0, n_train), validation: [n_train, n) */
 } TextData;
+
+/* The check that a text of n bytes (unit "bytes") or a token file of n
+ * tokens has a window of block + 1 in both its 90% and its 10% split. */
+static int text_too_short_unit(const char *path, int64_t n, int64_t block, const char *unit, char *err,
+                               size_t errlen) {
+  int64_t n_train = n * 9 / 10;
+  if (n_train >= block + 2 && n - n_train >= block + 2) return 0;
+  snprintf(err, errlen, "%s has %" PRId64 " %s: too short for windows of %" PRId64 " %s in both the 90%% "
+           "training and the 10%% validation split", path, n, unit, block + 1, unit);
+  return -1;
+}
 
 /* The message for a text file that did not open (errno: why) or read
  * (EIO, ENOMEM). */
@@ -1292,11 +1644,32 @@ static void text_open_error(const char *path, int e, char *err, size_t errlen) {
 /* -1 with the message when a text of n bytes is too short for one window
  * of block+1 bytes in the training (first 90%) or validation split. */
 static int text_too_short(const char *path, int64_t n, int64_t block, char *err, size_t errlen) {
-  int64_t n_train = n * 9 / 10;
-  if (n_train >= block + 2 && n - n_train >= block + 2) return 0;
-  snprintf(err, errlen, "%s has %" PRId64 " bytes: too short for windows of %" PRId64 " bytes in both the 90%% "
-           "training and the 10%% validation split", path, n, block + 1);
-  return -1;
+  return text_too_short_unit(path, n, block, "bytes", err, errlen);
+}
+
+/* The ids a tokens model takes: below its embedding's rows (vocab) and its
+ * cross_entropy's classes, whichever are known and smaller (uint16's range
+ * when neither is). */
+static int token_limit(const DuetProgram *p) {
+  int v = 65536;
+  if (p->vocab > 0 && p->vocab < v) v = p->vocab;
+  if (p->n_classes > 0 && p->n_classes < v) v = p->n_classes;
+  return v;
+}
+
+/* tokens("FILE", block = T): an llm.c token file (duet_load_tokens), its ids
+ * checked against the model's vocabulary (token_limit), then split and
+ * windowed as text is. */
+static int load_tokens(TextData *td, const char *path, int64_t block, int vocab, char *err, size_t errlen) {
+  memset(td, 0, sizeof *td);
+  if (duet_load_tokens(path, vocab, &td->tokens, &td->n, err, errlen)) return -1;
+  td->n_train = td->n * 9 / 10;
+  if (text_too_short_unit(path, td->n, block, "tokens", err, errlen)) {
+    free(td->tokens);
+    td->tokens = NULL;
+    return -1;
+  }
+  return 0;
 }
 
 static int load_text(TextData *td, const char *path, int64_t block, char *err, size_t errlen) {
@@ -1330,8 +1703,8 @@ static int text_batch(DuetSession *s, const DuetProgram *p, const TextData *td, 
   for (int64_t b = 0; b < batch; b++) {
     int64_t off = lo + (int64_t)(duet_rng_next(r) % span);
     for (int64_t t = 0; t < block; t++) {
-      x[b * block + t] = td->bytes[off + t];
-      y[b * block + t] = td->bytes[off + t + 1];
+      x[b * block + t] = td->tokens ? td->tokens[off + t] : td->bytes[off + t];
+      y[b * block + t] = td->tokens ? td->tokens[off + t + 1] : td->bytes[off + t + 1];
     }
   }
   return duet_session_write(s, p->input_x, 0, x, n * sizeof *x) || duet_session_write(s, p->input_y, 0, y, n * sizeof *y)
@@ -1364,7 +1737,9 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     fprintf(stderr, "duet: error: text data needs two i32[batch, block] inputs and a cross_entropy loss\n");
     return 1;
   }
-  if (load_text(&td, cfg.data_path, cfg.block, err, sizeof err)) {
+  bool toks = cfg.data == DUET_DATA_TOKENS;
+  if (toks ? load_tokens(&td, cfg.data_path, cfg.block, token_limit(p), err, sizeof err)
+           : load_text(&td, cfg.data_path, cfg.block, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
   }
@@ -1374,7 +1749,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   FILE *mf = NULL;
   StopHandlers stops = {0};
   int64_t B = p->defaults.batch, T = cfg.block;
-  if (p->n_classes < 256) {
+  if (!toks && p->n_classes < 256) {
     fprintf(stderr, "duet: error: byte-level text needs 256 classes, the model's logits have %d\n", p->n_classes);
     goto out;
   }
@@ -1386,21 +1761,23 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     goto out;
   }
   int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * per_epoch;
-  if (!(s = open_session(p, kernels, &cfg, &dev, dist))) goto out;
+  if (check_schedule(&cfg, total) || !(s = open_session(p, kernels, &cfg, &dev, dist))) goto out;
+  duet_session_set_total(s, total);
   if (!cfg.quiet) {
     int64_t n_params = 0;
     for (int i = 0; i < p->n_tensors; i++)
       if (p->tensors[i].region == DUET_MEM_PARAM) n_params += p->tensors[i].nbytes / (p->tensors[i].dtype == DUET_F64 ? 8 : 4);
     printf("duet: %s: %" PRId64 " parameters, %s lr %g, batch %" PRId64 " x %" PRId64 " tokens, %" PRId64
-           " steps, text %s (%" PRId64 " bytes: %" PRId64 " train, %" PRId64 " validation)\n",
+           " steps, %s %s (%" PRId64 " %s: %" PRId64 " train, %" PRId64 " validation)\n",
            p->model_name, n_params, cfg.optimizer == DUET_OPTIM_SGD ? "sgd" : "adamw", cfg.lr, B, T, total,
-           cfg.data_path, td.n, td.n_train, td.n - td.n_train);
+           toks ? "tokens" : "text", cfg.data_path, td.n, toks ? "tokens" : "bytes", td.n_train, td.n - td.n_train);
     printf("duet: memory: params %.1f MiB, optimizer state %.1f MiB, activations %.1f MiB (planned)\n",
            (double)p->region_bytes[DUET_MEM_PARAM] / 1048576.0, (double)p->region_bytes[DUET_MEM_STATE] / 1048576.0,
            (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
   print_pipeline(p, &cfg, s, dist);
+  print_schedule(&cfg, total);
   DuetTrainState ts = {0};
   duet_rng_seed(&ts.rng, cfg.seed, 0x74657874ull); /* "text" */
   if (maybe_resume(s, &cfg, &ts)) goto out;
@@ -1430,10 +1807,11 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     if (step % cfg.log_every == 0 || step == total) {
       double t = now_seconds();
       if (!cfg.quiet)
-        printf("step %" PRId64 "/%" PRId64 " | loss %.6f | %.0f tokens/s%s\n", step, total, loss,
-               (double)(since_log * B * T) / (t - t_log), scale_note(s, p, (char[64]){0}, 64));
+        printf("step %" PRId64 "/%" PRId64 " | loss %.6f%s | %.0f tokens/s%s\n", step, total, loss,
+               rate_note(s, (char[96]){0}, 96), (double)(since_log * B * T) / (t - t_log),
+               scale_note(s, p, (char[64]){0}, 64));
       fflush(stdout);
-      if (log_loss(mf, step, loss)) goto out;
+      if (log_loss(mf, s, step, loss)) goto out;
       t_log = now_seconds();
       since_log = 0;
     }
@@ -1448,8 +1826,9 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
                 isnan(val) ? "NaN" : "infinite", step);
         goto out;
       }
-      if (!cfg.quiet) printf("step %" PRId64 " | val loss %.4f nats/byte (%" PRId64 " batches)\n", step, val,
-                             cfg.eval_batches);
+      if (!cfg.quiet)
+        printf("step %" PRId64 " | val loss %.4f nats/%s (%" PRId64 " batches)\n", step, val,
+               toks ? "token" : "byte", cfg.eval_batches);
       fflush(stdout);
       if (mf) {
         cJSON *o = cJSON_CreateObject();
@@ -1472,7 +1851,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f tokens/s)", total - first_step,
            total - first_step == 1 ? "" : "s", elapsed,
            (double)((total - first_step) * B * T) / elapsed);
-    if (!isnan(val)) printf("; val loss %.4f nats/byte", val);
+    if (!isnan(val)) printf("; val loss %.4f nats/%s", val, toks ? "token" : "byte");
     printf("\n");
   }
   rc = 0;
@@ -1485,15 +1864,18 @@ out:
   duet_session_free(s);
   if (dev) dev->ops->destroy(dev);
   free(td.bytes);
+  free(td.tokens);
   return rc;
 }
 
 /* 1 after the error when an image model has no data source (no data =, or
  * no x/y inputs), else 0. */
 static int no_data_source(const DuetProgram *p, const DuetConfig *cfg) {
-  if (cfg->data == DUET_DATA_FASHION_MNIST && p->input_x >= 0 && p->input_y >= 0) return 0;
-  fprintf(stderr, "duet: error: model `%s` has no data source: add `data = fashion_mnist(\"DIR\")` or "
-                  "`data = text(\"FILE\", block = T)` to its train section\n", p->model_name);
+  if ((cfg->data == DUET_DATA_FASHION_MNIST || cfg->data == DUET_DATA_NPY) && p->input_x >= 0 && p->input_y >= 0)
+    return 0;
+  fprintf(stderr, "duet: error: model `%s` has no data source: add `data = fashion_mnist(\"DIR\")`, "
+                  "`data = text(\"FILE\", block = T)` or `data = npy(\"X.npy\", \"Y.npy\")` to its train section\n",
+          p->model_name);
   return 1;
 }
 
@@ -1535,8 +1917,14 @@ static int rank_view(const DuetProgram *p, DuetConfig *cfg) {
 static uint64_t data_bytes(const DuetConfig *cfg) {
   struct stat sb;
   if (!cfg->data_path) return 0;
-  if (cfg->data == DUET_DATA_TEXT) return stat(cfg->data_path, &sb) ? 0 : (uint64_t)sb.st_size;
+  if (cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS)
+    return stat(cfg->data_path, &sb) ? 0 : (uint64_t)sb.st_size;
   uint64_t n = 0;
+  if (cfg->data == DUET_DATA_NPY) {
+    const char *np[4] = {cfg->data_path, cfg->data_y, cfg->val_x, cfg->val_y};
+    for (int k = 0; k < 4; k++) n = n * 1000003u + (np[k] && !stat(np[k], &sb) ? (uint64_t)sb.st_size : 0);
+    return n;
+  }
   for (int k = 0; k < 4; k++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", cfg->data_path, idx_files[k / 2][k % 2]);
@@ -1578,16 +1966,17 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
   setvbuf(stdout, NULL, _IOLBF, 0);
   duet_rank_stderr(); /* an MPI run: "duet: rank 1: error: ..." */
   DuetConfig cfg = p->defaults;
-  int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
-  if (rc == 2) {
+  int rc = duet_parse_flags_for(&cfg, p, argc, argv);
+  if (rc == 2) { /* an executable's (duet run prints its own) */
     duet_usage(argv0, stdout);
+    duet_usage_fixed(p, stdout);
     return 0;
   }
   if (rc) return 1;
   int ranks = rank_view(p, &cfg);
   if (ranks < 0) return 1;
   /* flags that do not apply to this program: said, not silently dropped */
-  bool text = cfg.data == DUET_DATA_TEXT;
+  bool text = cfg.data == DUET_DATA_TEXT || cfg.data == DUET_DATA_TOKENS;
   if (!cfg.quiet) {
     if (!text && (cfg.eval_every != p->defaults.eval_every || cfg.eval_batches != p->defaults.eval_batches))
       fprintf(stderr, "duet: warning: --eval-every and --eval-batches apply to text models; this one evaluates on "
@@ -1611,10 +2000,17 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
   duet_rank_stderr(); /* an MPI run: "duet: rank 1: error: ..." */
   DuetConfig cfg = p->defaults;
   char err[1024];
-  int rc = duet_parse_flags(&cfg, p->defaults.batch, argc, argv);
+  int rc = duet_parse_flags_for(&cfg, p, argc, argv);
   if (rc) return rc == 2 ? 0 : 1; /* --help: duet_main prints it */
   if (rank_view(p, &cfg) < 0) return 1;
-  if (cfg.data == DUET_DATA_TEXT) {
+  if (cfg.data == DUET_DATA_TOKENS) {
+    int64_t n;
+    if (duet_load_tokens(cfg.data_path, token_limit(p), NULL, &n, err, sizeof err) ||
+        text_too_short_unit(cfg.data_path, n, cfg.block, "tokens", err, sizeof err)) {
+      fprintf(stderr, "duet: error: %s\n", err);
+      return 1;
+    }
+  } else if (cfg.data == DUET_DATA_TEXT) {
     FILE *f = fopen(cfg.data_path, "rb");
     int e = f ? 0 : errno;
     if (f && getc(f) == EOF && ferror(f)) e = EIO; /* a directory opens, then fails to read */
@@ -1624,6 +2020,13 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
     if (f) fclose(f);
     if (e) text_open_error(cfg.data_path, e, err, sizeof err);
     if (e || short_text) {
+      fprintf(stderr, "duet: error: %s\n", err);
+      return 1;
+    }
+  } else if (cfg.data == DUET_DATA_NPY) {
+    int64_t n_train, n_val;
+    if (no_data_source(p, &cfg)) return 1;
+    if (npy_plan(p, &cfg, &n_train, &n_val, err, sizeof err)) {
       fprintf(stderr, "duet: error: %s\n", err);
       return 1;
     }

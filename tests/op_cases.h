@@ -75,6 +75,10 @@ static const Case cases[] = {
                  "block linear(h, out) {\n  param w: [dim(h, -1), out] = xavier_uniform\n"
                  "  param b: [out] = normal(0.1)\n  return h @ w + b\n}\n"
                  "loss = cross_entropy(linear(relu(linear(x, 5)), 3), y)\n", 3},
+    /* gradient clipping (a limit far below the norm: every step clips):
+     * the sum-of-squares and scale kernels */
+    {"clip_grad_norm", HEAD "param a: [6,7]\nparam b: [7]\ninput r: f32[6,7]\nloss = mean((a * a + b) * r)\n"
+                       "train {\n  clip_grad_norm = 0.0001\n}\n", 0},
 };
 
 #define N_OP_CASES ((int)(sizeof cases / sizeof *cases))
@@ -115,6 +119,9 @@ static const Case big_cases[] = {
     {"big_rope", "model t\nparam q: [4,300,128]\ninput r: f32[4,300,128]\nloss = mean(rope(q, heads = 2) * r)\n", 0},
     {"big_attention_gqa", "model t\nparam q: [2,200,64]\nparam k: [2,200,16]\nparam v: [2,200,16]\ninput r: f32[2,200,64]\n"
                           "loss = mean(attention(q, k, v, heads = 8, kv_heads = 2, causal = true) * r)\n", 0},
+    /* gradient clipping: sums of squares over 3 chunks (C) and 9 blocks (CUDA) */
+    {"big_clip_grad_norm", "model t\nparam a: [150,220]\nparam b: [220]\ninput r: f32[150,220]\n"
+                           "loss = mean((a * a + b) * r)\ntrain {\n  clip_grad_norm = 0.0001\n}\n", 0},
 };
 #define N_BIG_CASES ((int)(sizeof big_cases / sizeof *big_cases))
 

@@ -23,8 +23,8 @@
 #        named, exit 128 + the signal (without --save: said, no checkpoint); a
 #        second signal aborts at once; on two virtual CPU devices the resumed
 #        run ends with the uninterrupted run's metrics, bit for bit;
-#   7.   another seed, train subset, precision or thread count than the
-#        checkpoint's is a warning.
+#   7.   another seed, train subset, precision, thread count or
+#        learning-rate schedule (clipping) than the checkpoint's is a warning.
 # usage: run_checkpoint.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_checkpoint.sh path/to/duet}
 d=${TMPDIR:-/tmp}/duet-ck.$$
@@ -329,6 +329,10 @@ w=$("$DUET" run $M --train-subset 1280 --log-every 1 --no-eval --threads 2 --ste
   ok resume_other_subset || { bad resume_other_subset; echo "got: $w"; }
 w=$("$DUET" run $M $R --steps 14 --resume "$d/ck.st" 2>&1 >/dev/null | grep -c warning)
 [ "$w" = 0 ] && ok resume_same_settings_no_warning || bad resume_same_settings_no_warning
+# another learning-rate schedule or clipping (the rate of a step is a function of the step and these)
+w=$("$DUET" run $M $R --steps 14 --resume "$d/ck.st" --lr-schedule cosine 2>&1 >/dev/null | grep warning)
+[ "$w" = "duet: warning: the learning-rate schedule or clipping (--lr, --lr-schedule, --warmup, --min-lr, --steps, --clip-grad-norm) differs from the checkpoint's ($d/ck.st): the resumed run does not continue the original one exactly (now: cosine lr=0.001 warmup=0 min_lr=0 steps=14 clip=0; checkpoint: constant lr=0.001 warmup=0 clip=0)" ] &&
+  ok resume_other_schedule || { bad resume_other_schedule; echo "got: $w"; }
 # another thread count: OpenBLAS sums in another order
 w=$("$DUET" run $M --train-subset 2560 --log-every 1 --no-eval --threads 1 --steps 14 --resume "$d/ck.st" 2>&1 >/dev/null | grep warning)
 [ "$w" = "duet: warning: --threads 1 differs from the checkpoint's 2 ($d/ck.st): the resumed run does not continue the original one exactly (OpenBLAS's summation order follows its thread count)" ] &&

@@ -29,7 +29,7 @@ expect ir_help 0 "usage: duet ir M.model [--after PASS] [--format text|dot|json]
 expect emit_help 0 "usage: duet emit M.model [--target c|cuda]" "$DUET" emit --help
 expect check_help 0 "usage: duet check M.model [--data-parallel N] [--bucket-mb X] [--zero 0|1]" "$DUET" check --help
 expect missing_model 1 "nofile.model: error: cannot open file: No such file or directory" "$DUET" check nofile.model
-expect unknown_pass 1 "duet: error: unknown pass 'nosuch'; passes: shape autodiff optimizer eval prune precision fuse partition data_parallel memplan" \
+expect unknown_pass 1 "duet: error: unknown pass 'nosuch'; passes: shape autodiff optimizer eval prune precision fuse partition data_parallel recompute memplan" \
   "$DUET" ir $M --after nosuch
 expect unknown_target 1 "duet: error: unknown target 'ptx' (available: c, cuda)" "$DUET" emit $M --target ptx
 expect bad_lr 1 "duet: error: --lr expects a number >= 0, got 'abc'" "$DUET" run $M --lr abc
@@ -234,5 +234,23 @@ if DUET_CACHE_DIR=/proc/duet-cache "$DUET" run $M --steps 1 --no-eval --train-su
    grep -q "^duet: warning: cannot create kernel cache directory /proc/duet-cache: .*; compiling the kernels in .* without caching them$" "$d/nc.out" &&
    grep -q '^duet: trained 1 step ' "$d/nc.out"; then echo "ok cache_unusable_falls_back"; pass=$((pass + 1))
 else echo "FAIL cache_unusable_falls_back"; cat "$d/nc.out"; fail=$((fail + 1)); fi
+# learning-rate schedules and clipping: bad values (the run's length and
+# rate are known once the data is: after compiling)
+expect bad_lr_schedule 1 "duet: error: --lr-schedule expects constant, cosine or linear, got 'cosin'" \
+  "$DUET" run $M --lr-schedule cosin
+expect negative_warmup 1 "duet: error: --warmup expects an integer >= 0, got '-3'" "$DUET" run $M --warmup -3
+expect negative_min_lr 1 "duet: error: --min-lr expects a number >= 0, got '-1e-5'" "$DUET" run $M --min-lr -1e-5
+expect zero_clip 1 "duet: error: --clip-grad-norm expects a number > 0 (the largest global L2 norm of the gradients), got '0'" \
+  "$DUET" run $M --clip-grad-norm 0
+expect negative_clip 1 "duet: error: --clip-grad-norm expects a number > 0 (the largest global L2 norm of the gradients), got '-1'" \
+  "$DUET" run $M --clip-grad-norm -1
+expect warmup_longer_than_run 1 "duet: error: the warm-up (--warmup 11) is longer than the run (10 steps)" \
+  "$DUET" run $M --steps 10 --warmup 11 --lr-schedule cosine --train-subset 2560
+expect min_lr_above_lr 1 "duet: error: --min-lr 0.01 is above the learning rate 0.001 (--lr): the cosine schedule decays from --lr down to --min-lr" \
+  "$DUET" run $M --steps 10 --lr-schedule cosine --min-lr 0.01 --train-subset 2560
+expect clip_with_zero 1 "duet: error: --clip-grad-norm with --zero 1 is not supported yet: each replica holds the summed gradients of its own shard only (train without --zero, or without clipping)" \
+  "$DUET" run $M --data-parallel 2 --zero 1 --clip-grad-norm 1 --steps 1 --train-subset 2560 --no-eval
+expect lr_schedule_line 0 "duet: lr schedule: linear to 1e-05 after warmup 2 over 4 steps (peak 0.001); gradients clipped to global norm 1" \
+  "$DUET" run $M --steps 4 --lr-schedule linear --warmup 2 --min-lr 1e-5 --clip-grad-norm 1 --train-subset 1024 --no-eval
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -1,6 +1,8 @@
 #!/bin/sh
 # duet compile writes an executable that, for the same seed and flags,
-# prints exactly the losses `duet run` prints.
+# prints exactly the losses `duet run` prints; it answers the flags fixed
+# at compile time with their compiled value; schedules and (compiled with
+# its kernels) clipping are run-time flags of it.
 # usage: run_compiled.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_compiled.sh path/to/duet}
 d=${TMPDIR:-/tmp}/duet-aot.$$
@@ -17,8 +19,37 @@ if ! diff "$d/jit.jsonl" "$d/aot.jsonl"; then echo "FAIL: losses differ"; exit 1
 sed 's/ | [0-9]* samples\/s//' "$d/jit.txt" | grep '^epoch' > "$d/a"
 sed 's/ | [0-9]* samples\/s//' "$d/aot.txt" | grep '^epoch' > "$d/b"
 diff "$d/a" "$d/b" || { echo "FAIL: progress lines differ"; exit 1; }
-# the executable rejects a batch it was not compiled for
-"$d/fmnist_train" --batch 128 --steps 1 2> "$d/err" && { echo "FAIL: --batch 128 accepted"; exit 1; }
-grep -q "compiled for batch 256" "$d/err" || { echo "FAIL: bad --batch message:"; cat "$d/err"; exit 1; }
+# compile-time flags: the executable answers another value with the
+# compiled one (exit 1), and takes the compiled value silently
+fixed() {
+  want="duet: error: $1 is fixed at compile time: $2 (this program was compiled with it; to change it, compile again: duet compile M.model $1 $3; duet run takes it directly)"
+  "$d/fmnist_train" "$1" "$3" --steps 1 > "$d/out" 2> "$d/err" && { echo "FAIL: $1 $3 accepted"; exit 1; }
+  [ "$(cat "$d/err")" = "$want" ] || { echo "FAIL: $1 $3:"; cat "$d/err"; echo "want: $want"; exit 1; }
+}
+fixed --batch 256 128
+fixed --precision fp32 fp16
+fixed --gemm-accumulate fp32 fp16
+fixed --micro-batches 1 2
+fixed --data-parallel 1 2
+fixed --prune "0 (no pruning)" 0.5
+fixed --prune-mode "none (no pruning)" global
+fixed --optimizer-state f32 int8
+fixed --recompute "as compiled (the program does not record the mode)" blocks
+"$d/fmnist_train" --batch 256 --precision fp32 --micro-batches 1 --data-parallel 1 --prune 0 --optimizer-state f32 --steps 1 --no-eval \
+  --train-subset 512 --quiet > "$d/out" 2>&1 || { echo "FAIL: the compiled values are refused:"; cat "$d/out"; exit 1; }
+"$d/fmnist_train" --help > "$d/help" && grep -q '^  --precision        fp32$' "$d/help" &&
+  grep -q '^  --batch            256$' "$d/help" || { echo "FAIL: --help does not list the fixed values"; exit 1; }
+# schedules are run-time flags; clipping needs its kernels: without them,
+# --clip-grad-norm is fixed (off); compiled with them, its limit is a
+# run-time flag, and the executable's losses, rates and norms are duet run's
+"$d/fmnist_train" --clip-grad-norm 1 --steps 1 2> "$d/err" && { echo "FAIL: --clip-grad-norm accepted"; exit 1; }
+[ "$(cat "$d/err")" = "duet: error: --clip-grad-norm is fixed at compile time: off (this program has no gradient clipping kernels; compile it with \`duet compile M.model --clip-grad-norm X\`, or set clip_grad_norm in the train section)" ] ||
+  { echo "FAIL: --clip-grad-norm without kernels:"; cat "$d/err"; exit 1; }
+"$DUET" compile models/fmnist_mlp.model -o "$d/clip_train" --clip-grad-norm 3 > /dev/null || { echo "FAIL: compile --clip-grad-norm"; exit 1; }
+C="--steps 6 --log-every 1 --threads 2 --no-eval --train-subset 2560 --lr-schedule linear --warmup 2 --min-lr 1e-4"
+"$d/clip_train" $C --clip-grad-norm 2.5 --metrics "$d/aot_c.jsonl" > /dev/null &&
+  "$DUET" run models/fmnist_mlp.model $C --clip-grad-norm 2.5 --metrics "$d/jit_c.jsonl" > /dev/null &&
+  cmp -s "$d/aot_c.jsonl" "$d/jit_c.jsonl" && grep -q '^{"step":6,"loss":[0-9.]*,"lr":0.0001,"grad_norm":[1-9]\.[0-9]*}$' "$d/aot_c.jsonl" ||
+  { echo "FAIL: the clipping executable differs from duet run"; diff "$d/aot_c.jsonl" "$d/jit_c.jsonl"; exit 1; }
 cat "$d/jit.jsonl"
-echo "1 passed, 0 failed"
+echo "2 passed, 0 failed"

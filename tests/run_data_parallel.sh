@@ -21,6 +21,7 @@
 #        buckets (--bucket-mb 1: 4 buckets) the same bits again; three
 #        replicas (batch 255) equal one device with 3 micro-batches (the
 #        replicas' sums are added in replica order, as its accumulator);
+#        the same with 8-bit AdamW state (--optimizer-state int8);
 #     2. DUET_DP_DROP=0 (bucket 0 never all-reduced) is caught by
 #        DUET_DP_CHECK after step 1: the check can fail;
 #     3. 2 replicas x 2-stage pipelines on cpu:0..cpu:3 (GPipe, 1F1B) equal
@@ -126,6 +127,22 @@ mlp)
     run dp_prune 2 $MLP --devices cpu:0,cpu:1 --data-parallel 2 --prune 0.5 --prune-start 4 --prune-end 12 --prune-every 4
     same ref_prune dp_prune
     checked dp_prune 20
+    # gradient clipping: after the all-reduce every replica's gradients, so
+    # its norm, are the same (duet_pipe_grad_sumsq refuses a difference);
+    # the run is the one-device run with 2 micro-batches, norms included
+    C="--clip-grad-norm 2 --lr-schedule linear --warmup 3 --min-lr 1e-5"
+    run ref_clip 1 $MLP --micro-batches 2 $C
+    run dp_clip 2 $MLP --devices cpu:0,cpu:1 --data-parallel 2 $C
+    same ref_clip dp_clip
+    checked dp_clip 20
+    grep -q '"grad_norm":' "$d/dp_clip.jsonl" && ok "dp_clip logs the norm" || bad "dp_clip: no grad_norm in the metrics"
+    # 8-bit AdamW state: each replica keeps its own codes and scales, quantized
+    # from bit-identical gradients, so they stay bit-identical (the check
+    # compares them) and equal the one-device run's
+    run ref_q8 1 $MLP --micro-batches 2 --optimizer-state int8 --no-eval
+    run dp_q8 2 $MLP --devices cpu:0,cpu:1 --data-parallel 2 --optimizer-state int8 --no-eval
+    same ref_q8 dp_q8
+    checked dp_q8 20
     grep -q '"test_accuracy"' "$d/dp.jsonl" && ok "dp evaluates" || bad "dp: no evaluation in the metrics"
     # three replicas: the sum runs in replica order, (g0 + g1) + g2, as one device's accumulator
     run ref3 1 $MLP --micro-batches 3 --batch 255 --no-eval
@@ -190,11 +207,11 @@ mlp)
       DUET_DP_CHECK=1 "$d/exe" --steps 20 --log-every 1 --train-subset 5120 --test-subset 1000 --threads 2 \
         --metrics "$d/exe.jsonl" --save "$d/exe.st" > "$d/exe.out" 2>&1; then same ref exe; checked exe 20
     else bad "compiled data-parallel executable"; tail -5 "$d/out" "$d/exe.out"; fi
-    expect exe_dp "duet: error: this program was compiled for 2 data-parallel replicas, not 3 (--data-parallel is fixed at compile time: duet compile M.model --data-parallel 3)" \
+    expect exe_dp "duet: error: --data-parallel is fixed at compile time: 2 (this program was compiled with it; to change it, compile again: duet compile M.model --data-parallel 3; duet run takes it directly)" \
       "$d/exe" --steps 1 --data-parallel 3
-    expect exe_bucket "duet: error: this program's all-reduce buckets were made for --bucket-mb 1, not 25 (fixed at compile time: duet compile M.model --bucket-mb 25)" \
+    expect exe_bucket "duet: error: --bucket-mb is fixed at compile time: 1 (this program was compiled with it; to change it, compile again: duet compile M.model --bucket-mb 25; duet run takes it directly)" \
       "$d/exe" --steps 1 --bucket-mb 25
-    expect exe_micro "duet: error: this program was compiled for 1 micro-batch per replica, not 2" \
+    expect exe_micro "duet: error: --micro-batches is fixed at compile time: 1 (this program was compiled with it; to change it, compile again: duet compile M.model --micro-batches 2; duet run takes it directly)" \
       "$d/exe" --steps 1 --micro-batches 2
   fi
   ;;

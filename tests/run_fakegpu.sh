@@ -14,7 +14,8 @@
 #     (GPU_QUICK=1): test_gpu_ops (every op case on sm_60 and, with bf16,
 #     on sm_80), run_train_gpu.sh, run_precision_gpu.sh,
 #     run_pipeline_gpu.sh (one fake GPU as two devices, cpu + GPU, and two
-#     fake GPUs without and with peer access), run_prune_gpu.sh, run_data_parallel_gpu.sh
+#     fake GPUs without and with peer access), run_prune_gpu.sh and
+#     run_adamw8_gpu.sh (part prune), run_data_parallel_gpu.sh
 #     (one fake GPU as two replicas, summed device-to-device; two fake GPUs
 #     with the fake's NCCL, forced to shared memory, without NCCL; three
 #     fake GPUs, whose ring order must differ from the replica order in
@@ -121,7 +122,10 @@ ops)
   ;;
 train) t gpu_train sh tests/gpu/run_train_gpu.sh "$DUET" ;;
 precision) t gpu_precision sh tests/gpu/run_precision_gpu.sh "$DUET" ;;
-prune) t gpu_prune sh tests/gpu/run_prune_gpu.sh "$DUET" ;;
+prune)
+  t gpu_prune sh tests/gpu/run_prune_gpu.sh "$DUET"
+  t gpu_adamw8 sh tests/gpu/run_adamw8_gpu.sh "$DUET"
+  ;;
 pipeline)
   DUET_FAKE_GPUS=2 t gpu_pipeline_staged sh tests/gpu/run_pipeline_gpu.sh "$DUET"
   has "$tmp/gpu_pipeline_staged.log" "ok pair path (duet: pipeline transfers: stage 0 -> 1 staged through pinned host memory" pair_staged

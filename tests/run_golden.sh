@@ -57,5 +57,8 @@ check fmnist_mlp.prune.prune.ir "$DUET" ir models/fmnist_mlp.model --prune 0.5 -
 check fmnist_mlp.prune.c "$DUET" emit models/fmnist_mlp.model --prune 0.5 --target c
 check fmnist_mlp.prune.cu "$DUET" emit models/fmnist_mlp.model --prune 0.5 --target cuda
 check fmnist_mlp.prune.fp16.precision.ir "$DUET" ir models/fmnist_mlp.model --prune 0.5 --precision fp16 --after precision
+# activation recomputation: the recomputed copies of each block (dropout
+# sites kept) before the first backward use, the backward ops reading them
+check gpt_tiny_dropout.recompute.ir "$DUET" ir tests/recompute/gpt_tiny_dropout.model --recompute blocks --after recompute
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

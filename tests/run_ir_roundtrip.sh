@@ -3,7 +3,9 @@
 #   1. print(parse(print(g))) == print(g), byte for byte, for every model in
 #      models/ and tests/models/ after every pass (`duet ir G.ir` re-prints a
 #      dump as it was given), and for fmnist_mlp and gpt_tiny with
-#      --data-parallel 2 (one stage, and a pipeline of two, per replica);
+#      --data-parallel 2 (one stage, and a pipeline of two, per replica), and
+#      tests/recompute/gpt_tiny_dropout.model with --recompute blocks (one
+#      device, and a pipeline of two);
 #   2. a dump resumes where it stopped: `duet ir G.ir --after Q` equals
 #      `duet ir M.model --after Q` for every pass Q after the dump's;
 #   3. --format dot passes `dot -Tsvg` and --format json parses (python3's
@@ -24,7 +26,7 @@ passes=$("$DUET" ir --help | sed -n '/Passes, in order:$/,$p' | sed 1d | awk '{p
 # fp32, and the models of models/ with fp16 and bf16 storage (--precision);
 # data parallelism (dp: 2 replicas; dp2: 2 replicas of a 2-stage pipeline),
 # small buckets so that there are several
-for prec in fp32 fp16 bf16 dp dp2; do
+for prec in fp32 fp16 bf16 dp dp2 rc rc2; do
 models="models/*.model tests/models/*.model"
 [ $prec = fp32 ] || models="models/*.model"
 PF="--precision $prec"
@@ -32,6 +34,9 @@ case $prec in
   dp) models="models/fmnist_mlp.model tests/models/gpt_tiny.model"; PF="--data-parallel 2 --bucket-mb 0.05" ;;
   dp2) models="models/fmnist_mlp.model tests/models/gpt_tiny.model"
        PF="--data-parallel 2 --bucket-mb 0.05 --devices cpu:0,cpu:1,cpu:2,cpu:3" ;;
+  rc) models="tests/recompute/gpt_tiny_dropout.model"; PF="--recompute blocks" ;;
+  rc2) models="tests/recompute/gpt_tiny_dropout.model"
+       PF="--recompute blocks --devices cpu:0,cpu:1 --micro-batches 2" ;;
 esac
 for m in $models; do
   b=$(basename "$m" .model)

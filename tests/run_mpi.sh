@@ -192,6 +192,14 @@ mlp)
     mpi mpi_prune 2 1 "$DUET" run $MLP $PR
     same ref_prune mpi_prune
     checked mpi_prune 20
+    # gradient clipping across ranks: every rank's gradients, so its norm,
+    # are the same after the all-reduce; the run is one process's with 2
+    # micro-batches, rates and norms included
+    C="--clip-grad-norm 2 --lr-schedule cosine --warmup 3"
+    one ref_clip 1 $MLP --micro-batches 2 $C
+    mpi mpi_clip 2 1 "$DUET" run $MLP $C
+    same ref_clip mpi_clip
+    checked mpi_clip 20
     # the check sees ranks that drift apart
     if DUET_DP_CHECK=1 DUET_DP_DROP=0 timeout 120 $MPIRUN -np 2 "$DUET" run $MLP --threads 1 --no-eval > "$d/drop.out" 2>&1; then
       bad "DUET_DP_DROP=0 passed the ranks' check"
@@ -338,6 +346,8 @@ refuse)
     $MPIRUN -np 1 "$DUET" run $M --prune 0.5 --prune-start 2 : -np 1 "$DUET" run $M --prune 0.5 --prune-start 3
   expect prune_mode "duet: rank 0: error: rank 1 was started with another program (model, kernels, tensors and steps: another model or duet, or a flag that changes the compiled program: --batch, --micro-batches, --bucket-mb, --zero, --precision, --prune, --prune-mode, --prune-start, --prune-end, --prune-every, --prune-initial) than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
     $MPIRUN -np 1 "$DUET" run $M --prune 0.5 : -np 1 "$DUET" run $M --prune 0.5 --prune-mode global
+  expect lr_schedule "duet: rank 0: error: rank 1 was started with another learning-rate schedule or clipping (--lr-schedule, --warmup, --min-lr, --clip-grad-norm) than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
+    $MPIRUN -np 1 "$DUET" run $M : -np 1 "$DUET" run $M --lr-schedule cosine
   expect seed "duet: rank 1: error: rank 1 was started with another --seed than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
     $MPIRUN -np 1 "$DUET" run $M : -np 1 "$DUET" run $M --seed 7
   expect batch_ranks "duet: rank 2: error: batch 256 (models/fmnist_mlp.model:20) is not a multiple of the 3 MPI ranks (each rank is one replica: they split each global batch)" \

@@ -34,9 +34,19 @@ halving=$(awk -v s=1073741824 '{ s /= 2; v = $NF; if (v / s < 0.99999 || v / s >
 last=$(tail -1 "$d/skips" | awk '{print $NF}')
 if [ "$k" -ge 5 ] && [ "$halving" = yes ] &&
    head -1 "$d/skips" | grep -qx 'step 1: gradient overflow (first: linear1.w); step skipped, loss scale now 5.36871e+08' &&
-   grep -q "step 40/40 | loss 0\.[0-9]* | [0-9]* samples/s | loss scale $last ($k skipped)" "$d/o.txt" &&
+   grep -q "step 40/40 | loss 0\.[0-9]* | lr 0\.001 | [0-9]* samples/s | loss scale $last ($k skipped)" "$d/o.txt" &&
    grep -q "test accuracy [6-9][0-9]\." "$d/o.txt"; then ok "forced_overflow ($k steps skipped, scale 2^30 -> $last)"
 else bad forced_overflow; cat "$d/o.txt"; fi
+
+# 1b. gradient clipping with loss scaling: a skipped step is not clipped
+# (no norm: null in the metrics); the later steps clip the unscaled
+# gradients (a norm of the size fp32 measures: below 100, not 2^20 times it)
+"$DUET" run $M --train-subset 512 --batch 64 --threads 2 --precision fp16 --steps 8 --log-every 1 --no-eval \
+  --loss-scale 4194304 --clip-grad-norm 1 --metrics "$d/clip.jsonl" > "$d/clip.txt" 2>&1 || { bad clip_overflow_run; cat "$d/clip.txt"; }
+if head -1 "$d/clip.jsonl" | grep -q '^{"step":1,"loss":[0-9.e-]*,"lr":0.001,"grad_norm":null}$' &&
+   tail -1 "$d/clip.jsonl" | grep -q '^{"step":8,"loss":[0-9.e-]*,"lr":0.001,"grad_norm":[0-9]\{1,2\}\.[0-9]*}$'; then
+  ok "clip_with_loss_scaling (skipped steps unclipped, the rest on the unscaled gradients)"
+else bad clip_with_loss_scaling; cat "$d/clip.jsonl"; fi
 
 # 2. the floor
 "$DUET" run $M $F --steps 5 --loss-scale 1073741824 --min-loss-scale 536870912 > "$d/f.txt" 2> "$d/f.err" &&
@@ -69,7 +79,7 @@ C="--steps 12 --log-every 3 --threads 2 --seed 3 --no-eval --train-subset 2560"
 diff "$d/jit.jsonl" "$d/aot.jsonl" && ok compiled_fp16 || bad compiled_fp16
 
 # 5. flags and the device table
-"$DUET" ir $M --arch sm_61 --after precision | grep -q '^%6 = matmul %4, %5 : f16\[256,1024\]$' && ok arch_sm_61_fp16 || bad arch_sm_61_fp16
+"$DUET" ir $M --arch sm_61 --after precision | grep -Eq '^%6 = matmul %4, %5 : f16\[256,1024\](  @block\([0-9]+\))?$' && ok arch_sm_61_fp16 || bad arch_sm_61_fp16
 "$DUET" ir $M --arch sm_80 --after precision | grep -q ': bf16\[256,1024\]' && ok arch_sm_80_bf16 || bad arch_sm_80_bf16
 "$DUET" ir $M --after precision | grep -q 'f16\|bf16' && bad cpu_auto_fp32 || ok cpu_auto_fp32
 expect() { # name command... ; the expected stderr in $want
@@ -91,7 +101,7 @@ expect run_gpu_arch "$DUET" run $M --arch sm_60
   bad fp16_micro_batch_seed
 # the train section's `precision` key, and the command line winning over it
 sed 's/^  seed = 1$/  seed = 1\n  precision = "bf16"/' $M > "$d/p.model"
-"$DUET" ir "$d/p.model" --after precision | grep -q '^%6 = matmul %4, %5 : bf16\[256,1024\]$' && ok train_key_precision ||
+"$DUET" ir "$d/p.model" --after precision | grep -Eq '^%6 = matmul %4, %5 : bf16\[256,1024\](  @block\([0-9]+\))?$' && ok train_key_precision ||
   bad train_key_precision
 "$DUET" ir "$d/p.model" --after precision --precision fp32 | grep -q 'bf16\[' && bad cli_wins || ok cli_wins
 # 6. fp16 loss scaling with micro-batches and pipelines: a forced overflow

@@ -141,7 +141,7 @@ mlp)
       DUET_DP_CHECK=1 "$d/exe" --steps 20 --log-every 1 --train-subset 5120 --test-subset 1000 --threads 2 \
         --metrics "$d/exe.jsonl" --save "$d/exe.st" > "$d/exe.out" 2>&1; then same dp exe; checked exe 20
     else bad "compiled --zero 1 executable"; tail -5 "$d/out" "$d/exe.out"; fi
-    expect exe_zero "duet: error: this program was compiled with --zero 1, not 0 (fixed at compile time: duet compile M.model --data-parallel N --zero 0)" \
+    expect exe_zero "duet: error: --zero is fixed at compile time: 1 (this program was compiled with it; to change it, compile again: duet compile M.model --zero 0; duet run takes it directly)" \
       "$d/exe" --steps 1 --zero 0
     # resume: the checkpoint holds the whole state, gathered from the replicas
     HALF10="models/fmnist_mlp.model --log-every 1 --train-subset 5120 --test-subset 1000"

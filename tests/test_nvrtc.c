@@ -10,7 +10,9 @@
  * (sm_75 for NVRTC 13: ptxas assembles the half2 helpers' inline f16x2
  * PTX); the PTX of an fp16 program with half2 arithmetic must hold an
  * f16x2 instruction (the __CUDA_ARCH__ >= 530 branch); the f64 training
- * program and, for models with attention, the decoding program (f32, and
+ * program (not for models with 8-bit AdamW state, which needs f32
+ * params: tests/models/adamw8_tiny.model) and, for models with attention,
+ * the decoding program (f32, and
  * with --precision fp16, which leaves decoding in f32) for compute_75.  The
  * PTX must hold an entry point duet_k<f> for every function f (kernels
  * that differ only in their tensors share one), and NVRTC's log must be
@@ -24,7 +26,8 @@
  * 13's NVRTC no longer targets, see tests/test_nvrtc_sm60.c (CUDA 12.9 and
  * 11.8 NVRTC, loaded by path).  The one-op models of
  * tests/op_cases.h (every kernel kind, forward and backward) compile in f32,
- * f64, fp16 and bf16 for compute_75. */
+ * f64, fp16 and bf16 for compute_75, and the recomputed graph of
+ * tests/recompute/gpt_tiny_dropout.model in f32 for compute_75. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,6 +113,7 @@ static void test_model(const char *path, const int *archs, int n_archs) {
   size_t tlen = 0;
   char *text = duet_read_file(path, &tlen);
   bool attention = text && strstr(text, "attention(");
+  bool q8 = text && strstr(text, "state = int8"); /* 8-bit AdamW state needs f32 params: no f64 program */
   free(text);
   /* large or not: decided on the f32 training program, for every variant */
   CgProgram *cp0 = lower_model(a, path, NULL, DT_F32, false, "fp32");
@@ -121,6 +125,7 @@ static void test_model(const char *path, const int *archs, int n_archs) {
   }
   for (int v = 0; v < N_VARIANTS; v++) {
     if (variants[v].decode && !attention) continue;
+    if (q8 && variants[v].dt == DT_F64) continue;
     if ((quick && v > 0) || (large_mode && v > 2)) break;
     if (!large_mode && half_mode != (v == 1 || v == 2 || v == 5)) continue;
     CgProgram *cp = lower_model(a, path, NULL, variants[v].dt, variants[v].decode, variants[v].precision);
@@ -200,6 +205,27 @@ static void test_op_cases(void) {
     }
 }
 
+/* Activation recomputation (`recompute = "blocks"` in the model's train
+ * section): the copies of the blocks' forward ops are ordinary kernels; the
+ * f32 program for compute_75 (one compile: the other variants add nothing
+ * the models above do not cover). */
+static void test_recompute(void) {
+  const char *path = DUET_SOURCE_DIR "/tests/recompute/gpt_tiny_dropout.model";
+  Arena *a = arena_new(1 << 20);
+  CgProgram *cp = lower_model(a, path, NULL, DT_F32, false, "fp32");
+  if (!cp) {
+    fprintf(stderr, "FAIL %s: does not compile\n", path);
+    failures++;
+  } else {
+    int n_fns = 0;
+    char *src = codegen_emit_cuda(cp, a, NULL, &n_fns);
+    char what[1200];
+    snprintf(what, sizeof what, "%s (f32, recomputed blocks)", path);
+    failures += compile_one(what, src, "-arch=compute_75", 0, n_fns, half2_need(cp));
+  }
+  arena_free(a);
+}
+
 static void test_dir(const char *dir, const int *archs, int n_archs) {
   char **names;
   int n = list_models(dir, &names);
@@ -251,6 +277,7 @@ int main(int argc, char **argv) {
   } else {
     test_dir(DUET_SOURCE_DIR "/models", archs, n);
     test_dir(DUET_SOURCE_DIR "/tests/models", archs, n);
+    if (!large_mode && !half_mode) test_recompute();
     if (!large_mode) test_op_cases();
     if (half_mode && half2_cubins == 0) {
       fprintf(stderr, "FAIL no fp16 program with half2 arithmetic was compiled to a CUBIN\n");

@@ -12,7 +12,8 @@
  *      program keeps no 16-bit weight across steps (its copy is cast from
  *      the masked f32 master weight every step);
  *   4. a session: after pruning and 20 more steps of AdamW with weight
- *      decay, SGD with momentum and weight decay, and AdamW in fp16, every
+ *      decay, SGD with momentum and weight decay, AdamW in fp16 and AdamW
+ *      with 8-bit state (fp32, fp16: the state's codes are 0), every
  *      pruned weight and its optimizer state is +0.0 (no "regrowth") and
  *      the rest trained. */
 #include <stdlib.h>
@@ -413,8 +414,20 @@ static int test_regrowth(const char *opt, const char *precision) {
   for (int i = 0; !rc && i < p->prune->n_params; i++) {
     const DuetPruneParam *q = &p->prune->params[i];
     float *w = read_f32(t.s, p, q->param), *m = read_f32(t.s, p, q->mask);
-    float *st[2] = {q->state[0] >= 0 ? read_f32(t.s, p, q->state[0]) : NULL,
-                    q->state[1] >= 0 ? read_f32(t.s, p, q->state[1]) : NULL};
+    /* 8-bit AdamW state: its codes (u8, found by name), 0 where pruned (code
+     * 0 decodes to exactly 0 in any block: test_adamw8) */
+    int codes[2] = {-1, -1};
+    for (int k = 0; k < 2; k++) {
+      char want[300];
+      snprintf(want, sizeof want, "%s.%s.codes", p->tensors[q->param].name, k ? "exp_avg_sq" : "exp_avg");
+      for (int j = 0; j < p->n_tensors; j++)
+        if (!strcmp(p->tensors[j].name, want)) codes[k] = j;
+    }
+    bool u8 = codes[0] >= 0;
+    if (u8) CHECK(q->state[0] == codes[0] && q->state[1] == codes[1], "%s: the pruning table's state is not the codes",
+                  p->tensors[q->param].name);
+    float *st[2] = {q->state[0] >= 0 || u8 ? read_f32(t.s, p, u8 ? codes[0] : q->state[0]) : NULL,
+                    q->state[1] >= 0 || u8 ? read_f32(t.s, p, u8 ? codes[1] : q->state[1]) : NULL};
     int64_t n = q->out_n * q->in_n, zeros = 0, regrown = 0, stale = 0, moved = 0;
     for (int64_t e = 0; e < n; e++) {
       uint32_t b;
@@ -426,7 +439,8 @@ static int test_regrowth(const char *opt, const char *precision) {
       memcpy(&b, &w[e], 4);
       regrown += b != 0;
       for (int k = 0; k < 2; k++)
-        if (st[k]) memcpy(&b, &st[k][e], 4), stale += b != 0;
+        if (st[k] && u8) stale += ((const unsigned char *)st[k])[e] != 0;
+        else if (st[k]) memcpy(&b, &st[k][e], 4), stale += b != 0;
     }
     const char *name = p->tensors[q->param].name;
     CHECK(zeros == (int64_t)nearbyint(0.6 * (double)n), "%s %s %s: %lld of %lld pruned", opt, precision, name,
@@ -443,7 +457,7 @@ static int test_regrowth(const char *opt, const char *precision) {
    * weight in every step's forward pass */
   for (int i = 0; i < p->n_tensors; i++)
     CHECK(!(p->tensors[i].region == DUET_MEM_PARAM || p->tensors[i].region == DUET_MEM_STATE) ||
-              p->tensors[i].dtype == DUET_F32, "%s: a persistent %d-dtype tensor", p->tensors[i].name,
+              p->tensors[i].dtype == DUET_F32 || p->tensors[i].dtype == DUET_U8, "%s: a persistent %d-dtype tensor", p->tensors[i].name,
           p->tensors[i].dtype);
   tmodel_close(&t);
   return rc;
@@ -459,6 +473,9 @@ int main(void) {
   if (test_regrowth("sgd(lr = 0.05, momentum = 0.9, weight_decay = 0.01)", "fp32")) fails++;
   if (test_regrowth("adamw(lr = 1e-2, weight_decay = 0.1)", "fp16")) fails++;
   if (test_regrowth("sgd(lr = 0.05, momentum = 0.9, weight_decay = 0.01)", "bf16")) fails++;
+  /* 8-bit AdamW state: the masks zero the codes */
+  if (test_regrowth("adamw(lr = 1e-2, weight_decay = 0.1, state = int8)", "fp32")) fails++;
+  if (test_regrowth("adamw(lr = 1e-2, weight_decay = 0.1, state = int8)", "fp16")) fails++;
   printf(fails ? "test_prune: %d failures\n" : "test_prune: ok\n", fails);
   return fails != 0;
 }

@@ -348,7 +348,7 @@ static void test_corrupt(void) {
   corrupt("unknown dtype", "{\"a\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
           "tensor \"a\": unknown dtype \"Q7\"");
   corrupt("unsupported dtype", "{\"a\":{\"dtype\":\"U16\",\"shape\":[4],\"data_offsets\":[0,8]}}", 8,
-          "tensor \"a\": dtype U16 is not supported (duet reads F32, F64, I32, F16, BF16)");
+          "tensor \"a\": dtype U16 is not supported (duet reads F32, F64, I32, F16, BF16, U8)");
   corrupt("dtype not a string", "{\"a\":{\"dtype\":1,\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
           "tensor \"a\": missing \"dtype\" string");
 

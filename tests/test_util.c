@@ -292,6 +292,7 @@ static double load_elem(const void *base, int64_t j, int dtype) {
   switch (dtype) {
   case DUET_F64: return ((const double *)base)[j];
   case DUET_F16: case DUET_BF16: return widen16(base, j, dtype);
+  case DUET_U8: return ((const unsigned char *)base)[j]; /* 8-bit AdamW state codes */
   default: return ((const float *)base)[j];
   }
 }
@@ -589,7 +590,7 @@ static int ls_snapshot(Lockstep *L, void *const *t) {
         break;
       }
     }
-    if (x && !L->th[j] && (j < p->n_tensors ? p->tensors[j].nbytes > 0 : p->n_unscale > 0)) {
+    if (x && !L->th[j] && (j < p->n_tensors ? p->tensors[j].nbytes > 0 : duet_flag_words(p) > 0)) {
       snprintf(L->self.err, sizeof L->self.err, "lockstep: tensor %d lies in no allocation of the device", j);
       return -1;
     }
@@ -598,7 +599,7 @@ static int ls_snapshot(Lockstep *L, void *const *t) {
 }
 
 static bool ls_is16(int dt) { return dt == DUET_F16 || dt == DUET_BF16; }
-static int ls_size(int dt) { return dt == DUET_F64 ? 8 : ls_is16(dt) ? 2 : 4; }
+static int ls_size(int dt) { return dt == DUET_F64 ? 8 : ls_is16(dt) ? 2 : dt == DUET_U8 ? 1 : 4; }
 
 /* One unit in the last place of the 16-bit format at magnitude x: the
  * spacing of its numbers in x's binade (subnormals: the smallest). */
@@ -681,7 +682,9 @@ const char *kernel_kind_name(KernelKind k) {
       [KK_MAXPOOL] = "maxpool", [KK_MAXPOOL_GRAD] = "maxpool_grad", [KK_AVGPOOL] = "avgpool",
       [KK_AVGPOOL_GRAD] = "avgpool_grad", [KK_ATTN_DECODE] = "attn_decode", [KK_UNSCALE] = "unscale",
       [KK_ATTN_BWD_KV] = "attn_bwd_kv", [KK_SOFTMAX] = "softmax", [KK_SOFTMAX_BWD] = "softmax_bwd",
-      [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope", [KK_MSE] = "mse"};
+      [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope", [KK_MSE] = "mse",
+      [KK_SUMSQ] = "sumsq", [KK_CLIP_SCALE] = "clip_scale",
+      [KK_ADAMW8] = "adamw8"};
   return k >= 0 && k < (int)(sizeof names / sizeof *names) && names[k] ? names[k] : "?";
 }
 
@@ -846,6 +849,9 @@ static int ls_launch(DuetDevice *d, int k, void *const *t, const double *s) {
       for (int j = 0; j < n_out; j++) seen |= outs[j] == id;
       if (!seen) outs[n_out++] = id;
     }
+  } else if (K->kind == KK_ADAMW8) { /* p, both moments' codes and scales: bit for bit (exact, below) */
+    static const int w[5] = {0, 2, 3, 4, 5};
+    for (int i = 0; i < 5; i++) outs[n_out++] = K->bufs[w[i]].tensor;
   } else {
     outs[n_out++] = K->bufs[K->n_bufs - 1].tensor;
   }
@@ -1005,7 +1011,8 @@ static int ls_launch(DuetDevice *d, int k, void *const *t, const double *s) {
   case KK_COL2IM: case KK_AVGPOOL: case KK_AVGPOOL_GRAD: case KK_MAXPOOL_GRAD: /* windows that overlap add up */
     n_sum = K->win[0] * K->win[1];
     break;
-  default: exact = true; break; /* data movement: gather, transpose, im2col, max, positions, unscale */
+  default: exact = true; break; /* data movement: gather, transpose, im2col, max, positions, unscale; and
+                                 * adamw8, whose CUDA arithmetic is the C kernel's operation by operation */
   }
   if (rc) {
     snprintf(d->err, sizeof d->err, "lockstep: out of host memory");
@@ -1078,6 +1085,14 @@ static int ls_launch(DuetDevice *d, int k, void *const *t, const double *s) {
     rc = ls_compare(L, what, id, lo, n, dt, (const char *)L->th[id] + lo * ls_size(dt), false, &b);
   }
   for (int o = 0; o < n_out; o++) free(mag[o]);
+  if (!rc && K->kind == KK_SUMSQ) {
+    /* the sum of squares (a double in the flags buffer): both sum the same
+     * exact squares in double in different orders, each within
+     * gamma_{n-1} of the exact sum of these positive terms (Higham 4.2) */
+    const double *ref = (const double *)((const int32_t *)L->th[p->n_tensors] + K->slot);
+    LsBound b = {.noise = 2 * (double)(K->n + 1) * 0x1p-53, .scale = fabs(*ref)};
+    rc = ls_compare(L, what, p->n_tensors, K->slot / 2, 1, DUET_F64, ref, false, &b);
+  }
   if (!rc && K->kind == KK_UNSCALE) { /* the overflow flag */
     LsBound b = {0};
     rc = ls_compare(L, what, p->n_tensors, K->slot, 1, DUET_I32, (int32_t *)L->th[p->n_tensors] + K->slot, false, &b);

@@ -48,10 +48,12 @@ static inline float __uint_as_float(unsigned u) {
   memcpy(&f, &u, sizeof f);
   return f;
 }
-/* round-to-nearest f32 add, subtract and multiply (the host's default rounding) */
+/* round-to-nearest f32 add, subtract, multiply, divide and square root (the host's default rounding) */
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsqrt_rn(float a) { return sqrtf(a); }
 
 /* The PTX f16x2 instructions add/sub/mul.rn.f16x2 that the half2 helpers
  * of the generated prelude use on sm_53 and later (they call
