@@ -263,7 +263,7 @@ cli)
   expect dump_bucket_compile "$d/dpb.ir:2:7: error: the dump was printed after \`data_parallel\`, so its all-reduce buckets are fixed (made for --bucket-mb 1); --bucket-mb 5 needs the .model or a dump from before \`data_parallel\`" \
     "$DUET" compile "$d/dpb.ir" --bucket-mb 5 -o "$d/dpb_exe"
   if "$DUET" compile "$d/dpb.ir" -o "$d/dpb_exe" > /dev/null 2>&1; then
-    expect dump_bucket_exe "duet: error: this program's all-reduce buckets were made for --bucket-mb 1, not 5 (fixed at compile time: duet compile M.model --bucket-mb 5)" \
+    expect dump_bucket_exe "duet: error: --bucket-mb is fixed at compile time: 1 (this program was compiled with it; to change it, compile again: duet compile M.model --bucket-mb 5; duet run takes it directly)" \
       "$d/dpb_exe" --bucket-mb 5 --steps 1
   else bad "duet compile of a data-parallel dump"; fi
   "$DUET" ir $M --data-parallel 2 --after data_parallel > "$d/dpd.ir"
