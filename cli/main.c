@@ -990,14 +990,34 @@ static int cmd_ir(int argc, char **argv) {
  * pipeline of D/N stages x N replicas per machine, for each N dividing
  * the D devices of --devices), compiled and estimated without a report,
  * then which is fastest.  0, or 1 after an error. */
-static int plan_layouts(const char *model, int64_t batch, const ParOpts *po, int argc, char **argv) {
+static int plan_layouts(const char *model, int64_t batch, const ParOpts *given, int argc, char **argv) {
+  /* without --devices, --data-parallel N plans N CPU devices per machine
+   * (the default devices of duet run --data-parallel N), as the report
+   * above did */
+  ParOpts own = {0}, base = *given;
+  const ParOpts *po = &base;
+  char own_cpus[1024];
+  if (!given->n_dev && given->replicas > 1) {
+    int64_t per = given->replicas / (given->nodes > 1 ? given->nodes : 1);
+    if (per > 1) {
+      if (par_devices(&own, default_cpus(per, own_cpus, sizeof own_cpus), argc, argv)) {
+        par_free(&own);
+        return 1;
+      }
+      memcpy(base.dev, own.dev, sizeof base.dev); /* the names stay own's (freed with it) */
+      base.n_dev = own.n_dev;
+      base.devices = own_cpus;
+    }
+  }
   int D = po->n_dev > 0 ? po->n_dev : 1, K = po->nodes;
   double gbps = po->link_gbps > 0 ? po->link_gbps : DP_LINK_GBPS_DEFAULT;
   FILE *null = fopen("/dev/null", "w");
   if (!null) {
     fprintf(stderr, "duet: error: cannot open /dev/null: %s\n", strerror(errno));
+    par_free(&own);
     return 1;
   }
+  int compiled = 0;
   if (K > 1)
     printf("layouts of %d machines x %d device%s (%s), linked at %.4g Gb/s per machine, estimated:\n", K, D,
            D == 1 ? "" : "s", po->devices ? po->devices : "cpu", gbps);
@@ -1017,17 +1037,26 @@ static int plan_layouts(const char *model, int64_t batch, const ParOpts *po, int
     else if (N == 1) printf("  a %d-stage pipeline per machine", S);
     else printf("  %d replicas of a %d-stage pipeline per machine", N, S);
     printf(", %" PRId64 " replica%s in all: ", lp.replicas, lp.replicas == 1 ? "" : "s");
-    if (compile_model_to(&c, null, model, &fo, &lp, NULL, NULL)) {
-      printf("not possible (duet plan --nodes %d%s%s --data-parallel %d says why)\n", K, po->devices ? " --devices " : "",
-             po->devices ? po->devices : "", N);
+    char *why = NULL;
+    size_t why_len = 0;
+    FILE *diag = open_memstream(&why, &why_len);
+    int bad = compile_model_to(&c, diag ? diag : null, model, &fo, &lp, NULL, NULL);
+    if (diag) fclose(diag);
+    if (bad) { /* the first line of the first diagnostic says why */
+      const char *e = why ? strstr(why, "error: ") : NULL;
+      printf("not possible: %.*s\n", e ? (int)strcspn(e + 7, "\n") : 14, e ? e + 7 : "does not build");
+      free(why);
       compiled_free(&c);
       continue;
     }
+    free(why);
+    compiled++;
     ParOpts cpu = {0};
     char cpus[1024];
     if (!lp.n_dev && par_devices(&cpu, default_cpus(N, cpus, sizeof cpus), argc, argv)) {
       compiled_free(&c);
       par_free(&cpu);
+      par_free(&own);
       fclose(null);
       return 1;
     }
@@ -1049,8 +1078,9 @@ static int plan_layouts(const char *model, int64_t batch, const ParOpts *po, int
     compiled_free(&c);
   }
   fclose(null);
+  par_free(&own);
   if (!best_n) {
-    printf("no layout fits the devices\n");
+    printf(compiled ? "no layout fits the devices\n" : "no layout is possible (above)\n");
     return 1;
   }
   if (D == 1) printf("fastest: data parallelism (one device per machine: the only layout)\n");

@@ -284,10 +284,10 @@ void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE
           "above is per device); gradients summed over the replicas in buckets of at most %.4g MiB\n", R,
           (double)data_parallel_bucket_cap(cx) / 1048576.0);
   if (K > 1)
-    fprintf(out, "  over %d machines of %d replica%s each, linked at %.4g Gb/s per machine (%s); each stage's ring "
-            "crosses that link, shared by the %d stage%s' all-reduces\n", K, R / K, R / K == 1 ? "" : "s", gbps,
-            cx->link_gbps > 0 ? "--link-gbps" : "default: 10 Gigabit Ethernet, IEEE 802.3an 10GBASE-T", S,
-            S == 1 ? "" : "s");
+    fprintf(out, "  over %d machines of %d replica%s each, linked at %.4g Gb/s per machine (%s); %s%.0d%s\n", K, R / K,
+            R / K == 1 ? "" : "s", gbps, cx->link_gbps > 0 ? "--link-gbps" : "default: 10 Gigabit Ethernet, IEEE 802.3an "
+            "10GBASE-T", S == 1 ? "the ring crosses that link" : "each stage's ring crosses that link, shared by the ",
+            S == 1 ? 0 : S, S == 1 ? "" : " stages' all-reduces");
   for (int s = 0; s < S; s++) {
     const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
     PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};
