@@ -1457,7 +1457,7 @@ static void print_prune_summary(const Graph *g) {
   else snprintf(sched, sizeof sched, "gradual from %s after step %" PRId64 " to %s after step %" PRId64 ", every %" PRId64
                " steps", ir_num_str(p->initial, (char[32]){0}, 32), p->start, ir_num_str(p->sparsity, (char[32]){0}, 32),
                p->end, p->every);
-  printf("pruning: %s, sparsity %s, %s: %d weight%s of %" PRId64 " elements; masks %" PRId64 " bytes", prune_mode_str(p, m, sizeof m),
+  printf("pruning: %s, sparsity %s, %s: %d weight tensor%s of %" PRId64 " elements; masks %" PRId64 " bytes", prune_mode_str(p, m, sizeof m),
          ir_num_str(p->sparsity, (char[32]){0}, 32), sched, n, n == 1 ? "" : "s", elems, bytes);
   if (bytes >= 1024) printf(" (%s)", bytes_human(bytes, b, sizeof b));
   printf(" of optimizer state\n");

@@ -60,6 +60,13 @@ int prune_parse_flag(PruneSpec *over, const char *flag, const char *val, char *e
     }
     *(k ? &over->initial : &over->sparsity) = x;
   } else if (k == 1) {
+    int a, b, used = 0;
+    if (prune_mode_parse(val, &over->mode, &over->nm_n, &over->nm_m) && sscanf(val, "%d:%d%n", &a, &b, &used) == 2 &&
+        !val[used] && a >= b && a >= 1 && b <= 64) {
+      snprintf(err, errlen, "--prune-mode %s: N must be less than M (N:M keeps N of every M weights, such as 2:4)",
+               val);
+      return -1;
+    }
     if (prune_mode_parse(val, &over->mode, &over->nm_n, &over->nm_m)) {
       snprintf(err, errlen, "unknown --prune-mode '%s'; modes are unstructured, global, channels and N:M such as 2:4",
                val);

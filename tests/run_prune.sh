@@ -60,6 +60,8 @@ expect_error sparsity_range "duet: error: --prune expects a sparsity in [0, 1), 
 expect_error sparsity_negative "duet: error: --prune expects a sparsity in [0, 1), got '-0.1'" $M --prune=-0.1
 expect_error unknown_mode "duet: error: unknown --prune-mode 'sparse'; modes are unstructured, global, channels and N:M such as 2:4" \
   $M --prune 0.5 --prune-mode sparse
+expect_error nm_order "duet: error: --prune-mode 3:2: N must be less than M (N:M keeps N of every M weights, such as 2:4)" \
+  $M --prune-mode 3:2
 expect_error end_before_start "duet: error: prune end step 10 is before its start step 20" \
   $M --prune 0.5 --prune-start 20 --prune-end 10
 expect_error every_zero "duet: error: --prune-every expects an integer >= 1 (a step count), got '0'" $M --prune 0.5 --prune-every 0
