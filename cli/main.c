@@ -782,7 +782,9 @@ static int cmd_compile(int argc, char **argv) {
              "--clip-grad-norm X compiles the gradient clipping kernels (X: the default limit,\n"
              "EXE --clip-grad-norm changes it).  Also: --schedule gpipe|1f1b, --threads N (for\n"
              "the partition's cost model), --precision auto|fp32|fp16|bf16, the --prune flags,\n"
-             "--recompute none|blocks|auto.\n");
+             "--recompute none|blocks|auto.\n"
+             "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
+             "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
@@ -924,6 +926,8 @@ static int cmd_ir(int argc, char **argv) {
              "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Also: --schedule gpipe|1f1b,\n"
              "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes),\n"
              "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`).\n"
+             "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
+             "--prune-initial S, --prune-params P (as duet run --help describes them).\n"
              "Passes, in order:\n");
       for (int p = 0; p < duet_n_passes; p++) printf("  %-13s %s\n", duet_passes[p].name, duet_passes[p].what);
       return 0;
@@ -1146,7 +1150,9 @@ static int cmd_plan(int argc, char **argv) {
              "estimated, and the fastest.\n"
              "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n"
              "--recompute blocks|auto: the activations with recomputation (auto: only as much as each\n"
-             "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n");
+             "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n"
+             "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
+             "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
     } else if ((par_flag(argv[i]) || !strcmp(argv[i], "--nodes") || !strcmp(argv[i], "--link-gbps")) && i + 1 < argc) {
       i++;
@@ -1211,7 +1217,9 @@ static int cmd_emit(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n"
              "Also: --precision auto|fp32|fp16|bf16, --data-parallel N, --bucket-mb X and --zero 0|1 (the\n"
-             "kernels of one replica), --recompute none|blocks|auto.\n");
+             "kernels of one replica), --recompute none|blocks|auto.\n"
+             "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
+             "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
     } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
       target = argv[++i];
@@ -1497,7 +1505,9 @@ static int cmd_check(int argc, char **argv) {
            "their weights as trained (f32: in fp16/bf16 these are the master weights, the 16-bit copies come\n"
            "on top; gradients, optimizer state and activations: duet plan).\n"
            "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90, --recompute none|blocks|auto,\n"
-           "--optimizer-state int8|f32 (int8: a line with the bytes of the 8-bit AdamW state).\n");
+           "--optimizer-state int8|f32 (int8: a line with the bytes of the 8-bit AdamW state).\n"
+           "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
+           "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
     return args_ok || (argc == 1 && wants_help(argc, argv)) ? 0 : 1;
   }
   ParOpts po;
