@@ -1403,6 +1403,7 @@ static void read_prune(Elab *e, Scope *s, const Node *n, PruneSpec *p) {
   static const unsigned bits[] = {PRUNE_SET_SPARSITY, PRUNE_SET_MODE, PRUNE_SET_START, PRUNE_SET_END,
                                   PRUNE_SET_EVERY, PRUNE_SET_INITIAL, PRUNE_SET_PARAMS};
   p->mode = PRUNE_UNSTRUCTURED;
+  p->loc = n->loc;
   for (Node *kv = n->body.head; kv; kv = kv->next) {
     for (Node *o = n->body.head; o != kv; o = o->next)
       if (!strcmp(o->name, kv->name)) diag_error(e->d, kv->loc, "prune key `%s` is set twice", kv->name);

@@ -346,6 +346,7 @@ typedef struct PruneSpec {
   const char *params; /* which params: comma-separated globs, `!glob` excludes; NULL: the
                        * weights of matmuls and convolutions (not biases, norms, embeddings) */
   unsigned set;       /* PRUNE_SET_* of the fields given (the others take the defaults) */
+  Loc loc;            /* the model's `prune` section (line 0: none, or from an IR dump) */
 } PruneSpec;
 
 /* Reads a pruning mode: "unstructured", "global", "channels" or "N:M" with

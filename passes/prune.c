@@ -160,12 +160,14 @@ void pass_prune(Graph *g, PassCtx *cx) {
   prune_mode_str(p, mode, sizeof mode);
   /* N:M is one-shot: the gradual schedule's keys are errors, not ignored
    * (before resolving: a resolved spec has every key) */
+  /* errors between the keys: at the prune section when it alone set them */
+  Loc at = o && o->set ? (Loc){0} : p->loc;
   if (p->mode == PRUNE_NM && (p->set & (PRUNE_SET_EVERY | PRUNE_SET_INITIAL)))
-    diag_error_noloc(g->diag, "%s pruning is one-shot, at its start step: %s belongs to the gradual schedule of "
+    diag_error(g->diag, at, "%s pruning is one-shot, at its start step: %s belongs to the gradual schedule of "
                      "unstructured, global and channels pruning; leave it out", mode,
                      p->set & PRUNE_SET_EVERY ? "the frequency (--prune-every, `every`)"
                                               : "the initial sparsity (--prune-initial, `initial_sparsity`)");
-  if (prune_spec_resolve(p, err, sizeof err)) diag_error_noloc(g->diag, "%s", err);
+  if (prune_spec_resolve(p, err, sizeof err)) diag_error(g->diag, at, "%s", err);
   if (g->decode) return; /* generation: the checkpoint's weights are already pruned */
 
   /* forward uses of every value (weight_axis) and every named tensor (the
