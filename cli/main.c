@@ -190,7 +190,7 @@ static int compile_model_opt(Compiled *c, const char *path, const FrontendOption
 static int compile_model_par(Compiled *c, const char *path, int64_t batch, const ParOpts *po, const char *dump_after,
                              const char *stop_after) {
   FrontendOptions fo = {.batch = batch, .micro_batches = po ? po->micro_batches : 0,
-                        .replicas = po ? po->replicas : 0};
+                        .replicas = po ? po->replicas : 0, .mpi_ranks = po && po->per_rank};
   return compile_model_opt(c, path, &fo, po, dump_after, stop_after);
 }
 
@@ -419,6 +419,15 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
     if (grads && !any) {
       diag_error(&c->diag, ir_after_loc(src), "the dump of %d replicas was printed after `%s` but has no `allreduce` "
                  "buckets: its replicas would train apart", R, g->after_pass);
+      return NULL;
+    }
+  }
+  if (R > 1 && pc->bucket_mb > 0 && g->after_pass && passes_find(g->after_pass) >= passes_find("data_parallel")) {
+    double have = g->bucket_mb > 0 ? g->bucket_mb : DP_BUCKET_MB_DEFAULT;
+    if (pc->bucket_mb != have) {
+      diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its all-reduce buckets are fixed "
+                 "(made for --bucket-mb %g); --bucket-mb %g needs the .model or a dump from before `data_parallel`",
+                 g->after_pass, have, pc->bucket_mb);
       return NULL;
     }
   }
@@ -708,7 +717,7 @@ static int cmd_run(int argc, char **argv) {
     if (!rc) rc = partition_check_memory(c.g, &pc);
     par_free(&cpu);
   }
-  double bucket_mb = po.bucket_mb;
+  double bucket_mb = c.g ? c.g->bucket_mb : po.bucket_mb; /* a dump's own (its buckets are fixed) */
   par_free(&po);
   if (rc) {
     compiled_free(&c);
@@ -773,7 +782,9 @@ static int cmd_compile(int argc, char **argv) {
              "--clip-grad-norm X compiles the gradient clipping kernels (X: the default limit,\n"
              "EXE --clip-grad-norm changes it).  Also: --schedule gpipe|1f1b, --threads N (for\n"
              "the partition's cost model), --precision auto|fp32|fp16|bf16, the --prune flags,\n"
-             "--recompute none|blocks|auto.\n");
+             "--recompute none|blocks|auto.\n"
+             "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
+             "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
@@ -846,7 +857,7 @@ static int cmd_compile(int argc, char **argv) {
   CgProgram *cp = codegen_lower(c.g, c.arena);
   /* the executable runs on the devices it was compiled for unless given --devices */
   if (po.devices) cp->prog.defaults.devices = arena_printf(c.arena, "%s", po.devices);
-  cp->prog.bucket_mb = po.bucket_mb;
+  cp->prog.bucket_mb = c.g->bucket_mb; /* the pass's, or a dump's own (its buckets are fixed) */
   par_free(&po);
   if (with_cuda(cp, c.arena, true)) {
     compiled_free(&c);
@@ -915,6 +926,8 @@ static int cmd_ir(int argc, char **argv) {
              "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Also: --schedule gpipe|1f1b,\n"
              "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes),\n"
              "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`).\n"
+             "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
+             "--prune-initial S, --prune-params P (as duet run --help describes them).\n"
              "Passes, in order:\n");
       for (int p = 0; p < duet_n_passes; p++) printf("  %-13s %s\n", duet_passes[p].name, duet_passes[p].what);
       return 0;
@@ -981,14 +994,34 @@ static int cmd_ir(int argc, char **argv) {
  * pipeline of D/N stages x N replicas per machine, for each N dividing
  * the D devices of --devices), compiled and estimated without a report,
  * then which is fastest.  0, or 1 after an error. */
-static int plan_layouts(const char *model, int64_t batch, const ParOpts *po, int argc, char **argv) {
+static int plan_layouts(const char *model, int64_t batch, const ParOpts *given, int argc, char **argv) {
+  /* without --devices, --data-parallel N plans N CPU devices per machine
+   * (the default devices of duet run --data-parallel N), as the report
+   * above did */
+  ParOpts own = {0}, base = *given;
+  const ParOpts *po = &base;
+  char own_cpus[1024];
+  if (!given->n_dev && given->replicas > 1) {
+    int64_t per = given->replicas / (given->nodes > 1 ? given->nodes : 1);
+    if (per > 1) {
+      if (par_devices(&own, default_cpus(per, own_cpus, sizeof own_cpus), argc, argv)) {
+        par_free(&own);
+        return 1;
+      }
+      memcpy(base.dev, own.dev, sizeof base.dev); /* the names stay own's (freed with it) */
+      base.n_dev = own.n_dev;
+      base.devices = own_cpus;
+    }
+  }
   int D = po->n_dev > 0 ? po->n_dev : 1, K = po->nodes;
   double gbps = po->link_gbps > 0 ? po->link_gbps : DP_LINK_GBPS_DEFAULT;
   FILE *null = fopen("/dev/null", "w");
   if (!null) {
     fprintf(stderr, "duet: error: cannot open /dev/null: %s\n", strerror(errno));
+    par_free(&own);
     return 1;
   }
+  int compiled = 0;
   if (K > 1)
     printf("layouts of %d machines x %d device%s (%s), linked at %.4g Gb/s per machine, estimated:\n", K, D,
            D == 1 ? "" : "s", po->devices ? po->devices : "cpu", gbps);
@@ -1008,17 +1041,26 @@ static int plan_layouts(const char *model, int64_t batch, const ParOpts *po, int
     else if (N == 1) printf("  a %d-stage pipeline per machine", S);
     else printf("  %d replicas of a %d-stage pipeline per machine", N, S);
     printf(", %" PRId64 " replica%s in all: ", lp.replicas, lp.replicas == 1 ? "" : "s");
-    if (compile_model_to(&c, null, model, &fo, &lp, NULL, NULL)) {
-      printf("not possible (duet plan --nodes %d%s%s --data-parallel %d says why)\n", K, po->devices ? " --devices " : "",
-             po->devices ? po->devices : "", N);
+    char *why = NULL;
+    size_t why_len = 0;
+    FILE *diag = open_memstream(&why, &why_len);
+    int bad = compile_model_to(&c, diag ? diag : null, model, &fo, &lp, NULL, NULL);
+    if (diag) fclose(diag);
+    if (bad) { /* the first line of the first diagnostic says why */
+      const char *e = why ? strstr(why, "error: ") : NULL;
+      printf("not possible: %.*s\n", e ? (int)strcspn(e + 7, "\n") : 14, e ? e + 7 : "does not build");
+      free(why);
       compiled_free(&c);
       continue;
     }
+    free(why);
+    compiled++;
     ParOpts cpu = {0};
     char cpus[1024];
     if (!lp.n_dev && par_devices(&cpu, default_cpus(N, cpus, sizeof cpus), argc, argv)) {
       compiled_free(&c);
       par_free(&cpu);
+      par_free(&own);
       fclose(null);
       return 1;
     }
@@ -1040,8 +1082,9 @@ static int plan_layouts(const char *model, int64_t batch, const ParOpts *po, int
     compiled_free(&c);
   }
   fclose(null);
+  par_free(&own);
   if (!best_n) {
-    printf("no layout fits the devices\n");
+    printf(compiled ? "no layout fits the devices\n" : "no layout is possible (above)\n");
     return 1;
   }
   if (D == 1) printf("fastest: data parallelism (one device per machine: the only layout)\n");
@@ -1107,7 +1150,9 @@ static int cmd_plan(int argc, char **argv) {
              "estimated, and the fastest.\n"
              "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n"
              "--recompute blocks|auto: the activations with recomputation (auto: only as much as each\n"
-             "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n");
+             "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n"
+             "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
+             "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
     } else if ((par_flag(argv[i]) || !strcmp(argv[i], "--nodes") || !strcmp(argv[i], "--link-gbps")) && i + 1 < argc) {
       i++;
@@ -1172,7 +1217,9 @@ static int cmd_emit(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n"
              "Also: --precision auto|fp32|fp16|bf16, --data-parallel N, --bucket-mb X and --zero 0|1 (the\n"
-             "kernels of one replica), --recompute none|blocks|auto.\n");
+             "kernels of one replica), --recompute none|blocks|auto.\n"
+             "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
+             "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
     } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
       target = argv[++i];
@@ -1418,7 +1465,7 @@ static void print_prune_summary(const Graph *g) {
   else snprintf(sched, sizeof sched, "gradual from %s after step %" PRId64 " to %s after step %" PRId64 ", every %" PRId64
                " steps", ir_num_str(p->initial, (char[32]){0}, 32), p->start, ir_num_str(p->sparsity, (char[32]){0}, 32),
                p->end, p->every);
-  printf("pruning: %s, sparsity %s, %s: %d weight%s of %" PRId64 " elements; masks %" PRId64 " bytes", prune_mode_str(p, m, sizeof m),
+  printf("pruning: %s, sparsity %s, %s: %d weight tensor%s of %" PRId64 " elements; masks %" PRId64 " bytes", prune_mode_str(p, m, sizeof m),
          ir_num_str(p->sparsity, (char[32]){0}, 32), sched, n, n == 1 ? "" : "s", elems, bytes);
   if (bytes >= 1024) printf(" (%s)", bytes_human(bytes, b, sizeof b));
   printf(" of optimizer state\n");
@@ -1458,7 +1505,9 @@ static int cmd_check(int argc, char **argv) {
            "their weights as trained (f32: in fp16/bf16 these are the master weights, the 16-bit copies come\n"
            "on top; gradients, optimizer state and activations: duet plan).\n"
            "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90, --recompute none|blocks|auto,\n"
-           "--optimizer-state int8|f32 (int8: a line with the bytes of the 8-bit AdamW state).\n");
+           "--optimizer-state int8|f32 (int8: a line with the bytes of the 8-bit AdamW state).\n"
+           "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
+           "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
     return args_ok || (argc == 1 && wants_help(argc, argv)) ? 0 : 1;
   }
   ParOpts po;

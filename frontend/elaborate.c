@@ -1403,6 +1403,7 @@ static void read_prune(Elab *e, Scope *s, const Node *n, PruneSpec *p) {
   static const unsigned bits[] = {PRUNE_SET_SPARSITY, PRUNE_SET_MODE, PRUNE_SET_START, PRUNE_SET_END,
                                   PRUNE_SET_EVERY, PRUNE_SET_INITIAL, PRUNE_SET_PARAMS};
   p->mode = PRUNE_UNSTRUCTURED;
+  p->loc = n->loc;
   for (Node *kv = n->body.head; kv; kv = kv->next) {
     for (Node *o = n->body.head; o != kv; o = o->next)
       if (!strcmp(o->name, kv->name)) diag_error(e->d, kv->loc, "prune key `%s` is set twice", kv->name);
@@ -1683,12 +1684,22 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
   if (R * Ml > 1) { /* `batch` names one micro-batch from here on */
     long long B = (long long)g->train.batch, M = R * Ml;
     char by[160];
+    bool ranks = opt->mpi_ranks && R > 1;
     if (R == 1) snprintf(by, sizeof by, "--micro-batches %lld", M);
+    else if (ranks && Ml == 1) snprintf(by, sizeof by, "the %lld MPI ranks (each rank is one replica: they split each "
+                                        "global batch)", R);
+    else if (ranks) snprintf(by, sizeof by, "the %lld MPI ranks x --micro-batches %lld = %lld (the ranks' "
+                             "micro-batches split each global batch)", R, Ml, M);
     else if (Ml == 1) snprintf(by, sizeof by, "--data-parallel %lld (the replicas split each global batch)", R);
     else snprintf(by, sizeof by, "--data-parallel %lld x --micro-batches %lld = %lld (the replicas' micro-batches split "
                   "each global batch)", R, Ml, M);
     if (B % M) { /* point at where the batch was set */
       if (opt->batch > 0) diag_error_noloc(d, "--batch %lld is not a multiple of %s", B, by);
+      else if (ranks && e.batch_loc.line > 0) /* each rank: "duet: rank N: error: ..." (a line that starts "duet: ") */
+        diag_error_noloc(d, "batch %lld (%s:%d) is not a multiple of %s", B, src->name, e.batch_loc.line, by);
+      else if (ranks)
+        diag_error_noloc(d, "the default batch %lld is not a multiple of %s (no `batch = N` in the train section: set "
+                         "one, or use --batch)", B, by);
       else if (e.batch_loc.line > 0) diag_error(d, e.batch_loc, "batch %lld is not a multiple of %s", B, by);
       else diag_error(d, (Loc){src, 0, 0}, "the default batch %lld is not a multiple of %s (no `batch = N` in the "
                       "train section: set one, or use --batch)", B, by);

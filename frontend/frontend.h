@@ -13,6 +13,8 @@ typedef struct FrontendOptions {
   int64_t replicas;      /* > 1: data parallelism: this many replicas, each with
                           * micro_batches (at least 1) of the global batch;
                           * `batch` binds batch / (replicas x micro_batches) */
+  bool mpi_ranks;      /* the replicas are the ranks of an MPI run: a batch they do
+                       * not divide is said so, as a line that starts "duet: " */
   DType float_dtype;  /* dtype of params and float inputs; DT_VOID = f32 */
   bool decode;        /* generation: axis 1 of every input (time) becomes 1,
                        * attention keeps key/value caches, no backward */

@@ -1395,6 +1395,7 @@ void ir_print(const Graph *g, FILE *out) {
   if (g->decode) fprintf(out, "decode context=%" PRId64 "\n", g->context);
   if (g->n_stages > 1) fprintf(out, "stages %d\n", g->n_stages);
   if (g->replicas > 1) fprintf(out, "replicas %d\n", g->replicas);
+  if (g->replicas > 1 && g->bucket_mb > 0) fprintf(out, "bucket_mb %s\n", ir_num_str(g->bucket_mb, (char[32]){0}, 32));
   if (g->zero) fprintf(out, "zero %d\n", g->zero);
   print_train(&g->train, out);
   if (g->prune.mode != PRUNE_NONE) print_prune(&g->prune, out);

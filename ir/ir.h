@@ -346,6 +346,7 @@ typedef struct PruneSpec {
   const char *params; /* which params: comma-separated globs, `!glob` excludes; NULL: the
                        * weights of matmuls and convolutions (not biases, norms, embeddings) */
   unsigned set;       /* PRUNE_SET_* of the fields given (the others take the defaults) */
+  Loc loc;            /* the model's `prune` section (line 0: none, or from an IR dump) */
 } PruneSpec;
 
 /* Reads a pruning mode: "unstructured", "global", "channels" or "N:M" with
@@ -404,6 +405,8 @@ typedef struct Graph {
                       * train.micro_batches counts all replicas' micro-batches,
                       * replica r computing micro-batches r*M .. r*M+M-1,
                       * M = micro_batches / replicas; printed `replicas N` */
+  double bucket_mb;  /* data_parallel: the --bucket-mb its all-reduce buckets were
+                      * made for (0: the default, 25 MiB); printed `bucket_mb X` */
   PruneSpec prune;   /* the `prune { }` section; after the prune pass, as applied */
   int zero;          /* --zero 1: optimizer state sharded over the replicas (ZeRO
                       * stage 1; needs replicas > 1); printed `zero 1` */

@@ -3,6 +3,7 @@
  *
  *   file    -> header* line*
  *   header  -> `model` NAME | `after` PASS | `float_dtype` DTYPE | `stages` N | `replicas` N
+ *            | `bucket_mb` X | `zero` 1
  *            | `decode context=`N | `train {` (KEY `=` VALUE)* `}`
  *            | `regions` (REGION `=` N)*
  *            | `prune` (KEY `=` VALUE)*    (mode, sparsity, initial, start, end, every, params)
@@ -43,7 +44,8 @@ typedef struct Parser {
   int line;
   IdSlot *slots; /* %id -> value, open addressing */
   size_t cap;
-  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line, zero_line;
+  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line, zero_line,
+      bucket_line;
   uint64_t device_regions[IR_MAX_STAGES / 64 + 1]; /* `regions device N` lines seen */
   int loss_line, logits_line, labels_line;
   bool in_train; /* inside the lines of `train { ... }` */
@@ -1390,6 +1392,12 @@ static void parse_line(Parser *P) {
     once(P, at, &P->replicas_line, "replicas");
     g->replicas = (int)integer(P, 2, IR_MAX_REPLICAS, "the number of replicas");
     want_eol(P, "the number of replicas");
+  } else if (!strcmp(w, "bucket_mb")) {
+    once(P, at, &P->bucket_line, "bucket_mb");
+    g->bucket_mb = number(P, "the MiB of an all-reduce bucket (--bucket-mb)");
+    if (!(g->bucket_mb > 0 && g->bucket_mb <= 1e9))
+      FAIL(at, "bucket_mb must be a number of MiB > 0 (and at most 1e9), got %s", ir_num_str(g->bucket_mb, (char[32]){0}, 32));
+    want_eol(P, "the MiB of an all-reduce bucket");
   } else if (!strcmp(w, "zero")) {
     once(P, at, &P->zero_line, "zero");
     g->zero = (int)integer(P, 1, 1, "the ZeRO stage (1)");
@@ -1460,8 +1468,8 @@ static void parse_line(Parser *P) {
     int op = op_from_name(w);
     if (op < 0) {
       static const char *const kw[] = {"model", "after", "float_dtype", "decode", "train", "regions", "loss", "logits",
-                                       "labels", "grad", "stages", "replicas", "prune", "zero"};
-      const char *h = hint(P, w, kw, 14);
+                                       "labels", "grad", "stages", "replicas", "prune", "zero", "bucket_mb"};
+      const char *h = hint(P, w, kw, 15);
       FAIL(at, "unknown op `%s`%s", w, *h ? h : op_hint(P, w));
     }
     if (!(op_info[op].flags & OPF_SIDE)) FAIL(at, "%s has a result: the line must start with `%%N =`", w);
@@ -1641,6 +1649,9 @@ static void parse_all(Parser *P) {
   if (P->g->replicas > 1 && P->g->train.micro_batches % P->g->replicas)
     fail_loc(P, (Loc){src, P->replicas_line, 1}, "%d replicas do not share %" PRId64 " micro-batches equally (the train "
              "section's micro_batches counts every replica's)", P->g->replicas, P->g->train.micro_batches);
+  if (P->g->bucket_mb > 0 && P->g->replicas < 2)
+    fail_loc(P, (Loc){src, P->bucket_line, 1}, "`bucket_mb` sizes the all-reduce buckets of the replicas: it needs a "
+             "`replicas N` line (N >= 2)");
   if (P->g->zero && P->g->replicas < 2)
     fail_loc(P, (Loc){src, P->zero_line, 1}, "`zero 1` shards the optimizer state over the replicas: it needs a "
              "`replicas N` line (N >= 2)");

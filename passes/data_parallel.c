@@ -162,6 +162,7 @@ void pass_data_parallel(Graph *g, PassCtx *cx) {
     if (g->values[i]->op == OP_ALLREDUCE || g->values[i]->op == OP_REDUCE_SCATTER)
       return; /* bucketed already (a dump given back) */
   int64_t cap = data_parallel_bucket_cap(cx);
+  g->bucket_mb = cx->bucket_mb > 0 ? cx->bucket_mb : 0;
   Arena *a = g->arena;
   for (int i = 0; i < n && g->zero; i++)
     if (g->values[i]->op == OP_PRUNE_MASK)
@@ -283,10 +284,10 @@ void data_parallel_report(const Graph *g, const PassCtx *cx, double step_s, FILE
           "above is per device); gradients summed over the replicas in buckets of at most %.4g MiB\n", R,
           (double)data_parallel_bucket_cap(cx) / 1048576.0);
   if (K > 1)
-    fprintf(out, "  over %d machines of %d replica%s each, linked at %.4g Gb/s per machine (%s); each stage's ring "
-            "crosses that link, shared by the %d stage%s' all-reduces\n", K, R / K, R / K == 1 ? "" : "s", gbps,
-            cx->link_gbps > 0 ? "--link-gbps" : "default: 10 Gigabit Ethernet, IEEE 802.3an 10GBASE-T", S,
-            S == 1 ? "" : "s");
+    fprintf(out, "  over %d machines of %d replica%s each, linked at %.4g Gb/s per machine (%s); %s%.0d%s\n", K, R / K,
+            R / K == 1 ? "" : "s", gbps, cx->link_gbps > 0 ? "--link-gbps" : "default: 10 Gigabit Ethernet, IEEE 802.3an "
+            "10GBASE-T", S == 1 ? "the ring crosses that link" : "each stage's ring crosses that link, shared by the ",
+            S == 1 ? 0 : S, S == 1 ? "" : " stages' all-reduces");
   for (int s = 0; s < S; s++) {
     const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
     PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};

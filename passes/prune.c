@@ -37,6 +37,7 @@
 #define _GNU_SOURCE /* fnmatch */
 #include <fnmatch.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +60,13 @@ int prune_parse_flag(PruneSpec *over, const char *flag, const char *val, char *e
     }
     *(k ? &over->initial : &over->sparsity) = x;
   } else if (k == 1) {
+    int a, b, used = 0;
+    if (prune_mode_parse(val, &over->mode, &over->nm_n, &over->nm_m) && sscanf(val, "%d:%d%n", &a, &b, &used) == 2 &&
+        !val[used] && a >= b && a >= 1 && b <= 64) {
+      snprintf(err, errlen, "--prune-mode %s: N must be less than M (N:M keeps N of every M weights, such as 2:4)",
+               val);
+      return -1;
+    }
     if (prune_mode_parse(val, &over->mode, &over->nm_n, &over->nm_m)) {
       snprintf(err, errlen, "unknown --prune-mode '%s'; modes are unstructured, global, channels and N:M such as 2:4",
                val);
@@ -121,6 +129,18 @@ static const char *next_pattern(const char *s, char *buf, size_t n) {
   return s[k] ? s + k + 1 : s + k;
 }
 
+/* (units - 0.5) / units, the sparsity below which round(s x units) leaves
+ * a unit, printed with the fewest digits (at least 6) that do not exceed it,
+ * into buf (32 bytes). */
+static const char *all_below(int64_t units, char *buf, size_t n) {
+  double thr = ((double)units - 0.5) / (double)units;
+  for (int prec = 6; prec <= 17; prec++) {
+    snprintf(buf, n, "%.*g", prec, thr);
+    if (strtod(buf, NULL) <= thr) break;
+  }
+  return buf;
+}
+
 void pass_prune(Graph *g, PassCtx *cx) {
   PruneSpec *p = &g->prune;
   const PruneSpec *o = cx->prune;
@@ -137,8 +157,17 @@ void pass_prune(Graph *g, PassCtx *cx) {
   }
   if (p->mode == PRUNE_NONE) return;
   char err[400], mode[32];
-  if (prune_spec_resolve(p, err, sizeof err)) diag_error_noloc(g->diag, "%s", err);
   prune_mode_str(p, mode, sizeof mode);
+  /* N:M is one-shot: the gradual schedule's keys are errors, not ignored
+   * (before resolving: a resolved spec has every key) */
+  /* errors between the keys: at the prune section when it alone set them */
+  Loc at = o && o->set ? (Loc){0} : p->loc;
+  if (p->mode == PRUNE_NM && (p->set & (PRUNE_SET_EVERY | PRUNE_SET_INITIAL)))
+    diag_error(g->diag, at, "%s pruning is one-shot, at its start step: %s belongs to the gradual schedule of "
+                     "unstructured, global and channels pruning; leave it out", mode,
+                     p->set & PRUNE_SET_EVERY ? "the frequency (--prune-every, `every`)"
+                                              : "the initial sparsity (--prune-initial, `initial_sparsity`)");
+  if (prune_spec_resolve(p, err, sizeof err)) diag_error(g->diag, at, "%s", err);
   if (g->decode) return; /* generation: the checkpoint's weights are already pruned */
 
   /* forward uses of every value (weight_axis) and every named tensor (the
@@ -223,6 +252,33 @@ void pass_prune(Graph *g, PassCtx *cx) {
                    mode, w->attr.name, dtype_name(w->dtype), shape_str(&w->shape, b, sizeof b), in, p->nm_m, excl);
     }
   }
+  /* a sparsity that rounds to every weight (round(s x n) = n, halves to
+   * even as runtime/prune.c rounds) would leave a layer, or the model,
+   * nothing to compute with: refused, naming the tensor */
+  char sp[32];
+  ir_num_str(p->sparsity, sp, sizeof sp);
+  int64_t total = 0;
+  for (int k = 0; k < n_upd; k++) {
+    if (!sel[k] || p->mode == PRUNE_NM) continue;
+    const Value *w = upd[k]->in[0];
+    int64_t n_w = shape_numel(&w->shape);
+    total += n_w;
+    if (p->mode == PRUNE_GLOBAL) continue;
+    bool ch = p->mode == PRUNE_CHANNELS && axis[k] >= 0;
+    int64_t units = ch ? w->shape.dim[axis[k]] : n_w;
+    if ((int64_t)nearbyint(p->sparsity * (double)units) >= units) {
+      char b[160];
+      diag_error(g->diag, w->loc, "%s pruning to sparsity %s removes every %s of `%s` %s%s: round(%s x %" PRId64
+                 ") = %" PRId64 "; give a sparsity below %s, or leave it out with --prune-params '!%s'",
+                 mode, sp, ch ? "output channel" : "weight", w->attr.name, dtype_name(w->dtype),
+                 shape_str(&w->shape, b, sizeof b), sp, units, units, all_below(units, (char[32]){0}, 32),
+                 w->attr.name);
+    }
+  }
+  if (p->mode == PRUNE_GLOBAL && total > 0 && (int64_t)nearbyint(p->sparsity * (double)total) >= total)
+    diag_error_noloc(g->diag, "global pruning to sparsity %s removes every weight of the pruned tensors: round(%s x %"
+                     PRId64 ") = %" PRId64 "; give a sparsity below %s", sp, sp, total, total,
+                     all_below(total, (char[32]){0}, 32));
   if (!n_sel)
     diag_error_noloc(g->diag, "pruning selects no parameter: the model has no trainable matmul or convolution weight%s "
                      "(pick params with --prune-params PATTERNS or `params = \"...\"` in the prune section)",

@@ -15,6 +15,9 @@ static int is_saved(const DuetTensor *t) { return t->region == DUET_MEM_PARAM ||
 /* A pruning mask (a state tensor initialised to ones). */
 static int is_mask(const DuetTensor *t) { return t->region == DUET_MEM_STATE && t->init == DUET_INIT_ONES; }
 
+static const char *prune_mode_name(const DuetPrune *pr, char *buf, size_t n);
+static const char *num_str(double x, char *buf, size_t n);
+
 /* Whether the file holds none of p's pruning masks while p has some: a
  * checkpoint of the same model trained without pruning, which a pruned run
  * may continue (its masks start with nothing pruned: the usual train,
@@ -166,7 +169,7 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
    * them is warned: the rate of a step is a function of the step and these) */
   char sched[400];
   schedule_meta(cfg, duet_session_total(s), sched, sizeof sched);
-  const char *meta[32] = {"format", CKPT_FORMAT, "model",      p->model_name, "step",          step,
+  const char *meta[48] = {"format", CKPT_FORMAT, "model",      p->model_name, "step",          step,
                            "epoch",  epoch,       "batch",      batch,         "rng",           rng,
                            "seed",   seed,        "batch_size", bsz,           "train_subset",  subset,
                            "precision", duet_program_precision(p), "lr_schedule", sched};
@@ -177,6 +180,20 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
   const char *scaler[] = {"loss_scale", scale, "loss_scale_growth", growth, "skipped_steps", skipped};
   for (int k = 0; p->n_unscale && k < 3; k++, n_meta++)
     meta[2 * n_meta] = scaler[2 * k], meta[2 * n_meta + 1] = scaler[2 * k + 1];
+  /* pruning: the schedule that chose the masks (checked on resume) */
+  char pmode[32], pfinal[40], pinit[40], pstart[32], pend[32], pevery[32];
+  if (p->prune) {
+    const DuetPrune *pr = p->prune;
+    prune_mode_name(pr, pmode, sizeof pmode);
+    num_str(pr->final, pfinal, sizeof pfinal);
+    num_str(pr->initial, pinit, sizeof pinit);
+    snprintf(pstart, sizeof pstart, "%" PRId64, pr->start);
+    snprintf(pend, sizeof pend, "%" PRId64, pr->end);
+    snprintf(pevery, sizeof pevery, "%" PRId64, pr->every);
+    const char *kv[] = {"prune_mode", pmode, "prune_sparsity", pfinal, "prune_initial", pinit,
+                        "prune_start", pstart, "prune_end", pend, "prune_every", pevery};
+    for (int k = 0; k < 6; k++, n_meta++) meta[2 * n_meta] = kv[2 * k], meta[2 * n_meta + 1] = kv[2 * k + 1];
+  }
   rc = duet_st_save(path, t, n, meta, n_meta, err, errlen);
 out:
   for (int i = 0; i < n; i++) free(host[i]);
@@ -193,6 +210,154 @@ static int meta_i64(const DuetStFile *f, const char *key, int64_t *out) {
   if (end == v || *end || x < 0) return -1;
   *out = x;
   return 0;
+}
+
+/* ------------------------------------------------------ pruning settings */
+
+/* The pruning mode as --prune-mode names it ("unstructured", "2:4") into
+ * buf (32 bytes). */
+static const char *prune_mode_name(const DuetPrune *pr, char *buf, size_t n) {
+  static const char *const modes[] = {"", "unstructured", "global", "N:M", "channels"};
+  if (pr->mode == DUET_PRUNE_NM) snprintf(buf, n, "%d:%d", pr->nm_n, pr->nm_m);
+  else snprintf(buf, n, "%s", pr->mode >= 1 && pr->mode <= 4 ? modes[pr->mode] : "?");
+  return buf;
+}
+
+/* x as the shortest of %.15g, %.16g, %.17g that reads back exactly (0.3,
+ * not 0.29999999999999999) into buf (40 bytes). */
+static const char *num_str(double x, char *buf, size_t n) {
+  for (int prec = 15; prec <= 17; prec++) {
+    snprintf(buf, n, "%.*g", prec, x);
+    if (strtod(buf, NULL) == x) break;
+  }
+  return buf;
+}
+
+/* The --prune flags that make schedule pr (those that differ from the
+ * defaults: an N:M mode without --prune, a one-shot without --prune-end,
+ * --prune-every, --prune-initial) into buf. */
+static const char *prune_flags(const DuetPrune *pr, char *buf, size_t n) {
+  char m[32];
+  prune_mode_name(pr, m, sizeof m);
+  if (pr->mode == DUET_PRUNE_NM) snprintf(buf, n, "--prune-mode %s", m);
+  else snprintf(buf, n, "--prune %s%s%s", num_str(pr->final, (char[40]){0}, 40), pr->mode == DUET_PRUNE_UNSTRUCTURED ? "" : " --prune-mode ",
+                pr->mode == DUET_PRUNE_UNSTRUCTURED ? "" : m);
+  size_t k = strlen(buf);
+  if (pr->start) snprintf(buf + k, n - k, " --prune-start %" PRId64, pr->start), k = strlen(buf);
+  if (pr->mode != DUET_PRUNE_NM && pr->end != pr->start) {
+    snprintf(buf + k, n - k, " --prune-end %" PRId64 " --prune-every %" PRId64, pr->end, pr->every);
+    k = strlen(buf);
+    if (pr->initial) snprintf(buf + k, n - k, " --prune-initial %s", num_str(pr->initial, (char[40]){0}, 40));
+  }
+  return buf;
+}
+
+/* The checkpoint's pruning schedule from its metadata (prune_mode,
+ * prune_sparsity, prune_initial, prune_start, prune_end, prune_every: as
+ * duet_checkpoint_save writes them) into *pr (params: none).  1 when the
+ * file has them, 0 when not (no pruning, or a checkpoint of older duet),
+ * -1 when they are malformed. */
+static int meta_prune(const DuetStFile *f, DuetPrune *pr) {
+  const char *mode = duet_st_meta(f, "prune_mode"), *fin = duet_st_meta(f, "prune_sparsity"),
+             *ini = duet_st_meta(f, "prune_initial");
+  if (!mode) return 0;
+  memset(pr, 0, sizeof *pr);
+  static const char *const modes[] = {"", "unstructured", "global", "", "channels"};
+  for (int k = 1; k <= 4; k++)
+    if (modes[k][0] && !strcmp(mode, modes[k])) pr->mode = k;
+  int a, b, used = 0;
+  if (!pr->mode && sscanf(mode, "%d:%d%n", &a, &b, &used) == 2 && !mode[used] && a >= 1 && a < b && b <= 64)
+    pr->mode = DUET_PRUNE_NM, pr->nm_n = a, pr->nm_m = b;
+  char *e1 = NULL, *e2 = NULL;
+  if (fin) pr->final = strtod(fin, &e1);
+  if (ini) pr->initial = strtod(ini, &e2);
+  if (!pr->mode || !fin || !ini || e1 == fin || *e1 || e2 == ini || *e2 || meta_i64(f, "prune_start", &pr->start) ||
+      meta_i64(f, "prune_end", &pr->end) || meta_i64(f, "prune_every", &pr->every) || pr->every < 1 ||
+      pr->end < pr->start)
+    return -1;
+  return 1;
+}
+
+/* The sparsity the masks of schedule pr were last chosen for before
+ * training step `step` + 1 (the updates after t < step steps: see
+ * duet_prune_due); -1 when none was made (the masks are all ones). */
+static double prune_reached(const DuetPrune *pr, int64_t step) {
+  if (step <= pr->start) return -1;
+  int64_t t = step > pr->end ? pr->end : pr->start + (step - 1 - pr->start) / pr->every * pr->every;
+  return duet_prune_target(pr, t);
+}
+
+static int same_schedule(const DuetPrune *a, const DuetPrune *b) {
+  if (a->mode != b->mode || a->nm_n != b->nm_n || a->nm_m != b->nm_m || a->start != b->start) return 0;
+  return a->mode == DUET_PRUNE_NM ||
+         (a->final == b->final && a->initial == b->initial && a->end == b->end && a->every == b->every);
+}
+
+/* A resume of a checkpoint whose masks were chosen by schedule `was`
+ * (metadata) into program p's pruning, at the checkpoint's step: refused
+ * (-1, a message in err) when the masks cannot be what p's schedule
+ * claims: once they are chosen (an update lay before the step), another
+ * mode (its masks do not have the new mode's pattern: unstructured masks
+ * are not 2:4), a next update to a sparsity below the one reached (it
+ * would revive pruned weights), or another final sparsity when no update
+ * remains.  0 when the
+ * masks may go on (*differs: 1 when the schedule is not the checkpoint's:
+ * a warning, as for --seed). */
+static int check_prune_change(const DuetProgram *p, const DuetPrune *was, int64_t step, const char *path,
+                              int *differs, char *err, size_t errlen) {
+  const DuetPrune *now = p->prune;
+  *differs = !same_schedule(was, now);
+  double reached = prune_reached(was, step);
+  if (!*differs || reached < 0) return 0; /* masks of ones fit any schedule */
+  /* the first update of the new schedule after the checkpoint (-1: none) */
+  int64_t next = step <= now->start ? now->start : step > now->end ? -1
+               : now->start + (step - now->start + now->every - 1) / now->every * now->every;
+  if (next > now->end) next = now->end;
+  char wm[32], nm[32], wf[200], nf[200], why[400];
+  prune_mode_name(was, wm, sizeof wm);
+  prune_mode_name(now, nm, sizeof nm);
+  prune_flags(was, wf, sizeof wf);
+  prune_flags(now, nf, sizeof nf);
+  if (was->mode != now->mode || was->nm_n != now->nm_n || was->nm_m != now->nm_m)
+    snprintf(why, sizeof why, "its masks were chosen by %s pruning and are not %s masks; resume with its mode "
+             "(--prune-mode %s)", wm, nm, wm);
+  else if (next >= 0 && duet_prune_target(now, next) < reached)
+    snprintf(why, sizeof why, "its masks reached sparsity %.4g, and this schedule's next update (after step %" PRId64
+             ") asks for %.4g, which would bring pruned weights back; ask for %.4g or more from step %" PRId64 " on",
+             reached, next, duet_prune_target(now, next), reached, step);
+  else if (next < 0 && now->final != reached)
+    snprintf(why, sizeof why, "its masks have sparsity %.4g and this schedule makes no update after its step %" PRId64
+             " (the last is after step %" PRId64 "), so they would stay at %.4g, not %.4g; resume with its "
+             "sparsity, or schedule an update after step %" PRId64 " or later (--prune-start, --prune-end)", reached, step, now->end,
+             reached, now->final, step);
+  else
+    return 0;
+  snprintf(err, errlen, "cannot resume from %s: it was pruned with %s, this run asks for %s: %s", path, wf, nf, why);
+  return -1;
+}
+
+/* The params of p of which file f holds a pruning mask (`NAME.mask`) that
+ * p lacks, as a list into buf ("linear1.w.mask, ..."); their number. */
+static int foreign_masks(const DuetProgram *p, const DuetStFile *f, char *buf, size_t n) {
+  int count = 0;
+  buf[0] = 0;
+  for (int i = 0; i < duet_st_count(f); i++) {
+    const char *name = duet_st_get(f, i)->name;
+    size_t len = strlen(name);
+    if (len <= 5 || strcmp(name + len - 5, ".mask")) continue;
+    int known = 0, param = 0;
+    for (int j = 0; j < p->n_tensors && !known; j++) {
+      known = !strcmp(p->tensors[j].name, name);
+      param |= p->tensors[j].region == DUET_MEM_PARAM && strlen(p->tensors[j].name) == len - 5 &&
+               !strncmp(p->tensors[j].name, name, len - 5);
+    }
+    if (known || !param) continue;
+    size_t k = strlen(buf);
+    if (k < n - 8) snprintf(buf + k, n - k, "%s%s", count ? ", " : "", name);
+    else if (k < n - 4 && !strstr(buf, "...")) snprintf(buf + k, n - k, ", ...");
+    count++;
+  }
+  return count;
 }
 
 /* The checks of a checkpoint that need only its header, against program p:
@@ -230,6 +395,29 @@ static int check_header(const DuetProgram *p, const DuetStFile *f, const char *p
              " is after the pruning schedule's last update (after step %" PRId64 "), so nothing would be pruned; "
              "start pruning at its step or later (--prune-start %" PRId64 ")", path, ns->step, p->prune->end, ns->step);
     return -1;
+  }
+  if (!weights_only) { /* pruning: the checkpoint's masks and the settings that chose them */
+    char list[300], flags[240] = "";
+    DuetPrune was;
+    int has = meta_prune(f, &was), differs;
+    if (has < 0) {
+      snprintf(err, errlen, "cannot %s %s: corrupt pruning settings in its metadata", verb, path);
+      return -1;
+    }
+    int n_foreign = foreign_masks(p, f, list, sizeof list);
+    if (n_foreign && !p->prune) {
+      if (has) snprintf(flags, sizeof flags, " (%s)", prune_flags(&was, (char[200]){0}, 200));
+      snprintf(err, errlen, "cannot %s %s: it was trained with pruning (it holds the pruning mask%s %s): pass its "
+               "pruning flags%s, or the model's prune section, to continue it", verb, path, n_foreign > 1 ? "s" : "",
+               list, flags);
+      return -1;
+    }
+    if (n_foreign) {
+      snprintf(err, errlen, "cannot %s %s: it holds pruning masks of params this run does not prune (%s): pass its "
+               "--prune-params (or the prune section's params)", verb, path, list);
+      return -1;
+    }
+    if (has && p->prune && !no_masks && check_prune_change(p, &was, ns->step, path, &differs, err, errlen)) return -1;
   }
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *x = &p->tensors[i];
@@ -372,6 +560,16 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
               k == 0 ? " where the seed still matters (the shuffle of later epochs, dropout masks; a text model's "
                        "window stream is restored from the checkpoint)"
                      : "");
+  }
+  DuetPrune was;
+  int differs = 0;
+  if (!weights_only && !cfg->quiet && p->prune && !no_masks && meta_prune(f, &was) == 1 &&
+      !check_prune_change(p, &was, ns.step, path, &differs, err, errlen) && differs) {
+    char wf[200], nf[200];
+    fprintf(stderr, "duet: warning: the pruning schedule %s differs from the checkpoint's %s (%s): the masks go on "
+                    "from its sparsity %.4g, and the resumed run does not continue the original one exactly\n",
+            prune_flags(p->prune, nf, sizeof nf), prune_flags(&was, wf, sizeof wf), path,
+            prune_reached(&was, ns.step) < 0 ? 0 : prune_reached(&was, ns.step));
   }
   const char *sched = duet_st_meta(f, "lr_schedule");
   char now_sched[400];

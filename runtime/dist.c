@@ -365,7 +365,8 @@ int duet_dist_check_ranks(DuetDist *d, const DuetProgram *p, const DuetConfig *c
   int n = 0;
   const uint64_t O = DUET_FNV_OFFSET;
   names[n] = "program (model, kernels, tensors and steps: another model or duet, or a flag that changes the "
-             "compiled program: --batch, --micro-batches, --bucket-mb, --precision)";
+             "compiled program: --batch, --micro-batches, --bucket-mb, --zero, --precision, --prune, --prune-mode, "
+             "--prune-start, --prune-end, --prune-every, --prune-initial)";
   vals[n++] = duet_program_hash(p);
   names[n] = "duet runtime (interface versions)";
   vals[n++] = h_i64(h_i64(h_i64(O, DUET_RT_API_VERSION), DUET_CUDA_PLUGIN_API), DUET_MPI_PLUGIN_API);
@@ -483,6 +484,20 @@ uint64_t duet_program_hash(const DuetProgram *p) {
     if (p->zero && p->tensor_shard) h = h_bytes(h, p->tensor_shard, (size_t)p->n_tensors * sizeof *p->tensor_shard);
   }
   h = h_bytes(h, &p->bucket_mb, sizeof p->bucket_mb);
+  h = h_i64(h, p->zero);
+  h = h_i64(h, p->prune != NULL);
+  if (p->prune) {
+    const DuetPrune *pr = p->prune;
+    int64_t g[] = {pr->mode, pr->nm_n, pr->nm_m, pr->start, pr->end, pr->every, pr->n_params};
+    h = h_bytes(h, g, sizeof g);
+    h = h_f64(h, pr->initial);
+    h = h_f64(h, pr->final);
+    for (int i = 0; pr->params && i < pr->n_params; i++) {
+      const DuetPruneParam *q = &pr->params[i];
+      int64_t v[] = {q->param, q->mask, q->state[0], q->state[1], q->out_n, q->out_stride, q->in_n, q->in_stride};
+      h = h_bytes(h, v, sizeof v);
+    }
+  }
   h = h_str(h, p->cuda_source);
   h = h_i64(h, (int64_t)p->source_hash);
   return h;

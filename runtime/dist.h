@@ -108,8 +108,9 @@ DuetSession *duet_session_new_ranks(const DuetProgram *p, const DuetKernelFn *ke
                                     DuetDist *d, char *err, size_t errlen);
 
 /* 64-bit FNV-1a of what defines program p's computation: its tensors,
- * schedules, kernel arguments, transfers, buckets, the kernels' source
- * hash and CUDA C; not the defaults (the flags are compared one by one). */
+ * schedules, kernel arguments, transfers, buckets, ZeRO stage, pruning
+ * table and schedule (mode, sparsities, steps), the kernels' source hash
+ * and CUDA C; not the defaults (the flags are compared one by one). */
 uint64_t duet_program_hash(const DuetProgram *p);
 
 #endif

@@ -761,7 +761,9 @@ typedef struct DuetTrainState {
 /* Writes every param and optimizer-state tensor of s under its
  * hierarchical name, plus the train state, the model name and the settings
  * a resume compares (seed, batch size, train subset, precision, and, unless
- * every device is a GPU, threads per device) as metadata, to a safetensors file, atomically (see
+ * every device is a GPU, threads per device; with pruning its schedule:
+ * prune_mode, prune_sparsity, prune_initial, prune_start, prune_end,
+ * prune_every) as metadata, to a safetensors file, atomically (see
  * duet_st_save).  A state holding a NaN or an infinity is never written:
  * -2, with err naming the first such tensor ("tensor `w` holds 3 non-finite
  * values (element 7 is NaN)"), and `path` left as it was.  0, or -1 with a
@@ -773,7 +775,13 @@ int duet_checkpoint_save(DuetSession *s, const char *path, const DuetTrainState 
  * the session's step.  A seed, batch size, train subset, precision or
  * number of threads per CPU device other than the checkpoint's is a warning
  * on stderr (unless quiet): the run goes on, not exactly as the
- * uninterrupted one.  0, or -1 with a message naming the file and the
+ * uninterrupted one.  A pruned checkpoint's masks and the program's
+ * pruning schedule: another mode, a next update to a sparsity below the
+ * one the masks reached, or another final sparsity with no update left
+ * after its step is refused; another schedule that can go on from its
+ * masks is a warning; masks of params the program does not prune (a run
+ * without pruning, other --prune-params) are refused naming them and the
+ * checkpoint's flags.  0, or -1 with a message naming the file and the
  * tensor (nothing is changed then). */
 int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, char *err, size_t errlen);
 /* Loads only the params of a checkpoint of the same model (exact dtype and

@@ -28,6 +28,10 @@ expect compile_help 0 "usage: duet compile M.model -o EXE [--batch N] [--devices
 expect ir_help 0 "usage: duet ir M.model [--after PASS] [--format text|dot|json] [--devices SPEC] [--micro-batches M] [--batch N]" "$DUET" ir --help
 expect emit_help 0 "usage: duet emit M.model [--target c|cuda]" "$DUET" emit --help
 expect check_help 0 "usage: duet check M.model [--data-parallel N] [--bucket-mb X] [--zero 0|1]" "$DUET" check --help
+# every command that compiles lists the pruning flags it takes (as the top-level help says)
+for c in compile ir emit check plan; do
+  expect ${c}_help_prune 0 "--prune-initial S, --prune-params P (as duet run --help describes them)." "$DUET" $c --help
+done
 expect missing_model 1 "nofile.model: error: cannot open file: No such file or directory" "$DUET" check nofile.model
 expect unknown_pass 1 "duet: error: unknown pass 'nosuch'; passes: shape autodiff optimizer eval prune precision fuse partition data_parallel recompute memplan" \
   "$DUET" ir $M --after nosuch

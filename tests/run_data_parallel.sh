@@ -55,7 +55,9 @@
 #        devices, replicas x micro-batches that do not divide the batch (in
 #        the train section and from --batch), N < 1 and not a number,
 #        --bucket-mb not positive, groups of different device kinds, an IR
-#        dump given another replica count; `duet ir --after data_parallel`
+#        dump given another replica count, a dump after data_parallel given
+#        another --bucket-mb (run, compile; its executable; the default
+#        25); the dump records `bucket_mb`; `duet ir --after data_parallel`
 #        (golden in tests/golden, buckets on both stages of a pipeline),
 #        --format dot and json show the buckets; `duet plan` prints the
 #        all-reduce (ring 2(N-1)/N, the link, hidden and exposed time) for
@@ -253,6 +255,20 @@ cli)
   "$DUET" ir $M --data-parallel 2 --after shape > "$d/dp.ir"
   expect dump_replicas "$d/dp.ir: error: the dump was built for 2 data-parallel replicas; --data-parallel 3 needs the .model (an IR dump's batch is split among its replicas)" \
     "$DUET" ir "$d/dp.ir" --data-parallel 3
+  # a dump after data_parallel fixes its buckets: it records --bucket-mb, reports it, refuses another
+  "$DUET" ir $M --data-parallel 2 --bucket-mb 1 --after data_parallel > "$d/dpb.ir"
+  grep -qx 'bucket_mb 1' "$d/dpb.ir" && ok "dump records bucket_mb" || bad "dump records bucket_mb"
+  expect dump_bucket_run "$d/dpb.ir:2:7: error: the dump was printed after \`data_parallel\`, so its all-reduce buckets are fixed (made for --bucket-mb 1); --bucket-mb 5 needs the .model or a dump from before \`data_parallel\`" \
+    "$DUET" run "$d/dpb.ir" --bucket-mb 5 --steps 1
+  expect dump_bucket_compile "$d/dpb.ir:2:7: error: the dump was printed after \`data_parallel\`, so its all-reduce buckets are fixed (made for --bucket-mb 1); --bucket-mb 5 needs the .model or a dump from before \`data_parallel\`" \
+    "$DUET" compile "$d/dpb.ir" --bucket-mb 5 -o "$d/dpb_exe"
+  if "$DUET" compile "$d/dpb.ir" -o "$d/dpb_exe" > /dev/null 2>&1; then
+    expect dump_bucket_exe "duet: error: --bucket-mb is fixed at compile time: 1 (this program was compiled with it; to change it, compile again: duet compile M.model --bucket-mb 5; duet run takes it directly)" \
+      "$d/dpb_exe" --bucket-mb 5 --steps 1
+  else bad "duet compile of a data-parallel dump"; fi
+  "$DUET" ir $M --data-parallel 2 --after data_parallel > "$d/dpd.ir"
+  expect dump_bucket_default "$d/dpd.ir:2:7: error: the dump was printed after \`data_parallel\`, so its all-reduce buckets are fixed (made for --bucket-mb 25); --bucket-mb 1 needs the .model or a dump from before \`data_parallel\`" \
+    "$DUET" run "$d/dpd.ir" --bucket-mb 1 --steps 1
   # the pass: buckets as ordinary ops, on both stages of a pipeline
   "$DUET" ir $M --after data_parallel --data-parallel 2 --bucket-mb 1 --devices cpu:0,cpu:1,cpu:2,cpu:3 > "$d/pipe.ir"
   grep -Eq '^allreduce\[bucket=0,bytes=[0-9]+\] .* : void  @backward  @device\(1\)$' "$d/pipe.ir" &&

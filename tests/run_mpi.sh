@@ -44,7 +44,9 @@
 #           are grouped otherwise, so only the rounding differs; measured
 #           2026-12-01: at most 1.6e-7 relative), within 1e-6 relative; by
 #           one process without micro-batches, it trains on.
-#   refuse  ranks started with other flags (--lr) or another model, mpirun
+#   refuse  ranks started with other flags (--lr) or another model or
+#           another pruning schedule (--prune-start) or mode, a batch the
+#           ranks do not divide (named as MPI ranks, rank-prefixed), mpirun
 #           with --data-parallel of another count, an executable compiled
 #           for 2 replicas under 3 ranks, --devices that fit no rank: exact
 #           errors.
@@ -54,7 +56,10 @@
 #           error names the Debian packages; ranks that MPI does not connect
 #           (the environment says 2, MPI sees 1) are refused.
 #   plan    duet plan --nodes K --link-gbps X: the ring over the machines'
-#           link, every layout of a machine's devices, the fastest; errors.
+#           link, every layout of a machine's devices, the fastest; a layout
+#           that cannot build says why (--nodes 3: the batch); --data-parallel
+#           2 without --devices plans 2 CPU devices per machine throughout;
+#           errors.
 # usage: run_mpi.sh path/to/duet PART   (from the repository root)
 DUET=${1:?usage: run_mpi.sh path/to/duet PART}
 PART=${2:?usage: run_mpi.sh path/to/duet PART}
@@ -340,12 +345,19 @@ refuse)
   M="models/fmnist_mlp.model --steps 2 --train-subset 5120 --no-eval --threads 1"
   expect flags "duet: rank 0: error: rank 1 was started with another --lr than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
     $MPIRUN -np 1 "$DUET" run $M --lr 0.001 : -np 1 "$DUET" run $M --lr 0.002
-  expect model "duet: rank 0: error: rank 1 was started with another program (model, kernels, tensors and steps: another model or duet, or a flag that changes the compiled program: --batch, --micro-batches, --bucket-mb, --precision) than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
+  expect model "duet: rank 0: error: rank 1 was started with another program (model, kernels, tensors and steps: another model or duet, or a flag that changes the compiled program: --batch, --micro-batches, --bucket-mb, --zero, --precision, --prune, --prune-mode, --prune-start, --prune-end, --prune-every, --prune-initial) than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
     $MPIRUN -np 1 "$DUET" run $M : -np 1 "$DUET" run models/fmnist_cnn.model --steps 2 --train-subset 5120 --no-eval --threads 1
+  # the pruning schedule (not the tensors) differs: the hash covers DuetProgram.prune
+  expect prune_start "duet: rank 0: error: rank 1 was started with another program (model, kernels, tensors and steps: another model or duet, or a flag that changes the compiled program: --batch, --micro-batches, --bucket-mb, --zero, --precision, --prune, --prune-mode, --prune-start, --prune-end, --prune-every, --prune-initial) than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
+    $MPIRUN -np 1 "$DUET" run $M --prune 0.5 --prune-start 2 : -np 1 "$DUET" run $M --prune 0.5 --prune-start 3
+  expect prune_mode "duet: rank 0: error: rank 1 was started with another program (model, kernels, tensors and steps: another model or duet, or a flag that changes the compiled program: --batch, --micro-batches, --bucket-mb, --zero, --precision, --prune, --prune-mode, --prune-start, --prune-end, --prune-every, --prune-initial) than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
+    $MPIRUN -np 1 "$DUET" run $M --prune 0.5 : -np 1 "$DUET" run $M --prune 0.5 --prune-mode global
   expect lr_schedule "duet: rank 0: error: rank 1 was started with another learning-rate schedule or clipping (--lr-schedule, --warmup, --min-lr, --clip-grad-norm) than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
     $MPIRUN -np 1 "$DUET" run $M : -np 1 "$DUET" run $M --lr-schedule cosine
   expect seed "duet: rank 1: error: rank 1 was started with another --seed than rank 0 (every rank must run the same model and duet with the same flags and data: mpirun -np N duet run M.model FLAGS)" \
     $MPIRUN -np 1 "$DUET" run $M : -np 1 "$DUET" run $M --seed 7
+  expect batch_ranks "duet: rank 2: error: batch 256 (models/fmnist_mlp.model:20) is not a multiple of the 3 MPI ranks (each rank is one replica: they split each global batch)" \
+    $MPIRUN -np 3 "$DUET" run $M
   expect data_parallel "duet: rank 1: error: --data-parallel 3 under an MPI launcher of 2 ranks: each rank is one replica (replicas inside a rank are not supported; drop --data-parallel, or start 3 ranks)" \
     $MPIRUN -np 2 "$DUET" run $M --data-parallel 3
   if "$DUET" compile models/fmnist_mlp.model -o "$d/exe" --data-parallel 2 > "$d/out" 2>&1; then
@@ -391,6 +403,17 @@ plan)
   grep -q '^fastest: data parallelism on every device$' "$d/plan100" &&
     grep -Eq '^pipeline against data parallelism: [0-9.]+ ms against [0-9.]+ ms per step: data parallelism is [0-9.]+x as fast$' "$d/plan100" &&
     ok "plan --nodes 4 at 100 Gb/s: data parallelism wins" || { bad "plan layouts at 100 Gb/s"; sed -n '/^layouts/,$p' "$d/plan100"; }
+  # a layout that cannot build says why; none possible is not "none fits"
+  "$DUET" plan models/fmnist_mlp.model --nodes 3 > "$d/plan3" 2>&1 && bad "plan --nodes 3 (batch 256): succeeded"
+  grep -qx '  data parallel on every device, 1 replica per machine, 3 replicas in all: not possible: batch 256 is not a multiple of --data-parallel 3 (the replicas split each global batch)' "$d/plan3" &&
+    grep -qx 'no layout is possible (above)' "$d/plan3" && ok "plan --nodes 3: why not" || { bad "plan --nodes 3"; tail -3 "$d/plan3"; }
+  # --data-parallel 2 without --devices: 2 CPU devices per machine, in the report and in the layouts alike
+  "$DUET" plan models/fmnist_mlp.model --nodes 2 --data-parallel 2 > "$d/plan22" 2>&1 || bad "plan --nodes 2 --data-parallel 2"
+  grep -q '^  over 2 machines of 2 replicas each, linked at 10 Gb/s per machine (default: 10 Gigabit Ethernet, IEEE 802.3an 10GBASE-T); the ring crosses that link$' "$d/plan22" &&
+    grep -q '^layouts of 2 machines x 2 devices (cpu:0,cpu:1), linked at 10 Gb/s per machine, estimated:$' "$d/plan22" &&
+    grep -Eq '^  data parallel on every device, 2 replicas per machine, 4 replicas in all: [0-9.]+ ms per step' "$d/plan22" &&
+    grep -Eq '^  a 2-stage pipeline per machine, 2 replicas in all: [0-9.]+ ms per step' "$d/plan22" &&
+    ok "plan --nodes 2 --data-parallel 2: 4 replicas throughout" || { bad "plan --nodes 2 --data-parallel 2"; grep -E 'machines|layout|in all|fastest' "$d/plan22"; }
   expect nodes_zero "duet: error: --nodes expects an integer from 1 to 4096 (machines), got '0'" "$DUET" plan $G --nodes 0
   expect link_zero "duet: error: --link-gbps expects a number of Gb/s > 0 (and at most 1e6), got '0'" "$DUET" plan $G --nodes 2 --link-gbps 0
   expect link_alone "duet: error: --link-gbps needs --nodes K (the machines whose network it is)" "$DUET" plan $G --link-gbps 10

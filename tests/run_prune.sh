@@ -16,12 +16,18 @@
 #      for byte, and the same metrics file; a checkpoint of a run without
 #      pruning resumed into a pruned run (masks from ones) ends as the pruned
 #      run from the start, and is refused (before compiling) when the
-#      schedule's last update lies before its step;
+#      schedule's last update lies before its step; a pruned checkpoint
+#      resumed with another mode, a lower sparsity or one its masks would
+#      not reach is refused (before compiling), a higher one with updates to
+#      come warns; resumed without the pruning flags (or with fewer pruned
+#      params), the error names the masks and the flags;
 #   5. a compiled executable prunes as duet run does (same losses, masks);
 #   6. the IR: `duet ir --after prune` shows the masks; the dump trains with
 #      the .model's losses; a pipeline on two virtual CPU devices prunes as
 #      one device with the same micro-batches does (same checkpoint);
-#   7. flag errors with their exact text, before any kernel is compiled.
+#   7. flag errors with their exact text, before any kernel is compiled;
+#      sparsities that would prune every weight (or channel) of a tensor,
+#      or (global) of all, named.
 # Without Fashion-MNIST the parts that need it are skipped (exit 77).
 # usage: run_prune.sh path/to/duet path/to/prune_check   (from the repository root)
 DUET=${1:?usage: run_prune.sh path/to/duet path/to/prune_check}
@@ -54,15 +60,30 @@ expect_error sparsity_range "duet: error: --prune expects a sparsity in [0, 1), 
 expect_error sparsity_negative "duet: error: --prune expects a sparsity in [0, 1), got '-0.1'" $M --prune=-0.1
 expect_error unknown_mode "duet: error: unknown --prune-mode 'sparse'; modes are unstructured, global, channels and N:M such as 2:4" \
   $M --prune 0.5 --prune-mode sparse
+expect_error nm_order "duet: error: --prune-mode 3:2: N must be less than M (N:M keeps N of every M weights, such as 2:4)" \
+  $M --prune-mode 3:2
 expect_error end_before_start "duet: error: prune end step 10 is before its start step 20" \
   $M --prune 0.5 --prune-start 20 --prune-end 10
 expect_error every_zero "duet: error: --prune-every expects an integer >= 1 (a step count), got '0'" $M --prune 0.5 --prune-every 0
+expect_error nm_every "duet: error: 2:4 pruning is one-shot, at its start step: the frequency (--prune-every, \`every\`) belongs to the gradual schedule of unstructured, global and channels pruning; leave it out" \
+  $M --prune-mode 2:4 --prune-start 5 --prune-every 5
+expect_error nm_initial "duet: error: 2:4 pruning is one-shot, at its start step: the initial sparsity (--prune-initial, \`initial_sparsity\`) belongs to the gradual schedule of unstructured, global and channels pruning; leave it out" \
+  $M --prune-mode 2:4 --prune-initial 0.1
 expect_error no_sparsity "duet: error: unstructured pruning needs its final sparsity: \`sparsity = S\` in the prune section, or --prune S" \
   $M --prune-start 5
 expect_error missing_value "duet: error: --prune-mode needs a value (see duet run --help)" $M --prune-mode
 expect_error cnn_2_4 "$C:10:9: error: 2:4 pruning of \`conv1.w\` f32[32,1,3,3]: its input dimension (9) is not divisible by 4; leave it out with --prune-params '!conv1.w' (params = \"!conv1.w\")
     param w: [out, dim(x, 1), k, k] = kaiming_uniform
           ^" $C --prune-mode 2:4
+# sparsities that round to every weight (round(s x n) = n) of a tensor, or of all (global)
+expect_error prunes_all "$M:8:9: error: unstructured pruning to sparsity 0.9999999 removes every weight of \`linear1.w\` f32[784,1024]: round(0.9999999 x 802816) = 802816; give a sparsity below 0.999999, or leave it out with --prune-params '!linear1.w'
+    param w: [dim(h, -1), out] = kaiming_uniform
+          ^" $M --prune 0.9999999
+expect_error prunes_all_channels "$M:8:9: error: channels pruning to sparsity 0.96 removes every output channel of \`linear3.w\` f32[1024,10]: round(0.96 x 10) = 10; give a sparsity below 0.95, or leave it out with --prune-params '!linear3.w'
+    param w: [dim(h, -1), out] = kaiming_uniform
+          ^" $M --prune 0.96 --prune-mode channels
+expect_error prunes_all_global "duet: error: global pruning to sparsity 0.9999999 removes every weight of the pruned tensors: round(0.9999999 x 1861632) = 1861632; give a sparsity below 0.9999997" \
+  $M --prune 0.9999999 --prune-mode global
 "$DUET" ir $M --after prune --prune 0.5 > "$d/p.ir" 2>&1 || bad "ir --after prune"
 expect_error dump_after_prune "$d/p.ir:2:7: error: the dump was printed after \`prune\`, so its pruning is fixed; the --prune flags need the .model or a dump from before \`prune\`
   after prune
@@ -142,6 +163,27 @@ done
 "$DUET" run $M $F --steps 3 --quiet --save "$d/dense.st" > /dev/null
 expect_error resume_dense_after_schedule "duet: error: cannot resume from $d/dense.st: it has no pruning masks (a run without pruning) and its step 3 is after the pruning schedule's last update (after step 2), so nothing would be pruned; start pruning at its step or later (--prune-start 3)" \
   $M $F --steps 8 --prune 0.5 --prune-start 2 --resume "$d/dense.st"
+
+# a pruned checkpoint resumed with other pruning settings (its metadata
+# records them): another mode, a next update below the sparsity its masks
+# reached, or another final sparsity with no update left are refused before
+# compiling; a higher sparsity with an update to come goes on, with a warning
+"$DUET" run $M $F --steps 6 --prune 0.5 --prune-start 3 --quiet --save "$d/p5.st" > /dev/null || bad "pruned run for resume"
+expect_error resume_other_mode "duet: error: cannot resume from $d/p5.st: it was pruned with --prune 0.5 --prune-start 3, this run asks for --prune-mode 2:4 --prune-start 2: its masks were chosen by unstructured pruning and are not 2:4 masks; resume with its mode (--prune-mode unstructured)" \
+  $M $F --steps 8 --resume "$d/p5.st" --prune-mode 2:4 --prune-start 2
+expect_error resume_lower "duet: error: cannot resume from $d/p5.st: it was pruned with --prune 0.5 --prune-start 3, this run asks for --prune 0.3 --prune-start 10: its masks reached sparsity 0.5, and this schedule's next update (after step 10) asks for 0.3, which would bring pruned weights back; ask for 0.5 or more from step 6 on" \
+  $M $F --steps 12 --resume "$d/p5.st" --prune 0.3 --prune-start 10
+expect_error resume_no_update "duet: error: cannot resume from $d/p5.st: it was pruned with --prune 0.5 --prune-start 3, this run asks for --prune 0.7 --prune-start 2: its masks have sparsity 0.5 and this schedule makes no update after its step 6 (the last is after step 2), so they would stay at 0.5, not 0.7; resume with its sparsity, or schedule an update after step 6 or later (--prune-start, --prune-end)" \
+  $M $F --steps 8 --resume "$d/p5.st" --prune 0.7 --prune-start 2
+# ... and without the pruning flags: the masks named, the flags given
+expect_error resume_without_pruning "duet: error: cannot resume from $d/p5.st: it was trained with pruning (it holds the pruning masks linear1.w.mask, linear2.w.mask, linear3.w.mask): pass its pruning flags (--prune 0.5 --prune-start 3), or the model's prune section, to continue it" \
+  $M $F --steps 8 --resume "$d/p5.st"
+expect_error resume_fewer_params "duet: error: cannot resume from $d/p5.st: it holds pruning masks of params this run does not prune (linear3.w.mask): pass its --prune-params (or the prune section's params)" \
+  $M $F --steps 8 --resume "$d/p5.st" --prune 0.5 --prune-start 3 --prune-params '!linear3.w'
+"$DUET" run $M $F --steps 8 --resume "$d/p5.st" --prune 0.7 --prune-start 6 > "$d/p7.txt" 2>&1 &&
+  grep -Fqx "duet: warning: the pruning schedule --prune 0.7 --prune-start 6 differs from the checkpoint's --prune 0.5 --prune-start 3 ($d/p5.st): the masks go on from its sparsity 0.5, and the resumed run does not continue the original one exactly" "$d/p7.txt" &&
+  grep -Fqx 'duet: sparsity at the end (unstructured): 0.7000 of 1861632 weights' "$d/p7.txt" && ok resume_higher_sparsity ||
+  { bad resume_higher_sparsity; grep duet "$d/p7.txt"; }
 
 # 5. a compiled executable
 P="--prune 0.6 --prune-start 3"
