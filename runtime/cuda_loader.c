@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "collective.h"
+#include "dlplugin.h"
 #include "duet_rt.h"
 
 #ifndef DUET_CUDA_PLUGIN_DEFAULT
@@ -18,6 +19,11 @@
 typedef DuetDevice *(*OpenFn)(const DuetProgram *p, int ordinal, int verbose, char *err, size_t errlen);
 typedef int (*ListFn)(FILE *out, char *err, size_t errlen);
 typedef int (*ApiFn)(void);
+
+static bool cuda_compatible(void *h) {
+  ApiFn api = (ApiFn)dlsym(h, "duet_cuda_plugin_api");
+  return api && api() == DUET_CUDA_PLUGIN_API;
+}
 
 /* Loads the plugin: $DUET_CUDA_PLUGIN (only it, when set), else next to the executable, else
  * the build tree's copy, else the dynamic loader's search path.  The
@@ -30,52 +36,16 @@ static void *load_plugin(char *err, size_t errlen) {
   }
   /* the plugin links libcuda.so.1 itself; this handle only tested for it */
   dlclose(drv);
-  const char *env = getenv("DUET_CUDA_PLUGIN");
-  if (env && *env) { /* named on purpose: no silent fallback to another copy */
-    void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      snprintf(err, errlen, "DUET_CUDA_PLUGIN=%s cannot be loaded: %s", env, dlerror());
-      return NULL;
-    }
-    ApiFn api = (ApiFn)dlsym(h, "duet_cuda_plugin_api");
-    if (api && api() == DUET_CUDA_PLUGIN_API) return h;
-    dlclose(h);
-    snprintf(err, errlen, "DUET_CUDA_PLUGIN=%s is not a compatible duet CUDA plugin", env);
-    return NULL;
-  }
-  char self[1024], cand[1200];
-  const char *tries[4];
-  int n = 0;
-  ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (k > 0) {
-    self[k] = 0;
-    char *slash = strrchr(self, '/');
-    if (slash) {
-      *slash = 0;
-      snprintf(cand, sizeof cand, "%s/libduet_cuda.so", self);
-      tries[n++] = cand;
-    }
-  }
-  tries[n++] = DUET_CUDA_PLUGIN_DEFAULT;
-  tries[n++] = "libduet_cuda.so";
-  char last[600] = "";
-  for (int i = 0; i < n; i++) {
-    if (i > 0 && !strcmp(tries[i], tries[i - 1])) continue;
-    if (strchr(tries[i], '/') && access(tries[i], F_OK)) continue;
-    void *h = dlopen(tries[i], RTLD_NOW | RTLD_LOCAL);
-    if (h) {
-      ApiFn api = (ApiFn)dlsym(h, "duet_cuda_plugin_api");
-      if (api && api() == DUET_CUDA_PLUGIN_API) return h;
-      snprintf(last, sizeof last, "%s is not a compatible duet CUDA plugin", tries[i]);
-      dlclose(h);
-      continue;
-    }
-    snprintf(last, sizeof last, "%s", dlerror());
-  }
-  snprintf(err, errlen,
-           "the CUDA backend libduet_cuda.so could not be loaded (%s); build duet with a CUDA toolkit "
-           "(cmake -DDUET_CUDA=ON) or set DUET_CUDA_PLUGIN",
-           last[0] ? last : "not found");
+  bool named;
+  char last[600];
+  void *h = duet_dlplugin_open("DUET_CUDA_PLUGIN", "libduet_cuda.so", DUET_CUDA_PLUGIN_DEFAULT, RTLD_NOW | RTLD_LOCAL,
+                               cuda_compatible, "CUDA", &named, last, sizeof last);
+  if (h) return h;
+  if (named) snprintf(err, errlen, "%s", last);
+  else snprintf(err, errlen,
+                "the CUDA backend libduet_cuda.so could not be loaded (%s); build duet with a CUDA toolkit "
+                "(cmake -DDUET_CUDA=ON) or set DUET_CUDA_PLUGIN",
+                last[0] ? last : "not found");
   return NULL;
 }
 

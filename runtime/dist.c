@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "dist.h"
+#include "dlplugin.h"
 #include "pipeline.h"
 
 #ifndef DUET_MPI_PLUGIN_DEFAULT
@@ -158,52 +159,18 @@ static const DuetMpiPlugin *plugin_of(void *h) {
  * the executable, else the build tree's copy, else the dynamic loader's
  * search path.  The handle stays open for the life of the process.  NULL
  * with the reason in err. */
+static bool mpi_compatible(void *h) { return plugin_of(h) != NULL; }
+
 static const DuetMpiPlugin *load_plugin(char *err, size_t errlen) {
-  const char *env = getenv("DUET_MPI_PLUGIN");
-  if (env && *env) { /* named on purpose: no silent fallback to another copy */
-    void *h = dlopen(env, RTLD_NOW | RTLD_GLOBAL);
-    if (!h) {
-      snprintf(err, errlen, "DUET_MPI_PLUGIN=%s cannot be loaded: %s", env, dlerror());
-      return NULL;
-    }
-    const DuetMpiPlugin *pl = plugin_of(h);
-    if (pl) return pl;
-    dlclose(h);
-    snprintf(err, errlen, "DUET_MPI_PLUGIN=%s is not a compatible duet MPI plugin", env);
-    return NULL;
-  }
-  char self[1024], cand[1200];
-  const char *tries[4];
-  int n = 0;
-  ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (k > 0) {
-    self[k] = 0;
-    char *slash = strrchr(self, '/');
-    if (slash) {
-      *slash = 0;
-      snprintf(cand, sizeof cand, "%s/libduet_mpi.so", self);
-      tries[n++] = cand;
-    }
-  }
-  tries[n++] = DUET_MPI_PLUGIN_DEFAULT;
-  tries[n++] = "libduet_mpi.so";
-  char last[600] = "";
-  for (int i = 0; i < n; i++) {
-    if (i > 0 && !strcmp(tries[i], tries[i - 1])) continue;
-    if (strchr(tries[i], '/') && access(tries[i], F_OK)) continue;
-    /* RTLD_GLOBAL: Open MPI loads its components with dlopen and they need
-     * libmpi's symbols */
-    void *h = dlopen(tries[i], RTLD_NOW | RTLD_GLOBAL);
-    if (h) {
-      const DuetMpiPlugin *pl = plugin_of(h);
-      if (pl) return pl;
-      snprintf(last, sizeof last, "%s is not a compatible duet MPI plugin", tries[i]);
-      dlclose(h);
-      continue;
-    }
-    snprintf(last, sizeof last, "%s", dlerror());
-  }
-  if (last[0]) snprintf(err, errlen, "duet's MPI plugin libduet_mpi.so cannot be loaded (%s)", last);
+  bool named;
+  char last[600];
+  /* RTLD_GLOBAL: Open MPI loads its components with dlopen and they need
+   * libmpi's symbols */
+  void *h = duet_dlplugin_open("DUET_MPI_PLUGIN", "libduet_mpi.so", DUET_MPI_PLUGIN_DEFAULT, RTLD_NOW | RTLD_GLOBAL,
+                               mpi_compatible, "MPI", &named, last, sizeof last);
+  if (h) return plugin_of(h);
+  if (named) snprintf(err, errlen, "%s", last);
+  else if (last[0]) snprintf(err, errlen, "duet's MPI plugin libduet_mpi.so cannot be loaded (%s)", last);
   else snprintf(err, errlen, "duet's MPI plugin libduet_mpi.so was not found (next to the program, in %s, or on the "
                 "loader's path)", DUET_MPI_PLUGIN_DEFAULT);
   return NULL;
