@@ -13,6 +13,7 @@
 #include "../frontend/frontend.h"
 #include "../passes/passes.h"
 #include "jit.h"
+#include "plot.h"
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -26,6 +27,7 @@ static void usage(FILE *out) {
           "  devices                      list the CPU and the GPUs duet can use (--devices cpu|cuda:N)\n"
           "  check M.model                parse and verify; print a parameter summary\n"
           "  sample M.model --checkpoint CK [--prompt TEXT]   generate text with a trained model\n"
+          "  plot METRICS.jsonl ... -o OUT.png|OUT.svg   training curves of --metrics files (gnuplot)\n"
           "  help                         this text\n\n"
           "run, compile, ir, emit and check take --precision auto|fp32|fp16|bf16 (default auto: fp32\n"
           "on the CPU) and ir and check --arch cpu|sm_60|sm_61|sm_70|sm_75|sm_80|sm_86|sm_89|sm_90 (the\n"
@@ -1617,6 +1619,7 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "check")) return cmd_check(argc - 2, argv + 2);
   if (!strcmp(cmd, "sample")) return cmd_sample(argc - 2, argv + 2);
+  if (!strcmp(cmd, "plot")) return cmd_plot(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;

@@ -12,9 +12,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 8 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 9 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
-                                * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping */
+                                * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping;
+                                * 9: DuetConfig.metrics_timing */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -157,6 +158,8 @@ typedef struct DuetConfig {
   int64_t warmup;          /* --warmup N: steps of linear warm-up (0: none) */
   double min_lr;           /* --min-lr X: where cosine and linear decay end */
   double clip_grad_norm;   /* --clip-grad-norm X: global L2 norm limit (0: no clipping) */
+  int metrics_timing;      /* --metrics-timing: step lines carry samples_per_s / tokens_per_s
+                            * (off by default: the metrics of two runs then compare byte for byte) */
 } DuetConfig;
 
 /* Learning-rate schedules.  With base rate lr (--lr), W warm-up steps, T
