@@ -233,7 +233,7 @@ static void write_script(Buf *b, const Run *runs, int n, const char *out, bool s
   }
   for (int k = 0; k < N_PANELS; k++) panels += has[k];
   int cols = panels <= 2 ? panels : panels <= 4 ? 2 : 3, rows = (panels + cols - 1) / cols;
-  buf_printf(b, "set multiplot layout %d,%d\nset grid\nset key top right opaque\nset xlabel 'step'\n", rows, cols);
+  buf_printf(b, "set multiplot layout %d,%d\nset grid\nset key below\nset xlabel 'step'\n", rows, cols);
   for (int k = 0; k < N_PANELS; k++) {
     if (!has[k]) continue;
     const char *ylabel = k == P_RATE ? (tokens && samples ? "samples/s, tokens/s" : tokens ? "tokens/s" : "samples/s")
