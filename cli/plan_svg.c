@@ -174,9 +174,10 @@ int plan_svg(const Graph *g, const PassCtx *cx, FILE *out) {
   fprintf(out, "<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", width, height);
   fprintf(out, "<text x=\"20\" y=\"26\" font-size=\"16\" font-weight=\"bold\">");
   xml_text(out, g->model_name ? g->model_name : "?");
-  fprintf(out, ": %d stage%s, %" PRId64 " micro-batch%s of %" PRId64 ", schedule %s%s</text>\n", S, S == 1 ? "" : "s",
-          M, M == 1 ? "" : "es", g->train.batch, one_f_one_b ? "1F1B" : "GPipe",
-          R > 1 ? " (each replica of the data-parallel ones)" : "");
+  fprintf(out, ": %d stage%s, %" PRId64 " micro-batch%s of %" PRId64 ", schedule %s", S, S == 1 ? "" : "s", M,
+          M == 1 ? "" : "es", g->train.batch, one_f_one_b ? "1F1B" : "GPipe");
+  if (R > 1) fprintf(out, "; each of the %d data-parallel replicas (all-reduce not drawn)", R);
+  fprintf(out, "</text>\n");
   fprintf(out, "<text x=\"20\" y=\"46\" fill=\"#444\">a step of %.3f ms as simulated from the stages' estimated times: "
                "forward and backward busy %.0f%%, idle (the bubble) %.0f%%; (S-1)/(M+S-1) = %.3f</text>\n",
           1e3 * end, 100 * (1 - idle), 100 * idle, (double)(S - 1) / (double)(M + S - 1));

@@ -223,7 +223,8 @@ static void write_script(Buf *b, const Run *runs, int n, const char *out, bool s
       const Series *s = &runs[i].s[k];
       has[k] |= s->n > 0;
       if (!s->n) continue;
-      if (k == P_RATE) runs[i].tokens ? (tokens = true) : (samples = true);
+      if (k == P_RATE && runs[i].tokens) tokens = true;
+      else if (k == P_RATE) samples = true;
       buf_printf(b, "# %s: %s (%zu points)\n$d%d_%s << EOD\n", runs[i].label,
                  k == P_RATE ? (runs[i].tokens ? "tokens_per_s" : "samples_per_s") : panel_key[k], s->n, i,
                  panel_name[k]);
