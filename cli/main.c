@@ -13,6 +13,8 @@
 #include "../frontend/frontend.h"
 #include "../passes/passes.h"
 #include "jit.h"
+#include "plan_svg.h"
+#include "plot.h"
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -26,6 +28,7 @@ static void usage(FILE *out) {
           "  devices                      list the CPU and the GPUs duet can use (--devices cpu|cuda:N)\n"
           "  check M.model                parse and verify; print a parameter summary\n"
           "  sample M.model --checkpoint CK [--prompt TEXT]   generate text with a trained model\n"
+          "  plot METRICS.jsonl ... -o OUT.png|OUT.svg   training curves of --metrics files (gnuplot)\n"
           "  help                         this text\n\n"
           "run, compile, ir, emit and check take --precision auto|fp32|fp16|bf16 (default auto: fp32\n"
           "on the CPU) and ir and check --arch cpu|sm_60|sm_61|sm_70|sm_75|sm_80|sm_86|sm_89|sm_90 (the\n"
@@ -1132,12 +1135,13 @@ static int plan_nodes(ParOpts *po, int argc, char **argv) {
 }
 
 static int cmd_plan(int argc, char **argv) {
-  const char *model = NULL;
+  const char *model = NULL, *format = "text";
   int64_t batch = 0;
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet plan M.model [--devices SPEC] [--micro-batches M] [--schedule gpipe|1f1b] [--batch N]\n"
              "                [--threads N] [--data-parallel N] [--bucket-mb X] [--zero 0|1] [--nodes K [--link-gbps X]]\n"
+             "                [--format text|svg]\n"
              "Partitions the model without running it and prints each stage's ops, estimated time and memory\n"
              "(weights, grads, optimizer state, activations), the transfer bytes per step and the pipeline\n"
              "bubble (S-1)/(M+S-1).  SPEC: cpu:0,cpu:1 | cuda:0,cuda:1 | capacities such as 2x16GiB:sm_60;\n"
@@ -1148,6 +1152,9 @@ static int cmd_plan(int argc, char **argv) {
              "linked at --link-gbps X Gb/s each (default 10: 10 Gigabit Ethernet); the all-reduce crosses\n"
              "that link; then every layout of each machine's devices (pipeline, data parallel, between)\n"
              "estimated, and the fastest.\n"
+             "--format svg: the same plan as a picture on stdout: the schedule of each stage's forward and\n"
+             "backward micro-batches over the step (the bubble as empty space) beside each device's memory\n"
+             "as stacked bars (not with --nodes).\n"
              "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n"
              "--recompute blocks|auto: the activations with recomputation (auto: only as much as each\n"
              "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n"
@@ -1159,6 +1166,8 @@ static int cmd_plan(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
       batch = scan_batch(2, argv + i);
       i++;
+    } else if (!strcmp(argv[i], "--format") && i + 1 < argc) {
+      format = argv[++i];
     } else if (argv[i][0] != '-' && !model) {
       model = argv[i];
     } else {
@@ -1169,6 +1178,7 @@ static int cmd_plan(int argc, char **argv) {
     fprintf(stderr, "duet: error: usage: duet plan M.model [--devices SPEC]\n");
     return 1;
   }
+  if (plan_format_check(format, argc, argv)) return 1;
   ParOpts po; /* checks --devices, --micro-batches and --schedule */
   if (par_opts(&po, argc, argv, 1) || plan_nodes(&po, argc, argv)) {
     par_free(&po);
@@ -1195,6 +1205,8 @@ static int cmd_plan(int argc, char **argv) {
                   .link_gbps = po.link_gbps};
     if (check_gemm_acc(graph_f16_gemms(c.g))) {
       rc = 1;
+    } else if (!strcmp(format, "svg")) {
+      rc = plan_svg(c.g, &pc, stdout); /* the picture on stdout; 1 when the model does not fit */
     } else {
       rc = partition_report(c.g, &pc, stdout); /* 1 when the model does not fit: the report is still printed */
       if (opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16"))
@@ -1617,6 +1629,7 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "check")) return cmd_check(argc - 2, argv + 2);
   if (!strcmp(cmd, "sample")) return cmd_sample(argc - 2, argv + 2);
+  if (!strcmp(cmd, "plot")) return cmd_plot(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;

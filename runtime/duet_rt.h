@@ -12,10 +12,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 9 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 10 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
                                 * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping;
-                                * 9: DuetConfig eval_only, checkpoint_path, keep, keep_best */
+                                * 9: DuetConfig eval_only, checkpoint_path, keep, keep_best;
+                                * 10: DuetConfig.metrics_timing */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -162,6 +163,8 @@ typedef struct DuetConfig {
   const char *checkpoint_path; /* --checkpoint CK: the checkpoint --eval-only evaluates */
   int64_t keep;            /* --keep N: keep the last N checkpoints (PATH, PATH.step-S, ...; 0: PATH only) */
   int keep_best;           /* --keep-best: PATH.best holds the checkpoint of the best evaluation */
+  int metrics_timing;      /* --metrics-timing: step lines carry samples_per_s / tokens_per_s
+                            * (off by default: the metrics of two runs then compare byte for byte) */
 } DuetConfig;
 
 /* Learning-rate schedules.  With base rate lr (--lr), W warm-up steps, T

@@ -41,6 +41,9 @@ void duet_usage(const char *argv0, FILE *out) {
           "                     (a fraction),\"test_loss\"} or, text models, {\"step\",\"val_loss\"}; with\n"
           "                     --resume, the file's lines up to the checkpoint's step are kept and\n"
           "                     the run appends to them\n"
+          "  --metrics-timing   step lines also carry the throughput since the previous line:\n"
+          "                     \"samples_per_s\" (images) or \"tokens_per_s\" (text); wall-clock, so off\n"
+          "                     by default (the metrics of two runs compare byte for byte)\n"
           "  --log-every N      progress line every N steps\n"
           "  --eval-every N     text: validation loss every N steps\n"
           "  --eval-batches N   text: number of fixed validation batches\n"
@@ -274,7 +277,12 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
       c->eval_only = 1;
       continue;
     }
-    if (!strncmp(a, "--no-eval=", 10) || !strncmp(a, "--quiet=", 8) || !strncmp(a, "--eval-only=", 12)) {
+    if (!strcmp(a, "--metrics-timing")) {
+      c->metrics_timing = 1;
+      continue;
+    }
+    if (!strncmp(a, "--no-eval=", 10) || !strncmp(a, "--quiet=", 8) || !strncmp(a, "--eval-only=", 12) ||
+        !strncmp(a, "--metrics-timing=", 17)) {
       fprintf(stderr, "duet: error: %.*s takes no value\n", (int)(strchr(a, '=') - a), a);
       return 1;
     }
@@ -816,9 +824,10 @@ static const char *rate_note(const DuetSession *s, char *buf, size_t n) {
 
 /* The metrics line {"step":S,"loss":L,"lr":R} (R exact: cJSON prints the
  * shortest round-trip form) and, with --clip-grad-norm, "grad_norm" (the
- * global norm before clipping; null on a step skipped for overflow);
- * nothing without a metrics file. */
-static int log_loss(FILE *mf, const DuetSession *s, int64_t step, double loss) {
+ * global norm before clipping; null on a step skipped for overflow), with
+ * --metrics-timing `rate_key` ("samples_per_s" or "tokens_per_s"): `rate`,
+ * the throughput since the previous line; nothing without a metrics file. */
+static int log_loss(FILE *mf, const DuetSession *s, int64_t step, double loss, const char *rate_key, double rate) {
   if (!mf) return 0;
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "step", (double)step);
@@ -829,6 +838,7 @@ static int log_loss(FILE *mf, const DuetSession *s, int64_t step, double loss) {
     if (isfinite(g)) cJSON_AddNumberToObject(o, "grad_norm", g);
     else cJSON_AddNullToObject(o, "grad_norm");
   }
+  if (duet_session_config(s)->metrics_timing) cJSON_AddNumberToObject(o, rate_key, rate);
   return metrics_write(mf, o);
 }
 
@@ -1556,7 +1566,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
                  total, loss, rate_note(s, (char[96]){0}, 96), (double)(since_log * B) / (t - t_log),
                  scale_note(s, p, (char[64]){0}, 64));
         fflush(stdout);
-        if (log_loss(mf, s, step, loss)) goto out;
+        if (log_loss(mf, s, step, loss, "samples_per_s", (double)(since_log * B) / (t - t_log))) goto out;
         t_log = now_seconds();
         since_log = 0;
       }
@@ -1828,7 +1838,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
                rate_note(s, (char[96]){0}, 96), (double)(since_log * B * T) / (t - t_log),
                scale_note(s, p, (char[64]){0}, 64));
       fflush(stdout);
-      if (log_loss(mf, s, step, loss)) goto out;
+      if (log_loss(mf, s, step, loss, "tokens_per_s", (double)(since_log * B * T) / (t - t_log))) goto out;
       t_log = now_seconds();
       since_log = 0;
     }
