@@ -16,6 +16,7 @@
 #include <zlib.h>
 
 #include "dist.h"
+#include "duet_half.h"
 #include "duet_rt.h"
 #include "pipeline.h"
 
@@ -2141,6 +2142,280 @@ out:
   }
   duet_session_free(s);
   if (dev) dev->ops->destroy(dev);
+  return rc;
+}
+
+/* ------------------------------------------------------------- predict */
+
+void duet_predict_usage(FILE *out) {
+  fprintf(out,
+          "usage: duet predict M.model --checkpoint CK [--data PATH] [-o OUT.jsonl] [flags]\n"
+          "Loads the params of CK (written by duet run --save) and writes one JSON line per prediction,\n"
+          "on the samples the final evaluation uses (Fashion-MNIST: the test split; npy: the validation\n"
+          "samples; text, tokens: the --eval-batches fixed validation batches):\n"
+          "  classifiers    {\"index\":I,\"class\":C,\"prob\":P,\"label\":Y} per sample, in order: C the\n"
+          "                 predicted class (the largest logit, the first of equal ones), P its softmax\n"
+          "                 probability, Y the sample's label (--logits adds \"logits\":[...])\n"
+          "  language models {\"window\":W,\"offset\":O,\"loss\":[L0,...]} per validation window: O its first\n"
+          "                 token's position in the data, Lt = -log softmax(logits_t)[y_t] (nats) of each\n"
+          "                 of its block tokens (their mean over all windows is the validation loss)\n"
+          "  --checkpoint CK    the trained params (required)\n"
+          "  --data PATH        data directory or file (default: the train section's)\n"
+          "  -o FILE            write the lines to FILE (default: standard output)\n"
+          "  --test-subset N    classifiers: the first N test samples\n"
+          "  --eval-batches N   language models: N fixed validation batches (default: the model's)\n"
+          "  --logits           classifiers: each line also holds the logits\n"
+          "  --threads N        CPU threads, 1 to 1024 (default: all cores)\n"
+          "The program is compiled in fp32 for the model's batch; numbers are printed with 9 significant\n"
+          "digits (a float round-trips).  A summary goes to standard error.\n");
+}
+
+/* Element k of a logits buffer of dtype dt, as a double. */
+static double logit_at(const void *buf, int dt, int64_t k) {
+  switch (dt) {
+  case DUET_F64: return ((const double *)buf)[k];
+  case DUET_F16: return duet_f32_from_f16(((const uint16_t *)buf)[k]);
+  case DUET_BF16: return duet_f32_from_bf16(((const uint16_t *)buf)[k]);
+  default: return ((const float *)buf)[k];
+  }
+}
+
+/* A number with 9 significant digits (a float round-trips). */
+static int put_num(FILE *f, double x) {
+  return isfinite(x) ? fprintf(f, "%.9g", x) : fprintf(f, "null");
+}
+
+/* Reads the logits of the batch just evaluated: rows of V values. */
+static void *read_logits(DuetSession *s, const DuetProgram *p, char *err, size_t errlen) {
+  const DuetTensor *t = &p->tensors[p->logits];
+  void *buf = malloc((size_t)t->nbytes);
+  if (!buf) {
+    snprintf(err, errlen, "out of host memory");
+    return NULL;
+  }
+  if (duet_session_read(s, p->logits, 0, buf, (size_t)t->nbytes)) {
+    snprintf(err, errlen, "%s", duet_session_error(s));
+    free(buf);
+    return NULL;
+  }
+  return buf;
+}
+
+/* The predictions of a classifier on ds's first n samples, one line each. */
+static int predict_images(DuetSession *s, const DuetProgram *p, const DuetDataset *ds, int64_t n, bool with_logits,
+                          FILE *out, int64_t *correct, char *err, size_t errlen) {
+  const DuetTensor *t = &p->tensors[p->logits];
+  int64_t B = p->defaults.batch, V = p->n_classes;
+  int dsz = t->dtype == DUET_F64 ? 8 : t->dtype == DUET_F16 || t->dtype == DUET_BF16 ? 2 : 4;
+  if (V < 1 || t->nbytes != B * V * dsz) {
+    snprintf(err, errlen, "model `%s`: its logits are not [batch, classes]", p->model_name);
+    return -1;
+  }
+  int64_t *idx = malloc((size_t)B * sizeof *idx);
+  if (!idx) {
+    snprintf(err, errlen, "out of host memory");
+    return -1;
+  }
+  *correct = 0;
+  for (int64_t start = 0; start < n; start += B) {
+    int64_t m = n - start < B ? n - start : B;
+    for (int64_t r = 0; r < m; r++) idx[r] = start + r;
+    duet_session_set_valid(s, m);
+    void *lg = NULL;
+    if (fill_batch(s, p, ds, idx, m, B) || duet_session_run(s, DUET_RUN_EVAL)) {
+      snprintf(err, errlen, "%s", duet_session_error(s));
+    } else {
+      lg = read_logits(s, p, err, errlen);
+    }
+    if (!lg) {
+      free(idx);
+      return -1;
+    }
+    for (int64_t r = 0; r < m; r++) {
+      int64_t best = 0;
+      for (int64_t v = 1; v < V; v++)
+        if (logit_at(lg, t->dtype, r * V + v) > logit_at(lg, t->dtype, r * V + best)) best = v;
+      double mx = logit_at(lg, t->dtype, r * V + best), sum = 0;
+      for (int64_t v = 0; v < V; v++) sum += exp(logit_at(lg, t->dtype, r * V + v) - mx);
+      int32_t label = ds->labels ? ds->labels[start + r] : ((const int32_t *)ds->y)[(start + r) * ds->y_elems];
+      *correct += best == label;
+      fprintf(out, "{\"index\":%" PRId64 ",\"class\":%" PRId64 ",\"prob\":", start + r, best);
+      put_num(out, 1.0 / sum);
+      fprintf(out, ",\"label\":%d", (int)label);
+      if (with_logits) {
+        fprintf(out, ",\"logits\":[");
+        for (int64_t v = 0; v < V; v++) {
+          if (v) fputc(',', out);
+          put_num(out, logit_at(lg, t->dtype, r * V + v));
+        }
+        fputc(']', out);
+      }
+      fprintf(out, "}\n");
+    }
+    free(lg);
+  }
+  free(idx);
+  return 0;
+}
+
+/* The per-token losses of a language model on the fixed validation windows
+ * (text_validate's: the same generator, the same draws). */
+static int predict_text(DuetSession *s, const DuetProgram *p, const TextData *td, const DuetConfig *cfg, FILE *out,
+                        double *mean, char *err, size_t errlen) {
+  const DuetTensor *t = &p->tensors[p->logits];
+  int64_t B = p->defaults.batch, T = cfg->block, V = p->n_classes;
+  int dsz = t->dtype == DUET_F64 ? 8 : t->dtype == DUET_F16 || t->dtype == DUET_BF16 ? 2 : 4;
+  if (V < 1 || t->nbytes != B * T * V * dsz) {
+    snprintf(err, errlen, "model `%s`: its logits are not [batch, block, vocab]", p->model_name);
+    return -1;
+  }
+  int32_t *y = malloc((size_t)(B * T) * sizeof *y);
+  int64_t *off = malloc((size_t)B * sizeof *off);
+  if (!y || !off) {
+    free(y);
+    free(off);
+    snprintf(err, errlen, "out of host memory");
+    return -1;
+  }
+  DuetRng r;
+  duet_rng_seed(&r, 0x76616c6964ull, 0); /* text_validate's windows */
+  double total = 0;
+  int rc = 0;
+  duet_session_set_valid(s, B * T);
+  uint64_t span = (uint64_t)(td->n - td->n_train - T - 1) + 1;
+  for (int64_t i = 0; i < cfg->eval_batches && !rc; i++) {
+    DuetRng peek = r; /* the offsets text_batch draws */
+    for (int64_t b = 0; b < B; b++) off[b] = td->n_train + (int64_t)(duet_rng_next(&peek) % span);
+    void *lg = NULL;
+    if (text_batch(s, p, td, &r, td->n_train, td->n, B, T) || duet_session_run(s, DUET_RUN_EVAL) ||
+        duet_session_read(s, p->input_y, 0, y, (size_t)(B * T) * sizeof *y))
+      snprintf(err, errlen, "%s", duet_session_error(s));
+    else
+      lg = read_logits(s, p, err, errlen);
+    if (!lg) {
+      rc = -1;
+      break;
+    }
+    for (int64_t b = 0; b < B; b++) {
+      fprintf(out, "{\"window\":%" PRId64 ",\"offset\":%" PRId64 ",\"loss\":[", i * B + b, off[b]);
+      for (int64_t k = 0; k < T; k++) {
+        int64_t row = b * T + k;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t v = 0; v < V; v++) mx = fmax(mx, logit_at(lg, t->dtype, row * V + v));
+        for (int64_t v = 0; v < V; v++) sum += exp(logit_at(lg, t->dtype, row * V + v) - mx);
+        double l = mx + log(sum) - logit_at(lg, t->dtype, row * V + y[row]);
+        total += l;
+        if (k) fputc(',', out);
+        put_num(out, l);
+      }
+      fprintf(out, "]}\n");
+    }
+    free(lg);
+  }
+  free(y);
+  free(off);
+  *mean = total / (double)(cfg->eval_batches * B * T);
+  return rc;
+}
+
+int duet_predict_main(const DuetProgram *p, const DuetKernelFn *kernels, int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  DuetConfig cfg = p->defaults;
+  const char *out_path = NULL;
+  bool with_logits = false;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--logits")) {
+      with_logits = true;
+      continue;
+    }
+    bool known = !strcmp(a, "--checkpoint") || !strcmp(a, "--data") || !strcmp(a, "-o") ||
+                 !strcmp(a, "--test-subset") || !strcmp(a, "--eval-batches") || !strcmp(a, "--threads");
+    if (!known) {
+      fprintf(stderr, "duet: error: %s '%s' (see duet predict --help)\n",
+              a[0] == '-' ? "unknown flag" : "unexpected argument", a);
+      return 1;
+    }
+    if (!v) {
+      fprintf(stderr, "duet: error: %s needs a value (see duet predict --help)\n", a);
+      return 1;
+    }
+    i++;
+    int rc = 0;
+    if (!strcmp(a, "--checkpoint")) cfg.checkpoint_path = v;
+    else if (!strcmp(a, "--data")) cfg.data_path = v;
+    else if (!strcmp(a, "-o")) out_path = v;
+    else if (!strcmp(a, "--test-subset")) rc = parse_i64(a, v, 1, &cfg.test_subset);
+    else if (!strcmp(a, "--eval-batches")) rc = parse_i64(a, v, 1, &cfg.eval_batches);
+    else rc = duet_parse_threads(v, &cfg.threads);
+    if (rc) return 1;
+  }
+  if (!cfg.checkpoint_path) {
+    fprintf(stderr, "duet: error: duet predict needs --checkpoint CK (a checkpoint written by duet run --save)\n");
+    return 1;
+  }
+  bool text = cfg.data == DUET_DATA_TEXT || cfg.data == DUET_DATA_TOKENS;
+  char err[2048];
+  int64_t step;
+  if (!text && no_data_source(p, &cfg)) return 1;
+  if (p->logits < 0 || p->metrics < 0) {
+    fprintf(stderr, "duet: error: model `%s` has no evaluated cross_entropy whose logits to predict from\n",
+            p->model_name);
+    return 1;
+  }
+  if (duet_checkpoint_check_weights(p, cfg.checkpoint_path, &step, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return 1;
+  }
+  cfg.quiet = 1;
+  DuetDevice *dev = NULL;
+  DuetSession *s = NULL;
+  FILE *out = stdout;
+  DuetDataset ds = {0};
+  TextData td = {0};
+  int64_t n = 0, correct = 0;
+  double mean = 0;
+  int rc = 1;
+  if (text ? eval_text_load(p, &cfg, &td, err, sizeof err) : eval_images_load(p, &cfg, &ds, &n, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    goto out;
+  }
+  if (!(s = duet_eval_open(p, kernels, &cfg, &dev))) goto out;
+  if (duet_checkpoint_load_weights(s, cfg.checkpoint_path, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    goto out;
+  }
+  if (out_path && !(out = fopen(out_path, "w"))) {
+    fprintf(stderr, "duet: error: cannot write %s: %s\n", out_path, strerror(errno));
+    out = stdout;
+    goto out;
+  }
+  if (text ? predict_text(s, p, &td, &cfg, out, &mean, err, sizeof err)
+           : predict_images(s, p, &ds, n, with_logits, out, &correct, err, sizeof err)) {
+    fprintf(stderr, "duet: error: predicting: %s\n", err);
+    goto out;
+  }
+  if (fflush(out) || ferror(out)) {
+    fprintf(stderr, "duet: error: writing %s failed: %s\n", out_path ? out_path : "standard output", strerror(errno));
+    goto out;
+  }
+  if (text)
+    fprintf(stderr, "duet: predicted %" PRId64 " windows of %" PRId64 " tokens of %s (step %" PRId64 "); mean loss "
+            "%.6f nats/token\n", cfg.eval_batches * p->defaults.batch, cfg.block, cfg.checkpoint_path, step, mean);
+  else
+    fprintf(stderr, "duet: predicted %" PRId64 " samples with %s (step %" PRId64 "): %" PRId64 " correct (%.2f%%)\n", n,
+            cfg.checkpoint_path, step, correct, 100.0 * (double)correct / (double)n);
+  rc = 0;
+out:
+  if (out != stdout && fclose(out)) {
+    fprintf(stderr, "duet: error: writing %s failed: %s\n", out_path, strerror(errno));
+    rc = 1;
+  }
+  duet_session_free(s);
+  if (dev) dev->ops->destroy(dev);
+  duet_dataset_free(&ds);
+  free(td.bytes);
+  free(td.tokens);
   return rc;
 }
 
