@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,6 +51,9 @@ void duet_usage(const char *argv0, FILE *out) {
           "                     SIGTERM (after the current step; a second signal aborts); atomic;\n"
           "                     never with non-finite values; replaces only a regular file\n"
           "  --save-every N     checkpoint every N steps (needs --save)\n"
+          "  --keep N           keep the last N checkpoints: PATH and the older PATH.step-S (default 1)\n"
+          "  --keep-best        PATH.best: the checkpoint of the best evaluation (validation accuracy or\n"
+          "                     loss; needs --save)\n"
           "  --resume PATH      continue from a checkpoint with the losses of an uninterrupted run\n"
           "  --train-subset N   train on the first N training samples\n"
           "  --test-subset N    evaluate on the first N test samples\n"
@@ -263,19 +267,20 @@ int duet_parse_flags_for(DuetConfig *c, const DuetProgram *p, int argc, char **a
  * checked against p (else only --batch, against p->defaults.batch). */
 static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc, char **argv) {
   int64_t compiled_batch = p->defaults.batch;
-  int steps_given = 0;
+  int steps_given = 0, no_eval = 0;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 2;
     if (!strcmp(a, "--no-eval")) {
-      c->eval = 0;
+      c->eval = 0, no_eval = 1;
       continue;
     }
-    if (!strcmp(a, "--eval-only")) {
-      c->eval_only = 1;
+    if (!strcmp(a, "--eval-only") || !strcmp(a, "--keep-best")) {
+      *(a[2] == 'e' ? &c->eval_only : &c->keep_best) = 1;
       continue;
     }
-    if (!strncmp(a, "--no-eval=", 10) || !strncmp(a, "--quiet=", 8) || !strncmp(a, "--eval-only=", 12)) {
+    if (!strncmp(a, "--no-eval=", 10) || !strncmp(a, "--quiet=", 8) || !strncmp(a, "--eval-only=", 12) ||
+        !strncmp(a, "--keep-best=", 12)) {
       fprintf(stderr, "duet: error: %.*s takes no value\n", (int)(strchr(a, '=') - a), a);
       return 1;
     }
@@ -296,7 +301,7 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
                                         "--metrics", "--batch", "--loss-scale", "--min-loss-scale",
                                         "--devices", "--micro-batches", "--schedule", "--data-parallel",
                                         "--bucket-mb", "--zero", "--lr-schedule", "--warmup", "--min-lr",
-                                        "--clip-grad-norm", "--checkpoint"};
+                                        "--clip-grad-norm", "--checkpoint", "--keep"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
     int is_known = 0, fixed_k = -1;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
@@ -355,6 +360,17 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
     else if (!strcmp(flag, "--save-every")) rc = parse_i64(flag, val, 1, &c->save_every);
     else if (!strcmp(flag, "--resume")) c->resume_path = val;
     else if (!strcmp(flag, "--checkpoint")) c->checkpoint_path = val;
+    else if (!strcmp(flag, "--keep")) {
+      char *end;
+      errno = 0;
+      long long k = strtoll(val, &end, 10);
+      if (errno || end == val || *end || k < 1) {
+        fprintf(stderr, "duet: error: --keep expects a number of checkpoints >= 1 (PATH and the N-1 before it), got "
+                        "'%s'\n", val);
+        rc = 1;
+      }
+      c->keep = k;
+    }
     else if (!strcmp(flag, "--metrics")) c->metrics_path = val;
     else if (!strcmp(flag, "--loss-scale") || !strcmp(flag, "--min-loss-scale")) {
       /* the kernels multiply by the scale in f32: at most FLT_MAX */
@@ -418,6 +434,11 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
   }
   if (c->save_every > 0 && !c->save_path) {
     fprintf(stderr, "duet: error: --save-every needs --save PATH (where to write the checkpoints)\n");
+    return 1;
+  }
+  if (c->keep_best && no_eval) {
+    fprintf(stderr, "duet: error: --keep-best keeps the checkpoint of the best evaluation: it cannot go with "
+                    "--no-eval\n");
     return 1;
   }
   return check_eval_flags(c);
@@ -567,7 +588,15 @@ typedef struct Run {
   int64_t saved_step;  /* the step of the last checkpoint this run wrote; -1: none yet */
   bool save_existed;   /* --save's file existed when the run started */
   DuetDist *dist;      /* an MPI run (this process one rank of it), else NULL */
+  bool has_best;       /* --keep-best: PATH.best holds the evaluation best_score (higher is better), */
+  double best_score, best_loss; /* ties broken by the lower best_loss */
 } Run;
+
+static void keep_before_save(const DuetConfig *cfg);
+static void keep_after_save(const DuetConfig *cfg, int64_t step);
+static void keep_best_resume(Run *r);
+static int keep_best(Run *r, const DuetTrainState *st, double score, double loss, FILE *mf);
+static int split_validation(DuetDataset *train, double fraction, DuetDataset *val);
 
 static void run_init(Run *r, const DuetProgram *p, const DuetConfig *cfg, DuetSession *s) {
   struct stat sb;
@@ -609,7 +638,9 @@ static int maybe_save(Run *r, const DuetTrainState *st, bool now) {
   if (n_stale && !cfg->quiet)
     fprintf(stderr, "duet: removed %d stale temporary file%s of saves to %s that were interrupted (%s%s)\n", n_stale,
             n_stale == 1 ? "" : "s", cfg->save_path, err, n_stale > 1 ? ", ..." : "");
+  keep_before_save(cfg);
   int rc = duet_checkpoint_save(r->s, cfg->save_path, st, err, sizeof err);
+  if (!rc) keep_after_save(cfg, st->step);
   if (rc == -2) {
     fprintf(stderr, "duet: error: not saving step %" PRId64 " to %s: %s: training diverged (try a lower --lr); %s\n",
             st->step, cfg->save_path, err, kept_note(r, kept, sizeof kept));
@@ -1067,6 +1098,7 @@ static int64_t planned_total(const DuetProgram *p, const DuetConfig *cfg) {
     snprintf(lp, sizeof lp, "%s/%s", cfg->data_path, idx_files[0][1]);
     int64_t n = idx_count(lp);
     if (n < 0) return -1;
+    n -= (int64_t)((double)n * cfg->val_fraction); /* fashion_mnist(..., val_fraction = F) */
     int64_t n_train = cfg->train_subset && cfg->train_subset < n ? cfg->train_subset : n;
     per_epoch = n_train / B;
     if (per_epoch < 1) return -1;
@@ -1462,9 +1494,14 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   FILE *mf = NULL;
   int64_t *perm = NULL;
   StopHandlers stops = {0};
+  DuetDataset val = {0}; /* fashion_mnist(..., val_fraction = F): the last F of the training set */
+  bool fm_val = !npy && cfg.val_fraction > 0;
+  if (fm_val && split_validation(&train, cfg.val_fraction, &val)) goto out;
+  if (fm_val) split = "validation";
   if (!npy && check_pixels(p, train.rows, train.cols)) goto out;
   if (!npy && p->n_classes &&
-      (check_labels(&train, p->n_classes, "training") || check_labels(&test, p->n_classes, "test")))
+      (check_labels(&train, p->n_classes, "training") || check_labels(&test, p->n_classes, "test") ||
+       check_labels(&val, p->n_classes, "validation")))
     goto out;
   int64_t n_train = cfg.train_subset && cfg.train_subset < train.n ? cfg.train_subset : train.n;
   int64_t n_test = cfg.test_subset && cfg.test_subset < test.n ? cfg.test_subset : test.n;
@@ -1525,6 +1562,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   run.dist = dist;
   run.first_step = ts.step;
   run.total = total;
+  keep_best_resume(&run);
   prune_check_schedule(&run);
   DuetTrainState cur = ts;
   stop_handlers_install(&stops);
@@ -1570,7 +1608,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     bool epoch_done = step % per_epoch == 0 || step == total;
     if (cfg.eval && epoch_done && p->metrics >= 0) {
       double te = now_seconds();
-      if (evaluate(s, p, &test, n_test, B, &last)) {
+      if (evaluate(s, p, fm_val ? &val : &test, fm_val ? val.n : n_test, B, &last)) {
         fprintf(stderr, "duet: error: evaluation: %s\n", duet_session_error(s));
         goto out;
       }
@@ -1588,10 +1626,11 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "step", (double)step);
         cJSON_AddNumberToObject(o, "epoch", (double)epoch);
-        cJSON_AddNumberToObject(o, "test_accuracy", (double)last.correct / (double)last.n);
-        cJSON_AddNumberToObject(o, "test_loss", last.loss);
+        cJSON_AddNumberToObject(o, fm_val ? "val_accuracy" : "test_accuracy", (double)last.correct / (double)last.n);
+        cJSON_AddNumberToObject(o, fm_val ? "val_loss" : "test_loss", last.loss);
         if (metrics_write(mf, o)) goto out;
       }
+      if (keep_best(&run, &cur, (double)last.correct / (double)last.n, last.loss, mf)) goto out;
       double dt = now_seconds() - te;
       t_eval += dt;
       t_log += dt;
@@ -1601,6 +1640,24 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   }
   if (p->prune && prune_report(&run, total, 0, NULL, true)) goto out;
   double elapsed = now_seconds() - t_start - t_eval;
+  if (fm_val && evaluated) { /* the test split, once, at the end */
+    if (evaluate(s, p, &test, n_test, B, &last)) {
+      fprintf(stderr, "duet: error: evaluation: %s\n", duet_session_error(s));
+      goto out;
+    }
+    split = "test";
+    if (!cfg.quiet)
+      printf("final | test accuracy %.2f%% (%" PRId64 "/%" PRId64 ") | test loss %.4f\n",
+             100.0 * (double)last.correct / (double)last.n, last.correct, last.n, last.loss);
+    if (mf) {
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddNumberToObject(o, "step", (double)total);
+      cJSON_AddNumberToObject(o, "test_accuracy", (double)last.correct / (double)last.n);
+      cJSON_AddNumberToObject(o, "test_loss", last.loss);
+      cJSON_AddTrueToObject(o, "final");
+      if (metrics_write(mf, o)) goto out;
+    }
+  }
   if (!dist || duet_dist_rank(dist) == 0) { /* rank 0 alone reports */
     printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f samples/s)", total - first_step,
            total - first_step == 1 ? "" : "s", elapsed,
@@ -1621,6 +1678,7 @@ out:
   if (dev) dev->ops->destroy(dev);
   duet_dataset_free(&train);
   duet_dataset_free(&test);
+  duet_dataset_free(&val);
   return rc;
 }
 
@@ -1810,6 +1868,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   run.dist = dist;
   run.first_step = ts.step;
   run.total = total;
+  keep_best_resume(&run);
   prune_check_schedule(&run);
   stop_handlers_install(&stops);
   double t_log = now_seconds(), t_start = t_log, t_eval = 0, val = NAN;
@@ -1854,6 +1913,8 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
         cJSON_AddNumberToObject(o, "val_loss", val);
         if (metrics_write(mf, o)) goto out;
       }
+      ts.step = step;
+      if (keep_best(&run, &ts, -val, val, mf)) goto out;
       double dt = now_seconds() - te;
       t_eval += dt;
       t_log += dt;
@@ -1978,6 +2039,146 @@ static int train_rank(const DuetProgram *p, const DuetKernelFn *kernels, const D
   return rc;
 }
 
+/* ------------------------------------------------ checkpoints to keep */
+
+/* --keep N (N >= 2), before a save to PATH: PATH, when it is a duet
+ * checkpoint, is kept as PATH.step-S (S its step) by a hard link, so that
+ * the save's rename over PATH leaves the old file under that name (a
+ * file system without hard links: renamed).  Best effort: a warning. */
+static void keep_before_save(const DuetConfig *cfg) {
+  if (cfg->keep < 2) return;
+  char e[512], old[4200];
+  DuetStFile *f = duet_st_open_header(cfg->save_path, e, sizeof e);
+  if (!f) return; /* nothing (readable) to keep */
+  const char *st = duet_st_meta(f, "step"), *fmt = duet_st_meta(f, "format");
+  bool ok = st && fmt && !strncmp(fmt, "duet-checkpoint", 15) && strspn(st, "0123456789") == strlen(st) && *st;
+  if (ok) snprintf(old, sizeof old, "%s.step-%s", cfg->save_path, st);
+  duet_st_close(f);
+  if (!ok) return;
+  if (link(cfg->save_path, old) && errno != EEXIST && rename(cfg->save_path, old) && !cfg->quiet)
+    fprintf(stderr, "duet: warning: --keep: cannot keep %s as %s: %s\n", cfg->save_path, old, strerror(errno));
+}
+
+static int cmp_desc_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* --keep N, after a save of step `step` to PATH: of the files PATH.step-S
+ * in PATH's directory with S < step, the N - 1 of the largest S are kept,
+ * the others removed (later ones, of another run, are left alone). */
+static void keep_after_save(const DuetConfig *cfg, int64_t step) {
+  if (cfg->keep < 1) return;
+  char dir[4096];
+  const char *path = cfg->save_path, *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  DIR *d = opendir(dir);
+  if (!d) return;
+  size_t nb = strlen(base), n = 0, cap = 0;
+  int64_t *steps = NULL;
+  for (struct dirent *e; (e = readdir(d));) {
+    const char *nm = e->d_name;
+    if (strncmp(nm, base, nb) || strncmp(nm + nb, ".step-", 6)) continue;
+    const char *num = nm + nb + 6;
+    if (!*num || strspn(num, "0123456789") != strlen(num) || strlen(num) > 18) continue;
+    int64_t sv = strtoll(num, NULL, 10);
+    if (sv >= step) continue;
+    if (n == cap) {
+      int64_t *t = realloc(steps, (cap = cap ? 2 * cap : 16) * sizeof *t);
+      if (!t) break;
+      steps = t;
+    }
+    steps[n++] = sv;
+  }
+  closedir(d);
+  if (n) qsort(steps, n, sizeof *steps, cmp_desc_i64);
+  for (size_t i = (size_t)(cfg->keep - 1); i < n; i++) {
+    char old[4200];
+    snprintf(old, sizeof old, "%s.step-%" PRId64, path, steps[i]);
+    if (unlink(old) && errno != ENOENT && !cfg->quiet)
+      fprintf(stderr, "duet: warning: --keep %" PRId64 ": cannot remove %s: %s\n", cfg->keep, old, strerror(errno));
+  }
+  free(steps);
+}
+
+/* --keep-best: the record of PATH.best, PATH.best.json
+ * {"step":S,"score":X,"loss":L}, read when a run resumes (its best so far
+ * must be beaten), written after each new best. */
+static void keep_best_resume(Run *r) {
+  const DuetConfig *cfg = r->cfg;
+  if (!cfg->keep_best || !cfg->save_path || !cfg->resume_path) return;
+  char path[4200];
+  snprintf(path, sizeof path, "%s.best.json", cfg->save_path);
+  size_t n;
+  char *text = duet_read_file(path, &n);
+  if (!text) return;
+  cJSON *o = cJSON_Parse(text);
+  const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "step"), *sc = cJSON_GetObjectItemCaseSensitive(o, "score"),
+              *lo = cJSON_GetObjectItemCaseSensitive(o, "loss");
+  if (cJSON_IsNumber(st) && cJSON_IsNumber(sc) && cJSON_IsNumber(lo) && st->valuedouble <= (double)r->first_step) {
+    r->has_best = true;
+    r->best_score = sc->valuedouble;
+    r->best_loss = lo->valuedouble;
+  }
+  cJSON_Delete(o);
+  free(text);
+}
+
+/* --keep-best, after an evaluation of the state st: when it is the best so
+ * far (score higher, or equal with a lower loss), the checkpoint of st is
+ * written to PATH.best (and its record).  0, or -1 after the error. */
+static int keep_best(Run *r, const DuetTrainState *st, double score, double loss, FILE *mf) {
+  const DuetConfig *cfg = r->cfg;
+  (void)mf;
+  if (!cfg->keep_best || !cfg->save_path || (r->dist && duet_dist_rank(r->dist) > 0)) return 0;
+  if (r->has_best && !(score > r->best_score || (score == r->best_score && loss < r->best_loss))) return 0;
+  char path[4200], err[1024];
+  snprintf(path, sizeof path, "%s.best", cfg->save_path);
+  if (duet_checkpoint_save(r->s, path, st, err, sizeof err)) {
+    fprintf(stderr, "duet: error: --keep-best: %s\n", err);
+    return -1;
+  }
+  r->has_best = true;
+  r->best_score = score;
+  r->best_loss = loss;
+  snprintf(path, sizeof path, "%s.best.json", cfg->save_path);
+  FILE *f = fopen(path, "w");
+  if (!f || fprintf(f, "{\"step\":%" PRId64 ",\"score\":%.17g,\"loss\":%.17g}\n", st->step, score, loss) < 0 ||
+      fclose(f)) {
+    fprintf(stderr, "duet: error: --keep-best: cannot write %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  if (!cfg->quiet) printf("duet: best evaluation so far: checkpoint of step %" PRId64 " saved to %s.best\n", st->step,
+                          cfg->save_path);
+  return 0;
+}
+
+/* fashion_mnist(..., val_fraction = F): the last floor(n * F) samples of
+ * the training set become the validation split (moved into val; train
+ * keeps the first ones).  1 after the error, else 0. */
+static int split_validation(DuetDataset *train, double fraction, DuetDataset *val) {
+  int64_t n_val = (int64_t)((double)train->n * fraction), px = (int64_t)train->rows * train->cols;
+  if (n_val < 1 || n_val >= train->n) {
+    fprintf(stderr, "duet: error: val_fraction %g of the %" PRId64 " training samples leaves %s\n", fraction, train->n,
+            n_val < 1 ? "no validation sample" : "no training sample");
+    return 1;
+  }
+  *val = (DuetDataset){.n = n_val, .rows = train->rows, .cols = train->cols};
+  val->images = malloc((size_t)(n_val * px) * sizeof *val->images);
+  val->labels = malloc((size_t)n_val * sizeof *val->labels);
+  if (!val->images || !val->labels) {
+    fprintf(stderr, "duet: error: out of host memory\n");
+    return 1;
+  }
+  int64_t n_train = train->n - n_val;
+  memcpy(val->images, train->images + n_train * px, (size_t)(n_val * px) * sizeof *val->images);
+  memcpy(val->labels, train->labels + n_train, (size_t)n_val * sizeof *val->labels);
+  train->n = n_train;
+  return 0;
+}
+
 /* ------------------------------------------------------------ evaluation */
 
 /* --eval-only and --checkpoint: each needs the other, and --eval-only
@@ -1990,6 +2191,11 @@ static int check_eval_flags(const DuetConfig *c) {
   if (c->checkpoint_path && !c->eval_only) {
     fprintf(stderr, "duet: error: --checkpoint CK is read by --eval-only; to continue training from a checkpoint "
                     "give --resume CK\n");
+    return 1;
+  }
+  if ((c->keep || c->keep_best) && !c->save_path && !c->eval_only) {
+    fprintf(stderr, "duet: error: %s needs --save PATH (where to write the checkpoints)\n",
+            c->keep ? "--keep" : "--keep-best");
     return 1;
   }
   if (c->eval_only && (c->save_path || c->resume_path)) {
@@ -2452,6 +2658,10 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
   if (!text && no_data_source(p, &cfg)) return 1;
   if (check_run_files(p, &cfg, NULL)) return 1;
   if (cfg.eval_only) return eval_only(p, kernels, &cfg, ranks);
+  if (ranks > 1 && cfg.keep_best) {
+    fprintf(stderr, "duet: error: --keep-best is not supported under an MPI launcher yet (--keep is)\n");
+    return 1;
+  }
   if (ranks > 1) return train_rank(p, kernels, &cfg, text);
   return text ? train_text(p, kernels, cfg, NULL) : train_images(p, kernels, cfg, NULL);
 }
