@@ -2443,11 +2443,13 @@ static int predict_images(DuetSession *s, const DuetProgram *p, const DuetDatase
         if (logit_at(lg, t->dtype, r * V + v) > logit_at(lg, t->dtype, r * V + best)) best = v;
       double mx = logit_at(lg, t->dtype, r * V + best), sum = 0;
       for (int64_t v = 0; v < V; v++) sum += exp(logit_at(lg, t->dtype, r * V + v) - mx);
-      int32_t label = ds->labels ? ds->labels[start + r] : ((const int32_t *)ds->y)[(start + r) * ds->y_elems];
-      *correct += best == label;
+      /* the label: fashion_mnist's, or npy's i32 class per sample */
+      bool labelled = ds->labels || (p->tensors[p->input_y].dtype == DUET_I32 && ds->y_elems == 1);
+      int32_t label = ds->labels ? ds->labels[start + r] : labelled ? ((const int32_t *)ds->y)[start + r] : -1;
+      *correct += labelled && best == label;
       fprintf(out, "{\"index\":%" PRId64 ",\"class\":%" PRId64 ",\"prob\":", start + r, best);
       put_num(out, 1.0 / sum);
-      fprintf(out, ",\"label\":%d", (int)label);
+      if (labelled) fprintf(out, ",\"label\":%d", (int)label);
       if (with_logits) {
         fprintf(out, ",\"logits\":[");
         for (int64_t v = 0; v < V; v++) {
