@@ -51,7 +51,7 @@ void duet_usage(const char *argv0, FILE *out) {
           "                     SIGTERM (after the current step; a second signal aborts); atomic;\n"
           "                     never with non-finite values; replaces only a regular file\n"
           "  --save-every N     checkpoint every N steps (needs --save)\n"
-          "  --keep N           keep the last N checkpoints: PATH and the older PATH.step-S (default 1)\n"
+          "  --keep N           keep the last N checkpoints: PATH and the N-1 older ones as PATH.step-S\n"
           "  --keep-best        PATH.best: the checkpoint of the best evaluation (validation accuracy or\n"
           "                     loss; needs --save)\n"
           "  --resume PATH      continue from a checkpoint with the losses of an uninterrupted run\n"
@@ -595,7 +595,7 @@ typedef struct Run {
 static void keep_before_save(const DuetConfig *cfg);
 static void keep_after_save(const DuetConfig *cfg, int64_t step);
 static void keep_best_resume(Run *r);
-static int keep_best(Run *r, const DuetTrainState *st, double score, double loss, FILE *mf);
+static int keep_best(Run *r, const DuetTrainState *st, double score, double loss);
 static int split_validation(DuetDataset *train, double fraction, DuetDataset *val);
 
 static void run_init(Run *r, const DuetProgram *p, const DuetConfig *cfg, DuetSession *s) {
@@ -1630,7 +1630,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
         cJSON_AddNumberToObject(o, fm_val ? "val_loss" : "test_loss", last.loss);
         if (metrics_write(mf, o)) goto out;
       }
-      if (keep_best(&run, &cur, (double)last.correct / (double)last.n, last.loss, mf)) goto out;
+      if (keep_best(&run, &cur, (double)last.correct / (double)last.n, last.loss)) goto out;
       double dt = now_seconds() - te;
       t_eval += dt;
       t_log += dt;
@@ -1914,7 +1914,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
         if (metrics_write(mf, o)) goto out;
       }
       ts.step = step;
-      if (keep_best(&run, &ts, -val, val, mf)) goto out;
+      if (keep_best(&run, &ts, -val, val)) goto out;
       double dt = now_seconds() - te;
       t_eval += dt;
       t_log += dt;
@@ -2129,9 +2129,8 @@ static void keep_best_resume(Run *r) {
 /* --keep-best, after an evaluation of the state st: when it is the best so
  * far (score higher, or equal with a lower loss), the checkpoint of st is
  * written to PATH.best (and its record).  0, or -1 after the error. */
-static int keep_best(Run *r, const DuetTrainState *st, double score, double loss, FILE *mf) {
+static int keep_best(Run *r, const DuetTrainState *st, double score, double loss) {
   const DuetConfig *cfg = r->cfg;
-  (void)mf;
   if (!cfg->keep_best || !cfg->save_path || (r->dist && duet_dist_rank(r->dist) > 0)) return 0;
   if (r->has_best && !(score > r->best_score || (score == r->best_score && loss < r->best_loss))) return 0;
   char path[4200], err[1024];
