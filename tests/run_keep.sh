@@ -8,6 +8,7 @@
 #      ("val_accuracy"), the test split is evaluated once, at the end (one
 #      "test_accuracy" line, "final"), which --eval-only on k.st reproduces
 #      bit for bit; every metrics line has its step;
+#      --keep 2 across a resume rotates on from the resumed checkpoint;
 #   2. a text model with --keep-best: k.st.best is the step of the lowest
 #      validation loss (step 7 of 8 here, not the last);
 #   3. exact errors: --keep 0, --keep x, --keep and --keep-best without
@@ -57,6 +58,16 @@ grep -q "^epoch 1 | validation accuracy [0-9.]*% ([0-9]*/6000)" "$d/run.out" && 
 numbers() { sed -n 's/.*"test_accuracy":\([^,]*\),"test_loss":\([^,]*\),.*/\1 \2/p' "$1"; }
 [ -n "$(numbers "$d/e.jsonl")" ] && [ "$(numbers "$d/e.jsonl")" = "$(numbers "$d/m.jsonl")" ] &&
   ok eval_only_is_final_test || { bad eval_only_is_final_test; cat "$d/e.jsonl"; tail -1 "$d/m.jsonl"; }
+
+# --keep 2 across a resume: the resumed run keeps the checkpoint it resumed
+# from as k2.st.step-8 and removes what is older than the last two
+"$DUET" run models/fmnist_mlp.model $F --no-eval --steps 8 --save "$d/k2.st" --save-every 2 --keep 2 --quiet \
+  > /dev/null || bad keep_resume_first
+"$DUET" run models/fmnist_mlp.model $F --no-eval --steps 12 --save "$d/k2.st" --save-every 3 --keep 2 --quiet \
+  --resume "$d/k2.st" > /dev/null || bad keep_resume_second
+files=$(cd "$d" && ls k2.st* | tr '\n' ' ')
+[ "$files" = "k2.st k2.st.step-9 " ] && [ "$(ck_step "$d/k2.st.step-9")" = 9 ] && ok keep_across_resume ||
+  { bad keep_across_resume; echo "$files"; }
 
 # 2. a text model: the lowest validation loss
 G=tests/models/gpt_tiny.model
