@@ -29,6 +29,8 @@ static void usage(FILE *out) {
           "  check M.model                parse and verify; print a parameter summary\n"
           "  sample M.model --checkpoint CK [--prompt TEXT]   generate text with a trained model\n"
           "  plot METRICS.jsonl ... -o OUT.png|OUT.svg   training curves of --metrics files (gnuplot)\n"
+          "  predict M.model --checkpoint CK [--data PATH] [-o OUT.jsonl]   predictions as JSON lines\n"
+          "  export M.model --checkpoint CK -o W.safetensors   the params alone, f32 (for PyTorch)\n"
           "  help                         this text\n\n"
           "run, compile, ir, emit and check take --precision auto|fp32|fp16|bf16 (default auto: fp32\n"
           "on the CPU) and ir and check --arch cpu|sm_60|sm_61|sm_70|sm_75|sm_80|sm_86|sm_89|sm_90 (the\n"
@@ -1348,6 +1350,86 @@ static int cmd_sample(int argc, char **argv) {
   return rc;
 }
 
+/* The model path of `duet predict` / `duet export` (first argument), or
+ * NULL after the error. */
+static const char *model_first(const char *cmd, int argc, char **argv) {
+  if (argc < 1 || argv[0][0] == '-') {
+    fprintf(stderr, "duet: error: the model comes first: duet %s M.model --checkpoint CK ...%s%s%s\n", cmd,
+            argc >= 1 ? " (got '" : "", argc >= 1 ? argv[0] : "", argc >= 1 ? "')" : "");
+    return NULL;
+  }
+  return argv[0];
+}
+
+static int cmd_predict(int argc, char **argv) {
+  if (wants_help(argc, argv)) {
+    duet_predict_usage(stdout);
+    return 0;
+  }
+  const char *model = model_first("predict", argc, argv);
+  if (!model) return 1;
+  Compiled c;
+  if (compile_model_par(&c, model, 0, NULL, NULL, NULL)) {
+    compiled_free(&c);
+    return 1;
+  }
+  CgProgram *cp = lower_program(&c, false);
+  JitModule m;
+  memset(&m, 0, sizeof m);
+  int rc = 1;
+  if (cp && !load_kernels(&c, cp, &m)) {
+    rc = duet_predict_main(&cp->prog, m.fns, argc - 1, argv + 1);
+    jit_unload(&m);
+  }
+  compiled_free(&c);
+  return rc;
+}
+
+static int cmd_export(int argc, char **argv) {
+  if (wants_help(argc, argv)) {
+    printf("usage: duet export M.model --checkpoint CK -o W.safetensors\n"
+           "Writes the params of CK (a checkpoint written by duet run --save) to a safetensors file, each\n"
+           "as f32 under its name and with the model's shape (a linear layer's w is [in, out], as x @ w;\n"
+           "torch.nn.Linear's weight is its transpose), metadata {\"format\": \"duet-weights-1\", \"model\",\n"
+           "\"step\"}; no optimizer state, no pruning masks (pruned weights are zeros already).\n"
+           "tools/duet_to_torch.py loads it into the equivalent torch.nn model.\n");
+    return 0;
+  }
+  const char *model = model_first("export", argc, argv), *ckpt = NULL, *out = NULL;
+  if (!model) return 1;
+  for (int i = 1; i < argc; i++) {
+    if ((!strcmp(argv[i], "--checkpoint") || !strcmp(argv[i], "-o")) && i + 1 < argc) {
+      *(argv[i][1] == 'o' ? &out : &ckpt) = argv[i + 1];
+      i++;
+    } else {
+      return bad_argument("export", argc, argv, i);
+    }
+  }
+  if (!ckpt || !out) {
+    fprintf(stderr, "duet: error: duet export needs %s (usage: duet export M.model --checkpoint CK -o "
+                    "W.safetensors)\n", !ckpt ? "--checkpoint CK (a checkpoint written by duet run --save)"
+                                              : "-o W.safetensors (the file to write)");
+    return 1;
+  }
+  struct stat a, b;
+  if (!stat(ckpt, &a) && !stat(out, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+    fprintf(stderr, "duet: error: -o %s is the checkpoint itself; give another file\n", out);
+    return 1;
+  }
+  Compiled c;
+  if (compile_model_par(&c, model, 0, NULL, NULL, NULL)) {
+    compiled_free(&c);
+    return 1;
+  }
+  CgProgram *cp = codegen_lower(c.g, c.arena);
+  char err[2048];
+  int rc = duet_export_weights(&cp->prog, ckpt, out, err, sizeof err);
+  if (rc) fprintf(stderr, "duet: error: %s\n", err);
+  else printf("duet: wrote %s (the params of %s)\n", out, ckpt);
+  compiled_free(&c);
+  return rc ? 1 : 0;
+}
+
 /* The model summary's tree of block calls.  A layer's children are the
  * layers one level deeper whose name extends its name by a dot, in the
  * order the calls started (a call is recorded when it ends, after the calls
@@ -1630,6 +1712,8 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "check")) return cmd_check(argc - 2, argv + 2);
   if (!strcmp(cmd, "sample")) return cmd_sample(argc - 2, argv + 2);
   if (!strcmp(cmd, "plot")) return cmd_plot(argc - 2, argv + 2);
+  if (!strcmp(cmd, "predict")) return cmd_predict(argc - 2, argv + 2);
+  if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;
