@@ -460,9 +460,21 @@ void pass_partition(Graph *g, PassCtx *cx) {
 
 /* ------------------------------------------------------------ the report */
 
+static int64_t align64_bytes(int64_t b) { return (b + 63) & ~(int64_t)63; }
+
+/* Whether the graph will run as a pipeline (codegen/lower.c: several
+ * stages or micro-batches), whose stages sum each micro-batch's gradients
+ * into accumulators of their own (runtime/pipeline.c stage_new: every
+ * gradient an update reads, 64-byte aligned, unless each replica takes one
+ * micro-batch); a program of one device and one micro-batch has none. */
+static bool has_accumulators(const Graph *g) {
+  bool piped = g->n_stages > 1 || g->train.micro_batches > 1;
+  return piped && !(g->replicas > 1 && local_micro_batches(g) == 1);
+}
+
 /* The memory stage s needs, as `duet plan` counts it. */
 typedef struct StageMemory {
-  int64_t weights, grads, state, act, slots, need;
+  int64_t weights, master, grads, state, act, slots, need;
   int64_t state_all, state_zero; /* replicas: all of the stage's state, and the fullest ZeRO shard */
   int64_t shard[IR_MAX_REPLICAS]; /* each replica's ZeRO shard */
 } StageMemory;
@@ -471,12 +483,35 @@ static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
   int S = g->n_stages > 1 ? g->n_stages : 1;
   int64_t M = local_micro_batches(g);
   StageMemory m = {0};
+  bool acc = has_accumulators(g);
   for (int i = 0; i < g->n_values; i++) {
     const Value *v = g->values[i];
-    if ((v->device < 0 ? 0 : v->device) == s && (v->op == OP_ADAMW || v->op == OP_SGD)) m.grads += value_bytes(v->in[1]);
+    if (!acc || (v->op != OP_ADAMW && v->op != OP_SGD)) continue;
+    const Value *gr = v->in[1];
+    if ((gr->device < 0 ? 0 : gr->device) != s) continue;
+    bool seen = false; /* the runtime keeps one accumulator per gradient tensor */
+    for (int j = 0; j < i && !seen; j++) {
+      const Value *u = g->values[j];
+      seen = (u->op == OP_ADAMW || u->op == OP_SGD) && u->in[1] == gr;
+    }
+    if (!seen) m.grads += align64_bytes(value_bytes(gr));
+  }
+  /* f32 master weights: params that the precision pass casts to 16 bits */
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if (v->op != OP_CAST || v->in[0]->op != OP_PARAM || (v->dtype != DT_F16 && v->dtype != DT_BF16)) continue;
+    const Value *p = v->in[0];
+    if ((p->device < 0 ? 0 : p->device) != s) continue;
+    bool seen = false;
+    for (int j = 0; j < i && !seen; j++) {
+      const Value *u = g->values[j];
+      seen = u->op == OP_CAST && u->in[0] == p && (u->dtype == DT_F16 || u->dtype == DT_BF16);
+    }
+    if (!seen) m.master += align64_bytes(value_bytes(p));
   }
   const int64_t *rb = g->n_stages > 1 ? g->stage_bytes[s] : g->region_bytes;
   m.slots = cx->one_f_one_b ? (M < S - s ? M : S - s) : M;
+  if (m.master > rb[MEM_PARAM]) m.master = rb[MEM_PARAM];
   m.weights = rb[MEM_PARAM];
   m.state = m.state_all = rb[MEM_STATE];
   if (g->replicas > 1) { /* ZeRO stage 1: each replica's shard (on, or what --zero 1 would make) */
@@ -491,39 +526,66 @@ static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
 
 int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s) { return stage_memory(g, cx, s).need; }
 
+/* The settings that lower a stage's memory, for the message of a
+ * configuration that does not fit (those not in use already). */
+static void help_settings(const Graph *g, const PassCtx *cx, int S, char *buf, size_t n) {
+  size_t len = 0;
+  buf[0] = 0;
+#define ADD(...) (len += (size_t)snprintf(buf + len, len < n ? n - len : 0, __VA_ARGS__))
+  bool master = false, int8 = false, recompute = false, blocks = false, adamw = false;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    blocks |= v->block > 0;
+    adamw |= v->op == OP_ADAMW;
+    master |= v->op == OP_CAST && v->in[0]->op == OP_PARAM && (v->dtype == DT_F16 || v->dtype == DT_BF16);
+    int8 |= v->op == OP_STATE && v->dtype == DT_U8;
+    recompute |= v->block > 0 && v->role == ROLE_BACKWARD;
+  }
+  if (!recompute && blocks) ADD("--recompute blocks or auto");
+  if (!master) ADD("%s--precision fp16 (or bf16)", len ? ", " : "");
+  if (!int8 && adamw) ADD("%s--optimizer-state int8", len ? ", " : "");
+  if (S < IR_MAX_STAGES) ADD("%smore --devices (stages)", len ? ", " : "");
+  if (!cx->one_f_one_b) ADD("%s--micro-batches N with --schedule 1f1b", len ? ", " : "");
+  ADD("%sa smaller --batch", len ? ", " : "");
+  if (g->replicas > 1 && !g->zero) ADD(", --zero 1");
+  ADD("; duet plan --fit searches them");
+#undef ADD
+}
+
 int partition_check_memory(const Graph *g, const PassCtx *cx) {
   int S = g->n_stages > 1 ? g->n_stages : 1, rc = 0;
   for (int s = 0; s < S && s < cx->n_devices; s++) {
     const PartDevice *d = &cx->devices[s];
     StageMemory m = stage_memory(g, cx, s);
     if (d->capacity <= 0 || m.need <= d->capacity) continue;
+    char help[400];
+    help_settings(g, cx, S, help, sizeof help);
     diag_error_noloc(cx->diag, "the model does not fit the memory of %s: it needs %.2f MiB (weights %.2f, grads %.2f, "
-                     "optimizer state %.2f, activations %.2f MiB), and %.2f MiB are available (%s); see duet plan",
+                     "optimizer state %.2f, activations %.2f MiB), and %.2f MiB are available (%s): %" PRId64
+                     " bytes too many; what would help: %s",
                      d->name, m.need / 1048576.0, m.weights / 1048576.0, m.grads / 1048576.0, m.state / 1048576.0,
                      (double)(m.act * m.slots) / 1048576.0, d->capacity / 1048576.0,
-                     d->capacity_from ? d->capacity_from : "its capacity");
+                     d->capacity_from ? d->capacity_from : "its capacity", m.need - d->capacity, help);
     rc = 1;
   }
   return rc;
 }
 
-int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
-  bool one_f_one_b = cx->one_f_one_b;
+void partition_plan(const Graph *g, const PassCtx *cx, PlanTable *t) {
+  memset(t, 0, sizeof *t);
   int S = g->n_stages > 1 ? g->n_stages : 1, R = g->replicas > 1 ? g->replicas : 1;
   int64_t M = local_micro_batches(g);
-  int rc = 0;
-  if (R > 1)
-    fprintf(out, "plan: %s, %d replicas on %d device%s each, %" PRId64 " micro-batch%s of %" PRId64 " per replica "
-            "(global batch %" PRId64 "), schedule %s; the stages below are every replica's\n",
-            g->model_name ? g->model_name : "?", R, S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", g->train.batch,
-            g->train.batch * M * R, one_f_one_b ? "1f1b" : "gpipe");
-  else
-    fprintf(out, "plan: %s on %d device%s, %" PRId64 " micro-batch%s of %" PRId64 " (batch %" PRId64 "), schedule %s\n",
-            g->model_name ? g->model_name : "?", S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", g->train.batch,
-            g->train.batch * M, one_f_one_b ? "1f1b" : "gpipe");
+  t->model = g->model_name ? g->model_name : "?";
+  t->S = S;
+  t->R = R;
+  t->M = M;
+  t->batch = g->train.batch;
+  t->one_f_one_b = cx->one_f_one_b;
+  t->zero = g->zero;
+  t->fits = true;
   double slowest = 0, total = 0;
-  int64_t xfer_total = 0, need_most = 0;
   for (int s = 0; s < S; s++) {
+    PlanStage *ps = &t->stage[s];
     const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
     PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};
     if (d) part_device_rates(d, &r);
@@ -533,15 +595,15 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
     for (int i = 0; i < g->n_values; i++) {
       const Value *v = g->values[i];
       if ((v->device < 0 ? 0 : v->device) != s) continue;
-      double t = part_op_seconds(v, &r);
+      double tv = part_op_seconds(v, &r);
       if (v->op == OP_TRANSFER) {
         int64_t b = value_bytes(v);
         if (v->role != ROLE_EVAL) xfer += b * M;
-        t = (double)b / r.link_bytes_per_s;
+        tv = (double)b / r.link_bytes_per_s;
       }
-      if (v->role == ROLE_FORWARD) t_f += t;
-      else if (v->role == ROLE_BACKWARD) t_b += t;
-      else if (v->role == ROLE_OPTIMIZER) t_o += t;
+      if (v->role == ROLE_FORWARD) t_f += tv;
+      else if (v->role == ROLE_BACKWARD) t_b += tv;
+      else if (v->role == ROLE_OPTIMIZER) t_o += tv;
       if (v->op == OP_PARAM && v->attr.name) {
         if (!first) first = v->attr.name;
         last = v->attr.name;
@@ -549,26 +611,79 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
       n_ops += is_forward_op(v);
     }
     StageMemory mem = stage_memory(g, cx, s);
-    int64_t slots = mem.slots, need = mem.need, grads = mem.grads;
-    if (need > need_most) need_most = need;
-    double step = (double)M * (t_f + t_b) + t_o;
-    if (step > slowest) slowest = step;
-    total += step;
-    xfer_total += xfer;
-    fprintf(out, "stage %d on %s: %" PRId64 " forward ops, params %s .. %s\n", s, d ? d->name : "cpu", n_ops,
-            first ? first : "-", last ? last : "-");
+    const int64_t *rb = g->n_stages > 1 ? g->stage_bytes[s] : g->region_bytes;
+    ps->device = d ? d->name : "cpu";
+    ps->capacity = d ? d->capacity : 0;
+    ps->capacity_from = d ? d->capacity_from : NULL;
+    ps->n_ops = n_ops;
+    ps->first = first;
+    ps->last = last;
+    ps->t_f = t_f;
+    ps->t_b = t_b;
+    ps->t_o = t_o;
+    ps->step_s = (double)M * (t_f + t_b) + t_o;
+    ps->xfer = xfer;
+    ps->weights = mem.weights;
+    ps->master = mem.master;
+    ps->grads = mem.grads;
+    ps->state = mem.state;
+    ps->state_all = mem.state_all;
+    ps->state_zero = mem.state_zero;
+    memcpy(ps->shard, mem.shard, sizeof ps->shard);
+    ps->act = mem.act;
+    ps->slots = mem.slots;
+    ps->cache = rb[MEM_CACHE];
+    ps->total = mem.need;
+    ps->fits = !(d && d->capacity > 0 && mem.need > d->capacity);
+    if (!ps->fits) t->fits = false;
+    if (mem.need > t->need_most) t->need_most = mem.need;
+    if (ps->step_s > slowest) slowest = ps->step_s;
+    total += ps->step_s;
+    t->xfer_total += xfer;
+  }
+  t->bubble = (double)(S - 1) / (double)(M + S - 1);
+  t->slowest_s = slowest;
+  t->step_s = slowest * (double)(M + S - 1) / (double)M;
+  t->balance = S > 1 && slowest > 0 ? total / ((double)S * slowest) : 1.0;
+  if (!t->fits) help_settings(g, cx, S, t->help, sizeof t->help);
+}
+
+int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
+  PlanTable *t = malloc(sizeof *t);
+  if (!t) {
+    diag_error_noloc(cx->diag, "out of memory");
+    return 1;
+  }
+  partition_plan(g, cx, t);
+  int S = t->S, R = t->R;
+  int64_t M = t->M;
+  int rc = 0;
+  if (R > 1)
+    fprintf(out, "plan: %s, %d replicas on %d device%s each, %" PRId64 " micro-batch%s of %" PRId64 " per replica "
+            "(global batch %" PRId64 "), schedule %s; the stages below are every replica's\n",
+            t->model, R, S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", t->batch,
+            t->batch * M * R, t->one_f_one_b ? "1f1b" : "gpipe");
+  else
+    fprintf(out, "plan: %s on %d device%s, %" PRId64 " micro-batch%s of %" PRId64 " (batch %" PRId64 "), schedule %s\n",
+            t->model, S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", t->batch,
+            t->batch * M, t->one_f_one_b ? "1f1b" : "gpipe");
+  for (int s = 0; s < S; s++) {
+    const PlanStage *ps = &t->stage[s];
+    int64_t slots = ps->slots, need = ps->total;
+    fprintf(out, "stage %d on %s: %" PRId64 " forward ops, params %s .. %s\n", s, ps->device, ps->n_ops,
+            ps->first ? ps->first : "-", ps->last ? ps->last : "-");
     fprintf(out, "  estimated time: forward %.3f ms + backward %.3f ms per micro-batch, optimizer %.3f ms; %.3f ms per "
-            "step\n", 1e3 * t_f, 1e3 * t_b, 1e3 * t_o, 1e3 * step);
+            "step\n", 1e3 * ps->t_f, 1e3 * ps->t_b, 1e3 * ps->t_o, 1e3 * ps->step_s);
     fprintf(out, "  memory: weights %.2f MiB, grads %.2f MiB (summed over the micro-batches), optimizer state %.2f "
             "MiB, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB, with their gradients): %.2f MiB",
-            mem.weights / 1048576.0, grads / 1048576.0, mem.state / 1048576.0,
-            (double)(mem.act * slots) / 1048576.0, slots, slots == 1 ? "" : "es", mem.act / 1048576.0,
+            ps->weights / 1048576.0, ps->grads / 1048576.0, ps->state / 1048576.0,
+            (double)(ps->act * slots) / 1048576.0, slots, slots == 1 ? "" : "es", ps->act / 1048576.0,
             need / 1048576.0);
-    if (d && d->capacity > 0) {
-      if (d->capacity >= (int64_t)1 << 30) fprintf(out, " of %.2f GiB", (double)d->capacity / 1073741824.0);
-      else fprintf(out, " of %.2f MiB", (double)d->capacity / 1048576.0);
-      if (d->capacity_from) fprintf(out, " (%s)", d->capacity_from);
-      if (need > d->capacity) {
+    if (ps->capacity > 0) {
+      if (ps->capacity >= (int64_t)1 << 30) fprintf(out, " of %.2f GiB", (double)ps->capacity / 1073741824.0);
+      else fprintf(out, " of %.2f MiB", (double)ps->capacity / 1048576.0);
+      if (ps->capacity_from) fprintf(out, " (%s)", ps->capacity_from);
+      if (!ps->fits) {
         fprintf(out, "  DOES NOT FIT");
         rc = 1;
       }
@@ -578,31 +693,34 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
       size_t len = 0;
       shards[0] = 0;
       for (int r = 0; r < R && len < sizeof shards; r++)
-        len += (size_t)snprintf(shards + len, sizeof shards - len, "%s%.2f", r ? ", " : "", mem.shard[r] / 1048576.0);
-      if (g->zero)
+        len += (size_t)snprintf(shards + len, sizeof shards - len, "%s%.2f", r ? ", " : "", ps->shard[r] / 1048576.0);
+      if (t->zero)
         fprintf(out, "\n  optimizer state per device: %.2f MiB with --zero 1 (ZeRO stage 1: the fullest of the %d "
-                "replicas' shards, %s MiB; whole tensors), %.2f MiB without", mem.state_zero / 1048576.0, R, shards,
-                mem.state_all / 1048576.0);
+                "replicas' shards, %s MiB; whole tensors), %.2f MiB without", ps->state_zero / 1048576.0, R, shards,
+                ps->state_all / 1048576.0);
       else
         fprintf(out, "\n  optimizer state per device: %.2f MiB without --zero 1, %.2f MiB with it (ZeRO stage 1: "
-                "the fullest of the %d replicas' shards, %s MiB; whole tensors)", mem.state_all / 1048576.0,
-                mem.state_zero / 1048576.0, R, shards);
+                "the fullest of the %d replicas' shards, %s MiB; whole tensors)", ps->state_all / 1048576.0,
+                ps->state_zero / 1048576.0, R, shards);
     }
-    fprintf(out, "\n  transfers sent: %.3f MiB per step\n", (double)xfer / 1048576.0);
+    fprintf(out, "\n  transfers sent: %.3f MiB per step\n", (double)ps->xfer / 1048576.0);
   }
-  double bubble = (double)(S - 1) / (double)(M + S - 1);
-  fprintf(out, "transfer bytes per step: %" PRId64 " (%.3f MiB)\n", xfer_total, (double)xfer_total / 1048576.0);
-  fprintf(out, "bubble fraction (S-1)/(M+S-1) = %d/%" PRId64 " = %.3f%s\n", S - 1, M + S - 1, bubble,
+  fprintf(out, "transfer bytes per step: %" PRId64 " (%.3f MiB)\n", t->xfer_total, (double)t->xfer_total / 1048576.0);
+  fprintf(out, "bubble fraction (S-1)/(M+S-1) = %d/%" PRId64 " = %.3f%s\n", S - 1, M + S - 1, t->bubble,
           M < S ? " (fewer micro-batches than stages: a large bubble)" : "");
-  double est = slowest * (double)(M + S - 1) / (double)M;
-  fprintf(out, "estimated step time: %.3f ms (slowest stage %.3f ms, with the bubble); balance %.2f%s\n", 1e3 * est,
-          1e3 * slowest, S > 1 && slowest > 0 ? total / ((double)S * slowest) : 1.0,
-          R > 1 ? ", before the all-reduce" : "");
-  if (cx->summary) *cx->summary = (PlanSummary){.step_s = est, .need = need_most, .fits = !rc};
-  if (R > 1) data_parallel_report(g, cx, est, out);
+  fprintf(out, "estimated step time: %.3f ms (slowest stage %.3f ms, with the bubble); balance %.2f%s\n",
+          1e3 * t->step_s, 1e3 * t->slowest_s, t->balance, R > 1 ? ", before the all-reduce" : "");
+  if (cx->summary) *cx->summary = (PlanSummary){.step_s = t->step_s, .need = t->need_most, .fits = !rc};
+  if (R > 1) data_parallel_report(g, cx, t->step_s, out);
   if (rc) {
+    for (int s = 0; s < S; s++)
+      if (!t->stage[s].fits)
+        fprintf(out, "%s needs %" PRId64 " bytes, %" PRId64 " more than its %" PRId64 "\n", t->stage[s].device,
+                t->stage[s].total, t->stage[s].total - t->stage[s].capacity, t->stage[s].capacity);
+    fprintf(out, "what would help: %s\n", t->help);
     fflush(out);
     diag_error_noloc(cx->diag, "the model does not fit: a device needs more memory than it has (DOES NOT FIT above)");
   }
+  free(t);
   return rc;
 }

@@ -114,6 +114,39 @@ void pass_data_parallel(Graph *g, PassCtx *cx); /* all-reduce buckets of the gra
 void pass_recompute(Graph *g, PassCtx *cx); /* activation recomputation (--recompute) */
 void pass_memplan(Graph *g, PassCtx *cx);   /* offsets in param/state/arena, per device */
 
+/* One stage of `duet plan`'s table (partition_plan), in bytes and seconds.
+ * total = weights + grads + state + act x slots + cache (the bytes the
+ * runtime allocates on the device: its regions and gradient accumulators;
+ * op workspaces are planned inside the activation region).  master: the
+ * part of weights that is f32 master copies of params cast to 16 bits
+ * (their 16-bit copies are activations). */
+typedef struct PlanStage {
+  const char *device, *capacity_from, *first, *last;
+  int64_t capacity; /* 0: unlimited */
+  int64_t n_ops, xfer;
+  double t_f, t_b, t_o, step_s; /* per micro-batch forward, backward; optimizer; per step */
+  int64_t weights, master, grads, state, state_all, state_zero, act, slots, cache, total;
+  int64_t shard[IR_MAX_REPLICAS];
+  bool fits;
+} PlanStage;
+
+/* `duet plan`'s whole table: what the text report, --format json (and
+ * other renderers) print. */
+typedef struct PlanTable {
+  const char *model;
+  int S, R;
+  int64_t M, batch;
+  bool one_f_one_b, zero, fits;
+  PlanStage stage[IR_MAX_STAGES];
+  int64_t xfer_total, need_most;
+  double bubble, slowest_s, step_s, balance;
+  char help[400]; /* when !fits: the settings that would lower the memory */
+} PlanTable;
+
+/* Fills t from a graph after every pass (the devices, schedule and
+ * capacities of cx), as partition_report prints it. */
+void partition_plan(const Graph *g, const PassCtx *cx, PlanTable *t);
+
 /* `duet plan`: prints the stage assignment of a graph that went through
  * every pass (per stage: forward ops, estimated forward/backward/optimizer
  * time from part_op_seconds, memory: weights, grads, optimizer state,
