@@ -689,7 +689,7 @@ static CgProgram *jit_program(Compiled *c, JitModule *m, bool cuda) {
  * compiles with their memory unlimited (so the partition pass found no
  * split within the memory), prints that plan's table against the real
  * capacities to out (DOES NOT FIT, by how many bytes, what would help). */
-static void explain_no_split(const char *model, int64_t batch, ParOpts *po, FILE *out) {
+static void explain_no_split(const char *model, int64_t batch, ParOpts *po, FILE *out, bool json) {
   if (!po->n_dev) return;
   FILE *null = fopen("/dev/null", "w");
   if (!null) return;
@@ -705,8 +705,15 @@ static void explain_no_split(const char *model, int64_t batch, ParOpts *po, FILE
     Diag quiet = {.out = null};
     PassCtx pc = {.diag = &quiet, .devices = po->dev, .n_devices = par_group(po), .one_f_one_b = po->one_f_one_b,
                   .bucket_mb = po->bucket_mb};
-    fprintf(out, "the plan with the fastest split, memory aside:\n");
-    partition_report(c.g, &pc, out);
+    PlanTable *t = json ? malloc(sizeof *t) : NULL;
+    if (t) { /* --format json: that table, "fits": false */
+      partition_plan(c.g, &pc, t);
+      plan_print_json(t, NULL, NULL, out);
+    } else if (!json) {
+      fprintf(out, "the plan with the fastest split, memory aside:\n");
+      partition_report(c.g, &pc, out);
+    }
+    free(t);
   }
   if (any) compiled_free(&c);
   fclose(null);
@@ -762,6 +769,9 @@ static int cmd_run(int argc, char **argv) {
            "                     the inputs of each block call (`repeat` iteration) and recomputes the\n"
            "                     rest in the backward pass (same losses and gradients, bit for bit);\n"
            "                     auto recomputes blocks only until each device fits its memory\n");
+    printf("  --device-memory SIZE each device's memory: 16GiB or 16G (2^30 bytes), 16GB (10^9), 500MiB,\n"
+           "                     bytes; a configuration whose plan does not fit is refused before\n"
+           "                     compiling, with duet plan's table (default: the available memory)\n");
     printf("  --optimizer-state S int8|f32: AdamW's two moments as 8-bit codes with an f32 scale per block\n"
            "                     of 2048 values (Dettmers et al. 2021: 2 bytes per param instead of 8)\n"
            "                     or f32; overrides the model's adamw(state = ...)\n");
@@ -789,7 +799,7 @@ static int cmd_run(int argc, char **argv) {
   if (par_opts(&po, argc - 1, argv + 1, ranks)) return 1;
   Compiled c;
   int rc = compile_model_par(&c, argv[0], batch, &po, NULL, NULL);
-  if (rc) explain_no_split(argv[0], batch, &po, stderr);
+  if (rc) explain_no_split(argv[0], batch, &po, stderr, false);
   /* one CPU device (the default, or --devices cpu; per replica), whose
    * memory the partition pass checks only when it splits the model: the
    * memory duet plan counts must be available, or the kernel kills the run
@@ -1395,6 +1405,7 @@ static int cmd_plan(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet plan M.model [--devices SPEC] [--micro-batches M] [--schedule gpipe|1f1b] [--batch N]\n"
              "                [--threads N] [--data-parallel N] [--bucket-mb X] [--zero 0|1] [--nodes K [--link-gbps X]]\n"
+             "                [--device-memory SIZE] [--format text|json] [--fit]\n"
              "Partitions the model without running it and prints each stage's ops, estimated time and memory\n"
              "(weights, grads, optimizer state, activations), the transfer bytes per step and the pipeline\n"
              "bubble (S-1)/(M+S-1).  SPEC: cpu:0,cpu:1 | cuda:0,cuda:1 | capacities such as 2x16GiB:sm_60;\n"
@@ -1409,7 +1420,16 @@ static int cmd_plan(int argc, char **argv) {
              "--recompute blocks|auto: the activations with recomputation (auto: only as much as each\n"
              "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
-             "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
+             "--prune-initial S, --prune-params P (as duet run --help describes them).\n"
+             "--device-memory SIZE: each device's memory (16GiB or 16G = 2^30 bytes, 16GB = 10^9, 500MiB,\n"
+             "bytes; default: the CPU's available memory shared by its devices, 16 GiB per GPU, a capacity's own).\n"
+             "--format text|json: json prints the same table as one object for tools (per device: weights,\n"
+             "master_weights, grads, optimizer_state, activations, cache, workspace, total in bytes; `fits`).\n"
+             "--fit: plans every stages/micro-batches/schedule/recompute/precision/optimizer-state (and --zero\n"
+             "with --data-parallel) combination for the devices and budget, ranks them by estimated step time\n"
+             "(op FLOPs/peak and bytes/bandwidth, recomputed FLOPs, transfers/link, the bubble; --arch or the\n"
+             "devices' sm decide whether bf16 exists) and prints the best's `duet run` command line; when none\n"
+             "fits, by how much and which setting helps most (exit 1).\n");
       return 0;
     } else if ((par_flag(argv[i]) || !strcmp(argv[i], "--nodes") || !strcmp(argv[i], "--link-gbps")) && i + 1 < argc) {
       i++;
@@ -1478,7 +1498,7 @@ static int cmd_plan(int argc, char **argv) {
   }
   Compiled c;
   int rc = compile_model_par(&c, model, batch, &po, NULL, NULL);
-  if (rc && !json) explain_no_split(model, batch, &po, stdout);
+  if (rc) explain_no_split(model, batch, &po, stdout, json);
   if (!rc) {
     const ParOpts *rp = po.n_dev ? &po : &cpu;
     PassCtx pc = {.diag = &c.diag, .devices = rp->dev, .n_devices = po.n_dev ? par_group(&po) : 1,
