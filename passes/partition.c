@@ -558,6 +558,14 @@ int partition_check_memory(const Graph *g, const PassCtx *cx) {
     const PartDevice *d = &cx->devices[s];
     StageMemory m = stage_memory(g, cx, s);
     if (d->capacity <= 0 || m.need <= d->capacity) continue;
+    if (m.weights > d->capacity) { /* nothing but more devices helps (16-bit copies keep f32 masters) */
+      diag_error_noloc(cx->diag, "the model does not fit the memory of %s: its weights alone take %.2f MiB (%" PRId64
+                       " bytes), more than the %.2f MiB available (%s); only more --devices (stages) or more memory "
+                       "help", d->name, m.weights / 1048576.0, m.weights, d->capacity / 1048576.0,
+                       d->capacity_from ? d->capacity_from : "its capacity");
+      rc = 1;
+      continue;
+    }
     char help[400];
     help_settings(g, cx, S, help, sizeof help);
     diag_error_noloc(cx->diag, "the model does not fit the memory of %s: it needs %.2f MiB (weights %.2f, grads %.2f, "

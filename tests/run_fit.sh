@@ -168,6 +168,8 @@ for i, d in enumerate(j["devices"]):
     if [ $rc -eq 1 ] && printf '%s\n' "$out" | grep -Fxq -- "$want"; then ok "$name"
     else bad "$name: exit $rc"; echo "  got:  $(printf '%s\n' "$out" | head -1)"; echo "  want: $want"; fi
   }
+  expect weights_alone "duet: error: the model does not fit the memory of cpu: its weights alone take 12.43 MiB (13031424 bytes), more than the 10.00 MiB available (--device-memory 10MiB = 10485760 bytes); only more --devices (stages) or more memory help" \
+    "$DUET" run $G --device-memory 10MiB --steps 1
   expect bad_size "duet: error: --device-memory expects a size such as 16GiB or 16G (2^30 bytes), 16GB (10^9), 500MiB or bytes, got '16QB'" \
     "$DUET" plan $G --device-memory 16QB
   expect bad_size_run "duet: error: --device-memory expects a size such as 16GiB or 16G (2^30 bytes), 16GB (10^9), 500MiB or bytes, got '-1G'" \
