@@ -1364,33 +1364,42 @@ static int plan_fit(const char *model, int64_t batch, const ParOpts *po, int arg
   FitCand best = {0};
   rc = fit_search(&sp, fit_plan_one, &fx, stdout, json, &best);
   if (rc < 0) fprintf(stderr, "duet: error: out of memory\n");
-  if (rc >= 0 && best.precision) { /* the chosen plan's table */
-    PlanTable *t = malloc(sizeof *t);
-    if (t && !fit_plan_one(&fx, &best, t)) {
-      if (json) {
-        if (plan_print_json(t, &sp, &best, stdout)) rc = -1;
-      } else {
-        fprintf(stdout, "\n");
-        ParOpts bp;
-        if (!fit_opts(&fx, &best, &bp)) {
-          const char *save[4] = {opt_precision, opt_recompute, opt_optim_state, opt_arch};
-          opt_precision = best.precision, opt_recompute = best.recompute, opt_optim_state = best.optim_state;
-          opt_arch = sp.arch;
-          FrontendOptions bo = {.batch = batch, .micro_batches = bp.micro_batches, .replicas = bp.replicas};
-          Compiled bc;
-          if (!compile_model_to(&bc, fx.null, model, &bo, &bp, NULL, NULL)) {
-            bc.diag.out = fx.null;
-            PassCtx pc = {.diag = &bc.diag, .devices = bp.dev, .n_devices = par_group(&bp),
-                          .one_f_one_b = bp.one_f_one_b, .bucket_mb = bp.bucket_mb};
-            partition_report(bc.g, &pc, stdout);
-          }
-          compiled_free(&bc);
-          opt_precision = save[0], opt_recompute = save[1], opt_optim_state = save[2], opt_arch = save[3];
-        }
-        par_free(&bp);
+  if (rc >= 0 && best.precision) { /* the chosen plan's table (its strings live in its compilation) */
+    ParOpts bp;
+    if (!fit_opts(&fx, &best, &bp)) {
+      const char *save[4] = {opt_precision, opt_recompute, opt_optim_state, opt_arch};
+      opt_precision = best.precision, opt_recompute = best.recompute, opt_optim_state = best.optim_state;
+      opt_arch = sp.arch;
+      FrontendOptions bo = {.batch = batch, .micro_batches = bp.micro_batches, .replicas = bp.replicas};
+      Compiled bc;
+      int brc = compile_model_to(&bc, fx.null, model, &bo, &bp, NULL, NULL);
+      if (brc && !best.compiled) { /* no split within the memory: the unbounded plan, as the search saw it */
+        compiled_free(&bc);
+        int64_t capacity[DUET_MAX_DEVICES];
+        for (int i = 0; i < bp.n_dev; i++) capacity[i] = bp.dev[i].capacity, bp.dev[i].capacity = 0;
+        brc = compile_model_to(&bc, fx.null, model, &bo, &bp, NULL, NULL);
+        for (int i = 0; i < bp.n_dev; i++) bp.dev[i].capacity = capacity[i];
       }
+      opt_precision = save[0], opt_recompute = save[1], opt_optim_state = save[2], opt_arch = save[3];
+      if (!brc) {
+        bc.diag.out = fx.null;
+        PassCtx pc = {.diag = &bc.diag, .devices = bp.dev, .n_devices = par_group(&bp),
+                      .one_f_one_b = bp.one_f_one_b, .bucket_mb = bp.bucket_mb};
+        PlanTable *t = json ? malloc(sizeof *t) : NULL;
+        if (t) {
+          partition_plan(bc.g, &pc, t);
+          if (plan_print_json(t, &sp, &best, stdout)) rc = -1;
+        } else if (json) {
+          rc = -1;
+        } else {
+          fprintf(stdout, "\n");
+          partition_report(bc.g, &pc, stdout);
+        }
+        free(t);
+      }
+      compiled_free(&bc);
     }
-    free(t);
+    par_free(&bp);
   }
   fclose(fx.null);
   par_free(&cpu);

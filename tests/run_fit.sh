@@ -144,6 +144,10 @@ for i, d in enumerate(j["devices"]):
      grep -Eq '^the setting that helps most alone: .* \([0-9]+ bytes less over: [0-9]+ bytes over on cpu:[01]\)$' "$d/none.txt"; then
     ok "fit: nothing fits"
   else bad "fit nothing fits: exit $rc"; tail -5 "$d/none.txt"; fi
+  "$DUET" plan $G --devices cpu:0,cpu:1 --device-memory 4MiB --fit --format json > "$d/none.json" 2> "$d/none.err"; rc=$?
+  if [ $rc -eq 1 ] && $PY -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["fits"] is False and j["chosen"]["fits"] is False' "$d/none.json"; then
+    ok "fit json: nothing fits"
+  else bad "fit json nothing fits: exit $rc"; head -3 "$d/none.err"; fi
 
   # duet run refuses before compiling: one device (the plan's table), two (the fastest split's)
   DUET_CACHE_DIR="$d/cache1" "$DUET" run $G --device-memory 30MiB --steps 1 > "$d/r1.out" 2>&1; rc=$?
