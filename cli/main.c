@@ -194,6 +194,7 @@ typedef struct ParOpts {
   PartDevice dev[DUET_MAX_DEVICES];
   int n_dev;
   char mem_from[1700]; /* where the CPU devices' capacity came from (duet_host_memory) */
+  char gpu_from[DUET_MAX_DEVICES][120]; /* a GPU's: "cuMemGetInfo: free memory of cuda:0" */
   bool one_f_one_b; /* --schedule 1f1b: fewer activations in flight */
   bool per_rank;    /* an MPI run: the replicas are the ranks, --devices names one rank's devices */
   int nodes;        /* duet plan --nodes K: K machines, each with the devices (0: not given) */
@@ -290,6 +291,17 @@ static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) 
                   : spec[i].kind == DUET_DEV_CUDA  ? ((int64_t)16 << 30) / same_gpu
                                                    : host / n_cpu;
     d->capacity_from = spec[i].kind == DUET_DEV_CPU ? po->mem_from : NULL;
+    int64_t gfree, gtotal;
+    int gsm; /* not used for the rates or precision (unchanged: sm_60) */
+    char gerr[300];
+    if (spec[i].kind == DUET_DEV_CUDA && opt_device_bytes <= 0 &&
+        !duet_cuda_meminfo(spec[i].index, &gfree, &gtotal, &gsm, gerr, sizeof gerr)) {
+      /* the card's own free memory and capability (without a driver: the P100 assumption above) */
+      d->capacity = gfree / same_gpu; /* (the rates stay sm_60's: the cost model's assumption, as before) */
+      snprintf(po->gpu_from[i], sizeof po->gpu_from[i], "cuMemGetInfo: free memory of cuda:%d%s", spec[i].index,
+               same_gpu > 1 ? ", shared by its stages" : "");
+      d->capacity_from = po->gpu_from[i];
+    }
     if (opt_device_bytes > 0) { /* --device-memory: every device's budget */
       d->capacity = opt_device_bytes;
       d->capacity_from = opt_device_from;

@@ -517,6 +517,11 @@ int duet_host_memory(int64_t *bytes, char *from, size_t fromlen, char *err, size
  * KiB, MiB, GiB, TiB (powers of 2), "16G"/"500M" read as GiB/MiB.  The
  * bytes, or -1 when malformed or not > 0. */
 int64_t duet_parse_size(const char *s);
+/* GPU `index`'s free and total memory in bytes (cuMemGetInfo through the
+ * CUDA plugin) and compute capability x 10 (60 = sm_60): the default
+ * --device-memory of a cuda:N device.  0, or -1 with a message (no plugin,
+ * no driver, no such GPU). */
+int duet_cuda_meminfo(int index, int64_t *free_b, int64_t *total_b, int *sm, char *err, size_t errlen);
 
 /* ------------------------------------------------------------- sessions */
 
