@@ -260,8 +260,8 @@ int plan_print_json(const PlanTable *t, const FitSpace *sp, const FitCand *chose
       return -1;
     }
     cJSON_AddItemToArray(devs, d);
-    cJSON_AddStringToObject(d, "device", p->device);
-    add_bytes(d, "capacity", p->capacity); /* 0: unlimited */
+    cJSON_AddStringToObject(d, "device", p->device ? p->device->name : "cpu");
+    add_bytes(d, "capacity", p->device ? p->device->capacity : 0); /* 0: unlimited */
     add_bytes(d, "weights", p->weights - p->master);
     add_bytes(d, "master_weights", p->master);
     add_bytes(d, "grads", p->grads);
@@ -271,7 +271,7 @@ int plan_print_json(const PlanTable *t, const FitSpace *sp, const FitCand *chose
     cJSON_AddNumberToObject(d, "micro_batches_in_flight", (double)p->slots);
     add_bytes(d, "cache", p->cache);
     add_bytes(d, "workspace", 0); /* op workspaces are planned inside the activation region */
-    add_bytes(d, "total", p->total);
+    add_bytes(d, "total", p->need);
     cJSON_AddBoolToObject(d, "fits", p->fits);
   }
   if (chosen && sp) {

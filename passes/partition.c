@@ -472,17 +472,11 @@ static bool has_accumulators(const Graph *g) {
   return piped && !(g->replicas > 1 && local_micro_batches(g) == 1);
 }
 
-/* The memory stage s needs, as `duet plan` counts it. */
-typedef struct StageMemory {
-  int64_t weights, master, grads, state, act, slots, need;
-  int64_t state_all, state_zero; /* replicas: all of the stage's state, and the fullest ZeRO shard */
-  int64_t shard[IR_MAX_REPLICAS]; /* each replica's ZeRO shard */
-} StageMemory;
-
-static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
+/* The memory stage s needs, as `duet plan` counts it (PlanStage's memory
+ * fields): what the runtime allocates on its device. */
+static void stage_memory(const Graph *g, const PassCtx *cx, int s, PlanStage *m) {
   int S = g->n_stages > 1 ? g->n_stages : 1;
   int64_t M = local_micro_batches(g);
-  StageMemory m = {0};
   bool acc = has_accumulators(g);
   for (int i = 0; i < g->n_values; i++) {
     const Value *v = g->values[i];
@@ -494,7 +488,7 @@ static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
       const Value *u = g->values[j];
       seen = (u->op == OP_ADAMW || u->op == OP_SGD) && u->in[1] == gr;
     }
-    if (!seen) m.grads += align64_bytes(value_bytes(gr));
+    if (!seen) m->grads += align64_bytes(value_bytes(gr));
   }
   /* f32 master weights: params that the precision pass casts to 16 bits */
   for (int i = 0; i < g->n_values; i++) {
@@ -507,24 +501,60 @@ static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
       const Value *u = g->values[j];
       seen = u->op == OP_CAST && u->in[0] == p && (u->dtype == DT_F16 || u->dtype == DT_BF16);
     }
-    if (!seen) m.master += align64_bytes(value_bytes(p));
+    if (!seen) m->master += align64_bytes(value_bytes(p));
   }
   const int64_t *rb = g->n_stages > 1 ? g->stage_bytes[s] : g->region_bytes;
-  m.slots = cx->one_f_one_b ? (M < S - s ? M : S - s) : M;
-  if (m.master > rb[MEM_PARAM]) m.master = rb[MEM_PARAM];
-  m.weights = rb[MEM_PARAM];
-  m.state = m.state_all = rb[MEM_STATE];
+  m->slots = cx->one_f_one_b ? (M < S - s ? M : S - s) : M;
+  m->weights = rb[MEM_PARAM];
+  if (m->master > m->weights) m->master = m->weights;
+  m->state = m->state_all = rb[MEM_STATE];
   if (g->replicas > 1) { /* ZeRO stage 1: each replica's shard (on, or what --zero 1 would make) */
     int64_t all;
-    m.state_zero = data_parallel_zero_state(g, s, &all, m.shard);
-    if (g->zero) m.state = m.state_zero;
+    m->state_zero = data_parallel_zero_state(g, s, &all, m->shard);
+    if (g->zero) m->state = m->state_zero;
   }
-  m.act = rb[MEM_ARENA];
-  m.need = rb[MEM_PARAM] + m.state + rb[MEM_CACHE] + rb[MEM_ARENA] * m.slots + m.grads;
-  return m;
+  m->act = rb[MEM_ARENA];
+  m->cache = rb[MEM_CACHE];
+  m->need = rb[MEM_PARAM] + m->state + rb[MEM_CACHE] + rb[MEM_ARENA] * m->slots + m->grads;
 }
 
-int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s) { return stage_memory(g, cx, s).need; }
+int64_t partition_micro_batches(const Graph *g) { return local_micro_batches(g); }
+
+void partition_plan_stage(const Graph *g, const PassCtx *cx, int s, PlanStage *ps) {
+  memset(ps, 0, sizeof *ps);
+  const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
+  int64_t M = local_micro_batches(g);
+  PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};
+  if (d) part_device_rates(d, &r);
+  ps->device = d;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if ((v->device < 0 ? 0 : v->device) != s) continue;
+    double t = part_op_seconds(v, &r);
+    if (v->op == OP_TRANSFER) {
+      int64_t b = value_bytes(v);
+      if (v->role != ROLE_EVAL) ps->xfer += b * M;
+      t = (double)b / r.link_bytes_per_s;
+    }
+    if (v->role == ROLE_FORWARD) ps->t_f += t;
+    else if (v->role == ROLE_BACKWARD) ps->t_b += t;
+    else if (v->role == ROLE_OPTIMIZER) ps->t_o += t;
+    if (v->op == OP_PARAM && v->attr.name) {
+      if (!ps->first) ps->first = v->attr.name;
+      ps->last = v->attr.name;
+    }
+    ps->n_ops += is_forward_op(v);
+  }
+  ps->step_s = (double)M * (ps->t_f + ps->t_b) + ps->t_o;
+  stage_memory(g, cx, s, ps);
+  ps->fits = !(d && d->capacity > 0 && ps->need > d->capacity);
+}
+
+int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s) {
+  PlanStage m = {0};
+  stage_memory(g, cx, s, &m);
+  return m.need;
+}
 
 /* The settings that lower a stage's memory, for the message of a
  * configuration that does not fit (those not in use already). */
@@ -556,7 +586,8 @@ int partition_check_memory(const Graph *g, const PassCtx *cx) {
   int S = g->n_stages > 1 ? g->n_stages : 1, rc = 0;
   for (int s = 0; s < S && s < cx->n_devices; s++) {
     const PartDevice *d = &cx->devices[s];
-    StageMemory m = stage_memory(g, cx, s);
+    PlanStage m = {0};
+    stage_memory(g, cx, s, &m);
     if (d->capacity <= 0 || m.need <= d->capacity) continue;
     if (m.weights > d->capacity) { /* nothing but more devices helps (16-bit copies keep f32 masters) */
       diag_error_noloc(cx->diag, "the model does not fit the memory of %s: its weights alone take %.2f MiB (%" PRId64
@@ -594,60 +625,12 @@ void partition_plan(const Graph *g, const PassCtx *cx, PlanTable *t) {
   double slowest = 0, total = 0;
   for (int s = 0; s < S; s++) {
     PlanStage *ps = &t->stage[s];
-    const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
-    PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};
-    if (d) part_device_rates(d, &r);
-    double t_f = 0, t_b = 0, t_o = 0;
-    int64_t xfer = 0, n_ops = 0;
-    const char *first = NULL, *last = NULL;
-    for (int i = 0; i < g->n_values; i++) {
-      const Value *v = g->values[i];
-      if ((v->device < 0 ? 0 : v->device) != s) continue;
-      double tv = part_op_seconds(v, &r);
-      if (v->op == OP_TRANSFER) {
-        int64_t b = value_bytes(v);
-        if (v->role != ROLE_EVAL) xfer += b * M;
-        tv = (double)b / r.link_bytes_per_s;
-      }
-      if (v->role == ROLE_FORWARD) t_f += tv;
-      else if (v->role == ROLE_BACKWARD) t_b += tv;
-      else if (v->role == ROLE_OPTIMIZER) t_o += tv;
-      if (v->op == OP_PARAM && v->attr.name) {
-        if (!first) first = v->attr.name;
-        last = v->attr.name;
-      }
-      n_ops += is_forward_op(v);
-    }
-    StageMemory mem = stage_memory(g, cx, s);
-    const int64_t *rb = g->n_stages > 1 ? g->stage_bytes[s] : g->region_bytes;
-    ps->device = d ? d->name : "cpu";
-    ps->capacity = d ? d->capacity : 0;
-    ps->capacity_from = d ? d->capacity_from : NULL;
-    ps->n_ops = n_ops;
-    ps->first = first;
-    ps->last = last;
-    ps->t_f = t_f;
-    ps->t_b = t_b;
-    ps->t_o = t_o;
-    ps->step_s = (double)M * (t_f + t_b) + t_o;
-    ps->xfer = xfer;
-    ps->weights = mem.weights;
-    ps->master = mem.master;
-    ps->grads = mem.grads;
-    ps->state = mem.state;
-    ps->state_all = mem.state_all;
-    ps->state_zero = mem.state_zero;
-    memcpy(ps->shard, mem.shard, sizeof ps->shard);
-    ps->act = mem.act;
-    ps->slots = mem.slots;
-    ps->cache = rb[MEM_CACHE];
-    ps->total = mem.need;
-    ps->fits = !(d && d->capacity > 0 && mem.need > d->capacity);
+    partition_plan_stage(g, cx, s, ps);
     if (!ps->fits) t->fits = false;
-    if (mem.need > t->need_most) t->need_most = mem.need;
+    if (ps->need > t->need_most) t->need_most = ps->need;
     if (ps->step_s > slowest) slowest = ps->step_s;
     total += ps->step_s;
-    t->xfer_total += xfer;
+    t->xfer_total += ps->xfer;
   }
   t->bubble = (double)(S - 1) / (double)(M + S - 1);
   t->slowest_s = slowest;
@@ -657,41 +640,46 @@ void partition_plan(const Graph *g, const PassCtx *cx, PlanTable *t) {
 }
 
 int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
-  PlanTable *t = malloc(sizeof *t);
-  if (!t) {
-    diag_error_noloc(cx->diag, "out of memory");
-    return 1;
-  }
-  partition_plan(g, cx, t);
-  int S = t->S, R = t->R;
-  int64_t M = t->M;
+  bool one_f_one_b = cx->one_f_one_b;
+  int S = g->n_stages > 1 ? g->n_stages : 1, R = g->replicas > 1 ? g->replicas : 1;
+  int64_t M = local_micro_batches(g);
   int rc = 0;
   if (R > 1)
     fprintf(out, "plan: %s, %d replicas on %d device%s each, %" PRId64 " micro-batch%s of %" PRId64 " per replica "
             "(global batch %" PRId64 "), schedule %s; the stages below are every replica's\n",
-            t->model, R, S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", t->batch,
-            t->batch * M * R, t->one_f_one_b ? "1f1b" : "gpipe");
+            g->model_name ? g->model_name : "?", R, S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", g->train.batch,
+            g->train.batch * M * R, one_f_one_b ? "1f1b" : "gpipe");
   else
     fprintf(out, "plan: %s on %d device%s, %" PRId64 " micro-batch%s of %" PRId64 " (batch %" PRId64 "), schedule %s\n",
-            t->model, S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", t->batch,
-            t->batch * M, t->one_f_one_b ? "1f1b" : "gpipe");
+            g->model_name ? g->model_name : "?", S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", g->train.batch,
+            g->train.batch * M, one_f_one_b ? "1f1b" : "gpipe");
+  double slowest = 0, total = 0;
+  int64_t xfer_total = 0, need_most = 0;
   for (int s = 0; s < S; s++) {
-    const PlanStage *ps = &t->stage[s];
-    int64_t slots = ps->slots, need = ps->total;
-    fprintf(out, "stage %d on %s: %" PRId64 " forward ops, params %s .. %s\n", s, ps->device, ps->n_ops,
-            ps->first ? ps->first : "-", ps->last ? ps->last : "-");
+    const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
+    PlanStage mem;
+    partition_plan_stage(g, cx, s, &mem);
+    double t_f = mem.t_f, t_b = mem.t_b, t_o = mem.t_o, step = mem.step_s;
+    int64_t slots = mem.slots, need = mem.need, grads = mem.grads, xfer = mem.xfer, n_ops = mem.n_ops;
+    const char *first = mem.first, *last = mem.last;
+    if (need > need_most) need_most = need;
+    if (step > slowest) slowest = step;
+    total += step;
+    xfer_total += xfer;
+    fprintf(out, "stage %d on %s: %" PRId64 " forward ops, params %s .. %s\n", s, d ? d->name : "cpu", n_ops,
+            first ? first : "-", last ? last : "-");
     fprintf(out, "  estimated time: forward %.3f ms + backward %.3f ms per micro-batch, optimizer %.3f ms; %.3f ms per "
-            "step\n", 1e3 * ps->t_f, 1e3 * ps->t_b, 1e3 * ps->t_o, 1e3 * ps->step_s);
+            "step\n", 1e3 * t_f, 1e3 * t_b, 1e3 * t_o, 1e3 * step);
     fprintf(out, "  memory: weights %.2f MiB, grads %.2f MiB (summed over the micro-batches), optimizer state %.2f "
             "MiB, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB, with their gradients): %.2f MiB",
-            ps->weights / 1048576.0, ps->grads / 1048576.0, ps->state / 1048576.0,
-            (double)(ps->act * slots) / 1048576.0, slots, slots == 1 ? "" : "es", ps->act / 1048576.0,
+            mem.weights / 1048576.0, grads / 1048576.0, mem.state / 1048576.0,
+            (double)(mem.act * slots) / 1048576.0, slots, slots == 1 ? "" : "es", mem.act / 1048576.0,
             need / 1048576.0);
-    if (ps->capacity > 0) {
-      if (ps->capacity >= (int64_t)1 << 30) fprintf(out, " of %.2f GiB", (double)ps->capacity / 1073741824.0);
-      else fprintf(out, " of %.2f MiB", (double)ps->capacity / 1048576.0);
-      if (ps->capacity_from) fprintf(out, " (%s)", ps->capacity_from);
-      if (!ps->fits) {
+    if (d && d->capacity > 0) {
+      if (d->capacity >= (int64_t)1 << 30) fprintf(out, " of %.2f GiB", (double)d->capacity / 1073741824.0);
+      else fprintf(out, " of %.2f MiB", (double)d->capacity / 1048576.0);
+      if (d->capacity_from) fprintf(out, " (%s)", d->capacity_from);
+      if (need > d->capacity) {
         fprintf(out, "  DOES NOT FIT");
         rc = 1;
       }
@@ -701,34 +689,41 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
       size_t len = 0;
       shards[0] = 0;
       for (int r = 0; r < R && len < sizeof shards; r++)
-        len += (size_t)snprintf(shards + len, sizeof shards - len, "%s%.2f", r ? ", " : "", ps->shard[r] / 1048576.0);
-      if (t->zero)
+        len += (size_t)snprintf(shards + len, sizeof shards - len, "%s%.2f", r ? ", " : "", mem.shard[r] / 1048576.0);
+      if (g->zero)
         fprintf(out, "\n  optimizer state per device: %.2f MiB with --zero 1 (ZeRO stage 1: the fullest of the %d "
-                "replicas' shards, %s MiB; whole tensors), %.2f MiB without", ps->state_zero / 1048576.0, R, shards,
-                ps->state_all / 1048576.0);
+                "replicas' shards, %s MiB; whole tensors), %.2f MiB without", mem.state_zero / 1048576.0, R, shards,
+                mem.state_all / 1048576.0);
       else
         fprintf(out, "\n  optimizer state per device: %.2f MiB without --zero 1, %.2f MiB with it (ZeRO stage 1: "
-                "the fullest of the %d replicas' shards, %s MiB; whole tensors)", ps->state_all / 1048576.0,
-                ps->state_zero / 1048576.0, R, shards);
+                "the fullest of the %d replicas' shards, %s MiB; whole tensors)", mem.state_all / 1048576.0,
+                mem.state_zero / 1048576.0, R, shards);
     }
-    fprintf(out, "\n  transfers sent: %.3f MiB per step\n", (double)ps->xfer / 1048576.0);
+    fprintf(out, "\n  transfers sent: %.3f MiB per step\n", (double)xfer / 1048576.0);
   }
-  fprintf(out, "transfer bytes per step: %" PRId64 " (%.3f MiB)\n", t->xfer_total, (double)t->xfer_total / 1048576.0);
-  fprintf(out, "bubble fraction (S-1)/(M+S-1) = %d/%" PRId64 " = %.3f%s\n", S - 1, M + S - 1, t->bubble,
+  double bubble = (double)(S - 1) / (double)(M + S - 1);
+  fprintf(out, "transfer bytes per step: %" PRId64 " (%.3f MiB)\n", xfer_total, (double)xfer_total / 1048576.0);
+  fprintf(out, "bubble fraction (S-1)/(M+S-1) = %d/%" PRId64 " = %.3f%s\n", S - 1, M + S - 1, bubble,
           M < S ? " (fewer micro-batches than stages: a large bubble)" : "");
-  fprintf(out, "estimated step time: %.3f ms (slowest stage %.3f ms, with the bubble); balance %.2f%s\n",
-          1e3 * t->step_s, 1e3 * t->slowest_s, t->balance, R > 1 ? ", before the all-reduce" : "");
-  if (cx->summary) *cx->summary = (PlanSummary){.step_s = t->step_s, .need = t->need_most, .fits = !rc};
-  if (R > 1) data_parallel_report(g, cx, t->step_s, out);
+  double est = slowest * (double)(M + S - 1) / (double)M;
+  fprintf(out, "estimated step time: %.3f ms (slowest stage %.3f ms, with the bubble); balance %.2f%s\n", 1e3 * est,
+          1e3 * slowest, S > 1 && slowest > 0 ? total / ((double)S * slowest) : 1.0,
+          R > 1 ? ", before the all-reduce" : "");
+  if (cx->summary) *cx->summary = (PlanSummary){.step_s = est, .need = need_most, .fits = !rc};
+  if (R > 1) data_parallel_report(g, cx, est, out);
   if (rc) {
-    for (int s = 0; s < S; s++)
-      if (!t->stage[s].fits)
-        fprintf(out, "%s needs %" PRId64 " bytes, %" PRId64 " more than its %" PRId64 "\n", t->stage[s].device,
-                t->stage[s].total, t->stage[s].total - t->stage[s].capacity, t->stage[s].capacity);
-    fprintf(out, "what would help: %s\n", t->help);
+    char help[400];
+    help_settings(g, cx, S, help, sizeof help);
+    for (int s = 0; s < S && s < cx->n_devices; s++) {
+      const PartDevice *d = &cx->devices[s];
+      int64_t need = partition_stage_need(g, cx, s);
+      if (d->capacity > 0 && need > d->capacity)
+        fprintf(out, "%s needs %" PRId64 " bytes, %" PRId64 " more than its %" PRId64 "\n", d->name, need,
+                need - d->capacity, d->capacity);
+    }
+    fprintf(out, "what would help: %s\n", help);
     fflush(out);
     diag_error_noloc(cx->diag, "the model does not fit: a device needs more memory than it has (DOES NOT FIT above)");
   }
-  free(t);
   return rc;
 }

@@ -114,39 +114,6 @@ void pass_data_parallel(Graph *g, PassCtx *cx); /* all-reduce buckets of the gra
 void pass_recompute(Graph *g, PassCtx *cx); /* activation recomputation (--recompute) */
 void pass_memplan(Graph *g, PassCtx *cx);   /* offsets in param/state/arena, per device */
 
-/* One stage of `duet plan`'s table (partition_plan), in bytes and seconds.
- * total = weights + grads + state + act x slots + cache (the bytes the
- * runtime allocates on the device: its regions and gradient accumulators;
- * op workspaces are planned inside the activation region).  master: the
- * part of weights that is f32 master copies of params cast to 16 bits
- * (their 16-bit copies are activations). */
-typedef struct PlanStage {
-  const char *device, *capacity_from, *first, *last;
-  int64_t capacity; /* 0: unlimited */
-  int64_t n_ops, xfer;
-  double t_f, t_b, t_o, step_s; /* per micro-batch forward, backward; optimizer; per step */
-  int64_t weights, master, grads, state, state_all, state_zero, act, slots, cache, total;
-  int64_t shard[IR_MAX_REPLICAS];
-  bool fits;
-} PlanStage;
-
-/* `duet plan`'s whole table: what the text report, --format json (and
- * other renderers) print. */
-typedef struct PlanTable {
-  const char *model;
-  int S, R;
-  int64_t M, batch;
-  bool one_f_one_b, zero, fits;
-  PlanStage stage[IR_MAX_STAGES];
-  int64_t xfer_total, need_most;
-  double bubble, slowest_s, step_s, balance;
-  char help[400]; /* when !fits: the settings that would lower the memory */
-} PlanTable;
-
-/* Fills t from a graph after every pass (the devices, schedule and
- * capacities of cx), as partition_report prints it. */
-void partition_plan(const Graph *g, const PassCtx *cx, PlanTable *t);
-
 /* `duet plan`: prints the stage assignment of a graph that went through
  * every pass (per stage: forward ops, estimated forward/backward/optimizer
  * time from part_op_seconds, memory: weights, grads, optimizer state,
@@ -156,6 +123,50 @@ void partition_plan(const Graph *g, const PassCtx *cx, PlanTable *t);
  * when a device's memory is exceeded (the report marks it; the error goes
  * through cx->diag), else 0. */
 int partition_report(const Graph *g, const PassCtx *cx, FILE *out);
+/* One stage of `duet plan`'s estimate, as partition_report prints it (and
+ * duet plan --format svg draws it).  Times in seconds from part_op_seconds
+ * (a transfer: bytes / the link rate); bytes from the memplan regions. */
+typedef struct PlanStage {
+  const PartDevice *device; /* NULL: the one CPU device */
+  int64_t n_ops;            /* forward ops */
+  const char *first, *last; /* the stage's first and last param (NULL: none) */
+  double t_f, t_b, t_o;     /* forward, backward per micro-batch; optimizer per step */
+  double step_s;            /* M (t_f + t_b) + t_o */
+  int64_t xfer;             /* transfer bytes sent per step */
+  int64_t weights, grads, state, cache; /* params (the f32 master weights), gradient accumulators,
+                             * optimizer state (this device's ZeRO shard with --zero 1), KV caches */
+  int64_t act, slots;       /* the activation arena of one micro-batch, and the micro-batches in
+                             * flight (M for GPipe, min(M, S - s) for 1F1B) */
+  int64_t need;             /* weights + grads + state + cache + act * slots: the bytes the runtime
+                             * allocates on the device (its regions and gradient accumulators; op
+                             * workspaces are planned inside the activation region) */
+  int64_t master;           /* the part of weights that is f32 masters of params cast to 16 bits
+                             * (their 16-bit copies are activations) */
+  bool fits;                /* need within the device's capacity (or no capacity) */
+  int64_t state_all, state_zero; /* replicas: the whole state, and the fullest ZeRO shard */
+  int64_t shard[IR_MAX_REPLICAS]; /* replicas: each one's ZeRO shard */
+} PlanStage;
+/* Stage s of a graph that went through every pass (0 <= s < max(1,
+ * g->n_stages)) into *ps. */
+void partition_plan_stage(const Graph *g, const PassCtx *cx, int s, PlanStage *ps);
+/* `duet plan`'s whole table: what the text report, --format json and
+ * --format svg print. */
+typedef struct PlanTable {
+  const char *model;
+  int S, R;
+  int64_t M, batch; /* micro-batches per replica; batch: one micro-batch */
+  bool one_f_one_b, zero, fits;
+  PlanStage stage[IR_MAX_STAGES];
+  int64_t xfer_total, need_most;
+  double bubble, slowest_s, step_s, balance;
+  char help[400]; /* when !fits: the settings that would lower the memory */
+} PlanTable;
+/* Fills t from a graph after every pass (the devices, schedule and
+ * capacities of cx), stage by stage as partition_plan_stage. */
+void partition_plan(const Graph *g, const PassCtx *cx, PlanTable *t);
+/* Micro-batches per replica (train.micro_batches, divided among the
+ * replicas with data parallelism): M of the schedule. */
+int64_t partition_micro_batches(const Graph *g);
 /* The memory check of partition_report without the report: for each stage
  * on a device of known capacity, the memory `duet plan` counts (weights,
  * grads, optimizer state, activations x in-flight micro-batches) must fit

@@ -179,7 +179,8 @@ for i, d in enumerate(j["devices"]):
   expect bad_size_run "duet: error: --device-memory expects a size such as 16GiB or 16G (2^30 bytes), 16GB (10^9), 500MiB or bytes, got '-1G'" \
     "$DUET" run $G --device-memory -1G
   expect no_size "duet: error: --device-memory needs a value (a size such as 16GiB)" "$DUET" plan $G --device-memory
-  expect bad_format "duet: error: unknown --format \`xml\` for duet plan (text, json)" "$DUET" plan $G --format xml
+  expect bad_format "duet: error: --format expects text, json or svg, got 'xml'" "$DUET" plan $G --format xml
+  expect fit_svg "duet: error: duet plan --fit prints its ranked list and table as text or json, not svg" "$DUET" plan $G --fit --format svg
   expect fit_fixed "duet: error: duet plan --fit chooses --micro-batches itself (give --devices, --device-memory, --data-parallel, --batch, --arch)" \
     "$DUET" plan $G --fit --micro-batches 2
   expect fit_fixed_prec "duet: error: duet plan --fit chooses --precision itself (give --devices, --device-memory, --data-parallel, --batch, --arch)" \
