@@ -10,7 +10,10 @@
 #          `duet plan --format json` for the same flags; on one device the
 #          growth of resident memory (VmRSS around the allocation: the CPU
 #          device zeroes what it allocates, so every page is resident) is
-#          within 5% of the plan.
+#          within 5% of the plan; with --data-parallel 2 (and --zero 1, and 2
+#          replicas of 2 stages) each replica's stage allocates at most the
+#          plan's figure and the fullest exactly it (the plan shows the
+#          fullest ZeRO shard).
 #   alloc_long  the same for models/gpt2_124m.model (--batch 1: 3.9 GB on one
 #          device; label long).
 #   fit    `duet plan --format json` parses (python3's json) and its
@@ -45,7 +48,7 @@ print(sum(t)); print(" + ".join(str(x) for x in t))' "$1"
 
 alloc_check() { # model, then flags
   m=$1; shift
-  name="$(basename "$m" .model)${1:+ pipeline}"
+  name="$(basename "$m" .model)${1:+ $*}"
   if ! "$DUET" plan "$m" --batch "$BATCH" "$@" --format json > "$d/plan.json" 2> "$d/plan.err"; then
     bad "$name: plan"; head -3 "$d/plan.err"; return
   fi
@@ -56,6 +59,17 @@ alloc_check() { # model, then flags
   line=$(grep '^duet: allocated: ' "$d/run.out")
   got=$(printf '%s\n' "$line" | sed 's/^duet: allocated: \([0-9]*\) bytes.*/\1/')
   parts=$(printf '%s\n' "$line" | sed -n 's/^duet: allocated: [0-9]* bytes (\(.*\) on the [0-9]* devices).*/\1/p')
+  if [ -n "$parts" ] && [ "$parts" != "$list" ] && [ -n "$REPLICAS" ]; then
+    # replicas: every replica's stage s allocates at most the plan's (ZeRO: the fullest shard), one exactly
+    if $PY -c 'import sys
+got=[int(x) for x in sys.argv[1].split(" + ")]; plan=[int(x) for x in sys.argv[2].split(" + ")]; S=len(plan)
+assert len(got) % S == 0 and len(got) > S
+for s in range(S):
+  mine=got[s::S]; assert max(mine) == plan[s] and all(x <= plan[s] for x in mine), (s, mine, plan[s])' "$parts" "$list"; then
+      ok "$name: every replica within the plan, the fullest equal ($parts; plan $list)"
+    else bad "$name: replicas allocated $parts, plan $list"; fi
+    return
+  fi
   if [ "$got" = "$sum" ] && { [ -z "$parts" ] || [ "$parts" = "$list" ]; }; then
     ok "$name: allocated $got bytes = planned${parts:+ ($parts)}"
   else
@@ -82,6 +96,13 @@ alloc | alloc_long)
       alloc_check "$m"
       alloc_check "$m" --devices cpu:0,cpu:1 --micro-batches 2
     done
+    # data parallelism: 2 replicas, and ZeRO stage 1 (each replica its own shard of the state)
+    REPLICAS=1
+    alloc_check models/fmnist_mlp.model --data-parallel 2
+    alloc_check models/fmnist_mlp.model --data-parallel 2 --zero 1
+    BATCH=4
+    alloc_check models/gpt_kjv.model --devices cpu:0,cpu:1,cpu:2,cpu:3 --data-parallel 2 --micro-batches 2 --zero 1
+    REPLICAS= BATCH=2
   fi
   ;;
 fit)
