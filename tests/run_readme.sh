@@ -7,9 +7,12 @@
 # (`--steps 3 --test-subset 500`; with `--warmup N`, N + 1 steps, the
 # shortest run the warm-up fits; gpt_kjv: `--steps 2 --eval-batches 2`),
 # nothing else is changed.  The claims the README prints are checked against the
-# output: the IR lines shown, `DOES NOT FIT` and exit 1 for GPT-2 small on
-# one 16 GiB P100, 118 and 111 forward ops on two; and the model file shown
-# is models/fmnist_mlp.model without its comments and blank lines.
+# output, read from the README's prose: the IR lines shown; for GPT-2 small
+# on one 16 GiB P100 the `... DOES NOT FIT` quoted and exit 1, on two the
+# forward ops, GiB (the plan's MiB / 1024, one decimal) and bubble it
+# names, and `--fit`'s best command line holding the flags quoted; and the
+# model file shown is models/fmnist_mlp.model without its comments, blank
+# lines, seed and log_every.
 # Without Fashion-MNIST the training parts are skipped, without
 # data/kjv.txt the GPT part (exit 77 after the rest).
 # usage: run_readme.sh SOURCE_DIR BUILD_DIR
@@ -33,6 +36,9 @@ awk '/^```/ { f = !f; if (!f) exit; next } f' "$d/tour.md" > "$d/shown.model"
 sed 's/[ ]*#.*$//; /^[ ]*$/d' "$SRC/models/fmnist_mlp.model" |
   grep -v '^  seed = \|^  log_every = ' > "$d/file.model"
 cmp -s "$d/shown.model" "$d/file.model" && ok || { bad "the model shown is not models/fmnist_mlp.model"; diff "$d/shown.model" "$d/file.model"; }
+# a claim of the tour's prose, the text joined into one line: claim SED-SCRIPT
+tr '\n' ' ' < "$d/tour.md" > "$d/flat"
+claim() { sed -n "$1" "$d/flat"; }
 i=0
 while IFS= read -r line; do
   i=$((i + 1))
@@ -50,14 +56,23 @@ while IFS= read -r line; do
   (cd "$d" && eval "$cmd") > "$d/out.$i" 2>&1
   rc=$?
   case "$line" in
+    *"plan models/gpt2_124m.model --devices 16GiB:sm_60"*--fit)
+      want=$(claim 's/.*prints the best as a `duet run` command line (here with `\([^`]*\)`).*/\1/p')
+      if [ "$rc" -eq 0 ] && [ -n "$want" ] && grep "^best: duet run models/gpt2_124m.model " "$d/out.$i" | grep -qF -- "$want"; then ok; else
+        bad "$line: want a best line with '$want' (exit $rc)"; grep '^best' "$d/out.$i"; fi ;;
     *"plan models/gpt2_124m.model --devices 16GiB:sm_60"*)
-      if [ "$rc" -eq 1 ] && grep -q '18897.86 MiB of 16.00 GiB  DOES NOT FIT' "$d/out.$i"; then ok; else
-        bad "$line: want exit 1 and 18897.86 MiB ... DOES NOT FIT (exit $rc)"; tail -3 "$d/out.$i"; fi ;;
+      want=$(claim 's/.*The first says `\([^`]*\)`.*/\1/p')
+      if [ "$rc" -eq 1 ] && [ -n "$want" ] && grep -qF -- "$want" "$d/out.$i"; then ok; else
+        bad "$line: want exit 1 and '$want' (exit $rc)"; grep 'memory' "$d/out.$i"; fi ;;
     *"plan models/gpt2_124m.model --devices 2x16GiB:sm_60"*)
-      if [ "$rc" -eq 0 ] && grep -q '^stage 0 on 16GiB:sm_60: 118 forward ops' "$d/out.$i" &&
-         grep -q '^stage 1 on 16GiB:sm_60: 111 forward ops' "$d/out.$i" &&
-         grep -q 'bubble fraction (S-1)/(M+S-1) = 1/17' "$d/out.$i"; then ok; else
-        bad "$line: want 118 and 111 forward ops and a bubble of 1/17 (exit $rc)"; tail -3 "$d/out.$i"; fi ;;
+      # "puts A forward ops on the first card and B on the second, X and Y GiB each, with a bubble of N/D"
+      set -- $(claim 's/.*puts \([0-9]*\) forward ops on the first card and \([0-9]*\) on the second, \([0-9.]*\) and \([0-9.]*\) GiB each, with a bubble of \([0-9]*\/[0-9]*\) .*/\1 \2 \3 \4 \5/p')
+      got=$(awk '/^stage [01] on/ { ops[$2] = $5 }
+                 /^  memory:/ { n++; m = $0; sub(/ MiB of .*/, "", m); sub(/.* /, "", m); g[n] = sprintf("%.1f", m / 1024) }
+                 /^bubble fraction/ { b = $5 }
+                 END { print ops[0], ops[1], g[1], g[2], b }' "$d/out.$i")
+      if [ "$rc" -eq 0 ] && [ $# -eq 5 ] && [ "$got" = "$*" ]; then ok; else
+        bad "$line: the README says '$*' (ops, ops, GiB, GiB, bubble), duet prints '$got' (exit $rc)"; fi ;;
     *"ir models/fmnist_mlp.model --after fuse"*)
       awk '/^```/ { f = !f; next } f && /^%[0-9]/' "$d/tour.md" > "$d/irlines"
       if [ "$rc" -eq 0 ] && [ -s "$d/irlines" ] && ! grep -vxFf "$d/out.$i" "$d/irlines" > "$d/irmiss"; then ok; else
