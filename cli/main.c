@@ -63,7 +63,7 @@ static void prune_help(FILE *out) {
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
  * emit and check (cli/ may hold global state). */
-static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt_optim_state;
+static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt_optim_state, *opt_offload;
 
 /* Removes `--precision X` / `--arch X` / `--gemm-accumulate X` /
  * `--optimizer-state X` (and the `=` forms) from argv;
@@ -71,13 +71,14 @@ static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt
 static int strip_precision_flags(int argc, char **argv) {
   int k = 0;
   for (int i = 0; i < argc; i++) {
-    const char *names[5] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state"};
-    const char **dst[5] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state};
-    static const char *const values[5] = {"auto, fp32, fp16, bf16",
+    const char *names[6] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state",
+                            "--offload"};
+    const char **dst[6] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state, &opt_offload};
+    static const char *const values[6] = {"auto, fp32, fp16, bf16",
                                           "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16",
-                                          "none, blocks, auto", "int8, f32"};
+                                          "none, blocks, auto", "int8, f32", "none, optimizer"};
     int hit = -1;
-    for (int j = 0; j < 5 && hit < 0; j++) {
+    for (int j = 0; j < 6 && hit < 0; j++) {
       size_t n = strlen(names[j]);
       if (!strcmp(argv[i], names[j])) {
         if (i + 1 >= argc) {
@@ -152,6 +153,8 @@ static int check_precision_flags(void) {
     fprintf(stderr, "duet: error: unknown --optimizer-state `%s` (int8, f32)\n", opt_optim_state);
     return 1;
   }
+  int off;
+  if (opt_offload && duet_parse_offload(opt_offload, &off)) return 1;
   if (!opt_precision && !opt_arch) return 0;
   if (precision_resolve(opt_arch, opt_precision, &pc, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
@@ -500,6 +503,11 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
   if (!c->g) return 1;
+  if (opt_offload) c->g->train.offload = opt_offload; /* --offload wins over the train section's */
+  if (train_offload(&c->g->train) && (c->g->replicas > 1 || (po && po->replicas > 1))) {
+    diag_error_noloc(&c->diag, "%s", duet_offload_refusal(2, 0, 0));
+    return 1;
+  }
   if (po && po->zero && !c->g->zero) { /* --zero 1 */
     if (c->g->replicas < 2) { /* a dump of one replica */
       diag_error_noloc(&c->diag, "--zero 1 needs --data-parallel N with N >= 2 (it shards the optimizer state over "
@@ -543,6 +551,10 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   }
   int rc = passes_run(c->g, &pc);
   par_free(&budget);
+  if (!rc && train_offload(&c->g->train) && c->g->prune.mode != PRUNE_NONE) {
+    diag_error_noloc(&c->diag, "%s", duet_offload_refusal(1, 1, 0));
+    rc = 1;
+  }
   return rc;
 }
 
@@ -729,6 +741,7 @@ static int cmd_run(int argc, char **argv) {
   bool all_cuda = duet_devices_all_cuda(probe.devices);
   CgProgram *cp = lower_program(&c, all_cuda || (probe.devices && strstr(probe.devices, "cuda")));
   if (cp) cp->prog.bucket_mb = bucket_mb;
+  if (train_offload(&c.g->train)) all_cuda = false; /* --offload optimizer: the host runs the C kernels */
   JitModule m;
   memset(&m, 0, sizeof m);
   /* duet_main's checks of data files, devices and --save before seconds of compiling */

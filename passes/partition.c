@@ -465,6 +465,7 @@ typedef struct StageMemory {
   int64_t weights, grads, state, act, slots, need;
   int64_t state_all, state_zero; /* replicas: all of the stage's state, and the fullest ZeRO shard */
   int64_t shard[IR_MAX_REPLICAS]; /* each replica's ZeRO shard */
+  int64_t host_master, host_state, host_grads; /* --offload optimizer: what the host holds for the stage */
 } StageMemory;
 
 static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
@@ -485,6 +486,12 @@ static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
     if (g->zero) m.state = m.state_zero;
   }
   m.act = rb[MEM_ARENA];
+  if (train_offload(&g->train)) { /* runtime/offload.c: state and an f32 master copy on the host */
+    m.host_state = m.state;
+    m.host_master = rb[MEM_PARAM];
+    m.host_grads = m.grads;
+    m.state = 0;
+  }
   m.need = rb[MEM_PARAM] + m.state + rb[MEM_CACHE] + rb[MEM_ARENA] * m.slots + m.grads;
   return m;
 }
@@ -522,7 +529,7 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
             g->model_name ? g->model_name : "?", S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", g->train.batch,
             g->train.batch * M, one_f_one_b ? "1f1b" : "gpipe");
   double slowest = 0, total = 0;
-  int64_t xfer_total = 0, need_most = 0;
+  int64_t xfer_total = 0, need_most = 0, host_master = 0, host_state = 0, host_grads = 0;
   for (int s = 0; s < S; s++) {
     const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
     PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};
@@ -550,6 +557,18 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
     }
     StageMemory mem = stage_memory(g, cx, s);
     int64_t slots = mem.slots, need = mem.need, grads = mem.grads;
+    if (train_offload(&g->train)) { /* the update on the host: one core's rates, and the copies over the link */
+      PartDevice h = {.name = "host", .cpu = true, .cores = 1};
+      PartRates hr;
+      part_device_rates(&h, &hr);
+      t_o = 0;
+      for (int i = 0; i < g->n_values; i++) {
+        const Value *v = g->values[i];
+        if ((v->device < 0 ? 0 : v->device) == s && v->role == ROLE_OPTIMIZER) t_o += part_op_seconds(v, &hr);
+      }
+      t_o += (double)(mem.host_grads + mem.host_master) / r.link_bytes_per_s;
+      host_master += mem.host_master, host_state += mem.host_state, host_grads += mem.host_grads;
+    }
     if (need > need_most) need_most = need;
     double step = (double)M * (t_f + t_b) + t_o;
     if (step > slowest) slowest = step;
@@ -560,9 +579,9 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
     fprintf(out, "  estimated time: forward %.3f ms + backward %.3f ms per micro-batch, optimizer %.3f ms; %.3f ms per "
             "step\n", 1e3 * t_f, 1e3 * t_b, 1e3 * t_o, 1e3 * step);
     fprintf(out, "  memory: weights %.2f MiB, grads %.2f MiB (summed over the micro-batches), optimizer state %.2f "
-            "MiB, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB, with their gradients): %.2f MiB",
+            "MiB%s, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB, with their gradients): %.2f MiB",
             mem.weights / 1048576.0, grads / 1048576.0, mem.state / 1048576.0,
-            (double)(mem.act * slots) / 1048576.0, slots, slots == 1 ? "" : "es", mem.act / 1048576.0,
+            train_offload(&g->train) ? " (offloaded to the host)" : "", (double)(mem.act * slots) / 1048576.0, slots, slots == 1 ? "" : "es", mem.act / 1048576.0,
             need / 1048576.0);
     if (d && d->capacity > 0) {
       if (d->capacity >= (int64_t)1 << 30) fprintf(out, " of %.2f GiB", (double)d->capacity / 1073741824.0);
@@ -589,6 +608,14 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
                 mem.state_zero / 1048576.0, R, shards);
     }
     fprintf(out, "\n  transfers sent: %.3f MiB per step\n", (double)xfer / 1048576.0);
+  }
+  if (train_offload(&g->train)) {
+    int64_t h = host_master + host_state + host_grads;
+    fprintf(out, "host (--offload optimizer): master weights %.2f MiB (f32), optimizer state %.2f MiB, gradient copies "
+            "%.2f MiB: %.2f MiB (%" PRId64 " bytes: master %" PRId64 ", state %" PRId64 ", grads %" PRId64 "); "
+            "the update on the CPU, per step %.3f MiB of gradients to the host and %.3f MiB of params back\n",
+            host_master / 1048576.0, host_state / 1048576.0, host_grads / 1048576.0, h / 1048576.0, h, host_master,
+            host_state, host_grads, host_grads / 1048576.0, host_master / 1048576.0);
   }
   double bubble = (double)(S - 1) / (double)(M + S - 1);
   fprintf(out, "transfer bytes per step: %" PRId64 " (%.3f MiB)\n", xfer_total, (double)xfer_total / 1048576.0);

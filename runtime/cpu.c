@@ -584,6 +584,7 @@ static int session_copy(DuetSession *s, int replica, int id, size_t off, void *h
     }
     return 0;
   }
+  if (s->pipe && to_device) duet_pipe_param_written(s->pipe, id); /* --offload: the host's copy is stale */
   for (int r = replica < 0 ? 0 : replica; r < (replica < 0 ? R : replica + 1); r++) {
     if (s->pipe && !duet_pipe_tensor_at(s->pipe, r, id)) continue; /* ZeRO: another replica's state */
     char *mem = (char *)(s->pipe ? duet_pipe_tensor_at(s->pipe, r, id) : s->ptr[id]) + off;

@@ -12,9 +12,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 8 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 9 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
-                                * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping */
+                                * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping;
+                                * 9: DuetConfig.offload */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -157,7 +158,23 @@ typedef struct DuetConfig {
   int64_t warmup;          /* --warmup N: steps of linear warm-up (0: none) */
   double min_lr;           /* --min-lr X: where cosine and linear decay end */
   double clip_grad_norm;   /* --clip-grad-norm X: global L2 norm limit (0: no clipping) */
+  int offload;             /* 1 + DUET_OFFLOAD_* of --offload (0: not given; a program's default: 0 or
+                            * 1 + DUET_OFFLOAD_OPTIMIZER when compiled with it; runtime/offload.c) */
 } DuetConfig;
+
+/* --offload: none (the default), or optimizer (ZeRO-Offload: each stage's
+ * optimizer state and an f32 master copy of its params live in host
+ * memory, and its update runs on the host with the C kernels;
+ * runtime/offload.c).  duet_parse_offload sets *out = 1 + DUET_OFFLOAD_*,
+ * else prints "duet: error: --offload expects none or optimizer (...), got
+ * 'X'" and returns 1. */
+enum { DUET_OFFLOAD_NONE = 0, DUET_OFFLOAD_OPTIMIZER = 1 };
+int duet_parse_offload(const char *val, int *out);
+/* Why --offload optimizer cannot run with a program of `replicas`
+ * data-parallel replicas (> 1: refused), pruning (pruned != 0) or a
+ * decoding program (decode != 0): the one-line message (the compiler and
+ * the runtime print the same), or NULL when it can. */
+const char *duet_offload_refusal(int replicas, int pruned, int decode);
 
 /* Learning-rate schedules.  With base rate lr (--lr), W warm-up steps, T
  * steps in the run and k = step - 1 (0 for the first optimizer step), the

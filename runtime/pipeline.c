@@ -128,6 +128,7 @@ typedef struct Stage {
   DuetStep *opt;           /* ZeRO: the optimizer steps this replica runs (else the program's) */
   int n_opt;
   int *gathers, n_gathers; /* ZeRO: the all-gathers started in this optimizer step */
+  DuetOffload *off;        /* --offload optimizer: the host's state, master params and update */
 } Stage;
 
 /* The staging of one transfer: M buffers of `stride` bytes in one block. */
@@ -179,6 +180,7 @@ struct DuetPipe {
   bool clip_on;           /* --clip-grad-norm: DUET_PIPE_GRADS measures the gradients (duet_pipe_set_clip) */
   double clip_coef;       /* DUET_PIPE_STEP: below 1, the gradients are scaled by it before the update */
   double *clip_part;      /* [local replica * n_clip + j]: sum of squares of gradient j after DUET_PIPE_GRADS */
+  bool offload;           /* --offload optimizer: every stage's update runs on the host (runtime/offload.c) */
 };
 
 static double now_s(void) {
@@ -644,7 +646,13 @@ static int train_stage(Stage *st) {
   if (q->phase == DUET_PIPE_GRADS && q->clip_on && stage_sumsq(st)) return -1;
   if (q->phase == DUET_PIPE_STEP && q->clip_coef < 1.0 && stage_clip(st)) return -1;
   const DuetStage *ps = &p->stages[s];
-  if (q->phase != DUET_PIPE_GRADS) {
+  if (q->phase != DUET_PIPE_GRADS && st->off) {
+    char e[600];
+    if (duet_offload_step(st->off, st->tab[0], q->s, e, sizeof e)) {
+      pipe_fail(q, "%s", e);
+      return -1;
+    }
+  } else if (q->phase != DUET_PIPE_GRADS) {
     if (run_steps(st, st->opt ? st->opt : ps->opt, st->opt ? st->n_opt : ps->n_opt, 0, 0, q->s, true)) {
       st->n_gathers = 0;
       return -1;
@@ -801,7 +809,14 @@ void *duet_pipe_tensor_at(DuetPipe *q, int replica, int id) {
 DuetDevice *duet_pipe_tensor_device_at(DuetPipe *q, int replica, int id) {
   const DuetProgram *p = q->p;
   if (id < 0 || id >= p->n_tensors || replica < 0 || replica >= q->L || host_buffer(p, id)) return NULL;
+  if (q->offload && p->tensors[id].region == DUET_MEM_STATE) return NULL; /* in host memory */
   return q->st[replica * q->S + p->tensors[id].stage].dev;
+}
+
+void duet_pipe_param_written(DuetPipe *q, int id) {
+  const DuetProgram *p = q->p;
+  if (!q->offload || id < 0 || id >= p->n_tensors || p->tensors[id].region != DUET_MEM_PARAM) return;
+  for (int r = 0; r < q->L; r++) duet_offload_invalidate(q->st[r * q->S + p->tensors[id].stage].off);
 }
 
 void *duet_pipe_tensor(DuetPipe *q, int id) { return duet_pipe_tensor_at(q, 0, id); }
@@ -982,6 +997,7 @@ void duet_pipe_free(DuetPipe *q) {
     free(st->cbuf);
     free(st->opt);
     free(st->gathers);
+    duet_offload_free(st->off);
     if (st->overflow && st->dev) st->dev->ops->free(st->dev, st->overflow);
     if (st->dev) st->dev->ops->destroy(st->dev);
   }
@@ -1608,6 +1624,7 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
   for (int g = 1; g < DUET_MEM_COUNT; g++) {
     size_t b = (size_t)ps->region_bytes[g] * (g == DUET_MEM_ARENA ? (size_t)st->n_slots : 1);
     if (g == DUET_MEM_STATE && p->zero) b = (size_t)(state_hi - st->state_lo);
+    if (g == DUET_MEM_STATE && q->offload) continue; /* in host memory (runtime/offload.c) */
     if (!(st->region[g] = st->dev->ops->alloc(st->dev, b))) {
       snprintf(err, errlen, "%s: %s", st->who, st->dev->err);
       return -1;
@@ -1668,6 +1685,13 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
       else
         st->tab[sl][i] = (char *)st->region[t->region] + base + t->offset;
     }
+  }
+  if (q->offload) { /* the state and the master params in host memory, the update on the host */
+    if (!(st->off = duet_offload_new(p, k, st->dev, st->region[DUET_MEM_PARAM], kernels, err, errlen))) return -1;
+    for (int sl = 0; sl < st->n_slots; sl++)
+      for (int i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].stage == k && p->tensors[i].region == DUET_MEM_STATE)
+          st->tab[sl][i] = duet_offload_state(st->off, p->tensors[i].offset);
   }
   if (q->R > 1) { /* the stage's buckets, in order */
     if (!(st->buckets = zalloc((size_t)p->n_buckets * sizeof *st->buckets))) goto oom;
@@ -1791,6 +1815,11 @@ DuetPipe *duet_pipe_new_ranks(const DuetProgram *p, const DuetKernelFn *kernels,
   q->M = q->Mt / R;
   q->schedule = cfg->schedule;
   q->drop_t = q->drop_m = -1;
+  q->offload = duet_offload_on(cfg);
+  if (duet_offload_check(p, cfg, err, errlen)) {
+    free(q);
+    return NULL;
+  }
   if (q->M < 1 || q->M * R != q->Mt) {
     snprintf(err, errlen, "%d micro-batches do not split among %d replicas", q->Mt, R);
     free(q);
