@@ -532,6 +532,8 @@ void duet_session_free(DuetSession *s) {
   free(s);
 }
 
+bool duet_session_offload_pinned(const DuetSession *s) { return s->pipe && duet_pipe_offload_pinned(s->pipe); }
+
 const char *duet_session_transfers(const DuetSession *s) { return s->pipe ? duet_pipe_transfers(s->pipe) : NULL; }
 
 const char *duet_session_collective(const DuetSession *s) {

@@ -171,7 +171,6 @@ oom:
 }
 
 void duet_offload_print(const DuetProgram *p, const DuetSession *s) {
-  (void)s;
   int64_t params = 0, state = 0, grads = 0;
   for (int k = 0; k < p->n_stages; k++) {
     params += p->stages[k].region_bytes[DUET_MEM_PARAM];
@@ -179,9 +178,10 @@ void duet_offload_print(const DuetProgram *p, const DuetSession *s) {
   }
   for (int i = 0; i < p->n_tensors; i++)
     if (p->tensors[i].is_grad) grads += p->tensors[i].nbytes;
-  printf("duet: optimizer offload: optimizer state %.2f MiB and f32 master params %.2f MiB in host memory, the "
+  printf("duet: optimizer offload: optimizer state %.2f MiB and f32 master params %.2f MiB in %shost memory, the "
          "update on the CPU; per step %.2f MiB of gradients to the host and %.2f MiB of params back\n",
-         (double)state / 1048576.0, (double)params / 1048576.0, (double)grads / 1048576.0, (double)params / 1048576.0);
+         (double)state / 1048576.0, (double)params / 1048576.0, duet_session_offload_pinned(s) ? "page-locked " : "",
+         (double)grads / 1048576.0, (double)params / 1048576.0);
 }
 
 void *duet_offload_state(DuetOffload *o, int64_t offset) { return o->state + offset; }

@@ -813,6 +813,12 @@ DuetDevice *duet_pipe_tensor_device_at(DuetPipe *q, int replica, int id) {
   return q->st[replica * q->S + p->tensors[id].stage].dev;
 }
 
+bool duet_pipe_offload_pinned(const DuetPipe *q) {
+  bool all = q->offload && q->L * q->S > 0;
+  for (int k = 0; all && k < q->L * q->S; k++) all = q->st[k].off && duet_offload_pinned(q->st[k].off);
+  return all;
+}
+
 void duet_pipe_param_written(DuetPipe *q, int id) {
   const DuetProgram *p = q->p;
   if (!q->offload || id < 0 || id >= p->n_tensors || p->tensors[id].region != DUET_MEM_PARAM) return;

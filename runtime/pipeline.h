@@ -213,5 +213,9 @@ void duet_offload_free(DuetOffload *o);
 /* Pipelines: params of tensor id's stage were written on the device (the
  * session's writes; runtime/cpu.c). */
 void duet_pipe_param_written(DuetPipe *q, int id);
+/* --offload optimizer: every stage's host memory is page-locked (its
+ * device has host_alloc: CUDA); duet_session_offload_pinned for a session. */
+bool duet_pipe_offload_pinned(const DuetPipe *q);
+bool duet_session_offload_pinned(const DuetSession *s);
 
 #endif

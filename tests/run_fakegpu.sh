@@ -39,13 +39,14 @@
 #     --zero 1 across 2 ranks over NCCL equals cuda:0 with 2 micro-batches;
 #     a hung collective (DUET_FAKE_NCCL_HANG) ends the run within
 #     DUET_PIPE_TIMEOUT; DUET_DP_COLLECTIVE=nccl on CPU ranks is refused.
+# 8. Optimizer offload (part offload): tests/gpu/run_offload_gpu.sh on two fake GPUs.
 # Parts (ctest runs each as its own test): cli (1-4), ops, train,
 # precision, pipeline, prune, dataparallel (5, 6), mpi (7).  The emulator's seed (DUET_EMU_SEED, README
 # "The emulator") is printed first, one for the whole part.  Skips (77) when the plugin or the fake was not
 # built (no CUDA toolkit) or there is no C++ compiler.
 # usage: run_fakegpu.sh BUILD_DIR PART   (from the repository root)
-B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi}
-PART=${2:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi}
+B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi|offload}
+PART=${2:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi|offload}
 DUET=$B/duet
 PLUGIN=$B/libduet_cuda.so
 FAKE=$B/fakegpu/libduet_fakegpu.so
@@ -131,6 +132,10 @@ pipeline)
   has "$tmp/gpu_pipeline_staged.log" "ok pair path (duet: pipeline transfers: stage 0 -> 1 staged through pinned host memory" pair_staged
   DUET_FAKE_GPUS=2 DUET_FAKE_P2P=1 t gpu_pipeline_p2p sh tests/gpu/run_pipeline_gpu.sh "$DUET"
   has "$tmp/gpu_pipeline_p2p.log" "ok pair path (duet: pipeline transfers: stage 0 -> 1 peer-to-peer" pair_p2p
+  ;;
+offload)
+  DUET_FAKE_GPUS=2 t gpu_offload sh tests/gpu/run_offload_gpu.sh "$DUET"
+  has "$tmp/gpu_offload.log" "ok two equals off" offload_two_stages
   ;;
 dataparallel)
   DP_PART=local DUET_FAKE_GPUS=4 t gpu_data_parallel sh tests/gpu/run_data_parallel_gpu.sh "$DUET"
