@@ -795,7 +795,8 @@ static int cmd_compile(int argc, char **argv) {
              "--clip-grad-norm X compiles the gradient clipping kernels (X: the default limit,\n"
              "EXE --clip-grad-norm changes it).  Also: --schedule gpipe|1f1b, --threads N (for\n"
              "the partition's cost model), --precision auto|fp32|fp16|bf16, the --prune flags,\n"
-             "--recompute none|blocks|auto.\n"
+             "--recompute none|blocks|auto, --offload none|optimizer (the executable's default; its\n"
+             "--offload none turns it off).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
@@ -1164,6 +1165,8 @@ static int cmd_plan(int argc, char **argv) {
              "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n"
              "--recompute blocks|auto: the activations with recomputation (auto: only as much as each\n"
              "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n"
+             "--offload optimizer: the optimizer state and the f32 master weights on a host row instead of\n"
+             "the devices' (the update on the CPU; the gradients and params copied each step).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;

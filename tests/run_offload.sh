@@ -19,7 +19,10 @@
 #   4. checkpoints: a run with offload stopped at step 5 and resumed with
 #      offload ends in the uninterrupted run's checkpoint; a checkpoint of a
 #      run without offload resumes with it, and the reverse (the layout is
-#      the same); the start-up lines name the host's bytes.
+#      the same); the start-up lines name the host's bytes;
+#   5. an executable compiled with --offload optimizer offloads by default
+#      with duet run's bits, and its --offload none gives the bits without;
+#      --help of run, compile, plan and the executable name the flag.
 # usage: run_offload.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_offload.sh path/to/duet}
 d=$(mktemp -d "${TMPDIR:-/tmp}/duet-offload.XXXXXX") || exit 2
@@ -148,6 +151,24 @@ resume half.off.st "" off_none
 if grep -q '^duet: optimizer offload: optimizer state 0.26 MiB and f32 master params 0.13 MiB in host memory' "$d/start.out" &&
    grep -q '^duet: memory: params 0.1 MiB, optimizer state 0.3 MiB (host)' "$d/start.out"; then ok
 else bad "the start-up lines:"; cat "$d/start.out"; fi
+
+
+# --- 5. a compiled executable -------------------------------------------------
+# compiled with --offload optimizer: offloads by default (the bits of duet
+# run's), --offload none turns it off (the same bits); help texts
+if "$DUET" compile $TINY -o "$d/exe" --offload optimizer > "$d/compile.out" 2>&1; then
+  "$d/exe" --threads 1 --quiet --metrics "$d/exe.jsonl" --save "$d/exe.st" > "$d/exe.out" 2>&1 || bad "exe: $(cat "$d/exe.out")"
+  same one.off exe
+  "$d/exe" --threads 1 --quiet --metrics "$d/exe0.jsonl" --save "$d/exe0.st" --offload none > "$d/exe0.out" 2>&1 ||
+    bad "exe --offload none: $(cat "$d/exe0.out")"
+  same one.none exe0
+  "$d/exe" --steps 1 --threads 1 > "$d/exe1.out" 2>&1
+  if grep -q '^duet: optimizer offload: ' "$d/exe1.out"; then ok; else bad "the executable did not offload"; fi
+  if "$d/exe" --help | grep -q '^  --offload O  '; then ok; else bad "exe --help lacks --offload"; fi
+else bad "duet compile --offload optimizer: $(cat "$d/compile.out")"; fi
+for cmd in run compile plan; do
+  if "$DUET" $cmd --help | grep -q -- '--offload'; then ok; else bad "duet $cmd --help lacks --offload"; fi
+done
 
 echo "offload: $pass passed, $fail failed"
 [ $fail = 0 ]
