@@ -503,6 +503,7 @@ int partition_check_memory(const Graph *g, const PassCtx *cx) {
   for (int s = 0; s < S && s < cx->n_devices; s++) {
     const PartDevice *d = &cx->devices[s];
     StageMemory m = stage_memory(g, cx, s);
+    if (d->cpu) m.need += m.host_master + m.host_state + m.host_grads; /* --offload: the host is this memory */
     if (d->capacity <= 0 || m.need <= d->capacity) continue;
     diag_error_noloc(cx->diag, "the model does not fit the memory of %s: it needs %.2f MiB (weights %.2f, grads %.2f, "
                      "optimizer state %.2f, activations %.2f MiB), and %.2f MiB are available (%s); see duet plan",
@@ -587,7 +588,9 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
       if (d->capacity >= (int64_t)1 << 30) fprintf(out, " of %.2f GiB", (double)d->capacity / 1073741824.0);
       else fprintf(out, " of %.2f MiB", (double)d->capacity / 1048576.0);
       if (d->capacity_from) fprintf(out, " (%s)", d->capacity_from);
-      if (need > d->capacity) {
+      int64_t host = d->cpu ? mem.host_master + mem.host_state + mem.host_grads : 0; /* --offload on a CPU */
+      if (host > 0) fprintf(out, " (with the host's %.2f MiB: %.2f MiB)", host / 1048576.0, (need + host) / 1048576.0);
+      if (need + host > d->capacity) {
         fprintf(out, "  DOES NOT FIT");
         rc = 1;
       }
