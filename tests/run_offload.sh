@@ -63,7 +63,7 @@ n=$((784 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10))
 # the regions place each tensor at a multiple of 64 bytes: at most 63 bytes
 # of padding per tensor (6 params, 12 state tensors)
 # totals FILE: each stage's planned MiB, one a line; states FILE: its optimizer state
-totals() { sed -n 's/^  memory: .*: \([0-9.]*\) MiB.*/\1/p' "$1"; }
+totals() { sed -n 's/^  memory: .*with their gradients): \([0-9.]*\) MiB.*/\1/p' "$1"; }
 states() { sed -n 's/^  memory: .*optimizer state \([0-9.]*\) MiB.*/\1/p' "$1"; }
 for devs in cpu cpu:0,cpu:1; do
   "$DUET" plan $MLP --devices $devs > "$d/plan.none" 2>&1 || bad "duet plan --devices $devs"
@@ -79,10 +79,18 @@ for devs in cpu cpu:0,cpu:1; do
   if paste "$d/t.none" "$d/t.off" "$d/s.none" | awk '{ k++; x = $1 - $2 - $3; if (x < -0.011 || x > 0.011) bad = 1 }
       END { exit bad || k == 0 }'; then ok
   else bad "$devs: the device totals do not fall by the state:"; paste "$d/t.none" "$d/t.off" "$d/s.none"; fi
+  # a CPU device's memory is the host's: its fit check adds the host row back
+  if grep -q "(with the host's [0-9.]* MiB: [0-9.]* MiB)" "$d/plan.off"; then ok; else bad "$devs: no host bytes in the CPU's check"; fi
   # the state that left the devices is the host's: 8 n bytes in all
   if awk -v want=$((8 * n)) '{ s += $1 } END { x = s - want / 1048576; exit !(x > -0.011 * NR && x < 0.011 * NR) }' \
       "$d/s.none"; then ok; else bad "$devs: the devices' state is not 8 n bytes"; cat "$d/s.none"; fi
 done
+# 50 MiB of host memory hold the run without offload (41.27 MiB) but not the
+# one with it on the CPU device (27.05 on the device + 28.44 on the host)
+DUET_HOST_MEMORY=50MiB "$DUET" plan $MLP > "$d/fit.none" 2>&1 && ok || bad "50 MiB: the plan without offload does not fit"
+if DUET_HOST_MEMORY=50MiB "$DUET" plan $MLP --offload optimizer > "$d/fit.off" 2>&1; then bad "50 MiB: offload fits on the CPU"
+elif grep -q "(with the host's 28.44 MiB: 55.49 MiB)  DOES NOT FIT" "$d/fit.off"; then ok
+else bad "50 MiB: no DOES NOT FIT with the host's bytes:"; cat "$d/fit.off"; fi
 sed 's/^  epochs = \(.*\)$/  epochs = \1\n  offload = "optimizer"/' $MLP > "$d/mlp_key.model"
 "$DUET" plan "$d/mlp_key.model" --devices cpu > "$d/plan.key" 2>&1
 "$DUET" plan "$d/mlp_key.model" --devices cpu --offload none > "$d/plan.keynone" 2>&1
