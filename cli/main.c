@@ -729,6 +729,22 @@ static int cmd_run(int argc, char **argv) {
     if (!rc) rc = partition_check_memory(c.g, &pc);
     par_free(&cpu);
   }
+  /* --offload optimizer with a GPU stage: the host row must fit the host's
+   * memory (a CPU stage's check above, or the partition pass's, counts it) */
+  if (!rc && train_offload(&c.g->train) && probe.devices && strstr(probe.devices, "cuda")) {
+    PassCtx pc = {.diag = &c.diag};
+    int64_t need = partition_offload_host_bytes(c.g, &pc), avail;
+    char from[256], e[512];
+    if (duet_host_memory(&avail, from, sizeof from, e, sizeof e)) {
+      fprintf(stderr, "duet: error: %s\n", e);
+      rc = 1;
+    } else if (need > avail) {
+      fprintf(stderr, "duet: error: --offload optimizer needs %.2f MiB of host memory (f32 master weights, optimizer "
+              "state and gradient copies; duet plan shows the host row) and %.2f MiB are available (%s)\n",
+              need / 1048576.0, avail / 1048576.0, from);
+      rc = 1;
+    }
+  }
   double bucket_mb = c.g ? c.g->bucket_mb : po.bucket_mb; /* a dump's own (its buckets are fixed) */
   par_free(&po);
   if (rc) {

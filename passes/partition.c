@@ -498,6 +498,15 @@ static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
 
 int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s) { return stage_memory(g, cx, s).need; }
 
+int64_t partition_offload_host_bytes(const Graph *g, const PassCtx *cx) {
+  int64_t h = 0;
+  for (int s = 0; s < (g->n_stages > 1 ? g->n_stages : 1); s++) {
+    StageMemory m = stage_memory(g, cx, s);
+    h += m.host_master + m.host_state + m.host_grads;
+  }
+  return h;
+}
+
 int partition_check_memory(const Graph *g, const PassCtx *cx) {
   int S = g->n_stages > 1 ? g->n_stages : 1, rc = 0;
   for (int s = 0; s < S && s < cx->n_devices; s++) {

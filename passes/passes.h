@@ -134,6 +134,10 @@ int partition_check_memory(const Graph *g, const PassCtx *cx);
  * grads, optimizer state, caches, activations x in-flight micro-batches),
  * from the regions memplan sized. */
 int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s);
+/* --offload optimizer (train_offload): the host bytes of every stage (f32
+ * master params, optimizer state, gradient copies: duet plan's host row);
+ * 0 without offload. */
+int64_t partition_offload_host_bytes(const Graph *g, const PassCtx *cx);
 
 /* ------------------------------------------------------------ recompute */
 

@@ -3,7 +3,8 @@
 # runtime/offload.c).
 #   1. exact diagnostics: a bad --offload value (run, plan, compile), a
 #      missing value, a bad train-section `offload`, --offload with
-#      --data-parallel, with --zero 1 and with pruning;
+#      --data-parallel, with --zero 1 and with pruning, a host row larger
+#      than the host's memory (DUET_HOST_MEMORY) with a GPU stage;
 #   2. `duet plan --offload optimizer`: fmnist_mlp (1,863,690 params, AdamW)
 #      on one and on two devices: the host row holds exactly 4 n bytes of
 #      master weights, 8 n of AdamW state and 4 n of gradient copies, the
@@ -52,6 +53,11 @@ expect_err "$DP" "$DUET" run $TINY --offload optimizer --data-parallel 2
 expect_err "$DP" "$DUET" plan $MLP --offload optimizer --data-parallel 2 --zero 1
 expect_err "duet: error: --offload optimizer does not combine with pruning yet: the masks are applied to the params and the optimizer state after each update, on the device; drop one of them" \
   "$DUET" run $TINY --offload optimizer --prune 0.5
+# a GPU stage: the host row (34,176 params: 0.13 + 0.26 + 0.13 MiB) against
+# the host's memory, before anything is compiled or a device opened
+DUET_HOST_MEMORY=100KiB expect_err "duet: error: --offload optimizer needs 0.52 MiB of host memory (f32 master weights, optimizer state and gradient copies; duet plan shows the host row) and 0.10 MiB are available (DUET_HOST_MEMORY)" \
+  "$DUET" run $TINY --devices cuda:0 --offload optimizer
+unset DUET_HOST_MEMORY # (dash keeps a function call's assignments)
 sed 's/^  seed = 1$/  seed = 1\n  offload = "cpu"/' $TINY > "$d/badkey.model"
 expect_err "$d/badkey.model:48:13: error: offload must be \"none\" or \"optimizer\"
     offload = \"cpu\"
