@@ -86,6 +86,7 @@ struct DuetOffload {
   int64_t *grad_off;      /* [n_grads]: offsets in `grads` */
   int32_t *flags;         /* host copy of the flags words (the kernels' t[n_tensors]; zero) */
   bool stale;             /* the device's params were written since the master copy was made */
+  bool fetched;           /* the gradients of this step are on the host (duet_offload_fetch) */
 };
 
 static void *host_mem(DuetOffload *o, int64_t bytes) {
@@ -194,6 +195,23 @@ int64_t duet_offload_host_bytes(const DuetOffload *o) { return o->param_bytes + 
 
 bool duet_offload_pinned(const DuetOffload *o) { return o->pinned; }
 
+void duet_offload_forget(DuetOffload *o) { o->fetched = false; }
+
+int duet_offload_fetch(DuetOffload *o, void *const *dtab, char *err, size_t errlen) {
+  const DuetProgram *p = o->p;
+  DuetDevice *d = o->dev;
+  for (int k = 0; k < o->n_grads; k++) {
+    int id = o->grad_ids[k];
+    if (d->ops->copy_to_host(d, o->grads + o->grad_off[k], dtab[id], (size_t)p->tensors[id].nbytes)) {
+      snprintf(err, errlen, "stage %d: --offload optimizer: copying the gradient %s to the host: %s", o->stage,
+               p->tensors[id].name, d->err);
+      return -1;
+    }
+  }
+  o->fetched = true;
+  return 0;
+}
+
 int duet_offload_step(DuetOffload *o, void *const *dtab, const double *s, char *err, size_t errlen) {
   const DuetProgram *p = o->p;
   const DuetStage *ps = &p->stages[o->stage];
@@ -205,14 +223,8 @@ int duet_offload_step(DuetOffload *o, void *const *dtab, const double *s, char *
     }
     o->stale = false;
   }
-  for (int k = 0; k < o->n_grads; k++) {
-    int id = o->grad_ids[k];
-    if (d->ops->copy_to_host(d, o->grads + o->grad_off[k], dtab[id], (size_t)p->tensors[id].nbytes)) {
-      snprintf(err, errlen, "stage %d: --offload optimizer: copying the gradient %s to the host: %s", o->stage,
-               p->tensors[id].name, d->err);
-      return -1;
-    }
-  }
+  if (!o->fetched && duet_offload_fetch(o, dtab, err, errlen)) return -1;
+  o->fetched = false;
   for (int j = 0; j < ps->n_opt; j++)
     if (o->host->ops->launch(o->host, ps->opt[j].kernel, o->tab, s)) {
       snprintf(err, errlen, "stage %d: --offload optimizer: %s", o->stage, o->host->err);

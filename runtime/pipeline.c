@@ -644,10 +644,19 @@ static int train_stage(Stage *st) {
   int s = st->id;
   if (q->phase != DUET_PIPE_STEP && stage_grads(st)) return -1;
   if (q->phase == DUET_PIPE_GRADS && q->clip_on && stage_sumsq(st)) return -1;
+  if (q->phase == DUET_PIPE_GRADS && st->off) { /* --offload: the gradients to the host before the verdict */
+    char e[600];
+    if (q->clip_on) duet_offload_forget(st->off); /* clipping may scale them first */
+    else if (duet_offload_fetch(st->off, st->tab[0], e, sizeof e)) {
+      pipe_fail(q, "%s", e);
+      return -1;
+    }
+  }
   if (q->phase == DUET_PIPE_STEP && q->clip_coef < 1.0 && stage_clip(st)) return -1;
   const DuetStage *ps = &p->stages[s];
   if (q->phase != DUET_PIPE_GRADS && st->off) {
     char e[600];
+    if (q->phase == DUET_RUN_TRAIN) duet_offload_forget(st->off); /* nothing fetched early in a one-job step */
     if (duet_offload_step(st->off, st->tab[0], q->s, e, sizeof e)) {
       pipe_fail(q, "%s", e);
       return -1;

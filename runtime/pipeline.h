@@ -204,9 +204,16 @@ void duet_offload_invalidate(DuetOffload *o);
 /* Host bytes held (master copy, state, gradient copies); whether pinned. */
 int64_t duet_offload_host_bytes(const DuetOffload *o);
 bool duet_offload_pinned(const DuetOffload *o);
-/* The stage's optimizer update on the host: gradients (dtab: the stage's
- * device tensor table) to the host, the schedule's kernels with the
- * runtime scalars s, the params back to the device.  0, or -1 with a
+/* The stage's gradients (dtab: its device tensor table) copied to the host
+ * now, as soon as they are final, for the next duet_offload_step (fp16
+ * loss scaling: while the other stages finish theirs and the step's
+ * verdict is taken); duet_offload_forget drops them (they are to change:
+ * clipping scales them on the device first).  0, or -1 with a message. */
+int duet_offload_fetch(DuetOffload *o, void *const *dtab, char *err, size_t errlen);
+void duet_offload_forget(DuetOffload *o);
+/* The stage's optimizer update on the host: the gradients to the host
+ * (unless duet_offload_fetch brought them), the schedule's kernels with
+ * the runtime scalars s, the params back to the device.  0, or -1 with a
  * message naming the stage and the tensor. */
 int duet_offload_step(DuetOffload *o, void *const *dtab, const double *s, char *err, size_t errlen);
 void duet_offload_free(DuetOffload *o);
