@@ -1658,8 +1658,9 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
       snprintf(err, errlen, "tensor %s lies outside its planned region on stage %d", t->name, k);
       return -1;
     }
-    /* one micro-batch per replica: its gradients are final where they are */
-    if (t->is_grad && !(q->R > 1 && q->M == 1)) {
+    /* one micro-batch per replica: its gradients are final where they are
+     * (data parallelism; --offload optimizer, which copies them from there) */
+    if (t->is_grad && !(q->M == 1 && (q->R > 1 || q->offload))) {
       st->acc_off[i] = acc_bytes;
       acc_bytes += (t->nbytes + 63) & ~(int64_t)63;
     }
