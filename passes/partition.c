@@ -491,6 +491,7 @@ static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
     m.host_master = rb[MEM_PARAM];
     m.host_grads = m.grads;
     m.state = 0;
+    if (M == 1) m.grads = 0; /* one micro-batch: no accumulators, the update copies them from the arena */
   }
   m.need = rb[MEM_PARAM] + m.state + rb[MEM_CACHE] + rb[MEM_ARENA] * m.slots + m.grads;
   return m;
