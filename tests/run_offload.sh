@@ -10,6 +10,7 @@
 #      master weights, 8 n of AdamW state and 4 n of gradient copies, the
 #      devices' optimizer state is 0 and each device's total falls by its
 #      state (the rows without offload); the train key gives the flag's plan;
+#      a dump (duet ir) keeps `offload = "optimizer"` and trains offloaded;
 #   3. bit-identity (the host update runs the CPU device's own C kernels on
 #      the same bytes): losses (metrics file) and checkpoints (params and
 #      optimizer state) of --offload optimizer equal the run without, byte
@@ -129,6 +130,11 @@ if [ ! -r data/kjv.txt ]; then
   [ $fail = 0 ] && exit 77
   exit 1
 fi
+# a dump keeps the setting (`offload = "optimizer"` parses back and trains offloaded)
+"$DUET" ir $TINY --offload optimizer > "$d/off.ir" 2>&1
+if grep -q '^  offload = "optimizer"$' "$d/off.ir"; then ok; else bad "the dump lacks offload = \"optimizer\""; fi
+if "$DUET" run "$d/off.ir" --steps 1 --threads 1 2>&1 | grep -q '^duet: optimizer offload: '; then ok
+else bad "the dump did not train offloaded"; fi
 sed 's/optimizer = adamw(.*)/optimizer = sgd(lr = 0.05, momentum = 0.9, weight_decay = 0.01)/' $TINY > "$d/sgd.model"
 PIPE="--devices cpu:0,cpu:1 --micro-batches 2 --schedule 1f1b"
 for cfg in "one:" "pipe:$PIPE" "one16:--precision fp16 --loss-scale 1073741824" \
