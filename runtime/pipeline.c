@@ -1696,7 +1696,9 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
       const DuetTensor *t = &p->tensors[i];
       if (t->stage != k) continue;
       size_t base = t->region == DUET_MEM_ARENA ? (size_t)sl * (size_t)ps->region_bytes[DUET_MEM_ARENA] : 0;
-      if (t->region == DUET_MEM_STATE && p->zero) /* ZeRO: another replica's state is not here */
+      if (t->region == DUET_MEM_STATE && q->offload) /* in host memory: set below */
+        st->tab[sl][i] = NULL;
+      else if (t->region == DUET_MEM_STATE && p->zero) /* ZeRO: another replica's state is not here */
         st->tab[sl][i] = zero_holds(q, st->rep, i) ? (char *)st->region[t->region] + (t->offset - st->state_lo) : NULL;
       else
         st->tab[sl][i] = (char *)st->region[t->region] + base + t->offset;
