@@ -16,8 +16,9 @@
 #      optimizer state) of --offload optimizer equal the run without, byte
 #      for byte: gpt_tiny on one device and on two stages (cpu:0,cpu:1, 2
 #      micro-batches, 1F1B), fp32 and fp16 (dynamic loss scaling, started at
-#      2^30 so that steps are skipped), with --clip-grad-norm, with 8-bit
-#      AdamW state, and SGD with momentum; --threads 1 per device;
+#      2^30 so that steps are skipped), bf16 (two stages), with
+#      --clip-grad-norm, with 8-bit AdamW state, and SGD with momentum;
+#      --threads 1 per device;
 #   4. checkpoints: a run with offload stopped at step 5 and resumed with
 #      offload ends in the uninterrupted run's checkpoint; a checkpoint of a
 #      run without offload resumes with it, and the reverse (the layout is
@@ -139,7 +140,7 @@ sed 's/optimizer = adamw(.*)/optimizer = sgd(lr = 0.05, momentum = 0.9, weight_d
 PIPE="--devices cpu:0,cpu:1 --micro-batches 2 --schedule 1f1b"
 for cfg in "one:" "pipe:$PIPE" "one16:--precision fp16 --loss-scale 1073741824" \
            "pipe16:$PIPE --precision fp16 --loss-scale 1073741824" "clip:$PIPE --clip-grad-norm 0.5" \
-           "int8:--optimizer-state int8" "pipeint8:$PIPE --optimizer-state int8"; do
+           "int8:--optimizer-state int8" "pipeint8:$PIPE --optimizer-state int8" "bf16:$PIPE --precision bf16"; do
   c=${cfg%%:*}
   args=${cfg#*:}
   run $c.none $TINY $args
