@@ -69,8 +69,9 @@ expect_err "$d/badkey.model:48:13: error: offload must be \"none\" or \"optimize
 # --- 2. duet plan ---------------------------------------------------------
 # fmnist_mlp: 784x1024 + 1024 + 1024x1024 + 1024 + 1024x10 + 10 params
 n=$((784 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10))
-# the regions place each tensor at a multiple of 64 bytes: at most 63 bytes
-# of padding per tensor (6 params, 12 state tensors)
+# the regions (and the host's gradient copies) place each tensor at a
+# multiple of 64 bytes: at most 63 bytes of padding per tensor (6 params and
+# gradients, 12 state tensors)
 # totals FILE: each stage's planned MiB, one a line; states FILE: its optimizer state
 totals() { sed -n 's/^  memory: .*with their gradients): \([0-9.]*\) MiB.*/\1/p' "$1"; }
 states() { sed -n 's/^  memory: .*optimizer state \([0-9.]*\) MiB.*/\1/p' "$1"; }
@@ -80,7 +81,7 @@ for devs in cpu cpu:0,cpu:1; do
   "$DUET" plan $MLP --devices $devs --offload optimizer > "$d/plan.off" 2>&1 || bad "duet plan --devices $devs --offload"
   if sed -n 's/^host (--offload optimizer): .* bytes: master \([0-9]*\), state \([0-9]*\), grads \([0-9]*\)).*/\1 \2 \3/p' \
       "$d/plan.off" | awk -v n=$n '{ k++; if ($1 < 4 * n || $1 > 4 * n + 6 * 63 || $2 < 8 * n || $2 > 8 * n + 12 * 63 ||
-                                          $3 != 4 * n) bad = 1 } END { exit bad || k != 1 }'; then ok
+                                          $3 < 4 * n || $3 > 4 * n + 6 * 63) bad = 1 } END { exit bad || k != 1 }'; then ok
   else bad "$devs: the host row is not 4n, 8n and 4n bytes (n = $n):"; grep '^host' "$d/plan.off"; fi
   if grep -q '^host' "$d/plan.none"; then bad "$devs: a host row without --offload"; else ok; fi
   if [ "$(states "$d/plan.off" | sort -u)" = "0.00" ]; then ok; else bad "$devs: state left on a device"; states "$d/plan.off"; fi
