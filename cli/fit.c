@@ -274,6 +274,17 @@ int plan_print_json(const PlanTable *t, const FitSpace *sp, const FitCand *chose
     add_bytes(d, "total", p->need);
     cJSON_AddBoolToObject(d, "fits", p->fits);
   }
+  int64_t hm = 0, hs = 0, hg = 0; /* --offload optimizer: the host's row */
+  for (int s = 0; s < t->S; s++) hm += t->stage[s].host_master, hs += t->stage[s].host_state, hg += t->stage[s].host_grads;
+  if (hm + hs + hg > 0) {
+    cJSON *h = cJSON_AddObjectToObject(root, "host");
+    if (h) {
+      add_bytes(h, "master_weights", hm);
+      add_bytes(h, "optimizer_state", hs);
+      add_bytes(h, "grads", hg);
+      add_bytes(h, "total", hm + hs + hg);
+    }
+  }
   if (chosen && sp) {
     cJSON *ch = cJSON_AddObjectToObject(root, "chosen");
     char cmd[2048];

@@ -19,6 +19,8 @@
 #      2^30 so that steps are skipped), bf16 (two stages), with
 #      --clip-grad-norm, with 8-bit AdamW state, and SGD with momentum;
 #      --threads 1 per device;
+#      the devices allocate per device exactly the plan's totals (one and
+#      two micro-batches on cpu:0,cpu:1; --format json's figures);
 #   4. checkpoints: a run with offload stopped at step 5 and resumed with
 #      offload ends in the uninterrupted run's checkpoint; a checkpoint of a
 #      run without offload resumes with it, and the reverse (the layout is
@@ -105,6 +107,14 @@ DUET_HOST_MEMORY=45MiB "$DUET" plan $MLP > "$d/fit.none" 2>&1 && ok || bad "45 M
 if DUET_HOST_MEMORY=45MiB "$DUET" plan $MLP --offload optimizer > "$d/fit.off" 2>&1; then bad "45 MiB: offload fits on the CPU"
 elif grep -q "(with the host's 28.44 MiB: 48.38 MiB)  DOES NOT FIT" "$d/fit.off"; then ok
 else bad "45 MiB: no DOES NOT FIT with the host's bytes:"; cat "$d/fit.off"; fi
+# --format json: the same host row, and the devices without state
+"$DUET" plan $MLP --devices cpu:0,cpu:1 --offload optimizer --format json > "$d/plan.json" 2>&1
+if /usr/bin/python3 -c 'import json, sys
+d = json.load(open(sys.argv[1])); h = d["host"]; n = int(sys.argv[2])
+ok = 4 * n <= h["master_weights"] <= 4 * n + 6 * 63 and 8 * n <= h["optimizer_state"] <= 8 * n + 12 * 63
+ok = ok and h["total"] == h["master_weights"] + h["optimizer_state"] + h["grads"]
+ok = ok and all(x["optimizer_state"] == 0 and x["grads"] == 0 for x in d["devices"])
+sys.exit(0 if ok else 1)' "$d/plan.json" $n; then ok; else bad "plan --format json: the host row"; head -40 "$d/plan.json"; fi
 sed 's/^  epochs = \(.*\)$/  epochs = \1\n  offload = "optimizer"/' $MLP > "$d/mlp_key.model"
 "$DUET" plan "$d/mlp_key.model" --devices cpu > "$d/plan.key" 2>&1
 "$DUET" plan "$d/mlp_key.model" --devices cpu --offload none > "$d/plan.keynone" 2>&1
@@ -158,6 +168,18 @@ else bad "fp16 with offload skipped no step"; fi
 # a broken update must show: the unmodified run differs from one of another learning rate
 run lr.off $TINY --offload optimizer --lr 0.002
 if cmp -s "$d/one.off.st" "$d/lr.off.st"; then bad "--lr has no effect with offload"; else ok; fi
+
+# the devices allocate what the plan says (no state; accumulators only with
+# several micro-batches), per device, byte for byte
+for mb in 1 2; do
+  "$DUET" run $TINY --devices cpu:0,cpu:1 --micro-batches $mb --offload optimizer --steps 1 --threads 1 > "$d/alloc.out" 2>&1
+  "$DUET" plan $TINY --devices cpu:0,cpu:1 --micro-batches $mb --offload optimizer --format json > "$d/alloc.json" 2>&1
+  got=$(sed -n 's/^duet: allocated: [0-9]* bytes (\([0-9]*\) + \([0-9]*\) on the 2 devices).*/\1 \2/p' "$d/alloc.out")
+  want=$(/usr/bin/python3 -c 'import json, sys
+print(" ".join(str(x["total"]) for x in json.load(open(sys.argv[1]))["devices"]))' "$d/alloc.json")
+  if [ -n "$got" ] && [ "$got" = "$want" ]; then ok
+  else bad "--micro-batches $mb: allocated '$got', planned '$want'"; grep allocated "$d/alloc.out"; fi
+done
 
 # --- 4. checkpoints ---------------------------------------------------------
 for mode in none off; do
