@@ -26,6 +26,7 @@ static void usage(FILE *out) {
           "  devices                      list the CPU and the GPUs duet can use (--devices cpu|cuda:N)\n"
           "  check M.model                parse and verify; print a parameter summary\n"
           "  sample M.model --checkpoint CK [--prompt TEXT]   generate text with a trained model\n"
+          "  version                      the version and the commit duet was built from (also --version)\n"
           "  help                         this text\n\n"
           "run, compile, ir, emit and check take --precision auto|fp32|fp16|bf16 (default auto: fp32\n"
           "on the CPU) and ir and check --arch cpu|sm_60|sm_61|sm_70|sm_75|sm_80|sm_86|sm_89|sm_90 (the\n"
@@ -41,7 +42,7 @@ static void usage(FILE *out) {
           "--prune-start, --prune-end, --prune-every, --prune-initial, --prune-params (`duet run --help`).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
           "M.model: it resumes after the pass it was printed after.\n\n"
-          "Every command takes --help.  Environment: DUET_CC (C compiler, default cc),\n"
+          "Every command takes --help and --version.  Environment: DUET_CC (C compiler, default cc),\n"
           "DUET_CACHE_DIR (kernel cache, default ~/.cache/duet), DUET_HOST_MEMORY (the memory a CPU\n"
           "device may use, default MemAvailable or the cgroup limit).\n");
 }
@@ -1586,6 +1587,13 @@ int main(int argc, char **argv) {
     return 1;
   }
   const char *cmd = argv[1];
+  /* `duet version`, and --version given to any command (before anything is
+   * compiled, so it answers even where the model or the flags are wrong) */
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--version") || (i == 1 && !strcmp(argv[i], "version"))) {
+      printf("%s\n", duet_version_line);
+      return 0;
+    }
   if (!strcmp(cmd, "run") || !strcmp(cmd, "compile") || !strcmp(cmd, "ir") || !strcmp(cmd, "emit") ||
       !strcmp(cmd, "check") || !strcmp(cmd, "plan")) {
     int n = strip_precision_flags(argc - 2, argv + 2);
