@@ -644,11 +644,12 @@ static CgProgram *lower_program(Compiled *c, bool cuda) {
 
 /* Loads the C kernels of cp (compiled now or taken from the cache) into m.
  * 1 after printing the error. */
-static int load_kernels(Compiled *c, CgProgram *cp, JitModule *m) {
-  char err[8192];
+static int load_kernels(Compiled *c, CgProgram *cp, JitModule *m, bool show) {
+  char err[8192], what[128];
   const char *src = codegen_emit_c(cp, c->arena);
   cp->prog.source_hash = duet_fnv1a(src, strlen(src), DUET_FNV_OFFSET); /* the ranks of an MPI run compare it */
-  if (jit_load(src, m, err, sizeof err)) {
+  snprintf(what, sizeof what, "compiling %d kernels with %s", cp->n_kernels, jit_cc());
+  if (jit_load_shown(src, m, show ? what : NULL, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
   }
@@ -663,7 +664,7 @@ static int load_kernels(Compiled *c, CgProgram *cp, JitModule *m) {
 /* lower_program, then load_kernels.  NULL after printing the error. */
 static CgProgram *jit_program(Compiled *c, JitModule *m, bool cuda) {
   CgProgram *cp = lower_program(c, cuda);
-  return cp && !load_kernels(c, cp, m) ? cp : NULL;
+  return cp && !load_kernels(c, cp, m, false) ? cp : NULL;
 }
 
 static int cmd_run(int argc, char **argv) {
@@ -733,7 +734,7 @@ static int cmd_run(int argc, char **argv) {
   JitModule m;
   memset(&m, 0, sizeof m);
   /* duet_main's checks of data files, devices and --save before seconds of compiling */
-  if (!cp || duet_preflight(&cp->prog, argv[0], argc - 1, argv + 1) || (!all_cuda && load_kernels(&c, cp, &m))) {
+  if (!cp || duet_preflight(&cp->prog, argv[0], argc - 1, argv + 1) || (!all_cuda && load_kernels(&c, cp, &m, !probe.quiet))) {
     compiled_free(&c);
     return 1;
   }
@@ -903,8 +904,9 @@ static int cmd_compile(int argc, char **argv) {
   av[a++] = DUET_LINK_SANITIZE;
 #endif
   av[a] = NULL;
-  char log[8192];
-  int st = jit_run(av, log, sizeof log);
+  char log[8192], what[160];
+  snprintf(what, sizeof what, "compiling %d kernels and the training executable with %s", cp->n_kernels, jit_cc());
+  int st = jit_run_shown(av, log, sizeof log, what);
   unlink(cpath);
   compiled_free(&c);
   if (st != 0) {

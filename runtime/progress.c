@@ -99,6 +99,25 @@ void duet_progress_update(DuetProgress *pg, int64_t done, const char *head, cons
   fflush(pg->out);
 }
 
+void duet_progress_alive(DuetProgress *pg, const char *what) {
+  if (pg->mode == DUET_PROGRESS_OFF) return;
+  double t = duet_progress_now();
+  double gap = pg->mode == DUET_PROGRESS_BAR && pg->interval > DUET_PROGRESS_REDRAW ? DUET_PROGRESS_REDRAW : pg->interval;
+  if (t - pg->t_shown < gap) return;
+  pg->t_shown = t;
+  char el[32], line[1024];
+  duet_format_duration(t - pg->t_start, el, sizeof el);
+  if (pg->mode == DUET_PROGRESS_LINES) {
+    fprintf(pg->out, "duet: progress: %s | %s elapsed\n", what, el);
+  } else {
+    snprintf(line, sizeof line, "%s | %s elapsed", what, el);
+    if (pg->width > 1 && strlen(line) > (size_t)(pg->width - 1)) line[pg->width - 1] = 0;
+    fprintf(pg->out, "\r\033[K%s\r", line);
+    pg->drawn = true;
+  }
+  fflush(pg->out);
+}
+
 void duet_progress_clear(DuetProgress *pg) {
   if (!pg->drawn) return;
   fputs("\r\033[K", pg->out);

@@ -65,6 +65,12 @@ char *duet_progress_bar_text(char *buf, size_t n, const char *head, int64_t done
  * Nothing when off. */
 void duet_progress_update(DuetProgress *pg, int64_t done, const char *head, const char *what, bool force);
 
+/* For work whose total is unknown (one compiler run): in lines mode, when
+ * the interval has passed since progress was last shown, prints "duet:
+ * progress: WHAT | E elapsed"; in bar mode redraws "WHAT | E elapsed" in
+ * place (as duet_progress_update).  Nothing when off. */
+void duet_progress_alive(DuetProgress *pg, const char *what);
+
 /* Erases a drawn bar (before another line is printed, and at the end). */
 void duet_progress_clear(DuetProgress *pg);
 

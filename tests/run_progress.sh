@@ -6,6 +6,8 @@
 #    none in a run shorter than the default 5 s;
 #  - a terminal (util-linux `script`; skipped without it): the bar
 #    rewritten in place ("\r\033[K" ... "\r") and no plain progress lines;
+#  - compiling (`duet run` on a cache miss, `duet compile`): the compiler
+#    is alive ("compiling N kernels with cc | E elapsed");
 #  - --quiet: no progress, the final line, and its warnings still printed;
 #  - the start-up line: precision, devices and threads, lr schedule;
 #  - --version on every command, `duet version`, and the fallback outside
@@ -48,6 +50,16 @@ DUET_PROGRESS_SECONDS=0.0001 "$DUET" run tests/models/gpt_tiny.model --steps 20 
 DUET_PROGRESS_SECONDS=soon "$DUET" run $M --steps 1 --train-subset 512 --no-eval --threads 1 > /dev/null 2> "$d/env.err"
 [ "$(cat "$d/env.err")" = "duet: warning: DUET_PROGRESS_SECONDS expects a number of seconds > 0 (at most 86400), got 'soon'; using 5" ] &&
   ok bad_interval || { bad bad_interval; cat "$d/env.err"; }
+
+# compiling: the compiler's run shows it is alive (a fresh kernel cache: a miss)
+DUET_CACHE_DIR="$d/cache" DUET_PROGRESS_SECONDS=0.0001 "$DUET" run $M --steps 1 --train-subset 512 --no-eval \
+  --threads 1 > "$d/cc" 2>&1 &&
+  grep -Eq '^duet: progress: compiling 18 kernels with [^ ]+ \| [0-9]+s elapsed$' "$d/cc" &&
+  grep -q '^duet: kernels: 18 (14 functions), compiled in ' "$d/cc" && ok compile_alive || { bad compile_alive; cat "$d/cc"; }
+DUET_PROGRESS_SECONDS=0.0001 "$DUET" compile tests/models/sched_tiny.model -o "$d/exe" > "$d/cc2" 2>&1 &&
+  grep -Eq '^duet: progress: compiling 21 kernels and the training executable with [^ ]+ \| [0-9]+s elapsed$' "$d/cc2" &&
+  ok compile_exe_alive || { bad compile_exe_alive; cat "$d/cc2"; }
+rm -rf "$d/cache"
 
 # --quiet: no progress (not even at the interval), the final line; warnings stay
 DUET_PROGRESS_SECONDS=0.01 "$DUET" run $M $R --quiet --test-subset 1000000 > "$d/q" 2> "$d/q.err"; rc=$?
