@@ -34,7 +34,8 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --weight-decay X   decoupled (AdamW) or L2 (SGD) weight decay\n"
           "  --batch N          batch size (fixed when the model was compiled)\n"
           "  --seed N           seed of initialisation and shuffling\n"
-          "  --threads N        CPU threads for kernels and BLAS, 1 to 1024 (default: all cores)\n"
+          "  --threads N        CPU threads for kernels and BLAS, 1 to 1024 (default: all cores), in all:\n"
+          "                     split among the replicas and stages, each of which needs one\n"
           "  --data PATH        data directory or text file, or npy data's x file (default: the\n"
           "                     train section's)\n"
           "  --metrics FILE     write JSON lines: {\"step\",\"loss\",\"lr\"} (and \"grad_norm\" with clipping),\n"
@@ -1198,7 +1199,32 @@ static FILE *open_metrics(const DuetConfig *cfg, int64_t from) {
 /* The settings fixed when p was compiled against cfg's flags: the
  * micro-batches (per replica), the replicas, the bucket size.  1 after
  * the error, else 0. */
+/* The run's environment and threads, for every program (with or without
+ * a pipeline or replicas): the pipeline and data-parallel variables parse
+ * (duet_pipe_env: an invalid value is an error even where it would not
+ * apply), and an explicit --threads, which counts the threads of all the
+ * workers of this process together (replicas x stages; an MPI rank runs
+ * one replica), gives each worker at least one.  1 after the error, else
+ * 0. */
+static int check_env_threads(const DuetProgram *p, const DuetConfig *cfg) {
+  char err[1024], var[400];
+  DuetPipeEnv env;
+  if (duet_pipe_env(&env, cfg->timeout, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return 1;
+  }
+  int rank, ranks = duet_launch_ranks(&rank, var, sizeof var);
+  int S = p->n_stages >= 1 ? p->n_stages : 1;
+  int R = p->n_stages >= 1 && p->replicas > 1 && ranks <= 1 ? p->replicas : 1;
+  if (cfg->threads <= 0 || cfg->threads >= S * R) return 0;
+  fprintf(stderr, "duet: error: --threads %d is fewer than the %d workers of this program (%d replica%s x %d stage%s), "
+          "each of which runs on a thread of its own: give --threads %d or more (--threads counts the threads of all "
+          "replicas and stages together)\n", cfg->threads, S * R, R, R == 1 ? "" : "s", S, S == 1 ? "" : "s", S * R);
+  return 1;
+}
+
 static int check_compiled(const DuetProgram *p, const DuetConfig *cfg) {
+  if (check_env_threads(p, cfg)) return 1;
   int R = p->n_stages >= 1 && p->replicas > 1 ? p->replicas : 1;
   int M = p->n_stages >= 1 && p->micro_batches > 0 ? p->micro_batches / R : 1;
   if (cfg->data_parallel && cfg->data_parallel != R) {
