@@ -1427,8 +1427,14 @@ static void read_prune(Elab *e, Scope *s, const Node *n, PruneSpec *p) {
       if (x.kind != EV_STR)
         diag_error(e->d, x.loc, k == 1 ? "prune mode must be a string: \"unstructured\", \"global\", \"channels\" "
                    "or N:M such as \"2:4\"" : "prune params must be a string of patterns such as \"*.w, !head.w\"");
+      int nm_a, nm_b, nm_used = 0;
       if (k == 6) {
         p->params = x.str;
+      } else if (x.kind == EV_STR && prune_mode_parse(x.str, &p->mode, &p->nm_n, &p->nm_m) &&
+                 sscanf(x.str, "%d:%d%n", &nm_a, &nm_b, &nm_used) == 2 && !x.str[nm_used] && nm_a >= nm_b &&
+                 nm_a >= 1 && nm_b <= 64) { /* as --prune-mode (passes/prune.c) */
+        diag_error(e->d, x.loc, "prune mode `%s`: N must be less than M (N:M keeps N of every M weights, such as 2:4)",
+                   x.str);
       } else if (prune_mode_parse(x.str, &p->mode, &p->nm_n, &p->nm_m)) {
         Hint h = {0};
         const char *modes[] = {"unstructured", "global", "channels", "2:4"};
