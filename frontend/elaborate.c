@@ -1605,19 +1605,13 @@ Source *frontend_read_file(Arena *a, Diag *d, const char *path) {
   return ret;
 }
 
-Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOptions *opt) {
-  jmp_buf jb, *saved = d->jmp;
+/* frontend_compile's work, under the caller's setjmp: a diagnostic's
+ * longjmp leaves it (none of its locals is used afterwards, so none can
+ * be clobbered). */
+static Graph *compile_source(Arena *a, Diag *d, const Source *src, const FrontendOptions *opt) {
   ParseCtx cx = {.arena = a, .diag = d, .src = src};
-  Graph *volatile g = NULL;
-  d->jmp = &jb;
-  if (setjmp(jb)) {
-    d->jmp = saved;
-    return NULL;
-  }
-  if (frontend_parse_source(&cx)) {
-    d->jmp = saved;
-    return NULL;
-  }
+  Graph *g = NULL;
+  if (frontend_parse_source(&cx)) return NULL;
   Elab e = {.a = a, .d = d, .stmts = cx.stmts};
   {
     /* imported blocks and consts come first, then the file's own */
@@ -1745,6 +1739,14 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
                  "set `eval = false` in the train section", n_ce ? "more than one" : "no");
   }
   if (!g->decode) check_data_inputs(&e, cx.model_loc);
+  return g;
+}
+
+Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOptions *opt) {
+  jmp_buf jb, *saved = d->jmp;
+  Graph *volatile g = NULL;
+  d->jmp = &jb;
+  if (!setjmp(jb)) g = compile_source(a, d, src, opt);
   d->jmp = saved;
   return g;
 }
