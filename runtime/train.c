@@ -40,7 +40,8 @@ void duet_usage(const char *argv0, FILE *out) {
           "                     train section's)\n"
           "  --metrics FILE     write JSON lines: {\"step\",\"loss\",\"lr\"} (and \"grad_norm\" with clipping),\n"
           "                     and {\"step\",\"epoch\",\"test_accuracy\"\n"
-          "                     (a fraction),\"test_loss\"} or, text models, {\"step\",\"val_loss\"}; with\n"
+          "                     (a fraction),\"test_loss\"} (npy data: val_accuracy, val_loss) or, text\n"
+          "                     models, {\"step\",\"val_loss\"}; with\n"
           "                     --resume, the file's lines up to the checkpoint's step are kept and\n"
           "                     the run appends to them\n"
           "  --log-every N      progress line every N steps\n"
@@ -1204,7 +1205,8 @@ static FILE *open_metrics(const DuetConfig *cfg, int64_t from) {
  * (duet_pipe_env: an invalid value is an error even where it would not
  * apply), and an explicit --threads, which counts the threads of all the
  * workers of this process together (replicas x stages; an MPI rank runs
- * one replica), gives each worker at least one.  1 after the error, else
+ * one replica), gives each worker at least one (unless every device is a
+ * GPU: the host threads then only drive them).  1 after the error, else
  * 0. */
 static int check_env_threads(const DuetProgram *p, const DuetConfig *cfg) {
   char err[1024], var[400];
@@ -1216,7 +1218,7 @@ static int check_env_threads(const DuetProgram *p, const DuetConfig *cfg) {
   int rank, ranks = duet_launch_ranks(&rank, var, sizeof var);
   int S = p->n_stages >= 1 ? p->n_stages : 1;
   int R = p->n_stages >= 1 && p->replicas > 1 && ranks <= 1 ? p->replicas : 1;
-  if (cfg->threads <= 0 || cfg->threads >= S * R) return 0;
+  if (cfg->threads <= 0 || cfg->threads >= S * R || duet_devices_all_cuda(cfg->devices)) return 0;
   fprintf(stderr, "duet: error: --threads %d is fewer than the %d workers of this program (%d replica%s x %d stage%s), "
           "each of which runs on a thread of its own: give --threads %d or more (--threads counts the threads of all "
           "replicas and stages together)\n", cfg->threads, S * R, R, R == 1 ? "" : "s", S, S == 1 ? "" : "s", S * R);
@@ -1654,8 +1656,8 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "step", (double)step);
         cJSON_AddNumberToObject(o, "epoch", (double)epoch);
-        cJSON_AddNumberToObject(o, "test_accuracy", (double)last.correct / (double)last.n);
-        cJSON_AddNumberToObject(o, "test_loss", last.loss);
+        cJSON_AddNumberToObject(o, npy ? "val_accuracy" : "test_accuracy", (double)last.correct / (double)last.n);
+        cJSON_AddNumberToObject(o, npy ? "val_loss" : "test_loss", last.loss);
         if (metrics_write(mf, o)) goto out;
       }
       double dt = now_seconds() - te;
@@ -1824,6 +1826,15 @@ static int text_validate_shown(DuetSession *s, const DuetProgram *p, const TextD
   return 0;
 }
 
+/* 1 after the error when the embedding that byte-level text indexes has
+ * fewer than 256 rows (p->vocab; 0: none known), else 0. */
+static int text_vocab_error(const DuetProgram *p) {
+  if (p->vocab <= 0 || p->vocab >= 256) return 0;
+  fprintf(stderr, "duet: error: byte-level text needs an embedding of 256 rows (one per byte value), the model's has "
+          "%d\n", p->vocab);
+  return 1;
+}
+
 static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg, DuetDist *dist) {
   char err[1024];
   TextData td;
@@ -1848,6 +1859,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     fprintf(stderr, "duet: error: byte-level text needs 256 classes, the model's logits have %d\n", p->n_classes);
     goto out;
   }
+  if (!toks && text_vocab_error(p)) goto out;
   int64_t per_epoch = td.n_train / (B * T);
   if (per_epoch < 1) per_epoch = 1;
   if (cfg.steps <= 0 && cfg.epochs > INT64_MAX / per_epoch) {
@@ -2106,6 +2118,8 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
 
 int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char **argv) {
   duet_rank_stderr(); /* an MPI run: "duet: rank 1: error: ..." */
+  for (int i = 0; i < argc; i++)
+    if (!strcmp(argv[i], "--version")) return 0; /* duet_main prints it */
   DuetConfig cfg = p->defaults;
   char err[1024];
   int rc = duet_parse_flags_for(&cfg, p, argc, argv);
@@ -2119,6 +2133,7 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
       return 1;
     }
   } else if (cfg.data == DUET_DATA_TEXT) {
+    if (text_vocab_error(p)) return 1;
     FILE *f = fopen(cfg.data_path, "rb");
     int e = f ? 0 : errno;
     if (f && getc(f) == EOF && ferror(f)) e = EIO; /* a directory opens, then fails to read */
