@@ -1,9 +1,10 @@
 /* runtime/progress.c: progress lines and the live bar (progress.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "progress.h"
-#include "duet_rt.h"
 
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -125,8 +126,74 @@ void duet_progress_clear(DuetProgress *pg) {
   pg->drawn = false;
 }
 
-bool duet_warns(void) {
-  int rank = 0;
-  char var[400];
-  return duet_launch_ranks(&rank, var, sizeof var) <= 1 || rank == 0;
+/* ------------------------------------------------------------ heartbeat */
+
+struct DuetBeat {
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done;
+  DuetProgress pg;
+  char what[256];
+};
+
+static void *beat_main(void *arg) {
+  DuetBeat *b = arg;
+  pthread_mutex_lock(&b->mu);
+  while (!b->done) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    t.tv_nsec += 100 * 1000000L; /* wake up every 0.1 s */
+    if (t.tv_nsec >= 1000000000L) {
+      t.tv_sec++;
+      t.tv_nsec -= 1000000000L;
+    }
+    int rc = pthread_cond_timedwait(&b->cv, &b->mu, &t);
+    if (rc && rc != ETIMEDOUT) break;
+    if (!b->done) duet_progress_alive(&b->pg, b->what);
+  }
+  duet_progress_clear(&b->pg);
+  pthread_mutex_unlock(&b->mu);
+  return NULL;
+}
+
+DuetBeat *duet_beat_start(FILE *out, bool quiet, const char *what) {
+  if (quiet || !out) return NULL;
+  DuetBeat *b = calloc(1, sizeof *b);
+  if (!b) return NULL;
+  snprintf(b->what, sizeof b->what, "%s", what);
+  duet_progress_start(&b->pg, out, false, 0, 0);
+  pthread_condattr_t ca;
+  bool attr = !pthread_condattr_init(&ca);
+  if (!attr || pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) || pthread_mutex_init(&b->mu, NULL)) {
+    if (attr) pthread_condattr_destroy(&ca);
+    free(b);
+    return NULL;
+  }
+  if (pthread_cond_init(&b->cv, &ca)) {
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+    return NULL;
+  }
+  pthread_condattr_destroy(&ca);
+  if (pthread_create(&b->thread, NULL, beat_main, b)) {
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+    return NULL;
+  }
+  return b;
+}
+
+void duet_beat_stop(DuetBeat *b) {
+  if (!b) return;
+  pthread_mutex_lock(&b->mu);
+  b->done = true;
+  pthread_cond_signal(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+  pthread_join(b->thread, NULL);
+  pthread_cond_destroy(&b->cv);
+  pthread_mutex_destroy(&b->mu);
+  free(b);
 }

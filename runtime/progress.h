@@ -74,9 +74,19 @@ void duet_progress_alive(DuetProgress *pg, const char *what);
 /* Erases a drawn bar (before another line is printed, and at the end). */
 void duet_progress_clear(DuetProgress *pg);
 
+/* A heartbeat for a call that blocks (an NVRTC compile): a thread that
+ * shows duet_progress_alive(WHAT) on out (a line every interval on a pipe,
+ * the bar in place on a terminal) until duet_beat_stop, which erases a bar
+ * and frees it.  NULL (nothing shown; duet_beat_stop(NULL) does nothing)
+ * when quiet or when the thread cannot be started. */
+typedef struct DuetBeat DuetBeat;
+DuetBeat *duet_beat_start(FILE *out, bool quiet, const char *what);
+void duet_beat_stop(DuetBeat *b);
+
 /* Whether this process prints warnings: true except on the ranks other
  * than 0 of an MPI run (duet_launch_ranks), which rank 0 speaks for.
- * --quiet hides progress and notes, never warnings or errors. */
+ * --quiet hides progress and notes, never warnings or errors.  (Defined
+ * in runtime/dist.c, beside duet_launch_ranks.) */
 bool duet_warns(void);
 
 #endif

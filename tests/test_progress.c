@@ -1,14 +1,16 @@
-#define _POSIX_C_SOURCE 200809L /* setenv, fileno */
+#define _POSIX_C_SOURCE 200809L /* setenv, fileno, nanosleep */
 /* tests/test_progress.c: the exact formats of runtime/progress.c: durations,
  * the ETA, the bar text and its cut to the terminal's width, a plain
  * progress line and a drawn bar (into a temporary file standing for the
  * pipe or the terminal), the interval between lines, quiet, and the
- * DUET_PROGRESS_SECONDS override.  The pipe and terminal forms of a real
+ * DUET_PROGRESS_SECONDS override, and the heartbeat thread (NVRTC
+ * compiles).  The pipe and terminal forms of a real
  * run: tests/run_progress.sh. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "runtime/progress.h"
@@ -99,6 +101,31 @@ int main(void) {
   setenv("DUET_PROGRESS_SECONDS", "-1", 1);
   duet_progress_start(&pg, f, false, 0, 10); /* a warning on stderr (tests/run_progress.sh checks its text) */
   if (pg.interval != 5.0) { fprintf(stderr, "FAIL DUET_PROGRESS_SECONDS=-1: %g\n", pg.interval); fails++; }
+  /* the heartbeat thread: lines while it runs (interval 0.01 s, it wakes up
+   * every 0.1 s), nothing after it stopped; quiet: none */
+  setenv("DUET_PROGRESS_SECONDS", "0.01", 1);
+  DuetBeat *beat = duet_beat_start(f, false, "compiling 3 kernels with X");
+  if (!beat) { fprintf(stderr, "FAIL beat did not start\n"); fails++; }
+  struct timespec nap = {0, 350 * 1000000L};
+  nanosleep(&nap, NULL);
+  duet_beat_stop(beat);
+  take(f, b, sizeof b);
+  int lines = 0;
+  for (char *l = b; *l; l = strchr(l, '\n') + 1) {
+    lines++;
+    const char *want = "duet: progress: compiling 3 kernels with X | 0s elapsed\n";
+    if (strncmp(l, want, strlen(want))) {
+      fprintf(stderr, "FAIL beat line: '%.60s'\n", l);
+      fails++;
+      break;
+    }
+  }
+  if (lines < 1 || lines > 4) { fprintf(stderr, "FAIL beat: %d lines in 0.35 s (want 1 to 4)\n", lines); fails++; }
+  nanosleep(&nap, NULL);
+  take(f, b, sizeof b);
+  expect_str("nothing after the beat stopped", b, "");
+  if (duet_beat_start(f, true, "x")) { fprintf(stderr, "FAIL quiet beat started\n"); fails++; }
+  duet_beat_stop(NULL);
   fclose(f);
   if (fails) return 1;
   printf("ok progress formats\n");
