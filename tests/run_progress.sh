@@ -28,8 +28,9 @@ R="--steps 6 --log-every 100 --train-subset 1536 --test-subset 2000 --threads 1"
 DUET_PROGRESS_SECONDS=0.01 "$DUET" run $M $R > "$d/pipe" 2> "$d/pipe.err"; rc=$?
 P='^duet: progress: epoch 1 step [1-6]/6 \| loss [0-9]+\.[0-9]{4} \| [0-9]+ samples/s \| [0-9]+s elapsed, ETA [0-9]+s$'
 E='^duet: progress: evaluating: batch [1-7]/8 \| [0-9]+s elapsed, ETA [0-9]+s$'
+C='^duet: progress: compiling 18 kernels with [^ ]+ \| [0-9]+s elapsed$' # when the kernel cache misses
 if [ $rc -eq 0 ] && [ ! -s "$d/pipe.err" ] && grep -Eq "$P" "$d/pipe" && grep -Eq "$E" "$d/pipe" &&
-  [ "$(grep '^duet: progress:' "$d/pipe" | grep -Evc "$P|$E")" = 0 ] &&
+  [ "$(grep '^duet: progress:' "$d/pipe" | grep -Evc "$P|$E|$C")" = 0 ] &&
   ! grep -q "$(printf '\r')" "$d/pipe" && grep -q '^epoch 1 step 6/6 | loss ' "$d/pipe"; then ok pipe_lines
 else bad "pipe_lines: exit $rc"; cat "$d/pipe" "$d/pipe.err"; fi
 # the start-up line
