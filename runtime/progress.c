@@ -17,6 +17,16 @@ double duet_progress_now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* Whether an MPI or Slurm launcher started this process (the variables of
+ * duet_launch_ranks, runtime/dist.c): its stdout may be a pseudo-terminal
+ * of the launcher's, which merges the ranks' output into a pipe or a file,
+ * so progress there is plain lines, never the bar. */
+static bool under_launcher(void) {
+  const char *v;
+  if (((v = getenv("OMPI_COMM_WORLD_SIZE")) && *v) || ((v = getenv("PMI_SIZE")) && *v)) return true;
+  return (v = getenv("SLURM_STEP_NUM_TASKS")) && *v && strcmp(v, "1");
+}
+
 void duet_progress_start(DuetProgress *pg, FILE *out, bool quiet, int64_t first, int64_t total) {
   memset(pg, 0, sizeof *pg);
   pg->out = out;
@@ -36,7 +46,7 @@ void duet_progress_start(DuetProgress *pg, FILE *out, bool quiet, int64_t first,
     else pg->interval = v;
   }
   int fd = fileno(out);
-  if (fd >= 0 && isatty(fd)) {
+  if (fd >= 0 && isatty(fd) && !under_launcher()) {
     pg->mode = DUET_PROGRESS_BAR;
     struct winsize ws;
     if (!ioctl(fd, TIOCGWINSZ, &ws) && ws.ws_col >= 20) pg->width = ws.ws_col;

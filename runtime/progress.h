@@ -34,7 +34,8 @@ double duet_progress_now(void);
 
 /* Starts progress on out for units first+1 .. total (first: done already,
  * e.g. the step a run resumed from): off when quiet, a bar when out is a
- * terminal (isatty), plain lines otherwise.  The line interval is
+ * terminal (isatty) and no MPI or Slurm launcher started the process (its
+ * pseudo-terminal merges the ranks' output), plain lines otherwise.  The line interval is
  * DUET_PROGRESS_SECONDS when that environment variable holds a number > 0
  * (and at most 86400), else DUET_PROGRESS_INTERVAL; an invalid value is
  * reported to stderr once and ignored. */

@@ -80,6 +80,11 @@ if command -v script > /dev/null 2>&1; then
     grep -q "^${esc}\[Kepoch 1 step 6/6 | loss " "$d/tty.lines" && ! grep -q 'duet: progress' "$d/tty" &&
     grep -q '^duet: trained 6 steps' "$d/tty.lines"; then ok terminal_bar
   else bad terminal_bar; cat -v "$d/tty" | head -20; fi
+  # under an MPI launcher the terminal is the launcher's pseudo-terminal: plain lines
+  OMPI_COMM_WORLD_SIZE=1 OMPI_COMM_WORLD_RANK=0 DUET_PROGRESS_SECONDS=0.0001 \
+    script -qc "'$DUET' run $M $R" /dev/null > "$d/ttympi" 2>&1 < /dev/null
+  grep -q '^duet: progress: epoch 1 step' "$d/ttympi" && ! grep -q "$esc" "$d/ttympi" && ok terminal_under_mpi_lines ||
+    { bad terminal_under_mpi_lines; cat -v "$d/ttympi" | head; }
   script -qc "'$DUET' run $M $R --quiet" /dev/null > "$d/ttyq" 2>&1 < /dev/null
   [ "$(tr -d '\r' < "$d/ttyq" | grep -vc '^duet: trained 6 steps in ')" = 0 ] && ok terminal_quiet ||
     { bad terminal_quiet; cat -v "$d/ttyq"; }
