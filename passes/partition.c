@@ -460,18 +460,53 @@ void pass_partition(Graph *g, PassCtx *cx) {
 
 /* ------------------------------------------------------------ the report */
 
+static int64_t align64_bytes(int64_t b) { return (b + 63) & ~(int64_t)63; }
+
+/* Whether the graph will run as a pipeline (codegen/lower.c: several
+ * stages or micro-batches), whose stages sum each micro-batch's gradients
+ * into accumulators of their own (runtime/pipeline.c stage_new: every
+ * gradient an update reads, 64-byte aligned, unless each replica takes one
+ * micro-batch); a program of one device and one micro-batch has none. */
+static bool has_accumulators(const Graph *g) {
+  bool piped = g->n_stages > 1 || g->train.micro_batches > 1;
+  return piped && !(g->replicas > 1 && local_micro_batches(g) == 1);
+}
+
 /* The memory stage s needs, as `duet plan` counts it (PlanStage's memory
- * fields). */
+ * fields): what the runtime allocates on its device. */
 static void stage_memory(const Graph *g, const PassCtx *cx, int s, PlanStage *m) {
   int S = g->n_stages > 1 ? g->n_stages : 1;
   int64_t M = local_micro_batches(g);
+  bool acc = has_accumulators(g);
   for (int i = 0; i < g->n_values; i++) {
     const Value *v = g->values[i];
-    if ((v->device < 0 ? 0 : v->device) == s && (v->op == OP_ADAMW || v->op == OP_SGD)) m->grads += value_bytes(v->in[1]);
+    if (!acc || (v->op != OP_ADAMW && v->op != OP_SGD)) continue;
+    const Value *gr = v->in[1];
+    if ((gr->device < 0 ? 0 : gr->device) != s) continue;
+    bool seen = false; /* the runtime keeps one accumulator per gradient tensor */
+    for (int j = 0; j < i && !seen; j++) {
+      const Value *u = g->values[j];
+      seen = (u->op == OP_ADAMW || u->op == OP_SGD) && u->in[1] == gr;
+    }
+    if (!seen) m->grads += align64_bytes(value_bytes(gr));
+  }
+  /* f32 master weights: params that the precision pass casts to 16 bits */
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if (v->op != OP_CAST || v->in[0]->op != OP_PARAM || (v->dtype != DT_F16 && v->dtype != DT_BF16)) continue;
+    const Value *p = v->in[0];
+    if ((p->device < 0 ? 0 : p->device) != s) continue;
+    bool seen = false;
+    for (int j = 0; j < i && !seen; j++) {
+      const Value *u = g->values[j];
+      seen = u->op == OP_CAST && u->in[0] == p && (u->dtype == DT_F16 || u->dtype == DT_BF16);
+    }
+    if (!seen) m->master += align64_bytes(value_bytes(p));
   }
   const int64_t *rb = g->n_stages > 1 ? g->stage_bytes[s] : g->region_bytes;
   m->slots = cx->one_f_one_b ? (M < S - s ? M : S - s) : M;
   m->weights = rb[MEM_PARAM];
+  if (m->master > m->weights) m->master = m->weights;
   m->state = m->state_all = rb[MEM_STATE];
   if (g->replicas > 1) { /* ZeRO stage 1: each replica's shard (on, or what --zero 1 would make) */
     int64_t all;
@@ -512,12 +547,39 @@ void partition_plan_stage(const Graph *g, const PassCtx *cx, int s, PlanStage *p
   }
   ps->step_s = (double)M * (ps->t_f + ps->t_b) + ps->t_o;
   stage_memory(g, cx, s, ps);
+  ps->fits = !(d && d->capacity > 0 && ps->need > d->capacity);
 }
 
 int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s) {
   PlanStage m = {0};
   stage_memory(g, cx, s, &m);
   return m.need;
+}
+
+/* The settings that lower a stage's memory, for the message of a
+ * configuration that does not fit (those not in use already). */
+static void help_settings(const Graph *g, const PassCtx *cx, int S, char *buf, size_t n) {
+  size_t len = 0;
+  buf[0] = 0;
+#define ADD(...) (len += (size_t)snprintf(buf + len, len < n ? n - len : 0, __VA_ARGS__))
+  bool master = false, int8 = false, recompute = false, blocks = false, adamw = false;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    blocks |= v->block > 0;
+    adamw |= v->op == OP_ADAMW;
+    master |= v->op == OP_CAST && v->in[0]->op == OP_PARAM && (v->dtype == DT_F16 || v->dtype == DT_BF16);
+    int8 |= v->op == OP_STATE && v->dtype == DT_U8;
+    recompute |= v->block > 0 && v->role == ROLE_BACKWARD;
+  }
+  if (!recompute && blocks) ADD("--recompute blocks or auto");
+  if (!master) ADD("%s--precision fp16 (or bf16)", len ? ", " : "");
+  if (!int8 && adamw) ADD("%s--optimizer-state int8", len ? ", " : "");
+  if (S < IR_MAX_STAGES) ADD("%smore --devices (stages)", len ? ", " : "");
+  if (!cx->one_f_one_b) ADD("%s--micro-batches N with --schedule 1f1b", len ? ", " : "");
+  ADD("%sa smaller --batch", len ? ", " : "");
+  if (g->replicas > 1 && !g->zero) ADD(", --zero 1");
+  ADD("; duet plan --fit searches them");
+#undef ADD
 }
 
 int partition_check_memory(const Graph *g, const PassCtx *cx) {
@@ -527,14 +589,54 @@ int partition_check_memory(const Graph *g, const PassCtx *cx) {
     PlanStage m = {0};
     stage_memory(g, cx, s, &m);
     if (d->capacity <= 0 || m.need <= d->capacity) continue;
+    if (m.weights > d->capacity) { /* nothing but more devices helps (16-bit copies keep f32 masters) */
+      diag_error_noloc(cx->diag, "the model does not fit the memory of %s: its weights alone take %.2f MiB (%" PRId64
+                       " bytes), more than the %.2f MiB available (%s); only more --devices (stages) or more memory "
+                       "help", d->name, m.weights / 1048576.0, m.weights, d->capacity / 1048576.0,
+                       d->capacity_from ? d->capacity_from : "its capacity");
+      rc = 1;
+      continue;
+    }
+    char help[400];
+    help_settings(g, cx, S, help, sizeof help);
     diag_error_noloc(cx->diag, "the model does not fit the memory of %s: it needs %.2f MiB (weights %.2f, grads %.2f, "
-                     "optimizer state %.2f, activations %.2f MiB), and %.2f MiB are available (%s); see duet plan",
+                     "optimizer state %.2f, activations %.2f MiB), and %.2f MiB are available (%s): %" PRId64
+                     " bytes too many; what would help: %s",
                      d->name, m.need / 1048576.0, m.weights / 1048576.0, m.grads / 1048576.0, m.state / 1048576.0,
                      (double)(m.act * m.slots) / 1048576.0, d->capacity / 1048576.0,
-                     d->capacity_from ? d->capacity_from : "its capacity");
+                     d->capacity_from ? d->capacity_from : "its capacity", m.need - d->capacity, help);
     rc = 1;
   }
   return rc;
+}
+
+void partition_plan(const Graph *g, const PassCtx *cx, PlanTable *t) {
+  memset(t, 0, sizeof *t);
+  int S = g->n_stages > 1 ? g->n_stages : 1, R = g->replicas > 1 ? g->replicas : 1;
+  int64_t M = local_micro_batches(g);
+  t->model = g->model_name ? g->model_name : "?";
+  t->S = S;
+  t->R = R;
+  t->M = M;
+  t->batch = g->train.batch;
+  t->one_f_one_b = cx->one_f_one_b;
+  t->zero = g->zero;
+  t->fits = true;
+  double slowest = 0, total = 0;
+  for (int s = 0; s < S; s++) {
+    PlanStage *ps = &t->stage[s];
+    partition_plan_stage(g, cx, s, ps);
+    if (!ps->fits) t->fits = false;
+    if (ps->need > t->need_most) t->need_most = ps->need;
+    if (ps->step_s > slowest) slowest = ps->step_s;
+    total += ps->step_s;
+    t->xfer_total += ps->xfer;
+  }
+  t->bubble = (double)(S - 1) / (double)(M + S - 1);
+  t->slowest_s = slowest;
+  t->step_s = slowest * (double)(M + S - 1) / (double)M;
+  t->balance = S > 1 && slowest > 0 ? total / ((double)S * slowest) : 1.0;
+  if (!t->fits) help_settings(g, cx, S, t->help, sizeof t->help);
 }
 
 int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
@@ -610,6 +712,16 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
   if (cx->summary) *cx->summary = (PlanSummary){.step_s = est, .need = need_most, .fits = !rc};
   if (R > 1) data_parallel_report(g, cx, est, out);
   if (rc) {
+    char help[400];
+    help_settings(g, cx, S, help, sizeof help);
+    for (int s = 0; s < S && s < cx->n_devices; s++) {
+      const PartDevice *d = &cx->devices[s];
+      int64_t need = partition_stage_need(g, cx, s);
+      if (d->capacity > 0 && need > d->capacity)
+        fprintf(out, "%s needs %" PRId64 " bytes, %" PRId64 " more than its %" PRId64 "\n", d->name, need,
+                need - d->capacity, d->capacity);
+    }
+    fprintf(out, "what would help: %s\n", help);
     fflush(out);
     diag_error_noloc(cx->diag, "the model does not fit: a device needs more memory than it has (DOES NOT FIT above)");
   }

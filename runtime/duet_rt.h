@@ -515,6 +515,16 @@ int duet_gemm_acc_check(const DuetProgram *p, const char *backend, char *err, si
  * ("MemAvailable in /proc/meminfo", "the cgroup limit in /sys/fs/...",
  * "DUET_HOST_MEMORY").  0, or -1 with a message in err. */
 int duet_host_memory(int64_t *bytes, char *from, size_t fromlen, char *err, size_t errlen);
+/* A memory size as --devices capacities and --device-memory take it:
+ * bytes ("1000000"), or a number with B, KB, MB, GB, TB (powers of 10) or
+ * KiB, MiB, GiB, TiB (powers of 2), "16G"/"500M" read as GiB/MiB.  The
+ * bytes, or -1 when malformed or not > 0. */
+int64_t duet_parse_size(const char *s);
+/* GPU `index`'s free and total memory in bytes (cuMemGetInfo through the
+ * CUDA plugin) and compute capability x 10 (60 = sm_60): the default
+ * --device-memory of a cuda:N device.  0, or -1 with a message (no plugin,
+ * no driver, no such GPU). */
+int duet_cuda_meminfo(int index, int64_t *free_b, int64_t *total_b, int *sm, char *err, size_t errlen);
 
 /* ------------------------------------------------------------- sessions */
 
@@ -538,6 +548,14 @@ void duet_session_free(DuetSession *s);
  * no tensor crosses a stage; NULL for a session of one device.  Lives as
  * long as s. */
 const char *duet_session_transfers(const DuetSession *s);
+/* The bytes the session allocated on each device: its regions (params,
+ * optimizer state, activations once per micro-batch in flight, caches)
+ * and gradient accumulators, as `duet plan` totals them per device (not
+ * the few bytes of overflow flags, nor host staging).  bytes[i] for device
+ * i (replica r's stage k at r * S + k); returns their number (<= max). */
+int duet_session_allocated(const DuetSession *s, int64_t *bytes, int max);
+/* "duet: allocated: N bytes (a + b on the 2 devices) ..." to out. */
+void duet_session_print_allocated(const DuetSession *s, FILE *out);
 /* A data-parallel session: how the replicas' gradients are summed, the
  * words after "summed " on the start-up line ("in replica order over
  * shared memory", "by NCCL 2.26.5 (...) in its ring order ...": see

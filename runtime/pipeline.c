@@ -107,6 +107,7 @@ typedef struct Stage {
   char who[40];    /* "stage 1", or "replica 1, stage 0", for messages */
   DuetDevice *dev;
   void *region[DUET_MEM_COUNT]; /* DUET_MEM_ARENA: n_slots activation regions */
+  int64_t allocated; /* bytes of the regions and the device's gradient accumulators (duet_pipe_allocated) */
   int n_slots;
   void ***tab;     /* tab[slot][tensor id]: addresses (NULL: another stage's) */
   void *acc;       /* gradient accumulators: device memory (dev_acc), else host memory */
@@ -1105,6 +1106,12 @@ static int setup_transfers(DuetPipe *q, char *err, size_t errlen) {
 
 const char *duet_pipe_transfers(const DuetPipe *q) { return q->paths; }
 
+int duet_pipe_allocated(const DuetPipe *q, int64_t *bytes, int max) {
+  int n = q->L * q->S < max ? q->L * q->S : max;
+  for (int i = 0; i < n; i++) bytes[i] = q->st[i].allocated;
+  return n;
+}
+
 int duet_pipe_env(DuetPipeEnv *e, double timeout, char *err, size_t errlen) {
   *e = (DuetPipeEnv){.timeout = timeout > 0 ? timeout : 120.0, .drop_t = -1, .drop_m = -1, .drop_bucket = -1};
   const char *v = getenv("DUET_PIPE_TIMEOUT");
@@ -1612,6 +1619,7 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
       snprintf(err, errlen, "%s: %s", st->who, st->dev->err);
       return -1;
     }
+    st->allocated += (int64_t)b;
   }
   if (!(st->tab = zalloc((size_t)st->n_slots * sizeof *st->tab)) ||
       !(st->acc_off = zalloc((size_t)(p->n_tensors + 1) * sizeof *st->acc_off)))
@@ -1639,6 +1647,7 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
       snprintf(err, errlen, "%s: gradient accumulators: %s", st->who, st->dev->err);
       return -1;
     }
+    st->allocated += acc_bytes;
   } else if (!(st->acc = zalloc((size_t)acc_bytes))) {
     goto oom;
   }

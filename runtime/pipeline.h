@@ -102,6 +102,12 @@ int duet_pipe_run(DuetPipe *q, int which, const double *s, int64_t n_valid, char
  * ends in " (forced by DUET_PIPE_STAGING=host)" when that variable forced
  * host staging.  Empty when no tensor crosses a stage.  Lives as long as q. */
 const char *duet_pipe_transfers(const DuetPipe *q);
+/* The bytes each stage allocated on its device for its regions (the
+ * activation region once per micro-batch in flight) and, when the device
+ * sums them, its gradient accumulators, as `duet plan` counts them (not the
+ * overflow flags or transfer staging): bytes[r * S + k] for this process's
+ * replica r, stage k; returns how many were written (at most max). */
+int duet_pipe_allocated(const DuetPipe *q, int64_t *bytes, int max);
 
 /* A training step in two parts, for fp16 loss scaling (the decision to
  * skip the update needs every stage's overflow flags): `which` =

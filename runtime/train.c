@@ -1368,6 +1368,7 @@ static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kerne
  * stages) when tensors cross stages, and "duet: data parallel: ..." for
  * data-parallel ones. */
 static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const DuetSession *s, DuetDist *dist) {
+  if (!cfg->quiet) duet_session_print_allocated(s, stdout);
   if (p->n_stages < 1 || cfg->quiet) return;
   int R = p->replicas > 1 ? p->replicas : 1;
   int S = p->n_stages, Mt = p->micro_batches > 0 ? p->micro_batches : 1, M = Mt / R;
