@@ -70,7 +70,8 @@ static void prune_help(FILE *out) {
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
  * emit and check (cli/ may hold global state). */
-static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt_optim_state, *opt_device_memory;
+static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt_optim_state, *opt_device_memory,
+    *opt_offload;
 /* --device-memory SIZE in bytes (0: not given): every device's capacity */
 static int64_t opt_device_bytes;
 static char opt_device_from[160]; /* "--device-memory 16GB = 16000000000 bytes" */
@@ -81,15 +82,15 @@ static char opt_device_from[160]; /* "--device-memory 16GB = 16000000000 bytes" 
 static int strip_precision_flags(int argc, char **argv) {
   int k = 0;
   for (int i = 0; i < argc; i++) {
-    const char *names[6] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state",
-                            "--device-memory"};
-    const char **dst[6] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state,
-                           &opt_device_memory};
-    static const char *const values[6] = {"auto, fp32, fp16, bf16",
+    const char *names[7] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state",
+                            "--device-memory", "--offload"};
+    const char **dst[7] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state,
+                           &opt_device_memory, &opt_offload};
+    static const char *const values[7] = {"auto, fp32, fp16, bf16",
                                           "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16",
-                                          "none, blocks, auto", "int8, f32", "a size such as 16GiB"};
+                                          "none, blocks, auto", "int8, f32", "a size such as 16GiB", "none, optimizer"};
     int hit = -1;
-    for (int j = 0; j < 6 && hit < 0; j++) {
+    for (int j = 0; j < 7 && hit < 0; j++) {
       size_t n = strlen(names[j]);
       if (!strcmp(argv[i], names[j])) {
         if (i + 1 >= argc) {
@@ -164,6 +165,8 @@ static int check_precision_flags(void) {
     fprintf(stderr, "duet: error: unknown --optimizer-state `%s` (int8, f32)\n", opt_optim_state);
     return 1;
   }
+  int off;
+  if (opt_offload && duet_parse_offload(opt_offload, &off)) return 1;
   if (opt_device_memory) {
     opt_device_bytes = duet_parse_size(opt_device_memory);
     if (opt_device_bytes <= 0) {
@@ -538,6 +541,11 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
   if (!c->g) return 1;
+  if (opt_offload) c->g->train.offload = opt_offload; /* --offload wins over the train section's */
+  if (train_offload(&c->g->train) && (c->g->replicas > 1 || (po && po->replicas > 1))) {
+    diag_error_noloc(&c->diag, "%s", duet_offload_refusal(2, 0, 0));
+    return 1;
+  }
   if (po && po->zero && !c->g->zero) { /* --zero 1 */
     if (c->g->replicas < 2) { /* a dump of one replica */
       diag_error_noloc(&c->diag, "--zero 1 needs --data-parallel N with N >= 2 (it shards the optimizer state over "
@@ -581,6 +589,10 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   }
   int rc = passes_run(c->g, &pc);
   par_free(&budget);
+  if (!rc && train_offload(&c->g->train) && c->g->prune.mode != PRUNE_NONE) {
+    diag_error_noloc(&c->diag, "%s", duet_offload_refusal(1, 1, 0));
+    rc = 1;
+  }
   return rc;
 }
 
@@ -824,6 +836,22 @@ static int cmd_run(int argc, char **argv) {
    * memory duet plan counts must be available, or the kernel kills the run
    * mid-way */
   if (!rc) rc = run_memory_check(&c, &po, argc - 1, argv + 1);
+  /* --offload optimizer with a GPU stage: the host row must fit the host's
+   * memory (a CPU stage's check above counts it) */
+  if (!rc && train_offload(&c.g->train) && probe.devices && strstr(probe.devices, "cuda")) {
+    PassCtx pc = {.diag = &c.diag};
+    int64_t need = partition_offload_host_bytes(c.g, &pc), avail;
+    char from[256], e[512];
+    if (duet_host_memory(&avail, from, sizeof from, e, sizeof e)) {
+      fprintf(stderr, "duet: error: %s\n", e);
+      rc = 1;
+    } else if (need > avail) {
+      fprintf(stderr, "duet: error: --offload optimizer needs %.2f MiB of host memory (f32 master weights, optimizer "
+              "state and gradient copies; duet plan shows the host row) and %.2f MiB are available (%s)\n",
+              need / 1048576.0, avail / 1048576.0, from);
+      rc = 1;
+    }
+  }
   double bucket_mb = c.g ? c.g->bucket_mb : po.bucket_mb; /* a dump's own (its buckets are fixed) */
   par_free(&po);
   if (rc) {
@@ -836,6 +864,7 @@ static int cmd_run(int argc, char **argv) {
   bool all_cuda = duet_devices_all_cuda(probe.devices);
   CgProgram *cp = lower_program(&c, all_cuda || (probe.devices && strstr(probe.devices, "cuda")));
   if (cp) cp->prog.bucket_mb = bucket_mb;
+  if (train_offload(&c.g->train)) all_cuda = false; /* --offload optimizer: the host runs the C kernels */
   JitModule m;
   memset(&m, 0, sizeof m);
   /* duet_main's checks of data files, devices and --save before seconds of compiling */
@@ -889,7 +918,8 @@ static int cmd_compile(int argc, char **argv) {
              "--clip-grad-norm X compiles the gradient clipping kernels (X: the default limit,\n"
              "EXE --clip-grad-norm changes it).  Also: --schedule gpipe|1f1b, --threads N (for\n"
              "the partition's cost model), --precision auto|fp32|fp16|bf16, the --prune flags,\n"
-             "--recompute none|blocks|auto.\n"
+             "--recompute none|blocks|auto, --offload none|optimizer (the executable's default; its\n"
+             "--offload none turns it off).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
@@ -1280,11 +1310,12 @@ static int fit_plan_one(void *ctx, FitCand *k, PlanTable *t) {
     par_free(&po);
     return -1;
   }
-  const char *save[4] = {opt_precision, opt_recompute, opt_optim_state, opt_arch};
+  const char *save[5] = {opt_precision, opt_recompute, opt_optim_state, opt_arch, opt_offload};
   opt_precision = k->precision;
   opt_recompute = k->recompute;
   opt_optim_state = k->optim_state;
   opt_arch = fx->sp->arch;
+  opt_offload = k->offload ? k->offload : "none";
   FrontendOptions fo = {.batch = fx->batch, .micro_batches = po.micro_batches, .replicas = po.replicas};
   Compiled c;
   int rc = compile_model_to(&c, fx->null, fx->model, &fo, &po, NULL, NULL);
@@ -1297,6 +1328,7 @@ static int fit_plan_one(void *ctx, FitCand *k, PlanTable *t) {
     for (int i = 0; i < po.n_dev; i++) po.dev[i].capacity = capacity[i];
   }
   opt_precision = save[0], opt_recompute = save[1], opt_optim_state = save[2], opt_arch = save[3];
+  opt_offload = save[4];
   if (rc) {
     compiled_free(&c);
     par_free(&po);
@@ -1388,9 +1420,9 @@ static int plan_fit(const char *model, int64_t batch, const ParOpts *po, int arg
   if (rc >= 0 && best.precision) { /* the chosen plan's table (its strings live in its compilation) */
     ParOpts bp;
     if (!fit_opts(&fx, &best, &bp)) {
-      const char *save[4] = {opt_precision, opt_recompute, opt_optim_state, opt_arch};
+      const char *save[5] = {opt_precision, opt_recompute, opt_optim_state, opt_arch, opt_offload};
       opt_precision = best.precision, opt_recompute = best.recompute, opt_optim_state = best.optim_state;
-      opt_arch = sp.arch;
+      opt_arch = sp.arch, opt_offload = best.offload ? best.offload : "none";
       FrontendOptions bo = {.batch = batch, .micro_batches = bp.micro_batches, .replicas = bp.replicas};
       Compiled bc;
       int brc = compile_model_to(&bc, fx.null, model, &bo, &bp, NULL, NULL);
@@ -1402,6 +1434,7 @@ static int plan_fit(const char *model, int64_t batch, const ParOpts *po, int arg
         for (int i = 0; i < bp.n_dev; i++) bp.dev[i].capacity = capacity[i];
       }
       opt_precision = save[0], opt_recompute = save[1], opt_optim_state = save[2], opt_arch = save[3];
+      opt_offload = save[4];
       if (!brc) {
         bc.diag.out = fx.null;
         PassCtx pc = {.diag = &bc.diag, .devices = bp.dev, .n_devices = par_group(&bp),
@@ -1452,6 +1485,8 @@ static int cmd_plan(int argc, char **argv) {
              "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n"
              "--recompute blocks|auto: the activations with recomputation (auto: only as much as each\n"
              "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n"
+             "--offload optimizer: the optimizer state and the f32 master weights on a host row instead of\n"
+             "the devices' (the update on the CPU; the gradients and params copied each step).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n"
              "--device-memory SIZE: each device's memory (16GiB or 16G = 2^30 bytes, 16GB = 10^9, 500MiB,\n"

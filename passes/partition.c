@@ -468,8 +468,9 @@ static int64_t align64_bytes(int64_t b) { return (b + 63) & ~(int64_t)63; }
  * gradient an update reads, 64-byte aligned, unless each replica takes one
  * micro-batch); a program of one device and one micro-batch has none. */
 static bool has_accumulators(const Graph *g) {
-  bool piped = g->n_stages > 1 || g->train.micro_batches > 1;
-  return piped && !(g->replicas > 1 && local_micro_batches(g) == 1);
+  bool off = train_offload(&g->train); /* runtime/offload.c: a pipeline, even of one stage */
+  bool piped = g->n_stages > 1 || g->train.micro_batches > 1 || off;
+  return piped && !((g->replicas > 1 || off) && local_micro_batches(g) == 1);
 }
 
 /* The memory stage s needs, as `duet plan` counts it (PlanStage's memory
@@ -515,6 +516,23 @@ static void stage_memory(const Graph *g, const PassCtx *cx, int s, PlanStage *m)
   }
   m->act = rb[MEM_ARENA];
   m->cache = rb[MEM_CACHE];
+  if (train_offload(&g->train)) { /* runtime/offload.c: state and an f32 master copy on the host */
+    m->host_state = m->state;
+    m->host_master = rb[MEM_PARAM];
+    m->state = 0; /* (and with one micro-batch no accumulators: has_accumulators) */
+    for (int i = 0; i < g->n_values; i++) { /* the host's copy of each gradient an update reads */
+      const Value *v = g->values[i];
+      if (v->op != OP_ADAMW && v->op != OP_SGD) continue;
+      const Value *gr = v->in[1];
+      if ((gr->device < 0 ? 0 : gr->device) != s) continue;
+      bool seen = false;
+      for (int j = 0; j < i && !seen; j++) {
+        const Value *u = g->values[j];
+        seen = (u->op == OP_ADAMW || u->op == OP_SGD) && u->in[1] == gr;
+      }
+      if (!seen) m->host_grads += align64_bytes(value_bytes(gr));
+    }
+  }
   m->need = rb[MEM_PARAM] + m->state + rb[MEM_CACHE] + rb[MEM_ARENA] * m->slots + m->grads;
 }
 
@@ -545,15 +563,37 @@ void partition_plan_stage(const Graph *g, const PassCtx *cx, int s, PlanStage *p
     }
     ps->n_ops += is_forward_op(v);
   }
-  ps->step_s = (double)M * (ps->t_f + ps->t_b) + ps->t_o;
   stage_memory(g, cx, s, ps);
-  ps->fits = !(d && d->capacity > 0 && ps->need > d->capacity);
+  if (train_offload(&g->train)) { /* the update on the host: one core's rates, and the copies over the link */
+    PartDevice h = {.name = "host", .cpu = true, .cores = 1};
+    PartRates hr;
+    part_device_rates(&h, &hr);
+    ps->t_o = 0;
+    for (int i = 0; i < g->n_values; i++) {
+      const Value *v = g->values[i];
+      if ((v->device < 0 ? 0 : v->device) == s && v->role == ROLE_OPTIMIZER) ps->t_o += part_op_seconds(v, &hr);
+    }
+    ps->t_o += (double)(ps->host_grads + ps->host_master) / r.link_bytes_per_s;
+  }
+  ps->step_s = (double)M * (ps->t_f + ps->t_b) + ps->t_o;
+  int64_t host = d && d->cpu ? ps->host_master + ps->host_state + ps->host_grads : 0; /* --offload on a CPU */
+  ps->fits = !(d && d->capacity > 0 && ps->need + host > d->capacity);
 }
 
 int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s) {
   PlanStage m = {0};
   stage_memory(g, cx, s, &m);
   return m.need;
+}
+
+int64_t partition_offload_host_bytes(const Graph *g, const PassCtx *cx) {
+  int64_t h = 0;
+  for (int s = 0; s < (g->n_stages > 1 ? g->n_stages : 1); s++) {
+    PlanStage m = {0};
+    stage_memory(g, cx, s, &m);
+    h += m.host_master + m.host_state + m.host_grads;
+  }
+  return h;
 }
 
 /* The settings that lower a stage's memory, for the message of a
@@ -588,6 +628,7 @@ int partition_check_memory(const Graph *g, const PassCtx *cx) {
     const PartDevice *d = &cx->devices[s];
     PlanStage m = {0};
     stage_memory(g, cx, s, &m);
+    if (d->cpu) m.need += m.host_master + m.host_state + m.host_grads; /* --offload: the host is this memory */
     if (d->capacity <= 0 || m.need <= d->capacity) continue;
     if (m.weights > d->capacity) { /* nothing but more devices helps (16-bit copies keep f32 masters) */
       diag_error_noloc(cx->diag, "the model does not fit the memory of %s: its weights alone take %.2f MiB (%" PRId64
@@ -654,7 +695,7 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
             g->model_name ? g->model_name : "?", S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", g->train.batch,
             g->train.batch * M, one_f_one_b ? "1f1b" : "gpipe");
   double slowest = 0, total = 0;
-  int64_t xfer_total = 0, need_most = 0;
+  int64_t xfer_total = 0, need_most = 0, host_master = 0, host_state = 0, host_grads = 0;
   for (int s = 0; s < S; s++) {
     const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
     PlanStage mem;
@@ -662,6 +703,7 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
     double t_f = mem.t_f, t_b = mem.t_b, t_o = mem.t_o, step = mem.step_s;
     int64_t slots = mem.slots, need = mem.need, grads = mem.grads, xfer = mem.xfer, n_ops = mem.n_ops;
     const char *first = mem.first, *last = mem.last;
+    host_master += mem.host_master, host_state += mem.host_state, host_grads += mem.host_grads;
     if (need > need_most) need_most = need;
     if (step > slowest) slowest = step;
     total += step;
@@ -671,15 +713,17 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
     fprintf(out, "  estimated time: forward %.3f ms + backward %.3f ms per micro-batch, optimizer %.3f ms; %.3f ms per "
             "step\n", 1e3 * t_f, 1e3 * t_b, 1e3 * t_o, 1e3 * step);
     fprintf(out, "  memory: weights %.2f MiB, grads %.2f MiB (summed over the micro-batches), optimizer state %.2f "
-            "MiB, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB, with their gradients): %.2f MiB",
+            "MiB%s, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB, with their gradients): %.2f MiB",
             mem.weights / 1048576.0, grads / 1048576.0, mem.state / 1048576.0,
-            (double)(mem.act * slots) / 1048576.0, slots, slots == 1 ? "" : "es", mem.act / 1048576.0,
+            train_offload(&g->train) ? " (offloaded to the host)" : "", (double)(mem.act * slots) / 1048576.0, slots, slots == 1 ? "" : "es", mem.act / 1048576.0,
             need / 1048576.0);
     if (d && d->capacity > 0) {
       if (d->capacity >= (int64_t)1 << 30) fprintf(out, " of %.2f GiB", (double)d->capacity / 1073741824.0);
       else fprintf(out, " of %.2f MiB", (double)d->capacity / 1048576.0);
       if (d->capacity_from) fprintf(out, " (%s)", d->capacity_from);
-      if (need > d->capacity) {
+      int64_t host = d->cpu ? mem.host_master + mem.host_state + mem.host_grads : 0; /* --offload on a CPU */
+      if (host > 0) fprintf(out, " (with the host's %.2f MiB: %.2f MiB)", host / 1048576.0, (need + host) / 1048576.0);
+      if (need + host > d->capacity) {
         fprintf(out, "  DOES NOT FIT");
         rc = 1;
       }
@@ -700,6 +744,14 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
                 mem.state_zero / 1048576.0, R, shards);
     }
     fprintf(out, "\n  transfers sent: %.3f MiB per step\n", (double)xfer / 1048576.0);
+  }
+  if (train_offload(&g->train)) {
+    int64_t h = host_master + host_state + host_grads;
+    fprintf(out, "host (--offload optimizer): master weights %.2f MiB (f32), optimizer state %.2f MiB, gradient copies "
+            "%.2f MiB: %.2f MiB (%" PRId64 " bytes: master %" PRId64 ", state %" PRId64 ", grads %" PRId64 "); "
+            "the update on the CPU, per step %.3f MiB of gradients to the host and %.3f MiB of params back\n",
+            host_master / 1048576.0, host_state / 1048576.0, host_grads / 1048576.0, h / 1048576.0, h, host_master,
+            host_state, host_grads, host_grads / 1048576.0, host_master / 1048576.0);
   }
   double bubble = (double)(S - 1) / (double)(M + S - 1);
   fprintf(out, "transfer bytes per step: %" PRId64 " (%.3f MiB)\n", xfer_total, (double)xfer_total / 1048576.0);

@@ -145,6 +145,9 @@ typedef struct PlanStage {
   bool fits;                /* need within the device's capacity (or no capacity) */
   int64_t state_all, state_zero; /* replicas: the whole state, and the fullest ZeRO shard */
   int64_t shard[IR_MAX_REPLICAS]; /* replicas: each one's ZeRO shard */
+  int64_t host_master, host_state, host_grads; /* --offload optimizer: what the host holds for the stage (its f32
+                             * param region, its state, the gradient copies); state is then 0, and
+                             * grads too with one micro-batch */
 } PlanStage;
 /* Stage s of a graph that went through every pass (0 <= s < max(1,
  * g->n_stages)) into *ps. */
@@ -178,6 +181,10 @@ int partition_check_memory(const Graph *g, const PassCtx *cx);
  * grads, optimizer state, caches, activations x in-flight micro-batches),
  * from the regions memplan sized. */
 int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s);
+/* --offload optimizer (train_offload): the host bytes of every stage (f32
+ * master params, optimizer state, gradient copies: duet plan's host row);
+ * 0 without offload. */
+int64_t partition_offload_host_bytes(const Graph *g, const PassCtx *cx);
 
 /* ------------------------------------------------------------ recompute */
 

@@ -552,6 +552,8 @@ void duet_session_free(DuetSession *s) {
   free(s);
 }
 
+bool duet_session_offload_pinned(const DuetSession *s) { return s->pipe && duet_pipe_offload_pinned(s->pipe); }
+
 int duet_session_allocated(const DuetSession *s, int64_t *bytes, int max) {
   if (s->pipe) return duet_pipe_allocated(s->pipe, bytes, max);
   if (max < 1) return 0;
@@ -630,6 +632,7 @@ static int session_copy(DuetSession *s, int replica, int id, size_t off, void *h
     }
     return 0;
   }
+  if (s->pipe && to_device) duet_pipe_param_written(s->pipe, id); /* --offload: the host's copy is stale */
   for (int r = replica < 0 ? 0 : replica; r < (replica < 0 ? R : replica + 1); r++) {
     if (s->pipe && !duet_pipe_tensor_at(s->pipe, r, id)) continue; /* ZeRO: another replica's state */
     char *mem = (char *)(s->pipe ? duet_pipe_tensor_at(s->pipe, r, id) : s->ptr[id]) + off;

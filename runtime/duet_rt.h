@@ -12,11 +12,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 10 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 11 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
                                 * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping;
                                 * 9: DuetConfig eval_only, checkpoint_path, keep, keep_best;
-                                * 10: DuetConfig.metrics_timing */
+                                * 10: DuetConfig.metrics_timing; 11: DuetConfig.offload */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -165,7 +165,23 @@ typedef struct DuetConfig {
   int keep_best;           /* --keep-best: PATH.best holds the checkpoint of the best evaluation */
   int metrics_timing;      /* --metrics-timing: step lines carry samples_per_s / tokens_per_s
                             * (off by default: the metrics of two runs then compare byte for byte) */
+  int offload;             /* 1 + DUET_OFFLOAD_* of --offload (0: not given; a program's default: 0 or
+                            * 1 + DUET_OFFLOAD_OPTIMIZER when compiled with it; runtime/offload.c) */
 } DuetConfig;
+
+/* --offload: none (the default), or optimizer (ZeRO-Offload: each stage's
+ * optimizer state and an f32 master copy of its params live in host
+ * memory, and its update runs on the host with the C kernels;
+ * runtime/offload.c).  duet_parse_offload sets *out = 1 + DUET_OFFLOAD_*,
+ * else prints "duet: error: --offload expects none or optimizer (...), got
+ * 'X'" and returns 1. */
+enum { DUET_OFFLOAD_NONE = 0, DUET_OFFLOAD_OPTIMIZER = 1 };
+int duet_parse_offload(const char *val, int *out);
+/* Why --offload optimizer cannot run with a program of `replicas`
+ * data-parallel replicas (> 1: refused), pruning (pruned != 0) or a
+ * decoding program (decode != 0): the one-line message (the compiler and
+ * the runtime print the same), or NULL when it can. */
+const char *duet_offload_refusal(int replicas, int pruned, int decode);
 
 /* Learning-rate schedules.  With base rate lr (--lr), W warm-up steps, T
  * steps in the run and k = step - 1 (0 for the first optimizer step), the

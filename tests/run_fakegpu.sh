@@ -39,13 +39,15 @@
 #     --zero 1 across 2 ranks over NCCL equals cuda:0 with 2 micro-batches;
 #     a hung collective (DUET_FAKE_NCCL_HANG) ends the run within
 #     DUET_PIPE_TIMEOUT; DUET_DP_COLLECTIVE=nccl on CPU ranks is refused.
+# 8. Optimizer offload (part offload): tests/gpu/run_offload_gpu.sh on two fake GPUs; a card
+#    too small for the run without offload (DUET_FAKE_MEM) trains with it.
 # Parts (ctest runs each as its own test): cli (1-4), ops, train,
 # precision, pipeline, prune, dataparallel (5, 6), mpi (7).  The emulator's seed (DUET_EMU_SEED, README
 # "The emulator") is printed first, one for the whole part.  Skips (77) when the plugin or the fake was not
 # built (no CUDA toolkit) or there is no C++ compiler.
 # usage: run_fakegpu.sh BUILD_DIR PART   (from the repository root)
-B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi}
-PART=${2:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi}
+B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi|offload}
+PART=${2:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi|offload}
 DUET=$B/duet
 PLUGIN=$B/libduet_cuda.so
 FAKE=$B/fakegpu/libduet_fakegpu.so
@@ -145,6 +147,20 @@ pipeline)
   has "$tmp/gpu_pipeline_staged.log" "ok pair path (duet: pipeline transfers: stage 0 -> 1 staged through pinned host memory" pair_staged
   DUET_FAKE_GPUS=2 DUET_FAKE_P2P=1 t gpu_pipeline_p2p sh tests/gpu/run_pipeline_gpu.sh "$DUET"
   has "$tmp/gpu_pipeline_p2p.log" "ok pair path (duet: pipeline transfers: stage 0 -> 1 peer-to-peer" pair_p2p
+  ;;
+offload)
+  DUET_FAKE_GPUS=2 t gpu_offload sh tests/gpu/run_offload_gpu.sh "$DUET"
+  has "$tmp/gpu_offload.log" "ok two equals off" offload_two_stages
+  # the device holds no optimizer state: gpt_tiny needs 136,704 bytes of
+  # params + 273,408 of AdamW state + 494,144 of activations (883 KiB) on
+  # cuda:0 without offload, 616 KiB with it (one micro-batch: no gradient
+  # accumulators); a 700 KiB card runs only the latter (the former is
+  # refused at plan time against the card's free memory)
+  DUET_FAKE_MEM=700KiB "$DUET" run $TINY --devices cuda:0 > "$tmp/mem_none" 2>&1 && bad "700 KiB: ran without offload"
+  has "$tmp/mem_none" "cuda:0 needs 904256 bytes, 187456 more than its 716800" offload_mem_none
+  if DUET_FAKE_MEM=700KiB "$DUET" run $TINY --devices cuda:0 --offload optimizer > "$tmp/mem_off" 2>&1; then
+    ok "700 KiB: trains with offload"
+  else bad "700 KiB: offload did not run:"; tail -3 "$tmp/mem_off"; fi
   ;;
 dataparallel)
   DP_PART=local DUET_FAKE_GPUS=4 t gpu_data_parallel sh tests/gpu/run_data_parallel_gpu.sh "$DUET"
