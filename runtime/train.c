@@ -37,7 +37,7 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --batch N          batch size (fixed when the model was compiled)\n"
           "  --seed N           seed of initialisation and shuffling\n"
           "  --threads N        CPU threads for kernels and BLAS, 1 to 1024 (default: all cores), in all:\n"
-          "                     split among the replicas and stages, each of which needs one\n"
+          "                     split among the replicas and stages, at least one each\n"
           "  --data PATH        data directory or text file, or npy data's x file (default: the\n"
           "                     train section's)\n"
           "  --metrics FILE     write JSON lines: {\"step\",\"loss\",\"lr\"} (and \"grad_norm\" with clipping),\n"
@@ -907,7 +907,8 @@ static void print_schedule(const DuetConfig *cfg, int64_t total) {
  * schedule S]" on the start-up lines, unless quiet: what the run uses.
  * Devices: --devices, else the CPU (one device, or the virtual CPU devices
  * of a pipeline or of replicas); threads: per CPU device (each worker
- * thread's share of --threads, duet_threads_per_device); under MPI, each
+ * thread's share of --threads, duet_threads_per_device; at least one, and
+ * then said when --threads is fewer than the workers); under MPI, each
  * rank's. */
 static void print_setup(const DuetProgram *p, const DuetConfig *cfg, int64_t total, const DuetDist *dist) {
   if (cfg->quiet) return;
@@ -918,7 +919,10 @@ static void print_setup(const DuetProgram *p, const DuetConfig *cfg, int64_t tot
   if (cfg->devices) len += snprintf(devs + len, sizeof devs - (size_t)len, "%s", cfg->devices);
   else if (W == 1) len += snprintf(devs + len, sizeof devs - (size_t)len, "cpu");
   else len += snprintf(devs + len, sizeof devs - (size_t)len, "cpu:0..cpu:%d", W - 1);
-  if (!cfg->devices || !duet_devices_all_cuda(cfg->devices))
+  if ((!cfg->devices || !duet_devices_all_cuda(cfg->devices)) && cfg->threads > 0 && cfg->threads < W)
+    snprintf(devs + len, sizeof devs - (size_t)len, " (1 thread per CPU device: %d in all, as every worker runs on a "
+             "thread of its own; --threads %d is fewer than the %d workers)", W, cfg->threads, W);
+  else if (!cfg->devices || !duet_devices_all_cuda(cfg->devices))
     snprintf(devs + len, sizeof devs - (size_t)len, " (%d thread%s%s)", per, per == 1 ? "" : "s",
              W > 1 ? " per CPU device" : "");
   duet_lr_schedule_str(cfg, total, sched, sizeof sched);
@@ -1265,33 +1269,20 @@ static FILE *open_metrics(const DuetConfig *cfg, int64_t from) {
 /* The settings fixed when p was compiled against cfg's flags: the
  * micro-batches (per replica), the replicas, the bucket size.  1 after
  * the error, else 0. */
-/* The run's environment and threads, for every program (with or without
- * a pipeline or replicas): the pipeline and data-parallel variables parse
- * (duet_pipe_env: an invalid value is an error even where it would not
- * apply), and an explicit --threads, which counts the threads of all the
- * workers of this process together (replicas x stages; an MPI rank runs
- * one replica), gives each worker at least one (unless every device is a
- * GPU: the host threads then only drive them).  1 after the error, else
- * 0. */
-static int check_env_threads(const DuetProgram *p, const DuetConfig *cfg) {
-  char err[1024], var[400];
+/* The run's environment, for every program (with or without a pipeline or
+ * replicas): the pipeline and data-parallel variables parse (duet_pipe_env:
+ * an invalid value is an error even where it would not apply).  1 after
+ * the error, else 0. */
+static int check_env(const DuetConfig *cfg) {
+  char err[1024];
   DuetPipeEnv env;
-  if (duet_pipe_env(&env, cfg->timeout, err, sizeof err)) {
-    fprintf(stderr, "duet: error: %s\n", err);
-    return 1;
-  }
-  int rank, ranks = duet_launch_ranks(&rank, var, sizeof var);
-  int S = p->n_stages >= 1 ? p->n_stages : 1;
-  int R = p->n_stages >= 1 && p->replicas > 1 && ranks <= 1 ? p->replicas : 1;
-  if (cfg->threads <= 0 || cfg->threads >= S * R || duet_devices_all_cuda(cfg->devices)) return 0;
-  fprintf(stderr, "duet: error: --threads %d is fewer than the %d workers of this program (%d replica%s x %d stage%s), "
-          "each of which runs on a thread of its own: give --threads %d or more (--threads counts the threads of all "
-          "replicas and stages together)\n", cfg->threads, S * R, R, R == 1 ? "" : "s", S, S == 1 ? "" : "s", S * R);
+  if (!duet_pipe_env(&env, cfg->timeout, err, sizeof err)) return 0;
+  fprintf(stderr, "duet: error: %s\n", err);
   return 1;
 }
 
 static int check_compiled(const DuetProgram *p, const DuetConfig *cfg) {
-  if (check_env_threads(p, cfg)) return 1;
+  if (check_env(cfg)) return 1;
   int R = p->n_stages >= 1 && p->replicas > 1 ? p->replicas : 1;
   int M = p->n_stages >= 1 && p->micro_batches > 0 ? p->micro_batches / R : 1;
   if (cfg->data_parallel && cfg->data_parallel != R) {
