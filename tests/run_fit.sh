@@ -54,8 +54,7 @@ alloc_check() { # model, then flags
   fi
   json_totals "$d/plan.json" > "$d/totals"
   sum=$(sed -n 1p "$d/totals") list=$(sed -n 2p "$d/totals")
-  # --threads 4: a thread for each worker of the largest layout (2 replicas x 2 stages)
-  "$DUET" run "$m" --batch "$BATCH" --steps 1 --no-eval --eval-batches 1 --threads 4 "$@" > "$d/run.out" 2>&1 ||
+  "$DUET" run "$m" --batch "$BATCH" --steps 1 --no-eval --eval-batches 1 --threads 1 "$@" > "$d/run.out" 2>&1 ||
     { bad "$name: run"; tail -3 "$d/run.out"; return; }
   line=$(grep '^duet: allocated: ' "$d/run.out")
   got=$(printf '%s\n' "$line" | sed 's/^duet: allocated: \([0-9]*\) bytes.*/\1/')

@@ -116,7 +116,7 @@ if [ -r "$FM/train-images-idx3-ubyte.gz" ]; then
   DUET_PIPE_STAGING=auto
   export DUET_PIPE_STAGING
   path path_3 "duet: pipeline transfers: stage 0 -> 1 copied between arenas (CPU), stage 1 -> 0 copied between arenas (CPU), stage 1 -> 2 copied between arenas (CPU), stage 2 -> 1 copied between arenas (CPU)" \
-    --micro-batches 2 --devices cpu:0,cpu:1,cpu:2 --threads 3
+    --micro-batches 2 --devices cpu:0,cpu:1,cpu:2
   DUET_PIPE_STAGING=host
   path path_host "duet: pipeline transfers: stage 0 -> 1 staged through host memory, stage 1 -> 0 staged through host memory (forced by DUET_PIPE_STAGING=host)" \
     --micro-batches 2 --devices cpu:0,cpu:1

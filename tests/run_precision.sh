@@ -109,12 +109,12 @@ sed 's/^  seed = 1$/  seed = 1\n  precision = "bf16"/' $M > "$d/p.model"
 #    and 1F1B; every stage's overflow flags OR-ed over the micro-batches,
 #    one verdict for all stages) skips the same steps, naming the same
 #    params, and ends in the same losses and checkpoint bit for bit (one
-#    thread per device: --threads 1 and 2); a run resumed mid-backoff on two devices equals
+#    thread per device); a run resumed mid-backoff on two devices equals
 #    the straight one
 P="$M --train-subset 2560 --test-subset 500 --precision fp16 --loss-scale 1073741824 --micro-batches 4 --steps 12 --log-every 1 --threads 1"
 "$DUET" run $P --metrics "$d/m1.jsonl" --save "$d/m1.st" > "$d/m1.out" 2>&1 || { bad mb_one_device; cat "$d/m1.out"; }
 for s in gpipe 1f1b; do
-  "$DUET" run $P --devices cpu:0,cpu:1 --threads 2 --schedule $s --metrics "$d/m2.jsonl" --save "$d/m2.st" > "$d/m2.out" 2>&1 ||
+  "$DUET" run $P --devices cpu:0,cpu:1 --schedule $s --metrics "$d/m2.jsonl" --save "$d/m2.st" > "$d/m2.out" 2>&1 ||
     { bad "mb_two_devices_$s"; cat "$d/m2.out"; }
   grep '^step' "$d/m1.out" > "$d/s1"
   grep '^step' "$d/m2.out" > "$d/s2"
@@ -123,8 +123,8 @@ for s in gpipe 1f1b; do
     ok "fp16_pipeline_$s ($(wc -l < "$d/s1") skipped steps, identical to one device)"
   else bad "fp16_pipeline_$s"; diff "$d/m1.out" "$d/m2.out" | head; fi
 done
-"$DUET" run $P --devices cpu:0,cpu:1 --threads 2 --steps 5 --quiet --save "$d/m5.st" > /dev/null 2>&1 &&
-"$DUET" run $P --devices cpu:0,cpu:1 --threads 2 --resume "$d/m5.st" --quiet --metrics "$d/mr.jsonl" > /dev/null 2>&1 &&
+"$DUET" run $P --devices cpu:0,cpu:1 --steps 5 --quiet --save "$d/m5.st" > /dev/null 2>&1 &&
+"$DUET" run $P --devices cpu:0,cpu:1 --resume "$d/m5.st" --quiet --metrics "$d/mr.jsonl" > /dev/null 2>&1 &&
   [ "$(wc -l < "$d/mr.jsonl")" -eq 9 ] && tail -9 "$d/m1.jsonl" | diff - "$d/mr.jsonl" &&
   ok fp16_pipeline_resume || bad fp16_pipeline_resume
 echo "$pass passed, $fail failed"

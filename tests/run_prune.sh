@@ -201,7 +201,7 @@ else bad "duet compile"; cat "$d/compile.txt"; fi
   cmp -s "$d/m.txt" "$d/i.txt" && [ -s "$d/m.txt" ] && ok ir_dump_trains || { bad ir_dump_trains; diff "$d/m.txt" "$d/i.txt"; }
 PP="--train-subset 2560 --no-eval --threads 1 --quiet --steps 6 --prune 0.5 --prune-start 2 --micro-batches 2"
 "$DUET" run $M $PP --save "$d/one.st" > /dev/null &&
-"$DUET" run $M $PP --devices cpu:0,cpu:1 --threads 2 --save "$d/two.st" > /dev/null &&
+"$DUET" run $M $PP --devices cpu:0,cpu:1 --save "$d/two.st" > /dev/null &&
   cmp -s "$d/one.st" "$d/two.st" && "$CHECK" "$d/two.st" --sparsity 0.5 > /dev/null && ok pipeline || bad pipeline
 
 echo "$pass passed, $fail failed"
