@@ -63,7 +63,7 @@ static void prune_help(FILE *out) {
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
  * emit and check (cli/ may hold global state). */
-static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt_optim_state;
+static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt_optim_state, *opt_quantize;
 
 /* Removes `--precision X` / `--arch X` / `--gemm-accumulate X` /
  * `--optimizer-state X` (and the `=` forms) from argv;
@@ -71,13 +71,14 @@ static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt
 static int strip_precision_flags(int argc, char **argv) {
   int k = 0;
   for (int i = 0; i < argc; i++) {
-    const char *names[5] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state"};
-    const char **dst[5] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state};
-    static const char *const values[5] = {"auto, fp32, fp16, bf16",
+    const char *names[6] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state",
+                            "--quantize"};
+    const char **dst[6] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state, &opt_quantize};
+    static const char *const values[6] = {"auto, fp32, fp16, bf16",
                                           "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16",
-                                          "none, blocks, auto", "int8, f32"};
+                                          "none, blocks, auto", "int8, f32", "int8, int8-tensor, none"};
     int hit = -1;
-    for (int j = 0; j < 5 && hit < 0; j++) {
+    for (int j = 0; j < 6 && hit < 0; j++) {
       size_t n = strlen(names[j]);
       if (!strcmp(argv[i], names[j])) {
         if (i + 1 >= argc) {
@@ -150,6 +151,11 @@ static int check_precision_flags(void) {
   }
   if (opt_optim_state && strcmp(opt_optim_state, "int8") && strcmp(opt_optim_state, "f32")) {
     fprintf(stderr, "duet: error: unknown --optimizer-state `%s` (int8, f32)\n", opt_optim_state);
+    return 1;
+  }
+  if (quantize_mode_parse(opt_quantize) < 0) {
+    fprintf(stderr, "duet: error: unknown --quantize `%s` (int8: a scale per output channel, int8-tensor: one per "
+                    "tensor, none)\n", opt_quantize);
     return 1;
   }
   if (!opt_precision && !opt_arch) return 0;
@@ -465,6 +471,11 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
                "need the .model or a dump from before `prune`", g->after_pass);
     return NULL;
   }
+  if (quantize_mode_parse(opt_quantize) > 0 && g->after_pass && passes_find(g->after_pass) >= passes_find("quantize")) {
+    diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its weights' dtypes are fixed; "
+               "--quantize needs the .model or a dump from before `quantize`", g->after_pass);
+    return NULL;
+  }
   if (opt_recompute && g->after_pass && passes_find(g->after_pass) >= passes_find("recompute")) {
     /* the dump's recomputation is fixed: a request it already follows is fine
      * (recomputed copies are backward values with a block) */
@@ -495,7 +506,7 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
                 .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .recompute = opt_recompute,
-                .optim_state = opt_optim_state,
+                .optim_state = opt_optim_state, .quantize = opt_quantize,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
@@ -1579,6 +1590,18 @@ static int cmd_check(int argc, char **argv) {
   return rc;
 }
 
+/* --quantize makes an evaluation program (passes/quantize.c): duet run
+ * with it and without --eval-only would train.  1 after the error. */
+static int quantize_train_refused(int argc, char **argv) {
+  if (quantize_mode_parse(opt_quantize) <= 0) return 0;
+  for (int i = 0; i < argc; i++)
+    if (!strcmp(argv[i], "--eval-only")) return 0;
+  fprintf(stderr, "duet: error: --quantize %s evaluates a trained checkpoint with int8 weights and cannot train: train "
+                  "and save first (duet run M.model --save CK), then evaluate with duet run M.model --eval-only "
+                  "--checkpoint CK --quantize %s\n", opt_quantize, opt_quantize);
+  return 1;
+}
+
 int main(int argc, char **argv) {
   duet_rank_stderr(); /* under an MPI launcher: "duet: rank 1: error: ..." */
   if (argc < 2) {
@@ -1592,6 +1615,7 @@ int main(int argc, char **argv) {
     if (n < 0 || check_precision_flags()) return 1;
     if ((n = strip_prune_flags(n, argv + 2)) < 0) return 1;
     argc = n + 2;
+    if (!strcmp(cmd, "run") && quantize_train_refused(argc - 2, argv + 2)) return 1;
     if ((!strcmp(cmd, "run") || !strcmp(cmd, "compile")) && opt_arch && strcmp(opt_arch, "cpu")) {
       fprintf(stderr, "duet: error: duet %s builds for the CPU; --arch %s is for duet ir and duet check\n", cmd,
               opt_arch);

@@ -86,6 +86,7 @@ static const char *ctype(DType t) {
   case DT_I32: return "int32_t";
   case DT_F16: case DT_BF16: return "uint16_t";
   case DT_U8: return "uint8_t";
+  case DT_I8: return "int8_t"; /* quantized weights (passes/quantize.c) */
   default: unreachable();
   }
 }
@@ -258,6 +259,7 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
     case KI_ADD: bprintf(b, "r%d + r%d", x->a, x->b); break;
     case KI_SUB: bprintf(b, "r%d - r%d", x->a, x->b); break;
     case KI_MUL: bprintf(b, "r%d * r%d", x->a, x->b); break;
+    case KI_DEQUANTIZE: bprintf(b, "r%d * r%d", x->a, x->b); break; /* int8 (loaded exactly as f32) x scale */
     case KI_DIV: bprintf(b, "r%d / r%d", x->a, x->b); break;
     case KI_NEG: bprintf(b, "-r%d", x->a); break;
     case KI_RELU: bprintf(b, "r%d < 0 ? 0 : r%d", x->a, x->a); break; /* NaN passes through */

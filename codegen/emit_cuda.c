@@ -33,11 +33,12 @@ static const char *cutype(DType t) {
   case DT_I32: return "duet_i32";
   case DT_F16: case DT_BF16: return "duet_u16"; /* raw bits; see PRELUDE_HALF */
   case DT_U8: return "unsigned char";            /* 8-bit AdamW state codes */
+  case DT_I8: return "signed char";              /* quantized weights (passes/quantize.c) */
   default: unreachable();
   }
 }
 
-static int64_t dsize(DType t) { return t == DT_F64 ? 8 : t == DT_F16 || t == DT_BF16 ? 2 : t == DT_U8 ? 1 : 4; }
+static int64_t dsize(DType t) { return t == DT_F64 ? 8 : t == DT_F16 || t == DT_BF16 ? 2 : t == DT_U8 || t == DT_I8 ? 1 : 4; }
 
 static bool is16(DType t) { return t == DT_F16 || t == DT_BF16; }
 
@@ -254,6 +255,7 @@ static void emit_ew_op(Buf *b, const Kernel *k, int i, const char *iv, const cha
   case KI_ADD: bprintf(b, "r%d%s + r%d%s", R(x->a), R(x->b)); break;
   case KI_SUB: bprintf(b, "r%d%s - r%d%s", R(x->a), R(x->b)); break;
   case KI_MUL: bprintf(b, "r%d%s * r%d%s", R(x->a), R(x->b)); break;
+  case KI_DEQUANTIZE: bprintf(b, "r%d%s * r%d%s", R(x->a), R(x->b)); break; /* int8 (exact in f32) x scale */
   case KI_DIV: bprintf(b, "r%d%s / r%d%s", R(x->a), R(x->b)); break;
   case KI_NEG: bprintf(b, "-r%d%s", R(x->a)); break;
   case KI_RELU: bprintf(b, "r%d%s < 0 ? (%s)0 : r%d%s", R(x->a), T, R(x->a)); break; /* NaN passes through */

@@ -916,7 +916,7 @@ static void read_dims(Elab *e, Scope *s, const Node *n, Shape *sh) {
 static DType read_dtype(Elab *e, const Node *n, bool allow_int) {
   if (!n->dtype) return e->g->float_dtype;
   int t = dtype_from_name(n->dtype);
-  if (t < 0 || t == DT_VOID || t == DT_U8) { /* u8: optimizer state codes only */
+  if (t < 0 || t == DT_VOID || t == DT_U8 || t == DT_I8) { /* u8: optimizer state codes only; i8: quantized weights */
     Hint h = {0};
     hint_try(&h, n->dtype, "f32");
     hint_try(&h, n->dtype, "i32");

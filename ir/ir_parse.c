@@ -737,8 +737,8 @@ static void check_value(Parser *P, const char *at, OpKind op, Value **in, int n,
   const Shape *x = n ? &in[0]->shape : NULL;
   switch (op) {
   case OP_PARAM:
-  case OP_STATE: /* a state may also hold 8-bit AdamW codes (u8) */
-    if (!dtype_is_float(dt) && !(op == OP_STATE && dt == DT_U8))
+  case OP_STATE: /* a state may also hold 8-bit AdamW codes (u8), a param int8 weights (i8: quantize) */
+    if (!dtype_is_float(dt) && !(op == OP_STATE && dt == DT_U8) && !(op == OP_PARAM && dt == DT_I8))
       FAIL(at, "%s `%s` must be a float tensor, not %s", name, a->name, dtype_name(dt));
     break;
   case OP_ADAMW: {

@@ -31,6 +31,9 @@ int tmodel_open_opt(TModel *t, const char *name, const char *text, const Fronten
  * pipelined session (one stage on the CPU): its data inputs are then
  * host buffers of the whole batch (micro_batches x the input's shape). */
 int tmodel_open_prec(TModel *t, const char *name, const char *text, const FrontendOptions *fo, const char *precision);
+/* tmodel_open_prec with --quantize `quantize` (passes/quantize.c; NULL: none). */
+int tmodel_open_quant(TModel *t, const char *name, const char *text, const FrontendOptions *fo, const char *precision,
+                      const char *quantize);
 void tmodel_close(TModel *t);
 /* Tensor id of a value (-1 when it has no storage). */
 int tmodel_tensor(const TModel *t, const Value *v);
