@@ -424,6 +424,11 @@ int compare_sessions_stats(const char *what, const DuetProgram *p, DuetSession *
 }
 
 CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, bool decode, const char *precision) {
+  return lower_model_quant(a, path, text, dt, decode, precision, NULL);
+}
+
+CgProgram *lower_model_quant(Arena *a, const char *path, const char *text, DType dt, bool decode,
+                             const char *precision, const char *quantize) {
   Diag d = {.out = stderr};
   Source *src;
   if (text) {
@@ -439,7 +444,7 @@ CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, b
   FrontendOptions fo = {.float_dtype = dt, .decode = decode, .batch = decode ? 1 : 0};
   Graph *g = frontend_compile(a, &d, src, &fo);
   if (!g) return NULL;
-  PassCtx pc = {.diag = &d, .verify = true, .precision = precision};
+  PassCtx pc = {.diag = &d, .verify = true, .precision = precision, .quantize = quantize};
   if (passes_run(g, &pc)) return NULL;
   return codegen_lower(g, a);
 }

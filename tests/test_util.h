@@ -45,6 +45,9 @@ Value *tmodel_param(const TModel *t, const char *name);
  * program) and every pass (verifier on, --precision `precision`), lowered
  * to kernels; NULL after printing why. */
 CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, bool decode, const char *precision);
+/* lower_model with --quantize `quantize` (NULL: none). */
+CgProgram *lower_model_quant(Arena *a, const char *path, const char *text, DType dt, bool decode,
+                             const char *precision, const char *quantize);
 /* The names of the *.model files in `dir`, sorted, in a malloc'ed array of
  * malloc'ed strings (free each and the array); the count, or -1 when the
  * directory cannot be read. */
