@@ -55,6 +55,11 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --loss-scale X     fp16 programs: initial loss scale (default 65536 = 2^16)\n"
           "  --min-loss-scale X fp16 programs: stop when the scale falls below X (default 1)\n"
           "  --no-eval          skip evaluation on the test split\n"
+          "  --eval-only        train nothing: load the params of --checkpoint CK and print the final\n"
+          "                     evaluation (test accuracy and loss, or validation loss; --metrics gets\n"
+          "                     one line {\"step\" (the checkpoint's),\"test_accuracy\",\"test_loss\"} or\n"
+          "                     {\"step\",\"val_loss\"}); no optimizer state needed\n"
+          "  --checkpoint CK    the checkpoint (written by --save) that --eval-only evaluates\n"
           "  --quiet            print only the final result\n"
           "  --devices SPEC     pipeline over devices: cpu:0,cpu:1 (virtual CPU devices, each a thread\n"
           "                     with its own arena and threads/S cores), cuda:N; one stage each\n"
@@ -242,6 +247,7 @@ void duet_usage_fixed(const DuetProgram *p, FILE *out) {
 }
 
 static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc, char **argv);
+static int check_eval_flags(const DuetConfig *c);
 
 int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **argv) {
   DuetProgram p = {.defaults = {.batch = compiled_batch}};
@@ -264,7 +270,11 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
       c->eval = 0;
       continue;
     }
-    if (!strncmp(a, "--no-eval=", 10) || !strncmp(a, "--quiet=", 8)) {
+    if (!strcmp(a, "--eval-only")) {
+      c->eval_only = 1;
+      continue;
+    }
+    if (!strncmp(a, "--no-eval=", 10) || !strncmp(a, "--quiet=", 8) || !strncmp(a, "--eval-only=", 12)) {
       fprintf(stderr, "duet: error: %.*s takes no value\n", (int)(strchr(a, '=') - a), a);
       return 1;
     }
@@ -285,7 +295,7 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
                                         "--metrics", "--batch", "--loss-scale", "--min-loss-scale",
                                         "--devices", "--micro-batches", "--schedule", "--data-parallel",
                                         "--bucket-mb", "--zero", "--lr-schedule", "--warmup", "--min-lr",
-                                        "--clip-grad-norm"};
+                                        "--clip-grad-norm", "--checkpoint"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
     int is_known = 0, fixed_k = -1;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
@@ -343,6 +353,7 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
     else if (!strcmp(flag, "--save")) c->save_path = val;
     else if (!strcmp(flag, "--save-every")) rc = parse_i64(flag, val, 1, &c->save_every);
     else if (!strcmp(flag, "--resume")) c->resume_path = val;
+    else if (!strcmp(flag, "--checkpoint")) c->checkpoint_path = val;
     else if (!strcmp(flag, "--metrics")) c->metrics_path = val;
     else if (!strcmp(flag, "--loss-scale") || !strcmp(flag, "--min-loss-scale")) {
       /* the kernels multiply by the scale in f32: at most FLT_MAX */
@@ -408,7 +419,7 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
     fprintf(stderr, "duet: error: --save-every needs --save PATH (where to write the checkpoints)\n");
     return 1;
   }
-  return 0;
+  return check_eval_flags(c);
 }
 
 static double now_seconds(void) {
@@ -975,6 +986,7 @@ static int check_outputs(const DuetConfig *cfg, const char *model_path) {
   char data[4][4096], exe[4096];
   if (model_path) in[n_in++] = (RunInput){"the model source", model_path};
   if (cfg->resume_path) in[n_in++] = (RunInput){"--resume", cfg->resume_path};
+  if (cfg->eval_only && cfg->checkpoint_path) in[n_in++] = (RunInput){"--checkpoint", cfg->checkpoint_path};
   if ((cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS) && cfg->data_path) {
     in[n_in++] = (RunInput){cfg->data == DUET_DATA_TEXT ? "the training text" : "the token file", cfg->data_path};
   } else if (cfg->data == DUET_DATA_NPY) {
@@ -1071,6 +1083,11 @@ static int check_run_files(const DuetProgram *p, const DuetConfig *cfg, const ch
   char err[1024];
   if (cfg->save_path && writes_files_here() && check_save_path(cfg->save_path)) return 1;
   if (check_outputs(cfg, model_path)) return 1;
+  int64_t ck_step;
+  if (cfg->eval_only && duet_checkpoint_check_weights(p, cfg->checkpoint_path, &ck_step, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return 1;
+  }
   if (cfg->resume_path) {
     int64_t step, total = planned_total(p, cfg);
     if (duet_checkpoint_check(p, cfg->resume_path, &step, err, sizeof err)) {
@@ -1960,6 +1977,173 @@ static int train_rank(const DuetProgram *p, const DuetKernelFn *kernels, const D
   return rc;
 }
 
+/* ------------------------------------------------------------ evaluation */
+
+/* --eval-only and --checkpoint: each needs the other, and --eval-only
+ * trains nothing (no --save, --resume).  1 after the error, else 0. */
+static int check_eval_flags(const DuetConfig *c) {
+  if (c->eval_only && !c->checkpoint_path) {
+    fprintf(stderr, "duet: error: --eval-only needs --checkpoint CK (a checkpoint written by --save)\n");
+    return 1;
+  }
+  if (c->checkpoint_path && !c->eval_only) {
+    fprintf(stderr, "duet: error: --checkpoint CK is read by --eval-only; to continue training from a checkpoint "
+                    "give --resume CK\n");
+    return 1;
+  }
+  if (c->eval_only && (c->save_path || c->resume_path)) {
+    fprintf(stderr, "duet: error: --eval-only trains nothing: it takes no --%s (the checkpoint to evaluate is "
+                    "--checkpoint CK)\n", c->save_path ? "save" : "resume");
+    return 1;
+  }
+  return 0;
+}
+
+DuetSession *duet_eval_open(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, DuetDevice **dev) {
+  return open_session(p, kernels, cfg, dev, NULL);
+}
+
+/* The images or npy samples a classifier is evaluated on (the test split,
+ * or npy's validation samples) into *ds; *n: how many of them are used.
+ * 0, or -1 with the message in err. */
+static int eval_images_load(const DuetProgram *p, const DuetConfig *cfg, DuetDataset *ds, int64_t *n, char *err,
+                            size_t errlen) {
+  *ds = (DuetDataset){0};
+  if (cfg->data == DUET_DATA_NPY) {
+    DuetDataset train = {0};
+    int rc = npy_load_sets(p, cfg, &train, ds, err, errlen);
+    duet_dataset_free(&train);
+    if (!rc && !ds->n) {
+      snprintf(err, errlen, "npy data without validation samples (val_fraction, or val_x and val_y): nothing to "
+                            "evaluate on");
+      rc = -1;
+    }
+    *n = ds->n;
+    return rc;
+  }
+  char ip[4096], lp[4096];
+  snprintf(ip, sizeof ip, "%s/%s", cfg->data_path, idx_files[1][0]);
+  snprintf(lp, sizeof lp, "%s/%s", cfg->data_path, idx_files[1][1]);
+  if (duet_load_idx(ds, ip, lp, err, errlen)) return -1;
+  int64_t px = (int64_t)ds->rows * ds->cols, want_px = 1;
+  for (int d = 1; d < p->tensors[p->input_x].rank; d++) want_px *= p->tensors[p->input_x].shape[d];
+  if (px != want_px) {
+    snprintf(err, errlen, "data has %" PRId64 " pixels per image, the model's input takes %" PRId64, px, want_px);
+    return -1;
+  }
+  for (int64_t i = 0; p->n_classes && i < ds->n; i++)
+    if (ds->labels[i] < 0 || ds->labels[i] >= p->n_classes) {
+      snprintf(err, errlen, "test label %d at index %" PRId64 " is outside the model's %d classes", ds->labels[i], i,
+               p->n_classes);
+      return -1;
+    }
+  *n = cfg->test_subset && cfg->test_subset < ds->n ? cfg->test_subset : ds->n;
+  return 0;
+}
+
+/* Text or token data for evaluation (the validation split is used). */
+static int eval_text_load(const DuetProgram *p, const DuetConfig *cfg, TextData *td, char *err, size_t errlen) {
+  memset(td, 0, sizeof *td);
+  return cfg->data == DUET_DATA_TOKENS ? load_tokens(td, cfg->data_path, cfg->block, token_limit(p), err, errlen)
+                                       : load_text(td, cfg->data_path, cfg->block, err, errlen);
+}
+
+int duet_evaluate(DuetSession *s, const DuetConfig *cfg, DuetEvalResult *res, char *err, size_t errlen) {
+  const DuetProgram *p = duet_session_program(s);
+  bool text = cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS;
+  *res = (DuetEvalResult){.text = text, .split = cfg->data == DUET_DATA_FASHION_MNIST ? "test" : "validation"};
+  if (p->metrics < 0 || p->input_x < 0 || p->input_y < 0) {
+    snprintf(err, errlen, "model `%s` has no evaluation (it needs x and y inputs and a cross_entropy loss)",
+             p->model_name);
+    return -1;
+  }
+  int rc = -1;
+  if (text) {
+    TextData td;
+    if (eval_text_load(p, cfg, &td, err, errlen)) return -1;
+    res->batches = cfg->eval_batches;
+    if (text_validate(s, p, &td, cfg, &res->loss)) snprintf(err, errlen, "%s", duet_session_error(s));
+    else rc = 0;
+    free(td.bytes);
+    free(td.tokens);
+    return rc;
+  }
+  DuetDataset ds;
+  int64_t n;
+  if (eval_images_load(p, cfg, &ds, &n, err, errlen)) {
+    duet_dataset_free(&ds);
+    return -1;
+  }
+  EvalResult r;
+  if (evaluate(s, p, &ds, n, p->defaults.batch, &r)) {
+    snprintf(err, errlen, "%s", duet_session_error(s));
+  } else {
+    res->correct = r.correct;
+    res->n = r.n;
+    res->loss = r.loss;
+    rc = 0;
+  }
+  duet_dataset_free(&ds);
+  return rc;
+}
+
+/* --eval-only: the params of cfg->checkpoint_path evaluated as a training
+ * run's final evaluation; the result printed (and written to --metrics). */
+static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, int ranks) {
+  char err[2048];
+  int64_t step;
+  if (ranks > 1) {
+    fprintf(stderr, "duet: error: --eval-only runs in one process: start it without the MPI launcher\n");
+    return 1;
+  }
+  if (duet_checkpoint_check_weights(p, cfg->checkpoint_path, &step, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return 1;
+  }
+  DuetDevice *dev = NULL;
+  DuetSession *s = duet_eval_open(p, kernels, cfg, &dev);
+  DuetEvalResult r;
+  FILE *mf = NULL;
+  int rc = 1;
+  if (!s) goto out;
+  if (duet_checkpoint_load_weights(s, cfg->checkpoint_path, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    goto out;
+  }
+  if (duet_evaluate(s, cfg, &r, err, sizeof err)) {
+    fprintf(stderr, "duet: error: evaluation: %s\n", err);
+    goto out;
+  }
+  if (cfg->metrics_path && !(mf = fopen(cfg->metrics_path, "w"))) {
+    fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg->metrics_path, strerror(errno));
+    goto out;
+  }
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "step", (double)step);
+  if (r.text) {
+    printf("duet: %s (step %" PRId64 "): val loss %.6f nats/%s (%" PRId64 " batches)\n", cfg->checkpoint_path, step,
+           r.loss, cfg->data == DUET_DATA_TOKENS ? "token" : "byte", r.batches);
+    cJSON_AddNumberToObject(o, "val_loss", r.loss);
+  } else {
+    printf("duet: %s (step %" PRId64 "): %s accuracy %.2f%% (%" PRId64 "/%" PRId64 ") | %s loss %.6f\n",
+           cfg->checkpoint_path, step, r.split, 100.0 * (double)r.correct / (double)r.n, r.correct, r.n, r.split,
+           r.loss);
+    cJSON_AddNumberToObject(o, "test_accuracy", (double)r.correct / (double)r.n);
+    cJSON_AddNumberToObject(o, "test_loss", r.loss);
+  }
+  cJSON_AddTrueToObject(o, "eval_only");
+  if (mf ? metrics_write(mf, o) : (cJSON_Delete(o), 0)) goto out;
+  rc = 0;
+out:
+  if (mf && fclose(mf)) {
+    fprintf(stderr, "duet: error: writing metrics file %s failed\n", cfg->metrics_path);
+    rc = 1;
+  }
+  duet_session_free(s);
+  if (dev) dev->ops->destroy(dev);
+  return rc;
+}
+
 int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *argv0, int argc, char **argv) {
   /* progress lines (stdout) and errors (stderr) in the order they happen,
    * also when both go to one pipe or file */
@@ -1992,6 +2176,7 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
   }
   if (!text && no_data_source(p, &cfg)) return 1;
   if (check_run_files(p, &cfg, NULL)) return 1;
+  if (cfg.eval_only) return eval_only(p, kernels, &cfg, ranks);
   if (ranks > 1) return train_rank(p, kernels, &cfg, text);
   return text ? train_text(p, kernels, cfg, NULL) : train_images(p, kernels, cfg, NULL);
 }
