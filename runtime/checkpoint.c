@@ -17,8 +17,8 @@ static int is_mask(const DuetTensor *t) { return t->region == DUET_MEM_STATE && 
 
 /* "f32[1024,10]" into buf. */
 static const char *shape_str(int dtype, int rank, const int64_t *shape, char *buf, size_t n) {
-  static const char *const names[] = {"void", "f32", "f64", "i32", "f16", "bf16", "u8"};
-  size_t len = (size_t)snprintf(buf, n, "%s[", dtype >= 0 && dtype <= DUET_U8 ? names[dtype] : "?");
+  static const char *const names[] = {"void", "f32", "f64", "i32", "f16", "bf16", "u8", "i8"};
+  size_t len = (size_t)snprintf(buf, n, "%s[", dtype >= 0 && dtype <= DUET_I8 ? names[dtype] : "?");
   for (int k = 0; k < rank && len < n; k++)
     len += (size_t)snprintf(buf + len, n - len, "%s%" PRId64, k ? "," : "", shape[k]);
   if (len < n) snprintf(buf + len, n - len, "]");

@@ -2,6 +2,7 @@
  * makes the program; here the f32 weights of a checkpoint become its int8
  * weights and scales).  Formulas at duet_quantize_i8 in duet_rt.h. */
 #include <float.h>
+#include <inttypes.h>
 #include <math.h>
 #include <string.h>
 
@@ -70,4 +71,18 @@ int duet_program_quantized(const DuetProgram *p) {
   for (int i = 0; i < p->n_tensors; i++)
     if (p->tensors[i].dtype == DUET_I8 && p->tensors[i].region == DUET_MEM_PARAM) return 1;
   return 0;
+}
+
+void duet_quant_summary(const DuetProgram *p, FILE *out) {
+  int64_t n = 0, q = 0, sc = 0;
+  for (int i = 0; i < p->n_tensors; i++) {
+    int s = duet_quant_scale_of(p, i);
+    if (s < 0) continue;
+    n++;
+    q += p->tensors[i].nbytes;
+    sc += p->tensors[s].nbytes;
+  }
+  if (n)
+    fprintf(out, "duet: int8 weights: %" PRId64 " tensors, %" PRId64 " bytes and %" PRId64 " bytes of f32 scales (%"
+            PRId64 " bytes in f32)\n", n, q, sc, 4 * q);
 }

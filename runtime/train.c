@@ -419,6 +419,11 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
     fprintf(stderr, "duet: error: --save-every needs --save PATH (where to write the checkpoints)\n");
     return 1;
   }
+  if (!c->eval_only && duet_program_quantized(p)) { /* int8 weights: passes/quantize.c */
+    fprintf(stderr, "duet: error: this program's weights are int8 (compiled with --quantize): it evaluates a "
+                    "trained checkpoint and cannot train; give --eval-only --checkpoint CK\n");
+    return 1;
+  }
   return check_eval_flags(c);
 }
 
@@ -2110,6 +2115,7 @@ static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const Du
     fprintf(stderr, "duet: error: %s\n", err);
     goto out;
   }
+  if (!cfg->quiet) duet_quant_summary(p, stdout); /* int8 weights (--quantize): their bytes */
   if (duet_evaluate(s, cfg, &r, err, sizeof err)) {
     fprintf(stderr, "duet: error: evaluation: %s\n", err);
     goto out;
