@@ -1409,6 +1409,7 @@ void ir_print(const Graph *g, FILE *out) {
   if (g->replicas > 1) fprintf(out, "replicas %d\n", g->replicas);
   if (g->replicas > 1 && g->bucket_mb > 0) fprintf(out, "bucket_mb %s\n", ir_num_str(g->bucket_mb, (char[32]){0}, 32));
   if (g->zero) fprintf(out, "zero %d\n", g->zero);
+  if (g->qat) fprintf(out, "qat %d\n", g->qat); /* the quantize section: 1 int8 per channel, 2 per tensor */
   print_train(&g->train, out);
   if (g->prune.mode != PRUNE_NONE) print_prune(&g->prune, out);
   bool planned = false;

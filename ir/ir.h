@@ -411,6 +411,9 @@ typedef struct Graph {
   double bucket_mb;  /* data_parallel: the --bucket-mb its all-reduce buckets were
                       * made for (0: the default, 25 MiB); printed `bucket_mb X` */
   PruneSpec prune;   /* the `prune { }` section; after the prune pass, as applied */
+  int qat;           /* the `quantize { weights = int8  mode = qat }` section: 1 per output channel,
+                      * 2 per tensor (passes.h's QUANT_INT8_*), 0: none; the qat pass applies it */
+  Loc qat_loc;
   int zero;          /* --zero 1: optimizer state sharded over the replicas (ZeRO
                       * stage 1; needs replicas > 1); printed `zero 1` */
 } Graph;

@@ -90,7 +90,7 @@ typedef struct Pass {
   const char *what; /* one line for `duet ir --help` */
 } Pass;
 
-/* The pipeline, in order: shape, autodiff, optimizer, eval, prune, quantize, precision, fuse,
+/* The pipeline, in order: shape, qat, autodiff, optimizer, eval, prune, quantize, precision, fuse,
  * partition, data_parallel, recompute, memplan. */
 extern const Pass duet_passes[];
 extern const int duet_n_passes;
@@ -109,6 +109,7 @@ void pass_optimizer(Graph *g, PassCtx *cx); /* append AdamW / SGD updates (AdamW
 void pass_eval(Graph *g, PassCtx *cx);      /* append accuracy metrics */
 void pass_prune(Graph *g, PassCtx *cx);     /* pruning masks and the ops that apply them */
 void pass_quantize(Graph *g, PassCtx *cx);  /* int8 weights (--quantize): an evaluation program */
+void pass_qat(Graph *g, PassCtx *cx);       /* fake-quantized weights (the model's quantize section) */
 void pass_precision(Graph *g, PassCtx *cx); /* 16-bit storage, f32 master weights, casts */
 void pass_fuse(Graph *g, PassCtx *cx);      /* fuse elementwise chains */
 void pass_partition(Graph *g, PassCtx *cx); /* devices/stages + transfer ops */

@@ -7,6 +7,7 @@
 
 const Pass duet_passes[] = {
     {"shape", pass_shape, "infer and check the shape and dtype of every value"},
+    {"qat", pass_qat, "quantization-aware training (quantize { weights = int8  mode = qat }): fake-quantized weights in the forward pass"},
     {"autodiff", pass_autodiff, "append the backward graph: d(loss)/d(param) for every param"},
     {"optimizer", pass_optimizer, "append the optimizer update (AdamW, f32 or 8-bit state; SGD) of every param"},
     {"eval", pass_eval, "append the evaluation metrics (correct predictions, summed loss)"},

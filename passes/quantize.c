@@ -139,3 +139,72 @@ void pass_quantize(Graph *g, PassCtx *cx) {
   graph_renumber(g);
   graph_count_uses(g);
 }
+
+/* Quantization-aware training (the `qat` pass, from the model's `quantize {
+ * weights = int8  mode = qat }` section, before autodiff): each weight W the
+ * quantize pass would quantize is read through
+ *
+ *   m = max_to(relu(W) + relu(-W))   (max |W| per output channel, or per
+ *                                     tensor: the scales' shape above)
+ *   fake_quantize(W, m)               (W to int8 and back with scale m / 127,
+ *                                     duet_quantize_i8's numbers)
+ *
+ * in the forward pass (training and evaluation), so the run trains and
+ * reports the accuracy of the int8 weights `--quantize int8` evaluates its
+ * checkpoint with.  The backward pass is the straight-through estimator
+ * (Bengio et al. 2013; Jacob et al. 2018): d/dW is the gradient at the
+ * fake-quantized weight, unchanged (no |W| exceeds its channel's maximum,
+ * so nothing is clipped), and none flows into m.  With --quantize (an
+ * evaluation of a checkpoint) nothing is inserted: the quantize pass
+ * quantizes the weights themselves. */
+void pass_qat(Graph *g, PassCtx *cx) {
+  if (!g->qat || g->decode || quantize_mode_parse(cx->quantize) > 0) return;
+  Arena *a = g->arena;
+  int n = g->n_values;
+  Value **old = arena_alloc(a, ((size_t)n + 1) * sizeof *old);
+  memcpy(old, g->values, (size_t)n * sizeof *old);
+  int *cnt = arena_alloc(a, ((size_t)n + 2) * sizeof *cnt), *fill = arena_alloc(a, ((size_t)n + 1) * sizeof *fill);
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < old[i]->n_in; j++) cnt[old[i]->in[j]->id + 1]++;
+  for (int i = 0; i < n; i++) cnt[i + 1] += cnt[i];
+  Value **use = arena_alloc(a, ((size_t)cnt[n] + 1) * sizeof *use);
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < old[i]->n_in; j++) use[cnt[old[i]->in[j]->id] + fill[old[i]->in[j]->id]++] = old[i];
+  int cap = n + 8;
+  for (int i = 0; i < n; i++) cap += 6 * (old[i]->op == OP_PARAM);
+  Value **order = arena_alloc(a, (size_t)cap * sizeof *order);
+  Value **subst = arena_alloc(a, ((size_t)n + 1) * sizeof *subst);
+  int k = 0, n_fq = 0;
+  for (int i = 0; i < n; i++) {
+    Value *v = old[i];
+    for (int j = 0; j < v->n_in; j++)
+      if (v->in[j]->id < n && old[v->in[j]->id] == v->in[j] && subst[v->in[j]->id]) v->in[j] = subst[v->in[j]->id];
+    order[k++] = v;
+    int axis = v->op == OP_PARAM && dtype_is_float(v->dtype) && v->shape.rank >= 2 ? prune_weight_axis(v, use, cnt) : -1;
+    bool embedding = false;
+    for (int j = cnt[i]; axis >= 0 && j < cnt[i + 1]; j++) embedding |= use[j]->op == OP_EMBEDDING && use[j]->in[0] == v;
+    if (axis < 0 || embedding) continue;
+    Attr ma = {.dtype = v->dtype, .shape = v->shape};
+    for (int d = 0; d < ma.shape.rank; d++)
+      if (g->qat == QUANT_INT8_TENSOR || d != axis) ma.shape.dim[d] = 1;
+    Value *x[6];
+    x[0] = graph_add(g, OP_NEG, &v, 1, NULL, v->loc);
+    x[1] = graph_add(g, OP_RELU, &v, 1, NULL, v->loc);
+    x[2] = graph_add(g, OP_RELU, &x[0], 1, NULL, v->loc);
+    Value *in[2] = {x[1], x[2]};
+    x[3] = graph_add(g, OP_ADD, in, 2, NULL, v->loc);
+    x[4] = graph_add(g, OP_MAX_TO, &x[3], 1, &ma, v->loc);
+    in[0] = v, in[1] = x[4];
+    x[5] = graph_add(g, OP_FAKE_QUANT, in, 2, NULL, v->loc);
+    for (int j = 0; j < 6; j++) order[k++] = x[j];
+    subst[i] = x[5];
+    n_fq++;
+  }
+  if (!n_fq)
+    diag_error(g->diag, g->qat_loc, "quantize section: the model has no matmul or convolution weight to quantize");
+  g->values = order;
+  g->n_values = k;
+  g->cap_values = cap;
+  graph_renumber(g);
+  graph_count_uses(g);
+}

@@ -18,9 +18,15 @@
 #         --eval-only line equals duet run's, and which refuses to train;
 #       - exact one-line errors: --quantize with a training run, an unknown
 #         mode, a checkpoint of another model, a dump after quantize.
+#     Quantization-aware training: the same model with `quantize { weights
+#     = int8, mode = qat }`, the same 50 steps: evaluating its checkpoint
+#     with --quantize int8 gives the QAT run's reported test accuracy and
+#     loss, bit for bit; QAT's accuracy at least PTQ's (int8 per channel of
+#     the f32 run) minus 3 sigma, sigma = sqrt(2 p (1 - p) / 10000) the
+#     spread of two independent runs' accuracies on the same images.
 #   run_quantize.sh DUET long    (ctest quantize_long, label long)
 #     the README's figures: fmnist_mlp 5 epochs (its train section), seed 1,
-#     evaluated as above; the same 0.5-point criterion.
+#     evaluated as above, and QAT for 5 epochs; the same criteria.
 # Exits 77 without the data.
 # usage: run_quantize.sh path/to/duet short|long   (from the repository root)
 DUET=${1:?usage: run_quantize.sh path/to/duet short|long}
@@ -56,6 +62,32 @@ acc int8_tensor --quantize int8-tensor
 res=$(awk -v f="$(cat "$d/f32.acc")" -v c="$(cat "$d/int8.acc")" -v t="$(cat "$d/int8_tensor.acc")" 'BEGIN {
   gap = 100 * (f - c); printf "%s int8 per channel: f32 %.2f%%, int8 %.2f%%, int8 per tensor %.2f%%: f32 - int8 = %.2f points (tolerance 0.5), f32 - per tensor = %.2f points\n",
     (gap <= 0.5 ? "ok" : "FAIL"), 100 * f, 100 * c, 100 * t, gap, 100 * (f - t); exit !(gap <= 0.5) }')
+rc=$?
+echo "$res"
+if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+
+# quantization-aware training: the same model with a quantize section, the
+# same run (seed, steps, threads); its checkpoint evaluated with --quantize
+# int8 gives the accuracy (and loss) the QAT run reported, bit for bit; QAT
+# at least as accurate as PTQ of the f32 run, within 3 sigma of two
+# independent runs' accuracies on the same n = 10,000 images, sigma =
+# sqrt(2 p (1 - p) / n) (about 0.55 points near p = 0.82)
+{ cat $M; printf '\nquantize { weights = int8, mode = qat }\n'; } > "$d/qat.model"
+if [ "$MODE" = long ]; then steps=""; else steps="--steps 50"; fi
+"$DUET" run "$d/qat.model" $T --quiet $steps --save "$d/qat.st" --metrics "$d/qat_train.jsonl" > "$d/qat.out" 2>&1 ||
+  { bad "QAT training"; cat "$d/qat.out"; }
+echo "qat: duet run M+quantize{weights = int8, mode = qat} $T $steps --save QCK"
+"$DUET" run $M $T --eval-only --checkpoint "$d/qat.st" --quantize int8 --metrics "$d/qat_eval.jsonl" > "$d/qat_eval.out" 2>&1 ||
+  { bad "QAT checkpoint evaluation"; cat "$d/qat_eval.out"; }
+want=$(grep test_accuracy "$d/qat_train.jsonl" | tail -1 | sed 's/.*\("test_accuracy":[^,}]*,"test_loss":[^,}]*\).*/\1/')
+got=$(sed 's/.*\("test_accuracy":[^,}]*,"test_loss":[^,}]*\).*/\1/' "$d/qat_eval.jsonl")
+[ -n "$want" ] && [ "$want" = "$got" ] && ok "qat_checkpoint_int8_same_evaluation ($got)" ||
+  { bad qat_checkpoint_int8_same_evaluation; echo "  QAT run: $want"; echo "  --quantize int8: $got"; }
+qa=$(echo "$want" | sed 's/"test_accuracy":\([0-9.e-]*\),.*/\1/')
+res=$(awk -v q="$qa" -v c="$(cat "$d/int8.acc")" 'BEGIN {
+  p = c; sigma = 100 * sqrt(2 * p * (1 - p) / 10000); gap = 100 * (q - c)
+  printf "%s QAT %.2f%% against PTQ (int8 per channel) %.2f%%: QAT - PTQ = %.2f points (at least -3 x %.2f)\n",
+    (gap >= -3 * sigma ? "ok" : "FAIL"), 100 * q, 100 * c, gap, sigma; exit !(gap >= -3 * sigma) }')
 rc=$?
 echo "$res"
 if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi

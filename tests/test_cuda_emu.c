@@ -1514,6 +1514,26 @@ int main(int argc, char **argv) {
       ran += 2;
     }
   }
+  /* quantization-aware training (quantize { weights = int8  mode = qat }):
+   * the fake_quantize kernels and the max_to maxima they read, forward,
+   * backward (straight-through) and a training step, f32 and fp16, per
+   * channel and per tensor */
+  if (argc == 1 || !strcmp(argv[1], "qat")) {
+    for (int k = 0; k < 2; k++) {
+      char text[1024];
+      snprintf(text, sizeof text,
+               "model qat\ninput x: f32[4, 18]\ninput y: i32[4]\nparam cw: [4, 2, 2, 2]\n"
+               "param w: [64, 8]\nparam b: [8] = zeros\nparam v: [5, 8]\n"
+               "c = conv2d(reshape(x, 4, 2, 3, 3), cw, padding = 1)\n"
+               "loss = cross_entropy(relu(flatten(c) @ w + b) @ transpose(v), y)\n"
+               "train {\n  optimizer = adamw(lr = 1e-2)\n}\n"
+               "quantize { weights = int8, mode = qat, granularity = %s }\n", k ? "tensor" : "channel");
+      Case c = {k ? "qat_tensor" : "qat", text, 5};
+      failed += run_case(&c, DT_F32, NULL, dir);
+      failed += run_case(&c, DT_F32, "fp16", dir);
+      ran += 2;
+    }
+  }
   if (half2_checked)
     printf("half2 kernels run alone on random bits against the C kernels: %d\n", half2_checked);
   if (argc == 1) { /* the whole run must have covered every half2 operation */

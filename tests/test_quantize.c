@@ -306,6 +306,86 @@ static int test_forward(const char *dir) {
   return fails != f0;
 }
 
+/* Quantization-aware training: the forward pass of the model with a
+ * quantize section (weights fake-quantized) equals, within f32 rounding,
+ * the plain model's on the weights duet_quantize_i8 gives dequantized (so
+ * the QAT run evaluates what --quantize int8 evaluates); its gradients
+ * w.r.t. the weights equal the plain model's there (straight-through:
+ * identity), and the biases' too. */
+static int test_qat(void) {
+  int f0 = fails;
+  char text[1024], qtext[1200];
+  model_text("q", text, sizeof text);
+  for (int per = 0; per < 2; per++) {
+    snprintf(qtext, sizeof qtext, "%squantize {\n  weights = int8\n  mode = qat\n  granularity = %s\n}\n", text,
+             per ? "tensor" : "channel");
+    TModel q, f;
+    if (tmodel_open(&q, "qat.model", qtext, DT_F32) || tmodel_open(&f, "q.model", text, DT_F32)) {
+      CHECK(0, "the QAT model does not compile");
+      return 1;
+    }
+    DuetRng r;
+    duet_rng_seed(&r, 9, 0);
+    tmodel_fill(&q, q.s, &r, 5);
+    static const char *const names[5] = {"x", "y", "b", "cw", "w"};
+    for (int k = 0; k < 6; k++) { /* inputs and bias as they are; weights fake-quantized */
+      const char *nm = k < 5 ? names[k] : "v";
+      void *h = read_tensor(&q, q.s, nm);
+      if (k >= 3) {
+        const DuetTensor *x = tensor(&q.cp->prog, nm, NULL);
+        int64_t sh[4] = {1, 1, 1, 1}, n = x->nbytes / 4;
+        for (int d = 0; d < x->rank && !per; d++) sh[d] = x->shape[d];
+        if (!per) /* per channel: the output axis (first of cw and v, last of w) */
+          for (int d = 0; d < x->rank; d++) sh[d] = (d == 0) == (k != 4) ? x->shape[d] : 1;
+        float *w = h, sc[64];
+        signed char *qq = malloc((size_t)n);
+        duet_quantize_i8(w, x->rank, x->shape, sh, qq, sc);
+        int64_t ns = 1;
+        for (int d = 0; d < x->rank; d++) ns *= sh[d];
+        for (int64_t e = 0; e < n; e++) w[e] = (float)qq[e] * sc[ns == 1 ? 0 : k == 4 ? e % ns : e / (n / ns)];
+        free(qq);
+      }
+      CHECK(h && !write_tensor(&f, f.s, nm, h), "copying %s", nm);
+      free(h);
+    }
+    CHECK(!duet_session_run(q.s, DUET_RUN_GRAD) && !duet_session_run(f.s, DUET_RUN_GRAD), "gradient runs");
+    float lq, lf;
+    duet_session_read(q.s, q.cp->prog.loss, 0, &lq, 4);
+    duet_session_read(f.s, f.cp->prog.loss, 0, &lf, 4);
+    CHECK(fabsf(lq - lf) <= 1e-6f + 1e-6f * fabsf(lf), "%s: QAT loss %.9g, plain loss on q x scale %.9g",
+          per ? "tensor" : "channel", lq, lf);
+    double worst = 0;
+    for (int k = 2; k < 6; k++) {
+      const char *nm = k < 5 ? names[k] : "v";
+      Value *pq = tmodel_param(&q, nm), *pf = tmodel_param(&f, nm);
+      int iq = pq && pq->grad ? tmodel_tensor(&q, pq->grad) : -1, jf = pf && pf->grad ? tmodel_tensor(&f, pf->grad) : -1;
+      if (iq < 0 || jf < 0) {
+        CHECK(0, "%s: no gradient tensor", nm);
+        continue;
+      }
+      int64_t n = q.cp->prog.tensors[iq].nbytes / 4;
+      float *gq = malloc((size_t)n * 4), *gf = malloc((size_t)n * 4);
+      duet_session_read(q.s, iq, 0, gq, (size_t)n * 4);
+      duet_session_read(f.s, jf, 0, gf, (size_t)n * 4);
+      double gmax = 0;
+      for (int64_t e = 0; e < n; e++) gmax = fmax(gmax, fabs(gf[e]));
+      for (int64_t e = 0; e < n; e++) {
+        double d = fabs((double)gq[e] - gf[e]), tol = 1e-5 * gmax + 1e-7;
+        if (d / tol > worst) worst = d / tol;
+        CHECK(d <= tol, "%s: d loss / d %s[%lld] = %.9g with QAT, %.9g on q x scale", per ? "tensor" : "channel", nm,
+              (long long)e, gq[e], gf[e]);
+      }
+      free(gq), free(gf);
+    }
+    printf("qat (%s): loss %.9g = %.9g; gradients within %.3g of their bound\n", per ? "tensor" : "channel", lq, lf,
+           worst);
+    tmodel_close(&q);
+    tmodel_close(&f);
+  }
+  printf("%s qat\n", fails == f0 ? "ok" : "FAIL");
+  return fails != f0;
+}
+
 int main(void) {
   char dir[] = "/tmp/duet_quantize_XXXXXX";
   if (!mkdtemp(dir)) {
@@ -315,6 +395,7 @@ int main(void) {
   test_quantizer();
   test_pass();
   test_forward(dir);
+  test_qat();
   rmdir(dir);
   return fails != 0;
 }

@@ -829,6 +829,13 @@ static int ls_elementwise(const Lockstep *L, const Kernel *K, const int *outs, i
       case KI_DROPOUT: /* at most x / (1 - p), or 0, or x (evaluation) */
         v = A / (1 - x->value), ev = EA / (1 - x->value) + fabs(v);
         break;
+      case KI_FAKE_QUANT: { /* w (A) to int8 and back, B its channel's max |w|: exact from the same inputs; an
+                             * error in them may move w by a quantization step s = B / 127 */
+        double s = B / 127 > 0x1p-126 ? B / 127 : 0x1p-126, q = nearbyint(A / s);
+        v = (q > 127 ? 127 : q < -127 ? -127 : q) * s;
+        ev = fabs(v) + (EA + EB > 0 ? EA + 127 * EB + s / u : 0);
+        break;
+      }
       case KI_CAST:
         v = A, ev = EA;
         if (ls_is16((int)x->value) && EA > 0) ev += ulp16(A, (int)x->value) / u;
