@@ -12,10 +12,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 9 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 10 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
                                 * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping;
-                                * 9: DuetConfig eval_only, checkpoint_path, keep, keep_best */
+                                * 9: DuetConfig eval_only, checkpoint_path, keep, keep_best;
+                                * 10: DuetConfig.metrics_timing */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -164,6 +165,8 @@ typedef struct DuetConfig {
   const char *checkpoint_path; /* --checkpoint CK: the checkpoint --eval-only evaluates */
   int64_t keep;            /* --keep N: keep the last N checkpoints (PATH, PATH.step-S, ...; 0: PATH only) */
   int keep_best;           /* --keep-best: PATH.best holds the checkpoint of the best evaluation */
+  int metrics_timing;      /* --metrics-timing: step lines carry samples_per_s / tokens_per_s
+                            * (off by default: the metrics of two runs then compare byte for byte) */
 } DuetConfig;
 
 /* Learning-rate schedules.  With base rate lr (--lr), W warm-up steps, T
@@ -868,6 +871,17 @@ DuetSession *duet_eval_open(const DuetProgram *p, const DuetKernelFn *kernels, c
  * (data_path, ...).  The same params, program and --threads give the same
  * bits as the training run's evaluation.  0, or -1 with a message in err. */
 int duet_evaluate(DuetSession *s, const DuetConfig *cfg, DuetEvalResult *res, char *err, size_t errlen);
+/* duet predict: argv holds the flags after the model (--checkpoint CK,
+ * --data, -o FILE, --test-subset, --eval-batches, --logits, --threads);
+ * writes the JSON lines duet_predict_usage describes.  The exit code. */
+int duet_predict_main(const DuetProgram *p, const DuetKernelFn *kernels, int argc, char **argv);
+void duet_predict_usage(FILE *out);
+/* duet export: the params of checkpoint `ckpt` of program p (checked as
+ * duet_checkpoint_check_weights does, values finite) as f32 tensors under
+ * their names (shapes as the program's; f64, f16 and bf16 params
+ * converted), with metadata {"format": "duet-weights-1", "model", "step"},
+ * written atomically to `out` (duet_st_save).  0, or -1 with the message. */
+int duet_export_weights(const DuetProgram *p, const char *ckpt, const char *out, char *err, size_t errlen);
 /* Number of NaNs and infinities among the nbytes bytes of dtype elements at
  * data (DUET_F32, F64, F16, BF16; 0 for other dtypes); *first (if not NULL)
  * receives the index of the first (-1 when none), *first_nan (if not NULL)
