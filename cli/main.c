@@ -42,6 +42,8 @@ static void usage(FILE *out) {
           "recomputes the rest in the backward pass; auto recomputes blocks only until each device fits.\n\n"
           "run, compile, plan, ir, emit and check take --optimizer-state int8|f32 (AdamW's moments in 8-bit\n"
           "block-wise quantized codes, or f32: overrides the model's adamw(state = ...)).\n\n"
+          "run, compile, ir and emit take --quantize int8|int8-tensor|none (int8 weights, a scale per output\n"
+          "channel or per tensor: an evaluation program; duet run needs --eval-only --checkpoint CK).\n\n"
           "run, compile, plan, ir, emit and check take the pruning flags --prune S, --prune-mode,\n"
           "--prune-start, --prune-end, --prune-every, --prune-initial, --prune-params (`duet run --help`).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
@@ -696,6 +698,9 @@ static int cmd_run(int argc, char **argv) {
     printf("  --optimizer-state S int8|f32: AdamW's two moments as 8-bit codes with an f32 scale per block\n"
            "                     of 2048 values (Dettmers et al. 2021: 2 bytes per param instead of 8)\n"
            "                     or f32; overrides the model's adamw(state = ...)\n");
+    printf("  --quantize Q       int8|int8-tensor|none: evaluate with int8 weights (matmul and convolution\n"
+           "                     weights, a scale per output channel, or per tensor, dequantized before\n"
+           "                     each GEMM); only with --eval-only --checkpoint CK\n");
     prune_help(stdout);
     printf("\nCompiles the model's kernels (cached in DUET_CACHE_DIR) and trains it.\n");
     return argc < 1 ? 1 : 0;
@@ -798,7 +803,8 @@ static int cmd_compile(int argc, char **argv) {
              "--clip-grad-norm X compiles the gradient clipping kernels (X: the default limit,\n"
              "EXE --clip-grad-norm changes it).  Also: --schedule gpipe|1f1b, --threads N (for\n"
              "the partition's cost model), --precision auto|fp32|fp16|bf16, the --prune flags,\n"
-             "--recompute none|blocks|auto.\n"
+             "--recompute none|blocks|auto, --quantize int8|int8-tensor (an evaluation executable\n"
+             "with int8 weights: EXE --eval-only --checkpoint CK).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
@@ -941,7 +947,8 @@ static int cmd_ir(int argc, char **argv) {
              "Formats: text (the default; `duet run G.ir` and `duet ir G.ir` read it back), dot (Graphviz:\n"
              "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Also: --schedule gpipe|1f1b,\n"
              "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes),\n"
-             "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`).\n"
+             "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`),\n"
+             "--quantize int8|int8-tensor (int8 weights: `duet ir M.model --after quantize --quantize int8`).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n"
              "Passes, in order:\n");
@@ -1242,7 +1249,7 @@ static int cmd_emit(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n"
              "Also: --precision auto|fp32|fp16|bf16, --data-parallel N, --bucket-mb X and --zero 0|1 (the\n"
-             "kernels of one replica), --recompute none|blocks|auto.\n"
+             "kernels of one replica), --recompute none|blocks|auto, --quantize int8|int8-tensor.\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
