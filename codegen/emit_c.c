@@ -1332,8 +1332,8 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   fprintf(out, "    .seed = %" PRIu64 "u, .eval = %d, .block = %" PRId64 ", .eval_every = %" PRId64
                ", .eval_batches = %" PRId64 ",\n",
           c->seed, c->eval, c->block, c->eval_every, c->eval_batches);
-  fprintf(out, "    .lr_schedule = %d, .warmup = %" PRId64 ", .min_lr = %.17g, .clip_grad_norm = %.17g},\n};\n\n",
-          c->lr_schedule, c->warmup, c->min_lr, c->clip_grad_norm);
+  fprintf(out, "    .lr_schedule = %d, .warmup = %" PRId64 ", .min_lr = %.17g, .clip_grad_norm = %.17g, .offload = %d},\n};\n\n",
+          c->lr_schedule, c->warmup, c->min_lr, c->clip_grad_norm, c->offload);
   /* the checks duet run makes before compiling, before loading data or
    * opening a device (a CUDA device compiles its kernels when opened) */
   fprintf(out, "int main(int argc, char **argv) {\n");

@@ -585,7 +585,8 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   const char **unscale_names = arena_alloc(a, (size_t)(g->n_values + 1) * sizeof *unscale_names);
   p->update_from = -1;
   /* pipelines: per stage forward, backward, optimizer and eval lists */
-  bool piped = g->n_stages > 1 || g->train.micro_batches > 1;
+  /* --offload optimizer runs on the pipeline's stages (runtime/offload.c), even one */
+  bool piped = g->n_stages > 1 || g->train.micro_batches > 1 || train_offload(&g->train);
   int S = g->n_stages > 1 ? g->n_stages : 1;
   StepList *sl = piped ? arena_alloc(a, (size_t)S * 4 * sizeof *sl) : NULL;
   for (int k = 0; piped && k < 4 * S; k++) sl[k].s = arena_alloc(a, cap * sizeof(DuetStep));
@@ -968,5 +969,6 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   c->warmup = t->warmup;
   c->min_lr = t->min_lr;
   c->clip_grad_norm = t->clip_grad_norm;
+  c->offload = train_offload(t) ? 1 + DUET_OFFLOAD_OPTIMIZER : 0;
   return cp;
 }

@@ -130,7 +130,7 @@ static const char *const functions[] = {"dim",     "sqrt",    "attention", "laye
 static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
                                          "batch", "epochs", "steps", "seed", "log_every", "eval",
                                          "eval_every", "eval_batches", "precision", "recompute", "lr_schedule",
-                                         "clip_grad_norm"};
+                                         "clip_grad_norm", "offload"};
 #define N_TRAIN_KEYS (int)(sizeof train_keys / sizeof train_keys[0])
 
 /* -------------------------------------------------------------- helpers */
@@ -1376,6 +1376,10 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
         if (x.kind != EV_STR || (strcmp(x.str, "none") && strcmp(x.str, "blocks") && strcmp(x.str, "auto")))
           diag_error(e->d, x.loc, "recompute must be \"none\", \"blocks\" or \"auto\"");
         t->recompute = x.str;
+      } else if (!strcmp(k, "offload")) { /* the command line's --offload wins */
+        if (x.kind != EV_STR || (strcmp(x.str, "none") && strcmp(x.str, "optimizer")))
+          diag_error(e->d, x.loc, "offload must be \"none\" or \"optimizer\"");
+        t->offload = x.str;
       }
     }
   }

@@ -461,6 +461,8 @@ static const char *const init_names[INIT_COUNT] = {
     "zeros", "ones", "normal", "uniform", "kaiming_uniform", "xavier_uniform"};
 const char *init_name(InitKind k) { return (unsigned)k < INIT_COUNT ? init_names[k] : "?"; }
 
+bool train_offload(const TrainSpec *t) { return t->offload && !strcmp(t->offload, "optimizer"); }
+
 void train_spec_defaults(TrainSpec *t) {
   memset(t, 0, sizeof *t);
   t->data = DATA_NONE;
@@ -1368,6 +1370,7 @@ static void print_train(const TrainSpec *t, FILE *out) {
   if (t->eval_every > 0) fprintf(out, "  eval_every = %" PRId64 "\n", t->eval_every);
   if (t->precision) fprintf(out, "  precision = \"%s\"\n", t->precision);
   if (t->recompute) fprintf(out, "  recompute = \"%s\"\n", t->recompute);
+  if (t->offload) fprintf(out, "  offload = \"%s\"\n", t->offload);
   fprintf(out, "  eval_batches = %" PRId64 "\n", t->eval_batches);
   if (t->micro_batches > 1) fprintf(out, "  micro_batches = %" PRId64 "\n", t->micro_batches);
   static const char *const sched[] = {"constant", "cosine", "linear"};

@@ -324,10 +324,15 @@ typedef struct TrainSpec {
   int64_t warmup;        /* warm-up steps (0: none) */
   double min_lr;         /* cosine, linear: the rate the decay ends at */
   double clip_grad_norm; /* `clip_grad_norm = X`: global L2 norm limit (0: none) */
+  const char *offload;   /* `offload = "optimizer"` or "none"; NULL: none (the command line's --offload wins);
+                          * optimizer: state and master params on the host (runtime/offload.c) */
   bool state_int8;       /* AdamW `state = int8`: its moments in 8-bit block-wise quantized codes
                           * (runtime/duet_q8.h) instead of f32; --optimizer-state overrides it */
 } TrainSpec;
 void train_spec_defaults(TrainSpec *t);
+/* The train spec asks for optimizer offload (`offload = "optimizer"`, or
+ * --offload optimizer written into it by the CLI). */
+bool train_offload(const TrainSpec *t);
 
 /* ---------------------------------------------------------------- graph */
 

@@ -1048,7 +1048,8 @@ static void value_line(Parser *P, bool has_result) {
 
 static const char *const train_key_names[] = {"data", "optimizer", "batch", "epochs", "steps", "seed",
                                               "log_every", "eval", "eval_every", "eval_batches", "precision",
-                                              "micro_batches", "recompute", "lr_schedule", "clip_grad_norm"};
+                                              "micro_batches", "recompute", "lr_schedule", "clip_grad_norm",
+                                              "offload"};
 enum { N_TRAIN_KEYS = sizeof train_key_names / sizeof *train_key_names };
 
 /* adamw(lr = X, ...) or sgd(...) */
@@ -1159,7 +1160,7 @@ static void train_line(Parser *P) {
   while (i < N_TRAIN_KEYS && strcmp(train_key_names[i], k)) i++;
   if (i == N_TRAIN_KEYS)
     FAIL(ka, "unknown train key `%s`%s (keys: data, optimizer, batch, epochs, steps, seed, log_every, eval, "
-             "eval_every, eval_batches, precision, micro_batches, recompute, lr_schedule, clip_grad_norm)", k,
+             "eval_every, eval_batches, precision, micro_batches, recompute, lr_schedule, clip_grad_norm, offload)", k,
              hint(P, k, train_key_names, N_TRAIN_KEYS));
   if (P->train_keys & (1u << i)) FAIL(ka, "train key `%s` is set twice", k);
   P->train_keys |= 1u << i;
@@ -1254,6 +1255,12 @@ static void train_line(Parser *P) {
     if (!(x > 0) || !isfinite(x))
       FAIL(va, "clip_grad_norm must be a number > 0, got %s", ir_num_str(x, (char[32]){0}, 32));
     t->clip_grad_norm = x;
+    break;
+  }
+  case 15: {
+    const char *s = string(P, "\"none\" or \"optimizer\"");
+    if (strcmp(s, "none") && strcmp(s, "optimizer")) FAIL(va, "offload must be \"none\" or \"optimizer\"");
+    t->offload = s;
     break;
   }
   }

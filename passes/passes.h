@@ -140,13 +140,36 @@ typedef struct PlanStage {
                              * optimizer state (this device's ZeRO shard with --zero 1), KV caches */
   int64_t act, slots;       /* the activation arena of one micro-batch, and the micro-batches in
                              * flight (M for GPipe, min(M, S - s) for 1F1B) */
-  int64_t need;             /* weights + grads + state + cache + act * slots */
+  int64_t need;             /* weights + grads + state + cache + act * slots: the bytes the runtime
+                             * allocates on the device (its regions and gradient accumulators; op
+                             * workspaces are planned inside the activation region) */
+  int64_t master;           /* the part of weights that is f32 masters of params cast to 16 bits
+                             * (their 16-bit copies are activations) */
+  bool fits;                /* need within the device's capacity (or no capacity) */
   int64_t state_all, state_zero; /* replicas: the whole state, and the fullest ZeRO shard */
   int64_t shard[IR_MAX_REPLICAS]; /* replicas: each one's ZeRO shard */
+  int64_t host_master, host_state, host_grads; /* --offload optimizer: what the host holds for the stage (its f32
+                             * param region, its state, the gradient copies); state is then 0, and
+                             * grads too with one micro-batch */
 } PlanStage;
 /* Stage s of a graph that went through every pass (0 <= s < max(1,
  * g->n_stages)) into *ps. */
 void partition_plan_stage(const Graph *g, const PassCtx *cx, int s, PlanStage *ps);
+/* `duet plan`'s whole table: what the text report, --format json and
+ * --format svg print. */
+typedef struct PlanTable {
+  const char *model;
+  int S, R;
+  int64_t M, batch; /* micro-batches per replica; batch: one micro-batch */
+  bool one_f_one_b, zero, fits;
+  PlanStage stage[IR_MAX_STAGES];
+  int64_t xfer_total, need_most;
+  double bubble, slowest_s, step_s, balance;
+  char help[400]; /* when !fits: the settings that would lower the memory */
+} PlanTable;
+/* Fills t from a graph after every pass (the devices, schedule and
+ * capacities of cx), stage by stage as partition_plan_stage. */
+void partition_plan(const Graph *g, const PassCtx *cx, PlanTable *t);
 /* Micro-batches per replica (train.micro_batches, divided among the
  * replicas with data parallelism): M of the schedule. */
 int64_t partition_micro_batches(const Graph *g);
@@ -161,6 +184,10 @@ int partition_check_memory(const Graph *g, const PassCtx *cx);
  * grads, optimizer state, caches, activations x in-flight micro-batches),
  * from the regions memplan sized. */
 int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s);
+/* --offload optimizer (train_offload): the host bytes of every stage (f32
+ * master params, optimizer state, gradient copies: duet plan's host row);
+ * 0 without offload. */
+int64_t partition_offload_host_bytes(const Graph *g, const PassCtx *cx);
 
 /* ------------------------------------------------------------ recompute */
 

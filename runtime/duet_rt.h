@@ -12,11 +12,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 10 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 11 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
                                 * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping;
                                 * 9: DuetConfig eval_only, checkpoint_path, keep, keep_best;
-                                * 10: DuetConfig.metrics_timing */
+                                * 10: DuetConfig.metrics_timing; 11: DuetConfig.offload */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -167,7 +167,23 @@ typedef struct DuetConfig {
   int keep_best;           /* --keep-best: PATH.best holds the checkpoint of the best evaluation */
   int metrics_timing;      /* --metrics-timing: step lines carry samples_per_s / tokens_per_s
                             * (off by default: the metrics of two runs then compare byte for byte) */
+  int offload;             /* 1 + DUET_OFFLOAD_* of --offload (0: not given; a program's default: 0 or
+                            * 1 + DUET_OFFLOAD_OPTIMIZER when compiled with it; runtime/offload.c) */
 } DuetConfig;
+
+/* --offload: none (the default), or optimizer (ZeRO-Offload: each stage's
+ * optimizer state and an f32 master copy of its params live in host
+ * memory, and its update runs on the host with the C kernels;
+ * runtime/offload.c).  duet_parse_offload sets *out = 1 + DUET_OFFLOAD_*,
+ * else prints "duet: error: --offload expects none or optimizer (...), got
+ * 'X'" and returns 1. */
+enum { DUET_OFFLOAD_NONE = 0, DUET_OFFLOAD_OPTIMIZER = 1 };
+int duet_parse_offload(const char *val, int *out);
+/* Why --offload optimizer cannot run with a program of `replicas`
+ * data-parallel replicas (> 1: refused), pruning (pruned != 0) or a
+ * decoding program (decode != 0): the one-line message (the compiler and
+ * the runtime print the same), or NULL when it can. */
+const char *duet_offload_refusal(int replicas, int pruned, int decode);
 
 /* Learning-rate schedules.  With base rate lr (--lr), W warm-up steps, T
  * steps in the run and k = step - 1 (0 for the first optimizer step), the
@@ -517,6 +533,16 @@ int duet_gemm_acc_check(const DuetProgram *p, const char *backend, char *err, si
  * ("MemAvailable in /proc/meminfo", "the cgroup limit in /sys/fs/...",
  * "DUET_HOST_MEMORY").  0, or -1 with a message in err. */
 int duet_host_memory(int64_t *bytes, char *from, size_t fromlen, char *err, size_t errlen);
+/* A memory size as --devices capacities and --device-memory take it:
+ * bytes ("1000000"), or a number with B, KB, MB, GB, TB (powers of 10) or
+ * KiB, MiB, GiB, TiB (powers of 2), "16G"/"500M" read as GiB/MiB.  The
+ * bytes, or -1 when malformed or not > 0. */
+int64_t duet_parse_size(const char *s);
+/* GPU `index`'s free and total memory in bytes (cuMemGetInfo through the
+ * CUDA plugin) and compute capability x 10 (60 = sm_60): the default
+ * --device-memory of a cuda:N device.  0, or -1 with a message (no plugin,
+ * no driver, no such GPU). */
+int duet_cuda_meminfo(int index, int64_t *free_b, int64_t *total_b, int *sm, char *err, size_t errlen);
 
 /* ------------------------------------------------------------- sessions */
 
@@ -540,6 +566,14 @@ void duet_session_free(DuetSession *s);
  * no tensor crosses a stage; NULL for a session of one device.  Lives as
  * long as s. */
 const char *duet_session_transfers(const DuetSession *s);
+/* The bytes the session allocated on each device: its regions (params,
+ * optimizer state, activations once per micro-batch in flight, caches)
+ * and gradient accumulators, as `duet plan` totals them per device (not
+ * the few bytes of overflow flags, nor host staging).  bytes[i] for device
+ * i (replica r's stage k at r * S + k); returns their number (<= max). */
+int duet_session_allocated(const DuetSession *s, int64_t *bytes, int max);
+/* "duet: allocated: N bytes (a + b on the 2 devices) ..." to out. */
+void duet_session_print_allocated(const DuetSession *s, FILE *out);
 /* A data-parallel session: how the replicas' gradients are summed, the
  * words after "summed " on the start-up line ("in replica order over
  * shared memory", "by NCCL 2.26.5 (...) in its ring order ...": see
