@@ -4,8 +4,9 @@
  * replica; the partition pass chooses the cut), micro-batches per replica
  * (the divisors of the batch up to 64), schedule (gpipe, 1f1b), activation
  * recomputation (none, blocks, auto), precision (fp32, fp16, bf16 where
- * the target has it: precision_resolve), AdamW state (f32, int8) and, with
- * --data-parallel, ZeRO stage 1.  Each plan is the one `duet plan` prints
+ * the target has it: precision_resolve), AdamW state (f32, int8), optimizer
+ * offload to the host (none, optimizer: one replica only, as duet run
+ * refuses it with --data-parallel) and, with --data-parallel, ZeRO stage 1.  Each plan is the one `duet plan` prints
  * for those flags (cli/main.c compiles it), so its memory is the memory
  * `duet run` allocates and checks.
  *
@@ -23,7 +24,10 @@
  *
  * Ranking: the estimated time, in buckets of 1% (estimates closer than
  * that are a tie), then the fewest changes from the defaults (recompute
- * none, fp32, f32 state, no ZeRO), then the least memory. */
+ * none, fp32, f32 state, no ZeRO, no offload), then the least memory.  An
+ * offloaded candidate's time includes its host update and the copies over
+ * the link (passes/partition.c); on CPU devices its host row counts against
+ * the same memory, so there it never fits where its twin does not. */
 #include "fit.h"
 
 #include <cjson/cJSON.h>
@@ -41,6 +45,7 @@ static int changes(const FitCand *k) {
   c += strcmp(k->precision, "fp32") != 0;
   c += k->optim_state && !strcmp(k->optim_state, "int8");
   c += k->zero;
+  c += k->offload != NULL;
   return c;
 }
 
@@ -79,10 +84,10 @@ void fit_command(const FitSpace *sp, const FitCand *k, char *buf, size_t n) {
 }
 
 static void settings(const FitCand *k, char *buf, size_t n) {
-  snprintf(buf, n, "%d stage%s, %" PRId64 " micro-batch%s, %s, recompute %s, %s%s%s%s", k->stages,
+  snprintf(buf, n, "%d stage%s, %" PRId64 " micro-batch%s, %s, recompute %s, %s%s%s%s%s", k->stages,
            k->stages == 1 ? "" : "s", k->micro_batches, k->micro_batches == 1 ? "" : "es",
            k->one_f_one_b ? "1f1b" : "gpipe", k->recompute, k->precision, k->optim_state ? ", state " : "",
-           k->optim_state ? k->optim_state : "", k->zero ? ", zero 1" : "");
+           k->optim_state ? k->optim_state : "", k->zero ? ", zero 1" : "", k->offload ? ", offload optimizer" : "");
 }
 
 static void print_row(FILE *out, int rank, const FitCand *k) {
@@ -110,7 +115,8 @@ static void most_help(const FitSpace *sp, const FitCand *c, int n, FILE *out) {
   for (int i = 0; i < n; i++) {
     const FitCand *k = &c[i];
     if (k->stages == sp->group && k->micro_batches == 1 && !k->one_f_one_b && !strcmp(k->recompute, "none") &&
-        !strcmp(k->precision, "fp32") && (!k->optim_state || !strcmp(k->optim_state, "f32")) && !k->zero)
+        !strcmp(k->precision, "fp32") && (!k->optim_state || !strcmp(k->optim_state, "f32")) && !k->zero &&
+        !k->offload)
       base = k;
   }
   if (!base) return;
@@ -120,7 +126,7 @@ static void most_help(const FitSpace *sp, const FitCand *c, int n, FILE *out) {
     int diff = (k->stages != base->stages) + (k->micro_batches != base->micro_batches) +
                (k->one_f_one_b != base->one_f_one_b) + !!strcmp(k->recompute, base->recompute) +
                !!strcmp(k->precision, base->precision) + (k->zero != base->zero) +
-               (k->optim_state && strcmp(k->optim_state, base->optim_state));
+               (k->optim_state && strcmp(k->optim_state, base->optim_state)) + (k->offload != NULL);
     if (k->micro_batches != base->micro_batches && k->one_f_one_b != base->one_f_one_b) diff--; /* 1f1b needs M > 1 */
     if (diff != 1 || k->over >= base->over) continue;
     if (!best || k->over < best->over) best = k;
@@ -140,6 +146,7 @@ static void most_help(const FitSpace *sp, const FitCand *c, int n, FILE *out) {
   else if (strcmp(best->recompute, base->recompute)) snprintf(what, sizeof what, "--recompute %s", best->recompute);
   else if (strcmp(best->precision, base->precision)) snprintf(what, sizeof what, "--precision %s", best->precision);
   else if (best->zero) snprintf(what, sizeof what, "--zero 1");
+  else if (best->offload) snprintf(what, sizeof what, "--offload optimizer");
   else snprintf(what, sizeof what, "--optimizer-state %s", best->optim_state);
   fprintf(out, "the setting that helps most alone: %s (%" PRId64 " bytes less over: %" PRId64 " bytes%s%s)\n", what,
           base->over - best->over, best->over, best->over ? " over on " : ", fits", best->over ? best->over_device : "");
@@ -154,7 +161,7 @@ int fit_search(const FitSpace *sp, FitPlanFn plan, void *ctx, FILE *out, bool qu
   int n_m = 0;
   for (int64_t m = 1; m <= per && m <= 64 && n_m < 16; m++)
     if (sp->batch % ((int64_t)sp->replicas * m) == 0) ms[n_m++] = m;
-  size_t cap = (size_t)sp->group * (size_t)n_m * 2 * 3 * 3 * 2 * 2 + 1, n = 0;
+  size_t cap = (size_t)sp->group * (size_t)n_m * 2 * 3 * 3 * 2 * 2 * 2 + 1, n = 0;
   FitCand *c = calloc(cap, sizeof *c);
   PlanTable *t = malloc(sizeof *t);
   if (!c || !t) {
@@ -171,14 +178,14 @@ int fit_search(const FitSpace *sp, FitPlanFn plan, void *ctx, FILE *out, bool qu
             char err[256];
             if (precision_resolve(sp->arch, precs[pi], &pcx, err, sizeof err)) continue; /* bf16 below sm_80 */
             for (int si = 0; si < (sp->adamw ? 2 : 1); si++)
-              for (int z = 0; z < (sp->replicas > 1 ? 2 : 1); z++) {
-                FitCand *k = &c[n];
-                *k = (FitCand){.stages = S, .micro_batches = ms[mi], .one_f_one_b = sch == 1, .recompute = recs[ri],
-                               .precision = precs[pi], .optim_state = sp->adamw ? states[si] : NULL, .zero = z,
-                               /* hook: --offload optimizer (issue 14, item 2) joins the search when it lands */
-                               .offload = NULL};
-                if (plan(ctx, k, t) == 0) n++;
-              }
+              for (int z = 0; z < (sp->replicas > 1 ? 2 : 1); z++)
+                for (int o = 0; o < (sp->replicas > 1 ? 1 : 2); o++) { /* offload: one replica only */
+                  FitCand *k = &c[n];
+                  *k = (FitCand){.stages = S, .micro_batches = ms[mi], .one_f_one_b = sch == 1, .recompute = recs[ri],
+                                 .precision = precs[pi], .optim_state = sp->adamw ? states[si] : NULL, .zero = z,
+                                 .offload = o ? "optimizer" : NULL};
+                  if (plan(ctx, k, t) == 0) n++; /* -1: a combination the compiler refuses (offload with pruning) */
+                }
           }
   /* CPU devices: a 16-bit candidate takes its fp32 twin's time */
   for (size_t i = 0; i < n; i++) {
@@ -188,7 +195,7 @@ int fit_search(const FitSpace *sp, FitPlanFn plan, void *ctx, FILE *out, bool qu
       const FitCand *a = &c[i], *b = &c[j];
       if (!strcmp(b->precision, "fp32") && b->compiled && a->stages == b->stages &&
           a->micro_batches == b->micro_batches && a->one_f_one_b == b->one_f_one_b &&
-          !strcmp(a->recompute, b->recompute) && a->zero == b->zero &&
+          !strcmp(a->recompute, b->recompute) && a->zero == b->zero && !a->offload == !b->offload &&
           (!a->optim_state || !strcmp(a->optim_state, b->optim_state)))
         c[i].rank_s = b->step_s;
     }
@@ -297,6 +304,7 @@ int plan_print_json(const PlanTable *t, const FitSpace *sp, const FitCand *chose
       cJSON_AddStringToObject(ch, "precision", chosen->precision);
       if (chosen->optim_state) cJSON_AddStringToObject(ch, "optimizer_state", chosen->optim_state);
       if (sp->replicas > 1) cJSON_AddNumberToObject(ch, "zero", chosen->zero);
+      cJSON_AddStringToObject(ch, "offload", chosen->offload ? chosen->offload : "none");
       cJSON_AddBoolToObject(ch, "fits", chosen->fits);
       cJSON_AddNumberToObject(ch, "step_ms", 1e3 * chosen->step_s);
       cJSON_AddStringToObject(ch, "command", cmd);

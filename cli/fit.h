@@ -18,7 +18,7 @@ typedef struct FitCand {
   const char *precision; /* "fp32", "fp16", "bf16" */
   const char *optim_state; /* "f32", "int8"; NULL: the optimizer has no state choice (SGD) */
   int zero;              /* ZeRO stage 1 (replicas > 1 only) */
-  const char *offload;   /* --offload optimizer: hook for issue 14 item 2 (NULL: not searched) */
+  const char *offload;   /* "optimizer" (--offload optimizer), or NULL (none) */
   /* results */
   bool compiled;         /* the plan was made (else: the partition found no split within the memory, or
                           * another error; the memory figures are then those of an unbounded plan) */

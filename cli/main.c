@@ -1325,11 +1325,12 @@ static int fit_plan_one(void *ctx, FitCand *k, PlanTable *t) {
     par_free(&po);
     return -1;
   }
-  const char *save[4] = {opt_precision, opt_recompute, opt_optim_state, opt_arch};
+  const char *save[5] = {opt_precision, opt_recompute, opt_optim_state, opt_arch, opt_offload};
   opt_precision = k->precision;
   opt_recompute = k->recompute;
   opt_optim_state = k->optim_state;
   opt_arch = fx->sp->arch;
+  opt_offload = k->offload ? k->offload : "none";
   FrontendOptions fo = {.batch = fx->batch, .micro_batches = po.micro_batches, .replicas = po.replicas};
   Compiled c;
   int rc = compile_model_to(&c, fx->null, fx->model, &fo, &po, NULL, NULL);
@@ -1342,6 +1343,7 @@ static int fit_plan_one(void *ctx, FitCand *k, PlanTable *t) {
     for (int i = 0; i < po.n_dev; i++) po.dev[i].capacity = capacity[i];
   }
   opt_precision = save[0], opt_recompute = save[1], opt_optim_state = save[2], opt_arch = save[3];
+  opt_offload = save[4];
   if (rc) {
     compiled_free(&c);
     par_free(&po);
@@ -1433,9 +1435,9 @@ static int plan_fit(const char *model, int64_t batch, const ParOpts *po, int arg
   if (rc >= 0 && best.precision) { /* the chosen plan's table (its strings live in its compilation) */
     ParOpts bp;
     if (!fit_opts(&fx, &best, &bp)) {
-      const char *save[4] = {opt_precision, opt_recompute, opt_optim_state, opt_arch};
+      const char *save[5] = {opt_precision, opt_recompute, opt_optim_state, opt_arch, opt_offload};
       opt_precision = best.precision, opt_recompute = best.recompute, opt_optim_state = best.optim_state;
-      opt_arch = sp.arch;
+      opt_arch = sp.arch, opt_offload = best.offload ? best.offload : "none";
       FrontendOptions bo = {.batch = batch, .micro_batches = bp.micro_batches, .replicas = bp.replicas};
       Compiled bc;
       int brc = compile_model_to(&bc, fx.null, model, &bo, &bp, NULL, NULL);
@@ -1447,6 +1449,7 @@ static int plan_fit(const char *model, int64_t batch, const ParOpts *po, int arg
         for (int i = 0; i < bp.n_dev; i++) bp.dev[i].capacity = capacity[i];
       }
       opt_precision = save[0], opt_recompute = save[1], opt_optim_state = save[2], opt_arch = save[3];
+      opt_offload = save[4];
       if (!brc) {
         bc.diag.out = fx.null;
         PassCtx pc = {.diag = &bc.diag, .devices = bp.dev, .n_devices = par_group(&bp),

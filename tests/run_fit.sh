@@ -169,6 +169,16 @@ for i, d in enumerate(j["devices"]):
   if [ $rc -eq 1 ] && $PY -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["fits"] is False and j["chosen"]["fits"] is False' "$d/none.json"; then
     ok "fit json: nothing fits"
   else bad "fit json nothing fits: exit $rc"; head -3 "$d/none.err"; fi
+  # gpt2_124m on two P100-sized devices capped at 1700 MiB: only optimizer offload (with fp16,
+  # 8-bit state and recomputation) fits, so the search must take it (measured: the fastest offloaded
+  # configuration needs 1699.63 MiB on its fullest device, none without offload fits)
+  "$DUET" plan models/gpt2_124m.model --devices 2x16GiB:sm_60 --device-memory 1700MiB --fit > "$d/off.txt" 2>&1; rc=$?
+  "$DUET" plan models/gpt2_124m.model --devices 2x16GiB:sm_60 --device-memory 1700MiB --fit --format json > "$d/off.json" 2>&1
+  if [ $rc -eq 0 ] && grep -q '^best: duet run models/gpt2_124m.model .* --offload optimizer --device-memory 1700MiB$' "$d/off.txt" &&
+     ! grep -E '^ +[0-9]+ +[0-9.]+ ms' "$d/off.txt" | grep -qv 'offload optimizer$' &&
+     $PY -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["fits"] and j["chosen"]["offload"] == "optimizer" and j["host"]["optimizer_state"] > 0' "$d/off.json"; then
+    ok "fit: offload chosen where nothing else fits"
+  else bad "fit offload: exit $rc"; head -8 "$d/off.txt"; fi
 
   # duet run refuses before compiling: one device (the plan's table), two (the fastest split's)
   DUET_CACHE_DIR="$d/cache1" "$DUET" run $G --device-memory 30MiB --steps 1 > "$d/r1.out" 2>&1; rc=$?
