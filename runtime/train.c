@@ -453,6 +453,11 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
     fprintf(stderr, "duet: error: --save-every needs --save PATH (where to write the checkpoints)\n");
     return 1;
   }
+  if (!c->eval_only && duet_program_quantized(p)) { /* int8 weights: passes/quantize.c */
+    fprintf(stderr, "duet: error: this program's weights are int8 (compiled with --quantize): it evaluates a "
+                    "trained checkpoint and cannot train; give --eval-only --checkpoint CK\n");
+    return 1;
+  }
   if (c->keep_best && no_eval) {
     fprintf(stderr, "duet: error: --keep-best keeps the checkpoint of the best evaluation: it cannot go with "
                     "--no-eval\n");
@@ -2445,6 +2450,7 @@ static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const Du
     fprintf(stderr, "duet: error: %s\n", err);
     goto out;
   }
+  if (!cfg->quiet) duet_quant_summary(p, stdout); /* int8 weights (--quantize): their bytes */
   if (duet_evaluate(s, cfg, &r, err, sizeof err)) {
     fprintf(stderr, "duet: error: evaluation: %s\n", err);
     goto out;

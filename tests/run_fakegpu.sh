@@ -15,7 +15,7 @@
 #     on sm_80), run_train_gpu.sh, run_precision_gpu.sh,
 #     run_pipeline_gpu.sh (one fake GPU as two devices, cpu + GPU, and two
 #     fake GPUs without and with peer access), run_prune_gpu.sh and
-#     run_adamw8_gpu.sh (part prune), run_data_parallel_gpu.sh
+#     run_adamw8_gpu.sh and run_quantize_gpu.sh (part prune), run_data_parallel_gpu.sh
 #     (one fake GPU as two replicas, summed device-to-device; two fake GPUs
 #     with the fake's NCCL, forced to shared memory, without NCCL; three
 #     fake GPUs, whose ring order must differ from the replica order in
@@ -141,6 +141,7 @@ precision) t gpu_precision sh tests/gpu/run_precision_gpu.sh "$DUET" ;;
 prune)
   t gpu_prune sh tests/gpu/run_prune_gpu.sh "$DUET"
   t gpu_adamw8 sh tests/gpu/run_adamw8_gpu.sh "$DUET"
+  t gpu_quantize sh tests/gpu/run_quantize_gpu.sh "$DUET"
   ;;
 pipeline)
   DUET_FAKE_GPUS=2 t gpu_pipeline_staged sh tests/gpu/run_pipeline_gpu.sh "$DUET"
