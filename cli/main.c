@@ -32,6 +32,7 @@ static void usage(FILE *out) {
           "  plot METRICS.jsonl ... -o OUT.png|OUT.svg   training curves of --metrics files (gnuplot)\n"
           "  predict M.model --checkpoint CK [--data PATH] [-o OUT.jsonl]   predictions as JSON lines\n"
           "  export M.model --checkpoint CK -o W.safetensors   the params alone, f32 (for PyTorch)\n"
+          "  version                      the version and the commit duet was built from (also --version)\n"
           "  help                         this text\n\n"
           "run, compile, ir, emit and check take --precision auto|fp32|fp16|bf16 (default auto: fp32\n"
           "on the CPU) and ir and check --arch cpu|sm_60|sm_61|sm_70|sm_75|sm_80|sm_86|sm_89|sm_90 (the\n"
@@ -43,11 +44,13 @@ static void usage(FILE *out) {
           "recomputes the rest in the backward pass; auto recomputes blocks only until each device fits.\n\n"
           "run, compile, plan, ir, emit and check take --optimizer-state int8|f32 (AdamW's moments in 8-bit\n"
           "block-wise quantized codes, or f32: overrides the model's adamw(state = ...)).\n\n"
+          "run, compile, ir and emit take --quantize int8|int8-tensor|none (int8 weights, a scale per output\n"
+          "channel or per tensor: an evaluation program; duet run needs --eval-only --checkpoint CK).\n\n"
           "run, compile, plan, ir, emit and check take the pruning flags --prune S, --prune-mode,\n"
           "--prune-start, --prune-end, --prune-every, --prune-initial, --prune-params (`duet run --help`).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
           "M.model: it resumes after the pass it was printed after.\n\n"
-          "Every command takes --help.  Environment: DUET_CC (C compiler, default cc),\n"
+          "Every command takes --help and --version.  Environment: DUET_CC (C compiler, default cc),\n"
           "DUET_CACHE_DIR (kernel cache, default ~/.cache/duet), DUET_HOST_MEMORY (the memory a CPU\n"
           "device may use, default MemAvailable or the cgroup limit).\n");
 }
@@ -70,7 +73,7 @@ static void prune_help(FILE *out) {
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
  * emit and check (cli/ may hold global state). */
 static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt_optim_state, *opt_device_memory,
-    *opt_offload;
+    *opt_offload, *opt_quantize;
 /* --device-memory SIZE in bytes (0: not given): every device's capacity */
 static int64_t opt_device_bytes;
 static char opt_device_from[160]; /* "--device-memory 16GB = 16000000000 bytes" */
@@ -81,15 +84,16 @@ static char opt_device_from[160]; /* "--device-memory 16GB = 16000000000 bytes" 
 static int strip_precision_flags(int argc, char **argv) {
   int k = 0;
   for (int i = 0; i < argc; i++) {
-    const char *names[7] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state",
-                            "--device-memory", "--offload"};
-    const char **dst[7] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state,
-                           &opt_device_memory, &opt_offload};
-    static const char *const values[7] = {"auto, fp32, fp16, bf16",
+    const char *names[8] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state",
+                            "--device-memory", "--offload", "--quantize"};
+    const char **dst[8] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state,
+                           &opt_device_memory, &opt_offload, &opt_quantize};
+    static const char *const values[8] = {"auto, fp32, fp16, bf16",
                                           "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16",
-                                          "none, blocks, auto", "int8, f32", "a size such as 16GiB", "none, optimizer"};
+                                          "none, blocks, auto", "int8, f32", "a size such as 16GiB", "none, optimizer",
+                                          "int8, int8-tensor, none"};
     int hit = -1;
-    for (int j = 0; j < 7 && hit < 0; j++) {
+    for (int j = 0; j < 8 && hit < 0; j++) {
       size_t n = strlen(names[j]);
       if (!strcmp(argv[i], names[j])) {
         if (i + 1 >= argc) {
@@ -162,6 +166,11 @@ static int check_precision_flags(void) {
   }
   if (opt_optim_state && strcmp(opt_optim_state, "int8") && strcmp(opt_optim_state, "f32")) {
     fprintf(stderr, "duet: error: unknown --optimizer-state `%s` (int8, f32)\n", opt_optim_state);
+    return 1;
+  }
+  if (quantize_mode_parse(opt_quantize) < 0) {
+    fprintf(stderr, "duet: error: unknown --quantize `%s` (int8: a scale per output channel, int8-tensor: one per "
+                    "tensor, none)\n", opt_quantize);
     return 1;
   }
   int off;
@@ -505,6 +514,11 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
                "need the .model or a dump from before `prune`", g->after_pass);
     return NULL;
   }
+  if (quantize_mode_parse(opt_quantize) > 0 && g->after_pass && passes_find(g->after_pass) >= passes_find("quantize")) {
+    diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its weights' dtypes are fixed; "
+               "--quantize needs the .model or a dump from before `quantize`", g->after_pass);
+    return NULL;
+  }
   if (opt_recompute && g->after_pass && passes_find(g->after_pass) >= passes_find("recompute")) {
     /* the dump's recomputation is fixed: a request it already follows is fine
      * (recomputed copies are backward values with a block) */
@@ -535,7 +549,7 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
                 .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .recompute = opt_recompute,
-                .optim_state = opt_optim_state,
+                .optim_state = opt_optim_state, .quantize = opt_quantize,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
@@ -692,11 +706,12 @@ static CgProgram *lower_program(Compiled *c, bool cuda) {
 
 /* Loads the C kernels of cp (compiled now or taken from the cache) into m.
  * 1 after printing the error. */
-static int load_kernels(Compiled *c, CgProgram *cp, JitModule *m) {
-  char err[8192];
+static int load_kernels(Compiled *c, CgProgram *cp, JitModule *m, bool show) {
+  char err[8192], what[128];
   const char *src = codegen_emit_c(cp, c->arena);
   cp->prog.source_hash = duet_fnv1a(src, strlen(src), DUET_FNV_OFFSET); /* the ranks of an MPI run compare it */
-  if (jit_load(src, m, err, sizeof err)) {
+  snprintf(what, sizeof what, "compiling %d kernels with %s", cp->n_kernels, jit_cc());
+  if (jit_load_shown(src, m, show ? what : NULL, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
   }
@@ -711,7 +726,7 @@ static int load_kernels(Compiled *c, CgProgram *cp, JitModule *m) {
 /* lower_program, then load_kernels.  NULL after printing the error. */
 static CgProgram *jit_program(Compiled *c, JitModule *m, bool cuda) {
   CgProgram *cp = lower_program(c, cuda);
-  return cp && !load_kernels(c, cp, m) ? cp : NULL;
+  return cp && !load_kernels(c, cp, m, false) ? cp : NULL;
 }
 
 /* After a compilation for po's devices failed: when the same model
@@ -804,6 +819,9 @@ static int cmd_run(int argc, char **argv) {
     printf("  --optimizer-state S int8|f32: AdamW's two moments as 8-bit codes with an f32 scale per block\n"
            "                     of 2048 values (Dettmers et al. 2021: 2 bytes per param instead of 8)\n"
            "                     or f32; overrides the model's adamw(state = ...)\n");
+    printf("  --quantize Q       int8|int8-tensor|none: evaluate with int8 weights (matmul and convolution\n"
+           "                     weights, a scale per output channel, or per tensor, dequantized before\n"
+           "                     each GEMM); only with --eval-only --checkpoint CK\n");
     prune_help(stdout);
     printf("\nCompiles the model's kernels (cached in DUET_CACHE_DIR) and trains it.\n");
     return argc < 1 ? 1 : 0;
@@ -866,7 +884,7 @@ static int cmd_run(int argc, char **argv) {
   JitModule m;
   memset(&m, 0, sizeof m);
   /* duet_main's checks of data files, devices and --save before seconds of compiling */
-  if (!cp || duet_preflight(&cp->prog, argv[0], argc - 1, argv + 1) || (!all_cuda && load_kernels(&c, cp, &m))) {
+  if (!cp || duet_preflight(&cp->prog, argv[0], argc - 1, argv + 1) || (!all_cuda && load_kernels(&c, cp, &m, !probe.quiet))) {
     compiled_free(&c);
     return 1;
   }
@@ -917,7 +935,8 @@ static int cmd_compile(int argc, char **argv) {
              "EXE --clip-grad-norm changes it).  Also: --schedule gpipe|1f1b, --threads N (for\n"
              "the partition's cost model), --precision auto|fp32|fp16|bf16, the --prune flags,\n"
              "--recompute none|blocks|auto, --offload none|optimizer (the executable's default; its\n"
-             "--offload none turns it off).\n"
+             "--offload none turns it off), --quantize int8|int8-tensor (an evaluation executable\n"
+             "with int8 weights: EXE --eval-only --checkpoint CK).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
@@ -1037,8 +1056,9 @@ static int cmd_compile(int argc, char **argv) {
   av[a++] = DUET_LINK_SANITIZE;
 #endif
   av[a] = NULL;
-  char log[8192];
-  int st = jit_run(av, log, sizeof log);
+  char log[8192], what[160];
+  snprintf(what, sizeof what, "compiling %d kernels and the training executable with %s", cp->n_kernels, jit_cc());
+  int st = jit_run_shown(av, log, sizeof log, what);
   unlink(cpath);
   compiled_free(&c);
   if (st != 0) {
@@ -1060,7 +1080,8 @@ static int cmd_ir(int argc, char **argv) {
              "Formats: text (the default; `duet run G.ir` and `duet ir G.ir` read it back), dot (Graphviz:\n"
              "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Also: --schedule gpipe|1f1b,\n"
              "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes),\n"
-             "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`).\n"
+             "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`),\n"
+             "--quantize int8|int8-tensor (int8 weights: `duet ir M.model --after quantize --quantize int8`).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n"
              "Passes, in order:\n");
@@ -1608,7 +1629,7 @@ static int cmd_emit(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n"
              "Also: --precision auto|fp32|fp16|bf16, --data-parallel N, --bucket-mb X and --zero 0|1 (the\n"
-             "kernels of one replica), --recompute none|blocks|auto.\n"
+             "kernels of one replica), --recompute none|blocks|auto, --quantize int8|int8-tensor.\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
@@ -1754,7 +1775,7 @@ static int cmd_predict(int argc, char **argv) {
   JitModule m;
   memset(&m, 0, sizeof m);
   int rc = 1;
-  if (cp && !load_kernels(&c, cp, &m)) {
+  if (cp && !load_kernels(&c, cp, &m, false)) {
     rc = duet_predict_main(&cp->prog, m.fns, argc - 1, argv + 1);
     jit_unload(&m);
   }
@@ -2050,6 +2071,18 @@ static int cmd_check(int argc, char **argv) {
   return rc;
 }
 
+/* --quantize makes an evaluation program (passes/quantize.c): duet run
+ * with it and without --eval-only would train.  1 after the error. */
+static int quantize_train_refused(int argc, char **argv) {
+  if (quantize_mode_parse(opt_quantize) <= 0) return 0;
+  for (int i = 0; i < argc; i++)
+    if (!strcmp(argv[i], "--eval-only")) return 0;
+  fprintf(stderr, "duet: error: --quantize %s evaluates a trained checkpoint with int8 weights and cannot train: train "
+                  "and save first (duet run M.model --save CK), then evaluate with duet run M.model --eval-only "
+                  "--checkpoint CK --quantize %s\n", opt_quantize, opt_quantize);
+  return 1;
+}
+
 int main(int argc, char **argv) {
   duet_rank_stderr(); /* under an MPI launcher: "duet: rank 1: error: ..." */
   if (argc < 2) {
@@ -2057,12 +2090,20 @@ int main(int argc, char **argv) {
     return 1;
   }
   const char *cmd = argv[1];
+  /* `duet version`, and --version given to any command (before anything is
+   * compiled, so it answers even where the model or the flags are wrong) */
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--version") || (i == 1 && !strcmp(argv[i], "version"))) {
+      printf("%s\n", duet_version_line);
+      return 0;
+    }
   if (!strcmp(cmd, "run") || !strcmp(cmd, "compile") || !strcmp(cmd, "ir") || !strcmp(cmd, "emit") ||
       !strcmp(cmd, "check") || !strcmp(cmd, "plan")) {
     int n = strip_precision_flags(argc - 2, argv + 2);
     if (n < 0 || check_precision_flags()) return 1;
     if ((n = strip_prune_flags(n, argv + 2)) < 0) return 1;
     argc = n + 2;
+    if (!strcmp(cmd, "run") && quantize_train_refused(argc - 2, argv + 2)) return 1;
     if ((!strcmp(cmd, "run") || !strcmp(cmd, "compile")) && opt_arch && strcmp(opt_arch, "cpu")) {
       fprintf(stderr, "duet: error: duet %s builds for the CPU; --arch %s is for duet ir and duet check\n", cmd,
               opt_arch);

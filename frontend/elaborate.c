@@ -916,7 +916,7 @@ static void read_dims(Elab *e, Scope *s, const Node *n, Shape *sh) {
 static DType read_dtype(Elab *e, const Node *n, bool allow_int) {
   if (!n->dtype) return e->g->float_dtype;
   int t = dtype_from_name(n->dtype);
-  if (t < 0 || t == DT_VOID || t == DT_U8) { /* u8: optimizer state codes only */
+  if (t < 0 || t == DT_VOID || t == DT_U8 || t == DT_I8) { /* u8: optimizer state codes only; i8: quantized weights */
     Hint h = {0};
     hint_try(&h, n->dtype, "f32");
     hint_try(&h, n->dtype, "i32");
@@ -1438,8 +1438,14 @@ static void read_prune(Elab *e, Scope *s, const Node *n, PruneSpec *p) {
       if (x.kind != EV_STR)
         diag_error(e->d, x.loc, k == 1 ? "prune mode must be a string: \"unstructured\", \"global\", \"channels\" "
                    "or N:M such as \"2:4\"" : "prune params must be a string of patterns such as \"*.w, !head.w\"");
+      int nm_a, nm_b, nm_used = 0;
       if (k == 6) {
         p->params = x.str;
+      } else if (x.kind == EV_STR && prune_mode_parse(x.str, &p->mode, &p->nm_n, &p->nm_m) &&
+                 sscanf(x.str, "%d:%d%n", &nm_a, &nm_b, &nm_used) == 2 && !x.str[nm_used] && nm_a >= nm_b &&
+                 nm_a >= 1 && nm_b <= 64) { /* as --prune-mode (passes/prune.c) */
+        diag_error(e->d, x.loc, "prune mode `%s`: N must be less than M (N:M keeps N of every M weights, such as 2:4)",
+                   x.str);
       } else if (prune_mode_parse(x.str, &p->mode, &p->nm_n, &p->nm_m)) {
         Hint h = {0};
         const char *modes[] = {"unstructured", "global", "channels", "2:4"};
@@ -1454,6 +1460,41 @@ static void read_prune(Elab *e, Scope *s, const Node *n, PruneSpec *p) {
       *(k == 2 ? &p->start : k == 3 ? &p->end : &p->every) = v;
     }
   }
+}
+
+/* quantize { weights = int8  mode = qat  granularity = channel|tensor }:
+ * quantization-aware training (passes/quantize.c, pass_qat); int8 weights
+ * per output channel by default.  Post-training quantization is not a
+ * section: it is --quantize int8 on duet run --eval-only. */
+static void read_quantize(Elab *e, const Node *n, Graph *g) {
+  static const char *const keys[] = {"weights", "mode", "granularity"};
+  bool qat = false;
+  g->qat = 1; /* QUANT_INT8_CHANNEL */
+  g->qat_loc = n->loc;
+  for (Node *kv = n->body.head; kv; kv = kv->next) {
+    for (Node *o = n->body.head; o != kv; o = o->next)
+      if (!strcmp(o->name, kv->name)) diag_error(e->d, kv->loc, "quantize key `%s` is set twice", kv->name);
+    int k = 0;
+    while (k < 3 && strcmp(keys[k], kv->name)) k++;
+    if (k == 3) {
+      Hint h = {0};
+      for (int i = 0; i < 3; i++) hint_try(&h, kv->name, keys[i]);
+      diag_error(e->d, kv->loc, "unknown quantize key `%s`; keys are weights, mode and granularity%s", kv->name,
+                 hint_text(e, &h));
+    }
+    if (k == 0 && !is_ident(kv->a, "int8"))
+      diag_error(e->d, kv->a->loc, "quantize weights must be int8");
+    if (k == 1 && !is_ident(kv->a, "qat"))
+      diag_error(e->d, kv->a->loc, "quantize mode must be qat (quantization-aware training); post-training "
+                 "quantization of a trained checkpoint is duet run --eval-only --checkpoint CK --quantize int8");
+    if (k == 2 && !is_ident(kv->a, "channel") && !is_ident(kv->a, "tensor"))
+      diag_error(e->d, kv->a->loc, "quantize granularity must be channel or tensor");
+    if (k == 1) qat = true;
+    if (k == 2) g->qat = is_ident(kv->a, "tensor") ? 2 : 1; /* QUANT_INT8_TENSOR : QUANT_INT8_CHANNEL */
+  }
+  if (!qat)
+    diag_error(e->d, n->loc, "the quantize section needs mode = qat (quantization-aware training); post-training "
+               "quantization of a trained checkpoint is duet run --eval-only --checkpoint CK --quantize int8");
 }
 
 static void check_data_inputs(Elab *e, Loc model_loc) {
@@ -1610,19 +1651,13 @@ Source *frontend_read_file(Arena *a, Diag *d, const char *path) {
   return ret;
 }
 
-Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOptions *opt) {
-  jmp_buf jb, *saved = d->jmp;
+/* frontend_compile's work, under the caller's setjmp: a diagnostic's
+ * longjmp leaves it (none of its locals is used afterwards, so none can
+ * be clobbered). */
+static Graph *compile_source(Arena *a, Diag *d, const Source *src, const FrontendOptions *opt) {
   ParseCtx cx = {.arena = a, .diag = d, .src = src};
-  Graph *volatile g = NULL;
-  d->jmp = &jb;
-  if (setjmp(jb)) {
-    d->jmp = saved;
-    return NULL;
-  }
-  if (frontend_parse_source(&cx)) {
-    d->jmp = saved;
-    return NULL;
-  }
+  Graph *g = NULL;
+  if (frontend_parse_source(&cx)) return NULL;
   Elab e = {.a = a, .d = d, .stmts = cx.stmts};
   {
     /* imported blocks and consts come first, then the file's own */
@@ -1664,7 +1699,7 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
    * use them), then the train section (it binds `batch`), then the rest */
   for (Node *st = cx.stmts.head; st; st = st->next)
     if (st->kind == N_CONST) exec_stmt(&e, &global, st, true);
-  int n_train = 0, n_eval = 0, n_prune = 0;
+  int n_train = 0, n_eval = 0, n_prune = 0, n_quant = 0;
   for (Node *st = cx.stmts.head; st; st = st->next)
     if (st->kind == N_TRAIN) {
       if (n_train++) diag_error(d, st->loc, "only one train section is allowed");
@@ -1677,11 +1712,18 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
         read_prune(&e, &global, st, &g->prune);
         continue;
       }
+      if (!strcmp(st->name, "quantize")) {
+        if (n_quant++) diag_error(d, st->loc, "only one quantize section is allowed");
+        read_quantize(&e, st, g);
+        continue;
+      }
       if (strcmp(st->name, "eval")) {
         Hint h = {0};
         hint_try(&h, st->name, "eval");
         hint_try(&h, st->name, "prune");
-        diag_error(d, st->loc, "unknown section `%s`; sections are `train { }`, `eval { }` and `prune { }`%s",
+        hint_try(&h, st->name, "quantize");
+        diag_error(d, st->loc, "unknown section `%s`; sections are `train { }`, `eval { }`, `prune { }` and "
+                   "`quantize { }`%s",
                    st->name, hint_text(&e, &h));
       }
       if (n_eval++) diag_error(d, st->loc, "only one eval section is allowed");
@@ -1750,6 +1792,14 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
                  "set `eval = false` in the train section", n_ce ? "more than one" : "no");
   }
   if (!g->decode) check_data_inputs(&e, cx.model_loc);
+  return g;
+}
+
+Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOptions *opt) {
+  jmp_buf jb, *saved = d->jmp;
+  Graph *volatile g = NULL;
+  d->jmp = &jb;
+  if (!setjmp(jb)) g = compile_source(a, d, src, opt);
   d->jmp = saved;
   return g;
 }

@@ -117,8 +117,10 @@ int source_char_col(const Source *s, int line, int col);
 /* DT_F16: IEEE 754 binary16; DT_BF16: bfloat16 (the top half of a binary32).
  * Both are storage types: kernels widen them to f32 to compute.  DT_U8:
  * unsigned bytes, only the codes of 8-bit optimizer state (AdamW with
- * `state = int8`: runtime/duet_q8.h), never a model's tensor. */
-typedef enum DType { DT_VOID, DT_F32, DT_F64, DT_I32, DT_F16, DT_BF16, DT_U8, DT_COUNT } DType;
+ * `state = int8`: runtime/duet_q8.h), never a model's tensor.  DT_I8:
+ * signed bytes, only the int8 weights of a quantized program (the quantize
+ * pass, passes/quantize.c), read by its dequantize ops. */
+typedef enum DType { DT_VOID, DT_F32, DT_F64, DT_I32, DT_F16, DT_BF16, DT_U8, DT_I8, DT_COUNT } DType;
 const char *dtype_name(DType t);         /* "f32" ... */
 size_t dtype_size(DType t);              /* bytes per element */
 bool dtype_is_float(DType t);
@@ -154,6 +156,7 @@ typedef enum ShapeRule {
   SHAPE_POSITIONS, /* idx [..., T] -> i32 [T] */
   SHAPE_CAST,      /* shape of in[0], dtype attr.dtype (a float dtype) */
   SHAPE_NONE,      /* no result; float operands of any shapes (a collective) */
+  SHAPE_DEQUANT,   /* i8 in[0] times f32 scales in[1] broadcast to in[0]'s shape: f32 of in[0]'s shape */
 } ShapeRule;
 
 enum { OPF_EW = 1, OPF_SIDE = 2 };
@@ -413,6 +416,9 @@ typedef struct Graph {
   double bucket_mb;  /* data_parallel: the --bucket-mb its all-reduce buckets were
                       * made for (0: the default, 25 MiB); printed `bucket_mb X` */
   PruneSpec prune;   /* the `prune { }` section; after the prune pass, as applied */
+  int qat;           /* the `quantize { weights = int8  mode = qat }` section: 1 per output channel,
+                      * 2 per tensor (passes.h's QUANT_INT8_*), 0: none; the qat pass applies it */
+  Loc qat_loc;
   int zero;          /* --zero 1: optimizer state sharded over the replicas (ZeRO
                       * stage 1; needs replicas > 1); printed `zero 1` */
 } Graph;

@@ -44,7 +44,7 @@ typedef struct Parser {
   int line;
   IdSlot *slots; /* %id -> value, open addressing */
   size_t cap;
-  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line, zero_line,
+  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line, zero_line, qat_line,
       bucket_line;
   uint64_t device_regions[IR_MAX_STAGES / 64 + 1]; /* `regions device N` lines seen */
   int loss_line, logits_line, labels_line;
@@ -737,8 +737,8 @@ static void check_value(Parser *P, const char *at, OpKind op, Value **in, int n,
   const Shape *x = n ? &in[0]->shape : NULL;
   switch (op) {
   case OP_PARAM:
-  case OP_STATE: /* a state may also hold 8-bit AdamW codes (u8) */
-    if (!dtype_is_float(dt) && !(op == OP_STATE && dt == DT_U8))
+  case OP_STATE: /* a state may also hold 8-bit AdamW codes (u8), a param int8 weights (i8: quantize) */
+    if (!dtype_is_float(dt) && !(op == OP_STATE && dt == DT_U8) && !(op == OP_PARAM && dt == DT_I8))
       FAIL(at, "%s `%s` must be a float tensor, not %s", name, a->name, dtype_name(dt));
     break;
   case OP_ADAMW: {
@@ -1413,6 +1413,10 @@ static void parse_line(Parser *P) {
     if (!(g->bucket_mb > 0 && g->bucket_mb <= 1e9))
       FAIL(at, "bucket_mb must be a number of MiB > 0 (and at most 1e9), got %s", ir_num_str(g->bucket_mb, (char[32]){0}, 32));
     want_eol(P, "the MiB of an all-reduce bucket");
+  } else if (!strcmp(w, "qat")) { /* the quantize section (passes/quantize.c, pass_qat) */
+    once(P, at, &P->qat_line, "qat");
+    g->qat = (int)integer(P, 1, 2, "the int8 granularity of quantization-aware training (1 per channel, 2 per tensor)");
+    want_eol(P, "the int8 granularity");
   } else if (!strcmp(w, "zero")) {
     once(P, at, &P->zero_line, "zero");
     g->zero = (int)integer(P, 1, 1, "the ZeRO stage (1)");
@@ -1483,8 +1487,8 @@ static void parse_line(Parser *P) {
     int op = op_from_name(w);
     if (op < 0) {
       static const char *const kw[] = {"model", "after", "float_dtype", "decode", "train", "regions", "loss", "logits",
-                                       "labels", "grad", "stages", "replicas", "prune", "zero", "bucket_mb"};
-      const char *h = hint(P, w, kw, 15);
+                                       "labels", "grad", "stages", "replicas", "prune", "zero", "bucket_mb", "qat"};
+      const char *h = hint(P, w, kw, 16);
       FAIL(at, "unknown op `%s`%s", w, *h ? h : op_hint(P, w));
     }
     if (!(op_info[op].flags & OPF_SIDE)) FAIL(at, "%s has a result: the line must start with `%%N =`", w);

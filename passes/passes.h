@@ -64,6 +64,7 @@ typedef struct PassCtx {
                               * capacity bounds the graph (duet run's default CPU; NULL: none) */
   const PruneSpec *prune;    /* prune: the --prune flags (prune_parse_flag); the fields in
                               * its `set` override the model's prune section (NULL: none) */
+  const char *quantize;      /* quantize: --quantize int8|int8-tensor (quantize_mode_parse; NULL: none) */
   const char *optim_state;   /* optimizer: --optimizer-state int8|f32, overriding the model's
                               * adamw(state = ...) (NULL: the model's; ignored for SGD) */
   int nodes;                 /* duet plan --nodes K: the replicas are spread over K
@@ -89,7 +90,7 @@ typedef struct Pass {
   const char *what; /* one line for `duet ir --help` */
 } Pass;
 
-/* The pipeline, in order: shape, autodiff, optimizer, eval, prune, precision, fuse,
+/* The pipeline, in order: shape, qat, autodiff, optimizer, eval, prune, quantize, precision, fuse,
  * partition, data_parallel, recompute, memplan. */
 extern const Pass duet_passes[];
 extern const int duet_n_passes;
@@ -107,6 +108,8 @@ void pass_autodiff(Graph *g, PassCtx *cx);  /* append d(loss)/d(param) */
 void pass_optimizer(Graph *g, PassCtx *cx); /* append AdamW / SGD updates (AdamW: f32 or 8-bit state) */
 void pass_eval(Graph *g, PassCtx *cx);      /* append accuracy metrics */
 void pass_prune(Graph *g, PassCtx *cx);     /* pruning masks and the ops that apply them */
+void pass_quantize(Graph *g, PassCtx *cx);  /* int8 weights (--quantize): an evaluation program */
+void pass_qat(Graph *g, PassCtx *cx);       /* fake-quantized weights (the model's quantize section) */
 void pass_precision(Graph *g, PassCtx *cx); /* 16-bit storage, f32 master weights, casts */
 void pass_fuse(Graph *g, PassCtx *cx);      /* fuse elementwise chains */
 void pass_partition(Graph *g, PassCtx *cx); /* devices/stages + transfer ops */
@@ -206,6 +209,22 @@ int recompute_mode_parse(const char *s);
  * one of them and val parses, 0 when `flag` is not a prune flag, -1 with
  * the message in err ("--prune expects a sparsity in [0, 1), got '1.5'"). */
 int prune_parse_flag(PruneSpec *over, const char *flag, const char *val, char *err, size_t errlen);
+/* The output-channel axis of param p as a matmul or convolution weight:
+ * the forward matmuls that take it as their second operand, directly (x @
+ * w: its last axis; x @ transpose(w) of a matrix: the first) or as a
+ * convolution (a rank-4 weight reshaped, and sliced for groups, into the
+ * transposed operand: the first).  -1 when p is no such weight.
+ * use[cnt[id] .. cnt[id + 1]): the forward ops that read value id. */
+int prune_weight_axis(const Value *p, Value *const *use, const int *cnt);
+
+/* ------------------------------------------------------------- quantize */
+
+/* --quantize: none, int8 (symmetric, one f32 scale per output channel),
+ * int8-tensor (one scale per weight tensor).  passes/quantize.c. */
+enum { QUANT_NONE, QUANT_INT8_CHANNEL, QUANT_INT8_TENSOR };
+/* QUANT_* for "none", "int8" (also "int8-channel"), "int8-tensor"; NULL:
+ * none; -1 for anything else. */
+int quantize_mode_parse(const char *s);
 
 /* ------------------------------------------------------------ precision */
 

@@ -311,6 +311,10 @@ static void fan(const DuetTensor *t, double *fan_in, double *fan_out) {
 }
 
 static void init_tensor(const DuetTensor *t, void *mem, uint64_t seed, uint64_t stream) {
+  if (t->dtype == DUET_I8) { /* int8 weights of a quantized program: zeros until a checkpoint fills them */
+    memset(mem, 0, (size_t)t->nbytes);
+    return;
+  }
   int64_t n = t->nbytes / (t->dtype == DUET_F64 ? 8 : 4);
   DuetRng r;
   duet_rng_seed(&r, seed, stream);

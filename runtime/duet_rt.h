@@ -21,8 +21,10 @@
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
  * IEEE binary16, DUET_BF16 bfloat16 (2 bytes each; runtime/duet_half.h);
- * DUET_U8 bytes: the codes of 8-bit optimizer state (runtime/duet_q8.h). */
-enum { DUET_VOID = 0, DUET_F32 = 1, DUET_F64 = 2, DUET_I32 = 3, DUET_F16 = 4, DUET_BF16 = 5, DUET_U8 = 6 };
+ * DUET_U8 bytes: the codes of 8-bit optimizer state (runtime/duet_q8.h);
+ * DUET_I8 signed bytes: the int8 weights of a quantized program
+ * (duet_quantize_i8). */
+enum { DUET_VOID = 0, DUET_F32 = 1, DUET_F64 = 2, DUET_I32 = 3, DUET_F16 = 4, DUET_BF16 = 5, DUET_U8 = 6, DUET_I8 = 7 };
 
 /* Where a tensor lives. */
 /* DUET_MEM_CACHE: key/value caches of a decoding program (persistent, not
@@ -664,8 +666,14 @@ void duet_session_set_pos(DuetSession *s, int64_t pos);
 void duet_session_set_valid(DuetSession *s, int64_t n_valid);
 const char *duet_session_error(const DuetSession *s);
 
+/* "duet X.Y.Z (git HASH, DATE)": the release, and the commit (12 hex digits)
+ * and commit date of the checkout the library was built from ("unknown"
+ * outside a git checkout); generated at build time (tools/version.cmake). */
+extern const char duet_version_line[];
+
 /* Training driver: parses flags (see duet_usage), loads data, trains, logs,
- * evaluates.  Returns a process exit code. */
+ * evaluates.  --version anywhere prints duet_version_line and returns 0.
+ * Returns a process exit code. */
 int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *argv0, int argc, char **argv);
 /* Byte-level text generation with a trained model: `prompt` is extended
  * by `n_tokens` bytes, each drawn from softmax(logits / temperature)
@@ -758,6 +766,38 @@ int duet_prune_update(DuetSession *s, double target, char *err, size_t errlen);
  * 0, or -1 with a message in err. */
 int duet_prune_sparsity(DuetSession *s, double *per_param, double *overall, int64_t *n_weights, char *err,
                         size_t errlen);
+/* ------------------------------------------------- int8 weights (quantize) */
+
+/* Symmetric int8 quantization of the f32 weights w[numel of shape] (rank
+ * dims) with one scale per element of the broadcast shape sshape (each
+ * sshape[d] 1 or shape[d]: [1, out] for an [in, out] weight per output
+ * channel, [out, 1, 1, 1] for a convolution's, all ones per tensor).
+ * Weights are grouped by the scale element they broadcast to; per group:
+ *   m = max |w| (f32),  scale = m / 127 (f32 division),
+ *   q = round(w / scale) clamped to [-127, 127], rounded half to even
+ *       (nearbyintf in the default rounding mode; numpy's round and
+ *       torch.round round the same way),
+ * so w is within scale / 2 of q x scale.  A group with m = 0 gets scale 1
+ * (its q are 0, dequantized to exactly 0); one whose m / 127 is below
+ * FLT_MIN (2^-126) gets FLT_MIN: never a zero, subnormal or NaN scale, and
+ * q = 0 wherever |w| < FLT_MIN / 2.  -128 is never used (the range is
+ * symmetric).  w must be finite (checkpoint loading refuses a NaN or an
+ * infinity first); a non-finite weight gives q 0 and scale 1 for its group.
+ * Returns 0, or -1 when a shape is invalid (rank outside 1..DUET_MAX_RANK,
+ * a dim below 1, an sshape[d] neither 1 nor shape[d]). */
+int duet_quantize_i8(const float *w, int rank, const int64_t *shape, const int64_t *sshape, signed char *q,
+                     float *scale);
+/* The scale tensor of int8 param i of p (the param `<name>.scale`, f32, of
+ * its rank) or -1 when i is no int8 param or has none. */
+int duet_quant_scale_of(const DuetProgram *p, int i);
+/* Whether p holds int8 weights (a program compiled with --quantize: it
+ * evaluates only). */
+int duet_program_quantized(const DuetProgram *p);
+/* For a program with int8 weights, one line to out: "duet: int8 weights:
+ * 3 tensors, 1861632 bytes and 4128 bytes of f32 scales (7446528 bytes in
+ * f32)"; nothing for another program. */
+void duet_quant_summary(const DuetProgram *p, FILE *out);
+
 /* ------------------------------------------------------------ MPI ranks */
 
 /* Whether an MPI launcher started this process as one of several ranks,

@@ -15,7 +15,7 @@
 #     on sm_80), run_train_gpu.sh, run_precision_gpu.sh,
 #     run_pipeline_gpu.sh (one fake GPU as two devices, cpu + GPU, and two
 #     fake GPUs without and with peer access), run_prune_gpu.sh and
-#     run_adamw8_gpu.sh (part prune), run_data_parallel_gpu.sh
+#     run_adamw8_gpu.sh and run_quantize_gpu.sh (part prune), run_data_parallel_gpu.sh
 #     (one fake GPU as two replicas, summed device-to-device; two fake GPUs
 #     with the fake's NCCL, forced to shared memory, without NCCL; three
 #     fake GPUs, whose ring order must differ from the replica order in
@@ -114,8 +114,10 @@ cli)
   DUET_FAKE_MEM=100MiB "$DUET" plan tests/models/gpt_tiny.model --devices cuda:0 --device-memory 1GiB > "$tmp/mem4" 2>&1
   has "$tmp/mem4" " of 1.00 GiB (--device-memory 1GiB = 1073741824 bytes)" device_memory_flag
   # 2, 3. target selection and the kernel cache
-  "$DUET" run $TINY --devices cuda:0 > "$tmp/sass" 2>&1
+  DUET_PROGRESS_SECONDS=0.0001 "$DUET" run $TINY --devices cuda:0 > "$tmp/sass" 2>&1
   has "$tmp/sass" "sm_60 SASS compiled by NVRTC 12.9" sass_sm60
+  # the NVRTC compile shows that it is alive (progress lines on a pipe; it wakes up every 0.1 s)
+  has "$tmp/sass" "duet: progress: compiling 129 kernels with NVRTC 12.9 for sm_60 | " nvrtc_progress
   "$DUET" run $TINY --devices cuda:0 > "$tmp/cached" 2>&1
   has "$tmp/cached" "sm_60 SASS from the kernel cache" kernel_cache
   DUET_FAKE_CC=12.0 DUET_FAKE_NVRTC=12.0 "$DUET" run $TINY --devices cuda:0 > "$tmp/ptx" 2>&1
@@ -139,6 +141,7 @@ precision) t gpu_precision sh tests/gpu/run_precision_gpu.sh "$DUET" ;;
 prune)
   t gpu_prune sh tests/gpu/run_prune_gpu.sh "$DUET"
   t gpu_adamw8 sh tests/gpu/run_adamw8_gpu.sh "$DUET"
+  t gpu_quantize sh tests/gpu/run_quantize_gpu.sh "$DUET"
   ;;
 pipeline)
   DUET_FAKE_GPUS=2 t gpu_pipeline_staged sh tests/gpu/run_pipeline_gpu.sh "$DUET"
