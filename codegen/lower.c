@@ -568,8 +568,16 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   int n_grads = 0;
   for (int i = 0; i < g->n_values; i++) {
     Value *v = g->values[i];
-    if ((v->op == OP_ADAMW || v->op == OP_SGD) && cp->tensor_of[v->in[1]->id] >= 0)
-      tensors[cp->tensor_of[v->in[1]->id]].is_grad = 1, n_grads++;
+    if (!(v->op == OP_ADAMW || v->op == OP_SGD)) continue;
+    Value *gv = v->in[1];
+    if (gv->role == ROLE_OPTIMIZER) { /* a tied weight's gradient, added once per step from its parts (partition.c) */
+      for (int j = 0; j < gv->n_in; j++) {
+        Value *x = gv->in[j]->op == OP_TRANSFER && gv->in[j]->role == ROLE_OPTIMIZER ? gv->in[j]->in[0] : gv->in[j];
+        if (cp->tensor_of[x->id] >= 0) tensors[cp->tensor_of[x->id]].is_grad = 1;
+      }
+      continue;
+    }
+    if (cp->tensor_of[gv->id] >= 0) tensors[cp->tensor_of[gv->id]].is_grad = 1, n_grads++;
   }
   p->n_tensors = nt;
   p->tensors = tensors;
@@ -638,9 +646,16 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       x->from = v->in[0]->device;
       x->to = v->device;
       x->nbytes = (int64_t)dtype_size(v->dtype) * shape_numel(&v->shape);
-      DuetStep send = {.kind = DUET_STEP_SEND, .a = n_xfers}, recv = {.kind = DUET_STEP_RECV, .a = n_xfers};
+      /* b = 1: a param sent once per step (ir_param_transfer), on the first micro-batch only */
+      int once = ir_param_transfer(v);
+      DuetStep send = {.kind = DUET_STEP_SEND, .a = n_xfers, .b = once},
+               recv = {.kind = DUET_STEP_RECV, .a = n_xfers, .b = once};
       n_xfers++;
-      int lists[2] = {v->role == ROLE_BACKWARD ? 1 : v->role == ROLE_EVAL ? 3 : 0, v->role == ROLE_FORWARD ? 3 : -1};
+      int lists[2] = {v->role == ROLE_BACKWARD    ? 1
+                      : v->role == ROLE_EVAL      ? 3
+                      : v->role == ROLE_OPTIMIZER ? 2 /* a tied weight's gradient part, once per step */
+                                                  : 0,
+                      v->role == ROLE_FORWARD ? 3 : -1};
       for (int k = 0; k < 2; k++)
         if (lists[k] >= 0) {
           push_step(&L, &sl[x->from * 4 + lists[k]], send);

@@ -612,6 +612,10 @@ void graph_renumber(Graph *g) {
   for (int i = 0; i < g->n_values; i++) g->values[i]->id = i;
 }
 
+bool ir_param_transfer(const Value *v) {
+  return v->op == OP_TRANSFER && v->n_in == 1 && v->in[0]->op == OP_PARAM && v->role == ROLE_FORWARD;
+}
+
 void graph_count_uses(Graph *g) {
   for (int i = 0; i < g->n_values; i++) g->values[i]->n_uses = 0;
   for (int i = 0; i < g->n_values; i++)

@@ -251,7 +251,9 @@ typedef struct Attr {
 typedef enum Role { ROLE_FORWARD, ROLE_BACKWARD, ROLE_OPTIMIZER, ROLE_EVAL } Role;
 
 /* Memory regions assigned by the memplan pass.  Params and optimizer state
- * persist across steps; everything else lives in the activation arena, whose
+ * persist across steps; MEM_CACHE holds the key/value caches of decoding and
+ * a stage's copies of params received from another stage
+ * (ir_param_transfer); everything else lives in the activation arena, whose
  * offsets are reused between values with disjoint lifetimes. */
 typedef enum MemRegion { MEM_NONE, MEM_PARAM, MEM_STATE, MEM_ARENA, MEM_CACHE, MEM_COUNT } MemRegion;
 
@@ -441,6 +443,12 @@ Value *graph_add(Graph *g, OpKind op, Value **in, int n_in, const Attr *attr, Lo
 void graph_renumber(Graph *g);
 /* Recomputes n_uses over the whole graph. */
 void graph_count_uses(Graph *g);
+/* A transfer sent once per step, not once per micro-batch: a param's value
+ * in the forward pass (a weight used on two stages, such as a tied
+ * embedding).  Its copy on the receiving stage persists across the step's
+ * micro-batches (memplan puts it in MEM_CACHE, not in the per-micro-batch
+ * activation arena). */
+bool ir_param_transfer(const Value *v);
 /* Applies the op's shape rule to v (dtype and shape); reports errors. */
 void ir_infer_shape(Graph *g, Value *v);
 

@@ -247,6 +247,8 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
       if (train && gather_post(st, x->a)) return -1;
       continue;
     }
+    if ((x->kind == DUET_STEP_SEND || x->kind == DUET_STEP_RECV) && x->b && train && m > 0)
+      continue; /* a param, sent once per step: the receiver's copy persists (DUET_MEM_CACHE) */
     if (x->kind == DUET_STEP_SEND) {
       const DuetTransfer *tr = &p->transfers[x->a];
       int k = train ? m : 0;
