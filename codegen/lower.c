@@ -573,7 +573,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
     if (gv->role == ROLE_OPTIMIZER) { /* a tied weight's gradient, added once per step from its parts (partition.c) */
       for (int j = 0; j < gv->n_in; j++) {
         Value *x = gv->in[j]->op == OP_TRANSFER && gv->in[j]->role == ROLE_OPTIMIZER ? gv->in[j]->in[0] : gv->in[j];
-        if (cp->tensor_of[x->id] >= 0) tensors[cp->tensor_of[x->id]].is_grad = 1;
+        if (cp->tensor_of[x->id] >= 0) tensors[cp->tensor_of[x->id]].is_grad = 1, n_grads++;
       }
       continue;
     }
@@ -934,7 +934,23 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       if ((v->op != OP_ADAMW && v->op != OP_SGD) || !v->attr.sharded) continue;
       for (int j = 0; j < v->n_in; j++)
         if (cp->tensor_of[v->in[j]->id] >= 0) shard[cp->tensor_of[v->in[j]->id]] = v->attr.shard;
-      param_of[tid(&L, v->in[1])] = tid(&L, v->in[0]);
+      if (v->in[1]->role != ROLE_OPTIMIZER) {
+        param_of[tid(&L, v->in[1])] = tid(&L, v->in[0]);
+        continue;
+      }
+      /* a tied weight's parts (partition.c): the first on the param's stage
+       * gathers the param; any other gathers itself (the all-gather's
+       * entries follow the reduce-scatter's; the copy is not read) */
+      bool first = true;
+      for (int j = 0; j < v->in[1]->n_in; j++) {
+        Value *x = v->in[1]->in[j];
+        if (x->op == OP_TRANSFER && x->role == ROLE_OPTIMIZER) x = x->in[0];
+        int t = tid(&L, x);
+        shard[t] = v->attr.shard;
+        bool home = g->n_stages <= 1 || x->device == v->device;
+        param_of[t] = first && home ? tid(&L, v->in[0]) : t;
+        if (home) first = false;
+      }
     }
     for (int j = 0; j < n_btensors; j++) {
       bparams[j] = param_of[bucket_tensors[j]];

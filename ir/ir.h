@@ -449,6 +449,12 @@ void graph_count_uses(Graph *g);
  * micro-batches (memplan puts it in MEM_CACHE, not in the per-micro-batch
  * activation arena). */
 bool ir_param_transfer(const Value *v);
+/* A tied weight's gradient (passes/partition.c, tie_grads): an add of the
+ * optimizer role whose two parts are each summed over the micro-batches
+ * (and replicas) first; ir_tied_part(operand) is the part itself, through
+ * the optimizer-role transfer that brings a part from another stage. */
+bool ir_tied_add(const Value *v);
+const Value *ir_tied_part(const Value *x);
 /* Applies the op's shape rule to v (dtype and shape); reports errors. */
 void ir_infer_shape(Graph *g, Value *v);
 

@@ -424,13 +424,17 @@ static void insert_transfers(Part *P) {
  * its transfer the optimizer role), not once per micro-batch, and the
  * param's forward copy is sent once per step too (ir_param_transfer).  The
  * same on one device with micro-batches, so that S stages do the
- * arithmetic of one device bit for bit.  Not with data parallelism nor
- * gradient clipping, whose buckets and norms read whole gradients in the
- * backward pass, nor with 16-bit training (its gradients are unscaled
- * before the update, not a plain add): those keep the per-micro-batch sum
- * and transfer. */
+ * arithmetic of one device bit for bit; with data parallelism (M counts
+ * the micro-batches of all replicas) each part is summed over the replicas
+ * before the add (data_parallel.c buckets the parts), as Megatron-LM
+ * all-reduces the embedding's gradient over its data-parallel group before
+ * the embedding group, so R replicas do the arithmetic of one device too.
+ * Not with gradient clipping, whose norms read whole gradients before the
+ * update (a --clip-grad-norm given to the command: cx->clip), nor with
+ * 16-bit training (its gradients are unscaled before the update, not a
+ * plain add): those keep the per-micro-batch sum and transfer. */
 static void tie_grads(Graph *g, const PassCtx *cx) {
-  if (local_micro_batches(g) <= 1 || g->replicas > 1 || g->train.clip_grad_norm > 0 || cx->clip) return;
+  if (g->train.micro_batches <= 1 || g->train.clip_grad_norm > 0 || cx->clip) return;
   graph_count_uses(g);
   int n = g->n_values, moved = 0;
   Value **later = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *later); /* update id -> its tied add */

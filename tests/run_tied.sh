@@ -21,7 +21,9 @@
 #      gpt_tiny (3 steps, 8 micro-batches) on cpu:0,cpu:1 with GPipe and
 #      1F1B, and gpt_tiny on three stages, write the losses and the
 #      checkpoint of the one-device run with the same micro-batches
-#      (--threads 1: every kernel sums in the same order);
+#      (--threads 1: every kernel sums in the same order); 2 replicas of
+#      gpt_tiny (one device each, and 2-stage pipelines; with and without
+#      --zero 1) equal the one-device run with 2 micro-batches;
 #   4. the once-per-step sum against the per-micro-batch sum (what
 #      --clip-grad-norm keeps), to rounding;
 #   5. the runtime: micro-batch 1's send of wte dropped (DUET_PIPE_DROP_SEND)
@@ -90,6 +92,17 @@ run tiny3 $T --devices cpu:0,cpu:1,cpu:2
 same tiny1 tiny2
 same tiny1 tiny2f
 same tiny1 tiny3
+# data parallelism: the parts summed over the replicas, then added
+D="tests/models/gpt_tiny.model --data $KJV --steps 3 --batch 8 --eval-batches 2"
+run dref $D --micro-batches 2
+run dp $D --devices cpu:0,cpu:1 --data-parallel 2
+run dpz $D --devices cpu:0,cpu:1 --data-parallel 2 --zero 1
+run dpp $D --devices cpu:0,cpu:1,cpu:2,cpu:3 --data-parallel 2
+run dppz $D --devices cpu:0,cpu:1,cpu:2,cpu:3 --data-parallel 2 --zero 1
+same dref dp
+same dref dpz
+same dref dpp
+same dref dppz
 
 # 4. the sums themselves: --clip-grad-norm keeps the gradient per
 # micro-batch (the norm needs it whole in the backward pass), so with a limit
