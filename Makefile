@@ -3,7 +3,7 @@ BUILD    ?= build
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 PACKAGES  = cmake make gcc libc6-dev flex bison libopenblas-openmp-dev libcjson-dev zlib1g-dev \
             dataset-fashion-mnist gzip bible-kjv clang libclang-rt-14-dev graphviz openmpi-bin libopenmpi-dev \
-            python3-numpy
+            python3-numpy gnuplot-nox
 BENCH_PACKAGES = python3-torch python3-numpy
 # NVRTC 12.9 and 11.8 for the sm_60 compile tests (make nvrtc; git-ignored)
 NVRTC_DIR ?= .nvrtc

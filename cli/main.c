@@ -13,6 +13,8 @@
 #include "../frontend/frontend.h"
 #include "../passes/passes.h"
 #include "jit.h"
+#include "plan_svg.h"
+#include "plot.h"
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -26,6 +28,9 @@ static void usage(FILE *out) {
           "  devices                      list the CPU and the GPUs duet can use (--devices cpu|cuda:N)\n"
           "  check M.model                parse and verify; print a parameter summary\n"
           "  sample M.model --checkpoint CK [--prompt TEXT]   generate text with a trained model\n"
+          "  plot METRICS.jsonl ... -o OUT.png|OUT.svg   training curves of --metrics files (gnuplot)\n"
+          "  predict M.model --checkpoint CK [--data PATH] [-o OUT.jsonl]   predictions as JSON lines\n"
+          "  export M.model --checkpoint CK -o W.safetensors   the params alone, f32 (for PyTorch)\n"
           "  help                         this text\n\n"
           "run, compile, ir, emit and check take --precision auto|fp32|fp16|bf16 (default auto: fp32\n"
           "on the CPU) and ir and check --arch cpu|sm_60|sm_61|sm_70|sm_75|sm_80|sm_86|sm_89|sm_90 (the\n"
@@ -1135,12 +1140,13 @@ static int plan_nodes(ParOpts *po, int argc, char **argv) {
 }
 
 static int cmd_plan(int argc, char **argv) {
-  const char *model = NULL;
+  const char *model = NULL, *format = "text";
   int64_t batch = 0;
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet plan M.model [--devices SPEC] [--micro-batches M] [--schedule gpipe|1f1b] [--batch N]\n"
              "                [--threads N] [--data-parallel N] [--bucket-mb X] [--zero 0|1] [--nodes K [--link-gbps X]]\n"
+             "                [--format text|svg]\n"
              "Partitions the model without running it and prints each stage's ops, estimated time and memory\n"
              "(weights, grads, optimizer state, activations), the transfer bytes per step and the pipeline\n"
              "bubble (S-1)/(M+S-1).  SPEC: cpu:0,cpu:1 | cuda:0,cuda:1 | capacities such as 2x16GiB:sm_60;\n"
@@ -1151,6 +1157,9 @@ static int cmd_plan(int argc, char **argv) {
              "linked at --link-gbps X Gb/s each (default 10: 10 Gigabit Ethernet); the all-reduce crosses\n"
              "that link; then every layout of each machine's devices (pipeline, data parallel, between)\n"
              "estimated, and the fastest.\n"
+             "--format svg: the same plan as a picture on stdout: the schedule of each stage's forward and\n"
+             "backward micro-batches over the step (the bubble as empty space) beside each device's memory\n"
+             "as stacked bars (not with --nodes).\n"
              "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n"
              "--recompute blocks|auto: the activations with recomputation (auto: only as much as each\n"
              "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n"
@@ -1162,6 +1171,8 @@ static int cmd_plan(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
       batch = scan_batch(2, argv + i);
       i++;
+    } else if (!strcmp(argv[i], "--format") && i + 1 < argc) {
+      format = argv[++i];
     } else if (argv[i][0] != '-' && !model) {
       model = argv[i];
     } else {
@@ -1172,6 +1183,7 @@ static int cmd_plan(int argc, char **argv) {
     fprintf(stderr, "duet: error: usage: duet plan M.model [--devices SPEC]\n");
     return 1;
   }
+  if (plan_format_check(format, argc, argv)) return 1;
   ParOpts po; /* checks --devices, --micro-batches and --schedule */
   if (par_opts(&po, argc, argv, 1) || plan_nodes(&po, argc, argv)) {
     par_free(&po);
@@ -1198,6 +1210,8 @@ static int cmd_plan(int argc, char **argv) {
                   .link_gbps = po.link_gbps};
     if (check_gemm_acc(graph_f16_gemms(c.g))) {
       rc = 1;
+    } else if (!strcmp(format, "svg")) {
+      rc = plan_svg(c.g, &pc, stdout); /* the picture on stdout; 1 when the model does not fit */
     } else {
       rc = partition_report(c.g, &pc, stdout); /* 1 when the model does not fit: the report is still printed */
       if (opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16"))
@@ -1337,6 +1351,86 @@ static int cmd_sample(int argc, char **argv) {
   jit_unload(&m);
   compiled_free(&c);
   return rc;
+}
+
+/* The model path of `duet predict` / `duet export` (first argument), or
+ * NULL after the error. */
+static const char *model_first(const char *cmd, int argc, char **argv) {
+  if (argc < 1 || argv[0][0] == '-') {
+    fprintf(stderr, "duet: error: the model comes first: duet %s M.model --checkpoint CK ...%s%s%s\n", cmd,
+            argc >= 1 ? " (got '" : "", argc >= 1 ? argv[0] : "", argc >= 1 ? "')" : "");
+    return NULL;
+  }
+  return argv[0];
+}
+
+static int cmd_predict(int argc, char **argv) {
+  if (wants_help(argc, argv)) {
+    duet_predict_usage(stdout);
+    return 0;
+  }
+  const char *model = model_first("predict", argc, argv);
+  if (!model) return 1;
+  Compiled c;
+  if (compile_model_par(&c, model, 0, NULL, NULL, NULL)) {
+    compiled_free(&c);
+    return 1;
+  }
+  CgProgram *cp = lower_program(&c, false);
+  JitModule m;
+  memset(&m, 0, sizeof m);
+  int rc = 1;
+  if (cp && !load_kernels(&c, cp, &m)) {
+    rc = duet_predict_main(&cp->prog, m.fns, argc - 1, argv + 1);
+    jit_unload(&m);
+  }
+  compiled_free(&c);
+  return rc;
+}
+
+static int cmd_export(int argc, char **argv) {
+  if (wants_help(argc, argv)) {
+    printf("usage: duet export M.model --checkpoint CK -o W.safetensors\n"
+           "Writes the params of CK (a checkpoint written by duet run --save) to a safetensors file, each\n"
+           "as f32 under its name and with the model's shape (a linear layer's w is [in, out], as x @ w;\n"
+           "torch.nn.Linear's weight is its transpose), metadata {\"format\": \"duet-weights-1\", \"model\",\n"
+           "\"step\"}; no optimizer state, no pruning masks (pruned weights are zeros already).\n"
+           "tools/duet_to_torch.py loads it into the equivalent torch.nn model.\n");
+    return 0;
+  }
+  const char *model = model_first("export", argc, argv), *ckpt = NULL, *out = NULL;
+  if (!model) return 1;
+  for (int i = 1; i < argc; i++) {
+    if ((!strcmp(argv[i], "--checkpoint") || !strcmp(argv[i], "-o")) && i + 1 < argc) {
+      *(argv[i][1] == 'o' ? &out : &ckpt) = argv[i + 1];
+      i++;
+    } else {
+      return bad_argument("export", argc, argv, i);
+    }
+  }
+  if (!ckpt || !out) {
+    fprintf(stderr, "duet: error: duet export needs %s (usage: duet export M.model --checkpoint CK -o "
+                    "W.safetensors)\n", !ckpt ? "--checkpoint CK (a checkpoint written by duet run --save)"
+                                              : "-o W.safetensors (the file to write)");
+    return 1;
+  }
+  struct stat a, b;
+  if (!stat(ckpt, &a) && !stat(out, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+    fprintf(stderr, "duet: error: -o %s is the checkpoint itself; give another file\n", out);
+    return 1;
+  }
+  Compiled c;
+  if (compile_model_par(&c, model, 0, NULL, NULL, NULL)) {
+    compiled_free(&c);
+    return 1;
+  }
+  CgProgram *cp = codegen_lower(c.g, c.arena);
+  char err[2048];
+  int rc = duet_export_weights(&cp->prog, ckpt, out, err, sizeof err);
+  if (rc) fprintf(stderr, "duet: error: %s\n", err);
+  else printf("duet: wrote %s (the params of %s)\n", out, ckpt);
+  compiled_free(&c);
+  return rc ? 1 : 0;
 }
 
 /* The model summary's tree of block calls.  A layer's children are the
@@ -1620,6 +1714,9 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "check")) return cmd_check(argc - 2, argv + 2);
   if (!strcmp(cmd, "sample")) return cmd_sample(argc - 2, argv + 2);
+  if (!strcmp(cmd, "plot")) return cmd_plot(argc - 2, argv + 2);
+  if (!strcmp(cmd, "predict")) return cmd_predict(argc - 2, argv + 2);
+  if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;

@@ -1315,12 +1315,19 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
                    "tokens(\"FILE\", block = T) or npy(\"X.npy\", \"Y.npy\")");
       t->data = DATA_FASHION_MNIST;
       t->data_path = "/usr/share/datasets/fashion-mnist";
-      if (v->kind == N_CALL && v->args.n > 1)
-        diag_error(e->d, v->loc, "fashion_mnist takes one argument (the directory), got %d", v->args.n);
-      if (v->kind == N_CALL && v->args.n == 1) {
-        EVal p = eval(e, s, v->args.head);
-        if (p.kind != EV_STR) diag_error(e->d, p.loc, "fashion_mnist: the directory must be a string");
-        t->data_path = p.str;
+      if (v->kind == N_CALL) { /* fashion_mnist("DIR", val_fraction = F) */
+        static const char *const fm_args[] = {"dir", "val_fraction"};
+        EVal a[2];
+        bool given[2];
+        bind_args(e, s, v, fm_args, 2, 0, a, given);
+        if (given[0] && a[0].kind != EV_STR) diag_error(e->d, a[0].loc, "fashion_mnist: the directory must be a string");
+        if (given[0]) t->data_path = a[0].str;
+        if (given[1]) {
+          t->val_fraction = want_num(e, a[1], "val_fraction");
+          if (!(t->val_fraction > 0 && t->val_fraction < 1))
+            diag_error(e->d, a[1].loc, "fashion_mnist: val_fraction must be between 0 and 1 (exclusive), got %g",
+                       t->val_fraction);
+        }
       }
     } else if (!strcmp(k, "optimizer")) {
       read_optimizer(e, s, v, t);

@@ -1340,6 +1340,7 @@ static void print_train(const TrainSpec *t, FILE *out) {
     fprintf(out, "  data = %s(", t->data == DATA_TEXT ? "text" : t->data == DATA_TOKENS ? "tokens" : "fashion_mnist");
     print_string(t->data_path ? t->data_path : "", out);
     if (t->data != DATA_FASHION_MNIST) fprintf(out, ", block = %" PRId64, t->block);
+    else if (t->val_fraction > 0) fprintf(out, ", val_fraction = %s", NUM(t->val_fraction));
     fputs(")\n", out);
   } else if (t->data == DATA_NPY) {
     fputs("  data = npy(", out);

@@ -368,6 +368,7 @@ static void json_train(J *j, cJSON *o, const TrainSpec *t) {
     jstr(j, o, "data", t->data == DATA_TEXT ? "text" : t->data == DATA_TOKENS ? "tokens" : "fashion_mnist");
     jstr(j, o, "data_path", t->data_path ? t->data_path : "");
     if (t->data != DATA_FASHION_MNIST) jint(j, o, "block", t->block);
+    else if (t->val_fraction > 0) jnum(j, o, "val_fraction", t->val_fraction);
   } else if (t->data == DATA_NPY) {
     jstr(j, o, "data", "npy");
     jstr(j, o, "data_path", t->data_path ? t->data_path : "");

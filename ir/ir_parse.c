@@ -1207,6 +1207,14 @@ static void train_line(Parser *P) {
       if (strcmp(b, "block")) FAIL(ba, "expected block = T, found `%s`", b);
       expect(P, '=', "'=' after `block`");
       t->block = integer(P, 1, INT32_MAX, "block");
+    } else if (accept(P, ',')) { /* fashion_mnist("DIR", val_fraction = F) */
+      ws(P);
+      const char *fa = P->p;
+      const char *w = want_word(P, "val_fraction = F");
+      if (strcmp(w, "val_fraction")) FAIL(fa, "fashion_mnist has no argument `%s` (val_fraction)", w);
+      expect(P, '=', "'=' after `val_fraction`");
+      t->val_fraction = number(P, "val_fraction");
+      if (!(t->val_fraction > 0 && t->val_fraction < 1)) FAIL(fa, "val_fraction must be between 0 and 1 (exclusive)");
     }
     expect(P, ')', "')'");
     break;

@@ -521,42 +521,75 @@ void pass_partition(Graph *g, PassCtx *cx) {
 
 /* ------------------------------------------------------------ the report */
 
-/* The memory stage s needs, as `duet plan` counts it. */
-typedef struct StageMemory {
-  int64_t weights, grads, state, act, slots, need;
-  int64_t state_all, state_zero; /* replicas: all of the stage's state, and the fullest ZeRO shard */
-  int64_t shard[IR_MAX_REPLICAS]; /* each replica's ZeRO shard */
-} StageMemory;
-
-static StageMemory stage_memory(const Graph *g, const PassCtx *cx, int s) {
+/* The memory stage s needs, as `duet plan` counts it (PlanStage's memory
+ * fields). */
+static void stage_memory(const Graph *g, const PassCtx *cx, int s, PlanStage *m) {
   int S = g->n_stages > 1 ? g->n_stages : 1;
   int64_t M = local_micro_batches(g);
-  StageMemory m = {0};
   for (int i = 0; i < g->n_values; i++) {
     const Value *v = g->values[i];
-    if ((v->device < 0 ? 0 : v->device) == s && (v->op == OP_ADAMW || v->op == OP_SGD)) m.grads += value_bytes(v->in[1]);
+    if ((v->device < 0 ? 0 : v->device) == s && (v->op == OP_ADAMW || v->op == OP_SGD)) m->grads += value_bytes(v->in[1]);
   }
   const int64_t *rb = g->n_stages > 1 ? g->stage_bytes[s] : g->region_bytes;
-  m.slots = cx->one_f_one_b ? (M < S - s ? M : S - s) : M;
-  m.weights = rb[MEM_PARAM];
-  m.state = m.state_all = rb[MEM_STATE];
+  m->slots = cx->one_f_one_b ? (M < S - s ? M : S - s) : M;
+  m->weights = rb[MEM_PARAM];
+  m->state = m->state_all = rb[MEM_STATE];
   if (g->replicas > 1) { /* ZeRO stage 1: each replica's shard (on, or what --zero 1 would make) */
     int64_t all;
-    m.state_zero = data_parallel_zero_state(g, s, &all, m.shard);
-    if (g->zero) m.state = m.state_zero;
+    m->state_zero = data_parallel_zero_state(g, s, &all, m->shard);
+    if (g->zero) m->state = m->state_zero;
   }
-  m.act = rb[MEM_ARENA];
-  m.need = rb[MEM_PARAM] + m.state + rb[MEM_CACHE] + rb[MEM_ARENA] * m.slots + m.grads;
-  return m;
+  m->act = rb[MEM_ARENA];
+  m->cache = rb[MEM_CACHE];
+  m->need = rb[MEM_PARAM] + m->state + rb[MEM_CACHE] + rb[MEM_ARENA] * m->slots + m->grads;
 }
 
-int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s) { return stage_memory(g, cx, s).need; }
+int64_t partition_micro_batches(const Graph *g) { return local_micro_batches(g); }
+
+void partition_plan_stage(const Graph *g, const PassCtx *cx, int s, PlanStage *ps) {
+  memset(ps, 0, sizeof *ps);
+  const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
+  int64_t M = local_micro_batches(g);
+  PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};
+  if (d) part_device_rates(d, &r);
+  ps->device = d;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if ((v->device < 0 ? 0 : v->device) != s) continue;
+    double t = part_op_seconds(v, &r);
+    bool once = false; /* a tied weight: its value and its gradient part cross once per step */
+    if (v->op == OP_TRANSFER) {
+      int64_t b = value_bytes(v);
+      once = ir_param_transfer(v) || v->role == ROLE_OPTIMIZER;
+      if (v->role != ROLE_EVAL) ps->xfer += once ? b : b * M;
+      t = (double)b / r.link_bytes_per_s;
+    }
+    if (once) ps->t_o += t;
+    else if (v->role == ROLE_FORWARD) ps->t_f += t;
+    else if (v->role == ROLE_BACKWARD) ps->t_b += t;
+    else if (v->role == ROLE_OPTIMIZER) ps->t_o += t;
+    if (v->op == OP_PARAM && v->attr.name) {
+      if (!ps->first) ps->first = v->attr.name;
+      ps->last = v->attr.name;
+    }
+    ps->n_ops += is_forward_op(v);
+  }
+  ps->step_s = (double)M * (ps->t_f + ps->t_b) + ps->t_o;
+  stage_memory(g, cx, s, ps);
+}
+
+int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s) {
+  PlanStage m = {0};
+  stage_memory(g, cx, s, &m);
+  return m.need;
+}
 
 int partition_check_memory(const Graph *g, const PassCtx *cx) {
   int S = g->n_stages > 1 ? g->n_stages : 1, rc = 0;
   for (int s = 0; s < S && s < cx->n_devices; s++) {
     const PartDevice *d = &cx->devices[s];
-    StageMemory m = stage_memory(g, cx, s);
+    PlanStage m = {0};
+    stage_memory(g, cx, s, &m);
     if (d->capacity <= 0 || m.need <= d->capacity) continue;
     diag_error_noloc(cx->diag, "the model does not fit the memory of %s: it needs %.2f MiB (weights %.2f, grads %.2f, "
                      "optimizer state %.2f, activations %.2f MiB), and %.2f MiB are available (%s); see duet plan",
@@ -586,36 +619,12 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
   int64_t xfer_total = 0, need_most = 0;
   for (int s = 0; s < S; s++) {
     const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
-    PartRates r = {PART_CPU_GFLOPS_PER_CORE * 1e9, PART_CPU_GBS_PER_CORE * 1e9, PART_CPU_COPY_GBS * 1e9};
-    if (d) part_device_rates(d, &r);
-    double t_f = 0, t_b = 0, t_o = 0;
-    int64_t xfer = 0, n_ops = 0;
-    const char *first = NULL, *last = NULL;
-    for (int i = 0; i < g->n_values; i++) {
-      const Value *v = g->values[i];
-      if ((v->device < 0 ? 0 : v->device) != s) continue;
-      double t = part_op_seconds(v, &r);
-      bool once = false; /* a tied weight: its value and its gradient part cross once per step */
-      if (v->op == OP_TRANSFER) {
-        int64_t b = value_bytes(v);
-        once = ir_param_transfer(v) || v->role == ROLE_OPTIMIZER;
-        if (v->role != ROLE_EVAL) xfer += once ? b : b * M;
-        t = (double)b / r.link_bytes_per_s;
-      }
-      if (once) t_o += t;
-      else if (v->role == ROLE_FORWARD) t_f += t;
-      else if (v->role == ROLE_BACKWARD) t_b += t;
-      else if (v->role == ROLE_OPTIMIZER) t_o += t;
-      if (v->op == OP_PARAM && v->attr.name) {
-        if (!first) first = v->attr.name;
-        last = v->attr.name;
-      }
-      n_ops += is_forward_op(v);
-    }
-    StageMemory mem = stage_memory(g, cx, s);
-    int64_t slots = mem.slots, need = mem.need, grads = mem.grads;
+    PlanStage mem;
+    partition_plan_stage(g, cx, s, &mem);
+    double t_f = mem.t_f, t_b = mem.t_b, t_o = mem.t_o, step = mem.step_s;
+    int64_t slots = mem.slots, need = mem.need, grads = mem.grads, xfer = mem.xfer, n_ops = mem.n_ops;
+    const char *first = mem.first, *last = mem.last;
     if (need > need_most) need_most = need;
-    double step = (double)M * (t_f + t_b) + t_o;
     if (step > slowest) slowest = step;
     total += step;
     xfer_total += xfer;

@@ -124,6 +124,30 @@ void pass_memplan(Graph *g, PassCtx *cx);   /* offsets in param/state/arena, per
  * when a device's memory is exceeded (the report marks it; the error goes
  * through cx->diag), else 0. */
 int partition_report(const Graph *g, const PassCtx *cx, FILE *out);
+/* One stage of `duet plan`'s estimate, as partition_report prints it (and
+ * duet plan --format svg draws it).  Times in seconds from part_op_seconds
+ * (a transfer: bytes / the link rate); bytes from the memplan regions. */
+typedef struct PlanStage {
+  const PartDevice *device; /* NULL: the one CPU device */
+  int64_t n_ops;            /* forward ops */
+  const char *first, *last; /* the stage's first and last param (NULL: none) */
+  double t_f, t_b, t_o;     /* forward, backward per micro-batch; optimizer per step */
+  double step_s;            /* M (t_f + t_b) + t_o */
+  int64_t xfer;             /* transfer bytes sent per step */
+  int64_t weights, grads, state, cache; /* params (the f32 master weights), gradient accumulators,
+                             * optimizer state (this device's ZeRO shard with --zero 1), KV caches */
+  int64_t act, slots;       /* the activation arena of one micro-batch, and the micro-batches in
+                             * flight (M for GPipe, min(M, S - s) for 1F1B) */
+  int64_t need;             /* weights + grads + state + cache + act * slots */
+  int64_t state_all, state_zero; /* replicas: the whole state, and the fullest ZeRO shard */
+  int64_t shard[IR_MAX_REPLICAS]; /* replicas: each one's ZeRO shard */
+} PlanStage;
+/* Stage s of a graph that went through every pass (0 <= s < max(1,
+ * g->n_stages)) into *ps. */
+void partition_plan_stage(const Graph *g, const PassCtx *cx, int s, PlanStage *ps);
+/* Micro-batches per replica (train.micro_batches, divided among the
+ * replicas with data parallelism): M of the schedule. */
+int64_t partition_micro_batches(const Graph *g);
 /* The memory check of partition_report without the report: for each stage
  * on a device of known capacity, the memory `duet plan` counts (weights,
  * grads, optimizer state, activations x in-flight micro-batches) must fit

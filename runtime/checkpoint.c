@@ -15,6 +15,16 @@ static int is_saved(const DuetTensor *t) { return t->region == DUET_MEM_PARAM ||
 /* A pruning mask (a state tensor initialised to ones). */
 static int is_mask(const DuetTensor *t) { return t->region == DUET_MEM_STATE && t->init == DUET_INIT_ONES; }
 
+/* "f32[1024,10]" into buf. */
+static const char *shape_str(int dtype, int rank, const int64_t *shape, char *buf, size_t n) {
+  static const char *const names[] = {"void", "f32", "f64", "i32", "f16", "bf16", "u8"};
+  size_t len = (size_t)snprintf(buf, n, "%s[", dtype >= 0 && dtype <= DUET_U8 ? names[dtype] : "?");
+  for (int k = 0; k < rank && len < n; k++)
+    len += (size_t)snprintf(buf + len, n - len, "%s%" PRId64, k ? "," : "", shape[k]);
+  if (len < n) snprintf(buf + len, n - len, "]");
+  return buf;
+}
+
 static const char *prune_mode_name(const DuetPrune *pr, char *buf, size_t n);
 static const char *num_str(double x, char *buf, size_t n);
 
@@ -445,8 +455,10 @@ static int check_header(const DuetProgram *p, const DuetStFile *f, const char *p
     int same = y->dtype == x->dtype && y->rank == x->rank && y->nbytes == x->nbytes;
     for (int k = 0; same && k < x->rank; k++) same = y->shape[k] == x->shape[k];
     if (!same) {
-      snprintf(err, errlen, "cannot %s %s: tensor `%s` has another dtype or shape than the model's", verb, path,
-               x->name);
+      char have[160], want[160];
+      snprintf(err, errlen, "cannot %s %s: tensor `%s` is %s in the checkpoint, %s in the model", verb, path,
+               x->name, shape_str(y->dtype, y->rank, y->shape, have, sizeof have),
+               shape_str(x->dtype, x->rank, x->shape, want, sizeof want));
       return -1;
     }
   }
@@ -467,6 +479,20 @@ int duet_checkpoint_check(const DuetProgram *p, const char *path, int64_t *step,
   }
   DuetTrainState ns;
   int rc = check_header(p, f, path, 0, &ns, err, errlen);
+  if (!rc) *step = ns.step;
+  duet_st_close(f);
+  return rc;
+}
+
+int duet_checkpoint_check_weights(const DuetProgram *p, const char *path, int64_t *step, char *err, size_t errlen) {
+  char e2[512];
+  DuetStFile *f = duet_st_open_header(path, e2, sizeof e2);
+  if (!f) {
+    snprintf(err, errlen, "cannot load the checkpoint: %s", e2);
+    return -1;
+  }
+  DuetTrainState ns;
+  int rc = check_header(p, f, path, 1, &ns, err, errlen);
   if (!rc) *step = ns.step;
   duet_st_close(f);
   return rc;

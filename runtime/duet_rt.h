@@ -12,9 +12,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 8 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 10 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
-                                * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping */
+                                * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping;
+                                * 9: DuetConfig eval_only, checkpoint_path, keep, keep_best;
+                                * 10: DuetConfig.metrics_timing */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -160,6 +162,12 @@ typedef struct DuetConfig {
   int64_t warmup;          /* --warmup N: steps of linear warm-up (0: none) */
   double min_lr;           /* --min-lr X: where cosine and linear decay end */
   double clip_grad_norm;   /* --clip-grad-norm X: global L2 norm limit (0: no clipping) */
+  int eval_only;           /* --eval-only: evaluate checkpoint_path's params, train nothing */
+  const char *checkpoint_path; /* --checkpoint CK: the checkpoint --eval-only evaluates */
+  int64_t keep;            /* --keep N: keep the last N checkpoints (PATH, PATH.step-S, ...; 0: PATH only) */
+  int keep_best;           /* --keep-best: PATH.best holds the checkpoint of the best evaluation */
+  int metrics_timing;      /* --metrics-timing: step lines carry samples_per_s / tokens_per_s
+                            * (off by default: the metrics of two runs then compare byte for byte) */
 } DuetConfig;
 
 /* Learning-rate schedules.  With base rate lr (--lr), W warm-up steps, T
@@ -798,6 +806,51 @@ int duet_checkpoint_load_weights(DuetSession *s, const char *path, char *err, si
  * its step.  Reads the header only (cheap for a large file).  0, or -1 with
  * a message in err. */
 int duet_checkpoint_check(const DuetProgram *p, const char *path, int64_t *step, char *err, size_t errlen);
+/* duet_checkpoint_check for loading only the params (--eval-only, duet
+ * predict, duet export): the file opens, is a duet checkpoint of model
+ * p->model_name, and holds every param of p with its exact dtype and shape
+ * (optimizer state, masks and other tensors are not looked at); *step
+ * receives its step.  Messages "cannot load PATH: ..." name the tensor.
+ * Reads the header only.  0, or -1 with a message in err. */
+int duet_checkpoint_check_weights(const DuetProgram *p, const char *path, int64_t *step, char *err, size_t errlen);
+
+/* ----------------------------------------------------------- evaluation */
+
+/* The evaluation of a trained model (runtime/train.c), in pieces that a
+ * caller may combine: open a session (duet_eval_open), load a checkpoint's
+ * params into it (duet_checkpoint_load_weights), change them if it likes
+ * (post-training quantization), evaluate (duet_evaluate). */
+typedef struct DuetEvalResult {
+  int text;            /* 1: a language model's validation loss; 0: a classifier's accuracy */
+  const char *split;   /* "test" (fashion_mnist), "validation" (npy, text, tokens) */
+  int64_t correct, n;  /* classifiers: correct predictions of n samples */
+  int64_t batches;     /* text: the fixed validation batches (cfg->eval_batches) */
+  double loss;         /* classifiers: mean cross-entropy per sample; text: nats per token */
+} DuetEvalResult;
+/* A session of p on cfg's devices (--devices, --threads) for evaluation, as
+ * a training run opens it; *dev receives the device to destroy after the
+ * session (NULL for a pipeline, whose session owns its devices).  NULL
+ * after printing the error. */
+DuetSession *duet_eval_open(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, DuetDevice **dev);
+/* The evaluation a training run makes at its end, on the session's
+ * current params: classifiers on Fashion-MNIST, the test split (the first
+ * cfg->test_subset samples when set) in order, batch by batch; npy data, its
+ * validation samples; text and tokens, the mean next-token loss over
+ * cfg->eval_batches fixed validation batches.  The data is loaded from cfg
+ * (data_path, ...).  The same params, program and --threads give the same
+ * bits as the training run's evaluation.  0, or -1 with a message in err. */
+int duet_evaluate(DuetSession *s, const DuetConfig *cfg, DuetEvalResult *res, char *err, size_t errlen);
+/* duet predict: argv holds the flags after the model (--checkpoint CK,
+ * --data, -o FILE, --test-subset, --eval-batches, --logits, --threads);
+ * writes the JSON lines duet_predict_usage describes.  The exit code. */
+int duet_predict_main(const DuetProgram *p, const DuetKernelFn *kernels, int argc, char **argv);
+void duet_predict_usage(FILE *out);
+/* duet export: the params of checkpoint `ckpt` of program p (checked as
+ * duet_checkpoint_check_weights does, values finite) as f32 tensors under
+ * their names (shapes as the program's; f64, f16 and bf16 params
+ * converted), with metadata {"format": "duet-weights-1", "model", "step"},
+ * written atomically to `out` (duet_st_save).  0, or -1 with the message. */
+int duet_export_weights(const DuetProgram *p, const char *ckpt, const char *out, char *err, size_t errlen);
 /* Number of NaNs and infinities among the nbytes bytes of dtype elements at
  * data (DUET_F32, F64, F16, BF16; 0 for other dtypes); *first (if not NULL)
  * receives the index of the first (-1 when none), *first_nan (if not NULL)

@@ -10,12 +10,14 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include "dist.h"
+#include "duet_half.h"
 #include "duet_rt.h"
 #include "pipeline.h"
 
@@ -38,9 +40,14 @@ void duet_usage(const char *argv0, FILE *out) {
           "                     train section's)\n"
           "  --metrics FILE     write JSON lines: {\"step\",\"loss\",\"lr\"} (and \"grad_norm\" with clipping),\n"
           "                     and {\"step\",\"epoch\",\"test_accuracy\"\n"
-          "                     (a fraction),\"test_loss\"} or, text models, {\"step\",\"val_loss\"}; with\n"
+          "                     (a fraction),\"test_loss\"} or, text models, {\"step\",\"val_loss\"}\n"
+          "                     (fashion_mnist with val_fraction: \"val_accuracy\",\"val_loss\" per epoch\n"
+          "                     and one final {\"step\",\"test_accuracy\",\"test_loss\",\"final\":true}); with\n"
           "                     --resume, the file's lines up to the checkpoint's step are kept and\n"
           "                     the run appends to them\n"
+          "  --metrics-timing   step lines also carry the throughput since the previous line:\n"
+          "                     \"samples_per_s\" (images) or \"tokens_per_s\" (text); wall-clock, so off\n"
+          "                     by default (the metrics of two runs compare byte for byte)\n"
           "  --log-every N      progress line every N steps\n"
           "  --eval-every N     text: validation loss every N steps\n"
           "  --eval-batches N   text: number of fixed validation batches\n"
@@ -49,12 +56,20 @@ void duet_usage(const char *argv0, FILE *out) {
           "                     SIGTERM (after the current step; a second signal aborts); atomic;\n"
           "                     never with non-finite values; replaces only a regular file\n"
           "  --save-every N     checkpoint every N steps (needs --save)\n"
+          "  --keep N           keep the last N checkpoints: PATH and the N-1 older ones as PATH.step-S\n"
+          "  --keep-best        PATH.best: the checkpoint of the best evaluation (validation accuracy or\n"
+          "                     loss; needs --save)\n"
           "  --resume PATH      continue from a checkpoint with the losses of an uninterrupted run\n"
           "  --train-subset N   train on the first N training samples\n"
           "  --test-subset N    evaluate on the first N test samples\n"
           "  --loss-scale X     fp16 programs: initial loss scale (default 65536 = 2^16)\n"
           "  --min-loss-scale X fp16 programs: stop when the scale falls below X (default 1)\n"
           "  --no-eval          skip evaluation on the test split\n"
+          "  --eval-only        train nothing: load the params of --checkpoint CK and print the final\n"
+          "                     evaluation (test accuracy and loss, or validation loss; --metrics gets\n"
+          "                     one line {\"step\" (the checkpoint's),\"test_accuracy\",\"test_loss\"} or\n"
+          "                     {\"step\",\"val_loss\"}); no optimizer state needed\n"
+          "  --checkpoint CK    the checkpoint (written by --save) that --eval-only evaluates\n"
           "  --quiet            print only the final result\n"
           "  --devices SPEC     pipeline over devices: cpu:0,cpu:1 (virtual CPU devices, each a thread\n"
           "                     with its own arena and threads/S cores), cuda:N; one stage each\n"
@@ -242,6 +257,7 @@ void duet_usage_fixed(const DuetProgram *p, FILE *out) {
 }
 
 static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc, char **argv);
+static int check_eval_flags(const DuetConfig *c);
 
 int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **argv) {
   DuetProgram p = {.defaults = {.batch = compiled_batch}};
@@ -256,15 +272,24 @@ int duet_parse_flags_for(DuetConfig *c, const DuetProgram *p, int argc, char **a
  * checked against p (else only --batch, against p->defaults.batch). */
 static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc, char **argv) {
   int64_t compiled_batch = p->defaults.batch;
-  int steps_given = 0;
+  int steps_given = 0, no_eval = 0;
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 2;
     if (!strcmp(a, "--no-eval")) {
-      c->eval = 0;
+      c->eval = 0, no_eval = 1;
       continue;
     }
-    if (!strncmp(a, "--no-eval=", 10) || !strncmp(a, "--quiet=", 8)) {
+    if (!strcmp(a, "--eval-only") || !strcmp(a, "--keep-best")) {
+      *(a[2] == 'e' ? &c->eval_only : &c->keep_best) = 1;
+      continue;
+    }
+    if (!strcmp(a, "--metrics-timing")) {
+      c->metrics_timing = 1;
+      continue;
+    }
+    if (!strncmp(a, "--no-eval=", 10) || !strncmp(a, "--quiet=", 8) || !strncmp(a, "--eval-only=", 12) ||
+        !strncmp(a, "--keep-best=", 12) || !strncmp(a, "--metrics-timing=", 17)) {
       fprintf(stderr, "duet: error: %.*s takes no value\n", (int)(strchr(a, '=') - a), a);
       return 1;
     }
@@ -285,7 +310,7 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
                                         "--metrics", "--batch", "--loss-scale", "--min-loss-scale",
                                         "--devices", "--micro-batches", "--schedule", "--data-parallel",
                                         "--bucket-mb", "--zero", "--lr-schedule", "--warmup", "--min-lr",
-                                        "--clip-grad-norm"};
+                                        "--clip-grad-norm", "--checkpoint", "--keep"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
     int is_known = 0, fixed_k = -1;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
@@ -343,6 +368,18 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
     else if (!strcmp(flag, "--save")) c->save_path = val;
     else if (!strcmp(flag, "--save-every")) rc = parse_i64(flag, val, 1, &c->save_every);
     else if (!strcmp(flag, "--resume")) c->resume_path = val;
+    else if (!strcmp(flag, "--checkpoint")) c->checkpoint_path = val;
+    else if (!strcmp(flag, "--keep")) {
+      char *end;
+      errno = 0;
+      long long k = strtoll(val, &end, 10);
+      if (errno || end == val || *end || k < 1) {
+        fprintf(stderr, "duet: error: --keep expects a number of checkpoints >= 1 (PATH and the N-1 before it), got "
+                        "'%s'\n", val);
+        rc = 1;
+      }
+      c->keep = k;
+    }
     else if (!strcmp(flag, "--metrics")) c->metrics_path = val;
     else if (!strcmp(flag, "--loss-scale") || !strcmp(flag, "--min-loss-scale")) {
       /* the kernels multiply by the scale in f32: at most FLT_MAX */
@@ -408,7 +445,12 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
     fprintf(stderr, "duet: error: --save-every needs --save PATH (where to write the checkpoints)\n");
     return 1;
   }
-  return 0;
+  if (c->keep_best && no_eval) {
+    fprintf(stderr, "duet: error: --keep-best keeps the checkpoint of the best evaluation: it cannot go with "
+                    "--no-eval\n");
+    return 1;
+  }
+  return check_eval_flags(c);
 }
 
 static double now_seconds(void) {
@@ -555,7 +597,15 @@ typedef struct Run {
   int64_t saved_step;  /* the step of the last checkpoint this run wrote; -1: none yet */
   bool save_existed;   /* --save's file existed when the run started */
   DuetDist *dist;      /* an MPI run (this process one rank of it), else NULL */
+  bool has_best;       /* --keep-best: PATH.best holds the evaluation best_score (higher is better), */
+  double best_score, best_loss; /* ties broken by the lower best_loss */
 } Run;
+
+static void keep_before_save(const DuetConfig *cfg);
+static void keep_after_save(const DuetConfig *cfg, int64_t step);
+static void keep_best_resume(Run *r);
+static int keep_best(Run *r, const DuetTrainState *st, double score, double loss);
+static int split_validation(DuetDataset *train, double fraction, DuetDataset *val);
 
 static void run_init(Run *r, const DuetProgram *p, const DuetConfig *cfg, DuetSession *s) {
   struct stat sb;
@@ -597,7 +647,9 @@ static int maybe_save(Run *r, const DuetTrainState *st, bool now) {
   if (n_stale && !cfg->quiet)
     fprintf(stderr, "duet: removed %d stale temporary file%s of saves to %s that were interrupted (%s%s)\n", n_stale,
             n_stale == 1 ? "" : "s", cfg->save_path, err, n_stale > 1 ? ", ..." : "");
+  keep_before_save(cfg);
   int rc = duet_checkpoint_save(r->s, cfg->save_path, st, err, sizeof err);
+  if (!rc) keep_after_save(cfg, st->step);
   if (rc == -2) {
     fprintf(stderr, "duet: error: not saving step %" PRId64 " to %s: %s: training diverged (try a lower --lr); %s\n",
             st->step, cfg->save_path, err, kept_note(r, kept, sizeof kept));
@@ -805,9 +857,10 @@ static const char *rate_note(const DuetSession *s, char *buf, size_t n) {
 
 /* The metrics line {"step":S,"loss":L,"lr":R} (R exact: cJSON prints the
  * shortest round-trip form) and, with --clip-grad-norm, "grad_norm" (the
- * global norm before clipping; null on a step skipped for overflow);
- * nothing without a metrics file. */
-static int log_loss(FILE *mf, const DuetSession *s, int64_t step, double loss) {
+ * global norm before clipping; null on a step skipped for overflow), with
+ * --metrics-timing `rate_key` ("samples_per_s" or "tokens_per_s"): `rate`,
+ * the throughput since the previous line; nothing without a metrics file. */
+static int log_loss(FILE *mf, const DuetSession *s, int64_t step, double loss, const char *rate_key, double rate) {
   if (!mf) return 0;
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "step", (double)step);
@@ -818,6 +871,7 @@ static int log_loss(FILE *mf, const DuetSession *s, int64_t step, double loss) {
     if (isfinite(g)) cJSON_AddNumberToObject(o, "grad_norm", g);
     else cJSON_AddNullToObject(o, "grad_norm");
   }
+  if (duet_session_config(s)->metrics_timing) cJSON_AddNumberToObject(o, rate_key, rate);
   return metrics_write(mf, o);
 }
 
@@ -975,6 +1029,7 @@ static int check_outputs(const DuetConfig *cfg, const char *model_path) {
   char data[4][4096], exe[4096];
   if (model_path) in[n_in++] = (RunInput){"the model source", model_path};
   if (cfg->resume_path) in[n_in++] = (RunInput){"--resume", cfg->resume_path};
+  if (cfg->eval_only && cfg->checkpoint_path) in[n_in++] = (RunInput){"--checkpoint", cfg->checkpoint_path};
   if ((cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS) && cfg->data_path) {
     in[n_in++] = (RunInput){cfg->data == DUET_DATA_TEXT ? "the training text" : "the token file", cfg->data_path};
   } else if (cfg->data == DUET_DATA_NPY) {
@@ -1054,6 +1109,7 @@ static int64_t planned_total(const DuetProgram *p, const DuetConfig *cfg) {
     snprintf(lp, sizeof lp, "%s/%s", cfg->data_path, idx_files[0][1]);
     int64_t n = idx_count(lp);
     if (n < 0) return -1;
+    n -= (int64_t)((double)n * cfg->val_fraction); /* fashion_mnist(..., val_fraction = F) */
     int64_t n_train = cfg->train_subset && cfg->train_subset < n ? cfg->train_subset : n;
     per_epoch = n_train / B;
     if (per_epoch < 1) return -1;
@@ -1071,6 +1127,11 @@ static int check_run_files(const DuetProgram *p, const DuetConfig *cfg, const ch
   char err[1024];
   if (cfg->save_path && writes_files_here() && check_save_path(cfg->save_path)) return 1;
   if (check_outputs(cfg, model_path)) return 1;
+  int64_t ck_step;
+  if (cfg->eval_only && duet_checkpoint_check_weights(p, cfg->checkpoint_path, &ck_step, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return 1;
+  }
   if (cfg->resume_path) {
     int64_t step, total = planned_total(p, cfg);
     if (duet_checkpoint_check(p, cfg->resume_path, &step, err, sizeof err)) {
@@ -1444,9 +1505,14 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   FILE *mf = NULL;
   int64_t *perm = NULL;
   StopHandlers stops = {0};
+  DuetDataset val = {0}; /* fashion_mnist(..., val_fraction = F): the last F of the training set */
+  bool fm_val = !npy && cfg.val_fraction > 0;
+  if (fm_val && split_validation(&train, cfg.val_fraction, &val)) goto out;
+  if (fm_val) split = "validation";
   if (!npy && check_pixels(p, train.rows, train.cols)) goto out;
   if (!npy && p->n_classes &&
-      (check_labels(&train, p->n_classes, "training") || check_labels(&test, p->n_classes, "test")))
+      (check_labels(&train, p->n_classes, "training") || check_labels(&test, p->n_classes, "test") ||
+       check_labels(&val, p->n_classes, "validation")))
     goto out;
   int64_t n_train = cfg.train_subset && cfg.train_subset < train.n ? cfg.train_subset : train.n;
   int64_t n_test = cfg.test_subset && cfg.test_subset < test.n ? cfg.test_subset : test.n;
@@ -1507,6 +1573,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   run.dist = dist;
   run.first_step = ts.step;
   run.total = total;
+  keep_best_resume(&run);
   prune_check_schedule(&run);
   DuetTrainState cur = ts;
   stop_handlers_install(&stops);
@@ -1539,7 +1606,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
                  total, loss, rate_note(s, (char[96]){0}, 96), (double)(since_log * B) / (t - t_log),
                  scale_note(s, p, (char[64]){0}, 64));
         fflush(stdout);
-        if (log_loss(mf, s, step, loss)) goto out;
+        if (log_loss(mf, s, step, loss, "samples_per_s", (double)(since_log * B) / (t - t_log))) goto out;
         t_log = now_seconds();
         since_log = 0;
       }
@@ -1552,7 +1619,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     bool epoch_done = step % per_epoch == 0 || step == total;
     if (cfg.eval && epoch_done && p->metrics >= 0) {
       double te = now_seconds();
-      if (evaluate(s, p, &test, n_test, B, &last)) {
+      if (evaluate(s, p, fm_val ? &val : &test, fm_val ? val.n : n_test, B, &last)) {
         fprintf(stderr, "duet: error: evaluation: %s\n", duet_session_error(s));
         goto out;
       }
@@ -1570,10 +1637,11 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "step", (double)step);
         cJSON_AddNumberToObject(o, "epoch", (double)epoch);
-        cJSON_AddNumberToObject(o, "test_accuracy", (double)last.correct / (double)last.n);
-        cJSON_AddNumberToObject(o, "test_loss", last.loss);
+        cJSON_AddNumberToObject(o, fm_val ? "val_accuracy" : "test_accuracy", (double)last.correct / (double)last.n);
+        cJSON_AddNumberToObject(o, fm_val ? "val_loss" : "test_loss", last.loss);
         if (metrics_write(mf, o)) goto out;
       }
+      if (keep_best(&run, &cur, (double)last.correct / (double)last.n, last.loss)) goto out;
       double dt = now_seconds() - te;
       t_eval += dt;
       t_log += dt;
@@ -1583,6 +1651,24 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   }
   if (p->prune && prune_report(&run, total, 0, NULL, true)) goto out;
   double elapsed = now_seconds() - t_start - t_eval;
+  if (fm_val && evaluated) { /* the test split, once, at the end */
+    if (evaluate(s, p, &test, n_test, B, &last)) {
+      fprintf(stderr, "duet: error: evaluation: %s\n", duet_session_error(s));
+      goto out;
+    }
+    split = "test";
+    if (!cfg.quiet)
+      printf("final | test accuracy %.2f%% (%" PRId64 "/%" PRId64 ") | test loss %.4f\n",
+             100.0 * (double)last.correct / (double)last.n, last.correct, last.n, last.loss);
+    if (mf) {
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddNumberToObject(o, "step", (double)total);
+      cJSON_AddNumberToObject(o, "test_accuracy", (double)last.correct / (double)last.n);
+      cJSON_AddNumberToObject(o, "test_loss", last.loss);
+      cJSON_AddTrueToObject(o, "final");
+      if (metrics_write(mf, o)) goto out;
+    }
+  }
   if (!dist || duet_dist_rank(dist) == 0) { /* rank 0 alone reports */
     printf("duet: trained %" PRId64 " step%s in %.1f s (%.0f samples/s)", total - first_step,
            total - first_step == 1 ? "" : "s", elapsed,
@@ -1603,6 +1689,7 @@ out:
   if (dev) dev->ops->destroy(dev);
   duet_dataset_free(&train);
   duet_dataset_free(&test);
+  duet_dataset_free(&val);
   return rc;
 }
 
@@ -1792,6 +1879,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   run.dist = dist;
   run.first_step = ts.step;
   run.total = total;
+  keep_best_resume(&run);
   prune_check_schedule(&run);
   stop_handlers_install(&stops);
   double t_log = now_seconds(), t_start = t_log, t_eval = 0, val = NAN;
@@ -1811,7 +1899,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
                rate_note(s, (char[96]){0}, 96), (double)(since_log * B * T) / (t - t_log),
                scale_note(s, p, (char[64]){0}, 64));
       fflush(stdout);
-      if (log_loss(mf, s, step, loss)) goto out;
+      if (log_loss(mf, s, step, loss, "tokens_per_s", (double)(since_log * B * T) / (t - t_log))) goto out;
       t_log = now_seconds();
       since_log = 0;
     }
@@ -1836,6 +1924,8 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
         cJSON_AddNumberToObject(o, "val_loss", val);
         if (metrics_write(mf, o)) goto out;
       }
+      ts.step = step;
+      if (keep_best(&run, &ts, -val, val)) goto out;
       double dt = now_seconds() - te;
       t_eval += dt;
       t_log += dt;
@@ -1960,6 +2050,593 @@ static int train_rank(const DuetProgram *p, const DuetKernelFn *kernels, const D
   return rc;
 }
 
+/* ------------------------------------------------ checkpoints to keep */
+
+/* --keep N (N >= 2), before a save to PATH: PATH, when it is a duet
+ * checkpoint, is kept as PATH.step-S (S its step) by a hard link, so that
+ * the save's rename over PATH leaves the old file under that name (a
+ * file system without hard links: renamed).  Best effort: a warning. */
+static void keep_before_save(const DuetConfig *cfg) {
+  if (cfg->keep < 2) return;
+  char e[512], old[4200];
+  DuetStFile *f = duet_st_open_header(cfg->save_path, e, sizeof e);
+  if (!f) return; /* nothing (readable) to keep */
+  const char *st = duet_st_meta(f, "step"), *fmt = duet_st_meta(f, "format");
+  bool ok = st && fmt && !strncmp(fmt, "duet-checkpoint", 15) && strspn(st, "0123456789") == strlen(st) && *st;
+  if (ok) snprintf(old, sizeof old, "%s.step-%s", cfg->save_path, st);
+  duet_st_close(f);
+  if (!ok) return;
+  if (link(cfg->save_path, old) && errno != EEXIST && rename(cfg->save_path, old) && !cfg->quiet)
+    fprintf(stderr, "duet: warning: --keep: cannot keep %s as %s: %s\n", cfg->save_path, old, strerror(errno));
+}
+
+static int cmp_desc_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* --keep N, after a save of step `step` to PATH: of the files PATH.step-S
+ * in PATH's directory with S < step, the N - 1 of the largest S are kept,
+ * the others removed (later ones, of another run, are left alone). */
+static void keep_after_save(const DuetConfig *cfg, int64_t step) {
+  if (cfg->keep < 1) return;
+  char dir[4096];
+  const char *path = cfg->save_path, *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  DIR *d = opendir(dir);
+  if (!d) return;
+  size_t nb = strlen(base), n = 0, cap = 0;
+  int64_t *steps = NULL;
+  for (struct dirent *e; (e = readdir(d));) {
+    const char *nm = e->d_name;
+    if (strncmp(nm, base, nb) || strncmp(nm + nb, ".step-", 6)) continue;
+    const char *num = nm + nb + 6;
+    if (!*num || strspn(num, "0123456789") != strlen(num) || strlen(num) > 18) continue;
+    int64_t sv = strtoll(num, NULL, 10);
+    if (sv >= step) continue;
+    if (n == cap) {
+      int64_t *t = realloc(steps, (cap = cap ? 2 * cap : 16) * sizeof *t);
+      if (!t) break;
+      steps = t;
+    }
+    steps[n++] = sv;
+  }
+  closedir(d);
+  if (n) qsort(steps, n, sizeof *steps, cmp_desc_i64);
+  for (size_t i = (size_t)(cfg->keep - 1); i < n; i++) {
+    char old[4200];
+    snprintf(old, sizeof old, "%s.step-%" PRId64, path, steps[i]);
+    if (unlink(old) && errno != ENOENT && !cfg->quiet)
+      fprintf(stderr, "duet: warning: --keep %" PRId64 ": cannot remove %s: %s\n", cfg->keep, old, strerror(errno));
+  }
+  free(steps);
+}
+
+/* --keep-best: the record of PATH.best, PATH.best.json
+ * {"step":S,"score":X,"loss":L}, read when a run resumes (its best so far
+ * must be beaten), written after each new best. */
+static void keep_best_resume(Run *r) {
+  const DuetConfig *cfg = r->cfg;
+  if (!cfg->keep_best || !cfg->save_path || !cfg->resume_path) return;
+  char path[4200];
+  snprintf(path, sizeof path, "%s.best.json", cfg->save_path);
+  size_t n;
+  char *text = duet_read_file(path, &n);
+  if (!text) return;
+  cJSON *o = cJSON_Parse(text);
+  const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "step"), *sc = cJSON_GetObjectItemCaseSensitive(o, "score"),
+              *lo = cJSON_GetObjectItemCaseSensitive(o, "loss");
+  if (cJSON_IsNumber(st) && cJSON_IsNumber(sc) && cJSON_IsNumber(lo) && st->valuedouble <= (double)r->first_step) {
+    r->has_best = true;
+    r->best_score = sc->valuedouble;
+    r->best_loss = lo->valuedouble;
+  }
+  cJSON_Delete(o);
+  free(text);
+}
+
+/* --keep-best, after an evaluation of the state st: when it is the best so
+ * far (score higher, or equal with a lower loss), the checkpoint of st is
+ * written to PATH.best (and its record).  0, or -1 after the error. */
+static int keep_best(Run *r, const DuetTrainState *st, double score, double loss) {
+  const DuetConfig *cfg = r->cfg;
+  if (!cfg->keep_best || !cfg->save_path || (r->dist && duet_dist_rank(r->dist) > 0)) return 0;
+  if (r->has_best && !(score > r->best_score || (score == r->best_score && loss < r->best_loss))) return 0;
+  char path[4200], err[1024];
+  snprintf(path, sizeof path, "%s.best", cfg->save_path);
+  if (duet_checkpoint_save(r->s, path, st, err, sizeof err)) {
+    fprintf(stderr, "duet: error: --keep-best: %s\n", err);
+    return -1;
+  }
+  r->has_best = true;
+  r->best_score = score;
+  r->best_loss = loss;
+  snprintf(path, sizeof path, "%s.best.json", cfg->save_path);
+  FILE *f = fopen(path, "w");
+  if (!f || fprintf(f, "{\"step\":%" PRId64 ",\"score\":%.17g,\"loss\":%.17g}\n", st->step, score, loss) < 0 ||
+      fclose(f)) {
+    fprintf(stderr, "duet: error: --keep-best: cannot write %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  if (!cfg->quiet) printf("duet: best evaluation so far: checkpoint of step %" PRId64 " saved to %s.best\n", st->step,
+                          cfg->save_path);
+  return 0;
+}
+
+/* fashion_mnist(..., val_fraction = F): the last floor(n * F) samples of
+ * the training set become the validation split (moved into val; train
+ * keeps the first ones).  1 after the error, else 0. */
+static int split_validation(DuetDataset *train, double fraction, DuetDataset *val) {
+  int64_t n_val = (int64_t)((double)train->n * fraction), px = (int64_t)train->rows * train->cols;
+  if (n_val < 1 || n_val >= train->n) {
+    fprintf(stderr, "duet: error: val_fraction %g of the %" PRId64 " training samples leaves %s\n", fraction, train->n,
+            n_val < 1 ? "no validation sample" : "no training sample");
+    return 1;
+  }
+  *val = (DuetDataset){.n = n_val, .rows = train->rows, .cols = train->cols};
+  val->images = malloc((size_t)(n_val * px) * sizeof *val->images);
+  val->labels = malloc((size_t)n_val * sizeof *val->labels);
+  if (!val->images || !val->labels) {
+    fprintf(stderr, "duet: error: out of host memory\n");
+    return 1;
+  }
+  int64_t n_train = train->n - n_val;
+  memcpy(val->images, train->images + n_train * px, (size_t)(n_val * px) * sizeof *val->images);
+  memcpy(val->labels, train->labels + n_train, (size_t)n_val * sizeof *val->labels);
+  train->n = n_train;
+  return 0;
+}
+
+/* ------------------------------------------------------------ evaluation */
+
+/* --eval-only and --checkpoint: each needs the other, and --eval-only
+ * trains nothing (no --save, --resume).  1 after the error, else 0. */
+static int check_eval_flags(const DuetConfig *c) {
+  if (c->eval_only && !c->checkpoint_path) {
+    fprintf(stderr, "duet: error: --eval-only needs --checkpoint CK (a checkpoint written by --save)\n");
+    return 1;
+  }
+  if (c->checkpoint_path && !c->eval_only) {
+    fprintf(stderr, "duet: error: --checkpoint CK is read by --eval-only; to continue training from a checkpoint "
+                    "give --resume CK\n");
+    return 1;
+  }
+  if ((c->keep || c->keep_best) && !c->save_path && !c->eval_only) {
+    fprintf(stderr, "duet: error: %s needs --save PATH (where to write the checkpoints)\n",
+            c->keep ? "--keep" : "--keep-best");
+    return 1;
+  }
+  if (c->eval_only && (c->save_path || c->resume_path)) {
+    fprintf(stderr, "duet: error: --eval-only trains nothing: it takes no --%s (the checkpoint to evaluate is "
+                    "--checkpoint CK)\n", c->save_path ? "save" : "resume");
+    return 1;
+  }
+  return 0;
+}
+
+DuetSession *duet_eval_open(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, DuetDevice **dev) {
+  return open_session(p, kernels, cfg, dev, NULL);
+}
+
+/* The images or npy samples a classifier is evaluated on (the test split,
+ * or npy's validation samples) into *ds; *n: how many of them are used.
+ * 0, or -1 with the message in err. */
+static int eval_images_load(const DuetProgram *p, const DuetConfig *cfg, DuetDataset *ds, int64_t *n, char *err,
+                            size_t errlen) {
+  *ds = (DuetDataset){0};
+  if (cfg->data == DUET_DATA_NPY) {
+    DuetDataset train = {0};
+    int rc = npy_load_sets(p, cfg, &train, ds, err, errlen);
+    duet_dataset_free(&train);
+    if (!rc && !ds->n) {
+      snprintf(err, errlen, "npy data without validation samples (val_fraction, or val_x and val_y): nothing to "
+                            "evaluate on");
+      rc = -1;
+    }
+    *n = ds->n;
+    return rc;
+  }
+  char ip[4096], lp[4096];
+  snprintf(ip, sizeof ip, "%s/%s", cfg->data_path, idx_files[1][0]);
+  snprintf(lp, sizeof lp, "%s/%s", cfg->data_path, idx_files[1][1]);
+  if (duet_load_idx(ds, ip, lp, err, errlen)) return -1;
+  int64_t px = (int64_t)ds->rows * ds->cols, want_px = 1;
+  for (int d = 1; d < p->tensors[p->input_x].rank; d++) want_px *= p->tensors[p->input_x].shape[d];
+  if (px != want_px) {
+    snprintf(err, errlen, "data has %" PRId64 " pixels per image, the model's input takes %" PRId64, px, want_px);
+    return -1;
+  }
+  for (int64_t i = 0; p->n_classes && i < ds->n; i++)
+    if (ds->labels[i] < 0 || ds->labels[i] >= p->n_classes) {
+      snprintf(err, errlen, "test label %d at index %" PRId64 " is outside the model's %d classes", ds->labels[i], i,
+               p->n_classes);
+      return -1;
+    }
+  *n = cfg->test_subset && cfg->test_subset < ds->n ? cfg->test_subset : ds->n;
+  return 0;
+}
+
+/* Text or token data for evaluation (the validation split is used). */
+static int eval_text_load(const DuetProgram *p, const DuetConfig *cfg, TextData *td, char *err, size_t errlen) {
+  memset(td, 0, sizeof *td);
+  return cfg->data == DUET_DATA_TOKENS ? load_tokens(td, cfg->data_path, cfg->block, token_limit(p), err, errlen)
+                                       : load_text(td, cfg->data_path, cfg->block, err, errlen);
+}
+
+int duet_evaluate(DuetSession *s, const DuetConfig *cfg, DuetEvalResult *res, char *err, size_t errlen) {
+  const DuetProgram *p = duet_session_program(s);
+  bool text = cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS;
+  *res = (DuetEvalResult){.text = text, .split = cfg->data == DUET_DATA_FASHION_MNIST ? "test" : "validation"};
+  if (p->metrics < 0 || p->input_x < 0 || p->input_y < 0) {
+    snprintf(err, errlen, "model `%s` has no evaluation (it needs x and y inputs and a cross_entropy loss)",
+             p->model_name);
+    return -1;
+  }
+  int rc = -1;
+  if (text) {
+    TextData td;
+    if (eval_text_load(p, cfg, &td, err, errlen)) return -1;
+    res->batches = cfg->eval_batches;
+    if (text_validate(s, p, &td, cfg, &res->loss)) snprintf(err, errlen, "%s", duet_session_error(s));
+    else rc = 0;
+    free(td.bytes);
+    free(td.tokens);
+    return rc;
+  }
+  DuetDataset ds;
+  int64_t n;
+  if (eval_images_load(p, cfg, &ds, &n, err, errlen)) {
+    duet_dataset_free(&ds);
+    return -1;
+  }
+  EvalResult r;
+  if (evaluate(s, p, &ds, n, p->defaults.batch, &r)) {
+    snprintf(err, errlen, "%s", duet_session_error(s));
+  } else {
+    res->correct = r.correct;
+    res->n = r.n;
+    res->loss = r.loss;
+    rc = 0;
+  }
+  duet_dataset_free(&ds);
+  return rc;
+}
+
+/* --eval-only: the params of cfg->checkpoint_path evaluated as a training
+ * run's final evaluation; the result printed (and written to --metrics). */
+static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, int ranks) {
+  char err[2048];
+  int64_t step;
+  if (ranks > 1) {
+    fprintf(stderr, "duet: error: --eval-only runs in one process: start it without the MPI launcher\n");
+    return 1;
+  }
+  if (duet_checkpoint_check_weights(p, cfg->checkpoint_path, &step, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return 1;
+  }
+  DuetDevice *dev = NULL;
+  DuetSession *s = duet_eval_open(p, kernels, cfg, &dev);
+  DuetEvalResult r;
+  FILE *mf = NULL;
+  int rc = 1;
+  if (!s) goto out;
+  if (duet_checkpoint_load_weights(s, cfg->checkpoint_path, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    goto out;
+  }
+  if (duet_evaluate(s, cfg, &r, err, sizeof err)) {
+    fprintf(stderr, "duet: error: evaluation: %s\n", err);
+    goto out;
+  }
+  if (cfg->metrics_path && !(mf = fopen(cfg->metrics_path, "w"))) {
+    fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg->metrics_path, strerror(errno));
+    goto out;
+  }
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "step", (double)step);
+  if (r.text) {
+    printf("duet: %s (step %" PRId64 "): val loss %.6f nats/%s (%" PRId64 " batches)\n", cfg->checkpoint_path, step,
+           r.loss, cfg->data == DUET_DATA_TOKENS ? "token" : "byte", r.batches);
+    cJSON_AddNumberToObject(o, "val_loss", r.loss);
+  } else {
+    printf("duet: %s (step %" PRId64 "): %s accuracy %.2f%% (%" PRId64 "/%" PRId64 ") | %s loss %.6f\n",
+           cfg->checkpoint_path, step, r.split, 100.0 * (double)r.correct / (double)r.n, r.correct, r.n, r.split,
+           r.loss);
+    cJSON_AddNumberToObject(o, "test_accuracy", (double)r.correct / (double)r.n);
+    cJSON_AddNumberToObject(o, "test_loss", r.loss);
+  }
+  cJSON_AddTrueToObject(o, "eval_only");
+  if (mf ? metrics_write(mf, o) : (cJSON_Delete(o), 0)) goto out;
+  rc = 0;
+out:
+  if (mf && fclose(mf)) {
+    fprintf(stderr, "duet: error: writing metrics file %s failed\n", cfg->metrics_path);
+    rc = 1;
+  }
+  duet_session_free(s);
+  if (dev) dev->ops->destroy(dev);
+  return rc;
+}
+
+/* ------------------------------------------------------------- predict */
+
+void duet_predict_usage(FILE *out) {
+  fprintf(out,
+          "usage: duet predict M.model --checkpoint CK [--data PATH] [-o OUT.jsonl] [flags]\n"
+          "Loads the params of CK (written by duet run --save) and writes one JSON line per prediction,\n"
+          "on the samples the final evaluation uses (Fashion-MNIST: the test split; npy: the validation\n"
+          "samples; text, tokens: the --eval-batches fixed validation batches):\n"
+          "  classifiers    {\"index\":I,\"class\":C,\"prob\":P,\"label\":Y} per sample, in order: C the\n"
+          "                 predicted class (the largest logit, the first of equal ones), P its softmax\n"
+          "                 probability, Y the sample's label (--logits adds \"logits\":[...])\n"
+          "  language models {\"window\":W,\"offset\":O,\"loss\":[L0,...]} per validation window: O its first\n"
+          "                 token's position in the data, Lt = -log softmax(logits_t)[y_t] (nats) of each\n"
+          "                 of its block tokens (their mean over all windows is the validation loss)\n"
+          "  --checkpoint CK    the trained params (required)\n"
+          "  --data PATH        data directory or file (default: the train section's)\n"
+          "  -o FILE            write the lines to FILE (default: standard output)\n"
+          "  --test-subset N    classifiers: the first N test samples\n"
+          "  --eval-batches N   language models: N fixed validation batches (default: the model's)\n"
+          "  --logits           classifiers: each line also holds the logits\n"
+          "  --threads N        CPU threads, 1 to 1024 (default: all cores)\n"
+          "The program is compiled in fp32 for the model's batch; numbers are printed with 9 significant\n"
+          "digits (a float round-trips).  A summary goes to standard error.\n");
+}
+
+/* Element k of a logits buffer of dtype dt, as a double. */
+static double logit_at(const void *buf, int dt, int64_t k) {
+  switch (dt) {
+  case DUET_F64: return ((const double *)buf)[k];
+  case DUET_F16: return duet_f32_from_f16(((const uint16_t *)buf)[k]);
+  case DUET_BF16: return duet_f32_from_bf16(((const uint16_t *)buf)[k]);
+  default: return ((const float *)buf)[k];
+  }
+}
+
+/* A number with 9 significant digits (a float round-trips). */
+static int put_num(FILE *f, double x) {
+  return isfinite(x) ? fprintf(f, "%.9g", x) : fprintf(f, "null");
+}
+
+/* Reads the logits of the batch just evaluated: rows of V values. */
+static void *read_logits(DuetSession *s, const DuetProgram *p, char *err, size_t errlen) {
+  const DuetTensor *t = &p->tensors[p->logits];
+  void *buf = malloc((size_t)t->nbytes);
+  if (!buf) {
+    snprintf(err, errlen, "out of host memory");
+    return NULL;
+  }
+  if (duet_session_read(s, p->logits, 0, buf, (size_t)t->nbytes)) {
+    snprintf(err, errlen, "%s", duet_session_error(s));
+    free(buf);
+    return NULL;
+  }
+  return buf;
+}
+
+/* The predictions of a classifier on ds's first n samples, one line each. */
+static int predict_images(DuetSession *s, const DuetProgram *p, const DuetDataset *ds, int64_t n, bool with_logits,
+                          FILE *out, int64_t *correct, char *err, size_t errlen) {
+  const DuetTensor *t = &p->tensors[p->logits];
+  int64_t B = p->defaults.batch, V = p->n_classes;
+  int dsz = t->dtype == DUET_F64 ? 8 : t->dtype == DUET_F16 || t->dtype == DUET_BF16 ? 2 : 4;
+  if (V < 1 || t->nbytes != B * V * dsz) {
+    snprintf(err, errlen, "model `%s`: its logits are not [batch, classes]", p->model_name);
+    return -1;
+  }
+  int64_t *idx = malloc((size_t)B * sizeof *idx);
+  if (!idx) {
+    snprintf(err, errlen, "out of host memory");
+    return -1;
+  }
+  *correct = 0;
+  for (int64_t start = 0; start < n; start += B) {
+    int64_t m = n - start < B ? n - start : B;
+    for (int64_t r = 0; r < m; r++) idx[r] = start + r;
+    duet_session_set_valid(s, m);
+    void *lg = NULL;
+    if (fill_batch(s, p, ds, idx, m, B) || duet_session_run(s, DUET_RUN_EVAL)) {
+      snprintf(err, errlen, "%s", duet_session_error(s));
+    } else {
+      lg = read_logits(s, p, err, errlen);
+    }
+    if (!lg) {
+      free(idx);
+      return -1;
+    }
+    for (int64_t r = 0; r < m; r++) {
+      int64_t best = 0;
+      for (int64_t v = 1; v < V; v++)
+        if (logit_at(lg, t->dtype, r * V + v) > logit_at(lg, t->dtype, r * V + best)) best = v;
+      double mx = logit_at(lg, t->dtype, r * V + best), sum = 0;
+      for (int64_t v = 0; v < V; v++) sum += exp(logit_at(lg, t->dtype, r * V + v) - mx);
+      /* the label: fashion_mnist's, or npy's i32 class per sample */
+      bool labelled = ds->labels || (p->tensors[p->input_y].dtype == DUET_I32 && ds->y_elems == 1);
+      int32_t label = ds->labels ? ds->labels[start + r] : labelled ? ((const int32_t *)ds->y)[start + r] : -1;
+      *correct += labelled && best == label;
+      fprintf(out, "{\"index\":%" PRId64 ",\"class\":%" PRId64 ",\"prob\":", start + r, best);
+      put_num(out, 1.0 / sum);
+      if (labelled) fprintf(out, ",\"label\":%d", (int)label);
+      if (with_logits) {
+        fprintf(out, ",\"logits\":[");
+        for (int64_t v = 0; v < V; v++) {
+          if (v) fputc(',', out);
+          put_num(out, logit_at(lg, t->dtype, r * V + v));
+        }
+        fputc(']', out);
+      }
+      fprintf(out, "}\n");
+    }
+    free(lg);
+  }
+  free(idx);
+  return 0;
+}
+
+/* The per-token losses of a language model on the fixed validation windows
+ * (text_validate's: the same generator, the same draws). */
+static int predict_text(DuetSession *s, const DuetProgram *p, const TextData *td, const DuetConfig *cfg, FILE *out,
+                        double *mean, char *err, size_t errlen) {
+  const DuetTensor *t = &p->tensors[p->logits];
+  int64_t B = p->defaults.batch, T = cfg->block, V = p->n_classes;
+  int dsz = t->dtype == DUET_F64 ? 8 : t->dtype == DUET_F16 || t->dtype == DUET_BF16 ? 2 : 4;
+  if (V < 1 || t->nbytes != B * T * V * dsz) {
+    snprintf(err, errlen, "model `%s`: its logits are not [batch, block, vocab]", p->model_name);
+    return -1;
+  }
+  int32_t *y = malloc((size_t)(B * T) * sizeof *y);
+  int64_t *off = malloc((size_t)B * sizeof *off);
+  if (!y || !off) {
+    free(y);
+    free(off);
+    snprintf(err, errlen, "out of host memory");
+    return -1;
+  }
+  DuetRng r;
+  duet_rng_seed(&r, 0x76616c6964ull, 0); /* text_validate's windows */
+  double total = 0;
+  int rc = 0;
+  duet_session_set_valid(s, B * T);
+  uint64_t span = (uint64_t)(td->n - td->n_train - T - 1) + 1;
+  for (int64_t i = 0; i < cfg->eval_batches && !rc; i++) {
+    DuetRng peek = r; /* the offsets text_batch draws */
+    for (int64_t b = 0; b < B; b++) off[b] = td->n_train + (int64_t)(duet_rng_next(&peek) % span);
+    void *lg = NULL;
+    if (text_batch(s, p, td, &r, td->n_train, td->n, B, T) || duet_session_run(s, DUET_RUN_EVAL) ||
+        duet_session_read(s, p->input_y, 0, y, (size_t)(B * T) * sizeof *y))
+      snprintf(err, errlen, "%s", duet_session_error(s));
+    else
+      lg = read_logits(s, p, err, errlen);
+    if (!lg) {
+      rc = -1;
+      break;
+    }
+    for (int64_t b = 0; b < B; b++) {
+      fprintf(out, "{\"window\":%" PRId64 ",\"offset\":%" PRId64 ",\"loss\":[", i * B + b, off[b]);
+      for (int64_t k = 0; k < T; k++) {
+        int64_t row = b * T + k;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t v = 0; v < V; v++) mx = fmax(mx, logit_at(lg, t->dtype, row * V + v));
+        for (int64_t v = 0; v < V; v++) sum += exp(logit_at(lg, t->dtype, row * V + v) - mx);
+        double l = mx + log(sum) - logit_at(lg, t->dtype, row * V + y[row]);
+        total += l;
+        if (k) fputc(',', out);
+        put_num(out, l);
+      }
+      fprintf(out, "]}\n");
+    }
+    free(lg);
+  }
+  free(y);
+  free(off);
+  *mean = total / (double)(cfg->eval_batches * B * T);
+  return rc;
+}
+
+int duet_predict_main(const DuetProgram *p, const DuetKernelFn *kernels, int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  DuetConfig cfg = p->defaults;
+  const char *out_path = NULL;
+  bool with_logits = false;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--logits")) {
+      with_logits = true;
+      continue;
+    }
+    bool known = !strcmp(a, "--checkpoint") || !strcmp(a, "--data") || !strcmp(a, "-o") ||
+                 !strcmp(a, "--test-subset") || !strcmp(a, "--eval-batches") || !strcmp(a, "--threads");
+    if (!known) {
+      fprintf(stderr, "duet: error: %s '%s' (see duet predict --help)\n",
+              a[0] == '-' ? "unknown flag" : "unexpected argument", a);
+      return 1;
+    }
+    if (!v) {
+      fprintf(stderr, "duet: error: %s needs a value (see duet predict --help)\n", a);
+      return 1;
+    }
+    i++;
+    int rc = 0;
+    if (!strcmp(a, "--checkpoint")) cfg.checkpoint_path = v;
+    else if (!strcmp(a, "--data")) cfg.data_path = v;
+    else if (!strcmp(a, "-o")) out_path = v;
+    else if (!strcmp(a, "--test-subset")) rc = parse_i64(a, v, 1, &cfg.test_subset);
+    else if (!strcmp(a, "--eval-batches")) rc = parse_i64(a, v, 1, &cfg.eval_batches);
+    else rc = duet_parse_threads(v, &cfg.threads);
+    if (rc) return 1;
+  }
+  if (!cfg.checkpoint_path) {
+    fprintf(stderr, "duet: error: duet predict needs --checkpoint CK (a checkpoint written by duet run --save)\n");
+    return 1;
+  }
+  bool text = cfg.data == DUET_DATA_TEXT || cfg.data == DUET_DATA_TOKENS;
+  char err[2048];
+  int64_t step;
+  if (!text && no_data_source(p, &cfg)) return 1;
+  if (p->logits < 0 || p->metrics < 0) {
+    fprintf(stderr, "duet: error: model `%s` has no evaluated cross_entropy whose logits to predict from\n",
+            p->model_name);
+    return 1;
+  }
+  if (duet_checkpoint_check_weights(p, cfg.checkpoint_path, &step, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return 1;
+  }
+  cfg.quiet = 1;
+  DuetDevice *dev = NULL;
+  DuetSession *s = NULL;
+  FILE *out = stdout;
+  DuetDataset ds = {0};
+  TextData td = {0};
+  int64_t n = 0, correct = 0;
+  double mean = 0;
+  int rc = 1;
+  if (text ? eval_text_load(p, &cfg, &td, err, sizeof err) : eval_images_load(p, &cfg, &ds, &n, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    goto out;
+  }
+  if (!(s = duet_eval_open(p, kernels, &cfg, &dev))) goto out;
+  if (duet_checkpoint_load_weights(s, cfg.checkpoint_path, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    goto out;
+  }
+  if (out_path && !(out = fopen(out_path, "w"))) {
+    fprintf(stderr, "duet: error: cannot write %s: %s\n", out_path, strerror(errno));
+    out = stdout;
+    goto out;
+  }
+  if (text ? predict_text(s, p, &td, &cfg, out, &mean, err, sizeof err)
+           : predict_images(s, p, &ds, n, with_logits, out, &correct, err, sizeof err)) {
+    fprintf(stderr, "duet: error: predicting: %s\n", err);
+    goto out;
+  }
+  if (fflush(out) || ferror(out)) {
+    fprintf(stderr, "duet: error: writing %s failed: %s\n", out_path ? out_path : "standard output", strerror(errno));
+    goto out;
+  }
+  if (text)
+    fprintf(stderr, "duet: predicted %" PRId64 " windows of %" PRId64 " tokens of %s (step %" PRId64 "); mean loss "
+            "%.6f nats/token\n", cfg.eval_batches * p->defaults.batch, cfg.block, cfg.checkpoint_path, step, mean);
+  else
+    fprintf(stderr, "duet: predicted %" PRId64 " samples with %s (step %" PRId64 "): %" PRId64 " correct (%.2f%%)\n", n,
+            cfg.checkpoint_path, step, correct, 100.0 * (double)correct / (double)n);
+  rc = 0;
+out:
+  if (out != stdout && fclose(out)) {
+    fprintf(stderr, "duet: error: writing %s failed: %s\n", out_path, strerror(errno));
+    rc = 1;
+  }
+  duet_session_free(s);
+  if (dev) dev->ops->destroy(dev);
+  duet_dataset_free(&ds);
+  free(td.bytes);
+  free(td.tokens);
+  return rc;
+}
+
 int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *argv0, int argc, char **argv) {
   /* progress lines (stdout) and errors (stderr) in the order they happen,
    * also when both go to one pipe or file */
@@ -1992,6 +2669,11 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
   }
   if (!text && no_data_source(p, &cfg)) return 1;
   if (check_run_files(p, &cfg, NULL)) return 1;
+  if (cfg.eval_only) return eval_only(p, kernels, &cfg, ranks);
+  if (ranks > 1 && cfg.keep_best) {
+    fprintf(stderr, "duet: error: --keep-best is not supported under an MPI launcher yet (--keep is)\n");
+    return 1;
+  }
   if (ranks > 1) return train_rank(p, kernels, &cfg, text);
   return text ? train_text(p, kernels, cfg, NULL) : train_images(p, kernels, cfg, NULL);
 }

@@ -1,0 +1,74 @@
+#!/bin/sh
+# Using a trained checkpoint: duet run --eval-only --checkpoint CK.
+#   1. A classifier (fmnist_mlp) trained 20 steps with --save: --eval-only
+#      on the checkpoint writes the training run's last evaluation line
+#      (test accuracy and loss), bit for bit (the JSON numbers compared as
+#      text), in duet run and in a compiled executable;
+#   2. a text model (gpt_tiny) likewise: the validation loss;
+#   3. bad uses are exact one-line errors, before any kernel is compiled:
+#      --eval-only without --checkpoint, --checkpoint without --eval-only,
+#      --save with --eval-only, a missing checkpoint, a checkpoint of another
+#      model, one whose tensor has another shape (the tensor named).
+# usage: run_eval.sh path/to/duet   (from the repository root)
+DUET=${1:?usage: run_eval.sh path/to/duet}
+d=${TMPDIR:-/tmp}/duet-eval.$$
+mkdir -p "$d" || exit 1
+trap 'rm -rf "$d"' EXIT
+pass=0 fail=0
+ok() { echo "ok $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+M=models/fmnist_mlp.model
+F="--train-subset 2560 --test-subset 1000 --threads 1 --quiet"
+# last_eval FILE KEY: the last metrics line holding KEY, without "epoch" and "eval_only"
+last_eval() { grep "\"$2\"" "$1" | tail -1 | sed 's/,"epoch":[0-9]*//; s/,"eval_only":true//'; }
+# before_compile NAME "the whole error line" command...: exit 1 with that
+# line, no kernels compiled (an empty fresh kernel cache)
+before_compile() {
+  name=$1 want=$2; shift 2
+  out=$(DUET_CACHE_DIR="$d/cache-$name" "$@" 2>&1); rc=$?
+  if [ "$rc" -eq 1 ] && [ "$out" = "$want" ] && [ -z "$(ls -A "$d/cache-$name" 2>/dev/null)" ]; then ok "$name"
+  else bad "$name: exit $rc, output:"; printf '%s\n' "$out" | head -5; echo "  want (before compiling): $want"; fi
+}
+
+# 1. classifier
+"$DUET" run $M $F --steps 20 --save "$d/ck.st" --metrics "$d/train.jsonl" > /dev/null || bad train
+"$DUET" run $M $F --eval-only --checkpoint "$d/ck.st" --metrics "$d/eval.jsonl" > "$d/eval.out" || bad eval_only_runs
+want=$(last_eval "$d/train.jsonl" test_accuracy)
+got=$(last_eval "$d/eval.jsonl" test_accuracy)
+[ -n "$want" ] && [ "$want" = "$got" ] && ok classifier_same_evaluation ||
+  { bad classifier_same_evaluation; echo "  train: $want"; echo "  eval:  $got"; }
+grep -q "^duet: $d/ck.st (step 20): test accuracy [0-9.]*% ([0-9]*/1000) | test loss [0-9.]*$" "$d/eval.out" &&
+  ok classifier_prints_result || { bad classifier_prints_result; cat "$d/eval.out"; }
+"$DUET" compile $M -o "$d/exe" > /dev/null || bad compile
+"$d/exe" $F --eval-only --checkpoint "$d/ck.st" --metrics "$d/exe.jsonl" > /dev/null || bad exe_runs
+[ "$(last_eval "$d/exe.jsonl" test_accuracy)" = "$want" ] && ok executable_same_evaluation ||
+  { bad executable_same_evaluation; cat "$d/exe.jsonl"; }
+
+# 2. text model
+G=tests/models/gpt_tiny.model
+"$DUET" run $G --steps 4 --threads 1 --quiet --save "$d/g.st" --metrics "$d/gtrain.jsonl" > /dev/null || bad text_train
+"$DUET" run $G --threads 1 --quiet --eval-only --checkpoint "$d/g.st" --metrics "$d/geval.jsonl" > /dev/null ||
+  bad text_eval_only_runs
+want=$(last_eval "$d/gtrain.jsonl" val_loss)
+[ -n "$want" ] && [ "$want" = "$(last_eval "$d/geval.jsonl" val_loss)" ] && ok text_same_validation_loss ||
+  { bad text_same_validation_loss; echo "  train: $want"; cat "$d/geval.jsonl"; }
+
+# 3. errors
+before_compile no_checkpoint "duet: error: --eval-only needs --checkpoint CK (a checkpoint written by --save)" \
+  "$DUET" run $M --eval-only
+before_compile checkpoint_alone "duet: error: --checkpoint CK is read by --eval-only; to continue training from a \
+checkpoint give --resume CK" "$DUET" run $M --checkpoint "$d/ck.st"
+before_compile eval_only_save "duet: error: --eval-only trains nothing: it takes no --save (the checkpoint to \
+evaluate is --checkpoint CK)" "$DUET" run $M --eval-only --checkpoint "$d/ck.st" --save "$d/x.st"
+before_compile missing "duet: error: cannot load the checkpoint: cannot open $d/none.st: No such file or directory" \
+  "$DUET" run $M --eval-only --checkpoint "$d/none.st"
+before_compile other_model "duet: error: cannot load $d/g.st: it is a checkpoint of model \`gpt_tiny\`, not \
+\`fmnist_mlp\`" "$DUET" run $M --eval-only --checkpoint "$d/g.st"
+sed 's/linear(h, 10)/linear(h, 11)/' $M > "$d/eleven.model"
+before_compile other_shape "duet: error: cannot load $d/ck.st: tensor \`linear3.w\` is f32[1024,10] in the \
+checkpoint, f32[1024,11] in the model" "$DUET" run "$d/eleven.model" --eval-only --checkpoint "$d/ck.st"
+out=$("$d/exe" --eval-only 2>&1)
+[ "$out" = "duet: error: --eval-only needs --checkpoint CK (a checkpoint written by --save)" ] &&
+  ok executable_no_checkpoint || { bad executable_no_checkpoint; echo "$out"; }
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
