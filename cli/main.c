@@ -12,6 +12,7 @@
 #include "../codegen/codegen.h"
 #include "../frontend/frontend.h"
 #include "../passes/passes.h"
+#include "fit.h"
 #include "jit.h"
 #include "plan_svg.h"
 #include "plot.h"
@@ -42,6 +43,8 @@ static void usage(FILE *out) {
           "recomputes the rest in the backward pass; auto recomputes blocks only until each device fits.\n\n"
           "run, compile, plan, ir, emit and check take --optimizer-state int8|f32 (AdamW's moments in 8-bit\n"
           "block-wise quantized codes, or f32: overrides the model's adamw(state = ...)).\n\n"
+          "run, compile, ir and emit take --quantize int8|int8-tensor|none (int8 weights, a scale per output\n"
+          "channel or per tensor: an evaluation program; duet run needs --eval-only --checkpoint CK).\n\n"
           "run, compile, plan, ir, emit and check take the pruning flags --prune S, --prune-mode,\n"
           "--prune-start, --prune-end, --prune-every, --prune-initial, --prune-params (`duet run --help`).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
@@ -68,7 +71,11 @@ static void prune_help(FILE *out) {
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
  * emit and check (cli/ may hold global state). */
-static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt_optim_state;
+static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt_optim_state, *opt_device_memory,
+    *opt_offload, *opt_quantize;
+/* --device-memory SIZE in bytes (0: not given): every device's capacity */
+static int64_t opt_device_bytes;
+static char opt_device_from[160]; /* "--device-memory 16GB = 16000000000 bytes" */
 
 /* Removes `--precision X` / `--arch X` / `--gemm-accumulate X` /
  * `--optimizer-state X` (and the `=` forms) from argv;
@@ -76,13 +83,16 @@ static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt
 static int strip_precision_flags(int argc, char **argv) {
   int k = 0;
   for (int i = 0; i < argc; i++) {
-    const char *names[5] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state"};
-    const char **dst[5] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state};
-    static const char *const values[5] = {"auto, fp32, fp16, bf16",
+    const char *names[8] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state",
+                            "--device-memory", "--offload", "--quantize"};
+    const char **dst[8] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state,
+                           &opt_device_memory, &opt_offload, &opt_quantize};
+    static const char *const values[8] = {"auto, fp32, fp16, bf16",
                                           "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16",
-                                          "none, blocks, auto", "int8, f32"};
+                                          "none, blocks, auto", "int8, f32", "a size such as 16GiB", "none, optimizer",
+                                          "int8, int8-tensor, none"};
     int hit = -1;
-    for (int j = 0; j < 5 && hit < 0; j++) {
+    for (int j = 0; j < 8 && hit < 0; j++) {
       size_t n = strlen(names[j]);
       if (!strcmp(argv[i], names[j])) {
         if (i + 1 >= argc) {
@@ -157,6 +167,23 @@ static int check_precision_flags(void) {
     fprintf(stderr, "duet: error: unknown --optimizer-state `%s` (int8, f32)\n", opt_optim_state);
     return 1;
   }
+  if (quantize_mode_parse(opt_quantize) < 0) {
+    fprintf(stderr, "duet: error: unknown --quantize `%s` (int8: a scale per output channel, int8-tensor: one per "
+                    "tensor, none)\n", opt_quantize);
+    return 1;
+  }
+  int off;
+  if (opt_offload && duet_parse_offload(opt_offload, &off)) return 1;
+  if (opt_device_memory) {
+    opt_device_bytes = duet_parse_size(opt_device_memory);
+    if (opt_device_bytes <= 0) {
+      fprintf(stderr, "duet: error: --device-memory expects a size such as 16GiB or 16G (2^30 bytes), 16GB (10^9), "
+              "500MiB or bytes, got '%s'\n", opt_device_memory);
+      return 1;
+    }
+    snprintf(opt_device_from, sizeof opt_device_from, "--device-memory %s = %" PRId64 " bytes", opt_device_memory,
+             opt_device_bytes);
+  }
   if (!opt_precision && !opt_arch) return 0;
   if (precision_resolve(opt_arch, opt_precision, &pc, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
@@ -183,6 +210,7 @@ typedef struct ParOpts {
   PartDevice dev[DUET_MAX_DEVICES];
   int n_dev;
   char mem_from[1700]; /* where the CPU devices' capacity came from (duet_host_memory) */
+  char gpu_from[DUET_MAX_DEVICES][120]; /* a GPU's: "cuMemGetInfo: free memory of cuda:0" */
   bool one_f_one_b; /* --schedule 1f1b: fewer activations in flight */
   bool clip;        /* --clip-grad-norm given (the partition pass then keeps tied gradients per micro-batch) */
   bool per_rank;    /* an MPI run: the replicas are the ranks, --devices names one rank's devices */
@@ -280,6 +308,21 @@ static int par_devices(ParOpts *po, const char *devices, int argc, char **argv) 
                   : spec[i].kind == DUET_DEV_CUDA  ? ((int64_t)16 << 30) / same_gpu
                                                    : host / n_cpu;
     d->capacity_from = spec[i].kind == DUET_DEV_CPU ? po->mem_from : NULL;
+    int64_t gfree, gtotal;
+    int gsm; /* not used for the rates or precision (unchanged: sm_60) */
+    char gerr[300];
+    if (spec[i].kind == DUET_DEV_CUDA && opt_device_bytes <= 0 &&
+        !duet_cuda_meminfo(spec[i].index, &gfree, &gtotal, &gsm, gerr, sizeof gerr)) {
+      /* the card's own free memory and capability (without a driver: the P100 assumption above) */
+      d->capacity = gfree / same_gpu; /* (the rates stay sm_60's: the cost model's assumption, as before) */
+      snprintf(po->gpu_from[i], sizeof po->gpu_from[i], "cuMemGetInfo: free memory of cuda:%d%s", spec[i].index,
+               same_gpu > 1 ? ", shared by its stages" : "");
+      d->capacity_from = po->gpu_from[i];
+    }
+    if (opt_device_bytes > 0) { /* --device-memory: every device's budget */
+      d->capacity = opt_device_bytes;
+      d->capacity_from = opt_device_from;
+    }
   }
   return 0;
 }
@@ -472,6 +515,11 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
                "need the .model or a dump from before `prune`", g->after_pass);
     return NULL;
   }
+  if (quantize_mode_parse(opt_quantize) > 0 && g->after_pass && passes_find(g->after_pass) >= passes_find("quantize")) {
+    diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its weights' dtypes are fixed; "
+               "--quantize needs the .model or a dump from before `quantize`", g->after_pass);
+    return NULL;
+  }
   if (opt_recompute && g->after_pass && passes_find(g->after_pass) >= passes_find("recompute")) {
     /* the dump's recomputation is fixed: a request it already follows is fine
      * (recomputed copies are backward values with a block) */
@@ -502,12 +550,17 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
                 .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .recompute = opt_recompute,
-                .optim_state = opt_optim_state,
+                .optim_state = opt_optim_state, .quantize = opt_quantize,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0,
                 .clip = po && po->clip};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
   if (!c->g) return 1;
+  if (opt_offload) c->g->train.offload = opt_offload; /* --offload wins over the train section's */
+  if (train_offload(&c->g->train) && (c->g->replicas > 1 || (po && po->replicas > 1))) {
+    diag_error_noloc(&c->diag, "%s", duet_offload_refusal(2, 0, 0));
+    return 1;
+  }
   if (po && po->zero && !c->g->zero) { /* --zero 1 */
     if (c->g->replicas < 2) { /* a dump of one replica */
       diag_error_noloc(&c->diag, "--zero 1 needs --data-parallel N with N >= 2 (it shards the optimizer state over "
@@ -551,6 +604,10 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   }
   int rc = passes_run(c->g, &pc);
   par_free(&budget);
+  if (!rc && train_offload(&c->g->train) && c->g->prune.mode != PRUNE_NONE) {
+    diag_error_noloc(&c->diag, "%s", duet_offload_refusal(1, 1, 0));
+    rc = 1;
+  }
   return rc;
 }
 
@@ -673,6 +730,78 @@ static CgProgram *jit_program(Compiled *c, JitModule *m, bool cuda) {
   return cp && !load_kernels(c, cp, m) ? cp : NULL;
 }
 
+/* After a compilation for po's devices failed: when the same model
+ * compiles with their memory unlimited (so the partition pass found no
+ * split within the memory), prints that plan's table against the real
+ * capacities to out (DOES NOT FIT, by how many bytes, what would help). */
+static void explain_no_split(const char *model, int64_t batch, ParOpts *po, FILE *out, bool json) {
+  if (!po->n_dev) return;
+  FILE *null = fopen("/dev/null", "w");
+  if (!null) return;
+  int64_t cap[DUET_MAX_DEVICES];
+  bool any = false;
+  for (int i = 0; i < po->n_dev; i++) any |= (cap[i] = po->dev[i].capacity) > 0, po->dev[i].capacity = 0;
+  FrontendOptions fo = {.batch = batch, .micro_batches = po->micro_batches, .replicas = po->replicas,
+                        .mpi_ranks = po->per_rank};
+  Compiled c;
+  int rc = !any || compile_model_to(&c, null, model, &fo, po, NULL, NULL);
+  for (int i = 0; i < po->n_dev; i++) po->dev[i].capacity = cap[i];
+  if (!rc) {
+    Diag quiet = {.out = null};
+    PassCtx pc = {.diag = &quiet, .devices = po->dev, .n_devices = par_group(po), .one_f_one_b = po->one_f_one_b,
+                  .bucket_mb = po->bucket_mb};
+    PlanTable *t = json ? malloc(sizeof *t) : NULL;
+    if (t) { /* --format json: that table, "fits": false */
+      partition_plan(c.g, &pc, t);
+      plan_print_json(t, NULL, NULL, out);
+    } else if (!json) {
+      fprintf(out, "the plan with the fastest split, memory aside:\n");
+      partition_report(c.g, &pc, out);
+    }
+    free(t);
+  }
+  if (any) compiled_free(&c);
+  fclose(null);
+}
+
+/* duet run's memory check before anything runs: each device's plan (duet
+ * plan's table: weights, accumulated grads, optimizer state, activations
+ * in flight) must fit its capacity (--device-memory, else the CPU's share
+ * of the host memory, a GPU's 16 GiB).  When one does not, the table goes
+ * to stderr, then an error per device that does not fit (by how many
+ * bytes, and the settings that would help).  1 after the messages. */
+static int run_memory_check(Compiled *c, const ParOpts *po, int argc, char **argv) {
+  ParOpts cpu = {0};
+  char cpus[1024];
+  if (!po->n_dev && par_devices(&cpu, default_cpus(po->replicas, cpus, sizeof cpus), argc, argv)) {
+    par_free(&cpu);
+    return 1;
+  }
+  const ParOpts *rp = po->n_dev ? po : &cpu;
+  PassCtx pc = {.diag = &c->diag, .devices = rp->dev, .n_devices = po->n_dev ? par_group(po) : 1,
+                .one_f_one_b = po->one_f_one_b, .bucket_mb = po->bucket_mb};
+  PlanTable *t = malloc(sizeof *t);
+  int rc = 0;
+  if (!t) {
+    fprintf(stderr, "duet: error: out of memory\n");
+    rc = 1;
+  } else {
+    partition_plan(c->g, &pc, t);
+    if (!t->fits) {
+      FILE *null = fopen("/dev/null", "w");
+      Diag quiet = {.out = null ? null : stderr};
+      PassCtx qc = pc;
+      qc.diag = &quiet;
+      partition_report(c->g, &qc, stderr); /* the table; its summary error is the lines below */
+      if (null) fclose(null);
+      rc = partition_check_memory(c->g, &pc);
+    }
+  }
+  free(t);
+  par_free(&cpu);
+  return rc;
+}
+
 static int cmd_run(int argc, char **argv) {
   if (argc < 1 || wants_help(argc, argv)) {
     duet_usage("duet run M.model", stdout);
@@ -685,9 +814,15 @@ static int cmd_run(int argc, char **argv) {
            "                     the inputs of each block call (`repeat` iteration) and recomputes the\n"
            "                     rest in the backward pass (same losses and gradients, bit for bit);\n"
            "                     auto recomputes blocks only until each device fits its memory\n");
+    printf("  --device-memory SIZE each device's memory: 16GiB or 16G (2^30 bytes), 16GB (10^9), 500MiB,\n"
+           "                     bytes; a configuration whose plan does not fit is refused before\n"
+           "                     compiling, with duet plan's table (default: the available memory)\n");
     printf("  --optimizer-state S int8|f32: AdamW's two moments as 8-bit codes with an f32 scale per block\n"
            "                     of 2048 values (Dettmers et al. 2021: 2 bytes per param instead of 8)\n"
            "                     or f32; overrides the model's adamw(state = ...)\n");
+    printf("  --quantize Q       int8|int8-tensor|none: evaluate with int8 weights (matmul and convolution\n"
+           "                     weights, a scale per output channel, or per tensor, dequantized before\n"
+           "                     each GEMM); only with --eval-only --checkpoint CK\n");
     prune_help(stdout);
     printf("\nCompiles the model's kernels (cached in DUET_CACHE_DIR) and trains it.\n");
     return argc < 1 ? 1 : 0;
@@ -712,18 +847,27 @@ static int cmd_run(int argc, char **argv) {
   if (par_opts(&po, argc - 1, argv + 1, ranks)) return 1;
   Compiled c;
   int rc = compile_model_par(&c, argv[0], batch, &po, NULL, NULL);
+  if (rc) explain_no_split(argv[0], batch, &po, stderr, false);
   /* one CPU device (the default, or --devices cpu; per replica), whose
    * memory the partition pass checks only when it splits the model: the
    * memory duet plan counts must be available, or the kernel kills the run
    * mid-way */
-  if (!rc && c.g->n_stages <= 1 && (!po.n_dev || (par_group(&po) == 1 && po.dev[0].cpu))) {
-    ParOpts cpu = {0};
-    char cpus[1024];
-    rc = po.n_dev ? 0 : par_devices(&cpu, default_cpus(po.replicas, cpus, sizeof cpus), argc - 1, argv + 1);
-    const ParOpts *one = po.n_dev ? &po : &cpu;
-    PassCtx pc = {.diag = &c.diag, .devices = one->dev, .n_devices = 1};
-    if (!rc) rc = partition_check_memory(c.g, &pc);
-    par_free(&cpu);
+  if (!rc) rc = run_memory_check(&c, &po, argc - 1, argv + 1);
+  /* --offload optimizer with a GPU stage: the host row must fit the host's
+   * memory (a CPU stage's check above counts it) */
+  if (!rc && train_offload(&c.g->train) && probe.devices && strstr(probe.devices, "cuda")) {
+    PassCtx pc = {.diag = &c.diag};
+    int64_t need = partition_offload_host_bytes(c.g, &pc), avail;
+    char from[256], e[512];
+    if (duet_host_memory(&avail, from, sizeof from, e, sizeof e)) {
+      fprintf(stderr, "duet: error: %s\n", e);
+      rc = 1;
+    } else if (need > avail) {
+      fprintf(stderr, "duet: error: --offload optimizer needs %.2f MiB of host memory (f32 master weights, optimizer "
+              "state and gradient copies; duet plan shows the host row) and %.2f MiB are available (%s)\n",
+              need / 1048576.0, avail / 1048576.0, from);
+      rc = 1;
+    }
   }
   double bucket_mb = c.g ? c.g->bucket_mb : po.bucket_mb; /* a dump's own (its buckets are fixed) */
   par_free(&po);
@@ -737,6 +881,7 @@ static int cmd_run(int argc, char **argv) {
   bool all_cuda = duet_devices_all_cuda(probe.devices);
   CgProgram *cp = lower_program(&c, all_cuda || (probe.devices && strstr(probe.devices, "cuda")));
   if (cp) cp->prog.bucket_mb = bucket_mb;
+  if (train_offload(&c.g->train)) all_cuda = false; /* --offload optimizer: the host runs the C kernels */
   JitModule m;
   memset(&m, 0, sizeof m);
   /* duet_main's checks of data files, devices and --save before seconds of compiling */
@@ -790,7 +935,9 @@ static int cmd_compile(int argc, char **argv) {
              "--clip-grad-norm X compiles the gradient clipping kernels (X: the default limit,\n"
              "EXE --clip-grad-norm changes it).  Also: --schedule gpipe|1f1b, --threads N (for\n"
              "the partition's cost model), --precision auto|fp32|fp16|bf16, the --prune flags,\n"
-             "--recompute none|blocks|auto.\n"
+             "--recompute none|blocks|auto, --offload none|optimizer (the executable's default; its\n"
+             "--offload none turns it off), --quantize int8|int8-tensor (an evaluation executable\n"
+             "with int8 weights: EXE --eval-only --checkpoint CK).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
@@ -933,7 +1080,8 @@ static int cmd_ir(int argc, char **argv) {
              "Formats: text (the default; `duet run G.ir` and `duet ir G.ir` read it back), dot (Graphviz:\n"
              "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Also: --schedule gpipe|1f1b,\n"
              "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes),\n"
-             "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`).\n"
+             "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`),\n"
+             "--quantize int8|int8-tensor (int8 weights: `duet ir M.model --after quantize --quantize int8`).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n"
              "Passes, in order:\n");
@@ -1139,14 +1287,206 @@ static int plan_nodes(ParOpts *po, int argc, char **argv) {
   return 0;
 }
 
+/* duet plan --fit: what fit_plan_one needs besides the candidate. */
+typedef struct FitCtx {
+  const char *model;
+  int64_t batch;      /* --batch as given (0: the model's) */
+  int argc;
+  char **argv;
+  const FitSpace *sp;
+  const char *spec[DUET_MAX_DEVICES]; /* the --devices items, as par_devices takes them */
+  FILE *null;
+} FitCtx;
+
+/* A ParOpts of candidate k's devices (the first k->stages of each replica's
+ * group) and settings.  1 after a message. */
+static int fit_opts(const FitCtx *fx, const FitCand *k, ParOpts *po) {
+  char devs[4096];
+  size_t len = 0;
+  devs[0] = 0;
+  for (int r = 0; r < fx->sp->replicas; r++)
+    for (int s = 0; s < k->stages && len < sizeof devs; s++)
+      len += (size_t)snprintf(devs + len, sizeof devs - len, "%s%s", len ? "," : "",
+                              fx->spec[r * fx->sp->group + s]);
+  memset(po, 0, sizeof *po);
+  if (par_devices(po, devs, fx->argc, fx->argv)) return 1;
+  po->devices = NULL; /* not read after par_devices */
+  po->micro_batches = k->micro_batches;
+  po->replicas = fx->sp->replicas > 1 ? fx->sp->replicas : 0;
+  po->zero = k->zero;
+  po->one_f_one_b = k->one_f_one_b;
+  return 0;
+}
+
+/* FitPlanFn for duet plan --fit: compiles the model with k's settings (the
+ * CLI's option globals set for the call, restored after), as `duet plan`
+ * would, and reads its table. */
+static int fit_plan_one(void *ctx, FitCand *k, PlanTable *t) {
+  const FitCtx *fx = ctx;
+  ParOpts po;
+  if (fit_opts(fx, k, &po)) {
+    par_free(&po);
+    return -1;
+  }
+  const char *save[5] = {opt_precision, opt_recompute, opt_optim_state, opt_arch, opt_offload};
+  opt_precision = k->precision;
+  opt_recompute = k->recompute;
+  opt_optim_state = k->optim_state;
+  opt_arch = fx->sp->arch;
+  opt_offload = k->offload ? k->offload : "none";
+  FrontendOptions fo = {.batch = fx->batch, .micro_batches = po.micro_batches, .replicas = po.replicas};
+  Compiled c;
+  int rc = compile_model_to(&c, fx->null, fx->model, &fo, &po, NULL, NULL);
+  k->compiled = !rc;
+  if (rc) { /* no split within the memory: the unbounded plan tells by how much */
+    compiled_free(&c);
+    int64_t capacity[DUET_MAX_DEVICES];
+    for (int i = 0; i < po.n_dev; i++) capacity[i] = po.dev[i].capacity, po.dev[i].capacity = 0;
+    rc = compile_model_to(&c, fx->null, fx->model, &fo, &po, NULL, NULL);
+    for (int i = 0; i < po.n_dev; i++) po.dev[i].capacity = capacity[i];
+  }
+  opt_precision = save[0], opt_recompute = save[1], opt_optim_state = save[2], opt_arch = save[3];
+  opt_offload = save[4];
+  if (rc) {
+    compiled_free(&c);
+    par_free(&po);
+    return -1;
+  }
+  PlanSummary sum = {0};
+  c.diag.jmp = NULL;
+  PassCtx pc = {.diag = &c.diag, .devices = po.dev, .n_devices = par_group(&po), .one_f_one_b = po.one_f_one_b,
+                .bucket_mb = po.bucket_mb, .summary = &sum};
+  partition_report(c.g, &pc, fx->null);
+  partition_plan(c.g, &pc, t);
+  k->step_s = sum.step_s;
+  k->need_most = t->need_most;
+  k->fits = k->compiled && t->fits;
+  k->over = 0;
+  for (int s = 0; s < t->S; s++) {
+    const PartDevice *d = t->stage[s].device;
+    int64_t over = d && d->capacity > 0 ? t->stage[s].need - d->capacity : 0;
+    if (over > k->over) {
+      k->over = over;
+      snprintf(k->over_device, sizeof k->over_device, "%s", d->name);
+    }
+  }
+  if (!k->compiled && k->over <= 0) { /* the partition's estimate found no split, the plan would fit: count it out */
+    k->over = 1;
+    snprintf(k->over_device, sizeof k->over_device, "%s", t->stage[0].device ? t->stage[0].device->name : "cpu");
+  }
+  compiled_free(&c);
+  par_free(&po);
+  return 0;
+}
+
+/* duet plan --fit: the search (cli/fit.c) over the devices of po.  json:
+ * the chosen plan's table as --format json, else the ranked list and the
+ * chosen plan's table.  Exit status: 0 when one fits, 1 when none does. */
+static int plan_fit(const char *model, int64_t batch, const ParOpts *po, int argc, char **argv, bool json) {
+  ParOpts cpu = {0};
+  const ParOpts *rp = po;
+  char cpus[1024];
+  if (!po->n_dev) { /* the default: one CPU device per replica */
+    if (par_devices(&cpu, default_cpus(po->replicas, cpus, sizeof cpus), argc, argv)) {
+      par_free(&cpu);
+      return 1;
+    }
+    rp = &cpu;
+  }
+  Compiled c; /* the model as given: its batch and optimizer */
+  FrontendOptions fo = {.batch = batch};
+  int rc = compile_model_to(&c, stderr, model, &fo, NULL, NULL, "optimizer");
+  if (rc) {
+    compiled_free(&c);
+    par_free(&cpu);
+    return 1;
+  }
+  FitSpace sp = {.model = model, .batch = c.g->train.batch, .batch_given = batch > 0,
+                 .replicas = po->replicas > 1 ? (int)po->replicas : 1, .adamw = c.g->train.optimizer == OPTIM_ADAMW,
+                 .cpu = true, .threads = scan_flag(argc, argv, "--threads"), .device_memory = opt_device_memory,
+                 .n_devices = rp->n_dev};
+  compiled_free(&c);
+  sp.group = rp->n_dev / sp.replicas;
+  static char sm[16];
+  sp.arch = opt_arch;
+  FitCtx fx = {.model = model, .batch = batch, .argc = argc, .argv = argv, .sp = &sp};
+  int n_gpu = 0;
+  for (int i = 0; i < rp->n_dev; i++) {
+    fx.spec[i] = rp->dev[i].name;
+    sp.cpu &= rp->dev[i].cpu;
+    if (!rp->dev[i].cpu && !sp.arch) {
+      snprintf(sm, sizeof sm, "sm_%d", rp->dev[i].sm);
+      sp.arch = sm;
+    }
+    /* duet run takes cuda:N for a planned capacity (the N-th GPU) */
+    static char names[DUET_MAX_DEVICES][16];
+    if (rp->dev[i].planned) {
+      snprintf(names[i], sizeof names[i], "cuda:%d", n_gpu++);
+      sp.run_devices[i] = names[i];
+    } else {
+      sp.run_devices[i] = rp->dev[i].name;
+    }
+  }
+  if (!(fx.null = fopen("/dev/null", "w"))) {
+    fprintf(stderr, "duet: error: cannot open /dev/null\n");
+    par_free(&cpu);
+    return 1;
+  }
+  FitCand best = {0};
+  rc = fit_search(&sp, fit_plan_one, &fx, stdout, json, &best);
+  if (rc < 0) fprintf(stderr, "duet: error: out of memory\n");
+  if (rc >= 0 && best.precision) { /* the chosen plan's table (its strings live in its compilation) */
+    ParOpts bp;
+    if (!fit_opts(&fx, &best, &bp)) {
+      const char *save[5] = {opt_precision, opt_recompute, opt_optim_state, opt_arch, opt_offload};
+      opt_precision = best.precision, opt_recompute = best.recompute, opt_optim_state = best.optim_state;
+      opt_arch = sp.arch, opt_offload = best.offload ? best.offload : "none";
+      FrontendOptions bo = {.batch = batch, .micro_batches = bp.micro_batches, .replicas = bp.replicas};
+      Compiled bc;
+      int brc = compile_model_to(&bc, fx.null, model, &bo, &bp, NULL, NULL);
+      if (brc && !best.compiled) { /* no split within the memory: the unbounded plan, as the search saw it */
+        compiled_free(&bc);
+        int64_t capacity[DUET_MAX_DEVICES];
+        for (int i = 0; i < bp.n_dev; i++) capacity[i] = bp.dev[i].capacity, bp.dev[i].capacity = 0;
+        brc = compile_model_to(&bc, fx.null, model, &bo, &bp, NULL, NULL);
+        for (int i = 0; i < bp.n_dev; i++) bp.dev[i].capacity = capacity[i];
+      }
+      opt_precision = save[0], opt_recompute = save[1], opt_optim_state = save[2], opt_arch = save[3];
+      opt_offload = save[4];
+      if (!brc) {
+        bc.diag.out = fx.null;
+        PassCtx pc = {.diag = &bc.diag, .devices = bp.dev, .n_devices = par_group(&bp),
+                      .one_f_one_b = bp.one_f_one_b, .bucket_mb = bp.bucket_mb};
+        PlanTable *t = json ? malloc(sizeof *t) : NULL;
+        if (t) {
+          partition_plan(bc.g, &pc, t);
+          if (plan_print_json(t, &sp, &best, stdout)) rc = -1;
+        } else if (json) {
+          rc = -1;
+        } else {
+          fprintf(stdout, "\n");
+          partition_report(bc.g, &pc, stdout);
+        }
+        free(t);
+      }
+      compiled_free(&bc);
+    }
+    par_free(&bp);
+  }
+  fclose(fx.null);
+  par_free(&cpu);
+  return rc < 0 ? 1 : rc;
+}
+
 static int cmd_plan(int argc, char **argv) {
   const char *model = NULL, *format = "text";
   int64_t batch = 0;
+  bool fit = false;
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet plan M.model [--devices SPEC] [--micro-batches M] [--schedule gpipe|1f1b] [--batch N]\n"
              "                [--threads N] [--data-parallel N] [--bucket-mb X] [--zero 0|1] [--nodes K [--link-gbps X]]\n"
-             "                [--format text|svg]\n"
+             "                [--device-memory SIZE] [--format text|json|svg] [--fit]\n"
              "Partitions the model without running it and prints each stage's ops, estimated time and memory\n"
              "(weights, grads, optimizer state, activations), the transfer bytes per step and the pipeline\n"
              "bubble (S-1)/(M+S-1).  SPEC: cpu:0,cpu:1 | cuda:0,cuda:1 | capacities such as 2x16GiB:sm_60;\n"
@@ -1163,14 +1503,27 @@ static int cmd_plan(int argc, char **argv) {
              "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n"
              "--recompute blocks|auto: the activations with recomputation (auto: only as much as each\n"
              "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n"
+             "--offload optimizer: the optimizer state and the f32 master weights on a host row instead of\n"
+             "the devices' (the update on the CPU; the gradients and params copied each step).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
-             "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
+             "--prune-initial S, --prune-params P (as duet run --help describes them).\n"
+             "--device-memory SIZE: each device's memory (16GiB or 16G = 2^30 bytes, 16GB = 10^9, 500MiB,\n"
+             "bytes; default: the CPU's available memory shared by its devices, 16 GiB per GPU, a capacity's own).\n"
+             "--format text|json: json prints the same table as one object for tools (per device: weights,\n"
+             "master_weights, grads, optimizer_state, activations, cache, workspace, total in bytes; `fits`).\n"
+             "--fit: plans every stages/micro-batches/schedule/recompute/precision/optimizer-state (and --zero\n"
+             "with --data-parallel) combination for the devices and budget, ranks them by estimated step time\n"
+             "(op FLOPs/peak and bytes/bandwidth, recomputed FLOPs, transfers/link, the bubble; --arch or the\n"
+             "devices' sm decide whether bf16 exists) and prints the best's `duet run` command line; when none\n"
+             "fits, by how much and which setting helps most (exit 1).\n");
       return 0;
     } else if ((par_flag(argv[i]) || !strcmp(argv[i], "--nodes") || !strcmp(argv[i], "--link-gbps")) && i + 1 < argc) {
       i++;
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
       batch = scan_batch(2, argv + i);
       i++;
+    } else if (!strcmp(argv[i], "--fit")) {
+      fit = true;
     } else if (!strcmp(argv[i], "--format") && i + 1 < argc) {
       format = argv[++i];
     } else if (argv[i][0] != '-' && !model) {
@@ -1184,8 +1537,37 @@ static int cmd_plan(int argc, char **argv) {
     return 1;
   }
   if (plan_format_check(format, argc, argv)) return 1;
+  bool json = !strcmp(format, "json");
+  if (fit && !strcmp(format, "svg")) {
+    fprintf(stderr, "duet: error: duet plan --fit prints its ranked list and table as text or json, not svg\n");
+    return 1;
+  }
+  if (fit) { /* the search sets these itself */
+    const char *fixed[] = {"--micro-batches", "--schedule", "--zero", "--nodes"};
+    const char *given[] = {NULL, NULL, opt_recompute ? "--recompute" : NULL, opt_precision ? "--precision" : NULL,
+                           opt_optim_state ? "--optimizer-state" : NULL};
+    for (size_t k = 0; k < sizeof fixed / sizeof *fixed; k++)
+      if (scan_flag(argc, argv, fixed[k])) given[0] = fixed[k];
+    for (size_t k = 0; k < sizeof given / sizeof *given; k++)
+      if (given[k]) {
+        fprintf(stderr, "duet: error: duet plan --fit chooses %s itself (give --devices, --device-memory, "
+                "--data-parallel, --batch, --arch)\n", given[k]);
+        return 1;
+      }
+  }
   ParOpts po; /* checks --devices, --micro-batches and --schedule */
   if (par_opts(&po, argc, argv, 1) || plan_nodes(&po, argc, argv)) {
+    par_free(&po);
+    return 1;
+  }
+  if (fit) {
+    int frc = plan_fit(model, batch, &po, argc, argv, json);
+    par_free(&po);
+    return frc;
+  }
+  if (json && po.nodes >= 1) {
+    fprintf(stderr, "duet: error: duet plan --format json prints one layout's table; --nodes compares layouts (use "
+            "text)\n");
     par_free(&po);
     return 1;
   }
@@ -1203,6 +1585,7 @@ static int cmd_plan(int argc, char **argv) {
   }
   Compiled c;
   int rc = compile_model_par(&c, model, batch, &po, NULL, NULL);
+  if (rc) explain_no_split(model, batch, &po, stdout, json);
   if (!rc) {
     const ParOpts *rp = po.n_dev ? &po : &cpu;
     PassCtx pc = {.diag = &c.diag, .devices = rp->dev, .n_devices = po.n_dev ? par_group(&po) : 1,
@@ -1213,8 +1596,20 @@ static int cmd_plan(int argc, char **argv) {
     } else if (!strcmp(format, "svg")) {
       rc = plan_svg(c.g, &pc, stdout); /* the picture on stdout; 1 when the model does not fit */
     } else {
-      rc = partition_report(c.g, &pc, stdout); /* 1 when the model does not fit: the report is still printed */
-      if (opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16"))
+      if (json) { /* the same table for tools; 1 when it does not fit */
+        PlanTable *t = malloc(sizeof *t);
+        if (t) partition_plan(c.g, &pc, t);
+        rc = !t || plan_print_json(t, NULL, NULL, stdout) || !t->fits;
+        if (!t) fprintf(stderr, "duet: error: out of memory\n");
+        else if (!t->fits) fprintf(stderr, "duet: error: the model does not fit: a device needs more memory than it has "
+                                   "(\"fits\": false above)\n");
+        free(t);
+      } else {
+        rc = partition_report(c.g, &pc, stdout); /* 1 when the model does not fit: the report is still printed */
+      }
+      if (json)
+        ;
+      else if (opt_gemm_acc && !strcmp(opt_gemm_acc, "fp16"))
         printf("gemm accumulate: fp16 (--gemm-accumulate fp16: fp16 GEMMs use cuBLAS CUBLAS_COMPUTE_16F, about 2x the "
                "fp32-accumulate rate on sm_60, partial sums rounded to fp16; CUDA devices only)\n");
       else
@@ -1234,7 +1629,7 @@ static int cmd_emit(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n"
              "Also: --precision auto|fp32|fp16|bf16, --data-parallel N, --bucket-mb X and --zero 0|1 (the\n"
-             "kernels of one replica), --recompute none|blocks|auto.\n"
+             "kernels of one replica), --recompute none|blocks|auto, --quantize int8|int8-tensor.\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
@@ -1676,6 +2071,18 @@ static int cmd_check(int argc, char **argv) {
   return rc;
 }
 
+/* --quantize makes an evaluation program (passes/quantize.c): duet run
+ * with it and without --eval-only would train.  1 after the error. */
+static int quantize_train_refused(int argc, char **argv) {
+  if (quantize_mode_parse(opt_quantize) <= 0) return 0;
+  for (int i = 0; i < argc; i++)
+    if (!strcmp(argv[i], "--eval-only")) return 0;
+  fprintf(stderr, "duet: error: --quantize %s evaluates a trained checkpoint with int8 weights and cannot train: train "
+                  "and save first (duet run M.model --save CK), then evaluate with duet run M.model --eval-only "
+                  "--checkpoint CK --quantize %s\n", opt_quantize, opt_quantize);
+  return 1;
+}
+
 int main(int argc, char **argv) {
   duet_rank_stderr(); /* under an MPI launcher: "duet: rank 1: error: ..." */
   if (argc < 2) {
@@ -1689,6 +2096,7 @@ int main(int argc, char **argv) {
     if (n < 0 || check_precision_flags()) return 1;
     if ((n = strip_prune_flags(n, argv + 2)) < 0) return 1;
     argc = n + 2;
+    if (!strcmp(cmd, "run") && quantize_train_refused(argc - 2, argv + 2)) return 1;
     if ((!strcmp(cmd, "run") || !strcmp(cmd, "compile")) && opt_arch && strcmp(opt_arch, "cpu")) {
       fprintf(stderr, "duet: error: duet %s builds for the CPU; --arch %s is for duet ir and duet check\n", cmd,
               opt_arch);

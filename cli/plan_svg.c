@@ -281,8 +281,8 @@ int plan_svg(const Graph *g, const PassCtx *cx, FILE *out) {
 }
 
 int plan_format_check(const char *format, int argc, char **argv) {
-  if (strcmp(format, "text") && strcmp(format, "svg")) {
-    fprintf(stderr, "duet: error: --format expects text or svg, got '%s'\n", format);
+  if (strcmp(format, "text") && strcmp(format, "svg") && strcmp(format, "json")) {
+    fprintf(stderr, "duet: error: --format expects text, json or svg, got '%s'\n", format);
     return 1;
   }
   for (int i = 0; !strcmp(format, "svg") && i < argc; i++)

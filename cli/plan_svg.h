@@ -19,8 +19,9 @@
  * one-line error on stderr (out of memory, a write error). */
 int plan_svg(const Graph *g, const PassCtx *cx, FILE *out);
 
-/* duet plan's --format: text or svg (svg without --nodes).  0, or 1 after
- * "duet: error: --format expects text or svg, got 'X'" or the --nodes one. */
+/* duet plan's --format: text, json (cli/fit.c) or svg (svg without
+ * --nodes).  0, or 1 after "duet: error: --format expects text, json or
+ * svg, got 'X'" or the --nodes one. */
 int plan_format_check(const char *format, int argc, char **argv);
 
 #endif

@@ -86,6 +86,7 @@ static const char *ctype(DType t) {
   case DT_I32: return "int32_t";
   case DT_F16: case DT_BF16: return "uint16_t";
   case DT_U8: return "uint8_t";
+  case DT_I8: return "int8_t"; /* quantized weights (passes/quantize.c) */
   default: unreachable();
   }
 }
@@ -258,6 +259,8 @@ static void emit_elementwise(Buf *b, const Kernel *k) {
     case KI_ADD: bprintf(b, "r%d + r%d", x->a, x->b); break;
     case KI_SUB: bprintf(b, "r%d - r%d", x->a, x->b); break;
     case KI_MUL: bprintf(b, "r%d * r%d", x->a, x->b); break;
+    case KI_DEQUANTIZE: bprintf(b, "r%d * r%d", x->a, x->b); break; /* int8 (loaded exactly as f32) x scale */
+    case KI_FAKE_QUANT: bprintf(b, "fake_quant_%s(r%d, r%d)", T, x->a, x->b); break; /* w, its channel's max|w| */
     case KI_DIV: bprintf(b, "r%d / r%d", x->a, x->b); break;
     case KI_NEG: bprintf(b, "-r%d", x->a); break;
     case KI_RELU: bprintf(b, "r%d < 0 ? 0 : r%d", x->a, x->a); break; /* NaN passes through */
@@ -1090,6 +1093,22 @@ char *codegen_emit_c(const CgProgram *cp, Arena *a) {
                   "static inline %s silu_grad_%s(%s dy, %s x) {\n  const %s s = sigmoid_%s(x);\n"
                   "  return dy * (s * (1 + x * (1 - s)));\n}\n", T, T, T, T, T, T);
   }
+  /* quantization-aware training: w quantized to int8 and back with scale
+   * m / 127 (m: its channel's max |w|), rounded half to even, clamped to
+   * [-127, 127]; scale 1 for m = 0 (or not finite), FLT_MIN below it:
+   * duet_quantize_i8's numbers (runtime/quant.c), bit for bit in f32 */
+  for (int w = 0; w < 2 && used[KI_FAKE_QUANT]; w++) {
+    const char *T = w ? "double" : "float", *f = w ? "" : "f";
+    bprintf(&b, "#pragma omp declare simd notinbranch\n"
+                "static inline %s fake_quant_%s(%s x, %s m) {\n"
+                "  %s s = m / (%s)127;\n"
+                "  if (!(m > 0 && m <= (%s)%a)) s = 1;\n"
+                "  else if (s < (%s)0x1p-126) s = (%s)0x1p-126;\n"
+                "  %s q = nearbyint%s(x / s);\n"
+                "  q = q > 127 ? 127 : q < -127 ? -127 : q;\n"
+                "  return q * s;\n}\n", T, T, T, T, T, T, T, w ? 1.7976931348623157e308 : (double)3.40282346638528859812e+38F,
+            T, T, T, f);
+  }
   bool half = false; /* 16-bit tensors: the conversions of runtime/duet_half.h */
   for (int i = 0; i < cp->n_kernels && !half; i++) {
     const Kernel *k = &cp->kernels[i];
@@ -1313,8 +1332,8 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   fprintf(out, "    .seed = %" PRIu64 "u, .eval = %d, .block = %" PRId64 ", .eval_every = %" PRId64
                ", .eval_batches = %" PRId64 ",\n",
           c->seed, c->eval, c->block, c->eval_every, c->eval_batches);
-  fprintf(out, "    .lr_schedule = %d, .warmup = %" PRId64 ", .min_lr = %.17g, .clip_grad_norm = %.17g},\n};\n\n",
-          c->lr_schedule, c->warmup, c->min_lr, c->clip_grad_norm);
+  fprintf(out, "    .lr_schedule = %d, .warmup = %" PRId64 ", .min_lr = %.17g, .clip_grad_norm = %.17g, .offload = %d},\n};\n\n",
+          c->lr_schedule, c->warmup, c->min_lr, c->clip_grad_norm, c->offload);
   /* the checks duet run makes before compiling, before loading data or
    * opening a device (a CUDA device compiles its kernels when opened) */
   fprintf(out, "int main(int argc, char **argv) {\n");

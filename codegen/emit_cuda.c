@@ -33,11 +33,12 @@ static const char *cutype(DType t) {
   case DT_I32: return "duet_i32";
   case DT_F16: case DT_BF16: return "duet_u16"; /* raw bits; see PRELUDE_HALF */
   case DT_U8: return "unsigned char";            /* 8-bit AdamW state codes */
+  case DT_I8: return "signed char";              /* quantized weights (passes/quantize.c) */
   default: unreachable();
   }
 }
 
-static int64_t dsize(DType t) { return t == DT_F64 ? 8 : t == DT_F16 || t == DT_BF16 ? 2 : t == DT_U8 ? 1 : 4; }
+static int64_t dsize(DType t) { return t == DT_F64 ? 8 : t == DT_F16 || t == DT_BF16 ? 2 : t == DT_U8 || t == DT_I8 ? 1 : 4; }
 
 static bool is16(DType t) { return t == DT_F16 || t == DT_BF16; }
 
@@ -254,6 +255,8 @@ static void emit_ew_op(Buf *b, const Kernel *k, int i, const char *iv, const cha
   case KI_ADD: bprintf(b, "r%d%s + r%d%s", R(x->a), R(x->b)); break;
   case KI_SUB: bprintf(b, "r%d%s - r%d%s", R(x->a), R(x->b)); break;
   case KI_MUL: bprintf(b, "r%d%s * r%d%s", R(x->a), R(x->b)); break;
+  case KI_DEQUANTIZE: bprintf(b, "r%d%s * r%d%s", R(x->a), R(x->b)); break; /* int8 (exact in f32) x scale */
+  case KI_FAKE_QUANT: bprintf(b, "duet_fake_quant(r%d%s, r%d%s)", R(x->a), R(x->b)); break; /* PRELUDE_FAKE_QUANT */
   case KI_DIV: bprintf(b, "r%d%s / r%d%s", R(x->a), R(x->b)); break;
   case KI_NEG: bprintf(b, "-r%d%s", R(x->a)); break;
   case KI_RELU: bprintf(b, "r%d%s < 0 ? (%s)0 : r%d%s", R(x->a), T, R(x->a)); break; /* NaN passes through */
@@ -1563,6 +1566,18 @@ static const char *PRELUDE_SIGMOID =
     "  const T s = duet_sigmoid(x);\n"
     "  return dy * (s * (1 + x * (1 - s)));\n}\n\n";
 
+/* Quantization-aware training: the C emitter's fake_quant_T (duet_quantize_i8's
+ * numbers), printed when a kernel uses it. */
+static const char *PRELUDE_FAKE_QUANT =
+    "/* w quantized to int8 and back, scale m / 127 (m: its channel's max |w|): as the C emitter */\n"
+    "template <typename T> __device__ __forceinline__ T duet_fake_quant(T x, T m) {\n"
+    "  T s = m / (T)127;\n"
+    "  if (!(m > 0 && m <= (T)3.40282346638528859812e+38f)) s = 1;\n"
+    "  else if (s < (T)1.17549435082228750797e-38f) s = (T)1.17549435082228750797e-38f;\n"
+    "  T q = rint(x / s);\n"
+    "  q = q > (T)127 ? (T)127 : q < (T)-127 ? (T)-127 : q;\n"
+    "  return q * s;\n}\n\n";
+
 /* Conversions for 16-bit storage, printed when a program has 16-bit
  * tensors.  Choice: raw uint16 bits converted here, not cuda_fp16.h /
  * cuda_bf16.h.  These are runtime/duet_half.h's algorithms (the code the
@@ -1751,13 +1766,15 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
                 "  for (duet_i64 i = blockIdx.x * (duet_i64)blockDim.x + threadIdx.x; i < n; i += (duet_i64)blockDim.x * gridDim.x)\n"
                 "    a[i] = first ? b[i] : a[i] + b[i];\n}\n\n",
             w ? "f64" : "f32", w ? "double" : "float", w ? "double" : "float");
-  bool sigmoid = false; /* PRELUDE_SIGMOID: only where used */
+  bool sigmoid = false, fq = false; /* PRELUDE_SIGMOID, PRELUDE_FAKE_QUANT: only where used */
   for (int i = 0; i < cp->n_kernels; i++)
     for (int j = 0; j < cp->kernels[i].n_ins; j++) {
       KOp op = cp->kernels[i].ins[j].op;
       sigmoid |= op == KI_SIGMOID || op == KI_SILU || op == KI_SILU_GRAD;
+      fq |= op == KI_FAKE_QUANT;
     }
   if (sigmoid) bprintf(&b, "%s", PRELUDE_SIGMOID);
+  if (fq) bprintf(&b, "%s", PRELUDE_FAKE_QUANT);
   if (half) bprintf(&b, "%s", PRELUDE_HALF);
   if (half2) bprintf(&b, "%s", PRELUDE_HALF2);
   bool q8 = false; /* 8-bit AdamW state: the maps' tables (device memory) and encoder */

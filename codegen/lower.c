@@ -593,7 +593,8 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   const char **unscale_names = arena_alloc(a, (size_t)(g->n_values + 1) * sizeof *unscale_names);
   p->update_from = -1;
   /* pipelines: per stage forward, backward, optimizer and eval lists */
-  bool piped = g->n_stages > 1 || g->train.micro_batches > 1;
+  /* --offload optimizer runs on the pipeline's stages (runtime/offload.c), even one */
+  bool piped = g->n_stages > 1 || g->train.micro_batches > 1 || train_offload(&g->train);
   int S = g->n_stages > 1 ? g->n_stages : 1;
   StepList *sl = piped ? arena_alloc(a, (size_t)S * 4 * sizeof *sl) : NULL;
   for (int k = 0; piped && k < 4 * S; k++) sl[k].s = arena_alloc(a, cap * sizeof(DuetStep));
@@ -647,7 +648,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       x->to = v->device;
       x->nbytes = (int64_t)dtype_size(v->dtype) * shape_numel(&v->shape);
       /* b = 1: a param sent once per step (ir_param_transfer), on the first micro-batch only */
-      int once = ir_param_transfer(v);
+      int once = ir_param_transfer(v) ? 1 : v->role == ROLE_OPTIMIZER ? 2 : 0;
       DuetStep send = {.kind = DUET_STEP_SEND, .a = n_xfers, .b = once},
                recv = {.kind = DUET_STEP_RECV, .a = n_xfers, .b = once};
       n_xfers++;
@@ -836,6 +837,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       st.kernel = lower_elementwise(&L, v);
     }
     if (!has_step) continue;
+    if (ir_tied_add(v)) st.b = 2; /* a tied weight's gradient: after the parts are summed (DuetStep) */
     if (piped) {
       int stg = v->device > 0 && g->n_stages > 1 ? v->device : 0;
       int lists[2] = {v->role == ROLE_FORWARD ? 0 : v->role == ROLE_BACKWARD ? 1 : v->role == ROLE_OPTIMIZER ? 2 : 3,
@@ -999,5 +1001,6 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   c->warmup = t->warmup;
   c->min_lr = t->min_lr;
   c->clip_grad_norm = t->clip_grad_norm;
+  c->offload = train_offload(t) ? 1 + DUET_OFFLOAD_OPTIMIZER : 0;
   return cp;
 }

@@ -130,7 +130,7 @@ static const char *const functions[] = {"dim",     "sqrt",    "attention", "laye
 static const char *const train_keys[] = {"data", "optimizer", "lr", "weight_decay", "momentum",
                                          "batch", "epochs", "steps", "seed", "log_every", "eval",
                                          "eval_every", "eval_batches", "precision", "recompute", "lr_schedule",
-                                         "clip_grad_norm"};
+                                         "clip_grad_norm", "offload"};
 #define N_TRAIN_KEYS (int)(sizeof train_keys / sizeof train_keys[0])
 
 /* -------------------------------------------------------------- helpers */
@@ -916,7 +916,7 @@ static void read_dims(Elab *e, Scope *s, const Node *n, Shape *sh) {
 static DType read_dtype(Elab *e, const Node *n, bool allow_int) {
   if (!n->dtype) return e->g->float_dtype;
   int t = dtype_from_name(n->dtype);
-  if (t < 0 || t == DT_VOID || t == DT_U8) { /* u8: optimizer state codes only */
+  if (t < 0 || t == DT_VOID || t == DT_U8 || t == DT_I8) { /* u8: optimizer state codes only; i8: quantized weights */
     Hint h = {0};
     hint_try(&h, n->dtype, "f32");
     hint_try(&h, n->dtype, "i32");
@@ -1376,6 +1376,10 @@ static void read_train(Elab *e, Scope *s, const Node *n, TrainSpec *t) {
         if (x.kind != EV_STR || (strcmp(x.str, "none") && strcmp(x.str, "blocks") && strcmp(x.str, "auto")))
           diag_error(e->d, x.loc, "recompute must be \"none\", \"blocks\" or \"auto\"");
         t->recompute = x.str;
+      } else if (!strcmp(k, "offload")) { /* the command line's --offload wins */
+        if (x.kind != EV_STR || (strcmp(x.str, "none") && strcmp(x.str, "optimizer")))
+          diag_error(e->d, x.loc, "offload must be \"none\" or \"optimizer\"");
+        t->offload = x.str;
       }
     }
   }
@@ -1450,6 +1454,41 @@ static void read_prune(Elab *e, Scope *s, const Node *n, PruneSpec *p) {
       *(k == 2 ? &p->start : k == 3 ? &p->end : &p->every) = v;
     }
   }
+}
+
+/* quantize { weights = int8  mode = qat  granularity = channel|tensor }:
+ * quantization-aware training (passes/quantize.c, pass_qat); int8 weights
+ * per output channel by default.  Post-training quantization is not a
+ * section: it is --quantize int8 on duet run --eval-only. */
+static void read_quantize(Elab *e, const Node *n, Graph *g) {
+  static const char *const keys[] = {"weights", "mode", "granularity"};
+  bool qat = false;
+  g->qat = 1; /* QUANT_INT8_CHANNEL */
+  g->qat_loc = n->loc;
+  for (Node *kv = n->body.head; kv; kv = kv->next) {
+    for (Node *o = n->body.head; o != kv; o = o->next)
+      if (!strcmp(o->name, kv->name)) diag_error(e->d, kv->loc, "quantize key `%s` is set twice", kv->name);
+    int k = 0;
+    while (k < 3 && strcmp(keys[k], kv->name)) k++;
+    if (k == 3) {
+      Hint h = {0};
+      for (int i = 0; i < 3; i++) hint_try(&h, kv->name, keys[i]);
+      diag_error(e->d, kv->loc, "unknown quantize key `%s`; keys are weights, mode and granularity%s", kv->name,
+                 hint_text(e, &h));
+    }
+    if (k == 0 && !is_ident(kv->a, "int8"))
+      diag_error(e->d, kv->a->loc, "quantize weights must be int8");
+    if (k == 1 && !is_ident(kv->a, "qat"))
+      diag_error(e->d, kv->a->loc, "quantize mode must be qat (quantization-aware training); post-training "
+                 "quantization of a trained checkpoint is duet run --eval-only --checkpoint CK --quantize int8");
+    if (k == 2 && !is_ident(kv->a, "channel") && !is_ident(kv->a, "tensor"))
+      diag_error(e->d, kv->a->loc, "quantize granularity must be channel or tensor");
+    if (k == 1) qat = true;
+    if (k == 2) g->qat = is_ident(kv->a, "tensor") ? 2 : 1; /* QUANT_INT8_TENSOR : QUANT_INT8_CHANNEL */
+  }
+  if (!qat)
+    diag_error(e->d, n->loc, "the quantize section needs mode = qat (quantization-aware training); post-training "
+               "quantization of a trained checkpoint is duet run --eval-only --checkpoint CK --quantize int8");
 }
 
 static void check_data_inputs(Elab *e, Loc model_loc) {
@@ -1660,7 +1699,7 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
    * use them), then the train section (it binds `batch`), then the rest */
   for (Node *st = cx.stmts.head; st; st = st->next)
     if (st->kind == N_CONST) exec_stmt(&e, &global, st, true);
-  int n_train = 0, n_eval = 0, n_prune = 0;
+  int n_train = 0, n_eval = 0, n_prune = 0, n_quant = 0;
   for (Node *st = cx.stmts.head; st; st = st->next)
     if (st->kind == N_TRAIN) {
       if (n_train++) diag_error(d, st->loc, "only one train section is allowed");
@@ -1673,11 +1712,18 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
         read_prune(&e, &global, st, &g->prune);
         continue;
       }
+      if (!strcmp(st->name, "quantize")) {
+        if (n_quant++) diag_error(d, st->loc, "only one quantize section is allowed");
+        read_quantize(&e, st, g);
+        continue;
+      }
       if (strcmp(st->name, "eval")) {
         Hint h = {0};
         hint_try(&h, st->name, "eval");
         hint_try(&h, st->name, "prune");
-        diag_error(d, st->loc, "unknown section `%s`; sections are `train { }`, `eval { }` and `prune { }`%s",
+        hint_try(&h, st->name, "quantize");
+        diag_error(d, st->loc, "unknown section `%s`; sections are `train { }`, `eval { }`, `prune { }` and "
+                   "`quantize { }`%s",
                    st->name, hint_text(&e, &h));
       }
       if (n_eval++) diag_error(d, st->loc, "only one eval section is allowed");

@@ -128,6 +128,7 @@ block_param
 kvs
   : %empty              { $$ = (List){0}; }
   | kvs kv              { $$ = list_push($1, $2); }
+  | kvs ',' kv          { $$ = list_push($1, $3); }
   ;
 
 kv

@@ -380,8 +380,8 @@ void diag_error_noloc(Diag *d, const char *fmt, ...) {
 
 /* -------------------------------------------------------- types, shapes */
 
-static const char *const dtype_names[DT_COUNT] = {"void", "f32", "f64", "i32", "f16", "bf16", "u8"};
-static const size_t dtype_sizes[DT_COUNT] = {0, 4, 8, 4, 2, 2, 1};
+static const char *const dtype_names[DT_COUNT] = {"void", "f32", "f64", "i32", "f16", "bf16", "u8", "i8"};
+static const size_t dtype_sizes[DT_COUNT] = {0, 4, 8, 4, 2, 2, 1, 1};
 
 const char *dtype_name(DType t) { return (unsigned)t < DT_COUNT ? dtype_names[t] : "?"; }
 size_t dtype_size(DType t) { return (unsigned)t < DT_COUNT ? dtype_sizes[t] : 0; }
@@ -460,6 +460,8 @@ int op_from_name(const char *name) {
 static const char *const init_names[INIT_COUNT] = {
     "zeros", "ones", "normal", "uniform", "kaiming_uniform", "xavier_uniform"};
 const char *init_name(InitKind k) { return (unsigned)k < INIT_COUNT ? init_names[k] : "?"; }
+
+bool train_offload(const TrainSpec *t) { return t->offload && !strcmp(t->offload, "optimizer"); }
 
 void train_spec_defaults(TrainSpec *t) {
   memset(t, 0, sizeof *t);
@@ -820,6 +822,18 @@ void ir_infer_shape(Graph *g, Value *v) {
       diag_error(g->diag, v->loc, "%s to %s: the target must be a float dtype", op_info[v->op].name,
                  dtype_name(v->dtype));
     break;
+  case SHAPE_DEQUANT: { /* int8 weights q and their scales s (passes/quantize.c) */
+    Shape b;
+    s = v->in[0]->shape;
+    if (v->in[0]->dtype != DT_I8 || v->in[1]->dtype != DT_F32)
+      diag_error(g->diag, v->loc, "%s expects i8 weights and f32 scales, got %s and %s", op_info[v->op].name,
+                 dtype_name(v->in[0]->dtype), dtype_name(v->in[1]->dtype));
+    if (v->in[1]->shape.rank != s.rank || !shape_broadcast(&s, &v->in[1]->shape, &b) || !shape_eq(&b, &s))
+      diag_error(g->diag, v->loc, "%s of %s by scales %s: the scales must have the weights' rank and broadcast to "
+                 "their shape", op_info[v->op].name, SHP(&s, b1), SHP(&v->in[1]->shape, b2));
+    v->dtype = DT_F32;
+    break;
+  }
   case SHAPE_NONE:
     if (v->n_in < 1) diag_error(g->diag, v->loc, "%s takes at least one operand", op_info[v->op].name);
     for (int i = 0; i < v->n_in; i++) need_float(g, v, i);
@@ -1371,6 +1385,7 @@ static void print_train(const TrainSpec *t, FILE *out) {
   if (t->eval_every > 0) fprintf(out, "  eval_every = %" PRId64 "\n", t->eval_every);
   if (t->precision) fprintf(out, "  precision = \"%s\"\n", t->precision);
   if (t->recompute) fprintf(out, "  recompute = \"%s\"\n", t->recompute);
+  if (t->offload) fprintf(out, "  offload = \"%s\"\n", t->offload);
   fprintf(out, "  eval_batches = %" PRId64 "\n", t->eval_batches);
   if (t->micro_batches > 1) fprintf(out, "  micro_batches = %" PRId64 "\n", t->micro_batches);
   static const char *const sched[] = {"constant", "cosine", "linear"};
@@ -1413,6 +1428,7 @@ void ir_print(const Graph *g, FILE *out) {
   if (g->replicas > 1) fprintf(out, "replicas %d\n", g->replicas);
   if (g->replicas > 1 && g->bucket_mb > 0) fprintf(out, "bucket_mb %s\n", ir_num_str(g->bucket_mb, (char[32]){0}, 32));
   if (g->zero) fprintf(out, "zero %d\n", g->zero);
+  if (g->qat) fprintf(out, "qat %d\n", g->qat); /* the quantize section: 1 int8 per channel, 2 per tensor */
   print_train(&g->train, out);
   if (g->prune.mode != PRUNE_NONE) print_prune(&g->prune, out);
   bool planned = false;

@@ -117,8 +117,10 @@ int source_char_col(const Source *s, int line, int col);
 /* DT_F16: IEEE 754 binary16; DT_BF16: bfloat16 (the top half of a binary32).
  * Both are storage types: kernels widen them to f32 to compute.  DT_U8:
  * unsigned bytes, only the codes of 8-bit optimizer state (AdamW with
- * `state = int8`: runtime/duet_q8.h), never a model's tensor. */
-typedef enum DType { DT_VOID, DT_F32, DT_F64, DT_I32, DT_F16, DT_BF16, DT_U8, DT_COUNT } DType;
+ * `state = int8`: runtime/duet_q8.h), never a model's tensor.  DT_I8:
+ * signed bytes, only the int8 weights of a quantized program (the quantize
+ * pass, passes/quantize.c), read by its dequantize ops. */
+typedef enum DType { DT_VOID, DT_F32, DT_F64, DT_I32, DT_F16, DT_BF16, DT_U8, DT_I8, DT_COUNT } DType;
 const char *dtype_name(DType t);         /* "f32" ... */
 size_t dtype_size(DType t);              /* bytes per element */
 bool dtype_is_float(DType t);
@@ -154,6 +156,7 @@ typedef enum ShapeRule {
   SHAPE_POSITIONS, /* idx [..., T] -> i32 [T] */
   SHAPE_CAST,      /* shape of in[0], dtype attr.dtype (a float dtype) */
   SHAPE_NONE,      /* no result; float operands of any shapes (a collective) */
+  SHAPE_DEQUANT,   /* i8 in[0] times f32 scales in[1] broadcast to in[0]'s shape: f32 of in[0]'s shape */
 } ShapeRule;
 
 enum { OPF_EW = 1, OPF_SIDE = 2 };
@@ -323,10 +326,15 @@ typedef struct TrainSpec {
   int64_t warmup;        /* warm-up steps (0: none) */
   double min_lr;         /* cosine, linear: the rate the decay ends at */
   double clip_grad_norm; /* `clip_grad_norm = X`: global L2 norm limit (0: none) */
+  const char *offload;   /* `offload = "optimizer"` or "none"; NULL: none (the command line's --offload wins);
+                          * optimizer: state and master params on the host (runtime/offload.c) */
   bool state_int8;       /* AdamW `state = int8`: its moments in 8-bit block-wise quantized codes
                           * (runtime/duet_q8.h) instead of f32; --optimizer-state overrides it */
 } TrainSpec;
 void train_spec_defaults(TrainSpec *t);
+/* The train spec asks for optimizer offload (`offload = "optimizer"`, or
+ * --offload optimizer written into it by the CLI). */
+bool train_offload(const TrainSpec *t);
 
 /* ---------------------------------------------------------------- graph */
 
@@ -410,6 +418,9 @@ typedef struct Graph {
   double bucket_mb;  /* data_parallel: the --bucket-mb its all-reduce buckets were
                       * made for (0: the default, 25 MiB); printed `bucket_mb X` */
   PruneSpec prune;   /* the `prune { }` section; after the prune pass, as applied */
+  int qat;           /* the `quantize { weights = int8  mode = qat }` section: 1 per output channel,
+                      * 2 per tensor (passes.h's QUANT_INT8_*), 0: none; the qat pass applies it */
+  Loc qat_loc;
   int zero;          /* --zero 1: optimizer state sharded over the replicas (ZeRO
                       * stage 1; needs replicas > 1); printed `zero 1` */
 } Graph;
@@ -445,9 +456,9 @@ void graph_renumber(Graph *g);
 void graph_count_uses(Graph *g);
 /* A transfer sent once per step, not once per micro-batch: a param's value
  * in the forward pass (a weight used on two stages, such as a tied
- * embedding).  Its copy on the receiving stage persists across the step's
- * micro-batches (memplan puts it in MEM_CACHE, not in the per-micro-batch
- * activation arena). */
+ * embedding).  With micro-batches its copy on the receiving stage persists
+ * across the step's micro-batches (memplan puts it in MEM_CACHE, not in
+ * the per-micro-batch activation arena). */
 bool ir_param_transfer(const Value *v);
 /* A tied weight's gradient (passes/partition.c, tie_grads): an add of the
  * optimizer role whose two parts are each summed over the micro-batches

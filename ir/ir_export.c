@@ -407,6 +407,7 @@ static void json_train(J *j, cJSON *o, const TrainSpec *t) {
   jint(j, o, "eval_batches", t->eval_batches);
   if (t->precision) jstr(j, o, "precision", t->precision);
   if (t->recompute) jstr(j, o, "recompute", t->recompute);
+  if (t->offload) jstr(j, o, "offload", t->offload);
   static const char *const sched[] = {"constant", "cosine", "linear"};
   jstr(j, o, "lr_schedule", sched[t->lr_schedule]);
   jint(j, o, "warmup", t->warmup);

@@ -44,7 +44,7 @@ typedef struct Parser {
   int line;
   IdSlot *slots; /* %id -> value, open addressing */
   size_t cap;
-  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line, zero_line,
+  int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line, zero_line, qat_line,
       bucket_line;
   uint64_t device_regions[IR_MAX_STAGES / 64 + 1]; /* `regions device N` lines seen */
   int loss_line, logits_line, labels_line;
@@ -737,8 +737,8 @@ static void check_value(Parser *P, const char *at, OpKind op, Value **in, int n,
   const Shape *x = n ? &in[0]->shape : NULL;
   switch (op) {
   case OP_PARAM:
-  case OP_STATE: /* a state may also hold 8-bit AdamW codes (u8) */
-    if (!dtype_is_float(dt) && !(op == OP_STATE && dt == DT_U8))
+  case OP_STATE: /* a state may also hold 8-bit AdamW codes (u8), a param int8 weights (i8: quantize) */
+    if (!dtype_is_float(dt) && !(op == OP_STATE && dt == DT_U8) && !(op == OP_PARAM && dt == DT_I8))
       FAIL(at, "%s `%s` must be a float tensor, not %s", name, a->name, dtype_name(dt));
     break;
   case OP_ADAMW: {
@@ -1048,7 +1048,8 @@ static void value_line(Parser *P, bool has_result) {
 
 static const char *const train_key_names[] = {"data", "optimizer", "batch", "epochs", "steps", "seed",
                                               "log_every", "eval", "eval_every", "eval_batches", "precision",
-                                              "micro_batches", "recompute", "lr_schedule", "clip_grad_norm"};
+                                              "micro_batches", "recompute", "lr_schedule", "clip_grad_norm",
+                                              "offload"};
 enum { N_TRAIN_KEYS = sizeof train_key_names / sizeof *train_key_names };
 
 /* adamw(lr = X, ...) or sgd(...) */
@@ -1159,7 +1160,7 @@ static void train_line(Parser *P) {
   while (i < N_TRAIN_KEYS && strcmp(train_key_names[i], k)) i++;
   if (i == N_TRAIN_KEYS)
     FAIL(ka, "unknown train key `%s`%s (keys: data, optimizer, batch, epochs, steps, seed, log_every, eval, "
-             "eval_every, eval_batches, precision, micro_batches, recompute, lr_schedule, clip_grad_norm)", k,
+             "eval_every, eval_batches, precision, micro_batches, recompute, lr_schedule, clip_grad_norm, offload)", k,
              hint(P, k, train_key_names, N_TRAIN_KEYS));
   if (P->train_keys & (1u << i)) FAIL(ka, "train key `%s` is set twice", k);
   P->train_keys |= 1u << i;
@@ -1254,6 +1255,12 @@ static void train_line(Parser *P) {
     if (!(x > 0) || !isfinite(x))
       FAIL(va, "clip_grad_norm must be a number > 0, got %s", ir_num_str(x, (char[32]){0}, 32));
     t->clip_grad_norm = x;
+    break;
+  }
+  case 15: {
+    const char *s = string(P, "\"none\" or \"optimizer\"");
+    if (strcmp(s, "none") && strcmp(s, "optimizer")) FAIL(va, "offload must be \"none\" or \"optimizer\"");
+    t->offload = s;
     break;
   }
   }
@@ -1406,6 +1413,10 @@ static void parse_line(Parser *P) {
     if (!(g->bucket_mb > 0 && g->bucket_mb <= 1e9))
       FAIL(at, "bucket_mb must be a number of MiB > 0 (and at most 1e9), got %s", ir_num_str(g->bucket_mb, (char[32]){0}, 32));
     want_eol(P, "the MiB of an all-reduce bucket");
+  } else if (!strcmp(w, "qat")) { /* the quantize section (passes/quantize.c, pass_qat) */
+    once(P, at, &P->qat_line, "qat");
+    g->qat = (int)integer(P, 1, 2, "the int8 granularity of quantization-aware training (1 per channel, 2 per tensor)");
+    want_eol(P, "the int8 granularity");
   } else if (!strcmp(w, "zero")) {
     once(P, at, &P->zero_line, "zero");
     g->zero = (int)integer(P, 1, 1, "the ZeRO stage (1)");
@@ -1476,8 +1487,8 @@ static void parse_line(Parser *P) {
     int op = op_from_name(w);
     if (op < 0) {
       static const char *const kw[] = {"model", "after", "float_dtype", "decode", "train", "regions", "loss", "logits",
-                                       "labels", "grad", "stages", "replicas", "prune", "zero", "bucket_mb"};
-      const char *h = hint(P, w, kw, 15);
+                                       "labels", "grad", "stages", "replicas", "prune", "zero", "bucket_mb", "qat"};
+      const char *h = hint(P, w, kw, 16);
       FAIL(at, "unknown op `%s`%s", w, *h ? h : op_hint(P, w));
     }
     if (!(op_info[op].flags & OPF_SIDE)) FAIL(at, "%s has a result: the line must start with `%%N =`", w);
@@ -1510,7 +1521,7 @@ static void check_regions(Parser *P) {
     with++;
     MemRegion want = v->op == OP_PARAM    ? MEM_PARAM
                    : v->op == OP_STATE    ? (v->attr.kv_cache ? MEM_CACHE : MEM_STATE)
-                   : ir_param_transfer(v) ? MEM_CACHE
+                   : ir_param_transfer(v) && g->train.micro_batches > 1 ? MEM_CACHE
                                           : MEM_ARENA;
     if (v->region != want)
       fail_loc(P, v->loc, "%%%d (%s) must live in @%s, not @%s", v->id, op_info[v->op].name, mem_region_name(want),

@@ -129,6 +129,9 @@ void pass_autodiff(Graph *g, PassCtx *cx) {
     case OP_NEG:
       accumulate(g, grad, a, mk(g, OP_NEG, dv, NULL, NULL, l));
       break;
+    case OP_FAKE_QUANT: /* straight-through estimator: identity for the weight, nothing for its maxima */
+      if (a->requires_grad) accumulate(g, grad, a, dv);
+      break;
     case OP_RELU: /* relu'(x) = [y > 0]: uses the output, so x can be fused away */
       accumulate(g, grad, a, mk(g, OP_RELU_GRAD, dv, v, NULL, l));
       break;

@@ -165,7 +165,7 @@ static void plan_device(Graph *g, int dev, const int *last, int *free_head, int 
       v->region = MEM_NONE;
       if (v->dtype == DT_VOID) continue;
       MemRegion r = v->op == OP_PARAM            ? MEM_PARAM
-                    : ir_param_transfer(v)         ? MEM_CACHE /* sent once per step, read by every micro-batch */
+                    : ir_param_transfer(v) && g->train.micro_batches > 1 ? MEM_CACHE /* sent once, read by every micro-batch */
                     : v->op != OP_STATE            ? MEM_ARENA
                     : v->attr.kv_cache             ? MEM_CACHE
                                                    : MEM_STATE;

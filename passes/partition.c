@@ -521,18 +521,61 @@ void pass_partition(Graph *g, PassCtx *cx) {
 
 /* ------------------------------------------------------------ the report */
 
+static int64_t align64_bytes(int64_t b) { return (b + 63) & ~(int64_t)63; }
+
+/* Whether the graph will run as a pipeline (codegen/lower.c: several
+ * stages or micro-batches), whose stages sum each micro-batch's gradients
+ * into accumulators of their own (runtime/pipeline.c stage_new: every
+ * gradient an update reads, 64-byte aligned, unless each replica takes one
+ * micro-batch); a program of one device and one micro-batch has none. */
+static bool has_accumulators(const Graph *g) {
+  bool off = train_offload(&g->train); /* runtime/offload.c: a pipeline, even of one stage */
+  bool piped = g->n_stages > 1 || g->train.micro_batches > 1 || off;
+  return piped && !((g->replicas > 1 || off) && local_micro_batches(g) == 1);
+}
+
 /* The memory stage s needs, as `duet plan` counts it (PlanStage's memory
- * fields). */
+ * fields): what the runtime allocates on its device. */
 static void stage_memory(const Graph *g, const PassCtx *cx, int s, PlanStage *m) {
   int S = g->n_stages > 1 ? g->n_stages : 1;
   int64_t M = local_micro_batches(g);
+  bool acc = has_accumulators(g);
   for (int i = 0; i < g->n_values; i++) {
     const Value *v = g->values[i];
-    if ((v->device < 0 ? 0 : v->device) == s && (v->op == OP_ADAMW || v->op == OP_SGD)) m->grads += value_bytes(v->in[1]);
+    if (!acc || (v->op != OP_ADAMW && v->op != OP_SGD)) continue;
+    const Value *gr = v->in[1];
+    if (ir_tied_add(gr)) { /* a tied weight: an accumulator per part, on the part's stage */
+      for (int j = 0; j < gr->n_in; j++) {
+        const Value *x = ir_tied_part(gr->in[j]);
+        if ((x->device < 0 ? 0 : x->device) == s) m->grads += align64_bytes(value_bytes(x));
+      }
+      continue;
+    }
+    if ((gr->device < 0 ? 0 : gr->device) != s) continue;
+    bool seen = false; /* the runtime keeps one accumulator per gradient tensor */
+    for (int j = 0; j < i && !seen; j++) {
+      const Value *u = g->values[j];
+      seen = (u->op == OP_ADAMW || u->op == OP_SGD) && u->in[1] == gr;
+    }
+    if (!seen) m->grads += align64_bytes(value_bytes(gr));
+  }
+  /* f32 master weights: params that the precision pass casts to 16 bits */
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if (v->op != OP_CAST || v->in[0]->op != OP_PARAM || (v->dtype != DT_F16 && v->dtype != DT_BF16)) continue;
+    const Value *p = v->in[0];
+    if ((p->device < 0 ? 0 : p->device) != s) continue;
+    bool seen = false;
+    for (int j = 0; j < i && !seen; j++) {
+      const Value *u = g->values[j];
+      seen = u->op == OP_CAST && u->in[0] == p && (u->dtype == DT_F16 || u->dtype == DT_BF16);
+    }
+    if (!seen) m->master += align64_bytes(value_bytes(p));
   }
   const int64_t *rb = g->n_stages > 1 ? g->stage_bytes[s] : g->region_bytes;
   m->slots = cx->one_f_one_b ? (M < S - s ? M : S - s) : M;
   m->weights = rb[MEM_PARAM];
+  if (m->master > m->weights) m->master = m->weights;
   m->state = m->state_all = rb[MEM_STATE];
   if (g->replicas > 1) { /* ZeRO stage 1: each replica's shard (on, or what --zero 1 would make) */
     int64_t all;
@@ -541,6 +584,23 @@ static void stage_memory(const Graph *g, const PassCtx *cx, int s, PlanStage *m)
   }
   m->act = rb[MEM_ARENA];
   m->cache = rb[MEM_CACHE];
+  if (train_offload(&g->train)) { /* runtime/offload.c: state and an f32 master copy on the host */
+    m->host_state = m->state;
+    m->host_master = rb[MEM_PARAM];
+    m->state = 0; /* (and with one micro-batch no accumulators: has_accumulators) */
+    for (int i = 0; i < g->n_values; i++) { /* the host's copy of each gradient an update reads */
+      const Value *v = g->values[i];
+      if (v->op != OP_ADAMW && v->op != OP_SGD) continue;
+      const Value *gr = v->in[1];
+      if ((gr->device < 0 ? 0 : gr->device) != s) continue;
+      bool seen = false;
+      for (int j = 0; j < i && !seen; j++) {
+        const Value *u = g->values[j];
+        seen = (u->op == OP_ADAMW || u->op == OP_SGD) && u->in[1] == gr;
+      }
+      if (!seen) m->host_grads += align64_bytes(value_bytes(gr));
+    }
+  }
   m->need = rb[MEM_PARAM] + m->state + rb[MEM_CACHE] + rb[MEM_ARENA] * m->slots + m->grads;
 }
 
@@ -574,8 +634,21 @@ void partition_plan_stage(const Graph *g, const PassCtx *cx, int s, PlanStage *p
     }
     ps->n_ops += is_forward_op(v);
   }
-  ps->step_s = (double)M * (ps->t_f + ps->t_b) + ps->t_o;
   stage_memory(g, cx, s, ps);
+  if (train_offload(&g->train)) { /* the update on the host: one core's rates, and the copies over the link */
+    PartDevice h = {.name = "host", .cpu = true, .cores = 1};
+    PartRates hr;
+    part_device_rates(&h, &hr);
+    ps->t_o = 0;
+    for (int i = 0; i < g->n_values; i++) {
+      const Value *v = g->values[i];
+      if ((v->device < 0 ? 0 : v->device) == s && v->role == ROLE_OPTIMIZER) ps->t_o += part_op_seconds(v, &hr);
+    }
+    ps->t_o += (double)(ps->host_grads + ps->host_master) / r.link_bytes_per_s;
+  }
+  ps->step_s = (double)M * (ps->t_f + ps->t_b) + ps->t_o;
+  int64_t host = d && d->cpu ? ps->host_master + ps->host_state + ps->host_grads : 0; /* --offload on a CPU */
+  ps->fits = !(d && d->capacity > 0 && ps->need + host > d->capacity);
 }
 
 int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s) {
@@ -584,21 +657,98 @@ int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s) {
   return m.need;
 }
 
+int64_t partition_offload_host_bytes(const Graph *g, const PassCtx *cx) {
+  int64_t h = 0;
+  for (int s = 0; s < (g->n_stages > 1 ? g->n_stages : 1); s++) {
+    PlanStage m = {0};
+    stage_memory(g, cx, s, &m);
+    h += m.host_master + m.host_state + m.host_grads;
+  }
+  return h;
+}
+
+/* The settings that lower a stage's memory, for the message of a
+ * configuration that does not fit (those not in use already). */
+static void help_settings(const Graph *g, const PassCtx *cx, int S, char *buf, size_t n) {
+  size_t len = 0;
+  buf[0] = 0;
+#define ADD(...) (len += (size_t)snprintf(buf + len, len < n ? n - len : 0, __VA_ARGS__))
+  bool master = false, int8 = false, recompute = false, blocks = false, adamw = false;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    blocks |= v->block > 0;
+    adamw |= v->op == OP_ADAMW;
+    master |= v->op == OP_CAST && v->in[0]->op == OP_PARAM && (v->dtype == DT_F16 || v->dtype == DT_BF16);
+    int8 |= v->op == OP_STATE && v->dtype == DT_U8;
+    recompute |= v->block > 0 && v->role == ROLE_BACKWARD;
+  }
+  if (!recompute && blocks) ADD("--recompute blocks or auto");
+  if (!master) ADD("%s--precision fp16 (or bf16)", len ? ", " : "");
+  if (!int8 && adamw) ADD("%s--optimizer-state int8", len ? ", " : "");
+  if (S < IR_MAX_STAGES) ADD("%smore --devices (stages)", len ? ", " : "");
+  if (!cx->one_f_one_b) ADD("%s--micro-batches N with --schedule 1f1b", len ? ", " : "");
+  ADD("%sa smaller --batch", len ? ", " : "");
+  if (g->replicas > 1 && !g->zero) ADD(", --zero 1");
+  ADD("; duet plan --fit searches them");
+#undef ADD
+}
+
 int partition_check_memory(const Graph *g, const PassCtx *cx) {
   int S = g->n_stages > 1 ? g->n_stages : 1, rc = 0;
   for (int s = 0; s < S && s < cx->n_devices; s++) {
     const PartDevice *d = &cx->devices[s];
     PlanStage m = {0};
     stage_memory(g, cx, s, &m);
+    if (d->cpu) m.need += m.host_master + m.host_state + m.host_grads; /* --offload: the host is this memory */
     if (d->capacity <= 0 || m.need <= d->capacity) continue;
+    if (m.weights > d->capacity) { /* nothing but more devices helps (16-bit copies keep f32 masters) */
+      diag_error_noloc(cx->diag, "the model does not fit the memory of %s: its weights alone take %.2f MiB (%" PRId64
+                       " bytes), more than the %.2f MiB available (%s); only more --devices (stages) or more memory "
+                       "help", d->name, m.weights / 1048576.0, m.weights, d->capacity / 1048576.0,
+                       d->capacity_from ? d->capacity_from : "its capacity");
+      rc = 1;
+      continue;
+    }
+    char help[400];
+    help_settings(g, cx, S, help, sizeof help);
     diag_error_noloc(cx->diag, "the model does not fit the memory of %s: it needs %.2f MiB (weights %.2f, grads %.2f, "
-                     "optimizer state %.2f, activations %.2f MiB), and %.2f MiB are available (%s); see duet plan",
+                     "optimizer state %.2f, activations %.2f MiB), and %.2f MiB are available (%s): %" PRId64
+                     " bytes too many; what would help: %s",
                      d->name, m.need / 1048576.0, m.weights / 1048576.0, m.grads / 1048576.0, m.state / 1048576.0,
                      (double)(m.act * m.slots) / 1048576.0, d->capacity / 1048576.0,
-                     d->capacity_from ? d->capacity_from : "its capacity");
+                     d->capacity_from ? d->capacity_from : "its capacity", m.need - d->capacity, help);
     rc = 1;
   }
   return rc;
+}
+
+void partition_plan(const Graph *g, const PassCtx *cx, PlanTable *t) {
+  memset(t, 0, sizeof *t);
+  int S = g->n_stages > 1 ? g->n_stages : 1, R = g->replicas > 1 ? g->replicas : 1;
+  int64_t M = local_micro_batches(g);
+  t->model = g->model_name ? g->model_name : "?";
+  t->S = S;
+  t->R = R;
+  t->M = M;
+  t->batch = g->train.batch;
+  t->one_f_one_b = cx->one_f_one_b;
+  t->zero = g->zero;
+  t->fits = true;
+  double slowest = 0, total = 0;
+  for (int s = 0; s < S; s++) {
+    PlanStage *ps = &t->stage[s];
+    partition_plan_stage(g, cx, s, ps);
+    if (!ps->fits) t->fits = false;
+    if (ps->need > t->need_most) t->need_most = ps->need;
+    if (ps->step_s > slowest) slowest = ps->step_s;
+    total += ps->step_s;
+    t->xfer_total += ps->xfer;
+  }
+  t->bubble = (double)(S - 1) / (double)(M + S - 1);
+  t->slowest_s = slowest;
+  t->step_s = slowest * (double)(M + S - 1) / (double)M;
+  t->balance = S > 1 && slowest > 0 ? total / ((double)S * slowest) : 1.0;
+  if (!t->fits) help_settings(g, cx, S, t->help, sizeof t->help);
 }
 
 int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
@@ -616,7 +766,7 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
             g->model_name ? g->model_name : "?", S, S > 1 ? "s" : "", M, M > 1 ? "es" : "", g->train.batch,
             g->train.batch * M, one_f_one_b ? "1f1b" : "gpipe");
   double slowest = 0, total = 0;
-  int64_t xfer_total = 0, need_most = 0;
+  int64_t xfer_total = 0, need_most = 0, host_master = 0, host_state = 0, host_grads = 0;
   for (int s = 0; s < S; s++) {
     const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
     PlanStage mem;
@@ -624,6 +774,7 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
     double t_f = mem.t_f, t_b = mem.t_b, t_o = mem.t_o, step = mem.step_s;
     int64_t slots = mem.slots, need = mem.need, grads = mem.grads, xfer = mem.xfer, n_ops = mem.n_ops;
     const char *first = mem.first, *last = mem.last;
+    host_master += mem.host_master, host_state += mem.host_state, host_grads += mem.host_grads;
     if (need > need_most) need_most = need;
     if (step > slowest) slowest = step;
     total += step;
@@ -633,15 +784,17 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
     fprintf(out, "  estimated time: forward %.3f ms + backward %.3f ms per micro-batch, optimizer %.3f ms; %.3f ms per "
             "step\n", 1e3 * t_f, 1e3 * t_b, 1e3 * t_o, 1e3 * step);
     fprintf(out, "  memory: weights %.2f MiB, grads %.2f MiB (summed over the micro-batches), optimizer state %.2f "
-            "MiB, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB, with their gradients): %.2f MiB",
+            "MiB%s, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB, with their gradients): %.2f MiB",
             mem.weights / 1048576.0, grads / 1048576.0, mem.state / 1048576.0,
-            (double)(mem.act * slots) / 1048576.0, slots, slots == 1 ? "" : "es", mem.act / 1048576.0,
+            train_offload(&g->train) ? " (offloaded to the host)" : "", (double)(mem.act * slots) / 1048576.0, slots, slots == 1 ? "" : "es", mem.act / 1048576.0,
             need / 1048576.0);
     if (d && d->capacity > 0) {
       if (d->capacity >= (int64_t)1 << 30) fprintf(out, " of %.2f GiB", (double)d->capacity / 1073741824.0);
       else fprintf(out, " of %.2f MiB", (double)d->capacity / 1048576.0);
       if (d->capacity_from) fprintf(out, " (%s)", d->capacity_from);
-      if (need > d->capacity) {
+      int64_t host = d->cpu ? mem.host_master + mem.host_state + mem.host_grads : 0; /* --offload on a CPU */
+      if (host > 0) fprintf(out, " (with the host's %.2f MiB: %.2f MiB)", host / 1048576.0, (need + host) / 1048576.0);
+      if (need + host > d->capacity) {
         fprintf(out, "  DOES NOT FIT");
         rc = 1;
       }
@@ -663,6 +816,14 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
     }
     fprintf(out, "\n  transfers sent: %.3f MiB per step\n", (double)xfer / 1048576.0);
   }
+  if (train_offload(&g->train)) {
+    int64_t h = host_master + host_state + host_grads;
+    fprintf(out, "host (--offload optimizer): master weights %.2f MiB (f32), optimizer state %.2f MiB, gradient copies "
+            "%.2f MiB: %.2f MiB (%" PRId64 " bytes: master %" PRId64 ", state %" PRId64 ", grads %" PRId64 "); "
+            "the update on the CPU, per step %.3f MiB of gradients to the host and %.3f MiB of params back\n",
+            host_master / 1048576.0, host_state / 1048576.0, host_grads / 1048576.0, h / 1048576.0, h, host_master,
+            host_state, host_grads, host_grads / 1048576.0, host_master / 1048576.0);
+  }
   double bubble = (double)(S - 1) / (double)(M + S - 1);
   fprintf(out, "transfer bytes per step: %" PRId64 " (%.3f MiB)\n", xfer_total, (double)xfer_total / 1048576.0);
   fprintf(out, "bubble fraction (S-1)/(M+S-1) = %d/%" PRId64 " = %.3f%s\n", S - 1, M + S - 1, bubble,
@@ -674,6 +835,16 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
   if (cx->summary) *cx->summary = (PlanSummary){.step_s = est, .need = need_most, .fits = !rc};
   if (R > 1) data_parallel_report(g, cx, est, out);
   if (rc) {
+    char help[400];
+    help_settings(g, cx, S, help, sizeof help);
+    for (int s = 0; s < S && s < cx->n_devices; s++) {
+      const PartDevice *d = &cx->devices[s];
+      int64_t need = partition_stage_need(g, cx, s);
+      if (d->capacity > 0 && need > d->capacity)
+        fprintf(out, "%s needs %" PRId64 " bytes, %" PRId64 " more than its %" PRId64 "\n", d->name, need,
+                need - d->capacity, d->capacity);
+    }
+    fprintf(out, "what would help: %s\n", help);
     fflush(out);
     diag_error_noloc(cx->diag, "the model does not fit: a device needs more memory than it has (DOES NOT FIT above)");
   }

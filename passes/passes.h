@@ -65,6 +65,7 @@ typedef struct PassCtx {
                               * capacity bounds the graph (duet run's default CPU; NULL: none) */
   const PruneSpec *prune;    /* prune: the --prune flags (prune_parse_flag); the fields in
                               * its `set` override the model's prune section (NULL: none) */
+  const char *quantize;      /* quantize: --quantize int8|int8-tensor (quantize_mode_parse; NULL: none) */
   const char *optim_state;   /* optimizer: --optimizer-state int8|f32, overriding the model's
                               * adamw(state = ...) (NULL: the model's; ignored for SGD) */
   int nodes;                 /* duet plan --nodes K: the replicas are spread over K
@@ -90,7 +91,7 @@ typedef struct Pass {
   const char *what; /* one line for `duet ir --help` */
 } Pass;
 
-/* The pipeline, in order: shape, autodiff, optimizer, eval, prune, precision, fuse,
+/* The pipeline, in order: shape, qat, autodiff, optimizer, eval, prune, quantize, precision, fuse,
  * partition, data_parallel, recompute, memplan. */
 extern const Pass duet_passes[];
 extern const int duet_n_passes;
@@ -108,6 +109,8 @@ void pass_autodiff(Graph *g, PassCtx *cx);  /* append d(loss)/d(param) */
 void pass_optimizer(Graph *g, PassCtx *cx); /* append AdamW / SGD updates (AdamW: f32 or 8-bit state) */
 void pass_eval(Graph *g, PassCtx *cx);      /* append accuracy metrics */
 void pass_prune(Graph *g, PassCtx *cx);     /* pruning masks and the ops that apply them */
+void pass_quantize(Graph *g, PassCtx *cx);  /* int8 weights (--quantize): an evaluation program */
+void pass_qat(Graph *g, PassCtx *cx);       /* fake-quantized weights (the model's quantize section) */
 void pass_precision(Graph *g, PassCtx *cx); /* 16-bit storage, f32 master weights, casts */
 void pass_fuse(Graph *g, PassCtx *cx);      /* fuse elementwise chains */
 void pass_partition(Graph *g, PassCtx *cx); /* devices/stages + transfer ops */
@@ -138,13 +141,36 @@ typedef struct PlanStage {
                              * optimizer state (this device's ZeRO shard with --zero 1), KV caches */
   int64_t act, slots;       /* the activation arena of one micro-batch, and the micro-batches in
                              * flight (M for GPipe, min(M, S - s) for 1F1B) */
-  int64_t need;             /* weights + grads + state + cache + act * slots */
+  int64_t need;             /* weights + grads + state + cache + act * slots: the bytes the runtime
+                             * allocates on the device (its regions and gradient accumulators; op
+                             * workspaces are planned inside the activation region) */
+  int64_t master;           /* the part of weights that is f32 masters of params cast to 16 bits
+                             * (their 16-bit copies are activations) */
+  bool fits;                /* need within the device's capacity (or no capacity) */
   int64_t state_all, state_zero; /* replicas: the whole state, and the fullest ZeRO shard */
   int64_t shard[IR_MAX_REPLICAS]; /* replicas: each one's ZeRO shard */
+  int64_t host_master, host_state, host_grads; /* --offload optimizer: what the host holds for the stage (its f32
+                             * param region, its state, the gradient copies); state is then 0, and
+                             * grads too with one micro-batch */
 } PlanStage;
 /* Stage s of a graph that went through every pass (0 <= s < max(1,
  * g->n_stages)) into *ps. */
 void partition_plan_stage(const Graph *g, const PassCtx *cx, int s, PlanStage *ps);
+/* `duet plan`'s whole table: what the text report, --format json and
+ * --format svg print. */
+typedef struct PlanTable {
+  const char *model;
+  int S, R;
+  int64_t M, batch; /* micro-batches per replica; batch: one micro-batch */
+  bool one_f_one_b, zero, fits;
+  PlanStage stage[IR_MAX_STAGES];
+  int64_t xfer_total, need_most;
+  double bubble, slowest_s, step_s, balance;
+  char help[400]; /* when !fits: the settings that would lower the memory */
+} PlanTable;
+/* Fills t from a graph after every pass (the devices, schedule and
+ * capacities of cx), stage by stage as partition_plan_stage. */
+void partition_plan(const Graph *g, const PassCtx *cx, PlanTable *t);
 /* Micro-batches per replica (train.micro_batches, divided among the
  * replicas with data parallelism): M of the schedule. */
 int64_t partition_micro_batches(const Graph *g);
@@ -159,6 +185,10 @@ int partition_check_memory(const Graph *g, const PassCtx *cx);
  * grads, optimizer state, caches, activations x in-flight micro-batches),
  * from the regions memplan sized. */
 int64_t partition_stage_need(const Graph *g, const PassCtx *cx, int s);
+/* --offload optimizer (train_offload): the host bytes of every stage (f32
+ * master params, optimizer state, gradient copies: duet plan's host row);
+ * 0 without offload. */
+int64_t partition_offload_host_bytes(const Graph *g, const PassCtx *cx);
 
 /* ------------------------------------------------------------ recompute */
 
@@ -180,6 +210,22 @@ int recompute_mode_parse(const char *s);
  * one of them and val parses, 0 when `flag` is not a prune flag, -1 with
  * the message in err ("--prune expects a sparsity in [0, 1), got '1.5'"). */
 int prune_parse_flag(PruneSpec *over, const char *flag, const char *val, char *err, size_t errlen);
+/* The output-channel axis of param p as a matmul or convolution weight:
+ * the forward matmuls that take it as their second operand, directly (x @
+ * w: its last axis; x @ transpose(w) of a matrix: the first) or as a
+ * convolution (a rank-4 weight reshaped, and sliced for groups, into the
+ * transposed operand: the first).  -1 when p is no such weight.
+ * use[cnt[id] .. cnt[id + 1]): the forward ops that read value id. */
+int prune_weight_axis(const Value *p, Value *const *use, const int *cnt);
+
+/* ------------------------------------------------------------- quantize */
+
+/* --quantize: none, int8 (symmetric, one f32 scale per output channel),
+ * int8-tensor (one scale per weight tensor).  passes/quantize.c. */
+enum { QUANT_NONE, QUANT_INT8_CHANNEL, QUANT_INT8_TENSOR };
+/* QUANT_* for "none", "int8" (also "int8-channel"), "int8-tensor"; NULL:
+ * none; -1 for anything else. */
+int quantize_mode_parse(const char *s);
 
 /* ------------------------------------------------------------ precision */
 

@@ -7,10 +7,12 @@
 
 const Pass duet_passes[] = {
     {"shape", pass_shape, "infer and check the shape and dtype of every value"},
+    {"qat", pass_qat, "quantization-aware training (quantize { weights = int8  mode = qat }): fake-quantized weights in the forward pass"},
     {"autodiff", pass_autodiff, "append the backward graph: d(loss)/d(param) for every param"},
     {"optimizer", pass_optimizer, "append the optimizer update (AdamW, f32 or 8-bit state; SGD) of every param"},
     {"eval", pass_eval, "append the evaluation metrics (correct predictions, summed loss)"},
     {"prune", pass_prune, "magnitude pruning (--prune): a mask per pruned weight, applied after every optimizer step"},
+    {"quantize", pass_quantize, "int8 weights (--quantize int8|int8-tensor): i8 params, f32 scales, a dequantize before each GEMM; evaluation only"},
     {"precision", pass_precision, "choose storage dtypes (--precision): 16-bit activations, f32 master weights, casts"},
     {"fuse", pass_fuse, "fuse chains of elementwise ops into single loops"},
     {"partition", pass_partition, "assign every op a device (pipeline stage) and insert transfers at the cuts"},

@@ -94,7 +94,7 @@ int prune_parse_flag(PruneSpec *over, const char *flag, const char *val, char *e
  * weight reshaped, and sliced for groups, into the transposed operand:
  * the first).  -1 when p is no such weight.  use[cnt[id] .. cnt[id + 1]):
  * the forward ops that read value id. */
-static int weight_axis(const Value *p, Value *const *use, const int *cnt) {
+int prune_weight_axis(const Value *p, Value *const *use, const int *cnt) {
   for (int k = cnt[p->id]; k < cnt[p->id + 1]; k++) {
     const Value *c = use[k];
     if (c->op == OP_MATMUL && c->in[1] == p && c->in[0] != p) {
@@ -170,7 +170,7 @@ void pass_prune(Graph *g, PassCtx *cx) {
   if (prune_spec_resolve(p, err, sizeof err)) diag_error(g->diag, at, "%s", err);
   if (g->decode) return; /* generation: the checkpoint's weights are already pruned */
 
-  /* forward uses of every value (weight_axis) and every named tensor (the
+  /* forward uses of every value (prune_weight_axis) and every named tensor (the
    * masks' names must be new) */
   int n = g->n_values;
   int *cnt = arena_alloc(g->arena, ((size_t)n + 2) * sizeof *cnt), *fill = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *fill);
@@ -203,7 +203,7 @@ void pass_prune(Graph *g, PassCtx *cx) {
   bool positive = false;
   for (int k = 0; k < n_upd; k++) {
     const Value *w = upd[k]->in[0];
-    axis[k] = weight_axis(w, use, cnt);
+    axis[k] = prune_weight_axis(w, use, cnt);
     bool embedding = false;
     for (int j = cnt[w->id]; j < cnt[w->id + 1]; j++) embedding |= use[j]->op == OP_EMBEDDING && use[j]->in[0] == w;
     sel[k] = w->shape.rank >= 2 && axis[k] >= 0 && !embedding;

@@ -17,8 +17,8 @@ static int is_mask(const DuetTensor *t) { return t->region == DUET_MEM_STATE && 
 
 /* "f32[1024,10]" into buf. */
 static const char *shape_str(int dtype, int rank, const int64_t *shape, char *buf, size_t n) {
-  static const char *const names[] = {"void", "f32", "f64", "i32", "f16", "bf16", "u8"};
-  size_t len = (size_t)snprintf(buf, n, "%s[", dtype >= 0 && dtype <= DUET_U8 ? names[dtype] : "?");
+  static const char *const names[] = {"void", "f32", "f64", "i32", "f16", "bf16", "u8", "i8"};
+  size_t len = (size_t)snprintf(buf, n, "%s[", dtype >= 0 && dtype <= DUET_I8 ? names[dtype] : "?");
   for (int k = 0; k < rank && len < n; k++)
     len += (size_t)snprintf(buf + len, n - len, "%s%" PRId64, k ? "," : "", shape[k]);
   if (len < n) snprintf(buf + len, n - len, "]");
@@ -370,6 +370,55 @@ static int foreign_masks(const DuetProgram *p, const DuetStFile *f, char *buf, s
   return count;
 }
 
+/* A quantized program (int8 weights, passes/quantize.c) loading a
+ * checkpoint of f32 weights: whether tensor i of p is computed from them
+ * (an int8 weight the file holds as f32 of its shape, or the scales of one)
+ * rather than read as it is. */
+static int quant_from_f32(const DuetProgram *p, const DuetStFile *f, int i) {
+  int w = i;
+  if (p->tensors[i].dtype != DUET_I8) { /* the scales of an int8 weight? */
+    w = -1;
+    for (int j = 0; j < p->n_tensors && w < 0 && p->tensors[i].dtype == DUET_F32; j++)
+      if (p->tensors[j].dtype == DUET_I8 && duet_quant_scale_of(p, j) == i) w = j;
+    if (w < 0) return 0;
+  } else if (duet_quant_scale_of(p, i) < 0) {
+    return 0;
+  }
+  const DuetTensor *x = &p->tensors[w];
+  const DuetStTensor *y = duet_st_find(f, x->name);
+  int same = y && y->dtype == DUET_F32 && y->rank == x->rank && y->nbytes == 4 * x->nbytes;
+  for (int k = 0; same && k < x->rank; k++) same = y->shape[k] == x->shape[k];
+  return same;
+}
+
+/* The int8 weights and scales of tensor i of p (an int8 weight) from the
+ * f32 weights y (duet_quantize_i8), written to session s.  0, or -1 with
+ * the message in err. */
+static int quant_write(DuetSession *s, const DuetProgram *p, int i, const DuetStTensor *y, char *err, size_t errlen) {
+  const DuetTensor *x = &p->tensors[i], *sc = &p->tensors[duet_quant_scale_of(p, i)];
+  float *w = malloc((size_t)y->nbytes + 1), *scale = malloc((size_t)sc->nbytes + 1);
+  signed char *q = malloc((size_t)x->nbytes + 1);
+  int rc = -1;
+  if (!w || !scale || !q) {
+    snprintf(err, errlen, "cannot quantize %s: out of host memory", x->name);
+    goto out;
+  }
+  memcpy(w, y->data, (size_t)y->nbytes); /* the file's data need not be aligned for floats */
+  if (duet_quantize_i8(w, x->rank, x->shape, sc->shape, q, scale)) {
+    snprintf(err, errlen, "cannot quantize %s: its scales' shape does not broadcast to it", x->name);
+    goto out;
+  }
+  if (duet_session_write(s, i, 0, q, (size_t)x->nbytes) ||
+      duet_session_write(s, (int)(sc - p->tensors), 0, scale, (size_t)sc->nbytes)) {
+    snprintf(err, errlen, "cannot quantize %s: copying it to the device failed: %s", x->name, duet_session_error(s));
+    goto out;
+  }
+  rc = 0;
+out:
+  free(w), free(scale), free(q);
+  return rc;
+}
+
 /* The checks of a checkpoint that need only its header, against program p:
  * the format, the model, the training state in the metadata (into *ns),
  * every param (and, unless weights_only, state) tensor present with the
@@ -432,6 +481,7 @@ static int check_header(const DuetProgram *p, const DuetStFile *f, const char *p
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *x = &p->tensors[i];
     if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM) || (no_masks && is_mask(x))) continue;
+    if (quant_from_f32(p, f, i)) continue; /* int8 weights and scales made from its f32 weights */
     n_saved++;
     const DuetStTensor *y = duet_st_find(f, x->name);
     if (!y) {
@@ -541,6 +591,7 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
     const DuetTensor *x = &p->tensors[i];
     if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM) || (no_masks && is_mask(x))) continue;
     const DuetStTensor *y = duet_st_find(f, x->name);
+    if (!y) continue; /* the scales of int8 weights made from the f32 ones (quant_from_f32) */
     int64_t first;
     int nan;
     int64_t bad = duet_count_nonfinite(y->dtype, y->data, y->nbytes, &first, &nan);
@@ -555,6 +606,10 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
     const DuetTensor *x = &p->tensors[i];
     if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM) || (no_masks && is_mask(x))) continue;
     const DuetStTensor *y = duet_st_find(f, x->name);
+    if (quant_from_f32(p, f, i)) { /* int8 weights (and their scales) from f32 ones */
+      if (x->dtype == DUET_I8 && quant_write(s, p, i, y, err, errlen)) goto out;
+      continue;
+    }
     if (duet_session_write(s, i, 0, y->data, (size_t)y->nbytes)) {
       snprintf(err, errlen, "cannot %s %s: copying %s to the device failed: %s", verb, path, x->name,
                duet_session_error(s));

@@ -282,6 +282,7 @@ struct DuetSession {
                    * CPU device of its own for host copies (checkpoints) */
   int64_t n_valid;
   bool own_dev; /* the pipeline's host-copy device, freed with the session */
+  int64_t rss_growth; /* VmRSS after allocating the regions (and, for a pipeline, making it) less before; -1: unknown */
   void *staging; /* duet_session_staging */
   size_t staging_bytes;
   bool dp_check;      /* DUET_DP_CHECK=1: replicas compared after every training step */
@@ -310,6 +311,10 @@ static void fan(const DuetTensor *t, double *fan_in, double *fan_out) {
 }
 
 static void init_tensor(const DuetTensor *t, void *mem, uint64_t seed, uint64_t stream) {
+  if (t->dtype == DUET_I8) { /* int8 weights of a quantized program: zeros until a checkpoint fills them */
+    memset(mem, 0, (size_t)t->nbytes);
+    return;
+  }
   int64_t n = t->nbytes / (t->dtype == DUET_F64 ? 8 : 4);
   DuetRng r;
   duet_rng_seed(&r, seed, stream);
@@ -357,6 +362,19 @@ int duet_session_init_params(DuetSession *s, uint64_t seed) {
   return 0;
 }
 
+/* This process's resident memory (VmRSS in /proc/self/status), bytes; -1
+ * when unreadable. */
+static int64_t vm_rss(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long long kb = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %lld kB", &kb) == 1) break;
+  fclose(f);
+  return kb >= 0 ? (int64_t)kb * 1024 : -1;
+}
+
 DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetConfig *cfg, char *err,
                               size_t errlen) {
   if (p->api_version != DUET_RT_API_VERSION) {
@@ -375,6 +393,7 @@ DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetC
   s->p = p;
   s->dev = dev;
   s->cfg = *cfg;
+  int64_t rss0 = vm_rss();
   for (int r = 1; r < DUET_MEM_COUNT; r++) {
     s->region[r] = dev->ops->alloc(dev, (size_t)p->region_bytes[r]);
     if (!s->region[r]) {
@@ -383,6 +402,8 @@ DuetSession *duet_session_new(const DuetProgram *p, DuetDevice *dev, const DuetC
       return NULL;
     }
   }
+  int64_t rss1 = vm_rss();
+  s->rss_growth = rss0 >= 0 && rss1 >= 0 ? rss1 - rss0 : -1;
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *t = &p->tensors[i];
     if (t->region <= 0 || t->region >= DUET_MEM_COUNT || t->offset < 0 ||
@@ -486,10 +507,13 @@ DuetSession *duet_session_new_ranks(const DuetProgram *p, const DuetKernelFn *ke
     return NULL;
   }
   s->own_dev = true;
+  int64_t rss0 = vm_rss();
   if (!(s->pipe = duet_pipe_new_ranks(p, kernels, cfg, dist, err, errlen))) {
     duet_session_free(s);
     return NULL;
   }
+  int64_t rss1 = vm_rss();
+  s->rss_growth = rss0 >= 0 && rss1 >= 0 ? rss1 - rss0 : -1;
   for (int i = 0; i < p->n_tensors; i++) s->ptr[i] = duet_pipe_tensor(s->pipe, i);
   DuetPipeEnv env;
   s->dp_check = !duet_pipe_env(&env, cfg->timeout, err, errlen) && env.dp_check && p->replicas > 1;
@@ -530,6 +554,34 @@ void duet_session_free(DuetSession *s) {
   free(s->staging);
   free(s->ptr);
   free(s);
+}
+
+bool duet_session_offload_pinned(const DuetSession *s) { return s->pipe && duet_pipe_offload_pinned(s->pipe); }
+
+int duet_session_allocated(const DuetSession *s, int64_t *bytes, int max) {
+  if (s->pipe) return duet_pipe_allocated(s->pipe, bytes, max);
+  if (max < 1) return 0;
+  bytes[0] = 0;
+  for (int r = 1; r < DUET_MEM_COUNT; r++) bytes[0] += s->p->region_bytes[r];
+  return 1;
+}
+
+void duet_session_print_allocated(const DuetSession *s, FILE *out) {
+  int64_t b[DUET_MAX_DEVICES];
+  int n = duet_session_allocated(s, b, DUET_MAX_DEVICES);
+  int64_t sum = 0;
+  for (int i = 0; i < n; i++) sum += b[i];
+  fprintf(out, "duet: allocated: %" PRId64 " bytes", sum);
+  if (n > 1) {
+    fprintf(out, " (");
+    for (int i = 0; i < n; i++) fprintf(out, "%s%" PRId64, i ? " + " : "", b[i]);
+    fprintf(out, " on the %d devices)", n);
+  }
+  fprintf(out, " for params, optimizer state, activations and gradient accumulators (duet plan's totals)");
+  if (s->rss_growth >= 0 && !strcmp(s->dev->ops->name, "cpu") && !(s->cfg.devices && strstr(s->cfg.devices, "cuda")))
+    fprintf(out, "; resident memory grew by %" PRId64 " bytes%s", s->rss_growth,
+            s->pipe ? " (the stages' CPU devices, with their transfer staging)" : "");
+  fprintf(out, "\n");
 }
 
 const char *duet_session_transfers(const DuetSession *s) { return s->pipe ? duet_pipe_transfers(s->pipe) : NULL; }
@@ -584,6 +636,7 @@ static int session_copy(DuetSession *s, int replica, int id, size_t off, void *h
     }
     return 0;
   }
+  if (s->pipe && to_device) duet_pipe_param_written(s->pipe, id); /* --offload: the host's copy is stale */
   for (int r = replica < 0 ? 0 : replica; r < (replica < 0 ? R : replica + 1); r++) {
     if (s->pipe && !duet_pipe_tensor_at(s->pipe, r, id)) continue; /* ZeRO: another replica's state */
     char *mem = (char *)(s->pipe ? duet_pipe_tensor_at(s->pipe, r, id) : s->ptr[id]) + off;

@@ -74,6 +74,18 @@ int duet_cuda_gpu_count(char *why, size_t whylen) {
   return n;
 }
 
+int duet_cuda_meminfo(int index, int64_t *free_b, int64_t *total_b, int *sm, char *err, size_t errlen) {
+  void *h = load_plugin(err, errlen);
+  if (!h) return -1;
+  typedef int (*MemFn)(int, int64_t *, int64_t *, int *, char *, size_t);
+  MemFn fn = (MemFn)dlsym(h, "duet_cuda_plugin_meminfo");
+  if (!fn) {
+    snprintf(err, errlen, "libduet_cuda.so lacks duet_cuda_plugin_meminfo");
+    return -1;
+  }
+  return fn(index, free_b, total_b, sm, err, errlen);
+}
+
 int duet_list_devices(FILE *out) {
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   fprintf(out, "cpu     %ld cores (OpenMP kernels, OpenBLAS GEMMs)\n", ncpu);

@@ -27,7 +27,8 @@ static int64_t parse_size(const char *s, size_t len) {
     double mul;
   } units[] = {{"", 1},          {"B", 1},          {"KB", 1e3},          {"MB", 1e6},
                {"GB", 1e9},      {"TB", 1e12},      {"KiB", 1024.0},      {"MiB", 1048576.0},
-               {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+               {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"K", 1024.0},
+               {"M", 1048576.0},  {"G", 1073741824.0},  {"T", 1099511627776.0}};
   for (size_t i = 0; i < sizeof units / sizeof *units; i++)
     if (!strcmp(end, units[i].unit)) {
       double b = x * units[i].mul;
@@ -35,6 +36,8 @@ static int64_t parse_size(const char *s, size_t len) {
     }
   return -1;
 }
+
+int64_t duet_parse_size(const char *s) { return s ? parse_size(s, strlen(s)) : -1; }
 
 static int parse_index(const char *s, size_t len, int *out) {
   if (len == 0 || len > 4) return -1;

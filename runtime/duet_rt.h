@@ -12,17 +12,19 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 10 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 11 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
                                 * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping;
                                 * 9: DuetConfig eval_only, checkpoint_path, keep, keep_best;
-                                * 10: DuetConfig.metrics_timing */
+                                * 10: DuetConfig.metrics_timing; 11: DuetConfig.offload */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
  * IEEE binary16, DUET_BF16 bfloat16 (2 bytes each; runtime/duet_half.h);
- * DUET_U8 bytes: the codes of 8-bit optimizer state (runtime/duet_q8.h). */
-enum { DUET_VOID = 0, DUET_F32 = 1, DUET_F64 = 2, DUET_I32 = 3, DUET_F16 = 4, DUET_BF16 = 5, DUET_U8 = 6 };
+ * DUET_U8 bytes: the codes of 8-bit optimizer state (runtime/duet_q8.h);
+ * DUET_I8 signed bytes: the int8 weights of a quantized program
+ * (duet_quantize_i8). */
+enum { DUET_VOID = 0, DUET_F32 = 1, DUET_F64 = 2, DUET_I32 = 3, DUET_F16 = 4, DUET_BF16 = 5, DUET_U8 = 6, DUET_I8 = 7 };
 
 /* Where a tensor lives. */
 /* DUET_MEM_CACHE: key/value caches of a decoding program, and a pipeline
@@ -64,6 +66,10 @@ typedef struct DuetTensor {
  * receiving stage waits for it and copies it into the destination tensor);
  * b = 1 on both: a param sent once per training step, on the first
  * micro-batch only (its copy persists in DUET_MEM_CACHE; a tied weight).
+ * b = 2 on a SEND, RECV or KERNEL step of a stage's optimizer schedule: a
+ * tied weight's gradient, made of its parts once they are summed over the
+ * micro-batches and replicas, before clipping, offload and the updates
+ * (the runtime runs these steps first, apart from the others).
  * Data parallelism adds DUET_STEP_ALLREDUCE (a: bucket index, in a stage's
  * backward schedule after the bucket's last gradient: on a replica's last
  * micro-batch its gradients are final there and the bucket starts its sum
@@ -168,7 +174,23 @@ typedef struct DuetConfig {
   int keep_best;           /* --keep-best: PATH.best holds the checkpoint of the best evaluation */
   int metrics_timing;      /* --metrics-timing: step lines carry samples_per_s / tokens_per_s
                             * (off by default: the metrics of two runs then compare byte for byte) */
+  int offload;             /* 1 + DUET_OFFLOAD_* of --offload (0: not given; a program's default: 0 or
+                            * 1 + DUET_OFFLOAD_OPTIMIZER when compiled with it; runtime/offload.c) */
 } DuetConfig;
+
+/* --offload: none (the default), or optimizer (ZeRO-Offload: each stage's
+ * optimizer state and an f32 master copy of its params live in host
+ * memory, and its update runs on the host with the C kernels;
+ * runtime/offload.c).  duet_parse_offload sets *out = 1 + DUET_OFFLOAD_*,
+ * else prints "duet: error: --offload expects none or optimizer (...), got
+ * 'X'" and returns 1. */
+enum { DUET_OFFLOAD_NONE = 0, DUET_OFFLOAD_OPTIMIZER = 1 };
+int duet_parse_offload(const char *val, int *out);
+/* Why --offload optimizer cannot run with a program of `replicas`
+ * data-parallel replicas (> 1: refused), pruning (pruned != 0) or a
+ * decoding program (decode != 0): the one-line message (the compiler and
+ * the runtime print the same), or NULL when it can. */
+const char *duet_offload_refusal(int replicas, int pruned, int decode);
 
 /* Learning-rate schedules.  With base rate lr (--lr), W warm-up steps, T
  * steps in the run and k = step - 1 (0 for the first optimizer step), the
@@ -518,6 +540,16 @@ int duet_gemm_acc_check(const DuetProgram *p, const char *backend, char *err, si
  * ("MemAvailable in /proc/meminfo", "the cgroup limit in /sys/fs/...",
  * "DUET_HOST_MEMORY").  0, or -1 with a message in err. */
 int duet_host_memory(int64_t *bytes, char *from, size_t fromlen, char *err, size_t errlen);
+/* A memory size as --devices capacities and --device-memory take it:
+ * bytes ("1000000"), or a number with B, KB, MB, GB, TB (powers of 10) or
+ * KiB, MiB, GiB, TiB (powers of 2), "16G"/"500M" read as GiB/MiB.  The
+ * bytes, or -1 when malformed or not > 0. */
+int64_t duet_parse_size(const char *s);
+/* GPU `index`'s free and total memory in bytes (cuMemGetInfo through the
+ * CUDA plugin) and compute capability x 10 (60 = sm_60): the default
+ * --device-memory of a cuda:N device.  0, or -1 with a message (no plugin,
+ * no driver, no such GPU). */
+int duet_cuda_meminfo(int index, int64_t *free_b, int64_t *total_b, int *sm, char *err, size_t errlen);
 
 /* ------------------------------------------------------------- sessions */
 
@@ -541,6 +573,14 @@ void duet_session_free(DuetSession *s);
  * no tensor crosses a stage; NULL for a session of one device.  Lives as
  * long as s. */
 const char *duet_session_transfers(const DuetSession *s);
+/* The bytes the session allocated on each device: its regions (params,
+ * optimizer state, activations once per micro-batch in flight, caches)
+ * and gradient accumulators, as `duet plan` totals them per device (not
+ * the few bytes of overflow flags, nor host staging).  bytes[i] for device
+ * i (replica r's stage k at r * S + k); returns their number (<= max). */
+int duet_session_allocated(const DuetSession *s, int64_t *bytes, int max);
+/* "duet: allocated: N bytes (a + b on the 2 devices) ..." to out. */
+void duet_session_print_allocated(const DuetSession *s, FILE *out);
 /* A data-parallel session: how the replicas' gradients are summed, the
  * words after "summed " on the start-up line ("in replica order over
  * shared memory", "by NCCL 2.26.5 (...) in its ring order ...": see
@@ -727,6 +767,38 @@ int duet_prune_update(DuetSession *s, double target, char *err, size_t errlen);
  * 0, or -1 with a message in err. */
 int duet_prune_sparsity(DuetSession *s, double *per_param, double *overall, int64_t *n_weights, char *err,
                         size_t errlen);
+/* ------------------------------------------------- int8 weights (quantize) */
+
+/* Symmetric int8 quantization of the f32 weights w[numel of shape] (rank
+ * dims) with one scale per element of the broadcast shape sshape (each
+ * sshape[d] 1 or shape[d]: [1, out] for an [in, out] weight per output
+ * channel, [out, 1, 1, 1] for a convolution's, all ones per tensor).
+ * Weights are grouped by the scale element they broadcast to; per group:
+ *   m = max |w| (f32),  scale = m / 127 (f32 division),
+ *   q = round(w / scale) clamped to [-127, 127], rounded half to even
+ *       (nearbyintf in the default rounding mode; numpy's round and
+ *       torch.round round the same way),
+ * so w is within scale / 2 of q x scale.  A group with m = 0 gets scale 1
+ * (its q are 0, dequantized to exactly 0); one whose m / 127 is below
+ * FLT_MIN (2^-126) gets FLT_MIN: never a zero, subnormal or NaN scale, and
+ * q = 0 wherever |w| < FLT_MIN / 2.  -128 is never used (the range is
+ * symmetric).  w must be finite (checkpoint loading refuses a NaN or an
+ * infinity first); a non-finite weight gives q 0 and scale 1 for its group.
+ * Returns 0, or -1 when a shape is invalid (rank outside 1..DUET_MAX_RANK,
+ * a dim below 1, an sshape[d] neither 1 nor shape[d]). */
+int duet_quantize_i8(const float *w, int rank, const int64_t *shape, const int64_t *sshape, signed char *q,
+                     float *scale);
+/* The scale tensor of int8 param i of p (the param `<name>.scale`, f32, of
+ * its rank) or -1 when i is no int8 param or has none. */
+int duet_quant_scale_of(const DuetProgram *p, int i);
+/* Whether p holds int8 weights (a program compiled with --quantize: it
+ * evaluates only). */
+int duet_program_quantized(const DuetProgram *p);
+/* For a program with int8 weights, one line to out: "duet: int8 weights:
+ * 3 tensors, 1861632 bytes and 4128 bytes of f32 scales (7446528 bytes in
+ * f32)"; nothing for another program. */
+void duet_quant_summary(const DuetProgram *p, FILE *out);
+
 /* ------------------------------------------------------------ MPI ranks */
 
 /* Whether an MPI launcher started this process as one of several ranks,

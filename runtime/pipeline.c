@@ -107,6 +107,7 @@ typedef struct Stage {
   char who[40];    /* "stage 1", or "replica 1, stage 0", for messages */
   DuetDevice *dev;
   void *region[DUET_MEM_COUNT]; /* DUET_MEM_ARENA: n_slots activation regions */
+  int64_t allocated; /* bytes of the regions and the device's gradient accumulators (duet_pipe_allocated) */
   int n_slots;
   void ***tab;     /* tab[slot][tensor id]: addresses (NULL: another stage's) */
   void *acc;       /* gradient accumulators: device memory (dev_acc), else host memory */
@@ -122,12 +123,14 @@ typedef struct Stage {
   pthread_t thread;
   bool started;
   int64_t seen;    /* last job run */
+  bool tied_pass;  /* run_steps runs only the optimizer schedule's tied-gradient steps (DuetStep b = 2) */
   int *buckets, n_buckets; /* data parallelism: this stage's buckets, in order */
   DuetCollBuf *cbuf;       /* a bucket's buffers, for the collective */
   int64_t state_lo;        /* ZeRO: the first byte of the state region this replica holds */
   DuetStep *opt;           /* ZeRO: the optimizer steps this replica runs (else the program's) */
   int n_opt;
   int *gathers, n_gathers; /* ZeRO: the all-gathers started in this optimizer step */
+  DuetOffload *off;        /* --offload optimizer: the host's state, master params and update */
 } Stage;
 
 /* The staging of one transfer: M buffers of `stride` bytes in one block. */
@@ -179,6 +182,7 @@ struct DuetPipe {
   bool clip_on;           /* --clip-grad-norm: DUET_PIPE_GRADS measures the gradients (duet_pipe_set_clip) */
   double clip_coef;       /* DUET_PIPE_STEP: below 1, the gradients are scaled by it before the update */
   double *clip_part;      /* [local replica * n_clip + j]: sum of squares of gradient j after DUET_PIPE_GRADS */
+  bool offload;           /* --offload optimizer: every stage's update runs on the host (runtime/offload.c) */
 };
 
 static double now_s(void) {
@@ -239,6 +243,8 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
   for (int i = 0; i < n; i++) {
     const DuetStep *x = &steps[i];
     int rc = 0;
+    bool tied = (x->kind == DUET_STEP_KERNEL || x->kind == DUET_STEP_SEND || x->kind == DUET_STEP_RECV) && x->b == 2;
+    if (tied != st->tied_pass) continue; /* a tied weight's gradient: its own pass (stage_grads) */
     if (x->kind == DUET_STEP_ALLREDUCE) {
       if (train && m == q->M - 1 && bucket_post(st, x->a, m, slot)) return -1;
       continue;
@@ -590,10 +596,19 @@ static int stage_grads(Stage *st) {
     for (int m = 0; m < M; m++)
       if (backward(st, m)) return -1;
   }
-  if (q->R > 1) return replicas_meet(st);
-  for (int i = 0; i < p->n_tensors; i++)
-    if (st->acc_off[i] >= 0 && final_grad(st, i)) return -1;
-  return 0;
+  if (q->R > 1) {
+    if (replicas_meet(st)) return -1;
+  } else {
+    for (int i = 0; i < p->n_tensors; i++)
+      if (st->acc_off[i] >= 0 && final_grad(st, i)) return -1;
+  }
+  /* tied weights: the parts of their gradients summed, the sums crossing
+   * stages and added (the optimizer schedule's steps with b = 2) */
+  const DuetStage *ps = &p->stages[s];
+  st->tied_pass = true;
+  int rc = run_steps(st, st->opt ? st->opt : ps->opt, st->opt ? st->n_opt : ps->n_opt, 0, 0, q->s, true);
+  st->tied_pass = false;
+  return rc;
 }
 
 /* Gradient clipping, after the stage's gradients are final (summed over
@@ -644,9 +659,24 @@ static int train_stage(Stage *st) {
   int s = st->id;
   if (q->phase != DUET_PIPE_STEP && stage_grads(st)) return -1;
   if (q->phase == DUET_PIPE_GRADS && q->clip_on && stage_sumsq(st)) return -1;
+  if (q->phase == DUET_PIPE_GRADS && st->off) { /* --offload: the gradients to the host before the verdict */
+    char e[600];
+    if (q->clip_on) duet_offload_forget(st->off); /* clipping may scale them first */
+    else if (duet_offload_fetch(st->off, st->tab[0], e, sizeof e)) {
+      pipe_fail(q, "%s", e);
+      return -1;
+    }
+  }
   if (q->phase == DUET_PIPE_STEP && q->clip_coef < 1.0 && stage_clip(st)) return -1;
   const DuetStage *ps = &p->stages[s];
-  if (q->phase != DUET_PIPE_GRADS) {
+  if (q->phase != DUET_PIPE_GRADS && st->off) {
+    char e[600];
+    if (q->phase == DUET_RUN_TRAIN) duet_offload_forget(st->off); /* nothing fetched early in a one-job step */
+    if (duet_offload_step(st->off, st->tab[0], q->s, e, sizeof e)) {
+      pipe_fail(q, "%s", e);
+      return -1;
+    }
+  } else if (q->phase != DUET_PIPE_GRADS) {
     if (run_steps(st, st->opt ? st->opt : ps->opt, st->opt ? st->n_opt : ps->n_opt, 0, 0, q->s, true)) {
       st->n_gathers = 0;
       return -1;
@@ -803,7 +833,20 @@ void *duet_pipe_tensor_at(DuetPipe *q, int replica, int id) {
 DuetDevice *duet_pipe_tensor_device_at(DuetPipe *q, int replica, int id) {
   const DuetProgram *p = q->p;
   if (id < 0 || id >= p->n_tensors || replica < 0 || replica >= q->L || host_buffer(p, id)) return NULL;
+  if (q->offload && p->tensors[id].region == DUET_MEM_STATE) return NULL; /* in host memory */
   return q->st[replica * q->S + p->tensors[id].stage].dev;
+}
+
+bool duet_pipe_offload_pinned(const DuetPipe *q) {
+  bool all = q->offload && q->L * q->S > 0;
+  for (int k = 0; all && k < q->L * q->S; k++) all = q->st[k].off && duet_offload_pinned(q->st[k].off);
+  return all;
+}
+
+void duet_pipe_param_written(DuetPipe *q, int id) {
+  const DuetProgram *p = q->p;
+  if (!q->offload || id < 0 || id >= p->n_tensors || p->tensors[id].region != DUET_MEM_PARAM) return;
+  for (int r = 0; r < q->L; r++) duet_offload_invalidate(q->st[r * q->S + p->tensors[id].stage].off);
 }
 
 void *duet_pipe_tensor(DuetPipe *q, int id) { return duet_pipe_tensor_at(q, 0, id); }
@@ -984,6 +1027,7 @@ void duet_pipe_free(DuetPipe *q) {
     free(st->cbuf);
     free(st->opt);
     free(st->gathers);
+    duet_offload_free(st->off);
     if (st->overflow && st->dev) st->dev->ops->free(st->dev, st->overflow);
     if (st->dev) st->dev->ops->destroy(st->dev);
   }
@@ -1106,6 +1150,12 @@ static int setup_transfers(DuetPipe *q, char *err, size_t errlen) {
 }
 
 const char *duet_pipe_transfers(const DuetPipe *q) { return q->paths; }
+
+int duet_pipe_allocated(const DuetPipe *q, int64_t *bytes, int max) {
+  int n = q->L * q->S < max ? q->L * q->S : max;
+  for (int i = 0; i < n; i++) bytes[i] = q->st[i].allocated;
+  return n;
+}
 
 int duet_pipe_env(DuetPipeEnv *e, double timeout, char *err, size_t errlen) {
   *e = (DuetPipeEnv){.timeout = timeout > 0 ? timeout : 120.0, .drop_t = -1, .drop_m = -1, .drop_bucket = -1};
@@ -1610,10 +1660,12 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
   for (int g = 1; g < DUET_MEM_COUNT; g++) {
     size_t b = (size_t)ps->region_bytes[g] * (g == DUET_MEM_ARENA ? (size_t)st->n_slots : 1);
     if (g == DUET_MEM_STATE && p->zero) b = (size_t)(state_hi - st->state_lo);
+    if (g == DUET_MEM_STATE && q->offload) continue; /* in host memory (runtime/offload.c) */
     if (!(st->region[g] = st->dev->ops->alloc(st->dev, b))) {
       snprintf(err, errlen, "%s: %s", st->who, st->dev->err);
       return -1;
     }
+    st->allocated += (int64_t)b;
   }
   if (!(st->tab = zalloc((size_t)st->n_slots * sizeof *st->tab)) ||
       !(st->acc_off = zalloc((size_t)(p->n_tensors + 1) * sizeof *st->acc_off)))
@@ -1628,8 +1680,9 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
       snprintf(err, errlen, "tensor %s lies outside its planned region on stage %d", t->name, k);
       return -1;
     }
-    /* one micro-batch per replica: its gradients are final where they are */
-    if (t->is_grad && !(q->R > 1 && q->M == 1)) {
+    /* one micro-batch per replica: its gradients are final where they are
+     * (data parallelism; --offload optimizer, which copies them from there) */
+    if (t->is_grad && !(q->M == 1 && (q->R > 1 || q->offload))) {
       st->acc_off[i] = acc_bytes;
       acc_bytes += (t->nbytes + 63) & ~(int64_t)63;
     }
@@ -1641,6 +1694,7 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
       snprintf(err, errlen, "%s: gradient accumulators: %s", st->who, st->dev->err);
       return -1;
     }
+    st->allocated += acc_bytes;
   } else if (!(st->acc = zalloc((size_t)acc_bytes))) {
     goto oom;
   }
@@ -1665,11 +1719,20 @@ static int stage_new(DuetPipe *q, int r, int k, const DuetDeviceSpec *spec, cons
       const DuetTensor *t = &p->tensors[i];
       if (t->stage != k) continue;
       size_t base = t->region == DUET_MEM_ARENA ? (size_t)sl * (size_t)ps->region_bytes[DUET_MEM_ARENA] : 0;
-      if (t->region == DUET_MEM_STATE && p->zero) /* ZeRO: another replica's state is not here */
+      if (t->region == DUET_MEM_STATE && q->offload) /* in host memory: set below */
+        st->tab[sl][i] = NULL;
+      else if (t->region == DUET_MEM_STATE && p->zero) /* ZeRO: another replica's state is not here */
         st->tab[sl][i] = zero_holds(q, st->rep, i) ? (char *)st->region[t->region] + (t->offset - st->state_lo) : NULL;
       else
         st->tab[sl][i] = (char *)st->region[t->region] + base + t->offset;
     }
+  }
+  if (q->offload) { /* the state and the master params in host memory, the update on the host */
+    if (!(st->off = duet_offload_new(p, k, st->dev, st->region[DUET_MEM_PARAM], kernels, err, errlen))) return -1;
+    for (int sl = 0; sl < st->n_slots; sl++)
+      for (int i = 0; i < p->n_tensors; i++)
+        if (p->tensors[i].stage == k && p->tensors[i].region == DUET_MEM_STATE)
+          st->tab[sl][i] = duet_offload_state(st->off, p->tensors[i].offset);
   }
   if (q->R > 1) { /* the stage's buckets, in order */
     if (!(st->buckets = zalloc((size_t)p->n_buckets * sizeof *st->buckets))) goto oom;
@@ -1793,6 +1856,11 @@ DuetPipe *duet_pipe_new_ranks(const DuetProgram *p, const DuetKernelFn *kernels,
   q->M = q->Mt / R;
   q->schedule = cfg->schedule;
   q->drop_t = q->drop_m = -1;
+  q->offload = duet_offload_on(cfg);
+  if (duet_offload_check(p, cfg, err, errlen)) {
+    free(q);
+    return NULL;
+  }
   if (q->M < 1 || q->M * R != q->Mt) {
     snprintf(err, errlen, "%d micro-batches do not split among %d replicas", q->Mt, R);
     free(q);

@@ -102,6 +102,12 @@ int duet_pipe_run(DuetPipe *q, int which, const double *s, int64_t n_valid, char
  * ends in " (forced by DUET_PIPE_STAGING=host)" when that variable forced
  * host staging.  Empty when no tensor crosses a stage.  Lives as long as q. */
 const char *duet_pipe_transfers(const DuetPipe *q);
+/* The bytes each stage allocated on its device for its regions (the
+ * activation region once per micro-batch in flight) and, when the device
+ * sums them, its gradient accumulators, as `duet plan` counts them (not the
+ * overflow flags or transfer staging): bytes[r * S + k] for this process's
+ * replica r, stage k; returns how many were written (at most max). */
+int duet_pipe_allocated(const DuetPipe *q, int64_t *bytes, int max);
 
 /* A training step in two parts, for fp16 loss scaling (the decision to
  * skip the update needs every stage's overflow flags): `which` =
@@ -174,5 +180,55 @@ int duet_pipe_serve_states(DuetPipe *q, char *err, size_t errlen);
  * split over the OpenMP threads without changing a bit.  The CPU device's
  * accumulate op, and the pipeline's host-side gradient sums. */
 void duet_host_accumulate(void *dst, const void *src, int64_t n, int dtype, int first);
+
+/* ------------------------------------------- optimizer offload (runtime/offload.c) */
+
+/* cfg asks for --offload optimizer (cfg->offload, the program's default
+ * merged in). */
+bool duet_offload_on(const DuetConfig *cfg);
+/* What offload cannot run with: a program not pipelined (a compiled
+ * executable built without --offload), data parallelism, pruning, a
+ * decoding program.  0 (also when offload is off), or -1 with the one-line
+ * message in err. */
+int duet_offload_check(const DuetProgram *p, const DuetConfig *cfg, char *err, size_t errlen);
+/* One stage's host side: host memory (page-locked through dev's host_alloc
+ * where it has one) for an f32 master copy of the stage's param region,
+ * its state region (the device allocates none) and the gradients its
+ * optimizer schedule reads; a CPU device running `kernels` (the C
+ * kernels; NULL is an error).  dev_params: the param region on dev.  NULL
+ * with a message (out of memory, a schedule step that is no kernel). */
+typedef struct DuetOffload DuetOffload;
+DuetOffload *duet_offload_new(const DuetProgram *p, int stage, DuetDevice *dev, void *dev_params,
+                              const DuetKernelFn *kernels, char *err, size_t errlen);
+/* "duet: optimizer offload: ..." on stdout: the host's bytes, the copies per step. */
+void duet_offload_print(const DuetProgram *p, const DuetSession *s);
+/* The host address of byte `offset` of the stage's state region. */
+void *duet_offload_state(DuetOffload *o, int64_t offset);
+/* The device's params were written (initialisation, a checkpoint): the
+ * next update first copies them to the master copy. */
+void duet_offload_invalidate(DuetOffload *o);
+/* Host bytes held (master copy, state, gradient copies); whether pinned. */
+int64_t duet_offload_host_bytes(const DuetOffload *o);
+bool duet_offload_pinned(const DuetOffload *o);
+/* The stage's gradients (dtab: its device tensor table) copied to the host
+ * now, as soon as they are final, for the next duet_offload_step (fp16
+ * loss scaling: while the other stages finish theirs and the step's
+ * verdict is taken); duet_offload_forget drops them (they are to change:
+ * clipping scales them on the device first).  0, or -1 with a message. */
+int duet_offload_fetch(DuetOffload *o, void *const *dtab, char *err, size_t errlen);
+void duet_offload_forget(DuetOffload *o);
+/* The stage's optimizer update on the host: the gradients to the host
+ * (unless duet_offload_fetch brought them), the schedule's kernels with
+ * the runtime scalars s, the params back to the device.  0, or -1 with a
+ * message naming the stage and the tensor. */
+int duet_offload_step(DuetOffload *o, void *const *dtab, const double *s, char *err, size_t errlen);
+void duet_offload_free(DuetOffload *o);
+/* Pipelines: params of tensor id's stage were written on the device (the
+ * session's writes; runtime/cpu.c). */
+void duet_pipe_param_written(DuetPipe *q, int id);
+/* --offload optimizer: every stage's host memory is page-locked (its
+ * device has host_alloc: CUDA); duet_session_offload_pinned for a session. */
+bool duet_pipe_offload_pinned(const DuetPipe *q);
+bool duet_session_offload_pinned(const DuetSession *s);
 
 #endif

@@ -40,14 +40,14 @@
 
 /* ------------------------------------------------------------- dtypes */
 
-/* Every dtype of the format, with its size in bytes; duet reads six. */
+/* Every dtype of the format, with its size in bytes; duet reads seven. */
 static const struct {
   const char *name;
   int size;
   int duet; /* DUET_* or DUET_VOID when duet has no such element type */
 } st_dtypes[] = {
     {"F32", 4, DUET_F32}, {"F64", 8, DUET_F64},     {"I32", 4, DUET_I32},     {"BOOL", 1, DUET_VOID},
-    {"U8", 1, DUET_U8},   {"I8", 1, DUET_VOID},     {"F8_E5M2", 1, DUET_VOID}, {"F8_E4M3", 1, DUET_VOID},
+    {"U8", 1, DUET_U8},   {"I8", 1, DUET_I8},     {"F8_E5M2", 1, DUET_VOID}, {"F8_E4M3", 1, DUET_VOID},
     {"I16", 2, DUET_VOID}, {"U16", 2, DUET_VOID},   {"F16", 2, DUET_F16},     {"BF16", 2, DUET_BF16},
     {"U32", 4, DUET_VOID}, {"I64", 8, DUET_VOID},   {"U64", 8, DUET_VOID},
 };

@@ -82,6 +82,9 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --zero 1           ZeRO stage 1: each replica keeps and updates only its shard of the\n"
           "                     optimizer state (whole tensors); gradients reduce-scattered, params\n"
           "                     all-gathered (needs --data-parallel N >= 2; fixed at compile time)\n"
+          "  --offload O        none (default) or optimizer: the optimizer state and an f32 master copy of\n"
+          "                     the params in host memory (pinned on CUDA), the update on the CPU, the\n"
+          "                     gradients to the host and the params back each step (ZeRO-Offload)\n"
           "  --help             this text\n"
           "Results depend on --threads (OpenBLAS sums in an order set by its thread count).\n"
           "Under mpirun -np N (or srun --mpi=pmix) each rank is one of N replicas on its own --devices\n"
@@ -310,7 +313,7 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
                                         "--metrics", "--batch", "--loss-scale", "--min-loss-scale",
                                         "--devices", "--micro-batches", "--schedule", "--data-parallel",
                                         "--bucket-mb", "--zero", "--lr-schedule", "--warmup", "--min-lr",
-                                        "--clip-grad-norm", "--checkpoint", "--keep"};
+                                        "--clip-grad-norm", "--checkpoint", "--keep", "--offload"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
     int is_known = 0, fixed_k = -1;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
@@ -407,6 +410,7 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
       rc = duet_parse_zero(val, &z);
       c->zero = 1 + z;
     }
+    else if (!strcmp(flag, "--offload")) rc = duet_parse_offload(val, &c->offload);
     else if (!strcmp(flag, "--schedule")) {
       if (!strcmp(val, "gpipe")) c->schedule = DUET_SCHEDULE_GPIPE;
       else if (!strcmp(val, "1f1b")) c->schedule = DUET_SCHEDULE_1F1B;
@@ -443,6 +447,11 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
   }
   if (c->save_every > 0 && !c->save_path) {
     fprintf(stderr, "duet: error: --save-every needs --save PATH (where to write the checkpoints)\n");
+    return 1;
+  }
+  if (!c->eval_only && duet_program_quantized(p)) { /* int8 weights: passes/quantize.c */
+    fprintf(stderr, "duet: error: this program's weights are int8 (compiled with --quantize): it evaluates a "
+                    "trained checkpoint and cannot train; give --eval-only --checkpoint CK\n");
     return 1;
   }
   if (c->keep_best && no_eval) {
@@ -1239,6 +1248,11 @@ static int check_compiled(const DuetProgram *p, const DuetConfig *cfg) {
                     "clip_grad_norm in the train section)\n");
     return 1;
   }
+  char oe[400];
+  if (duet_offload_check(p, cfg, oe, sizeof oe)) {
+    fprintf(stderr, "duet: error: %s\n", oe);
+    return 1;
+  }
   double want = p->bucket_mb > 0 ? p->bucket_mb : 25.0;
   if (R > 1 && cfg->bucket_mb > 0 && cfg->bucket_mb != want) {
     fprintf(stderr, "duet: error: this program's all-reduce buckets were made for --bucket-mb %g, not %g (fixed at "
@@ -1289,6 +1303,7 @@ static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kerne
  * stages) when tensors cross stages, and "duet: data parallel: ..." for
  * data-parallel ones. */
 static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const DuetSession *s, DuetDist *dist) {
+  if (!cfg->quiet) duet_session_print_allocated(s, stdout);
   if (p->n_stages < 1 || cfg->quiet) return;
   int R = p->replicas > 1 ? p->replicas : 1;
   int S = p->n_stages, Mt = p->micro_batches > 0 ? p->micro_batches : 1, M = Mt / R;
@@ -1344,6 +1359,7 @@ static void print_pipeline(const DuetProgram *p, const DuetConfig *cfg, const Du
              (double)most / 1048576.0, (double)all / 1048576.0, all > 0 ? 100.0 * (double)most / (double)all : 0.0);
     }
   }
+  if (duet_offload_on(cfg)) duet_offload_print(p, s);
   fflush(stdout);
 }
 
@@ -1548,9 +1564,9 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
            " per epoch), seed %" PRIu64 "\n",
            p->model_name, n_params, cfg.optimizer == DUET_OPTIM_SGD ? "sgd" : "adamw", cfg.lr, B, total, per_epoch,
            cfg.seed);
-    printf("duet: memory: params %.1f MiB, optimizer state %.1f MiB, activations %.1f MiB (planned)\n",
+    printf("duet: memory: params %.1f MiB, optimizer state %.1f MiB%s, activations %.1f MiB (planned)\n",
            (double)p->region_bytes[DUET_MEM_PARAM] / 1048576.0, (double)p->region_bytes[DUET_MEM_STATE] / 1048576.0,
-           (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
+           duet_offload_on(&cfg) ? " (host)" : "", (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
   print_pipeline(p, &cfg, s, dist);
@@ -1858,9 +1874,9 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
            " steps, %s %s (%" PRId64 " %s: %" PRId64 " train, %" PRId64 " validation)\n",
            p->model_name, n_params, cfg.optimizer == DUET_OPTIM_SGD ? "sgd" : "adamw", cfg.lr, B, T, total,
            toks ? "tokens" : "text", cfg.data_path, td.n, toks ? "tokens" : "bytes", td.n_train, td.n - td.n_train);
-    printf("duet: memory: params %.1f MiB, optimizer state %.1f MiB, activations %.1f MiB (planned)\n",
+    printf("duet: memory: params %.1f MiB, optimizer state %.1f MiB%s, activations %.1f MiB (planned)\n",
            (double)p->region_bytes[DUET_MEM_PARAM] / 1048576.0, (double)p->region_bytes[DUET_MEM_STATE] / 1048576.0,
-           (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
+           duet_offload_on(&cfg) ? " (host)" : "", (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
   print_pipeline(p, &cfg, s, dist);
@@ -2327,6 +2343,7 @@ static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const Du
     fprintf(stderr, "duet: error: %s\n", err);
     goto out;
   }
+  if (!cfg->quiet) duet_quant_summary(p, stdout); /* int8 weights (--quantize): their bytes */
   if (duet_evaluate(s, cfg, &r, err, sizeof err)) {
     fprintf(stderr, "duet: error: evaluation: %s\n", err);
     goto out;

@@ -33,7 +33,7 @@ for c in compile ir emit check plan; do
   expect ${c}_help_prune 0 "--prune-initial S, --prune-params P (as duet run --help describes them)." "$DUET" $c --help
 done
 expect missing_model 1 "nofile.model: error: cannot open file: No such file or directory" "$DUET" check nofile.model
-expect unknown_pass 1 "duet: error: unknown pass 'nosuch'; passes: shape autodiff optimizer eval prune precision fuse partition data_parallel recompute memplan" \
+expect unknown_pass 1 "duet: error: unknown pass 'nosuch'; passes: shape qat autodiff optimizer eval prune quantize precision fuse partition data_parallel recompute memplan" \
   "$DUET" ir $M --after nosuch
 expect unknown_target 1 "duet: error: unknown target 'ptx' (available: c, cuda)" "$DUET" emit $M --target ptx
 expect bad_lr 1 "duet: error: --lr expects a number >= 0, got 'abc'" "$DUET" run $M --lr abc
@@ -121,11 +121,11 @@ before_compile gemm_acc_cpu_stage_before_compile "duet: error: --gemm-accumulate
   "$DUET" run $M --gemm-accumulate fp16 --precision fp16 --steps 1 --devices cpu:0,cpu:1
 # memory: duet run on its default CPU device checks what duet plan counts against the memory available
 # (DUET_HOST_MEMORY makes it machine-independent; without it, MemAvailable or the cgroup limit)
-DUET_HOST_MEMORY=16MiB before_compile memory_no_fit "duet: error: the model does not fit the memory of cpu: it needs 41.27 MiB (weights 7.11, grads 7.11, optimizer state 14.22, activations 12.83 MiB), and 16.00 MiB are available (DUET_HOST_MEMORY); see duet plan" \
+DUET_HOST_MEMORY=16MiB before_compile memory_no_fit "duet: error: the model does not fit the memory of cpu: it needs 34.16 MiB (weights 7.11, grads 0.00, optimizer state 14.22, activations 12.83 MiB), and 16.00 MiB are available (DUET_HOST_MEMORY): 19039424 bytes too many; what would help: --recompute blocks or auto, --precision fp16 (or bf16), --optimizer-state int8, more --devices (stages), --micro-batches N with --schedule 1f1b, a smaller --batch; duet plan --fit searches them" \
   "$DUET" run $M --steps 1
-DUET_HOST_MEMORY=16MiB before_compile memory_no_fit_devices_cpu "duet: error: the model does not fit the memory of cpu: it needs 41.27 MiB (weights 7.11, grads 7.11, optimizer state 14.22, activations 12.83 MiB), and 16.00 MiB are available (DUET_HOST_MEMORY); see duet plan" \
+DUET_HOST_MEMORY=16MiB before_compile memory_no_fit_devices_cpu "duet: error: the model does not fit the memory of cpu: it needs 34.16 MiB (weights 7.11, grads 0.00, optimizer state 14.22, activations 12.83 MiB), and 16.00 MiB are available (DUET_HOST_MEMORY): 19039424 bytes too many; what would help: --recompute blocks or auto, --precision fp16 (or bf16), --optimizer-state int8, more --devices (stages), --micro-batches N with --schedule 1f1b, a smaller --batch; duet plan --fit searches them" \
   "$DUET" run $M --steps 1 --devices cpu
-DUET_HOST_MEMORY=16MiB expect memory_no_fit_plan 1 "  memory: weights 7.11 MiB, grads 7.11 MiB (summed over the micro-batches), optimizer state 14.22 MiB, activations 12.83 MiB (1 micro-batch in flight x 12.83 MiB, with their gradients): 41.27 MiB of 16.00 MiB (DUET_HOST_MEMORY)  DOES NOT FIT" \
+DUET_HOST_MEMORY=16MiB expect memory_no_fit_plan 1 "  memory: weights 7.11 MiB, grads 0.00 MiB (summed over the micro-batches), optimizer state 14.22 MiB, activations 12.83 MiB (1 micro-batch in flight x 12.83 MiB, with their gradients): 34.16 MiB of 16.00 MiB (DUET_HOST_MEMORY)  DOES NOT FIT" \
   "$DUET" plan $M
 DUET_HOST_MEMORY=lots before_compile memory_bad_override "duet: error: DUET_HOST_MEMORY must be a size such as 8GiB, 512MiB or 1000000 (bytes), got 'lots'" \
   "$DUET" run $M --steps 1
@@ -134,7 +134,7 @@ DUET_HOST_MEMORY=64MiB expect memory_fits 0 "duet: trained 1 step" sh -c "'$DUET
 { printf 'model huge\ninput x: f32[batch, 784]\ninput y: i32[batch]\nparam w1: [784, 268435456] = zeros\n'
   printf 'param w2: [268435456, 10] = zeros\nloss = cross_entropy((x @ w1) @ w2, y)\ntrain {\n  batch = 8\n}\n'; } > "$d/huge.model"
 out=$(DUET_CACHE_DIR="$d/cache-huge" "$DUET" run "$d/huge.model" --data /usr/share/datasets/fashion-mnist --steps 1 2>&1); rc=$?
-if [ $rc -eq 1 ] && printf '%s\n' "$out" | grep -Eq '^duet: error: the model does not fit the memory of cpu: it needs 4081664.02 MiB \(.*\), and [0-9.]+ MiB are available \((MemAvailable in /proc/meminfo|the cgroup limit in /sys/fs/cgroup/.*)\); see duet plan$' &&
+if [ $rc -eq 1 ] && printf '%s\n' "$out" | grep -Eq '^duet: error: the model does not fit the memory of cpu: its weights alone take 813056.00 MiB \(852551008256 bytes\), more than the [0-9.]+ MiB available \((MemAvailable in /proc/meminfo|the cgroup limit in /sys/fs/cgroup/.*)\); only more --devices \(stages\) or more memory help$' &&
    ! printf '%s\n' "$out" | grep -q '^duet: kernels' && [ -z "$(ls -A "$d/cache-huge" 2>/dev/null)" ]; then
   echo "ok memory_huge_model"; pass=$((pass + 1))
 else echo "FAIL memory_huge_model: exit $rc"; printf '%s\n' "$out" | head -3; fail=$((fail + 1)); fi

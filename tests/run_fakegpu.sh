@@ -15,7 +15,7 @@
 #     on sm_80), run_train_gpu.sh, run_precision_gpu.sh,
 #     run_pipeline_gpu.sh (one fake GPU as two devices, cpu + GPU, and two
 #     fake GPUs without and with peer access), run_prune_gpu.sh and
-#     run_adamw8_gpu.sh (part prune), run_data_parallel_gpu.sh
+#     run_adamw8_gpu.sh and run_quantize_gpu.sh (part prune), run_data_parallel_gpu.sh
 #     (one fake GPU as two replicas, summed device-to-device; two fake GPUs
 #     with the fake's NCCL, forced to shared memory, without NCCL; three
 #     fake GPUs, whose ring order must differ from the replica order in
@@ -39,13 +39,15 @@
 #     --zero 1 across 2 ranks over NCCL equals cuda:0 with 2 micro-batches;
 #     a hung collective (DUET_FAKE_NCCL_HANG) ends the run within
 #     DUET_PIPE_TIMEOUT; DUET_DP_COLLECTIVE=nccl on CPU ranks is refused.
+# 8. Optimizer offload (part offload): tests/gpu/run_offload_gpu.sh on two fake GPUs; a card
+#    too small for the run without offload (DUET_FAKE_MEM) trains with it.
 # Parts (ctest runs each as its own test): cli (1-4), ops, train,
 # precision, pipeline, prune, dataparallel (5, 6), mpi (7).  The emulator's seed (DUET_EMU_SEED, README
 # "The emulator") is printed first, one for the whole part.  Skips (77) when the plugin or the fake was not
 # built (no CUDA toolkit) or there is no C++ compiler.
 # usage: run_fakegpu.sh BUILD_DIR PART   (from the repository root)
-B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi}
-PART=${2:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi}
+B=${1:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi|offload}
+PART=${2:?usage: run_fakegpu.sh BUILD_DIR cli|ops|train|precision|pipeline|prune|dataparallel|mpi|offload}
 DUET=$B/duet
 PLUGIN=$B/libduet_cuda.so
 FAKE=$B/fakegpu/libduet_fakegpu.so
@@ -102,6 +104,15 @@ cli)
   has "$tmp/dev" "cuda:0  fakegpu sm_60 (host emulation), compute capability 6.0, 16.0 GiB, driver 12.8, NVRTC 12.9" devices
   DUET_FAKE_GPUS=2 "$DUET" devices > "$tmp/dev2" 2>&1
   has "$tmp/dev2" "cuda:1  fakegpu sm_60" two_devices
+  # a cuda:N device's memory: the card's free memory (cuMemGetInfo; DUET_FAKE_MEM), shared by stages on one GPU
+  DUET_FAKE_MEM=100MiB "$DUET" plan tests/models/gpt_tiny.model --devices cuda:0 > "$tmp/mem1" 2>&1
+  has "$tmp/mem1" ": 0.86 MiB of 100.00 MiB (cuMemGetInfo: free memory of cuda:0)" device_memory_free
+  DUET_FAKE_MEM=100MiB "$DUET" plan tests/models/gpt_tiny.model --devices cuda:0,cuda:0 > "$tmp/mem2" 2>&1
+  has "$tmp/mem2" " of 50.00 MiB (cuMemGetInfo: free memory of cuda:0, shared by its stages)" device_memory_shared
+  DUET_FAKE_MEM=100MiB "$DUET" run models/gpt_kjv.model --devices cuda:0 --steps 1 > "$tmp/mem3" 2>&1
+  has "$tmp/mem3" "duet: error: the model does not fit the memory of cuda:0: it needs 201.67 MiB (weights 12.43, grads 0.00, optimizer state 24.86, activations 164.39 MiB), and 100.00 MiB are available (cuMemGetInfo: free memory of cuda:0): 106613248 bytes too many; what would help: --recompute blocks or auto, --precision fp16 (or bf16), --optimizer-state int8, more --devices (stages), --micro-batches N with --schedule 1f1b, a smaller --batch; duet plan --fit searches them" device_memory_refused
+  DUET_FAKE_MEM=100MiB "$DUET" plan tests/models/gpt_tiny.model --devices cuda:0 --device-memory 1GiB > "$tmp/mem4" 2>&1
+  has "$tmp/mem4" " of 1.00 GiB (--device-memory 1GiB = 1073741824 bytes)" device_memory_flag
   # 2, 3. target selection and the kernel cache
   "$DUET" run $TINY --devices cuda:0 > "$tmp/sass" 2>&1
   has "$tmp/sass" "sm_60 SASS compiled by NVRTC 12.9" sass_sm60
@@ -111,8 +122,11 @@ cli)
   has "$tmp/ptx" "compute_90 PTX compiled by NVRTC 12.0" ptx_below_card
   if DUET_FAKE_NVRTC=13.0 "$DUET" run $TINY --devices cuda:0 > "$tmp/nv13" 2>&1; then bad "NVRTC 13 on sm_60 ran"; fi
   has "$tmp/nv13" "fakegpu sm_60 (host emulation) (compute capability 6.0, sm_60) is not supported by NVRTC 13.0, whose oldest target is sm_75; CUDA 12.x supports it" nvrtc13_sm60
-  # 4. out of GPU memory
-  if DUET_FAKE_MEM=64KiB "$DUET" run $TINY --devices cuda:0 > "$tmp/oom" 2>&1; then bad "64 KiB GPU ran"; fi
+  # 4. out of GPU memory: refused by the plan (the card's free memory), and, past the plan with a
+  # --device-memory larger than the card, by the allocation
+  if DUET_FAKE_MEM=64KiB "$DUET" run $TINY --devices cuda:0 > "$tmp/oomp" 2>&1; then bad "64 KiB GPU ran"; fi
+  has "$tmp/oomp" "duet: error: the model does not fit the memory of cuda:0: its weights alone take 0.13 MiB (136704 bytes), more than the 0.06 MiB available (cuMemGetInfo: free memory of cuda:0); only more --devices (stages) or more memory help" out_of_memory_planned
+  if DUET_FAKE_MEM=64KiB "$DUET" run $TINY --devices cuda:0 --device-memory 1GiB > "$tmp/oom" 2>&1; then bad "64 KiB GPU ran"; fi
   has "$tmp/oom" "of GPU memory: out of memory" out_of_memory
   ;;
 # 5. the gpu-labelled tests
@@ -125,12 +139,27 @@ precision) t gpu_precision sh tests/gpu/run_precision_gpu.sh "$DUET" ;;
 prune)
   t gpu_prune sh tests/gpu/run_prune_gpu.sh "$DUET"
   t gpu_adamw8 sh tests/gpu/run_adamw8_gpu.sh "$DUET"
+  t gpu_quantize sh tests/gpu/run_quantize_gpu.sh "$DUET"
   ;;
 pipeline)
   DUET_FAKE_GPUS=2 t gpu_pipeline_staged sh tests/gpu/run_pipeline_gpu.sh "$DUET"
   has "$tmp/gpu_pipeline_staged.log" "ok pair path (duet: pipeline transfers: stage 0 -> 1 staged through pinned host memory" pair_staged
   DUET_FAKE_GPUS=2 DUET_FAKE_P2P=1 t gpu_pipeline_p2p sh tests/gpu/run_pipeline_gpu.sh "$DUET"
   has "$tmp/gpu_pipeline_p2p.log" "ok pair path (duet: pipeline transfers: stage 0 -> 1 peer-to-peer" pair_p2p
+  ;;
+offload)
+  DUET_FAKE_GPUS=2 t gpu_offload sh tests/gpu/run_offload_gpu.sh "$DUET"
+  has "$tmp/gpu_offload.log" "ok two equals off" offload_two_stages
+  # the device holds no optimizer state: gpt_tiny needs 136,704 bytes of
+  # params + 273,408 of AdamW state + 494,144 of activations (883 KiB) on
+  # cuda:0 without offload, 616 KiB with it (one micro-batch: no gradient
+  # accumulators); a 700 KiB card runs only the latter (the former is
+  # refused at plan time against the card's free memory)
+  DUET_FAKE_MEM=700KiB "$DUET" run $TINY --devices cuda:0 > "$tmp/mem_none" 2>&1 && bad "700 KiB: ran without offload"
+  has "$tmp/mem_none" "cuda:0 needs 904256 bytes, 187456 more than its 716800" offload_mem_none
+  if DUET_FAKE_MEM=700KiB "$DUET" run $TINY --devices cuda:0 --offload optimizer > "$tmp/mem_off" 2>&1; then
+    ok "700 KiB: trains with offload"
+  else bad "700 KiB: offload did not run:"; tail -3 "$tmp/mem_off"; fi
   ;;
 dataparallel)
   DP_PART=local DUET_FAKE_GPUS=4 t gpu_data_parallel sh tests/gpu/run_data_parallel_gpu.sh "$DUET"

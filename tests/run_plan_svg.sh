@@ -50,10 +50,10 @@ check mlp_no_fit $MLP gpipe 4 1 20971520 -- --devices 20MiB:sm_60,20MiB:sm_60
 if grep -q '^duet: error: the model does not fit the memory of 20MiB:sm_60' "$d/mlp_no_fit.err"; then ok no_fit_error
 else bad no_fit_error; cat "$d/mlp_no_fit.err"; fi
 
-expect format_bad 1 "duet: error: --format expects text or svg, got 'png'" "$DUET" plan $MLP --format png
+expect format_bad 1 "duet: error: --format expects text, json or svg, got 'png'" "$DUET" plan $MLP --format png
 expect format_nodes 1 "duet: error: --format svg draws one layout; --nodes compares several (use --format text)" \
   "$DUET" plan $MLP --format svg --nodes 2
-expect plan_help 0 "                [--format text|svg]" "$DUET" plan --help
+expect plan_help 0 "                [--device-memory SIZE] [--format text|json|svg] [--fit]" "$DUET" plan --help
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

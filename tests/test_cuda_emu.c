@@ -28,7 +28,8 @@
  * largest fraction of its bounds used.  --perturb KIND REL multiplies one
  * kernel's outputs by 1 + REL (ctest cuda_emu_catches_*: must fail).
  * Covers every op case of tests/op_cases.h in f32 and f64,
- * tests/models/gpt_tiny.model, a two-layer GPT with dropout under
+ * tests/models/gpt_tiny.model, int8 weights (--quantize: the dequantize
+ * kernels, evaluation only, f32 and fp16), a two-layer GPT with dropout under
  * activation recomputation (gpt_mini_recompute) and six of the larger
  * cases (multi-block paths) in f32; decoding (attention_decode with
  * key/value caches, rope at the step's position, grouped-query caches) of
@@ -95,6 +96,9 @@ static int64_t run_pos;
  * caches) and runs this many steps, one token each at positions 0, 1, ...,
  * instead of a training step. */
 static int run_decode;
+/* When set: run_case compiles the model with --quantize run_quantize (int8
+ * weights: an evaluation program) and runs only the evaluation. */
+static const char *run_quantize;
 
 /* Whether kernel K writes its buffer b: a stored buffer (elementwise), or
  * its last one. */
@@ -719,7 +723,7 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
   char what[160], err[1024];
   snprintf(what, sizeof what, "%s (%s)", c->name, precision ? precision : dt == DT_F64 ? "f64" : "f32");
   FrontendOptions fo = {.float_dtype = dt, .decode = run_decode > 0, .batch = run_decode > 0 ? 1 : 0};
-  if (tmodel_open_prec(&t, c->name, c->src, &fo, precision ? precision : "fp32")) {
+  if (tmodel_open_quant(&t, c->name, c->src, &fo, precision ? precision : "fp32", run_quantize)) {
     fprintf(stderr, "FAIL %s: does not compile\n", what);
     return 1;
   }
@@ -846,6 +850,7 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
   int n_runs = strncmp(c->name, "adamw8", 6) ? 3 : 4; /* 8-bit state: a second step decodes the first's */
   for (int k = 0; k < n_runs && !fails && !run_decode; k++) {
     if (runs[k] == DUET_RUN_EVAL && p->n_eval == 0) continue;
+    if (run_quantize && runs[k] != DUET_RUN_EVAL) continue; /* int8 weights: evaluation only */
     if (duet_session_run(t.s, runs[k]) || duet_session_run(es, runs[k])) {
       fprintf(stderr, "FAIL %s: run failed: cpu '%s', emulated '%s'\n", what, duet_session_error(t.s),
               duet_session_error(es));
@@ -1484,6 +1489,46 @@ int main(int argc, char **argv) {
                "train {\n  optimizer = adamw(lr = 1e-2, weight_decay = 0.1, state = int8)\n}\n%s",
                k ? "prune {\n  sparsity = 0.5\n  params = \"w, v\"\n}\n" : "");
       Case c = {k ? "adamw8_prune" : "adamw8", text, 8};
+      failed += run_case(&c, DT_F32, NULL, dir);
+      failed += run_case(&c, DT_F32, "fp16", dir);
+      ran += 2;
+    }
+  }
+  /* int8 weights (--quantize int8, int8-tensor): the dequantize kernels
+   * (i8 weights x f32 scales broadcast per output channel of a convolution
+   * [out, in, kh, kw], of x @ w [in, out], of x @ transpose(v) [out, in];
+   * or one per tensor) and the GEMMs they feed, an evaluation in f32 and
+   * fp16 (dequantize, then a cast to fp16) */
+  if (argc == 1 || !strcmp(argv[1], "quantize")) {
+    static const char *const modes[2] = {"int8", "int8-tensor"};
+    for (int k = 0; k < 2; k++) {
+      const char *text = "model quantize\ninput x: f32[4, 18]\ninput y: i32[4]\nparam cw: [4, 2, 2, 2]\n"
+                         "param w: [64, 8]\nparam b: [8] = zeros\nparam v: [5, 8]\n"
+                         "c = conv2d(reshape(x, 4, 2, 3, 3), cw, padding = 1)\n"
+                         "loss = cross_entropy(relu(flatten(c) @ w + b) @ transpose(v), y)\n";
+      Case c = {k ? "quantize_tensor" : "quantize", text, 5};
+      run_quantize = modes[k];
+      failed += run_case(&c, DT_F32, NULL, dir);
+      failed += run_case(&c, DT_F32, "fp16", dir);
+      run_quantize = NULL;
+      ran += 2;
+    }
+  }
+  /* quantization-aware training (quantize { weights = int8  mode = qat }):
+   * the fake_quantize kernels and the max_to maxima they read, forward,
+   * backward (straight-through) and a training step, f32 and fp16, per
+   * channel and per tensor */
+  if (argc == 1 || !strcmp(argv[1], "qat")) {
+    for (int k = 0; k < 2; k++) {
+      char text[1024];
+      snprintf(text, sizeof text,
+               "model qat\ninput x: f32[4, 18]\ninput y: i32[4]\nparam cw: [4, 2, 2, 2]\n"
+               "param w: [64, 8]\nparam b: [8] = zeros\nparam v: [5, 8]\n"
+               "c = conv2d(reshape(x, 4, 2, 3, 3), cw, padding = 1)\n"
+               "loss = cross_entropy(relu(flatten(c) @ w + b) @ transpose(v), y)\n"
+               "train {\n  optimizer = adamw(lr = 1e-2)\n}\n"
+               "quantize { weights = int8, mode = qat, granularity = %s }\n", k ? "tensor" : "channel");
+      Case c = {k ? "qat_tensor" : "qat", text, 5};
       failed += run_case(&c, DT_F32, NULL, dir);
       failed += run_case(&c, DT_F32, "fp16", dir);
       ran += 2;

@@ -17,7 +17,9 @@
  *    shared-memory limits) and PTX for compute_60 (.target sm_60 and an
  *    entry point per kernel); with attention, the f32 decoding program
  *    (duet sample) as a CUBIN; every op case of tests/op_cases.h (every
- *    kernel kind, forward and backward) in f32, f64 and fp16 as a CUBIN.
+ *    kernel kind, forward and backward) in f32, f64 and fp16 as a CUBIN;
+ *    fmnist_mlp with int8 weights (--quantize int8) in f32 and fp16, a
+ *    CUBIN and PTX.
  *    Models of more than 400 kernels in f32 (GPT-2 small) are left to
  *    `--large`, which compiles only them, the same four ways.  Sanitizer
  *    builds compile fmnist_mlp only (and skip --large).
@@ -149,6 +151,31 @@ static void test_model(Run *r, const char *path) {
     if (!variants[v].decode) compile_one(r, what, src, 0, n_fns);
   }
   arena_free(a);
+}
+
+/* int8 weights (--quantize int8): fmnist_mlp in f32 and fp16, a CUBIN for
+ * sm_60 and PTX (the P100 has no DP4A: the dequantize kernels widen the
+ * int8 weights to f32 for the f32 or fp16 GEMM; fmnist_cnn's are the same
+ * kernels, compiled for compute_60 by test_nvrtc). */
+static void test_quantized(Run *r) {
+  static const char *const models[1] = {DUET_SOURCE_DIR "/models/fmnist_mlp.model"};
+  for (int m = 0; m < 1; m++)
+    for (int h = 0; h < 2; h++) {
+      Arena *a = arena_new(1 << 20);
+      CgProgram *cp = lower_model_quant(a, models[m], NULL, DT_F32, false, h ? "fp16" : "fp32", "int8");
+      char what[1200];
+      snprintf(what, sizeof what, "%s (%s, --quantize int8)", models[m], h ? "fp16" : "f32");
+      if (!cp) {
+        fprintf(stderr, "FAIL %s: does not compile\n", what);
+        r->failures++;
+      } else {
+        int n_fns = 0;
+        char *src = codegen_emit_cuda(cp, a, NULL, &n_fns);
+        compile_one(r, what, src, 1, n_fns);
+        compile_one(r, what, src, 0, n_fns);
+      }
+      arena_free(a);
+    }
 }
 
 static void test_dir(Run *r, const char *dir) {
@@ -285,6 +312,7 @@ int main(int argc, char **argv) {
     test_dir(&r, DUET_SOURCE_DIR "/models");
     test_dir(&r, DUET_SOURCE_DIR "/tests/models");
     if (!r.large) test_op_cases(&r);
+    if (!r.large) test_quantized(&r);
   }
   printf("NVRTC %d.%d: %d compiles for sm_60 in %.1f s (%.1f s CPU; %.1f s in all)\n", vma, vmi, r.compiles,
          r.seconds, r.cpu, now() - t0);

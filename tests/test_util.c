@@ -20,6 +20,11 @@ int tmodel_open_opt(TModel *t, const char *name, const char *text, const Fronten
 
 int tmodel_open_prec(TModel *t, const char *name, const char *text, const FrontendOptions *fo_in,
                      const char *precision) {
+  return tmodel_open_quant(t, name, text, fo_in, precision, NULL);
+}
+
+int tmodel_open_quant(TModel *t, const char *name, const char *text, const FrontendOptions *fo_in,
+                      const char *precision, const char *quantize) {
   FrontendOptions fo = *fo_in;
   memset(t, 0, sizeof *t);
   t->arena = arena_new(1 << 16); /* small chunks: exercises the arena's growth */
@@ -30,7 +35,7 @@ int tmodel_open_prec(TModel *t, const char *name, const char *text, const Fronte
   src->len = strlen(text);
   t->g = frontend_compile(t->arena, &t->diag, src, &fo);
   if (!t->g) return 1;
-  PassCtx pc = {.diag = &t->diag, .verify = true, .precision = precision};
+  PassCtx pc = {.diag = &t->diag, .verify = true, .precision = precision, .quantize = quantize};
   if (passes_run(t->g, &pc)) return 1;
   t->cp = codegen_lower(t->g, t->arena);
   char *csrc = codegen_emit_c(t->cp, t->arena);
@@ -239,7 +244,7 @@ void tmodel_fill(TModel *t, DuetSession *s, DuetRng *r, int classes) {
     int id = tmodel_tensor(t, v);
     if (id < 0 || (v->op != OP_INPUT && v->op != OP_PARAM)) continue;
     int64_t n = shape_numel(&v->shape);
-    size_t bytes = (size_t)n * (v->dtype == DT_F64 ? 8 : 4);
+    size_t bytes = (size_t)n * (v->dtype == DT_F64 ? 8 : v->dtype == DT_I8 ? 1 : 4);
     void *p = malloc(bytes ? bytes : 1);
     if (!p) {
       fprintf(stderr, "tmodel_fill: out of memory\n");
@@ -248,6 +253,10 @@ void tmodel_fill(TModel *t, DuetSession *s, DuetRng *r, int classes) {
     for (int64_t j = 0; j < n; j++) {
       if (v->dtype == DT_I32) {
         ((int32_t *)p)[j] = (int32_t)(duet_rng_next(r) % (uint64_t)(classes ? classes : 1));
+        continue;
+      }
+      if (v->dtype == DT_I8) { /* int8 weights of a quantized program: -127..127 */
+        ((signed char *)p)[j] = (signed char)((int)(duet_rng_next(r) % 255u) - 127);
         continue;
       }
       double x = v->op == OP_PARAM ? (0.2 + 0.8 * duet_rng_uniform(r)) * (duet_rng_next(r) & 1 ? 1 : -1)
@@ -293,6 +302,7 @@ static double load_elem(const void *base, int64_t j, int dtype) {
   case DUET_F64: return ((const double *)base)[j];
   case DUET_F16: case DUET_BF16: return widen16(base, j, dtype);
   case DUET_U8: return ((const unsigned char *)base)[j]; /* 8-bit AdamW state codes */
+  case DUET_I8: return ((const signed char *)base)[j];   /* quantized weights */
   default: return ((const float *)base)[j];
   }
 }
@@ -414,6 +424,11 @@ int compare_sessions_stats(const char *what, const DuetProgram *p, DuetSession *
 }
 
 CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, bool decode, const char *precision) {
+  return lower_model_quant(a, path, text, dt, decode, precision, NULL);
+}
+
+CgProgram *lower_model_quant(Arena *a, const char *path, const char *text, DType dt, bool decode,
+                             const char *precision, const char *quantize) {
   Diag d = {.out = stderr};
   Source *src;
   if (text) {
@@ -429,7 +444,7 @@ CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, b
   FrontendOptions fo = {.float_dtype = dt, .decode = decode, .batch = decode ? 1 : 0};
   Graph *g = frontend_compile(a, &d, src, &fo);
   if (!g) return NULL;
-  PassCtx pc = {.diag = &d, .verify = true, .precision = precision};
+  PassCtx pc = {.diag = &d, .verify = true, .precision = precision, .quantize = quantize};
   if (passes_run(g, &pc)) return NULL;
   return codegen_lower(g, a);
 }
@@ -599,7 +614,7 @@ static int ls_snapshot(Lockstep *L, void *const *t) {
 }
 
 static bool ls_is16(int dt) { return dt == DUET_F16 || dt == DUET_BF16; }
-static int ls_size(int dt) { return dt == DUET_F64 ? 8 : ls_is16(dt) ? 2 : dt == DUET_U8 ? 1 : 4; }
+static int ls_size(int dt) { return dt == DUET_F64 ? 8 : ls_is16(dt) ? 2 : dt == DUET_U8 || dt == DUET_I8 ? 1 : 4; }
 
 /* One unit in the last place of the 16-bit format at magnitude x: the
  * spacing of its numbers in x's binade (subnormals: the smallest). */
@@ -751,6 +766,7 @@ static int ls_elementwise(const Lockstep *L, const Kernel *K, const int *outs, i
       case KI_ADD: v = A + B, ev = EA + EB + fabs(v); break;
       case KI_SUB: v = A - B, ev = EA + EB + fabs(v); break;
       case KI_MUL: v = A * B, ev = fabs(B) * EA + fabs(A) * EB + fabs(v); break;
+      case KI_DEQUANTIZE: v = A * B, ev = fabs(B) * EA + fabs(A) * EB + fabs(v); break; /* int8 x scale */
       case KI_DIV:
         v = A / B;
         ev = B != 0 ? EA / fabs(B) + fabs(A) * EB / (B * B) + fabs(v) : EA + EB > 0 ? INFINITY : 0;
@@ -813,6 +829,13 @@ static int ls_elementwise(const Lockstep *L, const Kernel *K, const int *outs, i
       case KI_DROPOUT: /* at most x / (1 - p), or 0, or x (evaluation) */
         v = A / (1 - x->value), ev = EA / (1 - x->value) + fabs(v);
         break;
+      case KI_FAKE_QUANT: { /* w (A) to int8 and back, B its channel's max |w|: exact from the same inputs; an
+                             * error in them may move w by a quantization step s = B / 127 */
+        double s = B / 127 > 0x1p-126 ? B / 127 : 0x1p-126, q = nearbyint(A / s);
+        v = (q > 127 ? 127 : q < -127 ? -127 : q) * s;
+        ev = fabs(v) + (EA + EB > 0 ? EA + 127 * EB + s / u : 0);
+        break;
+      }
       case KI_CAST:
         v = A, ev = EA;
         if (ls_is16((int)x->value) && EA > 0) ev += ulp16(A, (int)x->value) / u;

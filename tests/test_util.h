@@ -31,6 +31,9 @@ int tmodel_open_opt(TModel *t, const char *name, const char *text, const Fronten
  * pipelined session (one stage on the CPU): its data inputs are then
  * host buffers of the whole batch (micro_batches x the input's shape). */
 int tmodel_open_prec(TModel *t, const char *name, const char *text, const FrontendOptions *fo, const char *precision);
+/* tmodel_open_prec with --quantize `quantize` (passes/quantize.c; NULL: none). */
+int tmodel_open_quant(TModel *t, const char *name, const char *text, const FrontendOptions *fo, const char *precision,
+                      const char *quantize);
 void tmodel_close(TModel *t);
 /* Tensor id of a value (-1 when it has no storage). */
 int tmodel_tensor(const TModel *t, const Value *v);
@@ -42,6 +45,9 @@ Value *tmodel_param(const TModel *t, const char *name);
  * program) and every pass (verifier on, --precision `precision`), lowered
  * to kernels; NULL after printing why. */
 CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, bool decode, const char *precision);
+/* lower_model with --quantize `quantize` (NULL: none). */
+CgProgram *lower_model_quant(Arena *a, const char *path, const char *text, DType dt, bool decode,
+                             const char *precision, const char *quantize);
 /* The names of the *.model files in `dir`, sorted, in a malloc'ed array of
  * malloc'ed strings (free each and the array); the count, or -1 when the
  * directory cannot be read. */

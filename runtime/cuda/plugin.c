@@ -552,6 +552,39 @@ EXPORT int duet_cuda_plugin_count(char *err, size_t errlen) {
   return count;
 }
 
+/* GPU `index`'s free and total memory (cuMemGetInfo in its primary
+ * context, retained for the call and released) and compute capability x
+ * 10.  0, or -1 with a message. */
+EXPORT int duet_cuda_plugin_meminfo(int index, int64_t *free_b, int64_t *total_b, int *sm, char *err, size_t errlen) {
+  CUresult r = cuInit(0);
+  CUdevice dev;
+  CUcontext ctx;
+  int ma = 0, mi = 0;
+  size_t f = 0, t = 0;
+  if (r != CUDA_SUCCESS || (r = cuDeviceGet(&dev, index)) != CUDA_SUCCESS ||
+      (r = cuDeviceGetAttribute(&ma, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)) != CUDA_SUCCESS ||
+      (r = cuDeviceGetAttribute(&mi, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)) != CUDA_SUCCESS) {
+    snprintf(err, errlen, "querying GPU %d failed: %s (CUresult %d)", index, cu_err(r), (int)r);
+    return -1;
+  }
+  if ((r = cuDevicePrimaryCtxRetain(&ctx, dev)) != CUDA_SUCCESS) {
+    snprintf(err, errlen, "cuDevicePrimaryCtxRetain for GPU %d failed: %s (CUresult %d)", index, cu_err(r), (int)r);
+    return -1;
+  }
+  if ((r = cuCtxSetCurrent(ctx)) != CUDA_SUCCESS || (r = cuMemGetInfo(&f, &t)) != CUDA_SUCCESS)
+    snprintf(err, errlen, "cuMemGetInfo on GPU %d failed: %s (CUresult %d)", index, cu_err(r), (int)r);
+  CUresult rs = cuCtxSetCurrent(NULL), rr = cuDevicePrimaryCtxRelease(dev);
+  if (r != CUDA_SUCCESS) return -1;
+  if (rs != CUDA_SUCCESS || rr != CUDA_SUCCESS) {
+    snprintf(err, errlen, "releasing GPU %d's context failed: %s", index, cu_err(rs != CUDA_SUCCESS ? rs : rr));
+    return -1;
+  }
+  *free_b = (int64_t)f;
+  *total_b = (int64_t)t;
+  *sm = ma * 10 + mi;
+  return 0;
+}
+
 /* One line per GPU: name, compute capability, memory, driver and NVRTC
  * versions.  Returns the number of GPUs, or -1 with a message. */
 EXPORT int duet_cuda_plugin_list(FILE *out, char *err, size_t errlen) {

@@ -416,6 +416,17 @@ CUresult cuDeviceTotalMem(size_t *bytes, CUdevice d) {
   return CUDA_SUCCESS;
 }
 
+/* The current context's GPU: DUET_FAKE_MEM less what is allocated on it. */
+CUresult cuMemGetInfo(size_t *free_b, size_t *total_b) {
+  CUresult r = need_ctx();
+  if (r) return r;
+  pthread_mutex_lock(&G.lock);
+  *free_b = G.mem - G.used[current->gpu];
+  *total_b = G.mem;
+  pthread_mutex_unlock(&G.lock);
+  return CUDA_SUCCESS;
+}
+
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
   if (bad_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
   pthread_mutex_lock(&G.lock);
