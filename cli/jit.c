@@ -1,10 +1,12 @@
 /* cli/jit.c: generated C -> shared object -> dlopen, with a disk cache. */
 #define _GNU_SOURCE
 #include "jit.h"
+#include "../runtime/progress.h"
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,7 +90,9 @@ static void watchdog(char *const argv[], pid_t parent) {
   _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 127);
 }
 
-int jit_run(char *const argv[], char *log, size_t loglen) {
+int jit_run(char *const argv[], char *log, size_t loglen) { return jit_run_shown(argv, log, loglen, NULL); }
+
+int jit_run_shown(char *const argv[], char *log, size_t loglen, const char *what) {
   int pfd[2];
   if (pipe(pfd)) return -1;
   pid_t parent = getpid();
@@ -109,13 +113,24 @@ int jit_run(char *const argv[], char *log, size_t loglen) {
   size_t n = 0;
   char tmp[4096];
   ssize_t got;
-  while ((got = read(pfd[0], tmp, sizeof tmp)) != 0) {
+  DuetProgress pg;
+  duet_progress_start(&pg, stdout, !what, 0, 0);
+  for (;;) {
+    if (what) { /* wake up to show that the compiler is still at work */
+      struct pollfd pf = {.fd = pfd[0], .events = POLLIN};
+      int r = poll(&pf, 1, 100);
+      if (r < 0 && errno != EINTR) break;
+      duet_progress_alive(&pg, what);
+      if (r <= 0) continue;
+    }
+    if ((got = read(pfd[0], tmp, sizeof tmp)) == 0) break;
     if (got < 0) {
       if (errno == EINTR) continue;
       break;
     }
     for (ssize_t i = 0; i < got && n + 1 < loglen; i++) log[n++] = tmp[i];
   }
+  duet_progress_clear(&pg);
   if (loglen) log[n] = 0;
   close(pfd[0]);
   int st;
@@ -266,7 +281,7 @@ static int load_cached(const char *dir, uint64_t h, const char *key, size_t k, J
  * exited with an error; -3 when it was killed by a signal; -1 for any other
  * failure; a message in err. */
 static int compile_in(const char *dir, bool cache, const char *src, const char *key, size_t k, uint64_t h,
-                      JitModule *m, char *err, size_t errlen) {
+                      JitModule *m, const char *what, char *err, size_t errlen) {
   const char *flags[] = {DUET_KERNEL_CFLAGS, "-fPIC", "-shared"};
   size_t n_flags = sizeof flags / sizeof *flags;
   char base[1100], c_path[1300], so_tmp[1300] = "", key_tmp[1300] = "", so[1200], keyf[1200];
@@ -306,7 +321,7 @@ static int compile_in(const char *dir, bool cache, const char *src, const char *
   argv[a++] = "-lm";
   argv[a] = NULL;
   char log[8192];
-  int st_cc = jit_run(argv, log, sizeof log);
+  int st_cc = jit_run_shown(argv, log, sizeof log, what);
   if (st_cc != 0) {
     snprintf(err, errlen, "compiling generated kernels failed (%s exited with %d):\n%s", jit_cc(), st_cc, log);
     rc = st_cc > 0 ? -2 : -3; /* -1: killed by a signal (an interrupt), or it could not run */
@@ -353,7 +368,9 @@ out:
   return rc;
 }
 
-int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
+int jit_load(const char *src, JitModule *m, char *err, size_t errlen) { return jit_load_shown(src, m, NULL, err, errlen); }
+
+int jit_load_shown(const char *src, JitModule *m, const char *what, char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
   m->fd = -1;
   char ver[512], dir[1024], cpu[4096];
@@ -387,7 +404,7 @@ int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
       free(key);
       return 0;
     }
-    if (!(cached = compile_in(dir, true, src, key, k, h, m, why, sizeof why)) || cached == -3) {
+    if (!(cached = compile_in(dir, true, src, key, k, h, m, what, why, sizeof why)) || cached == -3) {
       if (cached) snprintf(err, errlen, "%s", why); /* interrupted: not tried again */
       free(key);
       return cached ? -1 : 0;
@@ -406,7 +423,7 @@ int jit_load(const char *src, JitModule *m, char *err, size_t errlen) {
     return -1;
   }
   if (cached != -2) fprintf(stderr, "duet: warning: %s; compiling the kernels in %s without caching them\n", why, tmp);
-  int rc = compile_in(tmp, false, src, key, k, h, m, err, errlen);
+  int rc = compile_in(tmp, false, src, key, k, h, m, what, err, errlen);
   if (!rc && cached == -2) { /* the first line the compiler printed says why */
     const char *log = strchr(why, '\n');
     log = log ? log + 1 : "";

@@ -37,6 +37,11 @@ const char *jit_cc(void);
  * truncated to loglen).  Returns the exit status, or -1 when it could not
  * run. */
 int jit_run(char *const argv[], char *log, size_t loglen);
+/* jit_run showing, while the compiler runs, that it is alive: progress
+ * (runtime/progress.h) "WHAT | E elapsed" on stdout, a line every few
+ * seconds on a pipe or a bar redrawn in place on a terminal, erased at the
+ * end; what NULL: nothing (jit_run). */
+int jit_run_shown(char *const argv[], char *log, size_t loglen, const char *what);
 
 /* Compiles `src` into a shared object (or takes it from the cache:
  * $DUET_CACHE_DIR, else $XDG_CACHE_HOME/duet, else ~/.cache/duet; mode
@@ -44,6 +49,9 @@ int jit_run(char *const argv[], char *log, size_t loglen);
  * source, and checked against the full key text before loading), then
  * dlopens it.  Returns 0, or -1 with a message in err. */
 int jit_load(const char *src, JitModule *m, char *err, size_t errlen);
+/* jit_load, with the compiler's progress (jit_run_shown) labelled `what`
+ * when it compiles (NULL: none). */
+int jit_load_shown(const char *src, JitModule *m, const char *what, char *err, size_t errlen);
 void jit_unload(JitModule *m);
 
 /* Directory holding this executable (from /proc/self/exe), for locating the

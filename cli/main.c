@@ -32,6 +32,7 @@ static void usage(FILE *out) {
           "  plot METRICS.jsonl ... -o OUT.png|OUT.svg   training curves of --metrics files (gnuplot)\n"
           "  predict M.model --checkpoint CK [--data PATH] [-o OUT.jsonl]   predictions as JSON lines\n"
           "  export M.model --checkpoint CK -o W.safetensors   the params alone, f32 (for PyTorch)\n"
+          "  version                      the version and the commit duet was built from (also --version)\n"
           "  help                         this text\n\n"
           "run, compile, ir, emit and check take --precision auto|fp32|fp16|bf16 (default auto: fp32\n"
           "on the CPU) and ir and check --arch cpu|sm_60|sm_61|sm_70|sm_75|sm_80|sm_86|sm_89|sm_90 (the\n"
@@ -49,7 +50,7 @@ static void usage(FILE *out) {
           "--prune-start, --prune-end, --prune-every, --prune-initial, --prune-params (`duet run --help`).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
           "M.model: it resumes after the pass it was printed after.\n\n"
-          "Every command takes --help.  Environment: DUET_CC (C compiler, default cc),\n"
+          "Every command takes --help and --version.  Environment: DUET_CC (C compiler, default cc),\n"
           "DUET_CACHE_DIR (kernel cache, default ~/.cache/duet), DUET_HOST_MEMORY (the memory a CPU\n"
           "device may use, default MemAvailable or the cgroup limit).\n");
 }
@@ -708,11 +709,12 @@ static CgProgram *lower_program(Compiled *c, bool cuda) {
 
 /* Loads the C kernels of cp (compiled now or taken from the cache) into m.
  * 1 after printing the error. */
-static int load_kernels(Compiled *c, CgProgram *cp, JitModule *m) {
-  char err[8192];
+static int load_kernels(Compiled *c, CgProgram *cp, JitModule *m, bool show) {
+  char err[8192], what[128];
   const char *src = codegen_emit_c(cp, c->arena);
   cp->prog.source_hash = duet_fnv1a(src, strlen(src), DUET_FNV_OFFSET); /* the ranks of an MPI run compare it */
-  if (jit_load(src, m, err, sizeof err)) {
+  snprintf(what, sizeof what, "compiling %d kernels with %s", cp->n_kernels, jit_cc());
+  if (jit_load_shown(src, m, show ? what : NULL, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
   }
@@ -727,7 +729,7 @@ static int load_kernels(Compiled *c, CgProgram *cp, JitModule *m) {
 /* lower_program, then load_kernels.  NULL after printing the error. */
 static CgProgram *jit_program(Compiled *c, JitModule *m, bool cuda) {
   CgProgram *cp = lower_program(c, cuda);
-  return cp && !load_kernels(c, cp, m) ? cp : NULL;
+  return cp && !load_kernels(c, cp, m, false) ? cp : NULL;
 }
 
 /* After a compilation for po's devices failed: when the same model
@@ -885,7 +887,7 @@ static int cmd_run(int argc, char **argv) {
   JitModule m;
   memset(&m, 0, sizeof m);
   /* duet_main's checks of data files, devices and --save before seconds of compiling */
-  if (!cp || duet_preflight(&cp->prog, argv[0], argc - 1, argv + 1) || (!all_cuda && load_kernels(&c, cp, &m))) {
+  if (!cp || duet_preflight(&cp->prog, argv[0], argc - 1, argv + 1) || (!all_cuda && load_kernels(&c, cp, &m, !probe.quiet))) {
     compiled_free(&c);
     return 1;
   }
@@ -1057,8 +1059,9 @@ static int cmd_compile(int argc, char **argv) {
   av[a++] = DUET_LINK_SANITIZE;
 #endif
   av[a] = NULL;
-  char log[8192];
-  int st = jit_run(av, log, sizeof log);
+  char log[8192], what[160];
+  snprintf(what, sizeof what, "compiling %d kernels and the training executable with %s", cp->n_kernels, jit_cc());
+  int st = jit_run_shown(av, log, sizeof log, what);
   unlink(cpath);
   compiled_free(&c);
   if (st != 0) {
@@ -1775,7 +1778,7 @@ static int cmd_predict(int argc, char **argv) {
   JitModule m;
   memset(&m, 0, sizeof m);
   int rc = 1;
-  if (cp && !load_kernels(&c, cp, &m)) {
+  if (cp && !load_kernels(&c, cp, &m, false)) {
     rc = duet_predict_main(&cp->prog, m.fns, argc - 1, argv + 1);
     jit_unload(&m);
   }
@@ -2090,6 +2093,13 @@ int main(int argc, char **argv) {
     return 1;
   }
   const char *cmd = argv[1];
+  /* `duet version`, and --version given to any command (before anything is
+   * compiled, so it answers even where the model or the flags are wrong) */
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--version") || (i == 1 && !strcmp(argv[i], "version"))) {
+      printf("%s\n", duet_version_line);
+      return 0;
+    }
   if (!strcmp(cmd, "run") || !strcmp(cmd, "compile") || !strcmp(cmd, "ir") || !strcmp(cmd, "emit") ||
       !strcmp(cmd, "check") || !strcmp(cmd, "plan")) {
     int n = strip_precision_flags(argc - 2, argv + 2);

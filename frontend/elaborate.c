@@ -1438,8 +1438,14 @@ static void read_prune(Elab *e, Scope *s, const Node *n, PruneSpec *p) {
       if (x.kind != EV_STR)
         diag_error(e->d, x.loc, k == 1 ? "prune mode must be a string: \"unstructured\", \"global\", \"channels\" "
                    "or N:M such as \"2:4\"" : "prune params must be a string of patterns such as \"*.w, !head.w\"");
+      int nm_a, nm_b, nm_used = 0;
       if (k == 6) {
         p->params = x.str;
+      } else if (x.kind == EV_STR && prune_mode_parse(x.str, &p->mode, &p->nm_n, &p->nm_m) &&
+                 sscanf(x.str, "%d:%d%n", &nm_a, &nm_b, &nm_used) == 2 && !x.str[nm_used] && nm_a >= nm_b &&
+                 nm_a >= 1 && nm_b <= 64) { /* as --prune-mode (passes/prune.c) */
+        diag_error(e->d, x.loc, "prune mode `%s`: N must be less than M (N:M keeps N of every M weights, such as 2:4)",
+                   x.str);
       } else if (prune_mode_parse(x.str, &p->mode, &p->nm_n, &p->nm_m)) {
         Hint h = {0};
         const char *modes[] = {"unstructured", "global", "channels", "2:4"};
@@ -1645,19 +1651,13 @@ Source *frontend_read_file(Arena *a, Diag *d, const char *path) {
   return ret;
 }
 
-Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOptions *opt) {
-  jmp_buf jb, *saved = d->jmp;
+/* frontend_compile's work, under the caller's setjmp: a diagnostic's
+ * longjmp leaves it (none of its locals is used afterwards, so none can
+ * be clobbered). */
+static Graph *compile_source(Arena *a, Diag *d, const Source *src, const FrontendOptions *opt) {
   ParseCtx cx = {.arena = a, .diag = d, .src = src};
-  Graph *volatile g = NULL;
-  d->jmp = &jb;
-  if (setjmp(jb)) {
-    d->jmp = saved;
-    return NULL;
-  }
-  if (frontend_parse_source(&cx)) {
-    d->jmp = saved;
-    return NULL;
-  }
+  Graph *g = NULL;
+  if (frontend_parse_source(&cx)) return NULL;
   Elab e = {.a = a, .d = d, .stmts = cx.stmts};
   {
     /* imported blocks and consts come first, then the file's own */
@@ -1792,6 +1792,14 @@ Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOpti
                  "set `eval = false` in the train section", n_ce ? "more than one" : "no");
   }
   if (!g->decode) check_data_inputs(&e, cx.model_loc);
+  return g;
+}
+
+Graph *frontend_compile(Arena *a, Diag *d, const Source *src, const FrontendOptions *opt) {
+  jmp_buf jb, *saved = d->jmp;
+  Graph *volatile g = NULL;
+  d->jmp = &jb;
+  if (!setjmp(jb)) g = compile_source(a, d, src, opt);
   d->jmp = saved;
   return g;
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "duet_rt.h"
+#include "progress.h"
 
 #define CKPT_FORMAT "duet-checkpoint-1"
 
@@ -632,7 +633,7 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
     int64_t now;
   } same[] = {{"seed", "--seed", (int64_t)cfg->seed}, {"batch_size", "--batch", cfg->batch},
               {"train_subset", "--train-subset", cfg->train_subset}};
-  for (size_t k = 0; k < sizeof same / sizeof *same && !weights_only && !cfg->quiet; k++) {
+  for (size_t k = 0; k < sizeof same / sizeof *same && !weights_only && duet_warns(); k++) {
     int64_t was;
     if (!meta_i64(f, same[k].key, &was) && was != same[k].now)
       fprintf(stderr, "duet: warning: %s %" PRId64 " differs from the checkpoint's %" PRId64 " (%s): the resumed run "
@@ -644,7 +645,7 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   }
   DuetPrune was;
   int differs = 0;
-  if (!weights_only && !cfg->quiet && p->prune && !no_masks && meta_prune(f, &was) == 1 &&
+  if (!weights_only && duet_warns() && p->prune && !no_masks && meta_prune(f, &was) == 1 &&
       !check_prune_change(p, &was, ns.step, path, &differs, err, errlen) && differs) {
     char wf[200], nf[200];
     fprintf(stderr, "duet: warning: the pruning schedule %s differs from the checkpoint's %s (%s): the masks go on "
@@ -655,19 +656,19 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   const char *sched = duet_st_meta(f, "lr_schedule");
   char now_sched[400];
   schedule_meta(cfg, duet_session_total(s), now_sched, sizeof now_sched);
-  if (!weights_only && !cfg->quiet && sched && strcmp(sched, now_sched))
+  if (!weights_only && duet_warns() && sched && strcmp(sched, now_sched))
     fprintf(stderr, "duet: warning: the learning-rate schedule or clipping (--lr, --lr-schedule, --warmup, --min-lr, "
                     "--steps, --clip-grad-norm) differs from the checkpoint's (%s): the resumed run does not continue "
                     "the original one exactly (now: %s; checkpoint: %s)\n", path, now_sched, sched);
   const char *prec = duet_st_meta(f, "precision");
-  if (!weights_only && !cfg->quiet && prec && strcmp(prec, duet_program_precision(p)))
+  if (!weights_only && duet_warns() && prec && strcmp(prec, duet_program_precision(p)))
     fprintf(stderr, "duet: warning: --precision %s differs from the checkpoint's %s (%s): the resumed run does not "
                     "continue the original one exactly\n", duet_program_precision(p), prec, path);
   /* CPU devices: OpenBLAS sums in an order set by its thread count (per
    * device: a pipeline splits --threads among its stages) */
   int64_t was_threads;
   int now_threads = duet_threads_per_device(cfg, workers(s));
-  if (!weights_only && !cfg->quiet && !duet_devices_all_cuda(cfg->devices) &&
+  if (!weights_only && duet_warns() && !duet_devices_all_cuda(cfg->devices) &&
       !meta_i64(f, "threads", &was_threads) && was_threads != now_threads) {
     char flag[96];
     int S = workers(s);

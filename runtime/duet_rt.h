@@ -673,8 +673,14 @@ void duet_session_set_pos(DuetSession *s, int64_t pos);
 void duet_session_set_valid(DuetSession *s, int64_t n_valid);
 const char *duet_session_error(const DuetSession *s);
 
+/* "duet X.Y.Z (git HASH, DATE)": the release, and the commit (12 hex digits)
+ * and commit date of the checkout the library was built from ("unknown"
+ * outside a git checkout); generated at build time (tools/version.cmake). */
+extern const char duet_version_line[];
+
 /* Training driver: parses flags (see duet_usage), loads data, trains, logs,
- * evaluates.  Returns a process exit code. */
+ * evaluates.  --version anywhere prints duet_version_line and returns 0.
+ * Returns a process exit code. */
 int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *argv0, int argc, char **argv);
 /* Byte-level text generation with a trained model: `prompt` is extended
  * by `n_tokens` bytes, each drawn from softmax(logits / temperature)

@@ -20,6 +20,7 @@
 #include "duet_half.h"
 #include "duet_rt.h"
 #include "pipeline.h"
+#include "progress.h"
 
 void duet_usage(const char *argv0, FILE *out) {
   fprintf(out,
@@ -35,14 +36,16 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --weight-decay X   decoupled (AdamW) or L2 (SGD) weight decay\n"
           "  --batch N          batch size (fixed when the model was compiled)\n"
           "  --seed N           seed of initialisation and shuffling\n"
-          "  --threads N        CPU threads for kernels and BLAS, 1 to 1024 (default: all cores)\n"
+          "  --threads N        CPU threads for kernels and BLAS, 1 to 1024 (default: all cores), in all:\n"
+          "                     split among the replicas and stages, at least one each\n"
           "  --data PATH        data directory or text file, or npy data's x file (default: the\n"
           "                     train section's)\n"
           "  --metrics FILE     write JSON lines: {\"step\",\"loss\",\"lr\"} (and \"grad_norm\" with clipping),\n"
           "                     and {\"step\",\"epoch\",\"test_accuracy\"\n"
-          "                     (a fraction),\"test_loss\"} or, text models, {\"step\",\"val_loss\"}\n"
-          "                     (fashion_mnist with val_fraction: \"val_accuracy\",\"val_loss\" per epoch\n"
-          "                     and one final {\"step\",\"test_accuracy\",\"test_loss\",\"final\":true}); with\n"
+          "                     (a fraction),\"test_loss\"} (npy data: val_accuracy, val_loss) or, text\n"
+          "                     models, {\"step\",\"val_loss\"} (fashion_mnist with val_fraction:\n"
+          "                     \"val_accuracy\",\"val_loss\" per epoch and one final {\"step\",\n"
+          "                     \"test_accuracy\",\"test_loss\",\"final\":true}); with\n"
           "                     --resume, the file's lines up to the checkpoint's step are kept and\n"
           "                     the run appends to them\n"
           "  --metrics-timing   step lines also carry the throughput since the previous line:\n"
@@ -70,7 +73,8 @@ void duet_usage(const char *argv0, FILE *out) {
           "                     one line {\"step\" (the checkpoint's),\"test_accuracy\",\"test_loss\"} or\n"
           "                     {\"step\",\"val_loss\"}); no optimizer state needed\n"
           "  --checkpoint CK    the checkpoint (written by --save) that --eval-only evaluates\n"
-          "  --quiet            print only the final result\n"
+          "  --quiet            no progress lines or notes (warnings and errors are still printed)\n"
+          "  --version          print duet's version and the commit it was built from\n"
           "  --devices SPEC     pipeline over devices: cpu:0,cpu:1 (virtual CPU devices, each a thread\n"
           "                     with its own arena and threads/S cores), cuda:N; one stage each\n"
           "  --micro-batches M  split each batch into M micro-batches, gradients summed (loss / M)\n"
@@ -715,7 +719,7 @@ static int maybe_resume(DuetSession *s, const DuetConfig *cfg, DuetTrainState *s
   /* the checkpoint's loss scaler wins over --loss-scale, as GradScaler's
    * load_state_dict does: resuming stays exact, but say so */
   DuetScaler sc = duet_session_scaler(s);
-  if (cfg->loss_scale > 0 && duet_session_program(s)->n_unscale && sc.scale != cfg->loss_scale && !cfg->quiet)
+  if (cfg->loss_scale > 0 && duet_session_program(s)->n_unscale && sc.scale != cfg->loss_scale && duet_warns())
     fprintf(stderr, "duet: warning: --loss-scale %.15g is ignored: resuming from %s restores its loss scale %.15g (and "
             "growth counter) so that the run continues exactly\n", cfg->loss_scale, cfg->resume_path, sc.scale);
   if (!cfg->quiet) printf("duet: resumed from %s at step %" PRId64 "\n", cfg->resume_path, st->step);
@@ -839,10 +843,10 @@ static int prune_before(const Run *r, int64_t t, FILE *mf) {
  * prunes nothing (said, not silently). */
 static void prune_check_schedule(const Run *r) {
   const DuetPrune *pr = r->p->prune;
-  if (pr && pr->start >= r->total && !r->cfg->quiet)
+  if (pr && pr->start >= r->total && duet_warns())
     fprintf(stderr, "duet: warning: pruning starts after step %" PRId64 " (--prune-start), but the run ends at step "
                     "%" PRId64 ": nothing is pruned\n", pr->start, r->total);
-  else if (pr && pr->end >= r->total && !r->cfg->quiet)
+  else if (pr && pr->end >= r->total && duet_warns())
     fprintf(stderr, "duet: warning: the pruning schedule ends after step %" PRId64 " (--prune-end), but the run ends "
                     "at step %" PRId64 ": the final sparsity is not reached\n", pr->end, r->total);
 }
@@ -904,17 +908,69 @@ static void print_schedule(const DuetConfig *cfg, int64_t total) {
   printf("\n");
 }
 
+/* "duet: precision P, devices D (T threads), lr schedule L[, pipeline
+ * schedule S]" on the start-up lines, unless quiet: what the run uses.
+ * Devices: --devices, else the CPU (one device, or the virtual CPU devices
+ * of a pipeline or of replicas); threads: per CPU device (each worker
+ * thread's share of --threads, duet_threads_per_device; at least one, and
+ * then said when --threads is fewer than the workers); under MPI, each
+ * rank's. */
+static void print_setup(const DuetProgram *p, const DuetConfig *cfg, int64_t total, const DuetDist *dist) {
+  if (cfg->quiet) return;
+  int S = p->n_stages >= 1 ? p->n_stages : 1, R = p->n_stages >= 1 && p->replicas > 1 ? p->replicas : 1;
+  int W = S * (dist ? 1 : R), per = duet_threads_per_device(cfg, W);
+  char devs[400], sched[256];
+  int len = dist ? snprintf(devs, sizeof devs, "each of %d MPI ranks: ", R) : 0;
+  if (cfg->devices) len += snprintf(devs + len, sizeof devs - (size_t)len, "%s", cfg->devices);
+  else if (W == 1) len += snprintf(devs + len, sizeof devs - (size_t)len, "cpu");
+  else len += snprintf(devs + len, sizeof devs - (size_t)len, "cpu:0..cpu:%d", W - 1);
+  if ((!cfg->devices || !duet_devices_all_cuda(cfg->devices)) && cfg->threads > 0 && cfg->threads < W)
+    snprintf(devs + len, sizeof devs - (size_t)len, " (1 thread per CPU device: %d in all, as every worker runs on a "
+             "thread of its own; --threads %d is fewer than the %d workers)", W, cfg->threads, W);
+  else if (!cfg->devices || !duet_devices_all_cuda(cfg->devices))
+    snprintf(devs + len, sizeof devs - (size_t)len, " (%d thread%s%s)", per, per == 1 ? "" : "s",
+             W > 1 ? " per CPU device" : "");
+  duet_lr_schedule_str(cfg, total, sched, sizeof sched);
+  printf("duet: precision %s, devices %s, lr schedule %s", duet_program_precision(p), devs, sched);
+  if (p->n_stages >= 1) printf(", pipeline schedule %s", cfg->schedule == DUET_SCHEDULE_1F1B ? "1f1b" : "gpipe");
+  printf("\n");
+}
+
 typedef struct EvalResult {
   int64_t correct, n;
   double loss;
 } EvalResult;
 
-static int evaluate(DuetSession *s, const DuetProgram *p, const DuetDataset *ds, int64_t n, int64_t batch,
-                    EvalResult *res) {
+/* Evaluation progress before batch i (0-based) of pg->total. */
+static void eval_progress(DuetProgress *pg, int64_t i) {
+  char what[64];
+  snprintf(what, sizeof what, "evaluating: batch %" PRId64 "/%" PRId64, i, pg->total);
+  if (i > 0) duet_progress_update(pg, i, "eval", what, false);
+}
+
+/* Training progress after step `step` (progress.h): the step, the loss and
+ * the rate in `unit`s per second since the run (or its resumption)
+ * started, `per_step` units a step; epoch 0: none shown. */
+static void train_progress(DuetProgress *pg, int64_t epoch, int64_t step, double loss, int64_t per_step,
+                           const char *unit, bool force) {
+  if (pg->mode == DUET_PROGRESS_OFF) return;
+  char what[256], ep[32] = "";
+  double dt = duet_progress_now() - pg->t_start;
+  if (epoch > 0) snprintf(ep, sizeof ep, "epoch %" PRId64 " ", epoch);
+  snprintf(what, sizeof what, "%sstep %" PRId64 "/%" PRId64 " | loss %.4f | %.0f %s/s", ep, step, pg->total, loss,
+           dt > 0 ? (double)((step - pg->first) * per_step) / dt : 0.0, unit);
+  duet_progress_update(pg, step, "train", what, force);
+}
+
+static int evaluate_shown(DuetSession *s, const DuetProgram *p, const DuetDataset *ds, int64_t n, int64_t batch,
+                          EvalResult *res, bool show) {
   int64_t *idx = malloc((size_t)batch * sizeof *idx);
   if (!idx) return -1;
   double correct = 0, nll = 0;
+  DuetProgress pg;
+  duet_progress_start(&pg, stdout, !show, 0, (n + batch - 1) / batch);
   for (int64_t start = 0; start < n; start += batch) {
+    eval_progress(&pg, start / batch);
     int64_t m = n - start < batch ? n - start : batch;
     for (int64_t r = 0; r < m; r++) idx[r] = start + r;
     duet_session_set_valid(s, m);
@@ -927,6 +983,7 @@ static int evaluate(DuetSession *s, const DuetProgram *p, const DuetDataset *ds,
     correct += c;
     nll += l;
   }
+  duet_progress_clear(&pg);
   free(idx);
   res->correct = (int64_t)(correct + 0.5);
   res->n = n;
@@ -1217,7 +1274,20 @@ static FILE *open_metrics(const DuetConfig *cfg, int64_t from) {
 /* The settings fixed when p was compiled against cfg's flags: the
  * micro-batches (per replica), the replicas, the bucket size.  1 after
  * the error, else 0. */
+/* The run's environment, for every program (with or without a pipeline or
+ * replicas): the pipeline and data-parallel variables parse (duet_pipe_env:
+ * an invalid value is an error even where it would not apply).  1 after
+ * the error, else 0. */
+static int check_env(const DuetConfig *cfg) {
+  char err[1024];
+  DuetPipeEnv env;
+  if (!duet_pipe_env(&env, cfg->timeout, err, sizeof err)) return 0;
+  fprintf(stderr, "duet: error: %s\n", err);
+  return 1;
+}
+
 static int check_compiled(const DuetProgram *p, const DuetConfig *cfg) {
+  if (check_env(cfg)) return 1;
   int R = p->n_stages >= 1 && p->replicas > 1 ? p->replicas : 1;
   int M = p->n_stages >= 1 && p->micro_batches > 0 ? p->micro_batches / R : 1;
   if (cfg->data_parallel && cfg->data_parallel != R) {
@@ -1270,7 +1340,7 @@ static DuetSession *open_session(const DuetProgram *p, const DuetKernelFn *kerne
   char err[1024];
   DuetSession *s;
   *dev = NULL;
-  if ((cfg->loss_scale > 0 || cfg->min_loss_scale > 0) && p->n_unscale == 0 && !cfg->quiet)
+  if ((cfg->loss_scale > 0 || cfg->min_loss_scale > 0) && p->n_unscale == 0 && duet_warns())
     fprintf(stderr, "duet: warning: --loss-scale and --min-loss-scale have no effect: this program has no fp16 loss "
                     "scaling\n");
   if (check_compiled(p, cfg)) return NULL;
@@ -1521,6 +1591,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   FILE *mf = NULL;
   int64_t *perm = NULL;
   StopHandlers stops = {0};
+  DuetProgress pg = {0};
   DuetDataset val = {0}; /* fashion_mnist(..., val_fraction = F): the last F of the training set */
   bool fm_val = !npy && cfg.val_fraction > 0;
   if (fm_val && split_validation(&train, cfg.val_fraction, &val)) goto out;
@@ -1532,10 +1603,10 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     goto out;
   int64_t n_train = cfg.train_subset && cfg.train_subset < train.n ? cfg.train_subset : train.n;
   int64_t n_test = cfg.test_subset && cfg.test_subset < test.n ? cfg.test_subset : test.n;
-  if (cfg.train_subset > train.n && !cfg.quiet)
+  if (cfg.train_subset > train.n && duet_warns())
     fprintf(stderr, "duet: warning: --train-subset %" PRId64 " exceeds the %" PRId64 " training samples; using all\n",
             cfg.train_subset, train.n);
-  if (cfg.test_subset > test.n && !cfg.quiet)
+  if (cfg.test_subset > test.n && duet_warns())
     fprintf(stderr, "duet: warning: --test-subset %" PRId64 " exceeds the %" PRId64 " test samples; using all\n",
             cfg.test_subset, test.n);
   int64_t B = p->defaults.batch;
@@ -1569,6 +1640,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
            duet_offload_on(&cfg) ? " (host)" : "", (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
+  print_setup(p, &cfg, total, dist);
   print_pipeline(p, &cfg, s, dist);
   print_schedule(&cfg, total);
   perm = malloc((size_t)n_train * sizeof *perm);
@@ -1595,6 +1667,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   stop_handlers_install(&stops);
   double t_log = now_seconds(), t_start = t_log, t_eval = 0;
   int64_t since_log = 0, first_step = ts.step;
+  duet_progress_start(&pg, stdout, cfg.quiet, ts.step, total);
   EvalResult last = {0};
   int evaluated = 0;
   for (int64_t step = ts.step, epoch = ts.epoch; step < total; epoch++) {
@@ -1615,8 +1688,10 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
       double loss;
       if (prune_before(&run, step, mf) || train_step(&run, ++step, &loss)) goto out;
       since_log++;
-      if (step % cfg.log_every == 0 || step == total) {
+      bool logged = step % cfg.log_every == 0 || step == total;
+      if (logged) {
         double t = now_seconds();
+        duet_progress_clear(&pg);
         if (!cfg.quiet)
           printf("epoch %" PRId64 " step %" PRId64 "/%" PRId64 " | loss %.6f%s | %.0f samples/s%s\n", epoch, step,
                  total, loss, rate_note(s, (char[96]){0}, 96), (double)(since_log * B) / (t - t_log),
@@ -1626,6 +1701,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
         t_log = now_seconds();
         since_log = 0;
       }
+      train_progress(&pg, epoch, step, loss, B, "samples", logged && pg.mode == DUET_PROGRESS_BAR);
       cur = (DuetTrainState){.step = step, .epoch = b + 1 < per_epoch ? epoch : epoch + 1,
                              .batch = b + 1 < per_epoch ? b + 1 : 0};
       if (maybe_save(&run, &cur, false)) goto out;
@@ -1635,7 +1711,8 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     bool epoch_done = step % per_epoch == 0 || step == total;
     if (cfg.eval && epoch_done && p->metrics >= 0) {
       double te = now_seconds();
-      if (evaluate(s, p, fm_val ? &val : &test, fm_val ? val.n : n_test, B, &last)) {
+      duet_progress_clear(&pg);
+      if (evaluate_shown(s, p, fm_val ? &val : &test, fm_val ? val.n : n_test, B, &last, !cfg.quiet)) {
         fprintf(stderr, "duet: error: evaluation: %s\n", duet_session_error(s));
         goto out;
       }
@@ -1653,8 +1730,9 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "step", (double)step);
         cJSON_AddNumberToObject(o, "epoch", (double)epoch);
-        cJSON_AddNumberToObject(o, fm_val ? "val_accuracy" : "test_accuracy", (double)last.correct / (double)last.n);
-        cJSON_AddNumberToObject(o, fm_val ? "val_loss" : "test_loss", last.loss);
+        cJSON_AddNumberToObject(o, npy || fm_val ? "val_accuracy" : "test_accuracy",
+                                (double)last.correct / (double)last.n);
+        cJSON_AddNumberToObject(o, npy || fm_val ? "val_loss" : "test_loss", last.loss);
         if (metrics_write(mf, o)) goto out;
       }
       if (keep_best(&run, &cur, (double)last.correct / (double)last.n, last.loss)) goto out;
@@ -1665,10 +1743,11 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
       rc = 1;
     }
   }
+  duet_progress_clear(&pg);
   if (p->prune && prune_report(&run, total, 0, NULL, true)) goto out;
   double elapsed = now_seconds() - t_start - t_eval;
   if (fm_val && evaluated) { /* the test split, once, at the end */
-    if (evaluate(s, p, &test, n_test, B, &last)) {
+    if (evaluate_shown(s, p, &test, n_test, B, &last, !cfg.quiet)) {
       fprintf(stderr, "duet: error: evaluation: %s\n", duet_session_error(s));
       goto out;
     }
@@ -1695,6 +1774,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   }
   rc = 0;
 out:
+  if (pg.out) duet_progress_clear(&pg);
   stop_handlers_restore(&stops);
   if (mf && fclose(mf)) {
     fprintf(stderr, "duet: error: writing metrics file %s failed\n", cfg.metrics_path);
@@ -1815,22 +1895,39 @@ static int text_batch(DuetSession *s, const DuetProgram *p, const TextData *td, 
              : 0;
 }
 
-static int text_validate(DuetSession *s, const DuetProgram *p, const TextData *td, const DuetConfig *cfg,
-                         double *val) {
+/* The mean validation loss over eval_batches fixed batches, with progress
+ * (progress.h) unless show is false. */
+static int text_validate_shown(DuetSession *s, const DuetProgram *p, const TextData *td, const DuetConfig *cfg,
+                               double *val, bool show) {
   DuetRng r;
   duet_rng_seed(&r, 0x76616c6964ull, 0); /* fixed validation windows */
   int64_t B = p->defaults.batch, T = cfg->block;
   double nll = 0;
+  DuetProgress pg;
+  duet_progress_start(&pg, stdout, !show, 0, cfg->eval_batches);
   duet_session_set_valid(s, B * T);
   for (int64_t i = 0; i < cfg->eval_batches; i++) {
     double l;
+    eval_progress(&pg, i);
     if (text_batch(s, p, td, &r, td->n_train, td->n, B, T) || duet_session_run(s, DUET_RUN_EVAL) ||
-        read_scalar(s, p, p->metrics, 1, &l))
+        read_scalar(s, p, p->metrics, 1, &l)) {
+      duet_progress_clear(&pg);
       return -1;
+    }
     nll += l / (double)(B * T);
   }
+  duet_progress_clear(&pg);
   *val = nll / (double)cfg->eval_batches;
   return 0;
+}
+
+/* 1 after the error when the embedding that byte-level text indexes has
+ * fewer than 256 rows (p->vocab; 0: none known), else 0. */
+static int text_vocab_error(const DuetProgram *p) {
+  if (p->vocab <= 0 || p->vocab >= 256) return 0;
+  fprintf(stderr, "duet: error: byte-level text needs an embedding of 256 rows (one per byte value), the model's has "
+          "%d\n", p->vocab);
+  return 1;
 }
 
 static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetConfig cfg, DuetDist *dist) {
@@ -1851,11 +1948,13 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   DuetSession *s = NULL;
   FILE *mf = NULL;
   StopHandlers stops = {0};
+  DuetProgress pg = {0};
   int64_t B = p->defaults.batch, T = cfg.block;
   if (!toks && p->n_classes < 256) {
     fprintf(stderr, "duet: error: byte-level text needs 256 classes, the model's logits have %d\n", p->n_classes);
     goto out;
   }
+  if (!toks && text_vocab_error(p)) goto out;
   int64_t per_epoch = td.n_train / (B * T);
   if (per_epoch < 1) per_epoch = 1;
   if (cfg.steps <= 0 && cfg.epochs > INT64_MAX / per_epoch) {
@@ -1879,6 +1978,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
            duet_offload_on(&cfg) ? " (host)" : "", (double)p->region_bytes[DUET_MEM_ARENA] / 1048576.0);
     fflush(stdout);
   }
+  print_setup(p, &cfg, total, dist);
   print_pipeline(p, &cfg, s, dist);
   print_schedule(&cfg, total);
   DuetTrainState ts = {0};
@@ -1900,6 +2000,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   stop_handlers_install(&stops);
   double t_log = now_seconds(), t_start = t_log, t_eval = 0, val = NAN;
   int64_t since_log = 0, first_step = ts.step;
+  duet_progress_start(&pg, stdout, cfg.quiet, ts.step, total);
   for (int64_t step = ts.step + 1; step <= total; step++) {
     if (text_batch(s, p, &td, &ts.rng, 0, td.n_train, B, T)) {
       fprintf(stderr, "duet: error: %s\n", duet_session_error(s));
@@ -1908,8 +2009,10 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     double loss;
     if (prune_before(&run, step - 1, mf) || train_step(&run, step, &loss)) goto out;
     since_log++;
-    if (step % cfg.log_every == 0 || step == total) {
+    bool logged = step % cfg.log_every == 0 || step == total;
+    if (logged) {
       double t = now_seconds();
+      duet_progress_clear(&pg);
       if (!cfg.quiet)
         printf("step %" PRId64 "/%" PRId64 " | loss %.6f%s | %.0f tokens/s%s\n", step, total, loss,
                rate_note(s, (char[96]){0}, 96), (double)(since_log * B * T) / (t - t_log),
@@ -1919,9 +2022,11 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
       t_log = now_seconds();
       since_log = 0;
     }
+    train_progress(&pg, 0, step, loss, B * T, "tokens", logged && pg.mode == DUET_PROGRESS_BAR);
     if (cfg.eval && ((cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == total)) {
       double te = now_seconds();
-      if (text_validate(s, p, &td, &cfg, &val)) {
+      duet_progress_clear(&pg);
+      if (text_validate_shown(s, p, &td, &cfg, &val, !cfg.quiet)) {
         fprintf(stderr, "duet: error: validation: %s\n", duet_session_error(s));
         goto out;
       }
@@ -1951,6 +2056,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
     if ((rc = check_stop(&run, &ts))) goto out;
     rc = 1;
   }
+  duet_progress_clear(&pg);
   if (p->prune && prune_report(&run, total, 0, NULL, true)) goto out;
   double elapsed = now_seconds() - t_start - t_eval;
   if (!dist || duet_dist_rank(dist) == 0) { /* rank 0 alone reports */
@@ -1962,6 +2068,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   }
   rc = 0;
 out:
+  if (pg.out) duet_progress_clear(&pg);
   stop_handlers_restore(&stops);
   if (mf && fclose(mf)) {
     fprintf(stderr, "duet: error: writing metrics file %s failed\n", cfg.metrics_path);
@@ -2295,7 +2402,7 @@ int duet_evaluate(DuetSession *s, const DuetConfig *cfg, DuetEvalResult *res, ch
     TextData td;
     if (eval_text_load(p, cfg, &td, err, errlen)) return -1;
     res->batches = cfg->eval_batches;
-    if (text_validate(s, p, &td, cfg, &res->loss)) snprintf(err, errlen, "%s", duet_session_error(s));
+    if (text_validate_shown(s, p, &td, cfg, &res->loss, !cfg->quiet)) snprintf(err, errlen, "%s", duet_session_error(s));
     else rc = 0;
     free(td.bytes);
     free(td.tokens);
@@ -2308,7 +2415,7 @@ int duet_evaluate(DuetSession *s, const DuetConfig *cfg, DuetEvalResult *res, ch
     return -1;
   }
   EvalResult r;
-  if (evaluate(s, p, &ds, n, p->defaults.batch, &r)) {
+  if (evaluate_shown(s, p, &ds, n, p->defaults.batch, &r, !cfg->quiet)) {
     snprintf(err, errlen, "%s", duet_session_error(s));
   } else {
     res->correct = r.correct;
@@ -2659,6 +2766,11 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
    * also when both go to one pipe or file */
   setvbuf(stdout, NULL, _IOLBF, 0);
   duet_rank_stderr(); /* an MPI run: "duet: rank 1: error: ..." */
+  for (int i = 0; i < argc; i++)
+    if (!strcmp(argv[i], "--version")) {
+      printf("%s\n", duet_version_line);
+      return 0;
+    }
   DuetConfig cfg = p->defaults;
   int rc = duet_parse_flags_for(&cfg, p, argc, argv);
   if (rc == 2) { /* an executable's (duet run prints its own) */
@@ -2671,7 +2783,7 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
   if (ranks < 0) return 1;
   /* flags that do not apply to this program: said, not silently dropped */
   bool text = cfg.data == DUET_DATA_TEXT || cfg.data == DUET_DATA_TOKENS;
-  if (!cfg.quiet) {
+  if (duet_warns()) {
     if (!text && (cfg.eval_every != p->defaults.eval_every || cfg.eval_batches != p->defaults.eval_batches))
       fprintf(stderr, "duet: warning: --eval-every and --eval-batches apply to text models; this one evaluates on "
                       "its test split after every epoch\n");
@@ -2697,6 +2809,8 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
 
 int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char **argv) {
   duet_rank_stderr(); /* an MPI run: "duet: rank 1: error: ..." */
+  for (int i = 0; i < argc; i++)
+    if (!strcmp(argv[i], "--version")) return 0; /* duet_main prints it */
   DuetConfig cfg = p->defaults;
   char err[1024];
   int rc = duet_parse_flags_for(&cfg, p, argc, argv);
@@ -2710,6 +2824,7 @@ int duet_preflight(const DuetProgram *p, const char *model_path, int argc, char 
       return 1;
     }
   } else if (cfg.data == DUET_DATA_TEXT) {
+    if (text_vocab_error(p)) return 1;
     FILE *f = fopen(cfg.data_path, "rb");
     int e = f ? 0 : errno;
     if (f && getc(f) == EOF && ferror(f)) e = EIO; /* a directory opens, then fails to read */

@@ -161,6 +161,22 @@ expect corrupt_crc 1 "duet: error: corrupt IDX file $d/crc/train-labels-idx1-uby
 { printf 'model chain\ninput x: f32[batch, 784]\ninput y: i32[batch]\nparam w: [784, 10] = normal(0.01)\nh = x @ w\n'
   i=0; while [ $i -lt 60 ]; do echo 'h = relu(h * 1.001 + 0.001)'; i=$((i + 1)); done
   printf 'loss = cross_entropy(h, y)\ntrain {\n  data = fashion_mnist("/usr/share/datasets/fashion-mnist")\n  batch = 8\n}\n'; } > "$d/chain.model"
+# byte-level text: the embedding the bytes index needs a row per byte value (256), not only the logits
+cat > "$d/small_vocab.model" <<'EOF2'
+model small_vocab
+input idx: i32[batch, 8]
+input targets: i32[batch, 8]
+param wte: [100, 16] = normal(0.02)
+param head: [16, 256] = normal(0.02)
+loss = cross_entropy(embedding(wte, idx) @ head, targets)
+train {
+  data = text("/usr/share/common-licenses/GPL-3", block = 8)
+  batch = 2
+  steps = 1
+}
+EOF2
+expect text_embedding_rows 1 "duet: error: byte-level text needs an embedding of 256 rows (one per byte value), the model's has 100" \
+  "$DUET" run "$d/small_vocab.model"
 expect long_chain 0 "duet: trained 2 steps" sh -c "'$DUET' run '$d/chain.model' --steps 2 --no-eval --quiet | sed 's/ in .*//'"
 expect metrics_unwritable 1 "duet: error: cannot write metrics file $no/m.jsonl: No such file or directory" \
   "$DUET" run $M --steps 1 --metrics "$no/m.jsonl"

@@ -15,6 +15,8 @@ flags="--steps 40 --log-every 5 --threads 2 --seed 7 --lr 0.002 --no-eval"
 n=$(grep -c '"loss"' "$d/jit.jsonl")
 [ "$n" -eq 8 ] || { echo "FAIL: expected 8 logged losses, got $n"; exit 1; }
 if ! diff "$d/jit.jsonl" "$d/aot.jsonl"; then echo "FAIL: losses differ"; exit 1; fi
+# --version: the line of the duet that compiled it
+[ "$("$d/fmnist_train" --version)" = "$("$DUET" --version)" ] || { echo "FAIL: --version: $("$d/fmnist_train" --version)"; exit 1; }
 # the same losses on the progress lines, too (samples/s differ)
 sed 's/ | [0-9]* samples\/s//' "$d/jit.txt" | grep '^epoch' > "$d/a"
 sed 's/ | [0-9]* samples\/s//' "$d/aot.txt" | grep '^epoch' > "$d/b"

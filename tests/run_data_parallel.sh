@@ -248,6 +248,15 @@ cli)
   # the collective: DUET_DP_COLLECTIVE checked before compiling
   DUET_DP_COLLECTIVE=ring expect collective_value "duet: error: DUET_DP_COLLECTIVE must be auto, shm or nccl, got 'ring'" \
     "$DUET" run $M --data-parallel 2
+  # ... and always, also without replicas (and in a compiled executable)
+  DUET_DP_COLLECTIVE=bogus expect collective_value_one "duet: error: DUET_DP_COLLECTIVE must be auto, shm or nccl, got 'bogus'" \
+    "$DUET" run $M --steps 1
+  # --threads counts the threads of all workers (replicas x stages), at least one each: fewer is said
+  if "$DUET" run $M --data-parallel 2 --threads 1 --steps 1 --train-subset 512 --no-eval > "$d/th.out" 2>&1 &&
+    grep -qx 'duet: precision fp32, devices cpu:0..cpu:1 (1 thread per CPU device: 2 in all, as every worker runs on a thread of its own; --threads 1 is fewer than the 2 workers), lr schedule constant, pipeline schedule gpipe' "$d/th.out" &&
+    "$DUET" run $M --data-parallel 2 --threads 2 --steps 1 --train-subset 512 --no-eval > "$d/th2.out" 2>&1 &&
+    grep -qx 'duet: precision fp32, devices cpu:0..cpu:1 (1 thread per CPU device), lr schedule constant, pipeline schedule gpipe' "$d/th2.out"
+  then ok threads_below_workers_said; else bad threads_below_workers_said; grep '^duet: precision\|error' "$d/th.out" "$d/th2.out"; fi
   DUET_DP_COLLECTIVE=nccl expect collective_nccl_cpu "duet: error: DUET_DP_COLLECTIVE=nccl: replica 0's stage 0 is on cpu:0, and NCCL connects GPUs" \
     "$DUET" run $M --devices cpu:0,cpu:1 --data-parallel 2
   DUET_DP_COLLECTIVE=nccl expect collective_nccl_default "duet: error: DUET_DP_COLLECTIVE=nccl: replica 0's stage 0 is on cpu:0, and NCCL connects GPUs" \

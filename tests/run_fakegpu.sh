@@ -114,8 +114,10 @@ cli)
   DUET_FAKE_MEM=100MiB "$DUET" plan tests/models/gpt_tiny.model --devices cuda:0 --device-memory 1GiB > "$tmp/mem4" 2>&1
   has "$tmp/mem4" " of 1.00 GiB (--device-memory 1GiB = 1073741824 bytes)" device_memory_flag
   # 2, 3. target selection and the kernel cache
-  "$DUET" run $TINY --devices cuda:0 > "$tmp/sass" 2>&1
+  DUET_PROGRESS_SECONDS=0.0001 "$DUET" run $TINY --devices cuda:0 > "$tmp/sass" 2>&1
   has "$tmp/sass" "sm_60 SASS compiled by NVRTC 12.9" sass_sm60
+  # the NVRTC compile shows that it is alive (progress lines on a pipe; it wakes up every 0.1 s)
+  has "$tmp/sass" "duet: progress: compiling 129 kernels with NVRTC 12.9 for sm_60 | " nvrtc_progress
   "$DUET" run $TINY --devices cuda:0 > "$tmp/cached" 2>&1
   has "$tmp/cached" "sm_60 SASS from the kernel cache" kernel_cache
   DUET_FAKE_CC=12.0 DUET_FAKE_NVRTC=12.0 "$DUET" run $TINY --devices cuda:0 > "$tmp/ptx" 2>&1

@@ -55,7 +55,10 @@ if [ "$n" -ge 10 ] && cmp -s "$d/idx.l" "$d/npy.l"; then ok; else bad "npy losse
 grep -q 'validation accuracy' "$d/npy.out" && ok || bad "npy run names its validation split"
 
 "$DUET" run "$d/idx.model" --threads 1 --train-subset 384 --no-eval > "$d/idx384.out" || bad "idx 384 run"
-"$DUET" run "$d/frac.model" --threads 1 > "$d/frac.out" || bad "frac run"
+"$DUET" run "$d/frac.model" --threads 1 --metrics "$d/frac.jsonl" > "$d/frac.out" || bad "frac run"
+# a validation split's metrics are val_*, not test_* (the test split's)
+grep -q '^{"step":[0-9]*,"epoch":2,"val_accuracy":[0-9.e-]*,"val_loss":[0-9.e-]*}$' "$d/frac.jsonl" &&
+  ! grep -q '"test_' "$d/frac.jsonl" && ok || { bad "npy validation metrics keys"; grep -v '"loss"' "$d/frac.jsonl"; }
 lines "$d/idx384.out" | grep step > "$d/a.l"
 lines "$d/frac.out" | grep step > "$d/b.l"
 if [ -s "$d/a.l" ] && cmp -s "$d/a.l" "$d/b.l"; then ok; else bad "val_fraction 0.25 losses differ from --train-subset 384"; diff "$d/a.l" "$d/b.l" | head; fi

@@ -27,6 +27,7 @@
 #include "../duet_rt.h"
 #include "cuda_plugin.h"
 #include "duet_nvrtc.h"
+#include "../progress.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -341,8 +342,8 @@ static double now(void) {
 
 /* The module image for this card: from the kernel cache (key: NVRTC
  * version, options, target, source), else compiled and stored. */
-static int module_image(const char *src, const char *card, int ma, int mi, void **img, size_t *len, char *msg,
-                        size_t msglen, char *err, size_t errlen) {
+static int module_image(const char *src, const char *card, int ma, int mi, int n_kernels, int verbose, void **img,
+                        size_t *len, char *msg, size_t msglen, char *err, size_t errlen) {
   int vma, vmi, archs[128];
   if (duet_nvrtc_version(&vma, &vmi)) {
     snprintf(err, errlen, "nvrtcVersion failed (is libnvrtc installed?)");
@@ -373,7 +374,12 @@ static int module_image(const char *src, const char *card, int ma, int mi, void 
     free(key);
     return 0;
   }
-  if (duet_nvrtc_compile(src, tg.arch_opt, tg.cubin, img, len, err, errlen)) {
+  char what[160];
+  snprintf(what, sizeof what, "compiling %d kernels with NVRTC %d.%d for %s", n_kernels, vma, vmi, tg.arch_opt + 6);
+  DuetBeat *beat = duet_beat_start(stdout, !verbose, what); /* NVRTC blocks: show that it is alive */
+  int bad = duet_nvrtc_compile(src, tg.arch_opt, tg.cubin, img, len, err, errlen);
+  duet_beat_stop(beat);
+  if (bad) {
     free(key);
     return -1;
   }
@@ -451,7 +457,8 @@ EXPORT DuetDevice *duet_cuda_plugin_open(const DuetProgram *p, int ordinal, int 
   CKO(cuStreamCreate(&c->stream, CU_STREAM_NON_BLOCKING));
   size_t len;
   char msg[512];
-  if (module_image(p->cuda_source, name, ma, mi, &img, &len, msg, sizeof msg, err, errlen)) goto fail;
+  if (module_image(p->cuda_source, name, ma, mi, p->n_kernels, verbose, &img, &len, msg, sizeof msg, err, errlen))
+    goto fail;
   CKO(cuModuleLoadData(&c->mod, img));
   free(img);
   img = NULL;
