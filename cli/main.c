@@ -213,6 +213,7 @@ typedef struct ParOpts {
   char mem_from[1700]; /* where the CPU devices' capacity came from (duet_host_memory) */
   char gpu_from[DUET_MAX_DEVICES][120]; /* a GPU's: "cuMemGetInfo: free memory of cuda:0" */
   bool one_f_one_b; /* --schedule 1f1b: fewer activations in flight */
+  bool clip;        /* --clip-grad-norm given (the partition pass then keeps tied gradients per micro-batch) */
   bool per_rank;    /* an MPI run: the replicas are the ranks, --devices names one rank's devices */
   int nodes;        /* duet plan --nodes K: K machines, each with the devices (0: not given) */
   double link_gbps; /* duet plan --link-gbps (0: DP_LINK_GBPS_DEFAULT) */
@@ -392,6 +393,7 @@ static int par_opts(ParOpts *po, int argc, char **argv, int ranks) {
     return 1;
   }
   po->one_f_one_b = sch && !strcmp(sch, "1f1b");
+  po->clip = scan_flag(argc, argv, "--clip-grad-norm") != NULL;
   const char *mb = scan_flag(argc, argv, "--micro-batches");
   if (mb) {
     char *end;
@@ -551,7 +553,8 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
                 .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .recompute = opt_recompute,
                 .optim_state = opt_optim_state, .quantize = opt_quantize,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
-                .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0};
+                .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0,
+                .clip = po && po->clip};
   c->g = is_ir_source(path, src) ? compile_ir(c, src, fo, &pc) : frontend_compile(c->arena, &c->diag, src, fo);
   if (!c->g) return 1;
   if (opt_offload) c->g->train.offload = opt_offload; /* --offload wins over the train section's */

@@ -568,8 +568,16 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   int n_grads = 0;
   for (int i = 0; i < g->n_values; i++) {
     Value *v = g->values[i];
-    if ((v->op == OP_ADAMW || v->op == OP_SGD) && cp->tensor_of[v->in[1]->id] >= 0)
-      tensors[cp->tensor_of[v->in[1]->id]].is_grad = 1, n_grads++;
+    if (!(v->op == OP_ADAMW || v->op == OP_SGD)) continue;
+    Value *gv = v->in[1];
+    if (gv->role == ROLE_OPTIMIZER) { /* a tied weight's gradient, added once per step from its parts (partition.c) */
+      for (int j = 0; j < gv->n_in; j++) {
+        Value *x = gv->in[j]->op == OP_TRANSFER && gv->in[j]->role == ROLE_OPTIMIZER ? gv->in[j]->in[0] : gv->in[j];
+        if (cp->tensor_of[x->id] >= 0) tensors[cp->tensor_of[x->id]].is_grad = 1, n_grads++;
+      }
+      continue;
+    }
+    if (cp->tensor_of[gv->id] >= 0) tensors[cp->tensor_of[gv->id]].is_grad = 1, n_grads++;
   }
   p->n_tensors = nt;
   p->tensors = tensors;
@@ -639,9 +647,16 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       x->from = v->in[0]->device;
       x->to = v->device;
       x->nbytes = (int64_t)dtype_size(v->dtype) * shape_numel(&v->shape);
-      DuetStep send = {.kind = DUET_STEP_SEND, .a = n_xfers}, recv = {.kind = DUET_STEP_RECV, .a = n_xfers};
+      /* b = 1: a param sent once per step (ir_param_transfer), on the first micro-batch only */
+      int once = ir_param_transfer(v) ? 1 : v->role == ROLE_OPTIMIZER ? 2 : 0;
+      DuetStep send = {.kind = DUET_STEP_SEND, .a = n_xfers, .b = once},
+               recv = {.kind = DUET_STEP_RECV, .a = n_xfers, .b = once};
       n_xfers++;
-      int lists[2] = {v->role == ROLE_BACKWARD ? 1 : v->role == ROLE_EVAL ? 3 : 0, v->role == ROLE_FORWARD ? 3 : -1};
+      int lists[2] = {v->role == ROLE_BACKWARD    ? 1
+                      : v->role == ROLE_EVAL      ? 3
+                      : v->role == ROLE_OPTIMIZER ? 2 /* a tied weight's gradient part, once per step */
+                                                  : 0,
+                      v->role == ROLE_FORWARD ? 3 : -1};
       for (int k = 0; k < 2; k++)
         if (lists[k] >= 0) {
           push_step(&L, &sl[x->from * 4 + lists[k]], send);
@@ -822,6 +837,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       st.kernel = lower_elementwise(&L, v);
     }
     if (!has_step) continue;
+    if (ir_tied_add(v)) st.b = 2; /* a tied weight's gradient: after the parts are summed (DuetStep) */
     if (piped) {
       int stg = v->device > 0 && g->n_stages > 1 ? v->device : 0;
       int lists[2] = {v->role == ROLE_FORWARD ? 0 : v->role == ROLE_BACKWARD ? 1 : v->role == ROLE_OPTIMIZER ? 2 : 3,
@@ -920,7 +936,23 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       if ((v->op != OP_ADAMW && v->op != OP_SGD) || !v->attr.sharded) continue;
       for (int j = 0; j < v->n_in; j++)
         if (cp->tensor_of[v->in[j]->id] >= 0) shard[cp->tensor_of[v->in[j]->id]] = v->attr.shard;
-      param_of[tid(&L, v->in[1])] = tid(&L, v->in[0]);
+      if (v->in[1]->role != ROLE_OPTIMIZER) {
+        param_of[tid(&L, v->in[1])] = tid(&L, v->in[0]);
+        continue;
+      }
+      /* a tied weight's parts (partition.c): the first on the param's stage
+       * gathers the param; any other gathers itself (the all-gather's
+       * entries follow the reduce-scatter's; the copy is not read) */
+      bool first = true;
+      for (int j = 0; j < v->in[1]->n_in; j++) {
+        Value *x = v->in[1]->in[j];
+        if (x->op == OP_TRANSFER && x->role == ROLE_OPTIMIZER) x = x->in[0];
+        int t = tid(&L, x);
+        shard[t] = v->attr.shard;
+        bool home = g->n_stages <= 1 || x->device == v->device;
+        param_of[t] = first && home ? tid(&L, v->in[0]) : t;
+        if (home) first = false;
+      }
     }
     for (int j = 0; j < n_btensors; j++) {
       bparams[j] = param_of[bucket_tensors[j]];

@@ -614,6 +614,16 @@ void graph_renumber(Graph *g) {
   for (int i = 0; i < g->n_values; i++) g->values[i]->id = i;
 }
 
+bool ir_param_transfer(const Value *v) {
+  return v->op == OP_TRANSFER && v->n_in == 1 && v->in[0]->op == OP_PARAM && v->role == ROLE_FORWARD;
+}
+
+bool ir_tied_add(const Value *v) { return v->op == OP_ADD && v->role == ROLE_OPTIMIZER; }
+
+const Value *ir_tied_part(const Value *x) {
+  return x && x->op == OP_TRANSFER && x->role == ROLE_OPTIMIZER && x->n_in == 1 ? x->in[0] : x;
+}
+
 void graph_count_uses(Graph *g) {
   for (int i = 0; i < g->n_values; i++) g->values[i]->n_uses = 0;
   for (int i = 0; i < g->n_values; i++)
@@ -898,6 +908,11 @@ int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
     const Value *u = g->values[i];
     if ((u->op == OP_ADAMW || u->op == OP_SGD) && u->n_in > 1 && u->in[1] && u->in[1]->id >= 0 && u->in[1]->id < nv)
       upd[u->in[1]->id] = i;
+    if ((u->op == OP_ADAMW || u->op == OP_SGD) && u->n_in > 1 && u->in[1] && ir_tied_add(u->in[1]))
+      for (int j = 0; j < u->in[1]->n_in; j++) { /* a tied weight's parts: bucketed in its place */
+        const Value *x = ir_tied_part(u->in[1]->in[j]);
+        if (x && x->id >= 0 && x->id < nv) upd[x->id] = i;
+      }
   }
 #define BAD(v, ...) do { *bad = (v); snprintf(msg, n, __VA_ARGS__); found = 1; goto out; } while (0)
   for (int i = 0; i < nv; i++) {
@@ -936,7 +951,7 @@ int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
   for (int i = 0; i < nv; i++) {
     const Value *v = g->values[i];
     if ((v->op == OP_ADAMW || v->op == OP_SGD) && v->n_in > 1 && v->in[1] && v->in[1]->id >= 0 && v->in[1]->id < nv &&
-        in_bucket[v->in[1]->id] < 0)
+        !ir_tied_add(v->in[1]) && in_bucket[v->in[1]->id] < 0)
       BAD(v, "the gradient %%%d this update reads is in no all-reduce bucket", v->in[1]->id);
     if (v->op == OP_ALL_GATHER) { /* params, each after its own (sharded) update */
       if (!g->zero) BAD(v, "an all_gather in a graph without `zero 1`");
@@ -955,8 +970,8 @@ int ir_check_allreduce(const Graph *g, const Value **bad, char *msg, size_t n) {
       BAD(v, "an update %s a shard in a graph %s `zero 1`", v->attr.sharded ? "with" : "without",
           g->zero ? "with" : "without");
     if (v->op == OP_ADAMW || v->op == OP_SGD || v->op == OP_ALLREDUCE || v->op == OP_REDUCE_SCATTER ||
-        v->op == OP_ALL_GATHER)
-      continue;
+        v->op == OP_ALL_GATHER || ir_tied_add(v) || (v->op == OP_TRANSFER && v->role == ROLE_OPTIMIZER))
+      continue; /* they read the sums */
     for (int j = 0; j < v->n_in; j++) { /* the sum replaces a bucket's gradients in place */
       const Value *x = v->in[j];
       if (x && x->id >= 0 && x->id < nv && at[x->id] >= 0 && at[x->id] < i)

@@ -254,7 +254,9 @@ typedef struct Attr {
 typedef enum Role { ROLE_FORWARD, ROLE_BACKWARD, ROLE_OPTIMIZER, ROLE_EVAL } Role;
 
 /* Memory regions assigned by the memplan pass.  Params and optimizer state
- * persist across steps; everything else lives in the activation arena, whose
+ * persist across steps; MEM_CACHE holds the key/value caches of decoding and
+ * a stage's copies of params received from another stage
+ * (ir_param_transfer); everything else lives in the activation arena, whose
  * offsets are reused between values with disjoint lifetimes. */
 typedef enum MemRegion { MEM_NONE, MEM_PARAM, MEM_STATE, MEM_ARENA, MEM_CACHE, MEM_COUNT } MemRegion;
 
@@ -452,6 +454,18 @@ Value *graph_add(Graph *g, OpKind op, Value **in, int n_in, const Attr *attr, Lo
 void graph_renumber(Graph *g);
 /* Recomputes n_uses over the whole graph. */
 void graph_count_uses(Graph *g);
+/* A transfer sent once per step, not once per micro-batch: a param's value
+ * in the forward pass (a weight used on two stages, such as a tied
+ * embedding).  With micro-batches its copy on the receiving stage persists
+ * across the step's micro-batches (memplan puts it in MEM_CACHE, not in
+ * the per-micro-batch activation arena). */
+bool ir_param_transfer(const Value *v);
+/* A tied weight's gradient (passes/partition.c, tie_grads): an add of the
+ * optimizer role whose two parts are each summed over the micro-batches
+ * (and replicas) first; ir_tied_part(operand) is the part itself, through
+ * the optimizer-role transfer that brings a part from another stage. */
+bool ir_tied_add(const Value *v);
+const Value *ir_tied_part(const Value *x);
 /* Applies the op's shape rule to v (dtype and shape); reports errors. */
 void ir_infer_shape(Graph *g, Value *v);
 

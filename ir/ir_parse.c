@@ -1519,9 +1519,10 @@ static void check_regions(Parser *P) {
       continue;
     }
     with++;
-    MemRegion want = v->op == OP_PARAM ? MEM_PARAM
-                   : v->op == OP_STATE ? (v->attr.kv_cache ? MEM_CACHE : MEM_STATE)
-                                       : MEM_ARENA;
+    MemRegion want = v->op == OP_PARAM    ? MEM_PARAM
+                   : v->op == OP_STATE    ? (v->attr.kv_cache ? MEM_CACHE : MEM_STATE)
+                   : ir_param_transfer(v) && g->train.micro_batches > 1 ? MEM_CACHE
+                                          : MEM_ARENA;
     if (v->region != want)
       fail_loc(P, v->loc, "%%%d (%s) must live in @%s, not @%s", v->id, op_info[v->op].name, mem_region_name(want),
                mem_region_name(v->region));

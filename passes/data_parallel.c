@@ -48,6 +48,14 @@ typedef struct Bucket {
   int last;    /* the position after which all its gradients are final (made, and read but by the updates) */
 } Bucket;
 
+/* A tied weight's gradient (partition.c, tie_grads): an optimizer-role add
+ * of two parts, each summed over the micro-batches (and here over the
+ * replicas) before the add; a part of another stage crosses in an
+ * optimizer-role transfer. */
+static bool tied_add(const Value *v) { return v->op == OP_ADD && v->role == ROLE_OPTIMIZER; }
+static bool tied_transfer(const Value *v) { return v->op == OP_TRANSFER && v->role == ROLE_OPTIMIZER; }
+static Value *tied_part(Value *x) { return tied_transfer(x) ? x->in[0] : x; }
+
 static int64_t grad_bytes(const Value *v) { return (int64_t)dtype_size(v->dtype) * shape_numel(&v->shape); }
 
 static int by_position(const void *a, const void *b) {
@@ -97,8 +105,14 @@ static void assign_shards(Graph *g, Value **upd) {
   int n = g->n_values;
   const Value **us = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *us);
   int *shard = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *shard);
-  for (int i = 0; i < n; i++)
-    if (g->values[i]->op == OP_ADAMW || g->values[i]->op == OP_SGD) upd[g->values[i]->in[1]->id] = g->values[i];
+  for (int i = 0; i < n; i++) {
+    Value *u = g->values[i];
+    if (!(u->op == OP_ADAMW || u->op == OP_SGD)) continue;
+    if (tied_add(u->in[1]))
+      for (int j = 0; j < u->in[1]->n_in; j++) upd[tied_part(u->in[1]->in[j])->id] = u;
+    else
+      upd[u->in[1]->id] = u;
+  }
   for (int d = -1; d < IR_MAX_STAGES; d++) {
     int nu = device_updates(g, d, us);
     lpt_shards(us, nu, g->replicas, shard);
@@ -172,7 +186,11 @@ void pass_data_parallel(Graph *g, PassCtx *cx) {
   int ng = 0;
   for (int i = 0; i < n; i++) {
     Value *u = g->values[i];
-    if (u->op == OP_ADAMW || u->op == OP_SGD) grads[ng++] = u->in[1];
+    if (!(u->op == OP_ADAMW || u->op == OP_SGD)) continue;
+    if (tied_add(u->in[1])) /* its parts are summed over the replicas, then added */
+      for (int j = 0; j < u->in[1]->n_in; j++) grads[ng++] = tied_part(u->in[1]->in[j]);
+    else
+      grads[ng++] = u->in[1];
   }
   if (ng == 0) return;
   qsort(grads, (size_t)ng, sizeof *grads, by_position);
@@ -182,7 +200,7 @@ void pass_data_parallel(Graph *g, PassCtx *cx) {
   for (int i = 0; i < n; i++) ready[i] = i;
   for (int i = 0; i < n; i++) {
     Value *u = g->values[i];
-    if (u->op == OP_ADAMW || u->op == OP_SGD) continue;
+    if (u->op == OP_ADAMW || u->op == OP_SGD || tied_add(u) || tied_transfer(u)) continue; /* read after the sums */
     for (int j = 0; j < u->n_in; j++)
       if (ready[u->in[j]->id] < i) ready[u->in[j]->id] = i;
   }
@@ -232,14 +250,22 @@ void pass_data_parallel(Graph *g, PassCtx *cx) {
   int ng_ops = 0;
   for (int k = 0; g->zero && k < nb; k++) { /* the params, after the last of their updates */
     Value **ps = arena_alloc(a, (size_t)b[k].n * sizeof *ps);
+    int np = 0;
     gather_after[k] = -1;
     for (int j = 0; j < b[k].n; j++) {
       Value *u = upd[b[k].grads[j]->id];
-      ps[j] = u->in[0];
+      bool seen = false; /* a tied weight: its param once, on its own stage */
+      for (int i = 0; i < np; i++) seen |= ps[i] == u->in[0];
+      if (seen || (g->n_stages > 1 && u->device != b[k].device)) continue;
+      ps[np++] = u->in[0];
       if (u->id > gather_after[k]) gather_after[k] = u->id;
     }
+    if (!np) { /* only parts of tied weights whose params live on another stage */
+      gathers[ng_ops++] = NULL;
+      continue;
+    }
     Attr at = {.bucket = k};
-    gathers[k] = graph_add(g, OP_ALL_GATHER, ps, b[k].n, &at, g->values[gather_after[k]]->loc);
+    gathers[k] = graph_add(g, OP_ALL_GATHER, ps, np, &at, g->values[gather_after[k]]->loc);
     gathers[k]->role = ROLE_OPTIMIZER;
     gathers[k]->device = b[k].device;
     ng_ops++;
@@ -250,9 +276,11 @@ void pass_data_parallel(Graph *g, PassCtx *cx) {
     order[m++] = g->values[i];
     for (; k < nb && b[k].last == i; k++) order[m++] = ops[k];
     for (int j = 0; j < ng_ops; j++) /* in bucket order among those after the same update */
-      if (gather_after[j] == i) order[m++] = gathers[j];
+      if (gathers[j] && gather_after[j] == i) order[m++] = gathers[j];
   }
-  DUET_ASSERT(m == n + nb + ng_ops && g->n_values == n + nb + ng_ops);
+  int n_gathers = 0;
+  for (int j = 0; j < ng_ops; j++) n_gathers += gathers[j] != NULL;
+  DUET_ASSERT(m == n + nb + n_gathers && g->n_values == n + nb + n_gathers);
   memcpy(g->values, order, (size_t)m * sizeof *order);
   graph_renumber(g);
   graph_count_uses(g);

@@ -164,14 +164,18 @@ static void plan_device(Graph *g, int dev, const int *last, int *free_head, int 
       v->offset = -1;
       v->region = MEM_NONE;
       if (v->dtype == DT_VOID) continue;
-      MemRegion r = v->op == OP_PARAM ? MEM_PARAM : v->op != OP_STATE ? MEM_ARENA : v->attr.kv_cache ? MEM_CACHE : MEM_STATE;
+      MemRegion r = v->op == OP_PARAM            ? MEM_PARAM
+                    : ir_param_transfer(v) && g->train.micro_batches > 1 ? MEM_CACHE /* sent once, read by every micro-batch */
+                    : v->op != OP_STATE            ? MEM_ARENA
+                    : v->attr.kv_cache             ? MEM_CACHE
+                                                   : MEM_STATE;
       if (bytes > MEMPLAN_MAX_BYTES - 64) too_big(g, v, r);
       bytes = align64(bytes);
       if (v->op == OP_STATE && shard[v->id] >= 0) { /* placed below, by shard */
         v->region = r;
         continue;
       }
-      if (v->op == OP_PARAM || v->op == OP_STATE) {
+      if (r != MEM_ARENA) {
         v->region = r;
         if (bytes > MEMPLAN_MAX_BYTES - bytes_of[r]) too_big(g, v, r);
         v->offset = bytes_of[v->region];

@@ -367,6 +367,10 @@ static void insert_transfers(Part *P) {
         xfer[k] = graph_add(g, OP_TRANSFER, &in, 1, NULL, x->loc);
         xfer[k]->device = c->device;
         xfer[k]->role = x->role == ROLE_BACKWARD ? ROLE_BACKWARD : x->role == ROLE_EVAL ? ROLE_EVAL : ROLE_FORWARD;
+        if (x->role == ROLE_BACKWARD && c->role == ROLE_OPTIMIZER) { /* a tied weight's gradient part (tie_grads) */
+          xfer[k]->role = ROLE_OPTIMIZER;
+          before[k] = i + 1;
+        }
         if (x->role != ROLE_BACKWARD && x->device > c->device) {
           if (c->role != ROLE_BACKWARD)
             duet_fatal(__FILE__, __LINE__, "partition: %%%d flows from stage %d back to %d", x->id, x->device,
@@ -408,6 +412,62 @@ static void insert_transfers(Part *P) {
   graph_count_uses(g);
 }
 
+/* Tied weights (a param used on two stages: the tied embedding of a GPT,
+ * token lookup on the first stage, output head on the last), as
+ * Megatron-LM's embedding group (Shoeybi et al. 2019; Narayanan et al.
+ * 2021, section 2.2): with M > 1 micro-batches, a param whose gradient is
+ * the sum of two parts (autodiff's add of the gradients of its two uses)
+ * gets each part summed over the micro-batches where it is computed, and
+ * the two sums added once per step, right before the update: the add
+ * becomes an optimizer op, moved before its update; on several stages the
+ * part of another stage then crosses once per step (insert_transfers gives
+ * its transfer the optimizer role), not once per micro-batch, and the
+ * param's forward copy is sent once per step too (ir_param_transfer).  The
+ * same on one device with micro-batches, so that S stages do the
+ * arithmetic of one device bit for bit; with data parallelism (M counts
+ * the micro-batches of all replicas) each part is summed over the replicas
+ * before the add (data_parallel.c buckets the parts), as Megatron-LM
+ * all-reduces the embedding's gradient over its data-parallel group before
+ * the embedding group, so R replicas do the arithmetic of one device too.
+ * Not with gradient clipping, whose norms read whole gradients before the
+ * update (a --clip-grad-norm given to the command: cx->clip), nor with
+ * 16-bit training (its gradients are unscaled before the update, not a
+ * plain add): those keep the per-micro-batch sum and transfer. */
+static void tie_grads(Graph *g, const PassCtx *cx) {
+  if (g->train.micro_batches <= 1 || g->train.clip_grad_norm > 0 || cx->clip) return;
+  graph_count_uses(g);
+  int n = g->n_values, moved = 0;
+  Value **later = arena_alloc(g->arena, ((size_t)n + 1) * sizeof *later); /* update id -> its tied add */
+  for (int i = 0; i < n; i++) {
+    Value *u = g->values[i], *a = u->n_in > 1 ? u->in[1] : NULL;
+    later[i] = NULL;
+    if (!(u->op == OP_ADAMW || u->op == OP_SGD) || !a || a->op != OP_ADD || a->role != ROLE_BACKWARD ||
+        a->n_uses != 1 || a->dtype != DT_F32)
+      continue;
+    bool parts = true;
+    for (int j = 0; j < 2; j++)
+      parts &= a->in[j]->role == ROLE_BACKWARD && a->in[j]->n_uses == 1 && a->in[j]->dtype == DT_F32 &&
+               shape_eq(&a->in[j]->shape, &a->shape);
+    if (!parts) continue;
+    a->role = ROLE_OPTIMIZER;
+    later[i] = a;
+    moved++;
+  }
+  if (!moved) return;
+  Value **order = arena_alloc(g->arena, (size_t)n * sizeof *order);
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    Value *v = g->values[i];
+    if (v->op == OP_ADD && v->role == ROLE_OPTIMIZER) continue; /* placed before its update */
+    if (later[i]) order[k++] = later[i];
+    order[k++] = v;
+  }
+  DUET_ASSERT(k == n);
+  memcpy(g->values, order, (size_t)n * sizeof *order);
+  graph_renumber(g);
+  graph_count_uses(g);
+}
+
 void pass_partition(Graph *g, PassCtx *cx) {
   int S = cx->n_devices > 0 ? cx->n_devices : 1;
   if (S > IR_MAX_STAGES) diag_error_noloc(g->diag, "%d devices: at most %d are supported", S, IR_MAX_STAGES);
@@ -432,6 +492,7 @@ void pass_partition(Graph *g, PassCtx *cx) {
       prev = v;
     }
   }
+  tie_grads(g, cx);
   if (S == 1) return;
   Part P = {.g = g, .cx = cx, .S = S};
   P.rates = arena_alloc(g->arena, (size_t)S * sizeof *P.rates);
@@ -483,6 +544,13 @@ static void stage_memory(const Graph *g, const PassCtx *cx, int s, PlanStage *m)
     const Value *v = g->values[i];
     if (!acc || (v->op != OP_ADAMW && v->op != OP_SGD)) continue;
     const Value *gr = v->in[1];
+    if (ir_tied_add(gr)) { /* a tied weight: an accumulator per part, on the part's stage */
+      for (int j = 0; j < gr->n_in; j++) {
+        const Value *x = ir_tied_part(gr->in[j]);
+        if ((x->device < 0 ? 0 : x->device) == s) m->grads += align64_bytes(value_bytes(x));
+      }
+      continue;
+    }
     if ((gr->device < 0 ? 0 : gr->device) != s) continue;
     bool seen = false; /* the runtime keeps one accumulator per gradient tensor */
     for (int j = 0; j < i && !seen; j++) {
@@ -549,12 +617,15 @@ void partition_plan_stage(const Graph *g, const PassCtx *cx, int s, PlanStage *p
     const Value *v = g->values[i];
     if ((v->device < 0 ? 0 : v->device) != s) continue;
     double t = part_op_seconds(v, &r);
+    bool once = false; /* a tied weight: its value and its gradient part cross once per step */
     if (v->op == OP_TRANSFER) {
       int64_t b = value_bytes(v);
-      if (v->role != ROLE_EVAL) ps->xfer += b * M;
+      once = ir_param_transfer(v) || v->role == ROLE_OPTIMIZER;
+      if (v->role != ROLE_EVAL) ps->xfer += once ? b : b * M;
       t = (double)b / r.link_bytes_per_s;
     }
-    if (v->role == ROLE_FORWARD) ps->t_f += t;
+    if (once) ps->t_o += t;
+    else if (v->role == ROLE_FORWARD) ps->t_f += t;
     else if (v->role == ROLE_BACKWARD) ps->t_b += t;
     else if (v->role == ROLE_OPTIMIZER) ps->t_o += t;
     if (v->op == OP_PARAM && v->attr.name) {

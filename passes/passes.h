@@ -54,6 +54,7 @@ typedef struct PassCtx {
   const char *target;     /* --target: a name of the device table (NULL: cpu) */
   const PartDevice *devices; /* partition: the stages' devices (NULL: one CPU) */
   int n_devices;
+  bool clip;                 /* partition: --clip-grad-norm given (tied gradients stay per micro-batch) */
   bool one_f_one_b;          /* partition: 1F1B keeps min(M, S - s) micro-batches'
                               * activations on stage s (GPipe: M) */
   double bucket_mb;          /* data_parallel: --bucket-mb, MiB per all-reduce bucket

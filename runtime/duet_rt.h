@@ -27,8 +27,9 @@
 enum { DUET_VOID = 0, DUET_F32 = 1, DUET_F64 = 2, DUET_I32 = 3, DUET_F16 = 4, DUET_BF16 = 5, DUET_U8 = 6, DUET_I8 = 7 };
 
 /* Where a tensor lives. */
-/* DUET_MEM_CACHE: key/value caches of a decoding program (persistent, not
- * checkpointed, zeroed at session start). */
+/* DUET_MEM_CACHE: key/value caches of a decoding program, and a pipeline
+ * stage's copies of params sent once per step by another stage (persistent,
+ * not checkpointed, zeroed at session start). */
 enum { DUET_MEM_NONE = 0, DUET_MEM_PARAM = 1, DUET_MEM_STATE = 2, DUET_MEM_ARENA = 3, DUET_MEM_CACHE = 4,
        DUET_MEM_COUNT = 5 };
 
@@ -62,7 +63,13 @@ typedef struct DuetTensor {
  * when the trans flag is set (cblas_sgemm semantics, alpha 1, beta 0). */
 /* Pipelines add DUET_STEP_SEND (a: transfer index; the sending stage copies
  * the source tensor out) and DUET_STEP_RECV (a: transfer index; the
- * receiving stage waits for it and copies it into the destination tensor).
+ * receiving stage waits for it and copies it into the destination tensor);
+ * b = 1 on both: a param sent once per training step, on the first
+ * micro-batch only (its copy persists in DUET_MEM_CACHE; a tied weight).
+ * b = 2 on a SEND, RECV or KERNEL step of a stage's optimizer schedule: a
+ * tied weight's gradient, made of its parts once they are summed over the
+ * micro-batches and replicas, before clipping, offload and the updates
+ * (the runtime runs these steps first, apart from the others).
  * Data parallelism adds DUET_STEP_ALLREDUCE (a: bucket index, in a stage's
  * backward schedule after the bucket's last gradient: on a replica's last
  * micro-batch its gradients are final there and the bucket starts its sum

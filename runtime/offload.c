@@ -131,6 +131,8 @@ DuetOffload *duet_offload_new(const DuetProgram *p, int stage, DuetDevice *dev, 
    * a param nor state (the summed gradient in the stage's arena) */
   for (int j = 0; j < ps->n_opt; j++) {
     const DuetStep *x = &ps->opt[j];
+    if ((x->kind == DUET_STEP_KERNEL || x->kind == DUET_STEP_SEND || x->kind == DUET_STEP_RECV) && x->b == 2)
+      continue; /* a tied weight's gradient: made on the device before the fetch (pipeline.c, stage_grads) */
     if (x->kind != DUET_STEP_KERNEL) {
       snprintf(err, errlen, "stage %d: --offload optimizer: the optimizer schedule has a step of kind %d, which the "
                             "host does not run", stage, x->kind);
@@ -226,7 +228,7 @@ int duet_offload_step(DuetOffload *o, void *const *dtab, const double *s, char *
   if (!o->fetched && duet_offload_fetch(o, dtab, err, errlen)) return -1;
   o->fetched = false;
   for (int j = 0; j < ps->n_opt; j++)
-    if (o->host->ops->launch(o->host, ps->opt[j].kernel, o->tab, s)) {
+    if (ps->opt[j].b != 2 && o->host->ops->launch(o->host, ps->opt[j].kernel, o->tab, s)) {
       snprintf(err, errlen, "stage %d: --offload optimizer: %s", o->stage, o->host->err);
       return -1;
     }

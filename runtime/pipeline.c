@@ -123,6 +123,7 @@ typedef struct Stage {
   pthread_t thread;
   bool started;
   int64_t seen;    /* last job run */
+  bool tied_pass;  /* run_steps runs only the optimizer schedule's tied-gradient steps (DuetStep b = 2) */
   int *buckets, n_buckets; /* data parallelism: this stage's buckets, in order */
   DuetCollBuf *cbuf;       /* a bucket's buffers, for the collective */
   int64_t state_lo;        /* ZeRO: the first byte of the state region this replica holds */
@@ -242,6 +243,8 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
   for (int i = 0; i < n; i++) {
     const DuetStep *x = &steps[i];
     int rc = 0;
+    bool tied = (x->kind == DUET_STEP_KERNEL || x->kind == DUET_STEP_SEND || x->kind == DUET_STEP_RECV) && x->b == 2;
+    if (tied != st->tied_pass) continue; /* a tied weight's gradient: its own pass (stage_grads) */
     if (x->kind == DUET_STEP_ALLREDUCE) {
       if (train && m == q->M - 1 && bucket_post(st, x->a, m, slot)) return -1;
       continue;
@@ -250,6 +253,8 @@ static int run_steps(Stage *st, const DuetStep *steps, int n, int m, int slot, c
       if (train && gather_post(st, x->a)) return -1;
       continue;
     }
+    if ((x->kind == DUET_STEP_SEND || x->kind == DUET_STEP_RECV) && x->b && train && m > 0)
+      continue; /* a param, sent once per step: the receiver's copy persists (DUET_MEM_CACHE) */
     if (x->kind == DUET_STEP_SEND) {
       const DuetTransfer *tr = &p->transfers[x->a];
       int k = train ? m : 0;
@@ -591,10 +596,19 @@ static int stage_grads(Stage *st) {
     for (int m = 0; m < M; m++)
       if (backward(st, m)) return -1;
   }
-  if (q->R > 1) return replicas_meet(st);
-  for (int i = 0; i < p->n_tensors; i++)
-    if (st->acc_off[i] >= 0 && final_grad(st, i)) return -1;
-  return 0;
+  if (q->R > 1) {
+    if (replicas_meet(st)) return -1;
+  } else {
+    for (int i = 0; i < p->n_tensors; i++)
+      if (st->acc_off[i] >= 0 && final_grad(st, i)) return -1;
+  }
+  /* tied weights: the parts of their gradients summed, the sums crossing
+   * stages and added (the optimizer schedule's steps with b = 2) */
+  const DuetStage *ps = &p->stages[s];
+  st->tied_pass = true;
+  int rc = run_steps(st, st->opt ? st->opt : ps->opt, st->opt ? st->n_opt : ps->n_opt, 0, 0, q->s, true);
+  st->tied_pass = false;
+  return rc;
 }
 
 /* Gradient clipping, after the stage's gradients are final (summed over
