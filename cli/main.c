@@ -1779,7 +1779,7 @@ static int cmd_predict(int argc, char **argv) {
   memset(&m, 0, sizeof m);
   int rc = 1;
   if (cp && !load_kernels(&c, cp, &m, false)) {
-    rc = duet_predict_main(&cp->prog, m.fns, argc - 1, argv + 1);
+    rc = duet_predict_main(&cp->prog, m.fns, model, argc - 1, argv + 1);
     jit_unload(&m);
   }
   compiled_free(&c);
@@ -1823,6 +1823,12 @@ static int cmd_export(int argc, char **argv) {
     return 1;
   }
   CgProgram *cp = codegen_lower(c.g, c.arena);
+  DuetConfig cfg = cp->prog.defaults;
+  cfg.checkpoint_path = ckpt;
+  if (duet_check_output(&cp->prog, &cfg, model, "-o", out)) {
+    compiled_free(&c);
+    return 1;
+  }
   char err[2048];
   int rc = duet_export_weights(&cp->prog, ckpt, out, err, sizeof err);
   if (rc) fprintf(stderr, "duet: error: %s\n", err);

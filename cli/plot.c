@@ -31,11 +31,14 @@
 #include "plot.h"
 
 /* The panels, in drawing order: the metrics keys each plots. */
-enum { P_LOSS, P_VAL, P_ACC, P_LR, P_RATE, N_PANELS };
-static const char *const panel_title[N_PANELS] = {"training loss", "validation loss", "test accuracy",
+enum { P_LOSS, P_VAL, P_VACC, P_ACC, P_LR, P_RATE, N_PANELS };
+static const char *const panel_title[N_PANELS] = {"training loss", "validation loss", "validation accuracy",
+                                                   "test accuracy",
                                                    "learning rate", "throughput"};
-static const char *const panel_key[N_PANELS] = {"loss", "val_loss", "test_accuracy", "lr", "samples_per_s"};
-static const char *const panel_name[N_PANELS] = {"loss", "val_loss", "test_accuracy", "lr", "throughput"};
+static const char *const panel_key[N_PANELS] = {"loss", "val_loss", "val_accuracy", "test_accuracy", "lr",
+                                                 "samples_per_s"};
+static const char *const panel_name[N_PANELS] = {"loss", "val_loss", "val_accuracy", "test_accuracy", "lr",
+                                                  "throughput"};
 
 typedef struct Series {
   int64_t *step;
@@ -134,7 +137,8 @@ static int read_line(Run *r, size_t ln, const char *text) {
     fprintf(stderr, "duet: error: %s:%zu: no \"step\" (a whole number >= 0) on this line\n", r->path, ln);
     goto out;
   }
-  static const char *const keys[] = {"loss", "val_loss", "test_accuracy", "lr", "samples_per_s", "tokens_per_s"};
+  static const char *const keys[] = {"loss",         "val_loss",      "val_accuracy", "test_accuracy",
+                                     "lr",           "samples_per_s", "tokens_per_s"};
   for (int k = 0; k < (int)(sizeof keys / sizeof *keys); k++) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, keys[k]);
     if (!it || cJSON_IsNull(it)) continue; /* null: a non-finite value, not drawn */
@@ -143,7 +147,7 @@ static int read_line(Run *r, size_t ln, const char *text) {
       goto out;
     }
     int panel = k < P_RATE ? k : P_RATE;
-    if (k == 5) r->tokens = true;
+    if (k == P_RATE + 1) r->tokens = true;
     if (series_add(&r->s[panel], (int64_t)sv, it->valuedouble)) {
       fprintf(stderr, "duet: error: out of host memory reading %s\n", r->path);
       goto out;
@@ -187,8 +191,8 @@ static int read_metrics(Run *r) {
   bool any = false;
   for (int k = 0; k < N_PANELS; k++) any |= r->s[k].n > 0;
   if (!any) {
-    fprintf(stderr, "duet: error: %s has nothing to plot: no line carries \"loss\", \"val_loss\", \"test_accuracy\", "
-                    "\"lr\", \"samples_per_s\" or \"tokens_per_s\"\n", r->path);
+    fprintf(stderr, "duet: error: %s has nothing to plot: no line carries \"loss\", \"val_loss\", \"val_accuracy\", "
+                    "\"test_accuracy\", \"lr\", \"samples_per_s\" or \"tokens_per_s\"\n", r->path);
     return 1;
   }
   return 0;
@@ -238,7 +242,7 @@ static void write_script(Buf *b, const Run *runs, int n, const char *out, bool s
   for (int k = 0; k < N_PANELS; k++) {
     if (!has[k]) continue;
     const char *ylabel = k == P_RATE ? (tokens && samples ? "samples/s, tokens/s" : tokens ? "tokens/s" : "samples/s")
-                         : k == P_LR ? "learning rate" : k == P_ACC ? "accuracy (fraction)" : "loss";
+                         : k == P_LR ? "learning rate" : k == P_ACC || k == P_VACC ? "accuracy (fraction)" : "loss";
     buf_printf(b, "set title '%s'\nset ylabel '%s'\n", panel_title[k], ylabel);
     buf_printf(b, "set format y %s\n", k == P_LR ? "'%.1e'" : "'%g'");
     buf_printf(b, "plot ");
@@ -248,7 +252,7 @@ static void write_script(Buf *b, const Run *runs, int n, const char *out, bool s
       if (!s->n) continue;
       /* evaluations are few: points on the line */
       buf_printf(b, "%s$d%d_%s using 1:2 with %s lw 2 lc %d title ", first ? "" : ", ", i, panel_name[k],
-                 k == P_VAL || k == P_ACC || s->n == 1 ? "linespoints pt 7 ps 0.6" : "lines", i + 1);
+                 k == P_VAL || k == P_VACC || k == P_ACC || s->n == 1 ? "linespoints pt 7 ps 0.6" : "lines", i + 1);
       buf_quoted(b, runs[i].label);
       first = false;
     }

@@ -837,6 +837,13 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
   if (rc) {
     char help[400];
     help_settings(g, cx, S, help, sizeof help);
+    for (int s = 0; s < S && s < cx->n_devices; s++) { /* weights alone too big: no setting but stages helps */
+      PlanStage m = {0};
+      stage_memory(g, cx, s, &m);
+      if (cx->devices[s].capacity > 0 && m.weights > cx->devices[s].capacity)
+        snprintf(help, sizeof help, "the weights alone exceed %s: only more --devices (stages) or more memory",
+                 cx->devices[s].name);
+    }
     for (int s = 0; s < S && s < cx->n_devices; s++) {
       const PartDevice *d = &cx->devices[s];
       int64_t need = partition_stage_need(g, cx, s);

@@ -920,8 +920,17 @@ DuetSession *duet_eval_open(const DuetProgram *p, const DuetKernelFn *kernels, c
 int duet_evaluate(DuetSession *s, const DuetConfig *cfg, DuetEvalResult *res, char *err, size_t errlen);
 /* duet predict: argv holds the flags after the model (--checkpoint CK,
  * --data, -o FILE, --test-subset, --eval-batches, --logits, --threads);
+ * model_path (or NULL) is the model source, an input -o may not be.
  * writes the JSON lines duet_predict_usage describes.  The exit code. */
-int duet_predict_main(const DuetProgram *p, const DuetKernelFn *kernels, int argc, char **argv);
+int duet_predict_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *model_path, int argc,
+                      char **argv);
+/* An output file `path` (named by `flag` in the message, e.g. "-o") that
+ * would destroy an input of a run with cfg (p->defaults when NULL): the
+ * model source model_path (or NULL), --resume, --checkpoint, the data
+ * files, the running program; compared by device and inode, so links and
+ * other spellings count.  0, or 1 after printing the error. */
+int duet_check_output(const DuetProgram *p, const DuetConfig *cfg, const char *model_path, const char *flag,
+                      const char *path);
 void duet_predict_usage(FILE *out);
 /* duet export: the params of checkpoint `ckpt` of program p (checked as
  * duet_checkpoint_check_weights does, values finite) as f32 tensors under

@@ -1079,62 +1079,89 @@ static bool same_key(const FileKey *a, const FileKey *b) {
   return a->exists || !strcmp(a->base, b->base);
 }
 
-/* Outputs that would destroy an input: each output (--save, --metrics) is
- * compared by device and inode with each input that exists (the model
- * source, --resume, the data files, the running program itself) and with
- * the other output.  --save may be --resume: the checkpoint is read whole
+/* Outputs that would destroy an input: each output (--save, --metrics, or
+ * the extra output of duet predict / duet export) is compared by device
+ * and inode with each input that exists (the model source, --resume,
+ * --checkpoint, the data files, the running program itself) and with the
+ * other output.  --save may be --resume: the checkpoint is read whole
  * before the first save renames a new one over it.  0, or 1 after the
  * error. */
 typedef struct RunInput {
   const char *what, *path;
 } RunInput;
 
-static int check_outputs(const DuetConfig *cfg, const char *model_path) {
-  RunInput in[8];
-  int n_in = 0;
+typedef struct RunInputs {
+  RunInput in[10];
+  int n;
   char data[4][4096], exe[4096];
-  if (model_path) in[n_in++] = (RunInput){"the model source", model_path};
-  if (cfg->resume_path) in[n_in++] = (RunInput){"--resume", cfg->resume_path};
-  if (cfg->eval_only && cfg->checkpoint_path) in[n_in++] = (RunInput){"--checkpoint", cfg->checkpoint_path};
+} RunInputs;
+
+/* The inputs of a run with cfg (and the model source model_path, or NULL). */
+static void run_inputs(const DuetConfig *cfg, const char *model_path, RunInputs *r) {
+  r->n = 0;
+  if (model_path) r->in[r->n++] = (RunInput){"the model source", model_path};
+  if (cfg->resume_path) r->in[r->n++] = (RunInput){"--resume", cfg->resume_path};
+  if (cfg->checkpoint_path) r->in[r->n++] = (RunInput){"--checkpoint", cfg->checkpoint_path};
   if ((cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS) && cfg->data_path) {
-    in[n_in++] = (RunInput){cfg->data == DUET_DATA_TEXT ? "the training text" : "the token file", cfg->data_path};
+    r->in[r->n++] = (RunInput){cfg->data == DUET_DATA_TEXT ? "the training text" : "the token file", cfg->data_path};
   } else if (cfg->data == DUET_DATA_NPY) {
     const char *np[4] = {cfg->data_path, cfg->data_y, cfg->val_x, cfg->val_y};
     for (int k = 0; k < 4; k++)
-      if (np[k]) in[n_in++] = (RunInput){"the data file", np[k]};
+      if (np[k]) r->in[r->n++] = (RunInput){"the data file", np[k]};
   } else if (cfg->data_path) {
     for (int k = 0; k < 4; k++) {
-      snprintf(data[k], sizeof data[k], "%s/%s", cfg->data_path, idx_files[k / 2][k % 2]);
-      in[n_in++] = (RunInput){"the data file", data[k]};
+      snprintf(r->data[k], sizeof r->data[k], "%s/%s", cfg->data_path, idx_files[k / 2][k % 2]);
+      r->in[r->n++] = (RunInput){"the data file", r->data[k]};
     }
   }
-  ssize_t n_exe = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  ssize_t n_exe = readlink("/proc/self/exe", r->exe, sizeof r->exe - 1);
   if (n_exe > 0) {
-    exe[n_exe] = 0;
-    in[n_in++] = (RunInput){"the running program", exe};
+    r->exe[n_exe] = 0;
+    r->in[r->n++] = (RunInput){"the running program", r->exe};
   }
+}
+
+/* Output `path` (given as `flag`) against the inputs r; `skip`: an input
+ * path the output may be (--save over --resume).  0, or 1 after the error. */
+static int check_output(const RunInputs *r, const char *flag, const char *path, const char *skip, FileKey *key) {
+  *key = file_key(path);
+  if (!key->exists) return 0;
+  for (int i = 0; i < r->n; i++) {
+    if (skip && r->in[i].path == skip) continue;
+    FileKey ik = file_key(r->in[i].path);
+    if (ik.exists && same_key(key, &ik)) {
+      fprintf(stderr, "duet: error: %s %s is the same file as %s %s: writing it would destroy that input\n", flag,
+              path, r->in[i].what, r->in[i].path);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static int check_outputs(const DuetConfig *cfg, const char *model_path) {
+  RunInputs r;
+  DuetConfig c = *cfg;
+  if (!c.eval_only) c.checkpoint_path = NULL; /* read only by --eval-only */
+  run_inputs(&c, model_path, &r);
   const char *out[2] = {cfg->save_path, cfg->metrics_path}, *out_flag[2] = {"--save", "--metrics"};
   FileKey ok[2] = {{0}};
-  for (int o = 0; o < 2; o++) {
-    if (!out[o]) continue;
-    ok[o] = file_key(out[o]);
-    if (!ok[o].exists) continue;
-    for (int i = 0; i < n_in; i++) {
-      if (o == 0 && in[i].path == cfg->resume_path) continue;
-      FileKey ik = file_key(in[i].path);
-      if (ik.exists && same_key(&ok[o], &ik)) {
-        fprintf(stderr, "duet: error: %s %s is the same file as %s %s: writing it would destroy that input\n",
-                out_flag[o], out[o], in[i].what, in[i].path);
-        return 1;
-      }
-    }
-  }
+  for (int o = 0; o < 2; o++)
+    if (out[o] && check_output(&r, out_flag[o], out[o], o == 0 ? cfg->resume_path : NULL, &ok[o])) return 1;
   if (out[0] && out[1] && same_key(&ok[0], &ok[1])) {
     fprintf(stderr, "duet: error: --metrics %s is the same file as --save %s: each output needs its own file\n", out[1],
             out[0]);
     return 1;
   }
   return 0;
+}
+
+int duet_check_output(const DuetProgram *p, const DuetConfig *cfg, const char *model_path, const char *flag,
+                      const char *path) {
+  RunInputs r;
+  FileKey k;
+  DuetConfig c = cfg ? *cfg : p->defaults;
+  run_inputs(&c, model_path, &r);
+  return check_output(&r, flag, path, NULL, &k);
 }
 
 /* The number of samples of an IDX labels file (its header), or -1. */
@@ -1606,7 +1633,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
   if (cfg.train_subset > train.n && duet_warns())
     fprintf(stderr, "duet: warning: --train-subset %" PRId64 " exceeds the %" PRId64 " training samples; using all\n",
             cfg.train_subset, train.n);
-  if (cfg.test_subset > test.n && duet_warns())
+  if (test.n > 0 && cfg.test_subset > test.n && duet_warns()) /* test.n 0: --no-eval loads no test set */
     fprintf(stderr, "duet: warning: --test-subset %" PRId64 " exceeds the %" PRId64 " test samples; using all\n",
             cfg.test_subset, test.n);
   int64_t B = p->defaults.batch;
@@ -2331,9 +2358,9 @@ static int check_eval_flags(const DuetConfig *c) {
             c->keep ? "--keep" : "--keep-best");
     return 1;
   }
-  if (c->eval_only && (c->save_path || c->resume_path)) {
+  if (c->eval_only && (c->save_path || c->resume_path || c->keep || c->keep_best)) {
     fprintf(stderr, "duet: error: --eval-only trains nothing: it takes no --%s (the checkpoint to evaluate is "
-                    "--checkpoint CK)\n", c->save_path ? "save" : "resume");
+                    "--checkpoint CK)\n", c->save_path ? "save" : c->resume_path ? "resume" : c->keep ? "keep" : "keep-best");
     return 1;
   }
   return 0;
@@ -2660,7 +2687,7 @@ static int predict_text(DuetSession *s, const DuetProgram *p, const TextData *td
   return rc;
 }
 
-int duet_predict_main(const DuetProgram *p, const DuetKernelFn *kernels, int argc, char **argv) {
+int duet_predict_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *model_path, int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   DuetConfig cfg = p->defaults;
   const char *out_path = NULL;
@@ -2699,6 +2726,11 @@ int duet_predict_main(const DuetProgram *p, const DuetKernelFn *kernels, int arg
   bool text = cfg.data == DUET_DATA_TEXT || cfg.data == DUET_DATA_TOKENS;
   char err[2048];
   int64_t step;
+  if (text && with_logits) {
+    fprintf(stderr, "duet: error: --logits is for classifiers: a language model's lines carry its per-token losses "
+                    "(see duet predict --help)\n");
+    return 1;
+  }
   if (!text && no_data_source(p, &cfg)) return 1;
   if (p->logits < 0 || p->metrics < 0) {
     fprintf(stderr, "duet: error: model `%s` has no evaluated cross_entropy whose logits to predict from\n",
@@ -2727,6 +2759,7 @@ int duet_predict_main(const DuetProgram *p, const DuetKernelFn *kernels, int arg
     fprintf(stderr, "duet: error: %s\n", err);
     goto out;
   }
+  if (out_path && duet_check_output(p, &cfg, model_path, "-o", out_path)) goto out;
   if (out_path && !(out = fopen(out_path, "w"))) {
     fprintf(stderr, "duet: error: cannot write %s: %s\n", out_path, strerror(errno));
     out = stdout;

@@ -13,7 +13,8 @@ import re
 import sys
 import xml.etree.ElementTree as ET
 
-PANELS = [("loss", ("loss",)), ("val_loss", ("val_loss",)), ("test_accuracy", ("test_accuracy",)),
+PANELS = [("loss", ("loss",)), ("val_loss", ("val_loss",)), ("val_accuracy", ("val_accuracy",)),
+          ("test_accuracy", ("test_accuracy",)),
           ("lr", ("lr",)), ("throughput", ("samples_per_s", "tokens_per_s"))]
 
 

@@ -60,6 +60,8 @@ before_compile checkpoint_alone "duet: error: --checkpoint CK is read by --eval-
 checkpoint give --resume CK" "$DUET" run $M --checkpoint "$d/ck.st"
 before_compile eval_only_save "duet: error: --eval-only trains nothing: it takes no --save (the checkpoint to \
 evaluate is --checkpoint CK)" "$DUET" run $M --eval-only --checkpoint "$d/ck.st" --save "$d/x.st"
+before_compile eval_only_keep "duet: error: --eval-only trains nothing: it takes no --keep (the checkpoint to \
+evaluate is --checkpoint CK)" "$DUET" run $M --eval-only --checkpoint "$d/ck.st" --keep 2
 before_compile missing "duet: error: cannot load the checkpoint: cannot open $d/none.st: No such file or directory" \
   "$DUET" run $M --eval-only --checkpoint "$d/none.st"
 before_compile other_model "duet: error: cannot load $d/g.st: it is a checkpoint of model \`gpt_tiny\`, not \

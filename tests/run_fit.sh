@@ -205,6 +205,11 @@ for i, d in enumerate(j["devices"]):
   }
   expect weights_alone "duet: error: the model does not fit the memory of cpu: its weights alone take 12.43 MiB (13031424 bytes), more than the 10.00 MiB available (--device-memory 10MiB = 10485760 bytes); only more --devices (stages) or more memory help" \
     "$DUET" run $G --device-memory 10MiB --steps 1
+  # the table's advice agrees with the error: no setting but stages helps when the weights alone do not fit
+  if "$DUET" run $G --device-memory 10MiB --steps 1 2>&1 |
+     grep -Fxq 'what would help: the weights alone exceed cpu: only more --devices (stages) or more memory'; then
+    ok weights_alone_table_advice
+  else bad weights_alone_table_advice; fi
   expect bad_size "duet: error: --device-memory expects a size such as 16GiB or 16G (2^30 bytes), 16GB (10^9), 500MiB or bytes, got '16QB'" \
     "$DUET" plan $G --device-memory 16QB
   expect bad_size_run "duet: error: --device-memory expects a size such as 16GiB or 16G (2^30 bytes), 16GB (10^9), 500MiB or bytes, got '-1G'" \

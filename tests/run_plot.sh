@@ -50,7 +50,7 @@ expect plot_string_loss 1 "duet: error: $d/strloss.jsonl:1: \"loss\" is not a fi
   "$DUET" plot "$d/strloss.jsonl" -o "$d/x.png"
 expect plot_array 1 "duet: error: $d/array.jsonl:1: not a JSON object (a metrics file of duet run --metrics has one per line)" \
   "$DUET" plot "$d/array.jsonl" -o "$d/x.png"
-expect plot_nothing 1 "duet: error: $d/empty.jsonl has nothing to plot: no line carries \"loss\", \"val_loss\", \"test_accuracy\", \"lr\", \"samples_per_s\" or \"tokens_per_s\"" \
+expect plot_nothing 1 "duet: error: $d/empty.jsonl has nothing to plot: no line carries \"loss\", \"val_loss\", \"val_accuracy\", \"test_accuracy\", \"lr\", \"samples_per_s\" or \"tokens_per_s\"" \
   "$DUET" plot "$d/empty.jsonl" -o "$d/x.png"
 expect plot_missing 1 "duet: error: cannot read metrics file $d/nope.jsonl: No such file or directory" \
   "$DUET" plot "$d/nope.jsonl" -o "$d/x.png"
@@ -105,6 +105,11 @@ if "$DUET" run models/fmnist_mlp.model --train-subset 1024 --test-subset 1000 --
 elif grep -q 'fashion' "$d/mlp.out"; then echo "skip: no Fashion-MNIST"; skipped=$((skipped + 1))
 else bad "fmnist_mlp run"; cat "$d/mlp.out"; fi
 
+# the lines of a fashion_mnist(..., val_fraction = F) run: per-epoch validation accuracy and loss, one final test line
+printf '%s\n' '{"step":1,"loss":2.3,"lr":0.001}' '{"step":4,"epoch":1,"val_accuracy":0.71,"val_loss":0.8}' \
+  '{"step":8,"epoch":2,"val_accuracy":0.78,"val_loss":0.6}' '{"step":8,"test_accuracy":0.77,"test_loss":0.62,"final":true}' \
+  > "$d/val.jsonl"
+files="$files $d/val.jsonl"
 # --- 2. the pictures and the data gnuplot received ---
 if [ -n "$files" ]; then
   # shellcheck disable=SC2086

@@ -99,5 +99,23 @@ check export_onto_checkpoint "duet: error: -o $d/ck.st is the checkpoint itself;
 check export_other_model "duet: error: cannot load $d/g.st: it is a checkpoint of model \`gpt_tiny\`, not \
 \`fmnist_mlp\`" "$DUET" export $M --checkpoint "$d/g.st" -o "$d/x.safetensors"
 [ ! -e "$d/x.safetensors" ] && ok export_error_writes_nothing || bad export_error_writes_nothing
+# -o never destroys an input: the checkpoint (also through a symlink), the model source, a data file
+cp $M "$d/m.model" && cp "$d/ck.st" "$d/ck.copy" && ln -s "$d/ck.st" "$d/ck.link" || bad copies
+check predict_onto_checkpoint "duet: error: -o $d/ck.st is the same file as --checkpoint $d/ck.st: writing it \
+would destroy that input" "$DUET" predict "$d/m.model" --checkpoint "$d/ck.st" --test-subset 10 -o "$d/ck.st"
+check predict_onto_link "duet: error: -o $d/ck.link is the same file as --checkpoint $d/ck.st: writing it \
+would destroy that input" "$DUET" predict "$d/m.model" --checkpoint "$d/ck.st" --test-subset 10 -o "$d/ck.link"
+check predict_onto_model "duet: error: -o $d/m.model is the same file as the model source $d/m.model: writing it \
+would destroy that input" "$DUET" predict "$d/m.model" --checkpoint "$d/ck.st" --test-subset 10 -o "$d/m.model"
+mkdir -p "$d/fm" && for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
+  t10k-labels-idx1-ubyte.gz; do ln -s "/usr/share/datasets/fashion-mnist/$f" "$d/fm/$f"; done
+check predict_onto_data "duet: error: -o $d/fm/t10k-labels-idx1-ubyte.gz is the same file as the data file \
+$d/fm/t10k-labels-idx1-ubyte.gz: writing it would destroy that input" \
+  "$DUET" predict "$d/m.model" --checkpoint "$d/ck.st" --data "$d/fm" --test-subset 10 -o "$d/fm/t10k-labels-idx1-ubyte.gz"
+check export_onto_model "duet: error: -o $d/m.model is the same file as the model source $d/m.model: writing it \
+would destroy that input" "$DUET" export "$d/m.model" --checkpoint "$d/ck.st" -o "$d/m.model"
+cmp -s "$d/ck.st" "$d/ck.copy" && cmp -s $M "$d/m.model" && ok inputs_intact || bad inputs_intact
+check predict_logits_text "duet: error: --logits is for classifiers: a language model's lines carry its per-token \
+losses (see duet predict --help)" "$DUET" predict $G --checkpoint "$d/g.st" --logits --eval-batches 1
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

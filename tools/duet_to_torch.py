@@ -102,7 +102,9 @@ def check_mlp(w, preds, args):
     ok = True
     worst_logit = worst_prob = 0.0
     for i, p in enumerate(preds):
-        assert p["index"] == i, "predictions out of order"
+        if p.get("index") != i:
+            sys.exit(f"duet_to_torch.py: {args.predictions} line {i + 1} is not a classifier's prediction {i} "
+                     "(duet predict of the same fmnist_mlp checkpoint, with --logits)")
         if "logits" not in p:
             sys.exit("duet_to_torch.py: P.jsonl has no logits: run duet predict with --logits")
         d = np.abs(np.array(p["logits"]) - logits[i]).max()
@@ -176,8 +178,13 @@ def main():
         except ImportError:
             print("duet_to_torch.py: torch is not installed: skipped")
             sys.exit(77)
-    w, meta = read_safetensors(args.weights)
-    preds = load_predictions(args.predictions)
+    try:
+        w, meta = read_safetensors(args.weights)
+        preds = load_predictions(args.predictions)
+    except OSError as e:
+        sys.exit(f"duet_to_torch.py: cannot read {e.filename}: {e.strerror}")
+    except (ValueError, KeyError) as e:
+        sys.exit(f"duet_to_torch.py: {args.weights} or {args.predictions} is malformed: {e}")
     model = meta.get("model")
     if meta.get("format") != "duet-weights-1":
         sys.exit(f"duet_to_torch.py: {args.weights} is not a duet export (format {meta.get('format')!r})")
