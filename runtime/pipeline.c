@@ -62,7 +62,7 @@
  * (duet_pipe_read_state: across MPI ranks a broadcast from it, which every
  * rank joins in the same order: duet_pipe_serve_states).
  *
- * Environment (documented in README.md):
+ * Environment (documented in docs/commands.md):
  *   DUET_PIPE_TIMEOUT=SECONDS   how long a stage waits for a transfer (120)
  *   DUET_PIPE_STAGING=auto|host host: every transfer staged through host
  *                               memory, even between devices that can copy
