@@ -697,7 +697,7 @@ const char *kernel_kind_name(KernelKind k) {
       [KK_MAXPOOL] = "maxpool", [KK_MAXPOOL_GRAD] = "maxpool_grad", [KK_AVGPOOL] = "avgpool",
       [KK_AVGPOOL_GRAD] = "avgpool_grad", [KK_ATTN_DECODE] = "attn_decode", [KK_UNSCALE] = "unscale",
       [KK_ATTN_BWD_KV] = "attn_bwd_kv", [KK_SOFTMAX] = "softmax", [KK_SOFTMAX_BWD] = "softmax_bwd",
-      [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope", [KK_MSE] = "mse",
+      [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope", [KK_MSE] = "mse", [KK_GEMM_I8] = "gemm_i8",
       [KK_SUMSQ] = "sumsq", [KK_CLIP_SCALE] = "clip_scale",
       [KK_ADAMW8] = "adamw8"};
   return k >= 0 && k < (int)(sizeof names / sizeof *names) && names[k] ? names[k] : "?";
