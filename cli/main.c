@@ -2146,6 +2146,8 @@ int main(int argc, char **argv) {
     if ((n = strip_prune_flags(n, argv + 2)) < 0) return 1;
     argc = n + 2;
     if (!strcmp(cmd, "run") && quantize_train_refused(argc - 2, argv + 2)) return 1;
+    for (int i = 2; !strcmp(cmd, "run") && opt_offload && i < argc; i++) /* --offload: a compile-time flag here */
+      if (!strcmp(argv[i], "--eval-only")) return duet_eval_only_refuse("--offload");
     if ((!strcmp(cmd, "run") || !strcmp(cmd, "compile")) && opt_arch && strcmp(opt_arch, "cpu")) {
       fprintf(stderr, "duet: error: duet %s builds for the CPU; --arch %s is for duet ir and duet check\n", cmd,
               opt_arch);
