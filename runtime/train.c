@@ -2789,9 +2789,11 @@ int duet_predict_main(const DuetProgram *p, const DuetKernelFn *kernels, const c
     fprintf(stderr, "duet: error: writing %s failed: %s\n", out_path ? out_path : "standard output", strerror(errno));
     goto out;
   }
-  if (text)
-    fprintf(stderr, "duet: predicted %" PRId64 " windows of %" PRId64 " tokens of %s (step %" PRId64 "); mean loss "
-            "%.6f nats/token\n", cfg.eval_batches * p->defaults.batch, cfg.block, cfg.checkpoint_path, step, mean);
+  if (text) /* the unit of --eval-only's line: a token of the data, which byte-level text makes a byte */
+    fprintf(stderr, "duet: predicted %" PRId64 " windows of %" PRId64 " %ss of %s (step %" PRId64 "); mean loss "
+            "%.6f nats/%s\n", cfg.eval_batches * p->defaults.batch, cfg.block,
+            cfg.data == DUET_DATA_TOKENS ? "token" : "byte", cfg.checkpoint_path, step, mean,
+            cfg.data == DUET_DATA_TOKENS ? "token" : "byte");
   else
     fprintf(stderr, "duet: predicted %" PRId64 " samples with %s (step %" PRId64 "): %" PRId64 " correct (%.2f%%)\n", n,
             cfg.checkpoint_path, step, correct, 100.0 * (double)correct / (double)n);
