@@ -969,6 +969,7 @@ static int cmd_compile(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]\n"
              "                    [--data-parallel N] [--bucket-mb X] [--zero 0|1] [--clip-grad-norm X]\n"
+             "                    [--quantize int8|int8-tensor] [--checkpoint CK]\n"
              "Writes a standalone training executable (generated C compiled and linked\n"
              "against the duet runtime).  EXE takes the run-time flags of `duet run`\n"
              "(--steps, --lr, --lr-schedule, --warmup, --min-lr, --seed, --data, --save, ...);\n"
@@ -981,6 +982,11 @@ static int cmd_compile(int argc, char **argv) {
              "--recompute none|blocks|auto, --offload none|optimizer (the executable's default; its\n"
              "--offload none turns it off), --quantize int8|int8-tensor (an evaluation executable\n"
              "with int8 weights: EXE --eval-only --checkpoint CK).\n"
+             "--checkpoint CK embeds CK's weights in EXE (int8 with --quantize, quantized now; f32\n"
+             "without): EXE is an evaluation executable that evaluates them when run (`./EXE`;\n"
+             "--checkpoint CK2 evaluates CK2 instead), trains nothing, and refuses the flags that\n"
+             "configure only training (--clip-grad-norm, --prune..., --zero, --offload, --recompute,\n"
+             "--optimizer-state).  Its size shows the weights' bytes; they stay after `strip`.\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;

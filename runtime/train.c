@@ -261,6 +261,9 @@ void duet_usage_fixed(const DuetProgram *p, FILE *out) {
   fprintf(out, "--lr-schedule, --warmup and --min-lr are run-time flags; --clip-grad-norm %s.\n",
           p->n_clip > 0 ? "is one too (this program has the clipping kernels)"
                         : "needs the clipping kernels, which this program lacks (duet compile --clip-grad-norm X)");
+  if (p->weights) /* duet compile --checkpoint */
+    fprintf(out, "This executable holds its weights (%" PRId64 " bytes, compiled with --checkpoint): run without flags,\n"
+                 "it evaluates them; --checkpoint CK evaluates CK instead; it trains nothing.\n", p->weights_nbytes);
 }
 
 static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc, char **argv);

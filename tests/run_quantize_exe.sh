@@ -64,6 +64,8 @@ done
   ok "./E8 --eval-only: the same" || bad "./E8 --eval-only differs"
 grep -q "^duet: int8 weights: 3 tensors, 1861632 bytes and 8232 bytes of f32 scales" "$d/E8.out" && ok int8_line ||
   bad int8_line
+"$d/E8" --help 2>&1 | grep -q "^This executable holds its weights (1879[0-9]* bytes, compiled with --checkpoint)" &&
+  ok "./E8 --help says it holds its weights" || bad "./E8 --help"
 # --checkpoint overrides the embedded weights
 S="--test-subset 2000" # (the first 2,000 test images, for speed)
 "$d/E8" $T $S --checkpoint "$d/ck2.st" --metrics "$d/E8o.jsonl" > /dev/null 2>&1
