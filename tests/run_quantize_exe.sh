@@ -25,8 +25,9 @@
 #   - exact one-line errors: a checkpoint of another model, a missing
 #     checkpoint, --checkpoint with a flag that configures only training
 #     (--clip-grad-norm, the --prune flags), -o naming the checkpoint, and
-#     the executable given --save; no temporary file is left next to the
-#     executable, after a failure or a success.
+#     the executable given --save; a failed link keeps the old executable
+#     (it is linked under a temporary name, then renamed); no temporary
+#     file is left next to the executable, after a failure or a success.
 # The CUDA path (the same embedded file copied to the device at load) is
 # checked by tests/gpu/run_quantize_gpu.sh (the fake GPU: ctest fakegpu_prune).
 # Exits 77 without the data.
@@ -131,6 +132,16 @@ expect output_is_checkpoint "duet: error: -o $d/ck.st names the input file; choo
   "$DUET" compile $M --quantize int8 --checkpoint "$d/ck.st" -o "$d/ck.st"
 expect exe_save "duet: error: this executable evaluates its embedded weights (compiled with --checkpoint) and trains nothing: it takes no --save; to train, compile without --checkpoint" \
   "$d/E8" --save "$d/x.st"
+# a failed link (a C compiler that writes part of its output, then fails)
+# leaves the old executable as it was
+cp "$d/E8" "$d/E8old" && cp "$d/E8" "$d/E8keep"
+printf '#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && printf partial > "$2"; shift; done\nexit 1\n' > "$d/badcc"
+chmod +x "$d/badcc"
+DUET_CC="$d/badcc" "$DUET" compile $M --quantize int8 --checkpoint "$d/ck.st" -o "$d/E8old" > "$d/link.out" 2>&1 &&
+  bad "a failing C compiler: compile succeeded" ||
+  { grep -q "^duet: error: linking the evaluation executable failed ($d/badcc exited with 1):" "$d/link.out" &&
+    cmp -s "$d/E8old" "$d/E8keep" && ok "failed link: error, the old executable kept" ||
+    { bad "failed link"; cat "$d/link.out"; }; }
 left=$(ls -a "$d" | grep 'duet-' | head -3)
 [ -z "$left" ] && [ ! -e "$d/X" ] && ok "no temporaries left" || bad "left next to the executables: $left"
 echo "$pass passed, $fail failed"
