@@ -45,7 +45,8 @@ static void usage(FILE *out) {
           "run, compile, plan, ir, emit and check take --optimizer-state int8|f32 (AdamW's moments in 8-bit\n"
           "block-wise quantized codes, or f32: overrides the model's adamw(state = ...)).\n\n"
           "run, compile, ir and emit take --quantize int8|int8-tensor|none (int8 weights, a scale per output\n"
-          "channel or per tensor: an evaluation program; duet run needs --eval-only --checkpoint CK).\n\n"
+          "channel or per tensor: an evaluation program; duet run needs --eval-only --checkpoint CK);\n"
+          "duet compile --quantize int8 --checkpoint CK puts CK's weights, in int8, inside the executable.\n\n"
           "run, compile, plan, ir, emit and check take the pruning flags --prune S, --prune-mode,\n"
           "--prune-start, --prune-end, --prune-every, --prune-initial, --prune-params (`duet run --help`).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
@@ -920,14 +921,56 @@ static int bad_argument(const char *cmd, int argc, char **argv, int i) {
   return 1;
 }
 
+/* duet compile --checkpoint CK writes an evaluation executable: the flags
+ * that configure only training are refused (the first given, named).  1
+ * after the error. */
+static int checkpoint_train_flags(int argc, char **argv) {
+  const char *given = opt_prune.set ? "the --prune flags" : opt_offload ? "--offload" : opt_recompute ? "--recompute"
+                    : opt_optim_state ? "--optimizer-state" : scan_flag(argc, argv, "--zero") ? "--zero"
+                    : scan_flag(argc, argv, "--clip-grad-norm") ? "--clip-grad-norm" : NULL;
+  if (!given) return 0;
+  fprintf(stderr, "duet: error: %s %s training, and duet compile --checkpoint writes an evaluation executable (it "
+                  "evaluates the checkpoint's weights and trains nothing): leave out %s, or --checkpoint to compile "
+                  "a training executable\n", given, opt_prune.set ? "configure" : "configures", given);
+  return 1;
+}
+
+/* duet compile --checkpoint CK: the params of CK as program cp loads them
+ * (int8 weights quantized now for a --quantize program) written next to
+ * `out` (OUT.duet-XXXXXX.st) for the executable to embed; the file's path
+ * into path (unlink it after linking), cp->weights_file and
+ * cp->prog.weights_nbytes set.  1 after the error (no file left). */
+static int embed_weights(CgProgram *cp, Arena *a, const char *ck, const char *out, char *path, size_t n) {
+  char err[1024];
+  snprintf(path, n, "%s.duet-XXXXXX.st", out);
+  int fd = mkstemps(path, 3);
+  if (fd < 0) {
+    fprintf(stderr, "duet: error: cannot write %s: %s\n", out, strerror(errno));
+    path[0] = 0;
+    return 1;
+  }
+  close(fd);
+  struct stat st;
+  if (duet_checkpoint_embed(&cp->prog, ck, path, err, sizeof err) || stat(path, &st)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    unlink(path);
+    path[0] = 0;
+    return 1;
+  }
+  cp->prog.weights_nbytes = (int64_t)st.st_size;
+  cp->weights_file = arena_printf(a, "%s", path);
+  return 0;
+}
+
 static int cmd_compile(int argc, char **argv) {
-  const char *model = NULL, *out = NULL;
+  const char *model = NULL, *out = NULL, *ck = NULL;
   int64_t batch = 0;
   double clip = 0; /* --clip-grad-norm: 0, the train section's */
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]\n"
              "                    [--data-parallel N] [--bucket-mb X] [--zero 0|1] [--clip-grad-norm X]\n"
+             "                    [--quantize int8|int8-tensor] [--checkpoint CK]\n"
              "Writes a standalone training executable (generated C compiled and linked\n"
              "against the duet runtime).  EXE takes the run-time flags of `duet run`\n"
              "(--steps, --lr, --lr-schedule, --warmup, --min-lr, --seed, --data, --save, ...);\n"
@@ -940,11 +983,18 @@ static int cmd_compile(int argc, char **argv) {
              "--recompute none|blocks|auto, --offload none|optimizer (the executable's default; its\n"
              "--offload none turns it off), --quantize int8|int8-tensor (an evaluation executable\n"
              "with int8 weights: EXE --eval-only --checkpoint CK).\n"
+             "--checkpoint CK embeds CK's weights in EXE (int8 with --quantize, quantized now; f32\n"
+             "without): EXE is an evaluation executable that evaluates them when run (`./EXE`;\n"
+             "--checkpoint CK2 evaluates CK2 instead), trains nothing, and refuses the flags that\n"
+             "configure only training (--clip-grad-norm, --prune..., --zero, --offload, --recompute,\n"
+             "--optimizer-state).  Its size shows the weights' bytes; they stay after `strip`.\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
+    } else if (!strcmp(argv[i], "--checkpoint") && i + 1 < argc) {
+      ck = argv[++i];
     } else if (par_flag(argv[i]) && i + 1 < argc) {
       i++; /* read by par_opts */
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
@@ -975,10 +1025,12 @@ static int cmd_compile(int argc, char **argv) {
     return 1;
   }
   struct stat sm, so;
-  if (!stat(model, &sm) && !stat(out, &so) && sm.st_dev == so.st_dev && sm.st_ino == so.st_ino) {
+  if (!stat(out, &so) && ((!stat(model, &sm) && sm.st_dev == so.st_dev && sm.st_ino == so.st_ino) ||
+                          (ck && !stat(ck, &sm) && sm.st_dev == so.st_dev && sm.st_ino == so.st_ino))) {
     fprintf(stderr, "duet: error: -o %s names the input file; choose another output path\n", out);
     return 1;
   }
+  if (ck && checkpoint_train_flags(argc, argv)) return 1;
   char dir[1024], lib[1200], inc[1200];
   if (jit_self_dir(dir, sizeof dir)) {
     fprintf(stderr, "duet: error: cannot locate the duet executable's directory\n");
@@ -1022,19 +1074,31 @@ static int cmd_compile(int argc, char **argv) {
   }
   char *src = codegen_emit_c(cp, c.arena);
   cp->prog.source_hash = duet_fnv1a(src, strlen(src), DUET_FNV_OFFSET);
-  char cpath[1300];
+  /* the temporaries next to the executable: the weights (--checkpoint),
+   * the C source, the executable itself (renamed to `out` once linked) */
+  char wpath[1300] = "", cpath[1300], epath[1300];
+  if (ck && embed_weights(cp, c.arena, ck, out, wpath, sizeof wpath)) {
+    compiled_free(&c);
+    return 1;
+  }
   snprintf(cpath, sizeof cpath, "%s.duet-XXXXXX.c", out);
   int fd = mkstemps(cpath, 2);
   FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (!f) { /* the executable's directory: missing or not writable */
     fprintf(stderr, "duet: error: cannot write %s: %s\n", out, strerror(errno));
+    if (fd >= 0) close(fd), unlink(cpath);
+    if (wpath[0]) unlink(wpath);
     compiled_free(&c);
     return 1;
   }
   codegen_write_executable_c(cp, src, f);
-  if (fclose(f)) {
-    fprintf(stderr, "duet: error: writing %s failed\n", cpath);
+  snprintf(epath, sizeof epath, "%s.duet-XXXXXX", out);
+  int efd = mkstemp(epath); /* a fresh name; the linker creates the file (mode from the umask) */
+  if (efd >= 0) close(efd), unlink(epath);
+  if (fclose(f) || efd < 0) {
+    fprintf(stderr, "duet: error: writing %s failed\n", efd < 0 ? out : cpath);
     unlink(cpath);
+    if (wpath[0]) unlink(wpath);
     compiled_free(&c);
     return 1;
   }
@@ -1047,7 +1111,7 @@ static int cmd_compile(int argc, char **argv) {
   snprintf(incflag, sizeof incflag, "-I%s", inc);
   av[a++] = incflag;
   av[a++] = "-o";
-  av[a++] = (char *)out;
+  av[a++] = epath;
   av[a++] = cpath;
   av[a++] = lib;
   av[a++] = DUET_OPENBLAS_LIB;
@@ -1063,12 +1127,23 @@ static int cmd_compile(int argc, char **argv) {
   snprintf(what, sizeof what, "compiling %d kernels and the training executable with %s", cp->n_kernels, jit_cc());
   int st = jit_run_shown(av, log, sizeof log, what);
   unlink(cpath);
+  if (wpath[0]) unlink(wpath);
+  int64_t wbytes = cp->prog.weights_nbytes;
   compiled_free(&c);
   if (st != 0) {
-    fprintf(stderr, "duet: error: linking the training executable failed (%s exited with %d):\n%s", jit_cc(), st, log);
+    unlink(epath);
+    fprintf(stderr, "duet: error: linking the %s executable failed (%s exited with %d):\n%s",
+            ck ? "evaluation" : "training", jit_cc(), st, log);
     return 1;
   }
-  printf("duet: wrote %s\n", out);
+  if (rename(epath, out)) { /* atomic: `out` is the old file or the whole new one */
+    fprintf(stderr, "duet: error: cannot write %s: %s\n", out, strerror(errno));
+    unlink(epath);
+    return 1;
+  }
+  if (ck) printf("duet: wrote %s (an evaluation executable with the weights of %s embedded: %" PRId64 " bytes)\n",
+                 out, ck, wbytes);
+  else printf("duet: wrote %s\n", out);
   return 0;
 }
 

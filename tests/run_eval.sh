@@ -91,6 +91,12 @@ out=$("$d/exe" --eval-only --checkpoint "$d/ck.st" --offload optimizer 2>&1)
 "$d/exe_off" $F --eval-only --checkpoint "$d/ck.st" --metrics "$d/exe_off.jsonl" > /dev/null &&
   [ "$(last_eval "$d/exe_off.jsonl" test_accuracy)" = "$(last_eval "$d/exe.jsonl" test_accuracy)" ] &&
   ok executable_offload_default_evaluates || { bad executable_offload_default_evaluates; cat "$d/exe_off.jsonl"; }
+# an executable with its weights inside evaluates by default: --steps is refused in its words
+"$DUET" compile $M --checkpoint "$d/ck.st" -o "$d/exe_w" > /dev/null || bad compile_weights
+out=$("$d/exe_w" --steps 3 2>&1)
+[ "$out" = "duet: error: this executable evaluates its embedded weights (compiled with --checkpoint) and trains \
+nothing: it takes no --steps; to train, compile without --checkpoint" ] && ok executable_weights_steps ||
+  { bad executable_weights_steps; echo "$out"; }
 out=$("$d/exe" --eval-only 2>&1)
 [ "$out" = "duet: error: --eval-only needs --checkpoint CK (a checkpoint written by --save)" ] &&
   ok executable_no_checkpoint || { bad executable_no_checkpoint; echo "$out"; }

@@ -7,7 +7,11 @@
 #  2. quantization-aware training on the GPU (the model with `quantize {
 #     weights = int8, mode = qat }`, 20 steps): its checkpoint evaluated
 #     with --quantize int8 on the GPU gives the accuracy the QAT run
-#     reported, bit for bit (the same int8 weights reach the same GEMMs).
+#     reported, bit for bit (the same int8 weights reach the same GEMMs);
+#  3. duet compile --devices cuda --quantize int8 --checkpoint CK: the
+#     executable's embedded int8 weights, copied to the device at load,
+#     evaluate as duet run --eval-only --checkpoint CK --quantize int8 on
+#     the device does (its --metrics byte for byte).
 # The dequantize and fake_quantize kernels are checked against the C
 # kernels on the host emulator (cuda_emu quantize, qat); this runs the real
 # plugin, NVRTC and card.  On the P100 (sm_60, no DP4A) int8 saves memory
@@ -39,6 +43,17 @@ echo "fmnist_mlp 20 steps, --quantize int8: test accuracy cpu $a_cpu, gpu $a_gpu
 if [ -n "$a_cpu" ] && [ -n "$a_gpu" ] && awk -v a="$a_cpu" -v b="$a_gpu" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.005) }'
 then ok int8_accuracy; else bad "int8_accuracy: |cpu - gpu| > 0.005"; fi
 grep -q "^duet: int8 weights: 3 tensors, 1861632 bytes" "$tmp/dev.out" && ok int8_bytes || bad int8_bytes
+# an evaluation executable for the device with the int8 weights embedded
+# (duet compile --checkpoint): the embedded file is copied to the device as
+# it loads, and it prints what duet run printed on the same device
+if "$DUET" compile $M --devices $GPU_DEVICE --quantize int8 --checkpoint "$tmp/ck.st" -o "$tmp/e8" > "$tmp/e8.compile" 2>&1; then
+  "$tmp/e8" $F --metrics "$tmp/e8.jsonl" > "$tmp/e8.out" 2>&1 || { bad "./e8 on $GPU_DEVICE"; cat "$tmp/e8.out"; }
+  cmp -s "$tmp/e8.jsonl" "$tmp/dev.jsonl" && grep -q "^duet: embedded weights (step 20): " "$tmp/e8.out" &&
+    ok "compiled_embedded_int8 ($(acc "$tmp/e8.jsonl"))" ||
+    { bad compiled_embedded_int8; cat "$tmp/e8.out" "$tmp/e8.jsonl" "$tmp/dev.jsonl"; }
+else
+  bad "duet compile --devices $GPU_DEVICE --quantize int8 --checkpoint"; cat "$tmp/e8.compile"
+fi
 
 # 2. QAT on the GPU: its checkpoint's int8 evaluation is its own
 { cat $M; printf '\nquantize { weights = int8, mode = qat }\n'; } > "$tmp/qat.model"
