@@ -15,6 +15,8 @@
 #     lines' digits), and the loss is a number (channels mode: whole pruned
 #     channels, whose max |w| is 0, take the safe scale 1 in the
 #     fake_quantize of training and in the quantizer alike, never 0/0).
+# A dump after the qat pass (`duet ir --after qat`), pruned by the same
+# flags, trains to the same checkpoint, byte for byte.
 # Before the prune pass looked through `fake_quantize`, the runs failed:
 # `pruning selects no parameter` (unstructured, 2:4) and `channels pruning
 # of linear1.w ...: it is no matmul or convolution weight`.
@@ -58,6 +60,11 @@ mode 2_4 "--prune-mode 2:4" "--sparsity 0.5 --nm 2:4" \
   "duet: sparsity at the end (2:4): 0.5000 of 1861632 weights"
 mode channels "--prune 0.5 --prune-mode channels" "--sparsity 0.5 --channels" \
   "duet: sparsity at the end (channels): 0.5000 of 1861632 weights"
+# a dump after qat (fake_quantize ops in the parsed IR) pruned by the flags: the .model run's checkpoint, byte for byte
+"$DUET" ir "$d/qat.model" --after qat > "$d/qat.ir" 2>&1
+"$DUET" run "$d/qat.ir" $T --train-subset 2560 --steps 20 --prune 0.5 --prune-start 8 --save "$d/dump.st" \
+  > "$d/dump.out" 2>&1 && cmp -s "$d/dump.st" "$d/unstructured.st" && ok "a dump after qat pruned: the same checkpoint" ||
+  { bad "a dump after qat pruned"; tail -3 "$d/dump.out"; }
 # the IR: the masks apply to the f32 weights that fake_quantize reads
 "$DUET" ir "$d/qat.model" --prune 0.5 --after prune > "$d/ir" 2>&1
 grep -q '^%8 = fake_quantize %2, %7 : f32\[784,1024\]$' "$d/ir" &&
