@@ -17,9 +17,10 @@
 #     fake_quantize of training and in the quantizer alike, never 0/0).
 # A dump after the qat pass (`duet ir --after qat`), pruned by the same
 # flags, trains to the same checkpoint, byte for byte.
-# Before the prune pass looked through `fake_quantize`, the runs failed:
-# `pruning selects no parameter` (unstructured, 2:4) and `channels pruning
-# of linear1.w ...: it is no matmul or convolution weight`.
+# Before the prune pass looked through `fake_quantize`, every run here
+# failed: `pruning selects no parameter: the model has no trainable matmul
+# or convolution weight` (with --prune-params naming the weights, 2:4 and
+# channels: `... of linear1.w ...: it is no matmul or convolution weight`).
 # Exits 77 without Fashion-MNIST.
 # usage: run_qat_prune.sh path/to/duet path/to/prune_check   (from the repository root)
 DUET=${1:?usage: run_qat_prune.sh path/to/duet path/to/prune_check}
