@@ -1958,6 +1958,14 @@ static void print_layer_tree(const Graph *g, LayerNode *nodes, const int *list, 
   }
 }
 
+/* Whether param p is the f32 scales of int8 weights (--quantize: the
+ * second operand of a dequantize op): not one of the model's parameters. */
+static bool is_quant_scale(const Graph *g, const Value *p) {
+  for (int i = 0; i < g->n_values; i++)
+    if (g->values[i]->op == OP_DEQUANTIZE && g->values[i]->in[1] == p) return true;
+  return false;
+}
+
 static void print_layers(const Graph *g) {
   int L = g->n_layers;
   Arena *a = arena_new(1 << 16);
@@ -1973,7 +1981,7 @@ static void print_layers(const Graph *g) {
   /* each dotted prefix p of a name: the layers called p */
   for (int j = 0; j < g->n_values; j++) {
     const Value *v = g->values[j];
-    if (v->op != OP_PARAM) continue;
+    if (v->op != OP_PARAM || is_quant_scale(g, v)) continue;
     char *buf = arena_strdup(a, v->attr.name);
     for (char *dot = strchr(buf, '.'); dot; dot = strchr(dot + 1, '.')) {
       *dot = 0;
@@ -2069,6 +2077,24 @@ static void print_optim_summary(const Graph *g) {
   printf("\n");
 }
 
+/* duet check's line about int8 weights (--quantize int8|int8-tensor: the
+ * quantize pass's i8 params, each with its f32 scales through a dequantize
+ * op), in the words and numbers of the line an int8 evaluation prints
+ * (runtime/quant.c, duet_quant_summary). */
+static void print_quant_summary(const Graph *g) {
+  int64_t n = 0, q = 0, sc = 0;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if (v->op != OP_DEQUANTIZE) continue;
+    n++;
+    q += shape_numel(&v->in[0]->shape) * (int64_t)dtype_size(v->in[0]->dtype);
+    sc += shape_numel(&v->in[1]->shape) * (int64_t)dtype_size(v->in[1]->dtype);
+  }
+  if (n)
+    printf("int8 weights: %" PRId64 " tensors, %" PRId64 " bytes and %" PRId64 " bytes of f32 scales (%" PRId64
+           " bytes in f32)\n", n, q, sc, 4 * q);
+}
+
 static int cmd_check(int argc, char **argv) {
   /* M.model, then only --data-parallel N and --bucket-mb X */
   bool args_ok = argc >= 1 && argv[0][0] != '-';
@@ -2081,7 +2107,9 @@ static int cmd_check(int argc, char **argv) {
            "their weights as trained (f32: in fp16/bf16 these are the master weights, the 16-bit copies come\n"
            "on top; gradients, optimizer state and activations: duet plan).\n"
            "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90, --recompute none|blocks|auto,\n"
-           "--optimizer-state int8|f32 (int8: a line with the bytes of the 8-bit AdamW state).\n"
+           "--optimizer-state int8|f32 (int8: a line with the bytes of the 8-bit AdamW state),\n"
+           "--quantize int8|int8-tensor (the evaluation program's int8 weights and f32 scales, and a line\n"
+           "with their bytes).\n"
            "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
            "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
     return args_ok || (argc == 1 && wants_help(argc, argv)) ? 0 : 1;
@@ -2089,7 +2117,8 @@ static int cmd_check(int argc, char **argv) {
   ParOpts po;
   if (par_opts(&po, argc, argv, 1)) return 1;
   Compiled c;
-  int rc = compile_model_par(&c, argv[0], 0, &po, NULL, "prune"); /* through autodiff (its warnings too) and prune */
+  /* through autodiff (its warnings too), prune and quantize (which --quantize alone turns on) */
+  int rc = compile_model_par(&c, argv[0], 0, &po, NULL, "quantize");
   par_free(&po);
   if (!rc && check_gemm_acc_graph(&c, argv[0], 0, NULL)) rc = 1;
   /* parameters and their bytes in all; shape rules keep each one's bytes
@@ -2097,9 +2126,11 @@ static int cmd_check(int argc, char **argv) {
   int64_t total = 0, bytes = 0;
   int w_name = 32, w_shape = 16, w_elems = 12; /* at least these: the table's usual look */
   DType dt = DT_F32;
-  bool mixed = false, any = false;
+  bool mixed = false, any = false, int8 = false;
   for (int i = 0; !rc && i < c.g->n_values; i++) {
     const Value *v = c.g->values[i];
+    if (v->op == OP_DEQUANTIZE) int8 = true; /* --quantize: int8 weights, f32 scales (not parameters) */
+    if (v->op == OP_DEQUANTIZE) total -= shape_numel(&v->in[1]->shape);
     if (v->op != OP_PARAM) continue;
     int64_t n = shape_numel(&v->shape), nb = n * (int64_t)dtype_size(v->dtype);
     if (nb > INT64_MAX - bytes) {
@@ -2144,12 +2175,14 @@ static int cmd_check(int argc, char **argv) {
                                    sizeof perr) && pc.storage != DT_F32 && pc.storage != DT_F64;
     printf("%s: ok, %" PRId64 " parameters, %" PRId64 " bytes", argv[0], total, bytes);
     if (bytes >= 1024) printf(" (%s)", bytes_human(bytes, b, sizeof b));
-    if (any) printf(" of %s %sweights%s", mixed ? "f32/f64" : dtype_name(dt), half ? "master " : "",
+    if (any && int8) printf(": int8 weights, their f32 scales and the other params in f32");
+    else if (any) printf(" of %s %sweights%s", mixed ? "f32/f64" : dtype_name(dt), half ? "master " : "",
                     half ? (pc.storage == DT_F16 ? " (their fp16 copies not counted)" : " (their bf16 copies not counted)")
                          : "");
     printf("\n");
     print_optim_summary(c.g);
     print_prune_summary(c.g);
+    print_quant_summary(c.g);
   }
   compiled_free(&c);
   return rc;
@@ -2188,6 +2221,8 @@ int main(int argc, char **argv) {
     if ((n = strip_prune_flags(n, argv + 2)) < 0) return 1;
     argc = n + 2;
     if (!strcmp(cmd, "run") && quantize_train_refused(argc - 2, argv + 2)) return 1;
+    for (int i = 2; !strcmp(cmd, "run") && opt_offload && i < argc; i++) /* --offload: a compile-time flag here */
+      if (!strcmp(argv[i], "--eval-only")) return duet_eval_only_refuse("--offload");
     if ((!strcmp(cmd, "run") || !strcmp(cmd, "compile")) && opt_arch && strcmp(opt_arch, "cpu")) {
       fprintf(stderr, "duet: error: duet %s builds for the CPU; --arch %s is for duet ir and duet check\n", cmd,
               opt_arch);

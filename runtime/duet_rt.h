@@ -192,6 +192,12 @@ int duet_parse_offload(const char *val, int *out);
  * decoding program (decode != 0): the one-line message (the compiler and
  * the runtime print the same), or NULL when it can. */
 const char *duet_offload_refusal(int replicas, int pruned, int decode);
+/* --eval-only with a flag that only training reads (--steps, --epochs,
+ * --offload): prints "duet: error: --eval-only trains nothing: FLAG ..."
+ * (what it would do, what to give instead) on stderr and returns 1.  Used
+ * where the flag is seen as given (duet_parse_flags; duet run, which reads
+ * --offload itself), since DuetConfig holds the program's defaults too. */
+int duet_eval_only_refuse(const char *flag);
 
 /* Learning-rate schedules.  With base rate lr (--lr), W warm-up steps, T
  * steps in the run and k = step - 1 (0 for the first optimizer step), the
