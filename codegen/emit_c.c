@@ -1067,10 +1067,17 @@ static void emit_gemm_i8(Buf *b, const Kernel *k) {
   bprintf(b, "          const float v = r < rl ? nearbyintf(x[(r0 + r) * %" PRId64 " + k0 + j] / a) : 0;\n", K);
   bprintf(b, "          xq[r][j] = v != v ? 0 : v > 127 ? 127 : v < -127 ? -127 : (int8_t)v;\n        }\n");
   if (!tb) {
-    bprintf(b, "      for (int64_t j = 0; j < kl; j++) {\n");
-    bprintf(b, "        const int8_t *qr = q + (k0 + j) * %" PRId64 " + n0;\n", N);
-    bprintf(b, "        for (int r = 0; r < %d; r++) {\n          const int32_t xv = xq[r][j];\n", RB);
-    bprintf(b, "          for (int64_t n = 0; n < nl; n++) acc[r][n] += xv * (int32_t)qr[n];\n        }\n      }\n");
+    /* two inputs at a time: x0 q0 + x1 q1 is at most 2 x 127^2 = 32258 in
+     * magnitude, exact in 16 bits (16-bit vector multiplies), then added
+     * to the int32 sums; an odd last input alone */
+    bprintf(b, "      int64_t j = 0;\n      for (; j + 1 < kl; j += 2) {\n");
+    bprintf(b, "        const int8_t *q0 = q + (k0 + j) * %" PRId64 " + n0, *q1 = q0 + %" PRId64 ";\n", N, N);
+    bprintf(b, "        for (int r = 0; r < %d; r++) {\n", RB);
+    bprintf(b, "          const int16_t x0 = xq[r][j], x1 = xq[r][j + 1];\n");
+    bprintf(b, "          for (int64_t n = 0; n < nl; n++) acc[r][n] += (int16_t)(x0 * q0[n] + x1 * q1[n]);\n        }\n      }\n");
+    bprintf(b, "      if (j < kl) {\n        const int8_t *q0 = q + (k0 + j) * %" PRId64 " + n0;\n", N);
+    bprintf(b, "        for (int r = 0; r < %d; r++) {\n          const int16_t x0 = xq[r][j];\n", RB);
+    bprintf(b, "          for (int64_t n = 0; n < nl; n++) acc[r][n] += (int16_t)(x0 * q0[n]);\n        }\n      }\n");
   } else {
     bprintf(b, "      for (int64_t n = 0; n < nl; n++) {\n");
     bprintf(b, "        const int8_t *qr = q + (n0 + n) * %" PRId64 " + k0;\n", K);
