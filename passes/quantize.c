@@ -197,7 +197,7 @@ static void quantize_activations(Graph *g, PassCtx *cx) {
     for (int j = 0; j < 2; j++) {
       Value *x = j ? subst[i] : scale[i];
       x->role = v->role;
-      x->block = v->block;
+      x->block = j ? v->block : 0; /* params belong to no block instance (as the int8 weights) */
       x->device = v->device;
     }
     n_conv++;
@@ -216,6 +216,12 @@ static void quantize_activations(Graph *g, PassCtx *cx) {
       if (v->in[j]->op == OP_DEQUANTIZE && v->in[j]->id < n) dq_uses[v->in[j]->id]++;
     }
   }
+  for (int i = 0; i < n; i++) /* the graph's named values (a classifier's logits: a matmul's output) */
+    if (subst[i]) {
+      if (g->logits == old[i]) g->logits = subst[i];
+      if (g->loss == old[i]) g->loss = subst[i];
+      if (g->labels == old[i]) g->labels = subst[i];
+    }
   int cap = n + n_conv + 8, k = 0;
   Value **order = arena_alloc(a, (size_t)cap * sizeof *order);
   for (int i = 0; i < n; i++) {

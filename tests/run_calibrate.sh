@@ -5,6 +5,9 @@
 #   - exact one-line errors: --calibrate without --quantize, N <= 0, not a
 #     number, no value, with a training run, more batches than the
 #     training split holds;
+#   - duet ir --after quantize --calibrate 4 (fmnist_mlp, and a model
+#     whose logits are x @ transpose(v)): matmul_i8, the act_scale params,
+#     the logits line; the dump parses back to the same text;
 #   - fmnist_mlp trained 50 steps (seed 1, --threads 2) and saved; its
 #     checkpoint evaluated on all 10,000 test images with int8 weights
 #     (--quantize int8) and with int8 weights and activations calibrated on
@@ -48,6 +51,19 @@ err "--calibrate without a value" "duet: error: --calibrate needs a value (a num
   $M --eval-only --checkpoint "$d/ck.st" --quantize int8 --calibrate
 err "--calibrate with a training run" "duet: error: --quantize int8 evaluates a trained checkpoint with int8 weights and cannot train: train and save first (duet run M.model --save CK), then evaluate with duet run M.model --eval-only --checkpoint CK --quantize int8" \
   $M --quantize int8 --calibrate 4
+
+# the IR after quantize with --calibrate: matmul_i8 and the act_scale params,
+# the classifier's logits kept (a matmul_i8's output), and the dump parses back
+# to the same text (x @ w here; x @ transpose(v) below)
+printf 'model tv\ninput x: f32[4, 8]\ninput y: i32[4]\nparam v: [5, 8]\nloss = cross_entropy(x @ transpose(v), y)\n' > "$d/tv.model"
+for m in $M "$d/tv.model"; do
+  if "$DUET" ir $m --after quantize --quantize int8 --calibrate 4 > "$d/a.ir" 2>&1 && "$DUET" ir "$d/a.ir" --after quantize > "$d/b.ir" 2>&1 &&
+     cmp -s "$d/a.ir" "$d/b.ir" && grep -q "matmul_i8" "$d/a.ir" && grep -q '^logits %' "$d/a.ir" && grep -q 'act_scale" zeros : f32\[1\]' "$d/a.ir"; then
+    ok "duet ir --after quantize --calibrate ($(basename $m)): matmul_i8, act_scale, logits, round trip"
+  else
+    bad "duet ir --after quantize --calibrate ($(basename $m))"; cat "$d/a.ir" "$d/b.ir" | head -40
+  fi
+done
 
 "$DUET" run $M $T --quiet --steps 50 --save "$d/ck.st" > "$d/train.out" 2>&1 || { bad "training"; cat "$d/train.out"; exit 1; }
 echo "trained: duet run $M $T --steps 50 --save CK"
