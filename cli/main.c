@@ -46,7 +46,9 @@ static void usage(FILE *out) {
           "block-wise quantized codes, or f32: overrides the model's adamw(state = ...)).\n\n"
           "run, compile, ir and emit take --quantize int8|int8-tensor|none (int8 weights, a scale per output\n"
           "channel or per tensor: an evaluation program; duet run needs --eval-only --checkpoint CK);\n"
-          "duet compile --quantize int8 --checkpoint CK puts CK's weights, in int8, inside the executable.\n\n"
+          "duet compile --quantize int8 --checkpoint CK puts CK's weights, in int8, inside the executable.\n"
+          "With --quantize, --calibrate N quantizes the matmuls' activations too (scales from the first N\n"
+          "training batches, printed) and runs them as an int8 x int8 -> int32 GEMM.\n\n"
           "run, compile, plan, ir, emit and check take the pruning flags --prune S, --prune-mode,\n"
           "--prune-start, --prune-end, --prune-every, --prune-initial, --prune-params (`duet run --help`).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
@@ -74,7 +76,9 @@ static void prune_help(FILE *out) {
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
  * emit and check (cli/ may hold global state). */
 static const char *opt_precision, *opt_arch, *opt_gemm_acc, *opt_recompute, *opt_optim_state, *opt_device_memory,
-    *opt_offload, *opt_quantize;
+    *opt_offload, *opt_quantize, *opt_calibrate;
+/* --calibrate N: int8 activations calibrated on N training batches (0: not given) */
+static int64_t opt_calibrate_n;
 /* --device-memory SIZE in bytes (0: not given): every device's capacity */
 static int64_t opt_device_bytes;
 static char opt_device_from[160]; /* "--device-memory 16GB = 16000000000 bytes" */
@@ -85,16 +89,16 @@ static char opt_device_from[160]; /* "--device-memory 16GB = 16000000000 bytes" 
 static int strip_precision_flags(int argc, char **argv) {
   int k = 0;
   for (int i = 0; i < argc; i++) {
-    const char *names[8] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state",
-                            "--device-memory", "--offload", "--quantize"};
-    const char **dst[8] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state,
-                           &opt_device_memory, &opt_offload, &opt_quantize};
-    static const char *const values[8] = {"auto, fp32, fp16, bf16",
+    const char *names[9] = {"--precision", "--arch", "--gemm-accumulate", "--recompute", "--optimizer-state",
+                            "--device-memory", "--offload", "--quantize", "--calibrate"};
+    const char **dst[9] = {&opt_precision, &opt_arch, &opt_gemm_acc, &opt_recompute, &opt_optim_state,
+                           &opt_device_memory, &opt_offload, &opt_quantize, &opt_calibrate};
+    static const char *const values[9] = {"auto, fp32, fp16, bf16",
                                           "cpu, sm_60, sm_61, sm_70, sm_75, sm_80, sm_86, sm_89, sm_90", "fp32, fp16",
                                           "none, blocks, auto", "int8, f32", "a size such as 16GiB", "none, optimizer",
-                                          "int8, int8-tensor, none"};
+                                          "int8, int8-tensor, none", "a number of training batches"};
     int hit = -1;
-    for (int j = 0; j < 8 && hit < 0; j++) {
+    for (int j = 0; j < 9 && hit < 0; j++) {
       size_t n = strlen(names[j]);
       if (!strcmp(argv[i], names[j])) {
         if (i + 1 >= argc) {
@@ -173,6 +177,21 @@ static int check_precision_flags(void) {
     fprintf(stderr, "duet: error: unknown --quantize `%s` (int8: a scale per output channel, int8-tensor: one per "
                     "tensor, none)\n", opt_quantize);
     return 1;
+  }
+  if (opt_calibrate) { /* int8 activations (passes/quantize.c, runtime/calibrate.c) */
+    char *end;
+    long long nb = strtoll(opt_calibrate, &end, 10);
+    if (end == opt_calibrate || *end || nb < 1 || nb > 1000000) {
+      fprintf(stderr, "duet: error: --calibrate expects a number of training batches from 1 to 1000000, got '%s'\n",
+              opt_calibrate);
+      return 1;
+    }
+    if (quantize_mode_parse(opt_quantize) <= 0) {
+      fprintf(stderr, "duet: error: --calibrate %s quantizes the activations of an int8 program: give it with "
+                      "--quantize int8 (or int8-tensor) and --eval-only --checkpoint CK\n", opt_calibrate);
+      return 1;
+    }
+    opt_calibrate_n = nb;
   }
   int off;
   if (opt_offload && duet_parse_offload(opt_offload, &off)) return 1;
@@ -552,7 +571,7 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
                 .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .recompute = opt_recompute,
-                .optim_state = opt_optim_state, .quantize = opt_quantize,
+                .optim_state = opt_optim_state, .quantize = opt_quantize, .calibrate = opt_calibrate_n,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0,
                 .clip = po && po->clip};
@@ -826,6 +845,10 @@ static int cmd_run(int argc, char **argv) {
     printf("  --quantize Q       int8|int8-tensor|none: evaluate with int8 weights (matmul and convolution\n"
            "                     weights, a scale per output channel, or per tensor, dequantized before\n"
            "                     each GEMM); only with --eval-only --checkpoint CK\n");
+    printf("  --calibrate N      with --quantize: int8 activations too (matmuls, not convolutions): each\n"
+           "                     matmul input gets a scale max|x| / 127 taken over the first N batches\n"
+           "                     of the training split (never the test set), then runs as an int8 x\n"
+           "                     int8 -> int32 GEMM (duet's own kernel); the scales are printed\n");
     prune_help(stdout);
     printf("\nCompiles the model's kernels (cached in DUET_CACHE_DIR) and trains it.\n");
     return argc < 1 ? 1 : 0;

@@ -132,6 +132,11 @@ typedef enum KernelKind {
   KK_ADAMW8,      /* bufs: p f32 [n], g f32 [n], exp_avg and exp_avg_sq codes u8 [n], their scales
                    * f32 [ceil(n / DUET_Q8_BLOCK)]: AdamW with 8-bit block-wise state (runtime/duet_q8.h);
                    * per block: decode, the AdamW step of lower_optimizer in f32, re-quantize */
+  KK_GEMM_I8,     /* bufs: x f32 [rows, red], q i8 [red, cols] ([cols, red]: trans_b), weight scales f32
+                   * [cols] (or [1]: per tensor), activation scale sa f32 [1], y f32 [rows, cols]:
+                   * y = (float)(sum_k xq qk) * sa * sw (int32 sums), xq = x / sa rounded half to even,
+                   * clamped to +-127; while sa <= 0 (calibration): y = sum_k x (q sw) in f32 and
+                   * sa = -max(-sa, max |x|) */
 } KernelKind;
 
 typedef struct Kernel {
@@ -158,6 +163,7 @@ typedef struct Kernel {
   int slot;                  /* KK_UNSCALE: flag; KK_SUMSQ, KK_CLIP_SCALE: word of the double
                               * in the flags buffer (duet_clip_word) */
   bool no_decay;             /* KK_ADAMW8: no weight decay for this param */
+  bool trans_b;              /* KK_GEMM_I8: q is [cols, red] */
 } Kernel;
 
 /* A lowered model: the runtime program (tables allocated in the arena) and

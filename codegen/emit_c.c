@@ -1021,6 +1021,76 @@ static void emit_adamw8(Buf *b, const Kernel *k) {
   bprintf(b, "    }\n  }\n");
 }
 
+/* The int8 GEMM (KK_GEMM_I8; passes/quantize.c, --calibrate), written
+ * here rather than through BLAS (OpenBLAS has no int8 GEMM).  Tiles of
+ * 4 rows x 256 output channels, each with int32 accumulators on the
+ * stack, over blocks of 256 inputs: a block of x is quantized into bytes
+ * (xq = x / sa rounded half to even, clamped to +-127, NaN to 0, as
+ * duet_quantize_i8 does for weights), then summed as int8 x int8 -> int32
+ * (x @ q: a row of q times a byte of x into each accumulator row;
+ * x @ transpose(q): dot products over the block).  The sums are exact (the
+ * pass caps K * 127 * 127 below 2^31), so any order and any vector width
+ * give the same bits; the output is (float)acc * sa * sw[n].  The tiles are
+ * independent (one thread each).  While sa <= 0 the kernel calibrates: it
+ * keeps -max|x| (over x and -sa) in sa and computes y = sum_k x (q sw) in
+ * f32, k ascending, one rounding per operation (the CUDA kernel's order). */
+static void emit_gemm_i8(Buf *b, const Kernel *k) {
+  int64_t M = k->rows, N = k->cols, K = k->red;
+  enum { RB = 4, NB = 256, KB = 256 };
+  bool tb = k->trans_b;
+  const char *sw = k->n == 1 ? "sw[0]" : "sw[n]";
+  char qi[96];
+  snprintf(qi, sizeof qi, tb ? "n * %" PRId64 " + kk" : "kk * %" PRId64 " + n", tb ? K : N);
+  bprintf(b, "  const float *x = (const float *)t[0];\n  const int8_t *q = (const int8_t *)t[1];\n");
+  bprintf(b, "  const float *sw = (const float *)t[2];\n  float *sa = (float *)t[3];\n  float *y = (float *)t[4];\n");
+  bprintf(b, "  const float a = sa[0];\n");
+  bprintf(b, "  if (!(a > 0)) { /* calibration: -max|x| into sa, y in f32 */\n    float m = -a;\n");
+  bprintf(b, "    for (int64_t i = 0; i < %" PRId64 "; i++) {\n      const float v = fabsf(x[i]);\n"
+             "      if (v > m) m = v;\n    }\n    sa[0] = -fabsf(m);\n", M * K);
+  if (M * N * K >= PAR_MIN) bprintf(b, "    #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "    for (int64_t r = 0; r < %" PRId64 "; r++)\n      for (int64_t n = 0; n < %" PRId64 "; n++) {\n",
+          M, N);
+  bprintf(b, "        float acc = 0;\n        for (int64_t kk = 0; kk < %" PRId64 "; kk++)\n", K);
+  bprintf(b, "          acc += x[r * %" PRId64 " + kk] * ((float)q[%s] * %s);\n", K, qi, sw);
+  bprintf(b, "        y[r * %" PRId64 " + n] = acc;\n      }\n    return;\n  }\n", N);
+  int64_t nrb = (M + RB - 1) / RB, nnb = (N + NB - 1) / NB;
+  if (M * N * K >= PAR_MIN) bprintf(b, "  #pragma omp parallel for schedule(static)\n");
+  bprintf(b, "  for (int64_t tile = 0; tile < %" PRId64 "; tile++) {\n", nrb * nnb);
+  bprintf(b, "    const int64_t r0 = tile / %" PRId64 " * %d, n0 = tile %% %" PRId64 " * %d;\n", nnb, RB, nnb, NB);
+  bprintf(b, "    const int64_t rl = %" PRId64 " - r0 < %d ? %" PRId64 " - r0 : %d;\n", M, RB, M, RB);
+  bprintf(b, "    const int64_t nl = %" PRId64 " - n0 < %d ? %" PRId64 " - n0 : %d;\n", N, NB, N, NB);
+  bprintf(b, "    int32_t acc[%d][%d];\n    int8_t xq[%d][%d];\n", RB, NB, RB, KB);
+  bprintf(b, "    for (int r = 0; r < %d; r++)\n      for (int n = 0; n < %d; n++) acc[r][n] = 0;\n", RB, NB);
+  bprintf(b, "    for (int64_t k0 = 0; k0 < %" PRId64 "; k0 += %d) {\n", K, KB);
+  bprintf(b, "      const int64_t kl = %" PRId64 " - k0 < %d ? %" PRId64 " - k0 : %d;\n", K, KB, K, KB);
+  bprintf(b, "      for (int64_t r = 0; r < %d; r++)\n        for (int64_t j = 0; j < kl; j++) {\n", RB);
+  bprintf(b, "          const float v = r < rl ? nearbyintf(x[(r0 + r) * %" PRId64 " + k0 + j] / a) : 0;\n", K);
+  bprintf(b, "          xq[r][j] = v != v ? 0 : v > 127 ? 127 : v < -127 ? -127 : (int8_t)v;\n        }\n");
+  if (!tb) {
+    /* two inputs at a time: x0 q0 + x1 q1 is at most 2 x 127^2 = 32258 in
+     * magnitude, exact in 16 bits (16-bit vector multiplies), then added
+     * to the int32 sums; an odd last input alone */
+    bprintf(b, "      int64_t j = 0;\n      for (; j + 1 < kl; j += 2) {\n");
+    bprintf(b, "        const int8_t *q0 = q + (k0 + j) * %" PRId64 " + n0, *q1 = q0 + %" PRId64 ";\n", N, N);
+    bprintf(b, "        for (int r = 0; r < %d; r++) {\n", RB);
+    bprintf(b, "          const int16_t x0 = xq[r][j], x1 = xq[r][j + 1];\n");
+    bprintf(b, "          for (int64_t n = 0; n < nl; n++) acc[r][n] += (int16_t)(x0 * q0[n] + x1 * q1[n]);\n        }\n      }\n");
+    bprintf(b, "      if (j < kl) {\n        const int8_t *q0 = q + (k0 + j) * %" PRId64 " + n0;\n", N);
+    bprintf(b, "        for (int r = 0; r < %d; r++) {\n          const int16_t x0 = xq[r][j];\n", RB);
+    bprintf(b, "          for (int64_t n = 0; n < nl; n++) acc[r][n] += (int16_t)(x0 * q0[n]);\n        }\n      }\n");
+  } else {
+    bprintf(b, "      for (int64_t n = 0; n < nl; n++) {\n");
+    bprintf(b, "        const int8_t *qr = q + (n0 + n) * %" PRId64 " + k0;\n", K);
+    bprintf(b, "        for (int r = 0; r < %d; r++) {\n          int32_t d = 0;\n", RB);
+    bprintf(b, "          for (int64_t j = 0; j < kl; j++) d += (int32_t)xq[r][j] * (int32_t)qr[j];\n");
+    bprintf(b, "          acc[r][n] += d;\n        }\n      }\n");
+  }
+  bprintf(b, "    }\n");
+  bprintf(b, "    for (int64_t r = 0; r < rl; r++)\n      for (int64_t c = 0; c < nl; c++) {\n");
+  bprintf(b, "        const int64_t n = n0 + c;\n");
+  bprintf(b, "        y[(r0 + r) * %" PRId64 " + n] = (float)acc[r][c] * a * %s;\n      }\n  }\n", N, sw);
+}
+
 /* The body of kernel k (its arguments t[0..], the scalars s). */
 static void emit_kernel_body(Buf *b, const Kernel *k) {
   switch (k->kind) {
@@ -1043,6 +1113,7 @@ static void emit_kernel_body(Buf *b, const Kernel *k) {
   case KK_SUMSQ: emit_sumsq(b, k); break;
   case KK_CLIP_SCALE: emit_clip_scale(b, k); break;
   case KK_ADAMW8: emit_adamw8(b, k); break;
+  case KK_GEMM_I8: emit_gemm_i8(b, k); break;
   case KK_ATTN_BWD_KV: /* the C attention backward computes dq, dk and dv in one kernel */
     bprintf(b, "  (void)t; /* dk, dv: written by the attention backward kernel before this one */\n");
     break;
@@ -1356,8 +1427,9 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   fprintf(out, "    .seed = %" PRIu64 "u, .eval = %d, .block = %" PRId64 ", .eval_every = %" PRId64
                ", .eval_batches = %" PRId64 ",\n",
           c->seed, c->eval, c->block, c->eval_every, c->eval_batches);
-  fprintf(out, "    .lr_schedule = %d, .warmup = %" PRId64 ", .min_lr = %.17g, .clip_grad_norm = %.17g, .offload = %d},\n};\n\n",
+  fprintf(out, "    .lr_schedule = %d, .warmup = %" PRId64 ", .min_lr = %.17g, .clip_grad_norm = %.17g, .offload = %d,\n",
           c->lr_schedule, c->warmup, c->min_lr, c->clip_grad_norm, c->offload);
+  fprintf(out, "    .calibrate = %" PRId64 "},\n};\n\n", c->calibrate);
   /* the checks duet run makes before compiling, before loading data or
    * opening a device (a CUDA device compiles its kernels when opened) */
   fprintf(out, "int main(int argc, char **argv) {\n");

@@ -170,6 +170,7 @@ void codegen_cuda_launch(const Kernel *k, DuetLaunch *l) {
   case KK_SUMSQ: l->grid = whole_grid(k->n); break;
   case KK_CLIP_SCALE: l->grid = grid_for(k->n, EW_BLOCK); break;
   case KK_ADAMW8: l->grid = block_grid(duet_q8_blocks(k->n)); break; /* a block per quantization block */
+  case KK_GEMM_I8: l->grid = block_grid(((k->rows + 15) / 16) * ((k->cols + 15) / 16)); break; /* 16 x 16 tiles */
   case KK_IM2COL: {
     int64_t n = k->xs.dim[0] * k->ys.dim[2] * k->ys.dim[3] * k->xs.dim[1] * k->win[0] * k->win[1];
     l->grid = grid_for(n, EW_BLOCK);
@@ -1568,6 +1569,20 @@ static const char *PRELUDE_SIGMOID =
 
 /* Quantization-aware training: the C emitter's fake_quant_T (duet_quantize_i8's
  * numbers), printed when a kernel uses it. */
+/* The int8 GEMM's four-byte dot product: c + the sum of the products of
+ * the signed bytes of a and b.  DP4A (__dp4a) arrived with sm_61; on sm_60
+ * (the P100) and under DUET_NO_DP4A (a test of this path on the host
+ * emulator) it is four multiplies and adds, the same exact int32 sum. */
+static const char *PRELUDE_DOT4 =
+    "__device__ __forceinline__ int duet_dot4(int a, int b, int c) {\n"
+    "#if defined(DUET_NO_DP4A) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 610)\n"
+    "  for (int j = 0; j < 4; j++) c += (int)(signed char)(a >> (8 * j)) * (int)(signed char)(b >> (8 * j));\n"
+    "  return c;\n"
+    "#else\n"
+    "  return __dp4a(a, b, c);\n"
+    "#endif\n"
+    "}\n\n";
+
 static const char *PRELUDE_FAKE_QUANT =
     "/* w quantized to int8 and back, scale m / 127 (m: its channel's max |w|): as the C emitter */\n"
     "template <typename T> __device__ __forceinline__ T duet_fake_quant(T x, T m) {\n"
@@ -1670,6 +1685,61 @@ static const char *PRELUDE_HALF2 =
 
 const char *codegen_cuda_half2_prelude(void) { return PRELUDE_HALF2; }
 
+/* The int8 GEMM (KK_GEMM_I8; the C kernel in emit_c.c gives the
+ * semantics): a block of 256 threads per 16 x 16 tile of y (looping over
+ * the tiles beyond the grid), one output per thread.  Per 64 inputs the
+ * block packs its 16 rows of x, quantized (x / sa with __fdiv_rn, rintf:
+ * half to even, clamped, NaN to 0: the C kernel's numbers), and its 16
+ * output channels of q into shared words of 4 bytes along k, and each
+ * thread adds 16 four-byte dot products (duet_dot4: DP4A from sm_61) to
+ * its int32 sum: exact, so the same bits as the C kernel in any order.
+ * The output is __fmul_rn((float)acc, sa) times sw.  Calibration (sa <=
+ * 0): each thread sums its output in f32, k ascending, with __fmul_rn /
+ * __fadd_rn (no fma: the C kernel's roundings), and the tiles of the first
+ * column of tiles take max|x| over their rows into sa as -max by an
+ * atomicMax on the bits (a negative float's bits grow with its magnitude,
+ * and exceed +0's). */
+static void emit_gemm_i8(Buf *b, const Kernel *k) {
+  int64_t M = k->rows, N = k->cols, K = k->red, TN = (N + 15) / 16, NT = ((M + 15) / 16) * TN;
+  bool tb = k->trans_b;
+  const char *sw = k->n == 1 ? "sw[0]" : "sw[n]";
+  char qi[96];
+  snprintf(qi, sizeof qi, tb ? "n * (duet_i64)%" PRId64 " + kk" : "kk * (duet_i64)%" PRId64 " + n", tb ? K : N);
+  bprintf(b, "  const float *x = (const float *)t.p[0];\n  const signed char *q = (const signed char *)t.p[1];\n");
+  bprintf(b, "  const float *sw = (const float *)t.p[2];\n  float *sa = (float *)t.p[3];\n  float *y = (float *)t.p[4];\n");
+  bprintf(b, "  (void)sv;\n  const float a = sa[0];\n  const int tx = threadIdx.x %% 16, ty = threadIdx.x / 16;\n");
+  bprintf(b, "  __shared__ int xs[16][17], qs[16][17];\n");
+  bprintf(b, "  for (duet_i64 tile = blockIdx.x; tile < " D64 "; tile += gridDim.x) {\n", NT);
+  bprintf(b, "    const duet_i64 r0 = tile / " D64 " * 16, n0 = tile %% " D64 " * 16;\n", TN, TN);
+  bprintf(b, "    const duet_i64 r = r0 + ty, n = n0 + tx;\n");
+  bprintf(b, "    if (!(a > 0)) { /* calibration */\n");
+  bprintf(b, "      if (n0 == 0) {\n        float m = 0;\n");
+  bprintf(b, "        const duet_i64 lim = (" D64 " - r0 < 16 ? " D64 " - r0 : 16) * " D64 ";\n", M, M, K);
+  bprintf(b, "        for (duet_i64 i = threadIdx.x; i < lim; i += blockDim.x) m = fmaxf(m, fabsf(x[r0 * " D64
+             " + i]));\n", K);
+  bprintf(b, "        atomicMax((unsigned *)sa, __float_as_uint(-m));\n      }\n");
+  bprintf(b, "      if (r < " D64 " && n < " D64 ") {\n        float acc = 0;\n", M, N);
+  bprintf(b, "        for (duet_i64 kk = 0; kk < " D64 "; kk++)\n", K);
+  bprintf(b, "          acc = __fadd_rn(acc, __fmul_rn(x[r * " D64 " + kk], __fmul_rn((float)q[%s], %s)));\n", K, qi,
+          sw);
+  bprintf(b, "        y[r * " D64 " + n] = acc;\n      }\n      continue;\n    }\n", N);
+  bprintf(b, "    int acc = 0;\n");
+  bprintf(b, "    for (duet_i64 k0 = 0; k0 < " D64 "; k0 += 64) {\n", K);
+  bprintf(b, "      unsigned wx = 0, wq = 0;\n      const duet_i64 rr = r0 + ty, nn = n0 + ty;\n");
+  bprintf(b, "      for (int j = 0; j < 4; j++) {\n        const duet_i64 kk = k0 + tx * 4 + j;\n");
+  bprintf(b, "        int v = 0, w = 0;\n        if (rr < " D64 " && kk < " D64 ") {\n", M, K);
+  bprintf(b, "          const float f = rintf(__fdiv_rn(x[rr * " D64 " + kk], a));\n", K);
+  bprintf(b, "          v = f != f ? 0 : f > 127 ? 127 : f < -127 ? -127 : (int)f;\n        }\n");
+  char qn[96];
+  snprintf(qn, sizeof qn, tb ? "nn * (duet_i64)%" PRId64 " + kk" : "kk * (duet_i64)%" PRId64 " + nn", tb ? K : N);
+  bprintf(b, "        if (nn < " D64 " && kk < " D64 ") w = q[%s];\n", N, K, qn);
+  bprintf(b, "        wx |= (unsigned)(v & 255) << (8 * j);\n        wq |= (unsigned)(w & 255) << (8 * j);\n      }\n");
+  bprintf(b, "      xs[ty][tx] = (int)wx;\n      qs[ty][tx] = (int)wq;\n      __syncthreads();\n");
+  bprintf(b, "      for (int w = 0; w < 16; w++) acc = duet_dot4(xs[ty][w], qs[tx][w], acc);\n      __syncthreads();\n    }\n");
+  bprintf(b, "    if (r < " D64 " && n < " D64 ") y[r * " D64 " + n] = __fmul_rn(__fmul_rn((float)acc, a), %s);\n  }\n",
+          M, N, N, sw);
+}
+
 static const char *kind_name(KernelKind k) {
   static const char *const names[] = {
       [KK_ELEMENTWISE] = "elementwise", [KK_REDUCE] = "reduce",         [KK_MAX_GRAD] = "max_grad",
@@ -1683,7 +1753,7 @@ static const char *kind_name(KernelKind k) {
       [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope",
       [KK_MSE] = "mse",
       [KK_SUMSQ] = "sumsq",           [KK_CLIP_SCALE] = "clip_scale",
-      [KK_ADAMW8] = "adamw8",
+      [KK_ADAMW8] = "adamw8",         [KK_GEMM_I8] = "gemm_i8",
   };
   return (unsigned)k < sizeof names / sizeof *names && names[k] ? names[k] : "?";
 }
@@ -1745,6 +1815,7 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
     case KK_SUMSQ: emit_sumsq(&u, k); break;
     case KK_CLIP_SCALE: emit_clip_scale(&u, k); break;
     case KK_ADAMW8: emit_adamw8(&u, k); break;
+    case KK_GEMM_I8: emit_gemm_i8(&u, k); break;
     default: unreachable();
     }
     bprintf(&u, "}\n\n");
@@ -1775,6 +1846,9 @@ char *codegen_emit_cuda(const CgProgram *cp, Arena *a, int32_t *fn_of, int *n_fn
     }
   if (sigmoid) bprintf(&b, "%s", PRELUDE_SIGMOID);
   if (fq) bprintf(&b, "%s", PRELUDE_FAKE_QUANT);
+  bool i8gemm = false;
+  for (int i = 0; i < cp->n_kernels; i++) i8gemm |= cp->kernels[i].kind == KK_GEMM_I8;
+  if (i8gemm) bprintf(&b, "%s", PRELUDE_DOT4);
   if (half) bprintf(&b, "%s", PRELUDE_HALF);
   if (half2) bprintf(&b, "%s", PRELUDE_HALF2);
   bool q8 = false; /* 8-bit AdamW state: the maps' tables (device memory) and encoder */

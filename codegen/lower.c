@@ -685,6 +685,18 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
       if (v->role != ROLE_EVAL) p->gemm_flops += 2 * st.m * st.n * st.k;
       break;
     }
+    case OP_MATMUL_I8: { /* the int8 GEMM (passes/quantize.c, --calibrate) */
+      Kernel *k = new_kernel(&L, KK_GEMM_I8, DT_F32);
+      for (int j = 0; j < 4; j++) add_buf(k, tid(&L, v->in[j]), v->in[j]->dtype, NULL, NULL);
+      add_buf(k, tid(&L, v), v->dtype, NULL, NULL);
+      k->cols = v->shape.dim[v->shape.rank - 1];
+      k->rows = shape_numel(&v->shape) / k->cols;
+      k->red = v->in[0]->shape.dim[v->in[0]->shape.rank - 1];
+      k->trans_b = v->attr.trans_b;
+      k->n = shape_numel(&v->in[2]->shape); /* weight scales: cols, or 1 */
+      st.kernel = k->index;
+      break;
+    }
     case OP_UNSCALE:
       st.kernel = lower_unscale(&L, v);
       DUET_ASSERT(v->attr.slot >= 0 && v->attr.slot < g->n_values);
@@ -1002,5 +1014,6 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   c->min_lr = t->min_lr;
   c->clip_grad_norm = t->clip_grad_norm;
   c->offload = train_offload(t) ? 1 + DUET_OFFLOAD_OPTIMIZER : 0;
+  c->calibrate = g->calibrate;
   return cp;
 }

@@ -822,6 +822,26 @@ void ir_infer_shape(Graph *g, Value *v) {
       diag_error(g->diag, v->loc, "%s to %s: the target must be a float dtype", op_info[v->op].name,
                  dtype_name(v->dtype));
     break;
+  case SHAPE_MATMUL_I8: { /* the int8 GEMM of passes/quantize.c (--calibrate) */
+    Value *x = v->in[0], *q = v->in[1];
+    if (x->dtype != DT_F32 || q->dtype != DT_I8 || v->in[2]->dtype != DT_F32 || v->in[3]->dtype != DT_F32 ||
+        x->shape.rank < 2 || q->shape.rank != 2 || shape_numel(&v->in[3]->shape) != 1)
+      diag_error(g->diag, v->loc, "%s expects f32 activations of rank 2 or more, i8 weights of rank 2 and f32 "
+                 "scales, got %s %s, %s %s", op_info[v->op].name, dtype_name(x->dtype), SHP(&x->shape, b1),
+                 dtype_name(q->dtype), SHP(&q->shape, b2));
+    int64_t kq = q->shape.dim[v->attr.trans_b ? 1 : 0], n = q->shape.dim[v->attr.trans_b ? 0 : 1];
+    if (x->shape.dim[x->shape.rank - 1] != kq)
+      diag_error(g->diag, v->loc, "%s of %s by %s: inner dimensions differ", op_info[v->op].name, SHP(&x->shape, b1),
+                 SHP(&q->shape, b2));
+    int64_t ns = shape_numel(&v->in[2]->shape);
+    if (ns != 1 && ns != n)
+      diag_error(g->diag, v->loc, "%s: %" PRId64 " weight scales for %" PRId64 " output channels",
+                 op_info[v->op].name, ns, n);
+    s = x->shape;
+    s.dim[s.rank - 1] = n;
+    v->dtype = DT_F32;
+    break;
+  }
   case SHAPE_DEQUANT: { /* int8 weights q and their scales s (passes/quantize.c) */
     Shape b;
     s = v->in[0]->shape;
@@ -1235,6 +1255,7 @@ void ir_print_value(const Graph *g, const Value *v, FILE *out) {
     fprintf(out, " %s", NUM(v->attr.value));
     break;
   case OP_MATMUL:
+  case OP_MATMUL_I8:
     if (v->attr.trans_a || v->attr.trans_b)
       fprintf(out, "[%s%s]", v->attr.trans_a ? "ta" : "", v->attr.trans_b ? (v->attr.trans_a ? ",tb" : "tb") : "");
     break;

@@ -156,6 +156,7 @@ typedef enum ShapeRule {
   SHAPE_POSITIONS, /* idx [..., T] -> i32 [T] */
   SHAPE_CAST,      /* shape of in[0], dtype attr.dtype (a float dtype) */
   SHAPE_NONE,      /* no result; float operands of any shapes (a collective) */
+  SHAPE_MATMUL_I8, /* f32 x [..., K] by i8 q [K,N] ([N,K]: attr.trans_b), f32 scales, f32 [1]: f32 [..., N] */
   SHAPE_DEQUANT,   /* i8 in[0] times f32 scales in[1] broadcast to in[0]'s shape: f32 of in[0]'s shape */
 } ShapeRule;
 
@@ -421,6 +422,8 @@ typedef struct Graph {
   int qat;           /* the `quantize { weights = int8  mode = qat }` section: 1 per output channel,
                       * 2 per tensor (passes.h's QUANT_INT8_*), 0: none; the qat pass applies it */
   Loc qat_loc;
+  int64_t calibrate; /* --calibrate N (the quantize pass): int8 activations calibrated on N training
+                      * batches (DuetConfig.calibrate); 0: none.  Not printed in dumps */
   int zero;          /* --zero 1: optimizer state sharded over the replicas (ZeRO
                       * stage 1; needs replicas > 1); printed `zero 1` */
 } Graph;

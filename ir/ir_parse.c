@@ -565,6 +565,7 @@ static void op_attrs(Parser *P, OpKind op, Attr *at, bool *attr_shape, Load **lo
     at->value = number(P, "the constant's value");
     break;
   case OP_MATMUL:
+  case OP_MATMUL_I8:
     if (peek(P, '[')) {
       static const AKey keys[] = {{"ta", AK_FLAG, false}, {"tb", AK_FLAG, false}};
       attr_list(P, name, keys, 2, &v);

@@ -66,6 +66,8 @@ typedef struct PassCtx {
   const PruneSpec *prune;    /* prune: the --prune flags (prune_parse_flag); the fields in
                               * its `set` override the model's prune section (NULL: none) */
   const char *quantize;      /* quantize: --quantize int8|int8-tensor (quantize_mode_parse; NULL: none) */
+  int64_t calibrate;         /* quantize: --calibrate N (> 0: int8 activations too, their scales calibrated
+                              * on N training batches: matmul_i8; 0: none) */
   const char *optim_state;   /* optimizer: --optimizer-state int8|f32, overriding the model's
                               * adamw(state = ...) (NULL: the model's; ignored for SGD) */
   int nodes;                 /* duet plan --nodes K: the replicas are spread over K

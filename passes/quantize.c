@@ -31,9 +31,17 @@
  * or reshaped from a convolution's weight), of rank 2 or more; never
  * biases, norms, or embedding tables (a table tied to an output projection,
  * as GPT's wte, stays f32: its gather reads it too).  Activations stay f32. */
+#include <inttypes.h>
 #include <string.h>
 
 #include "passes.h"
+
+/* The largest reduction length of an int8 GEMM: K * 127 * 127 < 2^31, so
+ * the int32 sums of int8 products cannot overflow (and are exact in any
+ * order: the C and CUDA kernels agree bit for bit). */
+#define QUANT_I8_MAX_K (INT32_MAX / (127 * 127))
+
+static void quantize_activations(Graph *g, PassCtx *cx);
 
 int quantize_mode_parse(const char *s) {
   if (!s || !strcmp(s, "none")) return QUANT_NONE;
@@ -133,6 +141,99 @@ void pass_quantize(Graph *g, PassCtx *cx) {
   }
   if (!n_quant)
     diag_error_noloc(g->diag, "--quantize %s: the model has no matmul or convolution weight to quantize", cx->quantize);
+  g->values = order;
+  g->n_values = k;
+  g->cap_values = cap;
+  graph_renumber(g);
+  graph_count_uses(g);
+  if (cx->calibrate > 0) quantize_activations(g, cx);
+  g->calibrate = cx->calibrate > 0 ? cx->calibrate : 0;
+}
+
+/* --calibrate N: int8 activations too.  Each forward matmul x @ W (or x @
+ * transpose(W)) whose weight the pass above quantized (its operand is the
+ * dequantize op itself: convolutions read theirs through a reshape, and
+ * keep f32 activations) becomes
+ *
+ *   matmul_i8(x, q, W.scale, W.act_scale)
+ *
+ * with a new f32 param `W.act_scale` [1]: the activation scale max|x| / 127,
+ * 0 until the runtime calibrates it on N training batches before the
+ * evaluation (runtime/calibrate.c; the kernel records -max|x| in it while it
+ * is <= 0).  A dequantize op left without readers goes.  A weight read by
+ * several matmuls gets W.act_scale, W.act_scale2, ... */
+static void quantize_activations(Graph *g, PassCtx *cx) {
+  Arena *a = g->arena;
+  int n = g->n_values;
+  Value **old = arena_alloc(a, ((size_t)n + 1) * sizeof *old);
+  memcpy(old, g->values, (size_t)n * sizeof *old);
+  Value **subst = arena_alloc(a, ((size_t)n + 1) * sizeof *subst), **scale = arena_alloc(a, ((size_t)n + 1) * sizeof *scale);
+  int *dq_uses = arena_alloc(a, ((size_t)n + 1) * sizeof *dq_uses), *n_act = arena_alloc(a, ((size_t)n + 1) * sizeof *n_act);
+  int n_conv = 0;
+  for (int i = 0; i < n; i++) {
+    Value *v = old[i];
+    Value *dq = v->n_in == 2 ? v->in[1] : NULL;
+    if (v->op != OP_MATMUL || v->role != ROLE_FORWARD || v->attr.trans_a || dq->op != OP_DEQUANTIZE ||
+        v->in[0]->dtype != DT_F32 || dq->shape.rank != 2)
+      continue;
+    int64_t K = dq->shape.dim[v->attr.trans_b ? 1 : 0];
+    const char *w = dq->in[0]->attr.name;
+    if (K > QUANT_I8_MAX_K)
+      diag_error(g->diag, v->loc, "--calibrate: the matmul by `%s` sums over %" PRId64 " inputs; int8 x int8 "
+                 "products summed in int32 can overflow beyond %d: quantize without --calibrate", w, K,
+                 QUANT_I8_MAX_K);
+    Attr sa = {.dtype = DT_F32, .shape = {.rank = 1, .dim = {1}}, .init = INIT_ZEROS};
+    int c = ++n_act[dq->id];
+    sa.name = c == 1 ? arena_printf(a, "%s.act_scale", w) : arena_printf(a, "%s.act_scale%d", w, c);
+    for (int j = 0; j < n; j++)
+      if ((old[j]->op == OP_PARAM || old[j]->op == OP_STATE || old[j]->op == OP_INPUT) && old[j]->attr.name &&
+          !strcmp(old[j]->attr.name, sa.name))
+        diag_error(g->diag, old[j]->loc, "tensor `%s` has the name of the activation scale of parameter `%s`: "
+                   "rename it", sa.name, w);
+    scale[i] = graph_add(g, OP_PARAM, NULL, 0, &sa, v->loc);
+    Value *in[4] = {v->in[0], dq->in[0], dq->in[1], scale[i]};
+    Attr ma = {.trans_b = v->attr.trans_b};
+    subst[i] = graph_add(g, OP_MATMUL_I8, in, 4, &ma, v->loc);
+    for (int j = 0; j < 2; j++) {
+      Value *x = j ? subst[i] : scale[i];
+      x->role = v->role;
+      x->block = j ? v->block : 0; /* params belong to no block instance (as the int8 weights) */
+      x->device = v->device;
+    }
+    n_conv++;
+  }
+  if (!n_conv)
+    diag_error_noloc(g->diag, "--calibrate: the model has no matmul whose weight --quantize %s quantizes (the "
+                     "activations of convolutions stay f32)", cx->quantize);
+  /* readers of the converted matmuls read the int8 GEMMs; a dequantize
+   * op nothing reads any more goes */
+  for (int i = 0; i < n; i++) {
+    Value *v = old[i];
+    if (subst[i]) continue;
+    for (int j = 0; j < v->n_in; j++) {
+      Value *x = v->in[j];
+      if (x->id < n && old[x->id] == x && subst[x->id]) v->in[j] = subst[x->id];
+      if (v->in[j]->op == OP_DEQUANTIZE && v->in[j]->id < n) dq_uses[v->in[j]->id]++;
+    }
+  }
+  for (int i = 0; i < n; i++) /* the graph's named values (a classifier's logits: a matmul's output) */
+    if (subst[i]) {
+      if (g->logits == old[i]) g->logits = subst[i];
+      if (g->loss == old[i]) g->loss = subst[i];
+      if (g->labels == old[i]) g->labels = subst[i];
+    }
+  int cap = n + n_conv + 8, k = 0;
+  Value **order = arena_alloc(a, (size_t)cap * sizeof *order);
+  for (int i = 0; i < n; i++) {
+    Value *v = old[i];
+    if (v->op == OP_DEQUANTIZE && !dq_uses[i]) continue;
+    if (subst[i]) {
+      order[k++] = scale[i];
+      order[k++] = subst[i];
+    } else {
+      order[k++] = v;
+    }
+  }
   g->values = order;
   g->n_values = k;
   g->cap_values = cap;

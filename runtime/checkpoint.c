@@ -499,6 +499,7 @@ static int check_header(const DuetProgram *p, const DuetStFile *f, const char *p
     const DuetTensor *x = &p->tensors[i];
     if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM) || (no_masks && is_mask(x))) continue;
     if (quant_from_f32(p, f, i)) continue; /* int8 weights and scales made from its f32 weights */
+    if (duet_is_act_scale(p, i) && !duet_st_find(f, x->name)) continue; /* calibrated (duet_calibrate) */
     n_saved++;
     const DuetStTensor *y = duet_st_find(f, x->name);
     if (!y) {
@@ -640,6 +641,7 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
       if (x->dtype == DUET_I8 && quant_write(s, p, i, y, err, errlen)) goto out;
       continue;
     }
+    if (!y && duet_is_act_scale(p, i)) continue; /* not in the file: calibrated (duet_calibrate) */
     if (duet_session_write(s, i, 0, y->data, (size_t)y->nbytes)) {
       snprintf(err, errlen, "cannot %s %s: copying %s to the device failed: %s", verb, path, x->name,
                duet_session_error(s));

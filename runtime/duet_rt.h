@@ -12,12 +12,12 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 12 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 13 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
                                 * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping;
                                 * 9: DuetConfig eval_only, checkpoint_path, keep, keep_best;
                                 * 10: DuetConfig.metrics_timing; 11: DuetConfig.offload;
-                                * 12: DuetProgram.weights (embedded weights) */
+                                * 12: DuetProgram.weights (embedded weights); 13: DuetConfig.calibrate */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -177,6 +177,8 @@ typedef struct DuetConfig {
                             * (off by default: the metrics of two runs then compare byte for byte) */
   int offload;             /* 1 + DUET_OFFLOAD_* of --offload (0: not given; a program's default: 0 or
                             * 1 + DUET_OFFLOAD_OPTIMIZER when compiled with it; runtime/offload.c) */
+  int64_t calibrate;       /* --calibrate N (compile-time, with --quantize): int8 activations, their
+                            * scales calibrated on the first N training batches (duet_calibrate); 0: none */
 } DuetConfig;
 
 /* --offload: none (the default), or optimizer (ZeRO-Offload: each stage's
@@ -816,6 +818,24 @@ int duet_quantize_i8(const float *w, int rank, const int64_t *shape, const int64
 /* The scale tensor of int8 param i of p (the param `<name>.scale`, f32, of
  * its rank) or -1 when i is no int8 param or has none. */
 int duet_quant_scale_of(const DuetProgram *p, int i);
+/* Whether tensor i of p is the activation scale of an int8 GEMM (a
+ * program compiled with --quantize and --calibrate; passes/quantize.c): an
+ * f32 param of one element named `<weight>.act_scale` (or
+ * `.act_scale2`, ... for a weight read by several matmuls).  A checkpoint
+ * may lack it: it is then calibrated (duet_calibrate). */
+int duet_is_act_scale(const DuetProgram *p, int i);
+/* Activation calibration (runtime/calibrate.c), after the weights are
+ * loaded and before the evaluation: when p has activation scales that are
+ * not set (<= 0; a checkpoint of f32 weights), runs the first
+ * cfg->calibrate batches of the TRAINING split (Fashion-MNIST image data,
+ * in file order, never the test set) through the evaluation schedule, in
+ * which each int8 GEMM computes in f32 and records max|x| of its input
+ * (-max in its scale), then sets every scale to max|x| / 127 (an f32
+ * division; 1 for an all-zero input, FLT_MIN below it: duet_quantize_i8's
+ * safe scales) and prints them to out (NULL: not) with 9 significant
+ * digits.  0 (also when p has none), or -1 with a one-line message in
+ * err. */
+int duet_calibrate(DuetSession *s, const DuetProgram *p, const DuetConfig *cfg, FILE *out, char *err, size_t errlen);
 /* Whether p holds int8 weights (a program compiled with --quantize: it
  * evaluates only). */
 int duet_program_quantized(const DuetProgram *p);

@@ -67,6 +67,16 @@ int duet_quant_scale_of(const DuetProgram *p, int i) {
   return -1;
 }
 
+int duet_is_act_scale(const DuetProgram *p, int i) {
+  const DuetTensor *t = &p->tensors[i];
+  if (t->region != DUET_MEM_PARAM || t->dtype != DUET_F32 || t->nbytes != 4 || !t->name) return 0;
+  const char *d = strrchr(t->name, '.');
+  if (!d || strncmp(d, ".act_scale", 10)) return 0;
+  for (const char *c = d + 10; *c; c++)
+    if (*c < '0' || *c > '9') return 0;
+  return 1;
+}
+
 int duet_program_quantized(const DuetProgram *p) {
   for (int i = 0; i < p->n_tensors; i++)
     if (p->tensors[i].dtype == DUET_I8 && p->tensors[i].region == DUET_MEM_PARAM) return 1;

@@ -2510,6 +2510,10 @@ static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const Du
     goto out;
   }
   if (!cfg->quiet) duet_quant_summary(p, stdout); /* int8 weights (--quantize): their bytes */
+  if (duet_calibrate(s, p, cfg, cfg->quiet ? NULL : stdout, err, sizeof err)) { /* int8 activations (--calibrate) */
+    fprintf(stderr, "duet: error: %s\n", err);
+    goto out;
+  }
   if (duet_evaluate(s, cfg, &r, err, sizeof err)) {
     fprintf(stderr, "duet: error: evaluation: %s\n", err);
     goto out;

@@ -29,7 +29,9 @@
  * kernel's outputs by 1 + REL (ctest cuda_emu_catches_*: must fail).
  * Covers every op case of tests/op_cases.h in f32 and f64,
  * tests/models/gpt_tiny.model, int8 weights (--quantize: the dequantize
- * kernels, evaluation only, f32 and fp16), a two-layer GPT with dropout under
+ * kernels, evaluation only, f32 and fp16), int8 activations (--calibrate:
+ * the int8 GEMM, its calibration and its int8 path, outputs bit for bit,
+ * with __dp4a and with the sm_60 loop), a two-layer GPT with dropout under
  * activation recomputation (gpt_mini_recompute) and six of the larger
  * cases (multi-block paths) in f32; decoding (attention_decode with
  * key/value caches, rope at the step's position, grouped-query caches) of
@@ -99,6 +101,13 @@ static int run_decode;
 /* When set: run_case compiles the model with --quantize run_quantize (int8
  * weights: an evaluation program) and runs only the evaluation. */
 static const char *run_quantize;
+/* With run_quantize: int8 activations too (--calibrate: the int8 GEMMs).
+ * run_case then calibrates both sessions on their first batch (the GEMMs'
+ * f32 path and -max|x|, which must be the same bits), sets the scales
+ * max|x| / 127, evaluates (the int8 path) and requires the logits bit for
+ * bit equal.  emu_no_dp4a: the emulated source is compiled with
+ * DUET_NO_DP4A (the sm_60 path: four multiplies instead of __dp4a). */
+static bool run_calibrate, emu_no_dp4a;
 
 /* Whether kernel K writes its buffer b: a stored buffer (elementwise), or
  * its last one. */
@@ -735,6 +744,7 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
   int32_t *fn_of = arena_alloc(t.arena, (size_t)(t.cp->n_kernels + 1) * sizeof *fn_of);
   int n_fns = 0;
   const char *cuda = codegen_emit_cuda(t.cp, t.arena, fn_of, &n_fns);
+  if (emu_no_dp4a) cuda = arena_printf(t.arena, "#define DUET_NO_DP4A 1\n%s", cuda);
   e.p = p;
   if (!d || emu_build(&e, cuda, fn_of, n_fns, codegen_cuda_launch_table(t.cp, t.arena), t.cp->n_kernels, dir)) {
     fprintf(stderr, "FAIL %s: building the emulated kernels\n", what);
@@ -824,6 +834,27 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
   /* eval (metrics: correct predictions, summed NLL) over every row */
   duet_session_set_valid(t.s, INT32_MAX);
   duet_session_set_valid(es, INT32_MAX);
+  int n_act = 0; /* int8 activations: calibrated on this batch, then the scales set in both */
+  for (int i = 0; run_calibrate && i < p->n_tensors; i++) /* 0: not calibrated (tmodel_fill drew them) */
+    if (duet_is_act_scale(p, i)) duet_session_write(t.s, i, 0, &(float){0}, 4), duet_session_write(es, i, 0, &(float){0}, 4);
+  if (run_calibrate && (duet_session_run(t.s, DUET_RUN_EVAL) || duet_session_run(es, DUET_RUN_EVAL))) {
+    fprintf(stderr, "FAIL %s: calibration failed\n", what);
+    fails++;
+  }
+  for (int i = 0; run_calibrate && !fails && i < p->n_tensors; i++) {
+    if (!duet_is_act_scale(p, i)) continue;
+    float va, vb;
+    duet_session_read(t.s, i, 0, &va, 4), duet_session_read(es, i, 0, &vb, 4);
+    if (memcmp(&va, &vb, 4) || !(va < 0)) {
+      fprintf(stderr, "FAIL %s: calibrated %s: C %a, emulated %a (want -max|x| < 0 in both)\n", what,
+              p->tensors[i].name, va, vb);
+      fails++;
+    }
+    float sc = -va / 127.0f;
+    duet_session_write(t.s, i, 0, &sc, 4), duet_session_write(es, i, 0, &sc, 4);
+    n_act++;
+  }
+  if (run_calibrate && !n_act && !fails++) fprintf(stderr, "FAIL %s: no activation scale\n", what);
   /* evaluation before the step: AdamW's first update is +-lr whatever the
    * gradient's size, so a near-zero gradient of the other sign moves a
    * param by 2 lr, which a later forward pass amplifies */
@@ -871,6 +902,22 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
               (long long)b.skipped, a.scale, (long long)a.skipped);
       fails++;
     }
+  }
+  for (int k = 0; run_calibrate && !fails && k < t.cp->n_kernels; k++) { /* exact int32 sums: the same bits */
+    const Kernel *K = &t.cp->kernels[k];
+    if (K->kind != KK_GEMM_I8) continue;
+    int id = K->bufs[4].tensor;
+    size_t nb = (size_t)p->tensors[id].nbytes;
+    unsigned char *la = malloc(nb), *lb = malloc(nb);
+    if (!la || !lb || duet_session_read(t.s, id, 0, la, nb) || duet_session_read(es, id, 0, lb, nb) ||
+        memcmp(la, lb, nb)) {
+      fprintf(stderr, "FAIL %s: the int8 GEMM's output %s differs between the C and the emulated CUDA kernel\n",
+              what, p->tensors[id].name);
+      fails++;
+    } else {
+      printf("%s: int8 GEMM output %s bit-identical (%zu bytes)\n", what, p->tensors[id].name, nb);
+    }
+    free(la), free(lb);
   }
   const LockstepStats *ls = lockstep_stats(ld);
   fails += ls->fails;
@@ -1512,6 +1559,25 @@ int main(int argc, char **argv) {
       failed += run_case(&c, DT_F32, "fp16", dir);
       run_quantize = NULL;
       ran += 2;
+    }
+  }
+  /* int8 activations (--quantize int8 --calibrate): the int8 GEMM kernels
+   * (x @ w per channel, x @ transpose(v); per tensor), K = 300 and 270
+   * (blocks of 256 and 64 with a remainder), 270 output channels (two C
+   * tiles, 17 CUDA tiles), 6 rows; calibration (f32 path, -max|x|), then
+   * the int8 path, logits bit for bit; with __dp4a and with DUET_NO_DP4A */
+  if (argc == 1 || !strcmp(argv[1], "w8a8")) {
+    for (int k = 0; k < 3; k++) {
+      const char *text = "model w8a8\ninput x: f32[6, 300]\ninput y: i32[6]\nparam w: [300, 270]\n"
+                         "param b: [270] = zeros\nparam v: [5, 270]\n"
+                         "loss = cross_entropy(relu(x @ w + b) @ transpose(v), y)\n";
+      Case c = {k == 0 ? "w8a8" : k == 1 ? "w8a8_tensor" : "w8a8_no_dp4a", text, 5};
+      run_quantize = k == 1 ? "int8-tensor" : "int8";
+      run_calibrate = true, tmodel_calibrate = 1, emu_no_dp4a = k == 2;
+      failed += run_case(&c, DT_F32, NULL, dir);
+      run_quantize = NULL;
+      run_calibrate = false, tmodel_calibrate = 0, emu_no_dp4a = false;
+      ran++;
     }
   }
   /* quantization-aware training (quantize { weights = int8  mode = qat }):

@@ -28,7 +28,9 @@
  * tests/op_cases.h (every kernel kind, forward and backward) compile in f32,
  * f64, fp16 and bf16 for compute_75, and the recomputed graph of
  * tests/recompute/gpt_tiny_dropout.model in f32 for compute_75; fmnist_mlp
- * and fmnist_cnn with int8 weights (--quantize int8) in f32 (default run)
+ * and fmnist_cnn with int8 weights (--quantize int8) in f32 (default run),
+ * fmnist_mlp with int8 activations too (--calibrate: the int8 GEMM, its
+ * DP4A path from compute_61 on, the plain int loop for compute_60)
  * and fp16 (--half) for every architecture. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -236,12 +238,15 @@ static void test_quantized(const int *archs, int n_archs) {
   static const char *const models[2] = {DUET_SOURCE_DIR "/models/fmnist_mlp.model",
                                         DUET_SOURCE_DIR "/models/fmnist_cnn.model"};
   for (int m = 0; m < 2; m++)
-    for (int h = 0; h < 2; h++) {
-      if (half_mode != (h == 1) || (quick && (h || m))) continue;
+    for (int h = 0; h < 3; h++) { /* h 2: int8 activations too (--calibrate: the int8 GEMM, DP4A) */
+      if (half_mode != (h == 1) || (quick && (h || m)) || (h == 2 && m)) continue;
       Arena *a = arena_new(1 << 20);
-      CgProgram *cp = lower_model_quant(a, models[m], NULL, DT_F32, false, h ? "fp16" : "fp32", "int8");
+      tmodel_calibrate = h == 2;
+      CgProgram *cp = lower_model_quant(a, models[m], NULL, DT_F32, false, h == 1 ? "fp16" : "fp32", "int8");
+      tmodel_calibrate = 0;
       char what[1200];
-      snprintf(what, sizeof what, "%s (%s, --quantize int8)", models[m], h ? "fp16" : "f32");
+      snprintf(what, sizeof what, "%s (%s, --quantize int8%s)", models[m], h == 1 ? "fp16" : "f32",
+               h == 2 ? " --calibrate 1" : "");
       if (!cp) {
         fprintf(stderr, "FAIL %s: does not compile\n", what);
         failures++;
@@ -252,6 +257,10 @@ static void test_quantized(const int *archs, int n_archs) {
       char *src = codegen_emit_cuda(cp, a, NULL, &n_fns);
       if (!strstr(src, "signed char")) {
         fprintf(stderr, "FAIL %s: no int8 tensor in the CUDA source\n", what);
+        failures++;
+      }
+      if (h == 2 && !strstr(src, "__dp4a(")) {
+        fprintf(stderr, "FAIL %s: no int8 GEMM (__dp4a) in the CUDA source\n", what);
         failures++;
       }
       static const char *const want[] = {"-arch=compute_60", "-arch=compute_75", "-arch=compute_80",

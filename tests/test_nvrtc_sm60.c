@@ -153,18 +153,23 @@ static void test_model(Run *r, const char *path) {
   arena_free(a);
 }
 
-/* int8 weights (--quantize int8): fmnist_mlp in f32 and fp16, a CUBIN for
+/* int8 weights (--quantize int8): fmnist_mlp in f32 and fp16, and with
+ * int8 activations (--calibrate: the int8 GEMM's plain int loop, as sm_60
+ * has no DP4A), a CUBIN for
  * sm_60 and PTX (the P100 has no DP4A: the dequantize kernels widen the
  * int8 weights to f32 for the f32 or fp16 GEMM; fmnist_cnn's are the same
  * kernels, compiled for compute_60 by test_nvrtc). */
 static void test_quantized(Run *r) {
   static const char *const models[1] = {DUET_SOURCE_DIR "/models/fmnist_mlp.model"};
   for (int m = 0; m < 1; m++)
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < 3; h++) { /* h 2: int8 activations too (--calibrate: the int8 GEMM without DP4A) */
       Arena *a = arena_new(1 << 20);
-      CgProgram *cp = lower_model_quant(a, models[m], NULL, DT_F32, false, h ? "fp16" : "fp32", "int8");
+      tmodel_calibrate = h == 2;
+      CgProgram *cp = lower_model_quant(a, models[m], NULL, DT_F32, false, h == 1 ? "fp16" : "fp32", "int8");
+      tmodel_calibrate = 0;
       char what[1200];
-      snprintf(what, sizeof what, "%s (%s, --quantize int8)", models[m], h ? "fp16" : "f32");
+      snprintf(what, sizeof what, "%s (%s, --quantize int8%s)", models[m], h == 1 ? "fp16" : "f32",
+               h == 2 ? " --calibrate 1" : "");
       if (!cp) {
         fprintf(stderr, "FAIL %s: does not compile\n", what);
         r->failures++;

@@ -23,6 +23,8 @@ int tmodel_open_prec(TModel *t, const char *name, const char *text, const Fronte
   return tmodel_open_quant(t, name, text, fo_in, precision, NULL);
 }
 
+int64_t tmodel_calibrate;
+
 int tmodel_open_quant(TModel *t, const char *name, const char *text, const FrontendOptions *fo_in,
                       const char *precision, const char *quantize) {
   FrontendOptions fo = *fo_in;
@@ -35,7 +37,8 @@ int tmodel_open_quant(TModel *t, const char *name, const char *text, const Front
   src->len = strlen(text);
   t->g = frontend_compile(t->arena, &t->diag, src, &fo);
   if (!t->g) return 1;
-  PassCtx pc = {.diag = &t->diag, .verify = true, .precision = precision, .quantize = quantize};
+  PassCtx pc = {.diag = &t->diag, .verify = true, .precision = precision, .quantize = quantize,
+                .calibrate = quantize ? tmodel_calibrate : 0};
   if (passes_run(t->g, &pc)) return 1;
   t->cp = codegen_lower(t->g, t->arena);
   char *csrc = codegen_emit_c(t->cp, t->arena);
@@ -444,7 +447,8 @@ CgProgram *lower_model_quant(Arena *a, const char *path, const char *text, DType
   FrontendOptions fo = {.float_dtype = dt, .decode = decode, .batch = decode ? 1 : 0};
   Graph *g = frontend_compile(a, &d, src, &fo);
   if (!g) return NULL;
-  PassCtx pc = {.diag = &d, .verify = true, .precision = precision, .quantize = quantize};
+  PassCtx pc = {.diag = &d, .verify = true, .precision = precision, .quantize = quantize,
+                .calibrate = quantize ? tmodel_calibrate : 0};
   if (passes_run(g, &pc)) return NULL;
   return codegen_lower(g, a);
 }
@@ -697,7 +701,7 @@ const char *kernel_kind_name(KernelKind k) {
       [KK_MAXPOOL] = "maxpool", [KK_MAXPOOL_GRAD] = "maxpool_grad", [KK_AVGPOOL] = "avgpool",
       [KK_AVGPOOL_GRAD] = "avgpool_grad", [KK_ATTN_DECODE] = "attn_decode", [KK_UNSCALE] = "unscale",
       [KK_ATTN_BWD_KV] = "attn_bwd_kv", [KK_SOFTMAX] = "softmax", [KK_SOFTMAX_BWD] = "softmax_bwd",
-      [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope", [KK_MSE] = "mse",
+      [KK_RMSNORM_FWD] = "rmsnorm_fwd", [KK_RMSNORM_BWD] = "rmsnorm_bwd", [KK_ROPE] = "rope", [KK_MSE] = "mse", [KK_GEMM_I8] = "gemm_i8",
       [KK_SUMSQ] = "sumsq", [KK_CLIP_SCALE] = "clip_scale",
       [KK_ADAMW8] = "adamw8"};
   return k >= 0 && k < (int)(sizeof names / sizeof *names) && names[k] ? names[k] : "?";

@@ -46,6 +46,10 @@ Value *tmodel_param(const TModel *t, const char *name);
  * to kernels; NULL after printing why. */
 CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, bool decode, const char *precision);
 /* lower_model with --quantize `quantize` (NULL: none). */
+/* --calibrate N for lower_model_quant and tmodel_open_quant (int8
+ * activations with --quantize; 0, the default: none).  Set by a test
+ * before it compiles. */
+extern int64_t tmodel_calibrate;
 CgProgram *lower_model_quant(Arena *a, const char *path, const char *text, DType dt, bool decode,
                              const char *precision, const char *quantize);
 /* The names of the *.model files in `dir`, sorted, in a malloc'ed array of

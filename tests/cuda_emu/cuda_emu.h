@@ -107,6 +107,25 @@ static inline unsigned duet_emu_f16x2(unsigned a, unsigned b, char op) {
          (unsigned)emu_f16_op((unsigned short)(a >> 16), (unsigned short)(b >> 16), op) << 16;
 }
 static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned atomicMax(unsigned *p, unsigned v) {
+  unsigned o = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+  while (o < v && !__atomic_compare_exchange_n(p, &o, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+  }
+  return o;
+}
+/* DP4A (sm_61 and later): c + the four products of the signed bytes of a
+ * and b, written from PTX's definition of dp4a.s32.s32 (each byte
+ * sign-extended to 32 bits, the sum wrapping modulo 2^32) */
+static inline int __dp4a(int a, int b, int c) {
+  unsigned ua = (unsigned)a, ub = (unsigned)b, sum = (unsigned)c;
+  for (int j = 0; j < 4; j++) {
+    int xa = (int)((ua >> (8 * j)) & 255u), xb = (int)((ub >> (8 * j)) & 255u);
+    if (xa > 127) xa -= 256;
+    if (xb > 127) xb -= 256;
+    sum += (unsigned)(xa * xb);
+  }
+  return (int)sum;
+}
 static inline int atomicOr(int *p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
 static inline int atomicExch(int *p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 /* __syncthreads_or: a barrier that also ORs a predicate over the block.
