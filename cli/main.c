@@ -117,6 +117,9 @@ static int strip_precision_flags(int argc, char **argv) {
  * by main() for run, compile, ir, emit, check and plan; they override the
  * model's prune section field by field in the prune pass. */
 static PruneSpec opt_prune;
+/* --shrink (passes/shrink.c): channels pruning's zero channels removed, an
+ * evaluation program; taken out of argv with the --prune flags. */
+static bool opt_shrink;
 
 /* Removes the --prune flags (`--prune S`, `--prune-mode M`, ... and the
  * `=` forms) from argv into opt_prune; returns the new argc, or -1 after a
@@ -126,6 +129,10 @@ static int strip_prune_flags(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     char flag[32], err[300];
     const char *eq = strchr(argv[i], '='), *val;
+    if (!strcmp(argv[i], "--shrink")) {
+      opt_shrink = true;
+      continue;
+    }
     if (strncmp(argv[i], "--prune", 7)) {
       argv[k++] = argv[i];
       continue;
@@ -521,6 +528,11 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
                "--quantize needs the .model or a dump from before `quantize`", g->after_pass);
     return NULL;
   }
+  if (opt_shrink && g->after_pass && passes_find(g->after_pass) >= passes_find("shrink")) {
+    diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its shapes are fixed; --shrink needs "
+               "the .model or a dump from before `shrink`", g->after_pass);
+    return NULL;
+  }
   if (opt_recompute && g->after_pass && passes_find(g->after_pass) >= passes_find("recompute")) {
     /* the dump's recomputation is fixed: a request it already follows is fine
      * (recomputed copies are backward values with a block) */
@@ -551,7 +563,7 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   if (!src) return 1;
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
                 .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .recompute = opt_recompute,
-                .optim_state = opt_optim_state, .quantize = opt_quantize,
+                .optim_state = opt_optim_state, .quantize = opt_quantize, .shrink = opt_shrink,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0,
                 .clip = po && po->clip};
@@ -2092,6 +2104,26 @@ static int quantize_train_refused(int argc, char **argv) {
   return 1;
 }
 
+/* --shrink makes an evaluation program (passes/shrink.c): duet run with it
+ * and without --eval-only would train; with --quantize it is not made yet.
+ * 1 after the error. */
+static int shrink_refused(const char *cmd, int argc, char **argv) {
+  if (!opt_shrink) return 0;
+  if (quantize_mode_parse(opt_quantize) > 0) {
+    fprintf(stderr, "duet: error: --shrink and --quantize %s together are not supported yet: evaluate with one of "
+                    "them\n", opt_quantize);
+    return 1;
+  }
+  if (strcmp(cmd, "run")) return 0;
+  for (int i = 0; i < argc; i++)
+    if (!strcmp(argv[i], "--eval-only")) return 0;
+  fprintf(stderr, "duet: error: --shrink removes the channels that channels pruning zeroed from a trained checkpoint "
+                  "and cannot train: train and save first (duet run M.model --prune-mode channels --prune S --save "
+                  "CK), then evaluate with duet run M.model --eval-only --checkpoint CK --prune-mode channels --prune "
+                  "S --shrink\n");
+  return 1;
+}
+
 int main(int argc, char **argv) {
   duet_rank_stderr(); /* under an MPI launcher: "duet: rank 1: error: ..." */
   if (argc < 2) {
@@ -2113,6 +2145,7 @@ int main(int argc, char **argv) {
     if ((n = strip_prune_flags(n, argv + 2)) < 0) return 1;
     argc = n + 2;
     if (!strcmp(cmd, "run") && quantize_train_refused(argc - 2, argv + 2)) return 1;
+    if (shrink_refused(cmd, argc - 2, argv + 2)) return 1;
     if ((!strcmp(cmd, "run") || !strcmp(cmd, "compile")) && opt_arch && strcmp(opt_arch, "cpu")) {
       fprintf(stderr, "duet: error: duet %s builds for the CPU; --arch %s is for duet ir and duet check\n", cmd,
               opt_arch);
@@ -2139,6 +2172,11 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "check")) return cmd_check(argc - 2, argv + 2);
   if (!strcmp(cmd, "sample")) return cmd_sample(argc - 2, argv + 2);
   if (!strcmp(cmd, "plot")) return cmd_plot(argc - 2, argv + 2);
+  if (!strcmp(cmd, "predict") || !strcmp(cmd, "export")) { /* --prune flags and --shrink: a shrunk program */
+    int n = strip_prune_flags(argc - 2, argv + 2);
+    if (n < 0 || shrink_refused(cmd, n, argv + 2)) return 1;
+    argc = n + 2;
+  }
   if (!strcmp(cmd, "predict")) return cmd_predict(argc - 2, argv + 2);
   if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

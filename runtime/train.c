@@ -458,6 +458,11 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
                     "trained checkpoint and cannot train; give --eval-only --checkpoint CK\n");
     return 1;
   }
+  if (!c->eval_only && p->shrink) { /* --shrink: passes/shrink.c */
+    fprintf(stderr, "duet: error: this program's layers are shrunk (compiled with --shrink): it evaluates a "
+                    "channels-pruned checkpoint and cannot train; give --eval-only --checkpoint CK\n");
+    return 1;
+  }
   if (c->keep_best && no_eval) {
     fprintf(stderr, "duet: error: --keep-best keeps the checkpoint of the best evaluation: it cannot go with "
                     "--no-eval\n");
