@@ -297,3 +297,19 @@ out:
   for (int r = 0; r < x->rank; r++) free(map[r]);
   return rc;
 }
+
+void duet_shrink_summary(const DuetProgram *p, FILE *out) {
+  if (!p->shrink) return;
+  int64_t n = 0, nb = 0, fn = 0, fnb = 0;
+  for (int i = 0; i < p->n_tensors; i++) {
+    const DuetTensor *x = &p->tensors[i];
+    if (x->region != DUET_MEM_PARAM) continue;
+    int64_t full[DUET_MAX_RANK], e = 1, fe = 1;
+    duet_shrink_full_shape(p, i, full);
+    for (int r = 0; r < x->rank; r++) e *= x->shape[r], fe *= full[r];
+    n += e, nb += x->nbytes, fn += fe;
+    fnb += e ? x->nbytes / e * fe : 0;
+  }
+  fprintf(out, "duet: shrunk (--shrink): %" PRId64 " parameters in %" PRId64 " bytes (%" PRId64 " in %" PRId64
+          " before)\n", n, nb, fn, fnb);
+}

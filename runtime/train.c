@@ -2483,6 +2483,7 @@ static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const Du
     goto out;
   }
   if (!cfg->quiet) duet_quant_summary(p, stdout); /* int8 weights (--quantize): their bytes */
+  if (!cfg->quiet) duet_shrink_summary(p, stdout); /* --shrink: params before and after */
   if (duet_evaluate(s, cfg, &r, err, sizeof err)) {
     fprintf(stderr, "duet: error: evaluation: %s\n", err);
     goto out;
