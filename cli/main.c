@@ -67,7 +67,10 @@ static void prune_help(FILE *out) {
           "  --prune-every N    gradual: masks updated every N steps (default 100)\n"
           "  --prune-initial S  gradual: the schedule's initial sparsity (default 0)\n"
           "  --prune-params P   which params: comma-separated globs, !GLOB excludes (default: matmul and\n"
-          "                     convolution weights, no biases, norms or embeddings)\n");
+          "                     convolution weights, no biases, norms or embeddings)\n"
+          "  --shrink           with --prune-mode channels and the run's --prune S: remove the pruned\n"
+          "                     channels (smaller layers and next-layer inputs); only with --eval-only\n"
+          "                     --checkpoint CK, duet predict, duet export, duet compile (evaluation)\n");
 }
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
@@ -1800,11 +1803,12 @@ static int cmd_predict(int argc, char **argv) {
 
 static int cmd_export(int argc, char **argv) {
   if (wants_help(argc, argv)) {
-    printf("usage: duet export M.model --checkpoint CK -o W.safetensors\n"
+    printf("usage: duet export M.model --checkpoint CK -o W.safetensors [--prune-mode channels --prune S --shrink]\n"
            "Writes the params of CK (a checkpoint written by duet run --save) to a safetensors file, each\n"
            "as f32 under its name and with the model's shape (a linear layer's w is [in, out], as x @ w;\n"
            "torch.nn.Linear's weight is its transpose), metadata {\"format\": \"duet-weights-1\", \"model\",\n"
-           "\"step\"}; no optimizer state, no pruning masks (pruned weights are zeros already).\n"
+           "\"step\"}; no optimizer state, no pruning masks (pruned weights are zeros already).  With\n"
+           "--prune-mode channels --prune S --shrink (the run's S): the pruned channels removed, smaller tensors.\n"
            "tools/duet_to_torch.py loads it into the equivalent torch.nn model.\n");
     return 0;
   }

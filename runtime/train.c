@@ -2539,6 +2539,8 @@ void duet_predict_usage(FILE *out) {
           "  --eval-batches N   language models: N fixed validation batches (default: the model's)\n"
           "  --logits           classifiers: each line also holds the logits\n"
           "  --threads N        CPU threads, 1 to 1024 (default: all cores)\n"
+          "  --prune-mode channels --prune S --shrink   a channels-pruned CK with its pruned channels\n"
+          "                     removed (docs/pruning-quantization.md)\n"
           "The program is compiled in fp32 for the model's batch; numbers are printed with 9 significant\n"
           "digits (a float round-trips).  A summary goes to standard error.\n");
 }
