@@ -188,13 +188,14 @@ static bool follow(Sh *S, Value *v, int a, int64_t G) {
       int au = a + u->shape.rank - v->shape.rank;
       Value *o = u->in[0] == v ? u->in[1] : u->in[0];
       int ao = au - (u->shape.rank - o->shape.rank), pa;
+      if (u->in[0] != u->in[1] && au >= 0 && u->shape.dim[au] == v->shape.dim[a] && ao >= 0 &&
+          o->shape.dim[ao] != 1 && o->op != OP_PARAM && o->op != OP_RESHAPE) {
+        S->why = "it meets an add with another activation (a residual connection)";
+        return false;
+      }
       if (u->in[0] == u->in[1] || au < 0 || u->shape.dim[au] != v->shape.dim[a] || ao < 0 || o->shape.dim[ao] == 1 ||
           biased || acts[0] || G != 1) {
         S->why = "it meets an add that is not its bias (one value per channel, before the activations)";
-        return false;
-      }
-      if (o->op != OP_PARAM && o->op != OP_RESHAPE) {
-        S->why = "it meets an add with another activation (a residual connection)";
         return false;
       }
       Value *bp = param_chain(S, o, ao, G, SHRINK_BIAS, &pa);

@@ -23,7 +23,8 @@
 #         unshrunk program printed, within its 1e-4;
 #       - duet predict --shrink: the same correct count;
 #       - duet ir --after shrink: linear1.w f32[784,512], linear2.w
-#         f32[512,512], and the note for linear3.w;
+#         f32[512,512], and the note for linear3.w; a residual add keeps its
+#         weight (a note, no shrink line);
 #       - duet compile --shrink: an evaluation executable whose line equals
 #         duet run's and which refuses to train;
 #       - exact one-line errors: --shrink without channels pruning, with a
@@ -109,6 +110,13 @@ grep -q '^%[0-9]* = param "linear1.w" kaiming_uniform : f32\[784,512\]$' "$d/ir.
 grep -q '^%[0-9]* = param "linear2.w" kaiming_uniform : f32\[512,512\]$' "$d/ir.txt" &&
 grep -q '^shrink param="linear2.w" axis=0 full=1024 group=1 source="linear1.w" kind=next out=1 acts="relu" fold=1 bias="linear2.b"$' "$d/ir.txt" &&
   ok "duet ir --after shrink: linear1.w f32[784,512], linear2.w f32[512,512]" || { bad "duet ir --after shrink"; cat "$d/ir.txt"; }
+
+# what the pass cannot follow: a residual add keeps w1 (with a note), the logits keep w2
+printf 'model resid\ninput x: f32[4, 8]\ninput y: i32[4]\nparam w1: [8, 8]\nparam b1: [8] = zeros\nparam w2: [8, 4]\nh = relu(x @ w1 + b1)\nloss = cross_entropy((h + x) @ w2, y)\n' > "$d/resid.model"
+"$DUET" ir "$d/resid.model" $P --shrink --after shrink > "$d/resid.ir" 2> "$d/resid.err"
+grep -q "note: --shrink leaves \`w1\` at its 8 output channels (the pruned ones stay zeros): it meets an add with another activation (a residual connection)" "$d/resid.err" &&
+grep -q '^%[0-9]* = param "w1" kaiming_uniform : f32\[8,8\]$' "$d/resid.ir" && ! grep -q '^shrink' "$d/resid.ir" &&
+  ok "a residual add: w1 stays [8, 8], with a note" || { bad "residual add"; cat "$d/resid.err" "$d/resid.ir"; }
 
 # a compiled evaluation executable
 if "$DUET" compile $M $P --shrink -o "$d/mlp_exe" > "$d/compile.out" 2>&1; then
