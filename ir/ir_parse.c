@@ -44,6 +44,7 @@ typedef struct Parser {
   int line;
   IdSlot *slots; /* %id -> value, open addressing */
   size_t cap;
+  int *shrink_lines; /* the line of each shrink line (check_shrink) */
   int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line, zero_line, qat_line,
       bucket_line;
   uint64_t device_regions[IR_MAX_STAGES / 64 + 1]; /* `regions device N` lines seen */
@@ -1342,8 +1343,27 @@ static void shrink_header(Parser *P) {
   if (x.kind == SHRINK_NEXT && !(seen & (1u << 6))) FAIL(P->bol, "a shrink line of kind next needs out=A");
   ShrinkAxis *t = arena_alloc(P->a, ((size_t)g->n_shrink + 1) * sizeof *t);
   if (g->n_shrink) memcpy(t, g->shrink, (size_t)g->n_shrink * sizeof *t);
+  int *lines = arena_alloc(P->a, ((size_t)g->n_shrink + 1) * sizeof *lines);
+  if (g->n_shrink) memcpy(lines, P->shrink_lines, (size_t)g->n_shrink * sizeof *lines);
+  lines[g->n_shrink] = P->line;
+  P->shrink_lines = lines;
   t[g->n_shrink++] = x;
   g->shrink = t;
+}
+
+/* Every name of the shrink lines is a param of the graph (lowering looks
+ * them up); the first line naming another is an error. */
+static void check_shrink(Parser *P) {
+  Graph *g = P->g;
+  for (int k = 0; k < g->n_shrink; k++) {
+    const char *names[3] = {g->shrink[k].param, g->shrink[k].source, g->shrink[k].next_bias};
+    for (int j = 0; j < 3; j++) {
+      bool found = !names[j];
+      for (int i = 0; i < g->n_values && !found; i++)
+        found = g->values[i]->op == OP_PARAM && g->values[i]->attr.name && !strcmp(g->values[i]->attr.name, names[j]);
+      if (!found) fail_loc(P, (Loc){P->src, P->shrink_lines[k], 1}, "shrink: `%s` is no param of the graph", names[j]);
+    }
+  }
 }
 
 /* A graph the prune pass went through (prune_mask values) carries its
@@ -1726,6 +1746,7 @@ static void parse_all(Parser *P) {
   check_inputs(P);
   check_names(P);
   check_prune(P);
+  check_shrink(P);
   graph_count_uses(P->g);
 }
 

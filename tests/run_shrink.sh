@@ -24,7 +24,8 @@
 #       - duet predict --shrink: the same correct count;
 #       - duet ir --after shrink: linear1.w f32[784,512], linear2.w
 #         f32[512,512], and the note for linear3.w; a residual add keeps its
-#         weight (a note, no shrink line);
+#         weight (a note, no shrink line); the dump evaluates the same, and
+#         given --shrink again is an error;
 #       - duet compile --shrink: an evaluation executable whose line equals
 #         duet run's and which refuses to train;
 #       - exact one-line errors: --shrink without channels pruning, with a
@@ -110,6 +111,14 @@ grep -q '^%[0-9]* = param "linear1.w" kaiming_uniform : f32\[784,512\]$' "$d/ir.
 grep -q '^%[0-9]* = param "linear2.w" kaiming_uniform : f32\[512,512\]$' "$d/ir.txt" &&
 grep -q '^shrink param="linear2.w" axis=0 full=1024 group=1 source="linear1.w" kind=next out=1 acts="relu" fold=1 bias="linear2.b"$' "$d/ir.txt" &&
   ok "duet ir --after shrink: linear1.w f32[784,512], linear2.w f32[512,512]" || { bad "duet ir --after shrink"; cat "$d/ir.txt"; }
+
+# the dump runs on: the same line; --shrink again is an error
+"$DUET" run "$d/ir.txt" $T --eval-only --checkpoint "$d/mlp.st" > "$d/dump.out" 2>&1
+a=$(grep 'test accuracy' "$d/dump.out" | sed 's/.*(step/(step/') b=$(grep 'test accuracy' "$d/mlp_shrunk.out" | sed 's/.*(step/(step/')
+[ -n "$a" ] && [ "$a" = "$b" ] && ok "the dump after shrink evaluates: $a" || { bad "the dump after shrink: '$a' vs '$b'"; cat "$d/dump.out"; }
+"$DUET" run "$d/ir.txt" --eval-only --checkpoint "$d/mlp.st" --shrink > /dev/null 2> "$d/dump.err"
+grep -qxF "$d/ir.txt:2:7: error: the dump was printed after \`shrink\`, so its shapes are fixed; --shrink needs the .model or a dump from before \`shrink\`" "$d/dump.err" &&
+  ok "a dump after shrink given --shrink again: an error" || { bad "a dump after shrink with --shrink"; cat "$d/dump.err"; }
 
 # what the pass cannot follow: a residual add keeps w1 (with a note), the logits keep w2
 printf 'model resid\ninput x: f32[4, 8]\ninput y: i32[4]\nparam w1: [8, 8]\nparam b1: [8] = zeros\nparam w2: [8, 4]\nh = relu(x @ w1 + b1)\nloss = cross_entropy((h + x) @ w2, y)\n' > "$d/resid.model"
