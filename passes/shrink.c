@@ -13,35 +13,42 @@
  * channel-pruned weight W,
  *
  *   - shrinks W's output-channel axis from C to K;
- *   - follows W's output forward through ops that act channel by channel:
- *     elementwise ops with a param of the channels (the bias, through
- *     reshapes; it shrinks too) or with a tensor broadcast along them,
- *     unary activations (relu, gelu, tanh, sigmoid, silu, neg, exp, log),
- *     permute, max/avg pooling of [N, C, H, W] along C, reshape where each
- *     channel stays a contiguous group of indices along one axis (flatten
- *     [N, C, 7, 7] -> [N, C*49]: channel c is indices 49c .. 49c+48), and
- *     im2col (channel c is the kh x kw taps c*kh*kw .. of a row), shrinking
- *     each value's channel axis;
+ *   - follows W's output forward, along a path of values each read once,
+ *     through ops that act channel by channel: its bias add (a param of
+ *     one value per channel, through reshapes; it shrinks too), unary
+ *     activations (relu, gelu, tanh, sigmoid, silu, neg), permutes, max
+ *     and avg pooling of [N, C, H, W] along C, reshapes where each channel
+ *     stays a contiguous group of indices of one axis (flatten [N, C, 7, 7]
+ *     -> [N, C*49]: channel c is indices 49c .. 49c+48), and im2col
+ *     (channel c is the kh x kw taps c*kh*kw .. of a row), shrinking each
+ *     value's channel axis;
  *   - at the next matmul, whose reduction (input) axis carries the
- *     channels, shrinks the other operand's input axis, a param (through
- *     reshapes: a convolution's [out, in, kh, kw] loses input channels):
- *     group g of the input axis keeps the rows of the kept channels.
+ *     channels, shrinks its weight's input axis (a param, through reshapes:
+ *     a convolution's [out, in, kh, kw] loses input channels): group g of
+ *     the input axis keeps the rows of the kept channels.
+ *
+ * A removed channel is not silent: channels pruning keeps the biases, so
+ * it outputs the constant acts(bias) (the same at every position), which
+ * the next layer multiplies by the channel's rows.  The runtime folds that
+ * into the next layer's bias when it loads the checkpoint; zero padding on
+ * the way (im2col of a padded convolution, avg pooling with padding) would
+ * make the term depend on the position, so such a weight is not shrunk.
  *
  * Where the path meets anything else (a norm across channels, a residual
  * add of two activations, attention, the logits and the loss, a value or
- * param used twice), W stays as it is (its pruned channels are zeros, as
- * without --shrink) and a note says why.  The shrunk axes are listed in
- * g->shrink (printed `shrink param=... axis=... full=... group=...
- * source=...`), and codegen passes them on (DuetProgram.shrink): when the
- * runtime loads a checkpoint (full-size f32 weights with zeroed channels,
- * and the masks) it gathers the kept channels of each source weight (those
- * its mask keeps, or, without a mask, whose weights are not all zero) into
- * the smaller params, refusing a checkpoint that keeps another number
- * (runtime/shrink.c).
+ * param read twice, zero padding), W stays as it is (its pruned channels
+ * are zeros, as without --shrink) and a note says why.  The shrunk axes are
+ * listed in g->shrink (printed `shrink param=... axis=... full=...
+ * group=... source=... kind=...`, docs/ir.md), and codegen passes them on
+ * (DuetProgram.shrink): when the runtime loads a checkpoint (full-size
+ * weights with zeroed channels, and the masks) it gathers the kept channels
+ * of each source weight (those its mask keeps, or, without a mask, whose
+ * weights are not all zero) into the smaller params, folds the removed
+ * channels' constants into the next biases, and refuses a checkpoint that
+ * keeps another number (runtime/shrink.c).
  *
  * The GEMMs then sum over fewer inputs: the results equal the masked
- * program's up to the order of the f32 sums (the removed terms were exact
- * zeros). */
+ * program's up to the order of the f32 sums. */
 #include <inttypes.h>
 #include <math.h>
 #include <string.h>
@@ -66,8 +73,6 @@ typedef struct Sh {
   Graph *g;
   Value **use;   /* use[cnt[id] .. cnt[id + 1]): the kept values that read value id */
   int *cnt;
-  int *seen;     /* the walk (stamp) that last visited each value */
-  int stamp;
   Edit *edit;
   int n_edit, cap_edit;
   int64_t keep;  /* K, the kept channels of the walk's source */
@@ -245,7 +250,7 @@ static bool follow(Sh *S, Value *v, int a, int64_t G) {
                  "cannot be folded into the next layer's bias";
         return false;
       }
-      int pa, first = S->n_edit;
+      int pa;
       Value *w = param_chain(S, u->in[1], u->attr.trans_b ? 1 : 0, G, SHRINK_NEXT, &pa);
       if (!w) return false;
       int out = prune_weight_axis(w, S->use, S->cnt);
@@ -255,7 +260,6 @@ static bool follow(Sh *S, Value *v, int a, int64_t G) {
         return false;
       }
       Edit *e = &S->edit[S->n_edit - 1]; /* the param's own edit */
-      (void)first;
       e->next_out = out;
       e->next_bias = bias_after(S, u, w->shape.dim[out]);
       e->acts = arena_printf(S->g->arena, "%s", acts);
@@ -342,7 +346,6 @@ void pass_shrink(Graph *g, PassCtx *cx) {
   Sh S = {.g = g};
   S.cnt = arena_alloc(ar, ((size_t)n + 2) * sizeof *S.cnt);
   int *fill = arena_alloc(ar, ((size_t)n + 1) * sizeof *fill);
-  S.seen = arena_alloc(ar, ((size_t)n + 1) * sizeof *S.seen);
   for (int i = 0; i < n; i++)
     for (int j = 0; j < g->values[i]->n_in; j++) S.cnt[g->values[i]->in[j]->id + 1]++;
   for (int i = 0; i < n; i++) S.cnt[i + 1] += S.cnt[i];
@@ -362,7 +365,6 @@ void pass_shrink(Graph *g, PassCtx *cx) {
     Value *w = src[s];
     int64_t C = w->shape.dim[src_axis[s]];
     S.keep = C - (int64_t)nearbyint(g->prune.sparsity * (double)C);
-    S.stamp = s + 1;
     S.n_edit = 0;
     S.why = NULL;
     if (!walk(&S, w, src_axis[s])) {

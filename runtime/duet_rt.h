@@ -1268,8 +1268,9 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
  * makes NCCL collectives, duet_cuda_plugin_nccl, over runtime/collective.h's
  * DuetColl; 6: DuetProgram gained prune; 7: DuetProgram gained source_hash,
  * DuetCollOps progress and stats; 8: DuetProgram gained zero, vocab and the clipping
- * tables, DuetConfig zero, the npy fields, the schedule and clipping). */
-#define DUET_CUDA_PLUGIN_API 8
+ * tables, DuetConfig zero, the npy fields, the schedule and clipping; 9: DuetProgram gained
+ * shrink). */
+#define DUET_CUDA_PLUGIN_API 9
 
 /* The CUDA device `ordinal` for program p: loads libduet_cuda.so
  * ($DUET_CUDA_PLUGIN, else next to the executable, else the build tree's,
