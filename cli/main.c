@@ -956,7 +956,7 @@ static int cmd_compile(int argc, char **argv) {
              "--offload none turns it off), --quantize int8|int8-tensor (an evaluation executable\n"
              "with int8 weights: EXE --eval-only --checkpoint CK).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
-             "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
+             "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
@@ -1101,7 +1101,7 @@ static int cmd_ir(int argc, char **argv) {
              "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`),\n"
              "--quantize int8|int8-tensor (int8 weights: `duet ir M.model --after quantize --quantize int8`).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
-             "--prune-initial S, --prune-params P (as duet run --help describes them).\n"
+             "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n"
              "Passes, in order:\n");
       for (int p = 0; p < duet_n_passes; p++) printf("  %-13s %s\n", duet_passes[p].name, duet_passes[p].what);
       return 0;
@@ -1524,7 +1524,7 @@ static int cmd_plan(int argc, char **argv) {
              "--offload optimizer: the optimizer state and the f32 master weights on a host row instead of\n"
              "the devices' (the update on the CPU; the gradients and params copied each step).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
-             "--prune-initial S, --prune-params P (as duet run --help describes them).\n"
+             "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n"
              "--device-memory SIZE: each device's memory (16GiB or 16G = 2^30 bytes, 16GB = 10^9, 500MiB,\n"
              "bytes; default: the CPU's available memory shared by its devices, 16 GiB per GPU, a capacity's own).\n"
              "--format text|json: json prints the same table as one object for tools (per device: weights,\n"
@@ -1649,7 +1649,7 @@ static int cmd_emit(int argc, char **argv) {
              "Also: --precision auto|fp32|fp16|bf16, --data-parallel N, --bucket-mb X and --zero 0|1 (the\n"
              "kernels of one replica), --recompute none|blocks|auto, --quantize int8|int8-tensor.\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
-             "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
+             "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n");
       return 0;
     } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
       target = argv[++i];
@@ -2024,7 +2024,7 @@ static int cmd_check(int argc, char **argv) {
            "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90, --recompute none|blocks|auto,\n"
            "--optimizer-state int8|f32 (int8: a line with the bytes of the 8-bit AdamW state).\n"
            "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
-           "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
+           "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n");
     return args_ok || (argc == 1 && wants_help(argc, argv)) ? 0 : 1;
   }
   ParOpts po;
