@@ -45,7 +45,8 @@ static void usage(FILE *out) {
           "run, compile, plan, ir, emit and check take --optimizer-state int8|f32 (AdamW's moments in 8-bit\n"
           "block-wise quantized codes, or f32: overrides the model's adamw(state = ...)).\n\n"
           "run, compile, ir and emit take --quantize int8|int8-tensor|none (int8 weights, a scale per output\n"
-          "channel or per tensor: an evaluation program; duet run needs --eval-only --checkpoint CK).\n\n"
+          "channel or per tensor: an evaluation program; duet run needs --eval-only --checkpoint CK);\n"
+          "duet compile --quantize int8 --checkpoint CK puts CK's weights, in int8, inside the executable.\n\n"
           "run, compile, plan, ir, emit and check take the pruning flags --prune S, --prune-mode,\n"
           "--prune-start, --prune-end, --prune-every, --prune-initial, --prune-params (`duet run --help`).\n\n"
           "run, compile, ir, emit and check also take an IR dump (G.ir, from `duet ir`) in place of\n"
@@ -935,14 +936,61 @@ static int bad_argument(const char *cmd, int argc, char **argv, int i) {
   return 1;
 }
 
+/* duet compile --checkpoint CK writes an evaluation executable: the flags
+ * that configure only training are refused (the first given, named).  1
+ * after the error. */
+static int checkpoint_train_flags(int argc, char **argv) {
+  if (opt_shrink) { /* the loader gathers from full-size weights; embedded ones would be shrunk already */
+    fprintf(stderr, "duet: error: duet compile --checkpoint does not embed shrunk weights yet: compile with --shrink "
+                    "alone and run EXE --eval-only --checkpoint CK\n");
+    return 1;
+  }
+  const char *given = opt_prune.set ? "the --prune flags" : opt_offload ? "--offload" : opt_recompute ? "--recompute"
+                    : opt_optim_state ? "--optimizer-state" : scan_flag(argc, argv, "--zero") ? "--zero"
+                    : scan_flag(argc, argv, "--clip-grad-norm") ? "--clip-grad-norm" : NULL;
+  if (!given) return 0;
+  fprintf(stderr, "duet: error: %s %s training, and duet compile --checkpoint writes an evaluation executable (it "
+                  "evaluates the checkpoint's weights and trains nothing): leave out %s, or --checkpoint to compile "
+                  "a training executable\n", given, opt_prune.set ? "configure" : "configures", given);
+  return 1;
+}
+
+/* duet compile --checkpoint CK: the params of CK as program cp loads them
+ * (int8 weights quantized now for a --quantize program) written next to
+ * `out` (OUT.duet-XXXXXX.st) for the executable to embed; the file's path
+ * into path (unlink it after linking), cp->weights_file and
+ * cp->prog.weights_nbytes set.  1 after the error (no file left). */
+static int embed_weights(CgProgram *cp, Arena *a, const char *ck, const char *out, char *path, size_t n) {
+  char err[1024];
+  snprintf(path, n, "%s.duet-XXXXXX.st", out);
+  int fd = mkstemps(path, 3);
+  if (fd < 0) {
+    fprintf(stderr, "duet: error: cannot write %s: %s\n", out, strerror(errno));
+    path[0] = 0;
+    return 1;
+  }
+  close(fd);
+  struct stat st;
+  if (duet_checkpoint_embed(&cp->prog, ck, path, err, sizeof err) || stat(path, &st)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    unlink(path);
+    path[0] = 0;
+    return 1;
+  }
+  cp->prog.weights_nbytes = (int64_t)st.st_size;
+  cp->weights_file = arena_printf(a, "%s", path);
+  return 0;
+}
+
 static int cmd_compile(int argc, char **argv) {
-  const char *model = NULL, *out = NULL;
+  const char *model = NULL, *out = NULL, *ck = NULL;
   int64_t batch = 0;
   double clip = 0; /* --clip-grad-norm: 0, the train section's */
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]\n"
              "                    [--data-parallel N] [--bucket-mb X] [--zero 0|1] [--clip-grad-norm X]\n"
+             "                    [--quantize int8|int8-tensor] [--checkpoint CK]\n"
              "Writes a standalone training executable (generated C compiled and linked\n"
              "against the duet runtime).  EXE takes the run-time flags of `duet run`\n"
              "(--steps, --lr, --lr-schedule, --warmup, --min-lr, --seed, --data, --save, ...);\n"
@@ -955,11 +1003,18 @@ static int cmd_compile(int argc, char **argv) {
              "--recompute none|blocks|auto, --offload none|optimizer (the executable's default; its\n"
              "--offload none turns it off), --quantize int8|int8-tensor (an evaluation executable\n"
              "with int8 weights: EXE --eval-only --checkpoint CK).\n"
+             "--checkpoint CK embeds CK's weights in EXE (int8 with --quantize, quantized now; f32\n"
+             "without): EXE is an evaluation executable that evaluates them when run (`./EXE`;\n"
+             "--checkpoint CK2 evaluates CK2 instead), trains nothing, and refuses the flags that\n"
+             "configure only training (--clip-grad-norm, --prune..., --zero, --offload, --recompute,\n"
+             "--optimizer-state).  Its size shows the weights' bytes; they stay after `strip`.\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
+    } else if (!strcmp(argv[i], "--checkpoint") && i + 1 < argc) {
+      ck = argv[++i];
     } else if (par_flag(argv[i]) && i + 1 < argc) {
       i++; /* read by par_opts */
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
@@ -990,10 +1045,12 @@ static int cmd_compile(int argc, char **argv) {
     return 1;
   }
   struct stat sm, so;
-  if (!stat(model, &sm) && !stat(out, &so) && sm.st_dev == so.st_dev && sm.st_ino == so.st_ino) {
+  if (!stat(out, &so) && ((!stat(model, &sm) && sm.st_dev == so.st_dev && sm.st_ino == so.st_ino) ||
+                          (ck && !stat(ck, &sm) && sm.st_dev == so.st_dev && sm.st_ino == so.st_ino))) {
     fprintf(stderr, "duet: error: -o %s names the input file; choose another output path\n", out);
     return 1;
   }
+  if (ck && checkpoint_train_flags(argc, argv)) return 1;
   char dir[1024], lib[1200], inc[1200];
   if (jit_self_dir(dir, sizeof dir)) {
     fprintf(stderr, "duet: error: cannot locate the duet executable's directory\n");
@@ -1037,19 +1094,31 @@ static int cmd_compile(int argc, char **argv) {
   }
   char *src = codegen_emit_c(cp, c.arena);
   cp->prog.source_hash = duet_fnv1a(src, strlen(src), DUET_FNV_OFFSET);
-  char cpath[1300];
+  /* the temporaries next to the executable: the weights (--checkpoint),
+   * the C source, the executable itself (renamed to `out` once linked) */
+  char wpath[1300] = "", cpath[1300], epath[1300];
+  if (ck && embed_weights(cp, c.arena, ck, out, wpath, sizeof wpath)) {
+    compiled_free(&c);
+    return 1;
+  }
   snprintf(cpath, sizeof cpath, "%s.duet-XXXXXX.c", out);
   int fd = mkstemps(cpath, 2);
   FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (!f) { /* the executable's directory: missing or not writable */
     fprintf(stderr, "duet: error: cannot write %s: %s\n", out, strerror(errno));
+    if (fd >= 0) close(fd), unlink(cpath);
+    if (wpath[0]) unlink(wpath);
     compiled_free(&c);
     return 1;
   }
   codegen_write_executable_c(cp, src, f);
-  if (fclose(f)) {
-    fprintf(stderr, "duet: error: writing %s failed\n", cpath);
+  snprintf(epath, sizeof epath, "%s.duet-XXXXXX", out);
+  int efd = mkstemp(epath); /* a fresh name; the linker creates the file (mode from the umask) */
+  if (efd >= 0) close(efd), unlink(epath);
+  if (fclose(f) || efd < 0) {
+    fprintf(stderr, "duet: error: writing %s failed\n", efd < 0 ? out : cpath);
     unlink(cpath);
+    if (wpath[0]) unlink(wpath);
     compiled_free(&c);
     return 1;
   }
@@ -1062,7 +1131,7 @@ static int cmd_compile(int argc, char **argv) {
   snprintf(incflag, sizeof incflag, "-I%s", inc);
   av[a++] = incflag;
   av[a++] = "-o";
-  av[a++] = (char *)out;
+  av[a++] = epath;
   av[a++] = cpath;
   av[a++] = lib;
   av[a++] = DUET_OPENBLAS_LIB;
@@ -1078,12 +1147,23 @@ static int cmd_compile(int argc, char **argv) {
   snprintf(what, sizeof what, "compiling %d kernels and the training executable with %s", cp->n_kernels, jit_cc());
   int st = jit_run_shown(av, log, sizeof log, what);
   unlink(cpath);
+  if (wpath[0]) unlink(wpath);
+  int64_t wbytes = cp->prog.weights_nbytes;
   compiled_free(&c);
   if (st != 0) {
-    fprintf(stderr, "duet: error: linking the training executable failed (%s exited with %d):\n%s", jit_cc(), st, log);
+    unlink(epath);
+    fprintf(stderr, "duet: error: linking the %s executable failed (%s exited with %d):\n%s",
+            ck ? "evaluation" : "training", jit_cc(), st, log);
     return 1;
   }
-  printf("duet: wrote %s\n", out);
+  if (rename(epath, out)) { /* atomic: `out` is the old file or the whole new one */
+    fprintf(stderr, "duet: error: cannot write %s: %s\n", out, strerror(errno));
+    unlink(epath);
+    return 1;
+  }
+  if (ck) printf("duet: wrote %s (an evaluation executable with the weights of %s embedded: %" PRId64 " bytes)\n",
+                 out, ck, wbytes);
+  else printf("duet: wrote %s\n", out);
   return 0;
 }
 
@@ -1899,6 +1979,14 @@ static void print_layer_tree(const Graph *g, LayerNode *nodes, const int *list, 
   }
 }
 
+/* Whether param p is the f32 scales of int8 weights (--quantize: the
+ * second operand of a dequantize op): not one of the model's parameters. */
+static bool is_quant_scale(const Graph *g, const Value *p) {
+  for (int i = 0; i < g->n_values; i++)
+    if (g->values[i]->op == OP_DEQUANTIZE && g->values[i]->in[1] == p) return true;
+  return false;
+}
+
 static void print_layers(const Graph *g) {
   int L = g->n_layers;
   Arena *a = arena_new(1 << 16);
@@ -1914,7 +2002,7 @@ static void print_layers(const Graph *g) {
   /* each dotted prefix p of a name: the layers called p */
   for (int j = 0; j < g->n_values; j++) {
     const Value *v = g->values[j];
-    if (v->op != OP_PARAM) continue;
+    if (v->op != OP_PARAM || is_quant_scale(g, v)) continue;
     char *buf = arena_strdup(a, v->attr.name);
     for (char *dot = strchr(buf, '.'); dot; dot = strchr(dot + 1, '.')) {
       *dot = 0;
@@ -2010,6 +2098,24 @@ static void print_optim_summary(const Graph *g) {
   printf("\n");
 }
 
+/* duet check's line about int8 weights (--quantize int8|int8-tensor: the
+ * quantize pass's i8 params, each with its f32 scales through a dequantize
+ * op), in the words and numbers of the line an int8 evaluation prints
+ * (runtime/quant.c, duet_quant_summary). */
+static void print_quant_summary(const Graph *g) {
+  int64_t n = 0, q = 0, sc = 0;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if (v->op != OP_DEQUANTIZE) continue;
+    n++;
+    q += shape_numel(&v->in[0]->shape) * (int64_t)dtype_size(v->in[0]->dtype);
+    sc += shape_numel(&v->in[1]->shape) * (int64_t)dtype_size(v->in[1]->dtype);
+  }
+  if (n)
+    printf("int8 weights: %" PRId64 " tensors, %" PRId64 " bytes and %" PRId64 " bytes of f32 scales (%" PRId64
+           " bytes in f32)\n", n, q, sc, 4 * q);
+}
+
 static int cmd_check(int argc, char **argv) {
   /* M.model, then only --data-parallel N and --bucket-mb X */
   bool args_ok = argc >= 1 && argv[0][0] != '-';
@@ -2022,7 +2128,9 @@ static int cmd_check(int argc, char **argv) {
            "their weights as trained (f32: in fp16/bf16 these are the master weights, the 16-bit copies come\n"
            "on top; gradients, optimizer state and activations: duet plan).\n"
            "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90, --recompute none|blocks|auto,\n"
-           "--optimizer-state int8|f32 (int8: a line with the bytes of the 8-bit AdamW state).\n"
+           "--optimizer-state int8|f32 (int8: a line with the bytes of the 8-bit AdamW state),\n"
+           "--quantize int8|int8-tensor (the evaluation program's int8 weights and f32 scales, and a line\n"
+           "with their bytes).\n"
            "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
            "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n");
     return args_ok || (argc == 1 && wants_help(argc, argv)) ? 0 : 1;
@@ -2030,7 +2138,8 @@ static int cmd_check(int argc, char **argv) {
   ParOpts po;
   if (par_opts(&po, argc, argv, 1)) return 1;
   Compiled c;
-  int rc = compile_model_par(&c, argv[0], 0, &po, NULL, "prune"); /* through autodiff (its warnings too) and prune */
+  /* through autodiff (its warnings too), prune and quantize (which --quantize alone turns on) */
+  int rc = compile_model_par(&c, argv[0], 0, &po, NULL, "quantize");
   par_free(&po);
   if (!rc && check_gemm_acc_graph(&c, argv[0], 0, NULL)) rc = 1;
   /* parameters and their bytes in all; shape rules keep each one's bytes
@@ -2038,9 +2147,11 @@ static int cmd_check(int argc, char **argv) {
   int64_t total = 0, bytes = 0;
   int w_name = 32, w_shape = 16, w_elems = 12; /* at least these: the table's usual look */
   DType dt = DT_F32;
-  bool mixed = false, any = false;
+  bool mixed = false, any = false, int8 = false;
   for (int i = 0; !rc && i < c.g->n_values; i++) {
     const Value *v = c.g->values[i];
+    if (v->op == OP_DEQUANTIZE) int8 = true; /* --quantize: int8 weights, f32 scales (not parameters) */
+    if (v->op == OP_DEQUANTIZE) total -= shape_numel(&v->in[1]->shape);
     if (v->op != OP_PARAM) continue;
     int64_t n = shape_numel(&v->shape), nb = n * (int64_t)dtype_size(v->dtype);
     if (nb > INT64_MAX - bytes) {
@@ -2085,12 +2196,14 @@ static int cmd_check(int argc, char **argv) {
                                    sizeof perr) && pc.storage != DT_F32 && pc.storage != DT_F64;
     printf("%s: ok, %" PRId64 " parameters, %" PRId64 " bytes", argv[0], total, bytes);
     if (bytes >= 1024) printf(" (%s)", bytes_human(bytes, b, sizeof b));
-    if (any) printf(" of %s %sweights%s", mixed ? "f32/f64" : dtype_name(dt), half ? "master " : "",
+    if (any && int8) printf(": int8 weights, their f32 scales and the other params in f32");
+    else if (any) printf(" of %s %sweights%s", mixed ? "f32/f64" : dtype_name(dt), half ? "master " : "",
                     half ? (pc.storage == DT_F16 ? " (their fp16 copies not counted)" : " (their bf16 copies not counted)")
                          : "");
     printf("\n");
     print_optim_summary(c.g);
     print_prune_summary(c.g);
+    print_quant_summary(c.g);
   }
   compiled_free(&c);
   return rc;
@@ -2150,6 +2263,8 @@ int main(int argc, char **argv) {
     argc = n + 2;
     if (!strcmp(cmd, "run") && quantize_train_refused(argc - 2, argv + 2)) return 1;
     if (shrink_refused(cmd, argc - 2, argv + 2)) return 1;
+    for (int i = 2; !strcmp(cmd, "run") && opt_offload && i < argc; i++) /* --offload: a compile-time flag here */
+      if (!strcmp(argv[i], "--eval-only")) return duet_eval_only_refuse("--offload");
     if ((!strcmp(cmd, "run") || !strcmp(cmd, "compile")) && opt_arch && strcmp(opt_arch, "cpu")) {
       fprintf(stderr, "duet: error: duet %s builds for the CPU; --arch %s is for duet ir and duet check\n", cmd,
               opt_arch);

@@ -167,6 +167,10 @@ typedef struct CgProgram {
   int n_kernels;
   Kernel *kernels;
   int *tensor_of; /* value id -> tensor id, -1 if none */
+  /* duet compile --checkpoint: the file of the weights to embed in the
+   * executable (prog.weights_nbytes bytes; a safetensors file written by
+   * duet_checkpoint_embed), NULL: none */
+  const char *weights_file;
 } CgProgram;
 
 /* Lowers a graph that went through every pass (memplan last).  `cfg` holds
@@ -229,7 +233,10 @@ const char *codegen_cuda_half2_prelude(void);
 void codegen_q8_tables(Buf *b, const char *qual, const char *fqual);
 
 /* A whole training executable's C source: the kernels, the program tables
- * (strings written as byte arrays) and main() calling duet_main(). */
+ * (strings written as byte arrays) and main() calling duet_main().  With
+ * cp->weights_file: an assembler block that pulls that file into .rodata
+ * (`.incbin`, as symbol duet_embedded_weights) and the program's .weights
+ * pointing at it, defaults.eval_only set (an evaluation executable). */
 void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FILE *out);
 
 #endif

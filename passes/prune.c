@@ -92,11 +92,17 @@ int prune_parse_flag(PruneSpec *over, const char *flag, const char *val, char *e
  * take it as their second operand, directly (x @ w: the last axis; x @
  * transpose(w) of a matrix: the first) or as a convolution (a rank-4
  * weight reshaped, and sliced for groups, into the transposed operand:
- * the first).  -1 when p is no such weight.  use[cnt[id] .. cnt[id + 1]):
- * the forward ops that read value id. */
+ * the first), also through its `fake_quantize` (quantization-aware
+ * training: the qat pass reads every such weight through one, of the same
+ * shape).  -1 when p is no such weight.  use[cnt[id] .. cnt[id + 1]): the
+ * forward ops that read value id. */
 int prune_weight_axis(const Value *p, Value *const *use, const int *cnt) {
   for (int k = cnt[p->id]; k < cnt[p->id + 1]; k++) {
     const Value *c = use[k];
+    if (c->op == OP_FAKE_QUANT && c->in[0] == p) {
+      int axis = prune_weight_axis(c, use, cnt);
+      if (axis >= 0) return axis;
+    }
     if (c->op == OP_MATMUL && c->in[1] == p && c->in[0] != p) {
       if (!c->attr.trans_b) return p->shape.rank - 1;
       if (p->shape.rank == 2) return 0;

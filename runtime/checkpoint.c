@@ -392,31 +392,47 @@ static int quant_from_f32(const DuetProgram *p, const DuetStFile *f, int i) {
   return same;
 }
 
-/* The int8 weights and scales of tensor i of p (an int8 weight) from the
- * f32 weights y (duet_quantize_i8), written to session s.  0, or -1 with
+/* The int8 weights *q and scales *scale (malloc'd) of tensor i of p (an
+ * int8 weight) from the f32 weights y (duet_quantize_i8).  0, or -1 with
  * the message in err. */
-static int quant_write(DuetSession *s, const DuetProgram *p, int i, const DuetStTensor *y, char *err, size_t errlen) {
+static int quant_make(const DuetProgram *p, int i, const DuetStTensor *y, signed char **q, float **scale, char *err,
+                      size_t errlen) {
   const DuetTensor *x = &p->tensors[i], *sc = &p->tensors[duet_quant_scale_of(p, i)];
-  float *w = malloc((size_t)y->nbytes + 1), *scale = malloc((size_t)sc->nbytes + 1);
-  signed char *q = malloc((size_t)x->nbytes + 1);
+  float *w = malloc((size_t)y->nbytes + 1);
+  *scale = malloc((size_t)sc->nbytes + 1);
+  *q = malloc((size_t)x->nbytes + 1);
   int rc = -1;
-  if (!w || !scale || !q) {
+  if (!w || !*scale || !*q) {
     snprintf(err, errlen, "cannot quantize %s: out of host memory", x->name);
     goto out;
   }
   memcpy(w, y->data, (size_t)y->nbytes); /* the file's data need not be aligned for floats */
-  if (duet_quantize_i8(w, x->rank, x->shape, sc->shape, q, scale)) {
+  if (duet_quantize_i8(w, x->rank, x->shape, sc->shape, *q, *scale)) {
     snprintf(err, errlen, "cannot quantize %s: its scales' shape does not broadcast to it", x->name);
-    goto out;
-  }
-  if (duet_session_write(s, i, 0, q, (size_t)x->nbytes) ||
-      duet_session_write(s, (int)(sc - p->tensors), 0, scale, (size_t)sc->nbytes)) {
-    snprintf(err, errlen, "cannot quantize %s: copying it to the device failed: %s", x->name, duet_session_error(s));
     goto out;
   }
   rc = 0;
 out:
-  free(w), free(scale), free(q);
+  free(w);
+  if (rc) free(*q), free(*scale), *q = NULL, *scale = NULL;
+  return rc;
+}
+
+/* The int8 weights and scales of tensor i of p (an int8 weight) from the
+ * f32 weights y (quant_make), written to session s.  0, or -1 with the
+ * message in err. */
+static int quant_write(DuetSession *s, const DuetProgram *p, int i, const DuetStTensor *y, char *err, size_t errlen) {
+  const DuetTensor *x = &p->tensors[i], *sc = &p->tensors[duet_quant_scale_of(p, i)];
+  signed char *q;
+  float *scale;
+  if (quant_make(p, i, y, &q, &scale, err, errlen)) return -1;
+  int rc = 0;
+  if (duet_session_write(s, i, 0, q, (size_t)x->nbytes) ||
+      duet_session_write(s, (int)(sc - p->tensors), 0, scale, (size_t)sc->nbytes)) {
+    snprintf(err, errlen, "cannot quantize %s: copying it to the device failed: %s", x->name, duet_session_error(s));
+    rc = -1;
+  }
+  free(q), free(scale);
   return rc;
 }
 
@@ -539,13 +555,26 @@ int duet_checkpoint_check(const DuetProgram *p, const char *path, int64_t *step,
   return rc;
 }
 
-int duet_checkpoint_check_weights(const DuetProgram *p, const char *path, int64_t *step, char *err, size_t errlen) {
+/* The weights to load into p: the checkpoint `path`, or (path NULL) p's
+ * embedded weights (DuetProgram.weights), opened whole or (header_only)
+ * their header; *name: how messages call them.  NULL with a message in
+ * err. */
+static DuetStFile *open_weights(const DuetProgram *p, const char *path, int header_only, const char **name, char *err,
+                                size_t errlen) {
   char e2[512];
-  DuetStFile *f = duet_st_open_header(path, e2, sizeof e2);
-  if (!f) {
-    snprintf(err, errlen, "cannot load the checkpoint: %s", e2);
-    return -1;
-  }
+  *name = path ? path : DUET_EMBEDDED_WEIGHTS;
+  DuetStFile *f = NULL;
+  if (path) f = header_only ? duet_st_open_header(path, e2, sizeof e2) : duet_st_open(path, e2, sizeof e2);
+  else if (p->weights)
+    f = duet_st_open_mem(p->weights, (size_t)p->weights_nbytes, DUET_EMBEDDED_WEIGHTS, header_only, e2, sizeof e2);
+  else snprintf(e2, sizeof e2, "no checkpoint given, and the program has no embedded weights");
+  if (!f) snprintf(err, errlen, "cannot load the %s: %s", path ? "checkpoint" : "embedded weights", e2);
+  return f;
+}
+
+int duet_checkpoint_check_weights(const DuetProgram *p, const char *path, int64_t *step, char *err, size_t errlen) {
+  DuetStFile *f = open_weights(p, path, 1, &path, err, errlen);
+  if (!f) return -1;
   DuetTrainState ns;
   int rc = check_header(p, f, path, 1, &ns, err, errlen);
   if (!rc) *step = ns.step;
@@ -568,9 +597,9 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   const DuetProgram *p = duet_session_program(s);
   const char *verb = weights_only ? "load" : "resume from";
   char e2[512];
-  DuetStFile *f = duet_st_open(path, e2, sizeof e2);
+  DuetStFile *f = weights_only ? open_weights(p, path, 0, &path, err, errlen) : duet_st_open(path, e2, sizeof e2);
   if (!f) {
-    snprintf(err, errlen, "cannot %s: %s", weights_only ? "load the checkpoint" : "resume", e2);
+    if (!weights_only) snprintf(err, errlen, "cannot resume: %s", e2);
     return -1;
   }
   int rc = -1;
@@ -702,6 +731,74 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   rc = 0;
 out:
   duet_shrink_kept_free(kept);
+  duet_st_close(f);
+  return rc;
+}
+
+/* ------------------------------------------------- embedded weights */
+
+int duet_checkpoint_embed(const DuetProgram *p, const char *ck, const char *out, char *err, size_t errlen) {
+  char e2[512];
+  DuetStFile *f = duet_st_open(ck, e2, sizeof e2);
+  if (!f) {
+    snprintf(err, errlen, "cannot load the checkpoint: %s", e2);
+    return -1;
+  }
+  DuetStTensor *t = calloc(2 * (size_t)p->n_tensors + 1, sizeof *t);
+  void **owned = calloc(2 * (size_t)p->n_tensors + 1, sizeof *owned);
+  int n = 0, n_owned = 0, rc = -1;
+  DuetTrainState ns;
+  if (!t || !owned) {
+    snprintf(err, errlen, "cannot embed %s: out of host memory", ck);
+    goto out;
+  }
+  if (check_header(p, f, ck, 1, &ns, err, errlen)) goto out;
+  for (int i = 0; i < p->n_tensors; i++) {
+    const DuetTensor *x = &p->tensors[i];
+    if (x->region != DUET_MEM_PARAM) continue;
+    const DuetStTensor *y = duet_st_find(f, x->name);
+    if (!y) continue; /* the scales of int8 weights made from the f32 ones */
+    int64_t first;
+    int nan;
+    int64_t bad = duet_count_nonfinite(y->dtype, y->data, y->nbytes, &first, &nan);
+    if (bad) { /* refused as the executable's load would refuse it */
+      char note[400];
+      nonfinite_note(note, sizeof note, x->name, bad, first, nan);
+      snprintf(err, errlen, "cannot load %s: %s; the state it holds has diverged", ck, note);
+      goto out;
+    }
+    if (!quant_from_f32(p, f, i)) { /* as it is */
+      t[n] = (DuetStTensor){.name = x->name, .dtype = y->dtype, .rank = y->rank, .data = y->data, .nbytes = y->nbytes};
+      memcpy(t[n].shape, y->shape, sizeof y->shape);
+      n++;
+      continue;
+    }
+    if (x->dtype != DUET_I8) continue; /* f32 weights of an int8 one: quantized below */
+    int si = duet_quant_scale_of(p, i);
+    signed char *q;
+    float *scale;
+    if (quant_make(p, i, y, &q, &scale, err, errlen)) goto out;
+    owned[n_owned++] = q;
+    owned[n_owned++] = scale;
+    for (int k = 0; k < 2; k++) {
+      const DuetTensor *z = &p->tensors[k ? si : i];
+      t[n] = (DuetStTensor){.name = z->name, .dtype = z->dtype, .rank = z->rank, .data = k ? (void *)scale : (void *)q,
+                            .nbytes = z->nbytes};
+      memcpy(t[n].shape, z->shape, sizeof z->shape);
+      n++;
+    }
+  }
+  /* the metadata a weights-only load checks (check_header), and where they came from */
+  static const char *const keys[] = {"format", "model", "step", "epoch", "batch", "rng"};
+  const char *meta[2 * 8];
+  int n_meta = 0;
+  for (int k = 0; k < 6; k++) meta[2 * n_meta] = keys[k], meta[2 * n_meta + 1] = duet_st_meta(f, keys[k]), n_meta++;
+  meta[2 * n_meta] = "source", meta[2 * n_meta + 1] = ck, n_meta++;
+  rc = duet_st_save(out, t, n, meta, n_meta, err, errlen);
+out:
+  for (int k = 0; k < n_owned; k++) free(owned[k]);
+  free(owned);
+  free(t);
   duet_st_close(f);
   return rc;
 }

@@ -12,12 +12,12 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 12 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 13 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
                                 * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping;
                                 * 9: DuetConfig eval_only, checkpoint_path, keep, keep_best;
                                 * 10: DuetConfig.metrics_timing; 11: DuetConfig.offload;
-                                * 12: DuetProgram.shrink */
+                                * 12: DuetProgram.weights (embedded weights); 13: DuetProgram.shrink */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -192,6 +192,12 @@ int duet_parse_offload(const char *val, int *out);
  * decoding program (decode != 0): the one-line message (the compiler and
  * the runtime print the same), or NULL when it can. */
 const char *duet_offload_refusal(int replicas, int pruned, int decode);
+/* --eval-only with a flag that only training reads (--steps, --epochs,
+ * --offload): prints "duet: error: --eval-only trains nothing: FLAG ..."
+ * (what it would do, what to give instead) on stderr and returns 1.  Used
+ * where the flag is seen as given (duet_parse_flags; duet run, which reads
+ * --offload itself), since DuetConfig holds the program's defaults too. */
+int duet_eval_only_refuse(const char *flag);
 
 /* Learning-rate schedules.  With base rate lr (--lr), W warm-up steps, T
  * steps in the run and k = step - 1 (0 for the first optimizer step), the
@@ -411,10 +417,22 @@ typedef struct DuetProgram {
   int n_clip;
   const int32_t *clip_grad, *clip_sumsq, *clip_scale;
   int clip_from;
+  /* Embedded weights (duet compile --checkpoint CK; NULL: none): a
+   * safetensors file of weights_nbytes bytes in the executable's read-only
+   * data, holding the params of the program as a checkpoint of it would
+   * (int8 weights and their scales already quantized, for a program of
+   * --quantize), with the metadata a weights-only load checks.  A program
+   * with them evaluates (defaults.eval_only) these weights unless given
+   * --checkpoint.  Appended: no other member moves. */
+  const unsigned char *weights;
+  int64_t weights_nbytes;
   /* --shrink (NULL: none): the params whose axes the shrink pass shortened.
    * Appended: no other member moves. */
   const DuetShrink *shrink;
 } DuetProgram;
+
+/* How messages name a program's embedded weights (DuetProgram.weights). */
+#define DUET_EMBEDDED_WEIGHTS "embedded weights"
 
 /* The flags buffer (t[n_tensors]): n_unscale int32 overflow flags, then,
  * from an even word (8-byte aligned), n_clip doubles of clipping partial
@@ -911,6 +929,10 @@ int duet_checkpoint_load(DuetSession *s, const char *path, DuetTrainState *st, c
  * shape each, finite values); optimizer state and training position are
  * ignored.  For inference (duet sample). */
 int duet_checkpoint_load_weights(DuetSession *s, const char *path, char *err, size_t errlen);
+/* (duet_checkpoint_load_weights and duet_checkpoint_check_weights with path
+ * NULL: the program's embedded weights, DuetProgram.weights, read from
+ * memory by the same parser and checks; messages call them "embedded
+ * weights".) */
 /* The checks of duet_checkpoint_load that need only the file's header, with
  * its messages ("cannot resume from PATH: ..."), without a session: the
  * file opens, its header fits the file (a truncated file fails), it is a
@@ -925,6 +947,17 @@ int duet_checkpoint_check(const DuetProgram *p, const char *path, int64_t *step,
  * receives its step.  Messages "cannot load PATH: ..." name the tensor.
  * Reads the header only.  0, or -1 with a message in err. */
 int duet_checkpoint_check_weights(const DuetProgram *p, const char *path, int64_t *step, char *err, size_t errlen);
+/* duet compile --checkpoint: the params of checkpoint `ck` as program p
+ * loads them (checked as duet_checkpoint_check_weights checks them, values
+ * finite), written atomically to `out` (duet_st_save) as a weights-only
+ * checkpoint of p: f32 weights that p holds in int8 (a --quantize program)
+ * are quantized here, as a load would quantize them (duet_quantize_i8: the
+ * int8 tensor under the weight's name, its f32 scales as `NAME.scale`);
+ * the other params as the file has them.  Metadata: the checkpoint's
+ * format, model, step, epoch, batch, rng, and "source" = ck.  0, or -1
+ * with the message in err ("cannot load CK: it is a checkpoint of model
+ * ..."). */
+int duet_checkpoint_embed(const DuetProgram *p, const char *ck, const char *out, char *err, size_t errlen);
 
 /* ----------------------------------------------------------- evaluation */
 
@@ -1139,6 +1172,13 @@ DuetStFile *duet_st_open(const char *path, char *err, size_t errlen);
  * the same checks against the file's size, no tensor data (every
  * DuetStTensor.data is NULL).  For checking a large file before using it. */
 DuetStFile *duet_st_open_header(const char *path, char *err, size_t errlen);
+/* duet_st_open (header_only: duet_st_open_header) of a file's n bytes held
+ * in memory at data (an executable's embedded weights, duet compile
+ * --checkpoint): the same parser and checks, messages naming `name` where
+ * they name the file; the tensors' data are copied (data may be read-only,
+ * or freed after the call). */
+DuetStFile *duet_st_open_mem(const void *data, size_t n, const char *name, int header_only, char *err,
+                             size_t errlen);
 /* Number of tensors (not counting __metadata__). */
 int duet_st_count(const DuetStFile *f);
 /* Tensor i in header order (0 <= i < count), NULL outside. */
@@ -1269,7 +1309,7 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
  * DuetColl; 6: DuetProgram gained prune; 7: DuetProgram gained source_hash,
  * DuetCollOps progress and stats; 8: DuetProgram gained zero, vocab and the clipping
  * tables, DuetConfig zero, the npy fields, the schedule and clipping; 9: DuetProgram gained
- * shrink). */
+ * weights and shrink). */
 #define DUET_CUDA_PLUGIN_API 9
 
 /* The CUDA device `ordinal` for program p: loads libduet_cuda.so

@@ -601,16 +601,28 @@ fail:
 }
 
 /* duet_st_open, or (header_only) duet_st_open_header. */
+static DuetStFile *st_parse(const char *path, const unsigned char *buf, size_t fsize, bool header_only, char *err,
+                            size_t errlen);
+
 static DuetStFile *st_open(const char *path, bool header_only, char *err, size_t errlen) {
   size_t fsize = 0, got = 0;
   unsigned char *buf = st_read_file(path, header_only, &got, &fsize, err, errlen);
   if (!buf) return NULL;
+  DuetStFile *f = st_parse(path, buf, fsize, header_only, err, errlen);
+  free(buf);
+  return f;
+}
+
+/* The file's contents parsed and validated: buf holds its first 8 + N
+ * bytes (header_only) or all fsize of them; messages name `path`.  buf is
+ * the caller's (the tensors' data are copied out of it). */
+static DuetStFile *st_parse(const char *path, const unsigned char *buf, size_t fsize, bool header_only, char *err,
+                            size_t errlen) {
   cJSON *root = NULL;
   StRange *ranges = NULL;
   DuetStFile *f = calloc(1, sizeof *f);
   if (!f) {
     snprintf(err, errlen, "cannot read %s: out of memory", path);
-    free(buf);
     return NULL;
   }
   if (fsize < 8) BAD("%zu bytes, shorter than the 8-byte header length", fsize);
@@ -697,13 +709,11 @@ static DuetStFile *st_open(const char *path, bool header_only, char *err, size_t
 done:
   cJSON_Delete(root);
   free(ranges);
-  free(buf);
   return f;
 
 fail:
   cJSON_Delete(root);
   free(ranges);
-  free(buf);
   duet_st_close(f);
   return NULL;
 }
@@ -712,4 +722,9 @@ DuetStFile *duet_st_open(const char *path, char *err, size_t errlen) { return st
 
 DuetStFile *duet_st_open_header(const char *path, char *err, size_t errlen) {
   return st_open(path, true, err, errlen);
+}
+
+DuetStFile *duet_st_open_mem(const void *data, size_t n, const char *name, int header_only, char *err,
+                             size_t errlen) {
+  return st_parse(name, data, n, header_only != 0, err, errlen);
 }

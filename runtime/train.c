@@ -71,7 +71,8 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --eval-only        train nothing: load the params of --checkpoint CK and print the final\n"
           "                     evaluation (test accuracy and loss, or validation loss; --metrics gets\n"
           "                     one line {\"step\" (the checkpoint's),\"test_accuracy\",\"test_loss\"} or\n"
-          "                     {\"step\",\"val_loss\"}); no optimizer state needed\n"
+          "                     {\"step\",\"val_loss\"}); no optimizer state needed; --steps, --epochs\n"
+          "                     and --offload are errors with it\n"
           "  --checkpoint CK    the checkpoint (written by --save) that --eval-only evaluates\n"
           "  --quiet            no progress lines or notes (warnings and errors are still printed)\n"
           "  --version          print duet's version and the commit it was built from\n"
@@ -261,10 +262,13 @@ void duet_usage_fixed(const DuetProgram *p, FILE *out) {
   fprintf(out, "--lr-schedule, --warmup and --min-lr are run-time flags; --clip-grad-norm %s.\n",
           p->n_clip > 0 ? "is one too (this program has the clipping kernels)"
                         : "needs the clipping kernels, which this program lacks (duet compile --clip-grad-norm X)");
+  if (p->weights) /* duet compile --checkpoint */
+    fprintf(out, "This executable holds its weights (%" PRId64 " bytes, compiled with --checkpoint): run without flags,\n"
+                 "it evaluates them; --checkpoint CK evaluates CK instead; it trains nothing.\n", p->weights_nbytes);
 }
 
 static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc, char **argv);
-static int check_eval_flags(const DuetConfig *c);
+static int check_eval_flags(const DuetProgram *p, const DuetConfig *c);
 
 int duet_parse_flags(DuetConfig *c, int64_t compiled_batch, int argc, char **argv) {
   DuetProgram p = {.defaults = {.batch = compiled_batch}};
@@ -280,6 +284,7 @@ int duet_parse_flags_for(DuetConfig *c, const DuetProgram *p, int argc, char **a
 static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc, char **argv) {
   int64_t compiled_batch = p->defaults.batch;
   int steps_given = 0, no_eval = 0;
+  const char *train_only = NULL; /* the last of --steps, --epochs, --offload given (--eval-only refuses them) */
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 2;
@@ -340,6 +345,8 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
     }
     int64_t iv = 0;
     int rc = 0;
+    if (!strcmp(flag, "--steps") || !strcmp(flag, "--epochs") || !strcmp(flag, "--offload"))
+      train_only = !strcmp(flag, "--steps") ? "--steps" : !strcmp(flag, "--epochs") ? "--epochs" : "--offload";
     if (fixed_k >= 0) {
       if (check_fixed(p, fixed_k, flag, val)) return 1;
       if (fixed_k < 2 || fixed_k > 5) continue; /* known only to the compiler */
@@ -468,7 +475,23 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
                     "--no-eval\n");
     return 1;
   }
-  return check_eval_flags(c);
+  if (c->eval_only && train_only && p->weights) { /* eval_only by default: duet compile --checkpoint */
+    fprintf(stderr, "duet: error: this executable evaluates its embedded weights (compiled with --checkpoint) and "
+                    "trains nothing: it takes no %s; to train, compile without --checkpoint\n", train_only);
+    return 1;
+  }
+  if (c->eval_only && train_only) return duet_eval_only_refuse(train_only);
+  return check_eval_flags(p, c);
+}
+
+int duet_eval_only_refuse(const char *flag) {
+  if (!strcmp(flag, "--offload"))
+    fprintf(stderr, "duet: error: --eval-only trains nothing: --offload moves the optimizer state and its update to "
+                    "the host, and an evaluation has neither; leave it out\n");
+  else
+    fprintf(stderr, "duet: error: --eval-only trains nothing: %s sets the length of training (to evaluate fewer "
+                    "samples: --test-subset N; a language model: --eval-batches N)\n", flag);
+  return 1;
 }
 
 static double now_seconds(void) {
@@ -2346,10 +2369,17 @@ static int split_validation(DuetDataset *train, double fraction, DuetDataset *va
 
 /* ------------------------------------------------------------ evaluation */
 
-/* --eval-only and --checkpoint: each needs the other, and --eval-only
+/* --eval-only and --checkpoint: each needs the other (a program with
+ * embedded weights evaluates them without --checkpoint), and --eval-only
  * trains nothing (no --save, --resume).  1 after the error, else 0. */
-static int check_eval_flags(const DuetConfig *c) {
-  if (c->eval_only && !c->checkpoint_path) {
+static int check_eval_flags(const DuetProgram *p, const DuetConfig *c) {
+  if (p->weights && (c->save_path || c->resume_path || c->keep || c->keep_best)) {
+    fprintf(stderr, "duet: error: this executable evaluates its embedded weights (compiled with --checkpoint) and "
+                    "trains nothing: it takes no --%s; to train, compile without --checkpoint\n",
+            c->save_path ? "save" : c->resume_path ? "resume" : c->keep ? "keep" : "keep-best");
+    return 1;
+  }
+  if (c->eval_only && !c->checkpoint_path && !p->weights) {
     fprintf(stderr, "duet: error: --eval-only needs --checkpoint CK (a checkpoint written by --save)\n");
     return 1;
   }
@@ -2468,6 +2498,8 @@ static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const Du
     fprintf(stderr, "duet: error: --eval-only runs in one process: start it without the MPI launcher\n");
     return 1;
   }
+  /* --checkpoint CK, or the program's embedded weights (duet compile --checkpoint) */
+  const char *ck = cfg->checkpoint_path ? cfg->checkpoint_path : DUET_EMBEDDED_WEIGHTS;
   if (duet_checkpoint_check_weights(p, cfg->checkpoint_path, &step, err, sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
@@ -2495,12 +2527,12 @@ static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const Du
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "step", (double)step);
   if (r.text) {
-    printf("duet: %s (step %" PRId64 "): val loss %.6f nats/%s (%" PRId64 " batches)\n", cfg->checkpoint_path, step,
+    printf("duet: %s (step %" PRId64 "): val loss %.6f nats/%s (%" PRId64 " batches)\n", ck, step,
            r.loss, cfg->data == DUET_DATA_TOKENS ? "token" : "byte", r.batches);
     cJSON_AddNumberToObject(o, "val_loss", r.loss);
   } else {
     printf("duet: %s (step %" PRId64 "): %s accuracy %.2f%% (%" PRId64 "/%" PRId64 ") | %s loss %.6f\n",
-           cfg->checkpoint_path, step, r.split, 100.0 * (double)r.correct / (double)r.n, r.correct, r.n, r.split,
+           ck, step, r.split, 100.0 * (double)r.correct / (double)r.n, r.correct, r.n, r.split,
            r.loss);
     cJSON_AddNumberToObject(o, "test_accuracy", (double)r.correct / (double)r.n);
     cJSON_AddNumberToObject(o, "test_loss", r.loss);
@@ -2782,9 +2814,11 @@ int duet_predict_main(const DuetProgram *p, const DuetKernelFn *kernels, const c
     fprintf(stderr, "duet: error: writing %s failed: %s\n", out_path ? out_path : "standard output", strerror(errno));
     goto out;
   }
-  if (text)
-    fprintf(stderr, "duet: predicted %" PRId64 " windows of %" PRId64 " tokens of %s (step %" PRId64 "); mean loss "
-            "%.6f nats/token\n", cfg.eval_batches * p->defaults.batch, cfg.block, cfg.checkpoint_path, step, mean);
+  if (text) /* the unit of --eval-only's line: a token of the data, which byte-level text makes a byte */
+    fprintf(stderr, "duet: predicted %" PRId64 " windows of %" PRId64 " %ss of %s (step %" PRId64 "); mean loss "
+            "%.6f nats/%s\n", cfg.eval_batches * p->defaults.batch, cfg.block,
+            cfg.data == DUET_DATA_TOKENS ? "token" : "byte", cfg.checkpoint_path, step, mean,
+            cfg.data == DUET_DATA_TOKENS ? "token" : "byte");
   else
     fprintf(stderr, "duet: predicted %" PRId64 " samples with %s (step %" PRId64 "): %" PRId64 " correct (%.2f%%)\n", n,
             cfg.checkpoint_path, step, correct, 100.0 * (double)correct / (double)n);

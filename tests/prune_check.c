@@ -1,7 +1,7 @@
 /* tests/prune_check.c: checks the pruning of a checkpoint (a duet_run
  * --save file), for tests/run_prune.sh.
  *
- *   prune_check CK [--sparsity S] [--nm N:M] [--channels] [--global S] [--masks K]
+ *   prune_check CK [--sparsity S] [--nm N:M] [--channels] [--global S] [--masks K] [--weight-zeros]
  *
  * For every mask `P.mask` of CK (f32): each entry is 0 or 1; where it is 0
  * the param P and each of its optimizer states present (P.exp_avg,
@@ -19,6 +19,11 @@
  *   --channels    every output channel (a column of [in, out], a filter of
  *                 [out, ...]) is all 0 or all 1
  *   --masks K     there are exactly K masks
+ *   --weight-zeros  each pruned param holds exactly as many zeros (+0.0 or
+ *                 -0.0) as its mask prunes: no weight the mask keeps is 0
+ *                 (a trained f32 weight is 0 by chance with negligible
+ *                 probability), so the saved weights' own count of zeros
+ *                 is the sparsity
  * Prints one line per mask (name, zeros, entries) and "ok"; exits 1 with
  * the first violation of each kind. */
 #include <math.h>
@@ -36,16 +41,18 @@ static int64_t numel(const DuetStTensor *t) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: prune_check CK [--sparsity S] [--global S] [--nm N:M] [--channels] [--masks K]\n");
+    fprintf(stderr, "usage: prune_check CK [--sparsity S] [--global S] [--nm N:M] [--channels] [--masks K] "
+                    "[--weight-zeros]\n");
     return 2;
   }
   double sparsity = -1, global = -1;
-  int nm_n = 0, nm_m = 0, channels = 0, want_masks = -1;
+  int nm_n = 0, nm_m = 0, channels = 0, want_masks = -1, weight_zeros = 0;
   for (int i = 2; i < argc; i++) {
     if (!strcmp(argv[i], "--sparsity") && i + 1 < argc) sparsity = atof(argv[++i]);
     else if (!strcmp(argv[i], "--global") && i + 1 < argc) global = atof(argv[++i]);
     else if (!strcmp(argv[i], "--nm") && i + 1 < argc && sscanf(argv[++i], "%d:%d", &nm_n, &nm_m) == 2) continue;
     else if (!strcmp(argv[i], "--channels")) channels = 1;
+    else if (!strcmp(argv[i], "--weight-zeros")) weight_zeros = 1;
     else if (!strcmp(argv[i], "--masks") && i + 1 < argc) want_masks = atoi(argv[++i]);
     else {
       fprintf(stderr, "prune_check: bad argument '%s'\n", argv[i]);
@@ -103,6 +110,15 @@ int main(int argc, char **argv) {
     }
     fails += bad_mask > 0;
     fails += regrown > 0;
+    if (weight_zeros) {
+      int64_t wz = 0;
+      for (int64_t e = 0; e < n; e++) wz += pv[e] == 0;
+      printf("%s %lld of %lld weights are 0\n", pname, (long long)wz, (long long)n);
+      if (wz != zeros) {
+        printf("FAIL %s: %lld weights are 0, its mask prunes %lld\n", pname, (long long)wz, (long long)zeros);
+        fails++;
+      }
+    }
     all_zero += zeros;
     all_n += n;
     printf("%s %lld of %lld pruned (%.4f)\n", m->name, (long long)zeros, (long long)n, (double)zeros / (double)n);

@@ -8,7 +8,10 @@
 #   3. bad uses are exact one-line errors, before any kernel is compiled:
 #      --eval-only without --checkpoint, --checkpoint without --eval-only,
 #      --save with --eval-only, a missing checkpoint, a checkpoint of another
-#      model, one whose tensor has another shape (the tensor named).
+#      model, one whose tensor has another shape (the tensor named);
+#      --steps, --epochs and --offload given with --eval-only (they were
+#      ignored), in duet run and in a compiled executable; an executable
+#      compiled with --offload optimizer (its default, not given) evaluates.
 # usage: run_eval.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_eval.sh path/to/duet}
 d=${TMPDIR:-/tmp}/duet-eval.$$
@@ -69,6 +72,31 @@ before_compile other_model "duet: error: cannot load $d/g.st: it is a checkpoint
 sed 's/linear(h, 10)/linear(h, 11)/' $M > "$d/eleven.model"
 before_compile other_shape "duet: error: cannot load $d/ck.st: tensor \`linear3.w\` is f32[1024,10] in the \
 checkpoint, f32[1024,11] in the model" "$DUET" run "$d/eleven.model" --eval-only --checkpoint "$d/ck.st"
+for f in steps epochs; do
+  before_compile eval_only_$f "duet: error: --eval-only trains nothing: --$f sets the length of training (to \
+evaluate fewer samples: --test-subset N; a language model: --eval-batches N)" \
+    "$DUET" run $M --eval-only --checkpoint "$d/ck.st" --$f 3
+done
+off="duet: error: --eval-only trains nothing: --offload moves the optimizer state and its update to the host, and \
+an evaluation has neither; leave it out"
+before_compile eval_only_offload "$off" "$DUET" run $M --eval-only --checkpoint "$d/ck.st" --offload optimizer
+before_compile eval_only_offload_none "$off" "$DUET" run $M --offload=none --eval-only --checkpoint "$d/ck.st"
+out=$("$d/exe" --eval-only --checkpoint "$d/ck.st" --steps 3 2>&1)
+[ "$out" = "duet: error: --eval-only trains nothing: --steps sets the length of training (to evaluate fewer samples: \
+--test-subset N; a language model: --eval-batches N)" ] && ok executable_eval_only_steps ||
+  { bad executable_eval_only_steps; echo "$out"; }
+out=$("$d/exe" --eval-only --checkpoint "$d/ck.st" --offload optimizer 2>&1)
+[ "$out" = "$off" ] && ok executable_eval_only_offload || { bad executable_eval_only_offload; echo "$out"; }
+"$DUET" compile $M --offload optimizer -o "$d/exe_off" > /dev/null || bad compile_offload
+"$d/exe_off" $F --eval-only --checkpoint "$d/ck.st" --metrics "$d/exe_off.jsonl" > /dev/null &&
+  [ "$(last_eval "$d/exe_off.jsonl" test_accuracy)" = "$(last_eval "$d/exe.jsonl" test_accuracy)" ] &&
+  ok executable_offload_default_evaluates || { bad executable_offload_default_evaluates; cat "$d/exe_off.jsonl"; }
+# an executable with its weights inside evaluates by default: --steps is refused in its words
+"$DUET" compile $M --checkpoint "$d/ck.st" -o "$d/exe_w" > /dev/null || bad compile_weights
+out=$("$d/exe_w" --steps 3 2>&1)
+[ "$out" = "duet: error: this executable evaluates its embedded weights (compiled with --checkpoint) and trains \
+nothing: it takes no --steps; to train, compile without --checkpoint" ] && ok executable_weights_steps ||
+  { bad executable_weights_steps; echo "$out"; }
 out=$("$d/exe" --eval-only 2>&1)
 [ "$out" = "duet: error: --eval-only needs --checkpoint CK (a checkpoint written by --save)" ] &&
   ok executable_no_checkpoint || { bad executable_no_checkpoint; echo "$out"; }

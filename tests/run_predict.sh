@@ -4,7 +4,8 @@
 #      and as many whose class is the label as --eval-only counts correct;
 #   2. predict (gpt_tiny): eval_batches x batch windows of block losses whose
 #      mean is --eval-only's validation loss (within 1e-6 relative: summed
-#      in another order);
+#      in another order); its summary line names the unit --eval-only's
+#      line names (nats/byte: gpt_tiny reads bytes);
 #   3. export: the six params of fmnist_mlp alone, f32, under their names;
 #      a numpy forward pass of them (tools/duet_to_torch.py --numpy, reading
 #      the safetensors file itself) gives duet predict's logits within 1e-4
@@ -47,7 +48,11 @@ G=tests/models/gpt_tiny.model
 "$DUET" run $G --steps 4 --threads 1 --quiet --save "$d/g.st" > /dev/null || bad text_train
 "$DUET" run $G --threads 1 --quiet --eval-only --checkpoint "$d/g.st" --metrics "$d/geval.jsonl" > /dev/null ||
   bad text_eval_only
-"$DUET" predict $G --checkpoint "$d/g.st" --threads 1 -o "$d/g.jsonl" 2> /dev/null || bad text_predict_runs
+"$DUET" run $G --threads 1 --eval-only --checkpoint "$d/g.st" > "$d/geval.out" 2>&1 || bad text_eval_only
+"$DUET" predict $G --checkpoint "$d/g.st" --threads 1 -o "$d/g.jsonl" 2> "$d/g.err" || bad text_predict_runs
+eu=$(sed -n 's/^duet: .*: val loss [0-9.]* nats\/\([a-z]*\) .*/\1/p' "$d/geval.out")
+grep -q "^duet: predicted 16 windows of 16 bytes of $d/g.st (step 4); mean loss [0-9.]* nats/byte$" "$d/g.err" &&
+  [ "$eu" = byte ] && ok "predict_unit_as_eval_only (nats/$eu)" || { bad predict_unit_as_eval_only; cat "$d/g.err" "$d/geval.out"; }
 out=$($PY - "$d/g.jsonl" "$d/geval.jsonl" <<'EOF'
 import json, sys
 p = [json.loads(l) for l in open(sys.argv[1])]

@@ -16,6 +16,8 @@
 #     is checked too: per channel within 0.1% of f32's (measured 0.002%;
 #     3-level weights: 0.33%; 1% in the long run, measured 0.14%).  Then:
 #       - the int8 evaluation prints its weights' bytes (a quarter of f32's);
+#       - duet check --quantize int8 prints the same line, and the bytes of
+#         all params that duet ir --after quantize shows;
 #       - duet ir --after quantize shows i8 params, f32 scales, dequantize;
 #       - duet compile --quantize int8 writes an evaluation executable whose
 #         --eval-only line equals duet run's, and which refuses to train;
@@ -113,6 +115,17 @@ if [ "$MODE" = short ]; then
   grep -q "^duet: int8 weights: 3 tensors, 1861632 bytes and 8232 bytes of f32 scales (7446528 bytes in f32)$" \
     "$d/int8.out" && ok int8_bytes || { bad int8_bytes; cat "$d/int8.out"; }
   grep -q "int8 weights" "$d/f32.out" && bad f32_no_int8_line || ok f32_no_int8_line
+  # duet check --quantize int8 counts the same bytes: the evaluation's line (without `duet: `), and in
+  # all the param bytes of `duet ir --after quantize` (i8 weights, f32 scales and biases)
+  "$DUET" check $M --quantize int8 > "$d/check.out" 2>&1
+  ir_bytes=$("$DUET" ir $M --after quantize --quantize int8 | awk '/^%[0-9]+ = param / {
+    t = $NF; sz = t ~ /^i8/ ? 1 : 4; sub(/^[a-z0-9]+\[/, "", t); sub(/\]$/, "", t); n = split(t, dim, ",")
+    e = 1; for (i = 1; i <= n; i++) e *= dim[i]; b += e * sz } END { print b }')
+  line=$(sed -n 's/^duet: \(int8 weights: .*\)/\1/p' "$d/int8.out")
+  [ -n "$line" ] && grep -qxF "$line" "$d/check.out" &&
+    grep -qx "$M: ok, 1863690 parameters, $ir_bytes bytes (1.8 MiB): int8 weights, their f32 scales and the other params in f32" \
+      "$d/check.out" && ok "check_int8_bytes ($ir_bytes bytes)" || { bad check_int8_bytes; tail -2 "$d/check.out"; echo "  ir: $ir_bytes"; }
+  "$DUET" check $M | grep -q "int8" && bad check_f32_no_int8 || ok check_f32_no_int8
   # the IR after the pass
   "$DUET" ir $M --after quantize --quantize int8 > "$d/q.ir" 2>&1
   grep -q '^%2 = param "linear1.w" zeros : i8\[784,1024\]$' "$d/q.ir" &&

@@ -29,7 +29,8 @@
 #       - duet compile --shrink: an evaluation executable whose line equals
 #         duet run's and which refuses to train;
 #       - exact one-line errors: --shrink without channels pruning, with a
-#         training run, with --quantize, and a checkpoint that keeps another
+#         training run, with --quantize, with duet compile --checkpoint
+#         (embedded weights), and a checkpoint that keeps another
 #         number of channels than the program was shrunk to (--prune 0.25).
 #     fmnist_cnn trained 10 steps on 1,024 images the same way, evaluated on
 #     the first 2,000 test images with and without --shrink: the same
@@ -145,6 +146,8 @@ err "--shrink with a training run" "duet: error: --shrink removes the channels t
   "$DUET" run $M $P --shrink --steps 1
 err "--shrink with --quantize" "duet: error: --shrink and --quantize int8 together are not supported yet: evaluate with one of them" \
   "$DUET" run $M --eval-only --checkpoint "$d/mlp.st" $P --shrink --quantize int8
+err "duet compile --checkpoint with --shrink" "duet: error: duet compile --checkpoint does not embed shrunk weights yet: compile with --shrink alone and run EXE --eval-only --checkpoint CK" \
+  "$DUET" compile $M $P --shrink --checkpoint "$d/mlp.st" -o "$d/emb_exe"
 err "a checkpoint with another number of kept channels" "duet: error: cannot load $d/mlp.st: \`linear1.w\` keeps 512 of its 1024 output channels there (its mask), and this program was shrunk (--shrink) to 768 (channels pruning to sparsity 0.25); give the --prune S it was trained with" \
   "$DUET" run $M $T --eval-only --checkpoint "$d/mlp.st" --prune-mode channels --prune 0.25 --shrink
 err "export of such a checkpoint" "duet: error: cannot load $d/mlp.st: \`linear1.w\` keeps 512 of its 1024 output channels there (its mask), and this program was shrunk (--shrink) to 768 (channels pruning to sparsity 0.25); give the --prune S it was trained with" \

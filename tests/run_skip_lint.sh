@@ -3,7 +3,8 @@
 #   1. every test script (tests/*.sh, tests/gpu/*.sh) that prints a skip
 #      ("skip: ...", "SKIP: ...") also exits 77, so a skipped part is never
 #      reported as a pass;
-#   2. every registered test whose script or C source exits 77 has the
+#   2. every registered test whose script or C source exits 77 (or calls
+#      gpu_require, tests/gpu/common.sh's skip without a GPU) has the
 #      property SKIP_RETURN_CODE 77, so ctest reports "Skipped", not "Failed"
 #      (read from `ctest --show-only=json-v1` in the build tree).
 # usage: run_skip_lint.sh CTEST BUILD_DIR   (ctest skip_reporting)
@@ -53,7 +54,8 @@ echo "$tests" | {
     esac
     [ -n "$src" ] && [ -f "$src" ] || continue
     case $src in */run_skip_lint.sh) continue ;; esac
-    if grep -Eq 'exit 77|return 77|exit\(77\)' "$src" && [ "$code" != 77 ]; then
+    # (gpu_require: tests/gpu/common.sh's skip without a GPU, exit 77)
+    if grep -Eq 'exit 77|return 77|exit\(77\)|^ *gpu_require' "$src" && [ "$code" != 77 ]; then
       echo "FAIL test $name ($(basename "$src")) exits 77 to skip, but has no SKIP_RETURN_CODE 77"
       f=$((f + 1))
     fi

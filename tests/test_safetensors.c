@@ -1,6 +1,7 @@
 /* tests/test_safetensors.c: the runtime's safetensors reader and writer.
  * Round trips, exact bytes, a file laid out as the Python reference writer
- * lays it out, corrupt files (each with its exact message) and atomic
+ * lays it out, corrupt files (each with its exact message; also read
+ * from memory, duet_st_open_mem) and atomic
  * saving (a failed save leaves the old file byte-identical, no temp file;
  * a temp name is new for each attempt, so a stale temp of an earlier
  * process with the same pid does not block a save; only a regular file is
@@ -169,6 +170,22 @@ static void test_round_trip(void) {
   v = duet_st_meta(f, "torch_version");
   check(v && !strcmp(v, "1.13.0"), "round trip: metadata value");
   check(duet_st_meta(f, "absent") == NULL, "round trip: absent metadata key is NULL");
+  /* the same file from memory (an executable's embedded weights): the
+   * same tensors, in order, 8-byte aligned, and metadata; the buffer may
+   * go once opened (the data are copied), and may be misaligned */
+  size_t nm;
+  unsigned char *mem = read_bytes(p, &nm), *odd = mem ? malloc(nm + 1) : NULL;
+  if (odd) memcpy(odd + 1, mem, nm);
+  DuetStFile *fm = odd ? duet_st_open_mem(odd + 1, nm, "embedded", 0, err, sizeof err) : NULL;
+  free(mem), free(odd);
+  check(fm && duet_st_count(fm) == 6, "from memory: open, count");
+  for (int i = 0; fm && i < 6; i++) {
+    const DuetStTensor *g = duet_st_get(fm, i);
+    check(same_tensor(g, &t[i]) && (uintptr_t)g->data % 8 == 0, "from memory: tensor in order, same bytes, aligned");
+  }
+  v = fm ? duet_st_meta(fm, "config") : NULL;
+  check(v && !strcmp(v, "{\"n_layer\": 2}"), "from memory: metadata");
+  duet_st_close(fm);
 
   /* saving what was loaded gives the same bytes */
   DuetStTensor t2[6];
@@ -298,6 +315,19 @@ static void expect_open_error(const char *what, const char *name, const char *wa
   check(ok, "header only: same error");
   if (!ok) printf("  %s, header only:\n  got:  %s\n  want: %s\n", what, f ? "(opened)" : err2, want);
   duet_st_close(f);
+  /* from memory (duet_st_open_mem, whole or header only): the same
+   * parser, the same message naming the name given for the file */
+  size_t n;
+  unsigned char *mem = read_bytes(p, &n);
+  for (int h = 0; h < 2; h++) {
+    char err3[512] = "";
+    f = mem ? duet_st_open_mem(mem, n, p, h, err3, sizeof err3) : NULL;
+    ok = mem && f == NULL && !strcmp(err3, want);
+    check(ok, h ? "from memory, header only: same error" : "from memory: same error");
+    if (!ok) printf("  %s, from memory:\n  got:  %s\n  want: %s\n", what, f ? "(opened)" : err3, want);
+    duet_st_close(f);
+  }
+  free(mem);
 }
 
 static void corrupt(const char *what, const char *json, size_t data_bytes, const char *want_tail) {

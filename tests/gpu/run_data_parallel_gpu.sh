@@ -72,17 +72,10 @@
 # dry-runs parts 1-2 on virtual CPU devices: cpu:0,cpu:1 against cpu:0).
 # usage: run_data_parallel_gpu.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_data_parallel_gpu.sh path/to/duet}
-GPU_DEVICE=${GPU_DEVICE:-cuda}
+. "$(dirname "$0")/common.sh" # GPU_DEVICE, gpu_require, gpu_workdir, ok, bad
 DP_PART=${DP_PART:-all}
 case $DP_PART in all|local|mpi) ;; *) echo "DP_PART must be all, local or mpi, got '$DP_PART'"; exit 2 ;; esac
-if [ "$GPU_DEVICE" != cpu ] && ! "$DUET" devices | grep -q '^cuda:0 '; then
-  why=$("$DUET" devices | grep '^cuda')
-  case "$why" in
-    *"no CUDA driver"*|*"reports no GPU"*|*"CUresult 34)"*|*"CUresult 100)"*) echo "SKIP: no GPU: $why"; exit 77 ;;
-  esac
-  echo "FAIL: a CUDA driver is present but the GPU backend is unusable: $why"
-  exit 1
-fi
+gpu_require
 KJV_TEXT=${KJV_TEXT:-data/kjv.txt}
 FMNIST_DIR=${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 if [ ! -f "$KJV_TEXT" ]; then
@@ -91,11 +84,8 @@ if [ ! -f "$KJV_TEXT" ]; then
 fi
 if [ "$GPU_DEVICE" = cpu ]; then ONE=cpu:0 TWO=cpu:0,cpu:1 TH_ONE=1; else ONE=cuda:0 TWO=cuda:0,cuda:0 TH_ONE=2; fi
 if [ "${GPU_QUICK:-0}" = 1 ]; then MLP_ARGS="--train-subset 2560 --test-subset 1000"; else MLP_ARGS=; fi
-tmp=$(mktemp -d) || exit 1
-trap 'rm -rf "$tmp"' EXIT
-pass=0 fail=0 skipped=0
-ok() { echo "ok $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+gpu_workdir
+skipped=0
 GPT="tests/models/gpt_tiny.model --steps 3 --batch 8 --eval-batches 2 --data $KJV_TEXT"
 MLP="models/fmnist_mlp.model --steps 3 --eval-batches 1 $MLP_ARGS --data $FMNIST_DIR"
 

@@ -22,15 +22,8 @@
 # comparison of part 1 is exact and the memory is not page-locked).
 # usage: run_offload_gpu.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_offload_gpu.sh path/to/duet}
-GPU_DEVICE=${GPU_DEVICE:-cuda}
-if [ "$GPU_DEVICE" != cpu ] && ! "$DUET" devices | grep -q '^cuda:0 '; then
-  why=$("$DUET" devices | grep '^cuda')
-  case "$why" in
-    *"no CUDA driver"*|*"reports no GPU"*|*"CUresult 34)"*|*"CUresult 100)"*) echo "SKIP: no GPU: $why"; exit 77 ;;
-  esac
-  echo "FAIL: a CUDA driver is present but the GPU backend is unusable: $why"
-  exit 1
-fi
+. "$(dirname "$0")/common.sh" # GPU_DEVICE, gpu_require, gpu_workdir, ok, bad
+gpu_require
 KJV_TEXT=${KJV_TEXT:-data/kjv.txt}
 if [ ! -f "$KJV_TEXT" ]; then
   echo "FAIL: no text at $KJV_TEXT (make data, or set KJV_TEXT)"
@@ -39,11 +32,7 @@ fi
 # (on CPUs one device runs with 1 thread, as each of two stages: OpenBLAS sums alike)
 if [ "$GPU_DEVICE" = cpu ]; then ONE=cpu:0 TWO=cpu:0,cpu:1 MIXED= PINNED="host memory" TH_ONE=1
 else ONE=cuda:0 TWO=cuda:0,cuda:0 MIXED=cpu:0,cuda:0 PINNED="page-locked host memory" TH_ONE=2; fi
-tmp=$(mktemp -d) || exit 1
-trap 'rm -rf "$tmp"' EXIT
-pass=0 fail=0
-ok() { echo "ok $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+gpu_workdir
 GPT="tests/models/gpt_tiny.model --batch 8 --eval-batches 2 --micro-batches 2 --data $KJV_TEXT"
 
 # run NAME DEVICES ARGS...: trains; keeps the output, metrics and checkpoint

@@ -22,15 +22,8 @@
 # memory"; parts 3 and 4 are skipped).
 # usage: run_pipeline_gpu.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_pipeline_gpu.sh path/to/duet}
-GPU_DEVICE=${GPU_DEVICE:-cuda}
-if [ "$GPU_DEVICE" != cpu ] && ! "$DUET" devices | grep -q '^cuda:0 '; then
-  why=$("$DUET" devices | grep '^cuda')
-  case "$why" in
-    *"no CUDA driver"*|*"reports no GPU"*|*"CUresult 34)"*|*"CUresult 100)"*) echo "SKIP: no GPU: $why"; exit 77 ;;
-  esac
-  echo "FAIL: a CUDA driver is present but the GPU backend is unusable: $why"
-  exit 1
-fi
+. "$(dirname "$0")/common.sh" # GPU_DEVICE, gpu_require, gpu_workdir, ok, bad
+gpu_require
 KJV_TEXT=${KJV_TEXT:-data/kjv.txt}
 if [ ! -f "$KJV_TEXT" ]; then
   echo "FAIL: no text at $KJV_TEXT (make data, or set KJV_TEXT)"
@@ -41,11 +34,7 @@ if [ "$GPU_DEVICE" = cpu ]; then
 else
   ONE=cuda:0 TWO=cuda:0,cuda:0 TH_ONE=2 DIRECT="device-to-device (same GPU)" HOST="staged through pinned host memory"
 fi
-tmp=$(mktemp -d) || exit 1
-trap 'rm -rf "$tmp"' EXIT
-pass=0 fail=0
-ok() { echo "ok $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+gpu_workdir
 GPT="tests/models/gpt_tiny.model --steps 3 --batch 8 --eval-batches 2 --micro-batches 2 --data $KJV_TEXT"
 
 # run NAME DEVICES THREADS ARGS...: trains; keeps the output, metrics and checkpoint

@@ -22,7 +22,7 @@
 # every 20 on 2 batches, no gpt2_124m).
 # usage: run_precision_gpu.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_precision_gpu.sh path/to/duet}
-GPU_DEVICE=${GPU_DEVICE:-cuda}
+. "$(dirname "$0")/common.sh" # GPU_DEVICE, gpu_require, gpu_workdir, ok, bad
 if [ "${GPU_QUICK:-0}" = 1 ]; then
   KJV_STEPS=${KJV_STEPS:-40} GPT2_STEPS=0 GPT_MODEL=tests/models/gpt_tiny.model EVAL="--eval-every 20 --eval-batches 2"
   FMNIST_ARGS="--train-subset 2560 --test-subset 1000"
@@ -30,21 +30,10 @@ else
   KJV_STEPS=${KJV_STEPS:-400} GPT2_STEPS=${GPT2_STEPS:-20} GPT_MODEL=models/gpt_kjv.model EVAL="--eval-every 200"
   FMNIST_ARGS=
 fi
-if [ "$GPU_DEVICE" != cpu ] && ! "$DUET" devices | grep -q '^cuda:0 '; then
-  why=$("$DUET" devices | grep '^cuda')
-  case "$why" in
-    *"no CUDA driver"*|*"reports no GPU"*|*"CUresult 34)"*|*"CUresult 100)"*) echo "SKIP: no GPU: $why"; exit 77 ;;
-  esac
-  echo "FAIL: a CUDA driver is present but the GPU backend is unusable: $why"
-  exit 1
-fi
+gpu_require
 FMNIST_DIR=${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 KJV_TEXT=${KJV_TEXT:-data/kjv.txt}
-tmp=$(mktemp -d) || exit 1
-trap 'rm -rf "$tmp"' EXIT
-pass=0 fail=0
-ok() { echo "ok $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+gpu_workdir
 
 # compute capability of cuda:0 ("compute capability 8.0" in duet devices)
 cc=$("$DUET" devices | sed -n 's/^cuda:0 .*compute capability \([0-9]*\)\.\([0-9]*\).*/\1\2/p')

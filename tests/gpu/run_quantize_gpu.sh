@@ -7,7 +7,11 @@
 #  2. quantization-aware training on the GPU (the model with `quantize {
 #     weights = int8, mode = qat }`, 20 steps): its checkpoint evaluated
 #     with --quantize int8 on the GPU gives the accuracy the QAT run
-#     reported, bit for bit (the same int8 weights reach the same GEMMs).
+#     reported, bit for bit (the same int8 weights reach the same GEMMs);
+#  3. duet compile --devices cuda --quantize int8 --checkpoint CK: the
+#     executable's embedded int8 weights, copied to the device at load,
+#     evaluate as duet run --eval-only --checkpoint CK --quantize int8 on
+#     the device does (its --metrics byte for byte).
 # The dequantize and fake_quantize kernels are checked against the C
 # kernels on the host emulator (cuda_emu quantize, qat); this runs the real
 # plugin, NVRTC and card.  On the P100 (sm_60, no DP4A) int8 saves memory
@@ -17,23 +21,12 @@
 # GPU_QUICK=1 (the fake GPU: 2,560 training and 1,000 test images).
 # usage: run_quantize_gpu.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_quantize_gpu.sh path/to/duet}
-GPU_DEVICE=${GPU_DEVICE:-cuda}
+. "$(dirname "$0")/common.sh" # GPU_DEVICE, gpu_require, gpu_workdir, ok, bad
 if [ "${GPU_QUICK:-0}" = 1 ]; then ARGS="--train-subset 2560 --test-subset 1000"; else ARGS=; fi
-if [ "$GPU_DEVICE" != cpu ] && ! "$DUET" devices | grep -q '^cuda:0 '; then
-  why=$("$DUET" devices | grep '^cuda')
-  case "$why" in
-    *"no CUDA driver"*|*"reports no GPU"*|*"CUresult 34)"*|*"CUresult 100)"*) echo "SKIP: no GPU: $why"; exit 77 ;;
-  esac
-  echo "FAIL: a CUDA driver is present but the GPU backend is unusable: $why"
-  exit 1
-fi
+gpu_require
 FMNIST_DIR=${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 [ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ] || { echo "FAIL: no Fashion-MNIST in $FMNIST_DIR (set FMNIST_DIR)"; exit 1; }
-tmp=$(mktemp -d) || exit 1
-trap 'rm -rf "$tmp"' EXIT
-pass=0 fail=0
-ok() { echo "ok $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+gpu_workdir
 M=models/fmnist_mlp.model
 F="--data $FMNIST_DIR $ARGS"
 acc() { sed 's/.*"test_accuracy":\([0-9.e-]*\).*/\1/' "$1"; }
@@ -50,6 +43,17 @@ echo "fmnist_mlp 20 steps, --quantize int8: test accuracy cpu $a_cpu, gpu $a_gpu
 if [ -n "$a_cpu" ] && [ -n "$a_gpu" ] && awk -v a="$a_cpu" -v b="$a_gpu" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.005) }'
 then ok int8_accuracy; else bad "int8_accuracy: |cpu - gpu| > 0.005"; fi
 grep -q "^duet: int8 weights: 3 tensors, 1861632 bytes" "$tmp/dev.out" && ok int8_bytes || bad int8_bytes
+# an evaluation executable for the device with the int8 weights embedded
+# (duet compile --checkpoint): the embedded file is copied to the device as
+# it loads, and it prints what duet run printed on the same device
+if "$DUET" compile $M --devices $GPU_DEVICE --quantize int8 --checkpoint "$tmp/ck.st" -o "$tmp/e8" > "$tmp/e8.compile" 2>&1; then
+  "$tmp/e8" $F --metrics "$tmp/e8.jsonl" > "$tmp/e8.out" 2>&1 || { bad "./e8 on $GPU_DEVICE"; cat "$tmp/e8.out"; }
+  cmp -s "$tmp/e8.jsonl" "$tmp/dev.jsonl" && grep -q "^duet: embedded weights (step 20): " "$tmp/e8.out" &&
+    ok "compiled_embedded_int8 ($(acc "$tmp/e8.jsonl"))" ||
+    { bad compiled_embedded_int8; cat "$tmp/e8.out" "$tmp/e8.jsonl" "$tmp/dev.jsonl"; }
+else
+  bad "duet compile --devices $GPU_DEVICE --quantize int8 --checkpoint"; cat "$tmp/e8.compile"
+fi
 
 # 2. QAT on the GPU: its checkpoint's int8 evaluation is its own
 { cat $M; printf '\nquantize { weights = int8, mode = qat }\n'; } > "$tmp/qat.model"

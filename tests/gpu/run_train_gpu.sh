@@ -18,26 +18,17 @@
 # (default 30) steps instead of gpt_kjv).
 # usage: run_train_gpu.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_train_gpu.sh path/to/duet}
-GPU_DEVICE=${GPU_DEVICE:-cuda}
+. "$(dirname "$0")/common.sh" # GPU_DEVICE, gpu_require, gpu_workdir, ok, bad
 if [ "${GPU_QUICK:-0}" = 1 ]; then
   KJV_STEPS=${KJV_STEPS:-30} GPT_MODEL=tests/models/gpt_tiny.model
   FMNIST_ARGS="--train-subset 2560 --test-subset 1000" GPT_ARGS="--eval-batches 1"
 else
   KJV_STEPS=${KJV_STEPS:-200} GPT_MODEL=models/gpt_kjv.model FMNIST_ARGS= GPT_ARGS=
 fi
-if [ "$GPU_DEVICE" != cpu ] && ! "$DUET" devices | grep -q '^cuda:0 '; then
-  why=$("$DUET" devices | grep '^cuda')
-  case "$why" in
-    *"no CUDA driver"*|*"reports no GPU"*|*"CUresult 34)"*|*"CUresult 100)"*) echo "SKIP: no GPU: $why"; exit 77 ;;
-  esac
-  echo "FAIL: a CUDA driver is present but the GPU backend is unusable: $why"
-  exit 1
-fi
+gpu_require
 FMNIST_DIR=${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 KJV_TEXT=${KJV_TEXT:-data/kjv.txt}
-tmp=$(mktemp -d) || exit 1
-trap 'rm -rf "$tmp"' EXIT
-pass=0 fail=0
+gpu_workdir
 
 # 1. fmnist_mlp accuracy
 if [ ! -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ]; then
