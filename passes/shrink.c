@@ -281,7 +281,7 @@ static bool walk(Sh *S, Value *w, int ax) {
   int64_t G = 1;
   for (;;) {
     if (n_uses(S, x) != 1) {
-      S->why = arena_printf(S->g->arena, "%s is read %d times (a tied weight?)", x == w ? "it" : "its reshape",
+      S->why = arena_printf(S->g->arena, "%s is read %d times (a tied or fake-quantized weight)", x == w ? "it" : "its reshape",
                             n_uses(S, x));
       return false;
     }
