@@ -132,7 +132,8 @@ static Value *param_chain(Sh *S, Value *o, int a, int64_t G, int kind, int *pa) 
     int b = o->op == OP_RESHAPE ? map_axis(&o->shape, a, G, &o->in[0]->shape, &G2) : -1;
     if (b < 0) {
       S->why = arena_printf(S->g->arena, "it meets %s%s", op_info[o->op].name,
-                            o->op == OP_RESHAPE ? " that splits the channels' groups" : ", not a param of the channels");
+                            o->op == OP_RESHAPE ? " that splits the channels' groups"
+                                                : ", not a param of the channels");
       return NULL;
     }
     o = o->in[0], a = b, G = G2;
@@ -281,7 +282,8 @@ static bool walk(Sh *S, Value *w, int ax) {
   int64_t G = 1;
   for (;;) {
     if (n_uses(S, x) != 1) {
-      S->why = arena_printf(S->g->arena, "%s is read %d times (a tied or fake-quantized weight)", x == w ? "it" : "its reshape",
+      S->why = arena_printf(S->g->arena, "%s is read %d times (a tied or fake-quantized weight)",
+                            x == w ? "it" : "its reshape",
                             n_uses(S, x));
       return false;
     }

@@ -147,8 +147,9 @@ static int fold_removed(const DuetProgram *p, DuetShrinkKept *k, const DuetStFil
   if (!next->fold || next->next_bias < 0) {
     snprintf(err, errlen, "cannot load %s: pruned channel %" PRId64 " of `%s` still outputs %s%s%s = %.9g (channels "
              "pruning keeps the biases), and %s, so the channel cannot be removed exactly", path, first, sname,
-             next->acts[0] ? next->acts : "", next->acts[0] ? "(bias)" : "its bias", "", a[first],
-             next->next_bias < 0 ? "the next layer has no bias to fold it into" : "zero padding makes it depend on the position");
+             next->acts[0] ? next->acts : "", next->acts[0] ? "(" : "", yb ? "bias)" : "0)", a[first],
+             next->next_bias < 0 ? "the next layer has no bias to fold it into"
+                                 : "zero padding makes it depend on the position");
     goto out;
   }
   const DuetStTensor *yw = duet_st_find(f, nw->name), *ynb = duet_st_find(f, p->tensors[next->next_bias].name);
@@ -228,7 +229,8 @@ DuetShrinkKept *duet_shrink_kept(const DuetProgram *p, const DuetStFile *f, cons
     if (K != want) {
       snprintf(err, errlen, "cannot load %s: `%s` keeps %" PRId64 " of its %" PRId64 " output channels there (%s), "
                "and this program was shrunk (--shrink) to %" PRId64 " (channels pruning to sparsity %.6g); give the "
-               "--prune S it was trained with", path, x->name, K, C, m ? "its mask" : "its nonzero channels: it has no mask",
+               "--prune S it was trained with", path, x->name, K, C,
+               m ? "its mask" : "its nonzero channels: it has no mask",
                want, p->shrink->sparsity);
       goto fail;
     }

@@ -30,7 +30,9 @@
 #         duet run's and which refuses to train;
 #       - exact one-line errors: --shrink without channels pruning, with a
 #         training run, with --quantize, with duet compile --checkpoint
-#         (embedded weights), and a checkpoint that keeps another
+#         (embedded weights), a removed channel whose relu(bias) is not 0
+#         where the next layer has no bias to fold it into (a small model
+#         trained 6 steps), and a checkpoint that keeps another
 #         number of channels than the program was shrunk to (--prune 0.25).
 #     fmnist_cnn trained 10 steps on 1,024 images the same way, evaluated on
 #     the first 2,000 test images with and without --shrink: the same
@@ -152,6 +154,13 @@ err "a checkpoint with another number of kept channels" "duet: error: cannot loa
   "$DUET" run $M $T --eval-only --checkpoint "$d/mlp.st" --prune-mode channels --prune 0.25 --shrink
 err "export of such a checkpoint" "duet: error: cannot load $d/mlp.st: \`linear1.w\` keeps 512 of its 1024 output channels there (its mask), and this program was shrunk (--shrink) to 768 (channels pruning to sparsity 0.25); give the --prune S it was trained with" \
   "$DUET" export $M --checkpoint "$d/mlp.st" --prune-mode channels --prune 0.25 --shrink -o "$d/bad.st"
+
+# a removed channel whose relu(bias) is not 0 and no next bias to fold it into: refused, naming it
+printf 'model nobias\ninput x: f32[batch, 784]\ninput y: i32[batch]\nparam w1: [784, 32]\nparam b1: [32] = zeros\nparam w2: [32, 10]\nloss = cross_entropy(relu(x @ w1 + b1) @ w2, y)\ntrain {\n  data = fashion_mnist("%s")\n  optimizer = adamw(lr = 1e-2)\n  batch = 64\n}\n' "$FM" > "$d/nobias.model"
+"$DUET" run "$d/nobias.model" $T --steps 6 --train-subset 512 $P --prune-start 3 --no-eval --quiet --save "$d/nb.st" > /dev/null 2>&1 || bad "training nobias"
+"$DUET" run "$d/nobias.model" $T --eval-only --checkpoint "$d/nb.st" $P --shrink > /dev/null 2> "$d/nb.err"
+if grep -q "^duet: error: cannot load $d/nb.st: pruned channel [0-9]* of \`w1\` still outputs relu(bias) = [0-9.e-]* (channels pruning keeps the biases), and the next layer has no bias to fold it into, so the channel cannot be removed exactly$" "$d/nb.err"
+then ok "no next bias to fold a removed channel's relu(bias) into: an error naming it"; else bad "no next bias"; cat "$d/nb.err"; fi
 
 # fmnist_cnn: convolutions (the output axis first), im2col, flatten's groups of 7 x 7
 C=models/fmnist_cnn.model
