@@ -649,11 +649,16 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
     }
     if (duet_shrink_touches(p, kept, i)) { /* the kept channels of a shrunk param, a bias folded into */
       void *buf = malloc((size_t)x->nbytes + 8);
-      int bad = !buf || duet_shrink_gather(p, kept, i, y, buf) || duet_session_write(s, i, 0, buf, (size_t)x->nbytes);
+      int bad = !buf                                                    ? 1
+              : duet_shrink_gather(p, kept, i, y, buf)                    ? 2
+              : duet_session_write(s, i, 0, buf, (size_t)x->nbytes)      ? 3
+                                                                          : 0;
       free(buf);
       if (bad) {
-        snprintf(err, errlen, "cannot %s %s: shrinking %s failed: %s", verb, path, x->name,
-                 buf ? duet_session_error(s) : "out of host memory");
+        snprintf(err, errlen, "cannot %s %s: %s %s%s%s", verb, path, bad == 3 ? "copying" : "shrinking", x->name,
+                 bad == 1 ? " failed: out of host memory" : bad == 2 ? " failed: its shape is not the one shrunk"
+                                                                    : " to the device failed: ",
+                 bad == 3 ? duet_session_error(s) : "");
         goto out;
       }
       continue;
