@@ -70,7 +70,10 @@ static void prune_help(FILE *out) {
           "  --prune-every N    gradual: masks updated every N steps (default 100)\n"
           "  --prune-initial S  gradual: the schedule's initial sparsity (default 0)\n"
           "  --prune-params P   which params: comma-separated globs, !GLOB excludes (default: matmul and\n"
-          "                     convolution weights, no biases, norms or embeddings)\n");
+          "                     convolution weights, no biases, norms or embeddings)\n"
+          "  --shrink           with --prune-mode channels and the run's --prune S: remove the pruned\n"
+          "                     channels (smaller layers and next-layer inputs); only with --eval-only\n"
+          "                     --checkpoint CK, duet predict, duet export, duet compile (evaluation)\n");
 }
 
 /* --precision and --arch, taken out of argv by main() for run, compile, ir,
@@ -122,6 +125,9 @@ static int strip_precision_flags(int argc, char **argv) {
  * by main() for run, compile, ir, emit, check and plan; they override the
  * model's prune section field by field in the prune pass. */
 static PruneSpec opt_prune;
+/* --shrink (passes/shrink.c): channels pruning's zero channels removed, an
+ * evaluation program; taken out of argv with the --prune flags. */
+static bool opt_shrink;
 
 /* Removes the --prune flags (`--prune S`, `--prune-mode M`, ... and the
  * `=` forms) from argv into opt_prune; returns the new argc, or -1 after a
@@ -131,6 +137,10 @@ static int strip_prune_flags(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     char flag[32], err[300];
     const char *eq = strchr(argv[i], '='), *val;
+    if (!strcmp(argv[i], "--shrink")) {
+      opt_shrink = true;
+      continue;
+    }
     if (strncmp(argv[i], "--prune", 7)) {
       argv[k++] = argv[i];
       continue;
@@ -541,6 +551,11 @@ static Graph *compile_ir(Compiled *c, const Source *src, const FrontendOptions *
                "--quantize needs the .model or a dump from before `quantize`", g->after_pass);
     return NULL;
   }
+  if (opt_shrink && g->after_pass && passes_find(g->after_pass) >= passes_find("shrink")) {
+    diag_error(&c->diag, ir_after_loc(src), "the dump was printed after `%s`, so its shapes are fixed; --shrink needs "
+               "the .model or a dump from before `shrink`", g->after_pass);
+    return NULL;
+  }
   if (opt_recompute && g->after_pass && passes_find(g->after_pass) >= passes_find("recompute")) {
     /* the dump's recomputation is fixed: a request it already follows is fine
      * (recomputed copies are backward values with a block) */
@@ -572,6 +587,7 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
                 .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .recompute = opt_recompute,
                 .optim_state = opt_optim_state, .quantize = opt_quantize, .calibrate = opt_calibrate_n,
+                .shrink = opt_shrink,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0,
                 .clip = po && po->clip};
@@ -948,6 +964,11 @@ static int bad_argument(const char *cmd, int argc, char **argv, int i) {
  * that configure only training are refused (the first given, named).  1
  * after the error. */
 static int checkpoint_train_flags(int argc, char **argv) {
+  if (opt_shrink) { /* the loader gathers from full-size weights; embedded ones would be shrunk already */
+    fprintf(stderr, "duet: error: duet compile --checkpoint does not embed shrunk weights yet: compile with --shrink "
+                    "alone and run EXE --eval-only --checkpoint CK\n");
+    return 1;
+  }
   const char *given = opt_prune.set ? "the --prune flags" : opt_offload ? "--offload" : opt_recompute ? "--recompute"
                     : opt_optim_state ? "--optimizer-state" : scan_flag(argc, argv, "--zero") ? "--zero"
                     : scan_flag(argc, argv, "--clip-grad-norm") ? "--clip-grad-norm" : NULL;
@@ -1012,7 +1033,7 @@ static int cmd_compile(int argc, char **argv) {
              "configure only training (--clip-grad-norm, --prune..., --zero, --offload, --recompute,\n"
              "--optimizer-state).  Its size shows the weights' bytes; they stay after `strip`.\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
-             "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
+             "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n");
       return 0;
     } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       out = argv[++i];
@@ -1184,7 +1205,7 @@ static int cmd_ir(int argc, char **argv) {
              "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`),\n"
              "--quantize int8|int8-tensor (int8 weights: `duet ir M.model --after quantize --quantize int8`).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
-             "--prune-initial S, --prune-params P (as duet run --help describes them).\n"
+             "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n"
              "Passes, in order:\n");
       for (int p = 0; p < duet_n_passes; p++) printf("  %-13s %s\n", duet_passes[p].name, duet_passes[p].what);
       return 0;
@@ -1607,7 +1628,7 @@ static int cmd_plan(int argc, char **argv) {
              "--offload optimizer: the optimizer state and the f32 master weights on a host row instead of\n"
              "the devices' (the update on the CPU; the gradients and params copied each step).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
-             "--prune-initial S, --prune-params P (as duet run --help describes them).\n"
+             "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n"
              "--device-memory SIZE: each device's memory (16GiB or 16G = 2^30 bytes, 16GB = 10^9, 500MiB,\n"
              "bytes; default: the CPU's available memory shared by its devices, 16 GiB per GPU, a capacity's own).\n"
              "--format text|json: json prints the same table as one object for tools (per device: weights,\n"
@@ -1732,7 +1753,7 @@ static int cmd_emit(int argc, char **argv) {
              "Also: --precision auto|fp32|fp16|bf16, --data-parallel N, --bucket-mb X and --zero 0|1 (the\n"
              "kernels of one replica), --recompute none|blocks|auto, --quantize int8|int8-tensor.\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
-             "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
+             "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n");
       return 0;
     } else if (!strcmp(argv[i], "--target") && i + 1 < argc) {
       target = argv[++i];
@@ -1886,11 +1907,12 @@ static int cmd_predict(int argc, char **argv) {
 
 static int cmd_export(int argc, char **argv) {
   if (wants_help(argc, argv)) {
-    printf("usage: duet export M.model --checkpoint CK -o W.safetensors\n"
+    printf("usage: duet export M.model --checkpoint CK -o W.safetensors [--prune-mode channels --prune S --shrink]\n"
            "Writes the params of CK (a checkpoint written by duet run --save) to a safetensors file, each\n"
            "as f32 under its name and with the model's shape (a linear layer's w is [in, out], as x @ w;\n"
            "torch.nn.Linear's weight is its transpose), metadata {\"format\": \"duet-weights-1\", \"model\",\n"
-           "\"step\"}; no optimizer state, no pruning masks (pruned weights are zeros already).\n"
+           "\"step\"}; no optimizer state, no pruning masks (pruned weights are zeros already).  With\n"
+           "--prune-mode channels --prune S --shrink (the run's S): the pruned channels removed, smaller tensors.\n"
            "tools/duet_to_torch.py loads it into the equivalent torch.nn model.\n");
     return 0;
   }
@@ -2134,7 +2156,7 @@ static int cmd_check(int argc, char **argv) {
            "--quantize int8|int8-tensor (the evaluation program's int8 weights and f32 scales, and a line\n"
            "with their bytes).\n"
            "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
-           "--prune-initial S, --prune-params P (as duet run --help describes them).\n");
+           "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n");
     return args_ok || (argc == 1 && wants_help(argc, argv)) ? 0 : 1;
   }
   ParOpts po;
@@ -2223,6 +2245,26 @@ static int quantize_train_refused(int argc, char **argv) {
   return 1;
 }
 
+/* --shrink makes an evaluation program (passes/shrink.c): duet run with it
+ * and without --eval-only would train; with --quantize it is not made yet.
+ * 1 after the error. */
+static int shrink_refused(const char *cmd, int argc, char **argv) {
+  if (!opt_shrink) return 0;
+  if (quantize_mode_parse(opt_quantize) > 0) {
+    fprintf(stderr, "duet: error: --shrink and --quantize %s together are not supported yet: evaluate with one of "
+                    "them\n", opt_quantize);
+    return 1;
+  }
+  if (strcmp(cmd, "run")) return 0;
+  for (int i = 0; i < argc; i++)
+    if (!strcmp(argv[i], "--eval-only")) return 0;
+  fprintf(stderr, "duet: error: --shrink removes the channels that channels pruning zeroed from a trained checkpoint "
+                  "and cannot train: train and save first (duet run M.model --prune-mode channels --prune S --save "
+                  "CK), then evaluate with duet run M.model --eval-only --checkpoint CK --prune-mode channels --prune "
+                  "S --shrink\n");
+  return 1;
+}
+
 int main(int argc, char **argv) {
   duet_rank_stderr(); /* under an MPI launcher: "duet: rank 1: error: ..." */
   if (argc < 2) {
@@ -2244,6 +2286,7 @@ int main(int argc, char **argv) {
     if ((n = strip_prune_flags(n, argv + 2)) < 0) return 1;
     argc = n + 2;
     if (!strcmp(cmd, "run") && quantize_train_refused(argc - 2, argv + 2)) return 1;
+    if (shrink_refused(cmd, argc - 2, argv + 2)) return 1;
     for (int i = 2; !strcmp(cmd, "run") && opt_offload && i < argc; i++) /* --offload: a compile-time flag here */
       if (!strcmp(argv[i], "--eval-only")) return duet_eval_only_refuse("--offload");
     if ((!strcmp(cmd, "run") || !strcmp(cmd, "compile")) && opt_arch && strcmp(opt_arch, "cpu")) {
@@ -2272,6 +2315,11 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "check")) return cmd_check(argc - 2, argv + 2);
   if (!strcmp(cmd, "sample")) return cmd_sample(argc - 2, argv + 2);
   if (!strcmp(cmd, "plot")) return cmd_plot(argc - 2, argv + 2);
+  if (!strcmp(cmd, "predict") || !strcmp(cmd, "export")) { /* --prune flags and --shrink: a shrunk program */
+    int n = strip_prune_flags(argc - 2, argv + 2);
+    if (n < 0 || shrink_refused(cmd, n, argv + 2)) return 1;
+    argc = n + 2;
+  }
   if (!strcmp(cmd, "predict")) return cmd_predict(argc - 2, argv + 2);
   if (!strcmp(cmd, "export")) return cmd_export(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

@@ -1372,6 +1372,16 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
                  ", %d, prune_params};\n", pr->mode, pr->nm_n, pr->nm_m, pr->initial, pr->final, pr->start, pr->end,
             pr->every, pr->n_params);
   }
+  if (p->shrink) { /* --shrink: the shortened axes of params */
+    fprintf(out, "static const DuetShrinkAxis shrink_axes[] = {\n");
+    for (int i = 0; i < p->shrink->n; i++) {
+      const DuetShrinkAxis *x = &p->shrink->axes[i];
+      fprintf(out, "  {%d, %d, %" PRId64 ", %" PRId64 ", %d, %d, %d, %d, \"%s\", %d},\n", x->param, x->axis, x->full,
+              x->group, x->source, x->kind, x->next_out, x->next_bias, x->acts ? x->acts : "", x->fold);
+    }
+    fprintf(out, "};\nstatic const DuetShrink shrink = {%.17g, %d, shrink_axes};\n", p->shrink->sparsity,
+            p->shrink->n);
+  }
   if (p->n_clip > 0) { /* gradient clipping: the gradients and their kernels */
     write_ints(out, "clip_grad", p->clip_grad, p->n_clip);
     write_ints(out, "clip_sumsq", p->clip_sumsq, p->n_clip);
@@ -1405,6 +1415,7 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
     fprintf(out, "  .zero = %d, .tensor_shard = tensor_shard, .bucket_params = bucket_params,\n", p->zero);
   fprintf(out, "  .kernel_arg_off = kernel_arg_off, .kernel_args = kernel_args,\n");
   if (p->prune) fprintf(out, "  .prune = &prune,\n");
+  if (p->shrink) fprintf(out, "  .shrink = &shrink,\n");
   if (p->n_clip > 0)
     fprintf(out, "  .n_clip = %d, .clip_grad = clip_grad, .clip_sumsq = clip_sumsq, .clip_scale = clip_scale, "
                  ".clip_from = %d,\n", p->n_clip, p->clip_from);

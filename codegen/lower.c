@@ -242,6 +242,36 @@ static int lower_prune_mask(Lower *L, Value *v) {
   return k->index;
 }
 
+/* The program's shrink table (DuetProgram.shrink) from the graph's
+ * (passes/shrink.c); NULL without one. */
+static const DuetShrink *lower_shrink_table(Lower *L) {
+  Graph *g = L->g;
+  if (!g->n_shrink) return NULL;
+  DuetShrink *sh = arena_alloc(L->a, sizeof *sh);
+  DuetShrinkAxis *ax = arena_alloc(L->a, (size_t)g->n_shrink * sizeof *ax);
+  sh->sparsity = g->prune.sparsity;
+  sh->n = g->n_shrink;
+  sh->axes = ax;
+  for (int k = 0; k < g->n_shrink; k++) {
+    const ShrinkAxis *x = &g->shrink[k];
+    int ids[3] = {-1, -1, -1};
+    for (int i = 0; i < g->n_values; i++) {
+      const Value *v = g->values[i];
+      if (v->op != OP_PARAM || !v->attr.name || L->cp->tensor_of[v->id] < 0) continue;
+      if (!strcmp(v->attr.name, x->param)) ids[0] = tid(L, v);
+      if (!strcmp(v->attr.name, x->source)) ids[1] = tid(L, v);
+      if (x->next_bias && !strcmp(v->attr.name, x->next_bias)) ids[2] = tid(L, v);
+    }
+    if (ids[0] < 0 || ids[1] < 0 || (x->next_bias && ids[2] < 0))
+      duet_fatal(__FILE__, __LINE__, "codegen: shrink: no param `%s`",
+                 ids[0] < 0 ? x->param : ids[1] < 0 ? x->source : x->next_bias);
+    ax[k] = (DuetShrinkAxis){.param = ids[0], .axis = x->axis, .full = x->full, .group = x->group, .source = ids[1],
+                             .kind = x->kind, .next_out = x->next_out, .next_bias = ids[2],
+                             .acts = x->acts ? x->acts : "", .fold = x->fold};
+  }
+  return sh;
+}
+
 /* The program's pruning table (DuetProgram.prune) from the prune_mask ops
  * and the graph's prune spec; NULL without pruning. */
 static const DuetPrune *lower_prune_table(Lower *L) {
@@ -888,6 +918,7 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   p->decode = g->decode;
   p->context = g->context;
   p->prune = lower_prune_table(&L);
+  p->shrink = lower_shrink_table(&L);
   p->train = tr.s, p->n_train = tr.n;
   p->eval = ev.s, p->n_eval = ev.n;
   p->grad = gr.s, p->n_grad = gr.n;

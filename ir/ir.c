@@ -1452,6 +1452,24 @@ void ir_print(const Graph *g, FILE *out) {
   if (g->qat) fprintf(out, "qat %d\n", g->qat); /* the quantize section: 1 int8 per channel, 2 per tensor */
   print_train(&g->train, out);
   if (g->prune.mode != PRUNE_NONE) print_prune(&g->prune, out);
+  for (int i = 0; i < g->n_shrink; i++) { /* the shrink pass's table */
+    const ShrinkAxis *x = &g->shrink[i];
+    fputs("shrink param=", out);
+    print_string(x->param, out);
+    fprintf(out, " axis=%d full=%" PRId64 " group=%" PRId64 " source=", x->axis, x->full, x->group);
+    print_string(x->source, out);
+    fprintf(out, " kind=%s", x->kind == SHRINK_OWN ? "own" : x->kind == SHRINK_BIAS ? "bias" : "next");
+    if (x->kind == SHRINK_NEXT) {
+      fprintf(out, " out=%d acts=", x->next_out);
+      print_string(x->acts ? x->acts : "", out);
+      fprintf(out, " fold=%d", x->fold);
+      if (x->next_bias) {
+        fputs(" bias=", out);
+        print_string(x->next_bias, out);
+      }
+    }
+    fputc('\n', out);
+  }
   bool planned = false;
   for (int r = 1; r < MEM_COUNT; r++) planned |= g->region_bytes[r] != 0;
   if (planned && g->n_stages <= 1) {

@@ -426,7 +426,34 @@ typedef struct Graph {
                       * batches (DuetConfig.calibrate); 0: none.  Not printed in dumps */
   int zero;          /* --zero 1: optimizer state sharded over the replicas (ZeRO
                       * stage 1; needs replicas > 1); printed `zero 1` */
+  struct ShrinkAxis *shrink; /* the shrink pass (--shrink): the shrunk axes of params, n_shrink
+                      * of them; printed as `shrink ...` lines */
+  int n_shrink;
 } Graph;
+
+/* One axis of a param that the shrink pass (passes/shrink.c) shrank: the
+ * param `param` (by name) has `full` elements along `axis` in a checkpoint
+ * and keeps, of them, the groups of `group` consecutive indices of the
+ * output channels that channels pruning keeps in the weight `source` (its
+ * own output axis is the entry whose param is the source): kept channel c
+ * of the source keeps indices c*group .. c*group + group - 1. */
+enum { SHRINK_OWN, SHRINK_BIAS, SHRINK_NEXT };
+typedef struct ShrinkAxis {
+  const char *param, *source;
+  int axis;
+  int64_t full, group;
+  int kind;              /* SHRINK_OWN: the source's output axis; SHRINK_BIAS: its bias
+                          * (one value per channel); SHRINK_NEXT: the next layer's weight's
+                          * input axis */
+  /* SHRINK_NEXT: what a removed channel feeds the next layer.  Its value
+   * there is the constant acts(bias) (its weights are 0), the same at
+   * every position when fold (no zero padding on the way): the runtime
+   * adds its contribution to next_bias (NULL: none), or requires it 0. */
+  int next_out;          /* the next weight's output axis */
+  const char *next_bias; /* the next layer's bias param */
+  const char *acts;      /* the activations between, in order ("relu", "gelu tanh", ""; ops.def names) */
+  bool fold;
+} ShrinkAxis;
 
 /* The operands of an adamw_update: 4 (param, grad, exp_avg, exp_avg_sq:
  * states of the param's dtype and shape) or, with 8-bit state, 6 (param

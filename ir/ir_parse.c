@@ -44,6 +44,7 @@ typedef struct Parser {
   int line;
   IdSlot *slots; /* %id -> value, open addressing */
   size_t cap;
+  int *shrink_lines; /* the line of each shrink line (check_shrink) */
   int model_line, after_line, train_line, regions_line, float_line, decode_line, stages_line, replicas_line, prune_line, zero_line, qat_line,
       bucket_line;
   uint64_t device_regions[IR_MAX_STAGES / 64 + 1]; /* `regions device N` lines seen */
@@ -1307,6 +1308,65 @@ static void prune_header(Parser *P) {
   if (!(ps->set & PRUNE_SET_MODE)) FAIL(P->bol, "the prune line needs mode=\"...\" (unstructured, global, channels, 2:4)");
 }
 
+/* A `shrink param="P" axis=A full=N group=G source="W" kind=own|bias|next
+ * [out=A acts="..." fold=0|1 bias="B"]` line (the shrink pass's table,
+ * Graph.shrink; the keys in any order, the first five required). */
+static void shrink_header(Parser *P) {
+  Graph *g = P->g;
+  ShrinkAxis x = {.next_out = -1};
+  static const char *const keys[] = {"param", "axis", "full", "group", "source", "kind", "out", "acts", "fold", "bias"};
+  unsigned seen = 0;
+  while (!at_eol(P)) {
+    ws(P);
+    const char *ka = P->p;
+    const char *k = want_word(P, "a shrink key (param, axis, full, group, source, kind, out, acts, fold, bias)");
+    int i = 0;
+    while (i < 10 && strcmp(keys[i], k)) i++;
+    if (i == 10) FAIL(ka, "unknown shrink key `%s`%s", k, hint(P, k, keys, 10));
+    if (seen & (1u << i)) FAIL(ka, "shrink key `%s` is given twice", k);
+    seen |= 1u << i;
+    expect(P, '=', arena_printf(P->a, "'=' after `%s`", k));
+    const char *va = skip_ws(P, P->p);
+    if (i == 0) x.param = string(P, "a param name, a string");
+    else if (i == 4) x.source = string(P, "a param name, a string");
+    else if (i == 9) x.next_bias = string(P, "a param name, a string");
+    else if (i == 7) x.acts = string(P, "the activations, a string");
+    else if (i == 1 || i == 6) *(i == 1 ? &x.axis : &x.next_out) = (int)integer(P, 0, IR_MAX_RANK - 1, "an axis");
+    else if (i == 8) x.fold = integer(P, 0, 1, "fold (0 or 1)") != 0;
+    else if (i == 2 || i == 3) *(i == 2 ? &x.full : &x.group) = integer(P, 1, INT64_MAX / 4, arena_printf(P->a, "the %s", k));
+    else {
+      const char *kd = want_word(P, "own, bias or next");
+      x.kind = !strcmp(kd, "own") ? SHRINK_OWN : !strcmp(kd, "bias") ? SHRINK_BIAS : !strcmp(kd, "next") ? SHRINK_NEXT : -1;
+      if (x.kind < 0) FAIL(va, "unknown shrink kind `%s` (own, bias, next)", kd);
+    }
+  }
+  if ((seen & 0x3f) != 0x3f) FAIL(P->bol, "the shrink line needs param, axis, full, group, source and kind");
+  if (x.kind == SHRINK_NEXT && !(seen & (1u << 6))) FAIL(P->bol, "a shrink line of kind next needs out=A");
+  ShrinkAxis *t = arena_alloc(P->a, ((size_t)g->n_shrink + 1) * sizeof *t);
+  if (g->n_shrink) memcpy(t, g->shrink, (size_t)g->n_shrink * sizeof *t);
+  int *lines = arena_alloc(P->a, ((size_t)g->n_shrink + 1) * sizeof *lines);
+  if (g->n_shrink) memcpy(lines, P->shrink_lines, (size_t)g->n_shrink * sizeof *lines);
+  lines[g->n_shrink] = P->line;
+  P->shrink_lines = lines;
+  t[g->n_shrink++] = x;
+  g->shrink = t;
+}
+
+/* Every name of the shrink lines is a param of the graph (lowering looks
+ * them up); the first line naming another is an error. */
+static void check_shrink(Parser *P) {
+  Graph *g = P->g;
+  for (int k = 0; k < g->n_shrink; k++) {
+    const char *names[3] = {g->shrink[k].param, g->shrink[k].source, g->shrink[k].next_bias};
+    for (int j = 0; j < 3; j++) {
+      bool found = !names[j];
+      for (int i = 0; i < g->n_values && !found; i++)
+        found = g->values[i]->op == OP_PARAM && g->values[i]->attr.name && !strcmp(g->values[i]->attr.name, names[j]);
+      if (!found) fail_loc(P, (Loc){P->src, P->shrink_lines[k], 1}, "shrink: `%s` is no param of the graph", names[j]);
+    }
+  }
+}
+
 /* A graph the prune pass went through (prune_mask values) carries its
  * complete spec, which lowering reads. */
 static void check_prune(Parser *P) {
@@ -1414,6 +1474,8 @@ static void parse_line(Parser *P) {
     if (!(g->bucket_mb > 0 && g->bucket_mb <= 1e9))
       FAIL(at, "bucket_mb must be a number of MiB > 0 (and at most 1e9), got %s", ir_num_str(g->bucket_mb, (char[32]){0}, 32));
     want_eol(P, "the MiB of an all-reduce bucket");
+  } else if (!strcmp(w, "shrink")) { /* the shrink pass's table (passes/shrink.c) */
+    shrink_header(P);
   } else if (!strcmp(w, "qat")) { /* the quantize section (passes/quantize.c, pass_qat) */
     once(P, at, &P->qat_line, "qat");
     g->qat = (int)integer(P, 1, 2, "the int8 granularity of quantization-aware training (1 per channel, 2 per tensor)");
@@ -1488,8 +1550,9 @@ static void parse_line(Parser *P) {
     int op = op_from_name(w);
     if (op < 0) {
       static const char *const kw[] = {"model", "after", "float_dtype", "decode", "train", "regions", "loss", "logits",
-                                       "labels", "grad", "stages", "replicas", "prune", "zero", "bucket_mb", "qat"};
-      const char *h = hint(P, w, kw, 16);
+                                       "labels", "grad", "stages", "replicas", "prune", "zero", "bucket_mb", "qat",
+                                       "shrink"};
+      const char *h = hint(P, w, kw, 17);
       FAIL(at, "unknown op `%s`%s", w, *h ? h : op_hint(P, w));
     }
     if (!(op_info[op].flags & OPF_SIDE)) FAIL(at, "%s has a result: the line must start with `%%N =`", w);
@@ -1684,6 +1747,7 @@ static void parse_all(Parser *P) {
   check_inputs(P);
   check_names(P);
   check_prune(P);
+  check_shrink(P);
   graph_count_uses(P->g);
 }
 

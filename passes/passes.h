@@ -68,6 +68,8 @@ typedef struct PassCtx {
   const char *quantize;      /* quantize: --quantize int8|int8-tensor (quantize_mode_parse; NULL: none) */
   int64_t calibrate;         /* quantize: --calibrate N (> 0: int8 activations too, their scales calibrated
                               * on N training batches: matmul_i8; 0: none) */
+  bool shrink;               /* shrink: --shrink, channels pruning's removed channels taken out of the
+                              * layers (an evaluation program) */
   const char *optim_state;   /* optimizer: --optimizer-state int8|f32, overriding the model's
                               * adamw(state = ...) (NULL: the model's; ignored for SGD) */
   int nodes;                 /* duet plan --nodes K: the replicas are spread over K
@@ -93,7 +95,7 @@ typedef struct Pass {
   const char *what; /* one line for `duet ir --help` */
 } Pass;
 
-/* The pipeline, in order: shape, qat, autodiff, optimizer, eval, prune, quantize, precision, fuse,
+/* The pipeline, in order: shape, qat, autodiff, optimizer, eval, prune, shrink, quantize, precision, fuse,
  * partition, data_parallel, recompute, memplan. */
 extern const Pass duet_passes[];
 extern const int duet_n_passes;
@@ -111,6 +113,7 @@ void pass_autodiff(Graph *g, PassCtx *cx);  /* append d(loss)/d(param) */
 void pass_optimizer(Graph *g, PassCtx *cx); /* append AdamW / SGD updates (AdamW: f32 or 8-bit state) */
 void pass_eval(Graph *g, PassCtx *cx);      /* append accuracy metrics */
 void pass_prune(Graph *g, PassCtx *cx);     /* pruning masks and the ops that apply them */
+void pass_shrink(Graph *g, PassCtx *cx);    /* --shrink: channels pruning's zero channels removed (evaluation) */
 void pass_quantize(Graph *g, PassCtx *cx);  /* int8 weights (--quantize): an evaluation program */
 void pass_qat(Graph *g, PassCtx *cx);       /* fake-quantized weights (the model's quantize section) */
 void pass_precision(Graph *g, PassCtx *cx); /* 16-bit storage, f32 master weights, casts */

@@ -520,13 +520,17 @@ static int check_header(const DuetProgram *p, const DuetStFile *f, const char *p
                          : "");
       return -1;
     }
-    int same = y->dtype == x->dtype && y->rank == x->rank && y->nbytes == x->nbytes;
-    for (int k = 0; same && k < x->rank; k++) same = y->shape[k] == x->shape[k];
+    /* a shrunk param (--shrink): the checkpoint holds it at its full shape */
+    int64_t full[DUET_MAX_RANK], fn = 1, xn = 1;
+    int shrunk = duet_shrink_full_shape(p, i, full);
+    for (int k = 0; k < x->rank; k++) fn *= full[k], xn *= x->shape[k];
+    int same = y->dtype == x->dtype && y->rank == x->rank && y->nbytes * xn == x->nbytes * fn;
+    for (int k = 0; same && k < x->rank; k++) same = y->shape[k] == full[k];
     if (!same) {
       char have[160], want[160];
-      snprintf(err, errlen, "cannot %s %s: tensor `%s` is %s in the checkpoint, %s in the model", verb, path,
+      snprintf(err, errlen, "cannot %s %s: tensor `%s` is %s in the checkpoint, %s in the model%s", verb, path,
                x->name, shape_str(y->dtype, y->rank, y->shape, have, sizeof have),
-               shape_str(x->dtype, x->rank, x->shape, want, sizeof want));
+               shape_str(x->dtype, x->rank, full, want, sizeof want), shrunk ? " (before --shrink)" : "");
       return -1;
     }
   }
@@ -601,6 +605,7 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   }
   int rc = -1;
   DuetTrainState ns;
+  DuetShrinkKept *kept = NULL;
   /* check everything before changing anything */
   if (check_header(p, f, path, weights_only, &ns, err, errlen)) goto out;
   /* fp16 programs: the loss scaler; a checkpoint of an fp32 run starts it afresh */
@@ -633,6 +638,8 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
       goto out;
     }
   }
+  /* a shrunk program (--shrink): the channels each pruned weight keeps */
+  if (p->shrink && !(kept = duet_shrink_kept(p, f, path, err, errlen))) goto out;
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *x = &p->tensors[i];
     if (!is_saved(x) || (weights_only && x->region != DUET_MEM_PARAM) || (no_masks && is_mask(x))) continue;
@@ -642,6 +649,22 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
       continue;
     }
     if (!y && duet_is_act_scale(p, i)) continue; /* not in the file: calibrated (duet_calibrate) */
+    if (duet_shrink_touches(p, kept, i)) { /* the kept channels of a shrunk param, a bias folded into */
+      void *buf = malloc((size_t)x->nbytes + 8);
+      int bad = !buf                                                    ? 1
+              : duet_shrink_gather(p, kept, i, y, buf)                    ? 2
+              : duet_session_write(s, i, 0, buf, (size_t)x->nbytes)      ? 3
+                                                                          : 0;
+      free(buf);
+      if (bad) {
+        snprintf(err, errlen, "cannot %s %s: %s %s%s%s", verb, path, bad == 3 ? "copying" : "shrinking", x->name,
+                 bad == 1 ? " failed: out of host memory" : bad == 2 ? " failed: its shape is not the one shrunk"
+                                                                    : " to the device failed: ",
+                 bad == 3 ? duet_session_error(s) : "");
+        goto out;
+      }
+      continue;
+    }
     if (duet_session_write(s, i, 0, y->data, (size_t)y->nbytes)) {
       snprintf(err, errlen, "cannot %s %s: copying %s to the device failed: %s", verb, path, x->name,
                duet_session_error(s));
@@ -714,6 +737,7 @@ static int load(DuetSession *s, const char *path, DuetTrainState *st, int weight
   *st = ns;
   rc = 0;
 out:
+  duet_shrink_kept_free(kept);
   duet_st_close(f);
   return rc;
 }

@@ -12,12 +12,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 13 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 14 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
                                 * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping;
                                 * 9: DuetConfig eval_only, checkpoint_path, keep, keep_best;
                                 * 10: DuetConfig.metrics_timing; 11: DuetConfig.offload;
-                                * 12: DuetProgram.weights (embedded weights); 13: DuetConfig.calibrate */
+                                * 12: DuetProgram.weights (embedded weights); 13: DuetConfig.calibrate;
+                                * 14: DuetProgram.shrink */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -286,6 +287,36 @@ typedef struct DuetPrune {
   const DuetPruneParam *params;
 } DuetPrune;
 
+/* Channels pruning's zero channels removed (passes/shrink.c, --shrink): axis
+ * `axis` of param tensor `param` is shorter than in a checkpoint, where it
+ * has `full` elements; it keeps the groups of `group` consecutive indices
+ * c*group .. c*group + group - 1 of the output channels c that channels
+ * pruning kept in the weight tensor `source` (its own entry, param ==
+ * source, names its output axis).  runtime/shrink.c gathers them when a
+ * checkpoint is loaded or exported. */
+enum { DUET_SHRINK_OWN, DUET_SHRINK_BIAS, DUET_SHRINK_NEXT };
+typedef struct DuetShrinkAxis {
+  int param, axis;
+  int64_t full, group;
+  int source;
+  int kind;       /* DUET_SHRINK_OWN: the source's output axis; _BIAS: its bias (one value per
+                   * channel); _NEXT: the input axis of the next layer's weight */
+  /* _NEXT: a removed channel c feeds the next layer the constant
+   * acts(bias[c]) ("relu", "gelu tanh", ...: ops applied in order; 0 without
+   * a bias), the same at every position when fold: the runtime adds
+   * its products with the channel's rows of the weight to the param
+   * next_bias (-1: none), or, where it cannot, refuses a nonzero one. */
+  int next_out;   /* the output axis of the next weight */
+  int next_bias;
+  const char *acts;
+  int fold;
+} DuetShrinkAxis;
+typedef struct DuetShrink {
+  double sparsity; /* the --prune S it was compiled for: each source keeps full - round(S x full) channels */
+  int n;
+  const DuetShrinkAxis *axes;
+} DuetShrink;
+
 typedef struct DuetProgram {
   int api_version;
   const char *model_name;
@@ -398,6 +429,9 @@ typedef struct DuetProgram {
    * --checkpoint.  Appended: no other member moves. */
   const unsigned char *weights;
   int64_t weights_nbytes;
+  /* --shrink (NULL: none): the params whose axes the shrink pass shortened.
+   * Appended: no other member moves. */
+  const DuetShrink *shrink;
 } DuetProgram;
 
 /* How messages name a program's embedded weights (DuetProgram.weights). */
@@ -1174,6 +1208,46 @@ const DuetStTensor *duet_st_get(const DuetStFile *f, int i);
 const DuetStTensor *duet_st_find(const DuetStFile *f, const char *name);
 /* The metadata value of `key`, NULL if absent. */
 const char *duet_st_meta(const DuetStFile *f, const char *key);
+
+/* --------------------------------------------- shrunk programs (--shrink) */
+
+/* Whether tensor i of p has axes the shrink pass shortened
+ * (DuetProgram.shrink); full[rank] receives its shape in a checkpoint
+ * (its own where not shrunk). */
+int duet_shrink_full_shape(const DuetProgram *p, int i, int64_t *full);
+/* The kept output channels of each source weight of p's shrink table, read
+ * from checkpoint f (at path, for messages): the channels whose mask
+ * (`NAME.mask` of the weight's shape) has a nonzero element, or, without
+ * a mask, whose weights are not all zero.  A removed channel c whose
+ * constant output acts(bias[c]) is not 0 (channels pruning keeps the
+ * biases) adds acts(bias[c]) x (the sum of the next weight's elements of
+ * its input group, per output) to the next layer's bias (kept here, added
+ * by duet_shrink_gather), so the shrunk layers compute what the masked
+ * ones did; where there is no bias to fold into (or zero padding on the
+ * way) such a channel is an error naming it.  NULL with the message in err
+ * when a source is missing or keeps another number of channels than the
+ * program's shrunk axis ("cannot load CK: `conv1.w` keeps 20 of its 32
+ * output channels there (its mask), and this program was shrunk (--shrink)
+ * to 16 ..."). */
+typedef struct DuetShrinkKept DuetShrinkKept;
+DuetShrinkKept *duet_shrink_kept(const DuetProgram *p, const DuetStFile *f, const char *path, char *err,
+                                 size_t errlen);
+void duet_shrink_kept_free(DuetShrinkKept *k);
+/* Gathers into out (p->tensors[i].nbytes) the elements of checkpoint
+ * tensor y (tensor i's full shape, any element size) that shrunk tensor i
+ * keeps: along each shrunk axis, index j is full index
+ * kept[j / group] * group + j % group.  0, or -1 when y's shape is not
+ * tensor i's full shape (or out of host memory). */
+int duet_shrink_gather(const DuetProgram *p, const DuetShrinkKept *k, int i, const DuetStTensor *y, void *out);
+/* Whether tensor i of p is loaded through duet_shrink_gather: a shrunk
+ * param, or a next layer's bias that receives the removed channels'
+ * constant contributions (duet_shrink_kept folds them). */
+int duet_shrink_touches(const DuetProgram *p, const DuetShrinkKept *k, int i);
+/* Prints, for a shrunk program (p->shrink), one line with its params and
+ * their bytes against the checkpoint's full shapes: "duet: shrunk
+ * (--shrink): 669706 parameters in 2678824 bytes (1863690 in 7454760
+ * before)"; nothing otherwise. */
+void duet_shrink_summary(const DuetProgram *p, FILE *out);
 /* Frees everything of f (NULL is fine); pointers from f die with it. */
 void duet_st_close(DuetStFile *f);
 
@@ -1255,8 +1329,9 @@ int duet_cache_put(const char *key, size_t keylen, const char *ext, const void *
  * makes NCCL collectives, duet_cuda_plugin_nccl, over runtime/collective.h's
  * DuetColl; 6: DuetProgram gained prune; 7: DuetProgram gained source_hash,
  * DuetCollOps progress and stats; 8: DuetProgram gained zero, vocab and the clipping
- * tables, DuetConfig zero, the npy fields, the schedule and clipping). */
-#define DUET_CUDA_PLUGIN_API 8
+ * tables, DuetConfig zero, the npy fields, the schedule and clipping; 9: DuetProgram gained
+ * weights and shrink, DuetConfig calibrate). */
+#define DUET_CUDA_PLUGIN_API 9
 
 /* The CUDA device `ordinal` for program p: loads libduet_cuda.so
  * ($DUET_CUDA_PLUGIN, else next to the executable, else the build tree's,

@@ -17,6 +17,8 @@ int duet_export_weights(const DuetProgram *p, const char *ckpt, const char *out,
     return -1;
   }
   int n = 0, rc = -1;
+  DuetShrinkKept *kept = NULL;
+  void *gathered = NULL;
   for (int i = 0; i < p->n_tensors; i++) n += p->tensors[i].region == DUET_MEM_PARAM;
   DuetStTensor *t = calloc((size_t)(n ? n : 1), sizeof *t);
   float **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
@@ -24,11 +26,25 @@ int duet_export_weights(const DuetProgram *p, const char *ckpt, const char *out,
     snprintf(err, errlen, "out of host memory");
     goto out;
   }
+  if (p->shrink && !(kept = duet_shrink_kept(p, f, ckpt, err, errlen))) goto out;
   int k = 0;
   for (int i = 0; i < p->n_tensors; i++) {
     const DuetTensor *x = &p->tensors[i];
     if (x->region != DUET_MEM_PARAM) continue;
     const DuetStTensor *y = duet_st_find(f, x->name); /* present with x's dtype and shape: checked */
+    DuetStTensor ys;
+    if (duet_shrink_touches(p, kept, i)) { /* --shrink: the kept channels, x's shape; a folded bias */
+      free(gathered);
+      if (!(gathered = malloc((size_t)x->nbytes + 8)) || duet_shrink_gather(p, kept, i, y, gathered)) {
+        snprintf(err, errlen, "cannot export %s: shrinking `%s` failed", ckpt, x->name);
+        goto out;
+      }
+      ys = *y;
+      ys.data = gathered;
+      ys.nbytes = x->nbytes;
+      memcpy(ys.shape, x->shape, sizeof ys.shape);
+      y = &ys;
+    }
     int sz = y->dtype == DUET_F64 ? 8 : y->dtype == DUET_F32 ? 4 : 2;
     int64_t ne = y->nbytes / sz;
     float *b = bufs[k] = malloc((size_t)(ne ? ne : 1) * sizeof *b);
@@ -70,6 +86,8 @@ int duet_export_weights(const DuetProgram *p, const char *ckpt, const char *out,
   }
   rc = 0;
 out:
+  free(gathered);
+  duet_shrink_kept_free(kept);
   for (int i = 0; bufs && i < n; i++) free(bufs[i]);
   free(bufs);
   free(t);

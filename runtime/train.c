@@ -465,6 +465,11 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
                     "trained checkpoint and cannot train; give --eval-only --checkpoint CK\n");
     return 1;
   }
+  if (!c->eval_only && p->shrink) { /* --shrink: passes/shrink.c */
+    fprintf(stderr, "duet: error: this program's layers are shrunk (compiled with --shrink): it evaluates a "
+                    "channels-pruned checkpoint and cannot train; give --eval-only --checkpoint CK\n");
+    return 1;
+  }
   if (c->keep_best && no_eval) {
     fprintf(stderr, "duet: error: --keep-best keeps the checkpoint of the best evaluation: it cannot go with "
                     "--no-eval\n");
@@ -2510,6 +2515,7 @@ static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const Du
     goto out;
   }
   if (!cfg->quiet) duet_quant_summary(p, stdout); /* int8 weights (--quantize): their bytes */
+  if (!cfg->quiet) duet_shrink_summary(p, stdout); /* --shrink: params before and after */
   if (duet_calibrate(s, p, cfg, cfg->quiet ? NULL : stdout, err, sizeof err)) { /* int8 activations (--calibrate) */
     fprintf(stderr, "duet: error: %s\n", err);
     goto out;
@@ -2569,6 +2575,8 @@ void duet_predict_usage(FILE *out) {
           "  --eval-batches N   language models: N fixed validation batches (default: the model's)\n"
           "  --logits           classifiers: each line also holds the logits\n"
           "  --threads N        CPU threads, 1 to 1024 (default: all cores)\n"
+          "  --prune-mode channels --prune S --shrink   a channels-pruned CK with its pruned channels\n"
+          "                     removed (docs/pruning-quantization.md)\n"
           "The program is compiled in fp32 for the model's batch; numbers are printed with 9 significant\n"
           "digits (a float round-trips).  A summary goes to standard error.\n");
 }

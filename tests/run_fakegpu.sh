@@ -142,6 +142,7 @@ prune)
   t gpu_prune sh tests/gpu/run_prune_gpu.sh "$DUET"
   t gpu_adamw8 sh tests/gpu/run_adamw8_gpu.sh "$DUET"
   t gpu_quantize sh tests/gpu/run_quantize_gpu.sh "$DUET"
+  t gpu_shrink sh tests/gpu/run_shrink_gpu.sh "$DUET"
   ;;
 pipeline)
   DUET_FAKE_GPUS=2 t gpu_pipeline_staged sh tests/gpu/run_pipeline_gpu.sh "$DUET"

@@ -108,6 +108,10 @@ static const char *run_quantize;
  * bit equal.  emu_no_dp4a: the emulated source is compiled with
  * DUET_NO_DP4A (the sm_60 path: four multiplies instead of __dp4a). */
 static bool run_calibrate, emu_no_dp4a;
+/* When > 0: run_case compiles the model with --prune-mode channels --prune
+ * run_shrink --shrink (passes/shrink.c: an evaluation program with smaller
+ * layers) and runs only the evaluation. */
+static double run_shrink;
 
 /* Whether kernel K writes its buffer b: a stored buffer (elementwise), or
  * its last one. */
@@ -732,7 +736,7 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
   char what[160], err[1024];
   snprintf(what, sizeof what, "%s (%s)", c->name, precision ? precision : dt == DT_F64 ? "f64" : "f32");
   FrontendOptions fo = {.float_dtype = dt, .decode = run_decode > 0, .batch = run_decode > 0 ? 1 : 0};
-  if (tmodel_open_quant(&t, c->name, c->src, &fo, precision ? precision : "fp32", run_quantize)) {
+  if (tmodel_open_opts(&t, c->name, c->src, &fo, precision ? precision : "fp32", run_quantize, run_shrink)) {
     fprintf(stderr, "FAIL %s: does not compile\n", what);
     return 1;
   }
@@ -881,7 +885,7 @@ static int run_case(const Case *c, DType dt, const char *precision, const char *
   int n_runs = strncmp(c->name, "adamw8", 6) ? 3 : 4; /* 8-bit state: a second step decodes the first's */
   for (int k = 0; k < n_runs && !fails && !run_decode; k++) {
     if (runs[k] == DUET_RUN_EVAL && p->n_eval == 0) continue;
-    if (run_quantize && runs[k] != DUET_RUN_EVAL) continue; /* int8 weights: evaluation only */
+    if ((run_quantize || run_shrink > 0) && runs[k] != DUET_RUN_EVAL) continue; /* evaluation programs */
     if (duet_session_run(t.s, runs[k]) || duet_session_run(es, runs[k])) {
       fprintf(stderr, "FAIL %s: run failed: cpu '%s', emulated '%s'\n", what, duet_session_error(t.s),
               duet_session_error(es));
@@ -1579,6 +1583,23 @@ int main(int argc, char **argv) {
       run_calibrate = false, tmodel_calibrate = 0, emu_no_dp4a = false;
       ran++;
     }
+  }
+  /* --shrink (channels pruning's zero channels removed): a convolution
+   * [4 -> 2 channels] through relu and flatten into x @ w (its rows in
+   * groups of 16), w [64 -> 32, 8 -> 4] with its bias and relu into
+   * x @ transpose(v) (v [5, 4]): the smaller GEMMs, im2col, permutes and
+   * elementwise kernels of an evaluation, f32 and fp16 */
+  if (argc == 1 || !strcmp(argv[1], "shrink")) {
+    const char *text = "model shrink\ninput x: f32[4, 18]\ninput y: i32[4]\nparam cw: [4, 2, 2, 2]\n"
+                       "param w: [64, 8]\nparam b: [8] = zeros\nparam v: [5, 8]\n"
+                       "c = conv2d(reshape(x, 4, 2, 3, 3), cw, padding = 1)\n"
+                       "loss = cross_entropy(relu(flatten(relu(c)) @ w + b) @ transpose(v), y)\n";
+    Case c = {"shrink", text, 5};
+    run_shrink = 0.5;
+    failed += run_case(&c, DT_F32, NULL, dir);
+    failed += run_case(&c, DT_F32, "fp16", dir);
+    run_shrink = 0;
+    ran += 2;
   }
   /* quantization-aware training (quantize { weights = int8  mode = qat }):
    * the fake_quantize kernels and the max_to maxima they read, forward,

@@ -28,7 +28,7 @@
  * tests/op_cases.h (every kernel kind, forward and backward) compile in f32,
  * f64, fp16 and bf16 for compute_75, and the recomputed graph of
  * tests/recompute/gpt_tiny_dropout.model in f32 for compute_75; fmnist_mlp
- * and fmnist_cnn with int8 weights (--quantize int8) in f32 (default run),
+ * and fmnist_cnn with int8 weights (--quantize int8) and shrunk by --shrink in f32 (default run),
  * fmnist_mlp with int8 activations too (--calibrate: the int8 GEMM, its
  * DP4A path from compute_61 on, the plain int loop for compute_60)
  * and fp16 (--half) for every architecture. */
@@ -275,6 +275,44 @@ static void test_quantized(const int *archs, int n_archs) {
     }
 }
 
+/* --shrink (passes/shrink.c): fmnist_mlp and fmnist_cnn with channels
+ * pruning to 0.5 and the pruned channels removed (linear1.w [784, 512],
+ * conv2.w [32, 32, 3, 3], ...), f32 and fp16, PTX for every architecture
+ * this NVRTC has of compute_60, 75, 80, 90. */
+static void test_shrunk(const int *archs, int n_archs) {
+  static const char *const models[2] = {DUET_SOURCE_DIR "/models/fmnist_mlp.model",
+                                        DUET_SOURCE_DIR "/models/fmnist_cnn.model"};
+  for (int m = 0; m < 2; m++)
+    for (int h = 0; h < 2; h++) {
+      if (half_mode != (h == 1) || (quick && (h || m))) continue;
+      Arena *a = arena_new(1 << 20);
+      CgProgram *cp = lower_model_opts(a, models[m], NULL, DT_F32, false, h ? "fp16" : "fp32", NULL, 0.5);
+      char what[1200];
+      snprintf(what, sizeof what, "%s (%s, --prune-mode channels --prune 0.5 --shrink)", models[m], h ? "fp16" : "f32");
+      if (!cp) {
+        fprintf(stderr, "FAIL %s: does not compile\n", what);
+        failures++;
+        arena_free(a);
+        continue;
+      }
+      if (!cp->prog.shrink) {
+        fprintf(stderr, "FAIL %s: nothing shrunk\n", what);
+        failures++;
+      }
+      int n_fns = 0;
+      char *src = codegen_emit_cuda(cp, a, NULL, &n_fns);
+      static const char *const want[] = {"-arch=compute_60", "-arch=compute_75", "-arch=compute_80",
+                                         "-arch=compute_90"};
+      static const int cc[] = {60, 75, 80, 90};
+      for (int i = 0; i < 4; i++) {
+        bool ok = false;
+        for (int j = 0; j < n_archs; j++) ok |= archs[j] == cc[i];
+        if (ok && (!quick || cc[i] == 75)) failures += compile_one(what, src, want[i], 0, n_fns, half2_need(cp));
+      }
+      arena_free(a);
+    }
+}
+
 static void test_dir(const char *dir, const int *archs, int n_archs) {
   char **names;
   int n = list_models(dir, &names);
@@ -328,6 +366,7 @@ int main(int argc, char **argv) {
     test_dir(DUET_SOURCE_DIR "/tests/models", archs, n);
     if (!large_mode && !half_mode) test_recompute();
     if (!large_mode) test_quantized(archs, n);
+    if (!large_mode) test_shrunk(archs, n);
     if (!large_mode) test_op_cases();
     if (half_mode && half2_cubins == 0) {
       fprintf(stderr, "FAIL no fp16 program with half2 arithmetic was compiled to a CUBIN\n");

@@ -18,8 +18,9 @@
  *    entry point per kernel); with attention, the f32 decoding program
  *    (duet sample) as a CUBIN; every op case of tests/op_cases.h (every
  *    kernel kind, forward and backward) in f32, f64 and fp16 as a CUBIN;
- *    fmnist_mlp with int8 weights (--quantize int8) in f32 and fp16, a
- *    CUBIN and PTX.
+ *    fmnist_mlp with int8 weights (--quantize int8) and fmnist_cnn shrunk
+ *    (--prune-mode channels --prune 0.5 --shrink) in f32 and fp16, a CUBIN
+ *    and PTX.
  *    Models of more than 400 kernels in f32 (GPT-2 small) are left to
  *    `--large`, which compiles only them, the same four ways.  Sanitizer
  *    builds compile fmnist_mlp only (and skip --large).
@@ -183,6 +184,30 @@ static void test_quantized(Run *r) {
     }
 }
 
+/* --shrink (channels pruning to 0.5, the pruned channels removed):
+ * fmnist_cnn in f32 and fp16, a CUBIN for sm_60 and PTX (only shapes
+ * change; its shrunk conv2 and linear layers, fmnist_mlp's are compiled
+ * for compute_60 by test_nvrtc). */
+static void test_shrunk(Run *r) {
+  for (int h = 0; h < 2; h++) {
+    Arena *a = arena_new(1 << 20);
+    const char *model = DUET_SOURCE_DIR "/models/fmnist_cnn.model";
+    CgProgram *cp = lower_model_opts(a, model, NULL, DT_F32, false, h ? "fp16" : "fp32", NULL, 0.5);
+    char what[1200];
+    snprintf(what, sizeof what, "%s (%s, --prune-mode channels --prune 0.5 --shrink)", model, h ? "fp16" : "f32");
+    if (!cp || !cp->prog.shrink) {
+      fprintf(stderr, "FAIL %s: %s\n", what, cp ? "nothing shrunk" : "does not compile");
+      r->failures++;
+    } else {
+      int n_fns = 0;
+      char *src = codegen_emit_cuda(cp, a, NULL, &n_fns);
+      compile_one(r, what, src, 1, n_fns);
+      compile_one(r, what, src, 0, n_fns);
+    }
+    arena_free(a);
+  }
+}
+
 static void test_dir(Run *r, const char *dir) {
   char **names;
   int n = list_models(dir, &names);
@@ -318,6 +343,7 @@ int main(int argc, char **argv) {
     test_dir(&r, DUET_SOURCE_DIR "/tests/models");
     if (!r.large) test_op_cases(&r);
     if (!r.large) test_quantized(&r);
+    if (!r.large) test_shrunk(&r);
   }
   printf("NVRTC %d.%d: %d compiles for sm_60 in %.1f s (%.1f s CPU; %.1f s in all)\n", vma, vmi, r.compiles,
          r.seconds, r.cpu, now() - t0);

@@ -27,6 +27,19 @@ int64_t tmodel_calibrate;
 
 int tmodel_open_quant(TModel *t, const char *name, const char *text, const FrontendOptions *fo_in,
                       const char *precision, const char *quantize) {
+  return tmodel_open_opts(t, name, text, fo_in, precision, quantize, 0);
+}
+
+/* --prune-mode channels --prune S --shrink as PassCtx fields (S > 0), into *ps */
+static void shrink_ctx(PassCtx *pc, PruneSpec *ps, double shrink) {
+  if (!(shrink > 0)) return;
+  *ps = (PruneSpec){.mode = PRUNE_CHANNELS, .sparsity = shrink, .set = PRUNE_SET_MODE | PRUNE_SET_SPARSITY};
+  pc->prune = ps;
+  pc->shrink = true;
+}
+
+int tmodel_open_opts(TModel *t, const char *name, const char *text, const FrontendOptions *fo_in,
+                     const char *precision, const char *quantize, double shrink) {
   FrontendOptions fo = *fo_in;
   memset(t, 0, sizeof *t);
   t->arena = arena_new(1 << 16); /* small chunks: exercises the arena's growth */
@@ -39,6 +52,8 @@ int tmodel_open_quant(TModel *t, const char *name, const char *text, const Front
   if (!t->g) return 1;
   PassCtx pc = {.diag = &t->diag, .verify = true, .precision = precision, .quantize = quantize,
                 .calibrate = quantize ? tmodel_calibrate : 0};
+  PruneSpec ps;
+  shrink_ctx(&pc, &ps, shrink);
   if (passes_run(t->g, &pc)) return 1;
   t->cp = codegen_lower(t->g, t->arena);
   char *csrc = codegen_emit_c(t->cp, t->arena);
@@ -432,6 +447,11 @@ CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, b
 
 CgProgram *lower_model_quant(Arena *a, const char *path, const char *text, DType dt, bool decode,
                              const char *precision, const char *quantize) {
+  return lower_model_opts(a, path, text, dt, decode, precision, quantize, 0);
+}
+
+CgProgram *lower_model_opts(Arena *a, const char *path, const char *text, DType dt, bool decode,
+                            const char *precision, const char *quantize, double shrink) {
   Diag d = {.out = stderr};
   Source *src;
   if (text) {
@@ -449,6 +469,8 @@ CgProgram *lower_model_quant(Arena *a, const char *path, const char *text, DType
   if (!g) return NULL;
   PassCtx pc = {.diag = &d, .verify = true, .precision = precision, .quantize = quantize,
                 .calibrate = quantize ? tmodel_calibrate : 0};
+  PruneSpec ps;
+  shrink_ctx(&pc, &ps, shrink);
   if (passes_run(g, &pc)) return NULL;
   return codegen_lower(g, a);
 }

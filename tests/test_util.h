@@ -34,6 +34,10 @@ int tmodel_open_prec(TModel *t, const char *name, const char *text, const Fronte
 /* tmodel_open_prec with --quantize `quantize` (passes/quantize.c; NULL: none). */
 int tmodel_open_quant(TModel *t, const char *name, const char *text, const FrontendOptions *fo, const char *precision,
                       const char *quantize);
+/* tmodel_open_quant, and with shrink > 0 also --prune-mode channels --prune
+ * shrink --shrink (passes/shrink.c: an evaluation program). */
+int tmodel_open_opts(TModel *t, const char *name, const char *text, const FrontendOptions *fo, const char *precision,
+                     const char *quantize, double shrink);
 void tmodel_close(TModel *t);
 /* Tensor id of a value (-1 when it has no storage). */
 int tmodel_tensor(const TModel *t, const Value *v);
@@ -52,6 +56,10 @@ CgProgram *lower_model(Arena *a, const char *path, const char *text, DType dt, b
 extern int64_t tmodel_calibrate;
 CgProgram *lower_model_quant(Arena *a, const char *path, const char *text, DType dt, bool decode,
                              const char *precision, const char *quantize);
+/* lower_model_quant, and with shrink > 0 --prune-mode channels --prune
+ * shrink --shrink. */
+CgProgram *lower_model_opts(Arena *a, const char *path, const char *text, DType dt, bool decode,
+                            const char *precision, const char *quantize, double shrink);
 /* The names of the *.model files in `dir`, sorted, in a malloc'ed array of
  * malloc'ed strings (free each and the array); the count, or -1 when the
  * directory cannot be read. */

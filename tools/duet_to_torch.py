@@ -12,7 +12,9 @@ that follows, plus "__metadata__"), so neither the `safetensors` package
 nor torch is needed to read it.  Models, by the metadata's "model":
 
   fmnist_mlp  torch.nn.Sequential(Linear(784,1024), ReLU, Linear(1024,1024),
-              ReLU, Linear(1024,10)); duet's `linearK.w` is [in, out] (x @ w),
+              ReLU, Linear(1024,10)), the sizes taken from the weights (an
+              export with --shrink has fewer hidden units: Linear(784, 512),
+              ...); duet's `linearK.w` is [in, out] (x @ w),
               torch's Linear.weight is [out, in]: transposed; `linearK.b` the bias.
               Inputs: the Fashion-MNIST test images (--data DIR, default
               /usr/share/datasets/fashion-mnist), pixels / 255 in float32, the
@@ -84,7 +86,10 @@ def mlp_numpy(w, x):
 def mlp_torch(w, x):
     import torch
     import torch.nn as nn
-    model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    # the sizes from the weights: an export of a program shrunk by --shrink (channels pruning's zero
+    # channels removed) has fewer hidden units, e.g. Linear(784, 512)
+    model = nn.Sequential(nn.Linear(*w["linear1.w"].shape), nn.ReLU(), nn.Linear(*w["linear2.w"].shape), nn.ReLU(),
+                          nn.Linear(*w["linear3.w"].shape))
     state = {}
     for k, layer in ((1, 0), (2, 2), (3, 4)):
         state[f"{layer}.weight"] = torch.from_numpy(np.ascontiguousarray(w[f"linear{k}.w"].T))
