@@ -50,7 +50,8 @@ void duet_usage(const char *argv0, FILE *out) {
           "                     the run appends to them\n"
           "  --metrics-timing   step lines also carry the throughput since the previous line:\n"
           "                     \"samples_per_s\" (images) or \"tokens_per_s\" (text); wall-clock, so off\n"
-          "                     by default (the metrics of two runs compare byte for byte)\n"
+          "                     by default (the metrics of two runs compare byte for byte); with\n"
+          "                     --eval-only: eval_seconds, samples_per_s or batches_per_s, allocated_bytes\n"
           "  --log-every N      progress line every N steps\n"
           "  --eval-every N     text: validation loss every N steps\n"
           "  --eval-batches N   text: number of fixed validation batches\n"
@@ -2491,6 +2492,31 @@ int duet_evaluate(DuetSession *s, const DuetConfig *cfg, DuetEvalResult *res, ch
 
 /* --eval-only: the params of cfg->checkpoint_path evaluated as a training
  * run's final evaluation; the result printed (and written to --metrics). */
+/* --eval-only --metrics-timing: the evaluation's wall time (seconds, the
+ * forward passes and metric reductions of duet_evaluate; loading and
+ * calibration excluded), its rate (samples/s for classifiers, r->n samples;
+ * batches/s for text, r->batches fixed validation batches) and the bytes
+ * the session allocated on its devices (duet plan's totals; the f32
+ * program of a model is its training program, optimizer state included),
+ * added to the metrics line `o` as eval_seconds, samples_per_s |
+ * batches_per_s and allocated_bytes, and printed on `out` (NULL: not
+ * printed).  Off by default: wall-clock figures would keep two runs'
+ * metrics from comparing byte for byte.  bench/gpu_prune_quant.sh reads
+ * them. */
+static void eval_timing(const DuetSession *s, const DuetEvalResult *r, double sec, cJSON *o, FILE *out) {
+  int64_t b[DUET_MAX_DEVICES], bytes = 0;
+  int n = duet_session_allocated(s, b, DUET_MAX_DEVICES);
+  for (int i = 0; i < n; i++) bytes += b[i];
+  double count = r->text ? (double)r->batches : (double)r->n, rate = sec > 0 ? count / sec : 0;
+  const char *unit = r->text ? "batches" : "samples";
+  cJSON_AddNumberToObject(o, "eval_seconds", sec);
+  cJSON_AddNumberToObject(o, r->text ? "batches_per_s" : "samples_per_s", rate);
+  cJSON_AddNumberToObject(o, "allocated_bytes", (double)bytes);
+  if (out)
+    fprintf(out, "duet: evaluation: %.0f %s in %.4f s (%.1f %s/s); %" PRId64 " bytes allocated on the device%s\n",
+            count, unit, sec, rate, unit, bytes, n > 1 ? "s" : "");
+}
+
 static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const DuetConfig *cfg, int ranks) {
   char err[2048];
   int64_t step;
@@ -2520,10 +2546,12 @@ static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const Du
     fprintf(stderr, "duet: error: %s\n", err);
     goto out;
   }
+  double t0 = now_seconds();
   if (duet_evaluate(s, cfg, &r, err, sizeof err)) {
     fprintf(stderr, "duet: error: evaluation: %s\n", err);
     goto out;
   }
+  double eval_s = now_seconds() - t0;
   if (cfg->metrics_path && !(mf = fopen(cfg->metrics_path, "w"))) {
     fprintf(stderr, "duet: error: cannot write metrics file %s: %s\n", cfg->metrics_path, strerror(errno));
     goto out;
@@ -2542,6 +2570,7 @@ static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const Du
     cJSON_AddNumberToObject(o, "test_loss", r.loss);
   }
   cJSON_AddTrueToObject(o, "eval_only");
+  if (cfg->metrics_timing) eval_timing(s, &r, eval_s, o, cfg->quiet ? NULL : stdout);
   if (mf ? metrics_write(mf, o) : (cJSON_Delete(o), 0)) goto out;
   rc = 0;
 out:

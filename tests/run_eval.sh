@@ -11,7 +11,10 @@
 #      model, one whose tensor has another shape (the tensor named);
 #      --steps, --epochs and --offload given with --eval-only (they were
 #      ignored), in duet run and in a compiled executable; an executable
-#      compiled with --offload optimizer (its default, not given) evaluates.
+#      compiled with --offload optimizer (its default, not given) evaluates;
+#   4. --metrics-timing adds eval_seconds, samples_per_s (batches_per_s for
+#      text) and allocated_bytes (== the training run's allocation of the
+#      same program; smaller with --quantize int8) and changes no number.
 # usage: run_eval.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_eval.sh path/to/duet}
 d=${TMPDIR:-/tmp}/duet-eval.$$
@@ -100,5 +103,29 @@ nothing: it takes no --steps; to train, compile without --checkpoint" ] && ok ex
 out=$("$d/exe" --eval-only 2>&1)
 [ "$out" = "duet: error: --eval-only needs --checkpoint CK (a checkpoint written by --save)" ] &&
   ok executable_no_checkpoint || { bad executable_no_checkpoint; echo "$out"; }
+# 4. --metrics-timing: the evaluation's time, rate and device bytes join the
+# metrics line without changing its numbers; the bytes are the training
+# run's allocation (the same program, duet plan's totals), int8 weights
+# allocate less (no optimizer state, 1-byte weights); a text model gives
+# batches per second
+alloc=$("$DUET" run $M --train-subset 2560 --test-subset 1000 --threads 1 --steps 1 --no-eval 2>/dev/null |
+  sed -n 's/^duet: allocated: \([0-9]*\) bytes.*/\1/p')
+"$DUET" run $M $F --eval-only --checkpoint "$d/ck.st" --metrics-timing --metrics "$d/et.jsonl" > /dev/null &&
+"$DUET" run $M $F --eval-only --checkpoint "$d/ck.st" --quantize int8 --metrics-timing --metrics "$d/et8.jsonl" > /dev/null &&
+"$DUET" run $G --threads 1 --quiet --eval-only --checkpoint "$d/g.st" --metrics-timing --metrics "$d/gt.jsonl" > /dev/null ||
+  bad metrics_timing_runs
+num() { sed -n "s/.*\"$2\":\([0-9.e+-]*\).*/\1/p" "$1"; }
+[ "$(last_eval "$d/et.jsonl" test_accuracy | sed 's/,"eval_seconds".*/}/')" = "$(last_eval "$d/eval.jsonl" test_accuracy)" ] &&
+  ok timing_same_numbers || { bad timing_same_numbers; cat "$d/et.jsonl" "$d/eval.jsonl"; }
+awk -v s="$(num "$d/et.jsonl" eval_seconds)" -v r="$(num "$d/et.jsonl" samples_per_s)" 'BEGIN {
+  d = s * r - 1000; exit !(s > 0 && d < 1e-6 * 1000 && d > -1e-6 * 1000) }' &&
+  ok timing_rate_is_samples_over_seconds || { bad timing_rate_is_samples_over_seconds; cat "$d/et.jsonl"; }
+a32=$(num "$d/et.jsonl" allocated_bytes) a8=$(num "$d/et8.jsonl" allocated_bytes)
+[ -n "$alloc" ] && [ "$a32" = "$alloc" ] && ok timing_bytes_as_training ||
+  { bad "timing_bytes_as_training: eval $a32, training allocated $alloc"; }
+[ -n "$a8" ] && [ "$a8" -gt 0 ] && [ "$a8" -lt "$a32" ] && ok timing_int8_allocates_less ||
+  bad "timing_int8_allocates_less: int8 $a8, f32 $a32"
+grep -q '"batches_per_s":[0-9]' "$d/gt.jsonl" && ok timing_text_batches || { bad timing_text_batches; cat "$d/gt.jsonl"; }
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

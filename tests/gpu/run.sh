@@ -13,7 +13,8 @@
 # GPUs NCCL's all-reduce bus bandwidth, 2(N-1)/N x bytes / time, and
 # gpt_kjv on cuda:0,cuda:1 with the overlap of its all-reduces achieved;
 # one GPU as two replicas), runs the GPU benchmark
-# (bench/gpu_gpt2.sh: duet vs PyTorch on GPT-2 small) and writes
+# (bench/gpu_gpt2.sh: duet vs PyTorch on GPT-2 small; bench/gpu_prune_quant.sh:
+# evaluation time and device bytes with pruning, --shrink and int8) and writes
 # OUTDIR/report.md (default build/gpu-report/) with every log next to it.
 # What needs two (or three) GPUs is skipped on a machine with fewer.
 #
@@ -157,6 +158,10 @@ if [ "${BENCH:-1}" != 0 ] && part bench; then
   sh bench/gpu_gpt2.sh "$BUILD" "$OUT" > "$OUT/bench.log" 2>&1 || status=1
   say ""; say "## Benchmark (bench/gpu_gpt2.sh)"; say ""; say '```'
   sed -n '/^gpt2_124m training/,$p' "$OUT/bench.log" | while IFS= read -r l; do say "$l"; done
+  say '```'
+  FMNIST_DIR=$FMNIST_DIR sh bench/gpu_prune_quant.sh "$BUILD" "$OUT" > "$OUT/bench_pq.log" 2>&1 || status=1
+  say ""; say "## Pruning and int8 at evaluation (bench/gpu_prune_quant.sh)"; say ""; say '```'
+  while IFS= read -r l; do say "$l"; done < "$OUT/bench_pq.log"
   say '```'
 fi
 say ""; say "status: $([ $status = 0 ] && echo ok || echo FAILED; true)"
