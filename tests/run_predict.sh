@@ -50,6 +50,10 @@ G=tests/models/gpt_tiny.model
   bad text_eval_only
 "$DUET" run $G --threads 1 --eval-only --checkpoint "$d/g.st" > "$d/geval.out" 2>&1 || bad text_eval_only
 "$DUET" predict $G --checkpoint "$d/g.st" --threads 1 -o "$d/g.jsonl" 2> "$d/g.err" || bad text_predict_runs
+"$DUET" predict $G --checkpoint "$d/g.st" --threads 1 --test-subset 5 -o "$d/g5.jsonl" 2> "$d/g5.err" &&
+  grep -Fxq "duet: warning: --test-subset applies to image data sets; a language model's predictions cover its \
+--eval-batches N fixed validation batches" "$d/g5.err" && cmp -s "$d/g.jsonl" "$d/g5.jsonl" &&
+  ok text_predict_test_subset_warns || { bad text_predict_test_subset_warns; cat "$d/g5.err"; }
 eu=$(sed -n 's/^duet: .*: val loss [0-9.]* nats\/\([a-z]*\) .*/\1/p' "$d/geval.out")
 grep -q "^duet: predicted 16 windows of 16 bytes of $d/g.st (step 4); mean loss [0-9.]* nats/byte$" "$d/g.err" &&
   [ "$eu" = byte ] && ok "predict_unit_as_eval_only (nats/$eu)" || { bad predict_unit_as_eval_only; cat "$d/g.err" "$d/geval.out"; }
