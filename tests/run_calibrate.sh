@@ -4,7 +4,17 @@
 #
 #   - exact one-line errors: --calibrate without --quantize, N <= 0, not a
 #     number, no value, with a training run, more batches than the
-#     training split holds;
+#     training split holds, or than --train-subset K holds; a model whose
+#     data is not Fashion-MNIST images (gpt_kjv) refused by duet compile
+#     (no executable written) and duet run; duet compile without
+#     --quantize; a compiled executable given another N (fixed at compile
+#     time);
+#   - --help of compile, emit, check, plan and ir lists --calibrate (plan:
+#     --quantize too); duet check --calibrate prints the --quantize int8
+#     summary (scales are not parameters) and the activation scales' line;
+#   - the printed scales of --data-parallel 2 and of cpu:0,cpu:1 with 4
+#     micro-batches equal the one-device run's (N batches of the model's
+#     batch), and so do those of the compiled executable;
 #   - duet ir --after quantize --calibrate 4 (fmnist_mlp, and a model
 #     whose logits are x @ transpose(v)): matmul_i8, the act_scale params,
 #     the logits line; the dump parses back to the same text;
