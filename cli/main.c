@@ -167,8 +167,9 @@ static int strip_prune_flags(int argc, char **argv) {
   return k;
 }
 
-/* Checks --precision and --arch against the device table; 1 after a message. */
-static int check_precision_flags(void) {
+/* Checks --precision and --arch against the device table (and the other
+ * flags strip_precision_flags took) for command cmd; 1 after a message. */
+static int check_precision_flags(const char *cmd) {
   PrecisionChoice pc;
   char err[256];
   if (opt_gemm_acc && strcmp(opt_gemm_acc, "fp32") && strcmp(opt_gemm_acc, "fp16")) {
@@ -196,9 +197,11 @@ static int check_precision_flags(void) {
               opt_calibrate);
       return 1;
     }
-    if (quantize_mode_parse(opt_quantize) <= 0) {
+    if (quantize_mode_parse(opt_quantize) <= 0) { /* what follows --quantize: the command's own words */
       fprintf(stderr, "duet: error: --calibrate %s quantizes the activations of an int8 program: give it with "
-                      "--quantize int8 (or int8-tensor) and --eval-only --checkpoint CK\n", opt_calibrate);
+                      "--quantize int8 (or int8-tensor)%s\n", opt_calibrate,
+              !strcmp(cmd, "run") ? " and --eval-only --checkpoint CK"
+              : !strcmp(cmd, "compile") ? "; the executable then evaluates: EXE --eval-only --checkpoint CK" : "");
       return 1;
     }
     opt_calibrate_n = nb;
@@ -1027,7 +1030,7 @@ static int cmd_compile(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet compile M.model -o EXE [--batch N] [--devices SPEC] [--micro-batches M]\n"
              "                    [--data-parallel N] [--bucket-mb X] [--zero 0|1] [--clip-grad-norm X]\n"
-             "                    [--quantize int8|int8-tensor] [--checkpoint CK]\n"
+             "                    [--quantize int8|int8-tensor] [--calibrate N] [--checkpoint CK]\n"
              "Writes a standalone training executable (generated C compiled and linked\n"
              "against the duet runtime).  EXE takes the run-time flags of `duet run`\n"
              "(--steps, --lr, --lr-schedule, --warmup, --min-lr, --seed, --data, --save, ...);\n"
@@ -1039,7 +1042,8 @@ static int cmd_compile(int argc, char **argv) {
              "the partition's cost model), --precision auto|fp32|fp16|bf16, the --prune flags,\n"
              "--recompute none|blocks|auto, --offload none|optimizer (the executable's default; its\n"
              "--offload none turns it off), --quantize int8|int8-tensor (an evaluation executable\n"
-             "with int8 weights: EXE --eval-only --checkpoint CK).\n"
+             "with int8 weights: EXE --eval-only --checkpoint CK), --calibrate N with --quantize (int8\n"
+             "activations too, calibrated on N training batches of Fashion-MNIST images when EXE runs).\n"
              "--checkpoint CK embeds CK's weights in EXE (int8 with --quantize, quantized now; f32\n"
              "without): EXE is an evaluation executable that evaluates them when run (`./EXE`;\n"
              "--checkpoint CK2 evaluates CK2 instead), trains nothing, and refuses the flags that\n"
@@ -1224,7 +1228,8 @@ static int cmd_ir(int argc, char **argv) {
              "`duet ir M.model --format dot | dot -Tsvg > g.svg`), json.  Also: --schedule gpipe|1f1b,\n"
              "--precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90 (the device precision assumes),\n"
              "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`),\n"
-             "--quantize int8|int8-tensor (int8 weights: `duet ir M.model --after quantize --quantize int8`).\n"
+             "--quantize int8|int8-tensor (int8 weights: `duet ir M.model --after quantize --quantize int8`),\n"
+             "--calibrate N with --quantize (int8 activations: matmul_i8 and the NAME.act_scale params).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n"
              "Passes, in order:\n");
@@ -1646,6 +1651,8 @@ static int cmd_plan(int argc, char **argv) {
              "Exits 1 when the model does not fit.  DUET_CPU_GFLOPS sets the CPU rate per core.\n"
              "--recompute blocks|auto: the activations with recomputation (auto: only as much as each\n"
              "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n"
+             "--quantize int8|int8-tensor: the evaluation program (int8 weights and their f32 scales);\n"
+             "--calibrate N with it: int8 activations too (one f32 scale per int8 GEMM).\n"
              "--offload optimizer: the optimizer state and the f32 master weights on a host row instead of\n"
              "the devices' (the update on the CPU; the gradients and params copied each step).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
@@ -1772,7 +1779,8 @@ static int cmd_emit(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       printf("usage: duet emit M.model [--target c|cuda]\nPrints the generated kernel source: C (the CPU backend) or CUDA C (NVRTC).\n"
              "Also: --precision auto|fp32|fp16|bf16, --data-parallel N, --bucket-mb X and --zero 0|1 (the\n"
-             "kernels of one replica), --recompute none|blocks|auto, --quantize int8|int8-tensor.\n"
+             "kernels of one replica), --recompute none|blocks|auto, --quantize int8|int8-tensor,\n"
+             "--calibrate N with --quantize (int8 activations: the int8 GEMM kernels).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n");
       return 0;
@@ -2024,13 +2032,21 @@ static void print_layer_tree(const Graph *g, LayerNode *nodes, const int *list, 
   }
 }
 
-/* Whether param p is the f32 scales of int8 weights (--quantize: the
- * second operand of a dequantize op): not one of the model's parameters. */
-static bool is_quant_scale(const Graph *g, const Value *p) {
-  for (int i = 0; i < g->n_values; i++)
-    if (g->values[i]->op == OP_DEQUANTIZE && g->values[i]->in[1] == p) return true;
-  return false;
+/* What param p is to --quantize (passes/quantize.c): 1 the f32 scales of
+ * int8 weights (a dequantize op's second operand, a matmul_i8's third), 2
+ * an activation scale (--calibrate: a matmul_i8's fourth), 0 neither.
+ * Scales are not among the model's parameters. */
+static int quant_scale_role(const Graph *g, const Value *p) {
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if (v->op == OP_DEQUANTIZE && v->in[1] == p) return 1;
+    if (v->op == OP_MATMUL_I8 && v->in[2] == p) return 1;
+    if (v->op == OP_MATMUL_I8 && v->in[3] == p) return 2;
+  }
+  return 0;
 }
+
+static bool is_quant_scale(const Graph *g, const Value *p) { return quant_scale_role(g, p) != 0; }
 
 static void print_layers(const Graph *g) {
   int L = g->n_layers;
@@ -2148,17 +2164,31 @@ static void print_optim_summary(const Graph *g) {
  * op), in the words and numbers of the line an int8 evaluation prints
  * (runtime/quant.c, duet_quant_summary). */
 static void print_quant_summary(const Graph *g) {
-  int64_t n = 0, q = 0, sc = 0;
-  for (int i = 0; i < g->n_values; i++) {
+  int64_t n = 0, q = 0, sc = 0, na = 0, sa = 0;
+  for (int i = 0; i < g->n_values; i++) { /* each scale once: its weight's bytes with it */
     const Value *v = g->values[i];
-    if (v->op != OP_DEQUANTIZE) continue;
-    n++;
-    q += shape_numel(&v->in[0]->shape) * (int64_t)dtype_size(v->in[0]->dtype);
-    sc += shape_numel(&v->in[1]->shape) * (int64_t)dtype_size(v->in[1]->dtype);
+    if (v->op != OP_PARAM) continue;
+    int role = quant_scale_role(g, v);
+    int64_t nb = shape_numel(&v->shape) * (int64_t)dtype_size(v->dtype);
+    if (role == 2) na++, sa += nb;
+    if (role != 1) continue;
+    for (int j = 0; j < g->n_values; j++) { /* the int8 weights the scale goes with */
+      const Value *u = g->values[j];
+      if ((u->op == OP_DEQUANTIZE && u->in[1] == v) || (u->op == OP_MATMUL_I8 && u->in[2] == v)) {
+        n++;
+        q += shape_numel(&u->in[u->op == OP_DEQUANTIZE ? 0 : 1]->shape) *
+             (int64_t)dtype_size(u->in[u->op == OP_DEQUANTIZE ? 0 : 1]->dtype);
+        break;
+      }
+    }
+    sc += nb;
   }
   if (n)
     printf("int8 weights: %" PRId64 " tensors, %" PRId64 " bytes and %" PRId64 " bytes of f32 scales (%" PRId64
            " bytes in f32)\n", n, q, sc, 4 * q);
+  if (na) /* --calibrate: one f32 scale per int8 GEMM, calibrated before the evaluation */
+    printf("int8 activations: %" PRId64 " int8 GEMMs, %" PRId64 " bytes of f32 activation scales (calibrated on "
+           "%" PRId64 " training batches)\n", na, sa, g->calibrate);
 }
 
 static int cmd_check(int argc, char **argv) {
@@ -2175,7 +2205,8 @@ static int cmd_check(int argc, char **argv) {
            "Also: --precision auto|fp32|fp16|bf16, --arch cpu|sm_60|...|sm_90, --recompute none|blocks|auto,\n"
            "--optimizer-state int8|f32 (int8: a line with the bytes of the 8-bit AdamW state),\n"
            "--quantize int8|int8-tensor (the evaluation program's int8 weights and f32 scales, and a line\n"
-           "with their bytes).\n"
+           "with their bytes), --calibrate N with --quantize (int8 activations: a line with the bytes\n"
+           "of their f32 scales, which are not counted as parameters, as the weights' scales).\n"
            "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
            "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n");
     return args_ok || (argc == 1 && wants_help(argc, argv)) ? 0 : 1;
@@ -2195,9 +2226,9 @@ static int cmd_check(int argc, char **argv) {
   bool mixed = false, any = false, int8 = false;
   for (int i = 0; !rc && i < c.g->n_values; i++) {
     const Value *v = c.g->values[i];
-    if (v->op == OP_DEQUANTIZE) int8 = true; /* --quantize: int8 weights, f32 scales (not parameters) */
-    if (v->op == OP_DEQUANTIZE) total -= shape_numel(&v->in[1]->shape);
+    if (v->op == OP_DEQUANTIZE || v->op == OP_MATMUL_I8) int8 = true; /* --quantize: int8 weights */
     if (v->op != OP_PARAM) continue;
+    if (is_quant_scale(c.g, v)) total -= shape_numel(&v->shape); /* f32 scales (not parameters) */
     int64_t n = shape_numel(&v->shape), nb = n * (int64_t)dtype_size(v->dtype);
     if (nb > INT64_MAX - bytes) {
       diag_error(&c.diag, v->loc, "the parameters up to `%s` are too large: their size in bytes overflows 64 bits",
@@ -2303,7 +2334,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "run") || !strcmp(cmd, "compile") || !strcmp(cmd, "ir") || !strcmp(cmd, "emit") ||
       !strcmp(cmd, "check") || !strcmp(cmd, "plan")) {
     int n = strip_precision_flags(argc - 2, argv + 2);
-    if (n < 0 || check_precision_flags()) return 1;
+    if (n < 0 || check_precision_flags(cmd)) return 1;
     if ((n = strip_prune_flags(n, argv + 2)) < 0) return 1;
     argc = n + 2;
     if (!strcmp(cmd, "run") && quantize_train_refused(argc - 2, argv + 2)) return 1;

@@ -56,6 +56,12 @@ void pass_quantize(Graph *g, PassCtx *cx) {
     diag_error_noloc(g->diag, "unknown --quantize '%s'; modes are int8 (one scale per output channel), int8-tensor "
                      "(one scale per tensor) and none", cx->quantize);
   if (mode == QUANT_NONE) return;
+  DataKind dk = g->train.data;
+  if (cx->calibrate > 0 && dk != DATA_FASHION_MNIST && dk != DATA_NONE) /* runtime/calibrate.c reads images */
+    diag_error_noloc(g->diag, "--calibrate %" PRId64 " calibrates int8 activations on Fashion-MNIST training images, "
+                     "and this model's data is %s(\"%s\"): drop --calibrate (--quantize %s alone gives int8 weights)",
+                     cx->calibrate, dk == DATA_TEXT ? "text" : dk == DATA_TOKENS ? "tokens" : "npy",
+                     g->train.data_path ? g->train.data_path : "", cx->quantize);
   Arena *a = g->arena;
   int n = g->n_values;
   Value **old = arena_alloc(a, ((size_t)n + 1) * sizeof *old);

@@ -47,8 +47,12 @@ int duet_calibrate(DuetSession *s, const DuetProgram *p, const DuetConfig *cfg, 
                           "or inputs are of another kind");
     return -1;
   }
+  /* N batches of the model's batch (defaults.batch) whatever the layout:
+   * a pipelined or data-parallel program's input tensors hold one
+   * micro-batch, and the session takes the whole batch (as duet_evaluate) */
   const DuetTensor *xt = &p->tensors[p->input_x];
-  int64_t B = xt->shape[0], px = xt->nbytes / 4 / (B > 0 ? B : 1);
+  int64_t B = p->defaults.batch > 0 ? p->defaults.batch : xt->shape[0],
+          px = xt->nbytes / 4 / (xt->shape[0] > 0 ? xt->shape[0] : 1);
   DuetDataset ds = {0};
   char ip[4096], lp[4096];
   snprintf(ip, sizeof ip, "%s/train-images-idx3-ubyte.gz", cfg->data_path);
@@ -60,7 +64,13 @@ int duet_calibrate(DuetSession *s, const DuetProgram *p, const DuetConfig *cfg, 
              ds.rows * ds.cols, px);
     goto out;
   }
-  if (N > ds.n / B) {
+  if (cfg->train_subset > 0 && cfg->train_subset < ds.n) { /* --train-subset K: the first K images only */
+    if (N > cfg->train_subset / B) {
+      snprintf(err, errlen, "--calibrate %" PRId64 ": the training subset (--train-subset %" PRId64 ") holds %"
+               PRId64 " whole batches of %" PRId64 " images", N, cfg->train_subset, cfg->train_subset / B, B);
+      goto out;
+    }
+  } else if (N > ds.n / B) {
     snprintf(err, errlen, "--calibrate %" PRId64 ": the training split holds %" PRId64 " whole batches of %" PRId64
              " images", N, ds.n / B, B);
     goto out;

@@ -179,7 +179,8 @@ static int parse_f64(const char *flag, const char *s, double lo, double *out) {
 static const char *const fixed_flags[] = {"--precision", "--gemm-accumulate", "--batch", "--micro-batches",
                                           "--data-parallel", "--bucket-mb", "--prune", "--prune-mode",
                                           "--prune-start", "--prune-end", "--prune-every", "--prune-initial",
-                                          "--prune-params", "--zero", "--optimizer-state", "--recompute"};
+                                          "--prune-params", "--zero", "--optimizer-state", "--recompute",
+                                          "--calibrate"};
 enum { N_FIXED = sizeof fixed_flags / sizeof *fixed_flags };
 
 /* The compiled value of fixed flag k of p into buf, as the flag is
@@ -218,6 +219,10 @@ static const char *fixed_value(const DuetProgram *p, int k, char *buf, size_t n,
     snprintf(buf, n, "%s", q8 ? "int8" : "f32");
     break;
   }
+  case 16: /* --calibrate N: int8 activations (runtime/calibrate.c) */
+    if (p->defaults.calibrate > 0) *num = (double)p->defaults.calibrate;
+    else snprintf(buf, n, "none (no int8 activations)");
+    break;
   case 15: /* the recomputation is in the compiled kernels' schedule; the program does not name it */
     snprintf(buf, n, "as compiled (the program does not record the mode)");
     break;
@@ -258,6 +263,7 @@ void duet_usage_fixed(const DuetProgram *p, FILE *out) {
     double num;
     if (k == 5 && !(p->n_stages >= 1 && p->replicas > 1)) continue;
     if (k >= 7 && k <= 12 && !p->prune) continue;
+    if (k == 16 && p->defaults.calibrate <= 0) continue;
     fprintf(out, "  %-18s %s\n", fixed_flags[k], fixed_value(p, k, cv, sizeof cv, &num));
   }
   fprintf(out, "--lr-schedule, --warmup and --min-lr are run-time flags; --clip-grad-norm %s.\n",

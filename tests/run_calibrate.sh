@@ -4,7 +4,17 @@
 #
 #   - exact one-line errors: --calibrate without --quantize, N <= 0, not a
 #     number, no value, with a training run, more batches than the
-#     training split holds;
+#     training split holds, or than --train-subset K holds; a model whose
+#     data is not Fashion-MNIST images (gpt_kjv) refused by duet compile
+#     (no executable written) and duet run; duet compile without
+#     --quantize; a compiled executable given another N (fixed at compile
+#     time);
+#   - --help of compile, emit, check, plan and ir lists --calibrate (plan:
+#     --quantize too); duet check --calibrate prints the --quantize int8
+#     summary (scales are not parameters) and the activation scales' line;
+#   - the printed scales of --data-parallel 2 and of cpu:0,cpu:1 with 4
+#     micro-batches equal the one-device run's (N batches of the model's
+#     batch), and so do those of the compiled executable;
 #   - duet ir --after quantize --calibrate 4 (fmnist_mlp, and a model
 #     whose logits are x @ transpose(v)): matmul_i8, the act_scale params,
 #     the logits line; the dump parses back to the same text;
@@ -52,6 +62,41 @@ err "--calibrate without a value" "duet: error: --calibrate needs a value (a num
 err "--calibrate with a training run" "duet: error: --quantize int8 evaluates a trained checkpoint with int8 weights and cannot train: train and save first (duet run M.model --save CK), then evaluate with duet run M.model --eval-only --checkpoint CK --quantize int8" \
   $M --quantize int8 --calibrate 4
 
+# errc NAME WANT CMD ARGS...: duet CMD fails with exactly the line WANT on stderr
+errc() {
+  name=$1 want=$2; shift 2
+  if "$DUET" "$@" > "$d/err.out" 2> "$d/err.txt"; then bad "$name: exit status 0"; return; fi
+  if [ "$(cat "$d/err.txt")" = "$want" ]; then ok "$name"; else bad "$name: got '$(cat "$d/err.txt")', want '$want'"; fi
+}
+# a model whose data is not Fashion-MNIST images: refused by the quantize
+# pass, before any kernel is compiled (no executable that cannot run)
+KJV="duet: error: --calibrate 2 calibrates int8 activations on Fashion-MNIST training images, and this model's data is text(\"data/kjv.txt\"): drop --calibrate (--quantize int8 alone gives int8 weights)"
+errc "compile gpt_kjv --calibrate: refused" "$KJV" compile models/gpt_kjv.model --quantize int8 --calibrate 2 -o "$d/kjv"
+[ -e "$d/kjv" ] && bad "compile gpt_kjv --calibrate: wrote an executable"
+errc "run gpt_kjv --calibrate: refused" "$KJV" run models/gpt_kjv.model --eval-only --checkpoint "$d/ck.st" --quantize int8 --calibrate 2
+errc "compile --calibrate without --quantize" "duet: error: --calibrate 4 quantizes the activations of an int8 program: give it with --quantize int8 (or int8-tensor); the executable then evaluates: EXE --eval-only --checkpoint CK" \
+  compile $M --calibrate 4 -o "$d/x"
+# --help of the commands that take --calibrate lists it (plan: --quantize too)
+for c in compile emit check plan ir; do
+  if "$DUET" $c --help 2>&1 | grep -q -- '--calibrate N' && { [ $c != plan ] || "$DUET" plan --help | grep -q -- '--quantize int8'; }; then
+    ok "duet $c --help lists --calibrate"
+  else bad "duet $c --help lists --calibrate"; fi
+done
+# duet check: the summary of --quantize int8 (scales are not parameters)
+# and a line for the activation scales (one f32 each)
+"$DUET" check $M --quantize int8 > "$d/c8.txt" 2>&1
+"$DUET" check $M --quantize int8 --calibrate 4 > "$d/c88.txt" 2>&1
+if grep -q '^models/fmnist_mlp.model: ok, 1863690 parameters, 1878096 bytes' "$d/c8.txt" &&
+   grep -q '^models/fmnist_mlp.model: ok, 1863690 parameters, 1878108 bytes (1.8 MiB): int8 weights' "$d/c88.txt" &&
+   [ "$(grep '^int8 weights:' "$d/c8.txt")" = "$(grep '^int8 weights:' "$d/c88.txt")" ] &&
+   grep -qx 'int8 weights: 3 tensors, 1861632 bytes and 8232 bytes of f32 scales (7446528 bytes in f32)' "$d/c88.txt" &&
+   grep -qx 'int8 activations: 3 int8 GEMMs, 12 bytes of f32 activation scales (calibrated on 4 training batches)' "$d/c88.txt" &&
+   [ "$(sed -n '/^layer/,/^$/p' "$d/c8.txt")" = "$(sed -n '/^layer/,/^$/p' "$d/c88.txt")" ]; then
+  ok "duet check --calibrate: the --quantize int8 summary, parameters and layer counts, and the activation scales' line"
+else
+  bad "duet check --calibrate"; diff "$d/c8.txt" "$d/c88.txt"
+fi
+
 # the IR after quantize with --calibrate: matmul_i8 and the act_scale params,
 # the classifier's logits kept (a matmul_i8's output), and the dump parses back
 # to the same text (x @ w here; x @ transpose(v) below)
@@ -79,6 +124,28 @@ acc() {
 acc w8 --quantize int8
 acc w8a8 --quantize int8 --calibrate 4
 grep "activation scales" "$d/w8a8.out"
+# N batches of the model's batch whatever the layout: the scales of two
+# data-parallel replicas and of a two-stage pipeline of 4 micro-batches are
+# the one-device run's, bit for bit (the printed %.9g round-trips a float)
+scales() { grep "activation scales" "$d/$1.out"; }
+acc w8a8_dp --quantize int8 --calibrate 4 --data-parallel 2
+acc w8a8_pp --quantize int8 --calibrate 4 --devices cpu:0,cpu:1 --micro-batches 4
+for v in dp pp; do
+  if [ -n "$(scales w8a8)" ] && [ "$(scales w8a8)" = "$(scales w8a8_$v)" ]; then ok "--calibrate 4 scales ($v) = one device's"
+  else bad "--calibrate 4 scales ($v): '$(scales w8a8_$v)', one device: '$(scales w8a8)'"; fi
+done
+# --train-subset K: calibration reads the first K images only
+err "--calibrate 4 with --train-subset 512" "duet: error: --calibrate 4: the training subset (--train-subset 512) holds 2 whole batches of 256 images" \
+  $M $T --eval-only --checkpoint "$d/ck.st" --quantize int8 --calibrate 4 --train-subset 512
+# a compiled executable: --calibrate is fixed at compile time
+if "$DUET" compile $M --quantize int8 --calibrate 4 -o "$d/exe" > "$d/exe.out" 2>&1; then
+  if "$d/exe" --eval-only --checkpoint "$d/ck.st" --calibrate 2 > "$d/err.out" 2> "$d/err.txt"; then bad "EXE --calibrate 2: exit status 0"
+  elif [ "$(cat "$d/err.txt")" = "duet: error: --calibrate is fixed at compile time: 4 (this program was compiled with it; to change it, compile again: duet compile M.model --calibrate 2; duet run takes it directly)" ]; then ok "EXE --calibrate 2: fixed at compile time"
+  else bad "EXE --calibrate 2: got '$(cat "$d/err.txt")'"; fi
+  if "$d/exe" --threads 2 --eval-only --checkpoint "$d/ck.st" --calibrate 4 > "$d/exe4.out" 2>&1 &&
+     [ "$(scales w8a8)" = "$(grep 'activation scales' "$d/exe4.out")" ]; then ok "EXE --calibrate 4 (the compiled value): the scales of duet run"
+  else bad "EXE --calibrate 4"; cat "$d/exe4.out"; fi
+else bad "duet compile --quantize int8 --calibrate 4"; cat "$d/exe.out"; fi
 field() { sed "s/.*\"$2\":\\([0-9.e-]*\\).*/\\1/" "$d/$1.jsonl"; }
 res=$(awk -v a="$(field w8 test_accuracy)" -v b="$(field w8a8 test_accuracy)" -v la="$(field w8 test_loss)" \
   -v lb="$(field w8a8 test_loss)" 'BEGIN {
