@@ -1248,6 +1248,15 @@ int duet_shrink_touches(const DuetProgram *p, const DuetShrinkKept *k, int i);
  * (--shrink): 669706 parameters in 2678824 bytes (1863690 in 7454760
  * before)"; nothing otherwise. */
 void duet_shrink_summary(const DuetProgram *p, FILE *out);
+/* The pruning flags given to a compiled shrunk program (p->shrink, no
+ * pruning table; runtime/train.c's fixed flags): -1 when p is not shrunk or
+ * flag is not a pruning flag (the caller checks it), 0 when val is
+ * accepted (--prune S of the compile, --prune-mode channels; the schedule
+ * and --prune-params, which do not change an evaluation: the masks of the
+ * checkpoint decide, duet_shrink_kept), else 1 after one line
+ * "duet: error: --prune is fixed at compile time: S (... compile again:
+ * duet compile M.model --prune-mode channels --prune VAL --shrink ...)". */
+int duet_shrink_check_fixed(const DuetProgram *p, const char *flag, const char *val);
 /* Frees everything of f (NULL is fine); pointers from f die with it. */
 void duet_st_close(DuetStFile *f);
 

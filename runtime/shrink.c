@@ -315,3 +315,28 @@ void duet_shrink_summary(const DuetProgram *p, FILE *out) {
   fprintf(out, "duet: shrunk (--shrink): %" PRId64 " parameters in %" PRId64 " bytes (%" PRId64 " in %" PRId64
           " before)\n", n, nb, fn, fnb);
 }
+
+int duet_shrink_check_fixed(const DuetProgram *p, const char *flag, const char *val) {
+  if (!p->shrink || p->prune || strncmp(flag, "--prune", 7)) return -1;
+  char sp[40];
+  snprintf(sp, sizeof sp, "%.15g", p->shrink->sparsity);
+  if (!strcmp(flag, "--prune")) {
+    char *end;
+    double x = strtod(val, &end);
+    if (end != val && !*end && x == p->shrink->sparsity) return 0;
+    fprintf(stderr, "duet: error: --prune is fixed at compile time: %s (this program was compiled with --prune-mode "
+            "channels --prune %s --shrink: it evaluates checkpoints channels-pruned to sparsity %s; for one trained "
+            "with --prune %s, compile again: duet compile M.model --prune-mode channels --prune %s --shrink; duet run "
+            "takes them directly)\n", sp, sp, sp, val, val);
+    return 1;
+  }
+  if (!strcmp(flag, "--prune-mode")) {
+    if (!strcmp(val, "channels")) return 0;
+    fprintf(stderr, "duet: error: --prune-mode is fixed at compile time: channels (this program was compiled with "
+            "--prune-mode channels --prune %s --shrink, and --shrink needs channels pruning; for a checkpoint trained "
+            "with --prune-mode %s, compile again without --shrink: duet compile M.model --prune-mode %s --prune S; "
+            "duet run takes them directly)\n", sp, val, val);
+    return 1;
+  }
+  return 0; /* the schedule, --prune-params: the checkpoint's masks decide what is kept */
+}
