@@ -1226,9 +1226,12 @@ int duet_shrink_full_shape(const DuetProgram *p, int i, int64_t *full);
  * ones did; where there is no bias to fold into (or zero padding on the
  * way) such a channel is an error naming it.  NULL with the message in err
  * when a source is missing or keeps another number of channels than the
- * program's shrunk axis ("cannot load CK: `conv1.w` keeps 20 of its 32
- * output channels there (its mask), and this program was shrunk (--shrink)
- * to 16 ..."). */
+ * program's shrunk axis: named from the checkpoint's metadata where they
+ * explain it (trained with another --prune S or mode, without pruning,
+ * saved before its last pruning update, without the source's mask:
+ * --prune-params), with what to do; else the counts ("cannot load CK:
+ * `conv1.w` keeps 20 of its 32 output channels there (its mask), and this
+ * program was shrunk (--shrink) to 16 ..."). */
 typedef struct DuetShrinkKept DuetShrinkKept;
 DuetShrinkKept *duet_shrink_kept(const DuetProgram *p, const DuetStFile *f, const char *path, char *err,
                                  size_t errlen);
