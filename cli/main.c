@@ -1253,6 +1253,7 @@ static int cmd_ir(int argc, char **argv) {
     rc = 1;
   }
   if (!rc && check_gemm_acc_graph(&c, model, batch, &po)) rc = 1;
+  if (!rc && opt_shrink && !shrink_check(c.g, &opt_prune)) rc = 1; /* printed before `shrink`: checked all the same */
   par_free(&po);
   if (!rc && !strcmp(format, "text")) ir_print(c.g, stdout);
   if (!rc && !strcmp(format, "dot")) ir_print_dot(c.g, stdout);
