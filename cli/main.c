@@ -141,6 +141,10 @@ static int strip_prune_flags(int argc, char **argv) {
       opt_shrink = true;
       continue;
     }
+    if (!strncmp(argv[i], "--shrink=", 9)) {
+      fprintf(stderr, "duet: error: --shrink takes no value\n");
+      return -1;
+    }
     if (strncmp(argv[i], "--prune", 7)) {
       argv[k++] = argv[i];
       continue;

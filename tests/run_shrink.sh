@@ -32,7 +32,8 @@
 #         another --prune or --prune-mode name the compiled values (0.5,
 #         channels, shrunk) and the duet compile line to use instead;
 #       - exact one-line errors: --shrink without channels pruning (duet
-#         run, and duet ir printing before the shrink pass), with a
+#         run, and duet ir printing before the shrink pass), --shrink=1
+#         (it takes no value), with a
 #         training run, with --quantize, with duet compile --checkpoint
 #         (embedded weights), a removed channel whose relu(bias) is not 0
 #         where the next layer has no bias to fold it into (a small model
@@ -172,6 +173,8 @@ err "duet ir --shrink (printed before shrink) without channels pruning" "duet: e
 err "duet ir --after prune --shrink with unstructured pruning" "duet: error: --shrink removes the output channels that channels pruning zeroed: it needs --prune-mode channels and the --prune S of the training run (this program's pruning: unstructured)" \
   "$DUET" ir $M --prune 0.5 --after prune --shrink
 "$DUET" ir $M $P --shrink > /dev/null 2>&1 && ok "duet ir $P --shrink (printed after shape) is accepted" || bad "duet ir $P --shrink"
+err "--shrink=1" "duet: error: --shrink takes no value" "$DUET" run $M --eval-only --checkpoint "$d/mlp.st" $P --shrink=1
+err "duet ir --shrink=1" "duet: error: --shrink takes no value" "$DUET" ir $M $P --shrink=1
 err "--shrink with a training run" "duet: error: --shrink removes the channels that channels pruning zeroed from a trained checkpoint and cannot train: train and save first (duet run M.model --prune-mode channels --prune S --save CK), then evaluate with duet run M.model --eval-only --checkpoint CK --prune-mode channels --prune S --shrink" \
   "$DUET" run $M $P --shrink --steps 1
 err "--shrink with --quantize" "duet: error: --shrink and --quantize int8 together are not supported yet: evaluate with one of them" \
