@@ -983,14 +983,27 @@ static int checkpoint_train_flags(int argc, char **argv) {
   return 1;
 }
 
+/* The prefix of duet compile's temporary files for the executable `out`:
+ * "DIR/.duet-" with DIR out's directory ("." for a bare name), so that the
+ * temporaries sit on out's file system (the final rename is atomic), their
+ * names stay short whatever out's length (a 250-character name plus a
+ * suffix would pass NAME_MAX), and never begin with '-' (the C compiler
+ * would read "-o -"'s temporaries as options).  Into buf (n bytes). */
+static const char *tmp_prefix(const char *out, char *buf, size_t n) {
+  const char *slash = strrchr(out, '/');
+  if (!slash) snprintf(buf, n, "./.duet-");
+  else snprintf(buf, n, "%.*s/.duet-", (int)(slash - out), out);
+  return buf;
+}
+
 /* duet compile --checkpoint CK: the params of CK as program cp loads them
  * (int8 weights quantized now for a --quantize program) written next to
  * `out` (OUT.duet-XXXXXX.st) for the executable to embed; the file's path
  * into path (unlink it after linking), cp->weights_file and
  * cp->prog.weights_nbytes set.  1 after the error (no file left). */
 static int embed_weights(CgProgram *cp, Arena *a, const char *ck, const char *out, char *path, size_t n) {
-  char err[1024];
-  snprintf(path, n, "%s.duet-XXXXXX.st", out);
+  char err[1024], pre[1100];
+  snprintf(path, n, "%sXXXXXX.st", tmp_prefix(out, pre, sizeof pre));
   int fd = mkstemps(path, 3);
   if (fd < 0) {
     fprintf(stderr, "duet: error: cannot write %s: %s\n", out, strerror(errno));
@@ -1072,6 +1085,12 @@ static int cmd_compile(int argc, char **argv) {
     fprintf(stderr, "duet: error: -o %s is a directory; give the path of the executable to write\n", out);
     return 1;
   }
+  const char *out_kind = duet_st_target_kind(out); /* a device, FIFO, link: the rename would replace it */
+  if (out_kind) {
+    fprintf(stderr, "duet: error: cannot write -o %s: it exists and is %s, not a regular file; not replacing it\n",
+            out, out_kind);
+    return 1;
+  }
   struct stat sm, so;
   if (!stat(out, &so) && ((!stat(model, &sm) && sm.st_dev == so.st_dev && sm.st_ino == so.st_ino) ||
                           (ck && !stat(ck, &sm) && sm.st_dev == so.st_dev && sm.st_ino == so.st_ino))) {
@@ -1129,7 +1148,9 @@ static int cmd_compile(int argc, char **argv) {
     compiled_free(&c);
     return 1;
   }
-  snprintf(cpath, sizeof cpath, "%s.duet-XXXXXX.c", out);
+  char pre[1100];
+  tmp_prefix(out, pre, sizeof pre);
+  snprintf(cpath, sizeof cpath, "%sXXXXXX.c", pre);
   int fd = mkstemps(cpath, 2);
   FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (!f) { /* the executable's directory: missing or not writable */
@@ -1140,7 +1161,7 @@ static int cmd_compile(int argc, char **argv) {
     return 1;
   }
   codegen_write_executable_c(cp, src, f);
-  snprintf(epath, sizeof epath, "%s.duet-XXXXXX", out);
+  snprintf(epath, sizeof epath, "%sXXXXXX", pre);
   int efd = mkstemp(epath); /* a fresh name; the linker creates the file (mode from the umask) */
   if (efd >= 0) close(efd), unlink(epath);
   if (fclose(f) || efd < 0) {

@@ -2811,6 +2811,9 @@ int duet_predict_main(const DuetProgram *p, const DuetKernelFn *kernels, const c
                     "(see duet predict --help)\n");
     return 1;
   }
+  if (text && cfg.test_subset && duet_warns())
+    fprintf(stderr, "duet: warning: --test-subset applies to image data sets; a language model's predictions cover "
+                    "its --eval-batches N fixed validation batches\n");
   if (!text && no_data_source(p, &cfg)) return 1;
   if (p->logits < 0 || p->metrics < 0) {
     fprintf(stderr, "duet: error: model `%s` has no evaluated cross_entropy whose logits to predict from\n",

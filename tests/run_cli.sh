@@ -210,6 +210,23 @@ expect compile_o_directory 1 "duet: error: -o $d is a directory; give the path o
   "$DUET" compile $M -o "$d"
 expect compile_o_missing_dir 1 "duet: error: cannot write $d/no/such/exe: No such file or directory" \
   "$DUET" compile $M -o "$d/no/such/exe"
+# -o naming a FIFO or a symbolic link: refused, left as it was (the final
+# rename would replace them: /dev/null became an executable once)
+mkfifo "$d/fifo" && ln -s "$d/target" "$d/link" && echo keep > "$d/target"
+expect compile_o_fifo 1 "duet: error: cannot write -o $d/fifo: it exists and is a FIFO, not a regular file; not replacing it" \
+  "$DUET" compile $M -o "$d/fifo"
+expect compile_o_symlink 1 "duet: error: cannot write -o $d/link: it exists and is a symbolic link, not a regular file; not replacing it" \
+  "$DUET" compile $M -o "$d/link"
+[ -p "$d/fifo" ] && [ -L "$d/link" ] && [ "$(cat "$d/target")" = keep ] && { echo "ok compile_o_special_kept"; pass=$((pass + 1)); } ||
+  { echo "FAIL compile_o_special_kept"; fail=$((fail + 1)); }
+# -o "-" (its temporaries used to reach cc as options) and a 250-character
+# name (its temporaries used to pass NAME_MAX): written, and they run
+mkdir -p "$d/dash" && long=$(printf 'e%.0s' $(seq 250))
+case $DUET in /*) adu=$DUET ;; *) adu=$PWD/$DUET ;; esac
+(cd "$d/dash" && "$adu" compile "$OLDPWD/$M" -o - > /dev/null 2>&1) && "$d/dash/-" --help | grep -q "^usage" &&
+  "$DUET" compile $M -o "$d/dash/$long" > /dev/null 2>&1 && "$d/dash/$long" --help | grep -q "^usage" &&
+  [ "$(ls -A "$d/dash" | wc -l)" -eq 2 ] && { echo "ok compile_o_dash_and_long_name"; pass=$((pass + 1)); } ||
+  { echo "FAIL compile_o_dash_and_long_name: $(ls -A "$d/dash" | head -3)"; fail=$((fail + 1)); }
 # duet run's flags: --steps wins over --epochs in either order; checked values
 "$DUET" run $M --steps 2 --epochs 3 --no-eval --train-subset 1024 > "$d/se.out" 2>&1 &&
   grep -q '^duet: trained 2 steps' "$d/se.out" && { echo "ok steps_then_epochs"; pass=$((pass + 1)); } ||

@@ -50,6 +50,10 @@ G=tests/models/gpt_tiny.model
   bad text_eval_only
 "$DUET" run $G --threads 1 --eval-only --checkpoint "$d/g.st" > "$d/geval.out" 2>&1 || bad text_eval_only
 "$DUET" predict $G --checkpoint "$d/g.st" --threads 1 -o "$d/g.jsonl" 2> "$d/g.err" || bad text_predict_runs
+"$DUET" predict $G --checkpoint "$d/g.st" --threads 1 --test-subset 5 -o "$d/g5.jsonl" 2> "$d/g5.err" &&
+  grep -Fxq "duet: warning: --test-subset applies to image data sets; a language model's predictions cover its \
+--eval-batches N fixed validation batches" "$d/g5.err" && cmp -s "$d/g.jsonl" "$d/g5.jsonl" &&
+  ok text_predict_test_subset_warns || { bad text_predict_test_subset_warns; cat "$d/g5.err"; }
 eu=$(sed -n 's/^duet: .*: val loss [0-9.]* nats\/\([a-z]*\) .*/\1/p' "$d/geval.out")
 grep -q "^duet: predicted 16 windows of 16 bytes of $d/g.st (step 4); mean loss [0-9.]* nats/byte$" "$d/g.err" &&
   [ "$eu" = byte ] && ok "predict_unit_as_eval_only (nats/$eu)" || { bad predict_unit_as_eval_only; cat "$d/g.err" "$d/geval.out"; }
@@ -82,6 +86,9 @@ linear2.b:F32[1024] linear3.w:F32[1024, 10] linear3.b:F32[10]"
   bad predict_logits
 $PY tools/duet_to_torch.py "$d/w.safetensors" "$d/pl.jsonl" --numpy > "$d/np.out" && ok numpy_forward_same_logits ||
   { bad numpy_forward_same_logits; cat "$d/np.out"; }
+out=$($PY tools/duet_to_torch.py "$d/w.safetensors" "$d/p.jsonl" --numpy 2>&1)
+[ "$out" = "duet_to_torch.py: $d/p.jsonl has no logits: run duet predict with --logits" ] && ok to_torch_names_file ||
+  { bad to_torch_names_file; echo "$out"; }
 
 # 4. errors
 check() {
@@ -97,6 +104,9 @@ check predict_unknown_flag "duet: error: unknown flag '--steps' (see duet predic
   "$DUET" predict $M --checkpoint "$d/ck.st" --steps 3
 check predict_other_model "duet: error: cannot load $d/g.st: it is a checkpoint of model \`gpt_tiny\`, not \
 \`fmnist_mlp\`" "$DUET" predict $M --checkpoint "$d/g.st"
+check predict_export_file "duet: error: cannot load $d/w.safetensors: it is a weights file written by duet export \
+(format duet-weights-1, for other tools), not a checkpoint: give the checkpoint duet run --save wrote" \
+  "$DUET" predict $M --checkpoint "$d/w.safetensors"
 check export_no_output "duet: error: duet export needs -o W.safetensors (the file to write) (usage: duet export \
 M.model --checkpoint CK -o W.safetensors)" "$DUET" export $M --checkpoint "$d/ck.st"
 check export_onto_checkpoint "duet: error: -o $d/ck.st is the checkpoint itself; give another file" \

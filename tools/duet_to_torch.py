@@ -111,7 +111,7 @@ def check_mlp(w, preds, args):
             sys.exit(f"duet_to_torch.py: {args.predictions} line {i + 1} is not a classifier's prediction {i} "
                      "(duet predict of the same fmnist_mlp checkpoint, with --logits)")
         if "logits" not in p:
-            sys.exit("duet_to_torch.py: P.jsonl has no logits: run duet predict with --logits")
+            sys.exit(f"duet_to_torch.py: {args.predictions} has no logits: run duet predict with --logits")
         d = np.abs(np.array(p["logits"]) - logits[i]).max()
         worst_logit = max(worst_logit, d)
         worst_prob = max(worst_prob, abs(p["prob"] - prob[i]))
