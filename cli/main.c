@@ -141,6 +141,10 @@ static int strip_prune_flags(int argc, char **argv) {
       opt_shrink = true;
       continue;
     }
+    if (!strncmp(argv[i], "--shrink=", 9)) {
+      fprintf(stderr, "duet: error: --shrink takes no value\n");
+      return -1;
+    }
     if (strncmp(argv[i], "--prune", 7)) {
       argv[k++] = argv[i];
       continue;
@@ -1279,6 +1283,7 @@ static int cmd_ir(int argc, char **argv) {
     rc = 1;
   }
   if (!rc && check_gemm_acc_graph(&c, model, batch, &po)) rc = 1;
+  if (!rc && opt_shrink && !shrink_check(c.g, &opt_prune)) rc = 1; /* printed before `shrink`: checked all the same */
   par_free(&po);
   if (!rc && !strcmp(format, "text")) ir_print(c.g, stdout);
   if (!rc && !strcmp(format, "dot")) ir_print_dot(c.g, stdout);

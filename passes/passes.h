@@ -113,6 +113,13 @@ void pass_autodiff(Graph *g, PassCtx *cx);  /* append d(loss)/d(param) */
 void pass_optimizer(Graph *g, PassCtx *cx); /* append AdamW / SGD updates (AdamW: f32 or 8-bit state) */
 void pass_eval(Graph *g, PassCtx *cx);      /* append accuracy metrics */
 void pass_prune(Graph *g, PassCtx *cx);     /* pruning masks and the ops that apply them */
+/* --shrink's precondition, for g before or after the prune pass: channels
+ * pruning, from g's prune section with the command line's flags cli (NULL:
+ * merged already) over it as pass_prune merges them.  true, or false after
+ * the error "--shrink removes the output channels that channels pruning
+ * zeroed: it needs --prune-mode channels ... (this program's pruning: none)"
+ * (duet ir stopping before `shrink` checks it too). */
+bool shrink_check(Graph *g, const PruneSpec *cli);
 void pass_shrink(Graph *g, PassCtx *cx);    /* --shrink: channels pruning's zero channels removed (evaluation) */
 void pass_quantize(Graph *g, PassCtx *cx);  /* int8 weights (--quantize): an evaluation program */
 void pass_qat(Graph *g, PassCtx *cx);       /* fake-quantized weights (the model's quantize section) */

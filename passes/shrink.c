@@ -302,15 +302,24 @@ static bool walk(Sh *S, Value *w, int ax) {
   }
 }
 
+bool shrink_check(Graph *g, const PruneSpec *cli) {
+  PruneSpec p = g->prune; /* the command line over the prune section, as pass_prune merges them */
+  if (cli && cli->set) {
+    if (p.mode == PRUNE_NONE) p.mode = PRUNE_UNSTRUCTURED;
+    if (cli->set & PRUNE_SET_MODE) p.mode = cli->mode, p.nm_n = cli->nm_n, p.nm_m = cli->nm_m;
+  }
+  if (p.mode == PRUNE_CHANNELS) return true;
+  char m[32];
+  diag_error_noloc(g->diag, "--shrink removes the output channels that channels pruning zeroed: it needs "
+                   "--prune-mode channels and the --prune S of the training run (this program's pruning: %s)",
+                   p.mode == PRUNE_NONE ? "none" : prune_mode_str(&p, m, sizeof m));
+  return false;
+}
+
 void pass_shrink(Graph *g, PassCtx *cx) {
   if (!cx->shrink) return;
   char sp[32];
-  if (g->prune.mode != PRUNE_CHANNELS) {
-    char m[32];
-    diag_error_noloc(g->diag, "--shrink removes the output channels that channels pruning zeroed: it needs "
-                     "--prune-mode channels and the --prune S of the training run (this program's pruning: %s)",
-                     g->prune.mode == PRUNE_NONE ? "none" : prune_mode_str(&g->prune, m, sizeof m));
-  }
+  shrink_check(g, NULL);
   ir_num_str(g->prune.sparsity, sp, sizeof sp);
   Arena *ar = g->arena;
   int n = g->n_values;

@@ -1226,9 +1226,12 @@ int duet_shrink_full_shape(const DuetProgram *p, int i, int64_t *full);
  * ones did; where there is no bias to fold into (or zero padding on the
  * way) such a channel is an error naming it.  NULL with the message in err
  * when a source is missing or keeps another number of channels than the
- * program's shrunk axis ("cannot load CK: `conv1.w` keeps 20 of its 32
- * output channels there (its mask), and this program was shrunk (--shrink)
- * to 16 ..."). */
+ * program's shrunk axis: named from the checkpoint's metadata where they
+ * explain it (trained with another --prune S or mode, without pruning,
+ * saved before its last pruning update, without the source's mask:
+ * --prune-params), with what to do; else the counts ("cannot load CK:
+ * `conv1.w` keeps 20 of its 32 output channels there (its mask), and this
+ * program was shrunk (--shrink) to 16 ..."). */
 typedef struct DuetShrinkKept DuetShrinkKept;
 DuetShrinkKept *duet_shrink_kept(const DuetProgram *p, const DuetStFile *f, const char *path, char *err,
                                  size_t errlen);
@@ -1248,6 +1251,15 @@ int duet_shrink_touches(const DuetProgram *p, const DuetShrinkKept *k, int i);
  * (--shrink): 669706 parameters in 2678824 bytes (1863690 in 7454760
  * before)"; nothing otherwise. */
 void duet_shrink_summary(const DuetProgram *p, FILE *out);
+/* The pruning flags given to a compiled shrunk program (p->shrink, no
+ * pruning table; runtime/train.c's fixed flags): -1 when p is not shrunk or
+ * flag is not a pruning flag (the caller checks it), 0 when val is
+ * accepted (--prune S of the compile, --prune-mode channels; the schedule
+ * and --prune-params, which do not change an evaluation: the masks of the
+ * checkpoint decide, duet_shrink_kept), else 1 after one line
+ * "duet: error: --prune is fixed at compile time: S (... compile again:
+ * duet compile M.model --prune-mode channels --prune VAL --shrink ...)". */
+int duet_shrink_check_fixed(const DuetProgram *p, const char *flag, const char *val);
 /* Frees everything of f (NULL is fine); pointers from f die with it. */
 void duet_st_close(DuetStFile *f);
 

@@ -146,7 +146,8 @@ static int fold_removed(const DuetProgram *p, DuetShrinkKept *k, const DuetStFil
   const DuetTensor *nw = &p->tensors[next->param];
   if (!next->fold || next->next_bias < 0) {
     snprintf(err, errlen, "cannot load %s: pruned channel %" PRId64 " of `%s` still outputs %s%s%s = %.9g (channels "
-             "pruning keeps the biases), and %s, so the channel cannot be removed exactly", path, first, sname,
+             "pruning keeps the biases), and %s, so the channel cannot be removed exactly; evaluate it without --shrink (a "
+             "compiled executable: compile again without --shrink)", path, first, sname,
              next->acts[0] ? next->acts : "", next->acts[0] ? "(" : "", yb ? "bias)" : "0)", a[first],
              next->next_bias < 0 ? "the next layer has no bias to fold it into"
                                  : "zero padding makes it depend on the position");
@@ -181,6 +182,63 @@ out:
   free(a);
   free(removed);
   return rc;
+}
+
+/* Why a checkpoint keeps another number of channels of source `name` than
+ * the shrunk program p, from its metadata (prune_mode, prune_sparsity,
+ * prune_start, prune_end, step: duet_checkpoint_save) and whether it has
+ * the source's mask: 1 with the message (what it was trained with, what was
+ * asked, what to do), 0 when the metadata explain nothing (the caller's
+ * message: the counts). */
+static int mismatch(const DuetProgram *p, const DuetStFile *f, const char *path, const char *name, int has_mask,
+                    char *err, size_t errlen) {
+  const char *mode = duet_st_meta(f, "prune_mode"), *fin = duet_st_meta(f, "prune_sparsity");
+  const char *st = duet_st_meta(f, "step"), *ps = duet_st_meta(f, "prune_start"), *pe = duet_st_meta(f, "prune_end");
+  char asked[120], sp[40];
+  snprintf(sp, sizeof sp, "%.15g", p->shrink->sparsity);
+  snprintf(asked, sizeof asked, "this program was shrunk (--shrink) for --prune-mode channels --prune %s", sp);
+  static const char without[] = "evaluate it without --shrink (a compiled executable: compile again without --shrink)";
+  if (!mode) {
+    if (has_mask) return 0; /* masks without the settings: a checkpoint of older duet */
+    snprintf(err, errlen, "cannot load %s: it was trained without pruning (no pruning settings, no mask of `%s`), "
+             "and %s; %s", path, name, asked, without);
+    return 1;
+  }
+  if (!fin) return 0;
+  if (strcmp(mode, "channels")) {
+    snprintf(err, errlen, "cannot load %s: it was trained with --prune-mode %s --prune %s, and %s: --shrink removes "
+             "only the channels that channels pruning zeroed; %s", path, mode, fin, asked, without);
+    return 1;
+  }
+  char *end;
+  double S = strtod(fin, &end);
+  if (end == fin || *end) return 0;
+  if (S != p->shrink->sparsity) {
+    snprintf(err, errlen, "cannot load %s: it was trained with --prune-mode channels --prune %s, and %s; give "
+             "--prune %s (a compiled executable: compile again: duet compile M.model --prune-mode channels --prune %s "
+             "--shrink)", path, fin, asked, fin, fin);
+    return 1;
+  }
+  char *e1, *e2, *e3;
+  long long step = st ? strtoll(st, &e1, 10) : -1, start = ps ? strtoll(ps, &e2, 10) : -1,
+            last = pe ? strtoll(pe, &e3, 10) : -1;
+  if (st && ps && pe && !*e1 && !*e2 && !*e3 && step <= last) { /* duet_prune_due: updates after t = start .. end */
+    char sched[80];
+    snprintf(sched, sizeof sched, "--prune-start %lld", start);
+    if (last != start) snprintf(sched + strlen(sched), sizeof sched - strlen(sched), " --prune-end %lld", last);
+    snprintf(err, errlen, "cannot load %s: it was saved at step %lld, %s (%s), so fewer channels are pruned than "
+             "--prune %s removes; evaluate a checkpoint saved after step %lld, or this one without --shrink (a "
+             "compiled executable: compile again without --shrink)", path, step,
+             step <= start ? "before its channels pruning began" : "before its last pruning update", sched, sp, last);
+    return 1;
+  }
+  if (!has_mask) {
+    snprintf(err, errlen, "cannot load %s: it has no pruning mask of `%s` (it was trained with --prune-params that "
+             "leave it out), and %s, which prunes it; give the --prune-params it was trained with (a compiled "
+             "executable: compile again with them)", path, name, asked);
+    return 1;
+  }
+  return 0;
 }
 
 DuetShrinkKept *duet_shrink_kept(const DuetProgram *p, const DuetStFile *f, const char *path, char *err,
@@ -226,6 +284,7 @@ DuetShrinkKept *duet_shrink_kept(const DuetProgram *p, const DuetStFile *f, cons
       if (any) kept[K++] = c;
     }
     int64_t want = x->shape[own->axis];
+    if (K != want && mismatch(p, f, path, x->name, m != NULL, err, errlen)) goto fail;
     if (K != want) {
       snprintf(err, errlen, "cannot load %s: `%s` keeps %" PRId64 " of its %" PRId64 " output channels there (%s), "
                "and this program was shrunk (--shrink) to %" PRId64 " (channels pruning to sparsity %.6g); give the "
@@ -314,4 +373,29 @@ void duet_shrink_summary(const DuetProgram *p, FILE *out) {
   }
   fprintf(out, "duet: shrunk (--shrink): %" PRId64 " parameters in %" PRId64 " bytes (%" PRId64 " in %" PRId64
           " before)\n", n, nb, fn, fnb);
+}
+
+int duet_shrink_check_fixed(const DuetProgram *p, const char *flag, const char *val) {
+  if (!p->shrink || p->prune || strncmp(flag, "--prune", 7)) return -1;
+  char sp[40];
+  snprintf(sp, sizeof sp, "%.15g", p->shrink->sparsity);
+  if (!strcmp(flag, "--prune")) {
+    char *end;
+    double x = strtod(val, &end);
+    if (end != val && !*end && x == p->shrink->sparsity) return 0;
+    fprintf(stderr, "duet: error: --prune is fixed at compile time: %s (this program was compiled with --prune-mode "
+            "channels --prune %s --shrink: it evaluates checkpoints channels-pruned to sparsity %s; for one trained "
+            "with --prune %s, compile again: duet compile M.model --prune-mode channels --prune %s --shrink; duet run "
+            "takes them directly)\n", sp, sp, sp, val, val);
+    return 1;
+  }
+  if (!strcmp(flag, "--prune-mode")) {
+    if (!strcmp(val, "channels")) return 0;
+    fprintf(stderr, "duet: error: --prune-mode is fixed at compile time: channels (this program was compiled with "
+            "--prune-mode channels --prune %s --shrink, and --shrink needs channels pruning; for a checkpoint trained "
+            "with --prune-mode %s, compile again without --shrink: duet compile M.model --prune-mode %s --prune S; "
+            "duet run takes them directly)\n", sp, val, val);
+    return 1;
+  }
+  return 0; /* the schedule, --prune-params: the checkpoint's masks decide what is kept */
 }

@@ -190,6 +190,11 @@ static const char *fixed_value(const DuetProgram *p, int k, char *buf, size_t n,
   int R = p->n_stages >= 1 && p->replicas > 1 ? p->replicas : 1;
   int M = p->n_stages >= 1 && p->micro_batches > 0 ? p->micro_batches / R : 1;
   *num = NAN;
+  if (p->shrink && !pr && (k == 6 || k == 7)) { /* --shrink: duet_shrink_check_fixed */
+    snprintf(buf, n, k == 6 ? "%.15g (channels pruning, shrunk: --shrink)" : "channels (shrunk: --shrink)",
+             p->shrink->sparsity);
+    return buf;
+  }
   switch (k) {
   case 0: snprintf(buf, n, "%s", duet_program_precision(p)); break;
   case 1: snprintf(buf, n, "%s", p->gemm_accumulate_f16 ? "fp16" : "fp32"); break;
@@ -245,6 +250,8 @@ static const char *fixed_value(const DuetProgram *p, int k, char *buf, size_t n,
 static int check_fixed(const DuetProgram *p, int k, const char *flag, const char *val) {
   char cv[512];
   double num;
+  int shrunk = duet_shrink_check_fixed(p, flag, val);
+  if (shrunk >= 0) return shrunk;
   fixed_value(p, k, cv, sizeof cv, &num);
   char *end;
   double x = strtod(val, &end);
@@ -262,7 +269,7 @@ void duet_usage_fixed(const DuetProgram *p, FILE *out) {
     char cv[512];
     double num;
     if (k == 5 && !(p->n_stages >= 1 && p->replicas > 1)) continue;
-    if (k >= 7 && k <= 12 && !p->prune) continue;
+    if (k >= 7 && k <= 12 && !p->prune && !(p->shrink && k == 7)) continue;
     if (k == 16 && p->defaults.calibrate <= 0) continue;
     fprintf(out, "  %-18s %s\n", fixed_flags[k], fixed_value(p, k, cv, sizeof cv, &num));
   }

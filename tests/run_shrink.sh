@@ -27,13 +27,24 @@
 #         weight (a note, no shrink line); the dump evaluates the same, and
 #         given --shrink again is an error;
 #       - duet compile --shrink: an evaluation executable whose line equals
-#         duet run's and which refuses to train;
-#       - exact one-line errors: --shrink without channels pruning, with a
+#         duet run's and which refuses to train; given the training run's
+#         pruning flags it evaluates the same, its --help and the errors for
+#         another --prune or --prune-mode name the compiled values (0.5,
+#         channels, shrunk) and the duet compile line to use instead;
+#       - exact one-line errors: --shrink without channels pruning (duet
+#         run, and duet ir printing before the shrink pass), --shrink=1
+#         (it takes no value), with a
 #         training run, with --quantize, with duet compile --checkpoint
 #         (embedded weights), a removed channel whose relu(bias) is not 0
 #         where the next layer has no bias to fold it into (a small model
-#         trained 6 steps), and a checkpoint that keeps another
-#         number of channels than the program was shrunk to (--prune 0.25).
+#         trained 6 steps: evaluate it without --shrink), and checkpoints
+#         that keep another number of channels than the program was shrunk
+#         to, each named from the checkpoint's metadata with what to do:
+#         trained with another --prune S (0.5, evaluated with 0.25), with
+#         unstructured pruning, saved before its pruning began or before its
+#         last update, trained with --prune-params '!linear1.w' (and with
+#         them it evaluates), trained without pruning; the unstructured one
+#         in the compiled executable too.
 #     fmnist_cnn trained 10 steps on 1,024 images the same way, evaluated on
 #     the first 2,000 test images with and without --shrink: the same
 #     accuracy, the loss within 1e-5 relative, 110,634 parameters instead of
@@ -137,6 +148,19 @@ if "$DUET" compile $M $P --shrink -o "$d/mlp_exe" > "$d/compile.out" 2>&1; then
   [ -n "$a" ] && [ "$a" = "$b" ] && ok "compiled --shrink: $a" || { bad "compiled --shrink: '$a' vs '$b'"; cat "$d/exe.out"; }
   err "compiled --shrink refuses to train" "duet: error: this program's layers are shrunk (compiled with --shrink): it evaluates a channels-pruned checkpoint and cannot train; give --eval-only --checkpoint CK" \
     "$d/mlp_exe" --steps 1
+  # the pruning flags it was compiled with are accepted (the training run's schedule too) and say what it is
+  "$d/mlp_exe" $T --eval-only --checkpoint "$d/mlp.st" $P --prune-start 10 > "$d/exe2.out" 2>&1
+  a=$(grep 'test accuracy' "$d/exe2.out" | sed 's/.*(step/(step/')
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok "compiled --shrink given the training run's $P --prune-start 10: $a" ||
+    { bad "compiled --shrink with the training flags: '$a' vs '$b'"; cat "$d/exe2.out"; }
+  "$d/mlp_exe" --help > "$d/exe_help.out" 2>&1
+  grep -qxF "  --prune            0.5 (channels pruning, shrunk: --shrink)" "$d/exe_help.out" &&
+  grep -qxF "  --prune-mode       channels (shrunk: --shrink)" "$d/exe_help.out" &&
+    ok "compiled --shrink: --help lists --prune 0.5, --prune-mode channels, shrunk" || { bad "compiled --shrink --help"; grep -e '--prune' "$d/exe_help.out"; }
+  err "compiled --shrink given another --prune" "duet: error: --prune is fixed at compile time: 0.5 (this program was compiled with --prune-mode channels --prune 0.5 --shrink: it evaluates checkpoints channels-pruned to sparsity 0.5; for one trained with --prune 0.25, compile again: duet compile M.model --prune-mode channels --prune 0.25 --shrink; duet run takes them directly)" \
+    "$d/mlp_exe" --eval-only --checkpoint "$d/mlp.st" --prune 0.25
+  err "compiled --shrink given another --prune-mode" "duet: error: --prune-mode is fixed at compile time: channels (this program was compiled with --prune-mode channels --prune 0.5 --shrink, and --shrink needs channels pruning; for a checkpoint trained with --prune-mode unstructured, compile again without --shrink: duet compile M.model --prune-mode unstructured --prune S; duet run takes them directly)" \
+    "$d/mlp_exe" --eval-only --checkpoint "$d/mlp.st" --prune-mode unstructured
 else bad "duet compile --shrink"; cat "$d/compile.out"; fi
 
 # errors
@@ -144,22 +168,52 @@ err "--shrink without channels pruning" "duet: error: --shrink removes the outpu
   "$DUET" run $M --eval-only --checkpoint "$d/mlp.st" --shrink
 err "--shrink with unstructured pruning" "duet: error: --shrink removes the output channels that channels pruning zeroed: it needs --prune-mode channels and the --prune S of the training run (this program's pruning: unstructured)" \
   "$DUET" run $M --eval-only --checkpoint "$d/mlp.st" --prune 0.5 --shrink
+err "duet ir --shrink (printed before shrink) without channels pruning" "duet: error: --shrink removes the output channels that channels pruning zeroed: it needs --prune-mode channels and the --prune S of the training run (this program's pruning: none)" \
+  "$DUET" ir $M --shrink
+err "duet ir --after prune --shrink with unstructured pruning" "duet: error: --shrink removes the output channels that channels pruning zeroed: it needs --prune-mode channels and the --prune S of the training run (this program's pruning: unstructured)" \
+  "$DUET" ir $M --prune 0.5 --after prune --shrink
+"$DUET" ir $M $P --shrink > /dev/null 2>&1 && ok "duet ir $P --shrink (printed after shape) is accepted" || bad "duet ir $P --shrink"
+err "--shrink=1" "duet: error: --shrink takes no value" "$DUET" run $M --eval-only --checkpoint "$d/mlp.st" $P --shrink=1
+err "duet ir --shrink=1" "duet: error: --shrink takes no value" "$DUET" ir $M $P --shrink=1
 err "--shrink with a training run" "duet: error: --shrink removes the channels that channels pruning zeroed from a trained checkpoint and cannot train: train and save first (duet run M.model --prune-mode channels --prune S --save CK), then evaluate with duet run M.model --eval-only --checkpoint CK --prune-mode channels --prune S --shrink" \
   "$DUET" run $M $P --shrink --steps 1
 err "--shrink with --quantize" "duet: error: --shrink and --quantize int8 together are not supported yet: evaluate with one of them" \
   "$DUET" run $M --eval-only --checkpoint "$d/mlp.st" $P --shrink --quantize int8
 err "duet compile --checkpoint with --shrink" "duet: error: duet compile --checkpoint does not embed shrunk weights yet: compile with --shrink alone and run EXE --eval-only --checkpoint CK" \
   "$DUET" compile $M $P --shrink --checkpoint "$d/mlp.st" -o "$d/emb_exe"
-err "a checkpoint with another number of kept channels" "duet: error: cannot load $d/mlp.st: \`linear1.w\` keeps 512 of its 1024 output channels there (its mask), and this program was shrunk (--shrink) to 768 (channels pruning to sparsity 0.25); give the --prune S it was trained with" \
+want="duet: error: cannot load $d/mlp.st: it was trained with --prune-mode channels --prune 0.5, and this program was shrunk (--shrink) for --prune-mode channels --prune 0.25; give --prune 0.5 (a compiled executable: compile again: duet compile M.model --prune-mode channels --prune 0.5 --shrink)"
+err "a checkpoint trained with another --prune S" "$want" \
   "$DUET" run $M $T --eval-only --checkpoint "$d/mlp.st" --prune-mode channels --prune 0.25 --shrink
-err "export of such a checkpoint" "duet: error: cannot load $d/mlp.st: \`linear1.w\` keeps 512 of its 1024 output channels there (its mask), and this program was shrunk (--shrink) to 768 (channels pruning to sparsity 0.25); give the --prune S it was trained with" \
+err "export of such a checkpoint" "$want" \
   "$DUET" export $M --checkpoint "$d/mlp.st" --prune-mode channels --prune 0.25 --shrink -o "$d/bad.st"
+# checkpoints whose mismatch is not S: named from their metadata (trained a few steps on 512 images)
+Q="--threads 1 --seed 1 --quiet --train-subset 512 --no-eval"
+without="evaluate it without --shrink (a compiled executable: compile again without --shrink)"
+"$DUET" run $M $Q --steps 3 --prune 0.5 --prune-start 1 --save "$d/un.st" > /dev/null 2>&1 &&
+"$DUET" run $M $Q --steps 2 $P --prune-start 5 --save "$d/early.st" > /dev/null 2>&1 &&
+"$DUET" run $M $Q --steps 3 $P --prune-start 1 --prune-end 9 --prune-every 1 --save "$d/mid.st" > /dev/null 2>&1 &&
+"$DUET" run $M $Q --steps 3 $P --prune-start 1 --prune-params '!linear1.w' --save "$d/pp.st" > /dev/null 2>&1 &&
+"$DUET" run $M $Q --steps 1 --save "$d/dense.st" > /dev/null 2>&1 || bad "training the mismatched checkpoints"
+err "an unstructured checkpoint" "duet: error: cannot load $d/un.st: it was trained with --prune-mode unstructured --prune 0.5, and this program was shrunk (--shrink) for --prune-mode channels --prune 0.5: --shrink removes only the channels that channels pruning zeroed; $without" \
+  "$DUET" run $M $T --eval-only --checkpoint "$d/un.st" $P --shrink
+err "a checkpoint saved before its pruning began" "duet: error: cannot load $d/early.st: it was saved at step 2, before its channels pruning began (--prune-start 5), so fewer channels are pruned than --prune 0.5 removes; evaluate a checkpoint saved after step 5, or this one without --shrink (a compiled executable: compile again without --shrink)" \
+  "$DUET" run $M $T --eval-only --checkpoint "$d/early.st" $P --shrink
+err "a checkpoint saved before its last pruning update" "duet: error: cannot load $d/mid.st: it was saved at step 3, before its last pruning update (--prune-start 1 --prune-end 9), so fewer channels are pruned than --prune 0.5 removes; evaluate a checkpoint saved after step 9, or this one without --shrink (a compiled executable: compile again without --shrink)" \
+  "$DUET" run $M $T --eval-only --checkpoint "$d/mid.st" $P --shrink
+err "a checkpoint trained with --prune-params '!linear1.w', evaluated without it" "duet: error: cannot load $d/pp.st: it has no pruning mask of \`linear1.w\` (it was trained with --prune-params that leave it out), and this program was shrunk (--shrink) for --prune-mode channels --prune 0.5, which prunes it; give the --prune-params it was trained with (a compiled executable: compile again with them)" \
+  "$DUET" run $M $T --eval-only --checkpoint "$d/pp.st" $P --shrink
+"$DUET" run $M $T --eval-only --checkpoint "$d/pp.st" $P --prune-params '!linear1.w' --shrink > /dev/null 2>&1 &&
+  ok "... and with its --prune-params it evaluates" || bad "pp.st with its --prune-params"
+err "a checkpoint without pruning" "duet: error: cannot load $d/dense.st: it was trained without pruning (no pruning settings, no mask of \`linear1.w\`), and this program was shrunk (--shrink) for --prune-mode channels --prune 0.5; $without" \
+  "$DUET" run $M $T --eval-only --checkpoint "$d/dense.st" $P --shrink
+[ -x "$d/mlp_exe" ] && err "a compiled --shrink executable given an unstructured checkpoint" "duet: error: cannot load $d/un.st: it was trained with --prune-mode unstructured --prune 0.5, and this program was shrunk (--shrink) for --prune-mode channels --prune 0.5: --shrink removes only the channels that channels pruning zeroed; $without" \
+  "$d/mlp_exe" $T --eval-only --checkpoint "$d/un.st"
 
 # a removed channel whose relu(bias) is not 0 and no next bias to fold it into: refused, naming it
 printf 'model nobias\ninput x: f32[batch, 784]\ninput y: i32[batch]\nparam w1: [784, 32]\nparam b1: [32] = zeros\nparam w2: [32, 10]\nloss = cross_entropy(relu(x @ w1 + b1) @ w2, y)\ntrain {\n  data = fashion_mnist("%s")\n  optimizer = adamw(lr = 1e-2)\n  batch = 64\n}\n' "$FM" > "$d/nobias.model"
 "$DUET" run "$d/nobias.model" $T --steps 6 --train-subset 512 $P --prune-start 3 --no-eval --quiet --save "$d/nb.st" > /dev/null 2>&1 || bad "training nobias"
 "$DUET" run "$d/nobias.model" $T --eval-only --checkpoint "$d/nb.st" $P --shrink > /dev/null 2> "$d/nb.err"
-if grep -q "^duet: error: cannot load $d/nb.st: pruned channel [0-9]* of \`w1\` still outputs relu(bias) = [0-9.e-]* (channels pruning keeps the biases), and the next layer has no bias to fold it into, so the channel cannot be removed exactly$" "$d/nb.err"
+if grep -q "^duet: error: cannot load $d/nb.st: pruned channel [0-9]* of \`w1\` still outputs relu(bias) = [0-9.e-]* (channels pruning keeps the biases), and the next layer has no bias to fold it into, so the channel cannot be removed exactly; evaluate it without --shrink (a compiled executable: compile again without --shrink)$" "$d/nb.err"
 then ok "no next bias to fold a removed channel's relu(bias) into: an error naming it"; else bad "no next bias"; cat "$d/nb.err"; fi
 
 # fmnist_cnn: convolutions (the output axis first), im2col, flatten's groups of 7 x 7
