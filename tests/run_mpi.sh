@@ -261,9 +261,23 @@ kill)
     skip "Fashion-MNIST is not installed: the kill part"
   else
     LONG="models/fmnist_mlp.model --steps 2000 --log-every 1 --train-subset 5120 --no-eval --threads 1"
-    for mode in signal timeout; do
+    # timeout: mpirun --enable-recovery is meant to leave rank 0 running so
+    # that duet's own DUET_PIPE_TIMEOUT (3 s) finds the dead peer, but under
+    # load Open MPI 4.1 sometimes ends the job itself at once (a PMIx
+    # BAD-PARAM error, rank 0 gone in 0.06 s, no duet line: seen once under
+    # ASan on the loaded 2-core machine).  Such an attempt, over in under
+    # 3 s without duet's line and with mpirun's own (PMIX ERROR, "mpirun
+    # noticed"), exercised nothing of duet's: it is tried
+    # again, up to 3 attempts, then reported as a skip, never a pass.
+    attempt=0
+    for mode in signal timeout timeout timeout; do
       extra="" env=""
-      [ $mode = timeout ] && extra="--enable-recovery" env="DUET_PIPE_TIMEOUT=3"
+      if [ $mode = timeout ]; then
+        attempt=$((attempt + 1))
+        [ $attempt -gt 1 ] && [ "$timeout_done" = 1 ] && break
+        extra="--enable-recovery" env="DUET_PIPE_TIMEOUT=3"
+      fi
+      timeout_done=0
       env $env $MPIRUN $extra -np 2 "$DUET" run $LONG > "$d/kill_$mode.out" 2>&1 &
       m=$!
       if ! wait_line "$d/kill_$mode.out" '^epoch 1 step 3/' 60; then
@@ -282,6 +296,14 @@ kill)
       else
         want='^duet: rank 0: error: .*timed out after 3 s waiting for rank 1 '
       fi
+      if [ $mode = timeout ] && ! grep -q "$want" "$d/kill_$mode.out" && grep -q "PMIX ERROR\|mpirun noticed" "$d/kill_$mode.out" &&
+        awk -v s="$secs" 'BEGIN { exit !(s < 3) }'
+      then
+        if [ $attempt -lt 3 ]; then echo "note: attempt $attempt: mpirun ended the job itself after $secs s; again"
+        else skip "killed rank 1 (timeout): mpirun ended the job itself in 3 attempts (Open MPI's recovery)"; fi
+        continue
+      fi
+      timeout_done=1
       if grep -q "$want" "$d/kill_$mode.out" && awk -v s="$secs" 'BEGIN { exit !(s < 10) }'; then
         ok "killed rank 1 ($mode): rank 0 named it, run over in $secs s (bound 10 s)"
       else
