@@ -13,23 +13,12 @@
 # GPU_QUICK=1 (the fake GPU: 2,560 training and 1,000 test images).
 # usage: run_shrink_gpu.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_shrink_gpu.sh path/to/duet}
-GPU_DEVICE=${GPU_DEVICE:-cuda}
+. "$(dirname "$0")/common.sh" # GPU_DEVICE, gpu_require, gpu_workdir, ok, bad
 if [ "${GPU_QUICK:-0}" = 1 ]; then ARGS="--train-subset 2560 --test-subset 1000"; else ARGS=; fi
-if [ "$GPU_DEVICE" != cpu ] && ! "$DUET" devices | grep -q '^cuda:0 '; then
-  why=$("$DUET" devices | grep '^cuda')
-  case "$why" in
-    *"no CUDA driver"*|*"reports no GPU"*|*"CUresult 34)"*|*"CUresult 100)"*) echo "SKIP: no GPU: $why"; exit 77 ;;
-  esac
-  echo "FAIL: a CUDA driver is present but the GPU backend is unusable: $why"
-  exit 1
-fi
+gpu_require
 FMNIST_DIR=${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 [ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ] || { echo "FAIL: no Fashion-MNIST in $FMNIST_DIR (set FMNIST_DIR)"; exit 1; }
-tmp=$(mktemp -d) || exit 1
-trap 'rm -rf "$tmp"' EXIT
-pass=0 fail=0
-ok() { echo "ok $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+gpu_workdir
 M=models/fmnist_mlp.model
 F="--data $FMNIST_DIR $ARGS"
 P="--prune-mode channels --prune 0.5"
