@@ -12,13 +12,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 14 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 15 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
                                 * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping;
                                 * 9: DuetConfig eval_only, checkpoint_path, keep, keep_best;
                                 * 10: DuetConfig.metrics_timing; 11: DuetConfig.offload;
                                 * 12: DuetProgram.weights (embedded weights); 13: DuetConfig.calibrate;
-                                * 14: DuetProgram.shrink */
+                                * 14: DuetProgram.shrink; 15: DuetConfig.init_path */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -180,6 +180,8 @@ typedef struct DuetConfig {
                             * 1 + DUET_OFFLOAD_OPTIMIZER when compiled with it; runtime/offload.c) */
   int64_t calibrate;       /* --calibrate N (compile-time, with --quantize): int8 activations, their
                             * scales calibrated on the first N training batches (duet_calibrate); 0: none */
+  const char *init_path;   /* --init-from CK: a new run (step 0, fresh optimizer state and data order)
+                            * starting from CK's params (fine-tuning; duet_checkpoint_load_weights) */
 } DuetConfig;
 
 /* --offload: none (the default), or optimizer (ZeRO-Offload: each stage's

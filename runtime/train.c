@@ -64,6 +64,9 @@ void duet_usage(const char *argv0, FILE *out) {
           "  --keep-best        PATH.best: the checkpoint of the best evaluation (validation accuracy or\n"
           "                     loss; needs --save)\n"
           "  --resume PATH      continue from a checkpoint with the losses of an uninterrupted run\n"
+          "  --init-from CK     start from the params of checkpoint CK (of the same model, e.g. its QAT\n"
+          "                     or pruned variant): fine-tuning; step 0, fresh optimizer state and data\n"
+          "                     order, CK's optimizer state, masks and position ignored\n"
           "  --train-subset N   train on the first N training samples\n"
           "  --test-subset N    evaluate on the first N test samples\n"
           "  --loss-scale X     fp16 programs: initial loss scale (default 65536 = 2^16)\n"
@@ -336,7 +339,8 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
                                         "--metrics", "--batch", "--loss-scale", "--min-loss-scale",
                                         "--devices", "--micro-batches", "--schedule", "--data-parallel",
                                         "--bucket-mb", "--zero", "--lr-schedule", "--warmup", "--min-lr",
-                                        "--clip-grad-norm", "--checkpoint", "--keep", "--offload"};
+                                        "--clip-grad-norm", "--checkpoint", "--keep", "--offload",
+                                        "--init-from"};
     snprintf(flag, sizeof flag, "%.*s", (int)(eq ? eq - a : (long)strlen(a)), a);
     int is_known = 0, fixed_k = -1;
     for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(known[k], flag);
@@ -397,6 +401,7 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
     else if (!strcmp(flag, "--save-every")) rc = parse_i64(flag, val, 1, &c->save_every);
     else if (!strcmp(flag, "--resume")) c->resume_path = val;
     else if (!strcmp(flag, "--checkpoint")) c->checkpoint_path = val;
+    else if (!strcmp(flag, "--init-from")) c->init_path = val;
     else if (!strcmp(flag, "--keep")) {
       char *end;
       errno = 0;
@@ -765,6 +770,24 @@ static int maybe_resume(DuetSession *s, const DuetConfig *cfg, DuetTrainState *s
     fprintf(stderr, "duet: warning: --loss-scale %.15g is ignored: resuming from %s restores its loss scale %.15g (and "
             "growth counter) so that the run continues exactly\n", cfg->loss_scale, cfg->resume_path, sc.scale);
   if (!cfg->quiet) printf("duet: resumed from %s at step %" PRId64 "\n", cfg->resume_path, st->step);
+  return 0;
+}
+
+/* --init-from CK: CK's params into the session (fine-tuning), before the
+ * first step; the step, optimizer state, masks and data order stay those of
+ * a new run.  0, or -1 after the error. */
+static int maybe_init(DuetSession *s, const DuetConfig *cfg) {
+  if (!cfg->init_path) return 0;
+  char err[1024];
+  int64_t step;
+  if (duet_checkpoint_check_weights(duet_session_program(s), cfg->init_path, &step, err, sizeof err) ||
+      duet_checkpoint_load_weights(s, cfg->init_path, err, sizeof err)) {
+    fprintf(stderr, "duet: error: %s\n", err);
+    return -1;
+  }
+  if (!cfg->quiet)
+    printf("duet: params from %s (its step %" PRId64 "); step, optimizer state and data order start afresh\n",
+           cfg->init_path, step);
   return 0;
 }
 
@@ -1144,6 +1167,7 @@ static void run_inputs(const DuetConfig *cfg, const char *model_path, RunInputs 
   if (model_path) r->in[r->n++] = (RunInput){"the model source", model_path};
   if (cfg->resume_path) r->in[r->n++] = (RunInput){"--resume", cfg->resume_path};
   if (cfg->checkpoint_path) r->in[r->n++] = (RunInput){"--checkpoint", cfg->checkpoint_path};
+  if (cfg->init_path) r->in[r->n++] = (RunInput){"--init-from", cfg->init_path};
   if ((cfg->data == DUET_DATA_TEXT || cfg->data == DUET_DATA_TOKENS) && cfg->data_path) {
     r->in[r->n++] = (RunInput){cfg->data == DUET_DATA_TEXT ? "the training text" : "the token file", cfg->data_path};
   } else if (cfg->data == DUET_DATA_NPY) {
@@ -1263,7 +1287,9 @@ static int check_run_files(const DuetProgram *p, const DuetConfig *cfg, const ch
   if (cfg->save_path && writes_files_here() && check_save_path(cfg->save_path)) return 1;
   if (check_outputs(cfg, model_path)) return 1;
   int64_t ck_step;
-  if (cfg->eval_only && duet_checkpoint_check_weights(p, cfg->checkpoint_path, &ck_step, err, sizeof err)) {
+  if ((cfg->eval_only || cfg->init_path) &&
+      duet_checkpoint_check_weights(p, cfg->eval_only ? cfg->checkpoint_path : cfg->init_path, &ck_step, err,
+                                    sizeof err)) {
     fprintf(stderr, "duet: error: %s\n", err);
     return 1;
   }
@@ -1718,7 +1744,7 @@ static int train_images(const DuetProgram *p, const DuetKernelFn *kernels, DuetC
     goto out;
   }
   DuetTrainState ts = {.step = 0, .epoch = 1, .batch = 0};
-  if (maybe_resume(s, &cfg, &ts)) goto out;
+  if (maybe_resume(s, &cfg, &ts) || maybe_init(s, &cfg)) goto out;
   if (ts.step >= total) {
     fprintf(stderr, "duet: error: the checkpoint is at step %" PRId64 ", not before the last step %" PRId64 "\n",
             ts.step, total);
@@ -2052,7 +2078,7 @@ static int train_text(const DuetProgram *p, const DuetKernelFn *kernels, DuetCon
   print_schedule(&cfg, total);
   DuetTrainState ts = {0};
   duet_rng_seed(&ts.rng, cfg.seed, 0x74657874ull); /* "text" */
-  if (maybe_resume(s, &cfg, &ts)) goto out;
+  if (maybe_resume(s, &cfg, &ts) || maybe_init(s, &cfg)) goto out;
   if (ts.step >= total) {
     fprintf(stderr, "duet: error: the checkpoint is at step %" PRId64 ", not before the last step %" PRId64 "\n",
             ts.step, total);
@@ -2387,10 +2413,21 @@ static int split_validation(DuetDataset *train, double fraction, DuetDataset *va
  * embedded weights evaluates them without --checkpoint), and --eval-only
  * trains nothing (no --save, --resume).  1 after the error, else 0. */
 static int check_eval_flags(const DuetProgram *p, const DuetConfig *c) {
-  if (p->weights && (c->save_path || c->resume_path || c->keep || c->keep_best)) {
+  if (p->weights && (c->save_path || c->resume_path || c->keep || c->keep_best || c->init_path)) {
     fprintf(stderr, "duet: error: this executable evaluates its embedded weights (compiled with --checkpoint) and "
                     "trains nothing: it takes no --%s; to train, compile without --checkpoint\n",
-            c->save_path ? "save" : c->resume_path ? "resume" : c->keep ? "keep" : "keep-best");
+            c->save_path ? "save" : c->resume_path ? "resume" : c->keep ? "keep" : c->keep_best ? "keep-best"
+                                                                                           : "init-from");
+    return 1;
+  }
+  if (c->init_path && c->eval_only) {
+    fprintf(stderr, "duet: error: --init-from CK starts a training run from CK's params; --eval-only trains nothing: "
+                    "to evaluate CK give --eval-only --checkpoint CK\n");
+    return 1;
+  }
+  if (c->init_path && c->resume_path) {
+    fprintf(stderr, "duet: error: --init-from starts a new run from a checkpoint's params (step 0, fresh optimizer "
+                    "state) and --resume continues a run where it stopped: give one of them\n");
     return 1;
   }
   if (c->eval_only && !c->checkpoint_path && !p->weights) {
@@ -2399,7 +2436,7 @@ static int check_eval_flags(const DuetProgram *p, const DuetConfig *c) {
   }
   if (c->checkpoint_path && !c->eval_only) {
     fprintf(stderr, "duet: error: --checkpoint CK is read by --eval-only; to continue training from a checkpoint "
-                    "give --resume CK\n");
+                    "give --resume CK, to start a new run from its params --init-from CK\n");
     return 1;
   }
   if ((c->keep || c->keep_best) && !c->save_path && !c->eval_only) {

@@ -63,7 +63,7 @@ want=$(last_eval "$d/gtrain.jsonl" val_loss)
 before_compile no_checkpoint "duet: error: --eval-only needs --checkpoint CK (a checkpoint written by --save)" \
   "$DUET" run $M --eval-only
 before_compile checkpoint_alone "duet: error: --checkpoint CK is read by --eval-only; to continue training from a \
-checkpoint give --resume CK" "$DUET" run $M --checkpoint "$d/ck.st"
+checkpoint give --resume CK, to start a new run from its params --init-from CK" "$DUET" run $M --checkpoint "$d/ck.st"
 before_compile eval_only_save "duet: error: --eval-only trains nothing: it takes no --save (the checkpoint to \
 evaluate is --checkpoint CK)" "$DUET" run $M --eval-only --checkpoint "$d/ck.st" --save "$d/x.st"
 before_compile eval_only_keep "duet: error: --eval-only trains nothing: it takes no --keep (the checkpoint to \
