@@ -128,6 +128,10 @@ static PruneSpec opt_prune;
 /* --shrink (passes/shrink.c): channels pruning's zero channels removed, an
  * evaluation program; taken out of argv with the --prune flags. */
 static bool opt_shrink;
+/* duet run --eval-only, duet compile --checkpoint: the passes make an
+ * evaluation program (passes/evalonly.c: no backward graph, no optimizer
+ * state); set by cmd_run and cmd_compile before compiling. */
+static bool opt_eval_only;
 
 /* Removes the --prune flags (`--prune S`, `--prune-mode M`, ... and the
  * `=` forms) from argv into opt_prune; returns the new argc, or -1 after a
@@ -594,7 +598,7 @@ static int compile_model_to(Compiled *c, FILE *diag_out, const char *path, const
   PassCtx pc = {.diag = &c->diag, .verify = true, .dump_after = dump_after, .stop_after = stop_after,
                 .precision = opt_precision, .target = opt_arch, .prune = &opt_prune, .recompute = opt_recompute,
                 .optim_state = opt_optim_state, .quantize = opt_quantize, .calibrate = opt_calibrate_n,
-                .shrink = opt_shrink,
+                .shrink = opt_shrink, .eval_only = opt_eval_only,
                 .devices = po && po->n_dev ? po->dev : NULL, .n_devices = po ? par_group(po) : 0,
                 .one_f_one_b = po && po->one_f_one_b, .bucket_mb = po ? po->bucket_mb : 0,
                 .clip = po && po->clip};
@@ -894,6 +898,7 @@ static int cmd_run(int argc, char **argv) {
   }
   if (rank > 0) probe.quiet = 1; /* rank 0 alone prints progress */
   if (par_opts(&po, argc - 1, argv + 1, ranks)) return 1;
+  opt_eval_only = probe.eval_only; /* an evaluation program (passes/evalonly.c) */
   Compiled c;
   int rc = compile_model_par(&c, argv[0], batch, &po, NULL, NULL);
   if (rc) explain_no_split(argv[0], batch, &po, stderr, false);
@@ -1127,6 +1132,7 @@ static int cmd_compile(int argc, char **argv) {
       return 1;
     }
   Compiled c;
+  opt_eval_only = ck != NULL; /* embedded weights: an evaluation executable, an evaluation program */
   int crc = compile_model_par(&c, model, batch, &po, NULL, NULL);
   if (crc) {
     par_free(&po);
@@ -1234,6 +1240,8 @@ static int cmd_ir(int argc, char **argv) {
              "--recompute none|blocks|auto (activation recomputation: `duet ir M.model --after recompute`),\n"
              "--quantize int8|int8-tensor (int8 weights: `duet ir M.model --after quantize --quantize int8`),\n"
              "--calibrate N with --quantize (int8 activations: matmul_i8 and the NAME.act_scale params).\n"
+             "--eval-only: the evaluation program of duet run --eval-only (no backward graph, no optimizer\n"
+             "state: `duet ir M.model --after evalonly --eval-only`).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
              "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them).\n"
              "Passes, in order:\n");
@@ -1243,6 +1251,8 @@ static int cmd_ir(int argc, char **argv) {
       after = argv[++i];
     } else if (!strncmp(argv[i], "--after=", 8)) {
       after = argv[i] + 8;
+    } else if (!strcmp(argv[i], "--eval-only")) {
+      opt_eval_only = true; /* passes/evalonly.c */
     } else if (par_flag(argv[i]) && i + 1 < argc) {
       i++; /* read by par_opts */
     } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
@@ -1658,6 +1668,8 @@ static int cmd_plan(int argc, char **argv) {
              "device needs to fit; the CPU's budget is MemAvailable or DUET_HOST_MEMORY).\n"
              "--quantize int8|int8-tensor: the evaluation program (int8 weights and their f32 scales);\n"
              "--calibrate N with it: int8 activations too (one f32 scale per int8 GEMM).\n"
+             "--eval-only: the evaluation program of duet run --eval-only (params and forward activations;\n"
+             "no gradients, no optimizer state).\n"
              "--offload optimizer: the optimizer state and the f32 master weights on a host row instead of\n"
              "the devices' (the update on the CPU; the gradients and params copied each step).\n"
              "Pruning: --prune S, --prune-mode M, --prune-start N, --prune-end N, --prune-every N,\n"
@@ -1679,6 +1691,8 @@ static int cmd_plan(int argc, char **argv) {
       i++;
     } else if (!strcmp(argv[i], "--fit")) {
       fit = true;
+    } else if (!strcmp(argv[i], "--eval-only")) {
+      opt_eval_only = true; /* passes/evalonly.c */
     } else if (!strcmp(argv[i], "--format") && i + 1 < argc) {
       format = argv[++i];
     } else if (argv[i][0] != '-' && !model) {
@@ -1695,6 +1709,11 @@ static int cmd_plan(int argc, char **argv) {
   bool json = !strcmp(format, "json");
   if (fit && !strcmp(format, "svg")) {
     fprintf(stderr, "duet: error: duet plan --fit prints its ranked list and table as text or json, not svg\n");
+    return 1;
+  }
+  if (fit && opt_eval_only) {
+    fprintf(stderr, "duet: error: duet plan --fit ranks training layouts; --eval-only plans the evaluation program "
+                    "of one: give one of them\n");
     return 1;
   }
   if (fit) { /* the search sets these itself */

@@ -1416,6 +1416,7 @@ void codegen_write_executable_c(const CgProgram *cp, const char *kernel_src, FIL
   fprintf(out, "  .kernel_arg_off = kernel_arg_off, .kernel_args = kernel_args,\n");
   if (p->prune) fprintf(out, "  .prune = &prune,\n");
   if (p->shrink) fprintf(out, "  .shrink = &shrink,\n");
+  if (p->eval_program) fprintf(out, "  .eval_program = 1,\n");
   if (p->n_clip > 0)
     fprintf(out, "  .n_clip = %d, .clip_grad = clip_grad, .clip_sumsq = clip_sumsq, .clip_scale = clip_scale, "
                  ".clip_from = %d,\n", p->n_clip, p->clip_from);

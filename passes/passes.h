@@ -70,6 +70,8 @@ typedef struct PassCtx {
                               * on N training batches: matmul_i8; 0: none) */
   bool shrink;               /* shrink: --shrink, channels pruning's removed channels taken out of the
                               * layers (an evaluation program) */
+  bool eval_only;            /* evalonly: an evaluation program (duet run --eval-only, duet compile
+                              * --checkpoint): no backward graph, no optimizer, no state only they read */
   const char *optim_state;   /* optimizer: --optimizer-state int8|f32, overriding the model's
                               * adamw(state = ...) (NULL: the model's; ignored for SGD) */
   int nodes;                 /* duet plan --nodes K: the replicas are spread over K
@@ -95,8 +97,8 @@ typedef struct Pass {
   const char *what; /* one line for `duet ir --help` */
 } Pass;
 
-/* The pipeline, in order: shape, qat, autodiff, optimizer, eval, prune, shrink, quantize, precision, fuse,
- * partition, data_parallel, recompute, memplan. */
+/* The pipeline, in order: shape, qat, autodiff, optimizer, eval, prune, shrink, quantize, evalonly, precision,
+ * fuse, partition, data_parallel, recompute, memplan. */
 extern const Pass duet_passes[];
 extern const int duet_n_passes;
 
@@ -122,6 +124,16 @@ void pass_prune(Graph *g, PassCtx *cx);     /* pruning masks and the ops that ap
 bool shrink_check(Graph *g, const PruneSpec *cli);
 void pass_shrink(Graph *g, PassCtx *cx);    /* --shrink: channels pruning's zero channels removed (evaluation) */
 void pass_quantize(Graph *g, PassCtx *cx);  /* int8 weights (--quantize): an evaluation program */
+void pass_evalonly(Graph *g, PassCtx *cx);  /* cx->eval_only: graph_drop_training (an evaluation program) */
+/* Makes g an evaluation program: removes every value of the backward and
+ * optimizer roles (gradients, optimizer updates, prune_mask ops, clipping)
+ * and every state tensor (OP_STATE: optimizer moments, 8-bit state codes
+ * and scales, pruning masks) that no remaining value reads, clears each
+ * param's grad, and renumbers.  The forward pass and the metrics are kept
+ * as they were, in order.  Idempotent (a graph without training values is
+ * left as it is); needs dense ids (graph_renumber), as between passes.
+ * Used by the evalonly, quantize and shrink passes (passes/evalonly.c). */
+void graph_drop_training(Graph *g);
 void pass_qat(Graph *g, PassCtx *cx);       /* fake-quantized weights (the model's quantize section) */
 void pass_precision(Graph *g, PassCtx *cx); /* 16-bit storage, f32 master weights, casts */
 void pass_fuse(Graph *g, PassCtx *cx);      /* fuse elementwise chains */

@@ -14,6 +14,7 @@ const Pass duet_passes[] = {
     {"prune", pass_prune, "magnitude pruning (--prune): a mask per pruned weight, applied after every optimizer step"},
     {"shrink", pass_shrink, "--shrink with --prune-mode channels: the pruned channels removed from each layer and the next layer's inputs; evaluation only"},
     {"quantize", pass_quantize, "int8 weights (--quantize int8|int8-tensor): i8 params, f32 scales, a dequantize before each GEMM; with --calibrate N, int8 GEMMs (matmul_i8) with calibrated activation scales; evaluation only"},
+    {"evalonly", pass_evalonly, "duet run --eval-only, duet compile --checkpoint: the backward graph, the optimizer and the state only they read (moments, pruning masks) dropped; an evaluation program"},
     {"precision", pass_precision, "choose storage dtypes (--precision): 16-bit activations, f32 master weights, casts"},
     {"fuse", pass_fuse, "fuse chains of elementwise ops into single loops"},
     {"partition", pass_partition, "assign every op a device (pipeline stage) and insert transfers at the cuts"},

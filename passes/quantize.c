@@ -62,22 +62,13 @@ void pass_quantize(Graph *g, PassCtx *cx) {
                      "and this model's data is %s(\"%s\"): drop --calibrate (--quantize %s alone gives int8 weights)",
                      cx->calibrate, dk == DATA_TEXT ? "text" : dk == DATA_TOKENS ? "tokens" : "npy",
                      g->train.data_path ? g->train.data_path : "", cx->quantize);
+  /* evaluation only: the backward graph, the optimizer and the state only
+   * they read (optimizer moments, pruning masks) go (passes/evalonly.c) */
+  graph_drop_training(g);
   Arena *a = g->arena;
   int n = g->n_values;
   Value **old = arena_alloc(a, ((size_t)n + 1) * sizeof *old);
   memcpy(old, g->values, (size_t)n * sizeof *old);
-
-  /* evaluation only: the backward graph and the optimizer go */
-  bool *drop = arena_alloc(a, (size_t)n + 1);
-  for (int i = 0; i < n; i++) drop[i] = old[i]->role == ROLE_BACKWARD || old[i]->role == ROLE_OPTIMIZER;
-  /* state only they read (optimizer moments, pruning masks) goes with them */
-  int *live_uses = arena_alloc(a, ((size_t)n + 1) * sizeof *live_uses);
-  for (int i = 0; i < n; i++)
-    for (int j = 0; j < old[i]->n_in && !drop[i]; j++) live_uses[old[i]->in[j]->id]++;
-  for (int i = 0; i < n; i++) {
-    if (old[i]->op == OP_STATE && !live_uses[i]) drop[i] = true;
-    if (old[i]->op == OP_PARAM) old[i]->grad = NULL;
-  }
 
   /* forward uses of every kept value (prune_weight_axis) and the names of
    * the tensors (a scale's name must be new) */
@@ -85,7 +76,6 @@ void pass_quantize(Graph *g, PassCtx *cx) {
   NameMap names = {0};
   for (int i = 0; i < n; i++) {
     Value *v = old[i];
-    if (drop[i]) continue;
     if ((v->op == OP_PARAM || v->op == OP_STATE || v->op == OP_INPUT) && v->attr.name)
       *namemap_slot(a, &names, v->attr.name) = v;
     if (v->role != ROLE_FORWARD) continue;
@@ -95,7 +85,7 @@ void pass_quantize(Graph *g, PassCtx *cx) {
   Value **use = arena_alloc(a, ((size_t)cnt[n] + 1) * sizeof *use);
   for (int i = 0; i < n; i++) {
     Value *v = old[i];
-    if (drop[i] || v->role != ROLE_FORWARD) continue;
+    if (v->role != ROLE_FORWARD) continue;
     for (int j = 0; j < v->n_in; j++) use[cnt[v->in[j]->id] + fill[v->in[j]->id]++] = v;
   }
 
@@ -108,7 +98,6 @@ void pass_quantize(Graph *g, PassCtx *cx) {
   int k = 0, n_quant = 0;
   for (int i = 0; i < n; i++) {
     Value *v = old[i];
-    if (drop[i]) continue;
     for (int j = 0; j < v->n_in; j++)
       if (v->in[j]->id < n && old[v->in[j]->id] == v->in[j] && subst[v->in[j]->id]) v->in[j] = subst[v->in[j]->id];
     int axis = v->op == OP_PARAM && v->dtype == DT_F32 && v->shape.rank >= 2 ? prune_weight_axis(v, use, cnt) : -1;

@@ -336,23 +336,9 @@ void pass_shrink(Graph *g, PassCtx *cx) {
     }
 
   /* evaluation only: the backward graph, the optimizer, and the state only
-   * they read (optimizer moments, pruning masks) go */
-  bool *drop = arena_alloc(ar, (size_t)n + 1);
-  for (int i = 0; i < n; i++) drop[i] = old[i]->role == ROLE_BACKWARD || old[i]->role == ROLE_OPTIMIZER;
-  int *live = arena_alloc(ar, ((size_t)n + 1) * sizeof *live);
-  for (int i = 0; i < n; i++)
-    for (int j = 0; j < old[i]->n_in && !drop[i]; j++) live[old[i]->in[j]->id]++;
-  for (int i = 0; i < n; i++) {
-    if (old[i]->op == OP_STATE && !live[i]) drop[i] = true;
-    if (old[i]->op == OP_PARAM) old[i]->grad = NULL;
-  }
-  int k = 0;
-  for (int i = 0; i < n; i++)
-    if (!drop[i]) g->values[k++] = old[i];
-  g->n_values = k;
-  graph_renumber(g);
-  graph_count_uses(g);
-  n = k;
+   * they read (optimizer moments, pruning masks) go (passes/evalonly.c) */
+  graph_drop_training(g);
+  n = g->n_values;
 
   Sh S = {.g = g};
   S.cnt = arena_alloc(ar, ((size_t)n + 2) * sizeof *S.cnt);

@@ -12,13 +12,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define DUET_RT_API_VERSION 15 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
+#define DUET_RT_API_VERSION 16 /* 3: data parallelism; 4: DuetProgram.prune; 5: DuetProgram.source_hash;
                                 * 6: DuetProgram.zero (ZeRO stage 1); 7: DuetConfig's npy fields, DUET_DATA_TOKENS,
                                 * DuetProgram.vocab; 8: DuetConfig lr schedule, clipping; DuetProgram clipping;
                                 * 9: DuetConfig eval_only, checkpoint_path, keep, keep_best;
                                 * 10: DuetConfig.metrics_timing; 11: DuetConfig.offload;
                                 * 12: DuetProgram.weights (embedded weights); 13: DuetConfig.calibrate;
-                                * 14: DuetProgram.shrink; 15: DuetConfig.init_path */
+                                * 14: DuetProgram.shrink; 15: DuetConfig.init_path;
+                                * 16: DuetProgram.eval_program (evaluation programs) */
 #define DUET_MAX_RANK 8
 
 /* Element types (numbering shared with the compiler's DType).  DUET_F16 is
@@ -434,6 +435,13 @@ typedef struct DuetProgram {
   /* --shrink (NULL: none): the params whose axes the shrink pass shortened.
    * Appended: no other member moves. */
   const DuetShrink *shrink;
+  /* An evaluation program (passes/evalonly.c: duet run --eval-only, duet
+   * compile --checkpoint, --quantize, --shrink): no backward graph, no
+   * optimizer, no optimizer state or pruning masks; the train schedule is
+   * the forward pass alone.  It evaluates params (--eval-only) and cannot
+   * train: the runtime refuses a training run of it.  Appended: no other
+   * member moves. */
+  int eval_program;
 } DuetProgram;
 
 /* How messages name a program's embedded weights (DuetProgram.weights). */

@@ -76,7 +76,9 @@ void duet_usage(const char *argv0, FILE *out) {
           "                     evaluation (test accuracy and loss, or validation loss; --metrics gets\n"
           "                     one line {\"step\" (the checkpoint's),\"test_accuracy\",\"test_loss\"} or\n"
           "                     {\"step\",\"val_loss\"}); no optimizer state needed; --steps, --epochs\n"
-          "                     and --offload are errors with it\n"
+          "                     and --offload are errors with it; duet run compiles an evaluation\n"
+          "                     program (params and forward activations; no gradients, no optimizer\n"
+          "                     state), a compiled executable keeps its training program\n"
           "  --checkpoint CK    the checkpoint (written by --save) that --eval-only evaluates\n"
           "  --quiet            no progress lines or notes (warnings and errors are still printed)\n"
           "  --version          print duet's version and the commit it was built from\n"
@@ -487,6 +489,11 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
   if (!c->eval_only && p->shrink) { /* --shrink: passes/shrink.c */
     fprintf(stderr, "duet: error: this program's layers are shrunk (compiled with --shrink): it evaluates a "
                     "channels-pruned checkpoint and cannot train; give --eval-only --checkpoint CK\n");
+    return 1;
+  }
+  if (!c->eval_only && p->eval_program) { /* passes/evalonly.c */
+    fprintf(stderr, "duet: error: this program was compiled for evaluation (duet run --eval-only: no gradients, no "
+                    "optimizer state) and cannot train; give --eval-only --checkpoint CK\n");
     return 1;
   }
   if (c->keep_best && no_eval) {
@@ -1402,12 +1409,14 @@ static int check_compiled(const DuetProgram *p, const DuetConfig *cfg) {
             "compile M.model --data-parallel N --zero %d)\n", z, cfg->zero - 1, cfg->zero - 1);
     return 1;
   }
-  if (cfg->clip_grad_norm > 0 && z) {
+  /* an evaluation clips nothing: an evaluation program (no gradients, no
+   * clipping kernels) of a model whose train section clips evaluates */
+  if (cfg->clip_grad_norm > 0 && z && !cfg->eval_only) {
     fprintf(stderr, "duet: error: --clip-grad-norm with --zero 1 is not supported yet: each replica holds the summed "
                     "gradients of its own shard only (train without --zero, or without clipping)\n");
     return 1;
   }
-  if (cfg->clip_grad_norm > 0 && p->n_clip == 0) {
+  if (cfg->clip_grad_norm > 0 && p->n_clip == 0 && !cfg->eval_only) {
     fprintf(stderr, "duet: error: --clip-grad-norm is fixed at compile time: off (this program has no gradient "
                     "clipping kernels; compile it with `duet compile M.model --clip-grad-norm X`, or set "
                     "clip_grad_norm in the train section)\n");
@@ -2546,8 +2555,10 @@ int duet_evaluate(DuetSession *s, const DuetConfig *cfg, DuetEvalResult *res, ch
  * forward passes and metric reductions of duet_evaluate; loading and
  * calibration excluded), its rate (samples/s for classifiers, r->n samples;
  * batches/s for text, r->batches fixed validation batches) and the bytes
- * the session allocated on its devices (duet plan's totals; the f32
- * program of a model is its training program, optimizer state included),
+ * the session allocated on its devices (duet plan's totals; duet run
+ * --eval-only compiles an evaluation program, passes/evalonly.c: the
+ * params and the forward pass's activation arena, no gradients or
+ * optimizer state; a compiled training executable's include them),
  * added to the metrics line `o` as eval_seconds, samples_per_s |
  * batches_per_s and allocated_bytes, and printed on `out` (NULL: not
  * printed).  Off by default: wall-clock figures would keep two runs'

@@ -33,7 +33,7 @@ for c in compile ir emit check plan; do
   expect ${c}_help_prune 0 "--prune-initial S, --prune-params P, --shrink (as duet run --help describes them)." "$DUET" $c --help
 done
 expect missing_model 1 "nofile.model: error: cannot open file: No such file or directory" "$DUET" check nofile.model
-expect unknown_pass 1 "duet: error: unknown pass 'nosuch'; passes: shape qat autodiff optimizer eval prune shrink quantize precision fuse partition data_parallel recompute memplan" \
+expect unknown_pass 1 "duet: error: unknown pass 'nosuch'; passes: shape qat autodiff optimizer eval prune shrink quantize evalonly precision fuse partition data_parallel recompute memplan" \
   "$DUET" ir $M --after nosuch
 expect unknown_target 1 "duet: error: unknown target 'ptx' (available: c, cuda)" "$DUET" emit $M --target ptx
 expect bad_lr 1 "duet: error: --lr expects a number >= 0, got 'abc'" "$DUET" run $M --lr abc

@@ -13,8 +13,15 @@
 #      ignored), in duet run and in a compiled executable; an executable
 #      compiled with --offload optimizer (its default, not given) evaluates;
 #   4. --metrics-timing adds eval_seconds, samples_per_s (batches_per_s for
-#      text) and allocated_bytes (== the training run's allocation of the
-#      same program; smaller with --quantize int8) and changes no number.
+#      text) and allocated_bytes and changes no number;
+#   5. --eval-only's evaluation program: allocated_bytes is the params and
+#      the forward arena (computed from the checkpoint's header and the
+#      model's shapes), less than the params plus the AdamW moments; a
+#      training run, and a compiled training executable's --eval-only,
+#      still allocate the moments; duet compile --checkpoint, duet plan
+#      --eval-only and a duet ir --eval-only dump make the same program
+#      (the dump refuses to train); a pipeline evaluates alike, fp16 and
+#      --data-parallel 2 as their training programs at --lr 0.
 # usage: run_eval.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_eval.sh path/to/duet}
 d=${TMPDIR:-/tmp}/duet-eval.$$
@@ -39,7 +46,7 @@ before_compile() {
 # 1. classifier
 "$DUET" run $M $F --steps 20 --save "$d/ck.st" --metrics "$d/train.jsonl" > /dev/null || bad train
 "$DUET" run $M $F --eval-only --checkpoint "$d/ck.st" --metrics "$d/eval.jsonl" > "$d/eval.out" || bad eval_only_runs
-want=$(last_eval "$d/train.jsonl" test_accuracy)
+want=$(last_eval "$d/train.jsonl" test_accuracy) want_mlp=$want
 got=$(last_eval "$d/eval.jsonl" test_accuracy)
 [ -n "$want" ] && [ "$want" = "$got" ] && ok classifier_same_evaluation ||
   { bad classifier_same_evaluation; echo "  train: $want"; echo "  eval:  $got"; }
@@ -104,12 +111,8 @@ out=$("$d/exe" --eval-only 2>&1)
 [ "$out" = "duet: error: --eval-only needs --checkpoint CK (a checkpoint written by --save)" ] &&
   ok executable_no_checkpoint || { bad executable_no_checkpoint; echo "$out"; }
 # 4. --metrics-timing: the evaluation's time, rate and device bytes join the
-# metrics line without changing its numbers; the bytes are the training
-# run's allocation (the same program, duet plan's totals), int8 weights
-# allocate less (no optimizer state, 1-byte weights); a text model gives
-# batches per second
-alloc=$("$DUET" run $M --train-subset 2560 --test-subset 1000 --threads 1 --steps 1 --no-eval 2>/dev/null |
-  sed -n 's/^duet: allocated: \([0-9]*\) bytes.*/\1/p')
+# metrics line without changing its numbers; a text model gives batches per
+# second
 "$DUET" run $M $F --eval-only --checkpoint "$d/ck.st" --metrics-timing --metrics "$d/et.jsonl" > /dev/null &&
 "$DUET" run $M $F --eval-only --checkpoint "$d/ck.st" --quantize int8 --metrics-timing --metrics "$d/et8.jsonl" > /dev/null &&
 "$DUET" run $G --threads 1 --quiet --eval-only --checkpoint "$d/g.st" --metrics-timing --metrics "$d/gt.jsonl" > /dev/null ||
@@ -120,12 +123,91 @@ num() { sed -n "s/.*\"$2\":\([0-9.e+-]*\).*/\1/p" "$1"; }
 awk -v s="$(num "$d/et.jsonl" eval_seconds)" -v r="$(num "$d/et.jsonl" samples_per_s)" 'BEGIN {
   d = s * r - 1000; exit !(s > 0 && d < 1e-6 * 1000 && d > -1e-6 * 1000) }' &&
   ok timing_rate_is_samples_over_seconds || { bad timing_rate_is_samples_over_seconds; cat "$d/et.jsonl"; }
+grep -q '"batches_per_s":[0-9]' "$d/gt.jsonl" && ok timing_text_batches || { bad timing_text_batches; cat "$d/gt.jsonl"; }
+
+# 5. duet run --eval-only compiles an evaluation program (passes/evalonly.c):
+# the params and the forward pass's activations, no gradients, no optimizer
+# state.  The expected bytes are computed here, not by duet: from the
+# checkpoint's header, P (its tensors but the AdamW moments; 4 x 1,863,690
+# for fmnist_mlp), S (the moments .exp_avg and .exp_avg_sq) and P64 (P with
+# each tensor rounded up to 64 bytes, the memory plan's alignment); the
+# forward arena at its peak, from the model's shapes at batch 256: the
+# inputs x f32[256,784] and y i32[256] and two f32[256,1024] hidden layers
+# (a matmul's output and the bias+relu reading it; the logits reuse freed
+# space).  Compared: allocated_bytes == P64 + that arena, and < P + S (less
+# than the params and the optimizer state alone); the training run of the
+# same model allocates >= P + S + P (params, moments, gradients) and so does
+# a compiled executable (it keeps its training program) with --eval-only;
+# an executable with its weights inside (duet compile --checkpoint) is an
+# evaluation program too.  The evaluation numbers stay the training run's.
+sizes=$(python3 - "$d/ck.st" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], 'rb') as f:
+    h = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+p = s = p64 = 0
+for k, v in h.items():
+    if k == '__metadata__':
+        continue
+    b = v['data_offsets'][1] - v['data_offsets'][0]
+    if k.endswith('.exp_avg') or k.endswith('.exp_avg_sq'):
+        s += b
+    else:
+        p += b
+        p64 += (b + 63) // 64 * 64
+print('P=%d S=%d P64=%d' % (p, s, p64))
+PY
+) && eval "$sizes" || bad checkpoint_sizes
+[ "$P" = $((4 * 1863690)) ] && [ "$S" = $((2 * P)) ] && ok checkpoint_params_and_moments ||
+  bad "checkpoint_params_and_moments: P $P S $S"
+arena=$((4 * 256 * 784 + 4 * 256 + 2 * 4 * 256 * 1024))
 a32=$(num "$d/et.jsonl" allocated_bytes) a8=$(num "$d/et8.jsonl" allocated_bytes)
-[ -n "$alloc" ] && [ "$a32" = "$alloc" ] && ok timing_bytes_as_training ||
-  { bad "timing_bytes_as_training: eval $a32, training allocated $alloc"; }
+[ -n "$a32" ] && [ "$a32" = $((P64 + arena)) ] && ok eval_allocates_params_and_forward_arena ||
+  bad "eval_allocates_params_and_forward_arena: $a32 bytes, want $P64 (params) + $arena (forward arena)"
+[ -n "$a32" ] && [ "$a32" -lt $((P + S)) ] && ok eval_allocates_no_optimizer_state ||
+  bad "eval_allocates_no_optimizer_state: $a32 bytes, params + AdamW moments $((P + S))"
+alloc=$("$DUET" run $M --train-subset 2560 --test-subset 1000 --threads 1 --steps 1 --no-eval 2>/dev/null |
+  sed -n 's/^duet: allocated: \([0-9]*\) bytes.*/\1/p')
+[ -n "$alloc" ] && [ "$alloc" -ge $((2 * P + S)) ] && ok training_allocates_state ||
+  bad "training_allocates_state: $alloc bytes, params + gradients + moments $((2 * P + S))"
+"$d/exe" $F --eval-only --checkpoint "$d/ck.st" --metrics-timing --metrics "$d/exet.jsonl" > /dev/null || bad exe_timing
+[ "$(num "$d/exet.jsonl" allocated_bytes)" = "$alloc" ] && ok executable_keeps_training_program ||
+  bad "executable_keeps_training_program: $(num "$d/exet.jsonl" allocated_bytes) bytes, training $alloc"
+"$d/exe_w" $F --metrics-timing --metrics "$d/exewt.jsonl" > /dev/null || bad exe_weights_timing
+[ "$(num "$d/exewt.jsonl" allocated_bytes)" = "$a32" ] &&
+  [ "$(last_eval "$d/exewt.jsonl" test_accuracy | sed 's/,"eval_seconds".*/}/')" = "$want_mlp" ] &&
+  ok executable_weights_evaluation_program || { bad executable_weights_evaluation_program; cat "$d/exewt.jsonl"; }
 [ -n "$a8" ] && [ "$a8" -gt 0 ] && [ "$a8" -lt "$a32" ] && ok timing_int8_allocates_less ||
   bad "timing_int8_allocates_less: int8 $a8, f32 $a32"
-grep -q '"batches_per_s":[0-9]' "$d/gt.jsonl" && ok timing_text_batches || { bad timing_text_batches; cat "$d/gt.jsonl"; }
+# duet plan --eval-only: the same bytes; duet ir --eval-only: no backward
+# value, no optimizer state after `evalonly` (without it, the pass keeps
+# them); a dump of it evaluates alike and cannot train
+"$DUET" plan $M --eval-only --format json > "$d/plan.json" &&
+  [ "$(tr -d ' \t\n' < "$d/plan.json" | sed -n 's/.*"total":\([0-9]*\).*/\1/p')" = "$a32" ] && ok plan_eval_only_bytes || { bad plan_eval_only_bytes; cat "$d/plan.json"; }
+"$DUET" ir $M --eval-only --after evalonly > "$d/e.ir" && "$DUET" ir $M --after evalonly > "$d/t.ir" &&
+  ! grep -q '@backward\|@optimizer\|^grad ' "$d/e.ir" && grep -q '@backward' "$d/t.ir" &&
+  grep -q 'exp_avg.*@optimizer' "$d/t.ir" && grep -q 'eval_metrics' "$d/e.ir" &&
+  ok ir_after_evalonly || bad ir_after_evalonly
+"$DUET" run "$d/e.ir" $F --eval-only --checkpoint "$d/ck.st" --metrics "$d/eir.jsonl" > /dev/null &&
+  [ "$(last_eval "$d/eir.jsonl" test_accuracy)" = "$want_mlp" ] && ok ir_dump_evaluates || { bad ir_dump_evaluates; cat "$d/eir.jsonl"; }
+before_compile eval_program_trains "duet: error: this program was compiled for evaluation (duet run --eval-only: no \
+gradients, no optimizer state) and cannot train; give --eval-only --checkpoint CK" "$DUET" run "$d/e.ir" $F --steps 1
+before_compile plan_fit_eval_only "duet: error: duet plan --fit ranks training layouts; --eval-only plans the \
+evaluation program of one: give one of them" "$DUET" plan $M --fit --eval-only
+before_compile ir_eval_only_value "duet: error: unexpected argument '--eval-only=1' (see duet ir --help)" \
+  "$DUET" ir $M --eval-only=1
+# a two-stage pipeline evaluates alike; fp16 and two data-parallel
+# replicas evaluate as their training programs do (one step at --lr 0 from
+# CK's params: the weights stay CK's)
+"$DUET" run $M $F --eval-only --checkpoint "$d/ck.st" --devices cpu:0,cpu:1 --metrics "$d/pp.jsonl" > /dev/null &&
+  [ "$(last_eval "$d/pp.jsonl" test_accuracy)" = "$want_mlp" ] && ok pipeline_evaluates || { bad pipeline_evaluates; cat "$d/pp.jsonl"; }
+for v in "fp16:--precision fp16" "dp2:--data-parallel 2"; do
+  n=${v%%:*} flags=${v#*:}
+  "$DUET" run $M $F $flags --eval-only --checkpoint "$d/ck.st" --metrics "$d/$n.e.jsonl" > /dev/null &&
+  "$DUET" run $M $F $flags --init-from "$d/ck.st" --lr 0 --steps 1 --metrics "$d/$n.t.jsonl" > /dev/null &&
+    [ "$(last_eval "$d/$n.e.jsonl" test_accuracy | sed 's/"step":[0-9]*,//')" = \
+      "$(last_eval "$d/$n.t.jsonl" test_accuracy | sed 's/"step":[0-9]*,//')" ] && ok "${n}_evaluates_as_training" ||
+    { bad "${n}_evaluates_as_training"; cat "$d/$n.e.jsonl" "$d/$n.t.jsonl"; }
+done
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

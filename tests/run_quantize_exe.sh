@@ -15,8 +15,10 @@
 #     the embedded files), the weight bytes int8 saves, 3 bytes per int8
 #     weight minus the bytes of their f32 scales, computed from the shapes
 #     `duet ir --after quantize --quantize int8` prints, plus the code only
-#     E32 has (its training kernels and tables: E32 - E8 of the two compiled
-#     without --checkpoint; 28 KiB here, 200 KiB under ASan); the embedded file (its size on the "wrote" line) holds the
+#     E32 has (E32 - E8 of the two compiled without --checkpoint: both
+#     evaluation programs, E32's from the dump of `duet ir M --eval-only
+#     --after evalonly`, as duet compile --checkpoint compiles it, so its
+#     training kernels are gone); the embedded file (its size on the "wrote" line) holds the
 #     params' bytes (int8 weights, f32 scales, f32 biases) plus a safetensors
 #     header of at most 4 KiB; and each executable is that file's size
 #     (within 4 KiB: section alignment) larger than the one compiled without
@@ -52,7 +54,13 @@ for e in E8:int8 E8T:int8-tensor E32:none; do
   n=${e%%:*} q=${e#*:}
   "$DUET" compile $M --quantize $q --checkpoint "$d/ck.st" -o "$d/$n" > "$d/$n.compile" 2>&1 ||
     { bad "compile $n"; cat "$d/$n.compile"; }
-  "$DUET" compile $M --quantize $q -o "$d/${n}bare" > /dev/null 2>&1 || bad "compile ${n}bare"
+  # the same program without weights: --quantize's is an evaluation program; f32's, compiled from
+  # the dump of duet ir --eval-only (duet compile --checkpoint compiles the evaluation program)
+  if [ $q = none ]; then
+    "$DUET" ir $M --eval-only --after evalonly > "$d/eval.ir" && "$DUET" compile "$d/eval.ir" -o "$d/${n}bare" > /dev/null 2>&1
+  else
+    "$DUET" compile $M --quantize $q -o "$d/${n}bare" > /dev/null 2>&1
+  fi || bad "compile ${n}bare"
   "$DUET" run $M $T --eval-only --checkpoint "$d/ck.st" --quantize $q --metrics "$d/$n.ref.jsonl" > "$d/$n.ref" 2>&1 ||
     { bad "duet run --quantize $q"; cat "$d/$n.ref"; }
   "$d/$n" $T --metrics "$d/$n.jsonl" > "$d/$n.out" 2>&1 || { bad "./$n"; cat "$d/$n.out"; }
