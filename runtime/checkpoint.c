@@ -449,8 +449,8 @@ static int check_header(const DuetProgram *p, const DuetStFile *f, const char *p
   const char *fmt = duet_st_meta(f, "format"), *model = duet_st_meta(f, "model"), *rng = duet_st_meta(f, "rng");
   int n_saved = 0;
   memset(ns, 0, sizeof *ns);
-  if (fmt && !strcmp(fmt, "duet-weights-1")) { /* duet export's file: params only, f32, for other tools */
-    snprintf(err, errlen, "cannot %s %s: it is a weights file written by duet export (format duet-weights-1, for "
+  if (fmt && !strcmp(fmt, DUET_WEIGHTS_FORMAT)) { /* duet export's file: params only, f32, for other tools */
+    snprintf(err, errlen, "cannot %s %s: it is a weights file written by duet export (format " DUET_WEIGHTS_FORMAT ", for "
              "other tools), not a checkpoint: give the checkpoint duet run --save wrote", verb, path);
     return -1;
   }

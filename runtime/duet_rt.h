@@ -1036,6 +1036,8 @@ void duet_predict_usage(FILE *out);
  * converted), with metadata {"format": "duet-weights-1", "model", "step"},
  * written atomically to `out` (duet_st_save).  0, or -1 with the message. */
 int duet_export_weights(const DuetProgram *p, const char *ckpt, const char *out, char *err, size_t errlen);
+/* The "format" metadata of a weights file written by duet export. */
+#define DUET_WEIGHTS_FORMAT "duet-weights-1"
 /* Number of NaNs and infinities among the nbytes bytes of dtype elements at
  * data (DUET_F32, F64, F16, BF16; 0 for other dtypes); *first (if not NULL)
  * receives the index of the first (-1 when none), *first_nan (if not NULL)

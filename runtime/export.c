@@ -79,7 +79,7 @@ int duet_export_weights(const DuetProgram *p, const char *ckpt, const char *out,
   }
   char step_s[32];
   snprintf(step_s, sizeof step_s, "%" PRId64, step);
-  const char *meta[] = {"format", "duet-weights-1", "model", p->model_name, "step", step_s};
+  const char *meta[] = {"format", DUET_WEIGHTS_FORMAT, "model", p->model_name, "step", step_s};
   if (duet_st_save(out, t, k, meta, 3, e2, sizeof e2)) {
     snprintf(err, errlen, "%s", e2);
     goto out;

@@ -185,8 +185,25 @@ static const char *const fixed_flags[] = {"--precision", "--gemm-accumulate", "-
                                           "--data-parallel", "--bucket-mb", "--prune", "--prune-mode",
                                           "--prune-start", "--prune-end", "--prune-every", "--prune-initial",
                                           "--prune-params", "--zero", "--optimizer-state", "--recompute",
-                                          "--calibrate"};
+                                          "--calibrate", "--quantize"};
 enum { N_FIXED = sizeof fixed_flags / sizeof *fixed_flags };
+
+/* The --quantize p was compiled with: "none", "int8" (a scale per output
+ * channel) or "int8-tensor" (every weight's scale one element; a program
+ * whose weights all have one output channel reads as int8-tensor, and both
+ * modes compute the same there). */
+static const char *quantize_mode(const DuetProgram *p) {
+  int any = 0;
+  for (int i = 0; i < p->n_tensors; i++) {
+    int sc = duet_quant_scale_of(p, i);
+    if (sc < 0) continue;
+    any = 1;
+    int64_t e = 1;
+    for (int r = 0; r < p->tensors[sc].rank; r++) e *= p->tensors[sc].shape[r];
+    if (e > 1) return "int8";
+  }
+  return any ? "int8-tensor" : "none";
+}
 
 /* The compiled value of fixed flag k of p into buf, as the flag is
  * written; *num its number (NAN for words). */
@@ -233,6 +250,9 @@ static const char *fixed_value(const DuetProgram *p, int k, char *buf, size_t n,
     if (p->defaults.calibrate > 0) *num = (double)p->defaults.calibrate;
     else snprintf(buf, n, "none (no int8 activations)");
     break;
+  case 17: /* --quantize: int8 weights, one scale per output channel or per tensor (passes/quantize.c) */
+    snprintf(buf, n, "%s", quantize_mode(p));
+    break;
   case 15: /* the recomputation is in the compiled kernels' schedule; the program does not name it */
     snprintf(buf, n, "as compiled (the program does not record the mode)");
     break;
@@ -255,11 +275,18 @@ static const char *fixed_value(const DuetProgram *p, int k, char *buf, size_t n,
 static int check_fixed(const DuetProgram *p, int k, const char *flag, const char *val) {
   char cv[512];
   double num;
-  int shrunk = duet_shrink_check_fixed(p, flag, val);
-  if (shrunk >= 0) return shrunk;
   fixed_value(p, k, cv, sizeof cv, &num);
   char *end;
   double x = strtod(val, &end);
+  static const char numeric[N_FIXED] = {[2] = 1, [3] = 1, [4] = 1, [5] = 1, [6] = 1, [8] = 1, [9] = 1, [10] = 1,
+                                        [11] = 1, [13] = 1, [16] = 1}; /* flags whose values are numbers */
+  if (numeric[k] && (end == val || *end)) {
+    fprintf(stderr, "duet: error: %s expects a number, got '%s' (fixed at compile time in this program: %s)\n", flag,
+            val, cv);
+    return 1;
+  }
+  int shrunk = duet_shrink_check_fixed(p, flag, val);
+  if (shrunk >= 0) return shrunk;
   bool same = isnan(num) ? !strcmp(val, cv) : end != val && !*end && x == num;
   if (same) return 0;
   fprintf(stderr, "duet: error: %s is fixed at compile time: %s (this program was compiled with it; to change it, "
@@ -276,6 +303,7 @@ void duet_usage_fixed(const DuetProgram *p, FILE *out) {
     if (k == 5 && !(p->n_stages >= 1 && p->replicas > 1)) continue;
     if (k >= 7 && k <= 12 && !p->prune && !(p->shrink && k == 7)) continue;
     if (k == 16 && p->defaults.calibrate <= 0) continue;
+    if (k == 17 && !duet_program_quantized(p)) continue;
     fprintf(out, "  %-18s %s\n", fixed_flags[k], fixed_value(p, k, cv, sizeof cv, &num));
   }
   fprintf(out, "--lr-schedule, --warmup and --min-lr are run-time flags; --clip-grad-norm %s.\n",
@@ -318,6 +346,13 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
     if (!strcmp(a, "--metrics-timing")) {
       c->metrics_timing = 1;
       continue;
+    }
+    if (fixed && !strcmp(a, "--shrink")) { /* fixed at compile time (passes/shrink.c) */
+      if (p->shrink) continue;
+      fprintf(stderr, "duet: error: --shrink is fixed at compile time: this program's layers are not shrunk (to "
+                      "evaluate a channels-pruned checkpoint with smaller layers, compile again: duet compile M.model "
+                      "--prune-mode channels --prune S --shrink; duet run takes it directly)\n");
+      return 1;
     }
     if (!strncmp(a, "--no-eval=", 10) || !strncmp(a, "--quiet=", 8) || !strncmp(a, "--eval-only=", 12) ||
         !strncmp(a, "--keep-best=", 12) || !strncmp(a, "--metrics-timing=", 17)) {

@@ -37,7 +37,14 @@ fixed --prune "0 (no pruning)" 0.5
 fixed --prune-mode "none (no pruning)" global
 fixed --optimizer-state f32 int8
 fixed --recompute "as compiled (the program does not record the mode)" blocks
-"$d/fmnist_train" --batch 256 --precision fp32 --micro-batches 1 --data-parallel 1 --prune 0 --optimizer-state f32 --steps 1 --no-eval \
+fixed --quantize none int8
+"$d/fmnist_train" --shrink --steps 1 > "$d/out" 2> "$d/err" && { echo "FAIL: --shrink accepted"; exit 1; }
+[ "$(cat "$d/err")" = "duet: error: --shrink is fixed at compile time: this program's layers are not shrunk (to evaluate a channels-pruned checkpoint with smaller layers, compile again: duet compile M.model --prune-mode channels --prune S --shrink; duet run takes it directly)" ] ||
+  { echo "FAIL: --shrink:"; cat "$d/err"; exit 1; }
+"$d/fmnist_train" --prune abc --steps 1 > "$d/out" 2> "$d/err" && { echo "FAIL: --prune abc accepted"; exit 1; }
+[ "$(cat "$d/err")" = "duet: error: --prune expects a number, got 'abc' (fixed at compile time in this program: 0 (no pruning))" ] ||
+  { echo "FAIL: --prune abc:"; cat "$d/err"; exit 1; }
+"$d/fmnist_train" --batch 256 --precision fp32 --micro-batches 1 --data-parallel 1 --prune 0 --optimizer-state f32 --quantize none --steps 1 --no-eval \
   --train-subset 512 --quiet > "$d/out" 2>&1 || { echo "FAIL: the compiled values are refused:"; cat "$d/out"; exit 1; }
 "$d/fmnist_train" --help > "$d/help" && grep -q '^  --precision        fp32$' "$d/help" &&
   grep -q '^  --batch            256$' "$d/help" || { echo "FAIL: --help does not list the fixed values"; exit 1; }

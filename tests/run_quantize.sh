@@ -29,9 +29,13 @@
 #     loss, bit for bit; QAT's accuracy at least PTQ's (int8 per channel of
 #     the f32 run) minus 3 sigma, sigma = sqrt(2 p (1 - p) / 10000) the
 #     spread of two independent runs' accuracies on the same images.
+#     QAT as fine-tuning: the QAT model from the f32 checkpoint (--init-from
+#     CK, 20 steps at lr 1e-4): at least PTQ of CK and PTQ of the f32 model
+#     fine-tuned alike, minus 3 sigma each; its int8 evaluation its own.
 #   run_quantize.sh DUET long    (ctest quantize_long, label long)
 #     the README's figures: fmnist_mlp 5 epochs (its train section), seed 1,
-#     evaluated as above, and QAT for 5 epochs; the same criteria.
+#     evaluated as above, QAT for 5 epochs, QAT fine-tuning for one epoch
+#     (234 steps); the same criteria.
 # Exits 77 without the data.
 # usage: run_quantize.sh path/to/duet short|long   (from the repository root)
 DUET=${1:?usage: run_quantize.sh path/to/duet short|long}
@@ -106,6 +110,34 @@ res=$(awk -v q="$qa" -v c="$(cat "$d/int8.acc")" 'BEGIN {
   p = c; sigma = 100 * sqrt(2 * p * (1 - p) / 10000); gap = 100 * (q - c)
   printf "%s QAT %.2f%% against PTQ (int8 per channel) %.2f%%: QAT - PTQ = %.2f points (at least -3 x %.2f)\n",
     (gap >= -3 * sigma ? "ok" : "FAIL"), 100 * q, 100 * c, gap, sigma; exit !(gap >= -3 * sigma) }')
+rc=$?
+echo "$res"
+if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+
+# QAT as fine-tuning (duet run --init-from): the QAT model started from the
+# f32 checkpoint CK, at a tenth of the learning rate (1e-4), for 20 steps
+# (long: one epoch, 234 steps); the f32 model fine-tuned the same way and
+# evaluated with --quantize int8 is PTQ after the same training.  QAT
+# fine-tuning at least PTQ of CK and at least PTQ of the same fine-tuning,
+# each within 3 sigma as above; its checkpoint's int8 evaluation is its own.
+if [ "$MODE" = long ]; then ft="--steps 234"; else ft="--steps 20"; fi
+"$DUET" run "$d/qat.model" $T --quiet --init-from "$d/ck.st" $ft --lr 1e-4 --save "$d/qft.st" \
+  --metrics "$d/qft_train.jsonl" > "$d/qft.out" 2>&1 || { bad "QAT fine-tuning"; cat "$d/qft.out"; }
+"$DUET" run $M $T --quiet --init-from "$d/ck.st" $ft --lr 1e-4 --save "$d/fft.st" > "$d/fft.out" 2>&1 ||
+  { bad "f32 fine-tuning"; cat "$d/fft.out"; }
+echo "fine-tuned: duet run M[+quantize{...}] $T --init-from CK $ft --lr 1e-4"
+"$DUET" run $M $T --eval-only --checkpoint "$d/qft.st" --quantize int8 --metrics "$d/qft_eval.jsonl" > /dev/null 2>&1
+"$DUET" run $M $T --eval-only --checkpoint "$d/fft.st" --quantize int8 --metrics "$d/fft_eval.jsonl" > /dev/null 2>&1
+want=$(grep test_accuracy "$d/qft_train.jsonl" | tail -1 | sed 's/.*\("test_accuracy":[^,}]*,"test_loss":[^,}]*\).*/\1/')
+got=$(sed 's/.*\("test_accuracy":[^,}]*,"test_loss":[^,}]*\).*/\1/' "$d/qft_eval.jsonl")
+[ -n "$want" ] && [ "$want" = "$got" ] && ok "qat_finetune_int8_same_evaluation ($got)" ||
+  { bad qat_finetune_int8_same_evaluation; echo "  QAT fine-tuning: $want"; echo "  --quantize int8: $got"; }
+qf=$(echo "$want" | sed 's/"test_accuracy":\([0-9.e-]*\),.*/\1/')
+pf=$(sed 's/.*"test_accuracy":\([0-9.e-]*\).*/\1/' "$d/fft_eval.jsonl")
+res=$(awk -v q="$qf" -v c="$(cat "$d/int8.acc")" -v f="$pf" 'BEGIN {
+  p = c; sigma = 100 * sqrt(2 * p * (1 - p) / 10000); g1 = 100 * (q - c); g2 = 100 * (q - f); okk = g1 >= -3 * sigma && g2 >= -3 * sigma
+  printf "%s QAT fine-tuning %.2f%%: - PTQ of CK (%.2f%%) = %.2f points, - PTQ of the f32 fine-tuning (%.2f%%) = %.2f points (each at least -3 x %.2f)\n",
+    (okk ? "ok" : "FAIL"), 100 * q, 100 * c, g1, 100 * f, g2, sigma; exit !okk }')
 rc=$?
 echo "$res"
 if [ $rc -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi

@@ -76,6 +76,17 @@ grep -q "^duet: int8 weights: 3 tensors, 1861632 bytes and 8232 bytes of f32 sca
   bad int8_line
 "$d/E8" --help 2>&1 | grep -q "^This executable holds its weights (1879[0-9]* bytes, compiled with --checkpoint)" &&
   ok "./E8 --help says it holds its weights" || bad "./E8 --help"
+# --quantize is fixed at compile time: the compiled mode is taken, another refused (and --help lists it)
+"$d/E8" $T --quantize int8 --metrics "$d/E8q.jsonl" > /dev/null 2>&1 && cmp -s "$d/E8q.jsonl" "$d/E8.ref.jsonl" &&
+  ok "./E8 --quantize int8 (its own mode): the same" || bad "./E8 --quantize int8"
+"$d/E8" --quantize int8-tensor > /dev/null 2> "$d/E8q.err"
+[ "$(cat "$d/E8q.err")" = "duet: error: --quantize is fixed at compile time: int8 (this program was compiled with it; to change it, compile again: duet compile M.model --quantize int8-tensor; duet run takes it directly)" ] &&
+  ok "./E8 --quantize int8-tensor: fixed at compile time" || { bad "./E8 --quantize int8-tensor"; cat "$d/E8q.err"; }
+"$d/E8T" --quantize none > /dev/null 2> "$d/E8Tq.err"
+[ "$(cat "$d/E8Tq.err")" = "duet: error: --quantize is fixed at compile time: int8-tensor (this program was compiled with it; to change it, compile again: duet compile M.model --quantize none; duet run takes it directly)" ] &&
+  ok "./E8T --quantize none: fixed at compile time" || { bad "./E8T --quantize none"; cat "$d/E8Tq.err"; }
+"$d/E8T" --help 2>&1 | grep -qxF "  --quantize         int8-tensor" && ok "./E8T --help: --quantize int8-tensor" ||
+  bad "./E8T --help lists --quantize"
 # --checkpoint overrides the embedded weights
 S="--test-subset 2000" # (the first 2,000 test images, for speed)
 "$d/E8" $T $S --checkpoint "$d/ck2.st" --metrics "$d/E8o.jsonl" > /dev/null 2>&1

@@ -149,9 +149,9 @@ if "$DUET" compile $M $P --shrink -o "$d/mlp_exe" > "$d/compile.out" 2>&1; then
   err "compiled --shrink refuses to train" "duet: error: this program's layers are shrunk (compiled with --shrink): it evaluates a channels-pruned checkpoint and cannot train; give --eval-only --checkpoint CK" \
     "$d/mlp_exe" --steps 1
   # the pruning flags it was compiled with are accepted (the training run's schedule too) and say what it is
-  "$d/mlp_exe" $T --eval-only --checkpoint "$d/mlp.st" $P --prune-start 10 > "$d/exe2.out" 2>&1
+  "$d/mlp_exe" $T --eval-only --checkpoint "$d/mlp.st" $P --prune-start 10 --shrink > "$d/exe2.out" 2>&1
   a=$(grep 'test accuracy' "$d/exe2.out" | sed 's/.*(step/(step/')
-  [ -n "$a" ] && [ "$a" = "$b" ] && ok "compiled --shrink given the training run's $P --prune-start 10: $a" ||
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok "compiled --shrink given the training run's $P --prune-start 10 --shrink: $a" ||
     { bad "compiled --shrink with the training flags: '$a' vs '$b'"; cat "$d/exe2.out"; }
   "$d/mlp_exe" --help > "$d/exe_help.out" 2>&1
   grep -qxF "  --prune            0.5 (channels pruning, shrunk: --shrink)" "$d/exe_help.out" &&
@@ -159,6 +159,8 @@ if "$DUET" compile $M $P --shrink -o "$d/mlp_exe" > "$d/compile.out" 2>&1; then
     ok "compiled --shrink: --help lists --prune 0.5, --prune-mode channels, shrunk" || { bad "compiled --shrink --help"; grep -e '--prune' "$d/exe_help.out"; }
   err "compiled --shrink given another --prune" "duet: error: --prune is fixed at compile time: 0.5 (this program was compiled with --prune-mode channels --prune 0.5 --shrink: it evaluates checkpoints channels-pruned to sparsity 0.5; for one trained with --prune 0.25, compile again: duet compile M.model --prune-mode channels --prune 0.25 --shrink; duet run takes them directly)" \
     "$d/mlp_exe" --eval-only --checkpoint "$d/mlp.st" --prune 0.25
+  err "compiled --shrink given --prune abc" "duet: error: --prune expects a number, got 'abc' (fixed at compile time in this program: 0.5 (channels pruning, shrunk: --shrink))" \
+    "$d/mlp_exe" --eval-only --checkpoint "$d/mlp.st" --prune abc
   err "compiled --shrink given another --prune-mode" "duet: error: --prune-mode is fixed at compile time: channels (this program was compiled with --prune-mode channels --prune 0.5 --shrink, and --shrink needs channels pruning; for a checkpoint trained with --prune-mode unstructured, compile again without --shrink: duet compile M.model --prune-mode unstructured --prune S; duet run takes them directly)" \
     "$d/mlp_exe" --eval-only --checkpoint "$d/mlp.st" --prune-mode unstructured
 else bad "duet compile --shrink"; cat "$d/compile.out"; fi
