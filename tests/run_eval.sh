@@ -21,7 +21,8 @@
 #      still allocate the moments; duet compile --checkpoint, duet plan
 #      --eval-only and a duet ir --eval-only dump make the same program
 #      (the dump refuses to train); a pipeline evaluates alike, fp16 and
-#      --data-parallel 2 as their training programs at --lr 0.
+#      --data-parallel 2 as their training programs at --lr 0; a model
+#      whose train section clips gradients evaluates.
 # usage: run_eval.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_eval.sh path/to/duet}
 d=${TMPDIR:-/tmp}/duet-eval.$$
@@ -200,6 +201,13 @@ before_compile ir_eval_only_value "duet: error: unexpected argument '--eval-only
 # CK's params: the weights stay CK's)
 "$DUET" run $M $F --eval-only --checkpoint "$d/ck.st" --devices cpu:0,cpu:1 --metrics "$d/pp.jsonl" > /dev/null &&
   [ "$(last_eval "$d/pp.jsonl" test_accuracy)" = "$want_mlp" ] && ok pipeline_evaluates || { bad pipeline_evaluates; cat "$d/pp.jsonl"; }
+# a train section's clip_grad_norm does not stop an evaluation (the
+# evaluation program has no gradients to clip, and no clipping kernels)
+sed 's/^  seed = 1$/  seed = 1\n  clip_grad_norm = 1/' $M > "$d/clip.model"
+grep -q 'clip_grad_norm = 1' "$d/clip.model" &&
+  "$DUET" run "$d/clip.model" $F --eval-only --checkpoint "$d/ck.st" --metrics "$d/clip.jsonl" > /dev/null &&
+  [ "$(last_eval "$d/clip.jsonl" test_accuracy)" = "$want_mlp" ] && ok clipping_model_evaluates ||
+  { bad clipping_model_evaluates; cat "$d/clip.jsonl"; }
 for v in "fp16:--precision fp16" "dp2:--data-parallel 2"; do
   n=${v%%:*} flags=${v#*:}
   "$DUET" run $M $F $flags --eval-only --checkpoint "$d/ck.st" --metrics "$d/$n.e.jsonl" > /dev/null &&
