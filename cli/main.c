@@ -1941,6 +1941,7 @@ static int cmd_predict(int argc, char **argv) {
   }
   const char *model = model_first("predict", argc, argv);
   if (!model) return 1;
+  opt_eval_only = true; /* an evaluation program (passes/evalonly.c): params and the forward pass */
   Compiled c;
   if (compile_model_par(&c, model, 0, NULL, NULL, NULL)) {
     compiled_free(&c);
@@ -1990,6 +1991,7 @@ static int cmd_export(int argc, char **argv) {
     fprintf(stderr, "duet: error: -o %s is the checkpoint itself; give another file\n", out);
     return 1;
   }
+  opt_eval_only = true; /* only the params' names and shapes are read */
   Compiled c;
   if (compile_model_par(&c, model, 0, NULL, NULL, NULL)) {
     compiled_free(&c);
