@@ -263,7 +263,8 @@ static void place_forward(Part *P, int *stage_of_f) {
  * (activations, params), F(b), raised to the stage its gradient consumers
  * want, L(b) (a param's gradient to the param's stage), and lowered to the
  * earliest stage of the gradients it reads, U(b), so that gradients only
- * flow to earlier stages.  Constants and optimizer state go to their
+ * flow to earlier stages (a part of a gradient that tie_grads sums once
+ * per step wants the stage of the param's update).  Constants and optimizer state go to their
  * earliest consumer; an optimizer update to its param. */
 static void assign_rest(Part *P) {
   Graph *g = P->g;
@@ -315,7 +316,13 @@ static void assign_rest(Part *P) {
     if (!GRADLIKE(v)) continue;
     for (int k = cnt[i]; k < cnt[i + 1]; k++) {
       Value *c = use[k];
+      /* tie_grads' add (an optimizer-role add of two gradient parts) has one
+       * use, the update: its parts want the update's stage too, or a part
+       * that reads only an earlier stage's forward values would stay there
+       * and send its gradient up to the param's stage */
+      bool tied_add = c->op == OP_ADD && c->role == ROLE_OPTIMIZER && cnt[c->id + 1] > cnt[c->id];
       int want = c->op == OP_ADAMW || c->op == OP_SGD ? c->device
+                 : tied_add                           ? use[cnt[c->id]]->device
                  : GRADLIKE(c)                        ? (F[c->id] > L[c->id] ? F[c->id] : L[c->id])
                                                       : -1;
       if (want > L[i]) L[i] = want;

@@ -9,7 +9,9 @@
 #      Cases: fmnist_mlp (3 layers on 2 devices: uneven), gpt_tiny (residuals
 #      and the tied embedding cross the cut) on 2 and 3 devices, M = 1, M < S,
 #      both schedules, a skip connection over two cuts (residual.model), a
-#      pinned block (pinned.model), a repeated device (cpu:0,cpu:0: two
+#      pinned block (pinned.model), a gradient part summed once per step on
+#      a later stage than the forward value it reads (tied_part.model), a
+#      repeated device (cpu:0,cpu:0: two
 #      virtual devices); M = 1 on 3 devices also equals the plain
 #      program without micro-batches; transfers take the direct path
 #      (staging on the receiving device, copy_peer) by default and host
@@ -78,6 +80,12 @@ if [ -r "$FM/train-images-idx3-ubyte.gz" ]; then
   run res_3_1f1b 3 tests/pipeline/residual.model --micro-batches 2 --no-eval --devices cpu:0,cpu:1,cpu:2 --schedule 1f1b
   same res_ref res_3
   same res_ref res_3_1f1b
+  # a gradient part that reads only stage 0's forward value, summed once per step on stage 1 (tie_grads)
+  run tie_ref 1 tests/pipeline/tied_part.model --micro-batches 2 --no-eval
+  run tie_2 2 tests/pipeline/tied_part.model --micro-batches 2 --no-eval --devices cpu:0,cpu:1
+  run tie_2_1f1b 2 tests/pipeline/tied_part.model --micro-batches 2 --no-eval --devices cpu:0,cpu:1 --schedule 1f1b
+  same tie_ref tie_2
+  same tie_ref tie_2_1f1b
   run pin_ref 1 tests/pipeline/pinned.model --micro-batches 2 --no-eval
   run pin_2 2 tests/pipeline/pinned.model --micro-batches 2 --no-eval --devices cpu:0,cpu:1
   same pin_ref pin_2
