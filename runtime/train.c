@@ -1446,12 +1446,12 @@ static int check_compiled(const DuetProgram *p, const DuetConfig *cfg) {
   }
   /* an evaluation clips nothing: an evaluation program (no gradients, no
    * clipping kernels) of a model whose train section clips evaluates */
-  if (cfg->clip_grad_norm > 0 && z && !cfg->eval_only) {
+  if (cfg->clip_grad_norm > 0 && z && !cfg->eval_only && !p->eval_program) {
     fprintf(stderr, "duet: error: --clip-grad-norm with --zero 1 is not supported yet: each replica holds the summed "
                     "gradients of its own shard only (train without --zero, or without clipping)\n");
     return 1;
   }
-  if (cfg->clip_grad_norm > 0 && p->n_clip == 0 && !cfg->eval_only) {
+  if (cfg->clip_grad_norm > 0 && p->n_clip == 0 && !cfg->eval_only && !p->eval_program) {
     fprintf(stderr, "duet: error: --clip-grad-norm is fixed at compile time: off (this program has no gradient "
                     "clipping kernels; compile it with `duet compile M.model --clip-grad-norm X`, or set "
                     "clip_grad_norm in the train section)\n");

@@ -132,5 +132,12 @@ would destroy that input" "$DUET" export "$d/m.model" --checkpoint "$d/ck.st" -o
 cmp -s "$d/ck.st" "$d/ck.copy" && cmp -s $M "$d/m.model" && ok inputs_intact || bad inputs_intact
 check predict_logits_text "duet: error: --logits is for classifiers: a language model's lines carry its per-token \
 losses (see duet predict --help)" "$DUET" predict $G --checkpoint "$d/g.st" --logits --eval-batches 1
+# a model whose train section clips gradients predicts (its evaluation program has no clipping kernels)
+sed 's/^  batch = 256$/  batch = 256\n  clip_grad_norm = 1.0/' $M > "$d/clip.model"
+grep -q '^  clip_grad_norm = 1.0$' "$d/clip.model" || bad "clip.model"
+if "$DUET" run "$d/clip.model" $F --train-subset 2560 --steps 5 --quiet --save "$d/clip.st" > "$d/clip.out" 2>&1 &&
+  "$DUET" predict "$d/clip.model" --checkpoint "$d/clip.st" $F --test-subset 100 -o "$d/clip.jsonl" > "$d/clipp.out" 2>&1 &&
+  [ "$(wc -l < "$d/clip.jsonl")" -eq 100 ]; then ok "predict: a model that clips gradients"
+else bad "predict: a model that clips gradients"; cat "$d/clip.out" "$d/clipp.out"; fi
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
