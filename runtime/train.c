@@ -1246,7 +1246,45 @@ static int check_output(const RunInputs *r, const char *flag, const char *path, 
   return 0;
 }
 
+/* --keep N and --keep-best write and remove files next to --save PATH:
+ * PATH.step-S (renamed from PATH, the older ones removed) and PATH.best.
+ * The checkpoint of --init-from (of another run) may not be one of them.
+ * 0, or 1 after the error. */
+static int check_init_keep(const DuetConfig *cfg) {
+  if (!cfg->init_path || !cfg->save_path || !(cfg->keep || cfg->keep_best)) return 0;
+  FileKey in = file_key(cfg->init_path);
+  if (!in.exists) return 0;
+  char p[4200];
+  snprintf(p, sizeof p, "%s.best", cfg->save_path);
+  FileKey k = file_key(p);
+  if (cfg->keep_best && same_key(&k, &in)) {
+    fprintf(stderr, "duet: error: --init-from %s is %s, which --keep-best replaces with this run's best checkpoint: "
+                    "copy it elsewhere first, or --save to another PATH\n", cfg->init_path, p);
+    return 1;
+  }
+  if (!cfg->keep) return 0;
+  char dir[4096];
+  const char *path = cfg->save_path, *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+  snprintf(dir, sizeof dir, "%.*s", !slash ? 1 : slash == path ? 1 : (int)(slash - path), !slash ? "." : path);
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  size_t nb = strlen(base);
+  int bad = 0;
+  for (struct dirent *e; !bad && (e = readdir(d));) {
+    if (strncmp(e->d_name, base, nb) || strncmp(e->d_name + nb, ".step-", 6)) continue;
+    snprintf(p, sizeof p, "%s%s", path, e->d_name + nb);
+    k = file_key(p);
+    bad = same_key(&k, &in);
+  }
+  closedir(d);
+  if (bad)
+    fprintf(stderr, "duet: error: --init-from %s is %s, one of the checkpoints --keep %" PRId64 " renames and removes: "
+                    "copy it elsewhere first, or --save to another PATH\n", cfg->init_path, p, cfg->keep);
+  return bad;
+}
+
 static int check_outputs(const DuetConfig *cfg, const char *model_path) {
+  if (check_init_keep(cfg)) return 1;
   RunInputs r;
   DuetConfig c = *cfg;
   if (!c.eval_only) c.checkpoint_path = NULL; /* read only by --eval-only */

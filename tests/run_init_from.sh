@@ -17,7 +17,8 @@
 #   - a text model (gpt_tiny): the validation loss of `--init-from G --steps
 #     1 --lr 0` equals `--eval-only --checkpoint G`'s;
 #   - errors, exact text: another model's checkpoint, a missing file, with
-#     --resume, with --eval-only, --save over the --init-from file.
+#     --resume, with --eval-only, --save over the --init-from file, the
+#     --init-from file as PATH.best of --keep-best or PATH.step-S of --keep.
 # Without the load every equality fails (the run evaluates its seed's
 # random init: about 10% accuracy after one step at lr 0).
 # Exits 77 without Fashion-MNIST.
@@ -93,5 +94,13 @@ err "duet: error: --init-from CK starts a training run from CK's params; --eval-
   --init-from "$d/a.st" --eval-only --checkpoint "$d/a.st"
 err "duet: error: --save $d/a.st is the same file as --init-from $d/a.st: writing it would destroy that input" \
   --init-from "$d/a.st" --save "$d/a.st" --steps 1
+# --keep-best and --keep write and remove PATH.best and PATH.step-S: never the --init-from file
+cp "$d/a.st" "$d/k.st.best" && cp "$d/a.st" "$d/k.st.step-1"
+err "duet: error: --init-from $d/k.st.best is $d/k.st.best, which --keep-best replaces with this run's best checkpoint: copy it elsewhere first, or --save to another PATH" \
+  --init-from "$d/k.st.best" --save "$d/k.st" --keep-best --steps 1
+err "duet: error: --init-from $d/k.st.step-1 is $d/k.st.step-1, one of the checkpoints --keep 2 renames and removes: copy it elsewhere first, or --save to another PATH" \
+  --init-from "$d/k.st.step-1" --save "$d/k.st" --keep 2 --steps 1
+cmp -s "$d/a.st" "$d/k.st.best" && cmp -s "$d/a.st" "$d/k.st.step-1" && [ ! -e "$d/k.st" ] && ok "both inputs untouched" ||
+  bad "an input was changed"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
