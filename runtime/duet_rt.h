@@ -1136,6 +1136,12 @@ char *duet_npy_shape_str(const DuetNpyInfo *info, int from, char *buf, size_t n)
  * *len bytes.  NULL on failure with errno set: fopen's errno when the file
  * cannot be opened, EIO when reading fails, ENOMEM when out of memory. */
 void *duet_read_file(const char *path, size_t *len);
+/* `path` opened for reading ("rb") when it is a regular file.  A FIFO or
+ * device is opened without blocking (O_NONBLOCK: opening a FIFO with no
+ * writer would wait forever), seen by fstat and closed: NULL with
+ * *not_regular = 1.  NULL with *not_regular = 0 and errno set when open
+ * fails. */
+FILE *duet_fopen_regular(const char *path, int *not_regular);
 
 /* ----------------------------------------------------------- safetensors */
 

@@ -30,6 +30,28 @@ void *duet_read_file(const char *path, size_t *len) {
   return b;
 }
 
+FILE *duet_fopen_regular(const char *path, int *not_regular) {
+  *not_regular = 0;
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  struct stat st;
+  int flags = fcntl(fd, F_GETFL);
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode) || flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK)) {
+    int e = errno;
+    *not_regular = !fstat(fd, &st) && !S_ISREG(st.st_mode);
+    close(fd);
+    errno = e;
+    return NULL;
+  }
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    int e = errno;
+    close(fd);
+    errno = e;
+  }
+  return f;
+}
+
 uint64_t duet_fnv1a(const void *p, size_t n, uint64_t h) {
   const unsigned char *s = p;
   for (size_t i = 0; i < n; i++) {

@@ -163,8 +163,10 @@ char *duet_npy_shape_str(const DuetNpyInfo *info, int from, char *buf, size_t n)
 }
 
 int duet_npy_check(const char *path, DuetNpyInfo *info, char *err, size_t errlen) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return FAIL("cannot open %s: %s", path, strerror(errno));
+  int not_regular;
+  FILE *f = duet_fopen_regular(path, &not_regular);
+  if (!f) return not_regular ? FAIL("cannot read %s: not a regular file", path)
+                             : FAIL("cannot open %s: %s", path, strerror(errno));
   struct stat st;
   if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
     fclose(f);

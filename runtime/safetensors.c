@@ -472,9 +472,11 @@ const char *duet_st_meta(const DuetStFile *f, const char *key) {
  * for duet_st_open's messages).  *fsize: the file's size. */
 static unsigned char *st_read_file(const char *path, bool header_only, size_t *size, size_t *fsize, char *err,
                                    size_t errlen) {
-  FILE *f = fopen(path, "rb");
+  int not_regular;
+  FILE *f = duet_fopen_regular(path, &not_regular);
   if (!f) {
-    snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+    if (not_regular) snprintf(err, errlen, "cannot read %s: not a regular file", path);
+    else snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
     return NULL;
   }
   struct stat st;

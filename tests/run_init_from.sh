@@ -18,7 +18,8 @@
 #     1 --lr 0` equals `--eval-only --checkpoint G`'s;
 #   - errors, exact text: another model's checkpoint, a missing file, with
 #     --resume, with --eval-only, --save over the --init-from file, the
-#     --init-from file as PATH.best of --keep-best or PATH.step-S of --keep.
+#     --init-from file as PATH.best of --keep-best or PATH.step-S of --keep,
+#     a FIFO as --init-from, --resume or --checkpoint (refused at once).
 # Without the load every equality fails (the run evaluates its seed's
 # random init: about 10% accuracy after one step at lr 0).
 # Exits 77 without Fashion-MNIST.
@@ -79,7 +80,7 @@ same "text: --init-from G --steps 1 --lr 0 has --eval-only's validation loss" gi
 # errors
 err() {
   want=$1; shift
-  "$DUET" run $M --threads 1 "$@" > "$d/err.out" 2>&1
+  timeout 60 "$DUET" run $M --threads 1 "$@" > "$d/err.out" 2>&1
   rc=$?
   if [ "$rc" -ne 0 ] && grep -qxF "$want" "$d/err.out"; then ok "refused: $*"
   else bad "refused: $* (rc $rc)"; cat "$d/err.out"; echo "  want: $want"; fi
@@ -94,6 +95,13 @@ err "duet: error: --init-from CK starts a training run from CK's params; --eval-
   --init-from "$d/a.st" --eval-only --checkpoint "$d/a.st"
 err "duet: error: --save $d/a.st is the same file as --init-from $d/a.st: writing it would destroy that input" \
   --init-from "$d/a.st" --save "$d/a.st" --steps 1
+# a FIFO given as a checkpoint is refused at once (it used to block forever waiting for a writer)
+mkfifo "$d/fifo" || bad mkfifo
+for f in --init-from --resume; do
+  err "duet: error: $([ $f = --resume ] && echo "cannot resume" || echo "cannot load the checkpoint"): cannot read $d/fifo: not a regular file" \
+    $f "$d/fifo" --steps 1
+done
+err "duet: error: cannot load the checkpoint: cannot read $d/fifo: not a regular file" --eval-only --checkpoint "$d/fifo"
 # --keep-best and --keep write and remove PATH.best and PATH.step-S: never the --init-from file
 cp "$d/a.st" "$d/k.st.best" && cp "$d/a.st" "$d/k.st.step-1"
 err "duet: error: --init-from $d/k.st.best is $d/k.st.best, which --keep-best replaces with this run's best checkpoint: copy it elsewhere first, or --save to another PATH" \
