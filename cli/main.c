@@ -1711,6 +1711,7 @@ static int cmd_plan(int argc, char **argv) {
     fprintf(stderr, "duet: error: duet plan --fit prints its ranked list and table as text or json, not svg\n");
     return 1;
   }
+  if (opt_eval_only && opt_offload) return duet_eval_only_refuse("--offload"); /* as duet run --eval-only */
   if (fit && opt_eval_only) {
     fprintf(stderr, "duet: error: duet plan --fit ranks training layouts; --eval-only plans the evaluation program "
                     "of one: give one of them\n");

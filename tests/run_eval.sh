@@ -194,6 +194,8 @@ before_compile eval_program_trains "duet: error: this program was compiled for e
 gradients, no optimizer state) and cannot train; give --eval-only --checkpoint CK" "$DUET" run "$d/e.ir" $F --steps 1
 before_compile plan_fit_eval_only "duet: error: duet plan --fit ranks training layouts; --eval-only plans the \
 evaluation program of one: give one of them" "$DUET" plan $M --fit --eval-only
+before_compile plan_eval_only_offload "duet: error: --eval-only trains nothing: --offload moves the optimizer state \
+and its update to the host, and an evaluation has neither; leave it out" "$DUET" plan $M --eval-only --offload optimizer
 before_compile ir_eval_only_value "duet: error: unexpected argument '--eval-only=1' (see duet ir --help)" \
   "$DUET" ir $M --eval-only=1
 # a two-stage pipeline evaluates alike; fp16 and two data-parallel
