@@ -355,7 +355,8 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
       return 1;
     }
     if (!strncmp(a, "--no-eval=", 10) || !strncmp(a, "--quiet=", 8) || !strncmp(a, "--eval-only=", 12) ||
-        !strncmp(a, "--keep-best=", 12) || !strncmp(a, "--metrics-timing=", 17)) {
+        !strncmp(a, "--keep-best=", 12) || !strncmp(a, "--metrics-timing=", 17) ||
+        (fixed && !strncmp(a, "--shrink=", 9))) {
       fprintf(stderr, "duet: error: %.*s takes no value\n", (int)(strchr(a, '=') - a), a);
       return 1;
     }
@@ -402,6 +403,19 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
     int rc = 0;
     if (!strcmp(flag, "--steps") || !strcmp(flag, "--epochs") || !strcmp(flag, "--offload"))
       train_only = !strcmp(flag, "--steps") ? "--steps" : !strcmp(flag, "--epochs") ? "--epochs" : "--offload";
+    static const char *const path_flags[] = {"--resume", "--checkpoint", "--init-from", "--metrics", "--data", "--save"};
+    for (size_t k = 0; k < sizeof path_flags / sizeof *path_flags; k++) {
+      if (strcmp(flag, path_flags[k])) continue;
+      if (!*val && strcmp(flag, "--save")) { /* --save's own check says the same, after the model's is known */
+        fprintf(stderr, "duet: error: %s needs a path, got an empty one\n", flag);
+        return 1;
+      }
+      if (!eq && !strncmp(val, "--", 2)) {
+        fprintf(stderr, "duet: error: %s needs a path, got the flag '%s' (for a file of that name give ./%s)\n",
+                flag, val, val);
+        return 1;
+      }
+    }
     if (fixed_k >= 0) {
       if (check_fixed(p, fixed_k, flag, val)) return 1;
       if (fixed_k < 2 || fixed_k > 5) continue; /* known only to the compiler */

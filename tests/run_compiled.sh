@@ -41,6 +41,8 @@ fixed --quantize none int8
 "$d/fmnist_train" --shrink --steps 1 > "$d/out" 2> "$d/err" && { echo "FAIL: --shrink accepted"; exit 1; }
 [ "$(cat "$d/err")" = "duet: error: --shrink is fixed at compile time: this program's layers are not shrunk (to evaluate a channels-pruned checkpoint with smaller layers, compile again: duet compile M.model --prune-mode channels --prune S --shrink; duet run takes it directly)" ] ||
   { echo "FAIL: --shrink:"; cat "$d/err"; exit 1; }
+"$d/fmnist_train" --shrink=1 --steps 1 > "$d/out" 2> "$d/err" && { echo "FAIL: --shrink=1 accepted"; exit 1; }
+[ "$(cat "$d/err")" = "duet: error: --shrink takes no value" ] || { echo "FAIL: --shrink=1:"; cat "$d/err"; exit 1; }
 "$d/fmnist_train" --prune abc --steps 1 > "$d/out" 2> "$d/err" && { echo "FAIL: --prune abc accepted"; exit 1; }
 [ "$(cat "$d/err")" = "duet: error: --prune expects a number, got 'abc' (fixed at compile time in this program: 0 (no pruning))" ] ||
   { echo "FAIL: --prune abc:"; cat "$d/err"; exit 1; }

@@ -102,6 +102,11 @@ for f in --init-from --resume; do
     $f "$d/fifo" --steps 1
 done
 err "duet: error: cannot load the checkpoint: cannot read $d/fifo: not a regular file" --eval-only --checkpoint "$d/fifo"
+# an empty path, and a flag where a path belongs
+err "duet: error: --init-from needs a path, got an empty one" --init-from= --steps 1
+err "duet: error: --resume needs a path, got an empty one" --resume= --steps 1
+err "duet: error: --init-from needs a path, got the flag '--save' (for a file of that name give ./--save)" \
+  --init-from --save "$d/x.st" --steps 1
 # --keep-best and --keep write and remove PATH.best and PATH.step-S: never the --init-from file
 cp "$d/a.st" "$d/k.st.best" && cp "$d/a.st" "$d/k.st.step-1"
 err "duet: error: --init-from $d/k.st.best is $d/k.st.best, which --keep-best replaces with this run's best checkpoint: copy it elsewhere first, or --save to another PATH" \
