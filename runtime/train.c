@@ -278,17 +278,66 @@ static int check_fixed(const DuetProgram *p, int k, const char *flag, const char
   fixed_value(p, k, cv, sizeof cv, &num);
   char *end;
   double x = strtod(val, &end);
-  static const char numeric[N_FIXED] = {[2] = 1, [3] = 1, [4] = 1, [5] = 1, [6] = 1, [8] = 1, [9] = 1, [10] = 1,
-                                        [11] = 1, [13] = 1, [16] = 1}; /* flags whose values are numbers */
-  if (numeric[k] && (end == val || *end)) {
-    fprintf(stderr, "duet: error: %s expects a number, got '%s' (fixed at compile time in this program: %s)\n", flag,
-            val, cv);
+  /* what `duet compile` takes for each flag, so that the suggestion below
+   * never names a value the compiler refuses: numbers in [lo, hi] (hi
+   * excluded where open; whole numbers where whole), or one of the words */
+  static const struct {
+    char kind; /* 'n' number, 'w' words, 0 anything */
+    bool whole, open;
+    double lo, hi;
+    const char *words, *what;
+  } ok[N_FIXED] = {
+      [0] = {'w', .words = "auto|fp32|fp16|bf16", .what = "auto, fp32, fp16 or bf16"},
+      [1] = {'w', .words = "fp32|fp16", .what = "fp32 or fp16"},
+      [2] = {'n', true, false, 1, 1e9, NULL, "a whole number >= 1"},
+      [3] = {'n', true, false, 1, 1e9, NULL, "a whole number >= 1"},
+      [4] = {'n', true, false, 1, 1e9, NULL, "a whole number >= 1"},
+      [5] = {'n', false, false, 1e-9, 1e9, NULL, "a number > 0"},
+      [6] = {'n', false, true, 0, 1, NULL, "a sparsity in [0, 1)"},
+      [8] = {'n', true, false, 0, 1e18, NULL, "a whole number >= 0"},
+      [9] = {'n', true, false, 0, 1e18, NULL, "a whole number >= 0"},
+      [10] = {'n', true, false, 1, 1e18, NULL, "a whole number >= 1"},
+      [11] = {'n', false, true, 0, 1, NULL, "a sparsity in [0, 1)"},
+      [13] = {'n', true, false, 0, 1, NULL, "0 or 1"},
+      [14] = {'w', .words = "int8|f32", .what = "int8 or f32"},
+      [15] = {'w', .words = "none|blocks|auto", .what = "none, blocks or auto"},
+      [16] = {'n', true, false, 1, 1000000, NULL, "a number of batches from 1 to 1000000"},
+      [17] = {'w', .words = "int8|int8-tensor|none", .what = "int8, int8-tensor or none"},
+  };
+  bool valid = true;
+  if (ok[k].kind == 'n')
+    valid = end != val && !*end && x >= ok[k].lo && (ok[k].open ? x < ok[k].hi : x <= ok[k].hi) &&
+            (!ok[k].whole || x == floor(x));
+  else if (ok[k].kind == 'w') {
+    size_t n = strlen(val);
+    const char *w = ok[k].words;
+    valid = false;
+    for (const char *q = w; *q && !valid; q = strchr(q, '|') ? strchr(q, '|') + 1 : q + strlen(q))
+      valid = n && !strncmp(q, val, n) && (q[n] == '|' || !q[n]);
+  }
+  if (k == 7) { /* --prune-mode: unstructured, global, channels or N:M */
+    int a, b, used = 0;
+    valid = !strcmp(val, "unstructured") || !strcmp(val, "global") || !strcmp(val, "channels") ||
+            (sscanf(val, "%d:%d%n", &a, &b, &used) == 2 && !val[used] && a >= 1 && b > a);
+    if (!valid)
+      fprintf(stderr, "duet: error: %s expects unstructured, global, channels or N:M (such as 2:4), got '%s' (fixed "
+              "at compile time in this program: %s)\n", flag, val, cv);
+    if (!valid) return 1;
+  }
+  if (!valid) {
+    fprintf(stderr, "duet: error: %s expects %s, got '%s' (fixed at compile time in this program: %s)\n", flag,
+            ok[k].what, val, cv);
     return 1;
   }
   int shrunk = duet_shrink_check_fixed(p, flag, val);
   if (shrunk >= 0) return shrunk;
   bool same = isnan(num) ? !strcmp(val, cv) : end != val && !*end && x == num;
   if (same) return 0;
+  if (k == 17 && !strcmp(val, "none") && duet_program_quantized(p)) { /* an int8 program evaluates int8 weights only */
+    fprintf(stderr, "duet: error: --quantize is fixed at compile time: %s (this program was compiled with it; for f32 "
+                    "weights, compile again without --quantize; duet run takes it directly)\n", cv);
+    return 1;
+  }
   fprintf(stderr, "duet: error: %s is fixed at compile time: %s (this program was compiled with it; to change it, "
                   "compile again: duet compile M.model %s %s; duet run takes it directly)\n", flag, cv, flag, val);
   return 1;
@@ -349,9 +398,13 @@ static int parse_flags(DuetConfig *c, const DuetProgram *p, bool fixed, int argc
     }
     if (fixed && !strcmp(a, "--shrink")) { /* fixed at compile time (passes/shrink.c) */
       if (p->shrink) continue;
-      fprintf(stderr, "duet: error: --shrink is fixed at compile time: this program's layers are not shrunk (to "
-                      "evaluate a channels-pruned checkpoint with smaller layers, compile again: duet compile M.model "
-                      "--prune-mode channels --prune S --shrink; duet run takes it directly)\n");
+      if (duet_program_quantized(p))
+        fprintf(stderr, "duet: error: --shrink is fixed at compile time: this program's layers are not shrunk (its "
+                        "weights are int8, and --shrink does not go with --quantize yet)\n");
+      else
+        fprintf(stderr, "duet: error: --shrink is fixed at compile time: this program's layers are not shrunk (to "
+                        "evaluate a channels-pruned checkpoint with smaller layers, compile again: duet compile M.model "
+                        "--prune-mode channels --prune S --shrink; duet run takes it directly)\n");
       return 1;
     }
     if (!strncmp(a, "--no-eval=", 10) || !strncmp(a, "--quiet=", 8) || !strncmp(a, "--eval-only=", 12) ||

@@ -41,10 +41,20 @@ fixed --quantize none int8
 "$d/fmnist_train" --shrink --steps 1 > "$d/out" 2> "$d/err" && { echo "FAIL: --shrink accepted"; exit 1; }
 [ "$(cat "$d/err")" = "duet: error: --shrink is fixed at compile time: this program's layers are not shrunk (to evaluate a channels-pruned checkpoint with smaller layers, compile again: duet compile M.model --prune-mode channels --prune S --shrink; duet run takes it directly)" ] ||
   { echo "FAIL: --shrink:"; cat "$d/err"; exit 1; }
+# values the compiler would refuse are named as such, not suggested for a new compile
+for v in "--batch:-256:a whole number >= 1:256" "--precision:FP32:auto, fp32, fp16 or bf16:fp32" \
+  "--prune:nan:a sparsity in [0, 1):0 (no pruning)" "--prune-mode:abc:unstructured, global, channels or N:M (such as 2:4):none (no pruning)" \
+  "--quantize:bogus:int8, int8-tensor or none:none" "--calibrate:0:a number of batches from 1 to 1000000:none (no int8 activations)"; do
+  f=${v%%:*} r=${v#*:} x=${r%%:*} r=${r#*:} what=${r%%:*} cv=${r#*:}
+  if [ "$f" = --prune-mode ]; then what="unstructured, global, channels or N:M (such as 2:4)" cv="none (no pruning)"; fi
+  "$d/fmnist_train" "$f" "$x" --steps 1 > "$d/out" 2> "$d/err" && { echo "FAIL: $f $x accepted"; exit 1; }
+  want="duet: error: $f expects $what, got '$x' (fixed at compile time in this program: $cv)"
+  [ "$(cat "$d/err")" = "$want" ] || { echo "FAIL: $f $x:"; cat "$d/err"; echo "want: $want"; exit 1; }
+done
 "$d/fmnist_train" --shrink=1 --steps 1 > "$d/out" 2> "$d/err" && { echo "FAIL: --shrink=1 accepted"; exit 1; }
 [ "$(cat "$d/err")" = "duet: error: --shrink takes no value" ] || { echo "FAIL: --shrink=1:"; cat "$d/err"; exit 1; }
 "$d/fmnist_train" --prune abc --steps 1 > "$d/out" 2> "$d/err" && { echo "FAIL: --prune abc accepted"; exit 1; }
-[ "$(cat "$d/err")" = "duet: error: --prune expects a number, got 'abc' (fixed at compile time in this program: 0 (no pruning))" ] ||
+[ "$(cat "$d/err")" = "duet: error: --prune expects a sparsity in [0, 1), got 'abc' (fixed at compile time in this program: 0 (no pruning))" ] ||
   { echo "FAIL: --prune abc:"; cat "$d/err"; exit 1; }
 "$d/fmnist_train" --batch 256 --precision fp32 --micro-batches 1 --data-parallel 1 --prune 0 --optimizer-state f32 --quantize none --steps 1 --no-eval \
   --train-subset 512 --quiet > "$d/out" 2>&1 || { echo "FAIL: the compiled values are refused:"; cat "$d/out"; exit 1; }

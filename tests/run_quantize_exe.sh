@@ -83,8 +83,11 @@ grep -q "^duet: int8 weights: 3 tensors, 1861632 bytes and 8232 bytes of f32 sca
 [ "$(cat "$d/E8q.err")" = "duet: error: --quantize is fixed at compile time: int8 (this program was compiled with it; to change it, compile again: duet compile M.model --quantize int8-tensor; duet run takes it directly)" ] &&
   ok "./E8 --quantize int8-tensor: fixed at compile time" || { bad "./E8 --quantize int8-tensor"; cat "$d/E8q.err"; }
 "$d/E8T" --quantize none > /dev/null 2> "$d/E8Tq.err"
-[ "$(cat "$d/E8Tq.err")" = "duet: error: --quantize is fixed at compile time: int8-tensor (this program was compiled with it; to change it, compile again: duet compile M.model --quantize none; duet run takes it directly)" ] &&
+[ "$(cat "$d/E8Tq.err")" = "duet: error: --quantize is fixed at compile time: int8-tensor (this program was compiled with it; for f32 weights, compile again without --quantize; duet run takes it directly)" ] &&
   ok "./E8T --quantize none: fixed at compile time" || { bad "./E8T --quantize none"; cat "$d/E8Tq.err"; }
+"$d/E8T" --shrink > /dev/null 2> "$d/E8Ts.err"
+[ "$(cat "$d/E8Ts.err")" = "duet: error: --shrink is fixed at compile time: this program's layers are not shrunk (its weights are int8, and --shrink does not go with --quantize yet)" ] &&
+  ok "./E8T --shrink: int8 and not shrunk" || { bad "./E8T --shrink"; cat "$d/E8Ts.err"; }
 "$d/E8T" --help 2>&1 | grep -qxF "  --quantize         int8-tensor" && ok "./E8T --help: --quantize int8-tensor" ||
   bad "./E8T --help lists --quantize"
 # --checkpoint overrides the embedded weights

@@ -159,7 +159,7 @@ if "$DUET" compile $M $P --shrink -o "$d/mlp_exe" > "$d/compile.out" 2>&1; then
     ok "compiled --shrink: --help lists --prune 0.5, --prune-mode channels, shrunk" || { bad "compiled --shrink --help"; grep -e '--prune' "$d/exe_help.out"; }
   err "compiled --shrink given another --prune" "duet: error: --prune is fixed at compile time: 0.5 (this program was compiled with --prune-mode channels --prune 0.5 --shrink: it evaluates checkpoints channels-pruned to sparsity 0.5; for one trained with --prune 0.25, compile again: duet compile M.model --prune-mode channels --prune 0.25 --shrink; duet run takes them directly)" \
     "$d/mlp_exe" --eval-only --checkpoint "$d/mlp.st" --prune 0.25
-  err "compiled --shrink given --prune abc" "duet: error: --prune expects a number, got 'abc' (fixed at compile time in this program: 0.5 (channels pruning, shrunk: --shrink))" \
+  err "compiled --shrink given --prune abc" "duet: error: --prune expects a sparsity in [0, 1), got 'abc' (fixed at compile time in this program: 0.5 (channels pruning, shrunk: --shrink))" \
     "$d/mlp_exe" --eval-only --checkpoint "$d/mlp.st" --prune abc
   err "compiled --shrink given another --prune-mode" "duet: error: --prune-mode is fixed at compile time: channels (this program was compiled with --prune-mode channels --prune 0.5 --shrink, and --shrink needs channels pruning; for a checkpoint trained with --prune-mode unstructured, compile again without --shrink: duet compile M.model --prune-mode unstructured --prune S; duet run takes them directly)" \
     "$d/mlp_exe" --eval-only --checkpoint "$d/mlp.st" --prune-mode unstructured
