@@ -814,3 +814,15 @@ out:
   duet_st_close(f);
   return rc;
 }
+
+void duet_checkpoint_precision_note(const DuetProgram *p, const char *path) {
+  if (!path) return;
+  char e[512];
+  DuetStFile *f = duet_st_open_header(path, e, sizeof e);
+  if (!f) return;
+  const char *prec = duet_st_meta(f, "precision"), *now = duet_program_precision(p);
+  if (prec && strcmp(prec, now))
+    fprintf(stderr, "duet: %s was trained with --precision %s and this evaluation runs %s: its numbers differ from the "
+                    "training run's last evaluation (--precision %s repeats them)\n", path, prec, now, prec);
+  duet_st_close(f);
+}

@@ -978,6 +978,14 @@ int duet_checkpoint_check(const DuetProgram *p, const char *path, int64_t *step,
  * receives its step.  Messages "cannot load PATH: ..." name the tensor.
  * Reads the header only.  0, or -1 with a message in err. */
 int duet_checkpoint_check_weights(const DuetProgram *p, const char *path, int64_t *step, char *err, size_t errlen);
+/* For an evaluation of checkpoint `path` by program p (--eval-only, duet
+ * predict): when the checkpoint records another precision than p's
+ * (metadata "precision", written by duet_checkpoint_save), prints a line on
+ * stderr saying that the numbers will differ from the training run's last
+ * evaluation and which --precision repeats them.  Nothing for path NULL
+ * (embedded weights), an unreadable file (the load reports it) or a
+ * checkpoint without the key. */
+void duet_checkpoint_precision_note(const DuetProgram *p, const char *path);
 /* duet compile --checkpoint: the params of checkpoint `ck` as program p
  * loads them (checked as duet_checkpoint_check_weights checks them, values
  * finite), written atomically to `out` (duet_st_save) as a weights-only

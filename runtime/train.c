@@ -2741,6 +2741,7 @@ static int eval_only(const DuetProgram *p, const DuetKernelFn *kernels, const Du
     fprintf(stderr, "duet: error: %s\n", err);
     goto out;
   }
+  if (!cfg->quiet) duet_checkpoint_precision_note(p, cfg->checkpoint_path);
   if (!cfg->quiet) duet_quant_summary(p, stdout); /* int8 weights (--quantize): their bytes */
   if (!cfg->quiet) duet_shrink_summary(p, stdout); /* --shrink: params before and after */
   if (duet_calibrate(s, p, cfg, cfg->quiet ? NULL : stdout, err, sizeof err)) { /* int8 activations (--calibrate) */

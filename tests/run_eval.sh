@@ -218,6 +218,14 @@ for v in "fp16:--precision fp16" "dp2:--data-parallel 2"; do
       "$(last_eval "$d/$n.t.jsonl" test_accuracy | sed 's/"step":[0-9]*,//')" ] && ok "${n}_evaluates_as_training" ||
     { bad "${n}_evaluates_as_training"; cat "$d/$n.e.jsonl" "$d/$n.t.jsonl"; }
 done
+# an fp16 checkpoint evaluated in fp32 says so (and which --precision repeats the training run's numbers);
+# with --precision fp16 nothing is said
+"$DUET" run $M $F --steps 2 --precision fp16 --quiet --save "$d/h.st" > /dev/null 2>&1 || bad "fp16 training"
+NQ="--train-subset 2560 --test-subset 1000 --threads 1" # not --quiet, which silences the note
+"$DUET" run $M $NQ --eval-only --checkpoint "$d/h.st" > "$d/h.out" 2>&1
+"$DUET" run $M $NQ --eval-only --checkpoint "$d/h.st" --precision fp16 > "$d/h16.out" 2>&1
+grep -qxF "duet: $d/h.st was trained with --precision fp16 and this evaluation runs fp32: its numbers differ from the training run's last evaluation (--precision fp16 repeats them)" "$d/h.out" &&
+  ! grep -q "trained with --precision" "$d/h16.out" && ok precision_note || { bad precision_note; cat "$d/h.out"; }
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
