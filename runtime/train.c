@@ -3087,6 +3087,15 @@ int duet_main(const DuetProgram *p, const DuetKernelFn *kernels, const char *arg
   DuetConfig cfg = p->defaults;
   int rc = duet_parse_flags_for(&cfg, p, argc, argv);
   if (rc == 2) { /* an executable's (duet run prints its own) */
+    const char *why = p->weights                  ? "compiled with --checkpoint: it holds its weights"
+                      : duet_program_quantized(p) ? "compiled with --quantize: its weights are int8"
+                      : p->shrink                 ? "compiled with --shrink: its layers are shrunk"
+                      : p->eval_program           ? "compiled as an evaluation program"
+                                                  : NULL;
+    if (why)
+      printf("This program evaluates a trained checkpoint and cannot train (%s): %s --eval-only --checkpoint CK%s.\n"
+             "The training flags below (--steps, --epochs, --save, --resume, --init-from, --offload, ...) are "
+             "refused.\n\n", why, argv0, p->weights ? ", or alone to evaluate its own weights" : "");
     duet_usage(argv0, stdout);
     duet_usage_fixed(p, stdout);
     return 0;

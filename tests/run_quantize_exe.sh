@@ -88,6 +88,8 @@ grep -q "^duet: int8 weights: 3 tensors, 1861632 bytes and 8232 bytes of f32 sca
 "$d/E8T" --shrink > /dev/null 2> "$d/E8Ts.err"
 [ "$(cat "$d/E8Ts.err")" = "duet: error: --shrink is fixed at compile time: this program's layers are not shrunk (its weights are int8, and --shrink does not go with --quantize yet)" ] &&
   ok "./E8T --shrink: int8 and not shrunk" || { bad "./E8T --shrink"; cat "$d/E8Ts.err"; }
+"$d/E8bare" --help 2>&1 | head -1 | grep -qxF "This program evaluates a trained checkpoint and cannot train (compiled with --quantize: its weights are int8): $d/E8bare --eval-only --checkpoint CK." &&
+  ok "./E8bare --help: says it evaluates and cannot train" || { bad "./E8bare --help"; "$d/E8bare" --help 2>&1 | head -2; }
 "$d/E8T" --help 2>&1 | grep -qxF "  --quantize         int8-tensor" && ok "./E8T --help: --quantize int8-tensor" ||
   bad "./E8T --help lists --quantize"
 # --checkpoint overrides the embedded weights
