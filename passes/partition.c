@@ -774,6 +774,9 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
             g->train.batch * M, one_f_one_b ? "1f1b" : "gpipe");
   double slowest = 0, total = 0;
   int64_t xfer_total = 0, need_most = 0, host_master = 0, host_state = 0, host_grads = 0;
+  bool eval_program = true; /* no backward or optimizer value: duet plan --eval-only */
+  for (int i = 0; i < g->n_values && eval_program; i++)
+    eval_program = g->values[i]->role != ROLE_BACKWARD && g->values[i]->role != ROLE_OPTIMIZER;
   for (int s = 0; s < S; s++) {
     const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
     PlanStage mem;
@@ -788,13 +791,21 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
     xfer_total += xfer;
     fprintf(out, "stage %d on %s: %" PRId64 " forward ops, params %s .. %s\n", s, d ? d->name : "cpu", n_ops,
             first ? first : "-", last ? last : "-");
-    fprintf(out, "  estimated time: forward %.3f ms + backward %.3f ms per micro-batch, optimizer %.3f ms; %.3f ms per "
-            "step\n", 1e3 * t_f, 1e3 * t_b, 1e3 * t_o, 1e3 * step);
-    fprintf(out, "  memory: weights %.2f MiB, grads %.2f MiB (summed over the micro-batches), optimizer state %.2f "
-            "MiB%s, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB, with their gradients): %.2f MiB",
-            mem.weights / 1048576.0, grads / 1048576.0, mem.state / 1048576.0,
-            train_offload(&g->train) ? " (offloaded to the host)" : "", (double)(mem.act * slots) / 1048576.0, slots, slots == 1 ? "" : "es", mem.act / 1048576.0,
-            need / 1048576.0);
+    if (eval_program) { /* passes/evalonly.c: no backward pass, gradients or optimizer to report */
+      fprintf(out, "  estimated time: forward %.3f ms per micro-batch (an evaluation program: no backward pass or "
+              "optimizer); %.3f ms per step\n", 1e3 * t_f, 1e3 * step);
+      fprintf(out, "  memory: weights %.2f MiB, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB): "
+              "%.2f MiB", mem.weights / 1048576.0, (double)(mem.act * slots) / 1048576.0, slots,
+              slots == 1 ? "" : "es", mem.act / 1048576.0, need / 1048576.0);
+    } else {
+      fprintf(out, "  estimated time: forward %.3f ms + backward %.3f ms per micro-batch, optimizer %.3f ms; %.3f ms per "
+              "step\n", 1e3 * t_f, 1e3 * t_b, 1e3 * t_o, 1e3 * step);
+      fprintf(out, "  memory: weights %.2f MiB, grads %.2f MiB (summed over the micro-batches), optimizer state %.2f "
+              "MiB%s, activations %.2f MiB (%" PRId64 " micro-batch%s in flight x %.2f MiB, with their gradients): %.2f MiB",
+              mem.weights / 1048576.0, grads / 1048576.0, mem.state / 1048576.0,
+              train_offload(&g->train) ? " (offloaded to the host)" : "", (double)(mem.act * slots) / 1048576.0, slots, slots == 1 ? "" : "es", mem.act / 1048576.0,
+              need / 1048576.0);
+    }
     if (d && d->capacity > 0) {
       if (d->capacity >= (int64_t)1 << 30) fprintf(out, " of %.2f GiB", (double)d->capacity / 1073741824.0);
       else fprintf(out, " of %.2f MiB", (double)d->capacity / 1048576.0);

@@ -218,6 +218,11 @@ for v in "fp16:--precision fp16" "dp2:--data-parallel 2"; do
       "$(last_eval "$d/$n.t.jsonl" test_accuracy | sed 's/"step":[0-9]*,//')" ] && ok "${n}_evaluates_as_training" ||
     { bad "${n}_evaluates_as_training"; cat "$d/$n.e.jsonl" "$d/$n.t.jsonl"; }
 done
+# duet plan --eval-only's text names no backward pass, gradients or optimizer state
+"$DUET" plan $M --eval-only > "$d/plan.txt" 2>&1
+grep -q '^  estimated time: forward [0-9.]* ms per micro-batch (an evaluation program: no backward pass or optimizer); ' "$d/plan.txt" &&
+  grep -q '^  memory: weights 7.11 MiB, activations 2.77 MiB (1 micro-batch in flight x 2.77 MiB): 9.88 MiB' "$d/plan.txt" &&
+  ! grep -q 'grads\|optimizer state\|with their gradients' "$d/plan.txt" && ok plan_eval_only_text || { bad plan_eval_only_text; cat "$d/plan.txt"; }
 # an fp16 checkpoint evaluated in fp32 says so (and which --precision repeats the training run's numbers);
 # with --precision fp16 nothing is said
 "$DUET" run $M $F --steps 2 --precision fp16 --quiet --save "$d/h.st" > /dev/null 2>&1 || bad "fp16 training"
