@@ -272,24 +272,6 @@ static const DuetShrink *lower_shrink_table(Lower *L) {
   return sh;
 }
 
-/* DuetProgram.eval_program: a graph with a loss and params but no value of
- * the backward or optimizer role, as graph_drop_training leaves it (the
- * evalonly, quantize and shrink passes; a dump printed after them).  A
- * training graph always has them: autodiff gives every param a gradient
- * and the optimizer pass an update.  Derived from the graph, not from the
- * pass context, so that a dump of an evaluation program read back (duet
- * run G.ir) is one too.  A graph without a loss or params (a decoding
- * program) is not marked: nothing changes for it. */
-static int lower_is_eval_program(const Graph *g) {
-  bool params = false;
-  for (int i = 0; i < g->n_values; i++) {
-    const Value *v = g->values[i];
-    if (v->role == ROLE_BACKWARD || v->role == ROLE_OPTIMIZER) return 0;
-    params |= v->op == OP_PARAM;
-  }
-  return g->loss && params && !g->decode;
-}
-
 /* The program's pruning table (DuetProgram.prune) from the prune_mask ops
  * and the graph's prune spec; NULL without pruning. */
 static const DuetPrune *lower_prune_table(Lower *L) {
@@ -937,7 +919,9 @@ CgProgram *codegen_lower(Graph *g, Arena *a) {
   p->context = g->context;
   p->prune = lower_prune_table(&L);
   p->shrink = lower_shrink_table(&L);
-  p->eval_program = lower_is_eval_program(g);
+  /* from the graph, not the pass context, so that a dump of an evaluation
+   * program read back (duet run G.ir) is one too */
+  p->eval_program = graph_is_eval_program(g);
   p->train = tr.s, p->n_train = tr.n;
   p->eval = ev.s, p->n_eval = ev.n;
   p->grad = gr.s, p->n_grad = gr.n;

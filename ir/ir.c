@@ -624,6 +624,16 @@ const Value *ir_tied_part(const Value *x) {
   return x && x->op == OP_TRANSFER && x->role == ROLE_OPTIMIZER && x->n_in == 1 ? x->in[0] : x;
 }
 
+bool graph_is_eval_program(const Graph *g) {
+  bool params = false;
+  for (int i = 0; i < g->n_values; i++) {
+    const Value *v = g->values[i];
+    if (v->role == ROLE_BACKWARD || v->role == ROLE_OPTIMIZER) return false;
+    params |= v->op == OP_PARAM;
+  }
+  return g->loss && params && !g->decode;
+}
+
 void graph_count_uses(Graph *g) {
   for (int i = 0; i < g->n_values; i++) g->values[i]->n_uses = 0;
   for (int i = 0; i < g->n_values; i++)

@@ -484,6 +484,12 @@ Value *graph_add(Graph *g, OpKind op, Value **in, int n_in, const Attr *attr, Lo
 void graph_renumber(Graph *g);
 /* Recomputes n_uses over the whole graph. */
 void graph_count_uses(Graph *g);
+/* Whether g is an evaluation program: a loss and params but no value of
+ * the backward or optimizer role, as graph_drop_training (passes/evalonly.c)
+ * leaves it.  A training graph always has them (autodiff gives every param
+ * a gradient, the optimizer pass an update); a graph without a loss or
+ * params, or a decoding program, is not one. */
+bool graph_is_eval_program(const Graph *g);
 /* A transfer sent once per step, not once per micro-batch: a param's value
  * in the forward pass (a weight used on two stages, such as a tied
  * embedding).  With micro-batches its copy on the receiving stage persists

@@ -774,9 +774,7 @@ int partition_report(const Graph *g, const PassCtx *cx, FILE *out) {
             g->train.batch * M, one_f_one_b ? "1f1b" : "gpipe");
   double slowest = 0, total = 0;
   int64_t xfer_total = 0, need_most = 0, host_master = 0, host_state = 0, host_grads = 0;
-  bool eval_program = true; /* no backward or optimizer value: duet plan --eval-only */
-  for (int i = 0; i < g->n_values && eval_program; i++)
-    eval_program = g->values[i]->role != ROLE_BACKWARD && g->values[i]->role != ROLE_OPTIMIZER;
+  bool eval_program = graph_is_eval_program(g); /* duet plan --eval-only */
   for (int s = 0; s < S; s++) {
     const PartDevice *d = cx->n_devices > s ? &cx->devices[s] : NULL;
     PlanStage mem;
