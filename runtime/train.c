@@ -1313,6 +1313,17 @@ static int check_output(const RunInputs *r, const char *flag, const char *path, 
   return 0;
 }
 
+/* The directory of --save PATH into dir (".", "/" or PATH up to its last
+ * slash); returns PATH's base name (the part after that slash), whose
+ * PATH.step-S files --keep N looks for there. */
+static const char *save_dir(const char *path, char *dir, size_t n) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) snprintf(dir, n, ".");
+  else if (slash == path) snprintf(dir, n, "/");
+  else snprintf(dir, n, "%.*s", (int)(slash - path), path);
+  return slash ? slash + 1 : path;
+}
+
 /* --keep N and --keep-best write and remove files next to --save PATH:
  * PATH.step-S (renamed from PATH, the older ones removed) and PATH.best.
  * The checkpoint of --init-from (of another run) may not be one of them.
@@ -1331,8 +1342,7 @@ static int check_init_keep(const DuetConfig *cfg) {
   }
   if (!cfg->keep) return 0;
   char dir[4096];
-  const char *path = cfg->save_path, *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
-  snprintf(dir, sizeof dir, "%.*s", !slash ? 1 : slash == path ? 1 : (int)(slash - path), !slash ? "." : path);
+  const char *path = cfg->save_path, *base = save_dir(path, dir, sizeof dir);
   DIR *d = opendir(dir);
   if (!d) return 0;
   size_t nb = strlen(base);
@@ -2448,10 +2458,7 @@ static int cmp_desc_i64(const void *a, const void *b) {
 static void keep_after_save(const DuetConfig *cfg, int64_t step) {
   if (cfg->keep < 1) return;
   char dir[4096];
-  const char *path = cfg->save_path, *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
-  if (!slash) snprintf(dir, sizeof dir, ".");
-  else if (slash == path) snprintf(dir, sizeof dir, "/");
-  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  const char *path = cfg->save_path, *base = save_dir(path, dir, sizeof dir);
   DIR *d = opendir(dir);
   if (!d) return;
   size_t nb = strlen(base), n = 0, cap = 0;
