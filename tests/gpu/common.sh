@@ -11,6 +11,11 @@
 #                 34, 100), else exits 1 with "FAIL: a CUDA driver is present
 #                 but the GPU backend is unusable: WHY" (WHY: the cuda line of
 #                 `duet devices`);
+#   gpu_fmnist    for the Fashion-MNIST scripts: ARGS (GPU_QUICK=1, the
+#                 fake GPU: --train-subset 2560 --test-subset 1000; else
+#                 empty), gpu_require, FMNIST_DIR (default the Debian
+#                 package's) and, without the data there, "FAIL: no
+#                 Fashion-MNIST in DIR (set FMNIST_DIR)" and exit 1;
 #   gpu_workdir   tmp, a fresh directory removed on exit; pass=0 fail=0; and
 #                 ok NAME / bad NAME, which print "ok NAME" / "FAIL NAME" and
 #                 count.
@@ -27,6 +32,13 @@ gpu_require() {
     echo "FAIL: a CUDA driver is present but the GPU backend is unusable: $why"
     exit 1
   fi
+}
+
+gpu_fmnist() {
+  if [ "${GPU_QUICK:-0}" = 1 ]; then ARGS="--train-subset 2560 --test-subset 1000"; else ARGS=; fi
+  gpu_require
+  FMNIST_DIR=${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
+  [ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ] || { echo "FAIL: no Fashion-MNIST in $FMNIST_DIR (set FMNIST_DIR)"; exit 1; }
 }
 
 gpu_workdir() {

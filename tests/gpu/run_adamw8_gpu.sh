@@ -15,11 +15,8 @@
 # tests/run_fakegpu.sh: 2,560 training and 1,000 test images).
 # usage: run_adamw8_gpu.sh path/to/duet   (from the repository root)
 DUET=${1:?usage: run_adamw8_gpu.sh path/to/duet}
-. "$(dirname "$0")/common.sh" # GPU_DEVICE, gpu_require, gpu_workdir, ok, bad
-if [ "${GPU_QUICK:-0}" = 1 ]; then ARGS="--train-subset 2560 --test-subset 1000"; else ARGS=; fi
-gpu_require
-FMNIST_DIR=${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
-[ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ] || { echo "FAIL: no Fashion-MNIST in $FMNIST_DIR (set FMNIST_DIR)"; exit 1; }
+. "$(dirname "$0")/common.sh" # GPU_DEVICE, gpu_fmnist (ARGS, FMNIST_DIR), gpu_workdir, ok, bad
+gpu_fmnist
 gpu_workdir
 M="models/fmnist_mlp.model --optimizer-state int8 --data $FMNIST_DIR --quiet"
 

@@ -14,11 +14,8 @@
 # next to it in tests/)
 DUET=${1:?usage: run_prune_gpu.sh path/to/duet}
 CHECK=$(dirname "$DUET")/tests/prune_check
-. "$(dirname "$0")/common.sh" # GPU_DEVICE, gpu_require, gpu_workdir, ok, bad
-if [ "${GPU_QUICK:-0}" = 1 ]; then ARGS="--train-subset 2560 --test-subset 1000"; else ARGS=; fi
-gpu_require
-FMNIST_DIR=${FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
-[ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ] || { echo "FAIL: no Fashion-MNIST in $FMNIST_DIR (set FMNIST_DIR)"; exit 1; }
+. "$(dirname "$0")/common.sh" # GPU_DEVICE, gpu_fmnist (ARGS, FMNIST_DIR), gpu_workdir, ok, bad
+gpu_fmnist
 [ -x "$CHECK" ] || { echo "FAIL: no $CHECK"; exit 1; }
 gpu_workdir
 M=models/fmnist_mlp.model
