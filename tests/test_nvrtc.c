@@ -230,6 +230,19 @@ static void test_recompute(void) {
   arena_free(a);
 }
 
+/* PTX of `src` for each of compute_60, 75, 80, 90 that this NVRTC has
+ * (archs[n_archs]); --quick: compute_75 only.  The failures are counted. */
+static void compile_archs(const char *what, const char *src, int n_fns, const char *h2need, const int *archs,
+                          int n_archs) {
+  static const char *const want[] = {"-arch=compute_60", "-arch=compute_75", "-arch=compute_80", "-arch=compute_90"};
+  static const int cc[] = {60, 75, 80, 90};
+  for (int i = 0; i < 4; i++) {
+    bool ok = false;
+    for (int j = 0; j < n_archs; j++) ok |= archs[j] == cc[i];
+    if (ok && (!quick || cc[i] == 75)) failures += compile_one(what, src, want[i], 0, n_fns, h2need);
+  }
+}
+
 /* int8 weights (--quantize int8, passes/quantize.c): the dequantize
  * kernels reading i8 tensors, in fmnist_mlp and fmnist_cnn, f32 and fp16
  * (where dequantize feeds a cast), PTX for every architecture this NVRTC
@@ -263,14 +276,7 @@ static void test_quantized(const int *archs, int n_archs) {
         fprintf(stderr, "FAIL %s: no int8 GEMM (__dp4a) in the CUDA source\n", what);
         failures++;
       }
-      static const char *const want[] = {"-arch=compute_60", "-arch=compute_75", "-arch=compute_80",
-                                         "-arch=compute_90"};
-      static const int cc[] = {60, 75, 80, 90};
-      for (int i = 0; i < 4; i++) {
-        bool ok = false;
-        for (int j = 0; j < n_archs; j++) ok |= archs[j] == cc[i];
-        if (ok && (!quick || cc[i] == 75)) failures += compile_one(what, src, want[i], 0, n_fns, half2_need(cp));
-      }
+      compile_archs(what, src, n_fns, half2_need(cp), archs, n_archs);
       arena_free(a);
     }
 }
@@ -301,14 +307,7 @@ static void test_shrunk(const int *archs, int n_archs) {
       }
       int n_fns = 0;
       char *src = codegen_emit_cuda(cp, a, NULL, &n_fns);
-      static const char *const want[] = {"-arch=compute_60", "-arch=compute_75", "-arch=compute_80",
-                                         "-arch=compute_90"};
-      static const int cc[] = {60, 75, 80, 90};
-      for (int i = 0; i < 4; i++) {
-        bool ok = false;
-        for (int j = 0; j < n_archs; j++) ok |= archs[j] == cc[i];
-        if (ok && (!quick || cc[i] == 75)) failures += compile_one(what, src, want[i], 0, n_fns, half2_need(cp));
-      }
+      compile_archs(what, src, n_fns, half2_need(cp), archs, n_archs);
       arena_free(a);
     }
 }
