@@ -282,7 +282,7 @@ static int check_fixed(const DuetProgram *p, int k, const char *flag, const char
    * never names a value the compiler refuses: numbers in [lo, hi] (hi
    * excluded where open; whole numbers where whole), or one of the words */
   static const struct {
-    char kind; /* 'n' number, 'w' words, 0 anything */
+    char kind; /* 'n' number, 'w' words, 'm' a pruning mode (words or N:M), 0 anything */
     bool whole, open;
     double lo, hi;
     const char *words, *what;
@@ -294,6 +294,7 @@ static int check_fixed(const DuetProgram *p, int k, const char *flag, const char
       [4] = {'n', true, false, 1, 1e9, NULL, "a whole number >= 1"},
       [5] = {'n', false, false, 1e-9, 1e9, NULL, "a number > 0"},
       [6] = {'n', false, true, 0, 1, NULL, "a sparsity in [0, 1)"},
+      [7] = {'m', .what = "unstructured, global, channels or N:M (such as 2:4)"},
       [8] = {'n', true, false, 0, 1e18, NULL, "a whole number >= 0"},
       [9] = {'n', true, false, 0, 1e18, NULL, "a whole number >= 0"},
       [10] = {'n', true, false, 1, 1e18, NULL, "a whole number >= 1"},
@@ -315,14 +316,10 @@ static int check_fixed(const DuetProgram *p, int k, const char *flag, const char
     for (const char *q = w; *q && !valid; q = strchr(q, '|') ? strchr(q, '|') + 1 : q + strlen(q))
       valid = n && !strncmp(q, val, n) && (q[n] == '|' || !q[n]);
   }
-  if (k == 7) { /* --prune-mode: unstructured, global, channels or N:M */
+  else if (ok[k].kind == 'm') {
     int a, b, used = 0;
     valid = !strcmp(val, "unstructured") || !strcmp(val, "global") || !strcmp(val, "channels") ||
             (sscanf(val, "%d:%d%n", &a, &b, &used) == 2 && !val[used] && a >= 1 && b > a);
-    if (!valid)
-      fprintf(stderr, "duet: error: %s expects unstructured, global, channels or N:M (such as 2:4), got '%s' (fixed "
-              "at compile time in this program: %s)\n", flag, val, cv);
-    if (!valid) return 1;
   }
   if (!valid) {
     fprintf(stderr, "duet: error: %s expects %s, got '%s' (fixed at compile time in this program: %s)\n", flag,
